@@ -1,0 +1,177 @@
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli.h"
+
+static int parse_int(const char *cmd, const char *flag, const char *s, int lo, int hi, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "ridgekv %s: %s expects an integer in [%d, %d] (got '%s')\n", cmd, flag, lo, hi, s);
+        return RK_EXIT_USAGE;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_float(const char *cmd, const char *flag, const char *s, float lo, float hi, float *out) {
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "ridgekv %s: %s expects a number in [%g, %g] (got '%s')\n", cmd, flag,
+                (double)lo, (double)hi, s);
+        return RK_EXIT_USAGE;
+    }
+    *out = v;
+    return 0;
+}
+
+int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, int max_pos, int *n_pos,
+              const char *cmd) {
+    *n_pos = 0;
+    for (int i = first; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int rc = 0;
+#define NEED()                                                                      \
+    do {                                                                            \
+        if (!v) {                                                                   \
+            fprintf(stderr, "ridgekv %s: %s needs a value\n", cmd, a);              \
+            return RK_EXIT_USAGE;                                                   \
+        }                                                                           \
+        i++;                                                                        \
+    } while (0)
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) { NEED(); o->model = v; }
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { NEED(); o->prompt = v; o->prompt_list = v; }
+        else if (!strcmp(a, "-f") || !strcmp(a, "--file")) { NEED(); o->prompt_file = v; }
+        else if (!strcmp(a, "-o") || !strcmp(a, "--output")) { NEED(); o->out = v; }
+        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) { NEED(); rc = parse_int(cmd, a, v, -1, 1 << 24, &o->n_predict); }
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { NEED(); rc = parse_int(cmd, a, v, 1, 1024, &o->n_threads); }
+        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) { NEED(); rc = parse_int(cmd, a, v, 0, 1 << 24, &o->n_ctx); }
+        else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) { NEED(); rc = parse_int(cmd, a, v, 1, 1 << 16, &o->n_batch); }
+        else if (!strcmp(a, "--temp")) { NEED(); rc = parse_float(cmd, a, v, 0.0f, 100.0f, &o->sp.temp); }
+        else if (!strcmp(a, "--top-k")) { NEED(); rc = parse_int(cmd, a, v, 0, 1 << 24, &o->sp.top_k); }
+        else if (!strcmp(a, "--top-p")) { NEED(); rc = parse_float(cmd, a, v, 0.0f, 1.0f, &o->sp.top_p); }
+        else if (!strcmp(a, "--min-p")) { NEED(); rc = parse_float(cmd, a, v, 0.0f, 1.0f, &o->sp.min_p); }
+        else if (!strcmp(a, "--repeat-penalty")) { NEED(); rc = parse_float(cmd, a, v, 0.01f, 100.0f, &o->sp.repeat_penalty); }
+        else if (!strcmp(a, "--repeat-last-n")) { NEED(); rc = parse_int(cmd, a, v, 0, 1 << 24, &o->sp.repeat_last_n); }
+        else if (!strcmp(a, "--seed")) {
+            NEED();
+            char *end;
+            errno = 0;
+            unsigned long long s = strtoull(v, &end, 10);
+            if (errno || end == v || *end) {
+                fprintf(stderr, "ridgekv %s: --seed expects a non-negative integer (got '%s')\n", cmd, v);
+                return RK_EXIT_USAGE;
+            }
+            o->sp.seed = s;
+        }
+        else if (!strcmp(a, "--kv")) {
+            NEED();
+            if (strcmp(v, "f16") && strcmp(v, "f32")) {
+                fprintf(stderr, "ridgekv %s: --kv expects f16 or f32 (got '%s')\n", cmd, v);
+                return RK_EXIT_USAGE;
+            }
+            o->kv = v;
+        }
+        else if (!strcmp(a, "--backend")) {
+            NEED();
+            if (strcmp(v, "cpu") && strcmp(v, "cpu_ref")) {
+                fprintf(stderr, "ridgekv %s: --backend expects cpu or cpu_ref (got '%s')\n", cmd, v);
+                return RK_EXIT_USAGE;
+            }
+            o->backend = v;
+        }
+        else if (!strcmp(a, "--system")) { NEED(); o->system = v; }
+        else if (!strcmp(a, "--chat")) o->chat = 1;
+        else if (!strcmp(a, "--json")) o->json = 1;
+        else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) o->verbose = 1;
+        else if (a[0] == '-' && a[1] != '\0') {
+            fprintf(stderr, "ridgekv %s: unknown option '%s' (see ridgekv %s --help)\n", cmd, a, cmd);
+            return RK_EXIT_USAGE;
+        } else {
+            if (*n_pos >= max_pos) {
+                fprintf(stderr, "ridgekv %s: unexpected argument '%s'\n", cmd, a);
+                return RK_EXIT_USAGE;
+            }
+            pos[(*n_pos)++] = a;
+        }
+#undef NEED
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+int cli_cache_dir(char *buf, size_t cap) {
+    const char *xdg = getenv("XDG_CACHE_HOME");
+    const char *home = getenv("HOME");
+    int w;
+    if (xdg && *xdg) w = snprintf(buf, cap, "%s/ridgekv", xdg);
+    else if (home && *home) w = snprintf(buf, cap, "%s/.cache/ridgekv", home);
+    else return -1;
+    return w < 0 || (size_t)w >= cap ? -1 : 0;
+}
+
+const char *cli_model_path(const cli_opts *o, char *buf, size_t cap) {
+    if (o->model) return o->model;
+    const char *env = getenv("RIDGEKV_MODEL");
+    if (env && *env) return env;
+    char dir[3072];
+    if (cli_cache_dir(dir, sizeof dir) != 0) {
+        fprintf(stderr, "ridgekv: no -m given and neither XDG_CACHE_HOME nor HOME is set\n");
+        return NULL;
+    }
+    snprintf(buf, cap, "%s/%s", dir, RK_DEFAULT_MODEL_FILE);
+    struct stat st;
+    if (stat(buf, &st) != 0) {
+        fprintf(stderr,
+                "ridgekv: no -m given and the default model is not in the cache (%s).\n"
+                "Fetch it with `ridgekv pull`, or pass -m FILE.gguf.\n", buf);
+        return NULL;
+    }
+    return buf;
+}
+
+int cli_exit_code(rk_status st) {
+    switch (st) {
+    case RK_OK: return RK_EXIT_OK;
+    case RK_E_CONTEXT: return RK_EXIT_CONTEXT;
+    case RK_E_IO: return RK_EXIT_IO;
+    case RK_E_INVALID_ARG: return RK_EXIT_USAGE;
+    case RK_E_NOT_FOUND: case RK_E_UNSUPPORTED: case RK_E_MISMATCH: case RK_E_CHECKSUM:
+        return RK_EXIT_MODEL;
+    default:
+        return st >= RK_E_GGUF_MAGIC && st <= RK_E_GGUF_BLOCK ? RK_EXIT_MODEL : RK_EXIT_ERROR;
+    }
+}
+
+void cli_print_error(const rk_err *e) {
+    fprintf(stderr, "ridgekv: error: %s [%s]\n", e->msg[0] ? e->msg : "unknown error", rk_status_name(e->code));
+}
+
+int cli_load_model(const cli_opts *o, rk_model **m) {
+    char buf[4096];
+    const char *path = cli_model_path(o, buf, sizeof buf);
+    if (!path) return o->model ? RK_EXIT_MODEL : RK_EXIT_NO_MODEL;
+    rk_err e = {0};
+    rk_status st = rk_model_load(path, m, &e);
+    if (st) {
+        cli_print_error(&e);
+        return st == RK_E_NOMEM ? RK_EXIT_ERROR : RK_EXIT_MODEL;
+    }
+    return 0;
+}
+
+int cli_session_params(const cli_opts *o, rk_session_params *p) {
+    *p = rk_session_params_default();
+    p->n_ctx = o->n_ctx;
+    p->n_threads = o->n_threads;
+    if (o->n_batch) p->n_batch = o->n_batch;
+    if (o->kv && !strcmp(o->kv, "f32")) p->kv_type = RK_DT_F32;
+    if (o->backend && !strcmp(o->backend, "cpu_ref")) p->backend = RK_BACKEND_CPU_REF;
+    return 0;
+}

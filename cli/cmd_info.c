@@ -1,0 +1,116 @@
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "rk_gguf.h"
+
+static const char *help =
+    "usage: ridgekv info [-m] FILE.gguf [--json]\n"
+    "\n"
+    "Describes any GGUF file (model, ridge map, predictor): version, metadata, tensor types.\n"
+    "For a model it also prints architecture, shapes, tokenizer and the memory needed.\n"
+    "Without a file it describes the default model.\n";
+
+static const char *type_names[RK_GGUF_TYPE_COUNT] = {"u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool",
+                                                     "string", "array", "u64", "i64", "f64"};
+
+static void print_scalar(const rk_gguf *g, const rk_gguf_kv *kv) {
+    rk_err e;
+    if (kv->type == RK_GGUF_STRING) {
+        char key[512];
+        snprintf(key, sizeof key, "%.*s", (int)(kv->key.len < 511 ? kv->key.len : 511), kv->key.ptr);
+        rk_str v;
+        if (rk_gguf_get_str(g, key, &v, &e) != RK_OK) return;
+        size_t show = 0; /* one line of at most 80 bytes */
+        while (show < v.len && show < 80 && v.ptr[show] != '\n') show++;
+        printf("\"%.*s\"%s", (int)show, v.ptr, show < v.len ? " ..." : "");
+        return;
+    }
+    if (kv->type == RK_GGUF_F32 || kv->type == RK_GGUF_F64) {
+        float f;
+        if (rk_gguf_arr_f32(kv, 0, &f, &e) == RK_OK) printf("%g", (double)f);
+        return;
+    }
+    int64_t v;
+    if (rk_gguf_arr_i64(kv, 0, &v, &e) == RK_OK) printf(kv->type == RK_GGUF_BOOL ? (v ? "true" : "false") : "%lld", (long long)v);
+}
+
+int cmd_info(int argc, char **argv) {
+    for (int i = 2; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            fputs(help, stdout);
+            return RK_EXIT_OK;
+        }
+    cli_opts o = {0};
+    const char *pos[1];
+    int n_pos, rc = cli_parse(argc, argv, 2, &o, pos, 1, &n_pos, "info");
+    if (rc) return rc;
+    if (n_pos) o.model = pos[0];
+    char buf[4096];
+    const char *path = cli_model_path(&o, buf, sizeof buf);
+    if (!path) return o.model ? RK_EXIT_MODEL : RK_EXIT_NO_MODEL;
+    rk_err e = {0};
+    rk_mapping map = {0};
+    rk_gguf *g = NULL;
+    rk_status st = rk_mapping_open(path, &map, &e);
+    if (!st) st = rk_gguf_parse(map.data, map.len, &g, &e);
+    if (st) {
+        rk_err_wrap(&e, "%s", path);
+        cli_print_error(&e);
+        rk_mapping_close(&map);
+        return cli_exit_code(st) == RK_EXIT_IO ? RK_EXIT_IO : RK_EXIT_MODEL;
+    }
+    printf("file: %s (%zu bytes)\n", path, map.len);
+    printf("gguf: version %u, %llu metadata keys, %llu tensors, alignment %u\n", rk_gguf_version(g),
+           (unsigned long long)rk_gguf_n_kv(g), (unsigned long long)rk_gguf_n_tensors(g), rk_gguf_alignment(g));
+    printf("\nmetadata:\n");
+    for (uint64_t i = 0; i < rk_gguf_n_kv(g); i++) {
+        const rk_gguf_kv *kv = rk_gguf_kv_at(g, i);
+        printf("  %-44.*s ", (int)kv->key.len, kv->key.ptr);
+        if (kv->type == RK_GGUF_ARRAY)
+            printf("[%s x %llu]", kv->arr_type < RK_GGUF_TYPE_COUNT ? type_names[kv->arr_type] : "?",
+                   (unsigned long long)kv->n);
+        else
+            print_scalar(g, kv);
+        printf("\n");
+    }
+    /* tensor types: count and bytes per type */
+    uint64_t count[64] = {0}, bytes[64] = {0}, total = 0;
+    for (uint64_t i = 0; i < rk_gguf_n_tensors(g); i++) {
+        const rk_gguf_tensor *t = rk_gguf_tensor_at(g, i);
+        if (t->type < 64) count[t->type]++, bytes[t->type] += t->n_bytes;
+        total += t->n_bytes;
+    }
+    printf("\ntensor types:\n");
+    for (int t = 0; t < 64; t++)
+        if (count[t]) printf("  %-6s %5llu tensors %10.2f MiB\n", rk_dtype_name((uint32_t)t),
+                             (unsigned long long)count[t], (double)bytes[t] / 1048576.0);
+    printf("  total  %5llu tensors %10.2f MiB\n", (unsigned long long)rk_gguf_n_tensors(g), (double)total / 1048576.0);
+    rk_gguf_destroy(g);
+    rk_mapping_close(&map);
+
+    rk_model *m = NULL;
+    rk_err me = {0};
+    if (rk_model_load(path, &m, &me) == RK_OK) {
+        const rk_hparams *hp = rk_model_hparams(m);
+        uint64_t kv_tok_f16 = 2ull * (uint64_t)hp->n_layer * (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim * 2u;
+        printf("\nmodel: %s\n", rk_model_name(m));
+        printf("  architecture   %s\n", hp->arch_name);
+        printf("  layers         %d\n  n_embd         %d\n  n_ff           %d\n", hp->n_layer, hp->n_embd, hp->n_ff);
+        printf("  heads          %d (KV heads %d, head_dim %d)\n", hp->n_head, hp->n_head_kv, hp->head_dim);
+        printf("  vocab          %d\n  context        %d\n", hp->n_vocab, hp->n_ctx_train);
+        printf("  rope           %s, base %g, %d dims\n", hp->rope_mode == 2 ? "neox" : "norm",
+               (double)hp->rope_base, hp->n_rot);
+        printf("  rms eps        %g\n  output         %s\n", (double)hp->rms_eps, hp->tied_output ? "tied to token_embd" : "separate");
+        printf("  extras         %s%s%s\n", hp->has_qkv_bias ? "qkv bias " : "", hp->has_qk_norm ? "q/k norm " : "",
+               hp->has_qkv_bias || hp->has_qk_norm ? "" : "none");
+        printf("  chat template  %s\n", rk_chat_family_name(rk_model_chat_family(m)));
+        printf("  memory         weights %.1f MiB (mapped) + KV %.1f KiB/token f16 = %.1f MiB at %d tokens\n",
+               (double)rk_model_weight_bytes(m) / 1048576.0, (double)kv_tok_f16 / 1024.0,
+               ((double)rk_model_weight_bytes(m) + (double)kv_tok_f16 * hp->n_ctx_train) / 1048576.0, hp->n_ctx_train);
+        rk_model_destroy(m);
+    } else if (o.verbose) {
+        fprintf(stderr, "ridgekv info: not loadable as a model: %s\n", me.msg);
+    }
+    return RK_EXIT_OK;
+}

@@ -1,0 +1,94 @@
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "rk_io.h"
+
+rk_status rk_io_read_file(const char *path, char **data, size_t *len, rk_err *err) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return rk_err_set(err, errno == ENOENT ? RK_E_NOT_FOUND : RK_E_IO,
+                                  "io: cannot open %s (%s)", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return rk_err_set(err, RK_E_IO, "io: %s is not a readable regular file", path);
+    }
+    size_t n = (size_t)st.st_size;
+    char *buf = malloc(n + 1);
+    if (!buf) {
+        close(fd);
+        return rk_err_set(err, RK_E_NOMEM, "io: cannot allocate %zu bytes for %s", n + 1, path);
+    }
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, buf + got, n - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            int e = errno;
+            free(buf);
+            close(fd);
+            return rk_err_set(err, RK_E_IO, "io: read of %s failed at byte %zu (%s)", path, got,
+                              r == 0 ? "unexpected end of file" : strerror(e));
+        }
+        got += (size_t)r;
+    }
+    close(fd);
+    buf[n] = '\0';
+    *data = buf;
+    *len = n;
+    return RK_OK;
+}
+
+rk_status rk_io_write_file_atomic(const char *path, const void *data, size_t len, rk_err *err) {
+    char tmp[4096];
+    int w = snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    if (w < 0 || (size_t)w >= sizeof tmp) return rk_err_set(err, RK_E_INVALID_ARG, "io: path too long: %s", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return rk_err_set(err, RK_E_IO, "io: cannot create %s (%s)", tmp, strerror(errno));
+    const char *p = data;
+    size_t done = 0;
+    while (done < len) {
+        ssize_t r = write(fd, p + done, len - done);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            int e = r < 0 ? errno : ENOSPC;
+            close(fd);
+            unlink(tmp);
+            return rk_err_set(err, RK_E_IO, "io: write to %s failed after %zu of %zu bytes (%s)",
+                              tmp, done, len, strerror(e));
+        }
+        done += (size_t)r;
+    }
+    if (fsync(fd) != 0 || close(fd) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return rk_err_set(err, RK_E_IO, "io: cannot flush %s (%s)", tmp, strerror(e));
+    }
+    if (rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return rk_err_set(err, RK_E_IO, "io: cannot rename %s to %s (%s)", tmp, path, strerror(e));
+    }
+    return RK_OK;
+}
+
+rk_status rk_io_mkdir_p(const char *path, rk_err *err) {
+    char buf[4096];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof buf) return rk_err_set(err, RK_E_INVALID_ARG, "io: bad directory path '%s'", path);
+    memcpy(buf, path, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (buf[i] == '/' || buf[i] == '\0') {
+            char c = buf[i];
+            buf[i] = '\0';
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+                return rk_err_set(err, RK_E_IO, "io: cannot create directory %s (%s)", buf, strerror(errno));
+            buf[i] = c;
+        }
+    }
+    return RK_OK;
+}

@@ -1,0 +1,26 @@
+/* io: whole-file helpers and SHA-256. Later: the block store (io_uring + zstd). */
+#pragma once
+#include "rk_base.h"
+
+typedef struct rk_sha256 {
+    uint32_t h[8];
+    uint64_t n_bytes;
+    uint8_t buf[64];
+    uint32_t n_buf;
+} rk_sha256;
+
+void rk_sha256_init(rk_sha256 *s);
+void rk_sha256_update(rk_sha256 *s, const void *data, size_t len);
+void rk_sha256_final(rk_sha256 *s, uint8_t out[32]);
+/* Lowercase hex of a 32-byte digest into hex[65]. */
+void rk_sha256_hex(const uint8_t digest[32], char hex[65]);
+/* SHA-256 of a whole file (streamed, not mapped). */
+rk_status rk_sha256_file(const char *path, char hex[65], rk_err *err);
+
+/* Reads a whole file into a malloc'd, NUL-terminated buffer (owned by the caller). */
+rk_status rk_io_read_file(const char *path, char **data, size_t *len, rk_err *err);
+/* Writes to path.tmp.<pid>, fsyncs, renames over path: readers never see half a file.
+ * On failure (disk full included) the old file is untouched and the temp is removed. */
+rk_status rk_io_write_file_atomic(const char *path, const void *data, size_t len, rk_err *err);
+/* Creates a directory and its parents (mode 0755); existing ones are fine. */
+rk_status rk_io_mkdir_p(const char *path, rk_err *err);

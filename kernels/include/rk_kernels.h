@@ -1,0 +1,115 @@
+/* Kernels: per-dtype row functions and one op table per backend.
+ * cpu_ref is the scalar oracle (fp32/fp64 accumulation, single thread, never
+ * optimised); cpu is AVX2/FMA/F16C with a thread pool; cuda lives in kernels/cuda.
+ * Activations are always F32; weights may be any supported dtype. */
+#pragma once
+#include "rk_base.h"
+
+/* ---- per-dtype row functions ----------------------------------------- */
+/* n is a multiple of the dtype's block size. */
+typedef void (*rk_to_f32_fn)(const void *src, float *dst, int64_t n);
+/* dot(row of weights in dtype, f32 vector) over n elements. */
+typedef float (*rk_dot_f32_fn)(const void *w, const float *x, int64_t n);
+
+typedef struct rk_quant_fns {
+    rk_to_f32_fn to_f32;
+    rk_dot_f32_fn dot;
+} rk_quant_fns;
+
+/* Scalar reference; NULL for unsupported types. */
+const rk_quant_fns *rk_quant_ref(uint32_t type);
+/* AVX2/FMA/F16C version where this CPU has it, else the reference. NULL if unsupported. */
+const rk_quant_fns *rk_quant_fast(uint32_t type);
+/* True when the running CPU has AVX2, FMA and F16C (and the build compiled them). */
+bool rk_cpu_has_avx2(void);
+
+/* ---- tensors as seen by ops ------------------------------------------ */
+/* ne[0] is innermost. Rows are contiguous; row r of a 2-D view starts at
+ * data + r * nb1. Activations are f32 with nb1 = ne[0]*4 unless stated. */
+typedef struct rk_view {
+    uint32_t type;
+    int64_t ne[4];
+    size_t nb1;      /* bytes between rows */
+    void *data;
+} rk_view;
+
+typedef enum rk_op {
+    RK_OP_GET_ROWS,  /* dst (n, d) f32 = dequant rows ids[] of src0 (vocab, d) any dtype */
+    RK_OP_MATMUL,    /* dst (n, m) f32 = src1 (n, k) f32 x src0^T, src0 (m rows of k) any dtype */
+    RK_OP_RMSNORM,   /* dst (rows, d) = src0 / sqrt(mean(src0^2) + eps) * src1 (d) ; in place ok */
+    RK_OP_ROPE,      /* in place on src0 (n, n_head, head_dim) f32, position pos0 + i for row i */
+    RK_OP_ATTN,      /* causal attention over a KV cache; see rk_attn_params */
+    RK_OP_SILU_MUL,  /* dst = silu(src0) * src1, elementwise; in place ok */
+    RK_OP_ADD,       /* dst += src0, elementwise */
+    RK_OP_ADD_ROW,   /* dst (n, d) += src0 (d), a bias row broadcast */
+    RK_OP_CPY_ROWS,  /* dst rows (f32 or f16) at dst_row0.. = src0 f32 rows (converted) */
+    RK_OP_COUNT
+} rk_op;
+_Static_assert(RK_OP_COUNT == 9, "op count changed: update every backend table and op-case table");
+
+typedef enum rk_rope_mode {
+    RK_ROPE_NORM = 0, /* rotate pairs (2i, 2i+1): llama */
+    RK_ROPE_NEOX = 2, /* rotate pairs (i, i + n_rot/2): qwen2, qwen3 */
+} rk_rope_mode;
+
+typedef struct rk_rope_params {
+    int mode;          /* rk_rope_mode */
+    int n_rot;         /* rotated dims per head (<= head_dim, even) */
+    float freq_base;   /* theta_i = pos * freq_base^(-2i/n_rot) */
+    int64_t pos0;
+} rk_rope_params;
+
+/* Query rows i = 0..n_q-1 sit at positions pos0 + i and attend to cache rows
+ * 0..pos0+i (causal). K and V caches: (n_ctx, n_head_kv, head_dim), type f32 or
+ * f16, row stride nb1 = n_head_kv*head_dim*elt. Query head h uses KV head
+ * h / (n_head / n_head_kv). dst (n_q, n_head*head_dim) f32. Never builds the
+ * n_q x n_kv score matrix: tiles with an online softmax. */
+typedef struct rk_attn_params {
+    int n_head, n_head_kv, head_dim;
+    float scale;       /* usually 1/sqrt(head_dim) */
+    int64_t pos0;
+} rk_attn_params;
+
+typedef struct rk_op_args {
+    rk_op op;
+    rk_view dst, src0, src1, src2; /* ATTN: src0 = q, src1 = K cache, src2 = V cache */
+    const int32_t *ids;            /* GET_ROWS */
+    int64_t dst_row0;              /* CPY_ROWS */
+    float eps;                     /* RMSNORM */
+    rk_rope_params rope;
+    rk_attn_params attn;
+} rk_op_args;
+
+typedef struct rk_backend rk_backend;
+typedef rk_status (*rk_op_fn)(rk_backend *be, const rk_op_args *a, rk_err *err);
+
+typedef struct rk_backend_ops {
+    const char *name;
+    rk_op_fn op[RK_OP_COUNT];   /* NULL = unsupported */
+    /* dtype / shape limits; false -> the caller must fall back or fail */
+    bool (*supports)(const rk_backend *be, const rk_op_args *a);
+    void (*destroy)(rk_backend *be);
+} rk_backend_ops;
+
+struct rk_backend {
+    const rk_backend_ops *ops;
+    int n_threads;
+    void *impl;                 /* backend-owned state: pool, workspaces, handles */
+};
+
+/* n_threads <= 0: all online cores. */
+rk_status rk_backend_cpu_ref_create(rk_backend **out, rk_err *err);
+rk_status rk_backend_cpu_create(int n_threads, rk_backend **out, rk_err *err);
+void rk_backend_destroy(rk_backend *be); /* accepts NULL */
+
+/* Runs one op: checks support, then dispatches. */
+rk_status rk_backend_run(rk_backend *be, const rk_op_args *a, rk_err *err);
+
+/* ---- thread pool (used by the cpu backend and runtime) ----------------- */
+typedef struct rk_pool rk_pool;
+rk_status rk_pool_create(int n_threads, rk_pool **out, rk_err *err);
+void rk_pool_destroy(rk_pool *p);
+int rk_pool_size(const rk_pool *p);
+/* Runs fn(ctx, i, n) for i in 0..n-1 on the pool's threads (caller included) and
+ * waits for all. n is usually the pool size. */
+void rk_pool_run(rk_pool *p, void (*fn)(void *ctx, int i, int n), void *ctx);

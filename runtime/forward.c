@@ -1,0 +1,282 @@
+/* Exact forward pass for llama / qwen2 / qwen3 over a session's KV cache. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model_impl.h"
+
+struct rk_session {
+    const rk_model *m;
+    rk_backend *be;
+    rk_session_params p;
+    int64_t n_ctx, n_past;
+    uint32_t kv_type;
+    size_t kv_row_bytes;  /* kv_dim * element size */
+    void **k_cache;       /* n_layer x (n_ctx, kv_dim) */
+    void **v_cache;
+    /* scratch for one chunk of n_batch rows */
+    float *x;             /* (n_batch, n_embd) residual stream */
+    float *h;             /* (n_batch, max(n_embd, q_dim)) normed input / attention output */
+    float *q;             /* (n_batch, q_dim) */
+    float *k, *v;         /* (n_batch, kv_dim) */
+    float *t;             /* (n_batch, n_embd) projection output */
+    float *gate, *up;     /* (n_batch, n_ff) */
+    float *logits;        /* (n_batch, n_vocab) when rows are requested */
+    void (*progress)(void *ud, int64_t done, int64_t total);
+    void *progress_ud;
+};
+
+rk_session_params rk_session_params_default(void) {
+    rk_session_params p = {0, 0, 512, RK_DT_F16, RK_BACKEND_CPU};
+    return p;
+}
+
+static rk_view act(float *data, int64_t cols, int64_t rows) {
+    rk_view v = {RK_DT_F32, {cols, rows, 1, 1}, (size_t)cols * sizeof(float), data};
+    return v;
+}
+
+void rk_session_destroy(rk_session *s) {
+    if (!s) return;
+    if (s->k_cache)
+        for (int l = 0; l < s->m->hp.n_layer; l++) free(s->k_cache[l]);
+    if (s->v_cache)
+        for (int l = 0; l < s->m->hp.n_layer; l++) free(s->v_cache[l]);
+    free(s->k_cache);
+    free(s->v_cache);
+    free(s->x), free(s->h), free(s->q), free(s->k), free(s->v), free(s->t);
+    free(s->gate), free(s->up), free(s->logits);
+    rk_backend_destroy(s->be);
+    free(s);
+}
+
+rk_status rk_session_create(const rk_model *m, const rk_session_params *pp, rk_session **out,
+                            rk_err *err) {
+    const rk_hparams *hp = &m->hp;
+    rk_session_params p = pp ? *pp : rk_session_params_default();
+    if (p.n_ctx <= 0) p.n_ctx = hp->n_ctx_train;
+    if (p.n_batch <= 0) p.n_batch = 512;
+    if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
+    if (p.kv_type != RK_DT_F16 && p.kv_type != RK_DT_F32)
+        return rk_err_set(err, RK_E_UNSUPPORTED, "session: KV cache type %s not supported (f16 or f32)",
+                          rk_dtype_name(p.kv_type));
+    rk_session *s = calloc(1, sizeof *s);
+    if (!s) return rk_err_set(err, RK_E_NOMEM, "session: out of memory");
+    s->m = m;
+    s->p = p;
+    s->n_ctx = p.n_ctx;
+    s->kv_type = p.kv_type;
+    rk_status st = p.backend == RK_BACKEND_CPU_REF ? rk_backend_cpu_ref_create(&s->be, err)
+                                                   : rk_backend_cpu_create(p.n_threads, &s->be, err);
+    if (st) goto fail;
+    int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim, qd = (int64_t)hp->n_head * hp->head_dim;
+    s->kv_row_bytes = (size_t)kvd * (p.kv_type == RK_DT_F16 ? 2 : 4);
+    s->k_cache = calloc((size_t)hp->n_layer, sizeof(void *));
+    s->v_cache = calloc((size_t)hp->n_layer, sizeof(void *));
+    if (!s->k_cache || !s->v_cache) goto nomem;
+    /* calloc of large blocks maps zero pages lazily: untouched context costs nothing */
+    for (int l = 0; l < hp->n_layer; l++) {
+        s->k_cache[l] = calloc((size_t)s->n_ctx, s->kv_row_bytes);
+        s->v_cache[l] = calloc((size_t)s->n_ctx, s->kv_row_bytes);
+        if (!s->k_cache[l] || !s->v_cache[l]) goto nomem;
+    }
+    size_t nb = (size_t)p.n_batch;
+    size_t hd = (size_t)(qd > hp->n_embd ? qd : hp->n_embd);
+    s->x = malloc(nb * (size_t)hp->n_embd * sizeof(float));
+    s->h = malloc(nb * hd * sizeof(float));
+    s->q = malloc(nb * (size_t)qd * sizeof(float));
+    s->k = malloc(nb * (size_t)kvd * sizeof(float));
+    s->v = malloc(nb * (size_t)kvd * sizeof(float));
+    s->t = malloc(nb * (size_t)hp->n_embd * sizeof(float));
+    s->gate = malloc(nb * (size_t)hp->n_ff * sizeof(float));
+    s->up = malloc(nb * (size_t)hp->n_ff * sizeof(float));
+    s->logits = malloc(nb * (size_t)hp->n_vocab * sizeof(float));
+    if (!s->x || !s->h || !s->q || !s->k || !s->v || !s->t || !s->gate || !s->up || !s->logits)
+        goto nomem;
+    *out = s;
+    return RK_OK;
+nomem:
+    st = rk_err_set(err, RK_E_NOMEM, "session: cannot allocate KV cache / scratch for n_ctx %lld",
+                    (long long)s->n_ctx);
+fail:
+    rk_session_destroy(s);
+    return st;
+}
+
+void rk_session_reset(rk_session *s) { s->n_past = 0; }
+int64_t rk_session_n_past(const rk_session *s) { return s->n_past; }
+int64_t rk_session_n_ctx(const rk_session *s) { return s->n_ctx; }
+uint64_t rk_session_kv_bytes_per_token(const rk_session *s) {
+    return 2ull * (uint64_t)s->m->hp.n_layer * s->kv_row_bytes;
+}
+void rk_session_set_progress(rk_session *s, void (*fn)(void *, int64_t, int64_t), void *ud) {
+    s->progress = fn;
+    s->progress_ud = ud;
+}
+
+/* ---- op helpers --------------------------------------------------------- */
+static rk_status run(rk_session *s, rk_op_args *a, rk_err *err) { return rk_backend_run(s->be, a, err); }
+
+/* y (n, w.ne[1]) = x (n, w.ne[0]) W^T (+ bias) */
+static rk_status matmul(rk_session *s, rk_view w, const rk_view *bias, float *x, int64_t n, float *y,
+                        rk_err *err) {
+    rk_op_args a = {.op = RK_OP_MATMUL};
+    a.dst = act(y, w.ne[1], n);
+    a.src0 = w;
+    a.src1 = act(x, w.ne[0], n);
+    rk_status st = run(s, &a, err);
+    if (st || !bias || !bias->data) return st;
+    rk_op_args b = {.op = RK_OP_ADD_ROW};
+    b.dst = a.dst;
+    b.src0 = *bias;
+    return run(s, &b, err);
+}
+
+static rk_status rmsnorm(rk_session *s, const float *x, float *y, rk_view w, int64_t rows, rk_err *err) {
+    rk_op_args a = {.op = RK_OP_RMSNORM, .eps = s->m->hp.rms_eps};
+    a.src0 = act((float *)x, w.ne[0], rows);
+    a.src1 = w;
+    a.dst = act(y, w.ne[0], rows);
+    return run(s, &a, err);
+}
+
+static rk_status rope(rk_session *s, float *x, int64_t n, int n_heads, int64_t pos0, rk_err *err) {
+    const rk_hparams *hp = &s->m->hp;
+    rk_op_args a = {.op = RK_OP_ROPE};
+    a.src0 = act(x, hp->head_dim, n * n_heads);
+    a.src0.ne[1] = n_heads;
+    a.src0.ne[2] = n;
+    a.src0.nb1 = (size_t)hp->head_dim * sizeof(float);
+    a.dst = a.src0;
+    a.rope.mode = hp->rope_mode;
+    a.rope.n_rot = hp->n_rot;
+    a.rope.freq_base = hp->rope_base;
+    a.rope.pos0 = pos0;
+    return run(s, &a, err);
+}
+
+static rk_status add(rk_session *s, float *dst, const float *src, int64_t cols, int64_t n, rk_err *err) {
+    rk_op_args a = {.op = RK_OP_ADD};
+    a.dst = act(dst, cols, n);
+    a.src0 = act((float *)src, cols, n);
+    return run(s, &a, err);
+}
+
+static rk_status cache_write(rk_session *s, void *cache, const float *src, int64_t n, rk_err *err) {
+    const rk_hparams *hp = &s->m->hp;
+    int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim;
+    rk_op_args a = {.op = RK_OP_CPY_ROWS, .dst_row0 = s->n_past};
+    a.dst.type = s->kv_type;
+    a.dst.ne[0] = kvd;
+    a.dst.ne[1] = s->n_ctx;
+    a.dst.ne[2] = a.dst.ne[3] = 1;
+    a.dst.nb1 = s->kv_row_bytes;
+    a.dst.data = cache;
+    a.src0 = act((float *)src, kvd, n);
+    return run(s, &a, err);
+}
+
+/* One chunk of n <= n_batch tokens at positions n_past.. */
+static rk_status forward_chunk(rk_session *s, const int32_t *ids, int64_t n, float *logits,
+                               bool all_rows, rk_err *err) {
+    const rk_model *m = s->m;
+    const rk_hparams *hp = &m->hp;
+    const int64_t d = hp->n_embd, qd = (int64_t)hp->n_head * hp->head_dim;
+    const int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim;
+    rk_status st;
+    rk_op_args a = {.op = RK_OP_GET_ROWS, .ids = ids};
+    a.src0 = m->tok_embd;
+    a.dst = act(s->x, d, n);
+    if ((st = run(s, &a, err))) return st;
+
+    for (int l = 0; l < hp->n_layer; l++) {
+        const rk_layer *L = &m->layers[l];
+        /* attention block */
+        if ((st = rmsnorm(s, s->x, s->h, L->attn_norm, n, err)) ||
+            (st = matmul(s, L->wq, &L->bq, s->h, n, s->q, err)) ||
+            (st = matmul(s, L->wk, &L->bk, s->h, n, s->k, err)) ||
+            (st = matmul(s, L->wv, &L->bv, s->h, n, s->v, err)))
+            return st;
+        if (hp->has_qk_norm) { /* per-head RMSNorm before RoPE */
+            if ((st = rmsnorm(s, s->q, s->q, L->q_norm, n * hp->n_head, err)) ||
+                (st = rmsnorm(s, s->k, s->k, L->k_norm, n * hp->n_head_kv, err)))
+                return st;
+        }
+        if ((st = rope(s, s->q, n, hp->n_head, s->n_past, err)) ||
+            (st = rope(s, s->k, n, hp->n_head_kv, s->n_past, err)) ||
+            (st = cache_write(s, s->k_cache[l], s->k, n, err)) ||
+            (st = cache_write(s, s->v_cache[l], s->v, n, err)))
+            return st;
+        rk_op_args at = {.op = RK_OP_ATTN};
+        at.src0 = act(s->q, qd, n);
+        at.src1.type = at.src2.type = s->kv_type;
+        at.src1.ne[0] = at.src2.ne[0] = kvd;
+        at.src1.ne[1] = at.src2.ne[1] = s->n_past + n;
+        at.src1.ne[2] = at.src2.ne[2] = at.src1.ne[3] = at.src2.ne[3] = 1;
+        at.src1.nb1 = at.src2.nb1 = s->kv_row_bytes;
+        at.src1.data = s->k_cache[l];
+        at.src2.data = s->v_cache[l];
+        at.dst = act(s->h, qd, n);
+        at.attn.n_head = hp->n_head;
+        at.attn.n_head_kv = hp->n_head_kv;
+        at.attn.head_dim = hp->head_dim;
+        at.attn.scale = 1.0f / sqrtf((float)hp->head_dim);
+        at.attn.pos0 = s->n_past;
+        if ((st = run(s, &at, err)) ||
+            (st = matmul(s, L->wo, NULL, s->h, n, s->t, err)) ||
+            (st = add(s, s->x, s->t, d, n, err)))
+            return st;
+        /* feed-forward block */
+        rk_op_args sm = {.op = RK_OP_SILU_MUL};
+        sm.dst = sm.src0 = act(s->gate, hp->n_ff, n);
+        sm.src1 = act(s->up, hp->n_ff, n);
+        if ((st = rmsnorm(s, s->x, s->h, L->ffn_norm, n, err)) ||
+            (st = matmul(s, L->w_gate, NULL, s->h, n, s->gate, err)) ||
+            (st = matmul(s, L->w_up, NULL, s->h, n, s->up, err)) ||
+            (st = run(s, &sm, err)) ||
+            (st = matmul(s, L->w_down, NULL, s->gate, n, s->t, err)) ||
+            (st = add(s, s->x, s->t, d, n, err)))
+            return st;
+    }
+    if (logits) {
+        /* only the rows whose logits are wanted go through the output head */
+        int64_t first = all_rows ? 0 : n - 1, rows = n - first;
+        float *xr = s->x + first * d;
+        if ((st = rmsnorm(s, xr, s->h, m->output_norm, rows, err)) ||
+            (st = matmul(s, m->output, NULL, s->h, rows, all_rows ? logits : s->logits, err)))
+            return st;
+        if (!all_rows) memcpy(logits, s->logits, (size_t)hp->n_vocab * sizeof(float));
+    }
+    s->n_past += n;
+    return RK_OK;
+}
+
+rk_status rk_session_eval(rk_session *s, const int32_t *ids, size_t n, float *logits, bool all_rows,
+                          rk_err *err) {
+    const rk_hparams *hp = &s->m->hp;
+    if (n == 0) return rk_err_set(err, RK_E_INVALID_ARG, "session: eval of zero tokens");
+    if ((int64_t)n > s->n_ctx - s->n_past)
+        return rk_err_set(err, RK_E_CONTEXT,
+                          "session: %zu tokens do not fit the context (%lld used of %lld)", n,
+                          (long long)s->n_past, (long long)s->n_ctx);
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= hp->n_vocab)
+            return rk_err_set(err, RK_E_INVALID_ARG, "session: token id %d at %zu outside vocab of %d",
+                              ids[i], i, hp->n_vocab);
+    int64_t start = s->n_past;
+    for (size_t done = 0; done < n;) {
+        size_t c = n - done < (size_t)s->p.n_batch ? n - done : (size_t)s->p.n_batch;
+        bool last = done + c == n;
+        float *lg = NULL;
+        if (logits && all_rows) lg = logits + done * (size_t)hp->n_vocab;
+        else if (logits && last) lg = logits;
+        rk_status st = forward_chunk(s, ids + done, (int64_t)c, lg, all_rows, err);
+        if (st) {
+            s->n_past = start; /* the cache rows past start are garbage now: forget them */
+            return st;
+        }
+        done += c;
+        if (s->progress) s->progress(s->progress_ud, (int64_t)done, (int64_t)n);
+    }
+    return RK_OK;
+}

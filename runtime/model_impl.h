@@ -1,0 +1,28 @@
+/* Internal: the bound model. */
+#pragma once
+#include "rk.h"
+#include "rk_gguf.h"
+#include "rk_kernels.h"
+#include "tokenizer_impl.h"
+
+typedef struct rk_layer {
+    rk_view attn_norm;            /* (n_embd) f32 */
+    rk_view wq, wk, wv, wo;       /* (n_head*hd, n_embd), (kv_dim, n_embd) x2, (n_embd, n_head*hd) */
+    rk_view bq, bk, bv;           /* qwen2 biases; data NULL when absent */
+    rk_view q_norm, k_norm;       /* qwen3 (head_dim) */
+    rk_view ffn_norm;             /* (n_embd) */
+    rk_view w_gate, w_up, w_down; /* (n_ff, n_embd) x2, (n_embd, n_ff) */
+} rk_layer;
+
+struct rk_model {
+    rk_mapping map;
+    rk_gguf *gguf;
+    rk_hparams hp;
+    rk_view tok_embd;             /* (n_vocab, n_embd) */
+    rk_view output_norm;          /* (n_embd) */
+    rk_view output;               /* (n_vocab, n_embd): token_embd when tied */
+    rk_layer *layers;             /* n_layer */
+    rk_tokenizer *tok;
+    uint64_t weight_bytes;
+    char name[128];
+};
