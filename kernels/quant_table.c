@@ -1,0 +1,56 @@
+/* Per-dtype row function tables (reference and AVX2) and their dispatch. */
+#include "quant_impl.h"
+
+#ifdef RK_HAVE_AVX2
+#include <cpuid.h>
+#endif
+
+#define RK_QUANT_ROW(prefix, t) {prefix##_##t##_to_f32, prefix##_##t##_dot}
+#define RK_QUANT_TABLE(prefix)                     \
+    {                                              \
+        [RK_DT_F32] = RK_QUANT_ROW(prefix, f32),   \
+        [RK_DT_F16] = RK_QUANT_ROW(prefix, f16),   \
+        [RK_DT_Q4_0] = RK_QUANT_ROW(prefix, q4_0), \
+        [RK_DT_Q4_1] = RK_QUANT_ROW(prefix, q4_1), \
+        [RK_DT_Q8_0] = RK_QUANT_ROW(prefix, q8_0), \
+        [RK_DT_Q4_K] = RK_QUANT_ROW(prefix, q4_K), \
+        [RK_DT_Q6_K] = RK_QUANT_ROW(prefix, q6_K), \
+        [RK_DT_BF16] = RK_QUANT_ROW(prefix, bf16), \
+    }
+
+/* Unlisted ids (Q8_1, Q8_K: never weights) stay {NULL, NULL}. */
+static const rk_quant_fns ref_fns[RK_DT_BF16 + 1] = RK_QUANT_TABLE(rk_quant_ref);
+#ifdef RK_HAVE_AVX2
+static const rk_quant_fns avx2_fns[RK_DT_BF16 + 1] = RK_QUANT_TABLE(rk_quant_avx2);
+#endif
+
+static const rk_quant_fns *lookup(const rk_quant_fns *tab, uint32_t type) {
+    if (type > RK_DT_BF16 || !tab[type].to_f32) return NULL;
+    return &tab[type];
+}
+
+const rk_quant_fns *rk_quant_ref(uint32_t type) {
+    return lookup(ref_fns, type);
+}
+
+bool rk_cpu_has_avx2(void) {
+#ifdef RK_HAVE_AVX2
+    /* __builtin_cpu_supports checks the OS saves YMM state for "avx2"; clang 14
+     * has no "f16c" name, so that bit (CPUID.1:ECX[29]) is read directly. Cheap
+     * enough to ask on every call; no state is kept. */
+    unsigned a, b, c, d;
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return false;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    return (c & bit_F16C) != 0;
+#else
+    return false;
+#endif
+}
+
+const rk_quant_fns *rk_quant_fast(uint32_t type) {
+#ifdef RK_HAVE_AVX2
+    if (rk_cpu_has_avx2()) return lookup(avx2_fns, type);
+#endif
+    return lookup(ref_fns, type);
+}
