@@ -118,7 +118,7 @@ Test(cli, corrupt_models_exit_3_with_reason) {
         unsigned char patch[4];
     } cases[] = {
         {"bad magic", "magic", 0, 0, {'G', 'G', 'U', 'X'}},
-        {"version 1", "v1", 0, 4, {1, 0, 0, 0}},
+        {"version 1", "version 1 is unsupported", 0, 4, {1, 0, 0, 0}},
         {"version 9", "version", 0, 4, {9, 0, 0, 0}},
         {"truncated", "truncated", 1000, -1, {0}},
         {"data cut", "past end", 0, -2, {0}},
