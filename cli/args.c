@@ -87,6 +87,11 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
             o->backend = v;
         }
         else if (!strcmp(a, "--system")) { NEED(); o->system = v; }
+        else if (!strcmp(a, "--ridgefill")) { NEED(); o->ridgefill = v; }
+        else if (!strcmp(a, "--fill")) { NEED(); o->fill = v; }
+        else if (!strcmp(a, "--tail")) { NEED(); rc = parse_int(cmd, a, v, 512, 1 << 24, &o->tail); }
+        else if (!strcmp(a, "--split")) { NEED(); rc = parse_int(cmd, a, v, 1, 4096, &o->split); }
+        else if (!strcmp(a, "--keep-share")) { NEED(); rc = parse_float(cmd, a, v, 0.0f, 1.0f, &o->keep_share); }
         else if (!strcmp(a, "--chat")) o->chat = 1;
         else if (!strcmp(a, "--json")) o->json = 1;
         else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) o->verbose = 1;
@@ -173,5 +178,42 @@ int cli_session_params(const cli_opts *o, rk_session_params *p) {
     if (o->n_batch) p->n_batch = o->n_batch;
     if (o->kv && !strcmp(o->kv, "f32")) p->kv_type = RK_DT_F32;
     if (o->backend && !strcmp(o->backend, "cpu_ref")) p->backend = RK_BACKEND_CPU_REF;
+    return 0;
+}
+
+int cli_setup_fill(const cli_opts *o, const rk_model *m, rk_session *s, rk_ridge_maps **maps,
+                   const char *mode_override) {
+    rk_err e = {0};
+    const char *mode_s = mode_override ? mode_override : o->fill;
+    rk_fill_params fp = {.mode = RK_FILL_OFF, .tail = o->tail, .split = o->split,
+                         .keep_share = o->keep_share > 0 ? o->keep_share : -1.0f};
+    if (!mode_s) mode_s = o->ridgefill ? "speed" : "off";
+    if (!rk_fill_mode_parse(mode_s, &fp.mode)) {
+        fprintf(stderr, "ridgekv: --fill expects off, speed, quality, identity or plumb (got '%s')\n", mode_s);
+        return RK_EXIT_USAGE;
+    }
+    if (o->ridgefill && !*maps) {
+        char warn[512];
+        rk_status st = rk_ridge_maps_load(o->ridgefill, m, maps, warn, sizeof warn, &e);
+        if (st) {
+            cli_print_error(&e);
+            return st == RK_E_NOMEM ? RK_EXIT_ERROR : RK_EXIT_MODEL;
+        }
+        if (warn[0]) fprintf(stderr, "ridgekv: warning: %s\n", warn);
+    }
+    fp.maps = *maps;
+    if (fp.mode != RK_FILL_OFF && !fp.maps && fp.mode != RK_FILL_IDENTITY && fp.mode != RK_FILL_PLUMB) {
+        fprintf(stderr, "ridgekv: --fill %s needs --ridgefill MAPS.gguf (make one with ridgekv calibrate)\n", mode_s);
+        return RK_EXIT_USAGE;
+    }
+    rk_status st = rk_session_set_fill(s, &fp, &e);
+    if (st) {
+        cli_print_error(&e);
+        return RK_EXIT_USAGE;
+    }
+    if (fp.mode != RK_FILL_OFF && o->verbose)
+        fprintf(stderr, "ridgekv: ridgefill %s, split %d, tail %d%s%s\n", rk_fill_mode_name(fp.mode),
+                fp.maps ? rk_ridge_maps_split(fp.maps) : fp.split, fp.tail > 512 ? fp.tail : (fp.tail ? 512 : 2048),
+                fp.maps ? ", maps " : "", fp.maps ? o->ridgefill : "");
     return 0;
 }

@@ -32,7 +32,18 @@ typedef struct cli_opts {
     const char *system;     /* --system */
     const char *prompt_list;/* bench -p 512,2048 */
     const char *out;        /* -o */
+    const char *ridgefill;  /* --ridgefill MAPS.gguf */
+    const char *fill;       /* --fill off|speed|quality|identity|plumb (list for bench) */
+    int tail;               /* --tail T */
+    int split;              /* --split S */
+    float keep_share;       /* --keep-share X (quality mode; <0: the map file's) */
 } cli_opts;
+
+/* Loads --ridgefill maps (when given) and applies the fill mode to s; prints one line
+ * saying what is used. *maps must be destroyed by the caller after s. Returns an exit
+ * code (0 on success). mode_override: NULL or a mode name replacing --fill. */
+int cli_setup_fill(const cli_opts *o, const rk_model *m, rk_session *s, rk_ridge_maps **maps,
+                   const char *mode_override);
 
 /* Parses the common flags from argv[first..]; positional arguments are collected into
  * pos (up to max_pos). Returns 0, or RK_EXIT_USAGE after printing the reason. */
@@ -60,3 +71,7 @@ int cmd_info(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_pull(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
+int cmd_calibrate(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
+int cmd_ask(int argc, char **argv);

@@ -6,7 +6,8 @@
 #include "cli.h"
 
 static const char *help =
-    "usage: ridgekv bench [-m MODEL] [-p 512,2048] [-n 64] [-t T] [-r REPS] [--kv f16|f32] [--json]\n"
+    "usage: ridgekv bench [-m MODEL] [-p 512,2048] [-n 64] [-t T] [-r REPS] [--kv f16|f32]\n"
+    "                     [--ridgefill MAPS --fill off,speed,quality] [--json]\n"
     "\n"
     "For each prompt length: prefill that many tokens (TTFT, prefill tokens/s), then decode -n\n"
     "tokens one at a time (decode tokens/s). Token ids are fixed pseudo-random ids, so runs are\n"
@@ -18,6 +19,9 @@ static const char *help =
     "  -r N          repetitions per length (default 2)\n"
     "  -b N          prefill chunk (default 512)\n"
     "  --kv f16|f32  KV cache precision (default f16)\n"
+    "  --ridgefill MAPS  RidgeFill maps; --fill off,speed,quality compares modes in one run\n"
+    "  --fill LIST   fill modes to run (default off); speedup is TTFT of the first mode / this mode\n"
+    "  --tail T      exact tail (default 2048)\n"
     "  --json        one JSON object on stdout instead of a table\n";
 
 int cmd_bench(int argc, char **argv) {
@@ -88,30 +92,40 @@ int cmd_bench(int argc, char **argv) {
         rng = rng * 6364136223846793005ull + 1442695040888963407ull;
         ids[i] = (int32_t)(rng >> 33) % hp->n_vocab;
     }
-    double pf_tps[32], dc_tps[32], ttft[32];
-    for (int li = 0; li < n_lens; li++) {
-        pf_tps[li] = dc_tps[li] = 0;
-        ttft[li] = 1e30;
-        for (int r = 0; r < reps && !st; r++) {
-            rk_session_reset(s);
-            double t0 = rk_time_now();
-            st = rk_session_eval(s, ids, (size_t)lens[li], logits, false, &e);
-            double t1 = rk_time_now();
-            for (int k = 0; k < o.n_predict && !st; k++)
-                st = rk_session_eval(s, &ids[lens[li] + k], 1, logits, false, &e);
-            double t2 = rk_time_now();
-            if (st) break;
-            if (t1 - t0 < ttft[li]) ttft[li] = t1 - t0;
-            double pf = lens[li] / (t1 - t0), dc = o.n_predict > 0 ? o.n_predict / (t2 - t1) : 0;
-            if (pf > pf_tps[li]) pf_tps[li] = pf;
-            if (dc > dc_tps[li]) dc_tps[li] = dc;
-            if (!o.json)
-                fprintf(stderr, "bench: p=%d rep %d: prefill %.1f tok/s, decode %.1f tok/s\n", lens[li], r + 1, pf, dc);
+    /* fill modes to compare in this run (ratios are against the first, usually off) */
+    char modes_buf[256];
+    snprintf(modes_buf, sizeof modes_buf, "%s", o.fill ? o.fill : "off");
+    const char *modes[8];
+    int n_modes = 0;
+    for (char *tok = strtok(modes_buf, ","); tok && n_modes < 8; tok = strtok(NULL, ",")) modes[n_modes++] = tok;
+    rk_ridge_maps *maps = NULL;
+    double pf_tps[32][8], dc_tps[32][8], ttft[32][8];
+    for (int li = 0; li < n_lens && !st && !rc; li++)
+        for (int mi = 0; mi < n_modes && !st && !rc; mi++) {
+            if ((rc = cli_setup_fill(&o, m, s, &maps, modes[mi]))) break;
+            pf_tps[li][mi] = dc_tps[li][mi] = 0;
+            ttft[li][mi] = 1e30;
+            for (int r = 0; r < reps && !st; r++) {
+                rk_session_reset(s);
+                double t0 = rk_time_now();
+                st = rk_session_eval(s, ids, (size_t)lens[li], logits, false, &e);
+                double t1 = rk_time_now();
+                for (int k = 0; k < o.n_predict && !st; k++)
+                    st = rk_session_eval(s, &ids[lens[li] + k], 1, logits, false, &e);
+                double t2 = rk_time_now();
+                if (st) break;
+                if (t1 - t0 < ttft[li][mi]) ttft[li][mi] = t1 - t0;
+                double pf = lens[li] / (t1 - t0), dc = o.n_predict > 0 ? o.n_predict / (t2 - t1) : 0;
+                if (pf > pf_tps[li][mi]) pf_tps[li][mi] = pf;
+                if (dc > dc_tps[li][mi]) dc_tps[li][mi] = dc;
+                if (!o.json)
+                    fprintf(stderr, "bench: p=%d fill=%s rep %d: prefill %.1f tok/s, decode %.1f tok/s\n", lens[li],
+                            modes[mi], r + 1, pf, dc);
+            }
         }
-    }
     if (st) {
         cli_print_error(&e);
-    } else {
+    } else if (!rc) {
         uint64_t kvb = rk_session_kv_bytes_per_token(s);
         double rss = (double)rk_peak_rss_bytes() / 1048576.0;
         int nt = o.n_threads > 0 ? o.n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
@@ -121,22 +135,29 @@ int cmd_bench(int argc, char **argv) {
                    rk_model_name(m), hp->arch_name, (unsigned long long)rk_model_weight_bytes(m), nt,
                    sp.kv_type == RK_DT_F32 ? "f32" : "f16", (unsigned long long)kvb, rss, reps);
             for (int li = 0; li < n_lens; li++)
-                printf("%s{\"n_prompt\":%d,\"ttft_ms\":%.2f,\"prefill_tok_s\":%.2f,\"n_decode\":%d,\"decode_tok_s\":%.2f}",
-                       li ? "," : "", lens[li], 1000 * ttft[li], pf_tps[li], o.n_predict, dc_tps[li]);
+                for (int mi = 0; mi < n_modes; mi++)
+                    printf("%s{\"n_prompt\":%d,\"fill\":\"%s\",\"ttft_ms\":%.2f,\"prefill_tok_s\":%.2f,"
+                           "\"ttft_speedup\":%.3f,\"n_decode\":%d,\"decode_tok_s\":%.2f}",
+                           li || mi ? "," : "", lens[li], modes[mi], 1000 * ttft[li][mi], pf_tps[li][mi],
+                           ttft[li][0] / ttft[li][mi], o.n_predict, dc_tps[li][mi]);
             printf("]}\n");
         } else {
             printf("model: %s (%s), weights %.1f MiB, threads %d, KV %s %llu bytes/token\n", rk_model_name(m),
                    hp->arch_name, (double)rk_model_weight_bytes(m) / 1048576.0, nt,
                    sp.kv_type == RK_DT_F32 ? "f32" : "f16", (unsigned long long)kvb);
-            printf("%10s %12s %16s %10s %16s\n", "n_prompt", "TTFT ms", "prefill tok/s", "n_decode", "decode tok/s");
+            printf("%10s %10s %12s %16s %10s %10s %16s\n", "n_prompt", "fill", "TTFT ms", "prefill tok/s", "speedup",
+                   "n_decode", "decode tok/s");
             for (int li = 0; li < n_lens; li++)
-                printf("%10d %12.1f %16.1f %10d %16.1f\n", lens[li], 1000 * ttft[li], pf_tps[li], o.n_predict, dc_tps[li]);
+                for (int mi = 0; mi < n_modes; mi++)
+                    printf("%10d %10s %12.1f %16.1f %9.2fx %10d %16.1f\n", lens[li], modes[mi], 1000 * ttft[li][mi],
+                           pf_tps[li][mi], ttft[li][0] / ttft[li][mi], o.n_predict, dc_tps[li][mi]);
             printf("peak RSS %.1f MiB\n", rss);
         }
     }
+    rk_ridge_maps_destroy(maps);
     free(ids);
     free(logits);
     rk_session_destroy(s);
     rk_model_destroy(m);
-    return st ? cli_exit_code(st) : RK_EXIT_OK;
+    return st ? cli_exit_code(st) : rc;
 }

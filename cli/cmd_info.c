@@ -15,24 +15,27 @@ static const char *type_names[RK_GGUF_TYPE_COUNT] = {"u8", "i8", "u16", "i16", "
                                                      "string", "array", "u64", "i64", "f64"};
 
 static void print_scalar(const rk_gguf *g, const rk_gguf_kv *kv) {
-    rk_err e;
+    char key[512];
+    snprintf(key, sizeof key, "%.*s", (int)(kv->key.len < 511 ? kv->key.len : 511), kv->key.ptr);
     if (kv->type == RK_GGUF_STRING) {
-        char key[512];
-        snprintf(key, sizeof key, "%.*s", (int)(kv->key.len < 511 ? kv->key.len : 511), kv->key.ptr);
         rk_str v;
-        if (rk_gguf_get_str(g, key, &v, &e) != RK_OK) return;
+        if (rk_gguf_get_str(g, key, &v, NULL) != RK_OK) return;
         size_t show = 0; /* one line of at most 80 bytes */
         while (show < v.len && show < 80 && v.ptr[show] != '\n') show++;
         printf("\"%.*s\"%s", (int)show, v.ptr, show < v.len ? " ..." : "");
-        return;
-    }
-    if (kv->type == RK_GGUF_F32 || kv->type == RK_GGUF_F64) {
+    } else if (kv->type == RK_GGUF_F32 || kv->type == RK_GGUF_F64) {
         float f;
-        if (rk_gguf_arr_f32(kv, 0, &f, &e) == RK_OK) printf("%g", (double)f);
-        return;
+        if (rk_gguf_get_f32(g, key, &f, NULL) == RK_OK) printf("%g", (double)f);
+    } else if (kv->type == RK_GGUF_BOOL) {
+        bool v;
+        if (rk_gguf_get_bool(g, key, &v, NULL) == RK_OK) printf("%s", v ? "true" : "false");
+    } else if (kv->type == RK_GGUF_U64) {
+        uint64_t v;
+        if (rk_gguf_get_u64(g, key, &v, NULL) == RK_OK) printf("%llu", (unsigned long long)v);
+    } else {
+        int64_t v;
+        if (rk_gguf_get_i64(g, key, &v, NULL) == RK_OK) printf("%lld", (long long)v);
     }
-    int64_t v;
-    if (rk_gguf_arr_i64(kv, 0, &v, &e) == RK_OK) printf(kv->type == RK_GGUF_BOOL ? (v ? "true" : "false") : "%lld", (long long)v);
 }
 
 int cmd_info(int argc, char **argv) {

@@ -28,6 +28,11 @@ static const char *help =
     "      --repeat-penalty R  (default 1.0 = off)\n"
     "      --repeat-last-n N   tokens the penalty looks back (default 64)\n"
     "      --seed S            sampling seed (default 0)\n"
+    "      --ridgefill MAPS    RidgeFill map file (from ridgekv calibrate)\n"
+    "      --fill MODE         off|speed|quality|identity|plumb (default: speed with maps, else off)\n"
+    "      --tail T            exact tail in tokens (default 2048, minimum 512)\n"
+    "      --split S           split layer for --fill identity/plumb without maps\n"
+    "      --keep-share X      quality mode: share of hard tokens kept exact (default: the map's)\n"
     "  -v, --verbose           print model and timing details to stderr\n";
 
 int cmd_run(int argc, char **argv) {
@@ -58,6 +63,7 @@ int cmd_run(int argc, char **argv) {
     rk_model *m = NULL;
     rk_session *s = NULL;
     rk_sampler *smp = NULL;
+    rk_ridge_maps *maps = NULL;
     int32_t *ids = NULL;
     char *formatted = NULL;
     float *logits = NULL;
@@ -91,6 +97,7 @@ int cmd_run(int argc, char **argv) {
         goto done;
     }
     if ((st = rk_session_create(m, &sp, &s, &e))) goto fail;
+    if ((rc = cli_setup_fill(&o, m, s, &maps, NULL))) goto done;
     if ((st = rk_sampler_create(&o.sp, hp->n_vocab, &smp, &e))) goto fail;
     logits = malloc((size_t)hp->n_vocab * sizeof(float));
     int32_t *hist = realloc(ids, (n_ids + (size_t)n_ctx) * sizeof(int32_t));
@@ -143,6 +150,7 @@ done:
     free(file_text);
     rk_sampler_destroy(smp);
     rk_session_destroy(s);
+    rk_ridge_maps_destroy(maps);
     rk_model_destroy(m);
     return rc;
 }

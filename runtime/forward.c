@@ -3,28 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model_impl.h"
-
-struct rk_session {
-    const rk_model *m;
-    rk_backend *be;
-    rk_session_params p;
-    int64_t n_ctx, n_past;
-    uint32_t kv_type;
-    size_t kv_row_bytes;  /* kv_dim * element size */
-    void **k_cache;       /* n_layer x (n_ctx, kv_dim) */
-    void **v_cache;
-    /* scratch for one chunk of n_batch rows */
-    float *x;             /* (n_batch, n_embd) residual stream */
-    float *h;             /* (n_batch, max(n_embd, q_dim)) normed input / attention output */
-    float *q;             /* (n_batch, q_dim) */
-    float *k, *v;         /* (n_batch, kv_dim) */
-    float *t;             /* (n_batch, n_embd) projection output */
-    float *gate, *up;     /* (n_batch, n_ff) */
-    float *logits;        /* (n_batch, n_vocab) when rows are requested */
-    void (*progress)(void *ud, int64_t done, int64_t total);
-    void *progress_ud;
-};
+#include "session_impl.h"
 
 rk_session_params rk_session_params_default(void) {
     rk_session_params p = {0, 0, 512, RK_DT_F16, RK_BACKEND_CPU};
@@ -44,8 +23,9 @@ void rk_session_destroy(rk_session *s) {
         for (int l = 0; l < s->m->hp.n_layer; l++) free(s->v_cache[l]);
     free(s->k_cache);
     free(s->v_cache);
-    free(s->x), free(s->h), free(s->q), free(s->k), free(s->v), free(s->t);
-    free(s->gate), free(s->up), free(s->logits);
+    free(s->x), free(s->xin), free(s->xs), free(s->xe), free(s->h), free(s->q), free(s->k);
+    free(s->v), free(s->t), free(s->gate), free(s->up), free(s->logits);
+    free(s->ex_idx), free(s->fill_idx);
     rk_backend_destroy(s->be);
     free(s);
 }
@@ -83,15 +63,21 @@ rk_status rk_session_create(const rk_model *m, const rk_session_params *pp, rk_s
     size_t nb = (size_t)p.n_batch;
     size_t hd = (size_t)(qd > hp->n_embd ? qd : hp->n_embd);
     s->x = malloc(nb * (size_t)hp->n_embd * sizeof(float));
+    s->xin = malloc(nb * (size_t)hp->n_embd * sizeof(float));
+    s->xs = malloc(nb * (size_t)hp->n_embd * sizeof(float));
+    s->xe = malloc(nb * (size_t)hp->n_embd * sizeof(float));
+    s->ex_idx = malloc(nb * sizeof(int32_t));
+    s->fill_idx = malloc(nb * sizeof(int32_t));
     s->h = malloc(nb * hd * sizeof(float));
     s->q = malloc(nb * (size_t)qd * sizeof(float));
     s->k = malloc(nb * (size_t)kvd * sizeof(float));
     s->v = malloc(nb * (size_t)kvd * sizeof(float));
-    s->t = malloc(nb * (size_t)hp->n_embd * sizeof(float));
+    s->t = malloc(nb * hd * sizeof(float));
     s->gate = malloc(nb * (size_t)hp->n_ff * sizeof(float));
     s->up = malloc(nb * (size_t)hp->n_ff * sizeof(float));
     s->logits = malloc(nb * (size_t)hp->n_vocab * sizeof(float));
-    if (!s->x || !s->h || !s->q || !s->k || !s->v || !s->t || !s->gate || !s->up || !s->logits)
+    if (!s->x || !s->xin || !s->xs || !s->xe || !s->ex_idx || !s->fill_idx || !s->h || !s->q ||
+        !s->k || !s->v || !s->t || !s->gate || !s->up || !s->logits)
         goto nomem;
     *out = s;
     return RK_OK;
@@ -109,9 +95,17 @@ int64_t rk_session_n_ctx(const rk_session *s) { return s->n_ctx; }
 uint64_t rk_session_kv_bytes_per_token(const rk_session *s) {
     return 2ull * (uint64_t)s->m->hp.n_layer * s->kv_row_bytes;
 }
-void rk_session_set_progress(rk_session *s, void (*fn)(void *, int64_t, int64_t), void *ud) {
+void rk_session_set_progress(rk_session *s, rk_progress_fn fn, void *ud) {
     s->progress = fn;
     s->progress_ud = ud;
+}
+
+rk_status rk_session_truncate(rk_session *s, int64_t n, rk_err *err) {
+    if (n < 0 || n > s->n_past)
+        return rk_err_set(err, RK_E_INVALID_ARG, "session: cannot truncate to %lld (have %lld tokens)",
+                          (long long)n, (long long)s->n_past);
+    s->n_past = n; /* rows past n are overwritten by the next eval before being read */
+    return RK_OK;
 }
 
 /* ---- op helpers --------------------------------------------------------- */
@@ -176,14 +170,69 @@ static rk_status cache_write(rk_session *s, void *cache, const float *src, int64
     return run(s, &a, err);
 }
 
-/* One chunk of n <= n_batch tokens at positions n_past.. */
+static void gather_rows(float *dst, const float *src, const int32_t *idx, int64_t n, int64_t d) {
+    for (int64_t i = 0; i < n; i++) memmove(dst + i * d, src + (int64_t)idx[i] * d, (size_t)d * sizeof(float));
+}
+
+static void scatter_rows(float *dst, const float *src, const int32_t *idx, int64_t n, int64_t d) {
+    for (int64_t i = 0; i < n; i++) memcpy(dst + (int64_t)idx[i] * d, src + i * d, (size_t)d * sizeof(float));
+}
+
+static rk_status attention(rk_session *s, int l, float *q, int64_t n_q, int64_t pos0, float *out, rk_err *err) {
+    const rk_hparams *hp = &s->m->hp;
+    const int64_t qd = (int64_t)hp->n_head * hp->head_dim, kvd = (int64_t)hp->n_head_kv * hp->head_dim;
+    rk_op_args at = {.op = RK_OP_ATTN};
+    at.src0 = act(q, qd, n_q);
+    at.src1.type = at.src2.type = s->kv_type;
+    at.src1.ne[0] = at.src2.ne[0] = kvd;
+    at.src1.ne[1] = at.src2.ne[1] = pos0 + n_q;
+    at.src1.ne[2] = at.src2.ne[2] = at.src1.ne[3] = at.src2.ne[3] = 1;
+    at.src1.nb1 = at.src2.nb1 = s->kv_row_bytes;
+    at.src1.data = s->k_cache[l];
+    at.src2.data = s->v_cache[l];
+    at.dst = act(out, qd, n_q);
+    at.attn.n_head = hp->n_head;
+    at.attn.n_head_kv = hp->n_head_kv;
+    at.attn.head_dim = hp->head_dim;
+    at.attn.scale = 1.0f / sqrtf((float)hp->head_dim);
+    at.attn.pos0 = pos0;
+    return run(s, &at, err);
+}
+
+/* Which rows of a chunk are filled in late layers (see rk_fill_params). */
+static bool row_is_filled(const rk_session *s, int64_t pos, int32_t id, int64_t bulk_end) {
+    if (pos >= bulk_end) return false;
+    if (s->fill.mode == RK_FILL_QUALITY) {
+        if (pos < s->fill.n_sink) return false;
+        const rk_ridge_maps *r = s->fill.maps;
+        if (r->token_score && id < r->n_vocab && r->token_score[id] >= s->score_threshold) return false;
+    }
+    return true;
+}
+
+/* One chunk of n <= n_batch tokens at positions n_past... Rows at positions below
+ * bulk_end are bulk rows (fill applies to them when a fill mode is set). */
 static rk_status forward_chunk(rk_session *s, const int32_t *ids, int64_t n, float *logits,
-                               bool all_rows, rk_err *err) {
+                               bool all_rows, int64_t bulk_end, rk_err *err) {
     const rk_model *m = s->m;
     const rk_hparams *hp = &m->hp;
     const int64_t d = hp->n_embd, qd = (int64_t)hp->n_head * hp->head_dim;
-    const int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim;
+    const int64_t pos0 = s->n_past;
+    const rk_fill_mode mode = s->fill.mode;
     rk_status st;
+
+    /* row plan: exact rows ex_idx (all rows in early layers), filled rows fill_idx */
+    int64_t n_fill = 0, n_ex = 0;
+    for (int64_t r = 0; r < n; r++) {
+        bool f = mode != RK_FILL_OFF && row_is_filled(s, pos0 + r, ids[r], bulk_end);
+        if (f) s->fill_idx[n_fill++] = (int32_t)r;
+        if (!f || mode == RK_FILL_PLUMB) s->ex_idx[n_ex++] = (int32_t)r;
+    }
+    const int split = n_fill == 0 ? hp->n_layer : s->fill.maps ? s->fill.maps->split : s->fill.split;
+    /* After the split, exact rows live compacted in x[0..n_ex) and filled rows' split
+     * stream in xs[0..n_fill) (PLUMB keeps every row exact and uncompacted). */
+    bool compacted = false;
+
     rk_op_args a = {.op = RK_OP_GET_ROWS, .ids = ids};
     a.src0 = m->tok_embd;
     a.dst = act(s->x, d, n);
@@ -191,61 +240,92 @@ static rk_status forward_chunk(rk_session *s, const int32_t *ids, int64_t n, flo
 
     for (int l = 0; l < hp->n_layer; l++) {
         const rk_layer *L = &m->layers[l];
-        /* attention block */
-        if ((st = rmsnorm(s, s->x, s->h, L->attn_norm, n, err)) ||
-            (st = matmul(s, L->wq, &L->bq, s->h, n, s->q, err)) ||
+        const bool late = l >= split;
+        if (s->tap && !compacted) s->tap(s->tap_ud, l, s->x, n, pos0);
+        /* ---- cache writers: every row ---- */
+        const float *src = s->x;
+        if (late) {
+            if (mode == RK_FILL_PLUMB) {
+                /* the fill path fed exact inputs: gather, then scatter back through xin */
+                gather_rows(s->xs, s->x, s->fill_idx, n_fill, d);
+                memcpy(s->xin, s->x, (size_t)(n * d) * sizeof(float));
+                scatter_rows(s->xin, s->xs, s->fill_idx, n_fill, d);
+            } else {
+                if (!compacted) {
+                    gather_rows(s->xs, s->x, s->fill_idx, n_fill, d);
+                    gather_rows(s->x, s->x, s->ex_idx, n_ex, d); /* idx increasing: in place is safe */
+                    compacted = true;
+                }
+                scatter_rows(s->xin, s->x, s->ex_idx, n_ex, d);
+                if (mode == RK_FILL_IDENTITY || l == split) {
+                    scatter_rows(s->xin, s->xs, s->fill_idx, n_fill, d);
+                } else {
+                    rk_view b = {RK_DT_F32, {d, 1, 1, 1}, (size_t)d * sizeof(float), (void *)s->fill.maps->b[l]};
+                    if ((st = matmul(s, s->fill.maps->w[l], &b, s->xs, n_fill, s->t, err))) return st;
+                    scatter_rows(s->xin, s->t, s->fill_idx, n_fill, d);
+                }
+            }
+            src = s->xin;
+            if (l < 256) s->counters.filled_rows[l] += (uint64_t)n_fill;
+        }
+        if ((st = rmsnorm(s, src, s->h, L->attn_norm, n, err)) ||
             (st = matmul(s, L->wk, &L->bk, s->h, n, s->k, err)) ||
             (st = matmul(s, L->wv, &L->bv, s->h, n, s->v, err)))
             return st;
-        if (hp->has_qk_norm) { /* per-head RMSNorm before RoPE */
-            if ((st = rmsnorm(s, s->q, s->q, L->q_norm, n * hp->n_head, err)) ||
-                (st = rmsnorm(s, s->k, s->k, L->k_norm, n * hp->n_head_kv, err)))
-                return st;
-        }
-        if ((st = rope(s, s->q, n, hp->n_head, s->n_past, err)) ||
-            (st = rope(s, s->k, n, hp->n_head_kv, s->n_past, err)) ||
+        if (hp->has_qk_norm && (st = rmsnorm(s, s->k, s->k, L->k_norm, n * hp->n_head_kv, err))) return st;
+        if ((st = rope(s, s->k, n, hp->n_head_kv, pos0, err)) ||
             (st = cache_write(s, s->k_cache[l], s->k, n, err)) ||
             (st = cache_write(s, s->v_cache[l], s->v, n, err)))
             return st;
-        rk_op_args at = {.op = RK_OP_ATTN};
-        at.src0 = act(s->q, qd, n);
-        at.src1.type = at.src2.type = s->kv_type;
-        at.src1.ne[0] = at.src2.ne[0] = kvd;
-        at.src1.ne[1] = at.src2.ne[1] = s->n_past + n;
-        at.src1.ne[2] = at.src2.ne[2] = at.src1.ne[3] = at.src2.ne[3] = 1;
-        at.src1.nb1 = at.src2.nb1 = s->kv_row_bytes;
-        at.src1.data = s->k_cache[l];
-        at.src2.data = s->v_cache[l];
-        at.dst = act(s->h, qd, n);
-        at.attn.n_head = hp->n_head;
-        at.attn.n_head_kv = hp->n_head_kv;
-        at.attn.head_dim = hp->head_dim;
-        at.attn.scale = 1.0f / sqrtf((float)hp->head_dim);
-        at.attn.pos0 = s->n_past;
-        if ((st = run(s, &at, err)) ||
-            (st = matmul(s, L->wo, NULL, s->h, n, s->t, err)) ||
-            (st = add(s, s->x, s->t, d, n, err)))
+        /* ---- exact rows: queries, attention, output projection, MLP ---- */
+        const int64_t ne = compacted ? n_ex : n;
+        if (l < 256) s->counters.exact_rows[l] += (uint64_t)ne;
+        if (ne == 0) continue;
+        if (compacted) gather_rows(s->h, s->h, s->ex_idx, n_ex, d);
+        if ((st = matmul(s, L->wq, &L->bq, s->h, ne, s->q, err))) return st;
+        if (hp->has_qk_norm && (st = rmsnorm(s, s->q, s->q, L->q_norm, ne * hp->n_head, err))) return st;
+        /* rope + attention over each run of consecutive positions */
+        for (int64_t i0 = 0; i0 < ne;) {
+            int64_t i1 = i0 + 1;
+            const int64_t p_i0 = pos0 + (compacted ? s->ex_idx[i0] : i0);
+            while (i1 < ne && (!compacted || s->ex_idx[i1] == s->ex_idx[i1 - 1] + 1)) i1++;
+            if ((st = rope(s, s->q + i0 * qd, i1 - i0, hp->n_head, p_i0, err)) ||
+                (st = attention(s, l, s->q + i0 * qd, i1 - i0, p_i0, s->h + i0 * qd, err)))
+                return st;
+            i0 = i1;
+        }
+        if ((st = matmul(s, L->wo, NULL, s->h, ne, s->t, err)) || (st = add(s, s->x, s->t, d, ne, err)))
             return st;
-        /* feed-forward block */
         rk_op_args sm = {.op = RK_OP_SILU_MUL};
-        sm.dst = sm.src0 = act(s->gate, hp->n_ff, n);
-        sm.src1 = act(s->up, hp->n_ff, n);
-        if ((st = rmsnorm(s, s->x, s->h, L->ffn_norm, n, err)) ||
-            (st = matmul(s, L->w_gate, NULL, s->h, n, s->gate, err)) ||
-            (st = matmul(s, L->w_up, NULL, s->h, n, s->up, err)) ||
+        sm.dst = sm.src0 = act(s->gate, hp->n_ff, ne);
+        sm.src1 = act(s->up, hp->n_ff, ne);
+        if ((st = rmsnorm(s, s->x, s->h, L->ffn_norm, ne, err)) ||
+            (st = matmul(s, L->w_gate, NULL, s->h, ne, s->gate, err)) ||
+            (st = matmul(s, L->w_up, NULL, s->h, ne, s->up, err)) ||
             (st = run(s, &sm, err)) ||
-            (st = matmul(s, L->w_down, NULL, s->gate, n, s->t, err)) ||
-            (st = add(s, s->x, s->t, d, n, err)))
+            (st = matmul(s, L->w_down, NULL, s->gate, ne, s->t, err)) ||
+            (st = add(s, s->x, s->t, d, ne, err)))
             return st;
     }
+    if (s->tap && !compacted) s->tap(s->tap_ud, hp->n_layer, s->x, n, pos0);
     if (logits) {
-        /* only the rows whose logits are wanted go through the output head */
-        int64_t first = all_rows ? 0 : n - 1, rows = n - first;
-        float *xr = s->x + first * d;
-        if ((st = rmsnorm(s, xr, s->h, m->output_norm, rows, err)) ||
-            (st = matmul(s, m->output, NULL, s->h, rows, all_rows ? logits : s->logits, err)))
-            return st;
-        if (!all_rows) memcpy(logits, s->logits, (size_t)hp->n_vocab * sizeof(float));
+        /* only rows whose logits are wanted go through the output head; filled rows
+         * have no final residual: their rows are NaN */
+        const int64_t ne = compacted ? n_ex : n;
+        const size_t nv = (size_t)hp->n_vocab;
+        if (!all_rows && (ne == 0 || (compacted && s->ex_idx[n_ex - 1] != n - 1)))
+            return rk_err_set(err, RK_E_INTERNAL, "forward: logits asked for a filled row");
+        if (all_rows && compacted)
+            for (size_t r = 0; r < (size_t)n * nv; r++) logits[r] = NAN;
+        if (ne > 0) {
+            int64_t first = all_rows ? 0 : ne - 1, rows = ne - first;
+            float *dst = all_rows && !compacted ? logits : s->logits;
+            if ((st = rmsnorm(s, s->x + first * d, s->h, m->output_norm, rows, err)) ||
+                (st = matmul(s, m->output, NULL, s->h, rows, dst, err)))
+                return st;
+            if (!all_rows) memcpy(logits, s->logits, nv * sizeof(float));
+            else if (compacted) scatter_rows(logits, s->logits, s->ex_idx, n_ex, (int64_t)nv);
+        }
     }
     s->n_past += n;
     return RK_OK;
@@ -264,19 +344,35 @@ rk_status rk_session_eval(rk_session *s, const int32_t *ids, size_t n, float *lo
             return rk_err_set(err, RK_E_INVALID_ARG, "session: token id %d at %zu outside vocab of %d",
                               ids[i], i, hp->n_vocab);
     int64_t start = s->n_past;
+    /* bulk rows: at least `tail` tokens of this call after them */
+    int64_t bulk_end = s->fill.mode == RK_FILL_OFF ? start : start + (int64_t)n - s->fill.tail;
+    if (bulk_end < start) bulk_end = start;
     for (size_t done = 0; done < n;) {
         size_t c = n - done < (size_t)s->p.n_batch ? n - done : (size_t)s->p.n_batch;
+        /* a chunk never straddles bulk_end: each chunk is all bulk or all exact rows */
+        int64_t pos = start + (int64_t)done;
+        if (pos < bulk_end && pos + (int64_t)c > bulk_end) c = (size_t)(bulk_end - pos);
         bool last = done + c == n;
         float *lg = NULL;
         if (logits && all_rows) lg = logits + done * (size_t)hp->n_vocab;
         else if (logits && last) lg = logits;
-        rk_status st = forward_chunk(s, ids + done, (int64_t)c, lg, all_rows, err);
+        rk_status st = forward_chunk(s, ids + done, (int64_t)c, lg, all_rows, bulk_end, err);
         if (st) {
             s->n_past = start; /* the cache rows past start are garbage now: forget them */
             return st;
         }
         done += c;
-        if (s->progress) s->progress(s->progress_ud, (int64_t)done, (int64_t)n);
+        if (s->progress && !s->progress(s->progress_ud, (int64_t)done, (int64_t)n) && done < n) {
+            s->n_past = start;
+            return rk_err_set(err, RK_E_CANCELLED, "session: cancelled after %zu of %zu tokens", done, n);
+        }
     }
     return RK_OK;
 }
+
+void rk_session_set_tap(rk_session *s, rk_tap_fn fn, void *ud) {
+    s->tap = fn;
+    s->tap_ud = ud;
+}
+
+const rk_session_counters *rk_session_get_counters(const rk_session *s) { return &s->counters; }

@@ -77,9 +77,13 @@ int64_t rk_session_n_past(const rk_session *s);
 int64_t rk_session_n_ctx(const rk_session *s);
 /* Bytes of KV cache state per token (all layers, K and V) and in total as allocated. */
 uint64_t rk_session_kv_bytes_per_token(const rk_session *s);
-/* Optional progress callback during eval (tokens done, tokens total). */
-void rk_session_set_progress(rk_session *s, void (*fn)(void *ud, int64_t done, int64_t total),
-                             void *ud);
+/* Optional progress callback, called after each prefill chunk of rk_session_eval with
+ * (tokens done, tokens total). Returning false cancels: eval returns RK_E_CANCELLED and
+ * the session is as it was before that eval call. */
+typedef bool (*rk_progress_fn)(void *ud, int64_t done, int64_t total);
+void rk_session_set_progress(rk_session *s, rk_progress_fn fn, void *ud);
+/* Forgets every token from position n on (n <= n_past): the next eval continues at n. */
+rk_status rk_session_truncate(rk_session *s, int64_t n, rk_err *err);
 
 /* ---- sampling ------------------------------------------------------------- */
 typedef struct rk_sampler_params {
@@ -122,3 +126,86 @@ const char *rk_chat_family_name(rk_chat_family f);
  * it with parse_special = true. */
 rk_status rk_chat_format(rk_chat_family f, const rk_chat_msg *msgs, size_t n, bool add_assistant,
                          char **out, rk_err *err);
+
+/* ---- RidgeFill (SPEC §2) ------------------------------------------------------
+ * Layers below the split run exactly for every prompt row. For a bulk row (a prompt
+ * row with at least `tail` prompt tokens after it in the same eval call) each late
+ * layer l >= split gets its input predicted from the split stream, x̂_l = W_l x_S + b_l,
+ * and runs only the cache writers (attention norm, K/V projection, k-norm, RoPE, cache
+ * write). Tail rows, kept rows and decode steps run exactly. */
+typedef enum rk_fill_mode {
+    RK_FILL_OFF = 0,
+    RK_FILL_SPEED,     /* every bulk row filled */
+    RK_FILL_QUALITY,   /* sinks + hard tokens (per-token-id score table) stay exact */
+    RK_FILL_IDENTITY,  /* W_l = I, b_l = 0: the training-free baseline */
+    RK_FILL_PLUMB,     /* the fill path fed exact inputs: must equal OFF (oracle test) */
+} rk_fill_mode;
+
+const char *rk_fill_mode_name(rk_fill_mode m);
+/* Parses "off|speed|quality|identity|plumb"; false when unknown. */
+bool rk_fill_mode_parse(const char *s, rk_fill_mode *out);
+
+typedef struct rk_ridge_maps rk_ridge_maps;
+
+/* Maps a ridge-map file read-only and checks it against m: a file fitted on another
+ * model is refused (RK_E_MISMATCH naming both); the same weights in another
+ * quantisation give RK_OK with a note in warning (empty when none). */
+rk_status rk_ridge_maps_load(const char *path, const rk_model *m, rk_ridge_maps **out,
+                             char *warning, size_t warning_cap, rk_err *err);
+void rk_ridge_maps_destroy(rk_ridge_maps *r);
+int32_t rk_ridge_maps_split(const rk_ridge_maps *r);
+
+typedef struct rk_fill_params {
+    rk_fill_mode mode;
+    int32_t tail;              /* exact tail T; 0: 2048 (the CLI refuses < 512; the library allows >= 1) */
+    int32_t split;             /* used by identity without maps; else the map's split */
+    int32_t n_sink;            /* quality: first rows kept exact (0: 4) */
+    float keep_share;          /* quality: share of bulk rows kept exact by score (<0: file default) */
+    const rk_ridge_maps *maps; /* borrowed; required for speed/quality */
+} rk_fill_params;
+
+/* Applies to the following rk_session_eval calls. */
+rk_status rk_session_set_fill(rk_session *s, const rk_fill_params *p, rk_err *err);
+
+/* Work counters since the session was created (tests and eval use them). */
+typedef struct rk_session_counters {
+    uint64_t exact_rows[256];  /* rows that ran Q/attention/O/MLP, per layer (first 256) */
+    uint64_t filled_rows[256]; /* rows whose K/V came from a predicted input, per layer */
+} rk_session_counters;
+const rk_session_counters *rk_session_get_counters(const rk_session *s);
+
+/* ---- calibration ------------------------------------------------------------- */
+typedef struct rk_calib_params {
+    int32_t split;        /* S: first predicted layer input is layer S (1 <= S < n_layer) */
+    int32_t stride;       /* sample every stride-th row (0: 8) */
+    int32_t seg_len;      /* tokens per exact forward segment (0: 1024) */
+    float lambda;         /* < 0: chosen on held-out rows; else relative to tr(XᵀX)/d */
+    uint32_t dtype;       /* RK_DT_F16, RK_DT_BF16, RK_DT_Q8_0 (int8 + block scales), RK_DT_F32 */
+    float keep_share;     /* quality-mode default share of hard tokens kept exact (0: 0.1) */
+    int32_t n_threads;
+} rk_calib_params;
+
+typedef struct rk_calib_report {
+    int64_t n_tokens, n_rows, n_heldout;
+    float lambda;                 /* chosen, relative */
+    float heldout_rel_err[256];   /* per late layer: held-out ||Y-Ŷ||² / ||Y-Ȳ||² */
+    float identity_rel_err[256];  /* the same for W = I */
+    double seconds_forward, seconds_solve;
+} rk_calib_report;
+
+/* One exact forward over ids (in segments), centred fp64 accumulation of XᵀX and XᵀY_l,
+ * λ choice, one Cholesky per λ, and the map file serialised into *bytes (malloc'd). */
+rk_status rk_calibrate(const rk_model *m, const int32_t *ids, size_t n_ids,
+                       const rk_calib_params *p, rk_progress_fn progress, void *ud,
+                       void **bytes, size_t *n_bytes, rk_calib_report *report, rk_err *err);
+
+/* Model fingerprint: architecture, shapes, tokenizer hash and a hash of selected
+ * weight tensors (hex string, 16 chars each part). */
+typedef struct rk_fingerprint {
+    char arch[16];
+    int32_t n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab;
+    uint64_t tokenizer_hash;
+    uint64_t weights_hash;    /* of norm weights (quantisation independent) */
+    uint64_t quant_hash;      /* of the raw bytes of selected matrices (quantisation dependent) */
+} rk_fingerprint;
+void rk_model_fingerprint(const rk_model *m, rk_fingerprint *out);

@@ -29,6 +29,7 @@ typedef enum rk_status {
     RK_E_GGUF_DIM,        /* bad n_dims, non-positive or overflowing dimension */
     RK_E_GGUF_BLOCK,      /* row length not a multiple of the type's block */
     RK_E_INTERNAL,        /* broken invariant: a bug, reported instead of aborting */
+    RK_E_CANCELLED,       /* a callback asked to stop */
     RK_STATUS_COUNT
 } rk_status;
 

@@ -1,0 +1,208 @@
+/* RidgeFill: map files (load, checks) and the session's fill settings. The filled
+ * forward itself lives in forward.c; fitting lives in calibrate.c. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ridgefill_impl.h"
+
+static const char *const mode_names[] = {"off", "speed", "quality", "identity", "plumb"};
+
+const char *rk_fill_mode_name(rk_fill_mode m) {
+    return (unsigned)m < sizeof mode_names / sizeof mode_names[0] ? mode_names[m] : "unknown";
+}
+
+bool rk_fill_mode_parse(const char *s, rk_fill_mode *out) {
+    for (int i = 0; i < (int)(sizeof mode_names / sizeof mode_names[0]); i++)
+        if (!strcmp(s, mode_names[i])) {
+            *out = (rk_fill_mode)i;
+            return true;
+        }
+    return false;
+}
+
+int32_t rk_ridge_maps_split(const rk_ridge_maps *r) { return r->split; }
+
+void rk_ridge_maps_destroy(rk_ridge_maps *r) {
+    if (!r) return;
+    free(r->w);
+    free(r->b);
+    rk_gguf_destroy(r->gguf);
+    rk_mapping_close(&r->map);
+    free(r);
+}
+
+static rk_status get_i(const rk_gguf *g, const char *key, int64_t *v, rk_err *err) {
+    rk_status st = rk_gguf_get_i64(g, key, v, err);
+    if (st == RK_E_NOT_FOUND) return rk_err_set(err, st, "ridgefill: map file lacks key '%s'", key);
+    return st;
+}
+
+rk_status rk_fingerprint_check(const rk_gguf *g, const char *prefix, const rk_model *m, const char *what,
+                               char *warning, size_t cap, rk_err *err) {
+    rk_fingerprint fp;
+    rk_model_fingerprint(m, &fp);
+    char key[128];
+    rk_str arch;
+    snprintf(key, sizeof key, "%s.arch", prefix);
+    if (rk_gguf_get_str(g, key, &arch, err))
+        return rk_err_set(err, RK_E_MISMATCH, "%s: no model fingerprint (key '%s')", what, key);
+    struct {
+        const char *k;
+        int64_t want;
+    } dims[] = {{"n_layer", fp.n_layer}, {"n_embd", fp.n_embd}, {"n_head", fp.n_head},
+                {"n_head_kv", fp.n_head_kv}, {"head_dim", fp.head_dim}, {"n_ff", fp.n_ff},
+                {"n_vocab", fp.n_vocab}};
+    char name[128] = "";
+    rk_str nm;
+    snprintf(key, sizeof key, "%s.model_name", prefix);
+    if (rk_gguf_get_str(g, key, &nm, NULL) == RK_OK)
+        snprintf(name, sizeof name, "%.*s", (int)(nm.len > 100 ? 100 : nm.len), nm.ptr);
+    if (!rk_str_eq(arch, fp.arch))
+        return rk_err_set(err, RK_E_MISMATCH, "%s: fitted on '%s' (%.*s) but the model is '%s' (%s)", what, name,
+                          (int)(arch.len > 15 ? 15 : arch.len), arch.ptr, rk_model_name(m), fp.arch);
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
+        int64_t v;
+        snprintf(key, sizeof key, "%s.%s", prefix, dims[i].k);
+        rk_status st = rk_gguf_get_i64(g, key, &v, err);
+        if (st) return rk_err_set(err, RK_E_MISMATCH, "%s: fingerprint key '%s' missing or bad", what, key);
+        if (v != dims[i].want)
+            return rk_err_set(err, RK_E_MISMATCH, "%s: fitted on '%s' with %s %lld but the model '%s' has %lld",
+                              what, name, dims[i].k, (long long)v, rk_model_name(m), (long long)dims[i].want);
+    }
+    uint64_t tok, wh, qh;
+    snprintf(key, sizeof key, "%s.tokenizer_hash", prefix);
+    if (rk_gguf_get_u64(g, key, &tok, err)) return rk_err_set(err, RK_E_MISMATCH, "%s: '%s' missing", what, key);
+    snprintf(key, sizeof key, "%s.weights_hash", prefix);
+    if (rk_gguf_get_u64(g, key, &wh, err)) return rk_err_set(err, RK_E_MISMATCH, "%s: '%s' missing", what, key);
+    snprintf(key, sizeof key, "%s.quant_hash", prefix);
+    if (rk_gguf_get_u64(g, key, &qh, err)) return rk_err_set(err, RK_E_MISMATCH, "%s: '%s' missing", what, key);
+    if (tok != fp.tokenizer_hash)
+        return rk_err_set(err, RK_E_MISMATCH, "%s: fitted on '%s' whose tokenizer differs from '%s'", what, name,
+                          rk_model_name(m));
+    if (wh != fp.weights_hash)
+        return rk_err_set(err, RK_E_MISMATCH, "%s: fitted on '%s', whose weights differ from '%s' (same shapes, other model)",
+                          what, name, rk_model_name(m));
+    if (warning && cap) {
+        warning[0] = '\0';
+        if (qh != fp.quant_hash)
+            snprintf(warning, cap, "%s: fitted on another quantisation of these weights ('%s'); expect slightly larger error",
+                     what, name);
+    }
+    return RK_OK;
+}
+
+rk_status rk_ridge_maps_load(const char *path, const rk_model *m, rk_ridge_maps **out, char *warning,
+                             size_t warning_cap, rk_err *err) {
+    const rk_hparams *hp = rk_model_hparams(m);
+    rk_ridge_maps *r = calloc(1, sizeof *r);
+    if (!r) return rk_err_set(err, RK_E_NOMEM, "ridgefill: out of memory");
+    rk_status st = rk_mapping_open(path, &r->map, err);
+    if (st) goto fail;
+    if ((st = rk_gguf_parse(r->map.data, r->map.len, &r->gguf, err))) goto fail;
+    rk_str kind;
+    if (rk_gguf_get_str(r->gguf, "general.type", &kind, NULL) != RK_OK || !rk_str_eq(kind, "ridgekv.ridge_maps")) {
+        st = rk_err_set(err, RK_E_MISMATCH, "ridgefill: not a ridge-map file (general.type is not 'ridgekv.ridge_maps')");
+        goto fail;
+    }
+    if ((st = rk_fingerprint_check(r->gguf, "ridge.model", m, "ridgefill", warning, warning_cap, err))) goto fail;
+    int64_t split, dtype;
+    if ((st = get_i(r->gguf, "ridge.split", &split, err))) goto fail;
+    if (split < 1 || split >= hp->n_layer) {
+        st = rk_err_set(err, RK_E_MISMATCH, "ridgefill: split %lld outside 1..%d", (long long)split, hp->n_layer - 1);
+        goto fail;
+    }
+    (void)dtype;
+    r->split = (int32_t)split;
+    r->n_layer = hp->n_layer;
+    r->n_embd = hp->n_embd;
+    r->n_vocab = hp->n_vocab;
+    float f;
+    r->keep_share = rk_gguf_get_f32(r->gguf, "ridge.keep_share", &f, NULL) == RK_OK ? f : 0.1f;
+    r->lambda = rk_gguf_get_f32(r->gguf, "ridge.lambda", &f, NULL) == RK_OK ? f : 0.0f;
+    r->w = calloc((size_t)hp->n_layer, sizeof *r->w);
+    r->b = calloc((size_t)hp->n_layer, sizeof *r->b);
+    if (!r->w || !r->b) {
+        st = rk_err_set(err, RK_E_NOMEM, "ridgefill: out of memory");
+        goto fail;
+    }
+    const int64_t d = hp->n_embd;
+    for (int l = r->split + 1; l < hp->n_layer; l++) {
+        char name[64];
+        snprintf(name, sizeof name, "ridge.%d.weight", l);
+        const rk_gguf_tensor *t = rk_gguf_find_tensor(r->gguf, name);
+        if (!t || t->ne[0] != d || t->ne[1] != d || t->ne[2] != 1 || !rk_quant_ref(t->type)) {
+            st = rk_err_set(err, t ? RK_E_MISMATCH : RK_E_NOT_FOUND, "ridgefill: tensor '%s' %s (expected [%lld, %lld])",
+                            name, t ? "has the wrong shape or type" : "is missing", (long long)d, (long long)d);
+            goto fail;
+        }
+        uint64_t rb;
+        rk_dtype_row_bytes(t->type, (uint64_t)d, &rb);
+        r->w[l] = (rk_view){t->type, {d, d, 1, 1}, (size_t)rb, (void *)t->data};
+        snprintf(name, sizeof name, "ridge.%d.bias", l);
+        t = rk_gguf_find_tensor(r->gguf, name);
+        if (!t || t->ne[0] != d || t->n_dims != 1 || t->type != RK_DT_F32) {
+            st = rk_err_set(err, t ? RK_E_MISMATCH : RK_E_NOT_FOUND, "ridgefill: tensor '%s' %s (expected f32 [%lld])",
+                            name, t ? "has the wrong shape or type" : "is missing", (long long)d);
+            goto fail;
+        }
+        r->b[l] = t->data;
+    }
+    const rk_gguf_tensor *ts = rk_gguf_find_tensor(r->gguf, "ridge.token_score");
+    if (ts) {
+        if (ts->n_dims != 1 || ts->ne[0] != hp->n_vocab || ts->type != RK_DT_F32) {
+            st = rk_err_set(err, RK_E_MISMATCH, "ridgefill: tensor 'ridge.token_score' must be f32 [%d]", hp->n_vocab);
+            goto fail;
+        }
+        r->token_score = ts->data;
+    }
+    *out = r;
+    return RK_OK;
+fail:
+    rk_err_wrap(err, "%s", path);
+    rk_ridge_maps_destroy(r);
+    return st;
+}
+
+/* Score threshold that keeps `share` of the calibration rows exact: token scores are
+ * per-token-id mean relative errors, weighted by frequency; we keep the ids whose score
+ * is in the top share of the frequency-weighted distribution (stored as a quantile
+ * table at calibration: ridge.score_quantiles[100]). */
+static float threshold_for_share(const rk_ridge_maps *r, float share) {
+    const rk_gguf_tensor *q = rk_gguf_find_tensor(r->gguf, "ridge.score_quantiles");
+    if (!q || q->type != RK_DT_F32 || q->ne[0] != 101 || share <= 0.0f) return share <= 0.0f ? INFINITY : 0.0f;
+    const float *qs = q->data;
+    int i = (int)((1.0f - share) * 100.0f + 0.5f);
+    if (i < 0) i = 0;
+    if (i > 100) i = 100;
+    return qs[i];
+}
+
+rk_status rk_session_set_fill(rk_session *s, const rk_fill_params *p, rk_err *err) {
+    const rk_hparams *hp = &s->m->hp;
+    rk_fill_params f = *p;
+    if (f.mode == RK_FILL_OFF) {
+        s->fill = f;
+        return RK_OK;
+    }
+    if ((unsigned)f.mode > RK_FILL_PLUMB) return rk_err_set(err, RK_E_INVALID_ARG, "ridgefill: bad mode %d", (int)f.mode);
+    if (f.tail <= 0) f.tail = 2048; /* the CLI enforces SPEC's minimum of 512; tests go lower */
+    if (f.n_sink <= 0) f.n_sink = 4;
+    if (!f.maps && (f.mode == RK_FILL_SPEED || f.mode == RK_FILL_QUALITY))
+        return rk_err_set(err, RK_E_INVALID_ARG, "ridgefill: --fill %s needs a map file (--ridgefill MAPS.gguf)",
+                          rk_fill_mode_name(f.mode));
+    if (!f.maps && (f.split < 1 || f.split >= hp->n_layer))
+        return rk_err_set(err, RK_E_INVALID_ARG, "ridgefill: --fill %s without maps needs --split in 1..%d",
+                          rk_fill_mode_name(f.mode), hp->n_layer - 1);
+    if (f.maps && f.maps->n_layer != hp->n_layer)
+        return rk_err_set(err, RK_E_MISMATCH, "ridgefill: maps are for %d layers, model has %d", f.maps->n_layer,
+                          hp->n_layer);
+    s->score_threshold = INFINITY;
+    if (f.mode == RK_FILL_QUALITY) {
+        float share = f.keep_share >= 0.0f ? f.keep_share : f.maps->keep_share;
+        s->score_threshold = f.maps->token_score ? threshold_for_share(f.maps, share) : INFINITY;
+    }
+    s->fill = f;
+    return RK_OK;
+}

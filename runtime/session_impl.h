@@ -1,0 +1,52 @@
+/* Internal: session state shared by forward.c, ridgefill.c and calibrate.c. */
+#pragma once
+#include "model_impl.h"
+
+/* Called with the input of layer l (l = n_layer: the final residual, before the output
+ * norm) for the n rows of a chunk at positions pos0.. (calibration taps this). */
+typedef void (*rk_tap_fn)(void *ud, int layer, const float *x, int64_t n, int64_t pos0);
+
+struct rk_ridge_maps {
+    rk_mapping map;
+    rk_gguf *gguf;
+    int32_t split, n_layer, n_embd;
+    rk_view *w;          /* n_layer entries; valid for split < l < n_layer (W_S = I) */
+    const float **b;     /* bias per layer, same range */
+    const float *token_score; /* (n_vocab) hard-token score, NULL when absent */
+    int32_t n_vocab;
+    float keep_share, score_threshold_default;
+    float lambda;
+};
+
+struct rk_session {
+    const rk_model *m;
+    rk_backend *be;
+    rk_session_params p;
+    int64_t n_ctx, n_past;
+    uint32_t kv_type;
+    size_t kv_row_bytes;  /* kv_dim * element size */
+    void **k_cache;       /* n_layer x (n_ctx, kv_dim) */
+    void **v_cache;
+    /* scratch for one chunk of n_batch rows */
+    float *x;             /* (n_batch, n_embd) residual stream */
+    float *xin;           /* (n_batch, n_embd) layer input used by the cache writers */
+    float *xs;            /* (n_batch, n_embd) split stream of filled rows (compacted) */
+    float *xe;            /* (n_batch, n_embd) compacted exact rows */
+    float *h;             /* (n_batch, max(n_embd, q_dim)) normed input / attention output */
+    float *q;             /* (n_batch, q_dim) */
+    float *k, *v;         /* (n_batch, kv_dim) */
+    float *t;             /* (n_batch, max(n_embd, q_dim)) projection output */
+    float *gate, *up;     /* (n_batch, n_ff) */
+    float *logits;        /* (n_batch, n_vocab) */
+    int32_t *ex_idx;      /* (n_batch) chunk rows that run exactly in late layers */
+    int32_t *fill_idx;    /* (n_batch) chunk rows filled in late layers */
+    rk_progress_fn progress;
+    void *progress_ud;
+    rk_tap_fn tap;
+    void *tap_ud;
+    rk_fill_params fill;
+    float score_threshold; /* quality: token_score >= threshold -> kept exact */
+    rk_session_counters counters;
+};
+
+void rk_session_set_tap(rk_session *s, rk_tap_fn fn, void *ud);

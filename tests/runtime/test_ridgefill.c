@@ -1,0 +1,288 @@
+/* RidgeFill: the ridge solve, the map file checks, and the filled forward pass
+ * (plumb == off, identity == W=I, bulk rows never run late Q/attention/MLP). */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ridgefill_impl.h"
+#include "rk_io.h"
+#include "tb.h"
+
+/* ---- the solve -------------------------------------------------------------- */
+
+/* Y = X W* + b* + noise with a known W*: the ridge solution with a tiny λ recovers W*
+ * to within the noise level (error ~ σ/sqrt(n) per entry for well-conditioned X). */
+Test(ridgefill, solve_recovers_known_linear_map) {
+    const int d = 16, m = 32; /* two "layers" of 16 */
+    const int64_t n = 4000;
+    uint64_t rng = 7;
+    double *X = malloc((size_t)n * d * sizeof(double)), *Y = malloc((size_t)n * m * sizeof(double));
+    double Wt[16 * 32], bt[32], W[16 * 32], b[32];
+    for (int i = 0; i < d * m; i++) Wt[i] = tb_rand_normal(&rng);
+    for (int j = 0; j < m; j++) bt[j] = 3.0 * tb_rand_normal(&rng);
+    for (int64_t r = 0; r < n; r++) {
+        for (int i = 0; i < d; i++) X[r * d + i] = 5.0 + tb_rand_normal(&rng); /* non-zero mean: bias must absorb it */
+        for (int j = 0; j < m; j++) {
+            double y = bt[j] + 1e-3 * tb_rand_normal(&rng);
+            for (int i = 0; i < d; i++) y += X[r * d + i] * Wt[i * m + j];
+            Y[r * m + j] = y;
+        }
+    }
+    cr_assert(rk_ridge_fit_rows(d, m, n, X, Y, 1e-9, W, b));
+    double max_w = 0, max_b = 0;
+    for (int i = 0; i < d * m; i++) max_w = fmax(max_w, fabs(W[i] - Wt[i]));
+    for (int j = 0; j < m; j++) max_b = fmax(max_b, fabs(b[j] - bt[j]));
+    /* noise 1e-3 over 4000 unit-variance rows: ~1e-3/sqrt(4000) = 1.6e-5 per entry; the bias
+     * carries the mean (5) times that again: allow 1e-4 / 1e-3 */
+    cr_expect(max_w < 1e-4, "max |W - W*| = %g", max_w);
+    cr_expect(max_b < 1e-3, "max |b - b*| = %g", max_b);
+    /* a large λ shrinks W towards 0 (and the bias towards the mean of Y) */
+    cr_assert(rk_ridge_fit_rows(d, m, n, X, Y, 1e3, W, b));
+    double norm = 0, norm_t = 0;
+    for (int i = 0; i < d * m; i++) norm += W[i] * W[i], norm_t += Wt[i] * Wt[i];
+    cr_expect(norm < 0.01 * norm_t, "λ=1e3 should shrink W: %g vs %g", norm, norm_t);
+    free(X);
+    free(Y);
+}
+
+/* ---- models and maps ----------------------------------------------------------- */
+
+static rk_model *load(const char *rel) {
+    char p[1024];
+    if (!tb_shared_path(p, sizeof p, rel)) cr_skip_test("%s", p);
+    rk_err e = {0};
+    rk_model *m = NULL;
+    cr_assert_eq(rk_model_load(p, &m, &e), RK_OK, "%s", e.msg);
+    return m;
+}
+
+/* Tokens of corpus text (the story text the tiny model knows). */
+static int32_t *story_ids(const rk_model *m, size_t want, size_t *n) {
+    char p[1024];
+    if (!tb_shared_path(p, sizeof p, "golden/perplexity/tinystories_sample_clean.txt")) cr_skip_test("%s", p);
+    size_t len;
+    char *txt = tb_read_file(p, &len);
+    cr_assert(txt);
+    rk_err e = {0};
+    int32_t *ids;
+    cr_assert_eq(rk_model_tokenize(m, txt, len, true, false, &ids, n, &e), RK_OK, "%s", e.msg);
+    free(txt);
+    cr_assert(*n >= want, "only %zu tokens", *n);
+    *n = want;
+    return ids;
+}
+
+static const char *calibrate_to(const rk_model *m, int split, uint32_t dtype, const char *path) {
+    size_t n;
+    int32_t *ids = story_ids(m, 1800, &n);
+    rk_calib_params cp = {.split = split, .stride = 2, .seg_len = 256, .lambda = -1, .dtype = dtype, .n_threads = 1};
+    void *bytes;
+    size_t nb;
+    rk_calib_report rep;
+    rk_err e = {0};
+    cr_assert_eq(rk_calibrate(m, ids, n, &cp, NULL, NULL, &bytes, &nb, &rep, &e), RK_OK, "%s", e.msg);
+    /* the fitted map must beat identity on held-out rows at every late layer */
+    for (int l = 0; l < rk_model_hparams(m)->n_layer - split - 1; l++)
+        cr_expect(rep.heldout_rel_err[l] < rep.identity_rel_err[l], "layer %d: fitted %g vs identity %g",
+                  split + 1 + l, rep.heldout_rel_err[l], rep.identity_rel_err[l]);
+    cr_assert_eq(rk_io_write_file_atomic(path, bytes, nb, &e), RK_OK, "%s", e.msg);
+    free(bytes);
+    free(ids);
+    return path;
+}
+
+static float *eval_logits(const rk_model *m, const int32_t *ids, size_t n, const rk_fill_params *fp,
+                          rk_session_counters *cnt) {
+    rk_session_params sp = rk_session_params_default();
+    sp.n_ctx = 512;
+    sp.kv_type = RK_DT_F32;
+    sp.n_batch = 64; /* several chunks, some all-bulk, one crossing into the tail */
+    rk_err e = {0};
+    rk_session *s = NULL;
+    cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s", e.msg);
+    if (fp) cr_assert_eq(rk_session_set_fill(s, fp, &e), RK_OK, "%s", e.msg);
+    int nv = rk_model_hparams(m)->n_vocab;
+    float *lg = malloc(n * (size_t)nv * sizeof(float));
+    cr_assert_eq(rk_session_eval(s, ids, n, lg, true, &e), RK_OK, "%s", e.msg);
+    if (cnt) *cnt = *rk_session_get_counters(s);
+    rk_session_destroy(s);
+    return lg;
+}
+
+Test(ridgefill, plumb_equals_off) {
+    rk_model *m = load("models/stories260K/stories260K-f32.gguf");
+    size_t n;
+    int32_t *ids = story_ids(m, 400, &n);
+    int nv = rk_model_hparams(m)->n_vocab;
+    rk_fill_params fp = {.mode = RK_FILL_PLUMB, .tail = 100, .split = 2};
+    float *a = eval_logits(m, ids, n, NULL, NULL), *b = eval_logits(m, ids, n, &fp, NULL);
+    double mx = 0;
+    for (size_t i = 0; i < n * (size_t)nv; i++) mx = fmax(mx, fabs((double)a[i] - b[i]));
+    /* the same arithmetic in the same order: identical up to float noise */
+    cr_expect(mx <= 1e-5, "plumb vs off: max |dlogit| %g", mx);
+    free(a), free(b), free(ids);
+    rk_model_destroy(m);
+}
+
+Test(ridgefill, speed_mode_bulk_rows_skip_late_work_and_last_rows_stay_close) {
+    rk_model *m = load("models/stories260K/stories260K-f32.gguf");
+    const char *maps_path = calibrate_to(m, 2, RK_DT_F16, "/tmp/rk_test_stories.maps.gguf");
+    rk_err e = {0};
+    rk_ridge_maps *maps = NULL;
+    char warn[256];
+    cr_assert_eq(rk_ridge_maps_load(maps_path, m, &maps, warn, sizeof warn, &e), RK_OK, "%s", e.msg);
+    cr_expect_str_empty(warn);
+    size_t n;
+    int32_t *ids = story_ids(m, 400, &n);
+    const int tail = 100, split = 2, L = rk_model_hparams(m)->n_layer, nv = rk_model_hparams(m)->n_vocab;
+    rk_fill_params fp = {.mode = RK_FILL_SPEED, .tail = tail, .maps = maps};
+    rk_session_counters c;
+    float *off = eval_logits(m, ids, n, NULL, NULL), *sp = eval_logits(m, ids, n, &fp, &c);
+    const uint64_t bulk = n - tail;
+    for (int l = 0; l < L; l++) {
+        if (l < split) {
+            cr_expect_eq(c.exact_rows[l], n, "layer %d exact rows", l);
+            cr_expect_eq(c.filled_rows[l], 0);
+        } else { /* late layers: only tail rows ran Q/attention/O/MLP */
+            cr_expect_eq(c.exact_rows[l], n - bulk, "layer %d exact rows %llu", l, (unsigned long long)c.exact_rows[l]);
+            cr_expect_eq(c.filled_rows[l], bulk, "layer %d filled rows", l);
+        }
+    }
+    /* filled rows have no logits; the tail rows are close to exact */
+    cr_expect(isnan(sp[0]) && isnan(sp[(bulk - 1) * nv]));
+    double sum_kl = 0;
+    for (size_t r = bulk; r < n; r++) {
+        const float *p = off + r * nv, *q = sp + r * nv;
+        double mp = -INFINITY, mq = -INFINITY, zp = 0, zq = 0, kl = 0;
+        for (int v = 0; v < nv; v++) mp = fmax(mp, p[v]), mq = fmax(mq, q[v]);
+        for (int v = 0; v < nv; v++) zp += exp(p[v] - mp), zq += exp(q[v] - mq);
+        for (int v = 0; v < nv; v++) {
+            double lp = p[v] - mp - log(zp), lq = q[v] - mq - log(zq);
+            kl += exp(lp) * (lp - lq);
+        }
+        cr_expect(isfinite(kl));
+        sum_kl += kl;
+    }
+    cr_log_info("speed mode, tail rows: mean KL %.4g", sum_kl / (double)(n - bulk));
+    /* the tail is exact given its cache: the damage is bounded (a broken fill gives KL ~ 1) */
+    cr_expect(sum_kl / (double)(n - bulk) < 0.05, "mean KL %g", sum_kl / (double)(n - bulk));
+    /* quality mode keeps the sinks (and hard tokens) exact */
+    fp.mode = RK_FILL_QUALITY;
+    fp.keep_share = 0.2f;
+    float *q = eval_logits(m, ids, n, &fp, &c);
+    cr_expect(c.exact_rows[L - 1] >= (uint64_t)tail + 4, "quality exact rows %llu", (unsigned long long)c.exact_rows[L - 1]);
+    cr_expect(c.exact_rows[L - 1] < n, "quality still fills some rows");
+    free(off), free(sp), free(q), free(ids);
+    rk_ridge_maps_destroy(maps);
+    rk_model_destroy(m);
+}
+
+/* A map file whose W is the identity and b is zero makes speed mode equal identity mode. */
+Test(ridgefill, identity_mode_equals_identity_map) {
+    rk_model *m = load("models/stories260K/stories260K-f32.gguf");
+    const int d = rk_model_hparams(m)->n_embd, L = rk_model_hparams(m)->n_layer, split = 2;
+    rk_err e = {0};
+    rk_gguf_writer *w = NULL;
+    cr_assert_eq(rk_gguf_writer_create(32, &w, &e), RK_OK);
+    cr_assert_eq(rk_gguf_writer_set_str(w, "general.type", "ridgekv.ridge_maps", &e), RK_OK);
+    cr_assert_eq(rk_gguf_writer_set_u32(w, "ridge.split", split, &e), RK_OK);
+    cr_assert_eq(rk_write_fingerprint(w, "ridge.model", m, &e), RK_OK, "%s", e.msg);
+    float *eye = calloc((size_t)d * d, sizeof(float)), *zero = calloc((size_t)d, sizeof(float));
+    for (int i = 0; i < d; i++) eye[i * d + i] = 1.0f;
+    for (int l = split + 1; l < L; l++) {
+        char nm[64];
+        int64_t ne[2] = {d, d};
+        snprintf(nm, sizeof nm, "ridge.%d.weight", l);
+        cr_assert_eq(rk_gguf_writer_add_tensor(w, nm, RK_DT_F32, 2, ne, eye, (uint64_t)d * d * 4, &e), RK_OK, "%s", e.msg);
+        snprintf(nm, sizeof nm, "ridge.%d.bias", l);
+        cr_assert_eq(rk_gguf_writer_add_tensor(w, nm, RK_DT_F32, 1, ne, zero, (uint64_t)d * 4, &e), RK_OK, "%s", e.msg);
+    }
+    void *bytes;
+    size_t nb;
+    cr_assert_eq(rk_gguf_writer_finish(w, &bytes, &nb, &e), RK_OK, "%s", e.msg);
+    rk_gguf_writer_destroy(w);
+    cr_assert_eq(rk_io_write_file_atomic("/tmp/rk_test_eye.maps.gguf", bytes, nb, &e), RK_OK);
+    free(bytes), free(eye), free(zero);
+    rk_ridge_maps *maps = NULL;
+    cr_assert_eq(rk_ridge_maps_load("/tmp/rk_test_eye.maps.gguf", m, &maps, NULL, 0, &e), RK_OK, "%s", e.msg);
+    size_t n;
+    int32_t *ids = story_ids(m, 300, &n);
+    rk_fill_params a = {.mode = RK_FILL_IDENTITY, .tail = 64, .split = split};
+    rk_fill_params b = {.mode = RK_FILL_SPEED, .tail = 64, .maps = maps};
+    float *la = eval_logits(m, ids, n, &a, NULL), *lb = eval_logits(m, ids, n, &b, NULL);
+    size_t nv = (size_t)rk_model_hparams(m)->n_vocab;
+    double mx = 0;
+    for (size_t i = (n - 64) * nv; i < n * nv; i++) mx = fmax(mx, fabs((double)la[i] - lb[i]));
+    cr_expect(mx <= 1e-6, "identity vs W=I map: %g", mx);
+    free(la), free(lb), free(ids);
+    rk_ridge_maps_destroy(maps);
+    rk_model_destroy(m);
+}
+
+Test(ridgefill, map_for_another_model_is_refused_by_name) {
+    rk_model *st = load("models/stories260K/stories260K-f32.gguf");
+    const char *path = calibrate_to(st, 2, RK_DT_Q8_0, "/tmp/rk_test_stories_int8.maps.gguf");
+    rk_model *other = load("models/aidreams260K/aidreams260K-f32.gguf");
+    rk_err e = {0};
+    rk_ridge_maps *maps = NULL;
+    rk_status s = rk_ridge_maps_load(path, other, &maps, NULL, 0, &e);
+    cr_expect_eq(s, RK_E_MISMATCH, "%s", e.msg);
+    cr_expect(strstr(e.msg, "tinyllamas-stories-260k") != NULL, "names the fitted model: %s", e.msg);
+    cr_expect(maps == NULL);
+    /* not a map file at all: the model itself */
+    char mp[1024];
+    tb_shared_path(mp, sizeof mp, "models/stories260K/stories260K-f32.gguf");
+    cr_expect_eq(rk_ridge_maps_load(mp, st, &maps, NULL, 0, &e), RK_E_MISMATCH, "%s", e.msg);
+    /* truncated map file */
+    size_t len;
+    char *bytes = tb_read_file(path, &len);
+    cr_assert(bytes);
+    rk_err we = {0};
+    cr_assert_eq(rk_io_write_file_atomic("/tmp/rk_test_trunc.maps.gguf", bytes, len / 2, &we), RK_OK);
+    s = rk_ridge_maps_load("/tmp/rk_test_trunc.maps.gguf", st, &maps, NULL, 0, &e);
+    cr_expect(s == RK_E_GGUF_TRUNCATED || s == RK_E_GGUF_BOUNDS, "truncated: %s", e.msg);
+    cr_expect(strstr(e.msg, "/tmp/rk_test_trunc.maps.gguf") != NULL, "%s", e.msg);
+    free(bytes);
+    rk_model_destroy(other);
+    rk_model_destroy(st);
+}
+
+/* Same weights, another quantisation: accepted with a warning. */
+Test(ridgefill, other_quantisation_of_same_weights_warns) {
+    char twin[1024];
+    if (!tb_twin_path("qwen2-tiny-q8_0", twin, sizeof twin)) cr_skip_test("%s", twin);
+    rk_model *q = load("golden/models/qwen2-tiny-q8_0.gguf");
+    rk_err e = {0};
+    rk_model *t = NULL;
+    cr_assert_eq(rk_model_load(twin, &t, &e), RK_OK, "%s", e.msg);
+    /* a 1-row-per-layer identity-ish map file is enough to test the fingerprint check */
+    rk_gguf_writer *w = NULL;
+    cr_assert_eq(rk_gguf_writer_create(32, &w, &e), RK_OK);
+    cr_assert_eq(rk_gguf_writer_set_str(w, "general.type", "ridgekv.ridge_maps", &e), RK_OK);
+    cr_assert_eq(rk_gguf_writer_set_u32(w, "ridge.split", 1, &e), RK_OK);
+    cr_assert_eq(rk_write_fingerprint(w, "ridge.model", q, &e), RK_OK);
+    const int d = rk_model_hparams(q)->n_embd;
+    float *z = calloc((size_t)d * d, sizeof(float));
+    int64_t ne[2] = {d, d};
+    cr_assert_eq(rk_gguf_writer_add_tensor(w, "ridge.2.weight", RK_DT_F32, 2, ne, z, (uint64_t)d * d * 4, &e), RK_OK);
+    cr_assert_eq(rk_gguf_writer_add_tensor(w, "ridge.2.bias", RK_DT_F32, 1, ne, z, (uint64_t)d * 4, &e), RK_OK);
+    void *bytes;
+    size_t nb;
+    cr_assert_eq(rk_gguf_writer_finish(w, &bytes, &nb, &e), RK_OK, "%s", e.msg);
+    rk_gguf_writer_destroy(w);
+    cr_assert_eq(rk_io_write_file_atomic("/tmp/rk_test_q8.maps.gguf", bytes, nb, &e), RK_OK);
+    free(bytes), free(z);
+    rk_ridge_maps *maps = NULL;
+    char warn[512];
+    cr_expect_eq(rk_ridge_maps_load("/tmp/rk_test_q8.maps.gguf", q, &maps, warn, sizeof warn, &e), RK_OK, "%s", e.msg);
+    cr_expect_str_empty(warn);
+    rk_ridge_maps_destroy(maps);
+    maps = NULL;
+    cr_expect_eq(rk_ridge_maps_load("/tmp/rk_test_q8.maps.gguf", t, &maps, warn, sizeof warn, &e), RK_OK, "%s", e.msg);
+    cr_expect(strstr(warn, "another quantisation") != NULL, "warning: '%s'", warn);
+    rk_ridge_maps_destroy(maps);
+    rk_model_destroy(t);
+    rk_model_destroy(q);
+}
