@@ -352,6 +352,13 @@ rk_status rk_session_eval(rk_session *s, const int32_t *ids, size_t n, float *lo
         /* a chunk never straddles bulk_end: each chunk is all bulk or all exact rows */
         int64_t pos = start + (int64_t)done;
         if (pos < bulk_end && pos + (int64_t)c > bulk_end) c = (size_t)(bulk_end - pos);
+        if (s->splice_src && pos == bulk_end && bulk_end > start) {
+            for (int l = s->splice_lo; l < s->splice_hi; l++) {
+                size_t off = (size_t)start * s->kv_row_bytes, len = (size_t)(bulk_end - start) * s->kv_row_bytes;
+                if (s->splice_k) memcpy((char *)s->k_cache[l] + off, (const char *)s->splice_src->k_cache[l] + off, len);
+                if (s->splice_v) memcpy((char *)s->v_cache[l] + off, (const char *)s->splice_src->v_cache[l] + off, len);
+            }
+        }
         bool last = done + c == n;
         float *lg = NULL;
         if (logits && all_rows) lg = logits + done * (size_t)hp->n_vocab;

@@ -206,3 +206,56 @@ rk_status rk_session_set_fill(rk_session *s, const rk_fill_params *p, rk_err *er
     s->fill = f;
     return RK_OK;
 }
+
+rk_status rk_session_set_splice(rk_session *s, const rk_session *exact, int lo, int hi, bool keys, bool values,
+                                rk_err *err) {
+    if (exact->m != s->m || exact->kv_type != s->kv_type || exact->n_ctx != s->n_ctx)
+        return rk_err_set(err, RK_E_INVALID_ARG, "splice: the exact session must share model, KV type and n_ctx");
+    if (lo < 0 || hi > s->m->hp.n_layer || lo >= hi)
+        return rk_err_set(err, RK_E_INVALID_ARG, "splice: layer range [%d, %d) outside 0..%d", lo, hi, s->m->hp.n_layer);
+    s->splice_src = exact;
+    s->splice_lo = lo;
+    s->splice_hi = hi;
+    s->splice_k = keys;
+    s->splice_v = values;
+    return RK_OK;
+}
+
+void rk_session_clear_splice(rk_session *s) { s->splice_src = NULL; }
+
+static float cache_elt(const rk_session *s, const void *row, int64_t i) {
+    if (s->kv_type == RK_DT_F32) return ((const float *)row)[i];
+    uint16_t h;
+    memcpy(&h, (const char *)row + 2 * i, 2);
+    return rk_f16_to_f32(h);
+}
+
+rk_status rk_session_kv_compare(const rk_session *a, const rk_session *b, int layer, int64_t row0, int64_t row1,
+                                bool values, rk_kv_error *out, rk_err *err) {
+    const rk_hparams *hp = &a->m->hp;
+    if (a->m != b->m || a->kv_type != b->kv_type || layer < 0 || layer >= hp->n_layer || row0 < 0 || row1 < row0 ||
+        row1 > a->n_past || row1 > b->n_past)
+        return rk_err_set(err, RK_E_INVALID_ARG, "kv_compare: sessions differ or rows [%lld, %lld) / layer %d out of range",
+                          (long long)row0, (long long)row1, layer);
+    rk_kv_error e = {0};
+    const int hd = hp->head_dim;
+    for (int64_t r = row0; r < row1; r++) {
+        const char *ra = (const char *)(values ? a->v_cache : a->k_cache)[layer] + (size_t)r * a->kv_row_bytes;
+        const char *rb = (const char *)(values ? b->v_cache : b->k_cache)[layer] + (size_t)r * b->kv_row_bytes;
+        for (int h = 0; h < hp->n_head_kv; h++) {
+            double na = 0, nb = 0, dot = 0, diff = 0;
+            for (int i = 0; i < hd; i++) {
+                double x = cache_elt(a, ra, (int64_t)h * hd + i), y = cache_elt(b, rb, (int64_t)h * hd + i);
+                na += x * x, nb += y * y, dot += x * y, diff += (x - y) * (x - y);
+            }
+            na = sqrt(na), nb = sqrt(nb);
+            double cosv = na > 0 && nb > 0 ? dot / (na * nb) : 1.0;
+            e.total += diff;
+            e.norm_part += (na - nb) * (na - nb);
+            e.dir_part += 2 * na * nb * (1 - cosv);
+            e.ref_energy += nb * nb;
+        }
+    }
+    *out = e;
+    return RK_OK;
+}

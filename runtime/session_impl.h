@@ -47,6 +47,10 @@ struct rk_session {
     rk_fill_params fill;
     float score_threshold; /* quality: token_score >= threshold -> kept exact */
     rk_session_counters counters;
+    /* eval splice: copy exact K/V of layers [lo, hi) over the bulk rows before the tail */
+    const rk_session *splice_src;
+    int splice_lo, splice_hi;
+    bool splice_k, splice_v;
 };
 
 void rk_session_set_tap(rk_session *s, rk_tap_fn fn, void *ud);

@@ -209,3 +209,22 @@ typedef struct rk_fingerprint {
     uint64_t quant_hash;      /* of the raw bytes of selected matrices (quantisation dependent) */
 } rk_fingerprint;
 void rk_model_fingerprint(const rk_model *m, rk_fingerprint *out);
+
+/* ---- evaluation hooks (eval splice) ---------------------------------------------
+ * After the next eval call has written its bulk rows and before any tail row reads
+ * them, copy K and/or V rows [0, bulk_end) of layers [lo, hi) from `exact` (a session
+ * of the same model and KV type that evaluated the same tokens without fill). */
+rk_status rk_session_set_splice(rk_session *s, const rk_session *exact, int lo, int hi, bool keys,
+                                bool values, rk_err *err);
+void rk_session_clear_splice(rk_session *s);
+
+typedef struct rk_kv_error {
+    double total;      /* Σ ||k_a - k_b||² over rows and heads */
+    double norm_part;  /* Σ (|k_a| - |k_b|)²: the share due to scale */
+    double dir_part;   /* Σ 2|k_a||k_b|(1 - cos): the share due to direction (total = norm + dir) */
+    double ref_energy; /* Σ ||k_b||² */
+} rk_kv_error;
+/* Compares cache rows [row0, row1) of layer l (keys or values) of a against b (the
+ * reference), per KV head. */
+rk_status rk_session_kv_compare(const rk_session *a, const rk_session *b, int layer, int64_t row0, int64_t row1,
+                                bool values, rk_kv_error *out, rk_err *err);
