@@ -107,6 +107,10 @@ rk_status rk_gguf_writer_set_arr(rk_gguf_writer *w, const char *key, uint32_t el
                                  const void *data, uint64_t n, rk_err *err);
 rk_status rk_gguf_writer_set_arr_str(rk_gguf_writer *w, const char *key,
                                      const char *const *strs, uint64_t n, rk_err *err);
+/* Copies a key/value from a parsed file, any type (string arrays too); kv must come
+ * from rk_gguf_parse. A general.alignment equal to the writer's is accepted (and not
+ * written twice); a different one is refused. */
+rk_status rk_gguf_writer_set_kv(rk_gguf_writer *w, const rk_gguf_kv *kv, rk_err *err);
 /* ne[0] is the row length; n_bytes must equal the size implied by type and ne. */
 rk_status rk_gguf_writer_add_tensor(rk_gguf_writer *w, const char *name, uint32_t type,
                                     uint32_t n_dims, const int64_t *ne, const void *data,
