@@ -33,6 +33,19 @@ typedef struct rk_view {
     void *data;
 } rk_view;
 
+/* View conventions every backend follows (rk_backend_run checks them and
+ * answers RK_E_INVALID_ARG otherwise):
+ * - a view is ne[1]*ne[2]*ne[3] rows of ne[0] elements, row r at data + r*nb1;
+ *   ne[2], ne[3] left at 0 read as 1; nb1 is a multiple of the element size.
+ * - ROPE: src0 is 3-D {head_dim, n_head, n}: rows are heads, a row's token is
+ *   row / ne[1]. dst.data NULL or equal to src0.data: in place; else the result
+ *   goes to dst (same shape).
+ * - ATTN q, dst and the K/V caches: 2-D {heads*head_dim, tokens} (nb1 = token
+ *   stride) or 3-D {head_dim, heads, tokens} (nb1 = head stride, tokens heads*nb1
+ *   apart). Cache rows at or past pos0 + n_q are never read.
+ * - RMSNORM: src1.data NULL means no weight (1).
+ * - CPY_ROWS: dst_row0 counts rows of dst (tokens of a 2-D cache view).
+ * - MATMUL: dst must not overlap src0 or src1. */
 typedef enum rk_op {
     RK_OP_GET_ROWS,  /* dst (n, d) f32 = dequant rows ids[] of src0 (vocab, d) any dtype */
     RK_OP_MATMUL,    /* dst (n, m) f32 = src1 (n, k) f32 x src0^T, src0 (m rows of k) any dtype */
@@ -100,10 +113,27 @@ struct rk_backend {
 /* n_threads <= 0: all online cores. */
 rk_status rk_backend_cpu_ref_create(rk_backend **out, rk_err *err);
 rk_status rk_backend_cpu_create(int n_threads, rk_backend **out, rk_err *err);
+/* The cpu backend as it runs on a CPU without AVX2: portable C kernels,
+ * rk_quant_ref row functions, OpenBLAS sgemm when built with it. For tests and
+ * comparisons on machines that have AVX2. */
+rk_status rk_backend_cpu_portable_create(int n_threads, rk_backend **out, rk_err *err);
+/* CUDA backend on device `device` (kernels/cuda, built only with nvcc + cuBLAS:
+ * link rk_kernels_cuda_dep, which defines RK_HAVE_CUDA=1). RK_E_UNSUPPORTED
+ * "cuda: no device" when the machine has no usable GPU. Ops take host views
+ * and copy through device memory; RMSNORM, ROPE, SILU_MUL, ADD, ADD_ROW and
+ * MATMUL (f32/f16/bf16 weights, cuBLAS) so far. */
+rk_status rk_backend_cuda_create(int device, rk_backend **out, rk_err *err);
 void rk_backend_destroy(rk_backend *be); /* accepts NULL */
 
 /* Runs one op: checks support, then dispatches. */
 rk_status rk_backend_run(rk_backend *be, const rk_op_args *a, rk_err *err);
+/* Statuses of rk_backend_run: RK_E_UNSUPPORTED (op missing from the table or
+ * supports() false; the message names the op and the dtypes), RK_E_INVALID_ARG
+ * (shapes, strides, ids, params), RK_E_NOMEM (scratch growth). An instance runs
+ * one op at a time: it owns its thread pool and scratch. */
+
+/* "MATMUL" etc.; "UNKNOWN_OP" out of range. */
+const char *rk_op_name(rk_op op);
 
 /* ---- thread pool (used by the cpu backend and runtime) ----------------- */
 typedef struct rk_pool rk_pool;
@@ -113,3 +143,5 @@ int rk_pool_size(const rk_pool *p);
 /* Runs fn(ctx, i, n) for i in 0..n-1 on the pool's threads (caller included) and
  * waits for all. n is usually the pool size. */
 void rk_pool_run(rk_pool *p, void (*fn)(void *ctx, int i, int n), void *ctx);
+/* rk_pool_run from several threads is serialised; fn must not call rk_pool_run
+ * on the same pool. Idle workers spin ~200 us, then sleep on a condvar. */

@@ -1,0 +1,245 @@
+/* Backend-independent parts: op names, the shape check every backend relies
+ * on, support limits shared by the two CPU backends, dispatch. */
+#include <math.h>
+#include <stdio.h>
+
+#include "ops_impl.h"
+
+static const char *const op_names[RK_OP_COUNT] = {
+    [RK_OP_GET_ROWS] = "GET_ROWS", [RK_OP_MATMUL] = "MATMUL",     [RK_OP_RMSNORM] = "RMSNORM",
+    [RK_OP_ROPE] = "ROPE",         [RK_OP_ATTN] = "ATTN",         [RK_OP_SILU_MUL] = "SILU_MUL",
+    [RK_OP_ADD] = "ADD",           [RK_OP_ADD_ROW] = "ADD_ROW",   [RK_OP_CPY_ROWS] = "CPY_ROWS",
+};
+_Static_assert(RK_OP_COUNT == 9, "op count changed: name the new op");
+
+const char *rk_op_name(rk_op op) {
+    return (unsigned)op < RK_OP_COUNT ? op_names[op] : "UNKNOWN_OP";
+}
+
+void rk_backend_destroy(rk_backend *be) {
+    if (!be) return;
+    if (be->ops && be->ops->destroy) be->ops->destroy(be);
+}
+
+bool rk_heads_of(const rk_view *v, int n_heads, int head_dim, rk_heads *out) {
+    const rk_dtype_traits *t = rk_dtype_get(v->type);
+    if (!t || t->blck_size != 1 || n_heads <= 0 || head_dim <= 0) return false;
+    int64_t rows = rk_view_rows(v);
+    size_t elt = t->type_size;
+    if (v->nb1 % elt) return false;
+    if (v->ne[0] == (int64_t)n_heads * head_dim && rows >= 0) {
+        if (v->nb1 < (size_t)v->ne[0] * elt) return false;
+        *out = (rk_heads){v->data, v->nb1, (size_t)head_dim * elt, rows};
+        return true;
+    }
+    if (v->ne[0] == head_dim && v->ne[1] == n_heads && rows >= 0) {
+        if (v->nb1 < (size_t)head_dim * elt) return false;
+        *out = (rk_heads){v->data, v->nb1 * (size_t)n_heads, v->nb1, rows / n_heads};
+        return true;
+    }
+    return false;
+}
+
+#define BAD(...) return rk_err_set(err, RK_E_INVALID_ARG, __VA_ARGS__)
+
+/* data non-NULL (unless empty), ne >= 0, f32-style row stride large enough */
+static rk_status check_view(const char *op, const char *name, const rk_view *v, rk_err *err) {
+    for (int i = 0; i < 4; i++)
+        if (rk_view_dim(v, i) < 0) BAD("kernels: %s: %s ne[%d] negative (%lld)", op, name, i, (long long)v->ne[i]);
+    uint64_t row_bytes;
+    if (!rk_dtype_row_bytes(v->type, (uint64_t)v->ne[0], &row_bytes))
+        BAD("kernels: %s: %s row of %lld is not whole %s blocks", op, name, (long long)v->ne[0],
+            rk_dtype_name(v->type));
+    const rk_dtype_traits *t = rk_dtype_get(v->type);
+    if (t->blck_size == 1 && v->nb1 % t->type_size)
+        BAD("kernels: %s: %s nb1 %zu not a multiple of the element size %u", op, name, v->nb1, t->type_size);
+    if (rk_view_rows(v) > 1 && v->nb1 < row_bytes)
+        BAD("kernels: %s: %s nb1 too small (>= %llu vs %zu)", op, name, (unsigned long long)row_bytes,
+            v->nb1);
+    if (!v->data && v->ne[0] > 0 && rk_view_rows(v) > 0) BAD("kernels: %s: %s data is NULL", op, name);
+    return RK_OK;
+}
+
+static rk_status same_shape(const char *op, const char *na, const rk_view *a, const char *nb,
+                            const rk_view *b, rk_err *err) {
+    if (a->ne[0] != b->ne[0] || rk_view_rows(a) != rk_view_rows(b))
+        BAD("kernels: %s: %s shape (%lld x %lld) vs %s (%lld x %lld)", op, na, (long long)rk_view_rows(a),
+            (long long)a->ne[0], nb, (long long)rk_view_rows(b), (long long)b->ne[0]);
+    return RK_OK;
+}
+
+#define TRY(x)                                                                                     \
+    do {                                                                                           \
+        rk_status st_ = (x);                                                                       \
+        if (st_ != RK_OK) return st_;                                                              \
+    } while (0)
+
+static rk_status check_attn(const char *on, const rk_op_args *a, rk_err *err) {
+    const rk_attn_params *p = &a->attn;
+    if (p->n_head <= 0 || p->n_head_kv <= 0 || p->head_dim <= 0 || p->n_head % p->n_head_kv)
+        BAD("kernels: %s: heads %d / kv heads %d / head_dim %d (n_head a positive multiple of n_head_kv)",
+            on, p->n_head, p->n_head_kv, p->head_dim);
+    if (p->pos0 < 0) BAD("kernels: %s: pos0 %lld negative", on, (long long)p->pos0);
+    if (!isfinite(p->scale)) BAD("kernels: %s: scale not finite", on);
+    rk_heads q, k, v, d;
+    if (!rk_heads_of(&a->src0, p->n_head, p->head_dim, &q))
+        BAD("kernels: %s: q view is neither {%d, n} nor {%d, %d, n} (ne[0] %lld)", on,
+            p->n_head * p->head_dim, p->head_dim, p->n_head, (long long)a->src0.ne[0]);
+    if (!rk_heads_of(&a->dst, p->n_head, p->head_dim, &d) || d.n_tok != q.n_tok)
+        BAD("kernels: %s: dst view does not match q (%lld tokens of %d x %d)", on, (long long)q.n_tok,
+            p->n_head, p->head_dim);
+    if (!rk_heads_of(&a->src1, p->n_head_kv, p->head_dim, &k) ||
+        !rk_heads_of(&a->src2, p->n_head_kv, p->head_dim, &v))
+        BAD("kernels: %s: K/V cache views are not {%d, n_ctx} or {%d, %d, n_ctx}", on,
+            p->n_head_kv * p->head_dim, p->head_dim, p->n_head_kv);
+    if (p->pos0 > INT64_MAX - q.n_tok || p->pos0 + q.n_tok > k.n_tok || p->pos0 + q.n_tok > v.n_tok)
+        BAD("kernels: %s: cache rows (>= pos0 + n_q = %lld vs K %lld, V %lld)", on,
+            (long long)(p->pos0 + q.n_tok), (long long)k.n_tok, (long long)v.n_tok);
+    if (q.n_tok > 0 && (!q.data || !k.data || !v.data || !d.data)) BAD("kernels: %s: NULL data", on);
+    return RK_OK;
+}
+
+rk_status rk_op_check(const rk_op_args *a, rk_err *err) {
+    if (!a) BAD("kernels: NULL op args");
+    if ((unsigned)a->op >= RK_OP_COUNT) BAD("kernels: op %d out of range (< %d)", (int)a->op, RK_OP_COUNT);
+    const char *on = op_names[a->op];
+    switch (a->op) {
+    case RK_OP_GET_ROWS: {
+        TRY(check_view(on, "src0", &a->src0, err));
+        TRY(check_view(on, "dst", &a->dst, err));
+        if (a->dst.ne[0] != a->src0.ne[0])
+            BAD("kernels: %s: row length (%lld vs %lld)", on, (long long)a->src0.ne[0], (long long)a->dst.ne[0]);
+        int64_t n = rk_view_rows(&a->dst), vocab = rk_view_rows(&a->src0);
+        if (n > 0 && !a->ids) BAD("kernels: %s: ids is NULL", on);
+        for (int64_t i = 0; i < n; i++)
+            if (a->ids[i] < 0 || a->ids[i] >= vocab)
+                BAD("kernels: %s: id %d at %lld out of range (< %lld)", on, a->ids[i], (long long)i,
+                    (long long)vocab);
+        return RK_OK;
+    }
+    case RK_OP_MATMUL:
+        TRY(check_view(on, "src0", &a->src0, err));
+        TRY(check_view(on, "src1", &a->src1, err));
+        TRY(check_view(on, "dst", &a->dst, err));
+        if (a->src1.ne[0] != a->src0.ne[0])
+            BAD("kernels: %s: k (src0 %lld vs src1 %lld)", on, (long long)a->src0.ne[0], (long long)a->src1.ne[0]);
+        if (a->dst.ne[0] != rk_view_rows(&a->src0) || rk_view_rows(&a->dst) != rk_view_rows(&a->src1))
+            BAD("kernels: %s: dst shape (%lld x %lld vs %lld x %lld)", on, (long long)rk_view_rows(&a->src1),
+                (long long)rk_view_rows(&a->src0), (long long)rk_view_rows(&a->dst), (long long)a->dst.ne[0]);
+        return RK_OK;
+    case RK_OP_RMSNORM:
+        TRY(check_view(on, "src0", &a->src0, err));
+        TRY(check_view(on, "dst", &a->dst, err));
+        TRY(same_shape(on, "src0", &a->src0, "dst", &a->dst, err));
+        if (a->src1.data && a->src1.ne[0] != a->src0.ne[0])
+            BAD("kernels: %s: weight length (%lld vs %lld)", on, (long long)a->src0.ne[0], (long long)a->src1.ne[0]);
+        if (!(a->eps >= 0) || !isfinite(a->eps)) BAD("kernels: %s: eps %g", on, (double)a->eps);
+        return RK_OK;
+    case RK_OP_ROPE: {
+        const rk_rope_params *p = &a->rope;
+        TRY(check_view(on, "src0", &a->src0, err));
+        if (a->dst.data && a->dst.data != a->src0.data) {
+            TRY(check_view(on, "dst", &a->dst, err));
+            TRY(same_shape(on, "src0", &a->src0, "dst", &a->dst, err));
+        }
+        if (p->n_rot <= 0 || p->n_rot % 2 || p->n_rot > a->src0.ne[0])
+            BAD("kernels: %s: n_rot %d (even, 1..head_dim %lld)", on, p->n_rot, (long long)a->src0.ne[0]);
+        if (p->mode != RK_ROPE_NORM && p->mode != RK_ROPE_NEOX) BAD("kernels: %s: mode %d", on, p->mode);
+        if (!(p->freq_base > 0) || !isfinite(p->freq_base)) BAD("kernels: %s: freq_base %g", on, (double)p->freq_base);
+        if (p->pos0 < 0) BAD("kernels: %s: pos0 %lld negative", on, (long long)p->pos0);
+        return RK_OK;
+    }
+    case RK_OP_ATTN:
+        return check_attn(on, a, err);
+    case RK_OP_SILU_MUL:
+        TRY(check_view(on, "src0", &a->src0, err));
+        TRY(check_view(on, "src1", &a->src1, err));
+        TRY(check_view(on, "dst", &a->dst, err));
+        TRY(same_shape(on, "src0", &a->src0, "dst", &a->dst, err));
+        return same_shape(on, "src1", &a->src1, "dst", &a->dst, err);
+    case RK_OP_ADD:
+        TRY(check_view(on, "src0", &a->src0, err));
+        TRY(check_view(on, "dst", &a->dst, err));
+        return same_shape(on, "src0", &a->src0, "dst", &a->dst, err);
+    case RK_OP_ADD_ROW:
+        TRY(check_view(on, "src0", &a->src0, err));
+        TRY(check_view(on, "dst", &a->dst, err));
+        if (a->src0.ne[0] != a->dst.ne[0] || (a->dst.ne[0] > 0 && rk_view_rows(&a->dst) > 0 && !a->src0.data))
+            BAD("kernels: %s: bias length (%lld vs %lld)", on, (long long)a->dst.ne[0], (long long)a->src0.ne[0]);
+        return RK_OK;
+    case RK_OP_CPY_ROWS: {
+        TRY(check_view(on, "src0", &a->src0, err));
+        TRY(check_view(on, "dst", &a->dst, err));
+        int64_t n = rk_view_rows(&a->src0), cap = rk_view_rows(&a->dst);
+        if (a->src0.ne[0] != a->dst.ne[0])
+            BAD("kernels: %s: row length (%lld vs %lld)", on, (long long)a->dst.ne[0], (long long)a->src0.ne[0]);
+        if (a->dst_row0 < 0 || a->dst_row0 > cap || n > cap - a->dst_row0)
+            BAD("kernels: %s: rows %lld..%lld past dst (%lld rows)", on, (long long)a->dst_row0,
+                (long long)(a->dst_row0 + n), (long long)cap);
+        return RK_OK;
+    }
+    case RK_OP_COUNT:
+        break;
+    }
+    BAD("kernels: op %d out of range", (int)a->op);
+}
+
+static bool is_f32(const rk_view *v) { return v->type == RK_DT_F32; }
+static bool is_cache_type(const rk_view *v) { return v->type == RK_DT_F32 || v->type == RK_DT_F16; }
+
+bool rk_cpu_supports_common(const rk_op_args *a, const rk_quant_fns *(*fns)(uint32_t)) {
+    if (!a || (unsigned)a->op >= RK_OP_COUNT) return false;
+    switch (a->op) {
+    case RK_OP_GET_ROWS:
+        return is_f32(&a->dst) && (is_f32(&a->src0) || (fns(a->src0.type) && fns(a->src0.type)->to_f32));
+    case RK_OP_MATMUL:
+        /* the GEMM path dequantises, the GEMV path dots: both are needed */
+        return is_f32(&a->dst) && is_f32(&a->src1) &&
+               (is_f32(&a->src0) ||
+                (fns(a->src0.type) && fns(a->src0.type)->to_f32 && fns(a->src0.type)->dot));
+    case RK_OP_RMSNORM:
+        return is_f32(&a->dst) && is_f32(&a->src0) && (!a->src1.data || is_f32(&a->src1));
+    case RK_OP_ROPE:
+        return is_f32(&a->src0) && (!a->dst.data || is_f32(&a->dst)) && a->src0.ne[0] % 2 == 0;
+    case RK_OP_ATTN:
+        return is_f32(&a->dst) && is_f32(&a->src0) && is_cache_type(&a->src1) && is_cache_type(&a->src2);
+    case RK_OP_SILU_MUL:
+        return is_f32(&a->dst) && is_f32(&a->src0) && is_f32(&a->src1);
+    case RK_OP_ADD:
+    case RK_OP_ADD_ROW:
+        return is_f32(&a->dst) && is_f32(&a->src0);
+    case RK_OP_CPY_ROWS:
+        return is_f32(&a->src0) && is_cache_type(&a->dst);
+    case RK_OP_COUNT:
+        break;
+    }
+    return false;
+}
+
+void rk_rope_freqs(const rk_rope_params *p, double *freq) {
+    for (int i = 0; i < p->n_rot / 2; i++)
+        freq[i] = pow((double)p->freq_base, -2.0 * i / p->n_rot);
+}
+
+rk_status rk_backend_run(rk_backend *be, const rk_op_args *a, rk_err *err) {
+    if (!be || !be->ops) return rk_err_set(err, RK_E_INVALID_ARG, "kernels: NULL backend");
+    if (!a) return rk_err_set(err, RK_E_INVALID_ARG, "kernels: %s: NULL op args", be->ops->name);
+    if ((unsigned)a->op >= RK_OP_COUNT)
+        return rk_err_set(err, RK_E_INVALID_ARG, "kernels: %s: op %d out of range (< %d)", be->ops->name,
+                          (int)a->op, RK_OP_COUNT);
+    const char *on = op_names[a->op];
+    if (!be->ops->op[a->op])
+        return rk_err_set(err, RK_E_UNSUPPORTED, "kernels: %s: %s not implemented", be->ops->name, on);
+    if (be->ops->supports && !be->ops->supports(be, a)) {
+        const rk_view *w = a->op == RK_OP_CPY_ROWS ? &a->dst : a->op == RK_OP_ATTN ? &a->src1 : &a->src0;
+        return rk_err_set(err, RK_E_UNSUPPORTED,
+                          "kernels: %s: %s unsupported for %s (dst %s, src0 %s, src1 %s, src2 %s; "
+                          "ne[0] %lld, n_rot %d)",
+                          be->ops->name, on, rk_dtype_name(w->type), rk_dtype_name(a->dst.type),
+                          rk_dtype_name(a->src0.type), rk_dtype_name(a->src1.type),
+                          rk_dtype_name(a->src2.type), (long long)a->src0.ne[0], a->rope.n_rot);
+    }
+    rk_status st = rk_op_check(a, err);
+    if (st != RK_OK) return st;
+    return be->ops->op[a->op](be, a, err);
+}

@@ -1,0 +1,254 @@
+/* AVX2/FMA/F16C vector kernels of the cpu backend. Compiled with -mavx2 -mfma
+ * -mf16c; reached only through rk_cpu_kern_avx2 after rk_cpu_has_avx2(). */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "ops_impl.h"
+
+/* Lanes [0, r) set: mask for a partial 8-float load or store, 0 < r < 8. */
+static inline __m256i tail_mask(int64_t r) {
+    static const int32_t m[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+    return _mm256_loadu_si256((const __m256i *)(m + 8 - r));
+}
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* {hsum(a), hsum(b), hsum(c), hsum(d)} */
+static inline __m128 hsum8x4(__m256 a, __m256 b, __m256 c, __m256 d) {
+    __m256 t0 = _mm256_hadd_ps(a, b);
+    __m256 t1 = _mm256_hadd_ps(c, d);
+    __m256 t2 = _mm256_hadd_ps(t0, t1);
+    return _mm_add_ps(_mm256_castps256_ps128(t2), _mm256_extractf128_ps(t2, 1));
+}
+
+/* exp with ~1 ulp error on [-86.5, 88.72]; +inf above, 0 below, NaN kept
+ * (max/min put x second so a NaN passes through). */
+static inline __m256 exp8(__m256 x) {
+    const __m256 hi = _mm256_set1_ps(88.7228391f), lo = _mm256_set1_ps(-86.5f);
+    __m256 xc = _mm256_min_ps(hi, _mm256_max_ps(lo, x));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    __m256 r2 = _mm256_mul_ps(r, r);
+    __m256 y = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    /* 2^n as 2^(n-1) * 2: n reaches 128 near the top of the range */
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(126)), 23);
+    y = _mm256_mul_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), _mm256_set1_ps(2.0f));
+    y = _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(x, hi, _CMP_GT_OQ));
+    return _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, lo, _CMP_LT_OQ));
+}
+
+static float avx2_dot(const float *a, const float *b, int64_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    __m256 s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+    }
+    for (; i + 8 <= n; i += 8)
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    if (i < n) {
+        __m256i m = tail_mask(n - i);
+        s1 = _mm256_fmadd_ps(_mm256_maskload_ps(a + i, m), _mm256_maskload_ps(b + i, m), s1);
+    }
+    return hsum8(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+}
+
+/* 3x4 block of dot products over k: x rows x[0..2] against w rows w[0..3].
+ * 12 accumulators + 3 x vectors + 1 w vector = the 16 ymm registers; per 8
+ * elements 7 loads feed 12 FMAs. Rows/columns past the edge point at valid
+ * memory (the caller clamps); only the nr x nc valid part is stored. */
+static void gemm_nt_3x4(int64_t k, const float *const x[3], const float *const w[4], float *y,
+                        int64_t ldy, int nr, int nc) {
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c03 = c00;
+    __m256 c10 = c00, c11 = c00, c12 = c00, c13 = c00;
+    __m256 c20 = c00, c21 = c00, c22 = c00, c23 = c00;
+    const float *x0 = x[0], *x1 = x[1], *x2 = x[2];
+    const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
+#define RK_STEP(LOAD)                                                                              \
+    do {                                                                                           \
+        __m256 a0 = LOAD(x0), a1 = LOAD(x1), a2 = LOAD(x2), b = LOAD(w0);                         \
+        c00 = _mm256_fmadd_ps(a0, b, c00);                                                         \
+        c10 = _mm256_fmadd_ps(a1, b, c10);                                                         \
+        c20 = _mm256_fmadd_ps(a2, b, c20);                                                         \
+        b = LOAD(w1);                                                                              \
+        c01 = _mm256_fmadd_ps(a0, b, c01);                                                         \
+        c11 = _mm256_fmadd_ps(a1, b, c11);                                                         \
+        c21 = _mm256_fmadd_ps(a2, b, c21);                                                         \
+        b = LOAD(w2);                                                                              \
+        c02 = _mm256_fmadd_ps(a0, b, c02);                                                         \
+        c12 = _mm256_fmadd_ps(a1, b, c12);                                                         \
+        c22 = _mm256_fmadd_ps(a2, b, c22);                                                         \
+        b = LOAD(w3);                                                                              \
+        c03 = _mm256_fmadd_ps(a0, b, c03);                                                         \
+        c13 = _mm256_fmadd_ps(a1, b, c13);                                                         \
+        c23 = _mm256_fmadd_ps(a2, b, c23);                                                         \
+    } while (0)
+    int64_t p = 0;
+#define RK_LD(ptr) _mm256_loadu_ps((ptr) + p)
+    for (; p + 8 <= k; p += 8) RK_STEP(RK_LD);
+#undef RK_LD
+    if (p < k) {
+        __m256i m = tail_mask(k - p);
+#define RK_LD(ptr) _mm256_maskload_ps((ptr) + p, m)
+        RK_STEP(RK_LD);
+#undef RK_LD
+    }
+#undef RK_STEP
+    __m128 s[3] = {hsum8x4(c00, c01, c02, c03), hsum8x4(c10, c11, c12, c13), hsum8x4(c20, c21, c22, c23)};
+    for (int r = 0; r < nr; r++) {
+        if (nc == 4) {
+            _mm_storeu_ps(y + r * ldy, s[r]);
+        } else {
+            float t[4];
+            _mm_storeu_ps(t, s[r]);
+            memcpy(y + r * ldy, t, (size_t)nc * sizeof(float));
+        }
+    }
+}
+
+static void avx2_gemm_nt(int64_t n, int64_t m, int64_t k, const float *x, int64_t ldx,
+                         const float *w, int64_t ldw, float *y, int64_t ldy) {
+    /* x rows in blocks of 3 stay in L1 while the weight tile (sized by the
+     * caller to sit in L2) streams past them. */
+    for (int64_t i = 0; i < n; i += 3) {
+        int nr = n - i < 3 ? (int)(n - i) : 3;
+        const float *xr[3];
+        for (int r = 0; r < 3; r++) xr[r] = x + (i + (r < nr ? r : nr - 1)) * ldx;
+        for (int64_t j = 0; j < m; j += 4) {
+            int nc = m - j < 4 ? (int)(m - j) : 4;
+            const float *wr[4];
+            for (int q = 0; q < 4; q++) wr[q] = w + (j + (q < nc ? q : nc - 1)) * ldw;
+            gemm_nt_3x4(k, xr, wr, y + i * ldy + j, ldy, nr, nc);
+        }
+    }
+}
+
+static void avx2_f16_to_f32(const uint16_t *src, float *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    for (; i < n; i++) dst[i] = rk_f16_to_f32(src[i]);
+}
+
+static void avx2_f32_to_f16(const float *src, uint16_t *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) dst[i] = rk_f32_to_f16(src[i]);
+}
+
+static float avx2_sumsq(const float *x, int64_t n) {
+    return avx2_dot(x, x, n);
+}
+
+static void avx2_scale_mul(float *dst, const float *x, float s, const float *w, int64_t n) {
+    __m256 sv = _mm256_set1_ps(s);
+    int64_t i = 0;
+    if (w) {
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), sv),
+                                                    _mm256_loadu_ps(w + i)));
+        for (; i < n; i++) dst[i] = x[i] * s * w[i];
+    } else {
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), sv));
+        for (; i < n; i++) dst[i] = x[i] * s;
+    }
+}
+
+static void avx2_silu_mul(float *dst, const float *a, const float *b, int64_t n) {
+    const __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 av = _mm256_loadu_ps(a + i);
+        __m256 e = exp8(_mm256_xor_ps(av, neg));
+        __m256 s = _mm256_div_ps(av, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(dst + i, _mm256_mul_ps(s, _mm256_loadu_ps(b + i)));
+    }
+    for (; i < n; i++) dst[i] = a[i] / (1.0f + expf(-a[i])) * b[i];
+}
+
+static void avx2_add(float *dst, const float *a, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_add_ps(_mm256_loadu_ps(dst + i), _mm256_loadu_ps(a + i)));
+    for (; i < n; i++) dst[i] += a[i];
+}
+
+static float avx2_exp_sub(float *s, int64_t n, float m) {
+    __m256 mv = _mm256_set1_ps(m), sum = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + i), mv));
+        _mm256_storeu_ps(s + i, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    float tail = 0;
+    if (i < n) {
+        __m256i mk = tail_mask(n - i);
+        __m256 e = exp8(_mm256_sub_ps(_mm256_maskload_ps(s + i, mk), mv));
+        e = _mm256_and_ps(e, _mm256_castsi256_ps(mk));
+        _mm256_maskstore_ps(s + i, mk, e);
+        tail = hsum8(e);
+    }
+    return hsum8(sum) + tail;
+}
+
+static void avx2_pv(float *acc, float alpha, const float *p, const float *v, int64_t ldv,
+                    int64_t n, int64_t hd) {
+    const __m256 al = _mm256_set1_ps(alpha);
+    int64_t d = 0;
+    /* 64 columns = 8 accumulators held across the key loop */
+    for (; d + 64 <= hd; d += 64) {
+        __m256 a[8];
+        for (int u = 0; u < 8; u++) a[u] = _mm256_mul_ps(_mm256_loadu_ps(acc + d + 8 * u), al);
+        for (int64_t j = 0; j < n; j++) {
+            __m256 pj = _mm256_set1_ps(p[j]);
+            const float *vr = v + j * ldv + d;
+            for (int u = 0; u < 8; u++) a[u] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr + 8 * u), a[u]);
+        }
+        for (int u = 0; u < 8; u++) _mm256_storeu_ps(acc + d + 8 * u, a[u]);
+    }
+    for (; d + 8 <= hd; d += 8) {
+        __m256 a = _mm256_mul_ps(_mm256_loadu_ps(acc + d), al);
+        for (int64_t j = 0; j < n; j++)
+            a = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v + j * ldv + d), a);
+        _mm256_storeu_ps(acc + d, a);
+    }
+    for (; d < hd; d++) {
+        float a = acc[d] * alpha;
+        for (int64_t j = 0; j < n; j++) a += p[j] * v[j * ldv + d];
+        acc[d] = a;
+    }
+}
+
+const rk_cpu_kern rk_cpu_kern_avx2 = {
+    .name = "avx2",
+    .dot = avx2_dot,
+    .gemm_nt = avx2_gemm_nt,
+    .f16_to_f32 = avx2_f16_to_f32,
+    .f32_to_f16 = avx2_f32_to_f16,
+    .sumsq = avx2_sumsq,
+    .scale_mul = avx2_scale_mul,
+    .silu_mul = avx2_silu_mul,
+    .add = avx2_add,
+    .exp_sub = avx2_exp_sub,
+    .pv = avx2_pv,
+};

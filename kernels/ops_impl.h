@@ -1,0 +1,68 @@
+/* Internals shared by the kernel backends: view helpers, the shape check every
+ * backend runs, and the table of CPU vector kernels (AVX2 in ops_cpu_avx2.c,
+ * portable C in ops_cpu.c). */
+#pragma once
+#include "rk_kernels.h"
+
+/* ---- views ----------------------------------------------------------- */
+/* Outer dims left at 0 read as 1, so {d, n} initialisers are 2-D views. */
+static inline int64_t rk_view_dim(const rk_view *v, int i) {
+    return i >= 2 && v->ne[i] == 0 ? 1 : v->ne[i];
+}
+/* Rows of ne[0] elements: ne[1]*ne[2]*ne[3]; row r at data + r*nb1. */
+static inline int64_t rk_view_rows(const rk_view *v) {
+    return v->ne[1] * rk_view_dim(v, 2) * rk_view_dim(v, 3);
+}
+static inline float *rk_row_f32(const rk_view *v, int64_t r) {
+    return (float *)((char *)v->data + (size_t)r * v->nb1);
+}
+
+/* A (tokens, heads, head_dim) tensor (q, K/V cache, attention output) given
+ * either as 2-D {heads*head_dim, tokens} (token rows nb1 apart) or as 3-D
+ * {head_dim, heads, tokens} (head rows nb1 apart, tokens heads*nb1 apart). */
+typedef struct rk_heads {
+    char *data;
+    size_t tok_nb, head_nb; /* bytes between tokens, between heads of one token */
+    int64_t n_tok;
+} rk_heads;
+/* False when the view is neither form (or its strides are too small). */
+bool rk_heads_of(const rk_view *v, int n_heads, int head_dim, rk_heads *out);
+
+/* Shape consistency every backend requires (dtypes are supports()' business):
+ * RK_E_INVALID_ARG with "kernels: <OP>: <what> (<expected> vs <got>)". */
+rk_status rk_op_check(const rk_op_args *a, rk_err *err);
+
+/* Dtype and shape limits of the two CPU backends; fns gives the row functions
+ * (rk_quant_ref or rk_quant_fast). */
+bool rk_cpu_supports_common(const rk_op_args *a, const rk_quant_fns *(*fns)(uint32_t));
+
+/* freq[i] = freq_base^(-2i/n_rot), i < n_rot/2, in double: the rope angle is
+ * pos*freq[i], formed in double by every CPU backend so that large positions
+ * keep their precision. */
+void rk_rope_freqs(const rk_rope_params *p, double *freq);
+
+/* ---- CPU vector kernels ---------------------------------------------- */
+typedef struct rk_cpu_kern {
+    const char *name;
+    float (*dot)(const float *a, const float *b, int64_t n);
+    /* y[i*ldy + j] = sum_p x[i*ldx + p] * w[j*ldw + p], i < n, j < m, p < k */
+    void (*gemm_nt)(int64_t n, int64_t m, int64_t k, const float *x, int64_t ldx,
+                    const float *w, int64_t ldw, float *y, int64_t ldy);
+    void (*f16_to_f32)(const uint16_t *src, float *dst, int64_t n);
+    void (*f32_to_f16)(const float *src, uint16_t *dst, int64_t n);
+    float (*sumsq)(const float *x, int64_t n);
+    /* dst = x * s * w (w NULL: 1); dst may be x */
+    void (*scale_mul)(float *dst, const float *x, float s, const float *w, int64_t n);
+    /* dst = a / (1 + exp(-a)) * b; dst may be a or b */
+    void (*silu_mul)(float *dst, const float *a, const float *b, int64_t n);
+    void (*add)(float *dst, const float *a, int64_t n); /* dst += a */
+    /* s[i] = exp(s[i] - m); returns the sum */
+    float (*exp_sub)(float *s, int64_t n, float m);
+    /* acc[d] = acc[d]*alpha + sum_j p[j] * v[j*ldv + d], j < n, d < hd */
+    void (*pv)(float *acc, float alpha, const float *p, const float *v, int64_t ldv, int64_t n,
+               int64_t hd);
+} rk_cpu_kern;
+
+#if defined(RK_HAVE_AVX2)
+extern const rk_cpu_kern rk_cpu_kern_avx2;
+#endif
