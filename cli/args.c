@@ -72,10 +72,7 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
         }
         else if (!strcmp(a, "--kv")) {
             NEED();
-            if (strcmp(v, "f16") && strcmp(v, "f32")) {
-                fprintf(stderr, "ridgekv %s: --kv expects f16 or f32 (got '%s')\n", cmd, v);
-                return RK_EXIT_USAGE;
-            }
+            if ((rc = cli_kv_check(cmd, v))) return rc;
             o->kv = v;
         }
         else if (!strcmp(a, "--backend")) {
@@ -176,8 +173,91 @@ int cli_session_params(const cli_opts *o, rk_session_params *p) {
     p->n_ctx = o->n_ctx;
     p->n_threads = o->n_threads;
     if (o->n_batch) p->n_batch = o->n_batch;
-    if (o->kv && !strcmp(o->kv, "f32")) p->kv_type = RK_DT_F32;
+    if (o->kv && !strncmp(o->kv, "f32", 3) && (!o->kv[3] || o->kv[3] == ',')) p->kv_type = RK_DT_F32;
     if (o->backend && !strcmp(o->backend, "cpu_ref")) p->backend = RK_BACKEND_CPU_REF;
+    return 0;
+}
+
+/* ---- --kv f16|f32|q8|lowram[:opts] (a list for bench) ---------------------------- */
+
+int cli_kv_split(const char *kv, char items[][1200], int max_items) {
+    int n = 0;
+    for (const char *s = kv; s && *s;) {
+        const char *e = strchr(s, ',');
+        size_t len = e ? (size_t)(e - s) : strlen(s);
+        /* a new item starts at f16, f32, q8 or lowram; other tokens continue the item before */
+        const bool head = (len == 3 && (!strncmp(s, "f16", 3) || !strncmp(s, "f32", 3))) ||
+                          (len == 2 && !strncmp(s, "q8", 2)) || !strncmp(s, "lowram", 6);
+        const char *pred = strstr(s, "pred=");
+        if (pred && (pred == s || (!strncmp(s, "lowram:", 7) && pred == s + 7))) len = strlen(s); /* the path takes the rest */
+        if (head || n == 0) {
+            if (n == max_items) return -1;
+            items[n++][0] = '\0';
+        } else {
+            strcat(items[n - 1], ",");
+        }
+        if (strlen(items[n - 1]) + len >= 1199) return -1;
+        strncat(items[n - 1], s, len);
+        s += len;
+        if (*s == ',') s++;
+    }
+    return n;
+}
+
+int cli_kv_check(const char *cmd, const char *kv) {
+    char items[8][1200];
+    int n = cli_kv_split(kv, items, 8);
+    if (n < 1 || (n > 1 && strcmp(cmd, "bench"))) {
+        fprintf(stderr, "ridgekv %s: --kv expects f16, f32 or lowram[:opts]%s (got '%s')\n", cmd,
+                strcmp(cmd, "bench") ? "" : " or a list of up to 8", kv);
+        return RK_EXIT_USAGE;
+    }
+    for (int i = 0; i < n; i++) {
+        const char *it = items[i];
+        if (!strcmp(it, "f16") || !strcmp(it, "f32")) continue;
+        if (!strcmp(it, "q8")) {
+            fprintf(stderr, "ridgekv %s: --kv q8 (int8 KV) is not implemented; use f16, f32 or lowram\n", cmd);
+            return RK_EXIT_USAGE;
+        }
+        if (strncmp(it, "lowram", 6) || (it[6] && it[6] != ':')) {
+            fprintf(stderr, "ridgekv %s: --kv expects f16, f32 or lowram[:opts] (got '%s')\n", cmd, it);
+            return RK_EXIT_USAGE;
+        }
+        rk_lowram_params lp = rk_lowram_params_default();
+        rk_err e = {0};
+        if (rk_lowram_parse(it[6] ? it + 7 : "", &lp, &e)) {
+            fprintf(stderr, "ridgekv %s: --kv %s: %s\n", cmd, it, e.msg);
+            return RK_EXIT_USAGE;
+        }
+    }
+    return 0;
+}
+
+int cli_setup_kv(const cli_opts *o, rk_session *s, const char *item) {
+    char items[8][1200];
+    if (!item) {
+        if (!o->kv || cli_kv_split(o->kv, items, 8) < 1) return 0;
+        item = items[0];
+    }
+    rk_err e = {0};
+    if (strncmp(item, "lowram", 6)) {
+        if (rk_session_set_lowram(s, NULL, NULL, 0, &e)) {
+            cli_print_error(&e);
+            return RK_EXIT_USAGE;
+        }
+        return 0;
+    }
+    rk_lowram_params lp = rk_lowram_params_default();
+    if (o->n_threads > 0) lp.n_threads = o->n_threads;
+    char warn[512];
+    rk_status st = rk_lowram_parse(item[6] ? item + 7 : "", &lp, &e);
+    if (!st) st = rk_session_set_lowram(s, &lp, warn, sizeof warn, &e);
+    if (st) {
+        cli_print_error(&e);
+        return cli_exit_code(st);
+    }
+    if (warn[0]) fprintf(stderr, "ridgekv: warning: %s\n", warn);
+    if (o->verbose) fprintf(stderr, "ridgekv: LowRAM KV (%s)\n", item);
     return 0;
 }
 

@@ -23,7 +23,7 @@ typedef struct cli_opts {
     int n_threads;          /* -t */
     int n_ctx;              /* -c */
     int n_batch;            /* -b */
-    const char *kv;         /* --kv f16|f32 */
+    const char *kv;         /* --kv f16|f32|lowram[:opts] (bench: a list) */
     const char *backend;    /* --backend cpu|cpu_ref */
     rk_sampler_params sp;
     int json;               /* --json */
@@ -44,6 +44,15 @@ typedef struct cli_opts {
  * code (0 on success). mode_override: NULL or a mode name replacing --fill. */
 int cli_setup_fill(const cli_opts *o, const rk_model *m, rk_session *s, rk_ridge_maps **maps,
                    const char *mode_override);
+
+/* --kv: splits a list ("f16,lowram:rank=64,budget=256") into items (a new item starts at
+ * f16, f32, q8 or lowram; pred=PATH takes the rest); returns the count or -1. */
+int cli_kv_split(const char *kv, char items[][1200], int max_items);
+/* Checks a --kv value (lists only for bench); prints the reason, returns RK_EXIT_USAGE. */
+int cli_kv_check(const char *cmd, const char *kv);
+/* Applies a --kv item (NULL: the first of o->kv) to a fresh or reset session: lowram[:opts]
+ * turns LowRAM on, anything else turns it off. Returns an exit code (0 on success). */
+int cli_setup_kv(const cli_opts *o, rk_session *s, const char *item);
 
 /* Parses the common flags from argv[first..]; positional arguments are collected into
  * pos (up to max_pos). Returns 0, or RK_EXIT_USAGE after printing the reason. */

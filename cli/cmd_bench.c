@@ -5,8 +5,18 @@
 
 #include "cli.h"
 
+/* Resident set now (MiB), from /proc/self/statm; 0 when unreadable. */
+static double rss_now_mib(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    unsigned long long size = 0, res = 0;
+    if (!f) return 0;
+    if (fscanf(f, "%llu %llu", &size, &res) != 2) res = 0;
+    fclose(f);
+    return (double)res * (double)sysconf(_SC_PAGESIZE) / 1048576.0;
+}
+
 static const char *help =
-    "usage: ridgekv bench [-m MODEL] [-p 512,2048] [-n 64] [-t T] [-r REPS] [--kv f16|f32]\n"
+    "usage: ridgekv bench [-m MODEL] [-p 512,2048] [-n 64] [-t T] [-r REPS] [--kv f16,lowram[:opts]]\n"
     "                     [--ridgefill MAPS --fill off,speed,quality] [--json]\n"
     "\n"
     "For each prompt length: prefill that many tokens (TTFT, prefill tokens/s), then decode -n\n"
@@ -18,7 +28,8 @@ static const char *help =
     "  -t N          threads (default: all cores)\n"
     "  -r N          repetitions per length (default 2)\n"
     "  -b N          prefill chunk (default 512)\n"
-    "  --kv f16|f32  KV cache precision (default f16)\n"
+    "  --kv LIST     KV caches to compare in one run: f16, f32, lowram[:opts] (default f16);\n"
+    "                KV bytes are counted after the decode steps, by part for lowram\n"
     "  --ridgefill MAPS  RidgeFill maps; --fill off,speed,quality compares modes in one run\n"
     "  --fill LIST   fill modes to run (default off); speedup is TTFT of the first mode / this mode\n"
     "  --tail T      exact tail (default 2048)\n"
@@ -99,12 +110,26 @@ int cmd_bench(int argc, char **argv) {
     int n_modes = 0;
     for (char *tok = strtok(modes_buf, ","); tok && n_modes < 8; tok = strtok(NULL, ",")) modes[n_modes++] = tok;
     rk_ridge_maps *maps = NULL;
-    double pf_tps[32][8], dc_tps[32][8], ttft[32][8];
+    static char kvs[8][1200];
+    int n_kv = o.kv ? cli_kv_split(o.kv, kvs, 8) : 0;
+    if (n_kv <= 0) n_kv = 1, strcpy(kvs[0], sp.kv_type == RK_DT_F32 ? "f32" : "f16");
+    static double pf_tps[32][8][8], dc_tps[32][8][8], ttft[32][8][8], rss[32][8][8];
+    static rk_kv_bytes kvb[32][8][8];
+    for (int ki = 0; ki < n_kv && !st && !rc; ki++) {
+        uint32_t type = !strcmp(kvs[ki], "f32") ? RK_DT_F32 : RK_DT_F16;
+        if (type != sp.kv_type) { /* another plain cache type: a new session */
+            rk_session_destroy(s);
+            s = NULL;
+            sp.kv_type = type;
+            if ((st = rk_session_create(m, &sp, &s, &e))) break;
+        }
     for (int li = 0; li < n_lens && !st && !rc; li++)
         for (int mi = 0; mi < n_modes && !st && !rc; mi++) {
-            if ((rc = cli_setup_fill(&o, m, s, &maps, modes[mi]))) break;
-            pf_tps[li][mi] = dc_tps[li][mi] = 0;
-            ttft[li][mi] = 1e30;
+            rk_session_reset(s);
+            if ((rc = cli_setup_fill(&o, m, s, &maps, modes[mi])) || (rc = cli_setup_kv(&o, s, kvs[ki]))) break;
+            double *pf_t = &pf_tps[li][mi][ki], *dc_t = &dc_tps[li][mi][ki], *tt = &ttft[li][mi][ki];
+            *pf_t = *dc_t = 0;
+            *tt = 1e30;
             for (int r = 0; r < reps && !st; r++) {
                 rk_session_reset(s);
                 double t0 = rk_time_now();
@@ -114,44 +139,73 @@ int cmd_bench(int argc, char **argv) {
                     st = rk_session_eval(s, &ids[lens[li] + k], 1, logits, false, &e);
                 double t2 = rk_time_now();
                 if (st) break;
-                if (t1 - t0 < ttft[li][mi]) ttft[li][mi] = t1 - t0;
+                if (t1 - t0 < *tt) *tt = t1 - t0;
                 double pf = lens[li] / (t1 - t0), dc = o.n_predict > 0 ? o.n_predict / (t2 - t1) : 0;
-                if (pf > pf_tps[li][mi]) pf_tps[li][mi] = pf;
-                if (dc > dc_tps[li][mi]) dc_tps[li][mi] = dc;
+                if (pf > *pf_t) *pf_t = pf;
+                if (dc > *dc_t) *dc_t = dc;
                 if (!o.json)
-                    fprintf(stderr, "bench: p=%d fill=%s rep %d: prefill %.1f tok/s, decode %.1f tok/s\n", lens[li],
-                            modes[mi], r + 1, pf, dc);
+                    fprintf(stderr, "bench: p=%d fill=%s kv=%s rep %d: prefill %.1f tok/s, decode %.1f tok/s\n", lens[li],
+                            modes[mi], kvs[ki], r + 1, pf, dc);
             }
+            rk_session_kv_bytes(s, &kvb[li][mi][ki]);
+            rss[li][mi][ki] = rss_now_mib();
         }
+    }
     if (st) {
         cli_print_error(&e);
     } else if (!rc) {
-        uint64_t kvb = rk_session_kv_bytes_per_token(s);
-        double rss = (double)rk_peak_rss_bytes() / 1048576.0;
+        double peak = (double)rk_peak_rss_bytes() / 1048576.0;
         int nt = o.n_threads > 0 ? o.n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
         if (o.json) {
+            /* kv_type / kv_bytes_per_token: the plain cache of the first --kv item */
+            const bool f32 = !strcmp(kvs[0], "f32");
             printf("{\"model\":\"%s\",\"arch\":\"%s\",\"weights_bytes\":%llu,\"threads\":%d,\"kv_type\":\"%s\","
                    "\"kv_bytes_per_token\":%llu,\"peak_rss_mib\":%.1f,\"reps\":%d,\"results\":[",
-                   rk_model_name(m), hp->arch_name, (unsigned long long)rk_model_weight_bytes(m), nt,
-                   sp.kv_type == RK_DT_F32 ? "f32" : "f16", (unsigned long long)kvb, rss, reps);
+                   rk_model_name(m), hp->arch_name, (unsigned long long)rk_model_weight_bytes(m), nt, f32 ? "f32" : "f16",
+                   2ull * hp->n_layer * hp->n_head_kv * hp->head_dim * (f32 ? 4 : 2), peak, reps);
             for (int li = 0; li < n_lens; li++)
                 for (int mi = 0; mi < n_modes; mi++)
-                    printf("%s{\"n_prompt\":%d,\"fill\":\"%s\",\"ttft_ms\":%.2f,\"prefill_tok_s\":%.2f,"
-                           "\"ttft_speedup\":%.3f,\"n_decode\":%d,\"decode_tok_s\":%.2f}",
-                           li || mi ? "," : "", lens[li], modes[mi], 1000 * ttft[li][mi], pf_tps[li][mi],
-                           ttft[li][0] / ttft[li][mi], o.n_predict, dc_tps[li][mi]);
+                    for (int ki = 0; ki < n_kv; ki++) {
+                        const rk_kv_bytes *b = &kvb[li][mi][ki];
+                        printf("%s{\"n_prompt\":%d,\"fill\":\"%s\",\"kv\":\"%s\",\"ttft_ms\":%.2f,\"prefill_tok_s\":%.2f,"
+                               "\"ttft_speedup\":%.3f,\"n_decode\":%d,\"decode_tok_s\":%.2f,\"rss_after_mib\":%.1f,"
+                               "\"kv_bytes\":{\"total\":%llu,\"f16_equiv\":%llu,\"exact\":%llu,\"coef\":%llu,\"bases\":%llu,"
+                               "\"predictors\":%llu,\"residuals\":%llu,\"landmarks\":%llu,\"meta\":%llu,\"scratch\":%llu,"
+                               "\"n_tokens\":%lld,\"n_exact_rows\":%lld,\"n_compressed_rows\":%lld,\"n_evicted_rows\":%lld}}",
+                               li || mi || ki ? "," : "", lens[li], modes[mi], kvs[ki], 1000 * ttft[li][mi][ki],
+                               pf_tps[li][mi][ki], ttft[li][0][ki] / ttft[li][mi][ki], o.n_predict, dc_tps[li][mi][ki],
+                               rss[li][mi][ki], (unsigned long long)b->total, (unsigned long long)b->f16_equiv,
+                               (unsigned long long)b->exact, (unsigned long long)b->coef, (unsigned long long)b->bases,
+                               (unsigned long long)b->predictors, (unsigned long long)b->residuals,
+                               (unsigned long long)b->landmarks, (unsigned long long)b->meta,
+                               (unsigned long long)b->scratch, (long long)b->n_tokens, (long long)b->n_exact_rows,
+                               (long long)b->n_compressed_rows, (long long)b->n_evicted_rows);
+                    }
             printf("]}\n");
         } else {
-            printf("model: %s (%s), weights %.1f MiB, threads %d, KV %s %llu bytes/token\n", rk_model_name(m),
-                   hp->arch_name, (double)rk_model_weight_bytes(m) / 1048576.0, nt,
-                   sp.kv_type == RK_DT_F32 ? "f32" : "f16", (unsigned long long)kvb);
-            printf("%10s %10s %12s %16s %10s %10s %16s\n", "n_prompt", "fill", "TTFT ms", "prefill tok/s", "speedup",
-                   "n_decode", "decode tok/s");
+            printf("model: %s (%s), weights %.1f MiB, threads %d\n", rk_model_name(m), hp->arch_name,
+                   (double)rk_model_weight_bytes(m) / 1048576.0, nt);
+            printf("%9s %8s %-24s %10s %13s %8s %8s %12s %10s %7s %9s\n", "n_prompt", "fill", "kv", "TTFT ms",
+                   "prefill tok/s", "speedup", "n_decode", "decode tok/s", "KV B/tok", "vs f16", "RSS MiB");
             for (int li = 0; li < n_lens; li++)
                 for (int mi = 0; mi < n_modes; mi++)
-                    printf("%10d %10s %12.1f %16.1f %9.2fx %10d %16.1f\n", lens[li], modes[mi], 1000 * ttft[li][mi],
-                           pf_tps[li][mi], ttft[li][0] / ttft[li][mi], o.n_predict, dc_tps[li][mi]);
-            printf("peak RSS %.1f MiB\n", rss);
+                    for (int ki = 0; ki < n_kv; ki++) {
+                        const rk_kv_bytes *b = &kvb[li][mi][ki];
+                        printf("%9d %8s %-24.24s %10.1f %13.1f %7.2fx %8d %12.1f %10.0f %6.2fx %9.1f\n", lens[li],
+                               modes[mi], kvs[ki], 1000 * ttft[li][mi][ki], pf_tps[li][mi][ki],
+                               ttft[li][0][ki] / ttft[li][mi][ki], o.n_predict, dc_tps[li][mi][ki],
+                               b->n_tokens ? (double)b->total / (double)b->n_tokens : 0.0,
+                               b->total ? (double)b->f16_equiv / (double)b->total : 0.0, rss[li][mi][ki]);
+                        if (b->coef || b->bases)
+                            printf("%9s KV bytes: exact %.2f MiB (%lld rows) + coef %.2f + bases %.2f + predictors %.2f + "
+                                   "residuals %.2f + landmarks %.2f + meta %.2f = %.2f MiB (%lld rows compressed, %lld "
+                                   "evicted; scratch %.2f)\n",
+                                   "", b->exact / 1048576.0, (long long)b->n_exact_rows, b->coef / 1048576.0,
+                                   b->bases / 1048576.0, b->predictors / 1048576.0, b->residuals / 1048576.0,
+                                   b->landmarks / 1048576.0, b->meta / 1048576.0, b->total / 1048576.0,
+                                   (long long)b->n_compressed_rows, (long long)b->n_evicted_rows, b->scratch / 1048576.0);
+                    }
+            printf("peak RSS %.1f MiB\n", peak);
         }
     }
     rk_ridge_maps_destroy(maps);

@@ -4,14 +4,21 @@
 #include <string.h>
 
 #include "cli.h"
+#include "eval_common.h"
 #include "rk_io.h"
 
 static const char *help =
     "usage: ridgekv eval ppl [-m MODEL] -f FILE [-c 512] [--chunks N] [-t T] [--kv f16|f32] [--json]\n"
+    "       ridgekv eval needle|nll|splice [--ridgefill MAPS] [--fill LIST] ...  (see each --help)\n"
+    "\n"
+    "needle: passkey retrieval with the needle in the RidgeFill bulk region, modes paired (McNemar);\n"
+    "nll: ΔNLL on the last 512 tokens and on long-range tokens (LongPPL), bootstrap CIs;\n"
+    "splice: share of the loss gap recovered by exact K or V per layer group, K/V error split.\n"
     "\n"
     "Perplexity as llama-perplexity computes it: the text (one trailing newline dropped) is\n"
-    "tokenized with BOS and cut into chunks of -c tokens; each chunk starts from an empty KV\n"
-    "cache with its first token replaced by BOS, and tokens c/2 .. c-1 of each chunk are scored.\n"
+    "tokenized (with BOS when the vocab asks for it) and cut into chunks of -c tokens; each chunk\n"
+    "starts from an empty KV cache with its first token replaced by BOS (when the vocab uses BOS),\n"
+    "and tokens c/2 .. c-1 of each chunk are scored.\n"
     "\n"
     "  -f FILE       text to score\n"
     "  -c N          chunk size (default 512)\n"
@@ -90,7 +97,7 @@ static int eval_ppl(int argc, char **argv) {
     for (int64_t ch = 0; ch < n_chunk; ch++) {
         int32_t *chunk = ids + ch * c;
         int32_t saved = chunk[0];
-        chunk[0] = rk_model_token_bos(m) >= 0 ? rk_model_token_bos(m) : saved;
+        if (rk_model_add_bos(m) && rk_model_token_bos(m) >= 0) chunk[0] = rk_model_token_bos(m); /* as llama-perplexity */
         rk_session_reset(s);
         st = rk_session_eval(s, chunk, (size_t)c, logits, true, &e);
         chunk[0] = saved;
@@ -148,6 +155,9 @@ int cmd_eval(int argc, char **argv) {
             }
         return eval_ppl(argc, argv);
     }
-    fprintf(stderr, "ridgekv eval: unknown measurement '%s' (available: ppl)\n", argv[2]);
+    if (!strcmp(argv[2], "needle")) return cmd_eval_needle(argc, argv);
+    if (!strcmp(argv[2], "nll")) return cmd_eval_nll(argc, argv);
+    if (!strcmp(argv[2], "splice")) return cmd_eval_splice(argc, argv);
+    fprintf(stderr, "ridgekv eval: unknown measurement '%s' (available: ppl, needle, nll, splice)\n", argv[2]);
     return RK_EXIT_USAGE;
 }

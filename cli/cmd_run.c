@@ -19,7 +19,8 @@ static const char *help =
     "  -c, --ctx-size N        context size in tokens (default: the model's)\n"
     "  -b, --batch-size N      prefill chunk (default 512)\n"
     "  -t, --threads N         threads (default: all cores)\n"
-    "      --kv f16|f32        KV cache precision (default f16)\n"
+    "      --kv f16|f32|lowram[:opts]  KV cache (default f16); lowram: compressed KV at decode\n"
+    "                          (opts: ratio=R,rank=r,budget=B,window=W,resid=S,dense,... see docs/LOWRAM.md)\n"
     "      --backend cpu|cpu_ref  kernels (cpu_ref: the scalar oracle, slow)\n"
     "      --temp T            temperature (default 0.8; 0 = greedy)\n"
     "      --top-k K           (default 40; 0 = off)\n"
@@ -97,7 +98,7 @@ int cmd_run(int argc, char **argv) {
         goto done;
     }
     if ((st = rk_session_create(m, &sp, &s, &e))) goto fail;
-    if ((rc = cli_setup_fill(&o, m, s, &maps, NULL))) goto done;
+    if ((rc = cli_setup_fill(&o, m, s, &maps, NULL)) || (rc = cli_setup_kv(&o, s, NULL))) goto done;
     if ((st = rk_sampler_create(&o.sp, hp->n_vocab, &smp, &e))) goto fail;
     logits = malloc((size_t)hp->n_vocab * sizeof(float));
     int32_t *hist = realloc(ids, (n_ids + (size_t)n_ctx) * sizeof(int32_t));

@@ -10,10 +10,14 @@ static void usage(FILE *f) {
             "usage: ridgekv COMMAND [options]\n"
             "\n"
             "commands:\n"
+            "  chat     talk with the model in the terminal (streaming, history, /help inside)\n"
+            "  ask      answer a question about documents (--doc FILE \"QUESTION\")\n"
             "  run      generate text from a prompt (-p TEXT or -f FILE)\n"
             "  info     describe a GGUF file: architecture, shapes, tensor types, tokenizer, memory\n"
             "  bench    prefill and decode throughput, peak RSS, KV bytes per token\n"
             "  eval     quality measurements (eval ppl: perplexity over a text file)\n"
+            "  serve    --jsonl: JSON requests on stdin, JSON events on stdout (docs/JSONL.md)\n"
+            "  calibrate  fit RidgeFill maps on text (--text FILE -o MAPS.gguf)\n"
             "  pull     fetch the default model (SmolLM2-135M-Instruct) into the cache\n"
             "\n"
             "`ridgekv COMMAND --help` lists the options of each command.\n"
@@ -40,6 +44,10 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "bench")) return cmd_bench(argc, argv);
     if (!strcmp(c, "pull")) return cmd_pull(argc, argv);
     if (!strcmp(c, "eval")) return cmd_eval(argc, argv);
+    if (!strcmp(c, "calibrate")) return cmd_calibrate(argc, argv);
+    if (!strcmp(c, "serve")) return cmd_serve(argc, argv);
+    if (!strcmp(c, "chat")) return cmd_chat(argc, argv);
+    if (!strcmp(c, "ask")) return cmd_ask(argc, argv);
     fprintf(stderr, "ridgekv: unknown command '%s' (try ridgekv --help)\n", c);
     return RK_EXIT_USAGE;
 }

@@ -1,0 +1,449 @@
+/* ridgekv chat and ask, end to end: chat through a pseudo-terminal (Ctrl-C mid-answer,
+ * Ctrl-D), chat through a pipe (turns, commands, save/load, dropping old turns), ask on
+ * a sample document with the default model, and ask's refusals (missing file, too long,
+ * Ctrl-C while reading). */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <json-c/json.h>
+#include <poll.h>
+#include <pty.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tb.h"
+
+static const char *bin(void) {
+    const char *b = getenv("RK_BIN");
+    cr_assert(b, "RK_BIN not set (meson sets it)");
+    return b;
+}
+
+static const char *stories(char *buf, size_t cap) {
+    if (!tb_shared_path(buf, cap, "models/stories260K/stories260K-f32.gguf")) cr_skip_test("%s", buf);
+    return buf;
+}
+
+static char *sample(char *buf, size_t cap, const char *name) {
+    const char *src = getenv("RK_SOURCE_DIR");
+    cr_assert(src, "RK_SOURCE_DIR not set (meson sets it)");
+    snprintf(buf, cap, "%s/samples/docs/%s", src, name);
+    cr_assert(access(buf, R_OK) == 0, "missing sample document %s", buf);
+    return buf;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- a child on a pseudo-terminal ------------------------------------------------ */
+typedef struct term {
+    pid_t pid;
+    int fd;
+    char *buf; /* everything the child wrote, NUL-terminated */
+    size_t len, cap;
+    bool eof;
+} term;
+
+static void term_start(term *t, char *const argv[]) {
+    memset(t, 0, sizeof *t);
+    struct winsize ws = {.ws_row = 40, .ws_col = 200};
+    t->pid = forkpty(&t->fd, NULL, NULL, &ws);
+    cr_assert(t->pid >= 0, "forkpty: %s", strerror(errno));
+    if (t->pid == 0) {
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    t->cap = 1 << 16;
+    t->buf = calloc(1, t->cap);
+}
+
+/* Reads what is there, waiting at most ms for the first byte. */
+static void term_pump(term *t, int ms) {
+    struct pollfd p = {.fd = t->fd, .events = POLLIN};
+    if (t->eof || poll(&p, 1, ms) <= 0) return;
+    char tmp[4096];
+    ssize_t n = read(t->fd, tmp, sizeof tmp);
+    if (n <= 0) {
+        t->eof = true; /* EIO: the child closed the terminal */
+        return;
+    }
+    if (t->len + (size_t)n + 1 > t->cap) {
+        t->cap = (t->len + (size_t)n + 1) * 2;
+        t->buf = realloc(t->buf, t->cap);
+    }
+    memcpy(t->buf + t->len, tmp, (size_t)n);
+    t->len += (size_t)n;
+    t->buf[t->len] = 0;
+}
+
+/* Waits until needle shows up at or after offset from; false on timeout or EOF. */
+static bool term_expect(term *t, size_t from, const char *needle, double timeout_s) {
+    double end = now_s() + timeout_s;
+    while (!(from <= t->len && strstr(t->buf + from, needle))) {
+        if (t->eof || now_s() > end) return false;
+        term_pump(t, 20);
+    }
+    return true;
+}
+
+/* Reads until the child has been quiet for ms. Typing right after the prompt appears can
+ * land before libedit has switched the terminal to raw mode; the terminal then echoes the
+ * line once itself and libedit a second time, which would confuse the checks below. */
+static void term_settle(term *t, int ms) {
+    double quiet = now_s();
+    size_t len = t->len;
+    while (!t->eof && now_s() - quiet < ms / 1000.0) {
+        term_pump(t, 10);
+        if (t->len != len) len = t->len, quiet = now_s();
+    }
+}
+
+static void term_send(term *t, const char *s) {
+    cr_assert_eq(write(t->fd, s, strlen(s)), (ssize_t)strlen(s));
+}
+
+/* Waits for the child to exit (draining the terminal); returns its exit code or -1. */
+static int term_wait(term *t, double timeout_s) {
+    double end = now_s() + timeout_s;
+    int st = 0;
+    for (;;) {
+        term_pump(t, 20);
+        pid_t r = waitpid(t->pid, &st, WNOHANG);
+        if (r == t->pid) break;
+        if (now_s() > end) {
+            kill(t->pid, SIGKILL);
+            waitpid(t->pid, &st, 0);
+            return -1;
+        }
+    }
+    close(t->fd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+Test(chat_ask, chat_tty_ctrl_c_stops_answer_then_ctrl_d_exits) {
+    char sp[1024];
+    stories(sp, sizeof sp);
+    /* cpu_ref on one thread writes ~1k tok/s: a 400-token answer leaves time to interrupt */
+    char *argv[] = {(char *)bin(), "chat", "-m", sp, "-n", "400", "--backend", "cpu_ref", "-t", "1", NULL};
+    term t;
+    term_start(&t, argv);
+    cr_assert(term_expect(&t, 0, ">>> ", 20), "no prompt: %s", t.buf);
+    cr_expect(strstr(t.buf, "line editing: libedit") || strstr(t.buf, "line editing: plain"), "%s", t.buf);
+
+    /* Ctrl-C as soon as the answer starts; the answer may rarely finish first, so retry */
+    bool stopped = false;
+    for (int attempt = 0; attempt < 4 && !stopped; attempt++) {
+        term_settle(&t, 150);
+        size_t mark = t.len;
+        term_send(&t, "Once upon a time\r");
+        cr_assert(term_expect(&t, mark, "Once upon a time\r\n", 10), "no echo: %s", t.buf + mark);
+        size_t ans = strstr(t.buf + mark, "Once upon a time\r\n") - t.buf + strlen("Once upon a time\r\n");
+        double end = now_s() + 10;
+        while (t.len == ans && !t.eof && now_s() < end) term_pump(&t, 5);
+        cr_assert(t.len > ans, "no answer started: %s", t.buf + mark);
+        term_send(&t, "\x03");
+        double t0 = now_s();
+        bool back = term_expect(&t, ans, ">>> ", 10);
+        cr_assert(back, "prompt did not come back after Ctrl-C (%.1f s, %s): %s", now_s() - t0,
+                  t.eof ? "terminal closed" : "still open", t.buf + mark);
+        stopped = strstr(t.buf + ans, "[stopped]") != NULL;
+    }
+    cr_expect(stopped, "Ctrl-C never stopped an answer: %s", t.buf);
+
+    /* the chat goes on: a new turn gets an answer */
+    term_settle(&t, 150);
+    size_t mark = t.len;
+    term_send(&t, "The little dog\r");
+    cr_assert(term_expect(&t, mark, "The little dog\r\n", 10), "%s", t.buf + mark);
+    size_t ans = strstr(t.buf + mark, "The little dog\r\n") - t.buf + strlen("The little dog\r\n");
+    cr_assert(term_expect(&t, ans, ">>> ", 30), "second turn did not finish: %s", t.buf + mark);
+    const char *p = strstr(t.buf + ans, ">>> ");
+    cr_expect(p - (t.buf + ans) > 8, "second turn has no answer: %s", t.buf + mark);
+    cr_expect(!strstr(t.buf + ans, "[stopped]"), "%s", t.buf + mark);
+
+    /* Ctrl-C at an empty prompt gives a hint and keeps going; Ctrl-D leaves with 0 */
+    term_settle(&t, 150);
+    mark = t.len;
+    term_send(&t, "\x03");
+    cr_expect(term_expect(&t, mark, "Ctrl-D to leave", 10), "no hint: %s", t.buf + mark);
+    cr_assert(term_expect(&t, mark, ">>> ", 10), "%s", t.buf + mark);
+    term_settle(&t, 150);
+    term_send(&t, "\x04");
+    int code = term_wait(&t, 20);
+    cr_expect_eq(code, 0, "exit %d after Ctrl-D: %s", code, t.buf);
+    free(t.buf);
+}
+
+/* ---- children on pipes / files ------------------------------------------------ */
+typedef struct result {
+    int code;
+    char *out, *err;
+} result;
+
+/* Runs ridgekv with argv (NULL-terminated, without the binary), stdin from a string. */
+static result run_argv(const char *input, char *const args[]) {
+    char dir[] = "/tmp/rkchatXXXXXX";
+    cr_assert(mkdtemp(dir));
+    char in[64], out[64], err[64];
+    snprintf(in, sizeof in, "%s/in", dir);
+    snprintf(out, sizeof out, "%s/out", dir);
+    snprintf(err, sizeof err, "%s/err", dir);
+    FILE *f = fopen(in, "w");
+    cr_assert(f);
+    fputs(input ? input : "", f);
+    fclose(f);
+    char *argv[32];
+    int n = 0;
+    argv[n++] = (char *)bin();
+    while (args[n - 1] && n < 31) argv[n] = args[n - 1], n++;
+    argv[n] = NULL;
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        int i0 = open(in, O_RDONLY), o = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0600),
+            e = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (i0 < 0 || o < 0 || e < 0) _exit(127);
+        dup2(i0, 0), dup2(o, 1), dup2(e, 2);
+        setsid(); /* no controlling terminal: stdin and stdout are plain files */
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    result r = {WIFEXITED(st) ? WEXITSTATUS(st) : -1, NULL, NULL};
+    size_t len;
+    r.out = tb_read_file(out, &len);
+    r.err = tb_read_file(err, &len);
+    unlink(in), unlink(out), unlink(err), rmdir(dir);
+    cr_assert(r.out && r.err);
+    return r;
+}
+
+static void done(result *r) {
+    free(r->out);
+    free(r->err);
+}
+
+/* The number after `key` in text, or -1. */
+static long num_after(const char *text, const char *key) {
+    const char *p = strstr(text, key);
+    return p ? strtol(p + strlen(key), NULL, 10) : -1;
+}
+
+Test(chat_ask, chat_pipe_two_turns_stats_reset) {
+    char sp[1024];
+    stories(sp, sizeof sp);
+    result r = run_argv("Once upon a time\nThe cat sat on the mat\n/stats\n/reset\n/stats\n",
+                        (char *[]){"chat", "-m", sp, "-n", "24", "--temp", "0", NULL});
+    cr_assert_eq(r.code, 0, "exit %d: %s", r.code, r.err);
+    cr_expect(!strstr(r.out, ">>>"), "no prompts when stdin is not a terminal: %s", r.out);
+    cr_expect(!strchr(r.out, '\033'), "no escape sequences: %s", r.out);
+    const char *s1 = strstr(r.out, "context   ");
+    cr_assert(s1, "no /stats output: %s", r.out);
+    cr_expect(s1 > r.out + 20, "two answers come before /stats: %s", r.out);
+    cr_expect(s1[-1] == '\n', "each answer ends with a newline: %s", r.out);
+    cr_expect(strstr(s1, "2 exchanges"), "%s", s1);
+    long in_ctx = num_after(s1, "context   "), last_prefill = num_after(s1, "prefill   last ");
+    cr_expect(in_ctx > 48 && in_ctx <= 512, "tokens in context: %ld\n%s", in_ctx, s1);
+    /* the cache is kept across turns: turn 2 reads only its own tokens */
+    cr_expect(last_prefill > 0 && last_prefill < in_ctx - 24, "turn 2 read %ld of %ld tokens\n%s", last_prefill,
+              in_ctx, s1);
+    const char *kv = strstr(s1, "kv cache  ");
+    cr_expect(kv && num_after(kv, "(") > 0 && strstr(kv, "bytes/token x "), "KV bytes: %s", s1);
+    const char *s2 = strstr(s1 + 1, "context   ");
+    cr_assert(s2, "second /stats missing: %s", r.out);
+    cr_expect(!strncmp(s2, "context   0 / 512 tokens", 24), "after /reset: %s", s2);
+    cr_expect(strstr(s2, "0 exchanges"), "%s", s2);
+    done(&r);
+}
+
+Test(chat_ask, chat_save_load_roundtrip) {
+    char sp[1024], path[64], cmds[512];
+    stories(sp, sizeof sp);
+    snprintf(path, sizeof path, "/tmp/rk_chat_save_%d.json", (int)getpid());
+    snprintf(cmds, sizeof cmds, "Hello\n/save %s\n/reset\n/load %s\n/stats\n/load /nonexistent/x.json\n/stats\n", path,
+             path);
+    result r = run_argv(cmds, (char *[]){"chat", "-m", sp, "--system", "Be brief.", "-n", "8", "--temp", "0", NULL});
+    cr_assert_eq(r.code, 0, "exit %d: %s", r.code, r.err);
+    cr_expect(strstr(r.out, "1 exchange"), "loaded conversation has one exchange: %s", r.out);
+    cr_expect(strstr(r.err, "/nonexistent/x.json"), "a failed /load names the file: %s", r.err);
+    const char *s2 = strstr(r.out, "context   ");
+    cr_expect(s2 && strstr(s2 + 1, "1 exchange"), "a failed /load keeps the conversation: %s", r.out);
+    json_object *root = json_object_from_file(path);
+    cr_assert(root, "saved file is not JSON");
+    json_object *msgs;
+    cr_assert(json_object_object_get_ex(root, "messages", &msgs));
+    cr_assert_eq(json_object_array_length(msgs), 3);
+    const char *roles[] = {"system", "user", "assistant"};
+    for (size_t i = 0; i < 3; i++) {
+        json_object *role;
+        cr_assert(json_object_object_get_ex(json_object_array_get_idx(msgs, i), "role", &role));
+        cr_expect_str_eq(json_object_get_string(role), roles[i]);
+    }
+    json_object *c1;
+    json_object_object_get_ex(json_object_array_get_idx(msgs, 1), "content", &c1);
+    cr_expect_str_eq(json_object_get_string(c1), "Hello");
+    json_object_put(root);
+    unlink(path);
+    done(&r);
+}
+
+Test(chat_ask, chat_context_full_drops_oldest_turns) {
+    char sp[1024];
+    stories(sp, sizeof sp);
+    /* ctx 512, 200 tokens of answer room: the third turn cannot keep the first */
+    char big[4096] = "";
+    for (int i = 0; i < 150; i++) strcat(big, "the big dog ran ");
+    char input[8192];
+    snprintf(input, sizeof input, "Once upon a time\nThe cat sat\nA bird sang\nThe end\n%s\n/stats\n", big);
+    result r = run_argv(input, (char *[]){"chat", "-m", sp, "-n", "200", "--temp", "0", "--system", "Tell a story.", NULL});
+    cr_assert_eq(r.code, 0, "exit %d: %s", r.code, r.err);
+    cr_expect(strstr(r.err, "context full"), "%s", r.err);
+    cr_expect(strstr(r.err, "dropped the oldest"), "%s", r.err);
+    cr_expect(strstr(r.err, "does not fit"), "a message longer than the context is refused: %s", r.err);
+    const char *s = strstr(r.out, "context   ");
+    cr_assert(s, "%s", r.out);
+    long in_ctx = num_after(s, "context   ");
+    cr_expect(in_ctx > 0 && in_ctx <= 512, "%s", s);
+    done(&r);
+}
+
+Test(chat_ask, chat_rejects_run_options) {
+    result r = run_argv("", (char *[]){"chat", "-p", "hi", NULL});
+    cr_expect_eq(r.code, 2);
+    cr_expect(strstr(r.err, "-p does not apply"), "%s", r.err);
+    done(&r);
+}
+
+Test(chat_ask, ask_answers_from_the_document) {
+    char mp[1024], doc[1024];
+    if (!tb_default_model(mp, sizeof mp))
+        cr_skip_test("default model absent (run `ridgekv pull`); ask on a real model not checked");
+    result r = run_argv(NULL, (char *[]){"ask", "-m", mp, "--doc", sample(doc, sizeof doc, "ridgekv_design.md"),
+                                         "What is the name of the method ridgekv plans for long prompts?", NULL});
+    cr_assert_eq(r.code, 0, "exit %d: %s", r.code, r.err);
+    cr_expect(strcasestr(r.out, "ridgefill"), "answer should name RidgeFill: %s", r.out);
+    cr_expect(strstr(r.err, "ridgefill off (no maps)"), "%s", r.err);
+    cr_expect(strstr(r.err, "time to first token"), "%s", r.err);
+    done(&r);
+}
+
+Test(chat_ask, ask_plumbing_progress_and_timings) {
+    char sp[1024], doc[64];
+    stories(sp, sizeof sp);
+    snprintf(doc, sizeof doc, "/tmp/rk_ask_small_%d.txt", (int)getpid());
+    FILE *f = fopen(doc, "w");
+    cr_assert(f);
+    fputs("Lily had a red ball. She played with it in the park every day with her dog Max.\n", f);
+    fclose(f);
+    result r = run_argv(NULL, (char *[]){"ask", "-m", sp, "-n", "16", "-b", "8", "--doc", doc, "What did Lily have?", NULL});
+    unlink(doc);
+    cr_assert_eq(r.code, 0, "exit %d: %s", r.code, r.err);
+    cr_expect(strlen(r.out) > 1 && r.out[strlen(r.out) - 1] == '\n', "answer on stdout: %s", r.out);
+    cr_expect(strstr(r.err, "accelerations: ridgefill off (no maps), lowram off"), "%s", r.err);
+    cr_expect(!strchr(r.err, '\r'), "no bar redraws when stderr is not a terminal: %s", r.err);
+    long total = num_after(r.err, "read 0/");
+    char fin[64];
+    snprintf(fin, sizeof fin, "read %ld/%ld tokens (100%%)", total, total);
+    cr_expect(total > 100 && strstr(r.err, fin), "progress lines: %s", r.err);
+    cr_expect(strstr(r.err, "tok/s); time to first token"), "%s", r.err);
+    done(&r);
+}
+
+Test(chat_ask, ask_missing_document_exit_5_names_it) {
+    char sp[1024];
+    stories(sp, sizeof sp);
+    result r = run_argv(NULL, (char *[]){"ask", "-m", sp, "--doc", "/nonexistent/notes.txt", "Why?", NULL});
+    cr_expect_eq(r.code, 5, "exit %d: %s", r.code, r.err);
+    cr_expect(strstr(r.err, "/nonexistent/notes.txt"), "%s", r.err);
+    done(&r);
+    r = run_argv(NULL, (char *[]){"ask", "-m", sp, "--doc", "/etc", "Why?", NULL});
+    cr_expect_eq(r.code, 5, "a directory: exit %d: %s", r.code, r.err);
+    done(&r);
+    r = run_argv(NULL, (char *[]){"ask", "-m", sp, "Why?", NULL});
+    cr_expect_eq(r.code, 2, "no --doc: exit %d", r.code);
+    done(&r);
+}
+
+Test(chat_ask, ask_document_longer_than_context_exit_4_with_numbers) {
+    char sp[1024], doc[1024];
+    stories(sp, sizeof sp);
+    sample(doc, sizeof doc, "austen_pride_and_prejudice_ch1.txt");
+    result r = run_argv(NULL, (char *[]){"ask", "-m", sp, "-c", "256", "--doc", doc, "Who came?", NULL});
+    cr_expect_eq(r.code, 4, "exit %d: %s", r.code, r.err);
+    cr_expect(strstr(r.err, "austen_pride_and_prejudice_ch1.txt: "), "names the document: %s", r.err);
+    cr_expect(strstr(r.err, "the context holds 256"), "%s", r.err);
+    long doc_tokens = num_after(r.err, "austen_pride_and_prejudice_ch1.txt: ");
+    long cut = num_after(r.err, "Cut at least ");
+    cr_expect(doc_tokens > 256, "document tokens: %s", r.err);
+    /* 64 answer room (a quarter of 256): the cut leaves exactly what fits */
+    cr_expect(cut > doc_tokens - 256 && cut < doc_tokens, "cut %ld of %ld: %s", cut, doc_tokens, r.err);
+    cr_expect_str_eq(r.out, "", "no answer, no silent truncation");
+    done(&r);
+}
+
+Test(chat_ask, ask_ctrl_c_while_reading_exit_130) {
+    char mp[1024], doc[1024];
+    if (!tb_default_model(mp, sizeof mp)) cr_skip_test("default model absent (run `ridgekv pull`)");
+    sample(doc, sizeof doc, "austen_persuasion_ch1.txt");
+    char err[64];
+    snprintf(err, sizeof err, "/tmp/rk_ask_int_%d.err", (int)getpid());
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        int e = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0600), nul = open("/dev/null", O_RDWR);
+        dup2(nul, 0), dup2(nul, 1), dup2(e, 2);
+        execl(bin(), bin(), "ask", "-m", mp, "-b", "16", "--doc", doc, "Who is Sir Walter?", (char *)NULL);
+        _exit(127);
+    }
+    /* wait for the first progress line, then Ctrl-C */
+    double end = now_s() + 30;
+    size_t len = 0;
+    char *text = NULL;
+    while (now_s() < end) {
+        free(text);
+        text = tb_read_file(err, &len);
+        if (text && strstr(text, "read 0/")) break;
+        usleep(20000);
+    }
+    cr_assert(text && strstr(text, "read 0/"), "no progress: %s", text ? text : "");
+    double t0 = now_s();
+    kill(pid, SIGINT);
+    int st;
+    waitpid(pid, &st, 0);
+    double dt = now_s() - t0;
+    free(text);
+    text = tb_read_file(err, &len);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 130, "status %d: %s", st, text);
+    cr_expect(strstr(text, "stopped while reading"), "%s", text);
+    cr_expect(dt < 15, "took %.1f s to stop", dt);
+    free(text);
+    unlink(err);
+}
+
+Test(chat_ask, docs_quote_help_exactly) {
+    const char *src = getenv("RK_SOURCE_DIR");
+    cr_assert(src, "RK_SOURCE_DIR not set (meson sets it)");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/docs/CHAT_ASK.md", src);
+    size_t len;
+    char *doc = tb_read_file(path, &len);
+    cr_assert(doc, "cannot read %s", path);
+    const char *cmds[] = {"chat", "ask"};
+    for (int i = 0; i < 2; i++) {
+        result r = run_argv(NULL, (char *[]){(char *)cmds[i], "--help", NULL});
+        cr_expect_eq(r.code, 0);
+        cr_expect(strstr(doc, r.out), "docs/CHAT_ASK.md does not quote `ridgekv %s --help` as printed:\n%s", cmds[i],
+                  r.out);
+        done(&r);
+    }
+    free(doc);
+}

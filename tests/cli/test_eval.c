@@ -1,0 +1,375 @@
+/* `ridgekv eval needle|nll|splice`: the statistics in cli/eval_common.c against hand
+ * computations (suite cli), and short runs of the three commands on the default model
+ * (suite model; skips without it). */
+#include <criterion/criterion.h>
+#include <json-c/json.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "eval_common.h"
+#include "tb.h"
+
+/* ---- statistics ---------------------------------------------------------------- */
+
+/* P(X <= k), X ~ Bin(n, 1/2), from Pascal's triangle in exact doubles (n <= 40). */
+static double binom_cdf_half(int n, int k) {
+    double row[41] = {1};
+    for (int i = 1; i <= n; i++)
+        for (int j = i; j > 0; j--) row[j] += row[j - 1];
+    double s = 0;
+    for (int j = 0; j <= k; j++) s += row[j];
+    return s / ldexp(1.0, n);
+}
+
+Test(eval, mcnemar_known_tables) {
+    /* b=10, c=2: 2 * (1 + 12 + 66) / 4096 */
+    cr_expect(fabs(ev_mcnemar_p(10, 2) - 2.0 * 79.0 / 4096.0) < 1e-12, "%.10f", ev_mcnemar_p(10, 2));
+    cr_expect(fabs(ev_mcnemar_p(10, 2) - 0.0386) < 5e-5);
+    cr_expect_eq(ev_mcnemar_p(2, 10), ev_mcnemar_p(10, 2), "symmetric in b and c");
+    cr_expect_eq(ev_mcnemar_p(0, 0), 1.0, "no discordant pairs: no evidence");
+    cr_expect_eq(ev_mcnemar_p(5, 5), 1.0, "capped at 1");
+    cr_expect(fabs(ev_mcnemar_p(0, 6) - 2.0 / 64.0) < 1e-15);
+    cr_expect(fabs(ev_mcnemar_p(1, 0) - 1.0) < 1e-15);
+}
+
+Test(eval, mcnemar_matches_pascal_triangle) {
+    for (int b = 0; b <= 20; b++)
+        for (int c = 0; c <= 20; c++) {
+            if (b + c == 0) continue;
+            double want = 2 * binom_cdf_half(b + c, b < c ? b : c);
+            want = want > 1 ? 1 : want;
+            double got = ev_mcnemar_p(b, c);
+            cr_expect(fabs(got - want) <= 1e-12 * (want > 1e-300 ? 1 : 0) + 1e-10 * want, "b=%d c=%d: %.15g vs %.15g",
+                      b, c, got, want);
+        }
+}
+
+Test(eval, mcnemar_large_counts_stay_finite) {
+    /* 400 vs 600: normal approximation z = 200/sqrt(1000) = 6.32, p ~ 2.6e-10 */
+    double p = ev_mcnemar_p(400, 600);
+    cr_expect(p > 5e-11 && p < 1e-9, "%g", p);
+    cr_expect(fabs(ev_mcnemar_p(5000, 5000) - 1.0) < 1e-12);
+}
+
+Test(eval, nll_of_hand_made_logits) {
+    /* softmax(0, ln2, ln3) = (1/6, 2/6, 3/6) */
+    float row[3] = {0.0f, logf(2.0f), logf(3.0f)};
+    cr_expect(fabs(ev_nll_row(row, 3, 0) - log(6.0)) < 1e-6);
+    cr_expect(fabs(ev_nll_row(row, 3, 1) - log(3.0)) < 1e-6);
+    cr_expect(fabs(ev_nll_row(row, 3, 2) - log(2.0)) < 1e-6);
+    /* shift invariance, no overflow at large logits */
+    float big[3] = {1000.0f, 1000.0f + logf(2.0f), 1000.0f + logf(3.0f)};
+    cr_expect(fabs(ev_nll_row(big, 3, 2) - log(2.0)) < 1e-4, "%g", ev_nll_row(big, 3, 2));
+    /* uniform over V: log V */
+    float uni[1000];
+    for (int i = 0; i < 1000; i++) uni[i] = -7.5f;
+    cr_expect(fabs(ev_nll_row(uni, 1000, 123) - log(1000.0)) < 1e-9);
+    float nanrow[3] = {0.0f, NAN, 1.0f};
+    cr_expect(isnan(ev_nll_row(nanrow, 3, 0)), "a filled (NaN) row must not score");
+    cr_expect(isnan(ev_nll_row(row, 3, 3)), "target outside the vocab");
+}
+
+Test(eval, nll_rows_index_targets) {
+    /* 3 rows over a vocab of 2; row r predicts ids[r + 1] */
+    float lg[6] = {0, 0, 0, logf(3.0f), logf(3.0f), 0};
+    int32_t ids[4] = {0, 1, 1, 0};
+    double out[2];
+    cr_assert(ev_nll_rows(lg, 2, ids, 1, 2, out));
+    cr_expect(fabs(out[0] - log(4.0 / 3.0)) < 1e-6, "row 1 -> ids[2]=1 with p 3/4: %g", out[0]);
+    cr_expect(fabs(out[1] - log(4.0 / 3.0)) < 1e-6, "row 2 -> ids[3]=0 with p 3/4: %g", out[1]);
+    lg[2] = NAN;
+    cr_expect(!ev_nll_rows(lg, 2, ids, 0, 3, out));
+}
+
+Test(eval, quantile_interpolates) {
+    double v[5] = {5, 1, 4, 2, 3};
+    cr_expect_eq(ev_quantile(v, 5, 0.0), 1.0);
+    cr_expect_eq(ev_quantile(v, 5, 1.0), 5.0);
+    cr_expect_eq(ev_quantile(v, 5, 0.5), 3.0);
+    cr_expect(fabs(ev_quantile(v, 5, 0.9) - 4.6) < 1e-12);
+    cr_expect(isnan(ev_quantile(v, 0, 0.5)));
+}
+
+Test(eval, bootstrap_ci_brackets_the_mean) {
+    uint64_t st = 99;
+    enum { N = 64 };
+    double x[N], mean = 0, var = 0;
+    for (int i = 0; i < N; i++) mean += (x[i] = 0.3 + 0.1 * tb_rand_normal(&st));
+    mean /= N;
+    for (int i = 0; i < N; i++) var += (x[i] - mean) * (x[i] - mean);
+    double se = sqrt(var / (N - 1) / N);
+    ev_ci ci = ev_bootstrap_ratio(x, NULL, N, 4000, 7, 0.95);
+    cr_expect(fabs(ci.est - mean) < 1e-12);
+    cr_expect(ci.lo < mean && mean < ci.hi, "[%g, %g] vs %g", ci.lo, ci.hi, mean);
+    /* the percentile interval is close to mean +- 1.96 se for a mean of normal data */
+    cr_expect(fabs((ci.hi - ci.lo) / (2 * 1.96 * se) - 1) < 0.2, "width %g vs %g", ci.hi - ci.lo, 2 * 1.96 * se);
+    ev_ci again = ev_bootstrap_ratio(x, NULL, N, 4000, 7, 0.95);
+    cr_expect(again.lo == ci.lo && again.hi == ci.hi, "seeded: repeatable");
+    double c[4] = {2, 2, 2, 2};
+    ev_ci flat = ev_bootstrap_ratio(c, NULL, 4, 100, 1, 0.95);
+    cr_expect(flat.lo == 2 && flat.hi == 2 && flat.est == 2);
+}
+
+Test(eval, bootstrap_ratio_of_sums) {
+    /* per-window sums over different token counts: the estimate pools tokens */
+    double num[3] = {1.0, 3.0, 0.0}, den[3] = {2, 6, 0};
+    ev_ci ci = ev_bootstrap_ratio(num, den, 3, 500, 3, 0.95);
+    cr_expect(fabs(ci.est - 0.5) < 1e-12);
+    cr_expect(fabs(ci.lo - 0.5) < 1e-12 && fabs(ci.hi - 0.5) < 1e-12, "every resample has ratio 0.5");
+    double z[2] = {0, 0};
+    cr_expect(isnan(ev_bootstrap_ratio(z, z, 2, 10, 1, 0.95).est), "zero denominator: undefined");
+}
+
+Test(eval, flag_and_list_parsing) {
+    rk_fill_mode m[6];
+    int n = ev_parse_modes("speed,quality", m, 6, "test");
+    cr_assert_eq(n, 3);
+    cr_expect(m[0] == RK_FILL_OFF && m[1] == RK_FILL_SPEED && m[2] == RK_FILL_QUALITY);
+    n = ev_parse_modes("identity,off,identity", m, 6, "test");
+    cr_assert_eq(n, 2, "off first, duplicates dropped");
+    cr_expect(m[0] == RK_FILL_OFF && m[1] == RK_FILL_IDENTITY);
+    cr_expect_eq(ev_parse_modes("speed,bogus", m, 6, "test"), -1);
+    cr_expect_eq(ev_parse_modes("", m, 6, "test"), -1);
+    double d[4];
+    int nd;
+    cr_expect(ev_parse_doubles("0.1,0.5,0.9", 0, 1, d, 4, &nd, "test", "--depths") && nd == 3 && d[2] == 0.9);
+    cr_expect(!ev_parse_doubles("0.1,1.5", 0, 1, d, 4, &nd, "test", "--depths"));
+    cr_expect(!ev_parse_doubles("0.1,,0.2", 0, 1, d, 4, &nd, "test", "--depths"));
+    cr_expect(!ev_parse_doubles("1,2,3,4,5", 0, 10, d, 4, &nd, "test", "--depths"), "too many");
+    int li[4];
+    cr_expect(ev_parse_ints("1024,2048", 64, 1 << 20, li, 4, &nd, "test", "--lengths") && nd == 2 && li[1] == 2048);
+    cr_expect(!ev_parse_ints("1024,2x", 64, 1 << 20, li, 4, &nd, "test", "--lengths"));
+    const char *depths = NULL, *trials = NULL;
+    ev_flag fl[] = {{"--depths", &depths}, {"--trials", &trials}};
+    char *argv[] = {"ridgekv", "eval", "needle", "--depths", "0.5", "-t", "2", "--trials", "4", NULL};
+    char **av = NULL;
+    int ac = 0;
+    cr_assert_eq(ev_take_flags(9, argv, fl, 2, &av, &ac, "test"), 0);
+    cr_expect_eq(ac, 5);
+    cr_expect_str_eq(av[3], "-t");
+    cr_expect_str_eq(depths, "0.5");
+    cr_expect_str_eq(trials, "4");
+    free(av);
+    char *bad[] = {"ridgekv", "eval", "needle", "--trials", NULL};
+    cr_expect_eq(ev_take_flags(4, bad, fl, 2, &av, &ac, "test"), 2, "a flag without its value is a usage error");
+}
+
+Test(eval, corpus_windows_in_range_and_disjoint) {
+    char buf[1024];
+    if (!tb_shared_path(buf, sizeof buf, "models/stories260K/stories260K-f32.gguf")) cr_skip_test("%s", buf);
+    rk_model *m = NULL;
+    cr_assert_eq(rk_model_load(buf, &m, NULL), RK_OK);
+    char dir[] = "/tmp/rkevalXXXXXX";
+    cr_assert(mkdtemp(dir));
+    char path[256];
+    snprintf(path, sizeof path, "%s/doc.txt", dir);
+    FILE *f = fopen(path, "w");
+    cr_assert(f);
+    for (int i = 0; i < 200; i++) fprintf(f, "Once upon a time there was a little girl named Lily. ");
+    fclose(f);
+    ev_corpus c;
+    cr_assert_eq(ev_corpus_load(&c, m, "doc.txt", dir, "test"), 0, "bare names are looked up in the corpus dir");
+    cr_assert_eq(c.n_docs, 1);
+    cr_expect(c.docs[0].n > 1000, "%zu tokens", c.docs[0].n);
+    cr_expect_eq(c.bos, rk_model_token_bos(m), "llama vocab asks for BOS");
+    uint64_t rng = 5;
+    ev_window w[8];
+    size_t n = 100;
+    cr_assert(ev_corpus_pick(&c, n, 8, &rng, w));
+    for (int i = 0; i < 8; i++) {
+        cr_expect(w[i].doc == 0 && w[i].off + n <= c.docs[0].n);
+        for (int j = 0; j < i; j++)
+            cr_expect(w[j].off + n <= w[i].off || w[i].off + n <= w[j].off, "windows %d and %d overlap", i, j);
+    }
+    int32_t ids[101];
+    ev_window_ids(&c, w[0], 101, ids);
+    cr_expect_eq(ids[0], c.bos);
+    cr_expect_eq(ids[1], c.docs[0].ids[w[0].off]);
+    cr_expect_eq(ev_window_doc_tokens(&c, 101), 100u);
+    cr_expect(!ev_corpus_pick(&c, c.docs[0].n + 1, 1, &rng, w), "no document that long");
+    ev_corpus_deinit(&c);
+    cr_expect_neq(ev_corpus_load(&c, m, "no_such_file.txt", dir, "test"), 0);
+    unlink(path);
+    rmdir(dir);
+    rk_model_destroy(m);
+}
+
+/* ---- the commands on the default model -------------------------------------------- */
+
+typedef struct result {
+    int code;
+    char *out, *err;
+} result;
+
+static result run(const char *args) {
+    const char *bin = getenv("RK_BIN"), *shared = tb_shared_dir();
+    cr_assert(bin, "RK_BIN not set (meson sets it)");
+    char dir[] = "/tmp/rkevalXXXXXX";
+    cr_assert(mkdtemp(dir));
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "RIDGEKV_CORPUS='%s/corpus' '%s' %s >%s/out 2>%s/err </dev/null", shared ? shared : ".",
+             bin, args, dir, dir);
+    int st = system(cmd);
+    result r = {WIFEXITED(st) ? WEXITSTATUS(st) : -1, NULL, NULL};
+    char p[256];
+    size_t len;
+    snprintf(p, sizeof p, "%s/out", dir);
+    r.out = tb_read_file(p, &len);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/err", dir);
+    r.err = tb_read_file(p, &len);
+    unlink(p);
+    rmdir(dir);
+    return r;
+}
+
+static void done(result *r) {
+    free(r->out);
+    free(r->err);
+}
+
+static const char *need_model(char *buf, size_t cap) {
+    const char *p = tb_default_model(buf, cap);
+    if (!p) cr_skip_test("default model not in the cache (ridgekv pull)");
+    char c[1024];
+    if (!tb_shared_path(c, sizeof c, "corpus/doyle_sherlock_holmes_pg1661.txt")) cr_skip_test("%s", c);
+    return p;
+}
+
+static json_object *mode_obj(json_object *j, const char *name) {
+    json_object *modes = json_object_object_get(j, "modes");
+    for (size_t i = 0; i < json_object_array_length(modes); i++) {
+        json_object *m = json_object_array_get_idx(modes, i);
+        if (!strcmp(json_object_get_string(json_object_object_get(m, "mode")), name)) return m;
+    }
+    cr_assert_fail("mode %s missing", name);
+    return NULL;
+}
+
+static double num(json_object *o, const char *path) {
+    char key[128];
+    snprintf(key, sizeof key, "%s", path);
+    json_object *cur = o;
+    for (char *k = strtok(key, "."); k; k = strtok(NULL, ".")) cur = json_object_object_get(cur, k);
+    cr_assert(cur, "no %s", path);
+    return json_object_get_double(cur);
+}
+
+Test(eval, usage_errors) {
+    result r = run("eval needle --trials 2 --lengths 1024");
+    cr_expect_eq(r.code, 2, "no maps and no split: nothing to compare");
+    cr_expect(strstr(r.err, "nothing to compare"), "%s", r.err);
+    done(&r);
+    r = run("eval needle --split 12 --fill off,identity --depths 0.5,1.5");
+    cr_expect_eq(r.code, 2);
+    cr_expect(strstr(r.err, "--depths"), "%s", r.err);
+    done(&r);
+    r = run("eval nll --split 12 --tail 256");
+    cr_expect_eq(r.code, 2, "the CLI keeps the tail >= 512");
+    done(&r);
+    r = run("eval nll --split 12 --len 512");
+    cr_expect_eq(r.code, 2, "a window of 512 with a tail of 512 has nothing to fill");
+    cr_expect(strstr(r.err, "--len"), "%s", r.err);
+    done(&r);
+    r = run("eval splice --fill off --split 12");
+    cr_expect_eq(r.code, 2);
+    done(&r);
+    r = run("eval needle --help");
+    cr_expect_eq(r.code, 0);
+    cr_expect(strstr(r.out, "McNemar"), "%s", r.out);
+    done(&r);
+}
+
+Test(eval_model, needle_paired_and_plumb_equals_off, .timeout = 900) {
+    char buf[1024];
+    const char *model = need_model(buf, sizeof buf);
+    char args[2048];
+    snprintf(args, sizeof args,
+             "eval needle -m '%s' --split 12 --fill identity,plumb --lengths 1024 --depths 0.2,0.8 --trials 4 --tail 512 "
+             "--seed 3 --json",
+             model);
+    result r = run(args);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    json_object *j = json_tokener_parse(r.out);
+    cr_assert(j, "not JSON: %s", r.out);
+    json_object *off = mode_obj(j, "off"), *id = mode_obj(j, "identity"), *pl = mode_obj(j, "plumb");
+    cr_expect_eq(num(off, "n"), 4);
+    /* paired arithmetic: correct(mode) - correct(off) = c - b */
+    cr_expect_eq(num(id, "correct") - num(off, "correct"), num(id, "c") - num(id, "b"));
+    cr_expect_eq(num(pl, "b") + num(pl, "c"), 0, "plumb is off through the fill path: the same answers");
+    cr_expect_eq(num(pl, "p_mcnemar"), 1.0);
+    json_object *trials = json_object_object_get(j, "trial_results");
+    cr_assert_eq(json_object_array_length(trials), 4);
+    for (size_t i = 0; i < 4; i++) {
+        json_object *t = json_object_array_get_idx(trials, i);
+        /* the needle (about a dozen tokens) ends before the exact tail */
+        cr_expect(num(t, "needle_pos") + 12 <= num(t, "bulk_end"), "needle at %g, bulk ends %g",
+                  num(t, "needle_pos"), num(t, "bulk_end"));
+        cr_expect_eq(num(t, "bulk_end"), 1024 - 512);
+        json_object *a = json_object_object_get(t, "answers");
+        cr_expect_str_eq(json_object_get_string(json_object_object_get(json_object_object_get(a, "plumb"), "answer")),
+                         json_object_get_string(json_object_object_get(json_object_object_get(a, "off"), "answer")));
+    }
+    json_object_put(j);
+    done(&r);
+}
+
+Test(eval_model, nll_plumb_zero_identity_positive, .timeout = 900) {
+    char buf[1024];
+    const char *model = need_model(buf, sizeof buf);
+    char args[2048];
+    snprintf(args, sizeof args,
+             "eval nll -m '%s' --split 12 --fill identity,plumb --len 1024 --windows 2 --short 128 --boot 200 --json",
+             model);
+    result r = run(args);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    json_object *j = json_tokener_parse(r.out);
+    cr_assert(j, "not JSON: %s", r.out);
+    cr_expect_eq(num(j, "n_tokens"), 2 * 512);
+    cr_expect(num(j, "n_top") >= 100 && num(j, "n_top") <= 110, "top 10%% of 1024 tokens: %g", num(j, "n_top"));
+    cr_expect(num(j, "mean_gain") > 0, "far context helps the exact model on average: %g", num(j, "mean_gain"));
+    json_object *off = mode_obj(j, "off"), *id = mode_obj(j, "identity"), *pl = mode_obj(j, "plumb");
+    double nll_off = num(off, "last.nll");
+    cr_expect(nll_off > 1 && nll_off < 8, "NLL of English text: %g", nll_off);
+    cr_expect(fabs(num(pl, "last.delta.est")) < 2e-3, "plumb vs off: %g", num(pl, "last.delta.est"));
+    cr_expect(fabs(num(pl, "long_range.delta.est")) < 5e-3 || num(j, "n_long_range") == 0);
+    /* identity fill skips 18 of 30 layers for half the window: the loss must rise */
+    cr_expect(num(id, "last.delta.est") > 0.01, "identity ΔNLL %g", num(id, "last.delta.est"));
+    cr_expect(num(id, "last.delta.lo") <= num(id, "last.delta.est") &&
+              num(id, "last.delta.est") <= num(id, "last.delta.hi"));
+    json_object_put(j);
+    done(&r);
+}
+
+Test(eval_model, splice_all_late_kv_recovers_everything, .timeout = 900) {
+    char buf[1024];
+    const char *model = need_model(buf, sizeof buf);
+    char args[2048];
+    snprintf(args, sizeof args,
+             "eval splice -m '%s' --split 12 --fill identity --len 1024 --windows 1 --groups 2 --boot 50 --json", model);
+    result r = run(args);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    json_object *j = json_tokener_parse(r.out);
+    cr_assert(j, "not JSON: %s", r.out);
+    cr_expect(num(j, "delta_fill.est") > 0.01, "identity ΔNLL %g", num(j, "delta_fill.est"));
+    json_object *sp = json_object_object_get(j, "splices");
+    cr_assert_eq(json_object_array_length(sp), 2 * 2 + 3);
+    json_object *all_kv = json_object_array_get_idx(sp, 6);
+    cr_expect_str_eq(json_object_get_string(json_object_object_get(all_kv, "splice")), "kv");
+    /* exact K and V in every late layer: the tail sees the exact cache, so no gap is left */
+    cr_expect(fabs(num(all_kv, "delta")) < 1e-4, "%g", num(all_kv, "delta"));
+    cr_expect(fabs(num(all_kv, "recovered.est") - 1) < 1e-2, "%g", num(all_kv, "recovered.est"));
+    json_object *layers = json_object_object_get(j, "layers");
+    cr_assert_eq(json_object_array_length(layers), 30 - 12);
+    /* the split layer's input is the exact split stream (W_S = I): its K/V are exact */
+    json_object *l0 = json_object_array_get_idx(layers, 0), *l5 = json_object_array_get_idx(layers, 5);
+    cr_expect(num(l0, "k_rel_err") < 1e-6 && num(l0, "v_rel_err") < 1e-6);
+    cr_expect(num(l5, "k_rel_err") > 1e-3, "identity fill moves keys: %g", num(l5, "k_rel_err"));
+    cr_expect(fabs(num(l5, "k_norm_share") + num(l5, "k_dir_share") - 1) < 1e-6, "norm + direction = total");
+    json_object_put(j);
+    done(&r);
+}
