@@ -5,7 +5,7 @@
 #include "rk_gguf.h"
 
 static const char *help =
-    "usage: ridgekv info [-m] FILE.gguf [--json]\n"
+    "usage: ridgekv info [-m] FILE.gguf\n"
     "\n"
     "Describes any GGUF file (model, ridge map, predictor): version, metadata, tensor types.\n"
     "For a model it also prints architecture, shapes, tokenizer and the memory needed.\n"

@@ -453,7 +453,7 @@ rk_status rk_calibrate(const rk_model *m, const int32_t *ids, size_t n_ids, cons
     rk_session_set_tap(s, tap, &c);
     /* ---- one exact forward over the text, in segments that start with BOS ---- */
     double t0 = rk_time_now();
-    int32_t bos = rk_model_token_bos(m);
+    int32_t bos = rk_model_add_bos(m) ? rk_model_token_bos(m) : -1;
     size_t pos = 0;
     while (pos < n_ids) {
         size_t k = 0;

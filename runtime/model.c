@@ -240,3 +240,4 @@ size_t rk_model_token_piece(const rk_model *m, int32_t id, bool render_special, 
 
 bool rk_model_token_is_eog(const rk_model *m, int32_t id) { return rk_tokenizer_is_eog(m->tok, id); }
 int32_t rk_model_token_bos(const rk_model *m) { return rk_tokenizer_bos(m->tok); }
+bool rk_model_add_bos(const rk_model *m) { return rk_tokenizer_add_bos(m->tok); }

@@ -46,6 +46,8 @@ size_t rk_model_token_piece(const rk_model *m, int32_t id, bool render_special, 
                             size_t cap);
 bool rk_model_token_is_eog(const rk_model *m, int32_t id);
 int32_t rk_model_token_bos(const rk_model *m);
+/* True when the vocab asks for BOS at the start of a sequence (tokenizer.ggml.add_bos_token). */
+bool rk_model_add_bos(const rk_model *m);
 
 /* ---- session: one sequence with its KV cache ------------------------------- */
 typedef enum rk_backend_kind { RK_BACKEND_CPU, RK_BACKEND_CPU_REF } rk_backend_kind;
@@ -228,3 +230,108 @@ typedef struct rk_kv_error {
  * reference), per KV head. */
 rk_status rk_session_kv_compare(const rk_session *a, const rk_session *b, int layer, int64_t row0, int64_t row1,
                                 bool values, rk_kv_error *out, rk_err *err);
+
+/* ---- LowRAM: asymmetric KV compression at decode (SPEC §3) ----------------------
+ * At the end of the first eval call that leaves enough rows, the codec fits (on the
+ * prompt's own keys) a rank-r basis of the pre-RoPE keys of `group` adjacent layers
+ * stacked, and per layer a value predictor V̂ = coef·W + b (ridge, closed form, i.e. a
+ * linear function of the rebuilt keys K̃); residuals V − V̂ are kept, int8, for the
+ * hardest `resid_share` of rows per (layer, KV head). Sinks and the last `window` rows
+ * stay exact in the plain cache; older rows live compressed (their plain pages are
+ * released) and each later block of `chunk` rows is compressed with the same basis and
+ * predictor. Decode attention (<= 4 query rows) rebuilds only the chunks whose landmark
+ * (mean key) scores highest for the query, within `budget` rows, plus sinks and window;
+ * longer evals and `dense` rebuild every chunk, fused with an online softmax; chunks
+ * left out enter as one summary row each (mean key, mean coefficients, chunk size). The
+ * basis minimises the expected logit error E[(q·Δk)²]: keys are weighted per dimension by
+ * the prefill queries' second moments (rotation pairs averaged) before the PCA. */
+typedef struct rk_lowram_params {
+    float ratio;          /* rank from this target compression of compressed rows vs f16 (0: 4);
+                             used when rank == 0 and energy == 0 */
+    int32_t rank;         /* basis rank per layer group (0: from energy or ratio; capped at the dim) */
+    float energy;         /* rank keeping this share of centred key energy (0: unused) */
+    int32_t group;        /* adjacent layers sharing a basis (0: 3) */
+    int32_t window;       /* recent rows kept exact (0: 128) */
+    int32_t n_sink;       /* first rows kept exact (0: 4; -1: none) */
+    int32_t chunk;        /* rows per landmark chunk and per compressed block (0: 32; 1..32) */
+    float resid_share;    /* share of compressed rows per (layer, KV head) with a residual
+                             (< 0: 0.25; 0: none; 1: all) */
+    bool resid_mass;      /* rank residuals by ||δ||² weighted by observed attention mass */
+    bool values_exact;    /* ablation "keys only": values stored exact (f16), no predictor */
+    int32_t budget;       /* compressed rows attended per query and (layer, KV head) (0: 512) */
+    bool dense;           /* attend to every compressed row (for checking) */
+    bool no_summary;      /* ablation: unselected chunks are dropped, not one summary row each */
+    bool plain_pca;       /* ablation: key basis by key energy, not by query-weighted logit error */
+    uint32_t coef_type;   /* key coefficients: RK_DT_F16, RK_DT_F32 or RK_DT_Q8_0 (int8, one f16
+                             scale per row); start from rk_lowram_params_default() (F32 is 0) */
+    uint32_t resid_type;  /* RK_DT_Q8_0 (int8 + f16 scale per row and head) or RK_DT_F16 */
+    float evict;          /* share of compressed rows dropped at the fit by SnapKV scores (0..0.95) */
+    int32_t obs_window;   /* last prompt queries observed for evict / resid_mass (0: 32) */
+    float lambda;         /* predictor ridge strength relative to tr(CᵀC)/r (<= 0: 1e-3) */
+    int32_t max_fit_rows; /* rows used for the key Gram matrix (strided; 0: 4096) */
+    int32_t n_threads;    /* codec threads (0: the session's) */
+    char predictor[1024]; /* predictor file (offline basis + predictor init) or "" */
+} rk_lowram_params;
+
+rk_lowram_params rk_lowram_params_default(void);
+/* Parses "key=value,flag,..." (the part after "lowram:" of --kv) into *p, starting from
+ * its current values. Keys: ratio, rank, energy, group, window, sinks, chunk, resid,
+ * budget, evict, obs, lambda, fitrows, threads, coef=f16|f32|int8, rtype=int8|f16,
+ * pred=FILE (must come last: the rest of the spec is the path); flags: dense, mass,
+ * keys_only, nosumm, plainpca. */
+rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err);
+
+/* Turns LowRAM on (p != NULL) or off (p == NULL) for the session. Off is refused once
+ * rows are compressed. A predictor file fitted on another model is refused
+ * (RK_E_MISMATCH); another quantisation of the same weights is a warning in
+ * `warning` (may be NULL). Takes effect at the end of the next eval call. */
+rk_status rk_session_set_lowram(rk_session *s, const rk_lowram_params *p, char *warning, size_t warning_cap,
+                                rk_err *err);
+
+/* Bytes that hold the KV state of the tokens so far, by part. total = the sum of the
+ * parts above it. Without LowRAM only `exact` is non-zero. */
+typedef struct rk_kv_bytes {
+    uint64_t exact;       /* plain K/V rows still resident: sinks + window (+ rows not yet compressed) */
+    uint64_t coef;        /* key coefficients (and their int8 scales) */
+    uint64_t bases;       /* per group mean, dim weights, rank-r basis (f32) */
+    uint64_t predictors;  /* per layer W (r, kv_dim) + b (f32) */
+    uint64_t residuals;   /* value residual rows (and scales) */
+    uint64_t landmarks;   /* per chunk: mean key per layer, mean coefficients per group (f16);
+                             open-chunk sums (f32) */
+    uint64_t meta;        /* positions, residual masks/offsets, thresholds, RoPE table */
+    uint64_t total;
+    uint64_t f16_equiv;   /* plain f16 K/V of the same tokens, for ratios */
+    uint64_t scratch;     /* transient buffers (not in total) */
+    int64_t n_tokens, n_exact_rows, n_compressed_rows, n_evicted_rows;
+} rk_kv_bytes;
+void rk_session_kv_bytes(const rk_session *s, rk_kv_bytes *out);
+
+/* What the last fit found (zeros before it). */
+typedef struct rk_lowram_stats {
+    bool fitted;
+    int32_t n_group, rank_min, rank_max;
+    double key_rel_err;       /* discarded / total centred key energy over the fit rows */
+    double value_r2_mean;     /* mean over (layer, KV head) of the predictor's R² on the prompt */
+    float value_r2[256][8];   /* per layer (first 256) and KV head (first 8) */
+    int64_t n_resid_rows;     /* residual rows stored, all layers and heads */
+    double seconds_fit;       /* end-of-prefill fit + first compression */
+    double seconds_compress;  /* later blocks, total */
+    uint64_t rows_rebuilt;    /* key rows rebuilt by attention, all layers and heads */
+    uint64_t rows_attended;   /* rows attended (plain + rebuilt), all layers and heads */
+} rk_lowram_stats;
+void rk_session_lowram_stats(const rk_session *s, rk_lowram_stats *out);
+
+/* Offline predictor file: one exact forward over ids (segments of seg_len starting with
+ * BOS), fp64 moments of the stacked pre-RoPE keys per group and of keys x values per
+ * layer, one eigendecomposition per group, closed-form value predictors in coefficient
+ * space; serialised into *bytes (malloc'd) with the model fingerprint. */
+typedef struct rk_lowram_calib_params {
+    int32_t group;        /* 0: 3 */
+    int32_t rank;         /* basis rows kept in the file (0: the full dim) */
+    int32_t seg_len;      /* 0: 2048 */
+    int32_t stride;       /* sample every stride-th row (0: 2) */
+    float lambda;         /* relative ridge (<= 0: 1e-3) */
+    int32_t n_threads;
+} rk_lowram_calib_params;
+rk_status rk_lowram_calibrate(const rk_model *m, const int32_t *ids, size_t n_ids, const rk_lowram_calib_params *p,
+                              rk_progress_fn progress, void *ud, void **bytes, size_t *n_bytes, rk_err *err);
