@@ -176,6 +176,7 @@ static int64_t row_chunk(const cpu_impl *c, int64_t rows, int64_t d) {
 typedef struct rows_ctx {
     const rk_op_args *a;
     const cpu_impl *c;
+    const rk_quant_fns *q; /* GET_ROWS of a non-f32 table */
 } rows_ctx;
 
 static void get_rows_range(void *vp, int64_t i0, int64_t i1, int tid) {
@@ -189,7 +190,7 @@ static void get_rows_range(void *vp, int64_t i0, int64_t i1, int tid) {
         if (a->src0.type == RK_DT_F32)
             memcpy(out, src, (size_t)d * sizeof(float));
         else
-            x->c->quant(a->src0.type)->to_f32(src, out, d);
+            x->q->to_f32(src, out, d);
     }
 }
 
@@ -197,7 +198,7 @@ static rk_status cpu_get_rows(rk_backend *be, const rk_op_args *a, rk_err *err) 
     (void)err;
     cpu_impl *c = be->impl;
     int64_t n = rk_view_rows(&a->dst);
-    rows_ctx x = {a, c};
+    rows_ctx x = {a, c, c->quant(a->src0.type)};
     par_for(c, n, row_chunk(c, n, a->dst.ne[0]), get_rows_range, &x);
     return RK_OK;
 }
@@ -331,7 +332,7 @@ static void cpy_rows_range(void *vp, int64_t r0, int64_t r1, int tid) {
 
 static rk_status run_rows(rk_backend *be, const rk_op_args *a, range_fn fn) {
     cpu_impl *c = be->impl;
-    rows_ctx x = {a, c};
+    rows_ctx x = {a, c, NULL};
     const rk_view *v = a->op == RK_OP_CPY_ROWS ? &a->src0 : &a->dst;
     int64_t rows = rk_view_rows(v);
     par_for(c, rows, row_chunk(c, rows, v->ne[0]), fn, &x);
@@ -401,6 +402,7 @@ static void rope_tokens(void *vp, int64_t t0, int64_t t1, int tid) {
 static rk_status cpu_rope(rk_backend *be, const rk_op_args *a, rk_err *err) {
     cpu_impl *c = be->impl;
     int half = a->rope.n_rot / 2;
+    if (rk_view_rows(&a->src0) == 0) return RK_OK;
     rk_status st = ws_reserve(c, (size_t)(2 * half), (size_t)half * 2, err);
     if (st != RK_OK) return st;
     double *freq = (double *)c->shared; /* (n_rot/2) doubles = n_rot floats */

@@ -638,6 +638,13 @@ Test(status, unsupported_and_invalid) {
         cr_assert_eq(rk_backend_run(be, &bad, &err), RK_E_INVALID_ARG);
         rk_op_args nodata = {.op = RK_OP_ADD, .src0 = v2(RK_DT_F32, 4, 1, x), .dst = v2(RK_DT_F32, 4, 1, NULL)};
         cr_assert_eq(rk_backend_run(be, &nodata, &err), RK_E_INVALID_ARG);
+        /* empty views are fine */
+        rk_op_args e = {.op = RK_OP_ROPE, .src0 = v2(RK_DT_F32, 8, 0, x)};
+        e.rope = (rk_rope_params){RK_ROPE_NEOX, 8, 10000.0f, 0};
+        cr_assert_eq(rk_backend_run(be, &e, &err), RK_OK, "%s", err.msg);
+        rk_op_args e2 = {.op = RK_OP_MATMUL, .src0 = v2(RK_DT_F32, 8, 3, x), .src1 = v2(RK_DT_F32, 8, 0, x),
+                         .dst = v2(RK_DT_F32, 3, 0, y)};
+        cr_assert_eq(rk_backend_run(be, &e2, &err), RK_OK, "%s", err.msg);
     }
     rk_err err = {0};
     cr_assert_eq(rk_backend_run(NULL, NULL, &err), RK_E_INVALID_ARG);
