@@ -81,6 +81,7 @@ int cmd_bench(int argc, char **argv);
 int cmd_pull(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_calibrate(int argc, char **argv);
+int cmd_calibrate_lowram(int argc, char **argv); /* calibrate --lowram (cmd_calibrate_lowram.c) */
 int cmd_serve(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_ask(int argc, char **argv);

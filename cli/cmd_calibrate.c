@@ -8,6 +8,7 @@
 
 static const char *help =
     "usage: ridgekv calibrate [-m MODEL] --text FILE [--text FILE ...] -o MAPS.gguf [options]\n"
+    "       ridgekv calibrate --lowram ... -o PRED.gguf   (LowRAM predictor file; --lowram --help)\n"
     "\n"
     "Fits RidgeFill maps: one exact forward pass over the text (in segments that start with\n"
     "BOS), rows sampled with a stride, fp64 accumulation of the centred XᵀX and XᵀY_l, λ chosen\n"
@@ -41,6 +42,8 @@ static bool progress(void *ud, int64_t done, int64_t total) {
 }
 
 int cmd_calibrate(int argc, char **argv) {
+    for (int i = 2; i < argc; i++)
+        if (!strcmp(argv[i], "--lowram")) return cmd_calibrate_lowram(argc, argv);
     const char *texts[64];
     int n_texts = 0, stride = 8, max_tokens = 65536, seg_len = 2048;
     float lambda = -1.0f;

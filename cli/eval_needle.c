@@ -110,7 +110,7 @@ static void print_tables(const needle_run *r, const rk_model *m, const cli_opts 
             printf("%-9s %9s %9.3f %7s %7s %10s %11.3f\n", rk_fill_mode_name(r->modes[mi]), ks,
                    (double)k / r->n_trials, "-", "-", "-", r->prefill_s[mi] / r->n_trials);
         else
-            printf("%-9s %9s %9.3f %7d %7d %10.4f %11.3f\n", rk_fill_mode_name(r->modes[mi]), ks,
+            printf("%-9s %9s %9.3f %7d %7d %10.3g %11.3f\n", rk_fill_mode_name(r->modes[mi]), ks,
                    (double)k / r->n_trials, b, c, ev_mcnemar_p(b, c), r->prefill_s[mi] / r->n_trials);
     }
     printf("b: off right and mode wrong; c: off wrong and mode right (paired trials, same prompts)\n");
