@@ -114,6 +114,8 @@ typedef struct calib {
     int64_t *probe_slot; /* (n_batch) probe row of each sample of the chunk, or -1 */
     int64_t n_probe_rows, probe_cap;
     int probe_layers[3], n_probe;
+    bool normalized;  /* fit rmsnorm(x_S) -> rmsnorm(x_l): the space the cache writers see */
+    float eps;
     const int32_t *chunk_ids; /* ids of the segment being run */
     int64_t seg_pos0;
 } calib;
@@ -133,6 +135,13 @@ static bool moments_alloc(moments *mo, int d, int n_late) {
     return mo->xx && mo->x && mo->xy && mo->y && mo->yy && mo->xdy;
 }
 
+/* 1 / rms(x), the factor RMSNorm applies before its weight. */
+static double row_inv_rms(const float *x, int d, float eps) {
+    double ss = 0;
+    for (int j = 0; j < d; j++) ss += (double)x[j] * x[j];
+    return 1.0 / sqrt(ss / d + eps);
+}
+
 static void tap(void *ud, int layer, const float *x, int64_t n, int64_t pos0) {
     calib *c = ud;
     const int d = c->d;
@@ -146,15 +155,16 @@ static void tap(void *ud, int layer, const float *x, int64_t n, int64_t pos0) {
             c->heldout[i] = (c->tr.n + c->ho.n) % 5 == 4;
             moments *mo = c->heldout[i] ? &c->ho : &c->tr;
             mo->n++;
+            const double sx = c->normalized ? row_inv_rms(x + r * d, d, c->eps) : 1.0;
             for (int j = 0; j < d; j++) {
-                double v = x[r * d + j];
+                double v = x[r * d + j] * sx;
                 c->xc[(size_t)i * d + j] = v;
                 mo->x[j] += v;
                 mo->xxt += v * v;
             }
             c->probe_slot[i] = -1;
             if (c->probe_x && !c->heldout[i] && c->n_probe_rows < c->probe_cap) {
-                memcpy(c->probe_x + c->n_probe_rows * d, x + r * d, (size_t)d * sizeof(float));
+                for (int j = 0; j < d; j++) c->probe_x[c->n_probe_rows * d + j] = (float)c->xc[(size_t)i * d + j];
                 c->probe_id[c->n_probe_rows] = c->chunk_ids[pos0 - c->seg_pos0 + r];
                 c->probe_slot[i] = c->n_probe_rows++;
             }
@@ -178,9 +188,10 @@ static void tap(void *ud, int layer, const float *x, int64_t n, int64_t pos0) {
         for (int i = 0; i < c->n_s; i++) {
             if (c->heldout[i] != (set == 1)) continue;
             const float *y = x + (size_t)c->rows[i] * d;
+            const double sy = c->normalized ? row_inv_rms(y, d, c->eps) : 1.0;
             double dot = 0, sq = 0;
             for (int j = 0; j < d; j++) {
-                double v = y[j];
+                double v = y[j] * sy;
                 c->yc[(size_t)k * d + j] = v;
                 mo->y[(size_t)li * d + j] += v;
                 sq += v * v;
@@ -196,9 +207,12 @@ static void tap(void *ud, int layer, const float *x, int64_t n, int64_t pos0) {
     for (int p = 0; p < c->n_probe; p++)
         if (layer == c->probe_layers[p] && c->probe_x)
             for (int i = 0; i < c->n_s; i++)
-                if (c->probe_slot[i] >= 0)
-                    memcpy(c->probe_y + ((size_t)c->probe_slot[i] * c->n_probe + p) * d,
-                           x + (size_t)c->rows[i] * d, (size_t)d * sizeof(float));
+                if (c->probe_slot[i] >= 0) {
+                    const float *y = x + (size_t)c->rows[i] * d;
+                    const double sy = c->normalized ? row_inv_rms(y, d, c->eps) : 1.0;
+                    float *dst = c->probe_y + ((size_t)c->probe_slot[i] * c->n_probe + p) * d;
+                    for (int j = 0; j < d; j++) dst[j] = (float)(y[j] * sy);
+                }
 }
 
 /* Σ over a set of (a - μa)(b - μb)ᵀ from raw sums: S_ab - s_a μbᵀ - μa s_bᵀ + n μa μbᵀ. */
@@ -424,6 +438,8 @@ rk_status rk_calibrate(const rk_model *m, const int32_t *ids, size_t n_ids, cons
     c.split = p.split;
     c.n_late = n_late;
     c.stride = p.stride;
+    c.normalized = !p.raw_space;
+    c.eps = hp->rms_eps;
     rk_session *s = NULL;
     int32_t *seg = NULL;
     double *W = NULL, *A = NULL, *mu_x = NULL, *mu_y = NULL, *Wbest = NULL;
@@ -547,6 +563,7 @@ rk_status rk_calibrate(const rk_model *m, const int32_t *ids, size_t n_ids, cons
         (st = rk_gguf_writer_set_u64(w, "ridge.calib_rows", (uint64_t)report.n_rows, err)) ||
         (st = rk_gguf_writer_set_u32(w, "ridge.stride", (uint32_t)p.stride, err)) ||
         (st = rk_gguf_writer_set_str(w, "ridge.dtype", dt, err)) ||
+        (st = rk_gguf_writer_set_str(w, "ridge.space", c.normalized ? "normalized" : "raw", err)) ||
         (st = rk_gguf_writer_set_f32(w, "ridge.keep_share", p.keep_share, err)) ||
         (st = rk_write_fingerprint(w, "ridge.model", m, err)))
         goto fail;

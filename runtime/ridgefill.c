@@ -121,6 +121,8 @@ rk_status rk_ridge_maps_load(const char *path, const rk_model *m, rk_ridge_maps 
     float f;
     r->keep_share = rk_gguf_get_f32(r->gguf, "ridge.keep_share", &f, NULL) == RK_OK ? f : 0.1f;
     r->lambda = rk_gguf_get_f32(r->gguf, "ridge.lambda", &f, NULL) == RK_OK ? f : 0.0f;
+    rk_str space;
+    r->normalized = rk_gguf_get_str(r->gguf, "ridge.space", &space, NULL) == RK_OK && rk_str_eq(space, "normalized");
     r->w = calloc((size_t)hp->n_layer, sizeof *r->w);
     r->b = calloc((size_t)hp->n_layer, sizeof *r->b);
     if (!r->w || !r->b) {

@@ -185,6 +185,8 @@ typedef struct rk_calib_params {
     uint32_t dtype;       /* RK_DT_F16, RK_DT_BF16, RK_DT_Q8_0 (int8 + block scales), RK_DT_F32 */
     float keep_share;     /* quality-mode default share of hard tokens kept exact (0: 0.1) */
     int32_t n_threads;
+    bool raw_space;       /* fit raw residual streams; default (false) fits RMS-normalised ones,
+                           * the space the attention norm and K/V projections see */
 } rk_calib_params;
 
 typedef struct rk_calib_report {
@@ -242,9 +244,9 @@ rk_status rk_session_kv_compare(const rk_session *a, const rk_session *b, int la
  * predictor. Decode attention (<= 4 query rows) rebuilds only the chunks whose landmark
  * (mean key) scores highest for the query, within `budget` rows, plus sinks and window;
  * longer evals and `dense` rebuild every chunk, fused with an online softmax; chunks
- * left out enter as one summary row each (mean key, mean coefficients, chunk size). The
- * basis minimises the expected logit error E[(q·Δk)²]: keys are weighted per dimension by
- * the prefill queries' second moments (rotation pairs averaged) before the PCA. */
+ * left out enter as one summary row each (mean key, mean coefficients, chunk size). With
+ * query_pca the basis minimises the expected logit error E[(q·Δk)²] instead of the key
+ * error: keys are weighted per dimension by the prefill queries' second moments. */
 typedef struct rk_lowram_params {
     float ratio;          /* rank from this target compression of compressed rows vs f16 (0: 4);
                              used when rank == 0 and energy == 0 */
@@ -261,10 +263,14 @@ typedef struct rk_lowram_params {
     int32_t budget;       /* compressed rows attended per query and (layer, KV head) (0: 512) */
     bool dense;           /* attend to every compressed row (for checking) */
     bool no_summary;      /* ablation: unselected chunks are dropped, not one summary row each */
-    bool plain_pca;       /* ablation: key basis by key energy, not by query-weighted logit error */
-    uint32_t coef_type;   /* key coefficients: RK_DT_F16, RK_DT_F32 or RK_DT_Q8_0 (int8, one f16
-                             scale per row); start from rk_lowram_params_default() (F32 is 0) */
-    uint32_t resid_type;  /* RK_DT_Q8_0 (int8 + f16 scale per row and head) or RK_DT_F16 */
+    bool bound;           /* select chunks by an upper bound of q·k (per-dim key min/max per chunk,
+                             Quest-style; 2 more f16 rows per chunk) instead of q·mean */
+    bool query_pca;       /* key basis by query-weighted logit error, not key energy (no gain measured) */
+    uint32_t coef_type;   /* key coefficients: RK_DT_Q8_0 (default: int8, one f16 scale per row),
+                             RK_DT_F16 or RK_DT_F32 (then bases and predictors are f32 too: the
+                             checking setup); start from rk_lowram_params_default() (F32 is 0) */
+    uint32_t resid_type;  /* RK_DT_Q8_0 (int8 + f16 scale per row and head), RK_DT_Q4_0 (int4,
+                             same scale) or RK_DT_F16 */
     float evict;          /* share of compressed rows dropped at the fit by SnapKV scores (0..0.95) */
     int32_t obs_window;   /* last prompt queries observed for evict / resid_mass (0: 32) */
     float lambda;         /* predictor ridge strength relative to tr(CᵀC)/r (<= 0: 1e-3) */
@@ -276,15 +282,17 @@ typedef struct rk_lowram_params {
 rk_lowram_params rk_lowram_params_default(void);
 /* Parses "key=value,flag,..." (the part after "lowram:" of --kv) into *p, starting from
  * its current values. Keys: ratio, rank, energy, group, window, sinks, chunk, resid,
- * budget, evict, obs, lambda, fitrows, threads, coef=f16|f32|int8, rtype=int8|f16,
+ * budget, evict, obs, lambda, fitrows, threads, coef=f16|f32|int8, rtype=int8|int4|f16,
  * pred=FILE (must come last: the rest of the spec is the path); flags: dense, mass,
- * keys_only, nosumm, plainpca. */
+ * keys_only, nosumm, qpca, bound. */
 rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err);
 
 /* Turns LowRAM on (p != NULL) or off (p == NULL) for the session. Off is refused once
  * rows are compressed. A predictor file fitted on another model is refused
  * (RK_E_MISMATCH); another quantisation of the same weights is a warning in
- * `warning` (may be NULL). Takes effect at the end of the next eval call. */
+ * `warning` (may be NULL). Takes effect at the end of the next eval call. A failed fit or
+ * compression (out of memory, eigensolver) is returned by the eval that triggered it; that
+ * eval's tokens are in the session, uncompressed, and the next eval tries again. */
 rk_status rk_session_set_lowram(rk_session *s, const rk_lowram_params *p, char *warning, size_t warning_cap,
                                 rk_err *err);
 
@@ -293,8 +301,8 @@ rk_status rk_session_set_lowram(rk_session *s, const rk_lowram_params *p, char *
 typedef struct rk_kv_bytes {
     uint64_t exact;       /* plain K/V rows still resident: sinks + window (+ rows not yet compressed) */
     uint64_t coef;        /* key coefficients (and their int8 scales) */
-    uint64_t bases;       /* per group mean, dim weights, rank-r basis (f32) */
-    uint64_t predictors;  /* per layer W (r, kv_dim) + b (f32) */
+    uint64_t bases;       /* per group: mean, dim weights (f32) and rank-r basis (f16) */
+    uint64_t predictors;  /* per layer: W (r, kv_dim) (f16) and b (f32) */
     uint64_t residuals;   /* value residual rows (and scales) */
     uint64_t landmarks;   /* per chunk: mean key per layer, mean coefficients per group (f16);
                              open-chunk sums (f32) */
