@@ -23,8 +23,8 @@ static const char *help =
     "  --max-tokens N     use at most N tokens of text (default 65536)\n"
     "  --seg-len N        tokens per forward segment (default 2048)\n"
     "  --keep-share X     quality-mode share of hard tokens kept exact, stored as default (0.1)\n"
-    "  --raw-space        fit raw residual streams instead of RMS-normalised ones (the default\n"
-    "                     fits rmsnorm(x_S) -> rmsnorm(x_l), the space K/V are computed from)\n"
+    "  --normalized-space fit rmsnorm(x_S) -> rmsnorm(x_l) instead of the raw residual streams\n"
+    "                     (measured worse on SmolLM2-135M; see docs/RIDGEFILL.md)\n"
     "  -t N               threads\n";
 
 typedef struct prog {
@@ -50,7 +50,7 @@ int cmd_calibrate(int argc, char **argv) {
     int n_texts = 0, stride = 8, max_tokens = 65536, seg_len = 2048;
     float lambda = -1.0f;
     uint32_t dtype = RK_DT_F16;
-    bool raw_space = false;
+    bool normalized_space = false;
     char **av = calloc((size_t)argc + 1, sizeof *av);
     if (!av) return RK_EXIT_ERROR;
     int ac = 0, rc = 0;
@@ -61,8 +61,8 @@ int cmd_calibrate(int argc, char **argv) {
             free(av);
             return RK_EXIT_OK;
         }
-        if (!strcmp(a, "--raw-space")) {
-            raw_space = true;
+        if (!strcmp(a, "--normalized-space")) {
+            normalized_space = true;
             continue;
         }
         bool ours = !strcmp(a, "--text") || !strcmp(a, "--lambda") || !strcmp(a, "--stride") ||
@@ -153,7 +153,7 @@ int cmd_calibrate(int argc, char **argv) {
     }
     rk_calib_params cp = {.split = o.split ? o.split : (int)(0.4 * hp->n_layer + 0.5), .stride = stride,
                           .seg_len = seg_len, .lambda = lambda, .dtype = dtype, .keep_share = o.keep_share,
-                          .n_threads = o.n_threads, .raw_space = raw_space};
+                          .n_threads = o.n_threads, .normalized_space = normalized_space};
     fprintf(stderr, "calibrate: %s, %zu tokens, split %d of %d layers, stride %d, dtype %s, lambda %s\n", rk_model_name(m),
             n_all, cp.split, hp->n_layer, stride, dtype == RK_DT_Q8_0 ? "int8" : rk_dtype_name(dtype),
             lambda < 0 ? "auto" : "given");

@@ -438,7 +438,7 @@ rk_status rk_calibrate(const rk_model *m, const int32_t *ids, size_t n_ids, cons
     c.split = p.split;
     c.n_late = n_late;
     c.stride = p.stride;
-    c.normalized = !p.raw_space;
+    c.normalized = p.normalized_space;
     c.eps = hp->rms_eps;
     rk_session *s = NULL;
     int32_t *seg = NULL;

@@ -185,8 +185,8 @@ typedef struct rk_calib_params {
     uint32_t dtype;       /* RK_DT_F16, RK_DT_BF16, RK_DT_Q8_0 (int8 + block scales), RK_DT_F32 */
     float keep_share;     /* quality-mode default share of hard tokens kept exact (0: 0.1) */
     int32_t n_threads;
-    bool raw_space;       /* fit raw residual streams; default (false) fits RMS-normalised ones,
-                           * the space the attention norm and K/V projections see */
+    bool normalized_space; /* fit rmsnorm(x_S) -> rmsnorm(x_l) instead of the raw streams
+                            * (measured worse on SmolLM2: docs/RIDGEFILL.md) */
 } rk_calib_params;
 
 typedef struct rk_calib_report {
@@ -263,6 +263,7 @@ typedef struct rk_lowram_params {
     int32_t budget;       /* compressed rows attended per query and (layer, KV head) (0: 512) */
     bool dense;           /* attend to every compressed row (for checking) */
     bool no_summary;      /* ablation: unselected chunks are dropped, not one summary row each */
+    bool no_cache;        /* ablation: no cache of rebuilt keys between decode steps */
     bool bound;           /* select chunks by an upper bound of q·k (per-dim key min/max per chunk,
                              Quest-style; 2 more f16 rows per chunk) instead of q·mean */
     bool query_pca;       /* key basis by query-weighted logit error, not key energy (no gain measured) */
@@ -284,7 +285,7 @@ rk_lowram_params rk_lowram_params_default(void);
  * its current values. Keys: ratio, rank, energy, group, window, sinks, chunk, resid,
  * budget, evict, obs, lambda, fitrows, threads, coef=f16|f32|int8, rtype=int8|int4|f16,
  * pred=FILE (must come last: the rest of the spec is the path); flags: dense, mass,
- * keys_only, nosumm, qpca, bound. */
+ * keys_only, nosumm, qpca, bound, nocache. */
 rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err);
 
 /* Turns LowRAM on (p != NULL) or off (p == NULL) for the session. Off is refused once
@@ -307,6 +308,8 @@ typedef struct rk_kv_bytes {
     uint64_t landmarks;   /* per chunk: mean key per layer, mean coefficients per group (f16);
                              open-chunk sums (f32) */
     uint64_t meta;        /* positions, residual masks/offsets, thresholds, RoPE table */
+    uint64_t key_cache;   /* decode's cache of rebuilt keys: (budget/chunk + 2) chunks per
+                             (layer, KV head), f16, with slot tags */
     uint64_t total;
     uint64_t f16_equiv;   /* plain f16 K/V of the same tokens, for ratios */
     uint64_t scratch;     /* transient buffers (not in total) */
