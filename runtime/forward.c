@@ -26,6 +26,7 @@ void rk_session_destroy(rk_session *s) {
     free(s->x), free(s->xin), free(s->xs), free(s->xe), free(s->h), free(s->q), free(s->k);
     free(s->v), free(s->t), free(s->gate), free(s->up), free(s->logits);
     free(s->ex_idx), free(s->fill_idx);
+    rk_kvc_destroy(s->kvc);
     rk_backend_destroy(s->be);
     free(s);
 }
@@ -180,6 +181,11 @@ static void scatter_rows(float *dst, const float *src, const int32_t *idx, int64
 
 static rk_status attention(rk_session *s, int l, float *q, int64_t n_q, int64_t pos0, float *out, rk_err *err) {
     const rk_hparams *hp = &s->m->hp;
+    if (s->kvc) {
+        bool handled = false;
+        rk_status st = rk_kvc_attention(s->kvc, s, l, q, n_q, pos0, out, &handled, err);
+        if (st || handled) return st;
+    }
     const int64_t qd = (int64_t)hp->n_head * hp->head_dim, kvd = (int64_t)hp->n_head_kv * hp->head_dim;
     rk_op_args at = {.op = RK_OP_ATTN};
     at.src0 = act(q, qd, n_q);
@@ -255,6 +261,12 @@ static rk_status forward_chunk(rk_session *s, const int32_t *ids, int64_t n, flo
                     gather_rows(s->xs, s->x, s->fill_idx, n_fill, d);
                     gather_rows(s->x, s->x, s->ex_idx, n_ex, d); /* idx increasing: in place is safe */
                     compacted = true;
+                    /* normalised maps take rmsnorm(x_S); the cache writers' own RMSNorm makes
+                     * this invisible to identity fill and to layer S itself */
+                    if (s->fill.maps && s->fill.maps->normalized && n_fill > 0) {
+                        rk_view none = {RK_DT_F32, {d, 1, 1, 1}, (size_t)d * sizeof(float), NULL};
+                        if ((st = rmsnorm(s, s->xs, s->xs, none, n_fill, err))) return st;
+                    }
                 }
                 scatter_rows(s->xin, s->x, s->ex_idx, n_ex, d);
                 if (mode == RK_FILL_IDENTITY || l == split) {
@@ -374,6 +386,7 @@ rk_status rk_session_eval(rk_session *s, const int32_t *ids, size_t n, float *lo
             return rk_err_set(err, RK_E_CANCELLED, "session: cancelled after %zu of %zu tokens", done, n);
         }
     }
+    if (s->kvc) return rk_kvc_after_eval(s->kvc, s, (int64_t)n, err);
     return RK_OK;
 }
 

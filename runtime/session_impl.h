@@ -16,6 +16,7 @@ struct rk_ridge_maps {
     int32_t n_vocab;
     float keep_share, score_threshold_default;
     float lambda;
+    bool normalized;     /* maps act on rmsnorm(x_S) and predict rmsnorm(x_l) */
 };
 
 struct rk_session {
@@ -48,9 +49,22 @@ struct rk_session {
     float score_threshold; /* quality: token_score >= threshold -> kept exact */
     rk_session_counters counters;
     /* eval splice: copy exact K/V of layers [lo, hi) over the bulk rows before the tail */
+    struct rk_kv_codec *kvc;   /* LowRAM compressed KV (lowram.c); NULL: plain cache */
     const rk_session *splice_src;
     int splice_lo, splice_hi;
     bool splice_k, splice_v;
 };
 
 void rk_session_set_tap(rk_session *s, rk_tap_fn fn, void *ud);
+
+/* ---- LowRAM hooks (implemented in lowram.c) ------------------------------------
+ * The plain f16/f32 cache stays the write target for every new row; a codec keeps a
+ * compressed copy of older rows and may release their plain pages. forward.c calls: */
+typedef struct rk_kv_codec rk_kv_codec;
+/* After every successful eval call (n_new rows were appended at n_past - n_new). */
+rk_status rk_kvc_after_eval(rk_kv_codec *c, rk_session *s, int64_t n_new, rk_err *err);
+/* Attention for query rows at positions pos0.. of layer l when the codec holds
+ * compressed rows of that layer; *handled false: forward.c uses the plain cache. */
+rk_status rk_kvc_attention(rk_kv_codec *c, rk_session *s, int layer, const float *q, int64_t n_q, int64_t pos0,
+                           float *out, bool *handled, rk_err *err);
+void rk_kvc_destroy(rk_kv_codec *c);

@@ -258,7 +258,8 @@ typedef struct rk_lowram_params {
     int32_t chunk;        /* rows per landmark chunk and per compressed block (0: 32; 1..32) */
     float resid_share;    /* share of compressed rows per (layer, KV head) with a residual
                              (< 0: 0.25; 0: none; 1: all) */
-    bool resid_mass;      /* rank residuals by ||δ||² weighted by observed attention mass */
+    bool resid_mass;      /* rank residuals by ||δ||² weighted by the attention mass the last
+                             prompt queries give each row (default on; off: ||δ||² alone) */
     bool values_exact;    /* ablation "keys only": values stored exact (f16), no predictor */
     int32_t budget;       /* compressed rows attended per query and (layer, KV head) (0: 512) */
     bool dense;           /* attend to every compressed row (for checking) */
@@ -285,7 +286,7 @@ rk_lowram_params rk_lowram_params_default(void);
  * its current values. Keys: ratio, rank, energy, group, window, sinks, chunk, resid,
  * budget, evict, obs, lambda, fitrows, threads, coef=f16|f32|int8, rtype=int8|int4|f16,
  * pred=FILE (must come last: the rest of the spec is the path); flags: dense, mass,
- * keys_only, nosumm, qpca, bound, nocache. */
+ * nomass, keys_only, nosumm, qpca, bound, nocache. */
 rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err);
 
 /* Turns LowRAM on (p != NULL) or off (p == NULL) for the session. Off is refused once

@@ -1,0 +1,396 @@
+/* LowRAM: asymmetric KV compression (SPEC §3): parameters, the session hooks called by
+ * forward.c, byte accounting and the codec's lifetime. The fit lives in lowram_fit.c,
+ * attention in lowram_attn.c, the eigensolver in lowram_linalg.c, files in lowram_file.c. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "lowram_impl.h"
+#include "rk_kernels.h"
+
+rk_lowram_params rk_lowram_params_default(void) {
+    rk_lowram_params p;
+    memset(&p, 0, sizeof p);
+    p.ratio = 4.0f;
+    p.group = 3;
+    p.window = 128;
+    p.n_sink = 4;
+    p.chunk = 32;
+    p.resid_share = 0.25f;
+    p.resid_mass = true;
+    p.budget = 512;
+    p.coef_type = RK_DT_Q8_0;
+    p.resid_type = RK_DT_Q8_0;
+    p.obs_window = 32;
+    p.lambda = 1e-3f;
+    p.max_fit_rows = 4096;
+    return p;
+}
+
+static rk_status bad(rk_err *err, const char *what, const char *tok) {
+    return rk_err_set(err, RK_E_INVALID_ARG, "lowram: %s (got '%s')", what, tok);
+}
+
+static bool num(const char *v, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || end == v || *end || !(x >= lo && x <= hi)) return false;
+    *out = x;
+    return true;
+}
+
+rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err) {
+    rk_lowram_params q = *p;
+    char tok[1200];
+    for (const char *s = spec ? spec : ""; *s;) {
+        if (!strncmp(s, "pred=", 5)) {
+            if (strlen(s + 5) >= sizeof q.predictor || !s[5]) return bad(err, "pred= needs a path under 1024 bytes", s);
+            strcpy(q.predictor, s + 5);
+            break;
+        }
+        const char *e = strchr(s, ',');
+        size_t n = e ? (size_t)(e - s) : strlen(s);
+        if (n >= sizeof tok) return bad(err, "option too long", s);
+        memcpy(tok, s, n);
+        tok[n] = '\0';
+        s = e ? e + 1 : s + n;
+        if (!n) continue;
+        char *v = strchr(tok, '=');
+        double x;
+        if (!v) {
+            if (!strcmp(tok, "dense")) q.dense = true;
+            else if (!strcmp(tok, "mass")) q.resid_mass = true;
+            else if (!strcmp(tok, "nomass")) q.resid_mass = false;
+            else if (!strcmp(tok, "keys_only")) q.values_exact = true;
+            else if (!strcmp(tok, "nosumm")) q.no_summary = true;
+            else if (!strcmp(tok, "qpca")) q.query_pca = true;
+            else if (!strcmp(tok, "bound")) q.bound = true;
+            else if (!strcmp(tok, "nocache")) q.no_cache = true;
+            else return bad(err, "unknown flag (dense, mass, nomass, keys_only, nosumm, qpca, bound, nocache)", tok);
+            continue;
+        }
+        *v++ = '\0';
+        if (!strcmp(tok, "coef") || !strcmp(tok, "rtype")) {
+            uint32_t t;
+            if (!strcmp(v, "f16")) t = RK_DT_F16;
+            else if (!strcmp(v, "f32") && !strcmp(tok, "coef")) t = RK_DT_F32;
+            else if (!strcmp(v, "int8")) t = RK_DT_Q8_0;
+            else if (!strcmp(v, "int4") && !strcmp(tok, "rtype")) t = RK_DT_Q4_0;
+            else return bad(err, "coef= expects f16, f32 or int8; rtype= int8, int4 or f16", v);
+            *(!strcmp(tok, "coef") ? &q.coef_type : &q.resid_type) = t;
+            continue;
+        }
+        struct {
+            const char *k;
+            double lo, hi;
+            float *f;
+            int32_t *i;
+        } keys[] = {
+            {"ratio", 1, 1000, &q.ratio, NULL},          {"rank", 1, 1 << 20, NULL, &q.rank},
+            {"energy", 0.01, 1, &q.energy, NULL},        {"group", 1, 4096, NULL, &q.group},
+            {"window", 1, 1 << 24, NULL, &q.window},     {"sinks", 0, 1 << 16, NULL, &q.n_sink},
+            {"chunk", 1, 32, NULL, &q.chunk},            {"resid", 0, 1, &q.resid_share, NULL},
+            {"budget", 1, 1 << 24, NULL, &q.budget},     {"evict", 0, 0.95, &q.evict, NULL},
+            {"obs", 1, 4096, NULL, &q.obs_window},       {"lambda", 1e-9, 1e6, &q.lambda, NULL},
+            {"fitrows", 16, 1 << 24, NULL, &q.max_fit_rows}, {"threads", 1, 1024, NULL, &q.n_threads},
+        };
+        size_t k = 0;
+        for (; k < sizeof keys / sizeof keys[0]; k++)
+            if (!strcmp(tok, keys[k].k)) break;
+        if (k == sizeof keys / sizeof keys[0]) return bad(err, "unknown option", tok);
+        if (!num(v, keys[k].lo, keys[k].hi, &x)) {
+            char what[96];
+            snprintf(what, sizeof what, "%.16s= expects a number in [%.10g, %.10g]", tok, keys[k].lo, keys[k].hi);
+            return bad(err, what, v);
+        }
+        if (keys[k].f) *keys[k].f = (float)x;
+        else if (x != floor(x)) return bad(err, "expected an integer", v);
+        else *keys[k].i = (int32_t)x;
+        if (!strcmp(tok, "sinks") && x == 0) q.n_sink = -1;
+    }
+    *p = q;
+    return RK_OK;
+}
+
+/* Fills defaults for zero fields and checks ranges against the model. */
+static rk_status resolve(rk_lowram_params *p, const rk_hparams *hp, rk_err *err) {
+    const rk_lowram_params d = rk_lowram_params_default();
+    if (!(p->ratio > 0)) p->ratio = d.ratio;
+    if (p->group <= 0) p->group = d.group;
+    if (p->group > hp->n_layer) p->group = hp->n_layer;
+    if (p->window <= 0) p->window = d.window;
+    p->n_sink = p->n_sink == 0 ? d.n_sink : p->n_sink < 0 ? 0 : p->n_sink;
+    if (p->chunk <= 0) p->chunk = d.chunk;
+    if (p->chunk > 32) return rk_err_set(err, RK_E_INVALID_ARG, "lowram: chunk %d above 32", p->chunk);
+    if (p->resid_share < 0) p->resid_share = d.resid_share;
+    if (p->resid_share > 1) return rk_err_set(err, RK_E_INVALID_ARG, "lowram: resid share %g above 1", (double)p->resid_share);
+    if (p->budget <= 0) p->budget = d.budget;
+    if (p->coef_type != RK_DT_F16 && p->coef_type != RK_DT_F32 && p->coef_type != RK_DT_Q8_0)
+        return rk_err_set(err, RK_E_INVALID_ARG, "lowram: coefficient type %s (f16, f32 or int8)", rk_dtype_name(p->coef_type));
+    if (p->resid_type == RK_DT_F32) p->resid_type = d.resid_type;
+    if (p->resid_type != RK_DT_Q8_0 && p->resid_type != RK_DT_Q4_0 && p->resid_type != RK_DT_F16)
+        return rk_err_set(err, RK_E_INVALID_ARG, "lowram: residual type %s (int8, int4 or f16)", rk_dtype_name(p->resid_type));
+    if (p->resid_type == RK_DT_Q4_0 && hp->head_dim % 2)
+        return rk_err_set(err, RK_E_UNSUPPORTED, "lowram: int4 residuals need an even head dim (%d)", hp->head_dim);
+    if (!(p->evict >= 0 && p->evict <= 0.95f))
+        return rk_err_set(err, RK_E_INVALID_ARG, "lowram: evict share %g outside [0, 0.95]", (double)p->evict);
+    if (p->obs_window <= 0) p->obs_window = d.obs_window;
+    if (!(p->lambda > 0)) p->lambda = d.lambda;
+    if (p->max_fit_rows <= 0) p->max_fit_rows = d.max_fit_rows;
+    if (p->values_exact) p->resid_share = 1.0f, p->resid_type = RK_DT_F16;
+    if (hp->n_head_kv > 64)
+        return rk_err_set(err, RK_E_UNSUPPORTED, "lowram: %d KV heads (at most 64)", hp->n_head_kv);
+    if (hp->n_rot % 2 || hp->n_rot > hp->head_dim)
+        return rk_err_set(err, RK_E_UNSUPPORTED, "lowram: rotary dims %d of head dim %d", hp->n_rot, hp->head_dim);
+    return RK_OK;
+}
+
+void rk_kvc_destroy(rk_kv_codec *c) {
+    if (!c) return;
+    lr_scratch_free(c);
+    for (int gi = 0; c->g && gi < c->n_group; gi++) {
+        lr_group *g = &c->g[gi];
+        free(g->mean), free(g->wdim), free(g->winv), free(g->basis), free(g->pos), free(g->coef), free(g->cmean);
+        free(g->open_c);
+    }
+    for (int l = 0; c->ly && l < c->n_layer; l++) {
+        lr_layer *L = &c->ly[l];
+        free(L->W), free(L->b), free(L->lmk), free(L->open_sum), free(L->lmin), free(L->lmax), free(L->open_min);
+        free(L->open_max);
+        for (int h = 0; L->h && h < c->n_head_kv; h++) free(L->h[h].res), free(L->h[h].mask), free(L->h[h].base);
+        free(L->h);
+    }
+    free(c->g), free(c->ly), free(c->freq), free(c->rope), free(c->qsq), free(c->obs_q), free(c->obs_pos), free(c->obs_n);
+    rk_gguf_destroy(c->pgguf);
+    rk_mapping_close(&c->pmap);
+    rk_pool_destroy(c->pool);
+    free(c);
+}
+
+static rk_status codec_create(rk_session *s, const rk_lowram_params *pp, rk_kv_codec **out, char *warning,
+                              size_t warning_cap, rk_err *err) {
+    const rk_hparams *hp = &s->m->hp;
+    rk_kv_codec *c = calloc(1, sizeof *c);
+    if (!c) return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory");
+    rk_status st;
+    c->p = *pp;
+    if ((st = resolve(&c->p, hp, err))) goto fail;
+    c->n_layer = hp->n_layer, c->n_head = hp->n_head, c->n_head_kv = hp->n_head_kv, c->hd = hp->head_dim;
+    c->kvd = hp->n_head_kv * hp->head_dim, c->n_rot = hp->n_rot, c->rope_mode = hp->rope_mode;
+    c->n_ctx = s->n_ctx;
+    c->cap_chunks = (c->n_ctx + c->p.chunk - 1) / c->p.chunk;
+    c->res_bytes = c->p.resid_type == RK_DT_Q8_0 ? 2u + (size_t)c->hd
+                   : c->p.resid_type == RK_DT_Q4_0 ? 2u + (size_t)c->hd / 2 : 2u * (size_t)c->hd;
+    c->wide = c->p.coef_type == RK_DT_F32;
+    c->n_seen = s->n_past;
+    c->comp_end = c->released_end = c->p.n_sink;
+    c->n_group = (c->n_layer + c->p.group - 1) / c->p.group;
+    c->g = calloc((size_t)c->n_group, sizeof *c->g);
+    c->ly = calloc((size_t)c->n_layer, sizeof *c->ly);
+    c->freq = malloc((size_t)(c->n_rot / 2 + 1) * sizeof(double));
+    c->rope = malloc((size_t)c->n_ctx * (c->n_rot > 0 ? c->n_rot : 1) * sizeof(float));
+    c->qsq = calloc((size_t)c->n_layer * c->kvd, sizeof(double));
+    if (!c->g || !c->ly || !c->freq || !c->rope || !c->qsq) goto nomem;
+    for (int i = 0; i < c->n_rot / 2; i++) c->freq[i] = pow((double)hp->rope_base, -2.0 * i / c->n_rot);
+    for (int gi = 0; gi < c->n_group; gi++) {
+        lr_group *g = &c->g[gi];
+        g->l0 = gi * c->p.group;
+        g->n_l = c->n_layer - g->l0 < c->p.group ? c->n_layer - g->l0 : c->p.group;
+        g->D = g->n_l * c->kvd;
+        if (g->D > c->D_max) c->D_max = g->D;
+        for (int li = 0; li < g->n_l; li++) {
+            lr_layer *L = &c->ly[g->l0 + li];
+            L->grp = gi, L->li = li;
+            L->h = calloc((size_t)c->n_head_kv, sizeof *L->h);
+            if (!L->h) goto nomem;
+        }
+    }
+    if (c->p.evict > 0 || c->p.resid_mass) {
+        const size_t W = (size_t)c->p.obs_window, qd = (size_t)c->n_head * c->hd;
+        c->obs_q = malloc((size_t)c->n_layer * W * qd * sizeof(float));
+        c->obs_pos = malloc((size_t)c->n_layer * W * sizeof(int64_t));
+        c->obs_n = calloc((size_t)c->n_layer, sizeof(int32_t));
+        if (!c->obs_q || !c->obs_pos || !c->obs_n) goto nomem;
+    }
+    if (c->p.predictor[0] && (st = lr_pred_open(c, s->m, warning, warning_cap, err))) goto fail;
+    c->n_threads = c->p.n_threads > 0 ? c->p.n_threads : s->p.n_threads > 0 ? s->p.n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (c->n_threads < 1) c->n_threads = 1;
+    if (c->n_threads > 1 && (st = rk_pool_create(c->n_threads, &c->pool, err))) goto fail;
+    if (c->pool) c->n_threads = rk_pool_size(c->pool);
+    *out = c;
+    return RK_OK;
+nomem:
+    st = rk_err_set(err, RK_E_NOMEM, "lowram: out of memory creating the codec");
+fail:
+    rk_kvc_destroy(c);
+    return st;
+}
+
+rk_status rk_session_set_lowram(rk_session *s, const rk_lowram_params *p, char *warning, size_t warning_cap,
+                                rk_err *err) {
+    if (warning && warning_cap) warning[0] = '\0';
+    rk_kv_codec *c = s->kvc;
+    if (c && c->fitted && s->n_past > c->p.n_sink)
+        return rk_err_set(err, RK_E_INVALID_ARG,
+                          "lowram: %lld rows are compressed; reset the session before changing LowRAM settings",
+                          (long long)s->n_past);
+    rk_kv_codec *nc = NULL;
+    if (p) {
+        rk_status st = codec_create(s, p, &nc, warning, warning_cap, err);
+        if (st) return st;
+    }
+    rk_kvc_destroy(c);
+    s->kvc = nc;
+    return RK_OK;
+}
+
+/* The session went back to position n (truncate / reset / failed eval). */
+static void rewind_to(rk_kv_codec *c, int64_t n) {
+    lr_truncate(c, n);
+    if (n <= c->p.n_sink) {
+        c->fitted = false; /* a new prompt: the next fit starts from scratch */
+        c->comp_end = c->released_end = c->p.n_sink;
+        memset(c->qsq, 0, (size_t)c->n_layer * c->kvd * sizeof(double));
+    }
+    if (c->obs_n) memset(c->obs_n, 0, (size_t)c->n_layer * sizeof(int32_t));
+    c->n_seen = n;
+}
+
+static void observe(rk_kv_codec *c, int l, const float *q, int64_t n_q, int64_t pos0) {
+    const int W = c->p.obs_window, qd = c->n_head * c->hd;
+    for (int64_t i = n_q > W ? n_q - W : 0; i < n_q; i++) {
+        const int slot = c->obs_n[l] % W;
+        memcpy(c->obs_q + ((size_t)l * W + slot) * qd, q + i * qd, (size_t)qd * sizeof(float));
+        c->obs_pos[(size_t)l * W + slot] = pos0 + i;
+        c->obs_n[l] = c->obs_n[l] + 1 == 2 * W ? W : c->obs_n[l] + 1; /* stays >= W once full */
+    }
+}
+
+rk_status rk_kvc_attention(rk_kv_codec *c, rk_session *s, int layer, const float *q, int64_t n_q, int64_t pos0,
+                           float *out, bool *handled, rk_err *err) {
+    *handled = false;
+    if (s->n_past < c->n_seen) rewind_to(c, s->n_past);
+    if (!c->fitted) {
+        /* prefill queries: second moments per KV-head dim for the key basis, and the last
+         * rows for SnapKV / mass-weighted residuals */
+        const int grp = c->n_head / c->n_head_kv, hd = c->hd;
+        double *qs = c->qsq + (size_t)layer * c->kvd;
+        for (int64_t i = 0; i < n_q; i++)
+            for (int qh = 0; qh < c->n_head; qh++) {
+                const float *qv = q + (i * c->n_head + qh) * hd;
+                double *t = qs + (size_t)(qh / grp) * hd;
+                for (int d = 0; d < hd; d++) t[d] += (double)qv[d] * qv[d];
+            }
+        if (c->obs_q) observe(c, layer, q, n_q, pos0);
+        return RK_OK;
+    }
+    if (c->comp_end <= c->p.n_sink) return RK_OK; /* nothing compressed: the plain cache is whole */
+    *handled = true;
+    return lr_attention(c, s, layer, q, n_q, pos0, out, err);
+}
+
+rk_status rk_kvc_after_eval(rk_kv_codec *c, rk_session *s, int64_t n_new, rk_err *err) {
+    const int64_t start = s->n_past - n_new, n = s->n_past;
+    if (start < c->n_seen) rewind_to(c, start);
+    lr_rope_fill(c, n);
+    rk_status st = RK_OK;
+    const int64_t sink = c->p.n_sink, C = c->p.chunk;
+    if (!c->fitted) {
+        /* enough rows to fit on, and at least one chunk to compress */
+        if (n - sink - c->p.window >= C && n - sink >= 128) {
+            if ((st = lr_fit(c, s, err)) || (st = lr_scratch_alloc(c, err))) {
+                c->fitted = false;
+                return st;
+            }
+        }
+    } else {
+        int64_t end = n - c->p.window;
+        end = end > c->comp_end ? c->comp_end + (end - c->comp_end) / C * C : c->comp_end;
+        if ((st = lr_compress(c, s, end, err))) return st;
+    }
+    c->n_seen = n;
+    return RK_OK;
+}
+
+/* ---- accounting ---------------------------------------------------------------------- */
+
+void rk_session_kv_bytes(const rk_session *s, rk_kv_bytes *o) {
+    const rk_hparams *hp = &s->m->hp;
+    const rk_kv_codec *c = s->kvc;
+    memset(o, 0, sizeof *o);
+    const uint64_t row_all = 2ull * (uint64_t)hp->n_layer * s->kv_row_bytes; /* K and V, every layer */
+    o->n_tokens = s->n_past;
+    o->f16_equiv = (uint64_t)s->n_past * 2ull * hp->n_layer * hp->n_head_kv * hp->head_dim * 2ull;
+    if (c) {
+        o->scratch = c->scratch_bytes;
+        if (c->obs_q)
+            o->scratch += (uint64_t)c->n_layer * c->p.obs_window * ((uint64_t)c->n_head * c->hd * 4 + 8) + 4ull * c->n_layer;
+    }
+    if (!c || !c->fitted || c->comp_end <= c->p.n_sink) {
+        o->n_exact_rows = s->n_past;
+        o->exact = (uint64_t)s->n_past * row_all;
+        o->total = o->exact;
+        return;
+    }
+    const int64_t sink = c->p.n_sink < s->n_past ? c->p.n_sink : s->n_past;
+    o->n_exact_rows = sink + (s->n_past - c->comp_end);
+    o->exact = (uint64_t)o->n_exact_rows * row_all;
+    for (int gi = 0; gi < c->n_group; gi++) {
+        const lr_group *g = &c->g[gi];
+        const uint64_t n_ch = (uint64_t)((g->n_rows + c->p.chunk - 1) / c->p.chunk);
+        o->coef += (uint64_t)g->n_rows * g->coef_bytes;
+        const uint64_t elt = c->wide ? 4 : 2;
+        o->bases += 3ull * g->D * sizeof(float) + (uint64_t)g->r * g->D * elt;
+        o->landmarks += n_ch * g->r * sizeof(uint16_t) + (uint64_t)g->r * sizeof(float);
+        o->meta += (uint64_t)g->n_rows * sizeof(int32_t);
+        for (int li = 0; li < g->n_l; li++) {
+            const lr_layer *L = &c->ly[g->l0 + li];
+            if (!c->p.values_exact) o->predictors += (uint64_t)g->r * c->kvd * elt + (uint64_t)c->kvd * sizeof(float);
+            o->landmarks += n_ch * c->kvd * sizeof(uint16_t) + (uint64_t)c->kvd * sizeof(float);
+            if (c->p.bound) o->landmarks += 2 * (n_ch * c->kvd * sizeof(uint16_t) + (uint64_t)c->kvd * sizeof(float));
+            for (int h = 0; h < c->n_head_kv; h++) {
+                o->residuals += (uint64_t)L->h[h].n_res * c->res_bytes;
+                o->meta += n_ch * (sizeof(uint32_t) + sizeof(int32_t)) + sizeof(float);
+                o->key_cache += (uint64_t)L->h[h].n_kc * ((uint64_t)c->p.chunk * c->hd * sizeof(uint16_t) + 16);
+            }
+        }
+    }
+    o->meta += (uint64_t)c->rope_filled * c->n_rot * sizeof(float);
+    o->n_compressed_rows = c->g[0].n_rows;
+    o->n_evicted_rows = (c->comp_end - c->p.n_sink) - c->g[0].n_rows;
+    o->total = o->exact + o->coef + o->bases + o->predictors + o->residuals + o->landmarks + o->meta + o->key_cache;
+}
+
+void rk_session_lowram_stats(const rk_session *s, rk_lowram_stats *o) {
+    const rk_kv_codec *c = s->kvc;
+    memset(o, 0, sizeof *o);
+    if (!c) return;
+    *o = c->stats;
+    o->fitted = c->fitted;
+    if (!c->fitted) return;
+    o->n_group = c->n_group;
+    o->rank_min = 1 << 30;
+    double et = 0, ek = 0, r2 = 0;
+    for (int gi = 0; gi < c->n_group; gi++) {
+        const lr_group *g = &c->g[gi];
+        o->rank_min = g->r < o->rank_min ? g->r : o->rank_min;
+        o->rank_max = g->r > o->rank_max ? g->r : o->rank_max;
+        et += g->energy_total, ek += g->energy_kept;
+    }
+    o->key_rel_err = et > 0 ? 1.0 - ek / et : 0;
+    for (int l = 0; l < c->n_layer; l++)
+        for (int h = 0; h < c->n_head_kv; h++) {
+            r2 += c->ly[l].h[h].r2;
+            o->n_resid_rows += c->ly[l].h[h].n_res;
+            if (l < 256 && h < 8) o->value_r2[l][h] = c->ly[l].h[h].r2;
+        }
+    o->value_r2_mean = r2 / ((double)c->n_layer * c->n_head_kv);
+    for (int t = 0; c->scr && t < c->n_threads; t++) {
+        o->rows_rebuilt += c->scr[t].n_rebuilt;
+        o->rows_attended += c->scr[t].n_attended;
+    }
+}

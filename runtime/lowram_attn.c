@@ -1,0 +1,478 @@
+/* LowRAM attention: exact softmax attention over sinks + window (plain cache) and over
+ * compressed chunks rebuilt on the fly (K = RoPE(mean + C·B)); values are accumulated in
+ * coefficient space (Σ a·c, then one product with the predictor W) plus the stored
+ * residuals. Decode picks chunks by landmark score within the token budget; dense mode
+ * and longer evals visit every chunk, one chunk at a time (the cache is never rebuilt
+ * whole). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lowram_impl.h"
+#include "rk_kernels.h"
+
+#define LR_AI static inline __attribute__((always_inline))
+
+LR_AI float dotf(const float *restrict a, const float *restrict b, int n) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int u = 0; u < 8; u++) acc[u] += a[i + u] * b[i + u];
+    float t = 0;
+    for (; i < n; i++) t += a[i] * b[i];
+    return t + ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+LR_AI void axpy(float *restrict y, float a, const float *restrict x, int n) {
+    for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+LR_AI void scal(float *restrict y, float a, int n) {
+    for (int i = 0; i < n; i++) y[i] *= a;
+}
+
+/* One (layer, KV head, query tile) of work. State row j = local query i * grp + jj. */
+typedef struct head_task {
+    rk_kv_codec *c;
+    const rk_session *s;
+    lr_scratch *x;
+    int l, h, grp, ns;       /* ns state rows */
+    int64_t i0, pos0;        /* first query row of the tile and its position */
+    const float *q;          /* (n_q, q_dim) */
+    float *out;
+    bool sparse, use_c;      /* use_c: values have a predictor (acc_c is needed) */
+} head_task;
+
+LR_AI const float *q_of(const head_task *t, int j) {
+    const int qd = t->c->n_head * t->c->hd;
+    return t->q + (t->i0 + j / t->grp) * qd + (size_t)(t->h * t->grp + j % t->grp) * t->c->hd;
+}
+
+/* Scores of nb keys kb for every state row, then the online-softmax rescale; returns per
+ * state row the weights in x->sc (0 for keys a query may not see). kpos0 >= 0: keys sit
+ * at kpos0.. and are causal-masked; < 0: every key is visible. */
+LR_AI void scores(const head_task *t, const float *kb, int nb, int64_t kpos0, const float *bias) {
+    const rk_kv_codec *c = t->c;
+    lr_scratch *x = t->x;
+    const int hd = c->hd, C = c->p.chunk, rc = c->g[c->ly[t->l].grp].r;
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int j = 0; j < t->ns; j++) {
+        const float *qv = q_of(t, j);
+        float *sc = x->sc + (size_t)j * C;
+        int nv = nb;
+        if (kpos0 >= 0) {
+            const int64_t lim = t->pos0 + j / t->grp - kpos0 + 1; /* keys kpos0 + k, k < lim */
+            nv = lim < 0 ? 0 : lim < nb ? (int)lim : nb;
+        }
+        float mx = -INFINITY;
+        for (int k = 0; k < nv; k++) {
+            sc[k] = dotf(qv, kb + (size_t)k * hd, hd) * scale + (bias ? bias[k] : 0.0f);
+            mx = sc[k] > mx ? sc[k] : mx;
+        }
+        for (int k = nv; k < nb; k++) sc[k] = 0;
+        if (nv == 0) continue;
+        float m_new = mx > x->st_m[j] ? mx : x->st_m[j];
+        if (m_new > x->st_m[j]) {
+            const float a = expf(x->st_m[j] - m_new); /* 0 on the first block */
+            x->st_l[j] *= a, x->st_a[j] *= a;
+            scal(x->acc_v + (size_t)j * hd, a, hd);
+            if (t->use_c) scal(x->acc_c + (size_t)j * c->r_max, a, rc);
+            x->st_m[j] = m_new;
+        }
+        float sum = 0;
+        for (int k = 0; k < nv; k++) sum += sc[k] = expf(sc[k] - m_new);
+        x->st_l[j] += sum;
+    }
+}
+
+/* Plain rows [p0, p1) of the layer: exact keys and values. */
+LR_AI void plain_rows(const head_task *t, int64_t p0, int64_t p1) {
+    const rk_kv_codec *c = t->c;
+    lr_scratch *x = t->x;
+    const int hd = c->hd, C = c->p.chunk;
+    const rk_quant_fns *f16 = rk_quant_fast(RK_DT_F16);
+    for (int64_t b0 = p0; b0 < p1; b0 += C) {
+        const int nb = p1 - b0 < C ? (int)(p1 - b0) : C;
+        for (int k = 0; k < nb; k++) {
+            const size_t off = (size_t)(b0 + k) * t->s->kv_row_bytes + (size_t)t->h * hd * (t->s->kv_type == RK_DT_F32 ? 4 : 2);
+            const uint8_t *kr = (const uint8_t *)t->s->k_cache[t->l] + off, *vr = (const uint8_t *)t->s->v_cache[t->l] + off;
+            if (t->s->kv_type == RK_DT_F32) {
+                memcpy(x->kb + (size_t)k * hd, kr, (size_t)hd * sizeof(float));
+                memcpy(x->vb + (size_t)k * hd, vr, (size_t)hd * sizeof(float));
+            } else {
+                f16->to_f32(kr, x->kb + (size_t)k * hd, hd);
+                f16->to_f32(vr, x->vb + (size_t)k * hd, hd);
+            }
+        }
+        scores(t, x->kb, nb, b0, NULL);
+        for (int j = 0; j < t->ns; j++) {
+            const float *w = x->sc + (size_t)j * C;
+            float *av = x->acc_v + (size_t)j * hd;
+            for (int k = 0; k < nb; k++)
+                if (w[k] != 0) axpy(av, w[k], x->vb + (size_t)k * hd, hd);
+        }
+        x->n_attended += (uint64_t)nb;
+    }
+}
+
+/* Rebuilt post-RoPE keys of chunk ch into x->kb: from the key cache when it holds them
+ * (sparse decode), else K = RoPE(mean + (C·B)/s), then cached over the least recently used
+ * slot that this call has not used. */
+LR_AI void chunk_keys(const head_task *t, int64_t ch, int nb) {
+    rk_kv_codec *c = t->c;
+    lr_scratch *x = t->x;
+    const lr_layer *L = &c->ly[t->l];
+    const lr_group *g = &c->g[L->grp];
+    lr_head *H = &c->ly[t->l].h[t->h];
+    const int hd = c->hd, C = c->p.chunk, r = g->r;
+    const int64_t r0 = ch * C;
+    const rk_quant_fns *f16 = rk_quant_fast(RK_DT_F16);
+    int victim = -1;
+    if (t->sparse && H->n_kc) {
+        for (int i = 0; i < H->n_kc; i++)
+            if (H->kc_ch[i] == ch && H->kc_rows[i] == nb && H->kc_epoch[i] == c->epoch) {
+                H->kc_used[i] = c->n_calls;
+                f16->to_f32(H->kc + (size_t)i * C * hd, x->kb, (int64_t)nb * hd);
+                return;
+            }
+        for (int i = 0; i < H->n_kc; i++)
+            if (H->kc_used[i] != c->n_calls && (victim < 0 || H->kc_used[i] < H->kc_used[victim])) victim = i;
+    }
+    const size_t off = (size_t)L->li * c->kvd + (size_t)t->h * hd;
+    lr_matmul(nb, hd, r, x->cf, r, x->bsl, hd, x->kb, hd);
+    const float *mu = g->mean + off, *wi = g->winv + off;
+    for (int k = 0; k < nb; k++) {
+        float *kr = x->kb + (size_t)k * hd;
+        for (int d = 0; d < hd; d++) kr[d] = kr[d] * wi[d] + mu[d];
+        lr_rope_row(c, kr, 1, g->pos[r0 + k], false);
+    }
+    x->n_rebuilt += (uint64_t)nb;
+    if (victim >= 0) {
+        uint16_t *dst = H->kc + (size_t)victim * C * hd;
+        for (int i = 0; i < nb * hd; i++) dst[i] = rk_f32_to_f16(x->kb[i]);
+        f16->to_f32(dst, x->kb, (int64_t)nb * hd); /* a hit later sees exactly these keys */
+        H->kc_ch[victim] = (int32_t)ch, H->kc_rows[victim] = nb, H->kc_epoch[victim] = c->epoch;
+        H->kc_used[victim] = c->n_calls;
+    }
+}
+
+/* Compressed chunk ch: its keys for this (layer, head), scores, accumulation. */
+LR_AI void comp_chunk(const head_task *t, int64_t ch) {
+    const rk_kv_codec *c = t->c;
+    lr_scratch *x = t->x;
+    const lr_layer *L = &c->ly[t->l];
+    const lr_group *g = &c->g[L->grp];
+    const lr_head *H = &L->h[t->h];
+    const int hd = c->hd, C = c->p.chunk, r = g->r;
+    const int64_t r0 = ch * C;
+    const int nb = g->n_rows - r0 < C ? (int)(g->n_rows - r0) : C;
+    lr_coef_rows(c, g, r0, nb, x->cf);
+    chunk_keys(t, ch, nb);
+    scores(t, x->kb, nb, -1, NULL);
+    const uint32_t mask = H->mask[ch];
+    int64_t slot = H->base[ch];
+    for (int k = 0; k < nb; k++) {
+        const bool has_res = (mask >> k) & 1u;
+        if (has_res) lr_res_row(c, H, slot++, x->row);
+        for (int j = 0; j < t->ns; j++) {
+            const float w = x->sc[(size_t)j * C + k];
+            if (t->use_c) axpy(x->acc_c + (size_t)j * c->r_max, w, x->cf + (size_t)k * r, r);
+            x->st_a[j] += w;
+            if (has_res) axpy(x->acc_v + (size_t)j * hd, w, x->row, hd);
+        }
+    }
+    x->n_attended += (uint64_t)nb;
+}
+
+static int cmp_desc(const void *a, const void *b) {
+    float u = *(const float *)a, v = *(const float *)b;
+    return (u < v) - (u > v);
+}
+
+/* Chunks whose landmark scores highest (max over the state rows), budget / chunk of them. */
+LR_AI int64_t select_chunks(const head_task *t, int64_t n_ch) {
+    const rk_kv_codec *c = t->c;
+    lr_scratch *x = t->x;
+    const lr_layer *L = &c->ly[t->l];
+    const int hd = c->hd;
+    int64_t n_sel = (c->p.budget + c->p.chunk - 1) / c->p.chunk;
+    if (n_sel >= n_ch) {
+        for (int64_t i = 0; i < n_ch; i++) x->sel[i] = (int32_t)i;
+        return n_ch;
+    }
+    const rk_quant_fns *f16 = rk_quant_fast(RK_DT_F16);
+    for (int64_t ch = 0; ch < n_ch; ch++) {
+        float best = -INFINITY;
+        if (L->lmin) { /* max over keys in the box [min, max] of q·k: Σ_d max(q_d min_d, q_d max_d) */
+            float *lo = x->kb, *hi = x->vb;
+            f16->to_f32(L->lmin + (size_t)ch * c->kvd + (size_t)t->h * hd, lo, hd);
+            f16->to_f32(L->lmax + (size_t)ch * c->kvd + (size_t)t->h * hd, hi, hd);
+            for (int j = 0; j < t->ns; j++) {
+                const float *qv = q_of(t, j);
+                float d = 0;
+                for (int e = 0; e < hd; e++) d += fmaxf(qv[e] * lo[e], qv[e] * hi[e]);
+                best = d > best ? d : best;
+            }
+        } else {
+            f16->to_f32(L->lmk + (size_t)ch * c->kvd + (size_t)t->h * hd, x->row, hd);
+            for (int j = 0; j < t->ns; j++) {
+                float d = dotf(q_of(t, j), x->row, hd);
+                best = d > best ? d : best;
+            }
+        }
+        x->csc[ch] = best;
+    }
+    memcpy(x->csc2, x->csc, (size_t)n_ch * sizeof(float));
+    qsort(x->csc2, (size_t)n_ch, sizeof(float), cmp_desc);
+    const float th = x->csc2[n_sel - 1];
+    int64_t n = 0;
+    for (int64_t ch = 0; ch < n_ch && n < n_sel; ch++)
+        if (x->csc[ch] > th) x->sel[n++] = (int32_t)ch;
+    for (int64_t ch = 0; ch < n_ch && n < n_sel; ch++)
+        if (x->csc[ch] == th) x->sel[n++] = (int32_t)ch;
+    return n;
+}
+
+/* Chunks not selected: one row each, key = landmark, value = V̂ of the mean coefficients,
+ * weight = chunk size (log added to the score). Residuals are left out (mean ~ 0). */
+LR_AI void summaries(const head_task *t, int64_t n_ch) {
+    const rk_kv_codec *c = t->c;
+    lr_scratch *x = t->x;
+    const lr_layer *L = &c->ly[t->l];
+    const lr_group *g = &c->g[L->grp];
+    const int hd = c->hd, C = c->p.chunk, r = g->r;
+    const rk_quant_fns *f16 = rk_quant_fast(RK_DT_F16);
+    for (int64_t ch = 0; ch < n_ch;) {
+        int nb = 0;
+        for (; nb < C && ch < n_ch; ch++) {
+            if (x->mark[ch]) continue;
+            const int64_t rows = g->n_rows - ch * C < C ? g->n_rows - ch * C : C;
+            f16->to_f32(L->lmk + (size_t)ch * c->kvd + (size_t)t->h * hd, x->kb + (size_t)nb * hd, hd);
+            f16->to_f32(g->cmean + (size_t)ch * r, x->cf + (size_t)nb * r, r);
+            x->bias[nb++] = logf((float)rows);
+        }
+        if (!nb) break;
+        scores(t, x->kb, nb, -1, x->bias);
+        for (int k = 0; k < nb; k++)
+            for (int j = 0; j < t->ns; j++) {
+                const float w = x->sc[(size_t)j * C + k];
+                if (t->use_c) axpy(x->acc_c + (size_t)j * c->r_max, w, x->cf + (size_t)k * r, r);
+                x->st_a[j] += w;
+            }
+    }
+}
+
+LR_AI void head_run(head_task *t) {
+    const rk_kv_codec *c = t->c;
+    lr_scratch *x = t->x;
+    const lr_layer *L = &c->ly[t->l];
+    const lr_group *g = &c->g[L->grp];
+    const int hd = c->hd, qd = c->n_head * hd;
+    for (int j = 0; j < t->ns; j++) {
+        x->st_m[j] = -INFINITY, x->st_l[j] = 0, x->st_a[j] = 0;
+        memset(x->acc_v + (size_t)j * hd, 0, (size_t)hd * sizeof(float));
+        if (t->use_c) memset(x->acc_c + (size_t)j * c->r_max, 0, (size_t)g->r * sizeof(float));
+    }
+    const int64_t last = t->pos0 + t->ns / t->grp; /* one past the last query position */
+    const int off = L->li * c->kvd + t->h * hd;
+    lr_mat_f32(c, g->basis, (size_t)g->D, 0, g->r, off, hd, x->bsl);
+    if (t->use_c) lr_mat_f32(c, L->W, (size_t)c->kvd, 0, g->r, t->h * hd, hd, x->wsl);
+    plain_rows(t, 0, c->p.n_sink < last ? c->p.n_sink : last);
+    const int64_t n_ch = (g->n_rows + c->p.chunk - 1) / c->p.chunk;
+    if (t->sparse) {
+        const int64_t n = select_chunks(t, n_ch);
+        for (int64_t i = 0; i < n; i++) comp_chunk(t, x->sel[i]);
+        if (n < n_ch && !c->p.no_summary) {
+            memset(x->mark, 0, (size_t)n_ch);
+            for (int64_t i = 0; i < n; i++) x->mark[x->sel[i]] = 1;
+            summaries(t, n_ch);
+        }
+    } else {
+        for (int64_t ch = 0; ch < n_ch; ch++) comp_chunk(t, ch);
+    }
+    plain_rows(t, c->comp_end, last);
+    for (int j = 0; j < t->ns; j++) {
+        float *o = t->out + (t->i0 + j / t->grp) * qd + (size_t)(t->h * t->grp + j % t->grp) * hd;
+        float *av = x->acc_v + (size_t)j * hd;
+        if (t->use_c) {
+            lr_matmul(1, hd, g->r, x->acc_c + (size_t)j * c->r_max, g->r, x->wsl, hd, o, hd);
+            axpy(av, 1.0f, o, hd);
+        }
+        axpy(av, x->st_a[j], L->b + (size_t)t->h * hd, hd);
+        const float inv = 1.0f / x->st_l[j];
+        for (int d = 0; d < hd; d++) o[d] = av[d] * inv;
+    }
+}
+
+static void head_run_plain(head_task *t) { head_run(t); }
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("avx2,fma,f16c"))) static void head_run_avx2(head_task *t) { head_run(t); }
+#define LR_HAVE_AVX2_CLONES 1
+#endif
+
+typedef struct attn_job {
+    rk_kv_codec *c;
+    const rk_session *s;
+    int l;
+    const float *q;
+    int64_t n_q, pos0, n_tiles, tile;
+    float *out;
+    bool sparse, avx2;
+} attn_job;
+
+static void attn_worker(void *vp, int tid, int nt) {
+    attn_job *a = vp;
+    rk_kv_codec *c = a->c;
+    const int grp = c->n_head / c->n_head_kv;
+    const int64_t n_items = a->n_tiles * c->n_head_kv;
+    for (int64_t it = tid; it < n_items; it += nt) {
+        const int64_t tile = it / c->n_head_kv, i0 = tile * a->tile;
+        const int64_t ni = a->n_q - i0 < a->tile ? a->n_q - i0 : a->tile;
+        head_task t = {c, a->s, &c->scr[tid], a->l, (int)(it % c->n_head_kv), grp, (int)(ni * grp), i0, a->pos0 + i0,
+                       a->q, a->out, a->sparse, !c->p.values_exact};
+#ifdef LR_HAVE_AVX2_CLONES
+        if (a->avx2) {
+            head_run_avx2(&t);
+            continue;
+        }
+#endif
+        head_run_plain(&t);
+    }
+}
+
+rk_status lr_attention(rk_kv_codec *c, rk_session *s, int layer, const float *q, int64_t n_q, int64_t pos0,
+                       float *out, rk_err *err) {
+    if (!c->scr) return rk_err_set(err, RK_E_INTERNAL, "lowram: attention before the scratch exists");
+    const bool sparse = !c->p.dense && n_q <= LR_SPARSE_MAX_Q;
+    attn_job a = {c, s, layer, q, n_q, pos0, 0, sparse ? LR_SPARSE_MAX_Q : LR_TILE, out, sparse, rk_cpu_has_avx2()};
+    c->n_calls++;
+    a.n_tiles = (n_q + a.tile - 1) / a.tile;
+    /* decode stays on the caller's thread: a second pool spinning next to the backend's
+     * costs more than the few heads of one step gain */
+    if (c->pool && !sparse && n_q > LR_SPARSE_MAX_Q) rk_pool_run(c->pool, attn_worker, &a);
+    else attn_worker(&a, 0, 1);
+    return RK_OK;
+}
+
+static void cwork_free(rk_kv_codec *c) {
+    for (int t = 0; c->cw && t < c->n_threads; t++) {
+        lr_cwork *w = &c->cw[t];
+        free(w->B), free(w->W), free(w->x), free(w->cf), free(w->v), free(w->vh), free(w->e2), free(w->crow), free(w->enc);
+        free((void *)w->res);
+    }
+    free(c->cw);
+    c->cw = NULL;
+}
+
+/* Compression work areas: f32 copies of one group's basis and predictors, row buffers. */
+static bool cwork_alloc(rk_kv_codec *c, size_t *bytes) {
+    const size_t R = (size_t)c->r_max, D = (size_t)c->D_max, G = (size_t)c->p.group, kvd = (size_t)c->kvd;
+    const size_t nh = (size_t)c->n_head_kv;
+    c->cw = calloc((size_t)c->n_threads, sizeof *c->cw);
+    if (!c->cw) return false;
+    for (int t = 0; t < c->n_threads; t++) {
+        lr_cwork *w = &c->cw[t];
+        w->B = malloc(R * D * sizeof(float));
+        w->W = malloc(G * R * kvd * sizeof(float));
+        w->x = malloc(LR_BLOCK * D * sizeof(float));
+        w->cf = malloc(LR_BLOCK * R * sizeof(float));
+        w->v = malloc(LR_BLOCK * kvd * sizeof(float));
+        w->vh = malloc(LR_BLOCK * kvd * sizeof(float));
+        w->e2 = malloc(LR_BLOCK * G * nh * sizeof(float));
+        w->crow = malloc(LR_BLOCK * (4 * R + 2));
+        w->enc = malloc(LR_BLOCK * G * nh * c->res_bytes);
+        w->res = malloc(G * nh * sizeof *w->res);
+        if (!w->B || !w->W || !w->x || !w->cf || !w->v || !w->vh || !w->e2 || !w->crow || !w->enc || !w->res)
+            return false;
+    }
+    *bytes = (size_t)c->n_threads * ((R * D + G * R * kvd + LR_BLOCK * (D + R + 2 * kvd + G * nh)) * sizeof(float) +
+                                     LR_BLOCK * (4 * R + 2 + G * nh * c->res_bytes) + G * nh * sizeof(void *));
+    return true;
+}
+
+static void kcache_free(rk_kv_codec *c) {
+    for (int l = 0; c->ly && l < c->n_layer; l++)
+        for (int h = 0; c->ly[l].h && h < c->n_head_kv; h++) {
+            lr_head *H = &c->ly[l].h[h];
+            free(H->kc_ch), free(H->kc_rows), free(H->kc_epoch), free(H->kc_used), free(H->kc);
+            H->kc_ch = H->kc_rows = NULL, H->kc_epoch = H->kc_used = NULL, H->kc = NULL, H->n_kc = 0;
+        }
+}
+
+/* Decode's key cache: per (layer, KV head) room for the budget's chunks and 2 more. */
+static bool kcache_alloc(rk_kv_codec *c) {
+    if (c->p.dense || c->p.no_cache) return true;
+    const int n = (int)((c->p.budget + c->p.chunk - 1) / c->p.chunk) + 2;
+    const size_t rows = (size_t)c->p.chunk * c->hd;
+    for (int l = 0; l < c->n_layer; l++)
+        for (int h = 0; h < c->n_head_kv; h++) {
+            lr_head *H = &c->ly[l].h[h];
+            H->kc_ch = malloc((size_t)n * sizeof(int32_t));
+            H->kc_rows = malloc((size_t)n * sizeof(int32_t));
+            H->kc_epoch = calloc((size_t)n, sizeof(uint32_t));
+            H->kc_used = calloc((size_t)n, sizeof(uint32_t));
+            H->kc = malloc((size_t)n * rows * sizeof(uint16_t));
+            if (!H->kc_ch || !H->kc_rows || !H->kc_epoch || !H->kc_used || !H->kc) return false;
+            for (int i = 0; i < n; i++) H->kc_ch[i] = -1;
+            H->n_kc = n;
+        }
+    return true;
+}
+
+void lr_scratch_free(rk_kv_codec *c) {
+    cwork_free(c);
+    kcache_free(c);
+    if (!c->scr) return;
+    for (int t = 0; t < c->n_threads; t++) {
+        lr_scratch *x = &c->scr[t];
+        free(x->kb), free(x->vb), free(x->cf), free(x->sc), free(x->st_m), free(x->st_l), free(x->st_a);
+        free(x->acc_v), free(x->acc_c), free(x->row), free(x->sel), free(x->csc), free(x->csc2), free(x->mark);
+        free(x->bias), free(x->bsl), free(x->wsl);
+    }
+    free(c->scr);
+    c->scr = NULL;
+    c->scratch_bytes = 0;
+}
+
+rk_status lr_scratch_alloc(rk_kv_codec *c, rk_err *err) {
+    lr_scratch_free(c);
+    c->r_max = 1;
+    for (int gi = 0; gi < c->n_group; gi++) c->r_max = c->g[gi].r > c->r_max ? c->g[gi].r : c->r_max;
+    c->scr = calloc((size_t)c->n_threads, sizeof *c->scr);
+    if (!c->scr) return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory for scratch");
+    const size_t C = (size_t)c->p.chunk, hd = (size_t)c->hd, ns = (size_t)LR_TILE * (c->n_head / c->n_head_kv);
+    const size_t R = (size_t)c->r_max, nch = (size_t)c->cap_chunks;
+    size_t floats = 2 * C * hd + C * R + ns * C + 3 * ns + ns * hd + ns * R + hd + 2 * nch + C + 2 * R * hd;
+    for (int t = 0; t < c->n_threads; t++) {
+        lr_scratch *x = &c->scr[t];
+        x->kb = malloc(C * hd * sizeof(float));
+        x->vb = malloc(C * hd * sizeof(float));
+        x->cf = malloc(C * R * sizeof(float));
+        x->sc = malloc(ns * C * sizeof(float));
+        x->st_m = malloc(ns * sizeof(float));
+        x->st_l = malloc(ns * sizeof(float));
+        x->st_a = malloc(ns * sizeof(float));
+        x->acc_v = malloc(ns * hd * sizeof(float));
+        x->acc_c = malloc(ns * R * sizeof(float));
+        x->row = malloc(hd * sizeof(float));
+        x->sel = malloc(nch * sizeof(int32_t));
+        x->csc = malloc(nch * sizeof(float));
+        x->csc2 = malloc(nch * sizeof(float));
+        x->mark = malloc(nch);
+        x->bias = malloc(C * sizeof(float));
+        x->bsl = malloc(R * hd * sizeof(float));
+        x->wsl = malloc(R * hd * sizeof(float));
+        if (!x->bsl || !x->wsl || !x->mark || !x->bias || !x->kb || !x->vb || !x->cf || !x->sc || !x->st_m || !x->st_l || !x->st_a || !x->acc_v || !x->acc_c ||
+            !x->row || !x->sel || !x->csc || !x->csc2) {
+            lr_scratch_free(c);
+            return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory for scratch");
+        }
+    }
+    size_t cw_bytes = 0;
+    if (!cwork_alloc(c, &cw_bytes) || !kcache_alloc(c)) {
+        lr_scratch_free(c);
+        return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory for scratch");
+    }
+    c->scratch_bytes = (size_t)c->n_threads * (floats * sizeof(float) + nch * (sizeof(int32_t) + 1)) + cw_bytes;
+    return RK_OK;
+}

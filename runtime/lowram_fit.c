@@ -1,0 +1,543 @@
+/* LowRAM fit: pre-RoPE keys of a layer group are stacked and projected on the rank-r
+ * eigenbasis of their centred Gram matrix; values get a ridge predictor in coefficient
+ * space; the hardest residuals are kept. Optional SnapKV eviction and mass-weighted
+ * residual choice use the attention mass of the last prefill queries. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
+#include "lowram_impl.h"
+#include "rk_kernels.h"
+
+/* ---- the fit ------------------------------------------------------------------------ */
+
+typedef struct fit_job {
+    rk_kv_codec *c;
+    rk_session *s;
+    int64_t n_past, comp_new;  /* fit rows [n_sink, n_past); stored rows [n_sink, comp_new) */
+    const float *mass;         /* (n_layer, n_head_kv, n_past - n_sink) or NULL */
+    const uint8_t *keep;       /* (n_group, comp_new - n_sink) or NULL: keep all */
+    rk_status *st;             /* (n_group) */
+} fit_job;
+
+/* Rank for a target ratio: bytes per compressed row and layer allowed by the ratio,
+ * less landmarks, positions, masks and residuals, buy key coefficients. */
+static int rank_for_ratio(const rk_kv_codec *c, const lr_group *g) {
+    const rk_lowram_params *p = &c->p;
+    /* keys_only keeps values exact: the ratio then applies to the keys alone */
+    double allowed = (p->values_exact ? 2.0 : 4.0) * c->kvd / p->ratio;
+    double fixed = 2.0 * c->kvd / p->chunk + 4.0 / g->n_l + 8.0 * c->n_head_kv / p->chunk;
+    double resid = p->values_exact ? 0 : p->resid_share * c->n_head_kv * (double)c->res_bytes;
+    double key = (allowed - fixed - resid) * g->n_l;
+    double elt = p->coef_type == RK_DT_F32 ? 4 : p->coef_type == RK_DT_F16 ? 2 : 1;
+    /* each coefficient also costs its share of the chunk's f16 mean coefficients */
+    int r = (int)((key - (p->coef_type == RK_DT_Q8_0 ? 2 : 0)) / (elt + 2.0 / p->chunk));
+    return r < 4 ? 4 : r;
+}
+
+static int choose_rank(const rk_kv_codec *c, const lr_group *g, const double *w, int n_w) {
+    int r;
+    if (c->p.rank > 0) {
+        r = c->p.rank;
+    } else if (c->p.energy > 0) {
+        double tot = 0, acc = 0;
+        for (int i = 0; i < n_w; i++) tot += w[i] > 0 ? w[i] : 0;
+        for (r = 0; r < n_w && acc < c->p.energy * tot; r++) acc += w[r] > 0 ? w[r] : 0;
+        if (r < 1) r = 1;
+    } else {
+        r = rank_for_ratio(c, g);
+    }
+    return r > n_w ? n_w : r;
+}
+
+static bool group_alloc(rk_kv_codec *c, lr_group *g) {
+    const rk_lowram_params *p = &c->p;
+    g->coef_bytes = p->coef_type == RK_DT_F32 ? 4u * g->r : p->coef_type == RK_DT_F16 ? 2u * g->r : 2u + g->r;
+    free(g->mean), free(g->wdim), free(g->winv), free(g->basis), free(g->pos), free(g->coef), free(g->cmean);
+    free(g->open_c);
+    g->mean = malloc((size_t)g->D * sizeof(float));
+    g->wdim = malloc((size_t)g->D * sizeof(float));
+    g->winv = malloc((size_t)g->D * sizeof(float));
+    g->basis = malloc((size_t)g->r * g->D * (c->wide ? 4 : 2));
+    g->pos = malloc((size_t)c->n_ctx * sizeof(int32_t));
+    g->coef = malloc((size_t)c->n_ctx * g->coef_bytes);
+    g->cmean = malloc((size_t)c->cap_chunks * g->r * sizeof(uint16_t));
+    g->open_c = calloc((size_t)g->r, sizeof(float));
+    g->n_rows = 0;
+    bool ok = g->mean && g->wdim && g->winv && g->basis && g->pos && g->coef && g->cmean && g->open_c;
+    for (int li = 0; li < g->n_l && ok; li++) {
+        lr_layer *L = &c->ly[g->l0 + li];
+        free(L->W), free(L->b);
+        L->W = calloc((size_t)g->r * c->kvd, c->wide ? 4 : 2); /* zero in f16 and f32 */
+        L->b = calloc((size_t)c->kvd, sizeof(float));
+        if (!L->lmk) L->lmk = malloc((size_t)c->cap_chunks * c->kvd * sizeof(uint16_t));
+        if (!L->open_sum) L->open_sum = calloc((size_t)c->kvd, sizeof(float));
+        ok = L->W && L->b && L->lmk && L->open_sum;
+        if (ok && c->p.bound && !L->lmin) {
+            L->lmin = malloc((size_t)c->cap_chunks * c->kvd * sizeof(uint16_t));
+            L->lmax = malloc((size_t)c->cap_chunks * c->kvd * sizeof(uint16_t));
+            L->open_min = calloc((size_t)c->kvd, sizeof(float));
+            L->open_max = calloc((size_t)c->kvd, sizeof(float));
+            ok = L->lmin && L->lmax && L->open_min && L->open_max;
+        }
+        for (int h = 0; h < c->n_head_kv && ok; h++) {
+            lr_head *H = &L->h[h];
+            if (!H->res) H->res = malloc((size_t)c->n_ctx * c->res_bytes);
+            if (!H->mask) H->mask = malloc((size_t)c->cap_chunks * sizeof(uint32_t));
+            if (!H->base) H->base = malloc((size_t)c->cap_chunks * sizeof(int32_t));
+            H->n_res = 0;
+            ok = H->res && H->mask && H->base;
+        }
+    }
+    return ok;
+}
+
+/* Mean and eigenbasis of the stacked keys of rows [n_sink, n_past) (strided). */
+/* Per-dim weights s (D) of group g: sqrt of the prefill queries' second moment on that
+ * key dim (rotation pairs averaged: RoPE spins each pair, so only its energy is stable),
+ * relative to the group mean, floored at 1e-3. E[(q·Δk)²] ≈ Σ_d w_d Δk_d², so the PCA of
+ * s-weighted keys minimises the expected logit error. All ones without query data. */
+static void dim_weights(const rk_kv_codec *c, const lr_group *g, float *s) {
+    const int half = c->n_rot / 2;
+    double tot = 0;
+    for (int d = 0; d < g->D; d++) tot += c->qsq ? c->qsq[(size_t)g->l0 * c->kvd + d] : 0;
+    if (!c->p.query_pca || !(tot > 0)) {
+        for (int d = 0; d < g->D; d++) s[d] = 1.0f;
+        return;
+    }
+    const double mean = tot / g->D;
+    for (int d = 0; d < g->D; d++) {
+        const int li = d / c->kvd, e = d % c->hd;
+        double w = c->qsq[(size_t)g->l0 * c->kvd + d];
+        if (e < c->n_rot) {
+            const int pe = c->rope_mode == RK_ROPE_NEOX ? (e < half ? e + half : e - half) : (e ^ 1);
+            w = 0.5 * (w + c->qsq[(size_t)(g->l0 + li) * c->kvd + (d % c->kvd) - e + pe]);
+        }
+        s[d] = (float)sqrt(fmax(w / mean, 1e-3));
+    }
+}
+
+static rk_status fit_basis(rk_kv_codec *c, const rk_session *s, lr_group *g, int64_t n_past) {
+    const int D = g->D;
+    const int64_t n_fit = n_past - c->p.n_sink, stride = (n_fit + c->p.max_fit_rows - 1) / c->p.max_fit_rows;
+    double *G = calloc((size_t)D * D, sizeof(double)), *sum = calloc((size_t)D, sizeof(double));
+    double *V = NULL;
+    float *x = malloc((size_t)64 * D * sizeof(float)), *w = malloc((size_t)D * sizeof(float)), *bf = NULL;
+    lr_eig eg = {0};
+    rk_status st = RK_E_NOMEM;
+    if (!G || !sum || !x || !w) goto done;
+    dim_weights(c, g, w);
+    int64_t n_g = 0;
+    for (int64_t p = c->p.n_sink; p < n_past;) {
+        int nb = 0;
+        for (; nb < 64 && p < n_past; nb++, p += stride) {
+            float *xr = x + (size_t)nb * D;
+            lr_stacked_key(c, s, g, p, xr);
+            for (int d = 0; d < D; d++) xr[d] *= w[d], sum[d] += xr[d];
+        }
+        lr_gram_add(D, nb, x, G);
+        n_g += nb;
+    }
+    for (int i = 0; i < D; i++) {
+        const double mi = sum[i] / (double)n_g;
+        for (int j = i; j < D; j++) {
+            double v = G[(size_t)i * D + j] - (double)n_g * mi * (sum[j] / (double)n_g);
+            G[(size_t)i * D + j] = G[(size_t)j * D + i] = v;
+        }
+    }
+    st = RK_E_INTERNAL;
+    if (!lr_eig_values(&eg, D, G)) goto done;
+    g->r = choose_rank(c, g, eg.w, D);
+    st = RK_E_NOMEM;
+    if (!(V = malloc((size_t)g->r * D * sizeof(double))) || !group_alloc(c, g)) goto done;
+    st = RK_E_INTERNAL;
+    if (!lr_eig_vectors(&eg, g->r, V)) goto done;
+    for (int d = 0; d < D; d++) {
+        g->wdim[d] = w[d], g->winv[d] = 1.0f / w[d];
+        g->mean[d] = (float)(sum[d] / (double)n_g) / w[d];
+    }
+    st = RK_E_NOMEM;
+    if (!(bf = malloc((size_t)g->r * D * sizeof(float)))) goto done;
+    for (size_t i = 0; i < (size_t)g->r * D; i++) bf[i] = (float)V[i];
+    lr_mat_store(c, g->basis, (size_t)g->r * D, bf);
+    st = RK_OK;
+done:
+    free(G), free(sum), free(V), free(x), free(w), free(bf);
+    lr_eig_free(&eg);
+    return st;
+}
+
+static rk_status file_basis(rk_kv_codec *c, lr_group *g, int gi) {
+    double *w = malloc((size_t)c->prank * sizeof(double));
+    if (!w) return RK_E_NOMEM;
+    bool ok = lr_pred_eig(c, gi, w);
+    g->r = choose_rank(c, g, w, c->prank);
+    free(w);
+    if (!ok) return RK_E_INTERNAL;
+    if (!group_alloc(c, g)) return RK_E_NOMEM;
+    for (int d = 0; d < g->D; d++) g->wdim[d] = g->winv[d] = 1.0f; /* offline bases are unweighted */
+    float *bf = malloc((size_t)g->r * g->D * sizeof(float));
+    if (!bf) return RK_E_NOMEM;
+    bool got = lr_pred_basis(c, gi, g->r, g->mean, bf);
+    if (got) lr_mat_store(c, g->basis, (size_t)g->r * g->D, bf);
+    free(bf);
+    return got ? RK_OK : RK_E_INTERNAL;
+}
+
+/* Ridge predictor of each layer's values from the dequantised coefficients Cq of the
+ * fit rows (strided): centred, one Cholesky per group for all its layers; with a file,
+ * shrunk towards the file's predictor instead of towards 0. */
+static rk_status fit_predictor(rk_kv_codec *c, const rk_session *s, lr_group *g, const float *Cq, int64_t n_fit,
+                               int64_t stride) {
+    const int r = g->r, m = g->n_l * c->kvd;
+    double *A = calloc((size_t)r * r, sizeof(double)), *B = calloc((size_t)r * m, sizeof(double));
+    double *mc = calloc((size_t)r, sizeof(double)), *mv = calloc((size_t)m, sizeof(double));
+    float *cb = malloc((size_t)64 * r * sizeof(float)), *ct = malloc((size_t)64 * r * sizeof(float));
+    float *vb = malloc((size_t)64 * m * sizeof(float)), *t = malloc((size_t)r * m * sizeof(float));
+    float *wp = malloc((size_t)r * c->kvd * sizeof(float)), *bp = malloc((size_t)c->kvd * sizeof(float));
+    rk_status st = RK_E_NOMEM;
+    if (!A || !B || !mc || !mv || !cb || !ct || !vb || !t || !wp || !bp) goto done;
+    int64_t n = 0;
+    for (int64_t i = 0; i < n_fit;) {
+        int nb = 0;
+        for (; nb < 64 && i < n_fit; nb++, i += stride) {
+            memcpy(cb + (size_t)nb * r, Cq + (size_t)i * r, (size_t)r * sizeof(float));
+            for (int li = 0; li < g->n_l; li++)
+                lr_plain_row(s, g->l0 + li, true, c->p.n_sink + i, vb + (size_t)nb * m + (size_t)li * c->kvd);
+        }
+        for (int a = 0; a < nb; a++) {
+            for (int k = 0; k < r; k++) mc[k] += cb[(size_t)a * r + k], ct[(size_t)k * nb + a] = cb[(size_t)a * r + k];
+            for (int j = 0; j < m; j++) mv[j] += vb[(size_t)a * m + j];
+        }
+        lr_gram_add(r, nb, cb, A);
+        lr_matmul(r, m, nb, ct, nb, vb, m, t, m); /* (r, m) = Cbᵀ Vb */
+        for (size_t k = 0; k < (size_t)r * m; k++) B[k] += t[k];
+        n += nb;
+    }
+    double tr = 0;
+    for (int k = 0; k < r; k++) mc[k] /= (double)n;
+    for (int j = 0; j < m; j++) mv[j] /= (double)n;
+    for (int i = 0; i < r; i++)
+        for (int j = i; j < r; j++) {
+            double v = A[(size_t)i * r + j] - (double)n * mc[i] * mc[j];
+            A[(size_t)i * r + j] = A[(size_t)j * r + i] = v;
+        }
+    for (int i = 0; i < r; i++) tr += A[(size_t)i * r + i];
+    const double lam = c->p.lambda * (tr > 0 ? tr / r : 1.0);
+    for (int i = 0; i < r; i++) {
+        A[(size_t)i * r + i] += lam;
+        for (int j = 0; j < m; j++) B[(size_t)i * m + j] -= (double)n * mc[i] * mv[j];
+    }
+    if (c->pgguf)
+        for (int li = 0; li < g->n_l; li++)
+            if (lr_pred_value(c, g->l0 + li, r, wp, bp))
+                for (int i = 0; i < r; i++)
+                    for (int j = 0; j < c->kvd; j++) B[(size_t)i * m + li * c->kvd + j] += lam * wp[(size_t)i * c->kvd + j];
+    st = RK_E_INTERNAL;
+    if (!lr_chol_solve(r, A, B, m)) goto done;
+    for (int li = 0; li < g->n_l; li++) {
+        lr_layer *L = &c->ly[g->l0 + li];
+        for (int j = 0; j < c->kvd; j++) {
+            double bj = mv[li * c->kvd + j];
+            for (int i = 0; i < r; i++) {
+                const double wij = B[(size_t)i * m + li * c->kvd + j];
+                wp[(size_t)i * c->kvd + j] = (float)wij;
+                bj -= mc[i] * wij;
+            }
+            L->b[j] = (float)bj;
+        }
+        lr_mat_store(c, L->W, (size_t)r * c->kvd, wp);
+    }
+    st = RK_OK;
+done:
+    free(A), free(B), free(mc), free(mv), free(cb), free(ct), free(vb), free(t), free(wp), free(bp);
+    return st;
+}
+
+static int cmp_desc(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+
+/* k-th largest of v (n), k >= 1 (sorts a copy). */
+static float kth_largest(const float *v, int64_t n, int64_t k, float *tmp) {
+    memcpy(tmp, v, (size_t)n * sizeof(float));
+    qsort(tmp, (size_t)n, sizeof(float), cmp_desc);
+    return tmp[k - 1];
+}
+
+static rk_status fit_group(fit_job *j, int gi) {
+    rk_kv_codec *c = j->c;
+    rk_session *s = j->s;
+    lr_group *g = &c->g[gi];
+    const int64_t sink = c->p.n_sink, n_fit = j->n_past - sink, n_cand = j->comp_new - sink;
+    const int nh = c->n_head_kv, n_lh = g->n_l * nh;
+    rk_status st = c->pgguf ? file_basis(c, g, gi) : fit_basis(c, s, g, j->n_past);
+    if (st) return st;
+    const int r = g->r;
+    float *B = NULL, *W = NULL;
+    const uint8_t *keep = j->keep ? j->keep + (size_t)gi * n_cand : NULL;
+    int64_t n_keep = 0;
+    for (int64_t i = 0; i < n_cand; i++) n_keep += !keep || keep[i];
+    const size_t nk = (size_t)(n_keep ? n_keep : 1);
+    float *Cq = malloc((size_t)n_fit * r * sizeof(float)), *x = malloc((size_t)64 * g->D * sizeof(float));
+    uint8_t *ecoef = malloc(nk * g->coef_bytes), *crow = malloc(g->coef_bytes);
+    uint8_t *eres = malloc(nk * n_lh * c->res_bytes), *sel = malloc(nk * n_lh);
+    float *e2 = malloc(nk * n_lh * sizeof(float)), *score = malloc(nk * sizeof(float));
+    float *e2u = malloc(nk * sizeof(float)), *tmp = malloc(nk * sizeof(float));
+    float *v = malloc((size_t)64 * c->kvd * sizeof(float)), *vh = malloc((size_t)64 * c->kvd * sizeof(float));
+    float *cqb = malloc((size_t)64 * r * sizeof(float));
+    const uint8_t **res = malloc((size_t)n_lh * sizeof *res);
+    double *sse = calloc((size_t)n_lh, sizeof(double)), *sst = calloc((size_t)n_lh * (c->hd + 1), sizeof(double));
+    st = RK_E_NOMEM;
+    if (!Cq || !x || !ecoef || !crow || !eres || !sel || !e2 || !score || !e2u || !tmp || !v || !vh || !cqb || !res ||
+        !sse || !sst || !lr_working_copies(c, g, &B, &W))
+        goto done;
+    /* coefficients of every fit row (as decoding will see them), 64 rows at a time; the
+     * stored rows encoded in order */
+    double e_tot = 0, e_kept = 0;
+    for (int64_t i0 = 0, k = 0; i0 < n_fit; i0 += 64) {
+        const int nb = n_fit - i0 < 64 ? (int)(n_fit - i0) : 64;
+        for (int a = 0; a < nb; a++) lr_stacked_key(c, s, g, sink + i0 + a, x + (size_t)a * g->D);
+        lr_project(g, B, nb, x, Cq + (size_t)i0 * r);
+        for (size_t d = 0; d < (size_t)nb * g->D; d++) e_tot += (double)x[d] * x[d];
+        for (int a = 0; a < nb; a++) {
+            const int64_t i = i0 + a;
+            float *cq = Cq + (size_t)i * r;
+            for (int d = 0; d < r; d++) e_kept += (double)cq[d] * cq[d];
+            const bool stored = i < n_cand && (!keep || keep[i]);
+            lr_encode_row(c->p.coef_type, cq, r, stored ? ecoef + (size_t)k++ * g->coef_bytes : crow);
+        }
+    }
+    g->energy_total = e_tot, g->energy_kept = e_kept;
+    const int64_t stride = (n_fit + c->p.max_fit_rows - 1) / c->p.max_fit_rows;
+    if (!c->p.values_exact && (st = fit_predictor(c, s, g, Cq, n_fit, stride))) goto done;
+    for (int li = 0; li < g->n_l; li++) /* the residuals see the stored (rounded) predictor */
+        lr_mat_f32(c, c->ly[g->l0 + li].W, (size_t)c->kvd, 0, r, 0, c->kvd, W + (size_t)li * r * c->kvd);
+    st = RK_E_NOMEM;
+    /* residuals of the stored rows, 64 at a time, and R² over them */
+    for (int64_t i = 0, k0 = 0; i < n_cand;) {
+        int64_t pos[64];
+        int nb = 0;
+        for (; nb < 64 && i < n_cand; i++)
+            if (!keep || keep[i]) {
+                pos[nb] = sink + i;
+                memcpy(cqb + (size_t)nb * r, Cq + (size_t)i * r, (size_t)r * sizeof(float));
+                nb++;
+            }
+        for (int li = 0; li < g->n_l; li++) {
+            for (int a = 0; a < nb; a++) {
+                lr_plain_row(s, g->l0 + li, true, pos[a], v);
+                for (int h = 0; h < nh; h++) {
+                    double *t = sst + (size_t)(li * nh + h) * (c->hd + 1);
+                    for (int d = 0; d < c->hd; d++) {
+                        const double vd = v[h * c->hd + d];
+                        t[d] += vd, t[c->hd] += vd * vd;
+                    }
+                }
+            }
+            float *ek = e2 + (size_t)k0 * n_lh + (size_t)li * nh;
+            lr_residuals(c, s, g, W, li, nb, pos, cqb, v, vh, eres + ((size_t)k0 * n_lh + (size_t)li * nh) * c->res_bytes,
+                         (size_t)n_lh * c->res_bytes, ek, (size_t)n_lh);
+            for (int a = 0; a < nb; a++)
+                for (int h = 0; h < nh; h++) sse[li * nh + h] += ek[(size_t)a * n_lh + h];
+        }
+        k0 += nb;
+    }
+    /* per (layer, head): the hardest share of rows by (optionally mass-weighted) ||δ||² */
+    const int64_t k_keep = (int64_t)llround(c->p.resid_share * (double)n_keep);
+    for (int q = 0; q < n_lh; q++) {
+        const int l = g->l0 + q / nh;
+        lr_head *H = &c->ly[l].h[q % nh];
+        double *t = sst + (size_t)q * (c->hd + 1), tot = t[c->hd];
+        for (int d = 0; d < c->hd; d++) tot -= t[d] * t[d] / (double)nk;
+        H->r2 = tot > 0 ? (float)(1.0 - sse[q] / tot) : 0.0f;
+        const float *ms = j->mass && c->p.resid_mass ? j->mass + ((size_t)l * nh + q % nh) * n_fit : NULL;
+        double m_mean = 0;
+        for (int64_t i = 0; ms && i < n_cand; i++) m_mean += ms[i];
+        m_mean = m_mean > 0 ? m_mean / (double)n_cand : 1.0;
+        for (int64_t k = 0, i = 0; i < n_cand; i++) {
+            if (keep && !keep[i]) continue;
+            e2u[k] = e2[(size_t)k * n_lh + q];
+            /* weight 1/2 .. : rows the last queries attend to more than uniformly count more */
+            score[k] = ms ? e2u[k] * (float)(0.5 + 0.5 * ms[i] / m_mean) : e2u[k];
+            k++;
+        }
+        if (k_keep <= 0) {
+            H->tau = INFINITY;
+            for (int64_t k = 0; k < n_keep; k++) sel[(size_t)k * n_lh + q] = 0;
+        } else if (k_keep >= n_keep) {
+            H->tau = -1.0f;
+            for (int64_t k = 0; k < n_keep; k++) sel[(size_t)k * n_lh + q] = 1;
+        } else {
+            const float tw = kth_largest(score, n_keep, k_keep, tmp);
+            H->tau = kth_largest(e2u, n_keep, k_keep, tmp);
+            int64_t n_sel = 0;
+            for (int64_t k = 0; k < n_keep; k++) n_sel += sel[(size_t)k * n_lh + q] = score[k] > tw;
+            for (int64_t k = 0; k < n_keep && n_sel < k_keep; k++)
+                if (score[k] == tw) sel[(size_t)k * n_lh + q] = 1, n_sel++;
+        }
+    }
+    /* store: coefficients, chosen residuals, landmarks */
+    for (int64_t i = 0, k = 0; i < n_cand; i++) {
+        if (keep && !keep[i]) continue;
+        for (int q = 0; q < n_lh; q++)
+            res[q] = sel[(size_t)k * n_lh + q] ? eres + ((size_t)k * n_lh + q) * c->res_bytes : NULL;
+        lr_append_row(c, s, g, sink + i, ecoef + (size_t)k * g->coef_bytes, Cq + (size_t)i * r, res, v);
+        k++;
+    }
+    st = RK_OK;
+done:
+    free(Cq), free(x), free(ecoef), free(crow), free(eres), free(sel), free(e2), free(score), free(e2u), free(tmp);
+    free(v), free(vh), free(cqb), free(res), free(sse), free(sst), free(B), free(W);
+    return st;
+}
+
+static void fit_worker(void *vp, int t, int nt) {
+    fit_job *j = vp;
+    for (int gi = t; gi < j->c->n_group; gi += nt) j->st[gi] = fit_group(j, gi);
+}
+
+/* ---- attention mass of the observed queries (SnapKV) ------------------------------- */
+
+typedef struct mass_job {
+    rk_kv_codec *c;
+    const rk_session *s;
+    int64_t n_past;
+    float *mass;   /* (n_layer, n_head_kv, n_past - n_sink) */
+    bool fail;
+} mass_job;
+
+static void mass_layer(mass_job *j, int l) {
+    rk_kv_codec *c = j->c;
+    const int64_t n = j->n_past, sink = c->p.n_sink;
+    const int grp = c->n_head / c->n_head_kv, qd = c->n_head * c->hd, W = c->p.obs_window;
+    const int n_obs = c->obs_n[l] < W ? c->obs_n[l] : W;
+    float *K = malloc((size_t)n * c->kvd * sizeof(float)), *S = malloc((size_t)(n_obs ? n_obs : 1) * n * sizeof(float));
+    if (!K || !S) {
+        j->fail = true;
+        free(K), free(S);
+        return;
+    }
+    for (int64_t p = 0; p < n; p++) lr_plain_row(j->s, l, false, p, K + (size_t)p * c->kvd);
+    float *ms = j->mass + (size_t)l * c->n_head_kv * (n - sink);
+    const float scale = 1.0f / sqrtf((float)c->hd);
+    for (int qh = 0; qh < c->n_head && n_obs > 0; qh++) {
+        const int h = qh / grp;
+        /* scores of every observed query against every key of its KV head: (n_obs, n) */
+        lr_matmul_nt(n_obs, (int)n, c->hd, c->obs_q + (size_t)l * W * qd + (size_t)qh * c->hd, qd, K + (size_t)h * c->hd,
+                     c->kvd, S, (int)n);
+        float *mh = ms + (size_t)h * (n - sink);
+        for (int o = 0; o < n_obs; o++) {
+            const int64_t pq = c->obs_pos[(size_t)l * W + o];
+            if (pq >= n) continue;
+            float *sc = S + (size_t)o * n, mx = -INFINITY;
+            for (int64_t p = 0; p <= pq; p++) mx = fmaxf(mx, sc[p] *= scale);
+            double sum = 0;
+            for (int64_t p = 0; p <= pq; p++) sum += sc[p] = expf(sc[p] - mx);
+            const float inv = (float)(1.0 / sum);
+            for (int64_t p = sink; p <= pq; p++) mh[p - sink] += sc[p] * inv;
+        }
+    }
+    free(K), free(S);
+}
+
+static void mass_worker(void *vp, int t, int nt) {
+    mass_job *j = vp;
+    for (int l = t; l < j->c->n_layer; l += nt) mass_layer(j, l);
+}
+
+/* SnapKV keep set per group: max-pooled (±3 rows) mass summed over the group's layers and
+ * heads; the top (1 - evict) share of the candidate rows survive. */
+static bool evict_plan(const rk_kv_codec *c, const float *mass, int64_t n_fit, int64_t n_cand, uint8_t *keep) {
+    float *sc = malloc((size_t)n_cand * sizeof(float)), *pool = malloc((size_t)n_cand * sizeof(float));
+    float *tmp = malloc((size_t)n_cand * sizeof(float));
+    if (!sc || !pool || !tmp) {
+        free(sc), free(pool), free(tmp);
+        return false;
+    }
+    const int64_t k_keep = n_cand - (int64_t)llround(c->p.evict * (double)n_cand);
+    for (int gi = 0; gi < c->n_group; gi++) {
+        const lr_group *g = &c->g[gi];
+        uint8_t *kp = keep + (size_t)gi * n_cand;
+        memset(sc, 0, (size_t)n_cand * sizeof(float));
+        for (int l = g->l0; l < g->l0 + g->n_l; l++)
+            for (int h = 0; h < c->n_head_kv; h++) {
+                const float *ms = mass + ((size_t)l * c->n_head_kv + h) * n_fit;
+                for (int64_t i = 0; i < n_cand; i++) sc[i] += ms[i];
+            }
+        for (int64_t i = 0; i < n_cand; i++) {
+            float mx = sc[i];
+            for (int64_t d = i - 3; d <= i + 3; d++)
+                if (d >= 0 && d < n_cand && sc[d] > mx) mx = sc[d];
+            pool[i] = mx;
+        }
+        if (k_keep <= 0) {
+            memset(kp, 0, (size_t)n_cand);
+            continue;
+        }
+        const float th = kth_largest(pool, n_cand, k_keep, tmp);
+        int64_t n = 0;
+        for (int64_t i = 0; i < n_cand; i++) n += kp[i] = pool[i] > th;
+        for (int64_t i = 0; i < n_cand && n < k_keep; i++)
+            if (!kp[i] && pool[i] == th) kp[i] = 1, n++;
+    }
+    free(sc), free(pool), free(tmp);
+    return true;
+}
+
+rk_status lr_fit(rk_kv_codec *c, rk_session *s, rk_err *err) {
+    const double t0 = rk_time_now();
+    const int64_t n_past = s->n_past, sink = c->p.n_sink, n_fit = n_past - sink;
+    const int64_t comp_new = n_past - c->p.window, n_cand = comp_new - sink;
+    rk_status st = RK_OK;
+    float *mass = NULL;
+    uint8_t *keep = NULL;
+    rk_status *gst = calloc((size_t)c->n_group, sizeof *gst);
+    if (!gst) return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory");
+    lr_rope_fill(c, n_past);
+    const bool want_mass = (c->p.evict > 0 || c->p.resid_mass) && c->obs_q;
+    if (want_mass) {
+        mass = calloc((size_t)c->n_layer * c->n_head_kv * n_fit, sizeof(float));
+        mass_job mj = {c, s, n_past, mass, mass == NULL};
+        if (mass) {
+            if (c->pool) rk_pool_run(c->pool, mass_worker, &mj);
+            else mass_worker(&mj, 0, 1);
+        }
+        if (mj.fail) {
+            st = rk_err_set(err, RK_E_NOMEM, "lowram: out of memory for attention mass");
+            goto done;
+        }
+        if (c->p.evict > 0) {
+            keep = malloc((size_t)c->n_group * n_cand);
+            if (!keep || !evict_plan(c, mass, n_fit, n_cand, keep)) {
+                st = rk_err_set(err, RK_E_NOMEM, "lowram: out of memory for the eviction plan");
+                goto done;
+            }
+        }
+    }
+    fit_job j = {c, s, n_past, comp_new, mass, keep, gst};
+    if (c->pool) rk_pool_run(c->pool, fit_worker, &j);
+    else fit_worker(&j, 0, 1);
+    for (int gi = 0; gi < c->n_group; gi++)
+        if (gst[gi]) {
+            st = rk_err_set(err, gst[gi], gst[gi] == RK_E_NOMEM ? "lowram: out of memory fitting layer group %d"
+                                                                 : "lowram: fit of layer group %d failed (eigensolver, "
+                                                                   "solve or predictor file)", gi);
+            goto done;
+        }
+    c->fitted = true;
+    c->comp_end = comp_new;
+    c->n_evicted = keep ? n_cand - c->g[0].n_rows : 0;
+    lr_release_pages(c, s);
+    c->stats.seconds_fit = rk_time_now() - t0;
+done:
+    free(gst), free(mass), free(keep);
+#ifdef __GLIBC__
+    malloc_trim(0); /* the fit's transients (tens of MB at 8K) go back to the system, so RSS shows the compression */
+#endif
+    return st;
+}

@@ -1,0 +1,202 @@
+/* Internal: LowRAM codec state shared by lowram.c (hooks, bytes), lowram_fit.c (fit and
+ * compression), lowram_attn.c (attention over the compressed cache), lowram_linalg.c
+ * (eigensolver, solves) and lowram_file.c (predictor files). */
+#pragma once
+#include "session_impl.h"
+
+/* Stored row of compressed keys: the rank-r coefficients of one position, stacked over the
+ * group's layers. Residual row: δ of one (layer, KV head) and position. */
+typedef struct lr_group {
+    int l0, n_l;          /* layers l0 .. l0 + n_l - 1 */
+    int D, r;             /* stacked dim n_l * kv_dim, rank */
+    size_t coef_bytes;    /* bytes of one stored coefficient row */
+    float *mean;          /* (D) mean pre-RoPE stacked key */
+    float *wdim, *winv;   /* (D) per-dim weight s and 1/s: coef = ((x - mean) s) Bᵀ, x = mean + (coef B)/s */
+    void *basis;          /* (r, D) orthonormal rows, by decreasing eigenvalue (f16; f32 when c->wide) */
+    uint16_t *cmean;      /* (cap_chunks, r) f16 mean coefficients of each chunk */
+    float *open_c;        /* (r) coefficient sum of the last chunk while it is partial */
+    double energy_total;  /* centred key energy (trace) of the fit rows */
+    double energy_kept;   /* of which the r kept directions */
+    int64_t n_rows;       /* stored rows */
+    int32_t *pos;         /* (cap_rows) position of each stored row, increasing */
+    uint8_t *coef;        /* (cap_rows, coef_bytes) */
+} lr_group;
+
+typedef struct lr_head {
+    float tau;            /* later blocks keep a residual when ||δ||² >= tau */
+    float r2;             /* R² of V̂ on the fit rows */
+    /* decode's cache of rebuilt post-RoPE keys: n_kc slots of one chunk each (f16) */
+    int n_kc;
+    int32_t *kc_ch, *kc_rows; /* (n_kc) chunk held (-1: none) and its row count then */
+    uint32_t *kc_epoch, *kc_used; /* (n_kc) codec epoch then; attention call that last used it */
+    uint16_t *kc;             /* (n_kc, chunk, head_dim) */
+    int64_t n_res;        /* residual rows stored */
+    uint8_t *res;         /* (cap_rows, res_bytes) in stored-row order */
+    uint32_t *mask;       /* (cap_chunks) bit i: stored row chunk*C + i has a residual */
+    int32_t *base;        /* (cap_chunks) residual slot of the chunk's first residual */
+} lr_head;
+
+typedef struct lr_layer {
+    int grp, li;          /* group and index inside it */
+    void *W;              /* (r, kv_dim) V̂ = coef W + b (f16; f32 when c->wide) */
+    float *b;             /* (kv_dim) */
+    uint16_t *lmk;        /* (cap_chunks, kv_dim) f16 mean post-RoPE key of each chunk */
+    float *open_sum;      /* (kv_dim) key sum of the last chunk while it is partial */
+    uint16_t *lmin, *lmax;/* (cap_chunks, kv_dim) f16 per-dim key range of each chunk (bound selection) */
+    float *open_min, *open_max; /* (kv_dim) of the partial chunk */
+    lr_head *h;           /* (n_head_kv) */
+} lr_layer;
+
+/* Per-thread attention scratch. */
+typedef struct lr_scratch {
+    float *kb, *vb;       /* (chunk, head_dim) keys (rebuilt or plain), plain values */
+    float *cf;            /* (chunk, r_max) dequantised coefficients */
+    float *sc;            /* (tile * group, chunk) scores, then softmax weights */
+    float *st_m, *st_l, *st_a; /* (tile * group) running max, sum, compressed-row mass */
+    float *acc_v;         /* (tile * group, head_dim) */
+    float *acc_c;         /* (tile * group, r_max) Σ a·coef over compressed rows */
+    float *row;           /* (head_dim) */
+    int32_t *sel;         /* (cap_chunks) selected chunks */
+    float *csc, *csc2;    /* (cap_chunks) chunk scores, sorted copy */
+    uint8_t *mark;        /* (cap_chunks) 1: chunk selected */
+    float *bias;          /* (chunk) log of each summary row's chunk size */
+    float *bsl, *wsl;     /* (r_max, head_dim) basis and predictor columns of one (layer, head) */
+    uint64_t n_rebuilt, n_attended;
+} lr_scratch;
+
+/* Per-thread compression work area (sized for the largest group). */
+enum { LR_BLOCK = 32 };  /* rows per batch of projection / prediction during compression */
+typedef struct lr_cwork {
+    float *B, *W;         /* (r, D) basis, (n_l, r, kv_dim) predictors as f32 */
+    float *x, *cf, *v, *vh, *e2; /* (LR_BLOCK, D | r | kv_dim | kv_dim | n_l * n_head_kv) */
+    uint8_t *crow, *enc;  /* (LR_BLOCK) coefficient rows; (LR_BLOCK, n_l, n_head_kv) residual rows */
+    const uint8_t **res;  /* (n_l * n_head_kv) */
+} lr_cwork;
+
+/* query rows per task in dense/long evals; evals of at most LR_SPARSE_MAX_Q rows are decode */
+enum { LR_TILE = 512, LR_SPARSE_MAX_Q = 4 };
+
+struct rk_kv_codec {
+    rk_lowram_params p;   /* resolved (every 0 default filled in) */
+    int n_layer, n_head, n_head_kv, hd, kvd, n_rot, rope_mode;
+    int n_group, r_max, D_max;
+    int64_t n_ctx, cap_chunks;
+    size_t res_bytes;     /* bytes of one residual row (one head) */
+    bool wide;            /* bases and predictors stored f32 (coef f32: the checking setup), else f16 */
+    lr_group *g;          /* (n_group) */
+    lr_layer *ly;         /* (n_layer) */
+    bool fitted;
+    int64_t comp_end;     /* positions [n_sink, comp_end) are compressed or evicted */
+    int64_t released_end; /* plain rows [n_sink, released_end) had their pages released */
+    int64_t n_seen;       /* session n_past after the last after_eval */
+    int64_t n_evicted;
+    double *freq;         /* (n_rot / 2) RoPE frequencies, as the kernels compute them */
+    float *rope;          /* (n_ctx, n_rot) cos, sin pairs per position */
+    int64_t rope_filled;
+    /* observed queries (post-RoPE) of the last obs_window rows of each layer */
+    double *qsq;          /* (n_layer, kv_dim) Σ q² of prefill queries per KV-head dim, pairs averaged */
+    float *obs_q;         /* (n_layer, obs_window, n_head * head_dim) ring */
+    int64_t *obs_pos;     /* (n_layer, obs_window) */
+    int32_t *obs_n;       /* (n_layer) rows seen (ring index = n % obs_window) */
+    /* predictor file */
+    rk_mapping pmap;
+    rk_gguf *pgguf;
+    int32_t prank;        /* basis rows in the file */
+    rk_pool *pool;
+    int n_threads;
+    lr_scratch *scr;      /* (n_threads), built after the fit */
+    lr_cwork *cw;         /* (n_threads), built after the fit */
+    size_t scratch_bytes;
+    uint32_t epoch;       /* bumped when stored rows change under the key cache (truncation) */
+    uint32_t n_calls;     /* attention calls, for the key cache's LRU */
+    rk_lowram_stats stats;
+};
+
+/* ---- lowram_linalg.c ---------------------------------------------------------- */
+/* Eigendecomposition of the symmetric n x n matrix A (row-major, destroyed): eigenvalues
+ * w (n) in decreasing order, eigenvectors as the rows of V (n, n). Householder
+ * tridiagonalisation, then implicit QR steps with Wilkinson shifts. false: no convergence
+ * or out of memory. */
+bool lr_eigh(int n, double *A, double *w, double *V);
+/* The same in two steps, for when only the leading r vectors are wanted. */
+typedef struct lr_eig {
+    int n;
+    double *a, *b;        /* tridiagonal form */
+    double *Hv, *beta;    /* (n, n) reflection vectors, (n) their betas */
+    double *w;            /* (n) eigenvalues, decreasing */
+} lr_eig;
+bool lr_eig_values(lr_eig *e, int n, double *A); /* A destroyed; e freed on failure */
+/* Rows of V (r, n): eigenvectors of the r largest eigenvalues. */
+bool lr_eig_vectors(const lr_eig *e, int r, double *V);
+void lr_eig_free(lr_eig *e);
+/* Solves A X = B for symmetric positive definite A (n x n, destroyed: its Cholesky factor)
+ * and B (n, m) overwritten by X. false when A is not positive definite. */
+bool lr_chol_solve(int n, double *A, double *B, int m);
+/* G (D x D, upper triangle, row-major) += Σ_rows x xᵀ over n rows of x (n, D) f32. */
+void lr_gram_add(int D, int64_t n, const float *x, double *G);
+/* y (n, m) = x (n, k) B (k, m), f32, B row-major with row stride ldb; y may not alias. */
+void lr_matmul(int64_t n, int m, int k, const float *x, int ldx, const float *B, int ldb, float *y, int ldy);
+/* y (n, m) = x (n, k) Bᵀ with B (m, k) row-major, row stride ldb. */
+void lr_matmul_nt(int64_t n, int m, int k, const float *x, int ldx, const float *B, int ldb, float *y, int ldy);
+
+/* ---- lowram_fit.c -------------------------------------------------------------- */
+/* Fits basis and predictors on rows [n_sink, n_past) and compresses [n_sink, n_past - window). */
+rk_status lr_fit(rk_kv_codec *c, rk_session *s, rk_err *err);
+
+/* ---- lowram_store.c ------------------------------------------------------------ */
+/* Encodes n values as one stored row of `type` (F32, F16, Q8_0: int8, Q4_0: int4) into
+ * dst, and writes back into v what decoding gives. */
+void lr_encode_row(uint32_t type, float *v, int n, uint8_t *dst);
+/* Stacked pre-RoPE keys of group g at position p: x (D). */
+void lr_stacked_key(const rk_kv_codec *c, const rk_session *s, const lr_group *g, int64_t p, float *x);
+/* Coefficients cf (n, r) of the stacked keys x (n, D, destroyed) on basis B (r, D) as f32. */
+void lr_project(const lr_group *g, const float *B, int n, float *x, float *cf);
+/* f32 copies (malloc'd) of the group's basis (r, D) and its layers' predictors (n_l, r, kv_dim). */
+bool lr_working_copies(const rk_kv_codec *c, const lr_group *g, float **B, float **W);
+/* Residuals of layer li of group g for n rows at positions pos with dequantised coefficients
+ * cq (n, r): row a's encoded head h at enc + a*enc_stride + h*res_bytes (enc may be NULL),
+ * ||δ_h||² at e2[a*e2_stride + h]. v, vh: (n, kv_dim) scratch; v ends holding δ. */
+void lr_residuals(const rk_kv_codec *c, const rk_session *s, const lr_group *g, const float *W, int li, int n,
+                  const int64_t *pos, const float *cq, float *v, float *vh, uint8_t *enc, size_t enc_stride, float *e2,
+                  size_t e2_stride);
+/* Appends stored row p to group g: encoded coefficients, their dequantised values cq,
+ * per (layer, head) an encoded residual or NULL; updates masks and chunk landmarks.
+ * tmp: kv_dim scratch. */
+void lr_append_row(rk_kv_codec *c, const rk_session *s, lr_group *g, int64_t p, const uint8_t *coef_row,
+                   const float *cq, const uint8_t *const *res, float *tmp);
+/* Releases the plain pages wholly inside rows [n_sink, comp_end) of every layer. */
+void lr_release_pages(rk_kv_codec *c, rk_session *s);
+/* Compresses plain rows [c->comp_end, end) with the fitted basis and predictors. */
+rk_status lr_compress(rk_kv_codec *c, rk_session *s, int64_t end, rk_err *err);
+/* Forgets stored rows at positions >= pos (the session was truncated to pos). */
+void lr_truncate(rk_kv_codec *c, int64_t pos);
+/* Fills the RoPE table up to position n (exclusive). */
+void lr_rope_fill(rk_kv_codec *c, int64_t n);
+/* Reads plain row p of layer l (keys or values) as f32 into dst (kv_dim). */
+void lr_plain_row(const rk_session *s, int l, bool values, int64_t p, float *dst);
+/* Rotates the kv_dim row x (n_head_kv heads) at position p: inverse = true un-rotates. */
+void lr_rope_row(const rk_kv_codec *c, float *x, int n_heads, int64_t p, bool inverse);
+/* Dequantises n coefficient rows of group g starting at stored row i0 into dst (n, r). */
+void lr_coef_rows(const rk_kv_codec *c, const lr_group *g, int64_t i0, int64_t n, float *dst);
+/* Block [r0, r0+nr) x [c0, c0+nc) of a stored (basis or predictor) matrix with rows of ld
+ * elements, as f32 into dst (nr, nc); and the rounding store of a whole f32 matrix. */
+void lr_mat_f32(const rk_kv_codec *c, const void *m, size_t ld, int r0, int nr, int c0, int nc, float *dst);
+void lr_mat_store(const rk_kv_codec *c, void *m, size_t n, const float *src);
+/* Dequantises residual slot j of (layer, head) into dst (head_dim). */
+void lr_res_row(const rk_kv_codec *c, const lr_head *h, int64_t j, float *dst);
+
+/* ---- lowram_attn.c ------------------------------------------------------------- */
+rk_status lr_attention(rk_kv_codec *c, rk_session *s, int layer, const float *q, int64_t n_q, int64_t pos0,
+                       float *out, rk_err *err);
+/* Allocates per-thread scratch once ranks are known. */
+rk_status lr_scratch_alloc(rk_kv_codec *c, rk_err *err);
+void lr_scratch_free(rk_kv_codec *c);
+
+/* ---- lowram_file.c ------------------------------------------------------------- */
+/* Maps and checks the predictor file named in c->p (fingerprint, group size, dims). */
+rk_status lr_pred_open(rk_kv_codec *c, const rk_model *m, char *warning, size_t cap, rk_err *err);
+/* Group g's mean (D) and first r basis rows from the file; per layer W rows (first r) and b. */
+bool lr_pred_basis(const rk_kv_codec *c, int g, int r, float *mean, float *basis);
+bool lr_pred_value(const rk_kv_codec *c, int l, int r, float *W, float *b);
+/* The file's eigenvalues of group g (prank of them) into w. */
+bool lr_pred_eig(const rk_kv_codec *c, int g, double *w);

@@ -1,0 +1,362 @@
+/* LowRAM storage: plain rows and RoPE, the coefficient / residual row formats, appending
+ * stored rows (with their chunk landmarks), compressing later blocks with the fitted basis
+ * and predictors, releasing plain pages, truncation. The fit itself is in lowram_fit.c. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "lowram_impl.h"
+#include "rk_kernels.h"
+
+/* ---- rows, RoPE, storage formats ------------------------------------------------- */
+
+void lr_plain_row(const rk_session *s, int l, bool values, int64_t p, float *dst) {
+    const int64_t kvd = (int64_t)s->m->hp.n_head_kv * s->m->hp.head_dim;
+    const uint8_t *src = (const uint8_t *)(values ? s->v_cache[l] : s->k_cache[l]) + (size_t)p * s->kv_row_bytes;
+    if (s->kv_type == RK_DT_F32) memcpy(dst, src, (size_t)kvd * sizeof(float));
+    else rk_quant_fast(RK_DT_F16)->to_f32(src, dst, kvd);
+}
+
+void lr_rope_fill(rk_kv_codec *c, int64_t n) {
+    if (n > c->n_ctx) n = c->n_ctx;
+    const int half = c->n_rot / 2;
+    for (int64_t p = c->rope_filled; p < n; p++)
+        for (int i = 0; i < half; i++) {
+            double th = (double)p * c->freq[i];
+            c->rope[p * c->n_rot + 2 * i] = (float)cos(th);
+            c->rope[p * c->n_rot + 2 * i + 1] = (float)sin(th);
+        }
+    if (n > c->rope_filled) c->rope_filled = n;
+}
+
+void lr_rope_row(const rk_kv_codec *c, float *x, int n_heads, int64_t p, bool inverse) {
+    const int half = c->n_rot / 2;
+    const float *cs = c->rope + p * c->n_rot;
+    const float sg = inverse ? -1.0f : 1.0f;
+    for (int h = 0; h < n_heads; h++) {
+        float *y = x + (size_t)h * c->hd;
+        for (int i = 0; i < half; i++) {
+            const int i0 = c->rope_mode == RK_ROPE_NEOX ? i : 2 * i;
+            const int i1 = c->rope_mode == RK_ROPE_NEOX ? i + half : 2 * i + 1;
+            const float co = cs[2 * i], si = sg * cs[2 * i + 1], x0 = y[i0], x1 = y[i1];
+            y[i0] = x0 * co - x1 * si;
+            y[i1] = x0 * si + x1 * co;
+        }
+    }
+}
+
+static float f16r(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return rk_f16_to_f32(h);
+}
+static void f16w(uint8_t *p, float v) {
+    uint16_t h = rk_f32_to_f16(v);
+    memcpy(p, &h, 2);
+}
+
+/* Encodes r values as one stored row of `type`, then writes back what decoding gives. */
+void lr_encode_row(uint32_t type, float *v, int n, uint8_t *dst) {
+    if (type == RK_DT_F32) {
+        memcpy(dst, v, (size_t)n * sizeof(float));
+    } else if (type == RK_DT_F16) {
+        for (int i = 0; i < n; i++) {
+            uint16_t h = rk_f32_to_f16(v[i]);
+            memcpy(dst + 2 * i, &h, 2);
+            v[i] = rk_f16_to_f32(h);
+        }
+    } else if (type == RK_DT_Q4_0) { /* f16 scale, then n/2 bytes of two 4-bit values in -7..7 (+8) */
+        float mx = 0;
+        for (int i = 0; i < n; i++) mx = fmaxf(mx, fabsf(v[i]));
+        f16w(dst, mx / 7.0f);
+        const float sc = f16r(dst), inv = sc > 0 ? 1.0f / sc : 0;
+        for (int i = 0; i < n; i += 2) {
+            long q0 = lrintf(v[i] * inv), q1 = lrintf(v[i + 1] * inv);
+            q0 = q0 > 7 ? 7 : q0 < -7 ? -7 : q0;
+            q1 = q1 > 7 ? 7 : q1 < -7 ? -7 : q1;
+            dst[2 + i / 2] = (uint8_t)((q0 + 8) | ((q1 + 8) << 4));
+            v[i] = (float)q0 * sc, v[i + 1] = (float)q1 * sc;
+        }
+    } else { /* Q8: f16 scale, then n int8 */
+        float mx = 0;
+        for (int i = 0; i < n; i++) mx = fmaxf(mx, fabsf(v[i]));
+        f16w(dst, mx / 127.0f);
+        const float sc = f16r(dst), inv = sc > 0 ? 1.0f / sc : 0;
+        int8_t *qv = (int8_t *)(dst + 2);
+        for (int i = 0; i < n; i++) {
+            long q = lrintf(v[i] * inv);
+            q = q > 127 ? 127 : q < -127 ? -127 : q;
+            qv[i] = (int8_t)q;
+            v[i] = (float)q * sc;
+        }
+    }
+}
+
+static void decode_row(uint32_t type, const uint8_t *src, int n, float *dst) {
+    if (type == RK_DT_F32) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+    } else if (type == RK_DT_F16) {
+        rk_quant_fast(RK_DT_F16)->to_f32(src, dst, n);
+    } else if (type == RK_DT_Q4_0) {
+        const float sc = f16r(src);
+        for (int i = 0; i < n; i += 2) {
+            const uint8_t b = src[2 + i / 2];
+            dst[i] = (float)((int)(b & 15) - 8) * sc;
+            dst[i + 1] = (float)((int)(b >> 4) - 8) * sc;
+        }
+    } else {
+        const float sc = f16r(src);
+        const int8_t *qv = (const int8_t *)(src + 2);
+        for (int i = 0; i < n; i++) dst[i] = (float)qv[i] * sc;
+    }
+}
+
+void lr_mat_f32(const rk_kv_codec *c, const void *m, size_t ld, int r0, int nr, int c0, int nc, float *dst) {
+    for (int i = 0; i < nr; i++) {
+        const size_t off = (size_t)(r0 + i) * ld + (size_t)c0;
+        if (c->wide) memcpy(dst + (size_t)i * nc, (const float *)m + off, (size_t)nc * sizeof(float));
+        else rk_quant_fast(RK_DT_F16)->to_f32((const uint16_t *)m + off, dst + (size_t)i * nc, nc);
+    }
+}
+
+void lr_mat_store(const rk_kv_codec *c, void *m, size_t n, const float *src) {
+    if (c->wide) memcpy(m, src, n * sizeof(float));
+    else
+        for (size_t i = 0; i < n; i++) ((uint16_t *)m)[i] = rk_f32_to_f16(src[i]);
+}
+
+void lr_coef_rows(const rk_kv_codec *c, const lr_group *g, int64_t i0, int64_t n, float *dst) {
+    for (int64_t i = 0; i < n; i++)
+        decode_row(c->p.coef_type, g->coef + (size_t)(i0 + i) * g->coef_bytes, g->r, dst + i * g->r);
+}
+
+void lr_res_row(const rk_kv_codec *c, const lr_head *h, int64_t j, float *dst) {
+    decode_row(c->p.resid_type, h->res + (size_t)j * c->res_bytes, c->hd, dst);
+}
+
+/* Stacked pre-RoPE keys of group g at position p: x (D). */
+void lr_stacked_key(const rk_kv_codec *c, const rk_session *s, const lr_group *g, int64_t p, float *x) {
+    for (int li = 0; li < g->n_l; li++) {
+        float *xl = x + (size_t)li * c->kvd;
+        lr_plain_row(s, g->l0 + li, false, p, xl);
+        lr_rope_row(c, xl, c->n_head_kv, p, true);
+    }
+}
+
+/* ---- appending one stored row ----------------------------------------------------
+ * cq: its dequantised coefficients (r); res: per layer of the group and head, the
+ * encoded residual row or NULL for none. Landmarks take the exact post-RoPE keys. */
+void lr_append_row(rk_kv_codec *c, const rk_session *s, lr_group *g, int64_t p, const uint8_t *coef_row,
+                       const float *cq, const uint8_t *const *res, float *tmp) {
+    const int64_t i = g->n_rows, C = c->p.chunk, ch = i / C;
+    const int bit = (int)(i % C);
+    g->pos[i] = (int32_t)p;
+    memcpy(g->coef + (size_t)i * g->coef_bytes, coef_row, g->coef_bytes);
+    if (bit == 0) memset(g->open_c, 0, (size_t)g->r * sizeof(float));
+    for (int k = 0; k < g->r; k++) {
+        g->open_c[k] += cq[k];
+        g->cmean[(size_t)ch * g->r + k] = rk_f32_to_f16(g->open_c[k] / (float)(bit + 1));
+    }
+    for (int li = 0; li < g->n_l; li++) {
+        lr_layer *L = &c->ly[g->l0 + li];
+        for (int h = 0; h < c->n_head_kv; h++) {
+            lr_head *H = &L->h[h];
+            if (bit == 0) H->mask[ch] = 0, H->base[ch] = (int32_t)H->n_res;
+            const uint8_t *rr = res[li * c->n_head_kv + h];
+            if (rr) {
+                memcpy(H->res + (size_t)H->n_res * c->res_bytes, rr, c->res_bytes);
+                H->n_res++;
+                H->mask[ch] |= 1u << bit;
+            }
+        }
+        lr_plain_row(s, g->l0 + li, false, p, tmp);
+        if (bit == 0) memset(L->open_sum, 0, (size_t)c->kvd * sizeof(float));
+        for (int j = 0; j < c->kvd; j++) L->open_sum[j] += tmp[j];
+        const float inv = 1.0f / (float)(bit + 1);
+        for (int j = 0; j < c->kvd; j++) L->lmk[(size_t)ch * c->kvd + j] = rk_f32_to_f16(L->open_sum[j] * inv);
+        if (L->lmin) {
+            for (int j = 0; j < c->kvd; j++) {
+                L->open_min[j] = bit == 0 || tmp[j] < L->open_min[j] ? tmp[j] : L->open_min[j];
+                L->open_max[j] = bit == 0 || tmp[j] > L->open_max[j] ? tmp[j] : L->open_max[j];
+                L->lmin[(size_t)ch * c->kvd + j] = rk_f32_to_f16(L->open_min[j]);
+                L->lmax[(size_t)ch * c->kvd + j] = rk_f32_to_f16(L->open_max[j]);
+            }
+        }
+    }
+    g->n_rows++;
+}
+
+/* Coefficients of the stacked key x (D, destroyed: centred) on group g's basis B (r, D). */
+void lr_project(const lr_group *g, const float *B, int n, float *x, float *cf) {
+    for (int i = 0; i < n; i++)
+        for (int d = 0; d < g->D; d++) x[(size_t)i * g->D + d] = (x[(size_t)i * g->D + d] - g->mean[d]) * g->wdim[d];
+    lr_matmul_nt(n, g->r, g->D, x, g->D, B, g->D, cf, g->r);
+}
+
+bool lr_working_copies(const rk_kv_codec *c, const lr_group *g, float **B, float **W) {
+    *B = malloc((size_t)g->r * g->D * sizeof(float));
+    *W = malloc((size_t)g->n_l * g->r * c->kvd * sizeof(float));
+    if (!*B || !*W) return false;
+    lr_mat_f32(c, g->basis, (size_t)g->D, 0, g->r, 0, g->D, *B);
+    for (int li = 0; li < g->n_l; li++)
+        lr_mat_f32(c, c->ly[g->l0 + li].W, (size_t)c->kvd, 0, g->r, 0, c->kvd, *W + (size_t)li * g->r * c->kvd);
+    return true;
+}
+
+void lr_residuals(const rk_kv_codec *c, const rk_session *s, const lr_group *g, const float *W, int li, int n,
+                  const int64_t *pos, const float *cq, float *v, float *vh, uint8_t *enc, size_t enc_stride, float *e2,
+                  size_t e2_stride) {
+    const lr_layer *L = &c->ly[g->l0 + li];
+    const int kvd = c->kvd;
+    lr_matmul(n, kvd, g->r, cq, g->r, W + (size_t)li * g->r * kvd, kvd, vh, kvd);
+    for (int a = 0; a < n; a++) {
+        float *va = v + (size_t)a * kvd;
+        const float *ha = vh + (size_t)a * kvd;
+        lr_plain_row(s, g->l0 + li, true, pos[a], va);
+        for (int j = 0; j < kvd; j++) va[j] -= ha[j] + L->b[j];
+        for (int h = 0; h < c->n_head_kv; h++) {
+            float *d = va + (size_t)h * c->hd;
+            double acc = 0;
+            for (int j = 0; j < c->hd; j++) acc += (double)d[j] * d[j];
+            e2[(size_t)a * e2_stride + h] = (float)acc;
+            if (enc) lr_encode_row(c->p.resid_type, d, c->hd, enc + (size_t)a * enc_stride + (size_t)h * c->res_bytes);
+        }
+    }
+}
+
+/* ---- later blocks ---------------------------------------------------------------- */
+
+typedef struct comp_job {
+    rk_kv_codec *c;
+    rk_session *s;
+    int64_t p0, p1;
+} comp_job;
+
+static void compress_group(rk_kv_codec *c, rk_session *s, lr_group *g, int64_t p0, int64_t p1, lr_cwork *w) {
+    const int nh = c->n_head_kv, n_lh = g->n_l * nh;
+    const size_t enc_row = (size_t)n_lh * c->res_bytes;
+    lr_mat_f32(c, g->basis, (size_t)g->D, 0, g->r, 0, g->D, w->B);
+    for (int li = 0; li < g->n_l; li++)
+        lr_mat_f32(c, c->ly[g->l0 + li].W, (size_t)c->kvd, 0, g->r, 0, c->kvd, w->W + (size_t)li * g->r * c->kvd);
+    for (int64_t b0 = p0; b0 < p1; b0 += LR_BLOCK) {
+        const int nb = p1 - b0 < LR_BLOCK ? (int)(p1 - b0) : LR_BLOCK;
+        int64_t pos[LR_BLOCK];
+        for (int a = 0; a < nb; a++) {
+            pos[a] = b0 + a;
+            lr_stacked_key(c, s, g, b0 + a, w->x + (size_t)a * g->D);
+        }
+        lr_project(g, w->B, nb, w->x, w->cf);
+        for (int a = 0; a < nb; a++) lr_encode_row(c->p.coef_type, w->cf + (size_t)a * g->r, g->r, w->crow + (size_t)a * g->coef_bytes);
+        for (int li = 0; li < g->n_l; li++)
+            lr_residuals(c, s, g, w->W, li, nb, pos, w->cf, w->v, w->vh, w->enc + (size_t)li * nh * c->res_bytes, enc_row,
+                         w->e2 + (size_t)li * nh, (size_t)n_lh);
+        for (int a = 0; a < nb; a++) {
+            for (int q = 0; q < n_lh; q++) {
+                const lr_head *H = &c->ly[g->l0 + q / nh].h[q % nh];
+                w->res[q] = w->e2[(size_t)a * n_lh + q] >= H->tau ? w->enc + a * enc_row + (size_t)q * c->res_bytes : NULL;
+            }
+            lr_append_row(c, s, g, b0 + a, w->crow + (size_t)a * g->coef_bytes, w->cf + (size_t)a * g->r, w->res, w->v);
+        }
+    }
+}
+
+static void compress_worker(void *vp, int t, int nt) {
+    comp_job *j = vp;
+    for (int gi = t; gi < j->c->n_group; gi += nt) compress_group(j->c, j->s, &j->c->g[gi], j->p0, j->p1, &j->c->cw[t]);
+}
+
+/* Releases the plain pages wholly inside rows [n_sink, comp_end) of every layer. */
+void lr_release_pages(rk_kv_codec *c, rk_session *s) {
+    const size_t pg = (size_t)sysconf(_SC_PAGESIZE), rb = s->kv_row_bytes;
+    const int64_t lo = c->p.n_sink;
+    if (c->comp_end <= c->released_end) return;
+    for (int l = 0; l < c->n_layer; l++)
+        for (int kv = 0; kv < 2; kv++) {
+            uintptr_t base = (uintptr_t)(kv ? s->v_cache[l] : s->k_cache[l]);
+            uintptr_t a = (base + (size_t)lo * rb + pg - 1) / pg * pg;
+            uintptr_t prev = (base + (size_t)c->released_end * rb) / pg * pg;
+            uintptr_t e = (base + (size_t)c->comp_end * rb) / pg * pg;
+            if (prev > a) a = prev;
+            if (e > a) (void)madvise((void *)a, e - a, MADV_DONTNEED); /* advisory: failure only costs RSS */
+        }
+    c->released_end = c->comp_end;
+}
+
+rk_status lr_compress(rk_kv_codec *c, rk_session *s, int64_t end, rk_err *err) {
+    if (end <= c->comp_end) return RK_OK;
+    double t0 = rk_time_now();
+    if (!c->cw) return rk_err_set(err, RK_E_INTERNAL, "lowram: compression before the scratch exists");
+    comp_job j = {c, s, c->comp_end, end};
+    if (c->pool) rk_pool_run(c->pool, compress_worker, &j);
+    else compress_worker(&j, 0, 1);
+    c->comp_end = end;
+    lr_release_pages(c, s);
+    c->stats.seconds_compress += rk_time_now() - t0;
+    return RK_OK;
+}
+
+/* ---- truncation -------------------------------------------------------------------- */
+
+void lr_truncate(rk_kv_codec *c, int64_t pos) {
+    c->epoch++; /* cached rebuilt keys may hold dropped rows */
+    const int64_t C = c->p.chunk;
+    float *tmp = malloc((size_t)(c->kvd + c->r_max) * sizeof(float));
+    float *Bl = malloc((size_t)c->r_max * c->kvd * sizeof(float));
+    for (int gi = 0; gi < c->n_group; gi++) {
+        lr_group *g = &c->g[gi];
+        int64_t lo = 0, hi = g->n_rows; /* first stored row with pos >= pos */
+        while (lo < hi) {
+            int64_t mid = (lo + hi) / 2;
+            if (g->pos[mid] < pos) lo = mid + 1;
+            else hi = mid;
+        }
+        if (lo == g->n_rows) continue;
+        g->n_rows = lo;
+        for (int li = 0; li < g->n_l; li++) {
+            lr_layer *L = &c->ly[g->l0 + li];
+            const int64_t ch = lo > 0 ? (lo - 1) / C : 0;
+            const int nb = (int)(lo - ch * C);
+            for (int h = 0; h < c->n_head_kv; h++) {
+                lr_head *H = &L->h[h];
+                if (lo == 0) {
+                    H->n_res = 0;
+                    continue;
+                }
+                if (nb < 32) H->mask[ch] &= (1u << nb) - 1u;
+                H->n_res = H->base[ch] + __builtin_popcount(H->mask[ch]);
+            }
+            /* the last chunk is open again: its key sum from rebuilt keys (the plain rows
+             * are gone) */
+            memset(L->open_sum, 0, (size_t)c->kvd * sizeof(float));
+            if (lo == 0 || nb == C || !tmp || !Bl) continue;
+            float *cf = tmp + c->kvd;
+            lr_mat_f32(c, g->basis, (size_t)g->D, 0, g->r, li * c->kvd, c->kvd, Bl);
+            if (li == 0) memset(g->open_c, 0, (size_t)g->r * sizeof(float));
+            for (int64_t i = ch * C; i < lo; i++) {
+                const size_t off = (size_t)li * c->kvd;
+                lr_coef_rows(c, g, i, 1, cf);
+                if (li == 0)
+                    for (int k = 0; k < g->r; k++) g->open_c[k] += cf[k];
+                lr_matmul(1, c->kvd, g->r, cf, g->r, Bl, c->kvd, tmp, c->kvd);
+                for (int j = 0; j < c->kvd; j++) tmp[j] = tmp[j] * g->winv[off + j] + g->mean[off + j];
+                lr_rope_row(c, tmp, c->n_head_kv, g->pos[i], false);
+                for (int j = 0; j < c->kvd; j++) L->open_sum[j] += tmp[j];
+                for (int j = 0; L->lmin && j < c->kvd; j++) {
+                    L->open_min[j] = i == ch * C || tmp[j] < L->open_min[j] ? tmp[j] : L->open_min[j];
+                    L->open_max[j] = i == ch * C || tmp[j] > L->open_max[j] ? tmp[j] : L->open_max[j];
+                    L->lmin[(size_t)ch * c->kvd + j] = rk_f32_to_f16(L->open_min[j]);
+                    L->lmax[(size_t)ch * c->kvd + j] = rk_f32_to_f16(L->open_max[j]);
+                }
+            }
+            for (int j = 0; j < c->kvd; j++) L->lmk[(size_t)ch * c->kvd + j] = rk_f32_to_f16(L->open_sum[j] / (float)nb);
+            if (li == 0)
+                for (int k = 0; k < g->r; k++) g->cmean[(size_t)ch * g->r + k] = rk_f32_to_f16(g->open_c[k] / (float)nb);
+        }
+    }
+    free(tmp), free(Bl);
+    if (c->comp_end > pos) c->comp_end = pos > c->p.n_sink ? pos : c->p.n_sink;
+    if (c->released_end > c->comp_end) c->released_end = c->comp_end;
+}
+

@@ -1,0 +1,513 @@
+/* LowRAM: the eigensolver and rank-r error, the value predictor, dense == exact at full
+ * rank, byte accounting, predictor-file refusal, decode KL on stories260K. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "lowram_impl.h"
+#include "ridgefill_impl.h"
+#include "rk_io.h"
+#include "tb.h"
+
+/* ---- eigensolver ------------------------------------------------------------------- */
+
+/* Random symmetric matrices with a clustered spectrum: A V = V Λ and VᵀV = I to a few
+ * hundred ulps of ||A|| (Householder + QR + inverse iteration are backward stable). */
+Test(lowram, eigensolver_decomposes_symmetric_matrices) {
+    const int sizes[] = {1, 2, 3, 7, 40, 97};
+    uint64_t rng = 11;
+    for (size_t t = 0; t < sizeof sizes / sizeof sizes[0]; t++) {
+        const int n = sizes[t];
+        double *A = malloc((size_t)n * n * sizeof(double)), *A0 = malloc((size_t)n * n * sizeof(double));
+        double *w = malloc((size_t)n * sizeof(double)), *V = malloc((size_t)n * n * sizeof(double));
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j <= i; j++) {
+                double v = tb_rand_normal(&rng);
+                if (i == j) v += (i % 3 == 0) ? 5.0 : 0.0; /* repeated shifts: clusters */
+                A0[(size_t)i * n + j] = A0[(size_t)j * n + i] = v;
+            }
+        memcpy(A, A0, (size_t)n * n * sizeof(double));
+        cr_assert(lr_eigh(n, A, w, V), "n=%d", n);
+        double anorm = 0, res = 0, orth = 0;
+        for (int i = 0; i < n * n; i++) anorm = fmax(anorm, fabs(A0[i]));
+        for (int k = 0; k < n; k++) {
+            if (k) cr_expect(w[k] <= w[k - 1], "eigenvalues not decreasing at %d", k);
+            for (int i = 0; i < n; i++) {
+                double av = 0;
+                for (int j = 0; j < n; j++) av += A0[(size_t)i * n + j] * V[(size_t)k * n + j];
+                res = fmax(res, fabs(av - w[k] * V[(size_t)k * n + i]));
+            }
+            for (int l = 0; l <= k; l++) {
+                double d = 0;
+                for (int i = 0; i < n; i++) d += V[(size_t)k * n + i] * V[(size_t)l * n + i];
+                orth = fmax(orth, fabs(d - (k == l)));
+            }
+        }
+        cr_expect(res < 1e-10 * anorm * n, "n=%d: max |Av - λv| = %g", n, res);
+        cr_expect(orth < 1e-10 * n, "n=%d: max |VᵀV - I| = %g", n, orth);
+        free(A), free(A0), free(w), free(V);
+    }
+}
+
+/* Keys with a known low-rank structure plus noise: projecting the centred rows on the
+ * leading r eigenvectors of their Gram matrix leaves exactly Σ_{i>r} λ_i (Eckart–Young;
+ * the identity holds for any orthonormal eigenbasis, so only rounding separates them). */
+Test(lowram, rank_r_error_equals_discarded_eigenvalues) {
+    const int D = 48, n = 600;
+    uint64_t rng = 5;
+    float *x = malloc((size_t)n * D * sizeof(float));
+    double *G = calloc((size_t)D * D, sizeof(double)), mean[48] = {0};
+    double *w = malloc(D * sizeof(double)), *V = malloc((size_t)D * D * sizeof(double));
+    for (int i = 0; i < n; i++)
+        for (int d = 0; d < D; d++) {
+            double f0 = tb_rand_normal(&rng), f1 = tb_rand_normal(&rng);
+            x[(size_t)i * D + d] = (float)(3.0 + f0 * sin(d) * 4 + f1 * cos(0.3 * d) * 2 + 0.1 * tb_rand_normal(&rng));
+        }
+    for (int i = 0; i < n; i++)
+        for (int d = 0; d < D; d++) mean[d] += x[(size_t)i * D + d] / (double)n;
+    /* centred rows, Gram by the library's accumulator (upper triangle) */
+    float *xc = malloc((size_t)n * D * sizeof(float));
+    for (int i = 0; i < n * D; i++) xc[i] = (float)(x[i] - mean[i % D]);
+    lr_gram_add(D, n, xc, G);
+    for (int i = 0; i < D; i++)
+        for (int j = 0; j < i; j++) G[(size_t)i * D + j] = G[(size_t)j * D + i];
+    cr_assert(lr_eigh(D, G, w, V));
+    for (int r = 1; r <= D; r += 7) {
+        double err = 0, disc = 0;
+        for (int k = r; k < D; k++) disc += w[k];
+        for (int i = 0; i < n; i++) {
+            double rec[48] = {0};
+            for (int k = 0; k < r; k++) {
+                double c = 0;
+                for (int d = 0; d < D; d++) c += xc[(size_t)i * D + d] * V[(size_t)k * D + d];
+                for (int d = 0; d < D; d++) rec[d] += c * V[(size_t)k * D + d];
+            }
+            for (int d = 0; d < D; d++) err += (xc[(size_t)i * D + d] - rec[d]) * (xc[(size_t)i * D + d] - rec[d]);
+        }
+        /* f32 rows, fp64 sums: relative rounding ~1e-7 of the total energy */
+        double tot = 0;
+        for (int k = 0; k < D; k++) tot += w[k];
+        cr_expect(fabs(err - disc) < 1e-6 * tot, "r=%d: error %.9g vs discarded %.9g (total %g)", r, err, disc, tot);
+    }
+    free(x), free(xc), free(G), free(w), free(V);
+}
+
+/* Cholesky solve against a known solution. */
+Test(lowram, cholesky_solves_spd_systems) {
+    const int n = 30, m = 3;
+    uint64_t rng = 3;
+    double *M = malloc((size_t)n * n * sizeof(double)), *A = malloc((size_t)n * n * sizeof(double));
+    double X[30 * 3], B[30 * 3];
+    for (int i = 0; i < n * n; i++) M[i] = tb_rand_normal(&rng);
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) {
+            double v = i == j ? n : 0;
+            for (int k = 0; k < n; k++) v += M[(size_t)k * n + i] * M[(size_t)k * n + j];
+            A[(size_t)i * n + j] = v;
+        }
+    for (int i = 0; i < n * m; i++) X[i] = tb_rand_normal(&rng);
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < m; j++) {
+            double v = 0;
+            for (int k = 0; k < n; k++) v += A[(size_t)i * n + k] * X[k * m + j];
+            B[i * m + j] = v;
+        }
+    cr_assert(lr_chol_solve(n, A, B, m));
+    for (int i = 0; i < n * m; i++) cr_expect(fabs(B[i] - X[i]) < 1e-9, "x[%d] %g vs %g", i, B[i], X[i]);
+    for (int i = 0; i < n * n; i++) A[i] = -(i % (n + 1) == 0);
+    cr_expect(!lr_chol_solve(n, A, B, m), "a negative definite matrix must be refused");
+    free(M), free(A);
+}
+
+/* ---- sessions on stories260K ---------------------------------------------------------- */
+
+static rk_model *load(const char *rel) {
+    char p[1024];
+    if (!tb_shared_path(p, sizeof p, rel)) cr_skip_test("%s", p);
+    rk_err e = {0};
+    rk_model *m = NULL;
+    cr_assert_eq(rk_model_load(p, &m, &e), RK_OK, "%s", e.msg);
+    return m;
+}
+
+static int32_t *story_ids(const rk_model *m, size_t want) {
+    char p[1024];
+    if (!tb_shared_path(p, sizeof p, "golden/perplexity/tinystories_sample_clean.txt")) cr_skip_test("%s", p);
+    size_t len, n;
+    char *txt = tb_read_file(p, &len);
+    cr_assert(txt);
+    rk_err e = {0};
+    int32_t *ids;
+    cr_assert_eq(rk_model_tokenize(m, txt, len, true, false, &ids, &n, &e), RK_OK, "%s", e.msg);
+    free(txt);
+    cr_assert(n >= want, "only %zu tokens", n);
+    return ids;
+}
+
+static rk_session *session(const rk_model *m, uint32_t kv_type, const char *lowram) {
+    rk_session_params sp = rk_session_params_default();
+    sp.n_ctx = 512;
+    sp.n_threads = 2;
+    sp.kv_type = kv_type;
+    rk_session *s = NULL;
+    rk_err e = {0};
+    cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s", e.msg);
+    if (lowram) {
+        rk_lowram_params lp = rk_lowram_params_default();
+        cr_assert_eq(rk_lowram_parse(lowram, &lp, &e), RK_OK, "%s", e.msg);
+        cr_assert_eq(rk_session_set_lowram(s, &lp, NULL, 0, &e), RK_OK, "%s", e.msg);
+    }
+    return s;
+}
+
+/* Prefill n_prompt tokens, then n_dec teacher-forced decode steps; logits of every step
+ * (n_dec + 1 rows: after the prompt and after each decode token). */
+static float *trace(rk_session *s, const int32_t *ids, int n_prompt, int n_dec, int n_vocab) {
+    float *lg = malloc((size_t)(n_dec + 1) * n_vocab * sizeof(float));
+    rk_err e = {0};
+    cr_assert_eq(rk_session_eval(s, ids, (size_t)n_prompt, lg, false, &e), RK_OK, "%s", e.msg);
+    for (int i = 0; i < n_dec; i++)
+        cr_assert_eq(rk_session_eval(s, &ids[n_prompt + i], 1, lg + (size_t)(i + 1) * n_vocab, false, &e), RK_OK, "%s",
+                     e.msg);
+    return lg;
+}
+
+static double max_abs_diff(const float *a, const float *b, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - b[i]));
+    return m;
+}
+
+/* Mean KL(p_ref || p) over the rows of two logit traces. */
+static double mean_kl(const float *ref, const float *lg, int rows, int nv) {
+    double tot = 0;
+    for (int r = 0; r < rows; r++) {
+        const float *a = ref + (size_t)r * nv, *b = lg + (size_t)r * nv;
+        double ma = -INFINITY, mb = -INFINITY, sa = 0, sb = 0, kl = 0;
+        for (int v = 0; v < nv; v++) ma = fmax(ma, a[v]), mb = fmax(mb, b[v]);
+        for (int v = 0; v < nv; v++) sa += exp(a[v] - ma), sb += exp(b[v] - mb);
+        for (int v = 0; v < nv; v++) {
+            double la = a[v] - ma - log(sa), lb = b[v] - mb - log(sb);
+            kl += exp(la) * (la - lb);
+        }
+        tot += kl;
+    }
+    return tot / rows;
+}
+
+/* Full rank, f32 coefficients, every residual kept (f16), every chunk rebuilt: the codec
+ * loses only the f16 rounding of the residuals and fp32 rounding of the rebuild, the same
+ * class of error as the f16 cache itself. Bound: the lowram logits stay within twice the
+ * distance between the f16 and f32 plain caches (plus 1e-4 for rounding of order 1e-5). */
+Test(lowram, dense_full_rank_all_residuals_equals_exact) {
+    rk_model *m = load("models/stories260K/stories260K-f32.gguf");
+    const int nv = rk_model_hparams(m)->n_vocab, n_prompt = 300, n_dec = 24;
+    int32_t *ids = story_ids(m, n_prompt + n_dec);
+    rk_session *s16 = session(m, RK_DT_F16, NULL), *s32 = session(m, RK_DT_F32, NULL);
+    rk_session *lr = session(m, RK_DT_F16, "rank=100000,resid=1,rtype=f16,coef=f32,dense,window=64");
+    float *a = trace(s16, ids, n_prompt, n_dec, nv), *b = trace(s32, ids, n_prompt, n_dec, nv);
+    float *c = trace(lr, ids, n_prompt, n_dec, nv);
+    rk_lowram_stats st;
+    rk_session_lowram_stats(lr, &st);
+    cr_assert(st.fitted, "the codec should have compressed the prompt");
+    cr_expect_lt(st.key_rel_err, 1e-6, "full rank keeps all key energy up to fp32 rounding (%g)", st.key_rel_err);
+    rk_kv_bytes kb;
+    rk_session_kv_bytes(lr, &kb);
+    cr_assert_gt(kb.n_compressed_rows, 200, "rows compressed: %lld", (long long)kb.n_compressed_rows);
+    const size_t n = (size_t)(n_dec + 1) * nv;
+    double d16_32 = max_abs_diff(a, b, n), dlr = max_abs_diff(a, c, n);
+    cr_expect(dlr <= 2 * d16_32 + 1e-4, "lowram vs f16 %g, f16 vs f32 %g", dlr, d16_32);
+    free(a), free(b), free(c), free(ids);
+    rk_session_destroy(s16), rk_session_destroy(s32), rk_session_destroy(lr);
+    rk_model_destroy(m);
+}
+
+/* A synthetic cache where every value row is an exact linear function of the pre-RoPE
+ * key rows of its layer: at full rank the ridge fit (λ tiny) predicts it with R² = 1 and
+ * every stored residual is zero up to fp32 rounding. */
+Test(lowram, linear_values_are_predicted_with_zero_residual) {
+    rk_model *m = load("models/stories260K/stories260K-f32.gguf");
+    const rk_hparams *hp = rk_model_hparams(m);
+    rk_session *s = session(m, RK_DT_F32, "rank=100000,coef=f32,window=32,lambda=1e-9");
+    rk_kv_codec *c = s->kvc;
+    const int kvd = hp->n_head_kv * hp->head_dim, n = 400;
+    uint64_t rng = 9;
+    float *A = malloc((size_t)kvd * kvd * sizeof(float)), bias[64], k[64], v[64];
+    lr_rope_fill(c, n);
+    for (int l = 0; l < hp->n_layer; l++) {
+        for (int i = 0; i < kvd * kvd; i++) A[i] = tb_rand_normal(&rng) * 0.3f;
+        for (int j = 0; j < kvd; j++) bias[j] = tb_rand_normal(&rng);
+        for (int p = 0; p < n; p++) {
+            for (int j = 0; j < kvd; j++) k[j] = tb_rand_normal(&rng) + (j % 5 == 0 ? 2.0f : 0.0f);
+            for (int j = 0; j < kvd; j++) {
+                double acc = bias[j];
+                for (int i = 0; i < kvd; i++) acc += (double)k[i] * A[(size_t)i * kvd + j];
+                v[j] = (float)acc;
+            }
+            lr_rope_row(c, k, hp->n_head_kv, p, false); /* the cache holds post-RoPE keys */
+            memcpy((float *)s->k_cache[l] + (size_t)p * kvd, k, sizeof(float) * kvd);
+            memcpy((float *)s->v_cache[l] + (size_t)p * kvd, v, sizeof(float) * kvd);
+        }
+    }
+    s->n_past = n;
+    rk_err e = {0};
+    cr_assert_eq(lr_fit(c, s, &e), RK_OK, "%s", e.msg);
+    float *d = malloc((size_t)hp->head_dim * sizeof(float));
+    for (int l = 0; l < hp->n_layer; l++)
+        for (int h = 0; h < hp->n_head_kv; h++) {
+            const lr_head *H = &c->ly[l].h[h];
+            cr_expect_gt(H->r2, 1.0f - 1e-5f, "layer %d head %d: R² %.9f", l, h, (double)H->r2);
+            cr_expect_gt(H->n_res, 0);
+            double mx = 0;
+            for (int64_t j = 0; j < H->n_res; j++) {
+                lr_res_row(c, H, j, d);
+                for (int t = 0; t < hp->head_dim; t++) mx = fmax(mx, fabs(d[t]));
+            }
+            /* values are O(10): fp32 rounding of the fit leaves ~1e-5 */
+            cr_expect_lt(mx, 1e-3, "layer %d head %d: largest residual %g", l, h, mx);
+        }
+    free(A), free(d);
+    s->n_past = 0;
+    rk_session_destroy(s);
+    rk_model_destroy(m);
+}
+
+/* Byte accounting: the parts sum to the total, and each part matches a count made from the
+ * codec's own arrays (rows, ranks, residual masks walked bit by bit). */
+Test(lowram, byte_accounting_adds_up) {
+    rk_model *m = load("models/stories260K/stories260K-f32.gguf");
+    const rk_hparams *hp = rk_model_hparams(m);
+    const int nv = hp->n_vocab;
+    int32_t *ids = story_ids(m, 340);
+    rk_session *s = session(m, RK_DT_F16, "rank=24,window=64,coef=int8,budget=64");
+    rk_kv_bytes b;
+    rk_session_kv_bytes(s, &b);
+    cr_expect_eq(b.total, 0);
+    float *lg = trace(s, ids, 300, 40, nv);
+    rk_session_kv_bytes(s, &b);
+    cr_expect_eq(b.total, b.exact + b.coef + b.bases + b.predictors + b.residuals + b.landmarks + b.meta + b.key_cache);
+    /* key cache: (64/32 + 2) chunk slots of 32 x head_dim f16 per (layer, KV head), 16 bytes of tags */
+    cr_expect_eq(b.key_cache, (uint64_t)hp->n_layer * hp->n_head_kv * (64 / 32 + 2) * (32ull * hp->head_dim * 2 + 16));
+    const rk_kv_codec *c = s->kvc;
+    const int kvd = hp->n_head_kv * hp->head_dim, C = c->p.chunk;
+    cr_expect_eq(b.n_tokens, 340);
+    cr_expect_eq(b.f16_equiv, 340ull * 2 * hp->n_layer * kvd * 2);
+    cr_expect_eq(b.n_exact_rows + b.n_compressed_rows + b.n_evicted_rows, 340);
+    cr_expect(b.n_exact_rows >= 4 + 64 && b.n_exact_rows < 4 + 64 + C, "exact rows %lld", (long long)b.n_exact_rows);
+    cr_expect_eq(b.exact, (uint64_t)b.n_exact_rows * 2 * hp->n_layer * kvd * 2);
+    uint64_t coef = 0, bases = 0, pred = 0, res = 0, lmk = 0, meta = 0;
+    for (int gi = 0; gi < c->n_group; gi++) {
+        const lr_group *g = &c->g[gi];
+        cr_expect_eq(g->r, 24);
+        cr_expect_eq(g->n_rows, b.n_compressed_rows);
+        const uint64_t n_ch = (uint64_t)(g->n_rows + C - 1) / C;
+        coef += (uint64_t)g->n_rows * (24 + 2); /* int8 + f16 scale */
+        bases += 3ull * g->D * 4 + 24ull * g->D * 2; /* f16 basis */
+        lmk += n_ch * 24 * 2 + 24 * 4;
+        meta += (uint64_t)g->n_rows * 4;
+        for (int li = 0; li < g->n_l; li++) {
+            pred += 24ull * kvd * 2 + kvd * 4;
+            lmk += n_ch * kvd * 2 + kvd * 4;
+            for (int h = 0; h < hp->n_head_kv; h++) {
+                const lr_head *H = &c->ly[g->l0 + li].h[h];
+                uint64_t bits = 0;
+                for (uint64_t ch = 0; ch < n_ch; ch++) bits += (uint64_t)__builtin_popcount(H->mask[ch]);
+                cr_expect_eq(bits, (uint64_t)H->n_res, "layer %d head %d: mask bits %llu vs %lld", g->l0 + li, h,
+                             (unsigned long long)bits, (long long)H->n_res);
+                res += bits * (uint64_t)(hp->head_dim + 2);
+                meta += n_ch * 8 + 4;
+            }
+        }
+    }
+    meta += (uint64_t)c->rope_filled * hp->n_rot * 4;
+    cr_expect_eq(b.coef, coef);
+    cr_expect_eq(b.bases, bases);
+    cr_expect_eq(b.predictors, pred);
+    cr_expect_eq(b.residuals, res);
+    cr_expect_eq(b.landmarks, lmk);
+    cr_expect_eq(b.meta, meta);
+    cr_expect_lt(b.total, b.f16_equiv, "compressed KV should be smaller than f16: %llu vs %llu",
+                 (unsigned long long)b.total, (unsigned long long)b.f16_equiv);
+    free(lg), free(ids);
+    rk_session_destroy(s);
+    rk_model_destroy(m);
+}
+
+/* Prompt = a story, then the same story again: predicting the second copy leans on the
+ * first, which lies in the compressed rows (induction heads copy from far context). */
+static int32_t *copy_prompt(const rk_model *m, int n_story, int n_prefix, int n_dec) {
+    int32_t *ids = story_ids(m, (size_t)n_story + 1);
+    int32_t *out = malloc((size_t)(1 + n_story + n_prefix + n_dec) * sizeof(int32_t));
+    out[0] = ids[0];
+    memcpy(out + 1, ids + 1, (size_t)n_story * sizeof(int32_t));
+    memcpy(out + 1 + n_story, ids + 1, (size_t)(n_prefix + n_dec) * sizeof(int32_t));
+    free(ids);
+    return out;
+}
+
+/* Decode with the default codec (scaled to the tiny model) stays close to exact while
+ * copying from compressed rows. Bound: mean KL(exact || lowram) under 0.02 nats per token
+ * (at most ~2% perplexity) and top-1 agreement of at least 90%. For scale: the f16 cache's
+ * own rounding costs ~1e-6 here, and this small model leans on far context so little that
+ * keeping only 5% of the compressed rows costs ~0.006 (logged below); a codec that
+ * scrambled keys or values would be far above 0.02. SmolLM2 numbers: docs/LOWRAM.md. */
+Test(lowram, decode_stays_close_to_exact) {
+    rk_model *m = load("models/stories260K/stories260K-f32.gguf");
+    const int nv = rk_model_hparams(m)->n_vocab, n_story = 220, n_prefix = 100, n_dec = 60;
+    const int n_prompt = 1 + n_story + n_prefix;
+    int32_t *ids = copy_prompt(m, n_story, n_prefix, n_dec);
+    rk_session *ex = session(m, RK_DT_F16, NULL);
+    rk_session *lr = session(m, RK_DT_F16, "window=64,budget=96,chunk=16");
+    rk_session *dr = session(m, RK_DT_F16, "window=64,budget=96,chunk=16,evict=0.95,nosumm");
+    float *a = trace(ex, ids, n_prompt, n_dec, nv), *b = trace(lr, ids, n_prompt, n_dec, nv);
+    float *c = trace(dr, ids, n_prompt, n_dec, nv);
+    const double kl = mean_kl(a, b, n_dec + 1, nv), kl_drop = mean_kl(a, c, n_dec + 1, nv);
+    int agree = 0;
+    for (int r = 0; r <= n_dec; r++) {
+        int ta = 0, tb = 0;
+        for (int v = 1; v < nv; v++) {
+            if (a[(size_t)r * nv + v] > a[(size_t)r * nv + ta]) ta = v;
+            if (b[(size_t)r * nv + v] > b[(size_t)r * nv + tb]) tb = v;
+        }
+        agree += ta == tb;
+    }
+    rk_kv_bytes kb;
+    rk_session_kv_bytes(lr, &kb);
+    cr_log_info("decode KL lowram %.5f (top-1 %d/%d), 95%% evicted %.5f; KV %llu of f16 %llu bytes", kl, agree,
+                n_dec + 1, kl_drop, (unsigned long long)kb.total, (unsigned long long)kb.f16_equiv);
+    cr_expect_gt(kb.n_compressed_rows, 200);
+    cr_expect_lt(kl, 0.02, "KL %g", kl);
+    cr_expect_geq(agree * 10, (n_dec + 1) * 9, "top-1 agreement %d of %d", agree, n_dec + 1);
+    free(a), free(b), free(c), free(ids);
+    rk_session_destroy(ex), rk_session_destroy(lr), rk_session_destroy(dr);
+    rk_model_destroy(m);
+}
+
+/* Truncation: (1) a cut inside the compressed rows, with a lossless codec (full rank, f32
+ * coefficients, all residuals f16): replaying the tokens through the compressed rows gives
+ * the first run's logits to within twice the f16/f32 cache distance; wrong bookkeeping
+ * (masks, slots, positions) would be far off. (2) A cut inside the exact window keeps the
+ * stored rows. (3) A reset refits: the same logits again, bit for bit. */
+Test(lowram, truncate_and_replay) {
+    rk_model *m = load("models/stories260K/stories260K-f32.gguf");
+    const int nv = rk_model_hparams(m)->n_vocab;
+    int32_t *ids = story_ids(m, 400);
+    rk_err e = {0};
+    float *lg = malloc((size_t)nv * sizeof(float));
+    /* (1) */
+    rk_session *s = session(m, RK_DT_F16, "rank=100000,resid=1,rtype=f16,coef=f32,window=32,chunk=8,budget=100000");
+    rk_session *s16 = session(m, RK_DT_F16, NULL), *s32 = session(m, RK_DT_F32, NULL);
+    float *a = trace(s, ids, 300, 40, nv), *r16 = trace(s16, ids, 300, 40, nv), *r32 = trace(s32, ids, 300, 40, nv);
+    const double tol = 2 * max_abs_diff(r16, r32, (size_t)41 * nv) + 1e-4;
+    const int cut = 250;
+    cr_assert_lt(cut, s->kvc->comp_end, "the cut must fall inside the compressed rows");
+    cr_assert_eq(rk_session_truncate(s, cut, &e), RK_OK, "%s", e.msg);
+    cr_assert_eq(rk_session_eval(s, ids + cut, 300 - cut, lg, false, &e), RK_OK, "%s", e.msg);
+    double d = max_abs_diff(a, lg, (size_t)nv);
+    for (int i = 0; i < 40; i++) {
+        cr_assert_eq(rk_session_eval(s, &ids[300 + i], 1, lg, false, &e), RK_OK, "%s", e.msg);
+        d = fmax(d, max_abs_diff(a + (size_t)(i + 1) * nv, lg, (size_t)nv));
+    }
+    cr_expect_lt(d, tol, "replay through the compressed rows differs by %g (tolerance %g)", d, tol);
+    rk_session_destroy(s), rk_session_destroy(s16), rk_session_destroy(s32);
+    free(a), free(r16), free(r32);
+    /* (2) a cut inside the window leaves the stored rows alone (rows compressed after the
+     * first pass stay compressed on replay, so logits need not repeat bit for bit) */
+    s = session(m, RK_DT_F16, "window=32,chunk=8");
+    a = trace(s, ids, 300, 40, nv);
+    rk_kv_bytes k0, k1;
+    rk_session_kv_bytes(s, &k0);
+    cr_assert_gt(335, s->kvc->comp_end, "the cut must fall inside the window");
+    cr_assert_eq(rk_session_truncate(s, 335, &e), RK_OK, "%s", e.msg);
+    cr_assert_eq(rk_session_eval(s, &ids[335], 1, lg, false, &e), RK_OK, "%s", e.msg);
+    rk_session_kv_bytes(s, &k1);
+    cr_expect_eq(k1.n_compressed_rows, k0.n_compressed_rows);
+    cr_expect_eq(k1.n_tokens, 336);
+    d = max_abs_diff(a + (size_t)36 * nv, lg, (size_t)nv);
+    cr_expect(isfinite(d) && d < 5.0, "replayed step differs by %g", d);
+    /* (3) */
+    rk_session_reset(s);
+    float *b = trace(s, ids, 300, 40, nv);
+    cr_expect_eq(max_abs_diff(a, b, (size_t)41 * nv), 0.0);
+    free(a), free(b), free(lg), free(ids);
+    rk_session_destroy(s);
+    rk_model_destroy(m);
+}
+
+/* ---- predictor files ------------------------------------------------------------------ */
+
+static const char *write_predictor(const rk_model *m, char *path, size_t cap) {
+    int32_t *ids = story_ids(m, 1200);
+    rk_lowram_calib_params cp = {.group = 3, .seg_len = 400, .stride = 1, .n_threads = 2};
+    void *bytes = NULL;
+    size_t n = 0;
+    rk_err e = {0};
+    cr_assert_eq(rk_lowram_calibrate(m, ids, 1200, &cp, NULL, NULL, &bytes, &n, &e), RK_OK, "%s", e.msg);
+    snprintf(path, cap, "%s/rk-lowram-pred-%d.gguf", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid());
+    cr_assert_eq(rk_io_write_file_atomic(path, bytes, n, &e), RK_OK, "%s", e.msg);
+    free(bytes), free(ids);
+    return path;
+}
+
+Test(lowram, predictor_file_for_another_model_is_refused) {
+    rk_model *m = load("models/stories260K/stories260K-f32.gguf");
+    rk_model *other = load("models/aidreams260K/aidreams260K-f32.gguf");
+    char path[1024];
+    write_predictor(m, path, sizeof path);
+    rk_session_params sp = rk_session_params_default();
+    sp.n_ctx = 512;
+    rk_session *s = NULL, *so = NULL;
+    rk_err e = {0};
+    cr_assert_eq(rk_session_create(other, &sp, &so, &e), RK_OK, "%s", e.msg);
+    rk_lowram_params lp = rk_lowram_params_default();
+    snprintf(lp.predictor, sizeof lp.predictor, "%s", path);
+    rk_status st = rk_session_set_lowram(so, &lp, NULL, 0, &e);
+    cr_expect_eq(st, RK_E_MISMATCH, "%s", rk_status_name(st));
+    cr_expect(strstr(e.msg, "lowram predictor") && strstr(e.msg, rk_model_name(other)), "%s", e.msg);
+    /* the right model takes it, and decodes with the file's basis */
+    cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s", e.msg);
+    cr_assert_eq(rk_session_set_lowram(s, &lp, NULL, 0, &e), RK_OK, "%s", e.msg);
+    int32_t *ids = story_ids(m, 320);
+    float *lg = trace(s, ids, 300, 4, rk_model_hparams(m)->n_vocab);
+    rk_lowram_stats ls;
+    rk_session_lowram_stats(s, &ls);
+    cr_expect(ls.fitted && ls.rank_max > 0);
+    /* another group size than the file's is refused by name */
+    lp.group = 2;
+    rk_session_reset(s);
+    st = rk_session_set_lowram(s, &lp, NULL, 0, &e);
+    cr_expect_eq(st, RK_E_MISMATCH, "%s", e.msg);
+    /* a file of another kind (the model itself) is not a predictor file */
+    char mp[1024];
+    tb_shared_path(mp, sizeof mp, "models/stories260K/stories260K-f32.gguf");
+    snprintf(lp.predictor, sizeof lp.predictor, "%s", mp);
+    lp.group = 3;
+    st = rk_session_set_lowram(s, &lp, NULL, 0, &e);
+    cr_expect_eq(st, RK_E_MISMATCH, "%s", e.msg);
+    cr_expect(strstr(e.msg, "not a predictor file"), "%s", e.msg);
+    remove(path);
+    free(lg), free(ids);
+    rk_session_destroy(s), rk_session_destroy(so);
+    rk_model_destroy(m), rk_model_destroy(other);
+}
+
+/* ---- parameters --------------------------------------------------------------------------- */
+
+Test(lowram, spec_parsing) {
+    rk_lowram_params p = rk_lowram_params_default();
+    rk_err e = {0};
+    cr_assert_eq(rk_lowram_parse("ratio=6,budget=256,window=64,rank=32,dense,coef=int8,sinks=0,pred=/a,b.gguf", &p, &e),
+                 RK_OK, "%s", e.msg);
+    cr_expect(p.ratio == 6.0f && p.budget == 256 && p.window == 64 && p.rank == 32 && p.dense);
+    cr_expect_eq(p.coef_type, RK_DT_Q8_0);
+    cr_expect_eq(p.n_sink, -1);
+    cr_expect_str_eq(p.predictor, "/a,b.gguf");
+    const char *bad[] = {"ratio=0", "budget=x", "chunk=64", "coef=q4", "nonsense", "resid=2", "evict=0.99", "rank=1.5"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        rk_lowram_params q = rk_lowram_params_default();
+        cr_expect_eq(rk_lowram_parse(bad[i], &q, &e), RK_E_INVALID_ARG, "'%s' accepted", bad[i]);
+    }
+}
