@@ -12,37 +12,15 @@
 #include "rk_gguf.h"
 #include "tb.h"
 
-typedef struct result {
-    int code;
-    char *out, *err;
-} result;
+typedef tb_result result;
 
-/* Runs `ridgekv <args>` through sh with extra env assignments; captures both streams. */
 static result run(const char *env, const char *args) {
-    const char *bin = getenv("RK_BIN");
-    cr_assert(bin, "RK_BIN not set (meson sets it)");
-    char dir[] = "/tmp/rkcliXXXXXX";
-    cr_assert(mkdtemp(dir));
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "%s '%s' %s >%s/out 2>%s/err </dev/null", env ? env : "", bin, args, dir, dir);
-    int st = system(cmd);
-    result r = {WIFEXITED(st) ? WEXITSTATUS(st) : -1, NULL, NULL};
-    char p[256];
-    size_t len;
-    snprintf(p, sizeof p, "%s/out", dir);
-    r.out = tb_read_file(p, &len);
-    unlink(p);
-    snprintf(p, sizeof p, "%s/err", dir);
-    r.err = tb_read_file(p, &len);
-    unlink(p);
-    rmdir(dir);
+    result r = tb_run(env, args);
+    cr_assert(r.code != -2, "RK_BIN not set (meson sets it)");
     return r;
 }
 
-static void done(result *r) {
-    free(r->out);
-    free(r->err);
-}
+static void done(result *r) { tb_result_free(r); }
 
 static const char *stories(char *buf, size_t cap) {
     if (!tb_shared_path(buf, cap, "models/stories260K/stories260K-f32.gguf")) cr_skip_test("%s", buf);

@@ -200,37 +200,18 @@ Test(eval, corpus_windows_in_range_and_disjoint) {
 
 /* ---- the commands on the default model -------------------------------------------- */
 
-typedef struct result {
-    int code;
-    char *out, *err;
-} result;
+typedef tb_result result;
 
 static result run(const char *args) {
-    const char *bin = getenv("RK_BIN"), *shared = tb_shared_dir();
-    cr_assert(bin, "RK_BIN not set (meson sets it)");
-    char dir[] = "/tmp/rkevalXXXXXX";
-    cr_assert(mkdtemp(dir));
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "RIDGEKV_CORPUS='%s/corpus' '%s' %s >%s/out 2>%s/err </dev/null", shared ? shared : ".",
-             bin, args, dir, dir);
-    int st = system(cmd);
-    result r = {WIFEXITED(st) ? WEXITSTATUS(st) : -1, NULL, NULL};
-    char p[256];
-    size_t len;
-    snprintf(p, sizeof p, "%s/out", dir);
-    r.out = tb_read_file(p, &len);
-    unlink(p);
-    snprintf(p, sizeof p, "%s/err", dir);
-    r.err = tb_read_file(p, &len);
-    unlink(p);
-    rmdir(dir);
+    const char *shared = tb_shared_dir();
+    char env[1024];
+    snprintf(env, sizeof env, "RIDGEKV_CORPUS='%s/corpus'", shared ? shared : ".");
+    result r = tb_run(env, args);
+    cr_assert(r.code != -2, "RK_BIN not set (meson sets it)");
     return r;
 }
 
-static void done(result *r) {
-    free(r->out);
-    free(r->err);
-}
+static void done(result *r) { tb_result_free(r); }
 
 static const char *need_model(char *buf, size_t cap) {
     const char *p = tb_default_model(buf, cap);

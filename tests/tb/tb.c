@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 const char *tb_shared_dir(void) {
@@ -117,4 +118,33 @@ float *tb_read_f32(const char *path, size_t *n) {
     if (!p) return NULL;
     *n = len / sizeof(float);
     return p;
+}
+
+tb_result tb_run(const char *env, const char *args) {
+    tb_result r = {-2, NULL, NULL};
+    const char *bin = getenv("RK_BIN");
+    char dir[] = "/tmp/rkrunXXXXXX";
+    if (!bin || !mkdtemp(dir)) return r;
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "%s '%s' %s >%s/out 2>%s/err </dev/null", env ? env : "", bin, args, dir, dir);
+    int st = system(cmd);
+    r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    char p[256];
+    size_t len;
+    snprintf(p, sizeof p, "%s/out", dir);
+    r.out = tb_read_file(p, &len);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/err", dir);
+    r.err = tb_read_file(p, &len);
+    unlink(p);
+    rmdir(dir);
+    if (!r.out) r.out = calloc(1, 1);
+    if (!r.err) r.err = calloc(1, 1);
+    return r;
+}
+
+void tb_result_free(tb_result *r) {
+    free(r->out);
+    free(r->err);
+    r->out = r->err = NULL;
 }

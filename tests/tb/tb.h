@@ -22,3 +22,13 @@ float tb_rand_normal(uint64_t *state);
 const char *tb_twin_path(const char *name, char *buf, size_t cap);
 /* Reads n floats from a raw little-endian f32 file into a malloc'd array. */
 float *tb_read_f32(const char *path, size_t *n);
+
+/* Result of running the ridgekv binary ($RK_BIN) through sh. */
+typedef struct tb_result {
+    int code;         /* exit status, -1 when killed */
+    char *out, *err;  /* captured stdout / stderr (malloc'd, NUL-terminated) */
+} tb_result;
+/* Runs `<env> '$RK_BIN' <args>` with stdin from /dev/null; env may be NULL (e.g.
+ * "env -u X Y=1"). code is -2 when RK_BIN is unset. */
+tb_result tb_run(const char *env, const char *args);
+void tb_result_free(tb_result *r);
