@@ -181,6 +181,10 @@ int cmd_calibrate(int argc, char **argv) {
            (long long)rep.n_heldout);
     printf("cost: forward %.1f s, solve %.1f s, peak RSS %.0f MiB\n", rep.seconds_forward, rep.seconds_solve,
            (double)rk_peak_rss_bytes() / 1048576.0);
+    printf("lambda (relative) vs mean held-out relative error over late layers:\n");
+    for (int i = 0; i < rep.n_lambda; i++)
+        printf("  %-8.3g %.5f%s\n", (double)rep.lambda_tried[i], (double)rep.lambda_err[i],
+               rep.lambda_tried[i] == rep.lambda ? "  <- chosen" : "");
     printf("held-out relative error ||Y-Ŷ||²/||Y-Ȳ||² per late layer (fitted vs identity):\n");
     for (int l = cp.split + 1; l < hp->n_layer && l - cp.split - 1 < 256; l++)
         printf("  layer %3d  fitted %.4f  identity %.4f\n", l, (double)rep.heldout_rel_err[l - cp.split - 1],

@@ -524,6 +524,10 @@ rk_status rk_calibrate(const rk_model *m, const int32_t *ids, size_t n_ids, cons
         }
         double mean = 0;
         for (int l = 0; l < n_late; l++) mean += big[l] / n_late;
+        if (report.n_lambda < 16) {
+            report.lambda_tried[report.n_lambda] = (float)l_try;
+            report.lambda_err[report.n_lambda++] = (float)mean;
+        }
         for (int l = 0; l < n_rep; l++) r[l] = big[l], rel_id[l] = big_id[l];
         free(big), free(big_id);
         if (mean < best) {

@@ -195,6 +195,9 @@ typedef struct rk_calib_report {
     float heldout_rel_err[256];   /* per late layer: held-out ||Y-Ŷ||² / ||Y-Ȳ||² */
     float identity_rel_err[256];  /* the same for W = I */
     double seconds_forward, seconds_solve;
+    int32_t n_lambda;             /* λ values tried (auto) */
+    float lambda_tried[16];       /* relative λ */
+    float lambda_err[16];         /* mean held-out relative error over late layers */
 } rk_calib_report;
 
 /* One exact forward over ids (in segments), centred fp64 accumulation of XᵀX and XᵀY_l,
