@@ -170,7 +170,7 @@ int cmd_bench(int argc, char **argv) {
                         printf("%s{\"n_prompt\":%d,\"fill\":\"%s\",\"kv\":\"%s\",\"ttft_ms\":%.2f,\"prefill_tok_s\":%.2f,"
                                "\"ttft_speedup\":%.3f,\"n_decode\":%d,\"decode_tok_s\":%.2f,\"rss_after_mib\":%.1f,"
                                "\"kv_bytes\":{\"total\":%llu,\"f16_equiv\":%llu,\"exact\":%llu,\"coef\":%llu,\"bases\":%llu,"
-                               "\"predictors\":%llu,\"residuals\":%llu,\"landmarks\":%llu,\"meta\":%llu,\"scratch\":%llu,"
+                               "\"predictors\":%llu,\"residuals\":%llu,\"landmarks\":%llu,\"meta\":%llu,\"key_cache\":%llu,\"scratch\":%llu,"
                                "\"n_tokens\":%lld,\"n_exact_rows\":%lld,\"n_compressed_rows\":%lld,\"n_evicted_rows\":%lld}}",
                                li || mi || ki ? "," : "", lens[li], modes[mi], kvs[ki], 1000 * ttft[li][mi][ki],
                                pf_tps[li][mi][ki], ttft[li][0][ki] / ttft[li][mi][ki], o.n_predict, dc_tps[li][mi][ki],
@@ -178,7 +178,7 @@ int cmd_bench(int argc, char **argv) {
                                (unsigned long long)b->exact, (unsigned long long)b->coef, (unsigned long long)b->bases,
                                (unsigned long long)b->predictors, (unsigned long long)b->residuals,
                                (unsigned long long)b->landmarks, (unsigned long long)b->meta,
-                               (unsigned long long)b->scratch, (long long)b->n_tokens, (long long)b->n_exact_rows,
+                               (unsigned long long)b->key_cache, (unsigned long long)b->scratch, (long long)b->n_tokens, (long long)b->n_exact_rows,
                                (long long)b->n_compressed_rows, (long long)b->n_evicted_rows);
                     }
             printf("]}\n");
@@ -198,11 +198,12 @@ int cmd_bench(int argc, char **argv) {
                                b->total ? (double)b->f16_equiv / (double)b->total : 0.0, rss[li][mi][ki]);
                         if (b->coef || b->bases)
                             printf("%9s KV bytes: exact %.2f MiB (%lld rows) + coef %.2f + bases %.2f + predictors %.2f + "
-                                   "residuals %.2f + landmarks %.2f + meta %.2f = %.2f MiB (%lld rows compressed, %lld "
-                                   "evicted; scratch %.2f)\n",
+                                   "residuals %.2f + landmarks %.2f + meta %.2f + key cache %.2f = %.2f MiB (%lld rows "
+                                   "compressed, %lld evicted; scratch %.2f)\n",
                                    "", b->exact / 1048576.0, (long long)b->n_exact_rows, b->coef / 1048576.0,
                                    b->bases / 1048576.0, b->predictors / 1048576.0, b->residuals / 1048576.0,
-                                   b->landmarks / 1048576.0, b->meta / 1048576.0, b->total / 1048576.0,
+                                   b->landmarks / 1048576.0, b->meta / 1048576.0, b->key_cache / 1048576.0,
+                                   b->total / 1048576.0,
                                    (long long)b->n_compressed_rows, (long long)b->n_evicted_rows, b->scratch / 1048576.0);
                     }
             printf("peak RSS %.1f MiB\n", peak);

@@ -330,13 +330,14 @@ int main(int argc, char **argv) {
                o.top1, (double)b->total / b->n_tokens, (double)b->f16_equiv / b->total, n_c > 0 ? f16_row * n_c / comp : 0,
                1000 * o.dec_s, o.ls.seconds_fit, o.pf_s);
         if (json || k == 0 || n_specs == 1)
-            printf("    bytes: exact %llu coef %llu bases %llu pred %llu resid %llu lmk %llu meta %llu = %llu "
+            printf("    bytes: exact %llu coef %llu bases %llu pred %llu resid %llu lmk %llu meta %llu kcache %llu = %llu "
                    "(f16 %llu); rows exact %lld comp %lld evicted %lld; scratch %llu\n"
                    "    rank %d..%d, key energy lost %.4f, value R² mean %.3f, resid rows %lld, rebuilt/attended %.2f, "
                    "compress %.3f s\n",
                    (unsigned long long)b->exact, (unsigned long long)b->coef, (unsigned long long)b->bases,
                    (unsigned long long)b->predictors, (unsigned long long)b->residuals, (unsigned long long)b->landmarks,
-                   (unsigned long long)b->meta, (unsigned long long)b->total, (unsigned long long)b->f16_equiv,
+                   (unsigned long long)b->meta, (unsigned long long)b->key_cache, (unsigned long long)b->total,
+                   (unsigned long long)b->f16_equiv,
                    (long long)b->n_exact_rows, (long long)b->n_compressed_rows, (long long)b->n_evicted_rows,
                    (unsigned long long)b->scratch, o.ls.rank_min, o.ls.rank_max, o.ls.key_rel_err, o.ls.value_r2_mean,
                    (long long)o.ls.n_resid_rows,
