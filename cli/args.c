@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include "cli.h"
+#include "rk_io.h"
 
 static int parse_int(const char *cmd, const char *flag, const char *s, int lo, int hi, int *out) {
     char *end;
@@ -295,5 +296,48 @@ int cli_setup_fill(const cli_opts *o, const rk_model *m, rk_session *s, rk_ridge
         fprintf(stderr, "ridgekv: ridgefill %s, split %d, tail %d%s%s\n", rk_fill_mode_name(fp.mode),
                 fp.maps ? rk_ridge_maps_split(fp.maps) : fp.split, fp.tail > 512 ? fp.tail : (fp.tail ? 512 : 2048),
                 fp.maps ? ", maps " : "", fp.maps ? o->ridgefill : "");
+    return 0;
+}
+
+int cli_read_text_tokens(const rk_model *m, const char *const *files, int n_files, size_t max_tokens, int32_t **out,
+                         size_t *n_out) {
+    rk_err e = {0};
+    int32_t *all = NULL;
+    size_t n_all = 0;
+    for (int i = 0; i < n_files && n_all < max_tokens; i++) {
+        char *txt;
+        size_t len;
+        if (rk_io_read_file(files[i], &txt, &len, &e)) {
+            cli_print_error(&e);
+            free(all);
+            return RK_EXIT_IO;
+        }
+        /* tokenizing a whole novel is wasteful when only max_tokens are used: ~6 bytes/token */
+        size_t want = (max_tokens - n_all) * 8;
+        if (len > want) len = want;
+        int32_t *ids;
+        size_t n;
+        rk_status st = rk_model_tokenize(m, txt, len, false, false, &ids, &n, &e);
+        free(txt);
+        if (st) {
+            cli_print_error(&e);
+            free(all);
+            return cli_exit_code(st);
+        }
+        if (n > max_tokens - n_all) n = max_tokens - n_all;
+        int32_t *grown = realloc(all, (n_all + n + 1) * sizeof *all);
+        if (!grown) {
+            free(ids);
+            free(all);
+            fprintf(stderr, "ridgekv: out of memory reading %s\n", files[i]);
+            return RK_EXIT_ERROR;
+        }
+        all = grown;
+        memcpy(all + n_all, ids, n * sizeof *ids);
+        n_all += n;
+        free(ids);
+    }
+    *out = all;
+    *n_out = n_all;
     return 0;
 }

@@ -64,6 +64,10 @@ const char *cli_model_path(const cli_opts *o, char *buf, size_t cap);
 /* Loads the model; on failure prints the error and returns the exit code. */
 int cli_load_model(const cli_opts *o, rk_model **m);
 int cli_session_params(const cli_opts *o, rk_session_params *p);
+/* Reads and tokenizes text files (no BOS) up to max_tokens in all; *ids is malloc'd.
+ * Prints the error and returns an exit code on failure, 0 on success. */
+int cli_read_text_tokens(const rk_model *m, const char *const *files, int n_files, size_t max_tokens, int32_t **ids,
+                         size_t *n);
 /* Maps an rk_status to an exit code. */
 int cli_exit_code(rk_status st);
 void cli_print_error(const rk_err *e);

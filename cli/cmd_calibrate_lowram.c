@@ -92,39 +92,9 @@ int cmd_calibrate_lowram(int argc, char **argv) {
     rk_err e = {0};
     int32_t *all = NULL;
     size_t n_all = 0;
-    for (int i = 0; i < n_texts && n_all < (size_t)max_tokens; i++) {
-        char *txt;
-        size_t len;
-        if (rk_io_read_file(texts[i], &txt, &len, &e)) {
-            cli_print_error(&e);
-            free(all);
-            rk_model_destroy(m);
-            return RK_EXIT_IO;
-        }
-        size_t want = ((size_t)max_tokens - n_all) * 8; /* ~6 bytes a token: enough text */
-        if (len > want) len = want;
-        int32_t *ids;
-        size_t n;
-        rk_status st = rk_model_tokenize(m, txt, len, false, false, &ids, &n, &e);
-        free(txt);
-        if (st) {
-            cli_print_error(&e);
-            free(all);
-            rk_model_destroy(m);
-            return cli_exit_code(st);
-        }
-        if (n > (size_t)max_tokens - n_all) n = (size_t)max_tokens - n_all;
-        int32_t *grown = realloc(all, (n_all + n + 1) * sizeof *all);
-        if (!grown) {
-            free(ids), free(all);
-            rk_model_destroy(m);
-            fprintf(stderr, "ridgekv calibrate: out of memory\n");
-            return RK_EXIT_ERROR;
-        }
-        all = grown;
-        memcpy(all + n_all, ids, n * sizeof *ids);
-        n_all += n;
-        free(ids);
+    if ((rc = cli_read_text_tokens(m, texts, n_texts, (size_t)max_tokens, &all, &n_all))) {
+        rk_model_destroy(m);
+        return rc;
     }
     rk_lowram_calib_params cp = {.group = group, .rank = rank, .seg_len = seg_len, .stride = stride,
                                  .n_threads = o.n_threads};
