@@ -302,10 +302,7 @@ rk_status rk_kvc_after_eval(rk_kv_codec *c, rk_session *s, int64_t n_new, rk_err
     if (!c->fitted) {
         /* enough rows to fit on, and at least one chunk to compress */
         if (n - sink - c->p.window >= C && n - sink >= 128) {
-            if ((st = lr_fit(c, s, err)) || (st = lr_scratch_alloc(c, err))) {
-                c->fitted = false;
-                return st;
-            }
+            if ((st = lr_fit(c, s, err))) return st; /* nothing released: the plain cache is whole */
         }
     } else {
         int64_t end = n - c->p.window;

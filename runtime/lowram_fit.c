@@ -529,6 +529,8 @@ rk_status lr_fit(rk_kv_codec *c, rk_session *s, rk_err *err) {
                                                                    "solve or predictor file)", gi);
             goto done;
         }
+    /* scratch before any page goes: after the release there is no way back */
+    if ((st = lr_scratch_alloc(c, err))) goto done;
     c->fitted = true;
     c->comp_end = comp_new;
     c->n_evicted = keep ? n_cand - c->g[0].n_rows : 0;

@@ -140,7 +140,9 @@ void lr_matmul(int64_t n, int m, int k, const float *x, int ldx, const float *B,
 void lr_matmul_nt(int64_t n, int m, int k, const float *x, int ldx, const float *B, int ldb, float *y, int ldy);
 
 /* ---- lowram_fit.c -------------------------------------------------------------- */
-/* Fits basis and predictors on rows [n_sink, n_past) and compresses [n_sink, n_past - window). */
+/* Fits basis and predictors on rows [n_sink, n_past), compresses [n_sink, n_past - window),
+ * allocates the attention scratch, then releases the plain pages. On failure nothing is
+ * released and the codec stays unfitted. */
 rk_status lr_fit(rk_kv_codec *c, rk_session *s, rk_err *err);
 
 /* ---- lowram_store.c ------------------------------------------------------------ */
