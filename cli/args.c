@@ -74,6 +74,11 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
         else if (!strcmp(a, "--kv")) {
             NEED();
             if ((rc = cli_kv_check(cmd, v))) return rc;
+            /* only run and bench apply LowRAM so far: refuse rather than ignore it */
+            if (strstr(v, "lowram") && strcmp(cmd, "run") && strcmp(cmd, "bench")) {
+                fprintf(stderr, "ridgekv %s: --kv lowram is only supported by run and bench so far\n", cmd);
+                return RK_EXIT_USAGE;
+            }
             o->kv = v;
         }
         else if (!strcmp(a, "--backend")) {
