@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "rk_fitters.h"
 #include "rk_io.h"
 
 static const char *help =

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "rk_fitters.h"
 #include "rk_io.h"
 
 static const char *help =

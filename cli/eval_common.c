@@ -13,12 +13,7 @@
 #include "rk_io.h"
 
 /* ---- random numbers --------------------------------------------------------- */
-uint64_t ev_rand(uint64_t *state) {
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+uint64_t ev_rand(uint64_t *state) { return rk_splitmix64(state); }
 
 uint64_t ev_rand_below(uint64_t *state, uint64_t n) {
     if (n <= 1) return 0;

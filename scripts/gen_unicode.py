@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Generates runtime/unicode_data.c: the general-category range table used by the
+"""Generates runtime/tokenizer/unicode_data.c: the general-category range table used by the
 tokenizer's pre-tokenizers (\\p{L}, \\p{N}, \\p{P}, ...).
 
-Usage: python3 scripts/gen_unicode.py > runtime/unicode_data.c
+Usage: python3 scripts/gen_unicode.py > runtime/tokenizer/unicode_data.c
 
 Every code point 0..0x10FFFF gets a coarse class (the first letter of its Unicode
 general category, with unassigned Cn kept apart from the other C* classes).

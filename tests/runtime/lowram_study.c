@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "lowram_impl.h"
-#include "ridgefill_impl.h"
+#include "rk_fitters.h"
 #include "rk.h"
 #include "tb.h"
 

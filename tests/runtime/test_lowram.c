@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "lowram_impl.h"
-#include "ridgefill_impl.h"
+#include "rk_fitters.h"
 #include "rk_io.h"
 #include "tb.h"
 
@@ -30,7 +30,7 @@ Test(lowram, eigensolver_decomposes_symmetric_matrices) {
                 A0[(size_t)i * n + j] = A0[(size_t)j * n + i] = v;
             }
         memcpy(A, A0, (size_t)n * n * sizeof(double));
-        cr_assert(lr_eigh(n, A, w, V), "n=%d", n);
+        cr_assert(rk_linalg_eigh(n, A, w, V), "n=%d", n);
         double anorm = 0, res = 0, orth = 0;
         for (int i = 0; i < n * n; i++) anorm = fmax(anorm, fabs(A0[i]));
         for (int k = 0; k < n; k++) {
@@ -71,10 +71,10 @@ Test(lowram, rank_r_error_equals_discarded_eigenvalues) {
     /* centred rows, Gram by the library's accumulator (upper triangle) */
     float *xc = malloc((size_t)n * D * sizeof(float));
     for (int i = 0; i < n * D; i++) xc[i] = (float)(x[i] - mean[i % D]);
-    lr_gram_add(D, n, xc, G);
+    rk_linalg_gram_add(D, n, xc, G);
     for (int i = 0; i < D; i++)
         for (int j = 0; j < i; j++) G[(size_t)i * D + j] = G[(size_t)j * D + i];
-    cr_assert(lr_eigh(D, G, w, V));
+    cr_assert(rk_linalg_eigh(D, G, w, V));
     for (int r = 1; r <= D; r += 7) {
         double err = 0, disc = 0;
         for (int k = r; k < D; k++) disc += w[k];
@@ -115,10 +115,10 @@ Test(lowram, cholesky_solves_spd_systems) {
             for (int k = 0; k < n; k++) v += A[(size_t)i * n + k] * X[k * m + j];
             B[i * m + j] = v;
         }
-    cr_assert(lr_chol_solve(n, A, B, m));
+    cr_assert(rk_linalg_spd_solve(n, A, B, m));
     for (int i = 0; i < n * m; i++) cr_expect(fabs(B[i] - X[i]) < 1e-9, "x[%d] %g vs %g", i, B[i], X[i]);
     for (int i = 0; i < n * n; i++) A[i] = -(i % (n + 1) == 0);
-    cr_expect(!lr_chol_solve(n, A, B, m), "a negative definite matrix must be refused");
+    cr_expect(!rk_linalg_spd_solve(n, A, B, m), "a negative definite matrix must be refused");
     free(M), free(A);
 }
 

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ridgefill_impl.h"
+#include "rk_fitters.h"
 #include "rk_io.h"
 #include "tb.h"
 
@@ -188,7 +188,7 @@ Test(ridgefill, identity_mode_equals_identity_map) {
     cr_assert_eq(rk_gguf_writer_create(32, &w, &e), RK_OK);
     cr_assert_eq(rk_gguf_writer_set_str(w, "general.type", "ridgekv.ridge_maps", &e), RK_OK);
     cr_assert_eq(rk_gguf_writer_set_u32(w, "ridge.split", split, &e), RK_OK);
-    cr_assert_eq(rk_write_fingerprint(w, "ridge.model", m, &e), RK_OK, "%s", e.msg);
+    cr_assert_eq(rk_fingerprint_write(w, "ridge.model", m, &e), RK_OK, "%s", e.msg);
     float *eye = calloc((size_t)d * d, sizeof(float)), *zero = calloc((size_t)d, sizeof(float));
     for (int i = 0; i < d; i++) eye[i * d + i] = 1.0f;
     for (int l = split + 1; l < L; l++) {
@@ -262,7 +262,7 @@ Test(ridgefill, other_quantisation_of_same_weights_warns) {
     cr_assert_eq(rk_gguf_writer_create(32, &w, &e), RK_OK);
     cr_assert_eq(rk_gguf_writer_set_str(w, "general.type", "ridgekv.ridge_maps", &e), RK_OK);
     cr_assert_eq(rk_gguf_writer_set_u32(w, "ridge.split", 1, &e), RK_OK);
-    cr_assert_eq(rk_write_fingerprint(w, "ridge.model", q, &e), RK_OK);
+    cr_assert_eq(rk_fingerprint_write(w, "ridge.model", q, &e), RK_OK);
     const int d = rk_model_hparams(q)->n_embd;
     float *z = calloc((size_t)d * d, sizeof(float));
     int64_t ne[2] = {d, d};

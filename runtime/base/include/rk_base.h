@@ -126,5 +126,14 @@ void rk_arena_reset(rk_arena *a);
 
 /* ---- misc ------------------------------------------------------------- */
 double rk_time_now(void); /* monotonic seconds */
+
+/* splitmix64: the one deterministic generator (sampler, eval drivers, tests). Advances
+ * *state and returns the next 64 random bits. */
+static inline uint64_t rk_splitmix64(uint64_t *state) {
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
 /* Peak resident set size of this process in bytes (0 if unknown). */
 uint64_t rk_peak_rss_bytes(void);

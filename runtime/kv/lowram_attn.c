@@ -139,7 +139,7 @@ LR_AI void chunk_keys(const head_task *t, int64_t ch, int nb) {
             if (H->kc_used[i] != c->n_calls && (victim < 0 || H->kc_used[i] < H->kc_used[victim])) victim = i;
     }
     const size_t off = (size_t)L->li * c->kvd + (size_t)t->h * hd;
-    lr_matmul(nb, hd, r, x->cf, r, x->bsl, hd, x->kb, hd);
+    rk_linalg_matmul(nb, hd, r, x->cf, r, x->bsl, hd, x->kb, hd);
     const float *mu = g->mean + off, *wi = g->winv + off;
     for (int k = 0; k < nb; k++) {
         float *kr = x->kb + (size_t)k * hd;
@@ -295,7 +295,7 @@ LR_AI void head_run(head_task *t) {
         float *o = t->out + (t->i0 + j / t->grp) * qd + (size_t)(t->h * t->grp + j % t->grp) * hd;
         float *av = x->acc_v + (size_t)j * hd;
         if (t->use_c) {
-            lr_matmul(1, hd, g->r, x->acc_c + (size_t)j * c->r_max, g->r, x->wsl, hd, o, hd);
+            rk_linalg_matmul(1, hd, g->r, x->acc_c + (size_t)j * c->r_max, g->r, x->wsl, hd, o, hd);
             axpy(av, 1.0f, o, hd);
         }
         axpy(av, x->st_a[j], L->b + (size_t)t->h * hd, hd);

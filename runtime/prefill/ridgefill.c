@@ -39,60 +39,6 @@ static rk_status get_i(const rk_gguf *g, const char *key, int64_t *v, rk_err *er
     return st;
 }
 
-rk_status rk_fingerprint_check(const rk_gguf *g, const char *prefix, const rk_model *m, const char *what,
-                               char *warning, size_t cap, rk_err *err) {
-    rk_fingerprint fp;
-    rk_model_fingerprint(m, &fp);
-    char key[128];
-    rk_str arch;
-    snprintf(key, sizeof key, "%s.arch", prefix);
-    if (rk_gguf_get_str(g, key, &arch, err))
-        return rk_err_set(err, RK_E_MISMATCH, "%s: no model fingerprint (key '%s')", what, key);
-    struct {
-        const char *k;
-        int64_t want;
-    } dims[] = {{"n_layer", fp.n_layer}, {"n_embd", fp.n_embd}, {"n_head", fp.n_head},
-                {"n_head_kv", fp.n_head_kv}, {"head_dim", fp.head_dim}, {"n_ff", fp.n_ff},
-                {"n_vocab", fp.n_vocab}};
-    char name[128] = "";
-    rk_str nm;
-    snprintf(key, sizeof key, "%s.model_name", prefix);
-    if (rk_gguf_get_str(g, key, &nm, NULL) == RK_OK)
-        snprintf(name, sizeof name, "%.*s", (int)(nm.len > 100 ? 100 : nm.len), nm.ptr);
-    if (!rk_str_eq(arch, fp.arch))
-        return rk_err_set(err, RK_E_MISMATCH, "%s: fitted on '%s' (%.*s) but the model is '%s' (%s)", what, name,
-                          (int)(arch.len > 15 ? 15 : arch.len), arch.ptr, rk_model_name(m), fp.arch);
-    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
-        int64_t v;
-        snprintf(key, sizeof key, "%s.%s", prefix, dims[i].k);
-        rk_status st = rk_gguf_get_i64(g, key, &v, err);
-        if (st) return rk_err_set(err, RK_E_MISMATCH, "%s: fingerprint key '%s' missing or bad", what, key);
-        if (v != dims[i].want)
-            return rk_err_set(err, RK_E_MISMATCH, "%s: fitted on '%s' with %s %lld but the model '%s' has %lld",
-                              what, name, dims[i].k, (long long)v, rk_model_name(m), (long long)dims[i].want);
-    }
-    uint64_t tok, wh, qh;
-    snprintf(key, sizeof key, "%s.tokenizer_hash", prefix);
-    if (rk_gguf_get_u64(g, key, &tok, err)) return rk_err_set(err, RK_E_MISMATCH, "%s: '%s' missing", what, key);
-    snprintf(key, sizeof key, "%s.weights_hash", prefix);
-    if (rk_gguf_get_u64(g, key, &wh, err)) return rk_err_set(err, RK_E_MISMATCH, "%s: '%s' missing", what, key);
-    snprintf(key, sizeof key, "%s.quant_hash", prefix);
-    if (rk_gguf_get_u64(g, key, &qh, err)) return rk_err_set(err, RK_E_MISMATCH, "%s: '%s' missing", what, key);
-    if (tok != fp.tokenizer_hash)
-        return rk_err_set(err, RK_E_MISMATCH, "%s: fitted on '%s' whose tokenizer differs from '%s'", what, name,
-                          rk_model_name(m));
-    if (wh != fp.weights_hash)
-        return rk_err_set(err, RK_E_MISMATCH, "%s: fitted on '%s', whose weights differ from '%s' (same shapes, other model)",
-                          what, name, rk_model_name(m));
-    if (warning && cap) {
-        warning[0] = '\0';
-        if (qh != fp.quant_hash)
-            snprintf(warning, cap, "%s: fitted on another quantisation of these weights ('%s'); expect slightly larger error",
-                     what, name);
-    }
-    return RK_OK;
-}
-
 rk_status rk_ridge_maps_load(const char *path, const rk_model *m, rk_ridge_maps **out, char *warning,
                              size_t warning_cap, rk_err *err) {
     const rk_hparams *hp = rk_model_hparams(m);

@@ -51,12 +51,8 @@ void rk_sampler_destroy(rk_sampler *s) {
     free(s);
 }
 
-static double next_uniform(uint64_t *st) { /* splitmix64 -> [0, 1) */
-    uint64_t z = (*st += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return (double)(z >> 11) * (1.0 / 9007199254740992.0);
+static double next_uniform(uint64_t *st) { /* [0, 1) */
+    return (double)(rk_splitmix64(st) >> 11) * (1.0 / 9007199254740992.0);
 }
 
 static int cmp_desc(const void *a, const void *b) {

@@ -126,7 +126,7 @@ static rk_status fit_basis(rk_kv_codec *c, const rk_session *s, lr_group *g, int
     double *G = calloc((size_t)D * D, sizeof(double)), *sum = calloc((size_t)D, sizeof(double));
     double *V = NULL;
     float *x = malloc((size_t)64 * D * sizeof(float)), *w = malloc((size_t)D * sizeof(float)), *bf = NULL;
-    lr_eig eg = {0};
+    rk_eig eg = {0};
     rk_status st = RK_E_NOMEM;
     if (!G || !sum || !x || !w) goto done;
     dim_weights(c, g, w);
@@ -138,7 +138,7 @@ static rk_status fit_basis(rk_kv_codec *c, const rk_session *s, lr_group *g, int
             lr_stacked_key(c, s, g, p, xr);
             for (int d = 0; d < D; d++) xr[d] *= w[d], sum[d] += xr[d];
         }
-        lr_gram_add(D, nb, x, G);
+        rk_linalg_gram_add(D, nb, x, G);
         n_g += nb;
     }
     for (int i = 0; i < D; i++) {
@@ -149,12 +149,12 @@ static rk_status fit_basis(rk_kv_codec *c, const rk_session *s, lr_group *g, int
         }
     }
     st = RK_E_INTERNAL;
-    if (!lr_eig_values(&eg, D, G)) goto done;
+    if (!rk_linalg_eig_values(&eg, D, G)) goto done;
     g->r = choose_rank(c, g, eg.w, D);
     st = RK_E_NOMEM;
     if (!(V = malloc((size_t)g->r * D * sizeof(double))) || !group_alloc(c, g)) goto done;
     st = RK_E_INTERNAL;
-    if (!lr_eig_vectors(&eg, g->r, V)) goto done;
+    if (!rk_linalg_eig_vectors(&eg, g->r, V)) goto done;
     for (int d = 0; d < D; d++) {
         g->wdim[d] = w[d], g->winv[d] = 1.0f / w[d];
         g->mean[d] = (float)(sum[d] / (double)n_g) / w[d];
@@ -166,7 +166,7 @@ static rk_status fit_basis(rk_kv_codec *c, const rk_session *s, lr_group *g, int
     st = RK_OK;
 done:
     free(G), free(sum), free(V), free(x), free(w), free(bf);
-    lr_eig_free(&eg);
+    rk_linalg_eig_free(&eg);
     return st;
 }
 
@@ -212,8 +212,8 @@ static rk_status fit_predictor(rk_kv_codec *c, const rk_session *s, lr_group *g,
             for (int k = 0; k < r; k++) mc[k] += cb[(size_t)a * r + k], ct[(size_t)k * nb + a] = cb[(size_t)a * r + k];
             for (int j = 0; j < m; j++) mv[j] += vb[(size_t)a * m + j];
         }
-        lr_gram_add(r, nb, cb, A);
-        lr_matmul(r, m, nb, ct, nb, vb, m, t, m); /* (r, m) = Cbᵀ Vb */
+        rk_linalg_gram_add(r, nb, cb, A);
+        rk_linalg_matmul(r, m, nb, ct, nb, vb, m, t, m); /* (r, m) = Cbᵀ Vb */
         for (size_t k = 0; k < (size_t)r * m; k++) B[k] += t[k];
         n += nb;
     }
@@ -237,7 +237,7 @@ static rk_status fit_predictor(rk_kv_codec *c, const rk_session *s, lr_group *g,
                 for (int i = 0; i < r; i++)
                     for (int j = 0; j < c->kvd; j++) B[(size_t)i * m + li * c->kvd + j] += lam * wp[(size_t)i * c->kvd + j];
     st = RK_E_INTERNAL;
-    if (!lr_chol_solve(r, A, B, m)) goto done;
+    if (!rk_linalg_spd_solve(r, A, B, m)) goto done;
     for (int li = 0; li < g->n_l; li++) {
         lr_layer *L = &c->ly[g->l0 + li];
         for (int j = 0; j < c->kvd; j++) {
@@ -428,7 +428,7 @@ static void mass_layer(mass_job *j, int l) {
     for (int qh = 0; qh < c->n_head && n_obs > 0; qh++) {
         const int h = qh / grp;
         /* scores of every observed query against every key of its KV head: (n_obs, n) */
-        lr_matmul_nt(n_obs, (int)n, c->hd, c->obs_q + (size_t)l * W * qd + (size_t)qh * c->hd, qd, K + (size_t)h * c->hd,
+        rk_linalg_matmul_nt(n_obs, (int)n, c->hd, c->obs_q + (size_t)l * W * qd + (size_t)qh * c->hd, qd, K + (size_t)h * c->hd,
                      c->kvd, S, (int)n);
         float *mh = ms + (size_t)h * (n - sink);
         for (int o = 0; o < n_obs; o++) {

@@ -1,10 +1,8 @@
 /* Internal: session state shared by forward.c, ridgefill.c and calibrate.c. */
 #pragma once
 #include "model_impl.h"
+#include "rk_ext.h"
 
-/* Called with the input of layer l (l = n_layer: the final residual, before the output
- * norm) for the n rows of a chunk at positions pos0.. (calibration taps this). */
-typedef void (*rk_tap_fn)(void *ud, int layer, const float *x, int64_t n, int64_t pos0);
 
 struct rk_ridge_maps {
     rk_mapping map;
@@ -55,7 +53,6 @@ struct rk_session {
     bool splice_k, splice_v;
 };
 
-void rk_session_set_tap(rk_session *s, rk_tap_fn fn, void *ud);
 
 /* ---- LowRAM hooks (implemented in lowram.c) ------------------------------------
  * The plain f16/f32 cache stays the write target for every new row; a codec keeps a
@@ -68,3 +65,8 @@ rk_status rk_kvc_after_eval(rk_kv_codec *c, rk_session *s, int64_t n_new, rk_err
 rk_status rk_kvc_attention(rk_kv_codec *c, rk_session *s, int layer, const float *q, int64_t n_q, int64_t pos0,
                            float *out, bool *handled, rk_err *err);
 void rk_kvc_destroy(rk_kv_codec *c);
+
+/* forward.c: one chunk of n <= n_batch tokens at positions n_past.. through every layer.
+ * Rows at positions below bulk_end are bulk rows (the fill mode applies to them). */
+rk_status rk_forward_chunk(rk_session *s, const int32_t *ids, int64_t n, float *logits, bool all_rows,
+                           int64_t bulk_end, rk_err *err);

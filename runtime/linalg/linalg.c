@@ -1,11 +1,14 @@
-/* LowRAM linear algebra: symmetric eigensolver, Cholesky solve, Gram accumulation and a
- * small f32 matrix product. fp64 wherever a result feeds a decomposition. */
+/* Linear algebra (rk_linalg.h): symmetric eigensolver, Cholesky, Gram accumulation and
+ * small matrix products. fp64 wherever a result feeds a decomposition. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "lowram_impl.h"
 #include "rk_kernels.h"
+#include "rk_linalg.h"
+#ifdef RK_HAVE_BLAS
+#include <cblas.h>
+#endif
 
 /* ---- symmetric eigensolver ------------------------------------------------------
  * A = Q T Qᵀ by Householder reflections (T tridiagonal: diagonal a, off-diagonal b),
@@ -157,7 +160,7 @@ static void tridiag_solve(int n, const double *a, const double *b, double mu, do
     }
 }
 
-bool lr_eig_values(lr_eig *e, int n, double *A) {
+bool rk_linalg_eig_values(rk_eig *e, int n, double *A) {
     memset(e, 0, sizeof *e);
     e->n = n;
     e->a = malloc((size_t)n * sizeof(double)), e->b = calloc((size_t)n, sizeof(double));
@@ -186,11 +189,11 @@ bool lr_eig_values(lr_eig *e, int n, double *A) {
         }
     }
     free(p), free(ta), free(tb);
-    if (!ok) lr_eig_free(e);
+    if (!ok) rk_linalg_eig_free(e);
     return ok;
 }
 
-bool lr_eig_vectors(const lr_eig *e, int r, double *V) {
+bool rk_linalg_eig_vectors(const rk_eig *e, int r, double *V) {
     const int n = e->n;
     double *w = malloc((size_t)5 * n * sizeof(double));
     if (!w) return false;
@@ -238,54 +241,97 @@ bool lr_eig_vectors(const lr_eig *e, int r, double *V) {
     return true;
 }
 
-void lr_eig_free(lr_eig *e) {
+void rk_linalg_eig_free(rk_eig *e) {
     free(e->a), free(e->b), free(e->w), free(e->beta), free(e->Hv);
     memset(e, 0, sizeof *e);
 }
 
-bool lr_eigh(int n, double *A, double *w, double *V) {
-    lr_eig e;
-    if (!lr_eig_values(&e, n, A)) return false;
+bool rk_linalg_eigh(int n, double *A, double *w, double *V) {
+    rk_eig e;
+    if (!rk_linalg_eig_values(&e, n, A)) return false;
     memcpy(w, e.w, (size_t)n * sizeof(double));
-    bool ok = lr_eig_vectors(&e, n, V);
-    lr_eig_free(&e);
+    bool ok = rk_linalg_eig_vectors(&e, n, V);
+    rk_linalg_eig_free(&e);
     return ok;
 }
 
-bool lr_chol_solve(int n, double *A, double *B, int m) {
-    /* A = L Lᵀ, L in the lower triangle */
+/* ---- Cholesky and dense fp64 products ---------------------------------------- */
+/* C (m x n) += A^T (k x m)ᵀ B (k x n): all row-major, fp64. */
+void rk_linalg_dgemm_atb_acc(int m, int n, int k, const double *A, const double *B, double *C) {
+#ifdef RK_HAVE_BLAS
+    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, n, k, 1.0, A, m, B, n, 1.0, C, n);
+#else
+    for (int p = 0; p < k; p++)
+        for (int i = 0; i < m; i++) {
+            double a = A[(size_t)p * m + i];
+            const double *b = B + (size_t)p * n;
+            double *c = C + (size_t)i * n;
+            for (int j = 0; j < n; j++) c[j] += a * b[j];
+        }
+#endif
+}
+
+/* C (m x n) = A (m x k) B (k x n), row-major fp64. */
+void rk_linalg_dgemm(int m, int n, int k, const double *A, const double *B, double *C) {
+#ifdef RK_HAVE_BLAS
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0, A, k, B, n, 0.0, C, n);
+#else
+    memset(C, 0, (size_t)m * n * sizeof(double));
+    for (int i = 0; i < m; i++)
+        for (int p = 0; p < k; p++) {
+            double a = A[(size_t)i * k + p];
+            for (int j = 0; j < n; j++) C[(size_t)i * n + j] += a * B[(size_t)p * n + j];
+        }
+#endif
+}
+
+/* In-place Cholesky A = L Lᵀ (lower). false when A is not positive definite. */
+bool rk_linalg_cholesky(int n, double *A) {
     for (int j = 0; j < n; j++) {
-        double d = A[(size_t)j * n + j];
-        for (int k = 0; k < j; k++) d -= A[(size_t)j * n + k] * A[(size_t)j * n + k];
-        if (!(d > 0)) return false;
-        d = sqrt(d);
-        A[(size_t)j * n + j] = d;
+        double s = A[(size_t)j * n + j];
+        for (int k = 0; k < j; k++) s -= A[(size_t)j * n + k] * A[(size_t)j * n + k];
+        if (!(s > 0)) return false;
+        double ljj = sqrt(s);
+        A[(size_t)j * n + j] = ljj;
         for (int i = j + 1; i < n; i++) {
-            double v = A[(size_t)i * n + j];
-            const double *ri = A + (size_t)i * n, *rj = A + (size_t)j * n;
-            for (int k = 0; k < j; k++) v -= ri[k] * rj[k];
-            A[(size_t)i * n + j] = v / d;
+            double t = A[(size_t)i * n + j];
+            for (int k = 0; k < j; k++) t -= A[(size_t)i * n + k] * A[(size_t)j * n + k];
+            A[(size_t)i * n + j] = t / ljj;
         }
     }
-    /* L Y = B, then Lᵀ X = Y, row by row over the m right-hand sides */
-    for (int i = 0; i < n; i++) {
+    return true;
+}
+
+/* Solves L Lᵀ X = B for X (n x m, row-major, in place in B). */
+void rk_linalg_chol_solve(int n, const double *L, double *B, int m) {
+#ifdef RK_HAVE_BLAS
+    cblas_dtrsm(CblasRowMajor, CblasLeft, CblasLower, CblasNoTrans, CblasNonUnit, n, m, 1.0, L, n, B, m);
+    cblas_dtrsm(CblasRowMajor, CblasLeft, CblasLower, CblasTrans, CblasNonUnit, n, m, 1.0, L, n, B, m);
+#else
+    for (int i = 0; i < n; i++) { /* forward: L Z = B */
         double *bi = B + (size_t)i * m;
         for (int k = 0; k < i; k++) {
-            const double l = A[(size_t)i * n + k], *bk = B + (size_t)k * m;
+            double l = L[(size_t)i * n + k];
+            const double *bk = B + (size_t)k * m;
             for (int j = 0; j < m; j++) bi[j] -= l * bk[j];
         }
-        const double inv = 1.0 / A[(size_t)i * n + i];
-        for (int j = 0; j < m; j++) bi[j] *= inv;
+        for (int j = 0; j < m; j++) bi[j] /= L[(size_t)i * n + i];
     }
-    for (int i = n - 1; i >= 0; i--) {
+    for (int i = n - 1; i >= 0; i--) { /* backward: Lᵀ X = Z */
         double *bi = B + (size_t)i * m;
         for (int k = i + 1; k < n; k++) {
-            const double l = A[(size_t)k * n + i], *bk = B + (size_t)k * m;
+            double l = L[(size_t)k * n + i];
+            const double *bk = B + (size_t)k * m;
             for (int j = 0; j < m; j++) bi[j] -= l * bk[j];
         }
-        const double inv = 1.0 / A[(size_t)i * n + i];
-        for (int j = 0; j < m; j++) bi[j] *= inv;
+        for (int j = 0; j < m; j++) bi[j] /= L[(size_t)i * n + i];
     }
+#endif
+}
+
+bool rk_linalg_spd_solve(int n, double *A, double *B, int m) {
+    if (!rk_linalg_cholesky(n, A)) return false;
+    rk_linalg_chol_solve(n, A, B, m);
     return true;
 }
 
@@ -367,7 +413,7 @@ __attribute__((target("avx2,fma"))) static void matmul_avx2(int64_t n, int m, in
 }
 #endif
 
-void lr_gram_add(int D, int64_t n, const float *x, double *G) {
+void rk_linalg_gram_add(int D, int64_t n, const float *x, double *G) {
 #ifdef LR_HAVE_AVX2_CLONES
     if (rk_cpu_has_avx2()) {
         gram_avx2(D, n, x, G);
@@ -377,7 +423,7 @@ void lr_gram_add(int D, int64_t n, const float *x, double *G) {
     gram_plain(D, n, x, G);
 }
 
-void lr_matmul(int64_t n, int m, int k, const float *x, int ldx, const float *B, int ldb, float *y, int ldy) {
+void rk_linalg_matmul(int64_t n, int m, int k, const float *x, int ldx, const float *B, int ldb, float *y, int ldy) {
 #ifdef LR_HAVE_AVX2_CLONES
     if (rk_cpu_has_avx2()) {
         matmul_avx2(n, m, k, x, ldx, B, ldb, y, ldy);
@@ -387,7 +433,7 @@ void lr_matmul(int64_t n, int m, int k, const float *x, int ldx, const float *B,
     matmul_plain(n, m, k, x, ldx, B, ldb, y, ldy);
 }
 
-void lr_matmul_nt(int64_t n, int m, int k, const float *x, int ldx, const float *B, int ldb, float *y, int ldy) {
+void rk_linalg_matmul_nt(int64_t n, int m, int k, const float *x, int ldx, const float *B, int ldb, float *y, int ldy) {
 #ifdef LR_HAVE_AVX2_CLONES
     if (rk_cpu_has_avx2()) {
         matmul_nt_avx2(n, m, k, x, ldx, B, ldb, y, ldy);

@@ -192,7 +192,7 @@ void lr_append_row(rk_kv_codec *c, const rk_session *s, lr_group *g, int64_t p, 
 void lr_project(const lr_group *g, const float *B, int n, float *x, float *cf) {
     for (int i = 0; i < n; i++)
         for (int d = 0; d < g->D; d++) x[(size_t)i * g->D + d] = (x[(size_t)i * g->D + d] - g->mean[d]) * g->wdim[d];
-    lr_matmul_nt(n, g->r, g->D, x, g->D, B, g->D, cf, g->r);
+    rk_linalg_matmul_nt(n, g->r, g->D, x, g->D, B, g->D, cf, g->r);
 }
 
 bool lr_working_copies(const rk_kv_codec *c, const lr_group *g, float **B, float **W) {
@@ -210,7 +210,7 @@ void lr_residuals(const rk_kv_codec *c, const rk_session *s, const lr_group *g, 
                   size_t e2_stride) {
     const lr_layer *L = &c->ly[g->l0 + li];
     const int kvd = c->kvd;
-    lr_matmul(n, kvd, g->r, cq, g->r, W + (size_t)li * g->r * kvd, kvd, vh, kvd);
+    rk_linalg_matmul(n, kvd, g->r, cq, g->r, W + (size_t)li * g->r * kvd, kvd, vh, kvd);
     for (int a = 0; a < n; a++) {
         float *va = v + (size_t)a * kvd;
         const float *ha = vh + (size_t)a * kvd;
@@ -339,7 +339,7 @@ void lr_truncate(rk_kv_codec *c, int64_t pos) {
                 lr_coef_rows(c, g, i, 1, cf);
                 if (li == 0)
                     for (int k = 0; k < g->r; k++) g->open_c[k] += cf[k];
-                lr_matmul(1, c->kvd, g->r, cf, g->r, Bl, c->kvd, tmp, c->kvd);
+                rk_linalg_matmul(1, c->kvd, g->r, cf, g->r, Bl, c->kvd, tmp, c->kvd);
                 for (int j = 0; j < c->kvd; j++) tmp[j] = tmp[j] * g->winv[off + j] + g->mean[off + j];
                 lr_rope_row(c, tmp, c->n_head_kv, g->pos[i], false);
                 for (int j = 0; j < c->kvd; j++) L->open_sum[j] += tmp[j];

@@ -1,7 +1,7 @@
 /* Internal: LowRAM codec state shared by lowram.c (hooks, bytes), lowram_fit.c (fit and
- * compression), lowram_attn.c (attention over the compressed cache), lowram_linalg.c
- * (eigensolver, solves) and lowram_file.c (predictor files). */
+ * compression), lowram_attn.c (attention over the compressed cache) (runtime/linalg: eigensolver, solves) and lowram_file.c (predictor files). */
 #pragma once
+#include "rk_linalg.h"
 #include "session_impl.h"
 
 /* Stored row of compressed keys: the rank-r coefficients of one position, stacked over the
@@ -111,33 +111,6 @@ struct rk_kv_codec {
     uint32_t n_calls;     /* attention calls, for the key cache's LRU */
     rk_lowram_stats stats;
 };
-
-/* ---- lowram_linalg.c ---------------------------------------------------------- */
-/* Eigendecomposition of the symmetric n x n matrix A (row-major, destroyed): eigenvalues
- * w (n) in decreasing order, eigenvectors as the rows of V (n, n). Householder
- * tridiagonalisation, then implicit QR steps with Wilkinson shifts. false: no convergence
- * or out of memory. */
-bool lr_eigh(int n, double *A, double *w, double *V);
-/* The same in two steps, for when only the leading r vectors are wanted. */
-typedef struct lr_eig {
-    int n;
-    double *a, *b;        /* tridiagonal form */
-    double *Hv, *beta;    /* (n, n) reflection vectors, (n) their betas */
-    double *w;            /* (n) eigenvalues, decreasing */
-} lr_eig;
-bool lr_eig_values(lr_eig *e, int n, double *A); /* A destroyed; e freed on failure */
-/* Rows of V (r, n): eigenvectors of the r largest eigenvalues. */
-bool lr_eig_vectors(const lr_eig *e, int r, double *V);
-void lr_eig_free(lr_eig *e);
-/* Solves A X = B for symmetric positive definite A (n x n, destroyed: its Cholesky factor)
- * and B (n, m) overwritten by X. false when A is not positive definite. */
-bool lr_chol_solve(int n, double *A, double *B, int m);
-/* G (D x D, upper triangle, row-major) += Σ_rows x xᵀ over n rows of x (n, D) f32. */
-void lr_gram_add(int D, int64_t n, const float *x, double *G);
-/* y (n, m) = x (n, k) B (k, m), f32, B row-major with row stride ldb; y may not alias. */
-void lr_matmul(int64_t n, int m, int k, const float *x, int ldx, const float *B, int ldb, float *y, int ldy);
-/* y (n, m) = x (n, k) Bᵀ with B (m, k) row-major, row stride ldb. */
-void lr_matmul_nt(int64_t n, int m, int k, const float *x, int ldx, const float *B, int ldb, float *y, int ldy);
 
 /* ---- lowram_fit.c -------------------------------------------------------------- */
 /* Fits basis and predictors on rows [n_sink, n_past), compresses [n_sink, n_past - window),

@@ -1,112 +1,14 @@
-/* Exact forward pass for llama / qwen2 / qwen3 over a session's KV cache. */
+/* The layer loop: one prompt chunk (or decode step) through every layer of llama /
+ * qwen2 / qwen3 over the session's KV cache, following the chunk's prefill plan. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "session_impl.h"
 
-rk_session_params rk_session_params_default(void) {
-    rk_session_params p = {0, 0, 512, RK_DT_F16, RK_BACKEND_CPU};
-    return p;
-}
-
 static rk_view act(float *data, int64_t cols, int64_t rows) {
     rk_view v = {RK_DT_F32, {cols, rows, 1, 1}, (size_t)cols * sizeof(float), data};
     return v;
-}
-
-void rk_session_destroy(rk_session *s) {
-    if (!s) return;
-    if (s->k_cache)
-        for (int l = 0; l < s->m->hp.n_layer; l++) free(s->k_cache[l]);
-    if (s->v_cache)
-        for (int l = 0; l < s->m->hp.n_layer; l++) free(s->v_cache[l]);
-    free(s->k_cache);
-    free(s->v_cache);
-    free(s->x), free(s->xin), free(s->xs), free(s->xe), free(s->h), free(s->q), free(s->k);
-    free(s->v), free(s->t), free(s->gate), free(s->up), free(s->logits);
-    free(s->ex_idx), free(s->fill_idx);
-    rk_kvc_destroy(s->kvc);
-    rk_backend_destroy(s->be);
-    free(s);
-}
-
-rk_status rk_session_create(const rk_model *m, const rk_session_params *pp, rk_session **out,
-                            rk_err *err) {
-    const rk_hparams *hp = &m->hp;
-    rk_session_params p = pp ? *pp : rk_session_params_default();
-    if (p.n_ctx <= 0) p.n_ctx = hp->n_ctx_train;
-    if (p.n_batch <= 0) p.n_batch = 512;
-    if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
-    if (p.kv_type != RK_DT_F16 && p.kv_type != RK_DT_F32)
-        return rk_err_set(err, RK_E_UNSUPPORTED, "session: KV cache type %s not supported (f16 or f32)",
-                          rk_dtype_name(p.kv_type));
-    rk_session *s = calloc(1, sizeof *s);
-    if (!s) return rk_err_set(err, RK_E_NOMEM, "session: out of memory");
-    s->m = m;
-    s->p = p;
-    s->n_ctx = p.n_ctx;
-    s->kv_type = p.kv_type;
-    rk_status st = p.backend == RK_BACKEND_CPU_REF ? rk_backend_cpu_ref_create(&s->be, err)
-                                                   : rk_backend_cpu_create(p.n_threads, &s->be, err);
-    if (st) goto fail;
-    int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim, qd = (int64_t)hp->n_head * hp->head_dim;
-    s->kv_row_bytes = (size_t)kvd * (p.kv_type == RK_DT_F16 ? 2 : 4);
-    s->k_cache = calloc((size_t)hp->n_layer, sizeof(void *));
-    s->v_cache = calloc((size_t)hp->n_layer, sizeof(void *));
-    if (!s->k_cache || !s->v_cache) goto nomem;
-    /* calloc of large blocks maps zero pages lazily: untouched context costs nothing */
-    for (int l = 0; l < hp->n_layer; l++) {
-        s->k_cache[l] = calloc((size_t)s->n_ctx, s->kv_row_bytes);
-        s->v_cache[l] = calloc((size_t)s->n_ctx, s->kv_row_bytes);
-        if (!s->k_cache[l] || !s->v_cache[l]) goto nomem;
-    }
-    size_t nb = (size_t)p.n_batch;
-    size_t hd = (size_t)(qd > hp->n_embd ? qd : hp->n_embd);
-    s->x = malloc(nb * (size_t)hp->n_embd * sizeof(float));
-    s->xin = malloc(nb * (size_t)hp->n_embd * sizeof(float));
-    s->xs = malloc(nb * (size_t)hp->n_embd * sizeof(float));
-    s->xe = malloc(nb * (size_t)hp->n_embd * sizeof(float));
-    s->ex_idx = malloc(nb * sizeof(int32_t));
-    s->fill_idx = malloc(nb * sizeof(int32_t));
-    s->h = malloc(nb * hd * sizeof(float));
-    s->q = malloc(nb * (size_t)qd * sizeof(float));
-    s->k = malloc(nb * (size_t)kvd * sizeof(float));
-    s->v = malloc(nb * (size_t)kvd * sizeof(float));
-    s->t = malloc(nb * hd * sizeof(float));
-    s->gate = malloc(nb * (size_t)hp->n_ff * sizeof(float));
-    s->up = malloc(nb * (size_t)hp->n_ff * sizeof(float));
-    s->logits = malloc(nb * (size_t)hp->n_vocab * sizeof(float));
-    if (!s->x || !s->xin || !s->xs || !s->xe || !s->ex_idx || !s->fill_idx || !s->h || !s->q ||
-        !s->k || !s->v || !s->t || !s->gate || !s->up || !s->logits)
-        goto nomem;
-    *out = s;
-    return RK_OK;
-nomem:
-    st = rk_err_set(err, RK_E_NOMEM, "session: cannot allocate KV cache / scratch for n_ctx %lld",
-                    (long long)s->n_ctx);
-fail:
-    rk_session_destroy(s);
-    return st;
-}
-
-void rk_session_reset(rk_session *s) { s->n_past = 0; }
-int64_t rk_session_n_past(const rk_session *s) { return s->n_past; }
-int64_t rk_session_n_ctx(const rk_session *s) { return s->n_ctx; }
-uint64_t rk_session_kv_bytes_per_token(const rk_session *s) {
-    return 2ull * (uint64_t)s->m->hp.n_layer * s->kv_row_bytes;
-}
-void rk_session_set_progress(rk_session *s, rk_progress_fn fn, void *ud) {
-    s->progress = fn;
-    s->progress_ud = ud;
-}
-
-rk_status rk_session_truncate(rk_session *s, int64_t n, rk_err *err) {
-    if (n < 0 || n > s->n_past)
-        return rk_err_set(err, RK_E_INVALID_ARG, "session: cannot truncate to %lld (have %lld tokens)",
-                          (long long)n, (long long)s->n_past);
-    s->n_past = n; /* rows past n are overwritten by the next eval before being read */
-    return RK_OK;
 }
 
 /* ---- op helpers --------------------------------------------------------- */
@@ -218,7 +120,7 @@ static bool row_is_filled(const rk_session *s, int64_t pos, int32_t id, int64_t 
 
 /* One chunk of n <= n_batch tokens at positions n_past... Rows at positions below
  * bulk_end are bulk rows (fill applies to them when a fill mode is set). */
-static rk_status forward_chunk(rk_session *s, const int32_t *ids, int64_t n, float *logits,
+rk_status rk_forward_chunk(rk_session *s, const int32_t *ids, int64_t n, float *logits,
                                bool all_rows, int64_t bulk_end, rk_err *err) {
     const rk_model *m = s->m;
     const rk_hparams *hp = &m->hp;
@@ -343,56 +245,3 @@ static rk_status forward_chunk(rk_session *s, const int32_t *ids, int64_t n, flo
     return RK_OK;
 }
 
-rk_status rk_session_eval(rk_session *s, const int32_t *ids, size_t n, float *logits, bool all_rows,
-                          rk_err *err) {
-    const rk_hparams *hp = &s->m->hp;
-    if (n == 0) return rk_err_set(err, RK_E_INVALID_ARG, "session: eval of zero tokens");
-    if ((int64_t)n > s->n_ctx - s->n_past)
-        return rk_err_set(err, RK_E_CONTEXT,
-                          "session: %zu tokens do not fit the context (%lld used of %lld)", n,
-                          (long long)s->n_past, (long long)s->n_ctx);
-    for (size_t i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= hp->n_vocab)
-            return rk_err_set(err, RK_E_INVALID_ARG, "session: token id %d at %zu outside vocab of %d",
-                              ids[i], i, hp->n_vocab);
-    int64_t start = s->n_past;
-    /* bulk rows: at least `tail` tokens of this call after them */
-    int64_t bulk_end = s->fill.mode == RK_FILL_OFF ? start : start + (int64_t)n - s->fill.tail;
-    if (bulk_end < start) bulk_end = start;
-    for (size_t done = 0; done < n;) {
-        size_t c = n - done < (size_t)s->p.n_batch ? n - done : (size_t)s->p.n_batch;
-        /* a chunk never straddles bulk_end: each chunk is all bulk or all exact rows */
-        int64_t pos = start + (int64_t)done;
-        if (pos < bulk_end && pos + (int64_t)c > bulk_end) c = (size_t)(bulk_end - pos);
-        if (s->splice_src && pos == bulk_end && bulk_end > start) {
-            for (int l = s->splice_lo; l < s->splice_hi; l++) {
-                size_t off = (size_t)start * s->kv_row_bytes, len = (size_t)(bulk_end - start) * s->kv_row_bytes;
-                if (s->splice_k) memcpy((char *)s->k_cache[l] + off, (const char *)s->splice_src->k_cache[l] + off, len);
-                if (s->splice_v) memcpy((char *)s->v_cache[l] + off, (const char *)s->splice_src->v_cache[l] + off, len);
-            }
-        }
-        bool last = done + c == n;
-        float *lg = NULL;
-        if (logits && all_rows) lg = logits + done * (size_t)hp->n_vocab;
-        else if (logits && last) lg = logits;
-        rk_status st = forward_chunk(s, ids + done, (int64_t)c, lg, all_rows, bulk_end, err);
-        if (st) {
-            s->n_past = start; /* the cache rows past start are garbage now: forget them */
-            return st;
-        }
-        done += c;
-        if (s->progress && !s->progress(s->progress_ud, (int64_t)done, (int64_t)n) && done < n) {
-            s->n_past = start;
-            return rk_err_set(err, RK_E_CANCELLED, "session: cancelled after %zu of %zu tokens", done, n);
-        }
-    }
-    if (s->kvc) return rk_kvc_after_eval(s->kvc, s, (int64_t)n, err);
-    return RK_OK;
-}
-
-void rk_session_set_tap(rk_session *s, rk_tap_fn fn, void *ud) {
-    s->tap = fn;
-    s->tap_ud = ud;
-}
-
-const rk_session_counters *rk_session_get_counters(const rk_session *s) { return &s->counters; }

@@ -5,84 +5,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef RK_HAVE_BLAS
-#include <cblas.h>
-#endif
 
-#include "ridgefill_impl.h"
-
-/* C (m x n) += A^T (k x m)ᵀ B (k x n): all row-major, fp64. */
-static void acc_atb(int m, int n, int k, const double *A, const double *B, double *C) {
-#ifdef RK_HAVE_BLAS
-    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, n, k, 1.0, A, m, B, n, 1.0, C, n);
-#else
-    for (int p = 0; p < k; p++)
-        for (int i = 0; i < m; i++) {
-            double a = A[(size_t)p * m + i];
-            const double *b = B + (size_t)p * n;
-            double *c = C + (size_t)i * n;
-            for (int j = 0; j < n; j++) c[j] += a * b[j];
-        }
-#endif
-}
-
-/* C (m x n) = A (m x k) B (k x n), row-major fp64. */
-static void mat_mul(int m, int n, int k, const double *A, const double *B, double *C) {
-#ifdef RK_HAVE_BLAS
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0, A, k, B, n, 0.0, C, n);
-#else
-    memset(C, 0, (size_t)m * n * sizeof(double));
-    for (int i = 0; i < m; i++)
-        for (int p = 0; p < k; p++) {
-            double a = A[(size_t)i * k + p];
-            for (int j = 0; j < n; j++) C[(size_t)i * n + j] += a * B[(size_t)p * n + j];
-        }
-#endif
-}
-
-/* In-place Cholesky A = L Lᵀ (lower). false when A is not positive definite. */
-static bool cholesky(double *A, int n) {
-    for (int j = 0; j < n; j++) {
-        double s = A[(size_t)j * n + j];
-        for (int k = 0; k < j; k++) s -= A[(size_t)j * n + k] * A[(size_t)j * n + k];
-        if (!(s > 0)) return false;
-        double ljj = sqrt(s);
-        A[(size_t)j * n + j] = ljj;
-        for (int i = j + 1; i < n; i++) {
-            double t = A[(size_t)i * n + j];
-            for (int k = 0; k < j; k++) t -= A[(size_t)i * n + k] * A[(size_t)j * n + k];
-            A[(size_t)i * n + j] = t / ljj;
-        }
-    }
-    return true;
-}
-
-/* Solves L Lᵀ X = B for X (n x m, row-major, in place in B). */
-static void chol_solve(const double *L, int n, double *B, int m) {
-#ifdef RK_HAVE_BLAS
-    cblas_dtrsm(CblasRowMajor, CblasLeft, CblasLower, CblasNoTrans, CblasNonUnit, n, m, 1.0, L, n, B, m);
-    cblas_dtrsm(CblasRowMajor, CblasLeft, CblasLower, CblasTrans, CblasNonUnit, n, m, 1.0, L, n, B, m);
-#else
-    for (int i = 0; i < n; i++) { /* forward: L Z = B */
-        double *bi = B + (size_t)i * m;
-        for (int k = 0; k < i; k++) {
-            double l = L[(size_t)i * n + k];
-            const double *bk = B + (size_t)k * m;
-            for (int j = 0; j < m; j++) bi[j] -= l * bk[j];
-        }
-        for (int j = 0; j < m; j++) bi[j] /= L[(size_t)i * n + i];
-    }
-    for (int i = n - 1; i >= 0; i--) { /* backward: Lᵀ X = Z */
-        double *bi = B + (size_t)i * m;
-        for (int k = i + 1; k < n; k++) {
-            double l = L[(size_t)k * n + i];
-            const double *bk = B + (size_t)k * m;
-            for (int j = 0; j < m; j++) bi[j] -= l * bk[j];
-        }
-        for (int j = 0; j < m; j++) bi[j] /= L[(size_t)i * n + i];
-    }
-#endif
-}
+#include "rk_fitters.h"
+#include "rk_linalg.h"
 
 /* Raw fp64 moments of one set of rows (training or held-out). */
 typedef struct moments {
@@ -175,7 +100,7 @@ static void tap(void *ud, int layer, const float *x, int64_t n, int64_t pos0) {
             int k = 0;
             for (int i = 0; i < c->n_s; i++)
                 if (c->heldout[i] == (set == 1)) memcpy(c->yc + (size_t)k++ * d, c->xc + (size_t)i * d, (size_t)d * sizeof(double));
-            if (k) acc_atb(d, d, k, c->yc, c->yc, mo->xx);
+            if (k) rk_linalg_dgemm_atb_acc(d, d, k, c->yc, c->yc, mo->xx);
         }
         return;
     }
@@ -202,7 +127,7 @@ static void tap(void *ud, int layer, const float *x, int64_t n, int64_t pos0) {
             memcpy(xs + (size_t)k * d, c->xc + (size_t)i * d, (size_t)d * sizeof(double));
             k++;
         }
-        if (k) acc_atb(d, d, k, xs, c->yc, mo->xy + (size_t)li * d * d);
+        if (k) rk_linalg_dgemm_atb_acc(d, d, k, xs, c->yc, mo->xy + (size_t)li * d * d);
     }
     for (int p = 0; p < c->n_probe; p++)
         if (layer == c->probe_layers[p] && c->probe_x)
@@ -253,8 +178,8 @@ static bool fit(const moments *mo, int d, int n_late, double lambda_rel, double 
         for (int i = 0; i < d; i++) memcpy(W + (size_t)i * n_late * d + (size_t)l * d, tmp + (size_t)i * d, (size_t)d * sizeof(double));
     }
     free(tmp);
-    if (!cholesky(A, d)) return false;
-    chol_solve(A, d, W, n_late * d);
+    if (!rk_linalg_cholesky(d, A)) return false;
+    rk_linalg_chol_solve(d, A, W, n_late * d);
     return true;
 }
 
@@ -270,7 +195,7 @@ static bool heldout_err(const moments *ho, int d, int n_late, const double *W, c
         return false;
     }
     centre(d, ho->xx, ho->x, ho->x, mu_x, mu_x, nh, sxx);
-    mat_mul(d, n_late * d, d, sxx, W, aw);
+    rk_linalg_dgemm(d, n_late * d, d, sxx, W, aw);
     for (int l = 0; l < n_late; l++) {
         const double *my = mu_y + (size_t)l * d, *hy = ho->y + (size_t)l * d;
         centre(d, ho->xy + (size_t)l * d * d, ho->x, hy, mu_x, my, nh, sxy);
@@ -341,29 +266,6 @@ static rk_status add_map(rk_gguf_writer *w, int l, int d, int n_late, int li, co
     if (!st) st = rk_gguf_writer_add_tensor(w, name, RK_DT_F32, 1, ne, row, (uint64_t)d * sizeof(float), err);
     free(buf), free(row);
     return st;
-}
-
-rk_status rk_write_fingerprint(rk_gguf_writer *w, const char *prefix, const rk_model *m, rk_err *err) {
-    rk_fingerprint fp;
-    rk_model_fingerprint(m, &fp);
-    char k[128];
-    rk_status st;
-#define KEY(s) (snprintf(k, sizeof k, "%s.%s", prefix, s), k)
-    if ((st = rk_gguf_writer_set_str(w, KEY("arch"), fp.arch, err)) ||
-        (st = rk_gguf_writer_set_str(w, KEY("model_name"), rk_model_name(m), err)) ||
-        (st = rk_gguf_writer_set_u32(w, KEY("n_layer"), (uint32_t)fp.n_layer, err)) ||
-        (st = rk_gguf_writer_set_u32(w, KEY("n_embd"), (uint32_t)fp.n_embd, err)) ||
-        (st = rk_gguf_writer_set_u32(w, KEY("n_head"), (uint32_t)fp.n_head, err)) ||
-        (st = rk_gguf_writer_set_u32(w, KEY("n_head_kv"), (uint32_t)fp.n_head_kv, err)) ||
-        (st = rk_gguf_writer_set_u32(w, KEY("head_dim"), (uint32_t)fp.head_dim, err)) ||
-        (st = rk_gguf_writer_set_u32(w, KEY("n_ff"), (uint32_t)fp.n_ff, err)) ||
-        (st = rk_gguf_writer_set_u32(w, KEY("n_vocab"), (uint32_t)fp.n_vocab, err)) ||
-        (st = rk_gguf_writer_set_u64(w, KEY("tokenizer_hash"), fp.tokenizer_hash, err)) ||
-        (st = rk_gguf_writer_set_u64(w, KEY("weights_hash"), fp.weights_hash, err)) ||
-        (st = rk_gguf_writer_set_u64(w, KEY("quant_hash"), fp.quant_hash, err)))
-        return st;
-#undef KEY
-    return RK_OK;
 }
 
 /* Per-token-id hard-token scores from the probe rows: the mean relative prediction
@@ -569,7 +471,7 @@ rk_status rk_calibrate(const rk_model *m, const int32_t *ids, size_t n_ids, cons
         (st = rk_gguf_writer_set_str(w, "ridge.dtype", dt, err)) ||
         (st = rk_gguf_writer_set_str(w, "ridge.space", c.normalized ? "normalized" : "raw", err)) ||
         (st = rk_gguf_writer_set_f32(w, "ridge.keep_share", p.keep_share, err)) ||
-        (st = rk_write_fingerprint(w, "ridge.model", m, err)))
+        (st = rk_fingerprint_write(w, "ridge.model", m, err)))
         goto fail;
     for (int l = p.split + 1; l < hp->n_layer; l++) {
         int li = l - p.split - 1;
@@ -613,7 +515,7 @@ bool rk_ridge_fit_rows(int d, int m, int64_t n, const double *X, const double *Y
     }
     const int n_late = m / d;
     mo.n = n;
-    acc_atb(d, d, (int)n, X, X, mo.xx);
+    rk_linalg_dgemm_atb_acc(d, d, (int)n, X, X, mo.xx);
     for (int64_t r = 0; r < n; r++)
         for (int i = 0; i < d; i++) mo.x[i] += X[r * d + i];
     double *yl = malloc((size_t)n * d * sizeof(double));
@@ -626,7 +528,7 @@ bool rk_ridge_fit_rows(int d, int m, int64_t n, const double *X, const double *Y
                 yl[r * d + j] = Y[r * m + (int64_t)l * d + j];
                 mo.y[(size_t)l * d + j] += yl[r * d + j];
             }
-        acc_atb(d, d, (int)n, X, yl, mo.xy + (size_t)l * d * d);
+        rk_linalg_dgemm_atb_acc(d, d, (int)n, X, yl, mo.xy + (size_t)l * d * d);
     }
     ok = ok && fit(&mo, d, n_late, lambda_rel, W, mu_x, mu_y, A);
     for (int j = 0; ok && j < m; j++) {

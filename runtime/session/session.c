@@ -1,0 +1,195 @@
+/* Session lifecycle: creation (backend, KV cache, scratch), the eval loop over prompt
+ * chunks, truncation, progress and work counters. The layer loop is forward.c. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "session_impl.h"
+
+rk_session_params rk_session_params_default(void) {
+    rk_session_params p = {0, 0, 512, RK_DT_F16, RK_BACKEND_CPU};
+    return p;
+}
+
+void rk_session_destroy(rk_session *s) {
+    if (!s) return;
+    if (s->k_cache)
+        for (int l = 0; l < s->m->hp.n_layer; l++) free(s->k_cache[l]);
+    if (s->v_cache)
+        for (int l = 0; l < s->m->hp.n_layer; l++) free(s->v_cache[l]);
+    free(s->k_cache);
+    free(s->v_cache);
+    free(s->x), free(s->xin), free(s->xs), free(s->xe), free(s->h), free(s->q), free(s->k);
+    free(s->v), free(s->t), free(s->gate), free(s->up), free(s->logits);
+    free(s->ex_idx), free(s->fill_idx);
+    rk_kvc_destroy(s->kvc);
+    rk_backend_destroy(s->be);
+    free(s);
+}
+
+rk_status rk_session_create(const rk_model *m, const rk_session_params *pp, rk_session **out,
+                            rk_err *err) {
+    const rk_hparams *hp = &m->hp;
+    rk_session_params p = pp ? *pp : rk_session_params_default();
+    if (p.n_ctx <= 0) p.n_ctx = hp->n_ctx_train;
+    if (p.n_batch <= 0) p.n_batch = 512;
+    if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
+    if (p.kv_type != RK_DT_F16 && p.kv_type != RK_DT_F32)
+        return rk_err_set(err, RK_E_UNSUPPORTED, "session: KV cache type %s not supported (f16 or f32)",
+                          rk_dtype_name(p.kv_type));
+    rk_session *s = calloc(1, sizeof *s);
+    if (!s) return rk_err_set(err, RK_E_NOMEM, "session: out of memory");
+    s->m = m;
+    s->p = p;
+    s->n_ctx = p.n_ctx;
+    s->kv_type = p.kv_type;
+    rk_status st = p.backend == RK_BACKEND_CPU_REF ? rk_backend_cpu_ref_create(&s->be, err)
+                                                   : rk_backend_cpu_create(p.n_threads, &s->be, err);
+    if (st) goto fail;
+    int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim, qd = (int64_t)hp->n_head * hp->head_dim;
+    s->kv_row_bytes = (size_t)kvd * (p.kv_type == RK_DT_F16 ? 2 : 4);
+    s->k_cache = calloc((size_t)hp->n_layer, sizeof(void *));
+    s->v_cache = calloc((size_t)hp->n_layer, sizeof(void *));
+    if (!s->k_cache || !s->v_cache) goto nomem;
+    /* calloc of large blocks maps zero pages lazily: untouched context costs nothing */
+    for (int l = 0; l < hp->n_layer; l++) {
+        s->k_cache[l] = calloc((size_t)s->n_ctx, s->kv_row_bytes);
+        s->v_cache[l] = calloc((size_t)s->n_ctx, s->kv_row_bytes);
+        if (!s->k_cache[l] || !s->v_cache[l]) goto nomem;
+    }
+    size_t nb = (size_t)p.n_batch;
+    size_t hd = (size_t)(qd > hp->n_embd ? qd : hp->n_embd);
+    s->x = malloc(nb * (size_t)hp->n_embd * sizeof(float));
+    s->xin = malloc(nb * (size_t)hp->n_embd * sizeof(float));
+    s->xs = malloc(nb * (size_t)hp->n_embd * sizeof(float));
+    s->xe = malloc(nb * (size_t)hp->n_embd * sizeof(float));
+    s->ex_idx = malloc(nb * sizeof(int32_t));
+    s->fill_idx = malloc(nb * sizeof(int32_t));
+    s->h = malloc(nb * hd * sizeof(float));
+    s->q = malloc(nb * (size_t)qd * sizeof(float));
+    s->k = malloc(nb * (size_t)kvd * sizeof(float));
+    s->v = malloc(nb * (size_t)kvd * sizeof(float));
+    s->t = malloc(nb * hd * sizeof(float));
+    s->gate = malloc(nb * (size_t)hp->n_ff * sizeof(float));
+    s->up = malloc(nb * (size_t)hp->n_ff * sizeof(float));
+    s->logits = malloc(nb * (size_t)hp->n_vocab * sizeof(float));
+    if (!s->x || !s->xin || !s->xs || !s->xe || !s->ex_idx || !s->fill_idx || !s->h || !s->q ||
+        !s->k || !s->v || !s->t || !s->gate || !s->up || !s->logits)
+        goto nomem;
+    *out = s;
+    return RK_OK;
+nomem:
+    st = rk_err_set(err, RK_E_NOMEM, "session: cannot allocate KV cache / scratch for n_ctx %lld",
+                    (long long)s->n_ctx);
+fail:
+    rk_session_destroy(s);
+    return st;
+}
+
+void rk_session_reset(rk_session *s) { s->n_past = 0; }
+int64_t rk_session_n_past(const rk_session *s) { return s->n_past; }
+int64_t rk_session_n_ctx(const rk_session *s) { return s->n_ctx; }
+uint64_t rk_session_kv_bytes_per_token(const rk_session *s) {
+    return 2ull * (uint64_t)s->m->hp.n_layer * s->kv_row_bytes;
+}
+void rk_session_set_progress(rk_session *s, rk_progress_fn fn, void *ud) {
+    s->progress = fn;
+    s->progress_ud = ud;
+}
+
+rk_status rk_session_truncate(rk_session *s, int64_t n, rk_err *err) {
+    if (n < 0 || n > s->n_past)
+        return rk_err_set(err, RK_E_INVALID_ARG, "session: cannot truncate to %lld (have %lld tokens)",
+                          (long long)n, (long long)s->n_past);
+    s->n_past = n; /* rows past n are overwritten by the next eval before being read */
+    return RK_OK;
+}
+
+rk_status rk_session_eval(rk_session *s, const int32_t *ids, size_t n, float *logits, bool all_rows,
+                          rk_err *err) {
+    const rk_hparams *hp = &s->m->hp;
+    if (n == 0) return rk_err_set(err, RK_E_INVALID_ARG, "session: eval of zero tokens");
+    if ((int64_t)n > s->n_ctx - s->n_past)
+        return rk_err_set(err, RK_E_CONTEXT,
+                          "session: %zu tokens do not fit the context (%lld used of %lld)", n,
+                          (long long)s->n_past, (long long)s->n_ctx);
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= hp->n_vocab)
+            return rk_err_set(err, RK_E_INVALID_ARG, "session: token id %d at %zu outside vocab of %d",
+                              ids[i], i, hp->n_vocab);
+    int64_t start = s->n_past;
+    /* bulk rows: at least `tail` tokens of this call after them */
+    int64_t bulk_end = s->fill.mode == RK_FILL_OFF ? start : start + (int64_t)n - s->fill.tail;
+    if (bulk_end < start) bulk_end = start;
+    for (size_t done = 0; done < n;) {
+        size_t c = n - done < (size_t)s->p.n_batch ? n - done : (size_t)s->p.n_batch;
+        /* a chunk never straddles bulk_end: each chunk is all bulk or all exact rows */
+        int64_t pos = start + (int64_t)done;
+        if (pos < bulk_end && pos + (int64_t)c > bulk_end) c = (size_t)(bulk_end - pos);
+        if (s->splice_src && pos == bulk_end && bulk_end > start) {
+            for (int l = s->splice_lo; l < s->splice_hi; l++) {
+                size_t off = (size_t)start * s->kv_row_bytes, len = (size_t)(bulk_end - start) * s->kv_row_bytes;
+                if (s->splice_k) memcpy((char *)s->k_cache[l] + off, (const char *)s->splice_src->k_cache[l] + off, len);
+                if (s->splice_v) memcpy((char *)s->v_cache[l] + off, (const char *)s->splice_src->v_cache[l] + off, len);
+            }
+        }
+        bool last = done + c == n;
+        float *lg = NULL;
+        if (logits && all_rows) lg = logits + done * (size_t)hp->n_vocab;
+        else if (logits && last) lg = logits;
+        rk_status st = rk_forward_chunk(s, ids + done, (int64_t)c, lg, all_rows, bulk_end, err);
+        if (st) {
+            s->n_past = start; /* the cache rows past start are garbage now: forget them */
+            return st;
+        }
+        done += c;
+        if (s->progress && !s->progress(s->progress_ud, (int64_t)done, (int64_t)n) && done < n) {
+            s->n_past = start;
+            return rk_err_set(err, RK_E_CANCELLED, "session: cancelled after %zu of %zu tokens", done, n);
+        }
+    }
+    if (s->kvc) return rk_kvc_after_eval(s->kvc, s, (int64_t)n, err);
+    return RK_OK;
+}
+
+void rk_session_set_tap(rk_session *s, rk_tap_fn fn, void *ud) {
+    s->tap = fn;
+    s->tap_ud = ud;
+}
+
+const rk_session_counters *rk_session_get_counters(const rk_session *s) { return &s->counters; }
+
+rk_status rk_session_kv_rows(const rk_session *s, int layer, bool values, bool pre_rope, int64_t row0, int64_t n,
+                             float *dst, rk_err *err) {
+    const rk_hparams *hp = &s->m->hp;
+    if (layer < 0 || layer >= hp->n_layer || row0 < 0 || n < 0 || row0 > s->n_past || n > s->n_past - row0)
+        return rk_err_set(err, RK_E_INVALID_ARG, "session: KV rows [%lld, %lld) of layer %d outside [0, %lld) x %d layers",
+                          (long long)row0, (long long)(row0 + n), layer, (long long)s->n_past, hp->n_layer);
+    if (s->kvc && !values)
+        return rk_err_set(err, RK_E_UNSUPPORTED, "session: reading rows of a LowRAM cache");
+    const int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim;
+    const rk_quant_fns *f16 = rk_quant_fast(RK_DT_F16);
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t p = row0 + i;
+        const uint8_t *src = (const uint8_t *)(values ? s->v_cache[layer] : s->k_cache[layer]) + (size_t)p * s->kv_row_bytes;
+        float *d = dst + i * kvd;
+        if (s->kv_type == RK_DT_F32) memcpy(d, src, (size_t)kvd * sizeof(float));
+        else f16->to_f32(src, d, kvd);
+        if (values || !pre_rope) continue;
+        /* undo RoPE at position p: the kernels' angles p * base^(-2i/n_rot), rotated back */
+        const int half = hp->n_rot / 2;
+        for (int h = 0; h < hp->n_head_kv; h++) {
+            float *y = d + (size_t)h * hp->head_dim;
+            for (int j = 0; j < half; j++) {
+                const double th = (double)p * pow((double)hp->rope_base, -2.0 * j / hp->n_rot);
+                const float co = (float)cos(th), si = -(float)sin(th);
+                const int i0 = hp->rope_mode == RK_ROPE_NEOX ? j : 2 * j;
+                const int i1 = hp->rope_mode == RK_ROPE_NEOX ? j + half : 2 * j + 1;
+                const float x0 = y[i0], x1 = y[i1];
+                y[i0] = x0 * co - x1 * si;
+                y[i1] = x0 * si + x1 * co;
+            }
+        }
+    }
+    return RK_OK;
+}
