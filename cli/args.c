@@ -179,7 +179,8 @@ int cli_session_params(const cli_opts *o, rk_session_params *p) {
     p->n_ctx = o->n_ctx;
     p->n_threads = o->n_threads;
     if (o->n_batch) p->n_batch = o->n_batch;
-    if (o->kv && !strncmp(o->kv, "f32", 3) && (!o->kv[3] || o->kv[3] == ',')) p->kv_type = RK_DT_F32;
+    char items[8][1200];
+    if (o->kv && cli_kv_split(o->kv, items, 8) >= 1 && cli_kv_params(o, items[0], &p->kv)) return RK_EXIT_USAGE;
     if (o->backend && !strcmp(o->backend, "cpu_ref")) p->backend = RK_BACKEND_CPU_REF;
     return 0;
 }
@@ -239,31 +240,23 @@ int cli_kv_check(const char *cmd, const char *kv) {
     return 0;
 }
 
-int cli_setup_kv(const cli_opts *o, rk_session *s, const char *item) {
-    char items[8][1200];
-    if (!item) {
-        if (!o->kv || cli_kv_split(o->kv, items, 8) < 1) return 0;
-        item = items[0];
-    }
+int cli_kv_params(const cli_opts *o, const char *item, rk_kv_params *out) {
     rk_err e = {0};
-    if (strncmp(item, "lowram", 6)) {
-        if (rk_session_set_lowram(s, NULL, NULL, 0, &e)) {
-            cli_print_error(&e);
-            return RK_EXIT_USAGE;
-        }
-        return 0;
-    }
-    rk_lowram_params lp = rk_lowram_params_default();
-    if (o->n_threads > 0) lp.n_threads = o->n_threads;
-    char warn[512];
-    rk_status st = rk_lowram_parse(item[6] ? item + 7 : "", &lp, &e);
-    if (!st) st = rk_session_set_lowram(s, &lp, warn, sizeof warn, &e);
-    if (st) {
+    rk_kv_params kp;
+    if (rk_kv_params_parse(item, &kp, &e)) {
         cli_print_error(&e);
-        return cli_exit_code(st);
+        return RK_EXIT_USAGE;
     }
-    if (warn[0]) fprintf(stderr, "ridgekv: warning: %s\n", warn);
-    if (o->verbose) fprintf(stderr, "ridgekv: LowRAM KV (%s)\n", item);
+    if (o->n_threads > 0 && kp.lowram.n_threads == 0) kp.lowram.n_threads = o->n_threads;
+    *out = kp;
+    return 0;
+}
+
+int cli_setup_kv(const cli_opts *o, rk_session *s, const char *item) {
+    (void)item;
+    const char *w = rk_session_warning(s);
+    if (w[0]) fprintf(stderr, "ridgekv: warning: %s\n", w);
+    if (o->verbose && o->kv) fprintf(stderr, "ridgekv: KV policy %s\n", o->kv);
     return 0;
 }
 

@@ -50,8 +50,11 @@ int cli_setup_fill(const cli_opts *o, const rk_model *m, rk_session *s, rk_ridge
 int cli_kv_split(const char *kv, char items[][1200], int max_items);
 /* Checks a --kv value (lists only for bench); prints the reason, returns RK_EXIT_USAGE. */
 int cli_kv_check(const char *cmd, const char *kv);
-/* Applies a --kv item (NULL: the first of o->kv) to a fresh or reset session: lowram[:opts]
- * turns LowRAM on, anything else turns it off. Returns an exit code (0 on success). */
+/* Parses one --kv item into a KV policy (threads from -t); prints the reason and returns
+ * RK_EXIT_USAGE when it is not one. */
+int cli_kv_params(const cli_opts *o, const char *item, rk_kv_params *out);
+/* The KV policy is fixed at session creation (cli_session_params); this prints the
+ * session's warning, if any. Returns an exit code (0 on success). */
 int cli_setup_kv(const cli_opts *o, rk_session *s, const char *item);
 
 /* Parses the common flags from argv[first..]; positional arguments are collected into

@@ -112,21 +112,19 @@ int cmd_bench(int argc, char **argv) {
     rk_ridge_maps *maps = NULL;
     static char kvs[8][1200];
     int n_kv = o.kv ? cli_kv_split(o.kv, kvs, 8) : 0;
-    if (n_kv <= 0) n_kv = 1, strcpy(kvs[0], sp.kv_type == RK_DT_F32 ? "f32" : "f16");
+    if (n_kv <= 0) n_kv = 1, strcpy(kvs[0], rk_kv_kind_name(sp.kv.kind));
     static double pf_tps[32][8][8], dc_tps[32][8][8], ttft[32][8][8], rss[32][8][8];
     static rk_kv_bytes kvb[32][8][8];
     for (int ki = 0; ki < n_kv && !st && !rc; ki++) {
-        uint32_t type = !strcmp(kvs[ki], "f32") ? RK_DT_F32 : RK_DT_F16;
-        if (type != sp.kv_type) { /* another plain cache type: a new session */
+        if (ki > 0) { /* the KV policy is the session's: a new session per item */
             rk_session_destroy(s);
             s = NULL;
-            sp.kv_type = type;
-            if ((st = rk_session_create(m, &sp, &s, &e))) break;
+            if ((rc = cli_kv_params(&o, kvs[ki], &sp.kv)) || (st = rk_session_create(m, &sp, &s, &e))) break;
         }
     for (int li = 0; li < n_lens && !st && !rc; li++)
         for (int mi = 0; mi < n_modes && !st && !rc; mi++) {
             rk_session_reset(s);
-            if ((rc = cli_setup_fill(&o, m, s, &maps, modes[mi])) || (rc = cli_setup_kv(&o, s, kvs[ki]))) break;
+            if ((rc = cli_setup_fill(&o, m, s, &maps, modes[mi])) || (rc = cli_setup_kv(&o, s, NULL))) break;
             double *pf_t = &pf_tps[li][mi][ki], *dc_t = &dc_tps[li][mi][ki], *tt = &ttft[li][mi][ki];
             *pf_t = *dc_t = 0;
             *tt = 1e30;

@@ -55,7 +55,7 @@ rk_status rk_lowram_calibrate(const rk_model *m, const int32_t *ids, size_t n_id
     }
     rk_session_params sp = rk_session_params_default();
     sp.n_ctx = p.seg_len;
-    sp.kv_type = RK_DT_F32; /* the moments see the keys as computed */
+    sp.kv.kind = RK_KV_F32; /* the moments see the keys as computed */
     sp.n_threads = p.n_threads;
     if ((st = rk_session_create(m, &sp, &s, err))) goto fail;
     const int32_t bos = rk_model_token_bos(m);

@@ -49,14 +49,90 @@ int32_t rk_model_token_bos(const rk_model *m);
 /* True when the vocab asks for BOS at the start of a sequence (tokenizer.ggml.add_bos_token). */
 bool rk_model_add_bos(const rk_model *m);
 
+/* ---- LowRAM: asymmetric KV compression at decode (SPEC §3) ----------------------
+ * At the end of the first eval call that leaves enough rows, the codec fits (on the
+ * prompt's own keys) a rank-r basis of the pre-RoPE keys of `group` adjacent layers
+ * stacked, and per layer a value predictor V̂ = coef·W + b (ridge, closed form, i.e. a
+ * linear function of the rebuilt keys K̃); residuals V − V̂ are kept, int8, for the
+ * hardest `resid_share` of rows per (layer, KV head). Sinks and the last `window` rows
+ * stay exact in the plain cache; older rows live compressed (their plain pages are
+ * released) and each later block of `chunk` rows is compressed with the same basis and
+ * predictor. Decode attention (<= 4 query rows) rebuilds only the chunks whose landmark
+ * (mean key) scores highest for the query, within `budget` rows, plus sinks and window;
+ * longer evals and `dense` rebuild every chunk, fused with an online softmax; chunks
+ * left out enter as one summary row each (mean key, mean coefficients, chunk size). With
+ * query_pca the basis minimises the expected logit error E[(q·Δk)²] instead of the key
+ * error: keys are weighted per dimension by the prefill queries' second moments. */
+typedef struct rk_lowram_params {
+    float ratio;          /* rank from this target compression of compressed rows vs f16 (0: 4);
+                             used when rank == 0 and energy == 0 */
+    int32_t rank;         /* basis rank per layer group (0: from energy or ratio; capped at the dim) */
+    float energy;         /* rank keeping this share of centred key energy (0: unused) */
+    int32_t group;        /* adjacent layers sharing a basis (0: 3) */
+    int32_t window;       /* recent rows kept exact (0: 128) */
+    int32_t n_sink;       /* first rows kept exact (0: 4; -1: none) */
+    int32_t chunk;        /* rows per landmark chunk and per compressed block (0: 32; 1..32) */
+    float resid_share;    /* share of compressed rows per (layer, KV head) with a residual
+                             (< 0: 0.25; 0: none; 1: all) */
+    bool resid_mass;      /* rank residuals by ||δ||² weighted by the attention mass the last
+                             prompt queries give each row (default on; off: ||δ||² alone) */
+    bool values_exact;    /* ablation "keys only": values stored exact (f16), no predictor */
+    int32_t budget;       /* compressed rows attended per query and (layer, KV head) (0: 512) */
+    bool dense;           /* attend to every compressed row (for checking) */
+    bool no_summary;      /* ablation: unselected chunks are dropped, not one summary row each */
+    bool no_cache;        /* ablation: no cache of rebuilt keys between decode steps */
+    bool bound;           /* select chunks by an upper bound of q·k (per-dim key min/max per chunk,
+                             Quest-style; 2 more f16 rows per chunk) instead of q·mean */
+    bool query_pca;       /* key basis by query-weighted logit error, not key energy (no gain measured) */
+    uint32_t coef_type;   /* key coefficients: RK_DT_Q8_0 (default: int8, one f16 scale per row),
+                             RK_DT_F16 or RK_DT_F32 (then bases and predictors are f32 too: the
+                             checking setup); start from rk_lowram_params_default() (F32 is 0) */
+    uint32_t resid_type;  /* RK_DT_Q8_0 (int8 + f16 scale per row and head), RK_DT_Q4_0 (int4,
+                             same scale) or RK_DT_F16 */
+    float evict;          /* share of compressed rows dropped at the fit by SnapKV scores (0..0.95) */
+    int32_t obs_window;   /* last prompt queries observed for evict / resid_mass (0: 32) */
+    float lambda;         /* predictor ridge strength relative to tr(CᵀC)/r (<= 0: 1e-3) */
+    int32_t max_fit_rows; /* rows used for the key Gram matrix (strided; 0: 4096) */
+    int32_t n_threads;    /* codec threads (0: the session's) */
+    char predictor[1024]; /* predictor file (offline basis + predictor init) or "" */
+} rk_lowram_params;
+
+rk_lowram_params rk_lowram_params_default(void);
+/* Parses "key=value,flag,..." (the part after "lowram:" of --kv) into *p, starting from
+ * its current values. Keys: ratio, rank, energy, group, window, sinks, chunk, resid,
+ * budget, evict, obs, lambda, fitrows, threads, coef=f16|f32|int8, rtype=int8|int4|f16,
+ * pred=FILE (must come last: the rest of the spec is the path); flags: dense, mass,
+ * nomass, keys_only, nosumm, qpca, bound, nocache. */
+rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err);
+
+/* ---- KV cache policy: chosen when the session is created ----------------------------
+ * f16 / f32: plain rows; q8: int8 rows with one f16 scale per 32 values (llama.cpp's
+ * q8_0 KV, the baseline LowRAM must beat at equal bytes); lowram: the codec above. */
+typedef enum rk_kv_kind { RK_KV_F16 = 0, RK_KV_F32, RK_KV_Q8, RK_KV_LOWRAM } rk_kv_kind;
+
+typedef struct rk_kv_params {
+    rk_kv_kind kind;
+    rk_lowram_params lowram;  /* used when kind == RK_KV_LOWRAM */
+} rk_kv_params;
+
+rk_kv_params rk_kv_params_default(void); /* f16; lowram = rk_lowram_params_default() */
+const char *rk_kv_kind_name(rk_kv_kind k); /* "f16", "f32", "q8", "lowram" */
+/* Parses "f16", "f32", "q8" or "lowram[:opts]" (opts as rk_lowram_parse) into *out,
+ * which is written only on success. RK_E_INVALID_ARG names what is wrong. */
+rk_status rk_kv_params_parse(const char *spec, rk_kv_params *out, rk_err *err);
+/* Writes the canonical spec of p ("f16", "lowram:rank=64,...") into buf (cap bytes). */
+void rk_kv_params_format(const rk_kv_params *p, char *buf, size_t cap);
+
 /* ---- session: one sequence with its KV cache ------------------------------- */
-typedef enum rk_backend_kind { RK_BACKEND_CPU, RK_BACKEND_CPU_REF } rk_backend_kind;
+typedef enum rk_backend_kind { RK_BACKEND_CPU, RK_BACKEND_CPU_REF, RK_BACKEND_CUDA } rk_backend_kind;
+const char *rk_backend_kind_name(rk_backend_kind k); /* "cpu", "cpu_ref", "cuda" */
+bool rk_backend_kind_parse(const char *s, rk_backend_kind *out);
 
 typedef struct rk_session_params {
     int32_t n_ctx;        /* 0: the model's training context */
     int32_t n_threads;    /* 0: all cores */
     int32_t n_batch;      /* prefill chunk in tokens; 0: 512 */
-    uint32_t kv_type;     /* RK_DT_F16 (default when 0 is passed... use rk_session_params_default) or RK_DT_F32 */
+    rk_kv_params kv;      /* KV policy, fixed for the session's life (default f16) */
     rk_backend_kind backend;
 } rk_session_params;
 
@@ -206,70 +282,10 @@ typedef struct rk_kv_error {
 rk_status rk_session_kv_compare(const rk_session *a, const rk_session *b, int layer, int64_t row0, int64_t row1,
                                 bool values, rk_kv_error *out, rk_err *err);
 
-/* ---- LowRAM: asymmetric KV compression at decode (SPEC §3) ----------------------
- * At the end of the first eval call that leaves enough rows, the codec fits (on the
- * prompt's own keys) a rank-r basis of the pre-RoPE keys of `group` adjacent layers
- * stacked, and per layer a value predictor V̂ = coef·W + b (ridge, closed form, i.e. a
- * linear function of the rebuilt keys K̃); residuals V − V̂ are kept, int8, for the
- * hardest `resid_share` of rows per (layer, KV head). Sinks and the last `window` rows
- * stay exact in the plain cache; older rows live compressed (their plain pages are
- * released) and each later block of `chunk` rows is compressed with the same basis and
- * predictor. Decode attention (<= 4 query rows) rebuilds only the chunks whose landmark
- * (mean key) scores highest for the query, within `budget` rows, plus sinks and window;
- * longer evals and `dense` rebuild every chunk, fused with an online softmax; chunks
- * left out enter as one summary row each (mean key, mean coefficients, chunk size). With
- * query_pca the basis minimises the expected logit error E[(q·Δk)²] instead of the key
- * error: keys are weighted per dimension by the prefill queries' second moments. */
-typedef struct rk_lowram_params {
-    float ratio;          /* rank from this target compression of compressed rows vs f16 (0: 4);
-                             used when rank == 0 and energy == 0 */
-    int32_t rank;         /* basis rank per layer group (0: from energy or ratio; capped at the dim) */
-    float energy;         /* rank keeping this share of centred key energy (0: unused) */
-    int32_t group;        /* adjacent layers sharing a basis (0: 3) */
-    int32_t window;       /* recent rows kept exact (0: 128) */
-    int32_t n_sink;       /* first rows kept exact (0: 4; -1: none) */
-    int32_t chunk;        /* rows per landmark chunk and per compressed block (0: 32; 1..32) */
-    float resid_share;    /* share of compressed rows per (layer, KV head) with a residual
-                             (< 0: 0.25; 0: none; 1: all) */
-    bool resid_mass;      /* rank residuals by ||δ||² weighted by the attention mass the last
-                             prompt queries give each row (default on; off: ||δ||² alone) */
-    bool values_exact;    /* ablation "keys only": values stored exact (f16), no predictor */
-    int32_t budget;       /* compressed rows attended per query and (layer, KV head) (0: 512) */
-    bool dense;           /* attend to every compressed row (for checking) */
-    bool no_summary;      /* ablation: unselected chunks are dropped, not one summary row each */
-    bool no_cache;        /* ablation: no cache of rebuilt keys between decode steps */
-    bool bound;           /* select chunks by an upper bound of q·k (per-dim key min/max per chunk,
-                             Quest-style; 2 more f16 rows per chunk) instead of q·mean */
-    bool query_pca;       /* key basis by query-weighted logit error, not key energy (no gain measured) */
-    uint32_t coef_type;   /* key coefficients: RK_DT_Q8_0 (default: int8, one f16 scale per row),
-                             RK_DT_F16 or RK_DT_F32 (then bases and predictors are f32 too: the
-                             checking setup); start from rk_lowram_params_default() (F32 is 0) */
-    uint32_t resid_type;  /* RK_DT_Q8_0 (int8 + f16 scale per row and head), RK_DT_Q4_0 (int4,
-                             same scale) or RK_DT_F16 */
-    float evict;          /* share of compressed rows dropped at the fit by SnapKV scores (0..0.95) */
-    int32_t obs_window;   /* last prompt queries observed for evict / resid_mass (0: 32) */
-    float lambda;         /* predictor ridge strength relative to tr(CᵀC)/r (<= 0: 1e-3) */
-    int32_t max_fit_rows; /* rows used for the key Gram matrix (strided; 0: 4096) */
-    int32_t n_threads;    /* codec threads (0: the session's) */
-    char predictor[1024]; /* predictor file (offline basis + predictor init) or "" */
-} rk_lowram_params;
 
-rk_lowram_params rk_lowram_params_default(void);
-/* Parses "key=value,flag,..." (the part after "lowram:" of --kv) into *p, starting from
- * its current values. Keys: ratio, rank, energy, group, window, sinks, chunk, resid,
- * budget, evict, obs, lambda, fitrows, threads, coef=f16|f32|int8, rtype=int8|int4|f16,
- * pred=FILE (must come last: the rest of the spec is the path); flags: dense, mass,
- * nomass, keys_only, nosumm, qpca, bound, nocache. */
-rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err);
-
-/* Turns LowRAM on (p != NULL) or off (p == NULL) for the session. Off is refused once
- * rows are compressed. A predictor file fitted on another model is refused
- * (RK_E_MISMATCH); another quantisation of the same weights is a warning in
- * `warning` (may be NULL). Takes effect at the end of the next eval call. A failed fit or
- * compression (out of memory, eigensolver) is returned by the eval that triggered it; that
- * eval's tokens are in the session, uncompressed, and the next eval tries again. */
-rk_status rk_session_set_lowram(rk_session *s, const rk_lowram_params *p, char *warning, size_t warning_cap,
-                                rk_err *err);
+/* A note from session creation (a predictor file fitted on another quantisation of the
+ * same weights, ...), or "". Borrowed, lives as long as s. */
+const char *rk_session_warning(const rk_session *s);
 
 /* Bytes that hold the KV state of the tokens so far, by part. total = the sum of the
  * parts above it. Without LowRAM only `exact` is non-zero. */

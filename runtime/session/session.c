@@ -1,13 +1,14 @@
 /* Session lifecycle: creation (backend, KV cache, scratch), the eval loop over prompt
  * chunks, truncation, progress and work counters. The layer loop is forward.c. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "session_impl.h"
 
 rk_session_params rk_session_params_default(void) {
-    rk_session_params p = {0, 0, 512, RK_DT_F16, RK_BACKEND_CPU};
+    rk_session_params p = {0, 0, 512, rk_kv_params_default(), RK_BACKEND_CPU};
     return p;
 }
 
@@ -34,20 +35,23 @@ rk_status rk_session_create(const rk_model *m, const rk_session_params *pp, rk_s
     if (p.n_ctx <= 0) p.n_ctx = hp->n_ctx_train;
     if (p.n_batch <= 0) p.n_batch = 512;
     if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
-    if (p.kv_type != RK_DT_F16 && p.kv_type != RK_DT_F32)
-        return rk_err_set(err, RK_E_UNSUPPORTED, "session: KV cache type %s not supported (f16 or f32)",
-                          rk_dtype_name(p.kv_type));
+    if (p.kv.kind == RK_KV_Q8)
+        return rk_err_set(err, RK_E_UNSUPPORTED, "session: KV policy q8 is not implemented yet (f16, f32, lowram)");
+    if ((unsigned)p.kv.kind > RK_KV_LOWRAM)
+        return rk_err_set(err, RK_E_INVALID_ARG, "session: KV policy %d unknown", (int)p.kv.kind);
+    if (p.backend == RK_BACKEND_CUDA)
+        return rk_err_set(err, RK_E_UNSUPPORTED, "session: backend cuda is not wired into the runtime yet");
     rk_session *s = calloc(1, sizeof *s);
     if (!s) return rk_err_set(err, RK_E_NOMEM, "session: out of memory");
     s->m = m;
     s->p = p;
     s->n_ctx = p.n_ctx;
-    s->kv_type = p.kv_type;
+    s->kv_type = p.kv.kind == RK_KV_F32 ? RK_DT_F32 : RK_DT_F16;
     rk_status st = p.backend == RK_BACKEND_CPU_REF ? rk_backend_cpu_ref_create(&s->be, err)
                                                    : rk_backend_cpu_create(p.n_threads, &s->be, err);
     if (st) goto fail;
     int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim, qd = (int64_t)hp->n_head * hp->head_dim;
-    s->kv_row_bytes = (size_t)kvd * (p.kv_type == RK_DT_F16 ? 2 : 4);
+    s->kv_row_bytes = (size_t)kvd * (s->kv_type == RK_DT_F16 ? 2 : 4);
     s->k_cache = calloc((size_t)hp->n_layer, sizeof(void *));
     s->v_cache = calloc((size_t)hp->n_layer, sizeof(void *));
     if (!s->k_cache || !s->v_cache) goto nomem;
@@ -76,6 +80,9 @@ rk_status rk_session_create(const rk_model *m, const rk_session_params *pp, rk_s
     if (!s->x || !s->xin || !s->xs || !s->xe || !s->ex_idx || !s->fill_idx || !s->h || !s->q ||
         !s->k || !s->v || !s->t || !s->gate || !s->up || !s->logits)
         goto nomem;
+    if (p.kv.kind == RK_KV_LOWRAM &&
+        (st = rk_session_set_lowram(s, &p.kv.lowram, s->warning, sizeof s->warning, err)))
+        goto fail;
     *out = s;
     return RK_OK;
 nomem:
@@ -192,4 +199,55 @@ rk_status rk_session_kv_rows(const rk_session *s, int layer, bool values, bool p
         }
     }
     return RK_OK;
+}
+
+const char *rk_session_warning(const rk_session *s) { return s->warning; }
+
+/* ---- KV policy and backend names ----------------------------------------------------- */
+
+static const char *const kv_names[] = {"f16", "f32", "q8", "lowram"};
+
+const char *rk_kv_kind_name(rk_kv_kind k) { return (unsigned)k <= RK_KV_LOWRAM ? kv_names[k] : "unknown"; }
+
+rk_kv_params rk_kv_params_default(void) {
+    rk_kv_params p = {RK_KV_F16, rk_lowram_params_default()};
+    return p;
+}
+
+rk_status rk_kv_params_parse(const char *spec, rk_kv_params *out, rk_err *err) {
+    rk_kv_params p = rk_kv_params_default();
+    if (!spec) spec = "";
+    size_t n = strcspn(spec, ":");
+    int k = -1;
+    for (int i = 0; i <= RK_KV_LOWRAM; i++)
+        if (strlen(kv_names[i]) == n && !strncmp(spec, kv_names[i], n)) k = i;
+    if (k < 0 || (spec[n] == ':' && k != RK_KV_LOWRAM))
+        return rk_err_set(err, RK_E_INVALID_ARG, "kv: '%.64s' is not a KV policy (f16, f32, q8, lowram[:opts])", spec);
+    p.kind = (rk_kv_kind)k;
+    if (spec[n] == ':') {
+        rk_status st = rk_lowram_parse(spec + n + 1, &p.lowram, err);
+        if (st) return st;
+    }
+    *out = p;
+    return RK_OK;
+}
+
+void rk_kv_params_format(const rk_kv_params *p, char *buf, size_t cap) {
+    if (!cap) return;
+    snprintf(buf, cap, "%s", rk_kv_kind_name(p->kind));
+}
+
+static const char *const backend_names[] = {"cpu", "cpu_ref", "cuda"};
+
+const char *rk_backend_kind_name(rk_backend_kind k) {
+    return (unsigned)k <= RK_BACKEND_CUDA ? backend_names[k] : "unknown";
+}
+
+bool rk_backend_kind_parse(const char *s, rk_backend_kind *out) {
+    for (int i = 0; i <= RK_BACKEND_CUDA; i++)
+        if (s && !strcmp(s, backend_names[i])) {
+            *out = (rk_backend_kind)i;
+            return true;
+        }
+    return false;
 }

@@ -51,6 +51,7 @@ struct rk_session {
     const rk_session *splice_src;
     int splice_lo, splice_hi;
     bool splice_k, splice_v;
+    char warning[512];    /* rk_session_warning */
 };
 
 
@@ -70,3 +71,7 @@ void rk_kvc_destroy(rk_kv_codec *c);
  * Rows at positions below bulk_end are bulk rows (the fill mode applies to them). */
 rk_status rk_forward_chunk(rk_session *s, const int32_t *ids, int64_t n, float *logits, bool all_rows,
                            int64_t bulk_end, rk_err *err);
+
+/* kv/lowram.c: turns the codec on (p != NULL) or off for the session (at creation). */
+rk_status rk_session_set_lowram(rk_session *s, const rk_lowram_params *p, char *warning, size_t warning_cap,
+                                rk_err *err);

@@ -104,7 +104,7 @@ static rk_session_params params(rk_backend_kind be, int threads, uint32_t kv, in
     rk_session_params p = rk_session_params_default();
     p.backend = be;
     p.n_threads = threads;
-    p.kv_type = kv;
+    p.kv.kind = kv == RK_DT_F32 ? RK_KV_F32 : RK_KV_F16;
     p.n_batch = batch;
     p.n_ctx = 512;
     return p;

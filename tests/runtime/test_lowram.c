@@ -151,7 +151,7 @@ static rk_session *session(const rk_model *m, uint32_t kv_type, const char *lowr
     rk_session_params sp = rk_session_params_default();
     sp.n_ctx = 512;
     sp.n_threads = 2;
-    sp.kv_type = kv_type;
+    sp.kv.kind = kv_type == RK_DT_F32 ? RK_KV_F32 : RK_KV_F16;
     rk_session *s = NULL;
     rk_err e = {0};
     cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s", e.msg);

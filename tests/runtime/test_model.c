@@ -104,7 +104,7 @@ Test(model, fast_path_matches_cpu_ref, .timeout = 600) {
     float *la = malloc(n * (size_t)nv * sizeof(float)), *lb = malloc(n * (size_t)nv * sizeof(float));
     rk_session_params sp = rk_session_params_default();
     sp.n_ctx = 64;
-    sp.kv_type = RK_DT_F32;
+    sp.kv.kind = RK_KV_F32;
     rk_session *s = NULL;
     sp.backend = RK_BACKEND_CPU_REF;
     cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s", e.msg);

@@ -97,7 +97,7 @@ static float *eval_logits(const rk_model *m, const int32_t *ids, size_t n, const
                           rk_session_counters *cnt) {
     rk_session_params sp = rk_session_params_default();
     sp.n_ctx = 512;
-    sp.kv_type = RK_DT_F32;
+    sp.kv.kind = RK_KV_F32;
     sp.n_batch = 64; /* several chunks, some all-bulk, one crossing into the tail */
     rk_err e = {0};
     rk_session *s = NULL;
