@@ -162,6 +162,20 @@ typedef bool (*rk_progress_fn)(void *ud, int64_t done, int64_t total);
 void rk_session_set_progress(rk_session *s, rk_progress_fn fn, void *ud);
 /* Forgets every token from position n on (n <= n_past): the next eval continues at n. */
 rk_status rk_session_truncate(rk_session *s, int64_t n, rk_err *err);
+/* The token ids evaluated so far (n_past of them). Borrowed; valid until the next eval,
+ * truncate or reset. */
+const int32_t *rk_session_tokens(const rk_session *s);
+/* Exports cache rows [row0, row1) of every layer as one self-describing block (*blk
+ * malloc'd, *n bytes): a header (magic, format version, KV policy, model fingerprint,
+ * row range, the token ids of those rows, a checksum) and the policy's own encoding
+ * (plain rows, q8 blocks, or LowRAM's compressed rows). For the document cache, chat's
+ * /save and the spill tier. */
+rk_status rk_session_kv_export(const rk_session *s, int64_t row0, int64_t row1, void **blk, size_t *n, rk_err *err);
+/* Appends the rows of a block made by rk_session_kv_export (same model, same KV policy)
+ * at n_past, which must equal the block's row0; the block's token ids become the
+ * session's. A truncated, corrupt or foreign block gives RK_E_FORMAT / RK_E_MISMATCH
+ * naming what is wrong, and the session is unchanged. */
+rk_status rk_session_kv_import(rk_session *s, const void *blk, size_t n, rk_err *err);
 
 /* ---- sampling ------------------------------------------------------------- */
 typedef struct rk_sampler_params {

@@ -251,3 +251,20 @@ bool rk_backend_kind_parse(const char *s, rk_backend_kind *out) {
         }
     return false;
 }
+
+/* ---- KV export / import: the kv/ implementations provide the encodings --------------- */
+
+const int32_t *rk_session_tokens(const rk_session *s) {
+    (void)s;
+    return NULL;
+}
+
+rk_status rk_session_kv_export(const rk_session *s, int64_t row0, int64_t row1, void **blk, size_t *n, rk_err *err) {
+    (void)s, (void)row0, (void)row1, (void)blk, (void)n;
+    return rk_err_set(err, RK_E_UNSUPPORTED, "session: KV export is not implemented yet");
+}
+
+rk_status rk_session_kv_import(rk_session *s, const void *blk, size_t n, rk_err *err) {
+    (void)s, (void)blk, (void)n;
+    return rk_err_set(err, RK_E_UNSUPPORTED, "session: KV import is not implemented yet");
+}
