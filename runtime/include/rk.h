@@ -254,6 +254,8 @@ typedef struct rk_fill_params {
     int32_t n_sink;            /* quality: first rows kept exact (0: 4) */
     float keep_share;          /* quality: share of bulk rows kept exact by score (<0: file default) */
     const rk_ridge_maps *maps; /* borrowed; required for speed/quality */
+    bool layer_major;          /* layers 0..S-1 over the whole prompt before any late layer
+                                  (n x n_embd floats more; same result as chunk-major) */
 } rk_fill_params;
 
 /* Applies to the following rk_session_eval calls. */

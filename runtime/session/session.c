@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "session_impl.h"
+#include "plan_impl.h"
 
 rk_session_params rk_session_params_default(void) {
     rk_session_params p = {0, 0, 512, rk_kv_params_default(), RK_BACKEND_CPU};
@@ -124,37 +124,10 @@ rk_status rk_session_eval(rk_session *s, const int32_t *ids, size_t n, float *lo
         if (ids[i] < 0 || ids[i] >= hp->n_vocab)
             return rk_err_set(err, RK_E_INVALID_ARG, "session: token id %d at %zu outside vocab of %d",
                               ids[i], i, hp->n_vocab);
-    int64_t start = s->n_past;
-    /* bulk rows: at least `tail` tokens of this call after them */
-    int64_t bulk_end = s->fill.mode == RK_FILL_OFF ? start : start + (int64_t)n - s->fill.tail;
-    if (bulk_end < start) bulk_end = start;
-    for (size_t done = 0; done < n;) {
-        size_t c = n - done < (size_t)s->p.n_batch ? n - done : (size_t)s->p.n_batch;
-        /* a chunk never straddles bulk_end: each chunk is all bulk or all exact rows */
-        int64_t pos = start + (int64_t)done;
-        if (pos < bulk_end && pos + (int64_t)c > bulk_end) c = (size_t)(bulk_end - pos);
-        if (s->splice_src && pos == bulk_end && bulk_end > start) {
-            for (int l = s->splice_lo; l < s->splice_hi; l++) {
-                size_t off = (size_t)start * s->kv_row_bytes, len = (size_t)(bulk_end - start) * s->kv_row_bytes;
-                if (s->splice_k) memcpy((char *)s->k_cache[l] + off, (const char *)s->splice_src->k_cache[l] + off, len);
-                if (s->splice_v) memcpy((char *)s->v_cache[l] + off, (const char *)s->splice_src->v_cache[l] + off, len);
-            }
-        }
-        bool last = done + c == n;
-        float *lg = NULL;
-        if (logits && all_rows) lg = logits + done * (size_t)hp->n_vocab;
-        else if (logits && last) lg = logits;
-        rk_status st = rk_forward_chunk(s, ids + done, (int64_t)c, lg, all_rows, bulk_end, err);
-        if (st) {
-            s->n_past = start; /* the cache rows past start are garbage now: forget them */
-            return st;
-        }
-        done += c;
-        if (s->progress && !s->progress(s->progress_ud, (int64_t)done, (int64_t)n) && done < n) {
-            s->n_past = start;
-            return rk_err_set(err, RK_E_CANCELLED, "session: cancelled after %zu of %zu tokens", done, n);
-        }
-    }
+    const int64_t start = s->n_past;
+    rk_status st = rk_prefill_run(s, ids, n, logits, all_rows, err);
+    if (st) return st; /* the cache rows past start are garbage now: n_past still says start */
+    s->n_past = start + (int64_t)n;
     if (s->kvc) return rk_kvc_after_eval(s->kvc, s, (int64_t)n, err);
     return RK_OK;
 }

@@ -67,10 +67,12 @@ rk_status rk_kvc_attention(rk_kv_codec *c, rk_session *s, int layer, const float
                            float *out, bool *handled, rk_err *err);
 void rk_kvc_destroy(rk_kv_codec *c);
 
-/* forward.c: one chunk of n <= n_batch tokens at positions n_past.. through every layer.
- * Rows at positions below bulk_end are bulk rows (the fill mode applies to them). */
-rk_status rk_forward_chunk(rk_session *s, const int32_t *ids, int64_t n, float *logits, bool all_rows,
-                           int64_t bulk_end, rk_err *err);
+/* forward.c: one pass of a prefill plan (runtime/prefill/plan_impl.h) over its chunk:
+ * layers [layer_lo, layer_hi) for rows pos0.. (KV rows written at their positions;
+ * n_past is the caller's to advance). logits: NULL, or the last row's / every row's. */
+struct rk_chunk_plan;
+rk_status rk_forward_chunk(rk_session *s, const struct rk_chunk_plan *p, const int32_t *ids, float *logits,
+                           bool all_rows, rk_err *err);
 
 /* kv/lowram.c: turns the codec on (p != NULL) or off for the session (at creation). */
 rk_status rk_session_set_lowram(rk_session *s, const rk_lowram_params *p, char *warning, size_t warning_cap,

@@ -1,0 +1,91 @@
+/* The prefill plan (plan_impl.h): which rows of a chunk run the late layers exactly, and
+ * where the late-layer inputs of the other (filled) rows come from. */
+#include <math.h>
+#include <string.h>
+
+#include "plan_impl.h"
+
+static rk_view act(float *data, int64_t cols, int64_t rows) {
+    rk_view v = {RK_DT_F32, {cols, rows, 1, 1}, (size_t)cols * sizeof(float), data};
+    return v;
+}
+
+/* Which bulk rows are filled (see rk_fill_params): speed/identity/plumb fill every bulk
+ * row; quality keeps the sinks and the hard tokens of the map's score table exact. */
+static bool row_is_filled(const rk_session *s, int64_t pos, int32_t id, int64_t bulk_end) {
+    if (pos >= bulk_end) return false;
+    if (s->fill.mode == RK_FILL_QUALITY) {
+        if (pos < s->fill.n_sink) return false;
+        const rk_ridge_maps *r = s->fill.maps;
+        if (r->token_score && id < r->n_vocab && r->token_score[id] >= s->score_threshold) return false;
+    }
+    return true;
+}
+
+void rk_plan_chunk(rk_session *s, const int32_t *ids, int64_t pos0, int64_t n, int64_t bulk_end, int lo, int hi,
+                   rk_chunk_plan *p) {
+    const rk_fill_mode mode = s->fill.mode;
+    int64_t n_fill = 0, n_ex = 0;
+    for (int64_t r = 0; r < n; r++) {
+        const bool f = mode != RK_FILL_OFF && row_is_filled(s, pos0 + r, ids[r], bulk_end);
+        if (f) s->fill_idx[n_fill++] = (int32_t)r;
+        if (!f || mode == RK_FILL_PLUMB) s->ex_idx[n_ex++] = (int32_t)r;
+    }
+    memset(p, 0, sizeof *p);
+    p->pos0 = pos0;
+    p->n = n;
+    p->layer_lo = lo;
+    p->layer_hi = hi;
+    p->n_ex = n_ex;
+    p->n_fill = n_fill;
+    p->ex_idx = s->ex_idx;
+    p->fill_idx = s->fill_idx;
+    p->split = n_fill == 0 ? s->m->hp.n_layer : rk_plan_split(s);
+    p->src = mode == RK_FILL_PLUMB ? RK_SRC_EXACT : mode == RK_FILL_IDENTITY ? RK_SRC_IDENTITY : RK_SRC_RIDGE;
+}
+
+int rk_plan_split(const rk_session *s) {
+    if (s->fill.mode == RK_FILL_OFF) return s->m->hp.n_layer;
+    return s->fill.maps ? s->fill.maps->split : s->fill.split;
+}
+
+static void scatter(float *dst, const float *src, const int32_t *idx, int64_t n, int64_t d) {
+    for (int64_t i = 0; i < n; i++) memcpy(dst + (int64_t)idx[i] * d, src + i * d, (size_t)d * sizeof(float));
+}
+
+rk_status rk_plan_late_inputs(rk_session *s, const rk_chunk_plan *p, int l, const float *x, bool compacted,
+                              const float *xs, float *xin, rk_err *err) {
+    const int64_t d = s->m->hp.n_embd;
+    if (compacted) scatter(xin, x, p->ex_idx, p->n_ex, d);
+    else memcpy(xin, x, (size_t)(p->n * d) * sizeof(float));
+    if (p->src != RK_SRC_RIDGE || l == p->split) {
+        /* W_S = I; identity fill; the exact source goes through the same gather/scatter */
+        scatter(xin, xs, p->fill_idx, p->n_fill, d);
+        return RK_OK;
+    }
+    const rk_ridge_maps *r = s->fill.maps;
+    rk_op_args a = {.op = RK_OP_MATMUL};
+    a.dst = act(s->t, r->w[l].ne[1], p->n_fill);
+    a.src0 = r->w[l];
+    a.src1 = act((float *)xs, r->w[l].ne[0], p->n_fill);
+    rk_status st = rk_backend_run(s->be, &a, err);
+    if (st) return st;
+    rk_op_args b = {.op = RK_OP_ADD_ROW};
+    b.dst = a.dst;
+    b.src0 = (rk_view){RK_DT_F32, {d, 1, 1, 1}, (size_t)d * sizeof(float), (void *)r->b[l]};
+    if ((st = rk_backend_run(s->be, &b, err))) return st;
+    scatter(xin, s->t, p->fill_idx, p->n_fill, d);
+    return RK_OK;
+}
+
+rk_status rk_plan_split_stream(rk_session *s, const rk_chunk_plan *p, float *xs, rk_err *err) {
+    /* normalised maps take rmsnorm(x_S); the cache writers' own RMSNorm makes this
+     * invisible to identity fill and to layer S itself */
+    if (p->src != RK_SRC_RIDGE || !s->fill.maps || !s->fill.maps->normalized || p->n_fill == 0) return RK_OK;
+    const int64_t d = s->m->hp.n_embd;
+    rk_op_args a = {.op = RK_OP_RMSNORM, .eps = s->m->hp.rms_eps};
+    a.src0 = act(xs, d, p->n_fill);
+    a.src1 = (rk_view){RK_DT_F32, {d, 1, 1, 1}, (size_t)d * sizeof(float), NULL};
+    a.dst = a.src0;
+    return rk_backend_run(s->be, &a, err);
+}

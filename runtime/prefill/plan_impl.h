@@ -1,0 +1,43 @@
+/* Internal: the prefill plan. For each prompt chunk it says which rows run which layers
+ * exactly and where the late-layer inputs of the other rows come from; forward.c runs
+ * one plan through one readable layer loop, prefill.c drives the chunks (chunk-major, or
+ * layer-major: layers 0..S-1 over the whole prompt before any late layer). */
+#pragma once
+#include "session_impl.h"
+
+/* Where the late-layer input of a filled row comes from (SPEC §2). */
+typedef enum rk_fill_src {
+    RK_SRC_RIDGE,     /* x̂_l = W_l x_S + b_l (W_S = I) */
+    RK_SRC_IDENTITY,  /* x̂_l = x_S: the training-free baseline */
+    RK_SRC_EXACT,     /* the row's own exact input through the fill path (plumb: the oracle) */
+} rk_fill_src;
+
+typedef struct rk_chunk_plan {
+    int64_t pos0, n;        /* rows pos0 .. pos0 + n - 1 */
+    int layer_lo, layer_hi; /* this pass runs layers [layer_lo, layer_hi) */
+    int split;              /* first late layer: filled rows run only the cache writers there */
+    rk_fill_src src;
+    int64_t n_ex, n_fill;
+    const int32_t *ex_idx;  /* (n_ex) chunk rows with Q/attention/O/MLP in late layers, increasing */
+    const int32_t *fill_idx;/* (n_fill) chunk rows filled in late layers, increasing */
+    const float *x_in;      /* layer_lo > 0: (n, n_embd) input of layer layer_lo */
+    float *x_out;           /* layer_hi < n_layer: (n, n_embd) receives the input of layer layer_hi */
+} rk_chunk_plan;
+
+/* Plans the chunk of n rows at pos0 for layers [lo, hi): rows below bulk_end are bulk
+ * rows, filled in late layers as the session's fill mode says. Index lists live in the
+ * session's scratch (valid until the next plan). */
+void rk_plan_chunk(rk_session *s, const int32_t *ids, int64_t pos0, int64_t n, int64_t bulk_end, int lo, int hi,
+                   rk_chunk_plan *p);
+/* First late layer of the session's fill settings (n_layer when fill is off). */
+int rk_plan_split(const rk_session *s);
+/* Brings the filled rows' split stream xs (n_fill, n_embd) into the space the maps act
+ * on (rmsnorm(x_S) for normalised maps; unchanged otherwise). Once per chunk. */
+rk_status rk_plan_split_stream(rk_session *s, const rk_chunk_plan *p, float *xs, rk_err *err);
+/* Writes the cache writers' input of late layer l into xin (n, n_embd): exact rows from
+ * x (compacted: row i of x is chunk row ex_idx[i]; else chunk row i), filled rows from
+ * their source given the split stream xs (n_fill, n_embd). */
+rk_status rk_plan_late_inputs(rk_session *s, const rk_chunk_plan *p, int l, const float *x, bool compacted,
+                              const float *xs, float *xin, rk_err *err);
+/* prefill.c: an eval call's rows through the model in chunks (what rk_session_eval runs). */
+rk_status rk_prefill_run(rk_session *s, const int32_t *ids, size_t n, float *logits, bool all_rows, rk_err *err);

@@ -1,0 +1,159 @@
+/* The prefill plan: chunk-major and layer-major passes give the same cache and logits
+ * (the layer order of independent rows does not change any value), the row plan of each
+ * fill mode, progress and cancel through both passes. Runs on stories260K (f32). */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rk.h"
+#include "tb.h"
+
+static rk_model *load_stories(void) {
+    char p[1024];
+    if (!tb_shared_path(p, sizeof p, "models/stories260K/stories260K-f32.gguf")) cr_skip_test("%s", p);
+    rk_err e = {0};
+    rk_model *m = NULL;
+    cr_assert_eq(rk_model_load(p, &m, &e), RK_OK, "%s", e.msg);
+    return m;
+}
+
+static int32_t *ids_for(const rk_model *m, size_t n) {
+    int32_t *ids = malloc(n * sizeof(int32_t));
+    uint64_t st = 11;
+    const int32_t nv = rk_model_hparams(m)->n_vocab;
+    for (size_t i = 0; i < n; i++) ids[i] = 3 + (int32_t)(tb_rand_u64(&st) % (uint64_t)(nv - 3));
+    return ids;
+}
+
+/* All-rows logits of n ids (row i predicts after ids[i]), in chunks of n_batch. */
+static float *run(const rk_model *m, const int32_t *ids, size_t n, int n_batch, const rk_fill_params *fp,
+                  rk_session_counters *cnt) {
+    rk_session_params sp = rk_session_params_default();
+    sp.n_ctx = 512;
+    sp.n_batch = n_batch;
+    sp.n_threads = 1;
+    sp.kv.kind = RK_KV_F32;
+    rk_session *s = NULL;
+    rk_err e = {0};
+    cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s", e.msg);
+    if (fp) cr_assert_eq(rk_session_set_fill(s, fp, &e), RK_OK, "%s", e.msg);
+    const size_t nv = (size_t)rk_model_hparams(m)->n_vocab;
+    float *lg = malloc((n + 1) * nv * sizeof(float));
+    cr_assert_eq(rk_session_eval(s, ids, n, lg, true, &e), RK_OK, "%s", e.msg);
+    /* one decode step after the prompt: it reads every cache row the prefill wrote */
+    int32_t next = ids[0];
+    cr_assert_eq(rk_session_eval(s, &next, 1, lg + n * nv, false, &e), RK_OK, "%s", e.msg);
+    if (cnt) *cnt = *rk_session_get_counters(s);
+    rk_session_destroy(s);
+    return lg;
+}
+
+/* max |a - b| over finite rows; NaN rows (filled rows have no logits) must match */
+static double max_diff(const float *a, const float *b, size_t n) {
+    double d = 0;
+    for (size_t i = 0; i < n; i++) {
+        cr_assert_eq(isnan(a[i]), isnan(b[i]), "NaN pattern differs at %zu", i);
+        if (!isnan(a[i])) d = fmax(d, fabs((double)a[i] - b[i]));
+    }
+    return d;
+}
+
+/* Layer-major runs the same ops on the same rows (only the order of independent chunks
+ * and layers changes), so the results are bit-identical to chunk-major. */
+Test(prefill, layer_major_equals_chunk_major) {
+    rk_model *m = load_stories();
+    const rk_hparams *hp = rk_model_hparams(m);
+    const size_t n = 200, nv = (size_t)hp->n_vocab, all = (n + 1) * nv;
+    int32_t *ids = ids_for(m, n);
+    const rk_fill_mode modes[] = {RK_FILL_IDENTITY, RK_FILL_PLUMB};
+    for (int mi = 0; mi < 2; mi++) {
+        rk_fill_params fp = {.mode = modes[mi], .tail = 64, .split = 2};
+        rk_session_counters c1, c2;
+        float *a = run(m, ids, n, 48, &fp, &c1);
+        fp.layer_major = true;
+        float *b = run(m, ids, n, 48, &fp, &c2);
+        cr_expect_eq(max_diff(a, b, all), 0.0, "%s: layer-major differs by %g", rk_fill_mode_name(modes[mi]),
+                     max_diff(a, b, all));
+        for (int l = 0; l < hp->n_layer; l++) {
+            cr_expect_eq(c1.exact_rows[l], c2.exact_rows[l], "layer %d exact rows", l);
+            cr_expect_eq(c1.filled_rows[l], c2.filled_rows[l], "layer %d filled rows", l);
+        }
+        free(a), free(b);
+    }
+    free(ids);
+    rk_model_destroy(m);
+}
+
+/* The plan of identity fill at split S with tail T: bulk rows (n - T of them) run every
+ * layer below S and only the cache writers at and above S; plumb runs them exactly
+ * through the fill path and equals off to float tolerance. */
+Test(prefill, row_plan_counts_and_plumb_oracle) {
+    rk_model *m = load_stories();
+    const rk_hparams *hp = rk_model_hparams(m);
+    const size_t n = 200, nv = (size_t)hp->n_vocab, all = (n + 1) * nv;
+    const int split = 2, tail = 64;
+    int32_t *ids = ids_for(m, n);
+    rk_session_counters c;
+    rk_fill_params fp = {.mode = RK_FILL_IDENTITY, .tail = tail, .split = split, .layer_major = true};
+    float *fi = run(m, ids, n, 32, &fp, &c);
+    for (int l = 0; l < hp->n_layer; l++) {
+        const uint64_t bulk = l >= split ? n - tail : 0;
+        cr_expect_eq(c.filled_rows[l], bulk, "layer %d filled %llu", l, (unsigned long long)c.filled_rows[l]);
+        cr_expect_eq(c.exact_rows[l], n + 1 - bulk, "layer %d exact %llu", l, (unsigned long long)c.exact_rows[l]);
+    }
+    /* filled rows have no logits; the tail and the decode step do */
+    cr_expect(isnan(fi[0]) && !isnan(fi[(n - tail) * nv]) && !isnan(fi[n * nv]));
+    float *off = run(m, ids, n, 32, NULL, NULL);
+    fp.mode = RK_FILL_PLUMB;
+    float *pl = run(m, ids, n, 32, &fp, NULL);
+    /* the same arithmetic on the same inputs: equal up to the last bit of f32 sums */
+    double d = max_diff(off, pl, all);
+    cr_expect(d <= 1e-5, "plumb differs from off by %g", d);
+    free(fi), free(off), free(pl), free(ids);
+    rk_model_destroy(m);
+}
+
+typedef struct prog {
+    int64_t last, calls, stop_at;
+    bool monotone;
+} prog;
+
+static bool on_progress(void *ud, int64_t done, int64_t total) {
+    prog *p = ud;
+    p->monotone = p->monotone && done >= p->last && done <= total;
+    p->last = done;
+    p->calls++;
+    return p->stop_at < 0 || p->calls < p->stop_at;
+}
+
+/* Progress is monotone and ends at the total through both passes; a cancel in the
+ * layer-major first phase leaves the session as it was. */
+Test(prefill, progress_and_cancel_in_layer_major) {
+    rk_model *m = load_stories();
+    const size_t n = 200, nv = (size_t)rk_model_hparams(m)->n_vocab;
+    int32_t *ids = ids_for(m, n);
+    rk_session_params sp = rk_session_params_default();
+    sp.n_ctx = 512;
+    sp.n_batch = 32;
+    sp.n_threads = 1;
+    rk_session *s = NULL;
+    rk_err e = {0};
+    cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s", e.msg);
+    rk_fill_params fp = {.mode = RK_FILL_IDENTITY, .tail = 64, .split = 2, .layer_major = true};
+    cr_assert_eq(rk_session_set_fill(s, &fp, &e), RK_OK, "%s", e.msg);
+    prog p = {0, 0, -1, true};
+    rk_session_set_progress(s, on_progress, &p);
+    float *lg = malloc(nv * sizeof(float));
+    cr_assert_eq(rk_session_eval(s, ids, n, lg, false, &e), RK_OK, "%s", e.msg);
+    cr_expect(p.monotone && p.last == (int64_t)n, "last %lld", (long long)p.last);
+    cr_expect(p.calls >= 2 * 7, "%lld calls: both passes report", (long long)p.calls);
+    rk_session_reset(s);
+    p = (prog){0, 0, 3, true};
+    cr_expect_eq(rk_session_eval(s, ids, n, lg, false, &e), RK_E_CANCELLED);
+    cr_expect_eq(rk_session_n_past(s), 0);
+    free(lg), free(ids);
+    rk_session_destroy(s);
+    rk_model_destroy(m);
+}
