@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
+# the layering (base <- {formats, kernels, io} <- linalg <- runtime <- fitters <- eval <- cli), no include cycles
+python3 scripts/check_layers.py
 if [ -d build-asan ]; then meson setup --reconfigure build-asan >/dev/null; else
   meson setup build-asan -Db_sanitize=address,undefined -Db_lundef=false --buildtype=debugoptimized; fi
 meson test -C build-asan --suite unit --print-errorlogs --num-processes 2
