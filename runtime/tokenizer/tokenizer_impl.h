@@ -243,6 +243,9 @@ static inline uint64_t rk_fnv1a(uint64_t h, const void *p, size_t n) {
 
 /* Id whose text is s[0..n), or -1. */
 int32_t rk_tok_lookup(const rk_tokenizer *t, const char *s, size_t n);
+/* tables.c: FNV-1a of a token text; an empty open-addressing table for n texts. */
+uint64_t rk_tok_str_hash(const char *s, size_t n);
+bool rk_tok_table_init(rk_tok_table *tb, uint32_t n);
 
 typedef struct rk_tok_ids {
     int32_t *v;
