@@ -23,17 +23,17 @@ void rk_backend_destroy(rk_backend *be) {
 
 bool rk_heads_of(const rk_view *v, int n_heads, int head_dim, rk_heads *out) {
     const rk_dtype_traits *t = rk_dtype_get(v->type);
-    if (!t || t->blck_size != 1 || n_heads <= 0 || head_dim <= 0) return false;
+    uint64_t hb = 0; /* bytes of one head row: whole blocks for a block type */
+    if (!t || n_heads <= 0 || head_dim <= 0 || !rk_dtype_row_bytes(v->type, (uint64_t)head_dim, &hb)) return false;
     int64_t rows = rk_view_rows(v);
-    size_t elt = t->type_size;
-    if (v->nb1 % elt) return false;
+    if (t->blck_size == 1 && v->nb1 % t->type_size) return false;
     if (v->ne[0] == (int64_t)n_heads * head_dim && rows >= 0) {
-        if (v->nb1 < (size_t)v->ne[0] * elt) return false;
-        *out = (rk_heads){v->data, v->nb1, (size_t)head_dim * elt, rows};
+        if (v->nb1 < (size_t)hb * (size_t)n_heads) return false;
+        *out = (rk_heads){v->data, v->nb1, (size_t)hb, rows};
         return true;
     }
     if (v->ne[0] == head_dim && v->ne[1] == n_heads && rows >= 0) {
-        if (v->nb1 < (size_t)head_dim * elt) return false;
+        if (v->nb1 < (size_t)hb) return false;
         *out = (rk_heads){v->data, v->nb1 * (size_t)n_heads, v->nb1, rows / n_heads};
         return true;
     }
@@ -185,7 +185,13 @@ rk_status rk_op_check(const rk_op_args *a, rk_err *err) {
 }
 
 static bool is_f32(const rk_view *v) { return v->type == RK_DT_F32; }
-static bool is_cache_type(const rk_view *v) { return v->type == RK_DT_F32 || v->type == RK_DT_F16; }
+static bool is_cache_type(const rk_view *v) {
+    return v->type == RK_DT_F32 || v->type == RK_DT_F16 || v->type == RK_DT_Q8_0;
+}
+/* q8_0 caches need whole blocks per head row */
+static bool attn_cache_ok(const rk_view *v, int head_dim) {
+    return v->type == RK_DT_F32 || v->type == RK_DT_F16 || (v->type == RK_DT_Q8_0 && head_dim % 32 == 0);
+}
 
 bool rk_cpu_supports_common(const rk_op_args *a, const rk_quant_fns *(*fns)(uint32_t)) {
     if (!a || (unsigned)a->op >= RK_OP_COUNT) return false;
@@ -202,7 +208,8 @@ bool rk_cpu_supports_common(const rk_op_args *a, const rk_quant_fns *(*fns)(uint
     case RK_OP_ROPE:
         return is_f32(&a->src0) && (!a->dst.data || is_f32(&a->dst)) && a->src0.ne[0] % 2 == 0;
     case RK_OP_ATTN:
-        return is_f32(&a->dst) && is_f32(&a->src0) && is_cache_type(&a->src1) && is_cache_type(&a->src2);
+        return is_f32(&a->dst) && is_f32(&a->src0) && attn_cache_ok(&a->src1, a->attn.head_dim) &&
+               attn_cache_ok(&a->src2, a->attn.head_dim);
     case RK_OP_SILU_MUL:
         return is_f32(&a->dst) && is_f32(&a->src0) && is_f32(&a->src1);
     case RK_OP_ADD:

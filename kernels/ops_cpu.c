@@ -325,6 +325,8 @@ static void cpy_rows_range(void *vp, int64_t r0, int64_t r1, int tid) {
         char *dst = (char *)a->dst.data + (size_t)(a->dst_row0 + r) * a->dst.nb1;
         if (a->dst.type == RK_DT_F16)
             x->c->k->f32_to_f16(rk_row_f32(&a->src0, r), (uint16_t *)dst, d);
+        else if (a->dst.type == RK_DT_Q8_0)
+            rk_quant_q8_0_from_f32(rk_row_f32(&a->src0, r), dst, d);
         else
             memmove(dst, rk_row_f32(&a->src0, r), (size_t)d * sizeof(float));
     }
@@ -436,6 +438,16 @@ static size_t attn_tls_floats(const attn_ctx *x, int64_t hd, int64_t kv_dim) {
                     2 * x->R + 16);
 }
 
+/* n elements of a cache row (f32, f16 or q8_0: whole blocks) to f32. */
+static void kv_to_f32(const attn_ctx *x, uint32_t type, const char *src, float *dst, int64_t n) {
+    if (type == RK_DT_F32)
+        memcpy(dst, src, (size_t)n * sizeof(float));
+    else if (type == RK_DT_F16)
+        x->c->k->f16_to_f32((const uint16_t *)src, dst, n);
+    else
+        x->c->quant(type)->to_f32(src, dst, n);
+}
+
 /* Keys j0..j0+kt of every KV head as f32 rows *ld floats apart (head hk at + hk*hd). */
 static const float *kv_tile(const attn_ctx *x, const rk_heads *h, uint32_t type, int64_t j0, int64_t kt,
                             float *buf, int64_t *ld) {
@@ -445,18 +457,18 @@ static const float *kv_tile(const attn_ctx *x, const rk_heads *h, uint32_t type,
         *ld = (int64_t)(h->tok_nb / sizeof(float));
         return (const float *)base;
     }
-    for (int64_t j = 0; j < kt; j++)
-        for (int64_t hk = 0; hk < n_kv; hk++) {
-            const char *src = base + (size_t)j * h->tok_nb + (size_t)hk * h->head_nb;
-            float *dst = buf + j * kv_dim + hk * hd;
-            if (type == RK_DT_F32)
-                memcpy(dst, src, (size_t)hd * sizeof(float));
-            else if (h->head_nb == (size_t)hd * 2) { /* heads adjacent: the whole row at once */
-                x->c->k->f16_to_f32((const uint16_t *)src, dst, kv_dim);
-                break;
-            } else
-                x->c->k->f16_to_f32((const uint16_t *)src, dst, hd);
+    uint64_t hb = 0;
+    rk_dtype_row_bytes(type, (uint64_t)hd, &hb); /* whole blocks: checked by supports() */
+    bool adjacent = h->head_nb == (size_t)hb;     /* heads packed: a token's row at once */
+    for (int64_t j = 0; j < kt; j++) {
+        const char *row = base + (size_t)j * h->tok_nb;
+        if (adjacent) {
+            kv_to_f32(x, type, row, buf + j * kv_dim, kv_dim);
+            continue;
         }
+        for (int64_t hk = 0; hk < n_kv; hk++)
+            kv_to_f32(x, type, row + (size_t)hk * h->head_nb, buf + j * kv_dim + hk * hd, hd);
+    }
     *ld = kv_dim;
     return buf;
 }

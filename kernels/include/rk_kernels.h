@@ -20,6 +20,12 @@ typedef struct rk_quant_fns {
 const rk_quant_fns *rk_quant_ref(uint32_t type);
 /* AVX2/FMA/F16C version where this CPU has it, else the reference. NULL if unsupported. */
 const rk_quant_fns *rk_quant_fast(uint32_t type);
+/* f32 -> q8_0 blocks (llama.cpp's block_q8_0, quantize_row_q8_0_ref: d = amax/127
+ * stored as f16, q = roundf(x / d)); n a multiple of 32. A block holding a NaN
+ * or +-Inf, or whose scale overflows f16, is stored with d = NaN and q = 0, so
+ * it reads back as NaN (int8 cannot carry them). The one quantiser of every
+ * CPU backend: CPY_ROWS into q8_0 is bit-identical across them. */
+void rk_quant_q8_0_from_f32(const float *src, void *dst, int64_t n);
 /* True when the running CPU has AVX2, FMA and F16C (and the build compiled them). */
 bool rk_cpu_has_avx2(void);
 
@@ -42,7 +48,9 @@ typedef struct rk_view {
  *   goes to dst (same shape).
  * - ATTN q, dst and the K/V caches: 2-D {heads*head_dim, tokens} (nb1 = token
  *   stride) or 3-D {head_dim, heads, tokens} (nb1 = head stride, tokens heads*nb1
- *   apart). Cache rows at or past pos0 + n_q are never read.
+ *   apart). Cache rows at or past pos0 + n_q are never read. A q8_0 cache
+ *   counts ne[0] and nb1 the same way (elements, bytes): head_dim is then a
+ *   multiple of 32, so every head row is whole blocks.
  * - RMSNORM: src1.data NULL means no weight (1).
  * - CPY_ROWS: dst_row0 counts rows of dst (tokens of a 2-D cache view).
  * - MATMUL: dst must not overlap src0 or src1. */
@@ -55,7 +63,7 @@ typedef enum rk_op {
     RK_OP_SILU_MUL,  /* dst = silu(src0) * src1, elementwise; in place ok */
     RK_OP_ADD,       /* dst += src0, elementwise */
     RK_OP_ADD_ROW,   /* dst (n, d) += src0 (d), a bias row broadcast */
-    RK_OP_CPY_ROWS,  /* dst rows (f32 or f16) at dst_row0.. = src0 f32 rows (converted) */
+    RK_OP_CPY_ROWS,  /* dst rows (f32, f16, q8_0) at dst_row0.. = src0 f32 rows (converted) */
     RK_OP_COUNT
 } rk_op;
 _Static_assert(RK_OP_COUNT == 9, "op count changed: update every backend table and op-case table");
@@ -73,8 +81,9 @@ typedef struct rk_rope_params {
 } rk_rope_params;
 
 /* Query rows i = 0..n_q-1 sit at positions pos0 + i and attend to cache rows
- * 0..pos0+i (causal). K and V caches: (n_ctx, n_head_kv, head_dim), type f32 or
- * f16, row stride nb1 = n_head_kv*head_dim*elt. Query head h uses KV head
+ * 0..pos0+i (causal). K and V caches: (n_ctx, n_head_kv, head_dim), type f32,
+ * f16 or q8_0 (head_dim % 32 == 0; rows written by CPY_ROWS, i.e.
+ * rk_quant_q8_0_from_f32), row stride nb1 = row bytes of n_head_kv*head_dim. Query head h uses KV head
  * h / (n_head / n_head_kv). dst (n_q, n_head*head_dim) f32. Never builds the
  * n_q x n_kv score matrix: tiles with an online softmax. */
 typedef struct rk_attn_params {

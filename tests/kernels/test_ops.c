@@ -41,7 +41,10 @@ typedef struct op_case {
  *   margin on that (8x on the rms): 32 k EPS2 (k=576: 6.5e-11).
  * - ATTN: scores carry ~hd roundings of |q||k| scale (~1e-6 relative here), exp
  *   is 1-2 ulp and the online rescaling adds a few roundings per key tile; all
- *   enter the output linearly: (1e-5)^2 = 1e-10 covers it with room. */
+ *   enter the output linearly: (1e-5)^2 = 1e-10 covers it with room. A q8_0
+ *   cache is dequantised exactly (q * d, one rounding) by every backend, so the
+ *   same bound holds; the quantisation error itself is test q8_kv's business.
+ * - CPY_ROWS into q8_0: one quantiser for all CPU backends: exact. */
 #define B_ELT (256 * EPS2)
 #define B_MM(k) (32.0 * (k) * EPS2)
 #define B_ATTN 1e-10
@@ -101,6 +104,14 @@ static op_case cases[] = {
     AT("attn 3-D views f16 12 at pos 40", RK_DT_F16, 12, 6, 2, 16, 40, F_3D),
     AT("attn NaN in the last visible key", RK_DT_F32, 6, 4, 2, 32, 10, F_NAN),
     AT("attn NaN in the last visible key f16 decode", RK_DT_F16, 1, 9, 3, 64, 900, F_NAN),
+    /* ATTN over q8_0 caches (head_dim a multiple of the 32-element block) */
+    AT("attn decode gqa 9/3 pos 700 q8_0", RK_DT_Q8_0, 1, 9, 3, 64, 700, 0),
+    AT("attn decode gqa 8/2 pos 3000 q8_0 hd 128", RK_DT_Q8_0, 1, 8, 2, 128, 3000, 0),
+    AT("attn prefill 37 rows q8_0", RK_DT_Q8_0, 37, 4, 2, 32, 0, 0),
+    AT("attn chunked prefill 20 at pos 100 gqa 8/2 q8_0", RK_DT_Q8_0, 20, 8, 2, 64, 100, 0),
+    AT("attn q8_0 cache ends at pos0 + n_q", RK_DT_Q8_0, 7, 4, 2, 32, 70, F_TIGHT),
+    AT("attn 3-D views q8_0 12 at pos 40", RK_DT_Q8_0, 12, 6, 2, 32, 40, F_3D),
+    AT("attn NaN block in the last visible key q8_0 decode", RK_DT_Q8_0, 1, 9, 3, 64, 900, F_NAN),
     /* ROPE: in place on (n, n_head, head_dim) */
     RO("rope norm", 7, 4, 64, 0, RK_ROPE_NORM, 64, 0),
     RO("rope neox", 7, 4, 64, 0, RK_ROPE_NEOX, 64, 0),
@@ -126,6 +137,8 @@ static op_case cases[] = {
     {"cpy_rows f32 at row 3", RK_OP_CPY_ROWS, RK_DT_F32, 5, 192, 16, 0, 0, 0, 3, 0, 0, 0, 0},
     {"cpy_rows f16 600 rows (threads)", RK_OP_CPY_ROWS, RK_DT_F16, 600, 64, 700, 0, 0, 0, 50, 0, 0, 0, 0},
     {"cpy_rows f16 odd width", RK_OP_CPY_ROWS, RK_DT_F16, 3, 13, 4, 0, 0, 0, 1, 0, 0, F_SPECIAL, 0},
+    {"cpy_rows q8_0 at row 7 (specials: NaN blocks)", RK_OP_CPY_ROWS, RK_DT_Q8_0, 5, 192, 16, 0, 0, 0, 7, 0, 0, F_SPECIAL, 0},
+    {"cpy_rows q8_0 600 rows (threads)", RK_OP_CPY_ROWS, RK_DT_Q8_0, 600, 64, 700, 0, 0, 0, 50, 0, 0, 0, 0},
 };
 _Static_assert(RK_OP_COUNT == 9, "op count changed: add cases for the new op");
 
@@ -138,6 +151,8 @@ typedef struct fixture {
     const void *out; /* the buffer the op writes: compared whole, padding included */
     size_t out_n;
     uint32_t out_type;
+    int64_t out_ne0; /* q8_0 output: elements per row, bytes between rows */
+    size_t out_nb1;
 } fixture;
 
 static void *fx_alloc(fixture *f, size_t bytes) {
@@ -205,21 +220,52 @@ static rk_view fx_weight(fixture *f, uint32_t type, int64_t rows, int64_t k, uin
     return (rk_view){.type = type, .ne = {k, rows, 1, 1}, .nb1 = (size_t)rb, .data = p};
 }
 
-/* KV cache (n_ctx, n_kv*hd) of f32/f16, rows >= n_valid set to NaN. */
+/* q8_0 written independently of kernels/ (llama.cpp's quantize_row_q8_0_ref:
+ * d = amax/127 as f16, q = roundf(x/d) with the f32 d), plus the NaN block for
+ * rows int8 cannot hold; and one element read back. */
+static void tq8_quant(const float *x, uint8_t *b, int64_t n) {
+    for (int64_t i = 0; i < n; i += 32, b += 34) {
+        float amax = 0;
+        int bad = 0;
+        for (int j = 0; j < 32; j++) {
+            bad |= !isfinite(x[i + j]);
+            if (fabsf(x[i + j]) > amax) amax = fabsf(x[i + j]);
+        }
+        float d = amax / 127, id = d != 0 ? 1 / d : 0;
+        uint16_t dh = rk_f32_to_f16(d);
+        if (bad || isinf(rk_f16_to_f32(dh))) dh = 0x7e00;
+        put16(b, dh);
+        for (int j = 0; j < 32; j++) b[2 + j] = (uint8_t)(int8_t)(dh == 0x7e00 ? 0 : roundf(x[i + j] * id));
+    }
+}
+
+static float tq8_get(const uint8_t *row, int64_t i) {
+    const uint8_t *b = row + (i / 32) * 34;
+    return (float)(int8_t)b[2 + i % 32] * rk_f16_to_f32((uint16_t)(b[0] | b[1] << 8));
+}
+
+/* KV cache (n_ctx, n_kv*hd) of f32/f16/q8_0, rows >= n_valid set to NaN. */
 static rk_view fx_cache(fixture *f, uint32_t type, int64_t n_ctx, int64_t n_valid, int n_kv, int hd,
                         bool view3d, uint64_t *s) {
     int64_t w = (int64_t)n_kv * hd;
-    size_t elt = type == RK_DT_F16 ? 2 : 4;
-    uint8_t *p = fx_alloc(f, (size_t)(n_ctx * w) * elt);
-    for (int64_t i = 0; i < n_ctx * w; i++) {
-        float v = i / w < n_valid ? tb_rand_normal(s) : NAN;
+    uint64_t rb = 0, hb = 0;
+    cr_assert(rk_dtype_row_bytes(type, (uint64_t)w, &rb) && rk_dtype_row_bytes(type, (uint64_t)hd, &hb));
+    uint8_t *p = fx_alloc(f, (size_t)(n_ctx * (int64_t)rb));
+    float *row = malloc((size_t)w * sizeof(float));
+    cr_assert(row);
+    for (int64_t r = 0; r < n_ctx; r++) {
+        uint8_t *dst = p + (size_t)r * rb;
+        for (int64_t i = 0; i < w; i++) row[i] = r < n_valid ? tb_rand_normal(s) : NAN;
         if (type == RK_DT_F16)
-            ((uint16_t *)p)[i] = rk_f32_to_f16(v);
+            for (int64_t i = 0; i < w; i++) ((uint16_t *)dst)[i] = rk_f32_to_f16(row[i]);
+        else if (type == RK_DT_Q8_0)
+            tq8_quant(row, dst, w);
         else
-            ((float *)p)[i] = v;
+            memcpy(dst, row, (size_t)w * sizeof(float));
     }
-    if (view3d) return (rk_view){.type = type, .ne = {hd, n_kv, n_ctx, 1}, .nb1 = (size_t)hd * elt, .data = p};
-    return (rk_view){.type = type, .ne = {w, n_ctx, 1, 1}, .nb1 = (size_t)w * elt, .data = p};
+    free(row);
+    if (view3d) return (rk_view){.type = type, .ne = {hd, n_kv, n_ctx, 1}, .nb1 = (size_t)hb, .data = p};
+    return (rk_view){.type = type, .ne = {w, n_ctx, 1, 1}, .nb1 = (size_t)rb, .data = p};
 }
 
 static void set_specials(float *p, int64_t n) {
@@ -232,7 +278,10 @@ static void fx_out(fixture *f, const rk_view *v) {
     size_t elt = v->type == RK_DT_F16 ? 2 : 4;
     f->out = v->data;
     f->out_n = rows > 0 ? (size_t)(rows - 1) * v->nb1 / elt + (size_t)v->ne[0] : 0;
+    if (v->type == RK_DT_Q8_0) f->out_n = (size_t)(rows * v->ne[0]); /* element i: row i / ne0 */
     f->out_type = v->type;
+    f->out_ne0 = v->ne[0];
+    f->out_nb1 = v->nb1;
 }
 
 static void build(const op_case *c, uint64_t seed, fixture *f) {
@@ -275,6 +324,8 @@ static void build(const op_case *c, uint64_t seed, fixture *f) {
             size_t at = (size_t)(n_valid - 1) * (size_t)c->n_head_kv * c->hd + 1;
             if (c->type == RK_DT_F16)
                 ((uint16_t *)a->src1.data)[at] = 0x7e00;
+            else if (c->type == RK_DT_Q8_0) /* the scale of that row's first block */
+                put16((uint8_t *)a->src1.data + (size_t)(n_valid - 1) * (size_t)c->n_head_kv * c->hd / 32 * 34, 0x7e00);
             else
                 ((float *)a->src1.data)[at] = NAN;
         }
@@ -357,7 +408,10 @@ static double *run_case(const op_case *c, rk_backend *be, size_t *n_out) {
     cr_assert_eq(st, RK_OK, "%s on %s: %s", c->name, be->ops->name, err.msg);
     double *out = malloc(f.out_n * sizeof(double) + 1);
     for (size_t i = 0; i < f.out_n; i++)
-        out[i] = f.out_type == RK_DT_F16 ? rk_f16_to_f32(((const uint16_t *)f.out)[i]) : ((const float *)f.out)[i];
+        out[i] = f.out_type == RK_DT_Q8_0 ? tq8_get((const uint8_t *)f.out + i / (size_t)f.out_ne0 * f.out_nb1,
+                                                    (int64_t)(i % (size_t)f.out_ne0))
+                 : f.out_type == RK_DT_F16 ? rk_f16_to_f32(((const uint16_t *)f.out)[i])
+                                           : ((const float *)f.out)[i];
     *n_out = f.out_n;
     fx_free(&f);
     return out;
@@ -582,18 +636,121 @@ Test(exact, get_rows_f32_copies) {
     }
 }
 
+Test(exact, cpy_rows_q8_0_bytes) {
+    /* llama.cpp's block_q8_0: f16 d = amax/127, q = roundf(x / d) (ties away from zero) */
+    float x[128] = {127, 2.5f, -2.5f, 0.5f, -0.5f, 1.4999f};
+    x[31] = -127;
+    x[64 + 3] = INFINITY;                                  /* block 2: not representable -> NaN block */
+    for (int j = 0; j < 32; j++) x[96 + j] = 0.01f * j - 0.1f; /* block 3: a plain row */
+    uint8_t want[4 * 34];
+    tq8_quant(x, want, 128);
+    const int8_t q0[6] = {127, 3, -3, 1, -1, 1};
+    cr_assert_eq(want[0] | want[1] << 8, 0x3c00); /* d = 1 */
+    for (int j = 0; j < 6; j++) cr_assert_eq((int8_t)want[2 + j], q0[j], "tq8 at %d", j);
+    cr_assert_eq((int8_t)want[2 + 31], -127);
+    cr_assert_eq(want[34] | want[35] << 8, 0, "all-zero block: d = 0");
+    cr_assert_eq(want[68] | want[69] << 8, 0x7e00, "Inf block: NaN scale");
+    FOR_EACH_BACKEND(be) {
+        uint8_t dst[3 * 4 * 34];
+        memset(dst, 0xab, sizeof dst);
+        rk_op_args a = {.op = RK_OP_CPY_ROWS, .src0 = v2(RK_DT_F32, 128, 1, x),
+                        .dst = {RK_DT_Q8_0, {128, 3, 1, 1}, 4 * 34, dst}, .dst_row0 = 2};
+        rk_err err = {0};
+        cr_assert_eq(rk_backend_run(be, &a, &err), RK_OK, "%s", err.msg);
+        for (int i = 0; i < (int)sizeof dst; i++)
+            cr_assert_eq(dst[i], i >= 2 * 136 ? want[i - 2 * 136] : 0xab, "%s at byte %d", be->ops->name, i);
+    }
+    uint8_t lib[4 * 34];
+    rk_quant_q8_0_from_f32(x, lib, 128);
+    cr_assert_eq(memcmp(lib, want, sizeof lib), 0);
+}
+
+/* ---- q8_0 KV cache: the quantisation error ------------------------------ */
+static double nmse_f(const float *got, const float *want, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        num += ((double)got[i] - want[i]) * ((double)got[i] - want[i]);
+        den += (double)want[i] * want[i];
+    }
+    return num / den;
+}
+
+/* Attention over K/V written into q8_0 caches by CPY_ROWS vs cpu_ref over the
+ * f32 rows themselves. With eps_k, eps_v the NMSE of the quantised caches:
+ * a V error enters the output as the same weighted average as V, so NMSE ~
+ * eps_v; a K error e moves score j by scale*q.e, variance scale^2 |q|^2 eps_k
+ * E[k^2] = eps_k here (q, k ~ N(0,1), scale = 1/sqrt(hd)), which moves the
+ * output by sum_j p_j ds_j (v_j - out): NMSE ~ eps_k again. Bound: 4 (eps_k +
+ * eps_v). And eps itself: q8_0 rounds to d = amax/127 steps, error variance
+ * d^2/12; a block of 32 N(0,1) values has amax ~ 2.5 (P(amax > 4.4) < 1e-3),
+ * so eps ~ 3e-5 and < 1e-4. */
+Test(q8_kv, attention_error_from_quantisation) {
+    const int n_head = 8, n_kv = 2, hd = 64, n_q = 5;
+    const int64_t pos0 = 300, n_ctx = pos0 + n_q, kvd = (int64_t)n_kv * hd, qd = (int64_t)n_head * hd;
+    uint64_t s = 0x9a8b;
+    float *k = malloc((size_t)(n_ctx * kvd) * 4), *v = malloc((size_t)(n_ctx * kvd) * 4);
+    float *q = malloc((size_t)(n_q * qd) * 4), *want = malloc((size_t)(n_q * qd) * 4);
+    float *got = malloc((size_t)(n_q * qd) * 4), *deq = malloc((size_t)(n_ctx * kvd) * 4);
+    size_t rb = (size_t)kvd / 32 * 34;
+    uint8_t *kq = malloc((size_t)n_ctx * rb), *vq = malloc((size_t)n_ctx * rb);
+    cr_assert(k && v && q && want && got && deq && kq && vq);
+    for (int64_t i = 0; i < n_ctx * kvd; i++) k[i] = tb_rand_normal(&s), v[i] = tb_rand_normal(&s);
+    for (int64_t i = 0; i < n_q * qd; i++) q[i] = tb_rand_normal(&s);
+    rk_op_args at = {.op = RK_OP_ATTN, .src0 = v2(RK_DT_F32, qd, n_q, q), .dst = v2(RK_DT_F32, qd, n_q, want),
+                     .src1 = v2(RK_DT_F32, kvd, n_ctx, k), .src2 = v2(RK_DT_F32, kvd, n_ctx, v)};
+    at.attn = (rk_attn_params){n_head, n_kv, hd, 1.0f / sqrtf((float)hd), pos0};
+    rk_backend *ref = make_be(0);
+    rk_err err = {0};
+    cr_assert_eq(rk_backend_run(ref, &at, &err), RK_OK, "%s", err.msg);
+    rk_backend_destroy(ref);
+    FOR_EACH_BACKEND(be) {
+        rk_op_args c = {.op = RK_OP_CPY_ROWS, .src0 = v2(RK_DT_F32, kvd, n_ctx, k),
+                        .dst = {RK_DT_Q8_0, {kvd, n_ctx, 1, 1}, rb, kq}};
+        cr_assert_eq(rk_backend_run(be, &c, &err), RK_OK, "%s", err.msg);
+        c.src0.data = v, c.dst.data = vq;
+        cr_assert_eq(rk_backend_run(be, &c, &err), RK_OK, "%s", err.msg);
+        double eps[2];
+        for (int w = 0; w < 2; w++) {
+            for (int64_t i = 0; i < n_ctx * kvd; i++) deq[i] = tq8_get((w ? vq : kq) + i / kvd * rb, i % kvd);
+            eps[w] = nmse_f(deq, w ? v : k, (size_t)(n_ctx * kvd));
+            cr_assert(eps[w] > 1e-6 && eps[w] < 1e-4, "%s: q8_0 cache NMSE %g (expected ~3e-5)", be->ops->name, eps[w]);
+        }
+        rk_op_args a8 = at;
+        a8.src1 = (rk_view){RK_DT_Q8_0, {kvd, n_ctx, 1, 1}, rb, kq};
+        a8.src2 = (rk_view){RK_DT_Q8_0, {kvd, n_ctx, 1, 1}, rb, vq};
+        a8.dst.data = got;
+        cr_assert_eq(rk_backend_run(be, &a8, &err), RK_OK, "%s", err.msg);
+        double e = nmse_f(got, want, (size_t)(n_q * qd));
+        cr_assert_leq(e, 4 * (eps[0] + eps[1]), "%s: q8_0 attention NMSE %g vs f32 (eps_k %g, eps_v %g)",
+                      be->ops->name, e, eps[0], eps[1]);
+        cr_assert_gt(e, 0.0, "%s: q8_0 attention identical to f32: the cache was not quantised", be->ops->name);
+    }
+    free(k), free(v), free(q), free(want), free(got), free(deq), free(kq), free(vq);
+}
+
 /* ---- statuses ------------------------------------------------------------ */
 Test(status, unsupported_and_invalid) {
     FOR_EACH_BACKEND(be) {
         float x[64] = {0}, y[64] = {0};
         uint8_t wq[4 * 34] = {0};
         rk_err err = {0};
-        /* ATTN on a q8_0 cache */
+        /* ATTN on a q4_0 cache; on a q8_0 cache whose heads (16) are not whole blocks */
         rk_op_args a = {.op = RK_OP_ATTN, .src0 = v2(RK_DT_F32, 32, 1, x), .dst = v2(RK_DT_F32, 32, 1, y),
-                        .src1 = {RK_DT_Q8_0, {32, 2, 1, 1}, 34, wq}, .src2 = {RK_DT_Q8_0, {32, 2, 1, 1}, 34, wq}};
+                        .src1 = {RK_DT_Q4_0, {32, 2, 1, 1}, 18, wq}, .src2 = {RK_DT_Q4_0, {32, 2, 1, 1}, 18, wq}};
         a.attn = (rk_attn_params){1, 1, 32, 1.0f, 0};
         cr_assert_eq(rk_backend_run(be, &a, &err), RK_E_UNSUPPORTED);
+        cr_assert(strstr(err.msg, "ATTN") && strstr(err.msg, "q4_0"), "%s", err.msg);
+        a.src1 = a.src2 = (rk_view){RK_DT_Q8_0, {32, 2, 1, 1}, 34, wq};
+        a.attn = (rk_attn_params){2, 2, 16, 1.0f, 0};
+        cr_assert_eq(rk_backend_run(be, &a, &err), RK_E_UNSUPPORTED);
         cr_assert(strstr(err.msg, "ATTN") && strstr(err.msg, "q8_0"), "%s", err.msg);
+        a.attn = (rk_attn_params){1, 1, 32, 1.0f, 0}; /* whole blocks: runs */
+        cr_assert_eq(rk_backend_run(be, &a, &err), RK_OK, "%s", err.msg);
+        /* CPY_ROWS into q8_0 rows that are not whole blocks */
+        rk_op_args cq = {.op = RK_OP_CPY_ROWS, .src0 = v2(RK_DT_F32, 16, 1, x),
+                         .dst = {RK_DT_Q8_0, {16, 2, 1, 1}, 34, wq}};
+        cr_assert_eq(rk_backend_run(be, &cq, &err), RK_E_INVALID_ARG);
+        cr_assert(strstr(err.msg, "CPY_ROWS") && strstr(err.msg, "blocks"), "%s", err.msg);
         /* MATMUL with a q8_1 weight (no row functions) */
         rk_op_args m = {.op = RK_OP_MATMUL, .src0 = {RK_DT_Q8_1, {32, 2, 1, 1}, 36, wq},
                         .src1 = v2(RK_DT_F32, 32, 1, x), .dst = v2(RK_DT_F32, 2, 1, y)};
