@@ -32,6 +32,7 @@
 
 typedef struct cpu_impl {
     rk_pool *pool;
+    bool own_pool;      /* false: borrowed (rk_backend_cpu_create_with_pool) */
     int n_threads;
     const rk_cpu_kern *k;
     const rk_quant_fns *(*quant)(uint32_t);
@@ -614,7 +615,7 @@ static bool cpu_supports(const rk_backend *be, const rk_op_args *a) {
 static void cpu_destroy(rk_backend *be) {
     cpu_impl *c = be->impl;
     if (c) {
-        rk_pool_destroy(c->pool);
+        if (c->own_pool) rk_pool_destroy(c->pool);
         free_tls(c);
         free(c->tls);
         free(c->shared);
@@ -622,6 +623,8 @@ static void cpu_destroy(rk_backend *be) {
     }
     free(be);
 }
+
+static rk_pool *cpu_pool(rk_backend *be) { return ((cpu_impl *)be->impl)->pool; }
 
 static const rk_backend_ops cpu_ops = {
     .name = "cpu",
@@ -639,11 +642,14 @@ static const rk_backend_ops cpu_ops = {
         },
     .supports = cpu_supports,
     .destroy = cpu_destroy,
+    .pool = cpu_pool, /* memory: host defaults (no prepare, no repacking) */
 };
 _Static_assert(RK_OP_COUNT == 9, "op count changed: add the op to cpu_ops");
 
-static rk_status cpu_create(int n_threads, bool portable, rk_backend **out, rk_err *err) {
+/* pool NULL: the backend creates and owns one of n_threads. */
+static rk_status cpu_create(int n_threads, bool portable, rk_pool *pool, rk_backend **out, rk_err *err) {
     if (!out) return rk_err_set(err, RK_E_INVALID_ARG, "kernels: cpu: NULL out");
+    if (pool) n_threads = rk_pool_size(pool);
     if (n_threads <= 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         n_threads = n > 0 ? (int)(n < 256 ? n : 256) : 1;
@@ -676,8 +682,13 @@ static rk_status cpu_create(int n_threads, bool portable, rk_backend **out, rk_e
         st = rk_err_set(err, RK_E_NOMEM, "kernels: cpu: scratch table");
         goto fail;
     }
-    st = rk_pool_create(n_threads, &c->pool, err);
-    if (st != RK_OK) goto fail;
+    if (pool) {
+        c->pool = pool;
+    } else {
+        st = rk_pool_create(n_threads, &c->pool, err);
+        if (st != RK_OK) goto fail;
+        c->own_pool = true;
+    }
     *out = be;
     return RK_OK;
 fail:
@@ -691,9 +702,14 @@ fail:
 }
 
 rk_status rk_backend_cpu_create(int n_threads, rk_backend **out, rk_err *err) {
-    return cpu_create(n_threads, false, out, err);
+    return cpu_create(n_threads, false, NULL, out, err);
+}
+
+rk_status rk_backend_cpu_create_with_pool(rk_pool *pool, rk_backend **out, rk_err *err) {
+    if (!pool) return rk_err_set(err, RK_E_INVALID_ARG, "kernels: cpu: NULL pool");
+    return cpu_create(0, false, pool, out, err);
 }
 
 rk_status rk_backend_cpu_portable_create(int n_threads, rk_backend **out, rk_err *err) {
-    return cpu_create(n_threads, true, out, err);
+    return cpu_create(n_threads, true, NULL, out, err);
 }
