@@ -1,7 +1,10 @@
 /* Backend-independent parts: op names, the shape check every backend relies
  * on, support limits shared by the two CPU backends, dispatch. */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "ops_impl.h"
 
@@ -23,17 +26,17 @@ void rk_backend_destroy(rk_backend *be) {
 
 bool rk_heads_of(const rk_view *v, int n_heads, int head_dim, rk_heads *out) {
     const rk_dtype_traits *t = rk_dtype_get(v->type);
-    if (!t || t->blck_size != 1 || n_heads <= 0 || head_dim <= 0) return false;
+    uint64_t hb = 0; /* bytes of one head row: whole blocks for a block type */
+    if (!t || n_heads <= 0 || head_dim <= 0 || !rk_dtype_row_bytes(v->type, (uint64_t)head_dim, &hb)) return false;
     int64_t rows = rk_view_rows(v);
-    size_t elt = t->type_size;
-    if (v->nb1 % elt) return false;
+    if (t->blck_size == 1 && v->nb1 % t->type_size) return false;
     if (v->ne[0] == (int64_t)n_heads * head_dim && rows >= 0) {
-        if (v->nb1 < (size_t)v->ne[0] * elt) return false;
-        *out = (rk_heads){v->data, v->nb1, (size_t)head_dim * elt, rows};
+        if (v->nb1 < (size_t)hb * (size_t)n_heads) return false;
+        *out = (rk_heads){v->data, v->nb1, (size_t)hb, rows};
         return true;
     }
     if (v->ne[0] == head_dim && v->ne[1] == n_heads && rows >= 0) {
-        if (v->nb1 < (size_t)head_dim * elt) return false;
+        if (v->nb1 < (size_t)hb) return false;
         *out = (rk_heads){v->data, v->nb1 * (size_t)n_heads, v->nb1, rows / n_heads};
         return true;
     }
@@ -185,7 +188,13 @@ rk_status rk_op_check(const rk_op_args *a, rk_err *err) {
 }
 
 static bool is_f32(const rk_view *v) { return v->type == RK_DT_F32; }
-static bool is_cache_type(const rk_view *v) { return v->type == RK_DT_F32 || v->type == RK_DT_F16; }
+static bool is_cache_type(const rk_view *v) {
+    return v->type == RK_DT_F32 || v->type == RK_DT_F16 || v->type == RK_DT_Q8_0;
+}
+/* q8_0 caches need whole blocks per head row */
+static bool attn_cache_ok(const rk_view *v, int head_dim) {
+    return v->type == RK_DT_F32 || v->type == RK_DT_F16 || (v->type == RK_DT_Q8_0 && head_dim % 32 == 0);
+}
 
 bool rk_cpu_supports_common(const rk_op_args *a, const rk_quant_fns *(*fns)(uint32_t)) {
     if (!a || (unsigned)a->op >= RK_OP_COUNT) return false;
@@ -202,7 +211,8 @@ bool rk_cpu_supports_common(const rk_op_args *a, const rk_quant_fns *(*fns)(uint
     case RK_OP_ROPE:
         return is_f32(&a->src0) && (!a->dst.data || is_f32(&a->dst)) && a->src0.ne[0] % 2 == 0;
     case RK_OP_ATTN:
-        return is_f32(&a->dst) && is_f32(&a->src0) && is_cache_type(&a->src1) && is_cache_type(&a->src2);
+        return is_f32(&a->dst) && is_f32(&a->src0) && attn_cache_ok(&a->src1, a->attn.head_dim) &&
+               attn_cache_ok(&a->src2, a->attn.head_dim);
     case RK_OP_SILU_MUL:
         return is_f32(&a->dst) && is_f32(&a->src0) && is_f32(&a->src1);
     case RK_OP_ADD:
@@ -242,4 +252,94 @@ rk_status rk_backend_run(rk_backend *be, const rk_op_args *a, rk_err *err) {
     rk_status st = rk_op_check(a, err);
     if (st != RK_OK) return st;
     return be->ops->op[a->op](be, a, err);
+}
+
+rk_status rk_backend_check_ops(const rk_backend *be, const rk_op *ops, int n, rk_err *err) {
+    if (!be || !be->ops) BAD("kernels: NULL backend");
+    if (n < 0 || (n > 0 && !ops)) BAD("kernels: %s: check_ops of %d ops at %p", be->ops->name, n, (const void *)ops);
+    for (int i = 0; i < n; i++) {
+        if ((unsigned)ops[i] >= RK_OP_COUNT)
+            BAD("kernels: %s: op %d at %d out of range (< %d)", be->ops->name, (int)ops[i], i, RK_OP_COUNT);
+        if (!be->ops->op[ops[i]]) {
+            const char *hint = be->ops->missing_hint;
+            return rk_err_set(err, RK_E_UNSUPPORTED, "%s: op %s not implemented yet%s%s%s", be->ops->name,
+                              op_names[ops[i]], hint ? " (" : "", hint ? hint : "", hint ? ")" : "");
+        }
+    }
+    return RK_OK;
+}
+
+/* ---- memory --------------------------------------------------------------- */
+/* Host blocks: calloc (large blocks stay lazily zero-mapped: an untouched KV
+ * cache costs no RSS), aligned by hand to 64 bytes; the calloc pointer sits
+ * just below the aligned address. */
+static rk_status host_alloc(const char *be_name, size_t bytes, void **out, rk_err *err) {
+    const size_t extra = 64 + sizeof(void *);
+    if (bytes > SIZE_MAX - extra)
+        return rk_err_set(err, RK_E_NOMEM, "kernels: %s: alloc of %zu bytes", be_name, bytes);
+    char *raw = calloc(1, bytes + extra);
+    if (!raw) return rk_err_set(err, RK_E_NOMEM, "kernels: %s: alloc of %zu bytes", be_name, bytes);
+    uintptr_t at = ((uintptr_t)raw + sizeof(void *) + 63) & ~(uintptr_t)63;
+    memcpy((char *)at - sizeof(void *), &raw, sizeof raw);
+    *out = (void *)at;
+    return RK_OK;
+}
+
+static void host_free(void *p) {
+    char *raw;
+    memcpy(&raw, (char *)p - sizeof(void *), sizeof raw);
+    free(raw);
+}
+
+rk_status rk_backend_prepare(rk_backend *be, const rk_view *w, rk_view *out, rk_err *err) {
+    if (!be || !be->ops) BAD("kernels: NULL backend");
+    if (!w || !out) BAD("kernels: %s: prepare: NULL view", be->ops->name);
+    if (!rk_dtype_get(w->type)) BAD("kernels: %s: prepare: unknown dtype %u", be->ops->name, w->type);
+    TRY(check_view("prepare", "weight", w, err));
+    if (!w->data) BAD("kernels: %s: prepare: weight data is NULL", be->ops->name);
+    if (be->ops->prepare) return be->ops->prepare(be, w, out, err);
+    *out = *w;
+    return RK_OK;
+}
+
+rk_status rk_backend_alloc(rk_backend *be, size_t bytes, void **out, rk_err *err) {
+    if (!be || !be->ops) BAD("kernels: NULL backend");
+    if (!out) BAD("kernels: %s: alloc: NULL out", be->ops->name);
+    if (be->ops->mem_alloc) return be->ops->mem_alloc(be, bytes, out, err);
+    return host_alloc(be->ops->name, bytes, out, err);
+}
+
+void rk_backend_free(rk_backend *be, void *p) {
+    if (!be || !be->ops || !p) return;
+    if (be->ops->mem_free)
+        be->ops->mem_free(be, p);
+    else
+        host_free(p);
+}
+
+rk_status rk_backend_upload(rk_backend *be, void *dst, const void *src, size_t bytes, rk_err *err) {
+    if (!be || !be->ops) BAD("kernels: NULL backend");
+    if (bytes == 0) return RK_OK;
+    if (!dst || !src) BAD("kernels: %s: upload of %zu bytes: NULL pointer", be->ops->name, bytes);
+    if (be->ops->upload) return be->ops->upload(be, dst, src, bytes, err);
+    memmove(dst, src, bytes);
+    return RK_OK;
+}
+
+rk_status rk_backend_download(rk_backend *be, void *dst, const void *src, size_t bytes, rk_err *err) {
+    if (!be || !be->ops) BAD("kernels: NULL backend");
+    if (bytes == 0) return rk_backend_sync(be, err);
+    if (!dst || !src) BAD("kernels: %s: download of %zu bytes: NULL pointer", be->ops->name, bytes);
+    if (be->ops->download) return be->ops->download(be, dst, src, bytes, err);
+    memmove(dst, src, bytes);
+    return RK_OK;
+}
+
+rk_status rk_backend_sync(rk_backend *be, rk_err *err) {
+    if (!be || !be->ops) BAD("kernels: NULL backend");
+    return be->ops->sync ? be->ops->sync(be, err) : RK_OK;
+}
+
+rk_pool *rk_backend_pool(rk_backend *be) {
+    return be && be->ops && be->ops->pool ? be->ops->pool(be) : NULL;
 }

@@ -32,6 +32,7 @@
 
 typedef struct cpu_impl {
     rk_pool *pool;
+    bool own_pool;      /* false: borrowed (rk_backend_cpu_create_with_pool) */
     int n_threads;
     const rk_cpu_kern *k;
     const rk_quant_fns *(*quant)(uint32_t);
@@ -325,6 +326,8 @@ static void cpy_rows_range(void *vp, int64_t r0, int64_t r1, int tid) {
         char *dst = (char *)a->dst.data + (size_t)(a->dst_row0 + r) * a->dst.nb1;
         if (a->dst.type == RK_DT_F16)
             x->c->k->f32_to_f16(rk_row_f32(&a->src0, r), (uint16_t *)dst, d);
+        else if (a->dst.type == RK_DT_Q8_0)
+            rk_quant_q8_0_from_f32(rk_row_f32(&a->src0, r), dst, d);
         else
             memmove(dst, rk_row_f32(&a->src0, r), (size_t)d * sizeof(float));
     }
@@ -436,6 +439,16 @@ static size_t attn_tls_floats(const attn_ctx *x, int64_t hd, int64_t kv_dim) {
                     2 * x->R + 16);
 }
 
+/* n elements of a cache row (f32, f16 or q8_0: whole blocks) to f32. */
+static void kv_to_f32(const attn_ctx *x, uint32_t type, const char *src, float *dst, int64_t n) {
+    if (type == RK_DT_F32)
+        memcpy(dst, src, (size_t)n * sizeof(float));
+    else if (type == RK_DT_F16)
+        x->c->k->f16_to_f32((const uint16_t *)src, dst, n);
+    else
+        x->c->quant(type)->to_f32(src, dst, n);
+}
+
 /* Keys j0..j0+kt of every KV head as f32 rows *ld floats apart (head hk at + hk*hd). */
 static const float *kv_tile(const attn_ctx *x, const rk_heads *h, uint32_t type, int64_t j0, int64_t kt,
                             float *buf, int64_t *ld) {
@@ -445,18 +458,18 @@ static const float *kv_tile(const attn_ctx *x, const rk_heads *h, uint32_t type,
         *ld = (int64_t)(h->tok_nb / sizeof(float));
         return (const float *)base;
     }
-    for (int64_t j = 0; j < kt; j++)
-        for (int64_t hk = 0; hk < n_kv; hk++) {
-            const char *src = base + (size_t)j * h->tok_nb + (size_t)hk * h->head_nb;
-            float *dst = buf + j * kv_dim + hk * hd;
-            if (type == RK_DT_F32)
-                memcpy(dst, src, (size_t)hd * sizeof(float));
-            else if (h->head_nb == (size_t)hd * 2) { /* heads adjacent: the whole row at once */
-                x->c->k->f16_to_f32((const uint16_t *)src, dst, kv_dim);
-                break;
-            } else
-                x->c->k->f16_to_f32((const uint16_t *)src, dst, hd);
+    uint64_t hb = 0;
+    rk_dtype_row_bytes(type, (uint64_t)hd, &hb); /* whole blocks: checked by supports() */
+    bool adjacent = h->head_nb == (size_t)hb;     /* heads packed: a token's row at once */
+    for (int64_t j = 0; j < kt; j++) {
+        const char *row = base + (size_t)j * h->tok_nb;
+        if (adjacent) {
+            kv_to_f32(x, type, row, buf + j * kv_dim, kv_dim);
+            continue;
         }
+        for (int64_t hk = 0; hk < n_kv; hk++)
+            kv_to_f32(x, type, row + (size_t)hk * h->head_nb, buf + j * kv_dim + hk * hd, hd);
+    }
     *ld = kv_dim;
     return buf;
 }
@@ -602,7 +615,7 @@ static bool cpu_supports(const rk_backend *be, const rk_op_args *a) {
 static void cpu_destroy(rk_backend *be) {
     cpu_impl *c = be->impl;
     if (c) {
-        rk_pool_destroy(c->pool);
+        if (c->own_pool) rk_pool_destroy(c->pool);
         free_tls(c);
         free(c->tls);
         free(c->shared);
@@ -610,6 +623,8 @@ static void cpu_destroy(rk_backend *be) {
     }
     free(be);
 }
+
+static rk_pool *cpu_pool(rk_backend *be) { return ((cpu_impl *)be->impl)->pool; }
 
 static const rk_backend_ops cpu_ops = {
     .name = "cpu",
@@ -627,11 +642,14 @@ static const rk_backend_ops cpu_ops = {
         },
     .supports = cpu_supports,
     .destroy = cpu_destroy,
+    .pool = cpu_pool, /* memory: host defaults (no prepare, no repacking) */
 };
 _Static_assert(RK_OP_COUNT == 9, "op count changed: add the op to cpu_ops");
 
-static rk_status cpu_create(int n_threads, bool portable, rk_backend **out, rk_err *err) {
+/* pool NULL: the backend creates and owns one of n_threads. */
+static rk_status cpu_create(int n_threads, bool portable, rk_pool *pool, rk_backend **out, rk_err *err) {
     if (!out) return rk_err_set(err, RK_E_INVALID_ARG, "kernels: cpu: NULL out");
+    if (pool) n_threads = rk_pool_size(pool);
     if (n_threads <= 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         n_threads = n > 0 ? (int)(n < 256 ? n : 256) : 1;
@@ -664,8 +682,13 @@ static rk_status cpu_create(int n_threads, bool portable, rk_backend **out, rk_e
         st = rk_err_set(err, RK_E_NOMEM, "kernels: cpu: scratch table");
         goto fail;
     }
-    st = rk_pool_create(n_threads, &c->pool, err);
-    if (st != RK_OK) goto fail;
+    if (pool) {
+        c->pool = pool;
+    } else {
+        st = rk_pool_create(n_threads, &c->pool, err);
+        if (st != RK_OK) goto fail;
+        c->own_pool = true;
+    }
     *out = be;
     return RK_OK;
 fail:
@@ -679,9 +702,14 @@ fail:
 }
 
 rk_status rk_backend_cpu_create(int n_threads, rk_backend **out, rk_err *err) {
-    return cpu_create(n_threads, false, out, err);
+    return cpu_create(n_threads, false, NULL, out, err);
+}
+
+rk_status rk_backend_cpu_create_with_pool(rk_pool *pool, rk_backend **out, rk_err *err) {
+    if (!pool) return rk_err_set(err, RK_E_INVALID_ARG, "kernels: cpu: NULL pool");
+    return cpu_create(0, false, pool, out, err);
 }
 
 rk_status rk_backend_cpu_portable_create(int n_threads, rk_backend **out, rk_err *err) {
-    return cpu_create(n_threads, true, out, err);
+    return cpu_create(n_threads, true, NULL, out, err);
 }

@@ -7,10 +7,6 @@
 
 #include "ops_impl.h"
 
-static double load_elt(const void *row, uint32_t type, int64_t i) {
-    return type == RK_DT_F16 ? rk_f16_to_f32(((const uint16_t *)row)[i]) : ((const float *)row)[i];
-}
-
 /* Row r of src in f32 (dequantised into buf unless it already is f32). */
 static const float *row_f32(const rk_view *v, int64_t r, float *buf) {
     const char *row = (const char *)v->data + (size_t)r * v->nb1;
@@ -104,11 +100,15 @@ static rk_status ref_attn(rk_backend *be, const rk_op_args *a, rk_err *err) {
     rk_heads_of(&a->dst, p->n_head, p->head_dim, &o);
     int64_t n_kv = p->pos0 + q.n_tok, hd = p->head_dim;
     int group = p->n_head / p->n_head_kv;
+    /* f32, f16 and q8_0 head rows all go through the reference dequantiser */
+    const rk_quant_fns *kq = rk_quant_ref(a->src1.type), *vq = rk_quant_ref(a->src2.type);
     double *sc = malloc((size_t)(n_kv > 0 ? n_kv : 1) * sizeof(double)); /* (n_kv) */
     double *acc = malloc((size_t)hd * sizeof(double));                   /* (head_dim) */
-    if (!sc || !acc) {
+    float *row = malloc((size_t)hd * sizeof(float));                     /* (head_dim) one K or V head */
+    if (!sc || !acc || !row) {
         free(sc);
         free(acc);
+        free(row);
         return rk_err_set(err, RK_E_NOMEM, "kernels: cpu_ref: ATTN scores (%lld)", (long long)n_kv);
     }
     for (int64_t t = 0; t < q.n_tok; t++) {
@@ -118,9 +118,9 @@ static rk_status ref_attn(rk_backend *be, const rk_op_args *a, rk_err *err) {
             const float *qr = (const float *)(q.data + t * q.tok_nb + h * q.head_nb);
             double mx = -INFINITY;
             for (int64_t j = 0; j < nk; j++) {
-                const char *kr = k.data + j * k.tok_nb + hk * k.head_nb;
+                kq->to_f32(k.data + j * k.tok_nb + hk * k.head_nb, row, hd);
                 double s = 0;
-                for (int64_t d = 0; d < hd; d++) s += (double)qr[d] * load_elt(kr, a->src1.type, d);
+                for (int64_t d = 0; d < hd; d++) s += (double)qr[d] * row[d];
                 sc[j] = s * p->scale;
                 if (sc[j] > mx) mx = sc[j];
             }
@@ -128,8 +128,8 @@ static rk_status ref_attn(rk_backend *be, const rk_op_args *a, rk_err *err) {
             for (int64_t j = 0; j < nk; j++) sum += (sc[j] = exp(sc[j] - mx));
             for (int64_t d = 0; d < hd; d++) acc[d] = 0;
             for (int64_t j = 0; j < nk; j++) {
-                const char *vr = v.data + j * v.tok_nb + hk * v.head_nb;
-                for (int64_t d = 0; d < hd; d++) acc[d] += sc[j] * load_elt(vr, a->src2.type, d);
+                vq->to_f32(v.data + j * v.tok_nb + hk * v.head_nb, row, hd);
+                for (int64_t d = 0; d < hd; d++) acc[d] += sc[j] * row[d];
             }
             float *out = (float *)(o.data + t * o.tok_nb + h * o.head_nb);
             for (int64_t d = 0; d < hd; d++) out[d] = (float)(acc[d] / sum);
@@ -137,6 +137,7 @@ static rk_status ref_attn(rk_backend *be, const rk_op_args *a, rk_err *err) {
     }
     free(sc);
     free(acc);
+    free(row);
     return RK_OK;
 }
 
@@ -171,6 +172,10 @@ static rk_status ref_cpy_rows(rk_backend *be, const rk_op_args *a, rk_err *err) 
     for (int64_t r = 0; r < n; r++) {
         const float *x = rk_row_f32(&a->src0, r);
         char *y = (char *)a->dst.data + (size_t)(a->dst_row0 + r) * a->dst.nb1;
+        if (a->dst.type == RK_DT_Q8_0) {
+            rk_quant_q8_0_from_f32(x, y, d);
+            continue;
+        }
         for (int64_t i = 0; i < d; i++) {
             if (a->dst.type == RK_DT_F16)
                 ((uint16_t *)y)[i] = rk_f32_to_f16(x[i]);

@@ -2,6 +2,7 @@
  * against. Dequantisation reproduces ggml's to_float bit for bit (same operations
  * in the same order, each rounded to f32); dot products dequantise to f32 and
  * accumulate w*x in double. Never optimised. */
+#include <math.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -154,3 +155,30 @@ RK_REF_BLOCK_ROW(q4_1, RK_QK4_1, sizeof(rk_block_q4_1))
 RK_REF_BLOCK_ROW(q8_0, RK_QK8_0, sizeof(rk_block_q8_0))
 RK_REF_BLOCK_ROW(q4_K, RK_QK_K, sizeof(rk_block_q4_K))
 RK_REF_BLOCK_ROW(q6_K, RK_QK_K, sizeof(rk_block_q6_K))
+
+/* ---- f32 -> q8_0 ------------------------------------------------------ */
+/* llama.cpp's quantize_row_q8_0_ref (q from the f32 scale, roundf: ties away
+ * from zero), plus a NaN block where the int8 codes cannot represent the row. */
+void rk_quant_q8_0_from_f32(const float *src, void *dst, int64_t n) {
+    uint8_t *p = dst;
+    for (int64_t i = 0; i < n / RK_QK8_0; i++, p += sizeof(rk_block_q8_0), src += RK_QK8_0) {
+        float amax = 0.0f;
+        bool finite = true;
+        for (int j = 0; j < RK_QK8_0; j++) {
+            const float a = fabsf(src[j]);
+            finite = finite && isfinite(a);
+            amax = a > amax ? a : amax;
+        }
+        const float d = amax / 127.0f;
+        uint16_t dh = rk_f32_to_f16(d);
+        int8_t *qs = (int8_t *)(p + offsetof(rk_block_q8_0, qs));
+        if (!finite || (dh & 0x7c00u) == 0x7c00u) {
+            dh = 0x7e00u; /* f16 quiet NaN */
+            memset(qs, 0, RK_QK8_0);
+        } else {
+            const float id = d != 0.0f ? 1.0f / d : 0.0f;
+            for (int j = 0; j < RK_QK8_0; j++) qs[j] = (int8_t)roundf(src[j] * id);
+        }
+        memcpy(p + offsetof(rk_block_q8_0, d), &dh, 2);
+    }
+}

@@ -1,7 +1,9 @@
-/* CUDA backend: factory, op table, host<->device transfers and the element
- * ops. The op API hands over host pointers, so every op copies its inputs in
- * and its output out on the instance's stream and waits (enough for the op
- * tests; the forward pass will keep tensors resident later). */
+/* CUDA backend: factory, op table, the operand resolver and the element ops.
+ * Views in this instance's device memory are used in place and an op only
+ * queues work on the instance's stream (rk_backend_download / sync wait);
+ * host views are staged through device scratch and such an op waits for its
+ * result before it returns (the op tests, and runtimes that have not moved a
+ * buffer to the device yet). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,7 +19,10 @@ rk_status rk_cuda_fail(rk_err *err, const char *op, const char *what, cudaError_
 rk_status rk_cuda_scratch(rk_cuda *c, size_t bytes, rk_err *err) {
     if (bytes <= c->dcap) return RK_OK;
     size_t want = bytes + bytes / 4;
-    if (c->dbuf) cudaFree(c->dbuf);
+    if (c->dbuf) {
+        cudaStreamSynchronize(c->stream); /* queued ops may still use the old scratch */
+        cudaFree(c->dbuf);
+    }
     c->dbuf = NULL;
     c->dcap = 0;
     cudaError_t e = cudaMalloc((void **)&c->dbuf, want);
@@ -37,6 +42,11 @@ static size_t row_bytes(const rk_view *v) {
 
 size_t rk_cuda_view_bytes(const rk_view *v) { return row_bytes(v) * (size_t)rk_cuda_rows(v); }
 
+size_t rk_cuda_view_extent(const rk_view *v) {
+    int64_t rows = rk_cuda_rows(v);
+    return rows > 0 ? (size_t)(rows - 1) * v->nb1 + row_bytes(v) : 0;
+}
+
 cudaError_t rk_cuda_upload(rk_cuda *c, void *dev, const rk_view *v) {
     size_t rb = row_bytes(v);
     int64_t rows = rk_cuda_rows(v);
@@ -53,48 +63,143 @@ cudaError_t rk_cuda_download(rk_cuda *c, const rk_view *v, const void *dev) {
                              c->stream);
 }
 
-static size_t up256(size_t n) { return (n + 255) & ~(size_t)255; }
-
 #define CU(what, x)                                                                                \
     do {                                                                                           \
         cudaError_t e_ = (x);                                                                      \
         if (e_ != cudaSuccess) return rk_cuda_fail(err, on, what, e_);                            \
     } while (0)
 
-/* Uploads src0 (and src1 when used) to scratch, runs the op in place on the
- * src0 copy, downloads it into dst. */
-static rk_status run_elementwise(rk_backend *be, const rk_op_args *a, rk_err *err) {
-    rk_cuda *c = impl_of(be);
-    const char *on = rk_op_name(a->op);
-    bool two = a->op != RK_OP_ROPE && (a->op != RK_OP_RMSNORM || a->src1.data);
-    const rk_view *x = a->op == RK_OP_ADD || a->op == RK_OP_ADD_ROW ? &a->dst : &a->src0;
-    const rk_view *y = a->op == RK_OP_ADD || a->op == RK_OP_ADD_ROW ? &a->src0 : &a->src1;
-    size_t bx = rk_cuda_view_bytes(x), by = two ? rk_cuda_view_bytes(y) : 0;
-    CU("cudaSetDevice", cudaSetDevice(c->device));
-    rk_status st = rk_cuda_scratch(c, up256(bx) + up256(by) + 256, err);
-    if (st != RK_OK) return st;
-    float *dx = (float *)c->dbuf, *dy = (float *)(c->dbuf + up256(bx));
-    CU("upload", rk_cuda_upload(c, dx, x));
-    if (two) CU("upload", rk_cuda_upload(c, dy, y));
-    int64_t rows = rk_cuda_rows(x), d = x->ne[0];
-    switch (a->op) {
-    case RK_OP_RMSNORM: CU("kernel", rk_cuda_rmsnorm(dx, two ? dy : NULL, dx, rows, d, a->eps, c->stream)); break;
-    case RK_OP_ROPE:
-        CU("kernel", rk_cuda_rope(dx, rows, a->src0.ne[1], d, a->rope.n_rot, a->rope.mode == RK_ROPE_NEOX,
-                                  a->rope.freq_base, a->rope.pos0, c->stream));
-        break;
-    case RK_OP_SILU_MUL: CU("kernel", rk_cuda_silu_mul(dx, dy, dx, rows * d, c->stream)); break;
-    case RK_OP_ADD:
-    case RK_OP_ADD_ROW: CU("kernel", rk_cuda_add(dx, dy, rows, d, a->op == RK_OP_ADD_ROW, c->stream)); break;
-    default: return rk_err_set(err, RK_E_INTERNAL, "cuda: %s routed to the element ops", on);
+/* ---- operands ------------------------------------------------------------- */
+rk_status rk_cuda_args_begin(rk_cuda *c, const char *on, rk_cuda_arg *arg, int n, size_t extra, char **extra_p,
+                             rk_err *err) {
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        rk_cuda_arg *x = &arg[i];
+        x->dev = NULL;
+        x->ld = 0;
+        x->staged = false;
+        x->alias = -1;
+        x->off = 0;
+        if (!x->v || !x->v->data) continue;
+        const rk_view *v = x->v;
+        const rk_dtype_traits *t = rk_dtype_get(v->type); /* known: rk_op_check passed */
+        const rk_cuda_block *b = rk_cuda_find_block(c, v->data);
+        if (b) {
+            size_t at = (size_t)((const char *)v->data - b->p), ext = rk_cuda_view_extent(v);
+            if (ext > b->bytes - at)
+                return rk_err_set(err, RK_E_INVALID_ARG,
+                                  "cuda: %s: view of %zu bytes at offset %zu runs past its device buffer (%zu bytes)",
+                                  on, ext, at, b->bytes);
+            if (x->out && b->prepared)
+                return rk_err_set(err, RK_E_INVALID_ARG, "cuda: %s: output is a prepared weight (read-only)", on);
+            x->dev = (char *)v->data;
+            x->ld = rk_cuda_rows(v) > 1 ? (int64_t)(v->nb1 / t->type_size) : v->ne[0];
+            continue;
+        }
+        x->staged = true;
+        x->ld = v->ne[0]; /* staged rows are dense */
+        for (int j = 0; j < i; j++)
+            if (arg[j].staged && arg[j].alias < 0 && arg[j].v->data == v->data) {
+                x->alias = j;
+                break;
+            }
+        if (x->alias >= 0) continue;
+        x->off = total;
+        total += rk_cuda_up256(rk_cuda_view_bytes(v));
     }
-    const rk_view *out = a->op == RK_OP_ROPE && !a->dst.data ? &a->src0 : &a->dst;
-    CU("download", rk_cuda_download(c, out, dx));
-    CU("synchronize", cudaStreamSynchronize(c->stream));
+    size_t extra_off = total;
+    total += rk_cuda_up256(extra);
+    if (total) {
+        rk_status st = rk_cuda_scratch(c, total, err);
+        if (st != RK_OK) return st;
+    }
+    for (int i = 0; i < n; i++) {
+        rk_cuda_arg *x = &arg[i];
+        if (!x->staged) continue;
+        int root = x->alias >= 0 ? x->alias : i;
+        x->dev = c->dbuf + arg[root].off;
+        /* a shared copy is uploaded once, by the first of its views that reads */
+        bool first_reader = x->in;
+        for (int j = root; j < i && first_reader; j++)
+            if ((j == root || arg[j].alias == root) && arg[j].in) first_reader = false;
+        if (first_reader) CU("upload", rk_cuda_upload(c, x->dev, x->v));
+    }
+    if (extra_p) *extra_p = extra ? c->dbuf + extra_off : NULL;
     return RK_OK;
 }
 
+rk_status rk_cuda_args_end(rk_cuda *c, const char *on, const rk_cuda_arg *arg, int n, rk_err *err) {
+    bool staged = false;
+    for (int i = 0; i < n; i++) {
+        if (!arg[i].staged) continue;
+        staged = true;
+        if (arg[i].out) CU("download", rk_cuda_download(c, arg[i].v, arg[i].dev));
+    }
+    if (staged) CU("synchronize", cudaStreamSynchronize(c->stream));
+    return RK_OK;
+}
+
+/* ---- element ops ------------------------------------------------------------ */
+static rk_status run_elementwise(rk_backend *be, const rk_op_args *a, rk_err *err) {
+    rk_cuda *c = impl_of(be);
+    const char *on = rk_op_name(a->op);
+    CU("cudaSetDevice", cudaSetDevice(c->device));
+    /* inputs before outputs: a shared staged copy is uploaded by its first reader */
+    rk_cuda_arg g[3];
+    int n = 0;
+    switch (a->op) {
+    case RK_OP_RMSNORM:
+    case RK_OP_SILU_MUL:
+        g[0] = rk_cuda_arg_of(&a->src0, true, false);
+        g[1] = rk_cuda_arg_of(&a->src1, true, false);
+        g[2] = rk_cuda_arg_of(&a->dst, false, true);
+        n = 3;
+        break;
+    case RK_OP_ROPE:
+        g[0] = rk_cuda_arg_of(&a->src0, true, false);
+        g[1] = rk_cuda_arg_of(a->dst.data ? &a->dst : &a->src0, false, true);
+        n = 2;
+        break;
+    case RK_OP_ADD:
+    case RK_OP_ADD_ROW:
+        g[0] = rk_cuda_arg_of(&a->dst, true, true);
+        g[1] = rk_cuda_arg_of(&a->src0, true, false);
+        n = 2;
+        break;
+    default: return rk_err_set(err, RK_E_INTERNAL, "cuda: %s routed to the element ops", on);
+    }
+    rk_status st = rk_cuda_args_begin(c, on, g, n, 0, NULL, err);
+    if (st != RK_OK) return st;
+    const float *x0 = (const float *)g[0].dev;
+    switch (a->op) {
+    case RK_OP_RMSNORM:
+        CU("kernel", rk_cuda_rmsnorm(x0, g[0].ld, (const float *)g[1].dev, (float *)g[2].dev, g[2].ld,
+                                     rk_cuda_rows(&a->src0), a->src0.ne[0], a->eps, c->stream));
+        break;
+    case RK_OP_ROPE:
+        CU("kernel", rk_cuda_rope(x0, g[0].ld, (float *)g[1].dev, g[1].ld, rk_cuda_rows(&a->src0), a->src0.ne[1],
+                                  a->src0.ne[0], a->rope.n_rot, a->rope.mode == RK_ROPE_NEOX, a->rope.freq_base,
+                                  a->rope.pos0, c->stream));
+        break;
+    case RK_OP_SILU_MUL:
+        CU("kernel", rk_cuda_silu_mul(x0, g[0].ld, (const float *)g[1].dev, g[1].ld, (float *)g[2].dev, g[2].ld,
+                                      rk_cuda_rows(&a->dst), a->dst.ne[0], c->stream));
+        break;
+    default: /* ADD, ADD_ROW: g[0] is dst */
+        CU("kernel", rk_cuda_add((float *)g[0].dev, g[0].ld, (const float *)g[1].dev, g[1].ld, rk_cuda_rows(&a->dst),
+                                 a->dst.ne[0], a->op == RK_OP_ADD_ROW, c->stream));
+        break;
+    }
+    return rk_cuda_args_end(c, on, g, n, err);
+}
+
 static bool f32(const rk_view *v) { return v->type == RK_DT_F32; }
+
+/* cuBLAS takes int dimensions and leading dimensions */
+static bool int_ok(const rk_view *v) {
+    const rk_dtype_traits *t = rk_dtype_get(v->type);
+    return t && v->ne[0] <= INT32_MAX && rk_cuda_rows(v) <= INT32_MAX && v->nb1 / t->type_size <= INT32_MAX;
+}
 
 static bool cuda_supports(const rk_backend *be, const rk_op_args *a) {
     (void)be;
@@ -106,10 +211,9 @@ static bool cuda_supports(const rk_backend *be, const rk_op_args *a) {
     case RK_OP_ADD:
     case RK_OP_ADD_ROW: return f32(&a->dst) && f32(&a->src0);
     case RK_OP_MATMUL:
-        /* cuBLAS takes int dimensions */
         return f32(&a->dst) && f32(&a->src1) &&
                (a->src0.type == RK_DT_F32 || a->src0.type == RK_DT_F16 || a->src0.type == RK_DT_BF16) &&
-               a->src0.ne[0] <= INT32_MAX && rk_cuda_rows(&a->src0) <= INT32_MAX && rk_cuda_rows(&a->src1) <= INT32_MAX;
+               int_ok(&a->src0) && int_ok(&a->src1) && int_ok(&a->dst);
     default: return false;
     }
 }
@@ -117,7 +221,8 @@ static bool cuda_supports(const rk_backend *be, const rk_op_args *a) {
 static void cuda_destroy(rk_backend *be) {
     rk_cuda *c = impl_of(be);
     if (!c) return;
-    if (c->stream_ok || c->blas_ok || c->dbuf) cudaSetDevice(c->device);
+    if (c->stream_ok || c->blas_ok || c->dbuf || c->n_blocks) cudaSetDevice(c->device);
+    rk_cuda_mem_release(c);
     if (c->dbuf) cudaFree(c->dbuf);
     if (c->blas_ok) cublasDestroy(c->blas);
     if (c->stream_ok) cudaStreamDestroy(c->stream);
@@ -152,6 +257,13 @@ extern "C" rk_status rk_backend_cuda_create(int device, rk_backend **out, rk_err
     c->ops.op[RK_OP_MATMUL] = rk_cuda_matmul;
     c->ops.supports = cuda_supports;
     c->ops.destroy = cuda_destroy;
+    c->ops.prepare = rk_cuda_prepare;
+    c->ops.mem_alloc = rk_cuda_mem_alloc;
+    c->ops.mem_free = rk_cuda_mem_free;
+    c->ops.upload = rk_cuda_mem_upload;
+    c->ops.download = rk_cuda_mem_download;
+    c->ops.sync = rk_cuda_sync;
+    c->ops.missing_hint = "the CUDA issue adds it"; /* GET_ROWS, ATTN, CPY_ROWS */
     const char *on = "create";
     cublasStatus_t bs;
     if ((e = cudaSetDevice(device)) != cudaSuccess) goto cuda_fail;

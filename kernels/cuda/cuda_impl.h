@@ -1,5 +1,6 @@
-/* Internal to kernels/cuda: the CUDA backend instance and one launcher per op
- * file. Only .cu files include this (C never sees a CUDA header). */
+/* Internal to kernels/cuda: the CUDA backend instance, its device-memory
+ * registry, the operand resolver every op uses, and one launcher per op file.
+ * Only .cu files include this (C never sees a CUDA header). */
 #pragma once
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -12,41 +13,107 @@ extern "C" {
 #include "rk_kernels.h"
 }
 
-/* Everything mutable lives here: stream, cuBLAS handle, device scratch. The op
- * table is per instance too (C++ has no array designators for a const one). */
+/* A device block this instance handed out: rk_backend_alloc (owned by the
+ * caller until rk_backend_free) or a prepared weight (owned by the instance). */
+typedef struct rk_cuda_block {
+    char *p;
+    size_t bytes;
+    bool prepared;
+} rk_cuda_block;
+
+/* A prepared weight: the host view it came from and its dense device copy. */
+typedef struct rk_cuda_weight {
+    rk_view host, dev;
+} rk_cuda_weight;
+
+/* Everything mutable lives here: stream, cuBLAS handle, device scratch, the
+ * registry. The op table is per instance too (C++ has no array designators
+ * for a const one). */
 typedef struct rk_cuda rk_cuda;
 struct rk_cuda {
     rk_backend be;
     rk_backend_ops ops;
     int device;
-    cudaStream_t stream;
+    cudaStream_t stream; /* every copy and kernel of the instance, in order */
     bool stream_ok;
     cublasHandle_t blas;
     bool blas_ok;
-    char *dbuf; /* device scratch for one op's inputs and outputs; grows rarely */
+    char *dbuf; /* device scratch: staged host operands, widened weights; grows rarely */
     size_t dcap;
+    rk_cuda_block *blocks; /* sorted by p */
+    int n_blocks, cap_blocks;
+    rk_cuda_weight *weights; /* in prepare order */
+    int n_weights, cap_weights;
 };
 
-/* Launchers (kernels/cuda/<op>.cu). Dense device arrays: rows of d floats. */
-cudaError_t rk_cuda_rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t d,
-                            float eps, cudaStream_t s);
-/* x: rows = n_tok * n_head rows of hd; row r is token r / n_head at pos0 + token. */
-cudaError_t rk_cuda_rope(float *x, int64_t rows, int64_t n_head, int64_t hd, int n_rot, bool neox,
-                         float freq_base, int64_t pos0, cudaStream_t s);
-cudaError_t rk_cuda_silu_mul(const float *a, const float *b, float *y, int64_t n, cudaStream_t s);
-/* y[r][i] += a[bcast ? i : r*d + i] */
-cudaError_t rk_cuda_add(float *y, const float *a, int64_t rows, int64_t d, bool bcast, cudaStream_t s);
-/* f16 / bf16 -> f32, n elements */
-cudaError_t rk_cuda_to_f32(const void *src, uint32_t type, float *dst, int64_t n, cudaStream_t s);
+/* ---- memory (memory.cu) ------------------------------------------------- */
+rk_status rk_cuda_prepare(rk_backend *be, const rk_view *w, rk_view *out, rk_err *err);
+rk_status rk_cuda_mem_alloc(rk_backend *be, size_t bytes, void **out, rk_err *err);
+void rk_cuda_mem_free(rk_backend *be, void *p);
+rk_status rk_cuda_mem_upload(rk_backend *be, void *dst, const void *src, size_t bytes, rk_err *err);
+rk_status rk_cuda_mem_download(rk_backend *be, void *dst, const void *src, size_t bytes, rk_err *err);
+rk_status rk_cuda_sync(rk_backend *be, rk_err *err);
+/* Frees every block and the registry (destroy). */
+void rk_cuda_mem_release(rk_cuda *c);
+/* The block holding p, or NULL when p is not device memory of this instance. */
+const rk_cuda_block *rk_cuda_find_block(const rk_cuda *c, const void *p);
 
-/* Device scratch of at least bytes (contents not kept), 256-byte aligned parts
- * are the caller's business. */
+/* ---- operands (backend.cu) ---------------------------------------------- */
+/* One view an op reads and/or writes. Views inside a block of the instance are
+ * used where they are; any other view is host memory, staged densely in
+ * scratch (uploaded when read, downloaded when written), and the op then waits
+ * for its result. Two host views with the same data share one staged copy (in
+ * place ops). */
+typedef struct rk_cuda_arg {
+    const rk_view *v;   /* NULL or v->data NULL: absent (no RMSNORM weight) */
+    bool in, out;
+    /* resolved */
+    char *dev;          /* row 0 on the device */
+    int64_t ld;         /* elements of v->type between rows */
+    bool staged;
+    int alias;          /* staged copy shared with arg[alias], or -1 */
+    size_t off;         /* staged copy in scratch */
+} rk_cuda_arg;
+
+static inline rk_cuda_arg rk_cuda_arg_of(const rk_view *v, bool in, bool out) {
+    rk_cuda_arg a = {v, in, out, NULL, 0, false, -1, 0};
+    return a;
+}
+
+/* Resolves arg[0..n), reserves scratch for the staged copies plus extra bytes
+ * (*extra: 256-aligned, NULL when extra is 0) and queues the uploads. */
+rk_status rk_cuda_args_begin(rk_cuda *c, const char *on, rk_cuda_arg *arg, int n, size_t extra, char **extra_p,
+                             rk_err *err);
+/* Queues the downloads of staged outputs and, when anything was staged, waits
+ * (the host views must hold the result on return). */
+rk_status rk_cuda_args_end(rk_cuda *c, const char *on, const rk_cuda_arg *arg, int n, rk_err *err);
+
+/* ---- launchers (kernels/cuda/<op>.cu) -------------------------------------- */
+/* Row-major arrays with row strides in elements (ld*), rows of d floats. */
+cudaError_t rk_cuda_rmsnorm(const float *x, int64_t ldx, const float *w, float *y, int64_t ldy, int64_t rows,
+                            int64_t d, float eps, cudaStream_t s);
+/* x -> y (y may be x): rows = n_tok * n_head head rows of hd; row r is token
+ * r / n_head at pos0 + token; dims past n_rot copied when y is not x. */
+cudaError_t rk_cuda_rope(const float *x, int64_t ldx, float *y, int64_t ldy, int64_t rows, int64_t n_head,
+                         int64_t hd, int n_rot, bool neox, float freq_base, int64_t pos0, cudaStream_t s);
+cudaError_t rk_cuda_silu_mul(const float *a, int64_t lda, const float *b, int64_t ldb, float *y, int64_t ldy,
+                             int64_t rows, int64_t d, cudaStream_t s);
+/* y[r][i] += a[bcast ? i : r*lda + i] */
+cudaError_t rk_cuda_add(float *y, int64_t ldy, const float *a, int64_t lda, int64_t rows, int64_t d, bool bcast,
+                        cudaStream_t s);
+/* f16 / bf16 rows (ld elements apart) -> dense f32 (rows, k) */
+cudaError_t rk_cuda_to_f32(const void *src, uint32_t type, int64_t ld, float *dst, int64_t rows, int64_t k,
+                           cudaStream_t s);
+
+/* Device scratch of at least bytes (contents not kept). Waits for queued work
+ * before it frees a smaller one. */
 rk_status rk_cuda_scratch(rk_cuda *c, size_t bytes, rk_err *err);
 /* Rows of a host view <-> dense device rows (row_bytes apart), on c->stream. */
 cudaError_t rk_cuda_upload(rk_cuda *c, void *dev, const rk_view *v);
 cudaError_t rk_cuda_download(rk_cuda *c, const rk_view *v, const void *dev);
-/* Dense bytes of a view's rows. */
+/* Dense bytes of a view's rows; bytes a strided view spans ((rows-1)*nb1 + row). */
 size_t rk_cuda_view_bytes(const rk_view *v);
+size_t rk_cuda_view_extent(const rk_view *v);
 /* "cuda: <op>: <what>: <cuda name> (<cuda text>)"; status NOMEM for allocation failures. */
 rk_status rk_cuda_fail(rk_err *err, const char *op, const char *what, cudaError_t e);
 
@@ -55,6 +122,8 @@ rk_status rk_cuda_matmul(rk_backend *be, const rk_op_args *a, rk_err *err);
 static inline int64_t rk_cuda_rows(const rk_view *v) {
     return v->ne[1] * (v->ne[2] ? v->ne[2] : 1) * (v->ne[3] ? v->ne[3] : 1);
 }
+
+static inline size_t rk_cuda_up256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 /* Grid for a grid-stride loop over n items. */
 static inline unsigned rk_cuda_blocks(int64_t n, int threads) {

@@ -20,6 +20,12 @@ typedef struct rk_quant_fns {
 const rk_quant_fns *rk_quant_ref(uint32_t type);
 /* AVX2/FMA/F16C version where this CPU has it, else the reference. NULL if unsupported. */
 const rk_quant_fns *rk_quant_fast(uint32_t type);
+/* f32 -> q8_0 blocks (llama.cpp's block_q8_0, quantize_row_q8_0_ref: d = amax/127
+ * stored as f16, q = roundf(x / d)); n a multiple of 32. A block holding a NaN
+ * or +-Inf, or whose scale overflows f16, is stored with d = NaN and q = 0, so
+ * it reads back as NaN (int8 cannot carry them). The one quantiser of every
+ * CPU backend: CPY_ROWS into q8_0 is bit-identical across them. */
+void rk_quant_q8_0_from_f32(const float *src, void *dst, int64_t n);
 /* True when the running CPU has AVX2, FMA and F16C (and the build compiled them). */
 bool rk_cpu_has_avx2(void);
 
@@ -42,7 +48,9 @@ typedef struct rk_view {
  *   goes to dst (same shape).
  * - ATTN q, dst and the K/V caches: 2-D {heads*head_dim, tokens} (nb1 = token
  *   stride) or 3-D {head_dim, heads, tokens} (nb1 = head stride, tokens heads*nb1
- *   apart). Cache rows at or past pos0 + n_q are never read.
+ *   apart). Cache rows at or past pos0 + n_q are never read. A q8_0 cache
+ *   counts ne[0] and nb1 the same way (elements, bytes): head_dim is then a
+ *   multiple of 32, so every head row is whole blocks.
  * - RMSNORM: src1.data NULL means no weight (1).
  * - CPY_ROWS: dst_row0 counts rows of dst (tokens of a 2-D cache view).
  * - MATMUL: dst must not overlap src0 or src1. */
@@ -55,7 +63,7 @@ typedef enum rk_op {
     RK_OP_SILU_MUL,  /* dst = silu(src0) * src1, elementwise; in place ok */
     RK_OP_ADD,       /* dst += src0, elementwise */
     RK_OP_ADD_ROW,   /* dst (n, d) += src0 (d), a bias row broadcast */
-    RK_OP_CPY_ROWS,  /* dst rows (f32 or f16) at dst_row0.. = src0 f32 rows (converted) */
+    RK_OP_CPY_ROWS,  /* dst rows (f32, f16, q8_0) at dst_row0.. = src0 f32 rows (converted) */
     RK_OP_COUNT
 } rk_op;
 _Static_assert(RK_OP_COUNT == 9, "op count changed: update every backend table and op-case table");
@@ -73,8 +81,9 @@ typedef struct rk_rope_params {
 } rk_rope_params;
 
 /* Query rows i = 0..n_q-1 sit at positions pos0 + i and attend to cache rows
- * 0..pos0+i (causal). K and V caches: (n_ctx, n_head_kv, head_dim), type f32 or
- * f16, row stride nb1 = n_head_kv*head_dim*elt. Query head h uses KV head
+ * 0..pos0+i (causal). K and V caches: (n_ctx, n_head_kv, head_dim), type f32,
+ * f16 or q8_0 (head_dim % 32 == 0; rows written by CPY_ROWS, i.e.
+ * rk_quant_q8_0_from_f32), row stride nb1 = row bytes of n_head_kv*head_dim. Query head h uses KV head
  * h / (n_head / n_head_kv). dst (n_q, n_head*head_dim) f32. Never builds the
  * n_q x n_kv score matrix: tiles with an online softmax. */
 typedef struct rk_attn_params {
@@ -94,6 +103,7 @@ typedef struct rk_op_args {
 } rk_op_args;
 
 typedef struct rk_backend rk_backend;
+typedef struct rk_pool rk_pool;
 typedef rk_status (*rk_op_fn)(rk_backend *be, const rk_op_args *a, rk_err *err);
 
 typedef struct rk_backend_ops {
@@ -102,6 +112,20 @@ typedef struct rk_backend_ops {
     /* dtype / shape limits; false -> the caller must fall back or fail */
     bool (*supports)(const rk_backend *be, const rk_op_args *a);
     void (*destroy)(rk_backend *be);
+    /* Memory (contracts at rk_backend_prepare .. rk_backend_sync). A NULL entry
+     * means host memory: prepare answers the view itself, mem_alloc is a
+     * 64-byte aligned zeroed host block, upload/download are memcpy, sync
+     * returns at once. */
+    rk_status (*prepare)(rk_backend *be, const rk_view *w, rk_view *out, rk_err *err);
+    rk_status (*mem_alloc)(rk_backend *be, size_t bytes, void **out, rk_err *err);
+    void (*mem_free)(rk_backend *be, void *p);
+    rk_status (*upload)(rk_backend *be, void *dst, const void *src, size_t bytes, rk_err *err);
+    rk_status (*download)(rk_backend *be, void *dst, const void *src, size_t bytes, rk_err *err);
+    rk_status (*sync)(rk_backend *be, rk_err *err);
+    rk_pool *(*pool)(rk_backend *be); /* NULL: no thread pool */
+    /* Said after "op X not implemented yet" by rk_backend_check_ops, e.g.
+     * "the CUDA issue adds it"; NULL says nothing more. */
+    const char *missing_hint;
 } rk_backend_ops;
 
 struct rk_backend {
@@ -113,17 +137,40 @@ struct rk_backend {
 /* n_threads <= 0: all online cores. */
 rk_status rk_backend_cpu_ref_create(rk_backend **out, rk_err *err);
 rk_status rk_backend_cpu_create(int n_threads, rk_backend **out, rk_err *err);
+/* The cpu backend on a pool the caller owns (borrowed: it must outlive the
+ * backend); n_threads = rk_pool_size(pool). This is how one process keeps one
+ * pool: whoever owns the process-level state (model, engine) creates the pool
+ * once and hands it to every cpu backend and to its own parallel loops. Two
+ * backends on one pool may run ops from two threads: rk_pool_run serialises
+ * their parallel sections. */
+rk_status rk_backend_cpu_create_with_pool(rk_pool *pool, rk_backend **out, rk_err *err);
 /* The cpu backend as it runs on a CPU without AVX2: portable C kernels,
  * rk_quant_ref row functions, OpenBLAS sgemm when built with it. For tests and
  * comparisons on machines that have AVX2. */
 rk_status rk_backend_cpu_portable_create(int n_threads, rk_backend **out, rk_err *err);
 /* CUDA backend on device `device` (kernels/cuda, built only with nvcc + cuBLAS:
- * link rk_kernels_cuda_dep, which defines RK_HAVE_CUDA=1). RK_E_UNSUPPORTED
- * "cuda: no device" when the machine has no usable GPU. Ops take host views
- * and copy through device memory; RMSNORM, ROPE, SILU_MUL, ADD, ADD_ROW and
- * MATMUL (f32/f16/bf16 weights, cuBLAS) so far. */
+ * link rk_kernels_cuda_dep, which defines RK_HAVE_CUDA=1, or reach it through
+ * rk_backend_create_named and rk_kernels_any_dep). RK_E_UNSUPPORTED
+ * "cuda: no device (...)" when the machine has no usable GPU. RMSNORM, ROPE,
+ * SILU_MUL, ADD, ADD_ROW and MATMUL (f32/f16/bf16 weights, cuBLAS) so far.
+ * Views in device memory (rk_backend_alloc / rk_backend_prepare of this
+ * instance) are used in place and ops only queue work on the instance's
+ * stream; views anywhere else are host memory, staged through device scratch,
+ * and such an op waits for its result before it returns. */
 rk_status rk_backend_cuda_create(int device, rk_backend **out, rk_err *err);
 void rk_backend_destroy(rk_backend *be); /* accepts NULL */
+
+/* By name: "cpu" (n_threads as rk_backend_cpu_create), "cpu_ref", "cpu_portable",
+ * "cuda" (device 0) or "cuda:N". Lives in rk_kernels_any (link
+ * rk_kernels_any_dep), which links the CUDA backend when the build has it, so
+ * the base kernels library never depends on CUDA. Statuses: RK_E_INVALID_ARG
+ * for an unknown name (the message lists the known ones); RK_E_UNSUPPORTED
+ * "cuda: not built (configure with nvcc and cuBLAS)" in a build without CUDA,
+ * "cuda: no device (...)" without a usable GPU. */
+rk_status rk_backend_create_named(const char *name, int n_threads, rk_backend **out, rk_err *err);
+/* True when this build can create "cuda" backends (whether a GPU is present is
+ * only known by trying). Also in rk_kernels_any. */
+bool rk_backend_cuda_built(void);
 
 /* Runs one op: checks support, then dispatches. */
 rk_status rk_backend_run(rk_backend *be, const rk_op_args *a, rk_err *err);
@@ -132,11 +179,56 @@ rk_status rk_backend_run(rk_backend *be, const rk_op_args *a, rk_err *err);
  * (shapes, strides, ids, params), RK_E_NOMEM (scratch growth). An instance runs
  * one op at a time: it owns its thread pool and scratch. */
 
+/* Before any work starts: RK_E_UNSUPPORTED naming the first of ops[0..n) the
+ * backend has no kernel for ("cuda: op GET_ROWS not implemented yet (the CUDA
+ * issue adds it)"); RK_E_INVALID_ARG for an op id out of range or n < 0. Dtype
+ * limits are still supports()' answer at run time. */
+rk_status rk_backend_check_ops(const rk_backend *be, const rk_op *ops, int n, rk_err *err);
+
+/* ---- backend memory ---------------------------------------------------- */
+/* Weights and buffers live where the backend computes. A pointer from
+ * rk_backend_alloc or a prepared view's data is backend memory: only this
+ * instance's ops, upload, download and free may touch it (on cuda it is a
+ * device address; on cpu and cpu_ref it is ordinary host memory). Views may
+ * point anywhere inside a block (data + offset); ATTN caches, activations and
+ * scratch can all live there. ids of GET_ROWS are always host memory. */
+
+/* Prepares weight view w once for this backend; *out is the view its ops take.
+ * cpu and cpu_ref: *out = *w (no copy, no repacking: w's memory must outlive
+ * every use of *out). cuda: a dense device copy (nb1 = row bytes) uploaded the
+ * first time this w->data is prepared and cached in the instance: preparing
+ * the same view again returns the same copy without a transfer; the copy is
+ * freed by rk_backend_destroy, and w's memory may go once this returns. The
+ * same data with another type or shape is RK_E_INVALID_ARG (prepare whole
+ * tensors). Statuses: RK_E_INVALID_ARG (bad view: unknown dtype, rows not whole
+ * blocks, nb1 too small, NULL data), RK_E_NOMEM, RK_E_INTERNAL (device errors,
+ * with the library's text). *out is written only on success. */
+rk_status rk_backend_prepare(rk_backend *be, const rk_view *w, rk_view *out, rk_err *err);
+/* bytes of zero-filled backend memory, 64-byte aligned (bytes 0 gives a valid
+ * block too); free it with rk_backend_free on the same instance before that
+ * instance is destroyed. *out written only on success. */
+rk_status rk_backend_alloc(rk_backend *be, size_t bytes, void **out, rk_err *err);
+void rk_backend_free(rk_backend *be, void *p); /* accepts NULL; p from rk_backend_alloc only */
+/* Host src -> backend dst (inside a block of this instance). Returns once src
+ * may be reused; ordered before every op run after it. */
+rk_status rk_backend_upload(rk_backend *be, void *dst, const void *src, size_t bytes, rk_err *err);
+/* Backend src -> host dst. Waits for every op run before it, so this is where
+ * a GPU backend synchronises and where errors of earlier queued work surface
+ * (cuda: "cuda: download: <error>"). */
+rk_status rk_backend_download(rk_backend *be, void *dst, const void *src, size_t bytes, rk_err *err);
+/* Waits for all queued work (timing, error checks); a no-op on host backends. */
+rk_status rk_backend_sync(rk_backend *be, rk_err *err);
+
+/* The thread pool of a cpu backend (owned by it, or the one it borrowed), for
+ * runtime loops that want the same threads (LowRAM codec); NULL for cpu_ref
+ * and cuda. Do not run ops of a backend on this pool from inside a job on it:
+ * rk_pool_run does not nest. */
+rk_pool *rk_backend_pool(rk_backend *be);
+
 /* "MATMUL" etc.; "UNKNOWN_OP" out of range. */
 const char *rk_op_name(rk_op op);
 
 /* ---- thread pool (used by the cpu backend and runtime) ----------------- */
-typedef struct rk_pool rk_pool;
 rk_status rk_pool_create(int n_threads, rk_pool **out, rk_err *err);
 void rk_pool_destroy(rk_pool *p);
 int rk_pool_size(const rk_pool *p);

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "q8_ref.h"
 #include "rk_kernels.h"
 #include "tb.h"
 
@@ -41,7 +42,10 @@ typedef struct op_case {
  *   margin on that (8x on the rms): 32 k EPS2 (k=576: 6.5e-11).
  * - ATTN: scores carry ~hd roundings of |q||k| scale (~1e-6 relative here), exp
  *   is 1-2 ulp and the online rescaling adds a few roundings per key tile; all
- *   enter the output linearly: (1e-5)^2 = 1e-10 covers it with room. */
+ *   enter the output linearly: (1e-5)^2 = 1e-10 covers it with room. A q8_0
+ *   cache is dequantised exactly (q * d, one rounding) by every backend, so the
+ *   same bound holds; the quantisation error itself is test_kv_q8.c's business.
+ * - CPY_ROWS into q8_0: one quantiser for all CPU backends: exact. */
 #define B_ELT (256 * EPS2)
 #define B_MM(k) (32.0 * (k) * EPS2)
 #define B_ATTN 1e-10
@@ -101,6 +105,14 @@ static op_case cases[] = {
     AT("attn 3-D views f16 12 at pos 40", RK_DT_F16, 12, 6, 2, 16, 40, F_3D),
     AT("attn NaN in the last visible key", RK_DT_F32, 6, 4, 2, 32, 10, F_NAN),
     AT("attn NaN in the last visible key f16 decode", RK_DT_F16, 1, 9, 3, 64, 900, F_NAN),
+    /* ATTN over q8_0 caches (head_dim a multiple of the 32-element block) */
+    AT("attn decode gqa 9/3 pos 700 q8_0", RK_DT_Q8_0, 1, 9, 3, 64, 700, 0),
+    AT("attn decode gqa 8/2 pos 3000 q8_0 hd 128", RK_DT_Q8_0, 1, 8, 2, 128, 3000, 0),
+    AT("attn prefill 37 rows q8_0", RK_DT_Q8_0, 37, 4, 2, 32, 0, 0),
+    AT("attn chunked prefill 20 at pos 100 gqa 8/2 q8_0", RK_DT_Q8_0, 20, 8, 2, 64, 100, 0),
+    AT("attn q8_0 cache ends at pos0 + n_q", RK_DT_Q8_0, 7, 4, 2, 32, 70, F_TIGHT),
+    AT("attn 3-D views q8_0 12 at pos 40", RK_DT_Q8_0, 12, 6, 2, 32, 40, F_3D),
+    AT("attn NaN block in the last visible key q8_0 decode", RK_DT_Q8_0, 1, 9, 3, 64, 900, F_NAN),
     /* ROPE: in place on (n, n_head, head_dim) */
     RO("rope norm", 7, 4, 64, 0, RK_ROPE_NORM, 64, 0),
     RO("rope neox", 7, 4, 64, 0, RK_ROPE_NEOX, 64, 0),
@@ -126,6 +138,8 @@ static op_case cases[] = {
     {"cpy_rows f32 at row 3", RK_OP_CPY_ROWS, RK_DT_F32, 5, 192, 16, 0, 0, 0, 3, 0, 0, 0, 0},
     {"cpy_rows f16 600 rows (threads)", RK_OP_CPY_ROWS, RK_DT_F16, 600, 64, 700, 0, 0, 0, 50, 0, 0, 0, 0},
     {"cpy_rows f16 odd width", RK_OP_CPY_ROWS, RK_DT_F16, 3, 13, 4, 0, 0, 0, 1, 0, 0, F_SPECIAL, 0},
+    {"cpy_rows q8_0 at row 7 (specials: NaN blocks)", RK_OP_CPY_ROWS, RK_DT_Q8_0, 5, 192, 16, 0, 0, 0, 7, 0, 0, F_SPECIAL, 0},
+    {"cpy_rows q8_0 600 rows (threads)", RK_OP_CPY_ROWS, RK_DT_Q8_0, 600, 64, 700, 0, 0, 0, 50, 0, 0, 0, 0},
 };
 _Static_assert(RK_OP_COUNT == 9, "op count changed: add cases for the new op");
 
@@ -138,6 +152,8 @@ typedef struct fixture {
     const void *out; /* the buffer the op writes: compared whole, padding included */
     size_t out_n;
     uint32_t out_type;
+    int64_t out_ne0; /* q8_0 output: elements per row, bytes between rows */
+    size_t out_nb1;
 } fixture;
 
 static void *fx_alloc(fixture *f, size_t bytes) {
@@ -205,21 +221,28 @@ static rk_view fx_weight(fixture *f, uint32_t type, int64_t rows, int64_t k, uin
     return (rk_view){.type = type, .ne = {k, rows, 1, 1}, .nb1 = (size_t)rb, .data = p};
 }
 
-/* KV cache (n_ctx, n_kv*hd) of f32/f16, rows >= n_valid set to NaN. */
+/* KV cache (n_ctx, n_kv*hd) of f32/f16/q8_0, rows >= n_valid set to NaN. */
 static rk_view fx_cache(fixture *f, uint32_t type, int64_t n_ctx, int64_t n_valid, int n_kv, int hd,
                         bool view3d, uint64_t *s) {
     int64_t w = (int64_t)n_kv * hd;
-    size_t elt = type == RK_DT_F16 ? 2 : 4;
-    uint8_t *p = fx_alloc(f, (size_t)(n_ctx * w) * elt);
-    for (int64_t i = 0; i < n_ctx * w; i++) {
-        float v = i / w < n_valid ? tb_rand_normal(s) : NAN;
+    uint64_t rb = 0, hb = 0;
+    cr_assert(rk_dtype_row_bytes(type, (uint64_t)w, &rb) && rk_dtype_row_bytes(type, (uint64_t)hd, &hb));
+    uint8_t *p = fx_alloc(f, (size_t)(n_ctx * (int64_t)rb));
+    float *row = malloc((size_t)w * sizeof(float));
+    cr_assert(row);
+    for (int64_t r = 0; r < n_ctx; r++) {
+        uint8_t *dst = p + (size_t)r * rb;
+        for (int64_t i = 0; i < w; i++) row[i] = r < n_valid ? tb_rand_normal(s) : NAN;
         if (type == RK_DT_F16)
-            ((uint16_t *)p)[i] = rk_f32_to_f16(v);
+            for (int64_t i = 0; i < w; i++) ((uint16_t *)dst)[i] = rk_f32_to_f16(row[i]);
+        else if (type == RK_DT_Q8_0)
+            tq8_quant(row, dst, w);
         else
-            ((float *)p)[i] = v;
+            memcpy(dst, row, (size_t)w * sizeof(float));
     }
-    if (view3d) return (rk_view){.type = type, .ne = {hd, n_kv, n_ctx, 1}, .nb1 = (size_t)hd * elt, .data = p};
-    return (rk_view){.type = type, .ne = {w, n_ctx, 1, 1}, .nb1 = (size_t)w * elt, .data = p};
+    free(row);
+    if (view3d) return (rk_view){.type = type, .ne = {hd, n_kv, n_ctx, 1}, .nb1 = (size_t)hb, .data = p};
+    return (rk_view){.type = type, .ne = {w, n_ctx, 1, 1}, .nb1 = (size_t)rb, .data = p};
 }
 
 static void set_specials(float *p, int64_t n) {
@@ -232,7 +255,10 @@ static void fx_out(fixture *f, const rk_view *v) {
     size_t elt = v->type == RK_DT_F16 ? 2 : 4;
     f->out = v->data;
     f->out_n = rows > 0 ? (size_t)(rows - 1) * v->nb1 / elt + (size_t)v->ne[0] : 0;
+    if (v->type == RK_DT_Q8_0) f->out_n = (size_t)(rows * v->ne[0]); /* element i: row i / ne0 */
     f->out_type = v->type;
+    f->out_ne0 = v->ne[0];
+    f->out_nb1 = v->nb1;
 }
 
 static void build(const op_case *c, uint64_t seed, fixture *f) {
@@ -275,6 +301,8 @@ static void build(const op_case *c, uint64_t seed, fixture *f) {
             size_t at = (size_t)(n_valid - 1) * (size_t)c->n_head_kv * c->hd + 1;
             if (c->type == RK_DT_F16)
                 ((uint16_t *)a->src1.data)[at] = 0x7e00;
+            else if (c->type == RK_DT_Q8_0) /* the scale of that row's first block */
+                put16((uint8_t *)a->src1.data + (size_t)(n_valid - 1) * (size_t)c->n_head_kv * c->hd / 32 * 34, 0x7e00);
             else
                 ((float *)a->src1.data)[at] = NAN;
         }
@@ -357,7 +385,10 @@ static double *run_case(const op_case *c, rk_backend *be, size_t *n_out) {
     cr_assert_eq(st, RK_OK, "%s on %s: %s", c->name, be->ops->name, err.msg);
     double *out = malloc(f.out_n * sizeof(double) + 1);
     for (size_t i = 0; i < f.out_n; i++)
-        out[i] = f.out_type == RK_DT_F16 ? rk_f16_to_f32(((const uint16_t *)f.out)[i]) : ((const float *)f.out)[i];
+        out[i] = f.out_type == RK_DT_Q8_0 ? tq8_get((const uint8_t *)f.out + i / (size_t)f.out_ne0 * f.out_nb1,
+                                                    (int64_t)(i % (size_t)f.out_ne0))
+                 : f.out_type == RK_DT_F16 ? rk_f16_to_f32(((const uint16_t *)f.out)[i])
+                                           : ((const float *)f.out)[i];
     *n_out = f.out_n;
     fx_free(&f);
     return out;
@@ -588,12 +619,23 @@ Test(status, unsupported_and_invalid) {
         float x[64] = {0}, y[64] = {0};
         uint8_t wq[4 * 34] = {0};
         rk_err err = {0};
-        /* ATTN on a q8_0 cache */
+        /* ATTN on a q4_0 cache; on a q8_0 cache whose heads (16) are not whole blocks */
         rk_op_args a = {.op = RK_OP_ATTN, .src0 = v2(RK_DT_F32, 32, 1, x), .dst = v2(RK_DT_F32, 32, 1, y),
-                        .src1 = {RK_DT_Q8_0, {32, 2, 1, 1}, 34, wq}, .src2 = {RK_DT_Q8_0, {32, 2, 1, 1}, 34, wq}};
+                        .src1 = {RK_DT_Q4_0, {32, 2, 1, 1}, 18, wq}, .src2 = {RK_DT_Q4_0, {32, 2, 1, 1}, 18, wq}};
         a.attn = (rk_attn_params){1, 1, 32, 1.0f, 0};
         cr_assert_eq(rk_backend_run(be, &a, &err), RK_E_UNSUPPORTED);
+        cr_assert(strstr(err.msg, "ATTN") && strstr(err.msg, "q4_0"), "%s", err.msg);
+        a.src1 = a.src2 = (rk_view){RK_DT_Q8_0, {32, 2, 1, 1}, 34, wq};
+        a.attn = (rk_attn_params){2, 2, 16, 1.0f, 0};
+        cr_assert_eq(rk_backend_run(be, &a, &err), RK_E_UNSUPPORTED);
         cr_assert(strstr(err.msg, "ATTN") && strstr(err.msg, "q8_0"), "%s", err.msg);
+        a.attn = (rk_attn_params){1, 1, 32, 1.0f, 0}; /* whole blocks: runs */
+        cr_assert_eq(rk_backend_run(be, &a, &err), RK_OK, "%s", err.msg);
+        /* CPY_ROWS into q8_0 rows that are not whole blocks */
+        rk_op_args cq = {.op = RK_OP_CPY_ROWS, .src0 = v2(RK_DT_F32, 16, 1, x),
+                         .dst = {RK_DT_Q8_0, {16, 2, 1, 1}, 34, wq}};
+        cr_assert_eq(rk_backend_run(be, &cq, &err), RK_E_INVALID_ARG);
+        cr_assert(strstr(err.msg, "CPY_ROWS") && strstr(err.msg, "blocks"), "%s", err.msg);
         /* MATMUL with a q8_1 weight (no row functions) */
         rk_op_args m = {.op = RK_OP_MATMUL, .src0 = {RK_DT_Q8_1, {32, 2, 1, 1}, 36, wq},
                         .src1 = v2(RK_DT_F32, 32, 1, x), .dst = v2(RK_DT_F32, 2, 1, y)};
