@@ -128,12 +128,22 @@ typedef enum rk_backend_kind { RK_BACKEND_CPU, RK_BACKEND_CPU_REF, RK_BACKEND_CU
 const char *rk_backend_kind_name(rk_backend_kind k); /* "cpu", "cpu_ref", "cuda" */
 bool rk_backend_kind_parse(const char *s, rk_backend_kind *out);
 
+/* A compute backend (kernels' op table + its memory, pool, handles). Sessions create their
+ * own unless given one to share: one backend (one thread pool) per process is the rule
+ * for programs that hold several sessions. */
+typedef struct rk_backend rk_backend;
+/* RK_E_UNSUPPORTED with the reason ("cuda: not built ...", "cuda: no device ...").
+ * n_threads <= 0: all cores (cpu). */
+rk_status rk_backend_open(rk_backend_kind kind, int n_threads, rk_backend **out, rk_err *err);
+void rk_backend_close(rk_backend *be); /* accepts NULL */
+
 typedef struct rk_session_params {
     int32_t n_ctx;        /* 0: the model's training context */
     int32_t n_threads;    /* 0: all cores */
     int32_t n_batch;      /* prefill chunk in tokens; 0: 512 */
     rk_kv_params kv;      /* KV policy, fixed for the session's life (default f16) */
     rk_backend_kind backend;
+    rk_backend *shared_backend; /* borrowed (outlives the session); NULL: own backend of `backend` kind */
 } rk_session_params;
 
 rk_session_params rk_session_params_default(void);

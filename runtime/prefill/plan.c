@@ -64,11 +64,13 @@ rk_status rk_plan_late_inputs(rk_session *s, const rk_chunk_plan *p, int l, cons
         return RK_OK;
     }
     const rk_ridge_maps *r = s->fill.maps;
+    /* the backend caches prepared maps by host pointer: uploaded once for CUDA */
     rk_op_args a = {.op = RK_OP_MATMUL};
+    rk_status st = rk_backend_prepare(s->be, &r->w[l], &a.src0, err);
+    if (st) return st;
     a.dst = act(s->t, r->w[l].ne[1], p->n_fill);
-    a.src0 = r->w[l];
     a.src1 = act((float *)xs, r->w[l].ne[0], p->n_fill);
-    rk_status st = rk_backend_run(s->be, &a, err);
+    st = rk_backend_run(s->be, &a, err);
     if (st) return st;
     rk_op_args b = {.op = RK_OP_ADD_ROW};
     b.dst = a.dst;

@@ -111,7 +111,7 @@ static rk_status attention(rk_session *s, int l, float *q, int64_t n_q, int64_t 
  * norm, K and V projections (+bias), k-norm, RoPE, cache write. h keeps the normed input. */
 static rk_status cache_writers(rk_session *s, int l, const float *x, int64_t pos0, int64_t n, rk_err *err) {
     const rk_hparams *hp = &s->m->hp;
-    const rk_layer *L = &s->m->layers[l];
+    const rk_layer *L = &s->w_layers[l];
     rk_status st;
     if ((st = rmsnorm(s, x, s->h, L->attn_norm, n, err)) || (st = matmul(s, L->wk, &L->bk, s->h, n, s->k, err)) ||
         (st = matmul(s, L->wv, &L->bv, s->h, n, s->v, err)))
@@ -128,7 +128,7 @@ static rk_status cache_writers(rk_session *s, int l, const float *x, int64_t pos
  * place. idx: the rows' chunk indices when compacted, else NULL (rows 0..ne-1). */
 static rk_status exact_rows(rk_session *s, int l, int64_t pos0, int64_t ne, const int32_t *idx, rk_err *err) {
     const rk_hparams *hp = &s->m->hp;
-    const rk_layer *L = &s->m->layers[l];
+    const rk_layer *L = &s->w_layers[l];
     const int64_t d = hp->n_embd, qd = (int64_t)hp->n_head * hp->head_dim;
     rk_status st;
     if ((st = matmul(s, L->wq, &L->bq, s->h, ne, s->q, err))) return st;
@@ -169,8 +169,8 @@ static rk_status output_head(rk_session *s, const rk_chunk_plan *p, bool compact
     if (ne == 0) return RK_OK;
     int64_t first = all_rows ? 0 : ne - 1, rows = ne - first;
     float *dst = all_rows && !compacted ? logits : s->logits;
-    if ((st = rmsnorm(s, s->x + first * d, s->h, m->output_norm, rows, err)) ||
-        (st = matmul(s, m->output, NULL, s->h, rows, dst, err)))
+    if ((st = rmsnorm(s, s->x + first * d, s->h, s->w_output_norm, rows, err)) ||
+        (st = matmul(s, s->w_output, NULL, s->h, rows, dst, err)))
         return st;
     if (!all_rows) memcpy(logits, s->logits, nv * sizeof(float));
     else if (compacted) scatter_rows(logits, s->logits, p->ex_idx, p->n_ex, (int64_t)nv);
@@ -192,7 +192,7 @@ rk_status rk_forward_chunk(rk_session *s, const rk_chunk_plan *p, const int32_t 
 
     if (p->layer_lo == 0) {
         rk_op_args a = {.op = RK_OP_GET_ROWS, .ids = ids};
-        a.src0 = m->tok_embd;
+        a.src0 = s->w_tok_embd;
         a.dst = act(s->x, d, n);
         if ((st = run(s, &a, err))) return st;
     } else {

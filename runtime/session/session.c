@@ -8,8 +8,48 @@
 #include "plan_impl.h"
 
 rk_session_params rk_session_params_default(void) {
-    rk_session_params p = {0, 0, 512, rk_kv_params_default(), RK_BACKEND_CPU};
+    rk_session_params p = {0, 0, 512, rk_kv_params_default(), RK_BACKEND_CPU, NULL};
     return p;
+}
+
+rk_status rk_backend_open(rk_backend_kind kind, int n_threads, rk_backend **out, rk_err *err) {
+    if ((unsigned)kind > RK_BACKEND_CUDA) return rk_err_set(err, RK_E_INVALID_ARG, "session: backend kind %d unknown", (int)kind);
+    return rk_backend_create_named(rk_backend_kind_name(kind), n_threads, out, err);
+}
+
+void rk_backend_close(rk_backend *be) { rk_backend_destroy(be); }
+
+/* The ops forward.c runs: a backend that lacks one is refused before any work starts. */
+static const rk_op forward_ops[] = {RK_OP_GET_ROWS, RK_OP_MATMUL, RK_OP_RMSNORM, RK_OP_ROPE, RK_OP_ATTN,
+                                    RK_OP_SILU_MUL, RK_OP_ADD,    RK_OP_ADD_ROW, RK_OP_CPY_ROWS};
+
+static rk_status prepare_weights(rk_session *s, rk_err *err) {
+    const rk_model *m = s->m;
+    const int n_layer = m->hp.n_layer;
+    rk_status st = rk_backend_check_ops(s->be, forward_ops, (int)(sizeof forward_ops / sizeof forward_ops[0]), err);
+    if (st) return st;
+    s->w_layers = calloc((size_t)n_layer, sizeof *s->w_layers);
+    if (!s->w_layers) return rk_err_set(err, RK_E_NOMEM, "session: out of memory");
+#define PREP(dst, src)                                                                             \
+    do {                                                                                           \
+        if ((src).data && (st = rk_backend_prepare(s->be, &(src), &(dst), err))) return st;        \
+        if (!(src).data) (dst) = (src);                                                            \
+    } while (0)
+    PREP(s->w_tok_embd, m->tok_embd);
+    PREP(s->w_output_norm, m->output_norm);
+    PREP(s->w_output, m->output);
+    for (int l = 0; l < n_layer; l++) {
+        const rk_layer *L = &m->layers[l];
+        rk_layer *W = &s->w_layers[l];
+        PREP(W->attn_norm, L->attn_norm);
+        PREP(W->wq, L->wq); PREP(W->wk, L->wk); PREP(W->wv, L->wv); PREP(W->wo, L->wo);
+        PREP(W->bq, L->bq); PREP(W->bk, L->bk); PREP(W->bv, L->bv);
+        PREP(W->q_norm, L->q_norm); PREP(W->k_norm, L->k_norm);
+        PREP(W->ffn_norm, L->ffn_norm);
+        PREP(W->w_gate, L->w_gate); PREP(W->w_up, L->w_up); PREP(W->w_down, L->w_down);
+    }
+#undef PREP
+    return RK_OK;
 }
 
 void rk_session_destroy(rk_session *s) {
@@ -24,7 +64,8 @@ void rk_session_destroy(rk_session *s) {
     free(s->v), free(s->t), free(s->gate), free(s->up), free(s->logits);
     free(s->ex_idx), free(s->fill_idx);
     rk_kvc_destroy(s->kvc);
-    rk_backend_destroy(s->be);
+    free(s->w_layers);
+    if (s->own_be) rk_backend_destroy(s->be);
     free(s);
 }
 
@@ -39,17 +80,20 @@ rk_status rk_session_create(const rk_model *m, const rk_session_params *pp, rk_s
         return rk_err_set(err, RK_E_UNSUPPORTED, "session: KV policy q8 is not implemented yet (f16, f32, lowram)");
     if ((unsigned)p.kv.kind > RK_KV_LOWRAM)
         return rk_err_set(err, RK_E_INVALID_ARG, "session: KV policy %d unknown", (int)p.kv.kind);
-    if (p.backend == RK_BACKEND_CUDA)
-        return rk_err_set(err, RK_E_UNSUPPORTED, "session: backend cuda is not wired into the runtime yet");
     rk_session *s = calloc(1, sizeof *s);
     if (!s) return rk_err_set(err, RK_E_NOMEM, "session: out of memory");
     s->m = m;
     s->p = p;
     s->n_ctx = p.n_ctx;
     s->kv_type = p.kv.kind == RK_KV_F32 ? RK_DT_F32 : RK_DT_F16;
-    rk_status st = p.backend == RK_BACKEND_CPU_REF ? rk_backend_cpu_ref_create(&s->be, err)
-                                                   : rk_backend_cpu_create(p.n_threads, &s->be, err);
-    if (st) goto fail;
+    rk_status st;
+    if (p.shared_backend) {
+        s->be = p.shared_backend;
+    } else {
+        if ((st = rk_backend_open(p.backend, p.n_threads, &s->be, err))) goto fail;
+        s->own_be = true;
+    }
+    if ((st = prepare_weights(s, err))) goto fail;
     int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim, qd = (int64_t)hp->n_head * hp->head_dim;
     s->kv_row_bytes = (size_t)kvd * (s->kv_type == RK_DT_F16 ? 2 : 4);
     s->k_cache = calloc((size_t)hp->n_layer, sizeof(void *));

@@ -20,7 +20,12 @@ struct rk_ridge_maps {
 struct rk_session {
     const rk_model *m;
     rk_backend *be;
+    bool own_be;          /* false: borrowed from rk_session_params.shared_backend */
     rk_session_params p;
+    /* the model's weights as this backend prepared them (once, at creation: uploaded for
+     * CUDA; the same views on the CPU) */
+    rk_layer *w_layers;   /* (n_layer) */
+    rk_view w_tok_embd, w_output_norm, w_output;
     int64_t n_ctx, n_past;
     uint32_t kv_type;
     size_t kv_row_bytes;  /* kv_dim * element size */
