@@ -148,3 +148,37 @@ void tb_result_free(tb_result *r) {
     free(r->err);
     r->out = r->err = NULL;
 }
+
+static const char *tmp_root(void) {
+    const char *t = getenv("TMPDIR");
+    return t && *t ? t : "/tmp";
+}
+
+const char *tb_tmp_path(char *buf, size_t cap, const char *stem, const char *suffix) {
+    if (!suffix) suffix = "";
+    int n = snprintf(buf, cap, "%s/%s-XXXXXX%s", tmp_root(), stem, suffix);
+    if (n < 0 || (size_t)n >= cap) {
+        snprintf(buf, cap, "temporary path for %s does not fit", stem);
+        return NULL;
+    }
+    int fd = mkstemps(buf, (int)strlen(suffix));
+    if (fd < 0) {
+        snprintf(buf, cap, "mkstemps under %s failed", tmp_root());
+        return NULL;
+    }
+    close(fd);
+    return buf;
+}
+
+const char *tb_tmp_dir(char *buf, size_t cap, const char *stem) {
+    int n = snprintf(buf, cap, "%s/%s-XXXXXX", tmp_root(), stem);
+    if (n < 0 || (size_t)n >= cap) {
+        snprintf(buf, cap, "temporary directory for %s does not fit", stem);
+        return NULL;
+    }
+    if (!mkdtemp(buf)) {
+        snprintf(buf, cap, "mkdtemp under %s failed", tmp_root());
+        return NULL;
+    }
+    return buf;
+}
