@@ -123,13 +123,13 @@ float *tb_read_f32(const char *path, size_t *n) {
 tb_result tb_run(const char *env, const char *args) {
     tb_result r = {-2, NULL, NULL};
     const char *bin = getenv("RK_BIN");
-    char dir[] = "/tmp/rkrunXXXXXX";
-    if (!bin || !mkdtemp(dir)) return r;
+    char dir[512];
+    if (!bin || !tb_tmp_dir(dir, sizeof dir, "rkrun")) return r;
     char cmd[8192];
-    snprintf(cmd, sizeof cmd, "%s '%s' %s >%s/out 2>%s/err </dev/null", env ? env : "", bin, args, dir, dir);
+    snprintf(cmd, sizeof cmd, "%s '%s' %s >'%s/out' 2>'%s/err' </dev/null", env ? env : "", bin, args, dir, dir);
     int st = system(cmd);
     r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    char p[256];
+    char p[600];
     size_t len;
     snprintf(p, sizeof p, "%s/out", dir);
     r.out = tb_read_file(p, &len);
