@@ -88,7 +88,8 @@ Test(cli, corrupt_models_exit_3_with_reason) {
     size_t len;
     unsigned char *good = tb_read_file(sp, &len);
     cr_assert(good);
-    const char *path = "/tmp/rk_cli_corrupt.gguf";
+    char path[224]; /* fits the 256-byte argument line below */
+    cr_assert(tb_tmp_path(path, sizeof path, "rk_cli_corrupt", ".gguf"), "%s", path);
     struct {
         const char *what, *expect;
         size_t cut;
@@ -135,13 +136,16 @@ Test(cli, unsupported_architecture_exit_3) {
     size_t n;
     cr_assert_eq(rk_gguf_writer_finish(w, &bytes, &n, &e), RK_OK, "%s", e.msg);
     rk_gguf_writer_destroy(w);
-    write_file("/tmp/rk_cli_mamba.gguf", bytes, n);
+    char mamba[512], mamba_args[600];
+    cr_assert(tb_tmp_path(mamba, sizeof mamba, "rk_cli_mamba", ".gguf"), "%s", mamba);
+    snprintf(mamba_args, sizeof mamba_args, "run -m %s -p hi", mamba);
+    write_file(mamba, bytes, n);
     free(bytes);
-    result r = run(NULL, "run -m /tmp/rk_cli_mamba.gguf -p hi");
+    result r = run(NULL, mamba_args);
     cr_expect_eq(r.code, 3);
     cr_expect(strstr(r.err, "unsupported architecture 'mamba'"), "%s", r.err);
     done(&r);
-    unlink("/tmp/rk_cli_mamba.gguf");
+    unlink(mamba);
 }
 
 Test(cli, prompt_longer_than_context_exit_4) {

@@ -620,7 +620,7 @@ static void twin_close(twin_ctx *c) {
 }
 
 /* Loads models/<name>.gguf and its twin models/<name>.f32-twin.gguf.xz,
- * decompressed with xz into a fresh directory under /tmp that is removed again
+ * decompressed with xz into a fresh directory under $TMPDIR (or /tmp) that is removed again
  * before anything can fail. Skips when the files or xz are absent. */
 static void twin_open(twin_ctx *c, const char *name) {
     memset(c, 0, sizeof *c);
@@ -631,9 +631,8 @@ static void twin_open(twin_ctx *c, const char *name) {
     if (!tb_shared_path(xzpath, sizeof xzpath, rel)) cr_skip_test("%s", xzpath);
     if (system("xz --version >/dev/null 2>&1") != 0) cr_skip_test("xz not installed");
     if (strchr(xzpath, '\'')) cr_skip_test("path with a quote: %s", xzpath);
-    char dir[64], raw[128], cmd[2300];
-    snprintf(dir, sizeof dir, "/tmp/rk_quant_twin_XXXXXX");
-    cr_assert(mkdtemp(dir), "mkdtemp");
+    char dir[512], raw[600], cmd[2300];
+    cr_assert(tb_tmp_dir(dir, sizeof dir, "rk_quant_twin"), "%s", dir);
     snprintf(raw, sizeof raw, "%s/twin.gguf", dir);
     snprintf(cmd, sizeof cmd, "xz -dc '%s' > '%s'", xzpath, raw);
     const int rc = system(cmd);

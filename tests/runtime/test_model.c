@@ -139,24 +139,59 @@ Test(model, fast_path_matches_cpu_ref, .timeout = 600) {
     rk_model_destroy(m);
 }
 
+/* The chat answer names Paris, is closed (ends with an end-of-generation token well inside
+ * the budget) and is the greedy answer computed a second way: prompt + answer evaluated in
+ * one call (the prefill GEMM path, every row) has at each answer position the argmax that
+ * the token-by-token decode (the GEMV path) took, wherever the decode's top-2 margin is
+ * clear of the two paths' f32 summation-order noise (~1e-3 on this model, see
+ * fast_path_matches_cpu_ref). */
 Test(model, chat_answer_is_coherent) {
     rk_model *m = load_default();
     rk_chat_msg msgs[] = {{"user", "What is the capital of France?"}};
     char *text = NULL;
     rk_err e = {0};
     cr_assert_eq(rk_chat_format(rk_model_chat_family(m), msgs, 1, true, &text, &e), RK_OK, "%s", e.msg);
-    int32_t out[40];
+    enum { BUDGET = 40 };
+    int32_t out[BUDGET];
+    float margin[BUDGET];
     rk_session_params sp = rk_session_params_default();
     sp.n_ctx = 256;
-    size_t n = generate(m, text, sp, 40, out, NULL);
+    size_t n = generate(m, text, sp, BUDGET, out, margin);
     char answer[2048] = "";
     size_t len = 0;
     for (size_t k = 0; k < n; k++)
         len += rk_model_token_piece(m, out[k], false, answer + len, sizeof answer - len - 1);
     answer[len < sizeof answer ? len : sizeof answer - 1] = '\0';
-    cr_log_info("answer: %s", answer);
+    cr_log_info("answer (%zu tokens): %s", n, answer);
     cr_expect(strstr(answer, "Paris") != NULL, "answer lacks 'Paris': %s", answer);
-    cr_expect(rk_model_token_is_eog(m, out[n - 1]) || n == 40);
-    free(text);
+    cr_assert(n >= 2 && n < BUDGET && rk_model_token_is_eog(m, out[n - 1]),
+              "answer of %zu tokens does not end with an end-of-generation token: %s", n, answer);
+    for (size_t k = 0; k + 1 < n; k++) cr_expect(!rk_model_token_is_eog(m, out[k]), "EOG inside the answer at %zu", k);
+
+    int32_t *ids;
+    size_t n_prompt;
+    cr_assert_eq(rk_model_tokenize(m, text, strlen(text), true, true, &ids, &n_prompt, &e), RK_OK, "%s", e.msg);
+    const size_t total = n_prompt + n - 1, nv = (size_t)rk_model_hparams(m)->n_vocab;
+    int32_t *all = malloc(total * sizeof *all);
+    memcpy(all, ids, n_prompt * sizeof *all);
+    memcpy(all + n_prompt, out, (n - 1) * sizeof *all);
+    float *lg = malloc(total * nv * sizeof *lg);
+    rk_session *s = NULL;
+    cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s", e.msg);
+    cr_assert_eq(rk_session_eval(s, all, total, lg, true, &e), RK_OK, "%s", e.msg);
+    size_t checked = 0;
+    for (size_t k = 0; k < n; k++) {
+        const float *row = lg + (n_prompt - 1 + k) * nv;
+        int32_t best = 0;
+        for (size_t v = 1; v < nv; v++)
+            if (row[v] > row[best]) best = (int32_t)v;
+        if (margin[k] < 1e-2f) continue;
+        checked++;
+        cr_expect_eq(best, out[k], "answer token %zu: one-call argmax %d vs decoded %d (margin %g)", k, best, out[k],
+                     (double)margin[k]);
+    }
+    cr_expect(checked >= (n + 1) / 2, "only %zu of %zu answer tokens had a clear margin", checked, n);
+    rk_session_destroy(s);
+    free(lg), free(all), free(ids), free(text);
     rk_model_destroy(m);
 }

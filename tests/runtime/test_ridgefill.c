@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "rk_fitters.h"
 #include "rk_io.h"
@@ -74,7 +75,9 @@ static int32_t *story_ids(const rk_model *m, size_t want, size_t *n) {
     return ids;
 }
 
-static const char *calibrate_to(const rk_model *m, int split, uint32_t dtype, const char *path) {
+/* Writes the maps to a fresh unique path (stem-XXXXXX.maps.gguf under $TMPDIR) in path. */
+static const char *calibrate_to(const rk_model *m, int split, uint32_t dtype, const char *stem, char *path,
+                                size_t cap) {
     size_t n;
     int32_t *ids = story_ids(m, 1800, &n);
     rk_calib_params cp = {.split = split, .stride = 2, .seg_len = 256, .lambda = -1, .dtype = dtype, .n_threads = 1};
@@ -87,6 +90,7 @@ static const char *calibrate_to(const rk_model *m, int split, uint32_t dtype, co
     for (int l = 0; l < rk_model_hparams(m)->n_layer - split - 1; l++)
         cr_expect(rep.heldout_rel_err[l] < rep.identity_rel_err[l], "layer %d: fitted %g vs identity %g",
                   split + 1 + l, rep.heldout_rel_err[l], rep.identity_rel_err[l]);
+    cr_assert(tb_tmp_path(path, cap, stem, ".maps.gguf"), "%s", path);
     cr_assert_eq(rk_io_write_file_atomic(path, bytes, nb, &e), RK_OK, "%s", e.msg);
     free(bytes);
     free(ids);
@@ -128,7 +132,8 @@ Test(ridgefill, plumb_equals_off) {
 
 Test(ridgefill, speed_mode_bulk_rows_skip_late_work_and_last_rows_stay_close) {
     rk_model *m = load("models/stories260K/stories260K-f32.gguf");
-    const char *maps_path = calibrate_to(m, 2, RK_DT_F16, "/tmp/rk_test_stories.maps.gguf");
+    char maps_buf[512];
+    const char *maps_path = calibrate_to(m, 2, RK_DT_F16, "rk_test_stories", maps_buf, sizeof maps_buf);
     rk_err e = {0};
     rk_ridge_maps *maps = NULL;
     char warn[256];
@@ -176,6 +181,7 @@ Test(ridgefill, speed_mode_bulk_rows_skip_late_work_and_last_rows_stay_close) {
     cr_expect(c.exact_rows[L - 1] < n, "quality still fills some rows");
     free(off), free(sp), free(q), free(ids);
     rk_ridge_maps_destroy(maps);
+    unlink(maps_path);
     rk_model_destroy(m);
 }
 
@@ -203,10 +209,12 @@ Test(ridgefill, identity_mode_equals_identity_map) {
     size_t nb;
     cr_assert_eq(rk_gguf_writer_finish(w, &bytes, &nb, &e), RK_OK, "%s", e.msg);
     rk_gguf_writer_destroy(w);
-    cr_assert_eq(rk_io_write_file_atomic("/tmp/rk_test_eye.maps.gguf", bytes, nb, &e), RK_OK);
+    char eye_path[512];
+    cr_assert(tb_tmp_path(eye_path, sizeof eye_path, "rk_test_eye", ".maps.gguf"), "%s", eye_path);
+    cr_assert_eq(rk_io_write_file_atomic(eye_path, bytes, nb, &e), RK_OK);
     free(bytes), free(eye), free(zero);
     rk_ridge_maps *maps = NULL;
-    cr_assert_eq(rk_ridge_maps_load("/tmp/rk_test_eye.maps.gguf", m, &maps, NULL, 0, &e), RK_OK, "%s", e.msg);
+    cr_assert_eq(rk_ridge_maps_load(eye_path, m, &maps, NULL, 0, &e), RK_OK, "%s", e.msg);
     size_t n;
     int32_t *ids = story_ids(m, 300, &n);
     rk_fill_params a = {.mode = RK_FILL_IDENTITY, .tail = 64, .split = split};
@@ -218,12 +226,14 @@ Test(ridgefill, identity_mode_equals_identity_map) {
     cr_expect(mx <= 1e-6, "identity vs W=I map: %g", mx);
     free(la), free(lb), free(ids);
     rk_ridge_maps_destroy(maps);
+    unlink(eye_path);
     rk_model_destroy(m);
 }
 
 Test(ridgefill, map_for_another_model_is_refused_by_name) {
     rk_model *st = load("models/stories260K/stories260K-f32.gguf");
-    const char *path = calibrate_to(st, 2, RK_DT_Q8_0, "/tmp/rk_test_stories_int8.maps.gguf");
+    char int8_buf[512], trunc_path[512];
+    const char *path = calibrate_to(st, 2, RK_DT_Q8_0, "rk_test_stories_int8", int8_buf, sizeof int8_buf);
     rk_model *other = load("models/aidreams260K/aidreams260K-f32.gguf");
     rk_err e = {0};
     rk_ridge_maps *maps = NULL;
@@ -240,11 +250,14 @@ Test(ridgefill, map_for_another_model_is_refused_by_name) {
     char *bytes = tb_read_file(path, &len);
     cr_assert(bytes);
     rk_err we = {0};
-    cr_assert_eq(rk_io_write_file_atomic("/tmp/rk_test_trunc.maps.gguf", bytes, len / 2, &we), RK_OK);
-    s = rk_ridge_maps_load("/tmp/rk_test_trunc.maps.gguf", st, &maps, NULL, 0, &e);
+    cr_assert(tb_tmp_path(trunc_path, sizeof trunc_path, "rk_test_trunc", ".maps.gguf"), "%s", trunc_path);
+    cr_assert_eq(rk_io_write_file_atomic(trunc_path, bytes, len / 2, &we), RK_OK);
+    s = rk_ridge_maps_load(trunc_path, st, &maps, NULL, 0, &e);
     cr_expect(s == RK_E_GGUF_TRUNCATED || s == RK_E_GGUF_BOUNDS, "truncated: %s", e.msg);
-    cr_expect(strstr(e.msg, "/tmp/rk_test_trunc.maps.gguf") != NULL, "%s", e.msg);
+    cr_expect(strstr(e.msg, trunc_path) != NULL, "%s", e.msg);
     free(bytes);
+    unlink(trunc_path);
+    unlink(path);
     rk_model_destroy(other);
     rk_model_destroy(st);
 }
@@ -272,17 +285,20 @@ Test(ridgefill, other_quantisation_of_same_weights_warns) {
     size_t nb;
     cr_assert_eq(rk_gguf_writer_finish(w, &bytes, &nb, &e), RK_OK, "%s", e.msg);
     rk_gguf_writer_destroy(w);
-    cr_assert_eq(rk_io_write_file_atomic("/tmp/rk_test_q8.maps.gguf", bytes, nb, &e), RK_OK);
+    char q8_path[512];
+    cr_assert(tb_tmp_path(q8_path, sizeof q8_path, "rk_test_q8", ".maps.gguf"), "%s", q8_path);
+    cr_assert_eq(rk_io_write_file_atomic(q8_path, bytes, nb, &e), RK_OK);
     free(bytes), free(z);
     rk_ridge_maps *maps = NULL;
     char warn[512];
-    cr_expect_eq(rk_ridge_maps_load("/tmp/rk_test_q8.maps.gguf", q, &maps, warn, sizeof warn, &e), RK_OK, "%s", e.msg);
+    cr_expect_eq(rk_ridge_maps_load(q8_path, q, &maps, warn, sizeof warn, &e), RK_OK, "%s", e.msg);
     cr_expect_str_empty(warn);
     rk_ridge_maps_destroy(maps);
     maps = NULL;
-    cr_expect_eq(rk_ridge_maps_load("/tmp/rk_test_q8.maps.gguf", t, &maps, warn, sizeof warn, &e), RK_OK, "%s", e.msg);
+    cr_expect_eq(rk_ridge_maps_load(q8_path, t, &maps, warn, sizeof warn, &e), RK_OK, "%s", e.msg);
     cr_expect(strstr(warn, "another quantisation") != NULL, "warning: '%s'", warn);
     rk_ridge_maps_destroy(maps);
+    unlink(q8_path);
     rk_model_destroy(t);
     rk_model_destroy(q);
 }

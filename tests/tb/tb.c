@@ -123,13 +123,13 @@ float *tb_read_f32(const char *path, size_t *n) {
 tb_result tb_run(const char *env, const char *args) {
     tb_result r = {-2, NULL, NULL};
     const char *bin = getenv("RK_BIN");
-    char dir[] = "/tmp/rkrunXXXXXX";
-    if (!bin || !mkdtemp(dir)) return r;
+    char dir[512];
+    if (!bin || !tb_tmp_dir(dir, sizeof dir, "rkrun")) return r;
     char cmd[8192];
-    snprintf(cmd, sizeof cmd, "%s '%s' %s >%s/out 2>%s/err </dev/null", env ? env : "", bin, args, dir, dir);
+    snprintf(cmd, sizeof cmd, "%s '%s' %s >'%s/out' 2>'%s/err' </dev/null", env ? env : "", bin, args, dir, dir);
     int st = system(cmd);
     r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    char p[256];
+    char p[600];
     size_t len;
     snprintf(p, sizeof p, "%s/out", dir);
     r.out = tb_read_file(p, &len);
@@ -147,4 +147,38 @@ void tb_result_free(tb_result *r) {
     free(r->out);
     free(r->err);
     r->out = r->err = NULL;
+}
+
+static const char *tmp_root(void) {
+    const char *t = getenv("TMPDIR");
+    return t && *t ? t : "/tmp";
+}
+
+const char *tb_tmp_path(char *buf, size_t cap, const char *stem, const char *suffix) {
+    if (!suffix) suffix = "";
+    int n = snprintf(buf, cap, "%s/%s-XXXXXX%s", tmp_root(), stem, suffix);
+    if (n < 0 || (size_t)n >= cap) {
+        snprintf(buf, cap, "temporary path for %s does not fit", stem);
+        return NULL;
+    }
+    int fd = mkstemps(buf, (int)strlen(suffix));
+    if (fd < 0) {
+        snprintf(buf, cap, "mkstemps under %s failed", tmp_root());
+        return NULL;
+    }
+    close(fd);
+    return buf;
+}
+
+const char *tb_tmp_dir(char *buf, size_t cap, const char *stem) {
+    int n = snprintf(buf, cap, "%s/%s-XXXXXX", tmp_root(), stem);
+    if (n < 0 || (size_t)n >= cap) {
+        snprintf(buf, cap, "temporary directory for %s does not fit", stem);
+        return NULL;
+    }
+    if (!mkdtemp(buf)) {
+        snprintf(buf, cap, "mkdtemp under %s failed", tmp_root());
+        return NULL;
+    }
+    return buf;
 }
