@@ -8,7 +8,7 @@ bash scripts/deps.sh
 python3 scripts/check_layers.py
 if [ -d build-asan ]; then meson setup --reconfigure build-asan >/dev/null; else
   meson setup build-asan -Db_sanitize=address,undefined -Db_lundef=false --buildtype=debugoptimized; fi
-meson test -C build-asan --suite unit --print-errorlogs --num-processes 2
+meson test -C build-asan --suite unit --print-errorlogs --num-processes 2 --wrapper "$PWD/scripts/sanitizer_wrap.sh"
 if [ -d build ]; then meson setup --reconfigure build >/dev/null; else meson setup build --buildtype=release; fi
 ninja -C build
 ./build/cli/ridgekv pull >/dev/null

@@ -81,10 +81,11 @@ int32_t rk_sampler_sample(rk_sampler *s, float *logits, const int32_t *history, 
         }
     }
     if (s->p.temp <= 0.0f) {
-        int32_t best = 0;
-        for (int32_t i = 1; i < nv; i++)
-            if (logits[i] > logits[best]) best = i;
-        return best;
+        /* argmax over the non-NaN logits (filled RidgeFill rows carry NaN), ties to the lowest id */
+        int32_t best = -1;
+        for (int32_t i = 0; i < nv; i++)
+            if (!isnan(logits[i]) && (best < 0 || logits[i] > logits[best])) best = i;
+        return best < 0 ? 0 : best;
     }
     int32_t n = 0;
     for (int32_t i = 0; i < nv; i++)
@@ -110,10 +111,12 @@ int32_t rk_sampler_sample(rk_sampler *s, float *logits, const int32_t *history, 
         qsort(s->c, (size_t)n, sizeof *s->c, cmp_desc);
     }
     n = k;
+    /* llama.cpp's chain: top-k, top-p and min-p on the raw logits (temperature 1), the
+     * temperature last, on the kept set */
     double sum = 0.0;
-    float mx = s->c[0].logit;
+    const float mx = s->c[0].logit;
     for (int32_t i = 0; i < n; i++) {
-        s->prob[i] = expf((s->c[i].logit - mx) / s->p.temp);
+        s->prob[i] = expf(s->c[i].logit - mx);
         sum += s->prob[i];
     }
     if (s->p.top_p < 1.0f) {
@@ -127,11 +130,13 @@ int32_t rk_sampler_sample(rk_sampler *s, float *logits, const int32_t *history, 
         }
     }
     if (s->p.min_p > 0.0f) {
-        float floor_p = s->p.min_p * s->prob[0];
+        const float floor_p = s->p.min_p * s->prob[0];
         int32_t keep = 1;
         while (keep < n && s->prob[keep] >= floor_p) keep++;
         n = keep;
     }
+    if (s->p.temp != 1.0f)
+        for (int32_t i = 0; i < n; i++) s->prob[i] = expf((s->c[i].logit - mx) / s->p.temp);
     sum = 0.0;
     for (int32_t i = 0; i < n; i++) sum += s->prob[i];
     double r = next_uniform(&s->rng) * sum, acc = 0.0;

@@ -289,10 +289,8 @@ Test(sampler, defaults) {
 }
 
 /* Filled RidgeFill rows carry NaN logits; a NaN never wins the draw when sampling.
- * DISABLED: runtime bug, greedy (temp <= 0) starts its argmax at id 0 and `x > NaN` is
- * false, so a NaN logit at id 0 is returned (the sampled path skips NaNs). Enable when
- * sampler.c is fixed. */
-Test(sampler, nan_logits_are_never_picked, .disabled = true) {
+ * (Found by this test: greedy used to start its argmax at a NaN id 0.) */
+Test(sampler, nan_logits_are_never_picked) {
     float lg[4] = {NAN, 1.0f, 3.0f, NAN};
     rk_sampler *s = make(plain(0.0f, 1), 4);
     cr_expect_eq(rk_sampler_sample(s, lg, NULL, 0), 2, "greedy");
@@ -308,10 +306,9 @@ Test(sampler, nan_logits_are_never_picked, .disabled = true) {
  * temperature last (common_sampler: ... top_k, typ_p, top_p, min_p, xtc, temperature,
  * dist). With p = (1/2, 1/4, 1/8, 1/16, 1/16) and top_p 0.7 that keeps {0, 1} at any
  * temperature, then draws them in proportion exp(l / T): at T = 2, sqrt(1/2) : sqrt(1/4). */
-/* DISABLED: runtime bug, sampler.c says "llama.cpp's order" but applies the temperature
- * before top-p / min-p, so at T != 1 they keep other sets (here {0, 1, 2}). Enable when
- * sampler.c is fixed (or its contract changed and this test with it). */
-Test(sampler, top_p_before_temperature_as_llama_cpp, .disabled = true) {
+/* (Found by this test: the temperature used to be applied before top-p / min-p, keeping
+ * {0, 1, 2} here.) */
+Test(sampler, top_p_before_temperature_as_llama_cpp) {
     const float lg[5] = {logf(0.5f), logf(0.25f), logf(0.125f), logf(0.0625f), logf(0.0625f)};
     rk_sampler_params p = plain(2.0f, 77);
     p.top_p = 0.7f;
