@@ -158,7 +158,7 @@ static size_t check_answers(const served *s, const expect *x, size_t n_x) {
 }
 
 Test(serve, script_of_good_and_bad_lines) {
-    char big[12000], deep[3001], overflow[3000];
+    char big[12000], deep[3001], overflow[4000];
     memset(big, 'a', sizeof big - 1);
     big[sizeof big - 1] = 0;
     const char *head = "{\"id\":99,\"op\":\"complete\",\"prompt\":\""; /* over --max-line 4096 */
@@ -166,7 +166,7 @@ Test(serve, script_of_good_and_bad_lines) {
     memset(deep, '[', sizeof deep - 1);
     deep[sizeof deep - 1] = 0;
     strcpy(overflow, "{\"id\":\"ctx\",\"op\":\"complete\",\"prompt\":\"");
-    for (int i = 0; i < 40; i++) strcat(overflow, "Once upon a time ");
+    for (int i = 0; i < 80; i++) strcat(overflow, "Once upon a time ");
     strcat(overflow, "\"}");
     const expect x[] = {
         {"{\"id\":1,\"op\":\"info\"}", "1", "done", NULL},
@@ -205,7 +205,7 @@ Test(serve, script_of_good_and_bad_lines) {
         {"", NULL, NULL, NULL},
         {"   \t ", NULL, NULL, NULL},
         {deep, "null", "bad_json", "nesting"},
-        {overflow, "\"ctx\"", "context_overflow", "context holds 128"},
+        {overflow, "\"ctx\"", "context_overflow", "context holds 256"},
         {"{\"id\":22,\"op\":\"complete\",\"prompt\":\"\",\"add_special\":false}", "22", "invalid_request", "empty"},
         {"{\"id\":\"s-23\",\"op\":\"complete\",\"prompt\":\"Once upon a time\",\"max_tokens\":4,\"temperature\":0}",
          "\"s-23\"", "done", NULL},
@@ -230,7 +230,8 @@ Test(serve, script_of_good_and_bad_lines) {
     const char *last = "{\"id\":\"last\",\"op\":\"info\"}"; /* no newline: EOF ends the last line */
     memcpy(in + n, last, strlen(last));
     n += strlen(last);
-    served s = serve("-c 128 --max-line 4096", in, n);
+    /* 256: the ask below is the CLI's prompt (default system prompt, quoted documents) */
+    served s = serve("-c 256 --max-line 4096", in, n);
     free(in);
     cr_assert_eq(s.code, 0, "exit %d: %s", s.code, s.err);
     cr_assert_geq(s.n_ev, 2);
@@ -246,7 +247,7 @@ Test(serve, script_of_good_and_bad_lines) {
         if (!strcmp(str(ev, "event"), "info")) {
             cr_expect_eq(num(ev, "n_vocab"), 512);
             cr_expect_eq(num(ev, "n_layer"), 5);
-            cr_expect_eq(num(ev, "n_ctx"), 128);
+            cr_expect_eq(num(ev, "n_ctx"), 256);
             cr_expect_str_eq(str(ev, "arch"), "llama");
             cr_expect(str(ev, "chat_template"));
         }
