@@ -46,7 +46,8 @@ typedef struct rk_gen_params {
     const rk_fill_params *fill;  /* NULL: the session's fill setting as it is; else applied with
                                     rk_session_set_fill before the prefill (and left set) */
     rk_progress_fn progress;     /* prefill progress (see rk_session_set_progress); returning false
-                                    cancels the prefill: RK_E_CANCELLED. Cleared after the prefill. */
+                                    after a chunk that is not the last cancels the prefill:
+                                    RK_E_CANCELLED. Cleared after the prefill. */
     void *progress_ud;
     rk_gen_token_fn on_token;    /* NULL: no streaming, the text is in the result */
     void *token_ud;
@@ -97,7 +98,9 @@ rk_status rk_generate(const rk_model *m, rk_session *s, const int32_t *prompt, s
  * /load):
  * - roles are system, user, assistant; a system message may only be the first message;
  * - the template markup is tokenized with special tokens, message contents never are
- *   (a message holding "<|im_end|>" stays text);
+ *   (a message holding "<|im_end|>" stays text); each piece is its own tokenizer call, so
+ *   with SentencePiece vocabularies each content starts a text fragment (dummy-prefix
+ *   space), as ask has always done;
  * - each turn reuses the cache rows of the longest common token prefix of the new
  *   prompt and what the cache holds (rk_session_tokens when the session has it, else the
  *   conversation's own record of what it evaluated) and reads only the rest; the model's
