@@ -71,7 +71,7 @@ void cli_kv_summary(const rk_session *s, const char *kv_flag, char *buf, size_t 
 void cli_gen_verbose(const char *cmd, const rk_session *s, const cli_opts *o, const rk_gen_result *r) {
     char kv[160];
     cli_kv_summary(s, o->kv, kv, sizeof kv);
-    fprintf(stderr, "ridgekv %s: prefill %lld of %lld prompt tokens in %.3f s, %llu (row, layer) pairs filled; "
+    fprintf(stderr, "ridgekv %s: prefill %lld of %lld prompt tokens in %.3f s; filled %llu (row, layer) pairs; "
                     "%lld tokens generated (%s); KV %s\n",
             cmd, (long long)r->n_prefill, (long long)r->n_prompt, r->prefill_s, (unsigned long long)r->filled_rows,
             (long long)r->n_gen, rk_stop_reason_name(r->stop), kv);
