@@ -338,6 +338,49 @@ Test(eval, usage_errors) {
     done(&r);
 }
 
+/* The commands take --kv like every other (the session's policy): short runs on the tiny
+ * stories260K model (suite cli). */
+Test(eval, needle_nll_splice_take_kv_on_a_tiny_model) {
+    char sp[1024], c[1024], args[2048];
+    if (!tb_shared_path(sp, sizeof sp, "models/stories260K/stories260K-f32.gguf")) cr_skip_test("%s", sp);
+    if (!tb_shared_path(c, sizeof c, "corpus/doyle_sherlock_holmes_pg1661.txt")) cr_skip_test("%s", c);
+    snprintf(args, sizeof args,
+             "eval needle -m '%s' --split 2 --fill identity,plumb --lengths 1024 --depths 0.5 --trials 2 --gen 4 "
+             "--kv lowram:window=32 --json", sp);
+    result r = run(args);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    json_object *j = json_tokener_parse(r.out);
+    cr_assert(j, "%s", r.out);
+    cr_expect_str_eq(json_object_get_string(json_object_object_get(j, "kv")), "lowram:window=32");
+    json_object *pl = mode_obj(j, "plumb");
+    cr_expect_eq(num(pl, "b") + num(pl, "c"), 0, "plumb answers as off");
+    json_object_put(j);
+    done(&r);
+    snprintf(args, sizeof args,
+             "eval nll -m '%s' --split 2 --fill plumb --len 1024 --windows 1 --short 128 --boot 10 --kv f32 --json", sp);
+    r = run(args);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    j = json_tokener_parse(r.out);
+    cr_assert(j, "%s", r.out);
+    cr_expect_str_eq(json_object_get_string(json_object_object_get(j, "kv")), "f32");
+    cr_expect(fabs(num(mode_obj(j, "plumb"), "last.delta.est")) < 1e-6, "f32 plumb vs off: %g",
+              num(mode_obj(j, "plumb"), "last.delta.est"));
+    json_object_put(j);
+    done(&r);
+    snprintf(args, sizeof args,
+             "eval splice -m '%s' --split 2 --fill identity --len 1024 --windows 1 --groups 1 --boot 10 --kv f32 --json",
+             sp);
+    r = run(args);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    j = json_tokener_parse(r.out);
+    cr_assert(j, "%s", r.out);
+    json_object *all_kv = json_object_array_get_idx(json_object_object_get(j, "splices"), 4);
+    cr_expect_str_eq(json_object_get_string(json_object_object_get(all_kv, "splice")), "kv");
+    cr_expect(fabs(num(all_kv, "delta")) < 1e-6, "exact K and V everywhere late: no gap left: %g", num(all_kv, "delta"));
+    json_object_put(j);
+    done(&r);
+}
+
 Test(eval_model, needle_paired_and_plumb_equals_off, .timeout = 900) {
     char buf[1024];
     const char *model = need_model(buf, sizeof buf);
