@@ -82,8 +82,9 @@ rk_status rk_generate(const rk_model *m, rk_session *s, const int32_t *prompt, s
     char *pbuf = malloc(pcap);
     float *logits = malloc((size_t)hp->n_vocab * sizeof *logits);
     int32_t *hist = malloc((n_prompt + (size_t)max_gen + 1) * sizeof *hist); /* prompt, then generated */
-    if (!pbuf || !logits || !hist || !rk_gen_buf_reserve(&txt.raw, (size_t)max_gen * 8 + 64) ||
-        !rk_gen_buf_reserve(&txt.out, (size_t)max_gen * 8 + 64)) {
+    /* text: room for typical pieces of up to 4096 tokens; longer answers grow it (amortised) */
+    const size_t text_cap = (size_t)(max_gen < 4096 ? max_gen : 4096) * 8 + 64;
+    if (!pbuf || !logits || !hist || !rk_gen_buf_reserve(&txt.raw, text_cap) || !rk_gen_buf_reserve(&txt.out, text_cap)) {
         st = rk_err_set(err, RK_E_NOMEM, "generate: out of memory for %lld tokens", (long long)(n_prompt + max_gen));
         goto fail;
     }
