@@ -546,3 +546,46 @@ Test(chat_ask, ask_applies_kv_and_fill) {
     unlink(doc);
     rmdir(dir);
 }
+
+/* One prompt builder: `ask` and a JSONL ask request with the same document (named as the
+ * file) and question read the same number of tokens, and answer the same (greedy). */
+Test(chat_ask, ask_and_jsonl_ask_build_the_same_prompt) {
+    char sp[1024], dir[64], doc[96];
+    stories(sp, sizeof sp);
+    snprintf(doc, sizeof doc, "%s/notes.txt", tmp_dir(dir, sizeof dir));
+    const char *text = "Lily had a red ball. She played with it in the park every day with her dog Max.\n";
+    write_text(doc, text);
+    result a = run_argv(NULL, (char *[]){"ask", "-m", sp, "-n", "6", "-v", "--doc", doc, "What did Lily have?", NULL});
+    cr_assert_eq(a.code, 0, "%s", a.err);
+    long n_cli = num_after(a.err, "document, prompt ");
+    json_object *req = json_object_new_object(), *docs = json_object_new_array(), *d = json_object_new_object();
+    json_object_object_add(d, "name", json_object_new_string("notes.txt"));
+    json_object_object_add(d, "text", json_object_new_string(text));
+    json_object_array_add(docs, d);
+    json_object_object_add(req, "id", json_object_new_int(1));
+    json_object_object_add(req, "op", json_object_new_string("ask"));
+    json_object_object_add(req, "docs", docs);
+    json_object_object_add(req, "question", json_object_new_string("What did Lily have?"));
+    json_object_object_add(req, "max_tokens", json_object_new_int(6));
+    json_object_object_add(req, "temperature", json_object_new_int(0));
+    json_object_object_add(req, "stream", json_object_new_boolean(false));
+    char line[2048];
+    snprintf(line, sizeof line, "%s\n", json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN));
+    json_object_put(req);
+    result s = run_argv(line, (char *[]){"serve", "--jsonl", "-m", sp, NULL});
+    cr_assert_eq(s.code, 0, "%s", s.err);
+    json_object *ev = json_tokener_parse(s.out), *u, *pt, *t;
+    cr_assert(ev && json_object_object_get_ex(ev, "usage", &u) && json_object_object_get_ex(u, "prompt_tokens", &pt),
+              "%s", s.out);
+    cr_expect(n_cli > 50 && json_object_get_int64(pt) == n_cli, "ask read %ld tokens, JSONL ask %lld", n_cli,
+              (long long)json_object_get_int64(pt));
+    cr_assert(json_object_object_get_ex(ev, "text", &t));
+    char want[512];
+    snprintf(want, sizeof want, "%s\n", json_object_get_string(t));
+    cr_expect_str_eq(a.out, want, "the same greedy answer");
+    json_object_put(ev);
+    done(&a);
+    done(&s);
+    unlink(doc);
+    rmdir(dir);
+}
