@@ -74,11 +74,6 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
         else if (!strcmp(a, "--kv")) {
             NEED();
             if ((rc = cli_kv_check(cmd, v))) return rc;
-            /* only run and bench apply LowRAM so far: refuse rather than ignore it */
-            if (strstr(v, "lowram") && strcmp(cmd, "run") && strcmp(cmd, "bench")) {
-                fprintf(stderr, "ridgekv %s: --kv lowram is only supported by run and bench so far\n", cmd);
-                return RK_EXIT_USAGE;
-            }
             o->kv = v;
         }
         else if (!strcmp(a, "--backend")) {
@@ -215,19 +210,16 @@ int cli_kv_check(const char *cmd, const char *kv) {
     char items[8][1200];
     int n = cli_kv_split(kv, items, 8);
     if (n < 1 || (n > 1 && strcmp(cmd, "bench"))) {
-        fprintf(stderr, "ridgekv %s: --kv expects f16, f32 or lowram[:opts]%s (got '%s')\n", cmd,
+        fprintf(stderr, "ridgekv %s: --kv expects f16, f32, q8 or lowram[:opts]%s (got '%s')\n", cmd,
                 strcmp(cmd, "bench") ? "" : " or a list of up to 8", kv);
         return RK_EXIT_USAGE;
     }
     for (int i = 0; i < n; i++) {
         const char *it = items[i];
-        if (!strcmp(it, "f16") || !strcmp(it, "f32")) continue;
-        if (!strcmp(it, "q8")) {
-            fprintf(stderr, "ridgekv %s: --kv q8 (int8 KV) is not implemented; use f16, f32 or lowram\n", cmd);
-            return RK_EXIT_USAGE;
-        }
+        /* q8 is a policy of the API: the session says whether this build has it */
+        if (!strcmp(it, "f16") || !strcmp(it, "f32") || !strcmp(it, "q8")) continue;
         if (strncmp(it, "lowram", 6) || (it[6] && it[6] != ':')) {
-            fprintf(stderr, "ridgekv %s: --kv expects f16, f32 or lowram[:opts] (got '%s')\n", cmd, it);
+            fprintf(stderr, "ridgekv %s: --kv expects f16, f32, q8 or lowram[:opts] (got '%s')\n", cmd, it);
             return RK_EXIT_USAGE;
         }
         rk_lowram_params lp = rk_lowram_params_default();
@@ -260,8 +252,8 @@ int cli_setup_kv(const cli_opts *o, rk_session *s, const char *item) {
     return 0;
 }
 
-int cli_setup_fill(const cli_opts *o, const rk_model *m, rk_session *s, rk_ridge_maps **maps,
-                   const char *mode_override) {
+int cli_fill_params(const cli_opts *o, const rk_model *m, rk_ridge_maps **maps, const char *mode_override,
+                    rk_fill_params *out) {
     rk_err e = {0};
     const char *mode_s = mode_override ? mode_override : o->fill;
     rk_fill_params fp = {.mode = RK_FILL_OFF, .tail = o->tail, .split = o->split,
@@ -285,15 +277,24 @@ int cli_setup_fill(const cli_opts *o, const rk_model *m, rk_session *s, rk_ridge
         fprintf(stderr, "ridgekv: --fill %s needs --ridgefill MAPS.gguf (make one with ridgekv calibrate)\n", mode_s);
         return RK_EXIT_USAGE;
     }
-    rk_status st = rk_session_set_fill(s, &fp, &e);
-    if (st) {
-        cli_print_error(&e);
-        return RK_EXIT_USAGE;
-    }
     if (fp.mode != RK_FILL_OFF && o->verbose)
         fprintf(stderr, "ridgekv: ridgefill %s, split %d, tail %d%s%s\n", rk_fill_mode_name(fp.mode),
                 fp.maps ? rk_ridge_maps_split(fp.maps) : fp.split, fp.tail > 512 ? fp.tail : (fp.tail ? 512 : 2048),
                 fp.maps ? ", maps " : "", fp.maps ? o->ridgefill : "");
+    *out = fp;
+    return 0;
+}
+
+int cli_setup_fill(const cli_opts *o, const rk_model *m, rk_session *s, rk_ridge_maps **maps,
+                   const char *mode_override) {
+    rk_fill_params fp;
+    int rc = cli_fill_params(o, m, maps, mode_override, &fp);
+    if (rc) return rc;
+    rk_err e = {0};
+    if (rk_session_set_fill(s, &fp, &e)) {
+        cli_print_error(&e);
+        return RK_EXIT_USAGE;
+    }
     return 0;
 }
 

@@ -23,7 +23,7 @@ typedef struct cli_opts {
     int n_threads;          /* -t */
     int n_ctx;              /* -c */
     int n_batch;            /* -b */
-    const char *kv;         /* --kv f16|f32|lowram[:opts] (bench: a list) */
+    const char *kv;         /* --kv f16|f32|q8|lowram[:opts] (bench: a list) */
     const char *backend;    /* --backend cpu|cpu_ref */
     rk_sampler_params sp;
     int json;               /* --json */
@@ -39,9 +39,13 @@ typedef struct cli_opts {
     float keep_share;       /* --keep-share X (quality mode; <0: the map file's) */
 } cli_opts;
 
-/* Loads --ridgefill maps (when given) and applies the fill mode to s; prints one line
- * saying what is used. *maps must be destroyed by the caller after s. Returns an exit
- * code (0 on success). mode_override: NULL or a mode name replacing --fill. */
+/* The fill parameters of --ridgefill/--fill/--tail/--split/--keep-share: loads the maps
+ * (once, into *maps, which the caller destroys after every session using them) and, with
+ * -v, prints one line saying what is used. mode_override: NULL or a mode name replacing
+ * --fill. Returns an exit code (0 on success) after printing why. */
+int cli_fill_params(const cli_opts *o, const rk_model *m, rk_ridge_maps **maps, const char *mode_override,
+                    rk_fill_params *out);
+/* cli_fill_params, then applied to s. */
 int cli_setup_fill(const cli_opts *o, const rk_model *m, rk_session *s, rk_ridge_maps **maps,
                    const char *mode_override);
 

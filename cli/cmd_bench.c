@@ -3,7 +3,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "cli_gen.h"
 
 /* Resident set now (MiB), from /proc/self/statm; 0 when unreadable. */
 static double rss_now_mib(void) {
@@ -28,7 +28,7 @@ static const char *help =
     "  -t N          threads (default: all cores)\n"
     "  -r N          repetitions per length (default 2)\n"
     "  -b N          prefill chunk (default 512)\n"
-    "  --kv LIST     KV caches to compare in one run: f16, f32, lowram[:opts] (default f16);\n"
+    "  --kv LIST     KV caches to compare in one run: f16, f32, q8, lowram[:opts] (default f16);\n"
     "                KV bytes are counted after the decode steps, by part for lowram\n"
     "  --ridgefill MAPS  RidgeFill maps; --fill off,speed,quality compares modes in one run\n"
     "  --fill LIST   fill modes to run (default off); speedup is TTFT of the first mode / this mode\n"
@@ -80,26 +80,27 @@ int cmd_bench(int argc, char **argv) {
     if ((rc = cli_load_model(&o, &m))) return rc;
     const rk_hparams *hp = rk_model_hparams(m);
     rk_session_params sp;
-    cli_session_params(&o, &sp);
+    if ((rc = cli_session_params(&o, &sp))) {
+        rk_model_destroy(m);
+        return rc;
+    }
     int max_len = 0;
     for (int i = 0; i < n_lens; i++) max_len = lens[i] > max_len ? lens[i] : max_len;
     sp.n_ctx = max_len + o.n_predict + 1;
     rk_err e = {0};
     rk_session *s = NULL;
     rk_status st = rk_session_create(m, &sp, &s, &e);
-    int32_t *ids = malloc(((size_t)max_len + (size_t)o.n_predict + 1) * sizeof *ids);
-    float *logits = malloc((size_t)hp->n_vocab * sizeof(float));
-    if (!st && (!ids || !logits)) st = rk_err_set(&e, RK_E_NOMEM, "bench: out of memory");
+    int32_t *ids = malloc(((size_t)max_len + 1) * sizeof *ids);
+    if (!st && !ids) st = rk_err_set(&e, RK_E_NOMEM, "bench: out of memory");
     if (st) {
         cli_print_error(&e);
         free(ids);
-        free(logits);
         rk_session_destroy(s);
         rk_model_destroy(m);
         return cli_exit_code(st);
     }
     uint64_t rng = 12345;
-    for (int i = 0; i < max_len + o.n_predict + 1; i++) {
+    for (int i = 0; i < max_len; i++) {
         rng = rng * 6364136223846793005ull + 1442695040888963407ull;
         ids[i] = (int32_t)(rng >> 33) % hp->n_vocab;
     }
@@ -129,16 +130,18 @@ int cmd_bench(int argc, char **argv) {
             *pf_t = *dc_t = 0;
             *tt = 1e30;
             for (int r = 0; r < reps && !st; r++) {
-                rk_session_reset(s);
-                double t0 = rk_time_now();
-                st = rk_session_eval(s, ids, (size_t)lens[li], logits, false, &e);
-                double t1 = rk_time_now();
-                for (int k = 0; k < o.n_predict && !st; k++)
-                    st = rk_session_eval(s, &ids[lens[li] + k], 1, logits, false, &e);
-                double t2 = rk_time_now();
-                if (st) break;
-                if (t1 - t0 < *tt) *tt = t1 - t0;
-                double pf = lens[li] / (t1 - t0), dc = o.n_predict > 0 ? o.n_predict / (t2 - t1) : 0;
+                /* one more token than decode steps: the first comes from the prefill's logits,
+                 * so -n steps are -n evals; greedy through end-of-text tokens */
+                rk_gen_params gp = rk_gen_params_default();
+                gp.sampler.temp = 0;
+                gp.max_tokens = o.n_predict + 1;
+                gp.ignore_eog = true;
+                rk_gen_result g = {0};
+                if ((st = rk_generate(m, s, ids, (size_t)lens[li], &gp, &g, &e))) break;
+                const double pf_s = g.prefill_s, dc_s = g.decode_s;
+                rk_gen_result_deinit(&g);
+                if (pf_s < *tt) *tt = pf_s;
+                double pf = lens[li] / pf_s, dc = o.n_predict > 0 ? o.n_predict / dc_s : 0;
                 if (pf > *pf_t) *pf_t = pf;
                 if (dc > *dc_t) *dc_t = dc;
                 if (!o.json)
@@ -209,7 +212,6 @@ int cmd_bench(int argc, char **argv) {
     }
     rk_ridge_maps_destroy(maps);
     free(ids);
-    free(logits);
     rk_session_destroy(s);
     rk_model_destroy(m);
     return st ? cli_exit_code(st) : rc;

@@ -4,11 +4,12 @@
 #include <string.h>
 
 #include "cli.h"
-#include "eval_common.h"
+#include "cli_gen.h"
+#include "eval_cli.h"
 #include "rk_io.h"
 
 static const char *help =
-    "usage: ridgekv eval ppl [-m MODEL] -f FILE [-c 512] [--chunks N] [-t T] [--kv f16|f32] [--json]\n"
+    "usage: ridgekv eval ppl [-m MODEL] -f FILE [-c 512] [--chunks N] [-t T] [--kv f16|f32|q8|lowram[:opts]] [--json]\n"
     "       ridgekv eval needle|nll|splice [--ridgefill MAPS] [--fill LIST] ...  (see each --help)\n"
     "\n"
     "needle: passkey retrieval with the needle in the RidgeFill bulk region, modes paired (McNemar);\n"
@@ -83,7 +84,7 @@ static int eval_ppl(int argc, char **argv) {
         goto done;
     }
     rk_session_params sp;
-    cli_session_params(&o, &sp);
+    if ((rc = cli_session_params(&o, &sp))) goto done;
     sp.n_ctx = c;
     if ((st = rk_session_create(m, &sp, &s, &e))) goto fail;
     logits = malloc((size_t)c * (size_t)hp->n_vocab * sizeof(float));
@@ -103,12 +104,7 @@ static int eval_ppl(int argc, char **argv) {
         chunk[0] = saved;
         if (st) goto fail;
         for (int j = c / 2; j < c - 1; j++) {
-            const float *row = logits + (size_t)j * (size_t)hp->n_vocab;
-            double mx = row[0];
-            for (int v = 1; v < hp->n_vocab; v++) mx = row[v] > mx ? row[v] : mx;
-            double sum = 0;
-            for (int v = 0; v < hp->n_vocab; v++) sum += exp(row[v] - mx);
-            double l = -(row[chunk[j + 1]] - mx - log(sum));
+            const double l = ev_nll_row(logits + (size_t)j * (size_t)hp->n_vocab, hp->n_vocab, chunk[j + 1]);
             nll += l;
             nll2 += l * l;
             count++;

@@ -2,8 +2,8 @@
 #include <string.h>
 
 #include "cli.h"
+#include "cli_gen.h"
 #include "rk_io.h"
-#include "stream.h"
 
 static const char *help =
     "usage: ridgekv run [-m MODEL] (-p TEXT | -f FILE) [options]\n"
@@ -19,7 +19,7 @@ static const char *help =
     "  -c, --ctx-size N        context size in tokens (default: the model's)\n"
     "  -b, --batch-size N      prefill chunk (default 512)\n"
     "  -t, --threads N         threads (default: all cores)\n"
-    "      --kv f16|f32|lowram[:opts]  KV cache (default f16); lowram: compressed KV at decode\n"
+    "      --kv f16|f32|q8|lowram[:opts]  KV cache (default f16); lowram: compressed KV at decode\n"
     "                          (opts: ratio=R,rank=r,budget=B,window=W,resid=S,dense,... see docs/LOWRAM.md)\n"
     "      --backend cpu|cpu_ref  kernels (cpu_ref: the scalar oracle, slow)\n"
     "      --temp T            temperature (default 0.8; 0 = greedy)\n"
@@ -35,6 +35,19 @@ static const char *help =
     "      --split S           split layer for --fill identity/plumb without maps\n"
     "      --keep-share X      quality mode: share of hard tokens kept exact (default: the map's)\n"
     "  -v, --verbose           print model and timing details to stderr\n";
+
+/* The prompt's tokens: the text as is (special-token markup honoured), or with --chat
+ * one user turn (after --system) of the model's template. */
+static rk_status prompt_ids(const cli_opts *o, const rk_model *m, rk_session *s, rk_conv **conv, int32_t **ids,
+                            size_t *n, rk_err *e) {
+    if (!o->chat) return rk_model_tokenize(m, o->prompt, strlen(o->prompt), true, true, ids, n, e);
+    rk_conv_params cp = {0};
+    rk_status st = rk_conv_create(m, s, &cp, conv, e);
+    if (!st && o->system) st = rk_conv_add(*conv, "system", o->system, strlen(o->system), e);
+    if (!st) st = rk_conv_add(*conv, "user", o->prompt, strlen(o->prompt), e);
+    if (!st) st = rk_conv_prompt(*conv, ids, n, e);
+    return st;
+}
 
 int cmd_run(int argc, char **argv) {
     for (int i = 2; i < argc; i++)
@@ -63,93 +76,49 @@ int cmd_run(int argc, char **argv) {
     }
     rk_model *m = NULL;
     rk_session *s = NULL;
-    rk_sampler *smp = NULL;
     rk_ridge_maps *maps = NULL;
+    rk_conv *conv = NULL;
     int32_t *ids = NULL;
-    char *formatted = NULL;
-    float *logits = NULL;
+    size_t n_ids = 0;
+    rk_gen_result r = {0};
     rk_status st = RK_OK;
-    if ((rc = cli_load_model(&o, &m))) goto done;
+    if ((rc = cli_load_model(&o, &m)) || (rc = cli_open_session(&o, m, 0, &s)) ||
+        (rc = cli_setup_fill(&o, m, s, &maps, NULL)))
+        goto done;
     const rk_hparams *hp = rk_model_hparams(m);
-    const char *text = o.prompt;
-    if (o.chat) {
-        rk_chat_msg msgs[2];
-        size_t n = 0;
-        if (o.system) msgs[n++] = (rk_chat_msg){"system", o.system};
-        msgs[n++] = (rk_chat_msg){"user", o.prompt};
-        if ((st = rk_chat_format(rk_model_chat_family(m), msgs, n, true, &formatted, &e))) goto fail;
-        text = formatted;
-    }
-    size_t n_ids;
-    if ((st = rk_model_tokenize(m, text, strlen(text), true, true, &ids, &n_ids, &e))) goto fail;
-    if (n_ids == 0) {
-        fprintf(stderr, "ridgekv run: the prompt is empty after tokenization\n");
-        rc = RK_EXIT_USAGE;
-        goto done;
-    }
-    rk_session_params sp;
-    cli_session_params(&o, &sp);
-    int64_t n_ctx = sp.n_ctx > 0 ? sp.n_ctx : hp->n_ctx_train;
-    if ((int64_t)n_ids >= n_ctx) {
-        fprintf(stderr, "ridgekv run: the prompt has %zu tokens but the context holds %lld "
-                        "(leave room for at least one generated token; raise -c up to the model's %d)\n",
-                n_ids, (long long)n_ctx, hp->n_ctx_train);
-        rc = RK_EXIT_CONTEXT;
-        goto done;
-    }
-    if ((st = rk_session_create(m, &sp, &s, &e))) goto fail;
-    if ((rc = cli_setup_fill(&o, m, s, &maps, NULL)) || (rc = cli_setup_kv(&o, s, NULL))) goto done;
-    if ((st = rk_sampler_create(&o.sp, hp->n_vocab, &smp, &e))) goto fail;
-    logits = malloc((size_t)hp->n_vocab * sizeof(float));
-    int32_t *hist = realloc(ids, (n_ids + (size_t)n_ctx) * sizeof(int32_t));
-    if (!logits || !hist) {
-        st = rk_err_set(&e, RK_E_NOMEM, "run: out of memory");
-        goto fail;
-    }
-    ids = hist;
+    if ((st = prompt_ids(&o, m, s, &conv, &ids, &n_ids, &e))) goto fail;
     if (o.verbose)
-        fprintf(stderr, "ridgekv: %s (%s, %d layers, d=%d), prompt %zu tokens, ctx %lld\n",
-                rk_model_name(m), hp->arch_name, hp->n_layer, hp->n_embd, n_ids, (long long)n_ctx);
-    double t0 = rk_time_now();
-    if ((st = rk_session_eval(s, ids, n_ids, logits, false, &e))) goto fail;
-    double t1 = rk_time_now();
-    cli_stream out = {.out = stdout};
-    size_t n_hist = n_ids;
-    int n_gen = 0;
-    char piece[1024];
-    while (o.n_predict < 0 || n_gen < o.n_predict) {
-        int32_t tok = rk_sampler_sample(smp, logits, ids, n_hist);
-        if (rk_model_token_is_eog(m, tok)) break;
-        size_t pl = rk_model_token_piece(m, tok, false, piece, sizeof piece);
-        if (pl <= sizeof piece) cli_stream_put(&out, piece, pl);
-        ids[n_hist++] = tok;
-        n_gen++;
-        if (rk_session_n_past(s) >= rk_session_n_ctx(s)) {
-            cli_stream_flush(&out);
-            fprintf(stderr, "\nridgekv run: context full (%lld tokens); stopping\n", (long long)n_ctx);
-            break;
-        }
-        if (o.n_predict >= 0 && n_gen >= o.n_predict) break;
-        if ((st = rk_session_eval(s, &tok, 1, logits, false, &e))) goto fail;
-    }
-    cli_stream_flush(&out);
+        fprintf(stderr, "ridgekv: %s (%s, %d layers, d=%d), prompt %zu tokens, ctx %lld\n", rk_model_name(m),
+                hp->arch_name, hp->n_layer, hp->n_embd, n_ids, (long long)rk_session_n_ctx(s));
+    cli_sink out = {.f = stdout};
+    rk_gen_params gp = cli_gen_params(&o);
+    gp.on_token = cli_sink_token;
+    gp.token_ud = &out;
+    if ((st = rk_generate(m, s, ids, n_ids, &gp, &r, &e))) goto fail;
+    cli_sink_rest(&out, &r);
     fputc('\n', stdout);
     fflush(stdout);
-    double t2 = rk_time_now();
-    fprintf(stderr, "ridgekv: prompt %zu tokens in %.2f s (%.1f tok/s, TTFT %.0f ms), generated %d tokens (%.1f tok/s)\n",
-            n_ids, t1 - t0, (double)n_ids / (t1 - t0), 1000.0 * (t1 - t0), n_gen,
-            n_gen > 0 ? (double)n_gen / (t2 - t1) : 0.0);
+    if (r.stop == RK_STOP_CONTEXT)
+        fprintf(stderr, "ridgekv run: context full (%lld tokens); stopping\n", (long long)rk_session_n_ctx(s));
+    fprintf(stderr, "ridgekv: prompt %lld tokens in %.2f s (%.1f tok/s, TTFT %.0f ms), generated %lld tokens (%.1f tok/s)\n",
+            (long long)r.n_prompt, r.prefill_s, r.prefill_tok_s, 1000.0 * (r.ttft_s >= 0 ? r.ttft_s : r.prefill_s),
+            (long long)r.n_gen, r.decode_tok_s);
+    if (o.verbose) cli_gen_verbose("run", s, &o, &r);
     rc = RK_EXIT_OK;
     goto done;
 fail:
     cli_print_error(&e);
     rc = cli_exit_code(st);
+    if (st == RK_E_CONTEXT)
+        fprintf(stderr, "ridgekv run: shorten the prompt or raise -c (up to the model's %d)\n",
+                rk_model_hparams(m)->n_ctx_train);
+    else if (st == RK_E_INVALID_ARG && n_ids == 0)
+        fprintf(stderr, "ridgekv run: the prompt is empty after tokenization\n");
 done:
-    free(logits);
+    rk_gen_result_deinit(&r);
     free(ids);
-    free(formatted);
     free(file_text);
-    rk_sampler_destroy(smp);
+    rk_conv_destroy(conv);
     rk_session_destroy(s);
     rk_ridge_maps_destroy(maps);
     rk_model_destroy(m);

@@ -197,7 +197,15 @@ static serve_code parse_gen(ctx *c, json_object *o, serve_gen *g) {
     g->sp.repeat_last_n = (int32_t)i;
     if ((rc = get_seed(c, o, &g->sp.seed))) return rc;
     if ((rc = get_stop(c, o, g))) return rc;
-    return get_bool(c, o, "stream", &g->stream);
+    if ((rc = get_bool(c, o, "stream", &g->stream))) return rc;
+    /* the session and the prefill; the values are checked against the engine in serve_ops.c */
+    if ((rc = get_str(c, o, "kv", "kv", false, &g->kv, NULL))) return rc;
+    if ((rc = get_str(c, o, "fill", "fill", false, &g->fill, NULL))) return rc;
+    if ((rc = get_str(c, o, "ridgefill", "ridgefill", false, &g->ridgefill, NULL))) return rc;
+    i = g->tail;
+    if ((rc = get_int(c, o, "tail", 512, SERVE_MAX_TOKENS_LIMIT, &i))) return rc;
+    g->tail = (int)i;
+    return SERVE_OK;
 }
 
 static serve_code parse_chat(ctx *c, json_object *o, serve_req *r) {
@@ -267,7 +275,7 @@ static serve_code take_id(ctx *c, serve_req *r) {
     switch (json_object_get_type(id)) {
     case json_type_string:
         /* escapes decode to well-formed text, but a raw bad byte may sit in an invalid_utf8 line */
-        if (!serve_utf8_valid(json_object_get_string(id), (size_t)json_object_get_string_len(id), NULL))
+        if (!rk_utf8_valid(json_object_get_string(id), (size_t)json_object_get_string_len(id), NULL))
             return fail(c, SERVE_INVALID_REQUEST, "field 'id' is not valid UTF-8");
         break;
     case json_type_double:
@@ -300,7 +308,7 @@ serve_code serve_req_parse(const char *line, size_t len, const serve_gen *defaul
     if (len > INT_MAX) return fail(&c, SERVE_LINE_TOO_LONG, "line too long (%zu bytes)", len);
 
     size_t bad = 0;
-    bool utf8_ok = serve_utf8_valid(line, len, &bad);
+    bool utf8_ok = rk_utf8_valid(line, len, &bad);
     json_tokener *tok = json_tokener_new_ex(SERVE_JSON_DEPTH);
     if (!tok) return fail(&c, SERVE_INTERNAL, "out of memory");
     /* trailing text is checked below, for a message with its position */

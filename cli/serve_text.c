@@ -1,54 +1,10 @@
-/* UTF-8 checks and the streamer that turns generated token bytes into client text. */
+/* serve --jsonl: byte buffers and U+FFFD repair for event text (messages that quote
+ * engine text, token pieces). Generated text is repaired by rk_generate's streamer. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "serve.h"
-
-int serve_utf8_char(const unsigned char *p, size_t n) {
-    unsigned c = p[0];
-    if (c < 0x80) return 1;
-    int len;
-    unsigned lo = 0x80, hi = 0xbf; /* allowed range of the second byte */
-    if (c >= 0xc2 && c <= 0xdf) {
-        len = 2;
-    } else if (c >= 0xe0 && c <= 0xef) {
-        len = 3;
-        if (c == 0xe0) lo = 0xa0;       /* overlong */
-        else if (c == 0xed) hi = 0x9f;  /* surrogates */
-    } else if (c >= 0xf0 && c <= 0xf4) {
-        len = 4;
-        if (c == 0xf0) lo = 0x90;       /* overlong */
-        else if (c == 0xf4) hi = 0x8f;  /* above U+10FFFF */
-    } else {
-        return -1; /* continuation byte, overlong lead C0/C1, or F5..FF */
-    }
-    for (int i = 1; i < len; i++) {
-        if ((size_t)i >= n) return 0;
-        unsigned b = p[i];
-        unsigned blo = i == 1 ? lo : 0x80, bhi = i == 1 ? hi : 0xbf;
-        if (b < blo || b > bhi) return -1;
-    }
-    return len;
-}
-
-bool serve_utf8_valid(const char *p, size_t n, size_t *bad) {
-    const unsigned char *u = (const unsigned char *)p;
-    size_t i = 0;
-    while (i < n) {
-        if (u[i] < 0x80) { /* ASCII runs are the common case */
-            i++;
-            continue;
-        }
-        int l = serve_utf8_char(u + i, n - i);
-        if (l <= 0) {
-            if (bad) *bad = i;
-            return false;
-        }
-        i += (size_t)l;
-    }
-    return true;
-}
 
 bool serve_buf_put(serve_buf *b, const void *p, size_t n) {
     if (n == 0) return true;
@@ -71,78 +27,17 @@ void serve_buf_free(serve_buf *b) {
     *b = (serve_buf){0};
 }
 
-size_t serve_utf8_sanitize(serve_buf *out, const char *p, size_t n, bool final) {
+bool serve_utf8_sanitize(serve_buf *out, const char *p, size_t n) {
     static const char repl[3] = {'\xef', '\xbf', '\xbd'};
     size_t i = 0, run = 0; /* p[run..i) is well-formed and not yet copied */
     while (i < n) {
-        int l = serve_utf8_char((const unsigned char *)p + i, n - i);
+        int l = rk_utf8_char((const unsigned char *)p + i, n - i);
         if (l > 0) {
             i += (size_t)l;
             continue;
         }
-        if (l == 0 && !final) break;
-        if (!serve_buf_put(out, p + run, i - run) || !serve_buf_put(out, repl, sizeof repl)) return (size_t)-1;
+        if (!serve_buf_put(out, p + run, i - run) || !serve_buf_put(out, repl, sizeof repl)) return false;
         run = ++i;
     }
-    if (!serve_buf_put(out, p + run, i - run)) return (size_t)-1;
-    return i;
-}
-
-bool serve_text_push(serve_text *t, const char *p, size_t n) {
-    if (t->stopped) return true;
-    if (!serve_buf_put(&t->raw, p, n)) return false;
-    if (t->raw.n == t->raw_done) return true; /* nothing undecided (raw.p may still be NULL) */
-    /* Undecided bytes. No stop string can start before raw_done: such a start would have
-     * been held back as a possible prefix, or would have matched already. */
-    const char *s = t->raw.p + t->raw_done;
-    size_t m = t->raw.n - t->raw_done;
-    const serve_gen *g = t->g;
-    size_t first = SIZE_MAX;
-    for (int k = 0; g && k < g->n_stop; k++) {
-        if (!g->stop_len[k]) continue;
-        const char *h = memmem(s, m, g->stop[k], g->stop_len[k]);
-        if (h && (size_t)(h - s) < first) first = (size_t)(h - s);
-    }
-    if (first != SIZE_MAX) {
-        if (serve_utf8_sanitize(&t->out, s, first, true) == (size_t)-1) return false;
-        t->raw_done += first;
-        t->stopped = true;
-        return true;
-    }
-    /* hold the longest tail that is a proper prefix of some stop string */
-    size_t hold = 0;
-    for (int k = 0; g && k < g->n_stop; k++) {
-        if (!g->stop_len[k]) continue;
-        size_t l = g->stop_len[k] - 1 < m ? g->stop_len[k] - 1 : m;
-        for (; l > hold; l--)
-            if (!memcmp(s + m - l, g->stop[k], l)) {
-                hold = l;
-                break;
-            }
-    }
-    size_t used = serve_utf8_sanitize(&t->out, s, m - hold, false);
-    if (used == (size_t)-1) return false;
-    t->raw_done += used;
-    return true;
-}
-
-bool serve_text_finish(serve_text *t) {
-    if (t->stopped) return true;
-    size_t m = t->raw.n - t->raw_done;
-    if (m == 0) return true;
-    if (serve_utf8_sanitize(&t->out, t->raw.p + t->raw_done, m, true) == (size_t)-1) return false;
-    t->raw_done = t->raw.n;
-    return true;
-}
-
-void serve_text_take(serve_text *t, size_t *off, size_t *len) {
-    *off = t->sent;
-    *len = t->out.n - t->sent;
-    t->sent = t->out.n;
-}
-
-void serve_text_deinit(serve_text *t) {
-    if (!t) return;
-    serve_buf_free(&t->raw);
-    serve_buf_free(&t->out);
+    return serve_buf_put(out, p + run, i - run);
 }

@@ -1,14 +1,16 @@
-/* libFuzzer target for the serve --jsonl request parser and the generated-text streamer.
+/* libFuzzer target for the serve --jsonl request parser and rk_generate's text streamer.
  * Every input must give a known code with a well-formed UTF-8 message; a usable id is a
  * string or a number. The input bytes are then streamed in uneven chunks through
- * serve_text with the request's stop strings (or "</s>"): the output must be well-formed,
+ * rk_gen_text with the request's stop strings (or "</s>"): the output must be well-formed,
  * and for well-formed input it must be the input up to the first stop string to complete.
- * Build: cli/serve_req.c + cli/serve_text.c + this file, json-c, -Icli -Iruntime/include
- * -Iruntime/base/include (the parser calls nothing from the runtime). */
+ * Build: cli/serve_req.c + cli/serve_text.c + runtime/generate/gen_text.c + this file,
+ * json-c, -Icli -Iruntime/generate -Iruntime/include -Iruntime/base/include (neither
+ * calls the model). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "gen_impl.h"
 #include "serve.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -18,21 +20,21 @@ static void check(bool ok) {
 }
 
 static void stream(const serve_gen *g, const uint8_t *data, size_t size) {
-    serve_text t = {.g = g};
+    rk_gen_text t = {.stop = g->stop, .stop_len = g->stop_len, .n_stop = g->n_stop};
     size_t at = 0, k = 0, sent = 0;
     while (at < size) {
         size_t n = 1 + (data[k++ % size] & 7); /* token-sized pieces */
         if (n > size - at) n = size - at;
-        check(serve_text_push(&t, (const char *)data + at, n));
+        check(rk_gen_text_push(&t, (const char *)data + at, n));
         size_t off, len;
-        serve_text_take(&t, &off, &len);
+        rk_gen_text_take(&t, &off, &len);
         check(off == sent);
         sent += len;
         at += n;
     }
-    check(serve_text_finish(&t));
-    check(serve_utf8_valid(t.out.p ? t.out.p : "", t.out.n, NULL));
-    if (serve_utf8_valid((const char *)data, size, NULL)) {
+    check(rk_gen_text_finish(&t));
+    check(rk_utf8_valid(t.out.p ? t.out.p : "", t.out.n, NULL));
+    if (rk_utf8_valid((const char *)data, size, NULL)) {
         /* the text is the input up to where a stop string starts (the first one to be
          * complete), holds no whole stop string, and is all of the input without a stop */
         check(t.out.n <= size && (t.out.n == 0 || !memcmp(t.out.p, data, t.out.n)));
@@ -43,7 +45,7 @@ static void stream(const serve_gen *g, const uint8_t *data, size_t size) {
         }
         check(t.stopped ? at_stop : t.out.n == size);
     }
-    serve_text_deinit(&t);
+    rk_gen_text_deinit(&t);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -53,7 +55,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     serve_code c = serve_req_parse((const char *)data, size, &def, &r, msg, sizeof msg);
     check((unsigned)c < SERVE_CODE_COUNT);
     check(c == SERVE_OK || msg[0] != 0);
-    check(serve_utf8_valid(msg, strlen(msg), NULL));
+    check(rk_utf8_valid(msg, strlen(msg), NULL));
     if (r.id)
         check(json_object_is_type(r.id, json_type_string) || json_object_is_type(r.id, json_type_int) ||
               json_object_is_type(r.id, json_type_double));

@@ -1,7 +1,7 @@
 /* ridgekv chat and ask, end to end: chat through a pseudo-terminal (Ctrl-C mid-answer,
  * Ctrl-D), chat through a pipe (turns, commands, save/load, dropping old turns), ask on
- * a sample document with the default model, and ask's refusals (missing file, too long,
- * Ctrl-C while reading). */
+ * a sample document with the default model, ask's refusals (missing file, too long,
+ * Ctrl-C while reading), and --kv / --fill applied by both. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -35,6 +35,20 @@ static char *sample(char *buf, size_t cap, const char *name) {
     snprintf(buf, cap, "%s/samples/docs/%s", src, name);
     cr_assert(access(buf, R_OK) == 0, "missing sample document %s", buf);
     return buf;
+}
+
+/* A fresh directory for a test's files (mkdtemp), name in buf. */
+static char *tmp_dir(char *buf, size_t cap) {
+    snprintf(buf, cap, "/tmp/rkcliXXXXXX");
+    cr_assert(mkdtemp(buf), "mkdtemp: %s", strerror(errno));
+    return buf;
+}
+
+static void write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    cr_assert(f, "%s", path);
+    fputs(text, f);
+    fclose(f);
 }
 
 static double now_s(void) {
@@ -136,7 +150,11 @@ Test(chat_ask, chat_tty_ctrl_c_stops_answer_then_ctrl_d_exits) {
     term t;
     term_start(&t, argv);
     cr_assert(term_expect(&t, 0, ">>> ", 20), "no prompt: %s", t.buf);
-    cr_expect(strstr(t.buf, "line editing: libedit") || strstr(t.buf, "line editing: plain"), "%s", t.buf);
+#ifdef RK_HAVE_LIBEDIT /* the test is built with the binary's libedit setting */
+    cr_expect(strstr(t.buf, "line editing: libedit"), "built with libedit: %s", t.buf);
+#else
+    cr_expect(strstr(t.buf, "line editing: plain"), "built without libedit: %s", t.buf);
+#endif
 
     /* Ctrl-C as soon as the answer starts; the answer may rarely finish first, so retry */
     bool stopped = false;
@@ -266,9 +284,9 @@ Test(chat_ask, chat_pipe_two_turns_stats_reset) {
 }
 
 Test(chat_ask, chat_save_load_roundtrip) {
-    char sp[1024], path[64], cmds[512];
+    char sp[1024], dir[64], path[96], cmds[512];
     stories(sp, sizeof sp);
-    snprintf(path, sizeof path, "/tmp/rk_chat_save_%d.json", (int)getpid());
+    snprintf(path, sizeof path, "%s/chat.json", tmp_dir(dir, sizeof dir));
     snprintf(cmds, sizeof cmds, "Hello\n/save %s\n/reset\n/load %s\n/stats\n/load /nonexistent/x.json\n/stats\n", path,
              path);
     result r = run_argv(cmds, (char *[]){"chat", "-m", sp, "--system", "Be brief.", "-n", "8", "--temp", "0", NULL});
@@ -293,6 +311,7 @@ Test(chat_ask, chat_save_load_roundtrip) {
     cr_expect_str_eq(json_object_get_string(c1), "Hello");
     json_object_put(root);
     unlink(path);
+    rmdir(dir);
     done(&r);
 }
 
@@ -337,15 +356,13 @@ Test(chat_ask, ask_answers_from_the_document) {
 }
 
 Test(chat_ask, ask_plumbing_progress_and_timings) {
-    char sp[1024], doc[64];
+    char sp[1024], dir[64], doc[96];
     stories(sp, sizeof sp);
-    snprintf(doc, sizeof doc, "/tmp/rk_ask_small_%d.txt", (int)getpid());
-    FILE *f = fopen(doc, "w");
-    cr_assert(f);
-    fputs("Lily had a red ball. She played with it in the park every day with her dog Max.\n", f);
-    fclose(f);
+    snprintf(doc, sizeof doc, "%s/small.txt", tmp_dir(dir, sizeof dir));
+    write_text(doc, "Lily had a red ball. She played with it in the park every day with her dog Max.\n");
     result r = run_argv(NULL, (char *[]){"ask", "-m", sp, "-n", "16", "-b", "8", "--doc", doc, "What did Lily have?", NULL});
     unlink(doc);
+    rmdir(dir);
     cr_assert_eq(r.code, 0, "exit %d: %s", r.code, r.err);
     cr_expect(strlen(r.out) > 1 && r.out[strlen(r.out) - 1] == '\n', "answer on stdout: %s", r.out);
     cr_expect(strstr(r.err, "accelerations: ridgefill off (no maps), lowram off"), "%s", r.err);
@@ -394,8 +411,8 @@ Test(chat_ask, ask_ctrl_c_while_reading_exit_130) {
     char mp[1024], doc[1024];
     if (!tb_default_model(mp, sizeof mp)) cr_skip_test("default model absent (run `ridgekv pull`)");
     sample(doc, sizeof doc, "austen_persuasion_ch1.txt");
-    char err[64];
-    snprintf(err, sizeof err, "/tmp/rk_ask_int_%d.err", (int)getpid());
+    char dir[64], err[96];
+    snprintf(err, sizeof err, "%s/ask.err", tmp_dir(dir, sizeof dir));
     pid_t pid = fork();
     cr_assert(pid >= 0);
     if (pid == 0) {
@@ -427,6 +444,7 @@ Test(chat_ask, ask_ctrl_c_while_reading_exit_130) {
     cr_expect(dt < 15, "took %.1f s to stop", dt);
     free(text);
     unlink(err);
+    rmdir(dir);
 }
 
 Test(chat_ask, docs_quote_help_exactly) {
@@ -446,4 +464,128 @@ Test(chat_ask, docs_quote_help_exactly) {
         done(&r);
     }
     free(doc);
+}
+
+/* ---- --kv and --fill: the session's policy and the prefill's fill, in chat and ask -------- */
+
+/* A story of about `words` words for prompts longer than the 512-token exact tail. */
+static char *long_text(int reps) {
+    const char *line = "The little dog ran in the park and the cat sat on the mat. ";
+    char *b = malloc(strlen(line) * (size_t)reps + 1);
+    b[0] = 0;
+    for (int i = 0; i < reps; i++) strcat(b, line);
+    return b;
+}
+
+Test(chat_ask, chat_kv_lowram_compresses_the_conversation) {
+    char sp[1024];
+    stories(sp, sizeof sp);
+    char *msg = long_text(20), input[8192];
+    snprintf(input, sizeof input, "%s\nThe end\n/stats\n", msg);
+    free(msg);
+    result r = run_argv(input, (char *[]){"chat", "-m", sp, "-n", "8", "--temp", "0", "--kv", "lowram:window=32", NULL});
+    cr_assert_eq(r.code, 0, "exit %d: %s", r.code, r.err);
+    const char *kv = strstr(r.out, "kv cache  ");
+    cr_assert(kv, "%s", r.out);
+    long rows = num_after(kv, ", lowram, ");
+    cr_expect(rows > 0, "the LowRAM session compressed old rows: %s", kv);
+    cr_expect(strstr(kv, "rows compressed"), "%s", kv);
+    done(&r);
+    /* the same conversation in f16: no compression, plain bytes per token */
+    r = run_argv("Once upon a time\n/stats\n", (char *[]){"chat", "-m", sp, "-n", "8", "--temp", "0", NULL});
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    kv = strstr(r.out, "kv cache  ");
+    cr_assert(kv, "%s", r.out);
+    cr_expect(num_after(kv, "(") == 5 * 2 * 4 * 8 * 2 && strstr(kv, "x ") && strstr(kv, "f16)"),
+              "f16: 640 bytes/token: %s", kv);
+    done(&r);
+}
+
+Test(chat_ask, chat_fill_identity_fills_a_long_message) {
+    char sp[1024];
+    stories(sp, sizeof sp);
+    char *msg = long_text(25), input[8192];
+    snprintf(input, sizeof input, "%s\n", msg);
+    free(msg);
+    char *args_fill[] = {"chat", "-m", sp, "-c", "1024", "-n", "4", "--temp", "0", "-v", "--split", "2", "--fill",
+                         "identity", "--tail", "512", NULL};
+    result r = run_argv(input, args_fill);
+    cr_assert_eq(r.code, 0, "exit %d: %s", r.code, r.err);
+    long filled = num_after(r.err, "; filled ");
+    long prompt = num_after(r.err, "prefill ");
+    /* rows with >= 512 prompt tokens after them, in the 3 layers past the split */
+    cr_expect(prompt > 520 && filled == 3 * (prompt - 512), "prompt %ld, filled %ld: %s", prompt, filled, r.err);
+    done(&r);
+    char *args_off[] = {"chat", "-m", sp, "-c", "1024", "-n", "4", "--temp", "0", "-v", NULL};
+    r = run_argv(input, args_off);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    cr_expect_eq(num_after(r.err, "; filled "), 0, "%s", r.err);
+    done(&r);
+}
+
+Test(chat_ask, ask_applies_kv_and_fill) {
+    char sp[1024], dir[64], doc[96];
+    stories(sp, sizeof sp);
+    snprintf(doc, sizeof doc, "%s/long.txt", tmp_dir(dir, sizeof dir));
+    char *text = long_text(25);
+    write_text(doc, text);
+    free(text);
+    result r = run_argv(NULL, (char *[]){"ask", "-m", sp, "-c", "1024", "-n", "8", "-v", "--kv", "lowram:window=32",
+                                         "--doc", doc, "Who ran?", NULL});
+    cr_assert_eq(r.code, 0, "exit %d: %s", r.code, r.err);
+    cr_expect(strstr(r.err, "lowram on (fitted on the prompt), document cache off; lowram KV cache"), "%s", r.err);
+    cr_expect(num_after(r.err, "KV lowram, ") > 0, "rows compressed: %s", r.err);
+    done(&r);
+    r = run_argv(NULL, (char *[]){"ask", "-m", sp, "-c", "1024", "-n", "8", "-v", "--split", "2", "--fill", "identity",
+                                  "--tail", "512", "--doc", doc, "Who ran?", NULL});
+    cr_assert_eq(r.code, 0, "exit %d: %s", r.code, r.err);
+    long prompt = num_after(r.err, "prefill "), filled = num_after(r.err, "; filled ");
+    cr_expect(prompt > 520 && filled == 3 * (prompt - 512), "prompt %ld, filled %ld: %s", prompt, filled, r.err);
+    cr_expect(strstr(r.err, "accelerations: ridgefill identity (no maps)"), "%s", r.err);
+    done(&r);
+    unlink(doc);
+    rmdir(dir);
+}
+
+/* One prompt builder: `ask` and a JSONL ask request with the same document (named as the
+ * file) and question read the same number of tokens, and answer the same (greedy). */
+Test(chat_ask, ask_and_jsonl_ask_build_the_same_prompt) {
+    char sp[1024], dir[64], doc[96];
+    stories(sp, sizeof sp);
+    snprintf(doc, sizeof doc, "%s/notes.txt", tmp_dir(dir, sizeof dir));
+    const char *text = "Lily had a red ball. She played with it in the park every day with her dog Max.\n";
+    write_text(doc, text);
+    result a = run_argv(NULL, (char *[]){"ask", "-m", sp, "-n", "6", "-v", "--doc", doc, "What did Lily have?", NULL});
+    cr_assert_eq(a.code, 0, "%s", a.err);
+    long n_cli = num_after(a.err, "document, prompt ");
+    json_object *req = json_object_new_object(), *docs = json_object_new_array(), *d = json_object_new_object();
+    json_object_object_add(d, "name", json_object_new_string("notes.txt"));
+    json_object_object_add(d, "text", json_object_new_string(text));
+    json_object_array_add(docs, d);
+    json_object_object_add(req, "id", json_object_new_int(1));
+    json_object_object_add(req, "op", json_object_new_string("ask"));
+    json_object_object_add(req, "docs", docs);
+    json_object_object_add(req, "question", json_object_new_string("What did Lily have?"));
+    json_object_object_add(req, "max_tokens", json_object_new_int(6));
+    json_object_object_add(req, "temperature", json_object_new_int(0));
+    json_object_object_add(req, "stream", json_object_new_boolean(false));
+    char line[2048];
+    snprintf(line, sizeof line, "%s\n", json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN));
+    json_object_put(req);
+    result s = run_argv(line, (char *[]){"serve", "--jsonl", "-m", sp, NULL});
+    cr_assert_eq(s.code, 0, "%s", s.err);
+    json_object *ev = json_tokener_parse(s.out), *u, *pt, *t;
+    cr_assert(ev && json_object_object_get_ex(ev, "usage", &u) && json_object_object_get_ex(u, "prompt_tokens", &pt),
+              "%s", s.out);
+    cr_expect(n_cli > 50 && json_object_get_int64(pt) == n_cli, "ask read %ld tokens, JSONL ask %lld", n_cli,
+              (long long)json_object_get_int64(pt));
+    cr_assert(json_object_object_get_ex(ev, "text", &t));
+    char want[512];
+    snprintf(want, sizeof want, "%s\n", json_object_get_string(t));
+    cr_expect_str_eq(a.out, want, "the same greedy answer");
+    json_object_put(ev);
+    done(&a);
+    done(&s);
+    unlink(doc);
+    rmdir(dir);
 }

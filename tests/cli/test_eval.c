@@ -1,6 +1,6 @@
-/* `ridgekv eval needle|nll|splice`: the statistics in cli/eval_common.c against hand
- * computations (suite cli), and short runs of the three commands on the default model
- * (suite model; skips without it). */
+/* `ridgekv eval needle|nll|splice`: the eval library's statistics (eval/, pure functions)
+ * against hand and closed-form computations (suite cli), and short runs of the three
+ * commands on the default model (suite model; skips without it). */
 #include <criterion/criterion.h>
 #include <json-c/json.h>
 #include <math.h>
@@ -10,7 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "eval_common.h"
+#include "rk_eval.h"
 #include "tb.h"
 
 /* ---- statistics ---------------------------------------------------------------- */
@@ -126,36 +126,106 @@ Test(eval, bootstrap_ratio_of_sums) {
 
 Test(eval, flag_and_list_parsing) {
     rk_fill_mode m[6];
-    int n = ev_parse_modes("speed,quality", m, 6, "test");
+    rk_err e = {0};
+    int n = ev_parse_modes("speed,quality", m, 6, &e);
     cr_assert_eq(n, 3);
     cr_expect(m[0] == RK_FILL_OFF && m[1] == RK_FILL_SPEED && m[2] == RK_FILL_QUALITY);
-    n = ev_parse_modes("identity,off,identity", m, 6, "test");
+    n = ev_parse_modes("identity,off,identity", m, 6, &e);
     cr_assert_eq(n, 2, "off first, duplicates dropped");
     cr_expect(m[0] == RK_FILL_OFF && m[1] == RK_FILL_IDENTITY);
-    cr_expect_eq(ev_parse_modes("speed,bogus", m, 6, "test"), -1);
-    cr_expect_eq(ev_parse_modes("", m, 6, "test"), -1);
+    cr_expect_eq(ev_parse_modes("speed,bogus", m, 6, &e), -1);
+    cr_expect(strstr(e.msg, "speed,bogus"), "the message quotes the list: %s", e.msg);
+    cr_expect_eq(ev_parse_modes("", m, 6, &e), -1);
     double d[4];
     int nd;
-    cr_expect(ev_parse_doubles("0.1,0.5,0.9", 0, 1, d, 4, &nd, "test", "--depths") && nd == 3 && d[2] == 0.9);
-    cr_expect(!ev_parse_doubles("0.1,1.5", 0, 1, d, 4, &nd, "test", "--depths"));
-    cr_expect(!ev_parse_doubles("0.1,,0.2", 0, 1, d, 4, &nd, "test", "--depths"));
-    cr_expect(!ev_parse_doubles("1,2,3,4,5", 0, 10, d, 4, &nd, "test", "--depths"), "too many");
+    cr_expect(ev_parse_doubles("0.1,0.5,0.9", 0, 1, d, 4, &nd, "--depths", &e) == RK_OK && nd == 3 && d[2] == 0.9);
+    cr_expect_eq(ev_parse_doubles("0.1,1.5", 0, 1, d, 4, &nd, "--depths", &e), RK_E_INVALID_ARG);
+    cr_expect(strstr(e.msg, "--depths") && strstr(e.msg, "1.5"), "names the flag and the value: %s", e.msg);
+    cr_expect_eq(ev_parse_doubles("0.1,,0.2", 0, 1, d, 4, &nd, "--depths", &e), RK_E_INVALID_ARG);
+    cr_expect_eq(ev_parse_doubles("1,2,3,4,5", 0, 10, d, 4, &nd, "--depths", &e), RK_E_INVALID_ARG, "too many");
+    cr_expect(strstr(e.msg, "at most 4"), "%s", e.msg);
     int li[4];
-    cr_expect(ev_parse_ints("1024,2048", 64, 1 << 20, li, 4, &nd, "test", "--lengths") && nd == 2 && li[1] == 2048);
-    cr_expect(!ev_parse_ints("1024,2x", 64, 1 << 20, li, 4, &nd, "test", "--lengths"));
+    cr_expect(ev_parse_ints("1024,2048", 64, 1 << 20, li, 4, &nd, "--lengths", &e) == RK_OK && nd == 2 && li[1] == 2048);
+    cr_expect_eq(ev_parse_ints("1024,2x", 64, 1 << 20, li, 4, &nd, "--lengths", &e), RK_E_INVALID_ARG);
+    long lv;
+    cr_expect(ev_parse_int("17", 1, 20, &lv, "--trials", &e) == RK_OK && lv == 17);
+    cr_expect_eq(ev_parse_int("21", 1, 20, &lv, "--trials", &e), RK_E_INVALID_ARG);
     const char *depths = NULL, *trials = NULL;
     ev_flag fl[] = {{"--depths", &depths}, {"--trials", &trials}};
     char *argv[] = {"ridgekv", "eval", "needle", "--depths", "0.5", "-t", "2", "--trials", "4", NULL};
     char **av = NULL;
     int ac = 0;
-    cr_assert_eq(ev_take_flags(9, argv, fl, 2, &av, &ac, "test"), 0);
+    cr_assert_eq(ev_take_flags(9, argv, fl, 2, &av, &ac, &e), RK_OK);
     cr_expect_eq(ac, 5);
     cr_expect_str_eq(av[3], "-t");
     cr_expect_str_eq(depths, "0.5");
     cr_expect_str_eq(trials, "4");
     free(av);
     char *bad[] = {"ridgekv", "eval", "needle", "--trials", NULL};
-    cr_expect_eq(ev_take_flags(4, bad, fl, 2, &av, &ac, "test"), 2, "a flag without its value is a usage error");
+    cr_expect_eq(ev_take_flags(4, bad, fl, 2, &av, &ac, &e), RK_E_INVALID_ARG, "a flag without its value");
+    cr_expect(strstr(e.msg, "--trials needs a value"), "%s", e.msg);
+}
+
+Test(eval, bootstrap_of_a_constant_is_that_constant) {
+    /* every resample of identical units has the same mean: a zero-width interval at it */
+    double c[7] = {-1.25, -1.25, -1.25, -1.25, -1.25, -1.25, -1.25};
+    for (int n_boot = 1; n_boot <= 1000; n_boot *= 10) {
+        ev_ci ci = ev_bootstrap_ratio(c, NULL, 7, n_boot, 11, 0.9);
+        cr_expect(ci.est == -1.25 && ci.lo == -1.25 && ci.hi == -1.25, "n_boot %d: %g [%g, %g]", n_boot, ci.est, ci.lo,
+                  ci.hi);
+    }
+    /* a ratio whose units all have num = 3 den: 3 whatever the resample */
+    double num[5] = {3, 6, 9, 0.3, 30}, den[5] = {1, 2, 3, 0.1, 10};
+    ev_ci r = ev_bootstrap_ratio(num, den, 5, 200, 5, 0.95);
+    cr_expect(fabs(r.est - 3) < 1e-12 && fabs(r.lo - 3) < 1e-12 && fabs(r.hi - 3) < 1e-12, "%g [%g, %g]", r.est, r.lo,
+              r.hi);
+    /* no resamples: the estimate without an interval */
+    ev_ci none = ev_bootstrap_ratio(num, den, 5, 0, 5, 0.95);
+    cr_expect(fabs(none.est - 3) < 1e-12 && isnan(none.lo) && isnan(none.hi));
+}
+
+Test(eval, long_range_selection_on_a_synthetic_gain_vector) {
+    /* gain = NLL(short) - NLL(full) for 10 tokens */
+    const double gain[10] = {0.9, -0.2, 0.5, 0.0, 2.0, 0.5, 0.1, 1.5, -1.0, 0.7};
+    unsigned char sel[10];
+    /* LongPPL: gain > 0.5 (strict): 0.9, 2.0, 1.5, 0.7 */
+    cr_expect_eq(ev_gain_select(gain, 10, 0.5, true, sel), 4u);
+    const unsigned char want_strict[10] = {1, 0, 0, 0, 1, 0, 0, 1, 0, 1};
+    cr_expect_arr_eq(sel, want_strict, 10);
+    /* >= 0.5 adds the two tokens at exactly 0.5 */
+    cr_expect_eq(ev_gain_select(gain, 10, 0.5, false, sel), 6u);
+    cr_expect(sel[2] && sel[5]);
+    /* -inf selects every token (the "last" set) */
+    cr_expect_eq(ev_gain_select(gain, 10, -INFINITY, false, sel), 10u);
+    /* top 20%: the 0.8 quantile of the sorted gains
+     * (-1, -0.2, 0, 0.1, 0.5, 0.5, 0.7, 0.9, 1.5, 2.0): position 0.8 * 9 = 7.2,
+     * 0.9 + 0.2 * (1.5 - 0.9) = 1.02; >= 1.02 selects 1.5 and 2.0 */
+    const double thr = ev_top_threshold(gain, 10, 0.2);
+    cr_expect(fabs(thr - 1.02) < 1e-12, "%.15g", thr);
+    cr_expect_eq(ev_gain_select(gain, 10, thr, false, sel), 2u);
+    cr_expect(sel[4] && sel[7]);
+    cr_expect_eq(gain[0], 0.9, "the gain vector is not sorted in place");
+    cr_expect(isnan(ev_top_threshold(gain, 0, 0.1)));
+    /* top 100%: the minimum, so every token */
+    cr_expect_eq(ev_top_threshold(gain, 10, 1.0), -1.0);
+}
+
+Test(eval, set_sums_pool_tokens_per_window) {
+    /* 2 windows x 3 scored tokens, 2 modes (off, mode); tokens 0, 2 (window 0) and 4 selected */
+    const double off[6] = {1.0, 2.0, 3.0, 4.0, 5.0, 6.0}, md[6] = {1.5, 2.0, 2.0, 4.0, 6.0, 6.0};
+    const double *nll[2] = {off, md};
+    const unsigned char sel[6] = {1, 0, 1, 0, 1, 0};
+    double den[2] = {0}, s0[2] = {0}, s1[2] = {0}, n0[2] = {0}, n1[2] = {0};
+    double *sum[2] = {s0, s1}, *num[2] = {n0, n1};
+    ev_set_sums(sel, nll, 2, 2, 3, den, sum, num);
+    cr_expect(den[0] == 2 && den[1] == 1);
+    cr_expect(s0[0] == 4.0 && s0[1] == 5.0, "off: 1 + 3, 5");
+    cr_expect(s1[0] == 3.5 && s1[1] == 6.0, "mode: 1.5 + 2, 6");
+    cr_expect(n0[0] == 0 && n0[1] == 0, "off minus off");
+    cr_expect(n1[0] == -0.5 && n1[1] == 1.0, "mode minus off: (0.5 - 1), 1");
+    /* the pooled ΔNLL is Σnum / Σden = 0.5 / 3 */
+    ev_ci ci = ev_bootstrap_ratio(n1, den, 2, 0, 1, 0.95);
+    cr_expect(fabs(ci.est - 0.5 / 3.0) < 1e-15, "%g", ci.est);
 }
 
 Test(eval, corpus_windows_in_range_and_disjoint) {
@@ -172,7 +242,9 @@ Test(eval, corpus_windows_in_range_and_disjoint) {
     for (int i = 0; i < 200; i++) fprintf(f, "Once upon a time there was a little girl named Lily. ");
     fclose(f);
     ev_corpus c;
-    cr_assert_eq(ev_corpus_load(&c, m, "doc.txt", dir, "test"), 0, "bare names are looked up in the corpus dir");
+    rk_err e = {0};
+    cr_assert_eq(ev_corpus_load(&c, m, "doc.txt", dir, &e), RK_OK, "bare names are looked up in the corpus dir: %s",
+                 e.msg);
     cr_assert_eq(c.n_docs, 1);
     cr_expect(c.docs[0].n > 1000, "%zu tokens", c.docs[0].n);
     cr_expect_eq(c.bos, rk_model_token_bos(m), "llama vocab asks for BOS");
@@ -192,7 +264,8 @@ Test(eval, corpus_windows_in_range_and_disjoint) {
     cr_expect_eq(ev_window_doc_tokens(&c, 101), 100u);
     cr_expect(!ev_corpus_pick(&c, c.docs[0].n + 1, 1, &rng, w), "no document that long");
     ev_corpus_deinit(&c);
-    cr_expect_neq(ev_corpus_load(&c, m, "no_such_file.txt", dir, "test"), 0);
+    cr_expect_eq(ev_corpus_load(&c, m, "no_such_file.txt", dir, &e), RK_E_NOT_FOUND);
+    cr_expect(strstr(e.msg, "no_such_file.txt") && strstr(e.msg, dir), "names the file and the dir: %s", e.msg);
     unlink(path);
     rmdir(dir);
     rk_model_destroy(m);
@@ -262,6 +335,49 @@ Test(eval, usage_errors) {
     r = run("eval needle --help");
     cr_expect_eq(r.code, 0);
     cr_expect(strstr(r.out, "McNemar"), "%s", r.out);
+    done(&r);
+}
+
+/* The commands take --kv like every other (the session's policy): short runs on the tiny
+ * stories260K model (suite cli). */
+Test(eval, needle_nll_splice_take_kv_on_a_tiny_model) {
+    char sp[1024], c[1024], args[2048];
+    if (!tb_shared_path(sp, sizeof sp, "models/stories260K/stories260K-f32.gguf")) cr_skip_test("%s", sp);
+    if (!tb_shared_path(c, sizeof c, "corpus/doyle_sherlock_holmes_pg1661.txt")) cr_skip_test("%s", c);
+    snprintf(args, sizeof args,
+             "eval needle -m '%s' --split 2 --fill identity,plumb --lengths 1024 --depths 0.5 --trials 2 --gen 4 "
+             "--kv lowram:window=32 --json", sp);
+    result r = run(args);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    json_object *j = json_tokener_parse(r.out);
+    cr_assert(j, "%s", r.out);
+    cr_expect_str_eq(json_object_get_string(json_object_object_get(j, "kv")), "lowram:window=32");
+    json_object *pl = mode_obj(j, "plumb");
+    cr_expect_eq(num(pl, "b") + num(pl, "c"), 0, "plumb answers as off");
+    json_object_put(j);
+    done(&r);
+    snprintf(args, sizeof args,
+             "eval nll -m '%s' --split 2 --fill plumb --len 1024 --windows 1 --short 128 --boot 10 --kv f32 --json", sp);
+    r = run(args);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    j = json_tokener_parse(r.out);
+    cr_assert(j, "%s", r.out);
+    cr_expect_str_eq(json_object_get_string(json_object_object_get(j, "kv")), "f32");
+    cr_expect(fabs(num(mode_obj(j, "plumb"), "last.delta.est")) < 1e-6, "f32 plumb vs off: %g",
+              num(mode_obj(j, "plumb"), "last.delta.est"));
+    json_object_put(j);
+    done(&r);
+    snprintf(args, sizeof args,
+             "eval splice -m '%s' --split 2 --fill identity --len 1024 --windows 1 --groups 1 --boot 10 --kv f32 --json",
+             sp);
+    r = run(args);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    j = json_tokener_parse(r.out);
+    cr_assert(j, "%s", r.out);
+    json_object *all_kv = json_object_array_get_idx(json_object_object_get(j, "splices"), 4);
+    cr_expect_str_eq(json_object_get_string(json_object_object_get(all_kv, "splice")), "kv");
+    cr_expect(fabs(num(all_kv, "delta")) < 1e-6, "exact K and V everywhere late: no gap left: %g", num(all_kv, "delta"));
+    json_object_put(j);
     done(&r);
 }
 

@@ -158,7 +158,7 @@ static size_t check_answers(const served *s, const expect *x, size_t n_x) {
 }
 
 Test(serve, script_of_good_and_bad_lines) {
-    char big[12000], deep[3001], overflow[3000];
+    char big[12000], deep[3001], overflow[4000];
     memset(big, 'a', sizeof big - 1);
     big[sizeof big - 1] = 0;
     const char *head = "{\"id\":99,\"op\":\"complete\",\"prompt\":\""; /* over --max-line 4096 */
@@ -166,7 +166,7 @@ Test(serve, script_of_good_and_bad_lines) {
     memset(deep, '[', sizeof deep - 1);
     deep[sizeof deep - 1] = 0;
     strcpy(overflow, "{\"id\":\"ctx\",\"op\":\"complete\",\"prompt\":\"");
-    for (int i = 0; i < 40; i++) strcat(overflow, "Once upon a time ");
+    for (int i = 0; i < 80; i++) strcat(overflow, "Once upon a time ");
     strcat(overflow, "\"}");
     const expect x[] = {
         {"{\"id\":1,\"op\":\"info\"}", "1", "done", NULL},
@@ -205,7 +205,7 @@ Test(serve, script_of_good_and_bad_lines) {
         {"", NULL, NULL, NULL},
         {"   \t ", NULL, NULL, NULL},
         {deep, "null", "bad_json", "nesting"},
-        {overflow, "\"ctx\"", "context_overflow", "context holds 128"},
+        {overflow, "\"ctx\"", "context_overflow", "context holds 256"},
         {"{\"id\":22,\"op\":\"complete\",\"prompt\":\"\",\"add_special\":false}", "22", "invalid_request", "empty"},
         {"{\"id\":\"s-23\",\"op\":\"complete\",\"prompt\":\"Once upon a time\",\"max_tokens\":4,\"temperature\":0}",
          "\"s-23\"", "done", NULL},
@@ -230,7 +230,8 @@ Test(serve, script_of_good_and_bad_lines) {
     const char *last = "{\"id\":\"last\",\"op\":\"info\"}"; /* no newline: EOF ends the last line */
     memcpy(in + n, last, strlen(last));
     n += strlen(last);
-    served s = serve("-c 128 --max-line 4096", in, n);
+    /* 256: the ask below is the CLI's prompt (default system prompt, quoted documents) */
+    served s = serve("-c 256 --max-line 4096", in, n);
     free(in);
     cr_assert_eq(s.code, 0, "exit %d: %s", s.code, s.err);
     cr_assert_geq(s.n_ev, 2);
@@ -246,7 +247,7 @@ Test(serve, script_of_good_and_bad_lines) {
         if (!strcmp(str(ev, "event"), "info")) {
             cr_expect_eq(num(ev, "n_vocab"), 512);
             cr_expect_eq(num(ev, "n_layer"), 5);
-            cr_expect_eq(num(ev, "n_ctx"), 128);
+            cr_expect_eq(num(ev, "n_ctx"), 256);
             cr_expect_str_eq(str(ev, "arch"), "llama");
             cr_expect(str(ev, "chat_template"));
         }
@@ -597,4 +598,100 @@ Test(serve, fuzzed_lines_each_get_one_answer) {
     cr_expect_str_eq(id_text(s.ev[s.n_ev - 1]), "\"end\"");
     cr_expect_str_eq(str(s.ev[s.n_ev - 1], "event"), "done");
     served_free(&s);
+}
+
+/* ---- the session and the prefill per request: "kv", "fill", "ridgefill", "tail" ---------- */
+
+static json_object *find_done(const served *s, const char *id) {
+    for (size_t i = 0; i < s->n_ev; i++)
+        if (!strcmp(id_text(s->ev[i]), id) && terminal(s->ev[i])) return s->ev[i];
+    cr_assert_fail("no terminal event for id %s", id);
+    return NULL;
+}
+
+/* Appends a greedy 8-token complete request with a ~720-token prompt (over the 512-token
+ * exact tail) and `extra` fields to buf. */
+static void long_req(char *buf, size_t cap, const char *id, const char *extra) {
+    size_t n = strlen(buf);
+    n += (size_t)snprintf(buf + n, cap - n, "{\"id\":%s,\"op\":\"complete\",\"prompt\":\"", id);
+    for (int i = 0; i < 60 && n < cap; i++) n += (size_t)snprintf(buf + n, cap - n, "The little dog ran in the park. ");
+    snprintf(buf + n, cap - n, "\",\"max_tokens\":8,\"temperature\":0,\"stream\":false%s}\n", extra);
+}
+
+Test(serve, per_request_kv_and_fill) {
+    static char in[32768];
+    in[0] = 0;
+    long_req(in, sizeof in, "1", "");
+    long_req(in, sizeof in, "2", ",\"kv\":\"f32\"");
+    long_req(in, sizeof in, "3", ",\"kv\":\"lowram:window=32\"");
+    long_req(in, sizeof in, "4", ",\"fill\":\"identity\",\"tail\":512");
+    long_req(in, sizeof in, "5", ",\"fill\":\"plumb\",\"tail\":512");
+    long_req(in, sizeof in, "6", ",\"kv\":\"f16\"");
+    strcat(in, "{\"id\":7,\"op\":\"complete\",\"prompt\":\"x\",\"kv\":\"bogus\"}\n"
+               "{\"id\":8,\"op\":\"complete\",\"prompt\":\"x\",\"fill\":\"speed\"}\n"
+               "{\"id\":9,\"op\":\"complete\",\"prompt\":\"x\",\"fill\":\"fast\"}\n"
+               "{\"id\":10,\"op\":\"complete\",\"prompt\":\"x\",\"ridgefill\":\"/nonexistent/m.gguf\"}\n"
+               "{\"id\":11,\"op\":\"complete\",\"prompt\":\"x\",\"tail\":100}\n"
+               "{\"id\":12,\"op\":\"chat\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},"
+               "{\"role\":\"system\",\"content\":\"late\"}]}\n");
+    served s = serve_str("-c 1024 --split 2", in);
+    cr_assert_eq(s.code, 0, "%s", s.err);
+    json_object *d[7];
+    for (int i = 1; i <= 6; i++) {
+        char id[8];
+        snprintf(id, sizeof id, "%d", i);
+        d[i] = find_done(&s, id);
+        cr_assert_str_eq(str(d[i], "event"), "done", "%s", json_object_to_json_string(d[i]));
+    }
+    const int64_t n_prompt = usage(d[1], "prompt_tokens"), rows = n_prompt + 7; /* the 8th is sampled only */
+    cr_expect_gt(n_prompt, 600);
+    cr_expect_str_eq(str(d[1], "kv"), "f16");
+    cr_expect_eq(num(d[1], "kv_bytes"), rows * 5 * 2 * 4 * 8 * 2, "f16 rows");
+    cr_expect_str_eq(str(d[2], "kv"), "f32");
+    cr_expect_eq(num(d[2], "kv_bytes"), 2 * num(d[1], "kv_bytes"), "a session of its own with f32 rows");
+    cr_expect_str_eq(str(d[3], "kv"), "lowram:window=32");
+    cr_expect_neq(num(d[3], "kv_bytes"), num(d[1], "kv_bytes"), "LowRAM holds its rows otherwise");
+    cr_expect_str_eq(str(d[1], "fill"), "off");
+    cr_expect_eq(num(d[1], "filled_rows"), 0);
+    cr_expect_str_eq(str(d[4], "fill"), "identity");
+    cr_expect_eq(num(d[4], "filled_rows"), 3 * (n_prompt - 512), "bulk rows x the 3 layers past split 2");
+    cr_expect_str_eq(str(d[5], "fill"), "plumb");
+    cr_expect_eq(num(d[5], "filled_rows"), 3 * (n_prompt - 512));
+    cr_expect_str_eq(str(d[5], "text"), str(d[1], "text"), "plumb is off through the fill path");
+    cr_expect_eq(num(d[6], "filled_rows"), 0, "a request's fill does not stick");
+    cr_expect_str_eq(str(d[6], "kv"), "f16", "the server's own policy: its own session");
+    const struct {
+        const char *id, *in_message;
+    } bad[] = {{"7", "field 'kv'"},        {"8", "needs a map file"},     {"9", "field 'fill'"},
+               {"10", "field 'ridgefill'"}, {"11", "field 'tail'"},        {"12", "only the first message"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        json_object *e = find_done(&s, bad[i].id);
+        cr_expect_str_eq(str(e, "event"), "error", "%s", json_object_to_json_string(e));
+        cr_expect_str_eq(str(e, "code"), "invalid_request", "%s", json_object_to_json_string(e));
+        cr_expect(strstr(str(e, "message"), bad[i].in_message), "%s: %s", bad[i].id, str(e, "message"));
+    }
+    served_free(&s);
+}
+
+Test(serve, server_kv_and_fill_flags) {
+    static char in[16384];
+    snprintf(in, sizeof in, "{\"id\":1,\"op\":\"info\"}\n");
+    long_req(in, sizeof in, "2", "");
+    long_req(in, sizeof in, "3", ",\"fill\":\"off\"");
+    served s = serve_str("-c 1024 --kv f32 --split 2 --fill identity --tail 512", in);
+    cr_assert_eq(s.code, 0, "%s", s.err);
+    cr_expect_str_eq(str(s.ev[0], "kv"), "f32");
+    cr_expect_str_eq(str(s.ev[0], "fill"), "identity");
+    json_object *a = find_done(&s, "2"), *b = find_done(&s, "3");
+    cr_expect_str_eq(str(a, "kv"), "f32");
+    cr_expect_eq(num(a, "filled_rows"), 3 * (usage(a, "prompt_tokens") - 512));
+    cr_expect_eq(num(b, "filled_rows"), 0, "a request turns the server's fill off");
+    served_free(&s);
+    /* a fill the server cannot apply is a usage error at startup */
+    const char *bin = getenv("RK_BIN");
+    char model[1024], cmd[2048];
+    stories(model, sizeof model);
+    snprintf(cmd, sizeof cmd, "'%s' serve --jsonl -m '%s' --fill identity </dev/null >/dev/null 2>&1", bin, model);
+    int st = system(cmd);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 2, "identity without --split: exit %d", WEXITSTATUS(st));
 }

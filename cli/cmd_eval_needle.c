@@ -1,0 +1,247 @@
+/* `ridgekv eval needle`: passkey retrieval with the needle inside the bulk region, every
+ * fill mode on the same prompt (paired), McNemar against off (SPEC §2, line 1). The run
+ * is the eval library's (ev_needle_run); this file parses flags and prints. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli_gen.h"
+#include "eval_cli.h"
+
+static const char *help =
+    "usage: ridgekv eval needle [-m MODEL] [--ridgefill MAPS] [--fill off,speed,quality] [--tail 512]\n"
+    "                          [--lengths 1024,2048] [--depths 0.1,0.3,0.5,0.7,0.9] [--trials 200]\n"
+    "                          [--files F1,F2] [--corpus DIR] [--seed N] [-t T] [--json]\n"
+    "\n"
+    "Passkey retrieval with the needle in the bulk region (rows with at least --tail prompt tokens\n"
+    "after them, which RidgeFill fills). Each trial takes a random window of a corpus file as the\n"
+    "haystack, inserts \"The secret passkey is NNNNN. Remember it.\" (random 5-digit key) at a depth\n"
+    "given as a fraction of the bulk region (so the whole needle has >= tail tokens after it),\n"
+    "and asks, in the model's chat template, \"What is the secret passkey? Answer with the number\n"
+    "only.\" The prompt is exactly LENGTH tokens (template and question included). Every mode runs\n"
+    "on the same prompt; the answer is --gen greedy tokens (decode is always exact) and counts as\n"
+    "correct when it contains the key. Trials cycle over lengths x depths.\n"
+    "Reported per mode: accuracy (overall, per depth, per length), the discordant pairs against\n"
+    "off (b: off right, mode wrong; c: off wrong, mode right), the exact two-sided McNemar p, and\n"
+    "the mean prefill time.\n"
+    "\n"
+    "  --ridgefill MAPS  map file from `ridgekv calibrate`\n"
+    "  --fill LIST       modes to compare; off is always included (default off,speed,quality with\n"
+    "                    maps; off,identity needs --split S)\n"
+    "  --tail T          exact tail (default 512 here; >= 512)\n"
+    "  --lengths LIST    prompt lengths in tokens (default 1024,2048)\n"
+    "  --depths LIST     needle depths as fractions of the bulk region (default 0.1,0.3,0.5,0.7,0.9)\n"
+    "  --trials N        total trials over lengths x depths (default 200)\n"
+    "  --gen N           greedy answer tokens (default 16; stops early at the key or end of turn)\n"
+    "  --files LIST      haystack text files (default " EV_DEFAULT_FILES ")\n"
+    "  --corpus DIR      where bare file names are looked up (default $RIDGEKV_CORPUS or ../shared/corpus)\n"
+    "  --seed N          haystack windows, depths and keys (default 1)\n"
+    "  --json            one JSON object (with every trial's answers) on stdout instead of tables\n";
+
+static void print_tables(const ev_needle_params *p, const ev_needle_result *r, const rk_model *m, const cli_opts *o,
+                         int split) {
+    printf("eval needle: %s, %d trials (lengths", rk_model_name(m), r->n_trials);
+    for (int i = 0; i < p->n_lens; i++) printf("%s%d", i ? "," : " ", p->lens[i]);
+    printf(" x depths");
+    for (int i = 0; i < p->n_depths; i++) printf("%s%.2g", i ? "," : " ", p->depths[i]);
+    printf("), tail %d, split %d, seed %llu%s%s\n", o->tail, split, (unsigned long long)p->seed,
+           o->ridgefill ? ", maps " : "", o->ridgefill ? o->ridgefill : "");
+    printf("%-9s %9s %9s %7s %7s %10s %11s\n", "mode", "correct", "accuracy", "b", "c", "McNemar p", "prefill s");
+    for (int mi = 0; mi < r->n_modes; mi++) {
+        int k, b, c;
+        ev_needle_count(r, mi, &k, &b, &c);
+        char ks[32];
+        snprintf(ks, sizeof ks, "%d/%d", k, r->n_trials);
+        const char *name = rk_fill_mode_name(p->modes.mode[mi]);
+        if (mi == 0)
+            printf("%-9s %9s %9.3f %7s %7s %10s %11.3f\n", name, ks, (double)k / r->n_trials, "-", "-", "-",
+                   r->prefill_s[mi] / r->n_trials);
+        else
+            printf("%-9s %9s %9.3f %7d %7d %10.3g %11.3f\n", name, ks, (double)k / r->n_trials, b, c,
+                   ev_mcnemar_p(b, c), r->prefill_s[mi] / r->n_trials);
+    }
+    printf("b: off right and mode wrong; c: off wrong and mode right (paired trials, same prompts)\n");
+    for (int pass = 0; pass < 2; pass++) {
+        int n_cells = pass ? p->n_lens : p->n_depths;
+        printf("\naccuracy by %s\n%-10s %6s", pass ? "length (tokens)" : "depth (fraction of the bulk region)",
+               pass ? "length" : "depth", "n");
+        for (int mi = 0; mi < r->n_modes; mi++) printf(" %9s", rk_fill_mode_name(p->modes.mode[mi]));
+        printf("\n");
+        for (int ci = 0; ci < n_cells; ci++) {
+            int n = 0, k = 0;
+            ev_needle_cell(r, 0, pass, ci, &n, &k);
+            if (pass) printf("%-10d %6d", p->lens[ci], n);
+            else printf("%-10.2f %6d", p->depths[ci], n);
+            for (int mi = 0; mi < r->n_modes; mi++) {
+                ev_needle_cell(r, mi, pass, ci, &n, &k);
+                printf(" %9.3f", n ? (double)k / n : NAN);
+            }
+            printf("\n");
+        }
+    }
+}
+
+static json_object *mode_json(const ev_needle_params *p, const ev_needle_result *r, int mi) {
+    json_object *j = json_object_new_object();
+    int k, b, c;
+    ev_needle_count(r, mi, &k, &b, &c);
+    ev_json_str(j, "mode", rk_fill_mode_name(p->modes.mode[mi]));
+    ev_json_int(j, "correct", k);
+    ev_json_int(j, "n", r->n_trials);
+    ev_json_num(j, "accuracy", (double)k / r->n_trials);
+    ev_json_int(j, "b", b);
+    ev_json_int(j, "c", c);
+    ev_json_num(j, "p_mcnemar", ev_mcnemar_p(b, c));
+    ev_json_num(j, "prefill_s_mean", r->prefill_s[mi] / r->n_trials);
+    for (int pass = 0; pass < 2; pass++) {
+        json_object *arr = json_object_new_array();
+        for (int ci = 0; ci < (pass ? p->n_lens : p->n_depths); ci++) {
+            int n, kk;
+            ev_needle_cell(r, mi, pass, ci, &n, &kk);
+            json_object *cell = json_object_new_object();
+            if (pass) ev_json_int(cell, "length", p->lens[ci]);
+            else ev_json_num(cell, "depth", p->depths[ci]);
+            ev_json_int(cell, "n", n);
+            ev_json_int(cell, "correct", kk);
+            ev_json_num(cell, "accuracy", n ? (double)kk / n : NAN);
+            json_object_array_add(arr, cell);
+        }
+        json_object_object_add(j, pass ? "by_length" : "by_depth", arr);
+    }
+    return j;
+}
+
+static void print_json(const ev_needle_params *p, const ev_needle_result *r, const ev_corpus *c, const rk_model *m,
+                       const cli_opts *o, int split, double seconds) {
+    json_object *j = json_object_new_object();
+    ev_json_str(j, "command", "needle");
+    ev_json_str(j, "model", rk_model_name(m));
+    ev_json_str(j, "maps", o->ridgefill);
+    ev_json_str(j, "kv", o->kv ? o->kv : "f16");
+    ev_json_int(j, "split", split);
+    ev_json_int(j, "tail", o->tail);
+    ev_json_int(j, "seed", (int64_t)p->seed);
+    ev_json_int(j, "trials", r->n_trials);
+    json_object *a = json_object_new_array();
+    for (int i = 0; i < p->n_lens; i++) json_object_array_add(a, json_object_new_int(p->lens[i]));
+    json_object_object_add(j, "lengths", a);
+    a = json_object_new_array();
+    for (int i = 0; i < p->n_depths; i++) json_object_array_add(a, json_object_new_double(p->depths[i]));
+    json_object_object_add(j, "depths", a);
+    a = json_object_new_array();
+    for (int mi = 0; mi < r->n_modes; mi++) json_object_array_add(a, mode_json(p, r, mi));
+    json_object_object_add(j, "modes", a);
+    a = json_object_new_array();
+    for (int t = 0; t < r->n_trials; t++) {
+        const ev_needle_trial *tr = &r->trials[t];
+        json_object *tj = json_object_new_object(), *answers = json_object_new_object();
+        ev_json_int(tj, "length", p->lens[tr->len_i]);
+        ev_json_num(tj, "depth", p->depths[tr->depth_i]);
+        ev_json_int(tj, "needle_pos", tr->needle_pos);
+        ev_json_int(tj, "bulk_end", tr->bulk_end);
+        ev_json_int(tj, "key", tr->key);
+        ev_json_str(tj, "file", c->docs[tr->doc].path);
+        ev_json_int(tj, "offset", (int64_t)tr->off);
+        for (int mi = 0; mi < r->n_modes; mi++) {
+            json_object *an = json_object_new_object();
+            ev_json_str(an, "answer", r->answers + ((size_t)t * (size_t)r->n_modes + (size_t)mi) * EV_ANSWER_BYTES);
+            json_object_object_add(an, "correct", json_object_new_boolean(r->correct[t * r->n_modes + mi]));
+            json_object_object_add(answers, rk_fill_mode_name(p->modes.mode[mi]), an);
+        }
+        json_object_object_add(tj, "answers", answers);
+        json_object_array_add(a, tj);
+    }
+    json_object_object_add(j, "trial_results", a);
+    ev_json_num(j, "seconds", seconds);
+    ev_json_print(j, false);
+}
+
+/* The flags into p (and o). */
+static int parse(int argc, char **argv, cli_opts *o, ev_needle_params *p, const char **files, const char **corpus) {
+    const char *cmd = "eval needle", *f_depths = "0.1,0.3,0.5,0.7,0.9", *f_lens = "1024,2048", *f_trials = "200",
+               *f_gen = "16";
+    ev_flag flags[] = {{"--depths", &f_depths}, {"--lengths", &f_lens}, {"--trials", &f_trials},
+                       {"--gen", &f_gen},       {"--files", files},     {"--corpus", corpus}};
+    char **av = NULL;
+    int ac = 0, n_pos = 0;
+    rk_err e = {0};
+    if (ev_take_flags(argc, argv, flags, 6, &av, &ac, &e)) return cli_ev_fail(cmd, &e);
+    const char *pos[1];
+    int rc = cli_parse(ac, av, 3, o, pos, 0, &n_pos, cmd);
+    free(av);
+    if (rc) return rc;
+    long trials, gen;
+    if (ev_parse_doubles(f_depths, 0.0, 1.0, p->depths, EV_MAX_LIST, &p->n_depths, "--depths", &e) ||
+        ev_parse_ints(f_lens, 64, 1 << 20, p->lens, EV_MAX_LIST, &p->n_lens, "--lengths", &e) ||
+        ev_parse_int(f_trials, 1, 1000000, &trials, "--trials", &e) || ev_parse_int(f_gen, 1, 256, &gen, "--gen", &e))
+        return cli_ev_fail(cmd, &e);
+    p->n_trials = (int)trials;
+    p->gen = (int)gen;
+    p->seed = o->sp.seed;
+    if (!o->tail) o->tail = 512;
+    if (!o->fill && !o->ridgefill && !o->split) {
+        fprintf(stderr, "ridgekv %s: nothing to compare: give --ridgefill MAPS (or --split S with --fill "
+                        "off,identity)\n", cmd);
+        return RK_EXIT_USAGE;
+    }
+    return 0;
+}
+
+int cmd_eval_needle(int argc, char **argv) {
+    for (int i = 3; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            fputs(help, stdout);
+            return RK_EXIT_OK;
+        }
+    const char *cmd = "eval needle", *files = EV_DEFAULT_FILES, *corpus = NULL;
+    cli_opts o = {.sp = rk_sampler_params_default(), .keep_share = -1.0f};
+    o.sp.seed = 1;
+    ev_needle_params p = {0};
+    int rc = parse(argc, argv, &o, &p, &files, &corpus);
+    if (rc) return rc;
+    rk_model *m = NULL;
+    rk_session *s = NULL;
+    rk_ridge_maps *maps = NULL;
+    ev_corpus c = {0};
+    ev_needle_result r = {0};
+    rk_err e = {0};
+    int n_ctx = 0;
+    if ((rc = cli_load_model(&o, &m)) || (rc = cli_ev_corpus(&c, m, files, cli_ev_corpus_dir(corpus), cmd))) goto done;
+    p.modes.fill.tail = o.tail;
+    if (ev_needle_plan(m, &p, &n_ctx, &e)) {
+        rc = cli_ev_fail(cmd, &e);
+        goto done;
+    }
+    for (int i = 0; i < p.n_lens; i++)
+        if (p.lens[i] > rk_model_hparams(m)->n_ctx_train)
+            fprintf(stderr, "ridgekv %s: warning: length %d exceeds the model's training context %d\n", cmd, p.lens[i],
+                    rk_model_hparams(m)->n_ctx_train);
+    if (o.n_ctx && o.n_ctx < n_ctx) {
+        fprintf(stderr, "ridgekv %s: -c %d is below the longest prompt plus answer (%d)\n", cmd, o.n_ctx, n_ctx);
+        rc = RK_EXIT_USAGE;
+        goto done;
+    }
+    if ((rc = cli_open_session(&o, m, o.n_ctx ? o.n_ctx : n_ctx, &s)) || (rc = cli_ev_modes(&o, m, s, &maps, &p.modes, cmd)))
+        goto done;
+    cli_ev_progress prog;
+    cli_ev_progress_init(&prog, "eval needle: trial");
+    p.progress = cli_ev_progress_fn;
+    p.progress_ud = &prog;
+    rk_status st = ev_needle_run(m, s, &c, &p, &r, &e);
+    if (st) {
+        cli_print_error(&e);
+        rc = st == RK_E_INVALID_ARG ? RK_EXIT_USAGE : cli_exit_code(st);
+        goto done;
+    }
+    const int split = maps ? rk_ridge_maps_split(maps) : o.split;
+    if (o.json) print_json(&p, &r, &c, m, &o, split, rk_time_now() - prog.t0);
+    else print_tables(&p, &r, m, &o, split);
+    rc = RK_EXIT_OK;
+done:
+    ev_needle_result_free(&r);
+    ev_corpus_deinit(&c);
+    rk_session_destroy(s);
+    rk_ridge_maps_destroy(maps);
+    rk_model_destroy(m);
+    return rc;
+}

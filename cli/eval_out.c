@@ -1,0 +1,90 @@
+/* Helpers of `ridgekv eval needle|nll|splice`: see eval_cli.h. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "eval_cli.h"
+
+int cli_ev_fail(const char *cmd, const rk_err *e) {
+    fprintf(stderr, "ridgekv %s: %s\n", cmd, e->msg[0] ? e->msg : "unknown error");
+    return e->code == RK_E_NOMEM ? RK_EXIT_ERROR : RK_EXIT_USAGE;
+}
+
+const char *cli_ev_corpus_dir(const char *flag) {
+    if (flag && *flag) return flag;
+    const char *env = getenv("RIDGEKV_CORPUS");
+    return env && *env ? env : "../shared/corpus";
+}
+
+int cli_ev_corpus(ev_corpus *c, const rk_model *m, const char *files, const char *dir, const char *cmd) {
+    rk_err e = {0};
+    rk_status st = ev_corpus_load(c, m, files, dir, &e);
+    if (!st) return 0;
+    fprintf(stderr, "ridgekv %s: %s\n", cmd, e.msg);
+    return st == RK_E_INVALID_ARG ? RK_EXIT_USAGE : st == RK_E_NOMEM ? RK_EXIT_ERROR : RK_EXIT_IO;
+}
+
+int cli_ev_modes(const cli_opts *o, const rk_model *m, rk_session *s, rk_ridge_maps **maps, ev_modes *out,
+                 const char *cmd) {
+    const char *fill = o->fill ? o->fill : o->ridgefill ? "off,speed,quality" : o->split ? "off,identity" : NULL;
+    if (!fill) {
+        fprintf(stderr, "ridgekv %s: nothing to compare: give --ridgefill MAPS (or --split S with --fill off,identity)\n",
+                cmd);
+        return RK_EXIT_USAGE;
+    }
+    rk_err e = {0};
+    ev_modes mo = {0};
+    if ((mo.n = ev_parse_modes(fill, mo.mode, EV_MAX_MODES, &e)) < 0) return cli_ev_fail(cmd, &e);
+    int rc = cli_fill_params(o, m, maps, "off", &mo.fill);
+    if (rc) return rc;
+    for (int mi = mo.n - 1; mi >= 0; mi--) { /* every mode checked before the long run; ends on off */
+        rk_fill_params fp = mo.fill;
+        fp.mode = mo.mode[mi];
+        if (rk_session_set_fill(s, &fp, &e)) {
+            cli_print_error(&e);
+            return RK_EXIT_USAGE;
+        }
+    }
+    *out = mo;
+    return 0;
+}
+
+void cli_ev_progress_init(cli_ev_progress *p, const char *what) {
+    p->what = what;
+    p->t0 = rk_time_now();
+    p->tty = isatty(2);
+}
+
+void cli_ev_progress_fn(void *ud, int64_t k, int64_t n, const char *detail) {
+    cli_ev_progress *p = ud;
+    double el = rk_time_now() - p->t0;
+    double eta = k > 0 ? el / (double)k * (double)(n - k) : 0;
+    fprintf(stderr, "%s%s %lld/%lld  %s  elapsed %.0f s, ETA %.0f s%s", p->tty ? "\r" : "", p->what, (long long)k,
+            (long long)n, detail ? detail : "", el, eta, p->tty ? (k == n ? "   \n" : "   ") : "\n");
+}
+
+void ev_json_num(json_object *o, const char *key, double v) {
+    json_object_object_add(o, key, isfinite(v) ? json_object_new_double(v) : NULL);
+}
+
+void ev_json_ci(json_object *o, const char *key, ev_ci ci) {
+    json_object *c = json_object_new_object();
+    ev_json_num(c, "est", ci.est);
+    ev_json_num(c, "lo", ci.lo);
+    ev_json_num(c, "hi", ci.hi);
+    json_object_object_add(o, key, c);
+}
+
+void ev_json_str(json_object *o, const char *key, const char *v) {
+    json_object_object_add(o, key, v ? json_object_new_string(v) : NULL);
+}
+
+void ev_json_int(json_object *o, const char *key, int64_t v) { json_object_object_add(o, key, json_object_new_int64(v)); }
+
+void ev_json_print(json_object *o, bool pretty) {
+    int flags = JSON_C_TO_STRING_NOSLASHESCAPE | (pretty ? JSON_C_TO_STRING_PRETTY : JSON_C_TO_STRING_PLAIN);
+    printf("%s\n", json_object_to_json_string_ext(o, flags));
+    fflush(stdout);
+    json_object_put(o);
+}

@@ -1,0 +1,204 @@
+/* The needle driver: passkey retrieval with the needle inside the bulk region, every fill
+ * mode on the same prompt (paired); answers through rk_generate (greedy). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rk_eval.h"
+#include "rk_gen.h"
+
+static const char *question = "What is the secret passkey? Answer with the number only.";
+static const char *marker = "@@RIDGEKV_HAYSTACK@@";
+
+static bool word_start(const rk_model *m, int32_t id) {
+    char buf[64];
+    size_t n = rk_model_token_piece(m, id, false, buf, sizeof buf);
+    return n > 0 && n <= sizeof buf && (buf[0] == ' ' || buf[0] == '\n');
+}
+
+/* Chat-template text around the haystack, tokenized: prefix (with BOS when the vocab
+ * wants it) and suffix (question, end of turn, open assistant turn). */
+static rk_status chat_parts(const rk_model *m, int32_t **pre, size_t *n_pre, int32_t **suf, size_t *n_suf,
+                            rk_err *e) {
+    char content[256];
+    snprintf(content, sizeof content, "%s\n\n%s", marker, question);
+    rk_chat_msg msg = {"user", content};
+    char *txt = NULL;
+    rk_status st = rk_chat_format(rk_model_chat_family(m), &msg, 1, true, &txt, e);
+    if (st) return st;
+    char *at = strstr(txt, marker);
+    if (!at) {
+        free(txt);
+        return rk_err_set(e, RK_E_INTERNAL, "eval needle: chat template dropped the haystack marker");
+    }
+    const char *rest = at + strlen(marker);
+    st = rk_model_tokenize(m, txt, (size_t)(at - txt), true, true, pre, n_pre, e);
+    if (!st) st = rk_model_tokenize(m, rest, strlen(rest), false, true, suf, n_suf, e);
+    free(txt);
+    return st;
+}
+
+static rk_status needle_ids(const rk_model *m, int key, int32_t **ids, size_t *n, rk_err *e) {
+    char txt[128];
+    snprintf(txt, sizeof txt, " The secret passkey is %d. Remember it.", key);
+    return rk_model_tokenize(m, txt, strlen(txt), false, false, ids, n, e);
+}
+
+rk_status ev_needle_plan(const rk_model *m, const ev_needle_params *p, int *n_ctx, rk_err *err) {
+    int32_t *pre = NULL, *suf = NULL, *needle = NULL;
+    size_t n_pre = 0, n_suf = 0, n_needle = 0;
+    rk_status st = chat_parts(m, &pre, &n_pre, &suf, &n_suf, err);
+    /* the needle's length is the same for every 5-digit key (digits tokenize alike) */
+    if (!st) st = needle_ids(m, 12345, &needle, &n_needle, err);
+    const int tail = p->modes.fill.tail;
+    int max_len = 0;
+    for (int i = 0; !st && i < p->n_lens; i++) {
+        const int L = p->lens[i];
+        if ((long)L - tail - (long)n_pre - (long)n_needle - 8 < 0 || L < (int)(n_pre + n_suf + n_needle) + 8)
+            st = rk_err_set(err, RK_E_INVALID_ARG,
+                            "length %d leaves no room for the needle (%zu tokens) before the exact tail of %d (chat "
+                            "prefix %zu, question %zu tokens)",
+                            L, n_needle, tail, n_pre, n_suf);
+        max_len = L > max_len ? L : max_len;
+    }
+    free(pre);
+    free(suf);
+    free(needle);
+    if (!st) *n_ctx = max_len + p->gen;
+    return st;
+}
+
+void ev_needle_result_free(ev_needle_result *r) {
+    free(r->trials);
+    free(r->correct);
+    free(r->answers);
+    memset(r, 0, sizeof *r);
+}
+
+void ev_needle_count(const ev_needle_result *r, int mi, int *k, int *b, int *c) {
+    *k = *b = *c = 0;
+    for (int t = 0; t < r->n_trials; t++) {
+        bool x = r->correct[t * r->n_modes + mi], x0 = r->correct[t * r->n_modes];
+        *k += x;
+        *b += x0 && !x;
+        *c += !x0 && x;
+    }
+}
+
+void ev_needle_cell(const ev_needle_result *r, int mi, bool by_length, int cell, int *n, int *k) {
+    *n = *k = 0;
+    for (int t = 0; t < r->n_trials; t++) {
+        if ((by_length ? r->trials[t].len_i : r->trials[t].depth_i) != cell) continue;
+        (*n)++;
+        *k += r->correct[t * r->n_modes + mi];
+    }
+}
+
+/* Streaming callback: stops as soon as the answer holds the key. */
+typedef struct answer {
+    char text[EV_ANSWER_BYTES];
+    size_t n;
+    const char *key;
+} answer;
+
+static bool on_token(void *ud, int32_t tok, const char *text, size_t n) {
+    (void)tok;
+    answer *a = ud;
+    size_t room = sizeof a->text - 1 - a->n;
+    memcpy(a->text + a->n, text, n < room ? n : room);
+    a->n += n < room ? n : room;
+    a->text[a->n] = 0;
+    return !strstr(a->text, a->key);
+}
+
+rk_status ev_needle_run(const rk_model *m, rk_session *s, const ev_corpus *c, const ev_needle_params *p,
+                        ev_needle_result *out, rk_err *err) {
+    ev_needle_result r = {.n_trials = p->n_trials, .n_modes = p->modes.n};
+    int32_t *pre = NULL, *suf = NULL, *prompt = NULL, *needle = NULL;
+    size_t n_pre = 0, n_suf = 0, n_needle = 0;
+    rk_gen_result g = {0};
+    rk_status st = chat_parts(m, &pre, &n_pre, &suf, &n_suf, err);
+    if (st) goto fail;
+    int max_len = 0;
+    for (int i = 0; i < p->n_lens; i++) max_len = p->lens[i] > max_len ? p->lens[i] : max_len;
+    r.trials = calloc((size_t)r.n_trials, sizeof *r.trials);
+    r.correct = calloc((size_t)r.n_trials * (size_t)r.n_modes, 1);
+    r.answers = calloc((size_t)r.n_trials * (size_t)r.n_modes, EV_ANSWER_BYTES);
+    prompt = malloc((size_t)max_len * sizeof *prompt);
+    if (!r.trials || !r.correct || !r.answers || !prompt) {
+        st = rk_err_set(err, RK_E_NOMEM, "eval needle: out of memory");
+        goto fail;
+    }
+    const int tail = p->modes.fill.tail;
+    uint64_t rng = p->seed * 0x2545f4914f6cdd1dull + 17;
+    const int n_cells = p->n_lens * p->n_depths;
+    for (int t = 0; t < r.n_trials; t++) {
+        /* trials cycle over cells so a shorter run stays balanced */
+        const int li = (t % n_cells) / p->n_depths, di = (t % n_cells) % p->n_depths, L = p->lens[li];
+        ev_needle_trial *tr = &r.trials[t];
+        tr->len_i = li;
+        tr->depth_i = di;
+        tr->key = 10000 + (int)ev_rand_below(&rng, 90000);
+        free(needle);
+        needle = NULL;
+        if ((st = needle_ids(m, tr->key, &needle, &n_needle, err))) goto fail;
+        const size_t n_hay = (size_t)L - n_pre - n_suf - n_needle;
+        ev_window w;
+        if (!ev_corpus_pick(c, n_hay, 1, &rng, &w)) {
+            st = rk_err_set(err, RK_E_INVALID_ARG, "eval needle: no corpus file holds %zu tokens for a haystack", n_hay);
+            goto fail;
+        }
+        tr->doc = w.doc;
+        tr->off = w.off;
+        const int32_t *hay = c->docs[w.doc].ids + w.off;
+        /* needle start inside the haystack: depth of the room before bulk_end, snapped back
+         * to a word start so the sentence sits between words */
+        const int64_t bulk_end = L - tail, room = bulk_end - (int64_t)n_needle - (int64_t)n_pre;
+        int64_t ph = room > 0 ? (int64_t)llround(p->depths[di] * (double)room) : 0;
+        for (int k = 0; k < 32 && ph > 0 && !word_start(m, hay[ph]); k++) ph--;
+        size_t at = 0;
+        memcpy(prompt + at, pre, n_pre * sizeof *prompt), at += n_pre;
+        memcpy(prompt + at, hay, (size_t)ph * sizeof *prompt), at += (size_t)ph;
+        memcpy(prompt + at, needle, n_needle * sizeof *prompt), at += n_needle;
+        memcpy(prompt + at, hay + ph, (n_hay - (size_t)ph) * sizeof *prompt), at += n_hay - (size_t)ph;
+        memcpy(prompt + at, suf, n_suf * sizeof *prompt), at += n_suf;
+        tr->needle_pos = (int64_t)n_pre + ph;
+        tr->bulk_end = bulk_end;
+        char keys[16], detail[160];
+        snprintf(keys, sizeof keys, "%d", tr->key);
+        int dl = snprintf(detail, sizeof detail, "len %d depth %.2f:", L, p->depths[di]);
+        for (int mi = 0; mi < r.n_modes; mi++) {
+            rk_fill_params fp = p->modes.fill;
+            fp.mode = p->modes.mode[mi];
+            answer a = {.key = keys};
+            rk_gen_params gp = rk_gen_params_default();
+            gp.sampler.temp = 0; /* greedy; decode is always exact */
+            gp.sampler.repeat_penalty = 1.0f;
+            gp.max_tokens = p->gen;
+            gp.fill = &fp;
+            gp.on_token = on_token;
+            gp.token_ud = &a;
+            if ((st = rk_generate(m, s, prompt, (size_t)L, &gp, &g, err))) goto fail;
+            r.prefill_s[mi] += g.prefill_s;
+            rk_gen_result_deinit(&g);
+            const bool ok = strstr(a.text, keys) != NULL;
+            r.correct[t * r.n_modes + mi] = ok;
+            memcpy(r.answers + ((size_t)t * (size_t)r.n_modes + (size_t)mi) * EV_ANSWER_BYTES, a.text, a.n + 1);
+            if (dl > 0 && (size_t)dl < sizeof detail)
+                dl += snprintf(detail + dl, sizeof detail - (size_t)dl, " %s %s", rk_fill_mode_name(fp.mode),
+                               ok ? "ok" : "MISS");
+        }
+        if (p->progress) p->progress(p->progress_ud, t + 1, r.n_trials, detail);
+    }
+    *out = r;
+    r = (ev_needle_result){0};
+fail:
+    ev_needle_result_free(&r);
+    rk_gen_result_deinit(&g);
+    free(prompt);
+    free(needle);
+    free(pre);
+    free(suf);
+    return st;
+}
