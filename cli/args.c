@@ -78,8 +78,9 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
         }
         else if (!strcmp(a, "--backend")) {
             NEED();
-            if (strcmp(v, "cpu") && strcmp(v, "cpu_ref")) {
-                fprintf(stderr, "ridgekv %s: --backend expects cpu or cpu_ref (got '%s')\n", cmd, v);
+            rk_backend_kind bk;
+            if (!rk_backend_kind_parse(v, &bk)) {
+                fprintf(stderr, "ridgekv %s: --backend expects cpu, cpu_ref or cuda (got '%s')\n", cmd, v);
                 return RK_EXIT_USAGE;
             }
             o->backend = v;
@@ -176,7 +177,7 @@ int cli_session_params(const cli_opts *o, rk_session_params *p) {
     if (o->n_batch) p->n_batch = o->n_batch;
     char items[8][1200];
     if (o->kv && cli_kv_split(o->kv, items, 8) >= 1 && cli_kv_params(o, items[0], &p->kv)) return RK_EXIT_USAGE;
-    if (o->backend && !strcmp(o->backend, "cpu_ref")) p->backend = RK_BACKEND_CPU_REF;
+    if (o->backend) rk_backend_kind_parse(o->backend, &p->backend);
     return 0;
 }
 

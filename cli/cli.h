@@ -24,7 +24,7 @@ typedef struct cli_opts {
     int n_ctx;              /* -c */
     int n_batch;            /* -b */
     const char *kv;         /* --kv f16|f32|q8|lowram[:opts] (bench: a list) */
-    const char *backend;    /* --backend cpu|cpu_ref */
+    const char *backend;    /* --backend cpu|cpu_ref|cuda */
     rk_sampler_params sp;
     int json;               /* --json */
     int verbose;            /* -v */

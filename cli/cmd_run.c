@@ -21,7 +21,7 @@ static const char *help =
     "  -t, --threads N         threads (default: all cores)\n"
     "      --kv f16|f32|q8|lowram[:opts]  KV cache (default f16); lowram: compressed KV at decode\n"
     "                          (opts: ratio=R,rank=r,budget=B,window=W,resid=S,dense,... see docs/LOWRAM.md)\n"
-    "      --backend cpu|cpu_ref  kernels (cpu_ref: the scalar oracle, slow)\n"
+    "      --backend cpu|cpu_ref|cuda  kernels (cpu_ref: the scalar oracle, slow; cuda: CUDA builds)\n"
     "      --temp T            temperature (default 0.8; 0 = greedy)\n"
     "      --top-k K           (default 40; 0 = off)\n"
     "      --top-p P           (default 0.95; 1 = off)\n"

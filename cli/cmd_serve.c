@@ -26,7 +26,7 @@ static const char *help =
     "  -t, --threads N         threads (default: all cores)\n"
     "      --kv f16|f32|q8|lowram[:opts]  KV cache (default f16); a request's \"kv\" gets a session\n"
     "                          of its own with that policy\n"
-    "      --backend cpu|cpu_ref  kernels\n"
+    "      --backend cpu|cpu_ref|cuda  kernels\n"
     "      --ridgefill MAPS, --fill MODE, --tail T, --split S  RidgeFill for every request's prefill\n"
     "                          (as for ridgekv run); requests may set \"fill\", \"ridgefill\", \"tail\"\n"
     "Defaults for requests that do not set them:\n"

@@ -342,3 +342,26 @@ Test(cli, bench_kv_list_one_session_per_policy) {
     json_object_put(j);
     done(&r);
 }
+
+/* --backend cuda creates the CUDA backend or stops before any work with the reason: not
+ * built, no device, or the first op the device lacks — never a partial answer. */
+Test(cli, backend_cuda_refused_before_any_work) {
+    char sp[1024], a[2048];
+    snprintf(a, sizeof a, "run -m %s -p 'Once upon a time' -n 4 --temp 0 --backend cuda", stories(sp, sizeof sp));
+    result r = run(NULL, a);
+    if (r.code == 0) {
+        /* a GPU machine once the CUDA issue completes the ops */
+        cr_expect(!strncmp(r.out, ", there was", 11), "cuda greedy text: %s", r.out);
+    } else {
+        cr_expect_eq(r.code, 3, "%s", r.err);
+        cr_expect(strstr(r.err, "cuda: not built") || strstr(r.err, "cuda: no device") ||
+                      (strstr(r.err, "cuda: op ") && strstr(r.err, "not implemented yet")),
+                  "%s", r.err);
+        cr_expect_eq(r.out[0], '\0', "output before the refusal: %s", r.out);
+    }
+    done(&r);
+    r = run(NULL, "run -p hi --backend tpu");
+    cr_expect_eq(r.code, 2);
+    cr_expect(strstr(r.err, "--backend expects cpu, cpu_ref or cuda (got 'tpu')"), "%s", r.err);
+    done(&r);
+}
