@@ -27,6 +27,7 @@ static const char *const status_names[RK_STATUS_COUNT] = {
     [RK_E_GGUF_BLOCK] = "RK_E_GGUF_BLOCK",
     [RK_E_INTERNAL] = "RK_E_INTERNAL",
     [RK_E_CANCELLED] = "RK_E_CANCELLED",
+    [RK_E_FORMAT] = "RK_E_FORMAT",
 };
 
 rk_status rk_err_set(rk_err *err, rk_status code, const char *fmt, ...) {

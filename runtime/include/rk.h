@@ -55,9 +55,9 @@ bool rk_model_add_bos(const rk_model *m);
  * stacked, and per layer a value predictor V̂ = coef·W + b (ridge, closed form, i.e. a
  * linear function of the rebuilt keys K̃); residuals V − V̂ are kept, int8, for the
  * hardest `resid_share` of rows per (layer, KV head). Sinks and the last `window` rows
- * stay exact in the plain cache; older rows live compressed (their plain pages are
- * released) and each later block of `chunk` rows is compressed with the same basis and
- * predictor. Decode attention (<= 4 query rows) rebuilds only the chunks whose landmark
+ * stay exact in the codec's own buffers (as do the rows of an eval until it ends); older
+ * rows live only compressed, and each later block of `chunk` rows is compressed with the
+ * same basis and predictor. Decode attention (<= 4 query rows) rebuilds only the chunks whose landmark
  * (mean key) scores highest for the query, within `budget` rows, plus sinks and window;
  * longer evals and `dense` rebuild every chunk, fused with an online softmax; chunks
  * left out enter as one summary row each (mean key, mean coefficients, chunk size). With
@@ -93,6 +93,8 @@ typedef struct rk_lowram_params {
     int32_t obs_window;   /* last prompt queries observed for evict / resid_mass (0: 32) */
     float lambda;         /* predictor ridge strength relative to tr(CᵀC)/r (<= 0: 1e-3) */
     int32_t max_fit_rows; /* rows used for the key Gram matrix (strided; 0: 4096) */
+    uint32_t exact_type;  /* exact rows (sinks, window, rows not yet compressed): RK_DT_F16 (default)
+                             or RK_DT_F32 (the checking setup) */
     int32_t n_threads;    /* codec threads (0: the session's) */
     char predictor[1024]; /* predictor file (offline basis + predictor init) or "" */
 } rk_lowram_params;
@@ -100,7 +102,7 @@ typedef struct rk_lowram_params {
 rk_lowram_params rk_lowram_params_default(void);
 /* Parses "key=value,flag,..." (the part after "lowram:" of --kv) into *p, starting from
  * its current values. Keys: ratio, rank, energy, group, window, sinks, chunk, resid,
- * budget, evict, obs, lambda, fitrows, threads, coef=f16|f32|int8, rtype=int8|int4|f16,
+ * budget, evict, obs, lambda, fitrows, threads, coef=f16|f32|int8, rtype=int8|int4|f16, exact=f16|f32,
  * pred=FILE (must come last: the rest of the spec is the path); flags: dense, mass,
  * nomass, keys_only, nosumm, qpca, bound, nocache. */
 rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err);
@@ -184,7 +186,9 @@ rk_status rk_session_kv_export(const rk_session *s, int64_t row0, int64_t row1, 
 /* Appends the rows of a block made by rk_session_kv_export (same model, same KV policy)
  * at n_past, which must equal the block's row0; the block's token ids become the
  * session's. A truncated, corrupt or foreign block gives RK_E_FORMAT / RK_E_MISMATCH
- * naming what is wrong, and the session is unchanged. */
+ * naming what is wrong, and the session is unchanged. LowRAM exports and imports its
+ * whole state only (rows [0, n_past) into a session at n_past 0); other ranges give
+ * RK_E_UNSUPPORTED. */
 rk_status rk_session_kv_import(rk_session *s, const void *blk, size_t n, rk_err *err);
 
 /* ---- sampling ------------------------------------------------------------- */

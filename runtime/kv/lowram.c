@@ -24,6 +24,7 @@ rk_lowram_params rk_lowram_params_default(void) {
     p.budget = 512;
     p.coef_type = RK_DT_Q8_0;
     p.resid_type = RK_DT_Q8_0;
+    p.exact_type = RK_DT_F16;
     p.obs_window = 32;
     p.lambda = 1e-3f;
     p.max_fit_rows = 4096;
@@ -74,6 +75,12 @@ rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err) {
             continue;
         }
         *v++ = '\0';
+        if (!strcmp(tok, "exact")) {
+            if (!strcmp(v, "f16")) q.exact_type = RK_DT_F16;
+            else if (!strcmp(v, "f32")) q.exact_type = RK_DT_F32;
+            else return bad(err, "exact= expects f16 or f32", v);
+            continue;
+        }
         if (!strcmp(tok, "coef") || !strcmp(tok, "rtype")) {
             uint32_t t;
             if (!strcmp(v, "f16")) t = RK_DT_F16;
@@ -117,7 +124,7 @@ rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err) {
 }
 
 /* Fills defaults for zero fields and checks ranges against the model. */
-static rk_status resolve(rk_lowram_params *p, const rk_hparams *hp, rk_err *err) {
+static rk_status resolve(rk_lowram_params *p, const rk_kv *hp, rk_err *err) {
     const rk_lowram_params d = rk_lowram_params_default();
     if (!(p->ratio > 0)) p->ratio = d.ratio;
     if (p->group <= 0) p->group = d.group;
@@ -141,6 +148,8 @@ static rk_status resolve(rk_lowram_params *p, const rk_hparams *hp, rk_err *err)
     if (p->obs_window <= 0) p->obs_window = d.obs_window;
     if (!(p->lambda > 0)) p->lambda = d.lambda;
     if (p->max_fit_rows <= 0) p->max_fit_rows = d.max_fit_rows;
+    if (p->exact_type != RK_DT_F16 && p->exact_type != RK_DT_F32)
+        return rk_err_set(err, RK_E_INVALID_ARG, "lowram: exact row type %s (f16 or f32)", rk_dtype_name(p->exact_type));
     if (p->values_exact) p->resid_share = 1.0f, p->resid_type = RK_DT_F16;
     if (hp->n_head_kv > 64)
         return rk_err_set(err, RK_E_UNSUPPORTED, "lowram: %d KV heads (at most 64)", hp->n_head_kv);
@@ -149,7 +158,9 @@ static rk_status resolve(rk_lowram_params *p, const rk_hparams *hp, rk_err *err)
     return RK_OK;
 }
 
-void rk_kvc_destroy(rk_kv_codec *c) {
+/* ---- the codec's lifetime ------------------------------------------------------------- */
+
+void lr_codec_free(rk_kv_codec *c) {
     if (!c) return;
     lr_scratch_free(c);
     for (int gi = 0; c->g && gi < c->n_group; gi++) {
@@ -164,6 +175,8 @@ void rk_kvc_destroy(rk_kv_codec *c) {
         for (int h = 0; L->h && h < c->n_head_kv; h++) free(L->h[h].res), free(L->h[h].mask), free(L->h[h].base);
         free(L->h);
     }
+    if (c->x_hi) lr_exact_free(c);
+    free(c->xk), free(c->xv), free(c->x_hi);
     free(c->g), free(c->ly), free(c->freq), free(c->rope), free(c->qsq), free(c->obs_q), free(c->obs_pos), free(c->obs_n);
     rk_gguf_destroy(c->pgguf);
     rk_mapping_close(&c->pmap);
@@ -171,31 +184,33 @@ void rk_kvc_destroy(rk_kv_codec *c) {
     free(c);
 }
 
-static rk_status codec_create(rk_session *s, const rk_lowram_params *pp, rk_kv_codec **out, char *warning,
-                              size_t warning_cap, rk_err *err) {
-    const rk_hparams *hp = &s->m->hp;
+rk_status lr_codec_new(const rk_kv *kv, const rk_lowram_params *p, int n_threads, rk_kv_codec **out, rk_err *err) {
     rk_kv_codec *c = calloc(1, sizeof *c);
     if (!c) return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory");
-    rk_status st;
-    c->p = *pp;
-    if ((st = resolve(&c->p, hp, err))) goto fail;
-    c->n_layer = hp->n_layer, c->n_head = hp->n_head, c->n_head_kv = hp->n_head_kv, c->hd = hp->head_dim;
-    c->kvd = hp->n_head_kv * hp->head_dim, c->n_rot = hp->n_rot, c->rope_mode = hp->rope_mode;
-    c->n_ctx = s->n_ctx;
+    c->p = *p;
+    c->n_layer = kv->n_layer, c->n_head = kv->n_head, c->n_head_kv = kv->n_head_kv, c->hd = kv->head_dim;
+    c->kvd = kv->kv_dim, c->n_rot = kv->n_rot, c->rope_mode = kv->rope_mode;
+    c->n_ctx = kv->n_ctx;
+    c->be = kv->be;
+    c->n_threads = n_threads;
     c->cap_chunks = (c->n_ctx + c->p.chunk - 1) / c->p.chunk;
     c->res_bytes = c->p.resid_type == RK_DT_Q8_0 ? 2u + (size_t)c->hd
                    : c->p.resid_type == RK_DT_Q4_0 ? 2u + (size_t)c->hd / 2 : 2u * (size_t)c->hd;
     c->wide = c->p.coef_type == RK_DT_F32;
-    c->n_seen = s->n_past;
-    c->comp_end = c->released_end = c->p.n_sink;
+    c->comp_end = c->p.n_sink;
+    c->exact_type = c->p.exact_type;
+    c->xrow = (size_t)c->kvd * (c->exact_type == RK_DT_F32 ? 4 : 2);
     c->n_group = (c->n_layer + c->p.group - 1) / c->p.group;
     c->g = calloc((size_t)c->n_group, sizeof *c->g);
     c->ly = calloc((size_t)c->n_layer, sizeof *c->ly);
     c->freq = malloc((size_t)(c->n_rot / 2 + 1) * sizeof(double));
     c->rope = malloc((size_t)c->n_ctx * (c->n_rot > 0 ? c->n_rot : 1) * sizeof(float));
     c->qsq = calloc((size_t)c->n_layer * c->kvd, sizeof(double));
-    if (!c->g || !c->ly || !c->freq || !c->rope || !c->qsq) goto nomem;
-    for (int i = 0; i < c->n_rot / 2; i++) c->freq[i] = pow((double)hp->rope_base, -2.0 * i / c->n_rot);
+    c->xk = calloc((size_t)c->n_layer, sizeof *c->xk);
+    c->xv = calloc((size_t)c->n_layer, sizeof *c->xv);
+    c->x_hi = calloc((size_t)c->n_layer, sizeof *c->x_hi);
+    if (!c->g || !c->ly || !c->freq || !c->rope || !c->qsq || !c->xk || !c->xv || !c->x_hi) goto nomem;
+    for (int i = 0; i < c->n_rot / 2; i++) c->freq[i] = pow((double)kv->rope_base, -2.0 * i / c->n_rot);
     for (int gi = 0; gi < c->n_group; gi++) {
         lr_group *g = &c->g[gi];
         g->l0 = gi * c->p.group;
@@ -216,48 +231,23 @@ static rk_status codec_create(rk_session *s, const rk_lowram_params *pp, rk_kv_c
         c->obs_n = calloc((size_t)c->n_layer, sizeof(int32_t));
         if (!c->obs_q || !c->obs_pos || !c->obs_n) goto nomem;
     }
-    if (c->p.predictor[0] && (st = lr_pred_open(c, s->m, warning, warning_cap, err))) goto fail;
-    c->n_threads = c->p.n_threads > 0 ? c->p.n_threads : s->p.n_threads > 0 ? s->p.n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
-    if (c->n_threads < 1) c->n_threads = 1;
-    if (c->n_threads > 1 && (st = rk_pool_create(c->n_threads, &c->pool, err))) goto fail;
-    if (c->pool) c->n_threads = rk_pool_size(c->pool);
     *out = c;
     return RK_OK;
 nomem:
-    st = rk_err_set(err, RK_E_NOMEM, "lowram: out of memory creating the codec");
-fail:
-    rk_kvc_destroy(c);
-    return st;
+    lr_codec_free(c);
+    return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory creating the codec");
 }
 
-rk_status rk_session_set_lowram(rk_session *s, const rk_lowram_params *p, char *warning, size_t warning_cap,
-                                rk_err *err) {
-    if (warning && warning_cap) warning[0] = '\0';
-    rk_kv_codec *c = s->kvc;
-    if (c && c->fitted && s->n_past > c->p.n_sink)
-        return rk_err_set(err, RK_E_INVALID_ARG,
-                          "lowram: %lld rows are compressed; reset the session before changing LowRAM settings",
-                          (long long)s->n_past);
-    rk_kv_codec *nc = NULL;
-    if (p) {
-        rk_status st = codec_create(s, p, &nc, warning, warning_cap, err);
-        if (st) return st;
-    }
-    rk_kvc_destroy(c);
-    s->kvc = nc;
-    return RK_OK;
-}
-
-/* The session went back to position n (truncate / reset / failed eval). */
+/* The session went back to position n < n_past (truncate / reset). */
 static void rewind_to(rk_kv_codec *c, int64_t n) {
     lr_truncate(c, n);
     if (n <= c->p.n_sink) {
         c->fitted = false; /* a new prompt: the next fit starts from scratch */
-        c->comp_end = c->released_end = c->p.n_sink;
+        c->comp_end = c->p.n_sink;
         memset(c->qsq, 0, (size_t)c->n_layer * c->kvd * sizeof(double));
+        lr_exact_unfit(c, n);
     }
     if (c->obs_n) memset(c->obs_n, 0, (size_t)c->n_layer * sizeof(int32_t));
-    c->n_seen = n;
 }
 
 static void observe(rk_kv_codec *c, int l, const float *q, int64_t n_q, int64_t pos0) {
@@ -270,71 +260,196 @@ static void observe(rk_kv_codec *c, int l, const float *q, int64_t n_q, int64_t 
     }
 }
 
-rk_status rk_kvc_attention(rk_kv_codec *c, rk_session *s, int layer, const float *q, int64_t n_q, int64_t pos0,
-                           float *out, bool *handled, rk_err *err) {
-    *handled = false;
-    if (s->n_past < c->n_seen) rewind_to(c, s->n_past);
-    if (!c->fitted) {
-        /* prefill queries: second moments per KV-head dim for the key basis, and the last
-         * rows for SnapKV / mass-weighted residuals */
-        const int grp = c->n_head / c->n_head_kv, hd = c->hd;
-        double *qs = c->qsq + (size_t)layer * c->kvd;
-        for (int64_t i = 0; i < n_q; i++)
-            for (int qh = 0; qh < c->n_head; qh++) {
-                const float *qv = q + (i * c->n_head + qh) * hd;
-                double *t = qs + (size_t)(qh / grp) * hd;
-                for (int d = 0; d < hd; d++) t[d] += (double)qv[d] * qv[d];
-            }
-        if (c->obs_q) observe(c, layer, q, n_q, pos0);
-        return RK_OK;
-    }
-    if (c->comp_end <= c->p.n_sink) return RK_OK; /* nothing compressed: the plain cache is whole */
-    *handled = true;
-    return lr_attention(c, s, layer, q, n_q, pos0, out, err);
+/* ---- the rk_kv ops ----------------------------------------------------------------------- */
+
+static rk_status lowram_append(rk_kv *kv, int l, int64_t pos0, const float *k, const float *v, int64_t n, rk_err *err) {
+    rk_kv_codec *c = kv->impl;
+    if (pos0 < c->x0 || pos0 > c->x_hi[l] || n < 0 || pos0 > c->n_ctx - n)
+        return rk_err_set(err, RK_E_INTERNAL, "lowram: append of rows %lld..%lld to layer %d holding [%lld, %lld)",
+                          (long long)pos0, (long long)(pos0 + n), l, (long long)c->x0, (long long)c->x_hi[l]);
+    if (!lr_exact_reserve(c, pos0 + n))
+        return rk_err_set(err, RK_E_NOMEM, "lowram: no memory for %lld exact rows", (long long)(pos0 + n - c->x0));
+    /* the backend's conversion, as for a plain cache: exact rows hold the same bits */
+    rk_op_args a = {.op = RK_OP_CPY_ROWS, .dst_row0 = pos0 - c->x0};
+    a.dst = (rk_view){c->exact_type, {c->kvd, c->x_cap, 1, 1}, c->xrow, c->xk[l]};
+    a.src0 = (rk_view){RK_DT_F32, {c->kvd, n, 1, 1}, (size_t)c->kvd * sizeof(float), (void *)k};
+    rk_status st = rk_backend_run(c->be, &a, err);
+    if (st) return st;
+    a.dst.data = c->xv[l];
+    a.src0.data = (void *)v;
+    if ((st = rk_backend_run(c->be, &a, err))) return st;
+    c->x_hi[l] = pos0 + n;
+    return RK_OK;
 }
 
-rk_status rk_kvc_after_eval(rk_kv_codec *c, rk_session *s, int64_t n_new, rk_err *err) {
-    const int64_t start = s->n_past - n_new, n = s->n_past;
-    if (start < c->n_seen) rewind_to(c, start);
+/* Before the fit every row is exact and contiguous from 0: the backend's ATTN over them. */
+static rk_status exact_attend(rk_kv_codec *c, int l, const float *q, int64_t n_q, int64_t pos0, float *out,
+                              rk_err *err) {
+    const int64_t qd = (int64_t)c->n_head * c->hd;
+    rk_op_args at = {.op = RK_OP_ATTN};
+    at.src0 = (rk_view){RK_DT_F32, {qd, n_q, 1, 1}, (size_t)qd * sizeof(float), (void *)q};
+    at.src1 = (rk_view){c->exact_type, {c->kvd, pos0 + n_q, 1, 1}, c->xrow, c->xk[l]};
+    at.src2 = (rk_view){c->exact_type, {c->kvd, pos0 + n_q, 1, 1}, c->xrow, c->xv[l]};
+    at.dst = (rk_view){RK_DT_F32, {qd, n_q, 1, 1}, (size_t)qd * sizeof(float), out};
+    at.attn.n_head = c->n_head;
+    at.attn.n_head_kv = c->n_head_kv;
+    at.attn.head_dim = c->hd;
+    at.attn.scale = 1.0f / sqrtf((float)c->hd);
+    at.attn.pos0 = pos0;
+    return rk_backend_run(c->be, &at, err);
+}
+
+static rk_status lowram_attend(rk_kv *kv, int l, const float *q, int64_t n_q, int64_t pos0, float *out, rk_err *err) {
+    rk_kv_codec *c = kv->impl;
+    if (pos0 + n_q > c->x_hi[l])
+        return rk_err_set(err, RK_E_INTERNAL, "lowram: attention over rows up to %lld of layer %d holding %lld",
+                          (long long)(pos0 + n_q), l, (long long)c->x_hi[l]);
+    if (c->fitted) return lr_attention(c, l, q, n_q, pos0, out, err);
+    /* prefill queries: second moments per KV-head dim for the key basis, and the last rows
+     * for SnapKV / mass-weighted residuals */
+    const int grp = c->n_head / c->n_head_kv, hd = c->hd;
+    double *qs = c->qsq + (size_t)l * c->kvd;
+    for (int64_t i = 0; i < n_q; i++)
+        for (int qh = 0; qh < c->n_head; qh++) {
+            const float *qv = q + (i * c->n_head + qh) * hd;
+            double *t = qs + (size_t)(qh / grp) * hd;
+            for (int d = 0; d < hd; d++) t[d] += (double)qv[d] * qv[d];
+        }
+    if (c->obs_q) observe(c, l, q, n_q, pos0);
+    return exact_attend(c, l, q, n_q, pos0, out, err);
+}
+
+static rk_status lowram_commit(rk_kv *kv, int64_t n, rk_err *err) {
+    rk_kv_codec *c = kv->impl;
     lr_rope_fill(c, n);
     rk_status st = RK_OK;
     const int64_t sink = c->p.n_sink, C = c->p.chunk;
     if (!c->fitted) {
         /* enough rows to fit on, and at least one chunk to compress */
         if (n - sink - c->p.window >= C && n - sink >= 128) {
-            if ((st = lr_fit(c, s, err))) return st; /* nothing released: the plain cache is whole */
+            if ((st = lr_fit(c, n, err))) return st; /* nothing dropped: every row is still exact */
         }
     } else {
         int64_t end = n - c->p.window;
         end = end > c->comp_end ? c->comp_end + (end - c->comp_end) / C * C : c->comp_end;
-        if ((st = lr_compress(c, s, end, err))) return st;
+        if ((st = lr_compress(c, end, err))) return st;
     }
-    c->n_seen = n;
+    c->n_past = kv->n_past = n;
     return RK_OK;
 }
 
-/* ---- accounting ---------------------------------------------------------------------- */
-
-void rk_session_kv_bytes(const rk_session *s, rk_kv_bytes *o) {
-    const rk_hparams *hp = &s->m->hp;
-    const rk_kv_codec *c = s->kvc;
-    memset(o, 0, sizeof *o);
-    const uint64_t row_all = 2ull * (uint64_t)hp->n_layer * s->kv_row_bytes; /* K and V, every layer */
-    o->n_tokens = s->n_past;
-    o->f16_equiv = (uint64_t)s->n_past * 2ull * hp->n_layer * hp->n_head_kv * hp->head_dim * 2ull;
-    if (c) {
-        o->scratch = c->scratch_bytes;
-        if (c->obs_q)
-            o->scratch += (uint64_t)c->n_layer * c->p.obs_window * ((uint64_t)c->n_head * c->hd * 4 + 8) + 4ull * c->n_layer;
+static void lowram_truncate(rk_kv *kv, int64_t n) {
+    rk_kv_codec *c = kv->impl;
+    if (n < c->n_past) {
+        rewind_to(c, n);
+        c->n_past = kv->n_past = n;
     }
-    if (!c || !c->fitted || c->comp_end <= c->p.n_sink) {
-        o->n_exact_rows = s->n_past;
-        o->exact = (uint64_t)s->n_past * row_all;
+    if (c->x0 > n) c->x0 = n; /* cut inside the compressed rows: comp_end = n, no exact row past it */
+    for (int l = 0; l < c->n_layer; l++) c->x_hi[l] = c->x_hi[l] > n ? n : c->x_hi[l] < c->x0 ? c->x0 : c->x_hi[l];
+}
+
+static void lowram_reset(rk_kv *kv) {
+    rk_kv_codec *c = kv->impl;
+    lowram_truncate(kv, 0);
+    lr_exact_free(c); /* a new prompt grows them again */
+}
+
+/* Row p of layer l: stored index in the layer's group, or -1 (evicted). */
+static int64_t stored_index(const lr_group *g, int64_t p) {
+    int64_t lo = 0, hi = g->n_rows;
+    while (lo < hi) {
+        const int64_t mid = (lo + hi) / 2;
+        if (g->pos[mid] < p) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < g->n_rows && g->pos[lo] == p ? lo : -1;
+}
+
+static rk_status lowram_read(const rk_kv *kv, int l, bool values, bool pre_rope, int64_t row0, int64_t n, float *dst,
+                             rk_err *err) {
+    const rk_kv_codec *c = kv->impl;
+    rk_status st = rk_kv_check_rows(kv, l, row0, n, c->x_hi[l], err);
+    if (st) return st;
+    const lr_layer *L = &c->ly[l];
+    const lr_group *g = &c->g[L->grp];
+    float *M = NULL, *cf = NULL, *row = NULL;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t p = row0 + i;
+        float *d = dst + i * c->kvd;
+        if (!c->fitted || p < c->p.n_sink || p >= c->comp_end) {
+            lr_plain_row(c, l, values, p, d);
+            if (!values && pre_rope) rk_kv_unrope(kv, d, p);
+            continue;
+        }
+        const int64_t j = stored_index(g, p);
+        if (j < 0) {
+            st = rk_err_set(err, RK_E_NOT_FOUND, "lowram: row %lld of layer %d was evicted", (long long)p, l);
+            break;
+        }
+        if (!M) { /* this layer's slice of the basis (keys) or its predictor (values), (r, kv_dim) */
+            M = malloc((size_t)g->r * c->kvd * sizeof(float));
+            cf = malloc((size_t)g->r * sizeof(float));
+            row = malloc((size_t)c->hd * sizeof(float));
+            if (!M || !cf || !row) {
+                st = rk_err_set(err, RK_E_NOMEM, "lowram: out of memory reading rows");
+                break;
+            }
+            if (values) lr_mat_f32(c, L->W, (size_t)c->kvd, 0, g->r, 0, c->kvd, M);
+            else lr_mat_f32(c, g->basis, (size_t)g->D, 0, g->r, L->li * c->kvd, c->kvd, M);
+        }
+        lr_coef_rows(c, g, j, 1, cf);
+        rk_linalg_matmul(1, c->kvd, g->r, cf, g->r, M, c->kvd, d, c->kvd);
+        if (!values) { /* K = RoPE(mean + (C·B)/s) */
+            const size_t off = (size_t)L->li * c->kvd;
+            for (int e = 0; e < c->kvd; e++) d[e] = d[e] * g->winv[off + e] + g->mean[off + e];
+            if (!pre_rope) lr_rope_row(c, d, c->n_head_kv, p, false);
+            continue;
+        }
+        /* V = V̂ + δ where a residual is stored: out = C·W + b + δ */
+        for (int e = 0; e < c->kvd; e++) d[e] += L->b[e];
+        const int64_t ch = j / c->p.chunk;
+        const int bit = (int)(j % c->p.chunk);
+        for (int h = 0; h < c->n_head_kv; h++) {
+            const lr_head *H = &L->h[h];
+            if (!((H->mask[ch] >> bit) & 1u)) continue;
+            const int64_t slot = H->base[ch] + __builtin_popcount(H->mask[ch] & ((1u << bit) - 1u));
+            lr_res_row(c, H, slot, row);
+            for (int e = 0; e < c->hd; e++) d[(size_t)h * c->hd + e] += row[e];
+        }
+    }
+    free(M), free(cf), free(row);
+    return st;
+}
+
+static rk_status lowram_write(rk_kv *kv, int l, bool values, int64_t row0, int64_t n, const float *src, rk_err *err) {
+    rk_kv_codec *c = kv->impl;
+    rk_status st = rk_kv_check_rows(kv, l, row0, n, c->x_hi[l], err);
+    if (st) return st;
+    for (int64_t p = row0; p < row0 + n; p++)
+        if (c->fitted && p >= c->p.n_sink && p < c->comp_end)
+            return rk_err_set(err, RK_E_UNSUPPORTED, "lowram: row %lld of layer %d is compressed: it cannot be replaced",
+                              (long long)p, l);
+    for (int64_t i = 0; i < n; i++)
+        rk_kv_rows_from_f32(c->exact_type, src + i * c->kvd, 1, c->kvd, (void *)lr_exact_ptr(c, l, values, row0 + i));
+    return RK_OK;
+}
+
+static void lowram_bytes(const rk_kv *kv, rk_kv_bytes *o) {
+    const rk_kv_codec *c = kv->impl;
+    rk_kv_bytes_base(kv, o);
+    const int64_t n_past = kv->n_past;
+    const uint64_t row_all = 2ull * (uint64_t)c->n_layer * c->xrow; /* K and V, every layer */
+    o->scratch = c->scratch_bytes;
+    if (c->obs_q)
+        o->scratch += (uint64_t)c->n_layer * c->p.obs_window * ((uint64_t)c->n_head * c->hd * 4 + 8) + 4ull * c->n_layer;
+    if (!c->fitted || c->comp_end <= c->p.n_sink) {
+        o->n_exact_rows = n_past;
+        o->exact = (uint64_t)n_past * row_all;
         o->total = o->exact;
         return;
     }
-    const int64_t sink = c->p.n_sink < s->n_past ? c->p.n_sink : s->n_past;
-    o->n_exact_rows = sink + (s->n_past - c->comp_end);
+    const int64_t sink = c->p.n_sink < n_past ? c->p.n_sink : n_past;
+    o->n_exact_rows = sink + (n_past - c->comp_end);
     o->exact = (uint64_t)o->n_exact_rows * row_all;
     for (int gi = 0; gi < c->n_group; gi++) {
         const lr_group *g = &c->g[gi];
@@ -362,10 +477,9 @@ void rk_session_kv_bytes(const rk_session *s, rk_kv_bytes *o) {
     o->total = o->exact + o->coef + o->bases + o->predictors + o->residuals + o->landmarks + o->meta + o->key_cache;
 }
 
-void rk_session_lowram_stats(const rk_session *s, rk_lowram_stats *o) {
-    const rk_kv_codec *c = s->kvc;
+static void lowram_stats(const rk_kv *kv, rk_lowram_stats *o) {
+    const rk_kv_codec *c = kv->impl;
     memset(o, 0, sizeof *o);
-    if (!c) return;
     *o = c->stats;
     o->fitted = c->fitted;
     if (!c->fitted) return;
@@ -390,4 +504,78 @@ void rk_session_lowram_stats(const rk_session *s, rk_lowram_stats *o) {
         o->rows_rebuilt += c->scr[t].n_rebuilt;
         o->rows_attended += c->scr[t].n_attended;
     }
+}
+
+static int lowram_params(const rk_kv *kv, rk_kv_param *out) { return lr_params(kv->impl, out); }
+
+static rk_status lowram_export(const rk_kv *kv, int64_t row0, int64_t row1, rk_kv_buf *out, rk_err *err) {
+    if (row0 != 0 || row1 != kv->n_past)
+        return rk_err_set(err, RK_E_UNSUPPORTED,
+                          "lowram: exports its whole state only (rows [0, %lld), asked [%lld, %lld))",
+                          (long long)kv->n_past, (long long)row0, (long long)row1);
+    return lr_export(kv->impl, out, err);
+}
+
+static rk_status lowram_import(rk_kv *kv, int64_t row0, int64_t n_rows, const uint8_t *p, size_t n, rk_err *err) {
+    rk_kv_codec *c = kv->impl;
+    if (row0 != 0 || kv->n_past != 0)
+        return rk_err_set(err, RK_E_UNSUPPORTED,
+                          "lowram: imports a whole state into an empty session only (block row0 %lld, session at %lld)",
+                          (long long)row0, (long long)kv->n_past);
+    /* the state goes into a new codec; only a complete, checked one replaces the old state */
+    rk_kv_codec *nc = NULL;
+    rk_status st = lr_codec_new(kv, &c->p, c->n_threads, &nc, err);
+    if (st) return st;
+    if ((st = lr_import(nc, kv, n_rows, p, n, err))) {
+        lr_codec_free(nc);
+        return st;
+    }
+    /* the pool, the predictor file and the statistics stay with the session's codec */
+    rk_kv_codec t = *c;
+    *c = *nc;
+    *nc = t;
+    c->pool = nc->pool, nc->pool = NULL;
+    c->pmap = nc->pmap, nc->pmap = (rk_mapping){0};
+    c->pgguf = nc->pgguf, nc->pgguf = NULL;
+    c->prank = nc->prank;
+    c->stats = nc->stats;
+    lr_codec_free(nc);
+    c->n_past = kv->n_past = n_rows;
+    return RK_OK;
+}
+
+static void lowram_destroy(rk_kv *kv) {
+    lr_codec_free(kv->impl);
+    kv->impl = NULL;
+}
+
+static const rk_kv_ops lowram_ops = {
+    .name = "lowram",
+    .append = lowram_append,
+    .attend = lowram_attend,
+    .commit = lowram_commit,
+    .truncate = lowram_truncate,
+    .reset = lowram_reset,
+    .read = lowram_read,
+    .write = lowram_write,
+    .bytes = lowram_bytes,
+    .stats = lowram_stats,
+    .params = lowram_params,
+    .export_rows = lowram_export,
+    .import_rows = lowram_import,
+    .destroy = lowram_destroy,
+};
+
+rk_status rk_kv_lowram_init(rk_kv *kv, const rk_model *m, const rk_lowram_params *pp, int n_threads, char *warning,
+                            size_t warning_cap, rk_err *err) {
+    rk_lowram_params p = *pp;
+    rk_status st = resolve(&p, kv, err);
+    if (st) return st;
+    rk_kv_codec *c = NULL;
+    if ((st = lr_codec_new(kv, &p, 1, &c, err))) return st;
+    kv->ops = &lowram_ops;
+    kv->impl = c;
+    kv->row_bytes = c->xrow;
+    if (c->p.predictor[0] && (st = lr_pred_open(c, m, warning, warning_cap, err))) return st;
+    return rk_kv_pool_create(c->p.n_threads > 0 ? c->p.n_threads : n_threads, &c->pool, &c->n_threads, err);
 }

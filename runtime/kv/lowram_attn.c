@@ -1,4 +1,4 @@
-/* LowRAM attention: exact softmax attention over sinks + window (plain cache) and over
+/* LowRAM attention: exact softmax attention over sinks + window (exact rows) and over
  * compressed chunks rebuilt on the fly (K = RoPE(mean + C·B)); values are accumulated in
  * coefficient space (Σ a·c, then one product with the predictor W) plus the stored
  * residuals. Decode picks chunks by landmark score within the token budget; dense mode
@@ -34,7 +34,6 @@ LR_AI void scal(float *restrict y, float a, int n) {
 /* One (layer, KV head, query tile) of work. State row j = local query i * grp + jj. */
 typedef struct head_task {
     rk_kv_codec *c;
-    const rk_session *s;
     lr_scratch *x;
     int l, h, grp, ns;       /* ns state rows */
     int64_t i0, pos0;        /* first query row of the tile and its position */
@@ -94,9 +93,9 @@ LR_AI void plain_rows(const head_task *t, int64_t p0, int64_t p1) {
     for (int64_t b0 = p0; b0 < p1; b0 += C) {
         const int nb = p1 - b0 < C ? (int)(p1 - b0) : C;
         for (int k = 0; k < nb; k++) {
-            const size_t off = (size_t)(b0 + k) * t->s->kv_row_bytes + (size_t)t->h * hd * (t->s->kv_type == RK_DT_F32 ? 4 : 2);
-            const uint8_t *kr = (const uint8_t *)t->s->k_cache[t->l] + off, *vr = (const uint8_t *)t->s->v_cache[t->l] + off;
-            if (t->s->kv_type == RK_DT_F32) {
+            const size_t off = (size_t)t->h * hd * (c->exact_type == RK_DT_F32 ? 4 : 2);
+            const uint8_t *kr = lr_exact_ptr(c, t->l, false, b0 + k) + off, *vr = lr_exact_ptr(c, t->l, true, b0 + k) + off;
+            if (c->exact_type == RK_DT_F32) {
                 memcpy(x->kb + (size_t)k * hd, kr, (size_t)hd * sizeof(float));
                 memcpy(x->vb + (size_t)k * hd, vr, (size_t)hd * sizeof(float));
             } else {
@@ -312,7 +311,6 @@ __attribute__((target("avx2,fma,f16c"))) static void head_run_avx2(head_task *t)
 
 typedef struct attn_job {
     rk_kv_codec *c;
-    const rk_session *s;
     int l;
     const float *q;
     int64_t n_q, pos0, n_tiles, tile;
@@ -328,7 +326,7 @@ static void attn_worker(void *vp, int tid, int nt) {
     for (int64_t it = tid; it < n_items; it += nt) {
         const int64_t tile = it / c->n_head_kv, i0 = tile * a->tile;
         const int64_t ni = a->n_q - i0 < a->tile ? a->n_q - i0 : a->tile;
-        head_task t = {c, a->s, &c->scr[tid], a->l, (int)(it % c->n_head_kv), grp, (int)(ni * grp), i0, a->pos0 + i0,
+        head_task t = {c, &c->scr[tid], a->l, (int)(it % c->n_head_kv), grp, (int)(ni * grp), i0, a->pos0 + i0,
                        a->q, a->out, a->sparse, !c->p.values_exact};
 #ifdef LR_HAVE_AVX2_CLONES
         if (a->avx2) {
@@ -340,11 +338,10 @@ static void attn_worker(void *vp, int tid, int nt) {
     }
 }
 
-rk_status lr_attention(rk_kv_codec *c, rk_session *s, int layer, const float *q, int64_t n_q, int64_t pos0,
-                       float *out, rk_err *err) {
+rk_status lr_attention(rk_kv_codec *c, int layer, const float *q, int64_t n_q, int64_t pos0, float *out, rk_err *err) {
     if (!c->scr) return rk_err_set(err, RK_E_INTERNAL, "lowram: attention before the scratch exists");
     const bool sparse = !c->p.dense && n_q <= LR_SPARSE_MAX_Q;
-    attn_job a = {c, s, layer, q, n_q, pos0, 0, sparse ? LR_SPARSE_MAX_Q : LR_TILE, out, sparse, rk_cpu_has_avx2()};
+    attn_job a = {c, layer, q, n_q, pos0, 0, sparse ? LR_SPARSE_MAX_Q : LR_TILE, out, sparse, rk_cpu_has_avx2()};
     c->n_calls++;
     a.n_tiles = (n_q + a.tile - 1) / a.tile;
     /* decode stays on the caller's thread: a second pool spinning next to the backend's

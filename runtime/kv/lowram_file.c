@@ -15,7 +15,6 @@
 #include <string.h>
 
 #include "lowram_impl.h"
-#include "ridgefill_impl.h"
 #include "rk_kernels.h"
 
 static const rk_gguf_tensor *tensor(const rk_gguf *g, const char *fmt, int i) {

@@ -16,7 +16,6 @@
 
 typedef struct fit_job {
     rk_kv_codec *c;
-    rk_session *s;
     int64_t n_past, comp_new;  /* fit rows [n_sink, n_past); stored rows [n_sink, comp_new) */
     const float *mass;         /* (n_layer, n_head_kv, n_past - n_sink) or NULL */
     const uint8_t *keep;       /* (n_group, comp_new - n_sink) or NULL: keep all */
@@ -53,7 +52,7 @@ static int choose_rank(const rk_kv_codec *c, const lr_group *g, const double *w,
     return r > n_w ? n_w : r;
 }
 
-static bool group_alloc(rk_kv_codec *c, lr_group *g) {
+bool lr_group_alloc(rk_kv_codec *c, lr_group *g) {
     const rk_lowram_params *p = &c->p;
     g->coef_bytes = p->coef_type == RK_DT_F32 ? 4u * g->r : p->coef_type == RK_DT_F16 ? 2u * g->r : 2u + g->r;
     free(g->mean), free(g->wdim), free(g->winv), free(g->basis), free(g->pos), free(g->coef), free(g->cmean);
@@ -120,7 +119,7 @@ static void dim_weights(const rk_kv_codec *c, const lr_group *g, float *s) {
     }
 }
 
-static rk_status fit_basis(rk_kv_codec *c, const rk_session *s, lr_group *g, int64_t n_past) {
+static rk_status fit_basis(rk_kv_codec *c, lr_group *g, int64_t n_past) {
     const int D = g->D;
     const int64_t n_fit = n_past - c->p.n_sink, stride = (n_fit + c->p.max_fit_rows - 1) / c->p.max_fit_rows;
     double *G = calloc((size_t)D * D, sizeof(double)), *sum = calloc((size_t)D, sizeof(double));
@@ -135,7 +134,7 @@ static rk_status fit_basis(rk_kv_codec *c, const rk_session *s, lr_group *g, int
         int nb = 0;
         for (; nb < 64 && p < n_past; nb++, p += stride) {
             float *xr = x + (size_t)nb * D;
-            lr_stacked_key(c, s, g, p, xr);
+            lr_stacked_key(c, g, p, xr);
             for (int d = 0; d < D; d++) xr[d] *= w[d], sum[d] += xr[d];
         }
         rk_linalg_gram_add(D, nb, x, G);
@@ -152,7 +151,7 @@ static rk_status fit_basis(rk_kv_codec *c, const rk_session *s, lr_group *g, int
     if (!rk_linalg_eig_values(&eg, D, G)) goto done;
     g->r = choose_rank(c, g, eg.w, D);
     st = RK_E_NOMEM;
-    if (!(V = malloc((size_t)g->r * D * sizeof(double))) || !group_alloc(c, g)) goto done;
+    if (!(V = malloc((size_t)g->r * D * sizeof(double))) || !lr_group_alloc(c, g)) goto done;
     st = RK_E_INTERNAL;
     if (!rk_linalg_eig_vectors(&eg, g->r, V)) goto done;
     for (int d = 0; d < D; d++) {
@@ -177,7 +176,7 @@ static rk_status file_basis(rk_kv_codec *c, lr_group *g, int gi) {
     g->r = choose_rank(c, g, w, c->prank);
     free(w);
     if (!ok) return RK_E_INTERNAL;
-    if (!group_alloc(c, g)) return RK_E_NOMEM;
+    if (!lr_group_alloc(c, g)) return RK_E_NOMEM;
     for (int d = 0; d < g->D; d++) g->wdim[d] = g->winv[d] = 1.0f; /* offline bases are unweighted */
     float *bf = malloc((size_t)g->r * g->D * sizeof(float));
     if (!bf) return RK_E_NOMEM;
@@ -190,7 +189,7 @@ static rk_status file_basis(rk_kv_codec *c, lr_group *g, int gi) {
 /* Ridge predictor of each layer's values from the dequantised coefficients Cq of the
  * fit rows (strided): centred, one Cholesky per group for all its layers; with a file,
  * shrunk towards the file's predictor instead of towards 0. */
-static rk_status fit_predictor(rk_kv_codec *c, const rk_session *s, lr_group *g, const float *Cq, int64_t n_fit,
+static rk_status fit_predictor(rk_kv_codec *c, lr_group *g, const float *Cq, int64_t n_fit,
                                int64_t stride) {
     const int r = g->r, m = g->n_l * c->kvd;
     double *A = calloc((size_t)r * r, sizeof(double)), *B = calloc((size_t)r * m, sizeof(double));
@@ -206,7 +205,7 @@ static rk_status fit_predictor(rk_kv_codec *c, const rk_session *s, lr_group *g,
         for (; nb < 64 && i < n_fit; nb++, i += stride) {
             memcpy(cb + (size_t)nb * r, Cq + (size_t)i * r, (size_t)r * sizeof(float));
             for (int li = 0; li < g->n_l; li++)
-                lr_plain_row(s, g->l0 + li, true, c->p.n_sink + i, vb + (size_t)nb * m + (size_t)li * c->kvd);
+                lr_plain_row(c, g->l0 + li, true, c->p.n_sink + i, vb + (size_t)nb * m + (size_t)li * c->kvd);
         }
         for (int a = 0; a < nb; a++) {
             for (int k = 0; k < r; k++) mc[k] += cb[(size_t)a * r + k], ct[(size_t)k * nb + a] = cb[(size_t)a * r + k];
@@ -271,11 +270,10 @@ static float kth_largest(const float *v, int64_t n, int64_t k, float *tmp) {
 
 static rk_status fit_group(fit_job *j, int gi) {
     rk_kv_codec *c = j->c;
-    rk_session *s = j->s;
     lr_group *g = &c->g[gi];
     const int64_t sink = c->p.n_sink, n_fit = j->n_past - sink, n_cand = j->comp_new - sink;
     const int nh = c->n_head_kv, n_lh = g->n_l * nh;
-    rk_status st = c->pgguf ? file_basis(c, g, gi) : fit_basis(c, s, g, j->n_past);
+    rk_status st = c->pgguf ? file_basis(c, g, gi) : fit_basis(c, g, j->n_past);
     if (st) return st;
     const int r = g->r;
     float *B = NULL, *W = NULL;
@@ -301,7 +299,7 @@ static rk_status fit_group(fit_job *j, int gi) {
     double e_tot = 0, e_kept = 0;
     for (int64_t i0 = 0, k = 0; i0 < n_fit; i0 += 64) {
         const int nb = n_fit - i0 < 64 ? (int)(n_fit - i0) : 64;
-        for (int a = 0; a < nb; a++) lr_stacked_key(c, s, g, sink + i0 + a, x + (size_t)a * g->D);
+        for (int a = 0; a < nb; a++) lr_stacked_key(c, g, sink + i0 + a, x + (size_t)a * g->D);
         lr_project(g, B, nb, x, Cq + (size_t)i0 * r);
         for (size_t d = 0; d < (size_t)nb * g->D; d++) e_tot += (double)x[d] * x[d];
         for (int a = 0; a < nb; a++) {
@@ -314,7 +312,7 @@ static rk_status fit_group(fit_job *j, int gi) {
     }
     g->energy_total = e_tot, g->energy_kept = e_kept;
     const int64_t stride = (n_fit + c->p.max_fit_rows - 1) / c->p.max_fit_rows;
-    if (!c->p.values_exact && (st = fit_predictor(c, s, g, Cq, n_fit, stride))) goto done;
+    if (!c->p.values_exact && (st = fit_predictor(c, g, Cq, n_fit, stride))) goto done;
     for (int li = 0; li < g->n_l; li++) /* the residuals see the stored (rounded) predictor */
         lr_mat_f32(c, c->ly[g->l0 + li].W, (size_t)c->kvd, 0, r, 0, c->kvd, W + (size_t)li * r * c->kvd);
     st = RK_E_NOMEM;
@@ -330,7 +328,7 @@ static rk_status fit_group(fit_job *j, int gi) {
             }
         for (int li = 0; li < g->n_l; li++) {
             for (int a = 0; a < nb; a++) {
-                lr_plain_row(s, g->l0 + li, true, pos[a], v);
+                lr_plain_row(c, g->l0 + li, true, pos[a], v);
                 for (int h = 0; h < nh; h++) {
                     double *t = sst + (size_t)(li * nh + h) * (c->hd + 1);
                     for (int d = 0; d < c->hd; d++) {
@@ -340,7 +338,7 @@ static rk_status fit_group(fit_job *j, int gi) {
                 }
             }
             float *ek = e2 + (size_t)k0 * n_lh + (size_t)li * nh;
-            lr_residuals(c, s, g, W, li, nb, pos, cqb, v, vh, eres + ((size_t)k0 * n_lh + (size_t)li * nh) * c->res_bytes,
+            lr_residuals(c, g, W, li, nb, pos, cqb, v, vh, eres + ((size_t)k0 * n_lh + (size_t)li * nh) * c->res_bytes,
                          (size_t)n_lh * c->res_bytes, ek, (size_t)n_lh);
             for (int a = 0; a < nb; a++)
                 for (int h = 0; h < nh; h++) sse[li * nh + h] += ek[(size_t)a * n_lh + h];
@@ -386,7 +384,7 @@ static rk_status fit_group(fit_job *j, int gi) {
         if (keep && !keep[i]) continue;
         for (int q = 0; q < n_lh; q++)
             res[q] = sel[(size_t)k * n_lh + q] ? eres + ((size_t)k * n_lh + q) * c->res_bytes : NULL;
-        lr_append_row(c, s, g, sink + i, ecoef + (size_t)k * g->coef_bytes, Cq + (size_t)i * r, res, v);
+        lr_append_row(c, g, sink + i, ecoef + (size_t)k * g->coef_bytes, Cq + (size_t)i * r, res, v);
         k++;
     }
     st = RK_OK;
@@ -405,7 +403,6 @@ static void fit_worker(void *vp, int t, int nt) {
 
 typedef struct mass_job {
     rk_kv_codec *c;
-    const rk_session *s;
     int64_t n_past;
     float *mass;   /* (n_layer, n_head_kv, n_past - n_sink) */
     bool fail;
@@ -422,7 +419,7 @@ static void mass_layer(mass_job *j, int l) {
         free(K), free(S);
         return;
     }
-    for (int64_t p = 0; p < n; p++) lr_plain_row(j->s, l, false, p, K + (size_t)p * c->kvd);
+    for (int64_t p = 0; p < n; p++) lr_plain_row(c, l, false, p, K + (size_t)p * c->kvd);
     float *ms = j->mass + (size_t)l * c->n_head_kv * (n - sink);
     const float scale = 1.0f / sqrtf((float)c->hd);
     for (int qh = 0; qh < c->n_head && n_obs > 0; qh++) {
@@ -489,9 +486,9 @@ static bool evict_plan(const rk_kv_codec *c, const float *mass, int64_t n_fit, i
     return true;
 }
 
-rk_status lr_fit(rk_kv_codec *c, rk_session *s, rk_err *err) {
+rk_status lr_fit(rk_kv_codec *c, int64_t n_past, rk_err *err) {
     const double t0 = rk_time_now();
-    const int64_t n_past = s->n_past, sink = c->p.n_sink, n_fit = n_past - sink;
+    const int64_t sink = c->p.n_sink, n_fit = n_past - sink;
     const int64_t comp_new = n_past - c->p.window, n_cand = comp_new - sink;
     rk_status st = RK_OK;
     float *mass = NULL;
@@ -502,7 +499,7 @@ rk_status lr_fit(rk_kv_codec *c, rk_session *s, rk_err *err) {
     const bool want_mass = (c->p.evict > 0 || c->p.resid_mass) && c->obs_q;
     if (want_mass) {
         mass = calloc((size_t)c->n_layer * c->n_head_kv * n_fit, sizeof(float));
-        mass_job mj = {c, s, n_past, mass, mass == NULL};
+        mass_job mj = {c, n_past, mass, mass == NULL};
         if (mass) {
             if (c->pool) rk_pool_run(c->pool, mass_worker, &mj);
             else mass_worker(&mj, 0, 1);
@@ -519,7 +516,7 @@ rk_status lr_fit(rk_kv_codec *c, rk_session *s, rk_err *err) {
             }
         }
     }
-    fit_job j = {c, s, n_past, comp_new, mass, keep, gst};
+    fit_job j = {c, n_past, comp_new, mass, keep, gst};
     if (c->pool) rk_pool_run(c->pool, fit_worker, &j);
     else fit_worker(&j, 0, 1);
     for (int gi = 0; gi < c->n_group; gi++)
@@ -529,12 +526,17 @@ rk_status lr_fit(rk_kv_codec *c, rk_session *s, rk_err *err) {
                                                                    "solve or predictor file)", gi);
             goto done;
         }
-    /* scratch before any page goes: after the release there is no way back */
+    /* scratch before the exact copies go: after that there is no way back */
     if ((st = lr_scratch_alloc(c, err))) goto done;
-    c->fitted = true;
     c->comp_end = comp_new;
+    if (!lr_exact_compact(c, true)) {
+        c->comp_end = sink;
+        lr_scratch_free(c);
+        st = rk_err_set(err, RK_E_NOMEM, "lowram: out of memory for the sink rows");
+        goto done;
+    }
+    c->fitted = true;
     c->n_evicted = keep ? n_cand - c->g[0].n_rows : 0;
-    lr_release_pages(c, s);
     c->stats.seconds_fit = rk_time_now() - t0;
 done:
     free(gst), free(mass), free(keep);

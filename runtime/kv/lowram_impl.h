@@ -1,8 +1,11 @@
-/* Internal: LowRAM codec state shared by lowram.c (hooks, bytes), lowram_fit.c (fit and
- * compression), lowram_attn.c (attention over the compressed cache) (runtime/linalg: eigensolver, solves) and lowram_file.c (predictor files). */
+/* Internal: LowRAM codec state shared by lowram.c (the rk_kv ops: append, attend, commit,
+ * truncate, bytes), lowram_fit.c (the fit), lowram_store.c (row formats, exact rows,
+ * compression, truncation), lowram_attn.c (attention over the compressed cache),
+ * lowram_io.c (export / import of the whole state) and lowram_file.c (predictor files);
+ * the eigensolver and solves are runtime/linalg. */
 #pragma once
+#include "kv_impl.h"
 #include "rk_linalg.h"
-#include "session_impl.h"
 
 /* Stored row of compressed keys: the rank-r coefficients of one position, stacked over the
  * group's layers. Residual row: δ of one (layer, KV head) and position. */
@@ -76,6 +79,7 @@ typedef struct lr_cwork {
 /* query rows per task in dense/long evals; evals of at most LR_SPARSE_MAX_Q rows are decode */
 enum { LR_TILE = 512, LR_SPARSE_MAX_Q = 4 };
 
+typedef struct rk_kv_codec rk_kv_codec;
 struct rk_kv_codec {
     rk_lowram_params p;   /* resolved (every 0 default filled in) */
     int n_layer, n_head, n_head_kv, hd, kvd, n_rot, rope_mode;
@@ -83,13 +87,22 @@ struct rk_kv_codec {
     int64_t n_ctx, cap_chunks;
     size_t res_bytes;     /* bytes of one residual row (one head) */
     bool wide;            /* bases and predictors stored f32 (coef f32: the checking setup), else f16 */
+    rk_backend *be;       /* borrowed: attention over exact rows before the fit, row conversion */
     lr_group *g;          /* (n_group) */
     lr_layer *ly;         /* (n_layer) */
     bool fitted;
     int64_t comp_end;     /* positions [n_sink, comp_end) are compressed or evicted */
-    int64_t released_end; /* plain rows [n_sink, released_end) had their pages released */
-    int64_t n_seen;       /* session n_past after the last after_eval */
+    int64_t n_past;       /* committed rows (the session's n_past after the last commit) */
     int64_t n_evicted;
+    /* exact rows, owned here (nothing else holds a copy): before the fit every row lives in
+     * xk / xv from position x0 = 0; once fitted the sinks move to sk / sv and xk / xv hold
+     * [comp_end, ...) only: the window and the rows of the eval in progress */
+    uint32_t exact_type;  /* RK_DT_F16 or RK_DT_F32 */
+    size_t xrow;          /* bytes of one exact row (kv_dim) */
+    uint8_t **xk, **xv;   /* (n_layer) of (x_cap, kv_dim): position p at row p - x0 */
+    int64_t *x_hi;        /* (n_layer) one past the last position held */
+    int64_t x0, x_cap;
+    uint8_t **sk, **sv;   /* (n_layer) of (n_sink, kv_dim) while fitted, else NULL */
     double *freq;         /* (n_rot / 2) RoPE frequencies, as the kernels compute them */
     float *rope;          /* (n_ctx, n_rot) cos, sin pairs per position */
     int64_t rope_filled;
@@ -114,16 +127,18 @@ struct rk_kv_codec {
 
 /* ---- lowram_fit.c -------------------------------------------------------------- */
 /* Fits basis and predictors on rows [n_sink, n_past), compresses [n_sink, n_past - window),
- * allocates the attention scratch, then releases the plain pages. On failure nothing is
- * released and the codec stays unfitted. */
-rk_status lr_fit(rk_kv_codec *c, rk_session *s, rk_err *err);
+ * allocates the attention scratch, then drops the compressed rows' exact copies. On
+ * failure nothing is dropped and the codec stays unfitted. */
+rk_status lr_fit(rk_kv_codec *c, int64_t n_past, rk_err *err);
+/* (Re)allocates group g's arrays for its rank g->r (and its layers' and heads'); n_rows = 0. */
+bool lr_group_alloc(rk_kv_codec *c, lr_group *g);
 
 /* ---- lowram_store.c ------------------------------------------------------------ */
 /* Encodes n values as one stored row of `type` (F32, F16, Q8_0: int8, Q4_0: int4) into
  * dst, and writes back into v what decoding gives. */
 void lr_encode_row(uint32_t type, float *v, int n, uint8_t *dst);
-/* Stacked pre-RoPE keys of group g at position p: x (D). */
-void lr_stacked_key(const rk_kv_codec *c, const rk_session *s, const lr_group *g, int64_t p, float *x);
+/* Stacked pre-RoPE keys of group g at position p (an exact row): x (D). */
+void lr_stacked_key(const rk_kv_codec *c, const lr_group *g, int64_t p, float *x);
 /* Coefficients cf (n, r) of the stacked keys x (n, D, destroyed) on basis B (r, D) as f32. */
 void lr_project(const lr_group *g, const float *B, int n, float *x, float *cf);
 /* f32 copies (malloc'd) of the group's basis (r, D) and its layers' predictors (n_l, r, kv_dim). */
@@ -131,24 +146,37 @@ bool lr_working_copies(const rk_kv_codec *c, const lr_group *g, float **B, float
 /* Residuals of layer li of group g for n rows at positions pos with dequantised coefficients
  * cq (n, r): row a's encoded head h at enc + a*enc_stride + h*res_bytes (enc may be NULL),
  * ||δ_h||² at e2[a*e2_stride + h]. v, vh: (n, kv_dim) scratch; v ends holding δ. */
-void lr_residuals(const rk_kv_codec *c, const rk_session *s, const lr_group *g, const float *W, int li, int n,
+void lr_residuals(const rk_kv_codec *c, const lr_group *g, const float *W, int li, int n,
                   const int64_t *pos, const float *cq, float *v, float *vh, uint8_t *enc, size_t enc_stride, float *e2,
                   size_t e2_stride);
 /* Appends stored row p to group g: encoded coefficients, their dequantised values cq,
  * per (layer, head) an encoded residual or NULL; updates masks and chunk landmarks.
  * tmp: kv_dim scratch. */
-void lr_append_row(rk_kv_codec *c, const rk_session *s, lr_group *g, int64_t p, const uint8_t *coef_row,
+void lr_append_row(rk_kv_codec *c, lr_group *g, int64_t p, const uint8_t *coef_row,
                    const float *cq, const uint8_t *const *res, float *tmp);
-/* Releases the plain pages wholly inside rows [n_sink, comp_end) of every layer. */
-void lr_release_pages(rk_kv_codec *c, rk_session *s);
-/* Compresses plain rows [c->comp_end, end) with the fitted basis and predictors. */
-rk_status lr_compress(rk_kv_codec *c, rk_session *s, int64_t end, rk_err *err);
+/* Compresses exact rows [c->comp_end, end) with the fitted basis and predictors. */
+rk_status lr_compress(rk_kv_codec *c, int64_t end, rk_err *err);
 /* Forgets stored rows at positions >= pos (the session was truncated to pos). */
 void lr_truncate(rk_kv_codec *c, int64_t pos);
+/* ---- exact rows (lowram_store.c) ----
+ * Row p of layer l (keys or values) as stored: sinks while fitted, else xk / xv at p - x0. */
+const uint8_t *lr_exact_ptr(const rk_kv_codec *c, int l, bool values, int64_t p);
+/* Makes room for positions up to end (exclusive) in every layer's xk / xv. */
+bool lr_exact_reserve(rk_kv_codec *c, int64_t end);
+/* After a fit or a compression: drops exact rows [n_sink, comp_end) (their compressed form
+ * is the only one now): the sinks go to sk / sv, xk / xv start at comp_end. shrink: give
+ * the memory of the dropped rows back (after the fit). False on allocation failure,
+ * nothing changed. */
+bool lr_exact_compact(rk_kv_codec *c, bool shrink);
+/* Back to unfitted storage with rows [0, n) held (n <= n_sink): sinks return to xk / xv. */
+void lr_exact_unfit(rk_kv_codec *c, int64_t n);
+/* Allocates sk / sv (contents undefined); false on allocation failure. */
+bool lr_exact_sinks(rk_kv_codec *c);
+void lr_exact_free(rk_kv_codec *c);
 /* Fills the RoPE table up to position n (exclusive). */
 void lr_rope_fill(rk_kv_codec *c, int64_t n);
-/* Reads plain row p of layer l (keys or values) as f32 into dst (kv_dim). */
-void lr_plain_row(const rk_session *s, int l, bool values, int64_t p, float *dst);
+/* Reads exact row p of layer l (keys post-RoPE, or values) as f32 into dst (kv_dim). */
+void lr_plain_row(const rk_kv_codec *c, int l, bool values, int64_t p, float *dst);
 /* Rotates the kv_dim row x (n_head_kv heads) at position p: inverse = true un-rotates. */
 void lr_rope_row(const rk_kv_codec *c, float *x, int n_heads, int64_t p, bool inverse);
 /* Dequantises n coefficient rows of group g starting at stored row i0 into dst (n, r). */
@@ -161,8 +189,7 @@ void lr_mat_store(const rk_kv_codec *c, void *m, size_t n, const float *src);
 void lr_res_row(const rk_kv_codec *c, const lr_head *h, int64_t j, float *dst);
 
 /* ---- lowram_attn.c ------------------------------------------------------------- */
-rk_status lr_attention(rk_kv_codec *c, rk_session *s, int layer, const float *q, int64_t n_q, int64_t pos0,
-                       float *out, rk_err *err);
+rk_status lr_attention(rk_kv_codec *c, int layer, const float *q, int64_t n_q, int64_t pos0, float *out, rk_err *err);
 /* Allocates per-thread scratch once ranks are known. */
 rk_status lr_scratch_alloc(rk_kv_codec *c, rk_err *err);
 void lr_scratch_free(rk_kv_codec *c);
@@ -175,3 +202,14 @@ bool lr_pred_basis(const rk_kv_codec *c, int g, int r, float *mean, float *basis
 bool lr_pred_value(const rk_kv_codec *c, int l, int r, float *W, float *b);
 /* The file's eigenvalues of group g (prank of them) into w. */
 bool lr_pred_eig(const rk_kv_codec *c, int g, double *w);
+
+/* ---- lowram.c / lowram_io.c ---------------------------------------------------------------- */
+/* A codec for kv's shape with resolved parameters p, no pool and no predictor file (those
+ * are the caller's to add). */
+rk_status lr_codec_new(const rk_kv *kv, const rk_lowram_params *p, int n_threads, rk_kv_codec **out, rk_err *err);
+void lr_codec_free(rk_kv_codec *c);
+/* Every resolved parameter a state depends on, as block parameters. */
+int lr_params(const rk_kv_codec *c, rk_kv_param *out);
+/* Whole-state export (rows [0, n_past)) and import into a codec holding no rows. */
+rk_status lr_export(const rk_kv_codec *c, rk_kv_buf *out, rk_err *err);
+rk_status lr_import(rk_kv_codec *c, const rk_kv *kv, int64_t n_rows, const uint8_t *p, size_t n, rk_err *err);

@@ -1,23 +1,131 @@
-/* LowRAM storage: plain rows and RoPE, the coefficient / residual row formats, appending
- * stored rows (with their chunk landmarks), compressing later blocks with the fitted basis
- * and predictors, releasing plain pages, truncation. The fit itself is in lowram_fit.c. */
+/* LowRAM storage: the exact rows the codec owns, RoPE, the coefficient / residual row
+ * formats, appending stored rows (with their chunk landmarks), compressing later blocks
+ * with the fitted basis and predictors, truncation. The fit itself is in lowram_fit.c. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "lowram_impl.h"
 #include "rk_kernels.h"
 
-/* ---- rows, RoPE, storage formats ------------------------------------------------- */
+/* ---- exact rows --------------------------------------------------------------------
+ * Unfitted: xk / xv hold positions [0, x_hi[l]) (x0 = 0). Fitted: sk / sv hold the sinks
+ * [0, n_sink), xk / xv hold [x0 = comp_end, x_hi[l]); the compressed rows have no exact
+ * copy anywhere. */
 
-void lr_plain_row(const rk_session *s, int l, bool values, int64_t p, float *dst) {
-    const int64_t kvd = (int64_t)s->m->hp.n_head_kv * s->m->hp.head_dim;
-    const uint8_t *src = (const uint8_t *)(values ? s->v_cache[l] : s->k_cache[l]) + (size_t)p * s->kv_row_bytes;
-    if (s->kv_type == RK_DT_F32) memcpy(dst, src, (size_t)kvd * sizeof(float));
-    else rk_quant_fast(RK_DT_F16)->to_f32(src, dst, kvd);
+const uint8_t *lr_exact_ptr(const rk_kv_codec *c, int l, bool values, int64_t p) {
+    if (p < c->x0) return (values ? c->sv : c->sk)[l] + (size_t)p * c->xrow; /* only sinks lie below x0 */
+    return (values ? c->xv : c->xk)[l] + (size_t)(p - c->x0) * c->xrow;
 }
+
+void lr_plain_row(const rk_kv_codec *c, int l, bool values, int64_t p, float *dst) {
+    rk_kv_rows_to_f32(c->exact_type, lr_exact_ptr(c, l, values, p), 1, c->kvd, dst);
+}
+
+/* every buffer reallocated to cap rows; on failure the rest keep their size (growing: the
+ * ones done are larger, harmless) */
+static bool exact_resize(rk_kv_codec *c, int64_t cap) {
+    for (int l = 0; l < c->n_layer; l++)
+        for (int kv = 0; kv < 2; kv++) {
+            uint8_t **b = kv ? &c->xv[l] : &c->xk[l];
+            uint8_t *nb = realloc(*b, (size_t)(cap > 0 ? cap : 1) * c->xrow);
+            if (!nb) return false;
+            *b = nb;
+        }
+    return true;
+}
+
+bool lr_exact_reserve(rk_kv_codec *c, int64_t end) {
+    const int64_t need = end - c->x0;
+    if (need <= c->x_cap) return true;
+    int64_t cap = c->x_cap * 2 > need ? c->x_cap * 2 : need;
+    if (cap < 64) cap = 64;
+    if (cap > c->n_ctx - c->x0) cap = c->n_ctx - c->x0 > need ? c->n_ctx - c->x0 : need;
+    if (!exact_resize(c, cap)) return false;
+    c->x_cap = cap;
+    return true;
+}
+
+bool lr_exact_sinks(rk_kv_codec *c) {
+    const int64_t sink = c->p.n_sink;
+    uint8_t **sk = calloc((size_t)c->n_layer, sizeof *sk), **sv = calloc((size_t)c->n_layer, sizeof *sv);
+    bool ok = sk && sv;
+    for (int l = 0; ok && l < c->n_layer; l++) {
+        sk[l] = malloc((size_t)(sink > 0 ? sink : 1) * c->xrow);
+        sv[l] = malloc((size_t)(sink > 0 ? sink : 1) * c->xrow);
+        ok = sk[l] && sv[l];
+    }
+    if (!ok) {
+        for (int l = 0; l < c->n_layer; l++) {
+            if (sk) free(sk[l]);
+            if (sv) free(sv[l]);
+        }
+        free(sk), free(sv);
+        return false;
+    }
+    c->sk = sk, c->sv = sv;
+    return true;
+}
+
+bool lr_exact_compact(rk_kv_codec *c, bool shrink) {
+    const int64_t sink = c->p.n_sink;
+    if (!c->sk) { /* first compaction: the sinks get buffers of their own */
+        if (!lr_exact_sinks(c)) return false;
+        for (int l = 0; l < c->n_layer; l++) { /* x0 == 0 here: the sinks are rows [0, sink) of xk / xv */
+            memcpy(c->sk[l], c->xk[l], (size_t)sink * c->xrow);
+            memcpy(c->sv[l], c->xv[l], (size_t)sink * c->xrow);
+        }
+    }
+    const int64_t drop = c->comp_end - c->x0;
+    int64_t held = 0;
+    for (int l = 0; l < c->n_layer; l++) {
+        const int64_t keep = c->x_hi[l] - c->comp_end;
+        memmove(c->xk[l], c->xk[l] + (size_t)drop * c->xrow, (size_t)keep * c->xrow);
+        memmove(c->xv[l], c->xv[l] + (size_t)drop * c->xrow, (size_t)keep * c->xrow);
+        held = keep > held ? keep : held;
+    }
+    c->x0 = c->comp_end;
+    if (shrink) {
+        /* room for the window's growth until the next block is compressed, and for the
+         * sinks should a truncation unfit the codec */
+        int64_t cap = held + c->p.window + 2 * (int64_t)c->p.chunk;
+        if (cap < sink) cap = sink;
+        if (cap < c->x_cap) {
+            (void)exact_resize(c, cap); /* a failed shrink keeps the larger block: every buffer holds >= cap */
+            c->x_cap = cap;
+        }
+    }
+    return true;
+}
+
+void lr_exact_unfit(rk_kv_codec *c, int64_t n) {
+    if (c->sk) {
+        /* x_cap >= n_sink >= n (kept so by lr_exact_compact): no allocation */
+        for (int l = 0; l < c->n_layer; l++) {
+            memcpy(c->xk[l], c->sk[l], (size_t)n * c->xrow);
+            memcpy(c->xv[l], c->sv[l], (size_t)n * c->xrow);
+            free(c->sk[l]), free(c->sv[l]);
+        }
+        free(c->sk), free(c->sv);
+        c->sk = c->sv = NULL;
+    }
+    c->x0 = 0;
+    for (int l = 0; l < c->n_layer; l++) c->x_hi[l] = c->x_hi[l] < n ? c->x_hi[l] : n;
+}
+
+void lr_exact_free(rk_kv_codec *c) {
+    for (int l = 0; l < c->n_layer; l++) {
+        if (c->xk) free(c->xk[l]), c->xk[l] = NULL;
+        if (c->xv) free(c->xv[l]), c->xv[l] = NULL;
+        if (c->sk) free(c->sk[l]);
+        if (c->sv) free(c->sv[l]);
+    }
+    free(c->sk), free(c->sv);
+    c->sk = c->sv = NULL;
+    c->x_cap = 0;
+}
+
+/* ---- RoPE, storage formats ---------------------------------------------------------- */
 
 void lr_rope_fill(rk_kv_codec *c, int64_t n) {
     if (n > c->n_ctx) n = c->n_ctx;
@@ -137,10 +245,10 @@ void lr_res_row(const rk_kv_codec *c, const lr_head *h, int64_t j, float *dst) {
 }
 
 /* Stacked pre-RoPE keys of group g at position p: x (D). */
-void lr_stacked_key(const rk_kv_codec *c, const rk_session *s, const lr_group *g, int64_t p, float *x) {
+void lr_stacked_key(const rk_kv_codec *c, const lr_group *g, int64_t p, float *x) {
     for (int li = 0; li < g->n_l; li++) {
         float *xl = x + (size_t)li * c->kvd;
-        lr_plain_row(s, g->l0 + li, false, p, xl);
+        lr_plain_row(c, g->l0 + li, false, p, xl);
         lr_rope_row(c, xl, c->n_head_kv, p, true);
     }
 }
@@ -148,7 +256,7 @@ void lr_stacked_key(const rk_kv_codec *c, const rk_session *s, const lr_group *g
 /* ---- appending one stored row ----------------------------------------------------
  * cq: its dequantised coefficients (r); res: per layer of the group and head, the
  * encoded residual row or NULL for none. Landmarks take the exact post-RoPE keys. */
-void lr_append_row(rk_kv_codec *c, const rk_session *s, lr_group *g, int64_t p, const uint8_t *coef_row,
+void lr_append_row(rk_kv_codec *c, lr_group *g, int64_t p, const uint8_t *coef_row,
                        const float *cq, const uint8_t *const *res, float *tmp) {
     const int64_t i = g->n_rows, C = c->p.chunk, ch = i / C;
     const int bit = (int)(i % C);
@@ -171,7 +279,7 @@ void lr_append_row(rk_kv_codec *c, const rk_session *s, lr_group *g, int64_t p, 
                 H->mask[ch] |= 1u << bit;
             }
         }
-        lr_plain_row(s, g->l0 + li, false, p, tmp);
+        lr_plain_row(c, g->l0 + li, false, p, tmp);
         if (bit == 0) memset(L->open_sum, 0, (size_t)c->kvd * sizeof(float));
         for (int j = 0; j < c->kvd; j++) L->open_sum[j] += tmp[j];
         const float inv = 1.0f / (float)(bit + 1);
@@ -205,7 +313,7 @@ bool lr_working_copies(const rk_kv_codec *c, const lr_group *g, float **B, float
     return true;
 }
 
-void lr_residuals(const rk_kv_codec *c, const rk_session *s, const lr_group *g, const float *W, int li, int n,
+void lr_residuals(const rk_kv_codec *c, const lr_group *g, const float *W, int li, int n,
                   const int64_t *pos, const float *cq, float *v, float *vh, uint8_t *enc, size_t enc_stride, float *e2,
                   size_t e2_stride) {
     const lr_layer *L = &c->ly[g->l0 + li];
@@ -214,7 +322,7 @@ void lr_residuals(const rk_kv_codec *c, const rk_session *s, const lr_group *g, 
     for (int a = 0; a < n; a++) {
         float *va = v + (size_t)a * kvd;
         const float *ha = vh + (size_t)a * kvd;
-        lr_plain_row(s, g->l0 + li, true, pos[a], va);
+        lr_plain_row(c, g->l0 + li, true, pos[a], va);
         for (int j = 0; j < kvd; j++) va[j] -= ha[j] + L->b[j];
         for (int h = 0; h < c->n_head_kv; h++) {
             float *d = va + (size_t)h * c->hd;
@@ -230,11 +338,10 @@ void lr_residuals(const rk_kv_codec *c, const rk_session *s, const lr_group *g, 
 
 typedef struct comp_job {
     rk_kv_codec *c;
-    rk_session *s;
     int64_t p0, p1;
 } comp_job;
 
-static void compress_group(rk_kv_codec *c, rk_session *s, lr_group *g, int64_t p0, int64_t p1, lr_cwork *w) {
+static void compress_group(rk_kv_codec *c, lr_group *g, int64_t p0, int64_t p1, lr_cwork *w) {
     const int nh = c->n_head_kv, n_lh = g->n_l * nh;
     const size_t enc_row = (size_t)n_lh * c->res_bytes;
     lr_mat_f32(c, g->basis, (size_t)g->D, 0, g->r, 0, g->D, w->B);
@@ -245,54 +352,37 @@ static void compress_group(rk_kv_codec *c, rk_session *s, lr_group *g, int64_t p
         int64_t pos[LR_BLOCK];
         for (int a = 0; a < nb; a++) {
             pos[a] = b0 + a;
-            lr_stacked_key(c, s, g, b0 + a, w->x + (size_t)a * g->D);
+            lr_stacked_key(c, g, b0 + a, w->x + (size_t)a * g->D);
         }
         lr_project(g, w->B, nb, w->x, w->cf);
         for (int a = 0; a < nb; a++) lr_encode_row(c->p.coef_type, w->cf + (size_t)a * g->r, g->r, w->crow + (size_t)a * g->coef_bytes);
         for (int li = 0; li < g->n_l; li++)
-            lr_residuals(c, s, g, w->W, li, nb, pos, w->cf, w->v, w->vh, w->enc + (size_t)li * nh * c->res_bytes, enc_row,
+            lr_residuals(c, g, w->W, li, nb, pos, w->cf, w->v, w->vh, w->enc + (size_t)li * nh * c->res_bytes, enc_row,
                          w->e2 + (size_t)li * nh, (size_t)n_lh);
         for (int a = 0; a < nb; a++) {
             for (int q = 0; q < n_lh; q++) {
                 const lr_head *H = &c->ly[g->l0 + q / nh].h[q % nh];
                 w->res[q] = w->e2[(size_t)a * n_lh + q] >= H->tau ? w->enc + a * enc_row + (size_t)q * c->res_bytes : NULL;
             }
-            lr_append_row(c, s, g, b0 + a, w->crow + (size_t)a * g->coef_bytes, w->cf + (size_t)a * g->r, w->res, w->v);
+            lr_append_row(c, g, b0 + a, w->crow + (size_t)a * g->coef_bytes, w->cf + (size_t)a * g->r, w->res, w->v);
         }
     }
 }
 
 static void compress_worker(void *vp, int t, int nt) {
     comp_job *j = vp;
-    for (int gi = t; gi < j->c->n_group; gi += nt) compress_group(j->c, j->s, &j->c->g[gi], j->p0, j->p1, &j->c->cw[t]);
+    for (int gi = t; gi < j->c->n_group; gi += nt) compress_group(j->c, &j->c->g[gi], j->p0, j->p1, &j->c->cw[t]);
 }
 
-/* Releases the plain pages wholly inside rows [n_sink, comp_end) of every layer. */
-void lr_release_pages(rk_kv_codec *c, rk_session *s) {
-    const size_t pg = (size_t)sysconf(_SC_PAGESIZE), rb = s->kv_row_bytes;
-    const int64_t lo = c->p.n_sink;
-    if (c->comp_end <= c->released_end) return;
-    for (int l = 0; l < c->n_layer; l++)
-        for (int kv = 0; kv < 2; kv++) {
-            uintptr_t base = (uintptr_t)(kv ? s->v_cache[l] : s->k_cache[l]);
-            uintptr_t a = (base + (size_t)lo * rb + pg - 1) / pg * pg;
-            uintptr_t prev = (base + (size_t)c->released_end * rb) / pg * pg;
-            uintptr_t e = (base + (size_t)c->comp_end * rb) / pg * pg;
-            if (prev > a) a = prev;
-            if (e > a) (void)madvise((void *)a, e - a, MADV_DONTNEED); /* advisory: failure only costs RSS */
-        }
-    c->released_end = c->comp_end;
-}
-
-rk_status lr_compress(rk_kv_codec *c, rk_session *s, int64_t end, rk_err *err) {
+rk_status lr_compress(rk_kv_codec *c, int64_t end, rk_err *err) {
     if (end <= c->comp_end) return RK_OK;
     double t0 = rk_time_now();
     if (!c->cw) return rk_err_set(err, RK_E_INTERNAL, "lowram: compression before the scratch exists");
-    comp_job j = {c, s, c->comp_end, end};
+    comp_job j = {c, c->comp_end, end};
     if (c->pool) rk_pool_run(c->pool, compress_worker, &j);
     else compress_worker(&j, 0, 1);
     c->comp_end = end;
-    lr_release_pages(c, s);
+    (void)lr_exact_compact(c, false); /* the sinks have their buffers already: only moves rows */
     c->stats.seconds_compress += rk_time_now() - t0;
     return RK_OK;
 }
@@ -357,6 +447,5 @@ void lr_truncate(rk_kv_codec *c, int64_t pos) {
     }
     free(tmp), free(Bl);
     if (c->comp_end > pos) c->comp_end = pos > c->p.n_sink ? pos : c->p.n_sink;
-    if (c->released_end > c->comp_end) c->released_end = c->comp_end;
 }
 

@@ -28,12 +28,9 @@ static size_t chunk_len(const pass *q, size_t done) {
 }
 
 /* eval splice: exact K/V of layers [lo, hi) over the bulk rows before any tail row reads them */
-static void splice(rk_session *s, int64_t start, int64_t bulk_end) {
-    for (int l = s->splice_lo; l < s->splice_hi; l++) {
-        size_t off = (size_t)start * s->kv_row_bytes, len = (size_t)(bulk_end - start) * s->kv_row_bytes;
-        if (s->splice_k) memcpy((char *)s->k_cache[l] + off, (const char *)s->splice_src->k_cache[l] + off, len);
-        if (s->splice_v) memcpy((char *)s->v_cache[l] + off, (const char *)s->splice_src->v_cache[l] + off, len);
-    }
+static rk_status splice(rk_session *s, int64_t start, int64_t bulk_end, rk_err *err) {
+    return rk_session_splice_rows(s, s->splice_src, s->splice_lo, s->splice_hi, s->splice_k, s->splice_v, start,
+                                  bulk_end, err);
 }
 
 static rk_status progress(pass *q, double work, rk_err *err) {
@@ -55,8 +52,10 @@ static rk_status run_layers(pass *q, int lo, int hi, float *x_split, rk_err *err
     for (size_t done = 0; done < q->n;) {
         const size_t c = chunk_len(q, done);
         const int64_t pos = q->start + (int64_t)done;
-        if (hi == hp->n_layer && s->splice_src && pos == q->bulk_end && q->bulk_end > q->start)
-            splice(s, q->start, q->bulk_end);
+        rk_status st;
+        if (hi == hp->n_layer && s->splice_src && pos == q->bulk_end && q->bulk_end > q->start &&
+            (st = splice(s, q->start, q->bulk_end, err)))
+            return st;
         rk_chunk_plan p;
         rk_plan_chunk(s, q->ids + done, pos, (int64_t)c, q->bulk_end, lo, hi, &p);
         if (lo > 0) p.x_in = x_split + done * d;
@@ -66,8 +65,7 @@ static rk_status run_layers(pass *q, int lo, int hi, float *x_split, rk_err *err
             if (q->all_rows) lg = q->logits + done * (size_t)hp->n_vocab;
             else if (done + c == q->n) lg = q->logits;
         }
-        rk_status st = rk_forward_chunk(s, &p, q->ids + done, lg, q->all_rows, err);
-        if (st) return st;
+        if ((st = rk_forward_chunk(s, &p, q->ids + done, lg, q->all_rows, err))) return st;
         done += c;
         if ((st = progress(q, (double)c * (hi - lo), err))) return st;
     }

@@ -157,8 +157,8 @@ rk_status rk_session_set_fill(rk_session *s, const rk_fill_params *p, rk_err *er
 
 rk_status rk_session_set_splice(rk_session *s, const rk_session *exact, int lo, int hi, bool keys, bool values,
                                 rk_err *err) {
-    if (exact->m != s->m || exact->kv_type != s->kv_type || exact->n_ctx != s->n_ctx)
-        return rk_err_set(err, RK_E_INVALID_ARG, "splice: the exact session must share model, KV type and n_ctx");
+    if (exact->m != s->m || exact->p.kv.kind != s->p.kv.kind || exact->n_ctx != s->n_ctx)
+        return rk_err_set(err, RK_E_INVALID_ARG, "splice: the exact session must share model, KV policy and n_ctx");
     if (lo < 0 || hi > s->m->hp.n_layer || lo >= hi)
         return rk_err_set(err, RK_E_INVALID_ARG, "splice: layer range [%d, %d) outside 0..%d", lo, hi, s->m->hp.n_layer);
     s->splice_src = exact;
@@ -171,29 +171,50 @@ rk_status rk_session_set_splice(rk_session *s, const rk_session *exact, int lo, 
 
 void rk_session_clear_splice(rk_session *s) { s->splice_src = NULL; }
 
-static float cache_elt(const rk_session *s, const void *row, int64_t i) {
-    if (s->kv_type == RK_DT_F32) return ((const float *)row)[i];
-    uint16_t h;
-    memcpy(&h, (const char *)row + 2 * i, 2);
-    return rk_f16_to_f32(h);
+/* Rows go through the KV interface as f32 (read from src, written into s), a tile of
+ * n_batch rows at a time in the session's K scratch (free between layers' cache writers). */
+rk_status rk_session_splice_rows(rk_session *s, const rk_session *src, int lo, int hi, bool keys, bool values,
+                                 int64_t row0, int64_t row1, rk_err *err) {
+    if (row1 > src->n_past)
+        return rk_err_set(err, RK_E_INVALID_ARG, "splice: the exact session holds %lld rows, the splice needs %lld",
+                          (long long)src->n_past, (long long)row1);
+    const int64_t tile = s->p.n_batch;
+    for (int l = lo; l < hi; l++)
+        for (int kv = 0; kv < 2; kv++) {
+            if (!(kv ? values : keys)) continue;
+            for (int64_t r = row0; r < row1; r += tile) {
+                const int64_t n = row1 - r < tile ? row1 - r : tile;
+                rk_status st = src->kv->ops->read(src->kv, l, kv, false, r, n, s->k, err);
+                if (!st) st = s->kv->ops->write(s->kv, l, kv, r, n, s->k, err);
+                if (st) return rk_err_wrap(err, "splice: layer %d rows [%lld, %lld)", l, (long long)r, (long long)(r + n));
+            }
+        }
+    return RK_OK;
 }
 
 rk_status rk_session_kv_compare(const rk_session *a, const rk_session *b, int layer, int64_t row0, int64_t row1,
                                 bool values, rk_kv_error *out, rk_err *err) {
     const rk_hparams *hp = &a->m->hp;
-    if (a->m != b->m || a->kv_type != b->kv_type || layer < 0 || layer >= hp->n_layer || row0 < 0 || row1 < row0 ||
-        row1 > a->n_past || row1 > b->n_past)
+    if (a->m != b->m || layer < 0 || layer >= hp->n_layer || row0 < 0 || row1 < row0 || row1 > a->n_past ||
+        row1 > b->n_past)
         return rk_err_set(err, RK_E_INVALID_ARG, "kv_compare: sessions differ or rows [%lld, %lld) / layer %d out of range",
                           (long long)row0, (long long)row1, layer);
     rk_kv_error e = {0};
-    const int hd = hp->head_dim;
+    const int hd = hp->head_dim, kvd = hp->n_head_kv * hd;
+    float *ra = malloc(2 * (size_t)kvd * sizeof(float));
+    if (!ra) return rk_err_set(err, RK_E_NOMEM, "kv_compare: out of memory");
+    float *rb = ra + kvd;
     for (int64_t r = row0; r < row1; r++) {
-        const char *ra = (const char *)(values ? a->v_cache : a->k_cache)[layer] + (size_t)r * a->kv_row_bytes;
-        const char *rb = (const char *)(values ? b->v_cache : b->k_cache)[layer] + (size_t)r * b->kv_row_bytes;
+        rk_status st = a->kv->ops->read(a->kv, layer, values, false, r, 1, ra, err);
+        if (!st) st = b->kv->ops->read(b->kv, layer, values, false, r, 1, rb, err);
+        if (st) {
+            free(ra);
+            return st;
+        }
         for (int h = 0; h < hp->n_head_kv; h++) {
             double na = 0, nb = 0, dot = 0, diff = 0;
             for (int i = 0; i < hd; i++) {
-                double x = cache_elt(a, ra, (int64_t)h * hd + i), y = cache_elt(b, rb, (int64_t)h * hd + i);
+                double x = ra[h * hd + i], y = rb[h * hd + i];
                 na += x * x, nb += y * y, dot += x * y, diff += (x - y) * (x - y);
             }
             na = sqrt(na), nb = sqrt(nb);
@@ -204,6 +225,7 @@ rk_status rk_session_kv_compare(const rk_session *a, const rk_session *b, int la
             e.ref_energy += nb * nb;
         }
     }
+    free(ra);
     *out = e;
     return RK_OK;
 }

@@ -59,20 +59,6 @@ static rk_status add(rk_session *s, float *dst, const float *src, int64_t cols, 
     return run(s, &a, err);
 }
 
-static rk_status cache_write(rk_session *s, void *cache, const float *src, int64_t pos0, int64_t n, rk_err *err) {
-    const rk_hparams *hp = &s->m->hp;
-    int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim;
-    rk_op_args a = {.op = RK_OP_CPY_ROWS, .dst_row0 = pos0};
-    a.dst.type = s->kv_type;
-    a.dst.ne[0] = kvd;
-    a.dst.ne[1] = s->n_ctx;
-    a.dst.ne[2] = a.dst.ne[3] = 1;
-    a.dst.nb1 = s->kv_row_bytes;
-    a.dst.data = cache;
-    a.src0 = act((float *)src, kvd, n);
-    return run(s, &a, err);
-}
-
 static void gather_rows(float *dst, const float *src, const int32_t *idx, int64_t n, int64_t d) {
     for (int64_t i = 0; i < n; i++) memmove(dst + i * d, src + (int64_t)idx[i] * d, (size_t)d * sizeof(float));
 }
@@ -81,30 +67,9 @@ static void scatter_rows(float *dst, const float *src, const int32_t *idx, int64
     for (int64_t i = 0; i < n; i++) memcpy(dst + (int64_t)idx[i] * d, src + i * d, (size_t)d * sizeof(float));
 }
 
+/* causal GQA attention of n_q query rows at pos0.. over the layer's cache, whatever it stores */
 static rk_status attention(rk_session *s, int l, float *q, int64_t n_q, int64_t pos0, float *out, rk_err *err) {
-    const rk_hparams *hp = &s->m->hp;
-    if (s->kvc) {
-        bool handled = false;
-        rk_status st = rk_kvc_attention(s->kvc, s, l, q, n_q, pos0, out, &handled, err);
-        if (st || handled) return st;
-    }
-    const int64_t qd = (int64_t)hp->n_head * hp->head_dim, kvd = (int64_t)hp->n_head_kv * hp->head_dim;
-    rk_op_args at = {.op = RK_OP_ATTN};
-    at.src0 = act(q, qd, n_q);
-    at.src1.type = at.src2.type = s->kv_type;
-    at.src1.ne[0] = at.src2.ne[0] = kvd;
-    at.src1.ne[1] = at.src2.ne[1] = pos0 + n_q;
-    at.src1.ne[2] = at.src2.ne[2] = at.src1.ne[3] = at.src2.ne[3] = 1;
-    at.src1.nb1 = at.src2.nb1 = s->kv_row_bytes;
-    at.src1.data = s->k_cache[l];
-    at.src2.data = s->v_cache[l];
-    at.dst = act(out, qd, n_q);
-    at.attn.n_head = hp->n_head;
-    at.attn.n_head_kv = hp->n_head_kv;
-    at.attn.head_dim = hp->head_dim;
-    at.attn.scale = 1.0f / sqrtf((float)hp->head_dim);
-    at.attn.pos0 = pos0;
-    return run(s, &at, err);
+    return s->kv->ops->attend(s->kv, l, q, n_q, pos0, out, err);
 }
 
 /* The cache writers of layer l for all n rows of the chunk, from their input x: attention
@@ -117,8 +82,8 @@ static rk_status cache_writers(rk_session *s, int l, const float *x, int64_t pos
         (st = matmul(s, L->wv, &L->bv, s->h, n, s->v, err)))
         return st;
     if (hp->has_qk_norm && (st = rmsnorm(s, s->k, s->k, L->k_norm, n * hp->n_head_kv, err))) return st;
-    if ((st = rope(s, s->k, n, hp->n_head_kv, pos0, err)) || (st = cache_write(s, s->k_cache[l], s->k, pos0, n, err)) ||
-        (st = cache_write(s, s->v_cache[l], s->v, pos0, n, err)))
+    if ((st = rope(s, s->k, n, hp->n_head_kv, pos0, err)) ||
+        (st = s->kv->ops->append(s->kv, l, pos0, s->k, s->v, n, err)))
         return st;
     return RK_OK;
 }

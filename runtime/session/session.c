@@ -54,16 +54,11 @@ static rk_status prepare_weights(rk_session *s, rk_err *err) {
 
 void rk_session_destroy(rk_session *s) {
     if (!s) return;
-    if (s->k_cache)
-        for (int l = 0; l < s->m->hp.n_layer; l++) free(s->k_cache[l]);
-    if (s->v_cache)
-        for (int l = 0; l < s->m->hp.n_layer; l++) free(s->v_cache[l]);
-    free(s->k_cache);
-    free(s->v_cache);
+    rk_kv_destroy(s->kv);
+    free(s->tokens);
     free(s->x), free(s->xin), free(s->xs), free(s->xe), free(s->h), free(s->q), free(s->k);
     free(s->v), free(s->t), free(s->gate), free(s->up), free(s->logits);
     free(s->ex_idx), free(s->fill_idx);
-    rk_kvc_destroy(s->kvc);
     free(s->w_layers);
     if (s->own_be) rk_backend_destroy(s->be);
     free(s);
@@ -76,8 +71,6 @@ rk_status rk_session_create(const rk_model *m, const rk_session_params *pp, rk_s
     if (p.n_ctx <= 0) p.n_ctx = hp->n_ctx_train;
     if (p.n_batch <= 0) p.n_batch = 512;
     if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
-    if (p.kv.kind == RK_KV_Q8)
-        return rk_err_set(err, RK_E_UNSUPPORTED, "session: KV policy q8 is not implemented yet (f16, f32, lowram)");
     if ((unsigned)p.kv.kind > RK_KV_LOWRAM)
         return rk_err_set(err, RK_E_INVALID_ARG, "session: KV policy %d unknown", (int)p.kv.kind);
     rk_session *s = calloc(1, sizeof *s);
@@ -85,7 +78,6 @@ rk_status rk_session_create(const rk_model *m, const rk_session_params *pp, rk_s
     s->m = m;
     s->p = p;
     s->n_ctx = p.n_ctx;
-    s->kv_type = p.kv.kind == RK_KV_F32 ? RK_DT_F32 : RK_DT_F16;
     rk_status st;
     if (p.shared_backend) {
         s->be = p.shared_backend;
@@ -95,16 +87,10 @@ rk_status rk_session_create(const rk_model *m, const rk_session_params *pp, rk_s
     }
     if ((st = prepare_weights(s, err))) goto fail;
     int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim, qd = (int64_t)hp->n_head * hp->head_dim;
-    s->kv_row_bytes = (size_t)kvd * (s->kv_type == RK_DT_F16 ? 2 : 4);
-    s->k_cache = calloc((size_t)hp->n_layer, sizeof(void *));
-    s->v_cache = calloc((size_t)hp->n_layer, sizeof(void *));
-    if (!s->k_cache || !s->v_cache) goto nomem;
-    /* calloc of large blocks maps zero pages lazily: untouched context costs nothing */
-    for (int l = 0; l < hp->n_layer; l++) {
-        s->k_cache[l] = calloc((size_t)s->n_ctx, s->kv_row_bytes);
-        s->v_cache[l] = calloc((size_t)s->n_ctx, s->kv_row_bytes);
-        if (!s->k_cache[l] || !s->v_cache[l]) goto nomem;
-    }
+    /* the KV policy, fixed for the session's life */
+    if ((st = rk_kv_create(m, &p.kv, s->n_ctx, s->be, p.n_threads, s->warning, sizeof s->warning, &s->kv, err)))
+        goto fail;
+    s->tokens = malloc((size_t)s->n_ctx * sizeof(int32_t));
     size_t nb = (size_t)p.n_batch;
     size_t hd = (size_t)(qd > hp->n_embd ? qd : hp->n_embd);
     s->x = malloc(nb * (size_t)hp->n_embd * sizeof(float));
@@ -121,27 +107,27 @@ rk_status rk_session_create(const rk_model *m, const rk_session_params *pp, rk_s
     s->gate = malloc(nb * (size_t)hp->n_ff * sizeof(float));
     s->up = malloc(nb * (size_t)hp->n_ff * sizeof(float));
     s->logits = malloc(nb * (size_t)hp->n_vocab * sizeof(float));
-    if (!s->x || !s->xin || !s->xs || !s->xe || !s->ex_idx || !s->fill_idx || !s->h || !s->q ||
+    if (!s->tokens || !s->x || !s->xin || !s->xs || !s->xe || !s->ex_idx || !s->fill_idx || !s->h || !s->q ||
         !s->k || !s->v || !s->t || !s->gate || !s->up || !s->logits)
         goto nomem;
-    if (p.kv.kind == RK_KV_LOWRAM &&
-        (st = rk_session_set_lowram(s, &p.kv.lowram, s->warning, sizeof s->warning, err)))
-        goto fail;
     *out = s;
     return RK_OK;
 nomem:
-    st = rk_err_set(err, RK_E_NOMEM, "session: cannot allocate KV cache / scratch for n_ctx %lld",
+    st = rk_err_set(err, RK_E_NOMEM, "session: cannot allocate token history / scratch for n_ctx %lld",
                     (long long)s->n_ctx);
 fail:
     rk_session_destroy(s);
     return st;
 }
 
-void rk_session_reset(rk_session *s) { s->n_past = 0; }
+void rk_session_reset(rk_session *s) {
+    s->kv->ops->reset(s->kv);
+    s->n_past = 0;
+}
 int64_t rk_session_n_past(const rk_session *s) { return s->n_past; }
 int64_t rk_session_n_ctx(const rk_session *s) { return s->n_ctx; }
 uint64_t rk_session_kv_bytes_per_token(const rk_session *s) {
-    return 2ull * (uint64_t)s->m->hp.n_layer * s->kv_row_bytes;
+    return 2ull * (uint64_t)s->kv->n_layer * s->kv->row_bytes;
 }
 void rk_session_set_progress(rk_session *s, rk_progress_fn fn, void *ud) {
     s->progress = fn;
@@ -152,7 +138,8 @@ rk_status rk_session_truncate(rk_session *s, int64_t n, rk_err *err) {
     if (n < 0 || n > s->n_past)
         return rk_err_set(err, RK_E_INVALID_ARG, "session: cannot truncate to %lld (have %lld tokens)",
                           (long long)n, (long long)s->n_past);
-    s->n_past = n; /* rows past n are overwritten by the next eval before being read */
+    s->kv->ops->truncate(s->kv, n);
+    s->n_past = n;
     return RK_OK;
 }
 
@@ -169,10 +156,15 @@ rk_status rk_session_eval(rk_session *s, const int32_t *ids, size_t n, float *lo
             return rk_err_set(err, RK_E_INVALID_ARG, "session: token id %d at %zu outside vocab of %d",
                               ids[i], i, hp->n_vocab);
     const int64_t start = s->n_past;
+    memcpy(s->tokens + start, ids, n * sizeof(int32_t));
     rk_status st = rk_prefill_run(s, ids, n, logits, all_rows, err);
-    if (st) return st; /* the cache rows past start are garbage now: n_past still says start */
+    /* the cache commits the rows (LowRAM fits or compresses), or forgets the ones appended */
+    if (!st) st = s->kv->ops->commit(s->kv, start + (int64_t)n, err);
+    if (st) {
+        s->kv->ops->truncate(s->kv, start);
+        return st; /* n_past still says start */
+    }
     s->n_past = start + (int64_t)n;
-    if (s->kvc) return rk_kvc_after_eval(s->kvc, s, (int64_t)n, err);
     return RK_OK;
 }
 
@@ -189,33 +181,14 @@ rk_status rk_session_kv_rows(const rk_session *s, int layer, bool values, bool p
     if (layer < 0 || layer >= hp->n_layer || row0 < 0 || n < 0 || row0 > s->n_past || n > s->n_past - row0)
         return rk_err_set(err, RK_E_INVALID_ARG, "session: KV rows [%lld, %lld) of layer %d outside [0, %lld) x %d layers",
                           (long long)row0, (long long)(row0 + n), layer, (long long)s->n_past, hp->n_layer);
-    if (s->kvc && !values)
-        return rk_err_set(err, RK_E_UNSUPPORTED, "session: reading rows of a LowRAM cache");
-    const int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim;
-    const rk_quant_fns *f16 = rk_quant_fast(RK_DT_F16);
-    for (int64_t i = 0; i < n; i++) {
-        const int64_t p = row0 + i;
-        const uint8_t *src = (const uint8_t *)(values ? s->v_cache[layer] : s->k_cache[layer]) + (size_t)p * s->kv_row_bytes;
-        float *d = dst + i * kvd;
-        if (s->kv_type == RK_DT_F32) memcpy(d, src, (size_t)kvd * sizeof(float));
-        else f16->to_f32(src, d, kvd);
-        if (values || !pre_rope) continue;
-        /* undo RoPE at position p: the kernels' angles p * base^(-2i/n_rot), rotated back */
-        const int half = hp->n_rot / 2;
-        for (int h = 0; h < hp->n_head_kv; h++) {
-            float *y = d + (size_t)h * hp->head_dim;
-            for (int j = 0; j < half; j++) {
-                const double th = (double)p * pow((double)hp->rope_base, -2.0 * j / hp->n_rot);
-                const float co = (float)cos(th), si = -(float)sin(th);
-                const int i0 = hp->rope_mode == RK_ROPE_NEOX ? j : 2 * j;
-                const int i1 = hp->rope_mode == RK_ROPE_NEOX ? j + half : 2 * j + 1;
-                const float x0 = y[i0], x1 = y[i1];
-                y[i0] = x0 * co - x1 * si;
-                y[i1] = x0 * si + x1 * co;
-            }
-        }
-    }
-    return RK_OK;
+    return s->kv->ops->read(s->kv, layer, values, pre_rope, row0, n, dst, err);
+}
+
+void rk_session_kv_bytes(const rk_session *s, rk_kv_bytes *out) { s->kv->ops->bytes(s->kv, out); }
+
+void rk_session_lowram_stats(const rk_session *s, rk_lowram_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (s->kv->ops->stats) s->kv->ops->stats(s->kv, out);
 }
 
 const char *rk_session_warning(const rk_session *s) { return s->warning; }
@@ -269,19 +242,17 @@ bool rk_backend_kind_parse(const char *s, rk_backend_kind *out) {
     return false;
 }
 
-/* ---- KV export / import: the kv/ implementations provide the encodings --------------- */
+/* ---- token history, KV export / import (the encodings: kv/kv_block.c and the policies) ---- */
 
-const int32_t *rk_session_tokens(const rk_session *s) {
-    (void)s;
-    return NULL;
-}
+const int32_t *rk_session_tokens(const rk_session *s) { return s->tokens; }
 
 rk_status rk_session_kv_export(const rk_session *s, int64_t row0, int64_t row1, void **blk, size_t *n, rk_err *err) {
-    (void)s, (void)row0, (void)row1, (void)blk, (void)n;
-    return rk_err_set(err, RK_E_UNSUPPORTED, "session: KV export is not implemented yet");
+    return rk_kv_block_export(s->kv, s->m, s->tokens, row0, row1, blk, n, err);
 }
 
 rk_status rk_session_kv_import(rk_session *s, const void *blk, size_t n, rk_err *err) {
-    (void)s, (void)blk, (void)n;
-    return rk_err_set(err, RK_E_UNSUPPORTED, "session: KV import is not implemented yet");
+    rk_status st = rk_kv_block_import(s->kv, s->m, blk, n, s->tokens, err);
+    if (st) return st;
+    s->n_past = s->kv->n_past;
+    return RK_OK;
 }

@@ -1,5 +1,6 @@
 /* Internal: session state shared by forward.c, ridgefill.c and calibrate.c. */
 #pragma once
+#include "kv_impl.h"
 #include "model_impl.h"
 #include "rk_ext.h"
 
@@ -27,10 +28,8 @@ struct rk_session {
     rk_layer *w_layers;   /* (n_layer) */
     rk_view w_tok_embd, w_output_norm, w_output;
     int64_t n_ctx, n_past;
-    uint32_t kv_type;
-    size_t kv_row_bytes;  /* kv_dim * element size */
-    void **k_cache;       /* n_layer x (n_ctx, kv_dim) */
-    void **v_cache;
+    rk_kv *kv;            /* the KV cache of the policy p.kv (kv/kv_impl.h) */
+    int32_t *tokens;      /* (n_ctx) token ids of rows [0, n_past) */
     /* scratch for one chunk of n_batch rows */
     float *x;             /* (n_batch, n_embd) residual stream */
     float *xin;           /* (n_batch, n_embd) layer input used by the cache writers */
@@ -52,25 +51,12 @@ struct rk_session {
     float score_threshold; /* quality: token_score >= threshold -> kept exact */
     rk_session_counters counters;
     /* eval splice: copy exact K/V of layers [lo, hi) over the bulk rows before the tail */
-    struct rk_kv_codec *kvc;   /* LowRAM compressed KV (lowram.c); NULL: plain cache */
     const rk_session *splice_src;
     int splice_lo, splice_hi;
     bool splice_k, splice_v;
     char warning[512];    /* rk_session_warning */
 };
 
-
-/* ---- LowRAM hooks (implemented in lowram.c) ------------------------------------
- * The plain f16/f32 cache stays the write target for every new row; a codec keeps a
- * compressed copy of older rows and may release their plain pages. forward.c calls: */
-typedef struct rk_kv_codec rk_kv_codec;
-/* After every successful eval call (n_new rows were appended at n_past - n_new). */
-rk_status rk_kvc_after_eval(rk_kv_codec *c, rk_session *s, int64_t n_new, rk_err *err);
-/* Attention for query rows at positions pos0.. of layer l when the codec holds
- * compressed rows of that layer; *handled false: forward.c uses the plain cache. */
-rk_status rk_kvc_attention(rk_kv_codec *c, rk_session *s, int layer, const float *q, int64_t n_q, int64_t pos0,
-                           float *out, bool *handled, rk_err *err);
-void rk_kvc_destroy(rk_kv_codec *c);
 
 /* forward.c: one pass of a prefill plan (runtime/prefill/plan_impl.h) over its chunk:
  * layers [layer_lo, layer_hi) for rows pos0.. (KV rows written at their positions;
@@ -79,6 +65,7 @@ struct rk_chunk_plan;
 rk_status rk_forward_chunk(rk_session *s, const struct rk_chunk_plan *p, const int32_t *ids, float *logits,
                            bool all_rows, rk_err *err);
 
-/* kv/lowram.c: turns the codec on (p != NULL) or off for the session (at creation). */
-rk_status rk_session_set_lowram(rk_session *s, const rk_lowram_params *p, char *warning, size_t warning_cap,
-                                rk_err *err);
+/* Eval splice: replaces K and/or V rows [row0, row1) of layers [lo, hi) of s with those of
+ * src (read as f32 through the interface, in tiles of the session's scratch). */
+rk_status rk_session_splice_rows(rk_session *s, const rk_session *src, int lo, int hi, bool keys, bool values,
+                                 int64_t row0, int64_t row1, rk_err *err);

@@ -11,9 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "lowram_impl.h"
+#include "rk_ext.h"
 #include "rk_fitters.h"
-#include "rk.h"
 #include "tb.h"
 
 typedef struct run_out {
@@ -48,14 +47,9 @@ static bool g_r2cmp; /* value-from-key R² of simple predictors on the exact pro
 
 /* In-sample R² per (layer, KV head) of ridge predictors of V_h from the exact pre-RoPE keys:
  * (a) the head's own d_h dims (SPEC's d_h x d_h start), (b) all KV heads of the layer. */
-static void r2_compare(rk_session *s, int n) {
-    const rk_hparams *hp = &s->m->hp;
+static void r2_compare(const rk_model *m, rk_session *s, int n) {
+    const rk_hparams *hp = rk_model_hparams(m);
     const int hd = hp->head_dim, kvd = hp->n_head_kv * hd, sink = 4;
-    rk_lowram_params lp = rk_lowram_params_default();
-    rk_kv_codec *c = NULL; /* only for its RoPE table */
-    if (rk_session_set_lowram(s, &lp, NULL, 0, NULL)) return;
-    c = s->kvc;
-    lr_rope_fill(c, n);
     const int64_t N = n - sink;
     double *K = malloc((size_t)N * kvd * sizeof(double)), *V = malloc((size_t)N * kvd * sizeof(double));
     double *Kh = malloc((size_t)N * hd * sizeof(double)), *Vh = malloc((size_t)N * hd * sizeof(double));
@@ -67,10 +61,9 @@ static void r2_compare(rk_session *s, int n) {
            (long long)N);
     for (int l = 0; l < hp->n_layer; l++) {
         for (int64_t p = 0; p < N; p++) {
-            lr_plain_row(s, l, false, sink + p, row);
-            lr_rope_row(c, row, hp->n_head_kv, sink + p, true);
+            if (rk_session_kv_rows(s, l, false, true, sink + p, 1, row, NULL)) return;
             for (int j = 0; j < kvd; j++) K[p * kvd + j] = row[j];
-            lr_plain_row(s, l, true, sink + p, row);
+            if (rk_session_kv_rows(s, l, true, false, sink + p, 1, row, NULL)) return;
             for (int j = 0; j < kvd; j++) V[p * kvd + j] = row[j];
         }
         double ra = 0, rb = 0;
@@ -102,7 +95,6 @@ static void r2_compare(rk_session *s, int n) {
     }
     printf("\n    mean: own head %.3f, all layer keys %.3f\n", sum_a / hp->n_layer, sum_b / hp->n_layer);
     free(K), free(V), free(Kh), free(Vh), free(W), free(Wl), free(bl), free(row);
-    rk_session_set_lowram(s, NULL, NULL, 0, NULL);
 }
 
 static int run(const rk_model *m, const int32_t *ids, int n_prompt, int n_cont, int n_threads, const char *spec,
@@ -115,13 +107,12 @@ static int run(const rk_model *m, const int32_t *ids, int n_prompt, int n_cont, 
     rk_err e = {0};
     float *lg = malloc((size_t)hp->n_vocab * sizeof(float));
     double *lp = malloc((size_t)hp->n_vocab * sizeof(double));
-    if (rk_session_create(m, &sp, &s, &e)) goto fail;
     if (spec) {
-        rk_lowram_params lp_ = rk_lowram_params_default();
-        lp_.n_threads = n_threads;
-        char warn[256];
-        if (rk_lowram_parse(spec, &lp_, &e) || rk_session_set_lowram(s, &lp_, warn, sizeof warn, &e)) goto fail;
+        sp.kv.kind = RK_KV_LOWRAM;
+        sp.kv.lowram.n_threads = n_threads;
+        if (rk_lowram_parse(spec, &sp.kv.lowram, &e)) goto fail;
     }
+    if (rk_session_create(m, &sp, &s, &e)) goto fail;
     double t0 = rk_time_now();
     for (int done = 0; done < n_prompt;) { /* --slices: the prompt in several eval calls */
         int n = g_slices > 0 && n_prompt - done > g_slices ? g_slices : n_prompt - done;
@@ -130,7 +121,7 @@ static int run(const rk_model *m, const int32_t *ids, int n_prompt, int n_cont, 
     }
     double t1 = rk_time_now();
     if (g_r2cmp && !spec) {
-        r2_compare(s, n_prompt);
+        r2_compare(m, s, n_prompt);
         g_r2cmp = false;
     }
     memset(o, 0, sizeof *o);
@@ -195,12 +186,12 @@ static int needle_trial(const rk_model *m, const int32_t *filler, int n_fill, do
     float *lg = malloc((size_t)hp->n_vocab * sizeof(float));
     char out[256] = "", want[16];
     int found = -1;
-    if (rk_session_create(m, &sp, &s, &e)) goto done;
     if (spec) {
-        rk_lowram_params lp = rk_lowram_params_default();
-        lp.n_threads = n_threads;
-        if (rk_lowram_parse(spec, &lp, &e) || rk_session_set_lowram(s, &lp, NULL, 0, &e)) goto done;
+        sp.kv.kind = RK_KV_LOWRAM;
+        sp.kv.lowram.n_threads = n_threads;
+        if (rk_lowram_parse(spec, &sp.kv.lowram, &e)) goto done;
     }
+    if (rk_session_create(m, &sp, &s, &e)) goto done;
     if (rk_session_eval(s, ids, n, lg, false, &e)) goto done;
     size_t ol = 0;
     for (int t = 0; t < 8; t++) {

@@ -9,6 +9,7 @@
 
 #include "lowram_impl.h"
 #include "rk_fitters.h"
+#include "session_impl.h"
 #include "rk_io.h"
 #include "tb.h"
 
@@ -147,20 +148,27 @@ static int32_t *story_ids(const rk_model *m, size_t want) {
     return ids;
 }
 
+/* A session with a plain kv_type cache, or (lowram != NULL) the LowRAM policy with that
+ * spec, its exact rows of kv_type. */
 static rk_session *session(const rk_model *m, uint32_t kv_type, const char *lowram) {
     rk_session_params sp = rk_session_params_default();
     sp.n_ctx = 512;
     sp.n_threads = 2;
     sp.kv.kind = kv_type == RK_DT_F32 ? RK_KV_F32 : RK_KV_F16;
-    rk_session *s = NULL;
     rk_err e = {0};
-    cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s", e.msg);
     if (lowram) {
-        rk_lowram_params lp = rk_lowram_params_default();
-        cr_assert_eq(rk_lowram_parse(lowram, &lp, &e), RK_OK, "%s", e.msg);
-        cr_assert_eq(rk_session_set_lowram(s, &lp, NULL, 0, &e), RK_OK, "%s", e.msg);
+        sp.kv.kind = RK_KV_LOWRAM;
+        cr_assert_eq(rk_lowram_parse(lowram, &sp.kv.lowram, &e), RK_OK, "%s", e.msg);
+        sp.kv.lowram.exact_type = kv_type;
     }
+    rk_session *s = NULL;
+    cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s", e.msg);
     return s;
+}
+
+static rk_kv_codec *codec(const rk_session *s) {
+    cr_assert_eq(s->kv->kind, RK_KV_LOWRAM);
+    return s->kv->impl;
 }
 
 /* Prefill n_prompt tokens, then n_dec teacher-forced decode steps; logits of every step
@@ -232,10 +240,11 @@ Test(lowram, linear_values_are_predicted_with_zero_residual) {
     rk_model *m = load("models/stories260K/stories260K-f32.gguf");
     const rk_hparams *hp = rk_model_hparams(m);
     rk_session *s = session(m, RK_DT_F32, "rank=100000,coef=f32,window=32,lambda=1e-9");
-    rk_kv_codec *c = s->kvc;
+    rk_kv_codec *c = codec(s);
     const int kvd = hp->n_head_kv * hp->head_dim, n = 400;
     uint64_t rng = 9;
     float *A = malloc((size_t)kvd * kvd * sizeof(float)), bias[64], k[64], v[64];
+    rk_err e = {0};
     lr_rope_fill(c, n);
     for (int l = 0; l < hp->n_layer; l++) {
         for (int i = 0; i < kvd * kvd; i++) A[i] = tb_rand_normal(&rng) * 0.3f;
@@ -248,13 +257,10 @@ Test(lowram, linear_values_are_predicted_with_zero_residual) {
                 v[j] = (float)acc;
             }
             lr_rope_row(c, k, hp->n_head_kv, p, false); /* the cache holds post-RoPE keys */
-            memcpy((float *)s->k_cache[l] + (size_t)p * kvd, k, sizeof(float) * kvd);
-            memcpy((float *)s->v_cache[l] + (size_t)p * kvd, v, sizeof(float) * kvd);
+            cr_assert_eq(s->kv->ops->append(s->kv, l, p, k, v, 1, &e), RK_OK, "%s", e.msg);
         }
     }
-    s->n_past = n;
-    rk_err e = {0};
-    cr_assert_eq(lr_fit(c, s, &e), RK_OK, "%s", e.msg);
+    cr_assert_eq(lr_fit(c, n, &e), RK_OK, "%s", e.msg);
     float *d = malloc((size_t)hp->head_dim * sizeof(float));
     for (int l = 0; l < hp->n_layer; l++)
         for (int h = 0; h < hp->n_head_kv; h++) {
@@ -270,7 +276,6 @@ Test(lowram, linear_values_are_predicted_with_zero_residual) {
             cr_expect_lt(mx, 1e-3, "layer %d head %d: largest residual %g", l, h, mx);
         }
     free(A), free(d);
-    s->n_past = 0;
     rk_session_destroy(s);
     rk_model_destroy(m);
 }
@@ -291,7 +296,7 @@ Test(lowram, byte_accounting_adds_up) {
     cr_expect_eq(b.total, b.exact + b.coef + b.bases + b.predictors + b.residuals + b.landmarks + b.meta + b.key_cache);
     /* key cache: (64/32 + 2) chunk slots of 32 x head_dim f16 per (layer, KV head), 16 bytes of tags */
     cr_expect_eq(b.key_cache, (uint64_t)hp->n_layer * hp->n_head_kv * (64 / 32 + 2) * (32ull * hp->head_dim * 2 + 16));
-    const rk_kv_codec *c = s->kvc;
+    const rk_kv_codec *c = codec(s);
     const int kvd = hp->n_head_kv * hp->head_dim, C = c->p.chunk;
     cr_expect_eq(b.n_tokens, 340);
     cr_expect_eq(b.f16_equiv, 340ull * 2 * hp->n_layer * kvd * 2);
@@ -403,7 +408,7 @@ Test(lowram, truncate_and_replay) {
     float *a = trace(s, ids, 300, 40, nv), *r16 = trace(s16, ids, 300, 40, nv), *r32 = trace(s32, ids, 300, 40, nv);
     const double tol = 2 * max_abs_diff(r16, r32, (size_t)41 * nv) + 1e-4;
     const int cut = 250;
-    cr_assert_lt(cut, s->kvc->comp_end, "the cut must fall inside the compressed rows");
+    cr_assert_lt(cut, codec(s)->comp_end, "the cut must fall inside the compressed rows");
     cr_assert_eq(rk_session_truncate(s, cut, &e), RK_OK, "%s", e.msg);
     cr_assert_eq(rk_session_eval(s, ids + cut, 300 - cut, lg, false, &e), RK_OK, "%s", e.msg);
     double d = max_abs_diff(a, lg, (size_t)nv);
@@ -420,7 +425,7 @@ Test(lowram, truncate_and_replay) {
     a = trace(s, ids, 300, 40, nv);
     rk_kv_bytes k0, k1;
     rk_session_kv_bytes(s, &k0);
-    cr_assert_gt(335, s->kvc->comp_end, "the cut must fall inside the window");
+    cr_assert_gt(335, codec(s)->comp_end, "the cut must fall inside the window");
     cr_assert_eq(rk_session_truncate(s, 335, &e), RK_OK, "%s", e.msg);
     cr_assert_eq(rk_session_eval(s, &ids[335], 1, lg, false, &e), RK_OK, "%s", e.msg);
     rk_session_kv_bytes(s, &k1);
@@ -452,6 +457,7 @@ static const char *write_predictor(const rk_model *m, char *path, size_t cap) {
     return path;
 }
 
+/* The predictor file comes with the KV policy at session creation. */
 Test(lowram, predictor_file_for_another_model_is_refused) {
     rk_model *m = load("models/stories260K/stories260K-f32.gguf");
     rk_model *other = load("models/aidreams260K/aidreams260K-f32.gguf");
@@ -459,35 +465,36 @@ Test(lowram, predictor_file_for_another_model_is_refused) {
     write_predictor(m, path, sizeof path);
     rk_session_params sp = rk_session_params_default();
     sp.n_ctx = 512;
-    rk_session *s = NULL, *so = NULL;
+    sp.kv.kind = RK_KV_LOWRAM;
+    rk_lowram_params *lp = &sp.kv.lowram;
+    rk_session *s = NULL, *so = NULL, *sx = NULL;
     rk_err e = {0};
-    cr_assert_eq(rk_session_create(other, &sp, &so, &e), RK_OK, "%s", e.msg);
-    rk_lowram_params lp = rk_lowram_params_default();
-    snprintf(lp.predictor, sizeof lp.predictor, "%s", path);
-    rk_status st = rk_session_set_lowram(so, &lp, NULL, 0, &e);
+    snprintf(lp->predictor, sizeof lp->predictor, "%s", path);
+    rk_status st = rk_session_create(other, &sp, &so, &e);
     cr_expect_eq(st, RK_E_MISMATCH, "%s", rk_status_name(st));
     cr_expect(strstr(e.msg, "lowram predictor") && strstr(e.msg, rk_model_name(other)), "%s", e.msg);
+    cr_expect_null(so, "no session on failure");
     /* the right model takes it, and decodes with the file's basis */
     cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s", e.msg);
-    cr_assert_eq(rk_session_set_lowram(s, &lp, NULL, 0, &e), RK_OK, "%s", e.msg);
     int32_t *ids = story_ids(m, 320);
     float *lg = trace(s, ids, 300, 4, rk_model_hparams(m)->n_vocab);
     rk_lowram_stats ls;
     rk_session_lowram_stats(s, &ls);
     cr_expect(ls.fitted && ls.rank_max > 0);
     /* another group size than the file's is refused by name */
-    lp.group = 2;
-    rk_session_reset(s);
-    st = rk_session_set_lowram(s, &lp, NULL, 0, &e);
+    lp->group = 2;
+    st = rk_session_create(m, &sp, &sx, &e);
     cr_expect_eq(st, RK_E_MISMATCH, "%s", e.msg);
+    cr_expect(strstr(e.msg, "group"), "%s", e.msg);
     /* a file of another kind (the model itself) is not a predictor file */
     char mp[1024];
     tb_shared_path(mp, sizeof mp, "models/stories260K/stories260K-f32.gguf");
-    snprintf(lp.predictor, sizeof lp.predictor, "%s", mp);
-    lp.group = 3;
-    st = rk_session_set_lowram(s, &lp, NULL, 0, &e);
+    snprintf(lp->predictor, sizeof lp->predictor, "%s", mp);
+    lp->group = 3;
+    st = rk_session_create(m, &sp, &sx, &e);
     cr_expect_eq(st, RK_E_MISMATCH, "%s", e.msg);
     cr_expect(strstr(e.msg, "not a predictor file"), "%s", e.msg);
+    cr_expect_null(sx);
     remove(path);
     free(lg), free(ids);
     rk_session_destroy(s), rk_session_destroy(so);

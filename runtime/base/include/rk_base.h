@@ -30,6 +30,7 @@ typedef enum rk_status {
     RK_E_GGUF_BLOCK,      /* row length not a multiple of the type's block */
     RK_E_INTERNAL,        /* broken invariant: a bug, reported instead of aborting */
     RK_E_CANCELLED,       /* a callback asked to stop */
+    RK_E_FORMAT,          /* a block or record of ours that is truncated, corrupt or of another version */
     RK_STATUS_COUNT
 } rk_status;
 

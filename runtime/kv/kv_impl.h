@@ -1,0 +1,157 @@
+/* Internal: rk_kv, the one KV-cache interface. The session holds one rk_kv, its policy
+ * fixed at creation (rk_session_params.kv); the layer loop appends every layer's post-RoPE
+ * K and V rows and asks the cache to attend, whatever the cache stores:
+ *   kv_plain.c  f16 / f32 rows; append and attention are the backend's CPY_ROWS and ATTN
+ *   kv_q8.c     llama.cpp's q8_0 blocks (f16 scale + 32 int8 per 32 values); ATTN on the
+ *               blocks when the backend takes them, else f32 ATTN over dequantised rows
+ *   lowram*.c   the LowRAM codec: exact rows (sinks, window, rows of the current eval) in
+ *               its own buffers, older rows only compressed
+ *   kv.c        creation, the codec thread pool, RoPE undo, byte buffers
+ *   kv_block.c  export / import blocks: header, checksum, every check before any change
+ * Rows are (kv_dim = n_head_kv * head_dim) wide; keys are stored post-RoPE. */
+#pragma once
+#include "rk_ext.h"
+#include "rk_kernels.h"
+
+typedef struct rk_kv rk_kv;
+
+/* ---- byte buffers for export / import ------------------------------------------------ */
+/* Growing output buffer; an allocation failure sets fail and turns later puts into no-ops
+ * (the writer checks fail once at the end). Little-endian. */
+typedef struct rk_kv_buf {
+    uint8_t *p;
+    size_t n, cap;
+    bool fail;
+} rk_kv_buf;
+void rk_kv_put(rk_kv_buf *b, const void *src, size_t n);
+void rk_kv_put_u32(rk_kv_buf *b, uint32_t v);
+void rk_kv_put_u64(rk_kv_buf *b, uint64_t v);
+void rk_kv_put_f64(rk_kv_buf *b, double v);
+
+/* Bounds-checked reader: a get past the end sets fail and returns NULL / 0, so a parser
+ * checks fail once per section. Sizes are checked with overflow-safe forms. */
+typedef struct rk_kv_rd {
+    const uint8_t *p;
+    size_t n, off;
+    bool fail;
+} rk_kv_rd;
+const uint8_t *rk_kv_get(rk_kv_rd *r, size_t n);
+/* Like rk_kv_get for count elements of size bytes each (false product overflow -> fail). */
+const uint8_t *rk_kv_get_n(rk_kv_rd *r, uint64_t count, size_t size);
+uint32_t rk_kv_get_u32(rk_kv_rd *r);
+uint64_t rk_kv_get_u64(rk_kv_rd *r);
+double rk_kv_get_f64(rk_kv_rd *r);
+
+/* A policy parameter that an imported block must match (name at most 15 chars). */
+typedef struct rk_kv_param {
+    char name[16];
+    double value;
+} rk_kv_param;
+enum { RK_KV_MAX_PARAMS = 32 };
+
+/* ---- the interface -------------------------------------------------------------------- */
+typedef struct rk_kv_ops {
+    const char *name;
+    /* Stores post-RoPE keys k and values v, (n, kv_dim) f32, of layer l at positions
+     * pos0..pos0+n-1. pos0 is at most the rows the layer holds (rows from pos0 on are
+     * replaced). Layers fill independently: a layer-major prefill appends all rows of
+     * layer 0 before layer 1. */
+    rk_status (*append)(rk_kv *kv, int layer, int64_t pos0, const float *k, const float *v, int64_t n, rk_err *err);
+    /* Causal attention of query rows q (n_q, n_head * head_dim), post-RoPE, at positions
+     * pos0.. of layer l: row i sees rows [0, pos0 + i] of the layer (already appended);
+     * query head h uses KV head h / (n_head / n_head_kv). out (n_q, n_head * head_dim). */
+    rk_status (*attend)(rk_kv *kv, int layer, const float *q, int64_t n_q, int64_t pos0, float *out, rk_err *err);
+    /* End of a successful eval call: rows [0, n_past) of every layer are appended and now
+     * belong to the session (LowRAM fits / compresses here). On failure the caller
+     * truncates back to the rows committed before. */
+    rk_status (*commit)(rk_kv *kv, int64_t n_past, rk_err *err);
+    /* Forgets rows >= n of every layer (n <= kv->n_past, or n = kv->n_past to drop the rows
+     * of a failed eval). */
+    void (*truncate)(rk_kv *kv, int64_t n);
+    /* Forgets every row and what was learnt from them (LowRAM: the fit). */
+    void (*reset)(rk_kv *kv);
+    /* Rows [row0, row0 + n) of layer l as f32 into dst (n, kv_dim): what attention sees.
+     * Keys with pre_rope have the rotation undone. Rows must be held (appended). */
+    rk_status (*read)(const rk_kv *kv, int layer, bool values, bool pre_rope, int64_t row0, int64_t n, float *dst,
+                      rk_err *err);
+    /* Replaces held rows [row0, row0 + n) of layer l (keys post-RoPE) with src (n, kv_dim);
+     * RK_E_UNSUPPORTED where the policy cannot (compressed rows). */
+    rk_status (*write)(rk_kv *kv, int layer, bool values, int64_t row0, int64_t n, const float *src, rk_err *err);
+    /* Bytes of the state of the kv->n_past committed rows, by part. */
+    void (*bytes)(const rk_kv *kv, rk_kv_bytes *out);
+    /* LowRAM's fit statistics; NULL for the other policies (zeros). */
+    void (*stats)(const rk_kv *kv, rk_lowram_stats *out);
+    /* The parameters a block's payload depends on (written in its header, compared at import);
+     * returns how many were written to out (at most RK_KV_MAX_PARAMS). */
+    int (*params)(const rk_kv *kv, rk_kv_param *out);
+    /* Appends the payload of rows [row0, row1) (row1 <= n_past) in the policy's own encoding. */
+    rk_status (*export_rows)(const rk_kv *kv, int64_t row0, int64_t row1, rk_kv_buf *out, rk_err *err);
+    /* Appends rows [row0, row0 + n_rows) (row0 = kv->n_past) from a payload made by
+     * export_rows; checks all of it first: on failure nothing changed (RK_E_FORMAT).
+     * Sets kv->n_past = row0 + n_rows. */
+    rk_status (*import_rows)(rk_kv *kv, int64_t row0, int64_t n_rows, const uint8_t *p, size_t n, rk_err *err);
+    /* Frees kv->impl (any state, half-built included); not kv itself. */
+    void (*destroy)(rk_kv *kv);
+} rk_kv_ops;
+
+struct rk_kv {
+    const rk_kv_ops *ops;
+    rk_kv_kind kind;
+    int n_layer, n_head, n_head_kv, head_dim, kv_dim, n_rot, rope_mode;
+    float rope_base;
+    int64_t n_ctx;
+    int64_t n_past;     /* committed rows: set by commit, truncate, reset, import_rows */
+    size_t row_bytes;   /* one stored K (or V) row of one layer (LowRAM: an exact row) */
+    rk_backend *be;     /* borrowed, the session's: attention and row conversion run on it */
+    void *impl;
+};
+
+/* ---- kv.c ------------------------------------------------------------------------------ */
+/* Creates the cache of policy p for model m (borrowed, outlives the cache) with room for
+ * n_ctx rows. n_threads: the session's (LowRAM's pool). warning (cap bytes): a note such as
+ * a predictor file fitted on another quantisation, "" otherwise. */
+rk_status rk_kv_create(const rk_model *m, const rk_kv_params *p, int64_t n_ctx, rk_backend *be, int n_threads,
+                       char *warning, size_t warning_cap, rk_kv **out, rk_err *err);
+void rk_kv_destroy(rk_kv *kv); /* accepts NULL and half-built caches */
+
+/* The one place the runtime creates a thread pool of its own (LowRAM's fit, compression
+ * and multi-row attention); *pool stays NULL for one thread. *n_out: threads available.
+ * To move onto the backend's pool once backends expose theirs, change only this. */
+rk_status rk_kv_pool_create(int n_threads, rk_pool **pool, int *n_out, rk_err *err);
+
+/* Undoes RoPE in place on key row x (n_head_kv heads) at position p: the kernels' angles
+ * p * base^(-2i/n_rot), rotated back (double-precision angles). */
+void rk_kv_unrope(const rk_kv *kv, float *x, int64_t p);
+/* Converts n rows of kv_dim between a plain type (F16, F32) and f32. */
+void rk_kv_rows_to_f32(uint32_t type, const void *src, int64_t n, int64_t kv_dim, float *dst);
+void rk_kv_rows_from_f32(uint32_t type, const float *src, int64_t n, int64_t kv_dim, void *dst);
+/* Fields every policy shares: n_tokens, f16_equiv. */
+void rk_kv_bytes_base(const rk_kv *kv, rk_kv_bytes *out);
+/* Checks layer and row range [row0, row0 + n) against held rows; RK_E_INVALID_ARG otherwise. */
+rk_status rk_kv_check_rows(const rk_kv *kv, int layer, int64_t row0, int64_t n, int64_t held, rk_err *err);
+
+/* Policies: fill kv->ops, kv->impl, kv->row_bytes (kv's shape fields are set). */
+rk_status rk_kv_plain_init(rk_kv *kv, uint32_t type, rk_err *err);
+rk_status rk_kv_q8_init(rk_kv *kv, rk_err *err);
+rk_status rk_kv_lowram_init(rk_kv *kv, const rk_model *m, const rk_lowram_params *p, int n_threads, char *warning,
+                            size_t warning_cap, rk_err *err);
+
+/* ---- kv_q8.c: the q8_0 block (llama.cpp's block_q8_0) --------------------------------- */
+enum { RK_Q8_BLOCK = 32, RK_Q8_BLOCK_BYTES = 2 + RK_Q8_BLOCK };
+/* Quantises n values (a multiple of 32) as llama.cpp's quantize_row_q8_0_ref does:
+ * per block d = max|x| / 127 stored f16, q = round(x / d) (d from the unrounded scale). */
+void rk_q8_quantize(const float *x, int64_t n, uint8_t *dst);
+void rk_q8_dequantize(const uint8_t *src, int64_t n, float *dst);
+/* True when the q8 cache kv attends through the backend's own q8_0 ATTN (else: f32 ATTN
+ * over dequantised rows). */
+bool rk_kv_q8_direct(const rk_kv *kv);
+
+/* ---- kv_block.c ------------------------------------------------------------------------- */
+/* Block = header (magic "RKKV", version, policy kind and parameters, model fingerprint,
+ * n_layer, kv_dim, row range, checksum) + token ids of the rows + the policy's payload. */
+rk_status rk_kv_block_export(const rk_kv *kv, const rk_model *m, const int32_t *tokens, int64_t row0, int64_t row1,
+                             void **blk, size_t *n, rk_err *err);
+/* Checks the whole block, then appends its rows at kv->n_past (= the block's row0) and
+ * writes its token ids into tokens[row0..] (tokens: n_ctx entries). Nothing changes on
+ * failure. */
+rk_status rk_kv_block_import(rk_kv *kv, const rk_model *m, const void *blk, size_t n, int32_t *tokens, rk_err *err);

@@ -1,0 +1,229 @@
+/* q8 KV cache: every row as llama.cpp's q8_0 blocks, {f16 d; int8 qs[32]} per 32 values
+ * (34 bytes: 1.0625 bytes per value, 1.88x less than f16). Quantised here on append.
+ * Attention: the backend's ATTN on the blocks when its supports() takes RK_DT_Q8_0 K/V
+ * (asked once, at creation); otherwise the layer's rows [0, pos0 + n_q) are dequantised
+ * into an f32 scratch pair and the f32 ATTN runs over them (the same numbers, slower). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv_impl.h"
+
+typedef struct q8 {
+    uint8_t **k, **v;  /* (n_layer) of (n_ctx, kv_dim / 32) blocks; calloc'd, touched as filled */
+    bool direct;       /* the backend attends on q8_0 K/V itself */
+    float *sk, *sv;    /* fallback scratch: (cap, kv_dim) dequantised rows of one layer */
+    int64_t cap;
+} q8;
+
+void rk_q8_quantize(const float *x, int64_t n, uint8_t *dst) {
+    for (int64_t b = 0; b < n / RK_Q8_BLOCK; b++) {
+        const float *xb = x + b * RK_Q8_BLOCK;
+        uint8_t *yb = dst + b * RK_Q8_BLOCK_BYTES;
+        float amax = 0.0f;
+        for (int j = 0; j < RK_Q8_BLOCK; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        const uint16_t h = rk_f32_to_f16(d);
+        memcpy(yb, &h, 2);
+        for (int j = 0; j < RK_Q8_BLOCK; j++) yb[2 + j] = (uint8_t)(int8_t)roundf(xb[j] * id);
+    }
+}
+
+void rk_q8_dequantize(const uint8_t *src, int64_t n, float *dst) { rk_quant_fast(RK_DT_Q8_0)->to_f32(src, dst, n); }
+
+bool rk_kv_q8_direct(const rk_kv *kv) { return kv->kind == RK_KV_Q8 && ((const q8 *)kv->impl)->direct; }
+
+static rk_view f32_view(const float *data, int64_t cols, int64_t rows) {
+    rk_view v = {RK_DT_F32, {cols, rows, 1, 1}, (size_t)cols * sizeof(float), (void *)data};
+    return v;
+}
+
+static rk_op_args attn_args(const rk_kv *kv, const float *q, int64_t n_q, int64_t pos0, float *out) {
+    const int64_t qd = (int64_t)kv->n_head * kv->head_dim;
+    rk_op_args at = {.op = RK_OP_ATTN};
+    at.src0 = f32_view(q, qd, n_q);
+    at.dst = f32_view(out, qd, n_q);
+    at.attn.n_head = kv->n_head;
+    at.attn.n_head_kv = kv->n_head_kv;
+    at.attn.head_dim = kv->head_dim;
+    at.attn.scale = 1.0f / sqrtf((float)kv->head_dim);
+    at.attn.pos0 = pos0;
+    return at;
+}
+
+static rk_status q8_append(rk_kv *kv, int l, int64_t pos0, const float *k, const float *v, int64_t n, rk_err *err) {
+    q8 *c = kv->impl;
+    if (pos0 < 0 || n < 0 || pos0 > kv->n_ctx - n)
+        return rk_err_set(err, RK_E_INVALID_ARG, "kv: q8 rows %lld..%lld past n_ctx %lld", (long long)pos0,
+                          (long long)(pos0 + n), (long long)kv->n_ctx);
+    rk_q8_quantize(k, n * kv->kv_dim, c->k[l] + (size_t)pos0 * kv->row_bytes);
+    rk_q8_quantize(v, n * kv->kv_dim, c->v[l] + (size_t)pos0 * kv->row_bytes);
+    return RK_OK;
+}
+
+static rk_status q8_attend(rk_kv *kv, int l, const float *q, int64_t n_q, int64_t pos0, float *out, rk_err *err) {
+    q8 *c = kv->impl;
+    const int64_t rows = pos0 + n_q, kvd = kv->kv_dim;
+    rk_op_args at = attn_args(kv, q, n_q, pos0, out);
+    if (c->direct) {
+        at.src1 = (rk_view){RK_DT_Q8_0, {kvd, rows, 1, 1}, kv->row_bytes, c->k[l]};
+        at.src2 = (rk_view){RK_DT_Q8_0, {kvd, rows, 1, 1}, kv->row_bytes, c->v[l]};
+        return rk_backend_run(kv->be, &at, err);
+    }
+    if (rows > c->cap) {
+        /* grows by halves: a decode loop reallocates O(log n_ctx) times */
+        int64_t cap = c->cap + c->cap / 2 > rows ? c->cap + c->cap / 2 : rows;
+        if (cap < 256) cap = 256;
+        if (cap > kv->n_ctx) cap = kv->n_ctx;
+        float *sk = realloc(c->sk, (size_t)(cap * kvd) * sizeof(float));
+        if (sk) c->sk = sk;
+        float *sv = sk ? realloc(c->sv, (size_t)(cap * kvd) * sizeof(float)) : NULL;
+        if (sv) c->sv = sv;
+        if (!sk || !sv) return rk_err_set(err, RK_E_NOMEM, "kv: no memory for q8 attention scratch of %lld rows", (long long)cap);
+        c->cap = cap;
+    }
+    rk_q8_dequantize(c->k[l], rows * kvd, c->sk);
+    rk_q8_dequantize(c->v[l], rows * kvd, c->sv);
+    at.src1 = f32_view(c->sk, kvd, rows);
+    at.src2 = f32_view(c->sv, kvd, rows);
+    return rk_backend_run(kv->be, &at, err);
+}
+
+static rk_status q8_commit(rk_kv *kv, int64_t n_past, rk_err *err) {
+    (void)err;
+    kv->n_past = n_past;
+    return RK_OK;
+}
+
+static void q8_truncate(rk_kv *kv, int64_t n) {
+    if (n < kv->n_past) kv->n_past = n;
+}
+
+static void q8_reset(rk_kv *kv) { kv->n_past = 0; }
+
+static rk_status q8_read(const rk_kv *kv, int l, bool values, bool pre_rope, int64_t row0, int64_t n, float *dst,
+                         rk_err *err) {
+    const q8 *c = kv->impl;
+    rk_status st = rk_kv_check_rows(kv, l, row0, n, kv->n_ctx, err);
+    if (st) return st;
+    rk_q8_dequantize((values ? c->v[l] : c->k[l]) + (size_t)row0 * kv->row_bytes, n * kv->kv_dim, dst);
+    if (!values && pre_rope)
+        for (int64_t i = 0; i < n; i++) rk_kv_unrope(kv, dst + i * kv->kv_dim, row0 + i);
+    return RK_OK;
+}
+
+static rk_status q8_write(rk_kv *kv, int l, bool values, int64_t row0, int64_t n, const float *src, rk_err *err) {
+    q8 *c = kv->impl;
+    rk_status st = rk_kv_check_rows(kv, l, row0, n, kv->n_ctx, err);
+    if (st) return st;
+    rk_q8_quantize(src, n * kv->kv_dim, (values ? c->v[l] : c->k[l]) + (size_t)row0 * kv->row_bytes);
+    return RK_OK;
+}
+
+static void q8_bytes(const rk_kv *kv, rk_kv_bytes *o) {
+    const q8 *c = kv->impl;
+    rk_kv_bytes_base(kv, o);
+    o->n_exact_rows = kv->n_past;
+    o->exact = (uint64_t)kv->n_past * 2ull * (uint64_t)kv->n_layer * kv->row_bytes;
+    o->total = o->exact;
+    o->scratch = 2ull * (uint64_t)c->cap * (uint64_t)kv->kv_dim * sizeof(float);
+}
+
+static int q8_params(const rk_kv *kv, rk_kv_param *out) {
+    (void)kv;
+    out[0] = (rk_kv_param){"dtype", (double)RK_DT_Q8_0};
+    out[1] = (rk_kv_param){"block", (double)RK_Q8_BLOCK};
+    return 2;
+}
+
+/* payload: per layer, its K rows then its V rows, as stored (q8_0 blocks) */
+static rk_status q8_export(const rk_kv *kv, int64_t row0, int64_t row1, rk_kv_buf *out, rk_err *err) {
+    (void)err;
+    const q8 *c = kv->impl;
+    const size_t off = (size_t)row0 * kv->row_bytes, len = (size_t)(row1 - row0) * kv->row_bytes;
+    for (int l = 0; l < kv->n_layer; l++) {
+        rk_kv_put(out, c->k[l] + off, len);
+        rk_kv_put(out, c->v[l] + off, len);
+    }
+    return RK_OK;
+}
+
+static rk_status q8_import(rk_kv *kv, int64_t row0, int64_t n_rows, const uint8_t *p, size_t n, rk_err *err) {
+    q8 *c = kv->impl;
+    uint64_t want;
+    if (!rk_mul_u64((uint64_t)n_rows, kv->row_bytes, &want) || !rk_mul_u64(want, 2ull * (uint64_t)kv->n_layer, &want) ||
+        want != n)
+        return rk_err_set(err, RK_E_FORMAT, "kv: q8 payload of %zu bytes for %lld rows (expected %llu)", n,
+                          (long long)n_rows, (unsigned long long)want);
+    /* every block scale must be a finite f16: a NaN or Inf scale is corruption */
+    for (size_t b = 0; b < n; b += RK_Q8_BLOCK_BYTES) {
+        uint16_t h;
+        memcpy(&h, p + b, 2);
+        if ((h & 0x7c00u) == 0x7c00u)
+            return rk_err_set(err, RK_E_FORMAT, "kv: q8 payload block %zu has a non-finite scale", b / RK_Q8_BLOCK_BYTES);
+    }
+    const size_t off = (size_t)row0 * kv->row_bytes, len = (size_t)n_rows * kv->row_bytes;
+    for (int l = 0; l < kv->n_layer; l++) {
+        memcpy(c->k[l] + off, p + (size_t)(2 * l) * len, len);
+        memcpy(c->v[l] + off, p + (size_t)(2 * l + 1) * len, len);
+    }
+    kv->n_past = row0 + n_rows;
+    return RK_OK;
+}
+
+static void q8_destroy(rk_kv *kv) {
+    q8 *c = kv->impl;
+    if (!c) return;
+    for (int l = 0; l < kv->n_layer; l++) {
+        if (c->k) free(c->k[l]);
+        if (c->v) free(c->v[l]);
+    }
+    free(c->k), free(c->v), free(c->sk), free(c->sv), free(c);
+    kv->impl = NULL;
+}
+
+static const rk_kv_ops q8_ops = {
+    .name = "q8",
+    .append = q8_append,
+    .attend = q8_attend,
+    .commit = q8_commit,
+    .truncate = q8_truncate,
+    .reset = q8_reset,
+    .read = q8_read,
+    .write = q8_write,
+    .bytes = q8_bytes,
+    .stats = NULL,
+    .params = q8_params,
+    .export_rows = q8_export,
+    .import_rows = q8_import,
+    .destroy = q8_destroy,
+};
+
+rk_status rk_kv_q8_init(rk_kv *kv, rk_err *err) {
+    if (kv->kv_dim % RK_Q8_BLOCK)
+        return rk_err_set(err, RK_E_UNSUPPORTED, "kv: q8 needs kv_dim a multiple of %d (model has %d)", RK_Q8_BLOCK,
+                          kv->kv_dim);
+    q8 *c = calloc(1, sizeof *c);
+    if (!c) return rk_err_set(err, RK_E_NOMEM, "kv: out of memory");
+    kv->ops = &q8_ops;
+    kv->impl = c;
+    kv->row_bytes = (size_t)(kv->kv_dim / RK_Q8_BLOCK) * RK_Q8_BLOCK_BYTES;
+    c->k = calloc((size_t)kv->n_layer, sizeof(uint8_t *));
+    c->v = calloc((size_t)kv->n_layer, sizeof(uint8_t *));
+    if (!c->k || !c->v) goto nomem;
+    for (int l = 0; l < kv->n_layer; l++) {
+        c->k[l] = calloc((size_t)kv->n_ctx, kv->row_bytes);
+        c->v[l] = calloc((size_t)kv->n_ctx, kv->row_bytes);
+        if (!c->k[l] || !c->v[l]) goto nomem;
+    }
+    /* does the backend attend on q8_0 K/V? (the kernels may add it; the fallback is exact) */
+    float q[1] = {0}, o[1];
+    rk_op_args at = attn_args(kv, q, 1, 0, o);
+    at.src1 = (rk_view){RK_DT_Q8_0, {kv->kv_dim, 1, 1, 1}, kv->row_bytes, c->k[0]};
+    at.src2 = (rk_view){RK_DT_Q8_0, {kv->kv_dim, 1, 1, 1}, kv->row_bytes, c->v[0]};
+    const rk_backend_ops *bo = kv->be->ops;
+    c->direct = bo->op[RK_OP_ATTN] && (!bo->supports || bo->supports(kv->be, &at));
+    return RK_OK;
+nomem:
+    return rk_err_set(err, RK_E_NOMEM, "kv: cannot allocate the q8 cache for n_ctx %lld", (long long)kv->n_ctx);
+}

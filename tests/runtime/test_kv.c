@@ -1,0 +1,698 @@
+/* The KV-cache interface (runtime/kv): every policy (f16, f32, q8, lowram) behind one ops
+ * table. Plain caches against llama.cpp's goldens; q8's block layout, bytes and its error
+ * bound from the int8 rounding; truncate / reset against fresh sessions; export -> import
+ * round trips; refused blocks leave the session unchanged; RoPE undone by kv_rows; splice
+ * and compare through the interface. Tiny trained models from ../shared (skip without). */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lowram_impl.h"
+#include "session_impl.h"
+#include "tb.h"
+
+static const char *const STORIES = "models/stories260K/stories260K-f32.gguf";
+
+static rk_model *load(const char *rel) {
+    char p[1024];
+    if (!tb_shared_path(p, sizeof p, rel)) cr_skip_test("%s", p);
+    rk_err e = {0};
+    rk_model *m = NULL;
+    cr_assert_eq(rk_model_load(p, &m, &e), RK_OK, "%s", e.msg);
+    return m;
+}
+
+static int32_t *story_ids(const rk_model *m, size_t want) {
+    char p[1024];
+    if (!tb_shared_path(p, sizeof p, "golden/perplexity/tinystories_sample_clean.txt")) cr_skip_test("%s", p);
+    size_t len, n;
+    char *txt = tb_read_file(p, &len);
+    cr_assert(txt);
+    rk_err e = {0};
+    int32_t *ids;
+    cr_assert_eq(rk_model_tokenize(m, txt, len, true, false, &ids, &n, &e), RK_OK, "%s", e.msg);
+    free(txt);
+    cr_assert(n >= want, "only %zu tokens", n);
+    return ids;
+}
+
+/* A session of policy `kind` ("f16", "f32", "q8", "lowram:..."), 512 rows, chunks of n_batch. */
+static rk_session *mk(const rk_model *m, const char *kind, int n_batch) {
+    rk_session_params sp = rk_session_params_default();
+    sp.n_ctx = 512;
+    sp.n_threads = 2;
+    sp.n_batch = n_batch;
+    rk_err e = {0};
+    cr_assert_eq(rk_kv_params_parse(kind, &sp.kv, &e), RK_OK, "%s", e.msg);
+    rk_session *s = NULL;
+    cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s: %s", kind, e.msg);
+    return s;
+}
+
+/* Prefill n_prompt ids (one call), then n_dec teacher-forced steps: (n_dec + 1) logit rows. */
+static float *trace(rk_session *s, const int32_t *ids, int n_prompt, int n_dec, int nv) {
+    float *lg = malloc((size_t)(n_dec + 1) * nv * sizeof(float));
+    rk_err e = {0};
+    if (n_prompt > 0) cr_assert_eq(rk_session_eval(s, ids, (size_t)n_prompt, lg, false, &e), RK_OK, "%s", e.msg);
+    for (int i = 0; i < n_dec; i++)
+        cr_assert_eq(rk_session_eval(s, &ids[n_prompt + i], 1, lg + (size_t)(i + 1) * nv, false, &e), RK_OK, "%s",
+                     e.msg);
+    return lg;
+}
+
+static double max_abs_diff(const float *a, const float *b, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - b[i]));
+    return m;
+}
+
+static bool same_bits(const float *a, const float *b, size_t n) { return !memcmp(a, b, n * sizeof(float)); }
+
+/* Mean KL(p_ref || p) over rows. */
+static double mean_kl(const float *ref, const float *lg, int rows, int nv) {
+    double tot = 0;
+    for (int r = 0; r < rows; r++) {
+        const float *a = ref + (size_t)r * nv, *b = lg + (size_t)r * nv;
+        double ma = -INFINITY, mb = -INFINITY, sa = 0, sb = 0, kl = 0;
+        for (int v = 0; v < nv; v++) ma = fmax(ma, a[v]), mb = fmax(mb, b[v]);
+        for (int v = 0; v < nv; v++) sa += exp(a[v] - ma), sb += exp(b[v] - mb);
+        for (int v = 0; v < nv; v++) {
+            double la = a[v] - ma - log(sa), lb = b[v] - mb - log(sb);
+            kl += exp(la) * (la - lb);
+        }
+        tot += kl;
+    }
+    return tot / rows;
+}
+
+static rk_kv_codec *codec(const rk_session *s) {
+    cr_assert_eq(s->kv->kind, RK_KV_LOWRAM);
+    return s->kv->impl;
+}
+
+/* The policies every generic test runs; LowRAM scaled to the tiny model (fits at 132 rows). */
+static const char *const POLICIES[] = {"f16", "f32", "q8", "lowram:window=64,chunk=16,budget=96"};
+enum { N_POLICIES = 4 };
+
+/* ---- plain caches ------------------------------------------------------------------- */
+
+static int32_t *read_ids(const char *path, size_t *n) {
+    size_t len;
+    char *txt = tb_read_file(path, &len);
+    cr_assert(txt);
+    int32_t *ids = malloc((len / 2 + 1) * sizeof *ids);
+    size_t k = 0;
+    for (char *p = txt, *end; *p; p = end) {
+        long v = strtol(p, &end, 10);
+        if (end == p) break;
+        ids[k++] = (int32_t)v;
+    }
+    free(txt);
+    *n = k;
+    return ids;
+}
+
+/* f32 and f16 caches through the interface against llama.cpp's logits of story_long (every
+ * row): f32 within tier A (1e-3 max, 1e-4 mean), f16 within tier B (0.15 / 0.01), the tiers
+ * of golden/README.md §5 that test_golden uses for the same caches. */
+Test(kv, plain_caches_match_llama_cpp) {
+    rk_model *m = load(STORIES);
+    char ip[1024], lp[1024];
+    if (!tb_shared_path(ip, sizeof ip, "golden/logits/stories260K/story_long.ids.txt") ||
+        !tb_shared_path(lp, sizeof lp, "golden/logits/stories260K/story_long.logits.f32"))
+        cr_skip_test("%s", ip);
+    size_t n, n_ref;
+    int32_t *ids = read_ids(ip, &n);
+    float *ref = tb_read_f32(lp, &n_ref);
+    const int nv = rk_model_hparams(m)->n_vocab;
+    cr_assert_eq(n_ref, n * (size_t)nv);
+    const struct {
+        const char *kind;
+        double max_abs, mean_abs;
+    } cases[] = {{"f32", 1e-3, 1e-4}, {"f16", 0.15, 0.01}};
+    float *lg = malloc(n_ref * sizeof(float));
+    for (int c = 0; c < 2; c++) {
+        rk_session *s = mk(m, cases[c].kind, 512);
+        rk_err e = {0};
+        cr_assert_eq(rk_session_eval(s, ids, n, lg, true, &e), RK_OK, "%s", e.msg);
+        double mx = 0, sum = 0;
+        for (size_t i = 0; i < n_ref; i++) {
+            const double d = fabs((double)lg[i] - ref[i]);
+            mx = isnan(d) ? INFINITY : fmax(mx, d), sum += d;
+        }
+        cr_expect_leq(mx, cases[c].max_abs, "%s: max |dlogit| %g", cases[c].kind, mx);
+        cr_expect_leq(sum / n_ref, cases[c].mean_abs, "%s: mean |dlogit| %g", cases[c].kind, sum / n_ref);
+        cr_expect_eq(rk_session_kv_bytes_per_token(s), 2ull * 5 * 32 * (c ? 2 : 4));
+        rk_session_destroy(s);
+    }
+    free(lg), free(ref), free(ids);
+    rk_model_destroy(m);
+}
+
+/* ---- q8 --------------------------------------------------------------------------------- */
+
+/* Blocks are llama.cpp's block_q8_0: the kernels' own Q8_0 decoder (written for weights)
+ * reads them identically; d = f16(max|x| / 127), q = round(x / d); every value is within
+ * d/2 (rounding) + 127 |d - d16| <= d/2 + 127 d 2^-11 (the f16 scale) of x. */
+Test(kv, q8_blocks_are_llama_cpp_q8_0) {
+    const int n = 32 * 64;
+    uint64_t rng = 21;
+    float *x = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float)), *z = malloc(n * sizeof(float));
+    uint8_t *q = malloc((size_t)n / 32 * 34);
+    for (int i = 0; i < n; i++) x[i] = tb_rand_normal(&rng) * (float)(1 + i / 32 % 7) * (i / 32 == 5 ? 0.0f : 1.0f);
+    x[64] = 127.0f, x[65] = -63.5f, x[66] = 0.49f; /* block 2: d = 1 exactly, -63.5 rounds away from zero */
+    for (int i = 67; i < 96; i++) x[i] = 0;
+    rk_q8_quantize(x, n, q);
+    rk_q8_dequantize(q, n, y);
+    rk_quant_ref(RK_DT_Q8_0)->to_f32(q, z, n);
+    cr_expect(same_bits(y, z, (size_t)n), "the kernels' q8_0 decoder reads the blocks differently");
+    const uint8_t *b2 = q + 2 * 34;
+    uint16_t d2;
+    memcpy(&d2, b2, 2);
+    cr_expect_eq(rk_f16_to_f32(d2), 1.0f);
+    cr_expect_eq((int8_t)b2[2], 127);
+    cr_expect_eq((int8_t)b2[3], -64);
+    cr_expect_eq((int8_t)b2[4], 0);
+    for (int b = 0; b < n / 32; b++) {
+        float amax = 0;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[b * 32 + j]));
+        const float d = amax / 127.0f;
+        for (int j = 0; j < 32; j++) {
+            const int i = b * 32 + j;
+            cr_expect_leq(fabsf(x[i] - y[i]), d / 2 + 127 * d * 0x1p-11f + 1e-7f, "block %d value %d: %g vs %g", b, j,
+                          (double)x[i], (double)y[i]);
+        }
+    }
+    free(x), free(y), free(z), free(q);
+}
+
+/* A test policy: the f32 cache's own ops, except that appended rows pass through q8_0
+ * first (quantise, dequantise). q8 must attend exactly like that. */
+static const rk_kv_ops *g_inner;
+static rk_kv_ops g_rounded;
+
+static rk_status rounded_append(rk_kv *kv, int l, int64_t pos0, const float *k, const float *v, int64_t n, rk_err *err) {
+    const int64_t m = n * kv->kv_dim;
+    float *t = malloc(2 * (size_t)m * sizeof(float));
+    uint8_t *q = malloc((size_t)m / 32 * 34);
+    rk_q8_quantize(k, m, q), rk_q8_dequantize(q, m, t);
+    rk_q8_quantize(v, m, q), rk_q8_dequantize(q, m, t + m);
+    rk_status st = g_inner->append(kv, l, pos0, t, t + m, n, err);
+    free(t), free(q);
+    return st;
+}
+
+static void install_rounded(rk_session *s) {
+    cr_assert_eq(s->kv->kind, RK_KV_F32);
+    g_inner = s->kv->ops;
+    g_rounded = *g_inner;
+    g_rounded.append = rounded_append;
+    s->kv->ops = &g_rounded;
+}
+
+/* q8 = f32 attention over the q8_0-rounded rows, bit for bit (the fallback dequantises
+ * into f32 and runs the same ATTN); a backend that attends on q8_0 itself accumulates in
+ * another order: then within 1e-4 of the logits' scale. Bytes: 34 per 32 values, K and V,
+ * every layer, as the layout says; 34/64 of f16. */
+Test(kv, q8_attends_like_f32_over_its_rows) {
+    rk_model *m = load(STORIES);
+    const rk_hparams *hp = rk_model_hparams(m);
+    const int nv = hp->n_vocab, kvd = hp->n_head_kv * hp->head_dim;
+    int32_t *ids = story_ids(m, 340);
+    rk_session *q8 = mk(m, "q8", 100), *rf = mk(m, "f32", 100);
+    install_rounded(rf);
+    float *a = trace(q8, ids, 300, 40, nv), *b = trace(rf, ids, 300, 40, nv);
+    const bool direct = rk_kv_q8_direct(q8->kv);
+    if (direct) cr_expect_leq(max_abs_diff(a, b, (size_t)41 * nv), 1e-4 * 20, "direct q8 ATTN");
+    else cr_expect(same_bits(a, b, (size_t)41 * nv), "q8 differs from f32 attention over q8 rows by %g",
+                   max_abs_diff(a, b, (size_t)41 * nv));
+    const uint64_t per_tok = 2ull * hp->n_layer * (uint64_t)(kvd / 32) * 34;
+    cr_expect_eq(rk_session_kv_bytes_per_token(q8), per_tok);
+    rk_kv_bytes kb;
+    rk_session_kv_bytes(q8, &kb);
+    cr_expect_eq(kb.total, 340 * per_tok);
+    cr_expect_eq(kb.exact, kb.total);
+    cr_expect_eq(kb.total * 64, kb.f16_equiv * 34, "q8 is 34/64 of f16 (%llu vs %llu)", (unsigned long long)kb.total,
+                 (unsigned long long)kb.f16_equiv);
+    free(a), free(b), free(ids);
+    rk_session_destroy(q8), rk_session_destroy(rf);
+    rk_model_destroy(m);
+}
+
+/* RMS rounding error of q8_0 and of f16 over every K and V row a session holds. */
+static void rounding_rms(const rk_session *s, int n_rows, double *e_q8, double *e_16) {
+    const int kvd = s->kv->kv_dim;
+    float *x = malloc((size_t)kvd * sizeof(float)), *y = malloc((size_t)kvd * sizeof(float));
+    uint8_t *q = malloc((size_t)kvd / 32 * 34);
+    double s8 = 0, s16 = 0;
+    rk_err e = {0};
+    for (int l = 0; l < s->kv->n_layer; l++)
+        for (int v = 0; v < 2; v++)
+            for (int r = 0; r < n_rows; r++) {
+                cr_assert_eq(rk_session_kv_rows(s, l, v, false, r, 1, x, &e), RK_OK, "%s", e.msg);
+                rk_q8_quantize(x, kvd, q), rk_q8_dequantize(q, kvd, y);
+                for (int i = 0; i < kvd; i++) {
+                    s8 += ((double)x[i] - y[i]) * ((double)x[i] - y[i]);
+                    const double h = rk_f16_to_f32(rk_f32_to_f16(x[i]));
+                    s16 += (x[i] - h) * (x[i] - h);
+                }
+            }
+    *e_q8 = sqrt(s8), *e_16 = sqrt(s16);
+    free(x), free(y), free(q);
+}
+
+/* q8 vs f32, with the f16 cache as the yardstick: both are small perturbations of the same
+ * rows, so to first order the logit error grows with the rounding error. With ρ the ratio
+ * of RMS rounding errors (q8 / f16) measured on this prompt's own rows: max |Δlogit| within
+ * 3ρ of f16's, mean KL (second order) within 10ρ² of f16's; top-1 agreement >= 90%. A
+ * scrambled q8 (wrong scale, wrong block) is orders of magnitude outside these. */
+Test(kv, q8_logits_within_the_int8_rounding_of_f32) {
+    rk_model *m = load(STORIES);
+    const int nv = rk_model_hparams(m)->n_vocab, n_prompt = 300, n_dec = 40;
+    int32_t *ids = story_ids(m, n_prompt + n_dec);
+    rk_session *s32 = mk(m, "f32", 512), *s16 = mk(m, "f16", 512), *s8 = mk(m, "q8", 512);
+    float *a = trace(s32, ids, n_prompt, n_dec, nv), *b = trace(s16, ids, n_prompt, n_dec, nv);
+    float *c = trace(s8, ids, n_prompt, n_dec, nv);
+    double e8, e16;
+    rounding_rms(s32, n_prompt + n_dec, &e8, &e16);
+    const double rho = e8 / e16, d16 = max_abs_diff(a, b, (size_t)(n_dec + 1) * nv);
+    const double d8 = max_abs_diff(a, c, (size_t)(n_dec + 1) * nv);
+    const double kl16 = mean_kl(a, b, n_dec + 1, nv), kl8 = mean_kl(a, c, n_dec + 1, nv);
+    int agree = 0;
+    for (int r = 0; r <= n_dec; r++) {
+        int ta = 0, tc = 0;
+        for (int v = 1; v < nv; v++) {
+            if (a[(size_t)r * nv + v] > a[(size_t)r * nv + ta]) ta = v;
+            if (c[(size_t)r * nv + v] > c[(size_t)r * nv + tc]) tc = v;
+        }
+        agree += ta == tc;
+    }
+    cr_log_info("rho %.1f; max |dlogit| f16 %.3g q8 %.3g (%.1f rho); KL f16 %.3g q8 %.3g; top-1 %d/%d", rho, d16, d8,
+                d8 / (d16 * rho), kl16, kl8, agree, n_dec + 1);
+    cr_expect_gt(rho, 4.0, "int8 rounds coarser than f16 (rho %g)", rho);
+    cr_expect_leq(d8, 3 * rho * d16, "q8 max |dlogit| %g, f16 %g, rho %g", d8, d16, rho);
+    cr_expect_leq(kl8, 10 * rho * rho * kl16, "q8 KL %g, f16 %g, rho %g", kl8, kl16, rho);
+    cr_expect_geq(agree * 10, (n_dec + 1) * 9, "top-1 agreement %d of %d", agree, n_dec + 1);
+    free(a), free(b), free(c), free(ids);
+    rk_session_destroy(s32), rk_session_destroy(s16), rk_session_destroy(s8);
+    rk_model_destroy(m);
+}
+
+/* ---- truncate, reset ---------------------------------------------------------------------- */
+
+/* Truncate then re-eval equals a fresh session fed the same calls, bit for bit (chunks of 100
+ * so both see the same chunk boundaries). Plain and q8: cut at 200 of 300. LowRAM: a cut at
+ * or below the sinks drops the fit (a fresh start), and the first re-evaluated rows and the
+ * refit at the end of the re-eval match the fresh session's; a cut inside the exact window of a
+ * fitted codec, with no block compressed between the cut and the end, replays the same
+ * decode steps exactly. */
+Test(kv, truncate_then_reeval_equals_fresh) {
+    rk_model *m = load(STORIES);
+    const int nv = rk_model_hparams(m)->n_vocab;
+    int32_t *ids = story_ids(m, 340);
+    rk_err e = {0};
+    for (int pi = 0; pi < N_POLICIES; pi++) {
+        const bool lowram = pi == 3;
+        const int cut = lowram ? 100 : 200;
+        /* LowRAM with 100 sinks, so that a cut at a chunk boundary (rows computed alike in
+         * both sessions) drops the fit; without the mass weighting: a truncation restarts
+         * the ring of observed queries, whose slots (hence the order of the mass sums) would
+         * not line up with a fresh session that saw rows [0, cut) before */
+        const char *pol = lowram ? "lowram:window=64,chunk=16,budget=96,nomass,sinks=100" : POLICIES[pi];
+        rk_session *s = mk(m, pol, 100), *f = mk(m, pol, 100);
+        float *a = trace(s, ids, 300, 0, nv);
+        free(a);
+        cr_assert_eq(rk_session_truncate(s, cut, &e), RK_OK, "%s", e.msg);
+        cr_expect_eq(rk_session_n_past(s), cut);
+        float *x = trace(s, ids + cut, 300 - cut, 0, nv);
+        float *lf = malloc((size_t)nv * sizeof(float));
+        cr_assert_eq(rk_session_eval(f, ids, (size_t)cut, lf, false, &e), RK_OK, "%s", e.msg);
+        float *y = trace(f, ids + cut, 300 - cut, 0, nv);
+        cr_expect(same_bits(x, y, (size_t)nv), "%s: re-eval after truncate differs from fresh by %g", POLICIES[pi],
+                  max_abs_diff(x, y, (size_t)nv));
+        cr_expect(!memcmp(rk_session_tokens(s), rk_session_tokens(f), 300 * sizeof(int32_t)), "%s: token history",
+                  POLICIES[pi]);
+        rk_kv_bytes ks, kf;
+        rk_session_kv_bytes(s, &ks), rk_session_kv_bytes(f, &kf);
+        cr_expect_eq(ks.total, kf.total, "%s: bytes %llu vs %llu", POLICIES[pi], (unsigned long long)ks.total,
+                     (unsigned long long)kf.total);
+        free(x), free(y), free(lf);
+        rk_session_destroy(s), rk_session_destroy(f);
+    }
+    /* LowRAM, a cut inside the window: window 64, chunk 16, fitted at 300 (compressed
+     * [4, 236)); decode to 340 compresses [236, 252) at 316 and [252, 268) at 332; a cut at
+     * 335 keeps every stored row and the 5 steps after it repeat exactly */
+    rk_session *s = mk(m, POLICIES[3], 100);
+    float *a = trace(s, ids, 300, 40, nv);
+    rk_kv_bytes k0, k1;
+    rk_session_kv_bytes(s, &k0);
+    cr_assert_eq(codec(s)->comp_end, 268);
+    cr_assert_eq(rk_session_truncate(s, 335, &e), RK_OK, "%s", e.msg);
+    float *lg = malloc((size_t)nv * sizeof(float));
+    for (int i = 335; i < 340; i++) {
+        cr_assert_eq(rk_session_eval(s, &ids[i], 1, lg, false, &e), RK_OK, "%s", e.msg);
+        cr_expect(same_bits(lg, a + (size_t)(i - 299) * nv, (size_t)nv), "lowram replay step %d differs by %g", i,
+                  max_abs_diff(lg, a + (size_t)(i - 299) * nv, (size_t)nv));
+    }
+    rk_session_kv_bytes(s, &k1);
+    cr_expect_eq(k1.n_compressed_rows, k0.n_compressed_rows);
+    cr_expect_eq(k1.total, k0.total);
+    free(a), free(lg), free(ids);
+    rk_session_destroy(s);
+    rk_model_destroy(m);
+}
+
+/* After a reset every policy starts over: no bytes, and the same logits as a fresh session. */
+Test(kv, reset_equals_fresh) {
+    rk_model *m = load(STORIES);
+    const int nv = rk_model_hparams(m)->n_vocab;
+    int32_t *ids = story_ids(m, 340);
+    for (int pi = 0; pi < N_POLICIES; pi++) {
+        rk_session *s = mk(m, POLICIES[pi], 100), *f = mk(m, POLICIES[pi], 100);
+        free(trace(s, ids + 20, 300, 10, nv));
+        rk_session_reset(s);
+        rk_kv_bytes kb;
+        rk_session_kv_bytes(s, &kb);
+        cr_expect_eq(rk_session_n_past(s), 0);
+        cr_expect_eq(kb.total, 0, "%s: %llu bytes after reset", POLICIES[pi], (unsigned long long)kb.total);
+        rk_lowram_stats ls;
+        rk_session_lowram_stats(s, &ls);
+        cr_expect(!ls.fitted);
+        float *x = trace(s, ids, 300, 20, nv), *y = trace(f, ids, 300, 20, nv);
+        cr_expect(same_bits(x, y, (size_t)21 * nv), "%s: after reset differs from fresh by %g", POLICIES[pi],
+                  max_abs_diff(x, y, (size_t)21 * nv));
+        free(x), free(y);
+        rk_session_destroy(s), rk_session_destroy(f);
+    }
+    free(ids);
+    rk_model_destroy(m);
+}
+
+/* ---- export / import ------------------------------------------------------------------------ */
+
+/* Rows [0, n) exported, imported into a fresh session, then the same decode steps on both:
+ * identical logits bit for bit, identical token history and byte counts. Plain and q8
+ * also as two blocks [0, 150) + [150, 300) appended one after the other; LowRAM exports
+ * its whole state only (fitted here: 300 rows, plus 20 decode steps that compressed a
+ * block) and refuses a partial range by name. */
+Test(kv, export_import_round_trip) {
+    rk_model *m = load(STORIES);
+    const int nv = rk_model_hparams(m)->n_vocab;
+    int32_t *ids = story_ids(m, 340);
+    rk_err e = {0};
+    for (int pi = 0; pi < N_POLICIES; pi++) {
+        const bool lowram = pi == 3;
+        const int n0 = lowram ? 320 : 300;
+        rk_session *s = mk(m, POLICIES[pi], 100), *t = mk(m, POLICIES[pi], 100);
+        free(trace(s, ids, 300, n0 - 300, nv));
+        void *blk = NULL;
+        size_t n = 0;
+        cr_assert_eq(rk_session_kv_export(s, 0, n0, &blk, &n, &e), RK_OK, "%s: %s", POLICIES[pi], e.msg);
+        cr_assert_eq(rk_session_kv_import(t, blk, n, &e), RK_OK, "%s: %s", POLICIES[pi], e.msg);
+        free(blk);
+        cr_expect_eq(rk_session_n_past(t), n0);
+        cr_expect(!memcmp(rk_session_tokens(t), ids, (size_t)n0 * sizeof(int32_t)), "%s: token ids", POLICIES[pi]);
+        rk_kv_bytes ks, kt;
+        rk_session_kv_bytes(s, &ks), rk_session_kv_bytes(t, &kt);
+        cr_expect_eq(ks.total, kt.total, "%s: bytes %llu vs %llu", POLICIES[pi], (unsigned long long)ks.total,
+                     (unsigned long long)kt.total);
+        cr_expect_eq(ks.n_compressed_rows, kt.n_compressed_rows);
+        float *x = trace(s, ids + n0, 0, 20, nv), *y = trace(t, ids + n0, 0, 20, nv);
+        cr_expect(same_bits(x + nv, y + nv, (size_t)20 * nv), "%s: decode after import differs by %g", POLICIES[pi],
+                  max_abs_diff(x + nv, y + nv, (size_t)20 * nv));
+        free(x), free(y);
+        if (lowram) {
+            rk_lowram_stats ls, lt;
+            rk_session_lowram_stats(s, &ls), rk_session_lowram_stats(t, &lt);
+            cr_expect(ls.fitted && lt.fitted && ls.rank_max == lt.rank_max && ls.n_resid_rows == lt.n_resid_rows);
+            rk_status st = rk_session_kv_export(s, 0, 100, &blk, &n, &e);
+            cr_expect_eq(st, RK_E_UNSUPPORTED, "%s", rk_status_name(st));
+            cr_expect(strstr(e.msg, "whole state"), "%s", e.msg);
+        } else {
+            /* two blocks appended in order */
+            rk_session *u = mk(m, POLICIES[pi], 100);
+            void *b1, *b2;
+            size_t n1, n2;
+            cr_assert_eq(rk_session_kv_export(s, 0, 150, &b1, &n1, &e), RK_OK, "%s", e.msg);
+            cr_assert_eq(rk_session_kv_export(s, 150, 300, &b2, &n2, &e), RK_OK, "%s", e.msg);
+            rk_status st = rk_session_kv_import(u, b2, n2, &e); /* out of order: refused */
+            cr_expect_eq(st, RK_E_INVALID_ARG, "%s", rk_status_name(st));
+            cr_assert_eq(rk_session_kv_import(u, b1, n1, &e), RK_OK, "%s", e.msg);
+            cr_assert_eq(rk_session_kv_import(u, b2, n2, &e), RK_OK, "%s", e.msg);
+            cr_expect_eq(rk_session_n_past(u), 300);
+            rk_session_truncate(s, 300, &e);
+            x = trace(s, ids + 300, 0, 10, nv), y = trace(u, ids + 300, 0, 10, nv);
+            cr_expect(same_bits(x + nv, y + nv, (size_t)10 * nv), "%s: decode after two imports differs by %g",
+                      POLICIES[pi], max_abs_diff(x + nv, y + nv, (size_t)10 * nv));
+            free(x), free(y), free(b1), free(b2);
+            rk_session_destroy(u);
+        }
+        rk_session_destroy(s), rk_session_destroy(t);
+    }
+    free(ids);
+    rk_model_destroy(m);
+}
+
+/* FNV-1a over 64-bit words with the checksum field (bytes 16..23) as zero: kv_block.c's. */
+static void reseal(uint8_t *b, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i + 8 <= n; i += 8) {
+        uint64_t w = 0;
+        if (i != 16) memcpy(&w, b + i, 8);
+        h = (h ^ w) * 0x100000001b3ull;
+    }
+    for (size_t i = n / 8 * 8; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    memcpy(b + 16, &h, 8);
+}
+
+typedef struct refusal {
+    const char *what;
+    const void *blk;
+    size_t n;
+    rk_status want;
+    const char *msg;
+} refusal;
+
+/* Each refusal gives its status and names the cause, and the session is untouched: its
+ * rows, tokens and bytes, and the next decode steps match a twin that saw no refusal. */
+static void expect_refused(const rk_model *m, const char *policy, const refusal *r, int n_r, const int32_t *ids,
+                           int n_have) {
+    const int nv = rk_model_hparams(m)->n_vocab;
+    rk_session *s = mk(m, policy, 100), *twin = mk(m, policy, 100);
+    free(trace(s, ids, n_have, 0, nv)), free(trace(twin, ids, n_have, 0, nv));
+    rk_kv_bytes k0;
+    rk_session_kv_bytes(s, &k0);
+    for (int i = 0; i < n_r; i++) {
+        rk_err e = {0};
+        rk_status st = rk_session_kv_import(s, r[i].blk, r[i].n, &e);
+        cr_expect_eq(st, r[i].want, "%s / %s: %s (%s)", policy, r[i].what, rk_status_name(st), e.msg);
+        cr_expect(strstr(e.msg, r[i].msg), "%s / %s: message '%s' lacks '%s'", policy, r[i].what, e.msg, r[i].msg);
+        cr_expect_eq(rk_session_n_past(s), n_have, "%s / %s: n_past moved", policy, r[i].what);
+    }
+    rk_kv_bytes k1;
+    rk_session_kv_bytes(s, &k1);
+    cr_expect_eq(k1.total, k0.total);
+    cr_expect(!memcmp(rk_session_tokens(s), ids, (size_t)n_have * sizeof(int32_t)));
+    float *x = trace(s, ids + n_have, 0, 8, nv), *y = trace(twin, ids + n_have, 0, 8, nv);
+    cr_expect(same_bits(x + nv, y + nv, (size_t)8 * nv), "%s: the session changed after refusals (%g)", policy,
+              max_abs_diff(x + nv, y + nv, (size_t)8 * nv));
+    free(x), free(y);
+    rk_session_destroy(s), rk_session_destroy(twin);
+}
+
+Test(kv, bad_blocks_are_refused_and_leave_the_session_unchanged) {
+    rk_model *m = load(STORIES), *other = load("models/aidreams260K/aidreams260K-f32.gguf");
+    const int nv = rk_model_hparams(m)->n_vocab;
+    int32_t *ids = story_ids(m, 340);
+    rk_err e = {0};
+    for (int pi = 0; pi < N_POLICIES; pi++) {
+        const bool lowram = pi == 3;
+        /* a block of 200 rows from an empty start, offered to a session at 0 (lowram) or at
+         * 0 as well for the others: everything but the defect would be accepted */
+        rk_session *src = mk(m, POLICIES[pi], 100);
+        free(trace(src, ids, 200, 0, nv));
+        uint8_t *blk;
+        size_t n;
+        cr_assert_eq(rk_session_kv_export(src, 0, 200, (void **)&blk, &n, &e), RK_OK, "%s", e.msg);
+        uint8_t *flip = malloc(n), *magic = malloc(n), *vers = malloc(n), *lie = malloc(n);
+        memcpy(flip, blk, n), memcpy(magic, blk, n), memcpy(vers, blk, n), memcpy(lie, blk, n);
+        flip[n - 7] ^= 0x10; /* a payload byte */
+        magic[0] = 'X';
+        vers[4] = 9;
+        /* a correct checksum over a payload that lies: q8 / plain lose their last byte count
+         * (payload size field grows, the block is then short); lowram claims rank 0 */
+        size_t n_lie = n;
+        if (lowram) {
+            /* the payload starts after the header, its parameters and 200 token ids: fitted
+             * u32, 4 x u64, then group 0's rank */
+            uint32_t hb;
+            memcpy(&hb, lie + 8, 4);
+            const size_t pay = hb + 200 * 4;
+            uint32_t fitted;
+            memcpy(&fitted, lie + pay, 4);
+            cr_assert_eq(fitted, 1, "the 200-row lowram state should be fitted");
+            memset(lie + pay + 4 + 32, 0, 4);
+        } else {
+            n_lie = n - 34 * 2; /* drop payload bytes and fix the size field */
+            uint64_t pb;
+            memcpy(&pb, lie + 116, 8);
+            pb -= 34 * 2;
+            memcpy(lie + 116, &pb, 8);
+        }
+        reseal(lie, n_lie);
+        /* another model's block, another policy's block */
+        rk_session *os = NULL;
+        rk_session_params sp = rk_session_params_default();
+        sp.n_ctx = 128;
+        cr_assert_eq(rk_kv_params_parse(POLICIES[pi], &sp.kv, &e), RK_OK);
+        cr_assert_eq(rk_session_create(other, &sp, &os, &e), RK_OK, "%s", e.msg);
+        free(trace(os, ids, lowram ? 0 : 20, 0, rk_model_hparams(other)->n_vocab));
+        void *ob, *pb_;
+        size_t on, pn;
+        cr_assert_eq(rk_session_kv_export(os, 0, rk_session_n_past(os), &ob, &on, &e), RK_OK, "%s", e.msg);
+        rk_session *ps = mk(m, POLICIES[(pi + 1) % N_POLICIES], 100);
+        free(trace(ps, ids, 10, 0, nv));
+        cr_assert_eq(rk_session_kv_export(ps, 0, 10, &pb_, &pn, &e), RK_OK, "%s", e.msg);
+        const refusal r[] = {
+            {"truncated by one byte", blk, n - 1, RK_E_FORMAT, "truncated"},
+            {"header only", blk, 100, RK_E_FORMAT, "truncated"},
+            {"empty", blk, 0, RK_E_FORMAT, "truncated"},
+            {"a flipped payload byte", flip, n, RK_E_FORMAT, "checksum"},
+            {"bad magic", magic, n, RK_E_FORMAT, "magic"},
+            {"another version", vers, n, RK_E_FORMAT, "version"},
+            {"a lying payload", lie, n_lie, RK_E_FORMAT, lowram ? "rank" : "payload"},
+            {"another model", ob, on, RK_E_MISMATCH, "another model"},
+            {"another policy", pb_, pn, RK_E_MISMATCH, "policy"},
+        };
+        expect_refused(m, POLICIES[pi], r, (int)(sizeof r / sizeof r[0]), ids, 0);
+        /* a session that already holds rows refuses a block that starts at 0 */
+        const refusal late[] = {{"rows in the wrong place", blk, n, lowram ? RK_E_INVALID_ARG : RK_E_INVALID_ARG,
+                                 "starts at row 0"}};
+        expect_refused(m, POLICIES[pi], late, 1, ids, 40);
+        free(blk), free(flip), free(magic), free(vers), free(lie), free(ob), free(pb_);
+        rk_session_destroy(src), rk_session_destroy(os), rk_session_destroy(ps);
+    }
+    /* LowRAM with other parameters: refused by the parameter's name */
+    rk_session *a = mk(m, "lowram:window=64,chunk=16", 100), *b = mk(m, "lowram:window=64,chunk=8", 100);
+    free(trace(a, ids, 200, 0, nv));
+    void *blk;
+    size_t n;
+    cr_assert_eq(rk_session_kv_export(a, 0, 200, &blk, &n, &e), RK_OK, "%s", e.msg);
+    rk_status st = rk_session_kv_import(b, blk, n, &e);
+    cr_expect_eq(st, RK_E_MISMATCH, "%s", rk_status_name(st));
+    cr_expect(strstr(e.msg, "chunk"), "%s", e.msg);
+    cr_expect_eq(rk_session_n_past(b), 0);
+    free(blk), free(ids);
+    rk_session_destroy(a), rk_session_destroy(b);
+    rk_model_destroy(m), rk_model_destroy(other);
+}
+
+/* ---- rows as attention sees them ------------------------------------------------------------ */
+
+typedef struct tap_keys {
+    const rk_model *m;
+    int layer;
+    double *k;   /* (n, kv_dim) K projection of the tapped layer input (no RoPE) */
+    int64_t n;
+} tap_keys;
+
+/* k = rmsnorm(x) * attn_norm * Wkᵀ, in double, from the layer input the session taps */
+static void tap(void *ud, int layer, const float *x, int64_t n, int64_t pos0) {
+    tap_keys *t = ud;
+    if (layer != t->layer) return;
+    const rk_hparams *hp = rk_model_hparams(t->m);
+    const rk_layer *L = &t->m->layers[layer];
+    const int d = hp->n_embd, kvd = hp->n_head_kv * hp->head_dim;
+    cr_assert_eq(L->wk.type, RK_DT_F32);
+    cr_assert_null(L->bk.data);
+    const float *g = L->attn_norm.data;
+    for (int64_t i = 0; i < n; i++) {
+        double ss = 0;
+        for (int j = 0; j < d; j++) ss += (double)x[i * d + j] * x[i * d + j];
+        const double inv = 1.0 / sqrt(ss / d + hp->rms_eps);
+        for (int o = 0; o < kvd; o++) {
+            const float *w = (const float *)((const uint8_t *)L->wk.data + (size_t)o * L->wk.nb1);
+            double acc = 0;
+            for (int j = 0; j < d; j++) acc += x[i * d + j] * inv * g[j] * w[j];
+            t->k[(pos0 + i) * kvd + o] = acc;
+        }
+    }
+    if (pos0 + n > t->n) t->n = pos0 + n;
+}
+
+/* rk_session_kv_rows with pre_rope gives the K projection output: f32 to fp32 rounding of
+ * the projection and the rotation there and back (1e-4 of the largest key); q8 within its
+ * block rounding (d/2 + the f16 scale, with d <= max|k| / 127, as in the layout test);
+ * LowRAM lossless (full rank, f32 coefficients) to fp32 rounding, compressed rows included. */
+Test(kv, kv_rows_undo_rope_to_the_k_projection) {
+    rk_model *m = load(STORIES);
+    const rk_hparams *hp = rk_model_hparams(m);
+    const int kvd = hp->n_head_kv * hp->head_dim, n_rows = 300, layer = 3;
+    int32_t *ids = story_ids(m, n_rows);
+    const char *pol[] = {"f32", "q8", "lowram:rank=100000,coef=f32,resid=1,rtype=f16,exact=f32,window=64,chunk=16"};
+    for (int pi = 0; pi < 3; pi++) {
+        rk_session *s = mk(m, pol[pi], 100);
+        tap_keys t = {m, layer, calloc((size_t)n_rows * kvd, sizeof(double)), 0};
+        rk_session_set_tap(s, tap, &t);
+        free(trace(s, ids, n_rows, 0, hp->n_vocab));
+        cr_assert_eq(t.n, n_rows);
+        float *k = malloc((size_t)n_rows * kvd * sizeof(float));
+        rk_err e = {0};
+        cr_assert_eq(rk_session_kv_rows(s, layer, false, true, 0, n_rows, k, &e), RK_OK, "%s: %s", pol[pi], e.msg);
+        double kmax = 0, dmax = 0;
+        for (int i = 0; i < n_rows * kvd; i++) kmax = fmax(kmax, fabs(t.k[i])), dmax = fmax(dmax, fabs(k[i] - t.k[i]));
+        /* q8 rounds post-RoPE rows: an element there is at most sqrt(2) max|k| (a rotated pair),
+         * and undoing the rotation mixes two rounding errors: twice the block bound */
+        const double tol = pi == 1 ? 2 * kmax / 127 * (0.5 + 127 * 0x1p-11) + 1e-4 * kmax : 1e-4 * kmax;
+        cr_expect_leq(dmax, tol, "%s: pre-RoPE keys off by %g (largest key %g)", pol[pi], dmax, kmax);
+        if (pi == 2) {
+            rk_kv_bytes kb;
+            rk_session_kv_bytes(s, &kb);
+            cr_expect_gt(kb.n_compressed_rows, 200, "the rows read should be mostly compressed");
+        }
+        free(k), free(t.k);
+        rk_session_destroy(s);
+    }
+    free(ids);
+    rk_model_destroy(m);
+}
+
+/* ---- splice and compare through the interface --------------------------------------------- */
+
+/* Identity fill (split 2, tail 50) writes filled K/V in layers 3..4 of the bulk rows; a
+ * splice from an exact session of the same tokens replaces them before the tail reads
+ * them: afterwards rows [0, bulk_end) of every layer equal the exact session's (compare
+ * gives 0), while without the splice the late layers differ. f16 and q8. */
+Test(kv, splice_and_compare_through_the_interface) {
+    rk_model *m = load(STORIES);
+    const int nv = rk_model_hparams(m)->n_vocab, n = 200, bulk_end = 150;
+    int32_t *ids = story_ids(m, n);
+    const char *pol[] = {"f16", "q8"};
+    for (int pi = 0; pi < 2; pi++) {
+        rk_session *ex = mk(m, pol[pi], 50), *sp = mk(m, pol[pi], 50), *fl = mk(m, pol[pi], 50);
+        rk_fill_params fp = {.mode = RK_FILL_IDENTITY, .tail = n - bulk_end, .split = 2};
+        rk_err e = {0};
+        cr_assert_eq(rk_session_set_fill(sp, &fp, &e), RK_OK, "%s", e.msg);
+        cr_assert_eq(rk_session_set_fill(fl, &fp, &e), RK_OK, "%s", e.msg);
+        free(trace(ex, ids, n, 0, nv));
+        cr_assert_eq(rk_session_set_splice(sp, ex, 2, 5, true, true, &e), RK_OK, "%s", e.msg);
+        free(trace(sp, ids, n, 0, nv)), free(trace(fl, ids, n, 0, nv));
+        for (int l = 0; l < 5; l++)
+            for (int v = 0; v < 2; v++) {
+                rk_kv_error a, b;
+                cr_assert_eq(rk_session_kv_compare(sp, ex, l, 0, bulk_end, v, &a, &e), RK_OK, "%s", e.msg);
+                cr_assert_eq(rk_session_kv_compare(fl, ex, l, 0, bulk_end, v, &b, &e), RK_OK, "%s", e.msg);
+                cr_expect_eq(a.total, 0.0, "%s layer %d %s: spliced rows differ (%g)", pol[pi], l, v ? "V" : "K", a.total);
+                cr_expect_gt(a.ref_energy, 0.0);
+                /* layer 2 = the split: identity fill feeds it x_S, its exact input */
+                if (l <= 2) cr_expect_eq(b.total, 0.0, "%s layer %d: early layers are exact", pol[pi], l);
+                else cr_expect_gt(b.total, 1e-3 * b.ref_energy, "%s layer %d: filled rows should differ", pol[pi], l);
+                cr_expect(fabs(b.total - b.norm_part - b.dir_part) <= 1e-9 * fmax(1.0, b.total));
+            }
+        rk_session_destroy(ex), rk_session_destroy(sp), rk_session_destroy(fl);
+    }
+    free(ids);
+    rk_model_destroy(m);
+}
