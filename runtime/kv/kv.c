@@ -43,13 +43,22 @@ void rk_kv_destroy(rk_kv *kv) {
     free(kv);
 }
 
-rk_status rk_kv_pool_create(int n_threads, rk_pool **pool, int *n_out, rk_err *err) {
+rk_status rk_kv_pool_create(rk_backend *be, int n_threads, rk_pool **pool, bool *owned, int *n_out, rk_err *err) {
     *pool = NULL;
+    *owned = false;
     int n = n_threads > 0 ? n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (n < 1) n = 1;
+    /* one thread pool per process: the cpu backend's, when it has the threads asked for */
+    rk_pool *bp = be ? rk_backend_pool(be) : NULL;
+    if (bp && rk_pool_size(bp) == n) {
+        *pool = bp;
+        *n_out = n;
+        return RK_OK;
+    }
     if (n > 1) {
         rk_status st = rk_pool_create(n, pool, err);
         if (st) return st;
+        *owned = true;
         n = rk_pool_size(*pool);
     }
     *n_out = n;

@@ -117,7 +117,10 @@ void rk_kv_destroy(rk_kv *kv); /* accepts NULL and half-built caches */
 /* The one place the runtime creates a thread pool of its own (LowRAM's fit, compression
  * and multi-row attention); *pool stays NULL for one thread. *n_out: threads available.
  * To move onto the backend's pool once backends expose theirs, change only this. */
-rk_status rk_kv_pool_create(int n_threads, rk_pool **pool, int *n_out, rk_err *err);
+/* The codec's thread pool: the backend's own (borrowed, *owned false) when it has
+ * n_threads threads (0: all cores), else a pool of its own (*owned true), or none for one
+ * thread. Pool jobs never run backend ops (rk_pool_run does not nest). */
+rk_status rk_kv_pool_create(rk_backend *be, int n_threads, rk_pool **pool, bool *owned, int *n_out, rk_err *err);
 
 /* Undoes RoPE in place on key row x (n_head_kv heads) at position p: the kernels' angles
  * p * base^(-2i/n_rot), rotated back (double-precision angles). */

@@ -180,7 +180,7 @@ void lr_codec_free(rk_kv_codec *c) {
     free(c->g), free(c->ly), free(c->freq), free(c->rope), free(c->qsq), free(c->obs_q), free(c->obs_pos), free(c->obs_n);
     rk_gguf_destroy(c->pgguf);
     rk_mapping_close(&c->pmap);
-    rk_pool_destroy(c->pool);
+    if (c->own_pool) rk_pool_destroy(c->pool);
     free(c);
 }
 
@@ -535,6 +535,7 @@ static rk_status lowram_import(rk_kv *kv, int64_t row0, int64_t n_rows, const ui
     *c = *nc;
     *nc = t;
     c->pool = nc->pool, nc->pool = NULL;
+    c->own_pool = nc->own_pool, nc->own_pool = false;
     c->pmap = nc->pmap, nc->pmap = (rk_mapping){0};
     c->pgguf = nc->pgguf, nc->pgguf = NULL;
     c->prank = nc->prank;
@@ -577,5 +578,6 @@ rk_status rk_kv_lowram_init(rk_kv *kv, const rk_model *m, const rk_lowram_params
     kv->impl = c;
     kv->row_bytes = c->xrow;
     if (c->p.predictor[0] && (st = lr_pred_open(c, m, warning, warning_cap, err))) return st;
-    return rk_kv_pool_create(c->p.n_threads > 0 ? c->p.n_threads : n_threads, &c->pool, &c->n_threads, err);
+    return rk_kv_pool_create(kv->be, c->p.n_threads > 0 ? c->p.n_threads : n_threads, &c->pool, &c->own_pool,
+                             &c->n_threads, err);
 }

@@ -115,7 +115,8 @@ struct rk_kv_codec {
     rk_mapping pmap;
     rk_gguf *pgguf;
     int32_t prank;        /* basis rows in the file */
-    rk_pool *pool;
+    rk_pool *pool;        /* the backend's (own_pool false) or the codec's own */
+    bool own_pool;
     int n_threads;
     lr_scratch *scr;      /* (n_threads), built after the fit */
     lr_cwork *cw;         /* (n_threads), built after the fit */
