@@ -114,9 +114,6 @@ rk_status rk_kv_create(const rk_model *m, const rk_kv_params *p, int64_t n_ctx, 
                        char *warning, size_t warning_cap, rk_kv **out, rk_err *err);
 void rk_kv_destroy(rk_kv *kv); /* accepts NULL and half-built caches */
 
-/* The one place the runtime creates a thread pool of its own (LowRAM's fit, compression
- * and multi-row attention); *pool stays NULL for one thread. *n_out: threads available.
- * To move onto the backend's pool once backends expose theirs, change only this. */
 /* The codec's thread pool: the backend's own (borrowed, *owned false) when it has
  * n_threads threads (0: all cores), else a pool of its own (*owned true), or none for one
  * thread. Pool jobs never run backend ops (rk_pool_run does not nest). */
