@@ -189,3 +189,59 @@ double rk_kv_get_f64(rk_kv_rd *r) {
     memcpy(&v, &u, 8);
     return v;
 }
+
+/* ---- row caches ------------------------------------------------------------------------- */
+
+rk_status rk_kv_rows_commit(rk_kv *kv, int64_t n_past, rk_err *err) {
+    (void)err;
+    kv->n_past = n_past;
+    return RK_OK;
+}
+
+/* rows past n are overwritten by the next append before anything reads them */
+void rk_kv_rows_truncate(rk_kv *kv, int64_t n) {
+    if (n < kv->n_past) kv->n_past = n;
+}
+
+void rk_kv_rows_reset(rk_kv *kv) { kv->n_past = 0; }
+
+rk_op_args rk_kv_attn_args(const rk_kv *kv, const float *q, int64_t n_q, int64_t pos0, float *out) {
+    const int64_t qd = (int64_t)kv->n_head * kv->head_dim;
+    rk_op_args at = {.op = RK_OP_ATTN};
+    at.src0 = (rk_view){RK_DT_F32, {qd, n_q, 1, 1}, (size_t)qd * sizeof(float), (void *)q};
+    at.dst = (rk_view){RK_DT_F32, {qd, n_q, 1, 1}, (size_t)qd * sizeof(float), out};
+    at.attn.n_head = kv->n_head;
+    at.attn.n_head_kv = kv->n_head_kv;
+    at.attn.head_dim = kv->head_dim;
+    at.attn.scale = 1.0f / sqrtf((float)kv->head_dim);
+    at.attn.pos0 = pos0;
+    return at;
+}
+
+void rk_kv_rows_export(const rk_kv *kv, uint8_t *const *k, uint8_t *const *v, int64_t row0, int64_t row1,
+                       rk_kv_buf *out) {
+    const size_t off = (size_t)row0 * kv->row_bytes, len = (size_t)(row1 - row0) * kv->row_bytes;
+    for (int l = 0; l < kv->n_layer; l++) {
+        rk_kv_put(out, k[l] + off, len);
+        rk_kv_put(out, v[l] + off, len);
+    }
+}
+
+rk_status rk_kv_rows_import(rk_kv *kv, uint8_t *const *k, uint8_t *const *v, int64_t row0, int64_t n_rows,
+                            const uint8_t *p, size_t n, const char *what,
+                            rk_status (*check)(const uint8_t *p, size_t n, rk_err *err), rk_err *err) {
+    uint64_t want;
+    if (!rk_mul_u64((uint64_t)n_rows, kv->row_bytes, &want) || !rk_mul_u64(want, 2ull * (uint64_t)kv->n_layer, &want) ||
+        want != n)
+        return rk_err_set(err, RK_E_FORMAT, "kv: %s payload of %zu bytes for %lld rows (expected %llu)", what, n,
+                          (long long)n_rows, (unsigned long long)want);
+    rk_status st = check ? check(p, n, err) : RK_OK;
+    if (st) return st;
+    const size_t off = (size_t)row0 * kv->row_bytes, len = (size_t)n_rows * kv->row_bytes;
+    for (int l = 0; l < kv->n_layer; l++) {
+        memcpy(k[l] + off, p + (size_t)(2 * l) * len, len);
+        memcpy(v[l] + off, p + (size_t)(2 * l + 1) * len, len);
+    }
+    kv->n_past = row0 + n_rows;
+    return RK_OK;
+}

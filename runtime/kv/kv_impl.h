@@ -131,6 +131,22 @@ void rk_kv_bytes_base(const rk_kv *kv, rk_kv_bytes *out);
 rk_status rk_kv_check_rows(const rk_kv *kv, int layer, int64_t row0, int64_t n, int64_t held, rk_err *err);
 
 /* Policies: fill kv->ops, kv->impl, kv->row_bytes (kv's shape fields are set). */
+/* ---- shared by the row caches (plain, q8): K and V rows per layer, (n_ctx, row_bytes) ---- */
+/* commit / truncate / reset of a cache whose rows are simply overwritten */
+rk_status rk_kv_rows_commit(rk_kv *kv, int64_t n_past, rk_err *err);
+void rk_kv_rows_truncate(rk_kv *kv, int64_t n);
+void rk_kv_rows_reset(rk_kv *kv);
+/* ATTN args for q rows at pos0 (K/V views left for the caller). */
+rk_op_args rk_kv_attn_args(const rk_kv *kv, const float *q, int64_t n_q, int64_t pos0, float *out);
+/* Payload of rows [row0, row1): per layer its K rows then its V rows, as stored. */
+void rk_kv_rows_export(const rk_kv *kv, uint8_t *const *k, uint8_t *const *v, int64_t row0, int64_t row1,
+                       rk_kv_buf *out);
+/* The reverse at row0 after the size check (RK_E_FORMAT naming `what`); check (may be NULL)
+ * vets the payload first. Sets kv->n_past = row0 + n_rows. */
+rk_status rk_kv_rows_import(rk_kv *kv, uint8_t *const *k, uint8_t *const *v, int64_t row0, int64_t n_rows,
+                            const uint8_t *p, size_t n, const char *what,
+                            rk_status (*check)(const uint8_t *p, size_t n, rk_err *err), rk_err *err);
+
 rk_status rk_kv_plain_init(rk_kv *kv, uint32_t type, rk_err *err);
 rk_status rk_kv_q8_init(rk_kv *kv, rk_err *err);
 rk_status rk_kv_lowram_init(rk_kv *kv, const rk_model *m, const rk_lowram_params *p, int n_threads, char *warning,

@@ -9,7 +9,7 @@
 
 typedef struct plain {
     uint32_t type;  /* RK_DT_F16 or RK_DT_F32 */
-    void **k, **v;  /* (n_layer) of (n_ctx, kv_dim); calloc'd: untouched context costs no memory */
+    uint8_t **k, **v; /* (n_layer) of (n_ctx, kv_dim); calloc'd: untouched context costs no memory */
 } plain;
 
 static rk_view cache_view(const rk_kv *kv, uint32_t type, void *data, int64_t rows) {
@@ -36,32 +36,11 @@ static rk_status plain_append(rk_kv *kv, int l, int64_t pos0, const float *k, co
 
 static rk_status plain_attend(rk_kv *kv, int l, const float *q, int64_t n_q, int64_t pos0, float *out, rk_err *err) {
     plain *c = kv->impl;
-    const int64_t qd = (int64_t)kv->n_head * kv->head_dim;
-    rk_op_args at = {.op = RK_OP_ATTN};
-    at.src0 = f32_view(q, qd, n_q);
+    rk_op_args at = rk_kv_attn_args(kv, q, n_q, pos0, out);
     at.src1 = cache_view(kv, c->type, c->k[l], pos0 + n_q);
     at.src2 = cache_view(kv, c->type, c->v[l], pos0 + n_q);
-    at.dst = f32_view(out, qd, n_q);
-    at.attn.n_head = kv->n_head;
-    at.attn.n_head_kv = kv->n_head_kv;
-    at.attn.head_dim = kv->head_dim;
-    at.attn.scale = 1.0f / sqrtf((float)kv->head_dim);
-    at.attn.pos0 = pos0;
     return rk_backend_run(kv->be, &at, err);
 }
-
-static rk_status plain_commit(rk_kv *kv, int64_t n_past, rk_err *err) {
-    (void)err;
-    kv->n_past = n_past;
-    return RK_OK;
-}
-
-/* rows past n are overwritten by the next append before anything reads them */
-static void plain_truncate(rk_kv *kv, int64_t n) {
-    if (n < kv->n_past) kv->n_past = n;
-}
-
-static void plain_reset(rk_kv *kv) { kv->n_past = 0; }
 
 static rk_status plain_read(const rk_kv *kv, int l, bool values, bool pre_rope, int64_t row0, int64_t n, float *dst,
                             rk_err *err) {
@@ -97,32 +76,16 @@ static int plain_params(const rk_kv *kv, rk_kv_param *out) {
     return 1;
 }
 
-/* payload: per layer, its K rows then its V rows, as stored */
 static rk_status plain_export(const rk_kv *kv, int64_t row0, int64_t row1, rk_kv_buf *out, rk_err *err) {
     (void)err;
     const plain *c = kv->impl;
-    const size_t off = (size_t)row0 * kv->row_bytes, len = (size_t)(row1 - row0) * kv->row_bytes;
-    for (int l = 0; l < kv->n_layer; l++) {
-        rk_kv_put(out, (const uint8_t *)c->k[l] + off, len);
-        rk_kv_put(out, (const uint8_t *)c->v[l] + off, len);
-    }
+    rk_kv_rows_export(kv, c->k, c->v, row0, row1, out);
     return RK_OK;
 }
 
 static rk_status plain_import(rk_kv *kv, int64_t row0, int64_t n_rows, const uint8_t *p, size_t n, rk_err *err) {
     plain *c = kv->impl;
-    uint64_t want;
-    if (!rk_mul_u64((uint64_t)n_rows, kv->row_bytes, &want) || !rk_mul_u64(want, 2ull * (uint64_t)kv->n_layer, &want) ||
-        want != n)
-        return rk_err_set(err, RK_E_FORMAT, "kv: plain payload of %zu bytes for %lld rows (expected %llu)", n,
-                          (long long)n_rows, (unsigned long long)want);
-    const size_t off = (size_t)row0 * kv->row_bytes, len = (size_t)n_rows * kv->row_bytes;
-    for (int l = 0; l < kv->n_layer; l++) {
-        memcpy((uint8_t *)c->k[l] + off, p + (size_t)(2 * l) * len, len);
-        memcpy((uint8_t *)c->v[l] + off, p + (size_t)(2 * l + 1) * len, len);
-    }
-    kv->n_past = row0 + n_rows;
-    return RK_OK;
+    return rk_kv_rows_import(kv, c->k, c->v, row0, n_rows, p, n, "plain", NULL, err);
 }
 
 static void plain_destroy(rk_kv *kv) {
@@ -140,9 +103,9 @@ static const rk_kv_ops plain_ops = {
     .name = "plain",
     .append = plain_append,
     .attend = plain_attend,
-    .commit = plain_commit,
-    .truncate = plain_truncate,
-    .reset = plain_reset,
+    .commit = rk_kv_rows_commit,
+    .truncate = rk_kv_rows_truncate,
+    .reset = rk_kv_rows_reset,
     .read = plain_read,
     .write = plain_write,
     .bytes = plain_bytes,
@@ -160,8 +123,8 @@ rk_status rk_kv_plain_init(rk_kv *kv, uint32_t type, rk_err *err) {
     kv->impl = c;
     c->type = type;
     kv->row_bytes = (size_t)kv->kv_dim * (type == RK_DT_F32 ? 4 : 2);
-    c->k = calloc((size_t)kv->n_layer, sizeof(void *));
-    c->v = calloc((size_t)kv->n_layer, sizeof(void *));
+    c->k = calloc((size_t)kv->n_layer, sizeof *c->k);
+    c->v = calloc((size_t)kv->n_layer, sizeof *c->v);
     if (!c->k || !c->v) goto nomem;
     for (int l = 0; l < kv->n_layer; l++) {
         c->k[l] = calloc((size_t)kv->n_ctx, kv->row_bytes);

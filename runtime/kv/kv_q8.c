@@ -38,19 +38,6 @@ static rk_view f32_view(const float *data, int64_t cols, int64_t rows) {
     return v;
 }
 
-static rk_op_args attn_args(const rk_kv *kv, const float *q, int64_t n_q, int64_t pos0, float *out) {
-    const int64_t qd = (int64_t)kv->n_head * kv->head_dim;
-    rk_op_args at = {.op = RK_OP_ATTN};
-    at.src0 = f32_view(q, qd, n_q);
-    at.dst = f32_view(out, qd, n_q);
-    at.attn.n_head = kv->n_head;
-    at.attn.n_head_kv = kv->n_head_kv;
-    at.attn.head_dim = kv->head_dim;
-    at.attn.scale = 1.0f / sqrtf((float)kv->head_dim);
-    at.attn.pos0 = pos0;
-    return at;
-}
-
 static rk_status q8_append(rk_kv *kv, int l, int64_t pos0, const float *k, const float *v, int64_t n, rk_err *err) {
     q8 *c = kv->impl;
     if (pos0 < 0 || n < 0 || pos0 > kv->n_ctx - n)
@@ -64,7 +51,7 @@ static rk_status q8_append(rk_kv *kv, int l, int64_t pos0, const float *k, const
 static rk_status q8_attend(rk_kv *kv, int l, const float *q, int64_t n_q, int64_t pos0, float *out, rk_err *err) {
     q8 *c = kv->impl;
     const int64_t rows = pos0 + n_q, kvd = kv->kv_dim;
-    rk_op_args at = attn_args(kv, q, n_q, pos0, out);
+    rk_op_args at = rk_kv_attn_args(kv, q, n_q, pos0, out);
     if (c->direct) {
         at.src1 = (rk_view){RK_DT_Q8_0, {kvd, rows, 1, 1}, kv->row_bytes, c->k[l]};
         at.src2 = (rk_view){RK_DT_Q8_0, {kvd, rows, 1, 1}, kv->row_bytes, c->v[l]};
@@ -88,18 +75,6 @@ static rk_status q8_attend(rk_kv *kv, int l, const float *q, int64_t n_q, int64_
     at.src2 = f32_view(c->sv, kvd, rows);
     return rk_backend_run(kv->be, &at, err);
 }
-
-static rk_status q8_commit(rk_kv *kv, int64_t n_past, rk_err *err) {
-    (void)err;
-    kv->n_past = n_past;
-    return RK_OK;
-}
-
-static void q8_truncate(rk_kv *kv, int64_t n) {
-    if (n < kv->n_past) kv->n_past = n;
-}
-
-static void q8_reset(rk_kv *kv) { kv->n_past = 0; }
 
 static rk_status q8_read(const rk_kv *kv, int l, bool values, bool pre_rope, int64_t row0, int64_t n, float *dst,
                          rk_err *err) {
@@ -136,39 +111,27 @@ static int q8_params(const rk_kv *kv, rk_kv_param *out) {
     return 2;
 }
 
-/* payload: per layer, its K rows then its V rows, as stored (q8_0 blocks) */
 static rk_status q8_export(const rk_kv *kv, int64_t row0, int64_t row1, rk_kv_buf *out, rk_err *err) {
     (void)err;
     const q8 *c = kv->impl;
-    const size_t off = (size_t)row0 * kv->row_bytes, len = (size_t)(row1 - row0) * kv->row_bytes;
-    for (int l = 0; l < kv->n_layer; l++) {
-        rk_kv_put(out, c->k[l] + off, len);
-        rk_kv_put(out, c->v[l] + off, len);
-    }
+    rk_kv_rows_export(kv, c->k, c->v, row0, row1, out);
     return RK_OK;
 }
 
-static rk_status q8_import(rk_kv *kv, int64_t row0, int64_t n_rows, const uint8_t *p, size_t n, rk_err *err) {
-    q8 *c = kv->impl;
-    uint64_t want;
-    if (!rk_mul_u64((uint64_t)n_rows, kv->row_bytes, &want) || !rk_mul_u64(want, 2ull * (uint64_t)kv->n_layer, &want) ||
-        want != n)
-        return rk_err_set(err, RK_E_FORMAT, "kv: q8 payload of %zu bytes for %lld rows (expected %llu)", n,
-                          (long long)n_rows, (unsigned long long)want);
-    /* every block scale must be a finite f16: a NaN or Inf scale is corruption */
+/* every block scale must be a finite f16: a NaN or Inf scale is corruption */
+static rk_status q8_check(const uint8_t *p, size_t n, rk_err *err) {
     for (size_t b = 0; b < n; b += RK_Q8_BLOCK_BYTES) {
         uint16_t h;
         memcpy(&h, p + b, 2);
         if ((h & 0x7c00u) == 0x7c00u)
             return rk_err_set(err, RK_E_FORMAT, "kv: q8 payload block %zu has a non-finite scale", b / RK_Q8_BLOCK_BYTES);
     }
-    const size_t off = (size_t)row0 * kv->row_bytes, len = (size_t)n_rows * kv->row_bytes;
-    for (int l = 0; l < kv->n_layer; l++) {
-        memcpy(c->k[l] + off, p + (size_t)(2 * l) * len, len);
-        memcpy(c->v[l] + off, p + (size_t)(2 * l + 1) * len, len);
-    }
-    kv->n_past = row0 + n_rows;
     return RK_OK;
+}
+
+static rk_status q8_import(rk_kv *kv, int64_t row0, int64_t n_rows, const uint8_t *p, size_t n, rk_err *err) {
+    q8 *c = kv->impl;
+    return rk_kv_rows_import(kv, c->k, c->v, row0, n_rows, p, n, "q8", q8_check, err);
 }
 
 static void q8_destroy(rk_kv *kv) {
@@ -186,9 +149,9 @@ static const rk_kv_ops q8_ops = {
     .name = "q8",
     .append = q8_append,
     .attend = q8_attend,
-    .commit = q8_commit,
-    .truncate = q8_truncate,
-    .reset = q8_reset,
+    .commit = rk_kv_rows_commit,
+    .truncate = rk_kv_rows_truncate,
+    .reset = rk_kv_rows_reset,
     .read = q8_read,
     .write = q8_write,
     .bytes = q8_bytes,
@@ -218,7 +181,7 @@ rk_status rk_kv_q8_init(rk_kv *kv, rk_err *err) {
     }
     /* does the backend attend on q8_0 K/V? (the kernels may add it; the fallback is exact) */
     float q[1] = {0}, o[1];
-    rk_op_args at = attn_args(kv, q, 1, 0, o);
+    rk_op_args at = rk_kv_attn_args(kv, q, 1, 0, o);
     at.src1 = (rk_view){RK_DT_Q8_0, {kv->kv_dim, 1, 1, 1}, kv->row_bytes, c->k[0]};
     at.src2 = (rk_view){RK_DT_Q8_0, {kv->kv_dim, 1, 1, 1}, kv->row_bytes, c->v[0]};
     const rk_backend_ops *bo = kv->be->ops;

@@ -283,19 +283,11 @@ static rk_status lowram_append(rk_kv *kv, int l, int64_t pos0, const float *k, c
 }
 
 /* Before the fit every row is exact and contiguous from 0: the backend's ATTN over them. */
-static rk_status exact_attend(rk_kv_codec *c, int l, const float *q, int64_t n_q, int64_t pos0, float *out,
+static rk_status exact_attend(rk_kv *kv, rk_kv_codec *c, int l, const float *q, int64_t n_q, int64_t pos0, float *out,
                               rk_err *err) {
-    const int64_t qd = (int64_t)c->n_head * c->hd;
-    rk_op_args at = {.op = RK_OP_ATTN};
-    at.src0 = (rk_view){RK_DT_F32, {qd, n_q, 1, 1}, (size_t)qd * sizeof(float), (void *)q};
+    rk_op_args at = rk_kv_attn_args(kv, q, n_q, pos0, out);
     at.src1 = (rk_view){c->exact_type, {c->kvd, pos0 + n_q, 1, 1}, c->xrow, c->xk[l]};
     at.src2 = (rk_view){c->exact_type, {c->kvd, pos0 + n_q, 1, 1}, c->xrow, c->xv[l]};
-    at.dst = (rk_view){RK_DT_F32, {qd, n_q, 1, 1}, (size_t)qd * sizeof(float), out};
-    at.attn.n_head = c->n_head;
-    at.attn.n_head_kv = c->n_head_kv;
-    at.attn.head_dim = c->hd;
-    at.attn.scale = 1.0f / sqrtf((float)c->hd);
-    at.attn.pos0 = pos0;
     return rk_backend_run(c->be, &at, err);
 }
 
@@ -316,7 +308,7 @@ static rk_status lowram_attend(rk_kv *kv, int l, const float *q, int64_t n_q, in
             for (int d = 0; d < hd; d++) t[d] += (double)qv[d] * qv[d];
         }
     if (c->obs_q) observe(c, l, q, n_q, pos0);
-    return exact_attend(c, l, q, n_q, pos0, out, err);
+    return exact_attend(kv, c, l, q, n_q, pos0, out, err);
 }
 
 static rk_status lowram_commit(rk_kv *kv, int64_t n, rk_err *err) {
