@@ -160,8 +160,12 @@ rk_status lr_compress(rk_kv_codec *c, int64_t end, rk_err *err);
 /* Forgets stored rows at positions >= pos (the session was truncated to pos). */
 void lr_truncate(rk_kv_codec *c, int64_t pos);
 /* ---- exact rows (lowram_store.c) ----
- * Row p of layer l (keys or values) as stored: sinks while fitted, else xk / xv at p - x0. */
-const uint8_t *lr_exact_ptr(const rk_kv_codec *c, int l, bool values, int64_t p);
+ * Row p of layer l (keys or values) as stored: sinks while fitted, else xk / xv at p - x0
+ * (inline: attention calls it per row). */
+static inline const uint8_t *lr_exact_ptr(const rk_kv_codec *c, int l, bool values, int64_t p) {
+    if (p < c->x0) return (values ? c->sv : c->sk)[l] + (size_t)p * c->xrow; /* only sinks lie below x0 */
+    return (values ? c->xv : c->xk)[l] + (size_t)(p - c->x0) * c->xrow;
+}
 /* Makes room for positions up to end (exclusive) in every layer's xk / xv. */
 bool lr_exact_reserve(rk_kv_codec *c, int64_t end);
 /* After a fit or a compression: drops exact rows [n_sink, comp_end) (their compressed form

@@ -13,11 +13,6 @@
  * [0, n_sink), xk / xv hold [x0 = comp_end, x_hi[l]); the compressed rows have no exact
  * copy anywhere. */
 
-const uint8_t *lr_exact_ptr(const rk_kv_codec *c, int l, bool values, int64_t p) {
-    if (p < c->x0) return (values ? c->sv : c->sk)[l] + (size_t)p * c->xrow; /* only sinks lie below x0 */
-    return (values ? c->xv : c->xk)[l] + (size_t)(p - c->x0) * c->xrow;
-}
-
 void lr_plain_row(const rk_kv_codec *c, int l, bool values, int64_t p, float *dst) {
     rk_kv_rows_to_f32(c->exact_type, lr_exact_ptr(c, l, values, p), 1, c->kvd, dst);
 }
