@@ -28,16 +28,9 @@ void serve_buf_free(serve_buf *b) {
 }
 
 bool serve_utf8_sanitize(serve_buf *out, const char *p, size_t n) {
-    static const char repl[3] = {'\xef', '\xbf', '\xbd'};
-    size_t i = 0, run = 0; /* p[run..i) is well-formed and not yet copied */
-    while (i < n) {
-        int l = rk_utf8_char((const unsigned char *)p + i, n - i);
-        if (l > 0) {
-            i += (size_t)l;
-            continue;
-        }
-        if (!serve_buf_put(out, p + run, i - run) || !serve_buf_put(out, repl, sizeof repl)) return false;
-        run = ++i;
-    }
-    return serve_buf_put(out, p + run, i - run);
+    size_t len;
+    char *t = rk_utf8_repair(p, n, &len);
+    const bool ok = t && serve_buf_put(out, t, len);
+    free(t);
+    return ok;
 }

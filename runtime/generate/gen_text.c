@@ -157,3 +157,13 @@ void rk_gen_text_deinit(rk_gen_text *t) {
     rk_gen_buf_free(&t->raw);
     rk_gen_buf_free(&t->out);
 }
+
+char *rk_utf8_repair(const char *p, size_t n, size_t *out_len) {
+    rk_gen_buf b = {0};
+    if (rk_gen_utf8_sanitize(&b, p, n, true) == (size_t)-1 || !rk_gen_buf_put(&b, "", 1)) {
+        rk_gen_buf_free(&b);
+        return NULL;
+    }
+    *out_len = b.n - 1;
+    return b.p;
+}

@@ -12,6 +12,9 @@ int rk_utf8_char(const unsigned char *p, size_t n);
 /* True when all n bytes are well-formed UTF-8; else *bad (may be NULL) is the offset of
  * the first bad byte. */
 bool rk_utf8_valid(const char *p, size_t n, size_t *bad);
+/* p[0..n) with each byte that starts no well-formed character replaced by U+FFFD, as a
+ * malloc'd NUL-terminated string (*out_len bytes before the NUL); NULL when out of memory. */
+char *rk_utf8_repair(const char *p, size_t n, size_t *out_len);
 
 /* ---- generation ------------------------------------------------------------------ */
 typedef enum rk_stop_reason {

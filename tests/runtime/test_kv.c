@@ -11,32 +11,11 @@
 
 #include "lowram_impl.h"
 #include "session_impl.h"
+#include "rt_shared.h"
 #include "tb.h"
 
 static const char *const STORIES = "models/stories260K/stories260K-f32.gguf";
 
-static rk_model *load(const char *rel) {
-    char p[1024];
-    if (!tb_shared_path(p, sizeof p, rel)) cr_skip_test("%s", p);
-    rk_err e = {0};
-    rk_model *m = NULL;
-    cr_assert_eq(rk_model_load(p, &m, &e), RK_OK, "%s", e.msg);
-    return m;
-}
-
-static int32_t *story_ids(const rk_model *m, size_t want) {
-    char p[1024];
-    if (!tb_shared_path(p, sizeof p, "golden/perplexity/tinystories_sample_clean.txt")) cr_skip_test("%s", p);
-    size_t len, n;
-    char *txt = tb_read_file(p, &len);
-    cr_assert(txt);
-    rk_err e = {0};
-    int32_t *ids;
-    cr_assert_eq(rk_model_tokenize(m, txt, len, true, false, &ids, &n, &e), RK_OK, "%s", e.msg);
-    free(txt);
-    cr_assert(n >= want, "only %zu tokens", n);
-    return ids;
-}
 
 /* A session of policy `kind` ("f16", "f32", "q8", "lowram:..."), 512 rows, chunks of n_batch. */
 static rk_session *mk(const rk_model *m, const char *kind, int n_batch) {
@@ -118,7 +97,7 @@ static int32_t *read_ids(const char *path, size_t *n) {
  * row): f32 within tier A (1e-3 max, 1e-4 mean), f16 within tier B (0.15 / 0.01), the tiers
  * of golden/README.md §5 that test_golden uses for the same caches. */
 Test(kv, plain_caches_match_llama_cpp) {
-    rk_model *m = load(STORIES);
+    rk_model *m = rt_load_shared(STORIES);
     char ip[1024], lp[1024];
     if (!tb_shared_path(ip, sizeof ip, "golden/logits/stories260K/story_long.ids.txt") ||
         !tb_shared_path(lp, sizeof lp, "golden/logits/stories260K/story_long.logits.f32"))
@@ -217,10 +196,10 @@ static void install_rounded(rk_session *s) {
  * another order: then within 1e-4 of the logits' scale. Bytes: 34 per 32 values, K and V,
  * every layer, as the layout says; 34/64 of f16. */
 Test(kv, q8_attends_like_f32_over_its_rows) {
-    rk_model *m = load(STORIES);
+    rk_model *m = rt_load_shared(STORIES);
     const rk_hparams *hp = rk_model_hparams(m);
     const int nv = hp->n_vocab, kvd = hp->n_head_kv * hp->head_dim;
-    int32_t *ids = story_ids(m, 340);
+    int32_t *ids = rt_story_ids(m, 340);
     rk_session *q8 = mk(m, "q8", 100), *rf = mk(m, "f32", 100);
     install_rounded(rf);
     float *a = trace(q8, ids, 300, 40, nv), *b = trace(rf, ids, 300, 40, nv);
@@ -269,9 +248,9 @@ static void rounding_rms(const rk_session *s, int n_rows, double *e_q8, double *
  * 3ρ of f16's, mean KL (second order) within 10ρ² of f16's; top-1 agreement >= 90%. A
  * scrambled q8 (wrong scale, wrong block) is orders of magnitude outside these. */
 Test(kv, q8_logits_within_the_int8_rounding_of_f32) {
-    rk_model *m = load(STORIES);
+    rk_model *m = rt_load_shared(STORIES);
     const int nv = rk_model_hparams(m)->n_vocab, n_prompt = 300, n_dec = 40;
-    int32_t *ids = story_ids(m, n_prompt + n_dec);
+    int32_t *ids = rt_story_ids(m, n_prompt + n_dec);
     rk_session *s32 = mk(m, "f32", 512), *s16 = mk(m, "f16", 512), *s8 = mk(m, "q8", 512);
     float *a = trace(s32, ids, n_prompt, n_dec, nv), *b = trace(s16, ids, n_prompt, n_dec, nv);
     float *c = trace(s8, ids, n_prompt, n_dec, nv);
@@ -309,9 +288,9 @@ Test(kv, q8_logits_within_the_int8_rounding_of_f32) {
  * fitted codec, with no block compressed between the cut and the end, replays the same
  * decode steps exactly. */
 Test(kv, truncate_then_reeval_equals_fresh) {
-    rk_model *m = load(STORIES);
+    rk_model *m = rt_load_shared(STORIES);
     const int nv = rk_model_hparams(m)->n_vocab;
-    int32_t *ids = story_ids(m, 340);
+    int32_t *ids = rt_story_ids(m, 340);
     rk_err e = {0};
     for (int pi = 0; pi < N_POLICIES; pi++) {
         const bool lowram = pi == 3;
@@ -366,9 +345,9 @@ Test(kv, truncate_then_reeval_equals_fresh) {
 
 /* After a reset every policy starts over: no bytes, and the same logits as a fresh session. */
 Test(kv, reset_equals_fresh) {
-    rk_model *m = load(STORIES);
+    rk_model *m = rt_load_shared(STORIES);
     const int nv = rk_model_hparams(m)->n_vocab;
-    int32_t *ids = story_ids(m, 340);
+    int32_t *ids = rt_story_ids(m, 340);
     for (int pi = 0; pi < N_POLICIES; pi++) {
         rk_session *s = mk(m, POLICIES[pi], 100), *f = mk(m, POLICIES[pi], 100);
         free(trace(s, ids + 20, 300, 10, nv));
@@ -398,9 +377,9 @@ Test(kv, reset_equals_fresh) {
  * its whole state only (fitted here: 300 rows, plus 20 decode steps that compressed a
  * block) and refuses a partial range by name. */
 Test(kv, export_import_round_trip) {
-    rk_model *m = load(STORIES);
+    rk_model *m = rt_load_shared(STORIES);
     const int nv = rk_model_hparams(m)->n_vocab;
-    int32_t *ids = story_ids(m, 340);
+    int32_t *ids = rt_story_ids(m, 340);
     rk_err e = {0};
     for (int pi = 0; pi < N_POLICIES; pi++) {
         const bool lowram = pi == 3;
@@ -503,9 +482,9 @@ static void expect_refused(const rk_model *m, const char *policy, const refusal 
 }
 
 Test(kv, bad_blocks_are_refused_and_leave_the_session_unchanged) {
-    rk_model *m = load(STORIES), *other = load("models/aidreams260K/aidreams260K-f32.gguf");
+    rk_model *m = rt_load_shared(STORIES), *other = rt_load_shared("models/aidreams260K/aidreams260K-f32.gguf");
     const int nv = rk_model_hparams(m)->n_vocab;
-    int32_t *ids = story_ids(m, 340);
+    int32_t *ids = rt_story_ids(m, 340);
     rk_err e = {0};
     for (int pi = 0; pi < N_POLICIES; pi++) {
         const bool lowram = pi == 3;
@@ -596,9 +575,9 @@ Test(kv, bad_blocks_are_refused_and_leave_the_session_unchanged) {
  * the payload's first 64 bytes (state and the first group's header: counts, rank, rows),
  * a quarter its first 4 KiB, half anywhere. */
 Test(kv, mutated_lowram_payloads_never_break_the_codec) {
-    rk_model *m = load(STORIES);
+    rk_model *m = rt_load_shared(STORIES);
     const int nv = rk_model_hparams(m)->n_vocab;
-    int32_t *ids = story_ids(m, 210);
+    int32_t *ids = rt_story_ids(m, 210);
     const char *specs[] = {"lowram:window=64,chunk=16,budget=96", "lowram:window=64,chunk=16,budget=96,bound"};
     float *lg = malloc((size_t)nv * sizeof(float));
     uint64_t rng = 77;
@@ -682,10 +661,10 @@ static void tap(void *ud, int layer, const float *x, int64_t n, int64_t pos0) {
  * block rounding (d/2 + the f16 scale, with d <= max|k| / 127, as in the layout test);
  * LowRAM lossless (full rank, f32 coefficients) to fp32 rounding, compressed rows included. */
 Test(kv, kv_rows_undo_rope_to_the_k_projection) {
-    rk_model *m = load(STORIES);
+    rk_model *m = rt_load_shared(STORIES);
     const rk_hparams *hp = rk_model_hparams(m);
     const int kvd = hp->n_head_kv * hp->head_dim, n_rows = 300, layer = 3;
-    int32_t *ids = story_ids(m, n_rows);
+    int32_t *ids = rt_story_ids(m, n_rows);
     const char *pol[] = {"f32", "q8", "lowram:rank=100000,coef=f32,resid=1,rtype=f16,exact=f32,window=64,chunk=16"};
     for (int pi = 0; pi < 3; pi++) {
         rk_session *s = mk(m, pol[pi], 100);
@@ -721,9 +700,9 @@ Test(kv, kv_rows_undo_rope_to_the_k_projection) {
  * them: afterwards rows [0, bulk_end) of every layer equal the exact session's (compare
  * gives 0), while without the splice the late layers differ. f16 and q8. */
 Test(kv, splice_and_compare_through_the_interface) {
-    rk_model *m = load(STORIES);
+    rk_model *m = rt_load_shared(STORIES);
     const int nv = rk_model_hparams(m)->n_vocab, n = 200, bulk_end = 150;
-    int32_t *ids = story_ids(m, n);
+    int32_t *ids = rt_story_ids(m, n);
     const char *pol[] = {"f16", "q8"};
     for (int pi = 0; pi < 2; pi++) {
         rk_session *ex = mk(m, pol[pi], 50), *sp = mk(m, pol[pi], 50), *fl = mk(m, pol[pi], 50);

@@ -11,6 +11,7 @@
 #include "rk_fitters.h"
 #include "session_impl.h"
 #include "rk_io.h"
+#include "rt_shared.h"
 #include "tb.h"
 
 /* ---- eigensolver ------------------------------------------------------------------- */
@@ -125,28 +126,6 @@ Test(lowram, cholesky_solves_spd_systems) {
 
 /* ---- sessions on stories260K ---------------------------------------------------------- */
 
-static rk_model *load(const char *rel) {
-    char p[1024];
-    if (!tb_shared_path(p, sizeof p, rel)) cr_skip_test("%s", p);
-    rk_err e = {0};
-    rk_model *m = NULL;
-    cr_assert_eq(rk_model_load(p, &m, &e), RK_OK, "%s", e.msg);
-    return m;
-}
-
-static int32_t *story_ids(const rk_model *m, size_t want) {
-    char p[1024];
-    if (!tb_shared_path(p, sizeof p, "golden/perplexity/tinystories_sample_clean.txt")) cr_skip_test("%s", p);
-    size_t len, n;
-    char *txt = tb_read_file(p, &len);
-    cr_assert(txt);
-    rk_err e = {0};
-    int32_t *ids;
-    cr_assert_eq(rk_model_tokenize(m, txt, len, true, false, &ids, &n, &e), RK_OK, "%s", e.msg);
-    free(txt);
-    cr_assert(n >= want, "only %zu tokens", n);
-    return ids;
-}
 
 /* A session with a plain kv_type cache, or (lowram != NULL) the LowRAM policy with that
  * spec, its exact rows of kv_type. */
@@ -211,9 +190,9 @@ static double mean_kl(const float *ref, const float *lg, int rows, int nv) {
  * class of error as the f16 cache itself. Bound: the lowram logits stay within twice the
  * distance between the f16 and f32 plain caches (plus 1e-4 for rounding of order 1e-5). */
 Test(lowram, dense_full_rank_all_residuals_equals_exact) {
-    rk_model *m = load("models/stories260K/stories260K-f32.gguf");
+    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
     const int nv = rk_model_hparams(m)->n_vocab, n_prompt = 300, n_dec = 24;
-    int32_t *ids = story_ids(m, n_prompt + n_dec);
+    int32_t *ids = rt_story_ids(m, n_prompt + n_dec);
     rk_session *s16 = session(m, RK_DT_F16, NULL), *s32 = session(m, RK_DT_F32, NULL);
     rk_session *lr = session(m, RK_DT_F16, "rank=100000,resid=1,rtype=f16,coef=f32,dense,window=64");
     float *a = trace(s16, ids, n_prompt, n_dec, nv), *b = trace(s32, ids, n_prompt, n_dec, nv);
@@ -237,7 +216,7 @@ Test(lowram, dense_full_rank_all_residuals_equals_exact) {
  * key rows of its layer: at full rank the ridge fit (λ tiny) predicts it with R² = 1 and
  * every stored residual is zero up to fp32 rounding. */
 Test(lowram, linear_values_are_predicted_with_zero_residual) {
-    rk_model *m = load("models/stories260K/stories260K-f32.gguf");
+    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
     const rk_hparams *hp = rk_model_hparams(m);
     rk_session *s = session(m, RK_DT_F32, "rank=100000,coef=f32,window=32,lambda=1e-9");
     rk_kv_codec *c = codec(s);
@@ -283,10 +262,10 @@ Test(lowram, linear_values_are_predicted_with_zero_residual) {
 /* Byte accounting: the parts sum to the total, and each part matches a count made from the
  * codec's own arrays (rows, ranks, residual masks walked bit by bit). */
 Test(lowram, byte_accounting_adds_up) {
-    rk_model *m = load("models/stories260K/stories260K-f32.gguf");
+    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
     const rk_hparams *hp = rk_model_hparams(m);
     const int nv = hp->n_vocab;
-    int32_t *ids = story_ids(m, 340);
+    int32_t *ids = rt_story_ids(m, 340);
     rk_session *s = session(m, RK_DT_F16, "rank=24,window=64,coef=int8,budget=64");
     rk_kv_bytes b;
     rk_session_kv_bytes(s, &b);
@@ -344,7 +323,7 @@ Test(lowram, byte_accounting_adds_up) {
 /* Prompt = a story, then the same story again: predicting the second copy leans on the
  * first, which lies in the compressed rows (induction heads copy from far context). */
 static int32_t *copy_prompt(const rk_model *m, int n_story, int n_prefix, int n_dec) {
-    int32_t *ids = story_ids(m, (size_t)n_story + 1);
+    int32_t *ids = rt_story_ids(m, (size_t)n_story + 1);
     int32_t *out = malloc((size_t)(1 + n_story + n_prefix + n_dec) * sizeof(int32_t));
     out[0] = ids[0];
     memcpy(out + 1, ids + 1, (size_t)n_story * sizeof(int32_t));
@@ -360,7 +339,7 @@ static int32_t *copy_prompt(const rk_model *m, int n_story, int n_prefix, int n_
  * keeping only 5% of the compressed rows costs ~0.006 (logged below); a codec that
  * scrambled keys or values would be far above 0.02. SmolLM2 numbers: docs/LOWRAM.md. */
 Test(lowram, decode_stays_close_to_exact) {
-    rk_model *m = load("models/stories260K/stories260K-f32.gguf");
+    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
     const int nv = rk_model_hparams(m)->n_vocab, n_story = 220, n_prefix = 100, n_dec = 60;
     const int n_prompt = 1 + n_story + n_prefix;
     int32_t *ids = copy_prompt(m, n_story, n_prefix, n_dec);
@@ -397,9 +376,9 @@ Test(lowram, decode_stays_close_to_exact) {
  * (masks, slots, positions) would be far off. (2) A cut inside the exact window keeps the
  * stored rows. (3) A reset refits: the same logits again, bit for bit. */
 Test(lowram, truncate_and_replay) {
-    rk_model *m = load("models/stories260K/stories260K-f32.gguf");
+    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
     const int nv = rk_model_hparams(m)->n_vocab;
-    int32_t *ids = story_ids(m, 400);
+    int32_t *ids = rt_story_ids(m, 400);
     rk_err e = {0};
     float *lg = malloc((size_t)nv * sizeof(float));
     /* (1) */
@@ -445,7 +424,7 @@ Test(lowram, truncate_and_replay) {
 /* ---- predictor files ------------------------------------------------------------------ */
 
 static const char *write_predictor(const rk_model *m, char *path, size_t cap) {
-    int32_t *ids = story_ids(m, 1200);
+    int32_t *ids = rt_story_ids(m, 1200);
     rk_lowram_calib_params cp = {.group = 3, .seg_len = 400, .stride = 1, .n_threads = 2};
     void *bytes = NULL;
     size_t n = 0;
@@ -459,8 +438,8 @@ static const char *write_predictor(const rk_model *m, char *path, size_t cap) {
 
 /* The predictor file comes with the KV policy at session creation. */
 Test(lowram, predictor_file_for_another_model_is_refused) {
-    rk_model *m = load("models/stories260K/stories260K-f32.gguf");
-    rk_model *other = load("models/aidreams260K/aidreams260K-f32.gguf");
+    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    rk_model *other = rt_load_shared("models/aidreams260K/aidreams260K-f32.gguf");
     char path[1024];
     write_predictor(m, path, sizeof path);
     rk_session_params sp = rk_session_params_default();
@@ -476,7 +455,7 @@ Test(lowram, predictor_file_for_another_model_is_refused) {
     cr_expect_null(so, "no session on failure");
     /* the right model takes it, and decodes with the file's basis */
     cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s", e.msg);
-    int32_t *ids = story_ids(m, 320);
+    int32_t *ids = rt_story_ids(m, 320);
     float *lg = trace(s, ids, 300, 4, rk_model_hparams(m)->n_vocab);
     rk_lowram_stats ls;
     rk_session_lowram_stats(s, &ls);
