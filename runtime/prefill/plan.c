@@ -49,18 +49,15 @@ int rk_plan_split(const rk_session *s) {
     return s->fill.maps ? s->fill.maps->split : s->fill.split;
 }
 
-static void scatter(float *dst, const float *src, const int32_t *idx, int64_t n, int64_t d) {
-    for (int64_t i = 0; i < n; i++) memcpy(dst + (int64_t)idx[i] * d, src + i * d, (size_t)d * sizeof(float));
-}
 
 rk_status rk_plan_late_inputs(rk_session *s, const rk_chunk_plan *p, int l, const float *x, bool compacted,
                               const float *xs, float *xin, rk_err *err) {
     const int64_t d = s->m->hp.n_embd;
-    if (compacted) scatter(xin, x, p->ex_idx, p->n_ex, d);
+    if (compacted) rk_rows_scatter(xin, x, p->ex_idx, p->n_ex, d);
     else memcpy(xin, x, (size_t)(p->n * d) * sizeof(float));
     if (p->src != RK_SRC_RIDGE || l == p->split) {
         /* W_S = I; identity fill; the exact source goes through the same gather/scatter */
-        scatter(xin, xs, p->fill_idx, p->n_fill, d);
+        rk_rows_scatter(xin, xs, p->fill_idx, p->n_fill, d);
         return RK_OK;
     }
     const rk_ridge_maps *r = s->fill.maps;
@@ -76,7 +73,7 @@ rk_status rk_plan_late_inputs(rk_session *s, const rk_chunk_plan *p, int l, cons
     b.dst = a.dst;
     b.src0 = (rk_view){RK_DT_F32, {d, 1, 1, 1}, (size_t)d * sizeof(float), (void *)r->b[l]};
     if ((st = rk_backend_run(s->be, &b, err))) return st;
-    scatter(xin, s->t, p->fill_idx, p->n_fill, d);
+    rk_rows_scatter(xin, s->t, p->fill_idx, p->n_fill, d);
     return RK_OK;
 }
 

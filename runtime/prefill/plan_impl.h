@@ -3,6 +3,8 @@
  * one plan through one readable layer loop, prefill.c drives the chunks (chunk-major, or
  * layer-major: layers 0..S-1 over the whole prompt before any late layer). */
 #pragma once
+#include <string.h>
+
 #include "session_impl.h"
 
 /* Where the late-layer input of a filled row comes from (SPEC §2). */
@@ -29,6 +31,15 @@ typedef struct rk_chunk_plan {
  * session's scratch (valid until the next plan). */
 void rk_plan_chunk(rk_session *s, const int32_t *ids, int64_t pos0, int64_t n, int64_t bulk_end, int lo, int hi,
                    rk_chunk_plan *p);
+/* Row moves between a chunk and its compacted subsets (idx increasing, d floats a row):
+ * gather dst[i] = src[idx[i]] (in place is safe), scatter dst[idx[i]] = src[i]. */
+static inline void rk_rows_gather(float *dst, const float *src, const int32_t *idx, int64_t n, int64_t d) {
+    for (int64_t i = 0; i < n; i++) memmove(dst + i * d, src + (int64_t)idx[i] * d, (size_t)d * sizeof(float));
+}
+static inline void rk_rows_scatter(float *dst, const float *src, const int32_t *idx, int64_t n, int64_t d) {
+    for (int64_t i = 0; i < n; i++) memcpy(dst + (int64_t)idx[i] * d, src + i * d, (size_t)d * sizeof(float));
+}
+
 /* First late layer of the session's fill settings (n_layer when fill is off). */
 int rk_plan_split(const rk_session *s);
 /* Brings the filled rows' split stream xs (n_fill, n_embd) into the space the maps act

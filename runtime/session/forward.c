@@ -59,13 +59,6 @@ static rk_status add(rk_session *s, float *dst, const float *src, int64_t cols, 
     return run(s, &a, err);
 }
 
-static void gather_rows(float *dst, const float *src, const int32_t *idx, int64_t n, int64_t d) {
-    for (int64_t i = 0; i < n; i++) memmove(dst + i * d, src + (int64_t)idx[i] * d, (size_t)d * sizeof(float));
-}
-
-static void scatter_rows(float *dst, const float *src, const int32_t *idx, int64_t n, int64_t d) {
-    for (int64_t i = 0; i < n; i++) memcpy(dst + (int64_t)idx[i] * d, src + i * d, (size_t)d * sizeof(float));
-}
 
 /* causal GQA attention of n_q query rows at pos0.. over the layer's cache, whatever it stores */
 static rk_status attention(rk_session *s, int l, float *q, int64_t n_q, int64_t pos0, float *out, rk_err *err) {
@@ -138,7 +131,7 @@ static rk_status output_head(rk_session *s, const rk_chunk_plan *p, bool compact
         (st = matmul(s, s->w_output, NULL, s->h, rows, dst, err)))
         return st;
     if (!all_rows) memcpy(logits, s->logits, nv * sizeof(float));
-    else if (compacted) scatter_rows(logits, s->logits, p->ex_idx, p->n_ex, (int64_t)nv);
+    else if (compacted) rk_rows_scatter(logits, s->logits, p->ex_idx, p->n_ex, (int64_t)nv);
     return RK_OK;
 }
 
@@ -169,12 +162,12 @@ rk_status rk_forward_chunk(rk_session *s, const rk_chunk_plan *p, const int32_t 
         const float *src = s->x;
         if (late) {
             if (!compacted && p->src != RK_SRC_EXACT) {
-                gather_rows(s->xs, s->x, p->fill_idx, p->n_fill, d);
-                gather_rows(s->x, s->x, p->ex_idx, p->n_ex, d); /* idx increasing: in place is safe */
+                rk_rows_gather(s->xs, s->x, p->fill_idx, p->n_fill, d);
+                rk_rows_gather(s->x, s->x, p->ex_idx, p->n_ex, d); /* idx increasing: in place is safe */
                 compacted = true;
                 if ((st = rk_plan_split_stream(s, p, s->xs, err))) return st;
             } else if (p->src == RK_SRC_EXACT) {
-                gather_rows(s->xs, s->x, p->fill_idx, p->n_fill, d);
+                rk_rows_gather(s->xs, s->x, p->fill_idx, p->n_fill, d);
             }
             if ((st = rk_plan_late_inputs(s, p, l, s->x, compacted, s->xs, s->xin, err))) return st;
             src = s->xin;
@@ -184,7 +177,7 @@ rk_status rk_forward_chunk(rk_session *s, const rk_chunk_plan *p, const int32_t 
         const int64_t ne = compacted ? p->n_ex : n;
         if (l < 256) s->counters.exact_rows[l] += (uint64_t)ne;
         if (ne == 0) continue;
-        if (compacted) gather_rows(s->h, s->h, p->ex_idx, p->n_ex, d);
+        if (compacted) rk_rows_gather(s->h, s->h, p->ex_idx, p->n_ex, d);
         if ((st = exact_rows(s, l, pos0, ne, compacted ? p->ex_idx : NULL, err))) return st;
     }
     if (p->layer_hi < hp->n_layer) {

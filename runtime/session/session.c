@@ -56,7 +56,7 @@ void rk_session_destroy(rk_session *s) {
     if (!s) return;
     rk_kv_destroy(s->kv);
     free(s->tokens);
-    free(s->x), free(s->xin), free(s->xs), free(s->xe), free(s->h), free(s->q), free(s->k);
+    free(s->x), free(s->xin), free(s->xs), free(s->h), free(s->q), free(s->k);
     free(s->v), free(s->t), free(s->gate), free(s->up), free(s->logits);
     free(s->ex_idx), free(s->fill_idx);
     free(s->w_layers);
@@ -96,7 +96,6 @@ rk_status rk_session_create(const rk_model *m, const rk_session_params *pp, rk_s
     s->x = malloc(nb * (size_t)hp->n_embd * sizeof(float));
     s->xin = malloc(nb * (size_t)hp->n_embd * sizeof(float));
     s->xs = malloc(nb * (size_t)hp->n_embd * sizeof(float));
-    s->xe = malloc(nb * (size_t)hp->n_embd * sizeof(float));
     s->ex_idx = malloc(nb * sizeof(int32_t));
     s->fill_idx = malloc(nb * sizeof(int32_t));
     s->h = malloc(nb * hd * sizeof(float));
@@ -107,7 +106,7 @@ rk_status rk_session_create(const rk_model *m, const rk_session_params *pp, rk_s
     s->gate = malloc(nb * (size_t)hp->n_ff * sizeof(float));
     s->up = malloc(nb * (size_t)hp->n_ff * sizeof(float));
     s->logits = malloc(nb * (size_t)hp->n_vocab * sizeof(float));
-    if (!s->tokens || !s->x || !s->xin || !s->xs || !s->xe || !s->ex_idx || !s->fill_idx || !s->h || !s->q ||
+    if (!s->tokens || !s->x || !s->xin || !s->xs || !s->ex_idx || !s->fill_idx || !s->h || !s->q ||
         !s->k || !s->v || !s->t || !s->gate || !s->up || !s->logits)
         goto nomem;
     *out = s;

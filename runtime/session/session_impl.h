@@ -34,7 +34,6 @@ struct rk_session {
     float *x;             /* (n_batch, n_embd) residual stream */
     float *xin;           /* (n_batch, n_embd) layer input used by the cache writers */
     float *xs;            /* (n_batch, n_embd) split stream of filled rows (compacted) */
-    float *xe;            /* (n_batch, n_embd) compacted exact rows */
     float *h;             /* (n_batch, max(n_embd, q_dim)) normed input / attention output */
     float *q;             /* (n_batch, q_dim) */
     float *k, *v;         /* (n_batch, kv_dim) */
