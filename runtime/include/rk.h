@@ -242,7 +242,7 @@ rk_status rk_chat_format(rk_chat_family f, const rk_chat_msg *msgs, size_t n, bo
 typedef enum rk_fill_mode {
     RK_FILL_OFF = 0,
     RK_FILL_SPEED,     /* every bulk row filled */
-    RK_FILL_QUALITY,   /* sinks + hard tokens (per-token-id score table) stay exact */
+    RK_FILL_QUALITY,   /* sinks + the rows the question attends to stay exact (question-aware) */
     RK_FILL_IDENTITY,  /* W_l = I, b_l = 0: the training-free baseline */
     RK_FILL_PLUMB,     /* the fill path fed exact inputs: must equal OFF (oracle test) */
 } rk_fill_mode;
@@ -266,10 +266,19 @@ typedef struct rk_fill_params {
     int32_t tail;              /* exact tail T; 0: 2048 (the CLI refuses < 512; the library allows >= 1) */
     int32_t split;             /* used by identity without maps; else the map's split */
     int32_t n_sink;            /* quality: first rows kept exact (0: 4) */
-    float keep_share;          /* quality: share of bulk rows kept exact by score (<0: file default) */
+    float keep_share;          /* quality: share of bulk rows kept exact by score (<0: file default, 0.1) */
     const rk_ridge_maps *maps; /* borrowed; required for speed/quality */
     bool layer_major;          /* layers 0..S-1 over the whole prompt before any late layer
                                   (n x n_embd floats more; same result as chunk-major) */
+    /* Question-aware selection (quality mode always; other fill modes when question_aware):
+     * after the layer-major phase, every bulk row is scored by the softmax attention the
+     * last `obs` prompt rows pay it at the `score_layers` layers just below the split
+     * (summed over query heads and layers), max-pooled over `pool` rows either side; the
+     * top keep_share of the bulk rows plus the n_sink first rows stay exact. */
+    int32_t obs;               /* 0: 32 */
+    int32_t score_layers;      /* 0: 2 */
+    int32_t pool;              /* 0: 3; < 0: no pooling */
+    bool question_aware;       /* speed/identity/plumb: select as quality does (tests, studies) */
 } rk_fill_params;
 
 /* Applies to the following rk_session_eval calls. */

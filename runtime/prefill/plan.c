@@ -10,24 +10,20 @@ static rk_view act(float *data, int64_t cols, int64_t rows) {
     return v;
 }
 
-/* Which bulk rows are filled (see rk_fill_params): speed/identity/plumb fill every bulk
- * row; quality keeps the sinks and the hard tokens of the map's score table exact. */
-static bool row_is_filled(const rk_session *s, int64_t pos, int32_t id, int64_t bulk_end) {
+/* Which bulk rows are filled: every bulk row, except those the question-aware selection
+ * of this call keeps exact (sinks and the rows the question attends to, select.c). */
+static bool row_is_filled(const rk_session *s, int64_t pos, int64_t bulk_end) {
     if (pos >= bulk_end) return false;
-    if (s->fill.mode == RK_FILL_QUALITY) {
-        if (pos < s->fill.n_sink) return false;
-        const rk_ridge_maps *r = s->fill.maps;
-        if (r->token_score && id < r->n_vocab && r->token_score[id] >= s->score_threshold) return false;
-    }
+    if (s->keep && pos >= s->keep_lo && pos < s->keep_hi) return !s->keep[pos - s->keep_lo];
     return true;
 }
 
-void rk_plan_chunk(rk_session *s, const int32_t *ids, int64_t pos0, int64_t n, int64_t bulk_end, int lo, int hi,
+void rk_plan_chunk(rk_session *s, int64_t pos0, int64_t n, int64_t bulk_end, int lo, int hi,
                    rk_chunk_plan *p) {
     const rk_fill_mode mode = s->fill.mode;
     int64_t n_fill = 0, n_ex = 0;
     for (int64_t r = 0; r < n; r++) {
-        const bool f = mode != RK_FILL_OFF && row_is_filled(s, pos0 + r, ids[r], bulk_end);
+        const bool f = mode != RK_FILL_OFF && row_is_filled(s, pos0 + r, bulk_end);
         if (f) s->fill_idx[n_fill++] = (int32_t)r;
         if (!f || mode == RK_FILL_PLUMB) s->ex_idx[n_ex++] = (int32_t)r;
     }

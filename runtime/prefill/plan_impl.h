@@ -24,13 +24,17 @@ typedef struct rk_chunk_plan {
     const int32_t *fill_idx;/* (n_fill) chunk rows filled in late layers, increasing */
     const float *x_in;      /* layer_lo > 0: (n, n_embd) input of layer layer_lo */
     float *x_out;           /* layer_hi < n_layer: (n, n_embd) receives the input of layer layer_hi */
+    /* question-aware scoring (select.c): the post-RoPE queries of prompt rows [q_pos0,
+     * q_pos0 + q_n) at layers [q_lo, q_hi) go to q_keep, (q_hi - q_lo, q_n, n_head * head_dim) */
+    float *q_keep;
+    int q_lo, q_hi;
+    int64_t q_pos0, q_n;
 } rk_chunk_plan;
 
 /* Plans the chunk of n rows at pos0 for layers [lo, hi): rows below bulk_end are bulk
  * rows, filled in late layers as the session's fill mode says. Index lists live in the
  * session's scratch (valid until the next plan). */
-void rk_plan_chunk(rk_session *s, const int32_t *ids, int64_t pos0, int64_t n, int64_t bulk_end, int lo, int hi,
-                   rk_chunk_plan *p);
+void rk_plan_chunk(rk_session *s, int64_t pos0, int64_t n, int64_t bulk_end, int lo, int hi, rk_chunk_plan *p);
 /* Row moves between a chunk and its compacted subsets (idx increasing, d floats a row):
  * gather dst[i] = src[idx[i]] (in place is safe), scatter dst[idx[i]] = src[i]. */
 static inline void rk_rows_gather(float *dst, const float *src, const int32_t *idx, int64_t n, int64_t d) {
@@ -50,5 +54,17 @@ rk_status rk_plan_split_stream(rk_session *s, const rk_chunk_plan *p, float *xs,
  * their source given the split stream xs (n_fill, n_embd). */
 rk_status rk_plan_late_inputs(rk_session *s, const rk_chunk_plan *p, int l, const float *x, bool compacted,
                               const float *xs, float *xin, rk_err *err);
+/* select.c: the layer loop's hook after layer l's exact rows (early layers: every row of
+ * the chunk, uncompacted): copies the queries the plan asks for (q_keep) from s->q. */
+void rk_plan_keep_queries(const rk_session *s, const rk_chunk_plan *p, int l);
+/* select.c: adds to score[j - row0] (rows [row0, row1)) the softmax attention weight that
+ * each of the n_obs query rows q (n_obs, n_head * head_dim; post-RoPE; row i at position
+ * obs_pos0 + i) pays key row j of layer l, summed over query heads; the softmax of row i
+ * runs over the keys [0, obs_pos0 + i] the cache holds, as causal attention does. */
+rk_status rk_select_score(rk_session *s, int l, const float *q, int64_t n_obs, int64_t obs_pos0, int64_t row0,
+                          int64_t row1, float *score, rk_err *err);
+/* select.c: max-pools score (n) over `radius` rows either side, then marks in keep the
+ * n_keep rows with the largest pooled score (ties: the earlier row); keep is not cleared. */
+rk_status rk_select_top(const float *score, int64_t n, int radius, int64_t n_keep, uint8_t *keep, rk_err *err);
 /* prefill.c: an eval call's rows through the model in chunks (what rk_session_eval runs). */
 rk_status rk_prefill_run(rk_session *s, const int32_t *ids, size_t n, float *logits, bool all_rows, rk_err *err);

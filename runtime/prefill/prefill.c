@@ -3,6 +3,7 @@
  * layer-major when the fill settings ask for it: layers 0..S-1 over the whole prompt
  * first (the split stream of every row kept), then the late layers chunk by chunk; the
  * selection of exact rows may then use what the early layers saw (question-aware fill). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,6 +17,10 @@ typedef struct pass {
     float *logits;
     bool all_rows;
     double done_work, total_work; /* in rows x layers, for progress */
+    /* question-aware selection: queries of rows [q_pos0, q_pos0 + q_n) at layers [q_lo, q_hi) */
+    float *q_keep;
+    int q_lo, q_hi;
+    int64_t q_pos0, q_n;
 } pass;
 
 /* Chunk boundaries: n_batch rows, never straddling bulk_end (each chunk is all bulk or
@@ -57,7 +62,10 @@ static rk_status run_layers(pass *q, int lo, int hi, float *x_split, rk_err *err
             (st = splice(s, q->start, q->bulk_end, err)))
             return st;
         rk_chunk_plan p;
-        rk_plan_chunk(s, q->ids + done, pos, (int64_t)c, q->bulk_end, lo, hi, &p);
+        rk_plan_chunk(s, pos, (int64_t)c, q->bulk_end, lo, hi, &p);
+        if (q->q_keep && lo < q->q_hi && hi > q->q_lo && pos + (int64_t)c > q->q_pos0) {
+            p.q_keep = q->q_keep, p.q_lo = q->q_lo, p.q_hi = q->q_hi, p.q_pos0 = q->q_pos0, p.q_n = q->q_n;
+        }
         if (lo > 0) p.x_in = x_split + done * d;
         if (hi < hp->n_layer) p.x_out = x_split + done * d;
         float *lg = NULL;
@@ -72,9 +80,36 @@ static rk_status run_layers(pass *q, int lo, int hi, float *x_split, rk_err *err
     return RK_OK;
 }
 
+/* After the early layers: scores the bulk rows by the question's attention at the layers
+ * [q_lo, q_hi) and fills s->keep (sinks + the top keep_share of the other bulk rows). */
+static rk_status select_rows(pass *q, rk_err *err) {
+    rk_session *s = q->s;
+    const rk_fill_params *f = &s->fill;
+    const int64_t nb = q->bulk_end - q->start;
+    s->keep = calloc((size_t)nb, 1);
+    if (!s->keep) return rk_err_set(err, RK_E_NOMEM, "prefill: no memory for the selection of %lld rows", (long long)nb);
+    s->keep_lo = q->start, s->keep_hi = q->bulk_end;
+    int64_t r0 = q->start;
+    for (; r0 < q->bulk_end && r0 < f->n_sink; r0++) s->keep[r0 - q->start] = 1;
+    const int64_t n_sc = q->bulk_end - r0;
+    const int64_t n_keep = (int64_t)llround((double)f->keep_share * (double)n_sc);
+    if (n_sc <= 0 || n_keep <= 0) return RK_OK;
+    float *score = calloc((size_t)n_sc, sizeof(float));
+    if (!score) return rk_err_set(err, RK_E_NOMEM, "prefill: no memory to score %lld rows", (long long)n_sc);
+    const int64_t qd = (int64_t)s->m->hp.n_head * s->m->hp.head_dim;
+    rk_status st = RK_OK;
+    for (int l = q->q_lo; l < q->q_hi && !st; l++)
+        st = rk_select_score(s, l, q->q_keep + (int64_t)(l - q->q_lo) * q->q_n * qd, q->q_n, q->q_pos0, r0,
+                             q->bulk_end, score, err);
+    if (!st) st = rk_select_top(score, n_sc, f->pool, n_keep, s->keep + (r0 - q->start), err);
+    free(score);
+    return st;
+}
+
 rk_status rk_prefill_run(rk_session *s, const int32_t *ids, size_t n, float *logits, bool all_rows, rk_err *err) {
     const rk_hparams *hp = &s->m->hp;
-    pass q = {s, ids, n, s->n_past, s->n_past, logits, all_rows, 0, (double)n * hp->n_layer};
+    pass q = {.s = s, .ids = ids, .n = n, .start = s->n_past, .bulk_end = s->n_past, .logits = logits,
+              .all_rows = all_rows, .total_work = (double)n * hp->n_layer};
     /* bulk rows: at least `tail` tokens of this call after them */
     if (s->fill.mode != RK_FILL_OFF) q.bulk_end = q.start + (int64_t)n - s->fill.tail;
     if (q.bulk_end < q.start) q.bulk_end = q.start;
@@ -85,8 +120,24 @@ rk_status rk_prefill_run(rk_session *s, const int32_t *ids, size_t n, float *log
     float *x_split = malloc(n * (size_t)hp->n_embd * sizeof(float));
     if (!x_split)
         return rk_err_set(err, RK_E_NOMEM, "prefill: no memory for the split stream of %zu rows (layer-major phase)", n);
-    rk_status st = run_layers(&q, 0, split, x_split, err);
+    rk_status st = RK_OK;
+    if (s->fill.question_aware) {
+        /* the question: the last obs rows of the call (never bulk rows) */
+        const int64_t after = q.start + (int64_t)n - q.bulk_end;
+        q.q_n = s->fill.obs < after ? s->fill.obs : after;
+        q.q_pos0 = q.start + (int64_t)n - q.q_n;
+        q.q_hi = split;
+        q.q_lo = split - s->fill.score_layers < 0 ? 0 : split - s->fill.score_layers;
+        q.q_keep = malloc((size_t)(q.q_hi - q.q_lo) * (size_t)q.q_n * (size_t)hp->n_head * (size_t)hp->head_dim *
+                          sizeof(float));
+        if (!q.q_keep) st = rk_err_set(err, RK_E_NOMEM, "prefill: no memory for the question's queries");
+    }
+    if (!st) st = run_layers(&q, 0, split, x_split, err);
+    if (!st && q.q_keep) st = select_rows(&q, err);
     if (!st) st = run_layers(&q, split, hp->n_layer, x_split, err);
+    free(s->keep);
+    s->keep = NULL;
+    free(q.q_keep);
     free(x_split);
     return st;
 }

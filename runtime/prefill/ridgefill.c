@@ -113,20 +113,6 @@ fail:
     return st;
 }
 
-/* Score threshold that keeps `share` of the calibration rows exact: token scores are
- * per-token-id mean relative errors, weighted by frequency; we keep the ids whose score
- * is in the top share of the frequency-weighted distribution (stored as a quantile
- * table at calibration: ridge.score_quantiles[100]). */
-static float threshold_for_share(const rk_ridge_maps *r, float share) {
-    const rk_gguf_tensor *q = rk_gguf_find_tensor(r->gguf, "ridge.score_quantiles");
-    if (!q || q->type != RK_DT_F32 || q->ne[0] != 101 || share <= 0.0f) return share <= 0.0f ? INFINITY : 0.0f;
-    const float *qs = q->data;
-    int i = (int)((1.0f - share) * 100.0f + 0.5f);
-    if (i < 0) i = 0;
-    if (i > 100) i = 100;
-    return qs[i];
-}
-
 rk_status rk_session_set_fill(rk_session *s, const rk_fill_params *p, rk_err *err) {
     const rk_hparams *hp = &s->m->hp;
     rk_fill_params f = *p;
@@ -146,10 +132,18 @@ rk_status rk_session_set_fill(rk_session *s, const rk_fill_params *p, rk_err *er
     if (f.maps && f.maps->n_layer != hp->n_layer)
         return rk_err_set(err, RK_E_MISMATCH, "ridgefill: maps are for %d layers, model has %d", f.maps->n_layer,
                           hp->n_layer);
-    s->score_threshold = INFINITY;
-    if (f.mode == RK_FILL_QUALITY) {
-        float share = f.keep_share >= 0.0f ? f.keep_share : f.maps->keep_share;
-        s->score_threshold = f.maps->token_score ? threshold_for_share(f.maps, share) : INFINITY;
+    if (f.mode == RK_FILL_QUALITY) f.question_aware = true;
+    if (f.question_aware) {
+        /* the selection reads what the early layers saw: layer-major first phase */
+        f.layer_major = true;
+        if (f.keep_share < 0.0f) f.keep_share = f.maps ? f.maps->keep_share : 0.1f;
+        if (f.keep_share > 1.0f) f.keep_share = 1.0f;
+        if (f.obs <= 0) f.obs = 32;
+        if (f.score_layers <= 0) f.score_layers = 2;
+        if (f.pool == 0) f.pool = 3;
+        if (f.pool < 0) f.pool = 0;
+        const int split = f.maps ? f.maps->split : f.split;
+        if (f.score_layers > split) f.score_layers = split;
     }
     s->fill = f;
     return RK_OK;

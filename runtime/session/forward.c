@@ -179,6 +179,7 @@ rk_status rk_forward_chunk(rk_session *s, const rk_chunk_plan *p, const int32_t 
         if (ne == 0) continue;
         if (compacted) rk_rows_gather(s->h, s->h, p->ex_idx, p->n_ex, d);
         if ((st = exact_rows(s, l, pos0, ne, compacted ? p->ex_idx : NULL, err))) return st;
+        if (p->q_keep && !compacted) rk_plan_keep_queries(s, p, l); /* question-aware selection */
     }
     if (p->layer_hi < hp->n_layer) {
         if (compacted) return rk_err_set(err, RK_E_INTERNAL, "forward: a pass ending at layer %d after the split %d",

@@ -47,7 +47,10 @@ struct rk_session {
     rk_tap_fn tap;
     void *tap_ud;
     rk_fill_params fill;
-    float score_threshold; /* quality: token_score >= threshold -> kept exact */
+    /* question-aware selection of this eval call (prefill/select.c): keep[pos - keep_lo]
+     * for bulk rows [keep_lo, keep_hi) says the row stays exact in late layers */
+    uint8_t *keep;
+    int64_t keep_lo, keep_hi;
     rk_session_counters counters;
     /* eval splice: copy exact K/V of layers [lo, hi) over the bulk rows before the tail */
     const rk_session *splice_src;

@@ -1,6 +1,7 @@
 /* The prefill plan: chunk-major and layer-major passes give the same cache and logits
  * (the layer order of independent rows does not change any value), the row plan of each
- * fill mode, progress and cancel through both passes. Runs on generated tiny models
+ * fill mode, progress and cancel through both passes, the question-aware selection's
+ * scoring and ranking (white-box: plan_impl.h). Runs on generated tiny models
  * (tests/tb) of each architecture: no ../shared needed. */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -8,7 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "plan_impl.h"
 #include "rk.h"
+#include "rk_ext.h"
 #include "tb.h"
 
 /* A 6-layer tiny model of the given architecture with a context of 512 (the file is
@@ -164,5 +167,124 @@ Test(prefill, progress_and_cancel_in_layer_major) {
     cr_expect_eq(rk_session_n_past(s), 0);
     free(lg), free(ids);
     rk_session_destroy(s);
+    rk_model_destroy(m);
+}
+
+/* ---- question-aware selection (runtime/prefill/select.c) ---------------------------- */
+
+/* Max-pooling spreads a peak over `radius` rows either side; the top rows by pooled score
+ * are kept, ties going to the earlier row; rows already marked stay marked. */
+Test(prefill, select_top_pools_then_ranks) {
+    float sc[60] = {0};
+    for (int j = 0; j < 60; j++) sc[j] = 0.001f * (float)(j % 7);
+    sc[10] = 5.0f, sc[50] = 4.0f, sc[30] = 1.0f;
+    uint8_t keep[60] = {0};
+    rk_err e = {0};
+    cr_assert_eq(rk_select_top(sc, 60, 0, 2, keep, &e), RK_OK);
+    int n = 0;
+    for (int j = 0; j < 60; j++) n += keep[j];
+    cr_expect(n == 2 && keep[10] && keep[50]);
+    memset(keep, 0, sizeof keep);
+    cr_assert_eq(rk_select_top(sc, 60, 1, 7, keep, &e), RK_OK);
+    n = 0;
+    for (int j = 0; j < 60; j++) n += keep[j];
+    /* pooled: 9..11 hold 5, 49..51 hold 4, 29 (tie with 30, 31: the earliest) holds 1 */
+    cr_expect(n == 7 && keep[9] && keep[10] && keep[11] && keep[49] && keep[50] && keep[51] && keep[29], "n %d", n);
+    /* more rows than exist: all of them */
+    memset(keep, 0, sizeof keep);
+    cr_assert_eq(rk_select_top(sc, 60, 2, 100, keep, &e), RK_OK);
+    n = 0;
+    for (int j = 0; j < 60; j++) n += keep[j];
+    cr_expect_eq(n, 60);
+}
+
+/* The score is the causal softmax attention of the query rows over the layer's keys,
+ * summed over query heads: checked against a double-precision reference over keys read
+ * back through rk_session_kv_rows, for every architecture (GQA groups of 1 and more). */
+Test(prefill, select_score_is_softmax_attention) {
+  for (int arch = TB_ARCH_LLAMA; arch <= TB_ARCH_QWEN3; arch++) {
+    rk_model *m = load_tiny((tb_arch)arch);
+    const rk_hparams *hp = rk_model_hparams(m);
+    const int nh = hp->n_head, nkv = hp->n_head_kv, hd = hp->head_dim, group = nh / nkv;
+    const int64_t n = 150, n_obs = 6, obs0 = n - n_obs, row0 = 3, row1 = 120;
+    const int64_t qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd;
+    int32_t *ids = ids_for(m, (size_t)n);
+    rk_session_params sp = rk_session_params_default();
+    sp.n_ctx = 512, sp.n_batch = 64, sp.n_threads = 1, sp.kv.kind = RK_KV_F32;
+    rk_session *s = NULL;
+    rk_err e = {0};
+    cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s", e.msg);
+    float *lg = malloc((size_t)hp->n_vocab * sizeof(float));
+    cr_assert_eq(rk_session_eval(s, ids, (size_t)n, lg, false, &e), RK_OK, "%s", e.msg);
+    /* queries of a plausible size: random, norm about that of a key */
+    float *q = malloc((size_t)(n_obs * qd) * sizeof(float)), *k = malloc((size_t)(n * kvd) * sizeof(float));
+    cr_assert_eq(rk_session_kv_rows(s, 1, false, false, 0, n, k, &e), RK_OK, "%s", e.msg);
+    uint64_t st = 99;
+    for (int64_t i = 0; i < n_obs * qd; i++) q[i] = (float)((double)(tb_rand_u64(&st) % 2001) / 1000.0 - 1.0) * 2.0f;
+    float *sc = calloc((size_t)(row1 - row0), sizeof(float));
+    cr_assert_eq(rk_select_score(s, 1, q, n_obs, obs0, row0, row1, sc, &e), RK_OK, "%s", e.msg);
+    double *ref = calloc((size_t)(row1 - row0), sizeof(double)), mass = 0, worst = 0, lo_mass = 0;
+    for (int64_t i = 0; i < n_obs; i++)
+        for (int h = 0; h < nh; h++) {
+            const int64_t nk = obs0 + i + 1;
+            double *lgt = malloc((size_t)nk * sizeof(double)), mx = -INFINITY, z = 0;
+            for (int64_t j = 0; j < nk; j++) {
+                double d = 0;
+                for (int c = 0; c < hd; c++) d += (double)q[i * qd + h * hd + c] * k[j * kvd + (h / group) * hd + c];
+                lgt[j] = d / sqrt((double)hd);
+                mx = fmax(mx, lgt[j]);
+            }
+            for (int64_t j = 0; j < nk; j++) z += exp(lgt[j] - mx);
+            for (int64_t j = row0; j < row1; j++) ref[j - row0] += exp(lgt[j] - mx) / z;
+            free(lgt);
+        }
+    for (int64_t j = 0; j < row1 - row0; j++) {
+        worst = fmax(worst, fabs(sc[j] - ref[j]));
+        mass += ref[j];
+        lo_mass += sc[j];
+    }
+    /* float logits over 16-64 dims and float sums of at most n terms: 1e-5 of a weight of at most 1 */
+    cr_expect(worst <= 1e-5 * (double)(n_obs * nh), "arch %d: score differs from the reference by %g", arch, worst);
+    /* each query head spreads weight 1 over its keys; the scored rows get part of it */
+    cr_expect(mass > 0 && mass < (double)(n_obs * nh) && fabs(lo_mass - mass) <= 1e-4 * mass, "mass %g vs %g", lo_mass,
+              mass);
+    /* rows outside [0, obs0) are refused */
+    cr_expect_eq(rk_select_score(s, 1, q, n_obs, obs0, row0, obs0 + 1, sc, &e), RK_E_INTERNAL);
+    free(q), free(k), free(sc), free(ref), free(lg), free(ids);
+    rk_session_destroy(s);
+    rk_model_destroy(m);
+  }
+}
+
+/* Question-aware identity fill keeps the sinks and round(share x the other bulk rows)
+ * exact in every late layer; share 0 keeps only the sinks; share 1 keeps every row and
+ * equals off (no filled row is left, the same arithmetic runs). */
+Test(prefill, question_aware_row_counts_and_share_one_is_exact) {
+    rk_model *m = load_tiny(TB_ARCH_LLAMA);
+    const rk_hparams *hp = rk_model_hparams(m);
+    const size_t n = 200, nv = (size_t)hp->n_vocab, all = (n + 1) * nv;
+    const int split = 3, tail = 64;
+    const uint64_t bulk = n - tail;
+    int32_t *ids = ids_for(m, n);
+    float *off = run(m, ids, n, 48, NULL, NULL);
+    const float shares[] = {0.0f, 0.25f, 1.0f};
+    for (int si = 0; si < 3; si++) {
+        rk_fill_params fp = {.mode = RK_FILL_IDENTITY, .tail = tail, .split = split, .question_aware = true,
+                             .keep_share = shares[si], .obs = 16, .score_layers = 2, .pool = 2};
+        rk_session_counters c;
+        float *lg = run(m, ids, n, 48, &fp, &c);
+        const uint64_t kept = 4 + (uint64_t)llround((double)shares[si] * (double)(bulk - 4));
+        for (int l = 0; l < hp->n_layer; l++) {
+            const uint64_t filled = l >= split ? bulk - kept : 0;
+            cr_expect_eq(c.filled_rows[l], filled, "share %.2f layer %d filled %llu", shares[si], l,
+                         (unsigned long long)c.filled_rows[l]);
+            cr_expect_eq(c.exact_rows[l], n + 1 - filled, "share %.2f layer %d exact", shares[si], l);
+        }
+        /* the sinks are exact rows: they have logits */
+        cr_expect(!isnan(lg[0]) && !isnan(lg[3 * nv]));
+        if (si == 2) cr_expect(max_diff(off, lg, all) <= 1e-5, "share 1 differs from off by %g", max_diff(off, lg, all));
+        free(lg);
+    }
+    free(off), free(ids);
     rk_model_destroy(m);
 }

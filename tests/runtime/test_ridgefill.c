@@ -173,13 +173,24 @@ Test(ridgefill, speed_mode_bulk_rows_skip_late_work_and_last_rows_stay_close) {
     cr_log_info("speed mode, tail rows: mean KL %.4g", sum_kl / (double)(n - bulk));
     /* the tail is exact given its cache: the damage is bounded (a broken fill gives KL ~ 1) */
     cr_expect(sum_kl / (double)(n - bulk) < 0.05, "mean KL %g", sum_kl / (double)(n - bulk));
-    /* quality mode keeps the sinks (and hard tokens) exact */
+    /* quality mode keeps the 4 sinks and round(share x the other bulk rows) exact, chosen
+     * by the question's attention; with share 1 nothing is filled and it is exact */
     fp.mode = RK_FILL_QUALITY;
     fp.keep_share = 0.2f;
     float *q = eval_logits(m, ids, n, &fp, &c);
-    cr_expect(c.exact_rows[L - 1] >= (uint64_t)tail + 4, "quality exact rows %llu", (unsigned long long)c.exact_rows[L - 1]);
-    cr_expect(c.exact_rows[L - 1] < n, "quality still fills some rows");
-    free(off), free(sp), free(q), free(ids);
+    const uint64_t kept = 4 + (uint64_t)llround(0.2 * (double)(bulk - 4));
+    for (int l = split; l < L; l++) {
+        cr_expect_eq(c.exact_rows[l], n - bulk + kept, "quality layer %d exact rows %llu", l,
+                     (unsigned long long)c.exact_rows[l]);
+        cr_expect_eq(c.filled_rows[l], bulk - kept, "quality layer %d filled rows", l);
+    }
+    fp.keep_share = 1.0f;
+    float *q1 = eval_logits(m, ids, n, &fp, &c);
+    double d1 = 0;
+    for (size_t i = 0; i < n * (size_t)nv; i++) d1 = fmax(d1, fabs((double)q1[i] - off[i]));
+    cr_expect(d1 <= 1e-4, "quality with share 1 differs from off by %g", d1);
+    cr_expect_eq(c.filled_rows[L - 1], 0);
+    free(off), free(sp), free(q), free(q1), free(ids);
     rk_ridge_maps_destroy(maps);
     unlink(maps_path);
     rk_model_destroy(m);
