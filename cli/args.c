@@ -91,6 +91,20 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
         else if (!strcmp(a, "--tail")) { NEED(); rc = parse_int(cmd, a, v, 512, 1 << 24, &o->tail); }
         else if (!strcmp(a, "--split")) { NEED(); rc = parse_int(cmd, a, v, 1, 4096, &o->split); }
         else if (!strcmp(a, "--keep-share")) { NEED(); rc = parse_float(cmd, a, v, 0.0f, 1.0f, &o->keep_share); }
+        else if (!strcmp(a, "--obs")) { NEED(); rc = parse_int(cmd, a, v, 1, 4096, &o->obs); }
+        else if (!strcmp(a, "--score-layers")) { NEED(); rc = parse_int(cmd, a, v, 1, 256, &o->score_layers); }
+        else if (!strcmp(a, "--score-skip") || !strcmp(a, "--baseline")) {
+            NEED();
+            int *dst = !strcmp(a, "--baseline") ? &o->baseline : &o->score_skip;
+            rc = parse_int(cmd, a, v, 0, 4096, dst);
+            if (!rc && *dst == 0) *dst = -1; /* the library's "none" */
+        }
+        else if (!strcmp(a, "--pool")) {
+            NEED();
+            rc = parse_int(cmd, a, v, 0, 256, &o->pool);
+            if (!rc && o->pool == 0) o->pool = -1; /* the library's "no pooling" */
+        }
+        else if (!strcmp(a, "--no-ridgefill")) o->no_ridgefill = 1;
         else if (!strcmp(a, "--chat")) o->chat = 1;
         else if (!strcmp(a, "--json")) o->json = 1;
         else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) o->verbose = 1;
@@ -258,7 +272,9 @@ int cli_fill_params(const cli_opts *o, const rk_model *m, rk_ridge_maps **maps, 
     rk_err e = {0};
     const char *mode_s = mode_override ? mode_override : o->fill;
     rk_fill_params fp = {.mode = RK_FILL_OFF, .tail = o->tail, .split = o->split,
-                         .keep_share = o->keep_share > 0 ? o->keep_share : -1.0f};
+                         .keep_share = o->keep_share > 0 ? o->keep_share : -1.0f, .obs = o->obs,
+                         .score_layers = o->score_layers, .score_skip = o->score_skip, .pool = o->pool,
+                         .baseline = o->baseline};
     if (!mode_s) mode_s = o->ridgefill ? "speed" : "off";
     if (!rk_fill_mode_parse(mode_s, &fp.mode)) {
         fprintf(stderr, "ridgekv: --fill expects off, speed, quality, identity or plumb (got '%s')\n", mode_s);

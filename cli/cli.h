@@ -37,6 +37,12 @@ typedef struct cli_opts {
     int tail;               /* --tail T */
     int split;              /* --split S */
     float keep_share;       /* --keep-share X (quality mode; <0: the map file's) */
+    int obs;                /* --obs N: quality mode's question rows (0: 32) */
+    int score_layers;       /* --score-layers N: layers below the split that score (0: 3) */
+    int score_skip;         /* --score-skip N: layers right below the split not scoring (0: 2, -1: none) */
+    int baseline;           /* --baseline N: rows before the question subtracted (0: obs, -1: none) */
+    int pool;               /* --pool R: max-pool radius of the scores (0: 8, -1: none) */
+    int no_ridgefill;       /* --no-ridgefill: no maps found by fingerprint are used */
 } cli_opts;
 
 /* The fill parameters of --ridgefill/--fill/--tail/--split/--keep-share: loads the maps

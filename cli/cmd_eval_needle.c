@@ -35,7 +35,15 @@ static const char *help =
     "  --gen N           greedy answer tokens (default 16; stops early at the key or end of turn)\n"
     "  --files LIST      haystack text files (default " EV_DEFAULT_FILES ")\n"
     "  --corpus DIR      where bare file names are looked up (default $RIDGEKV_CORPUS or ../shared/corpus)\n"
+    "  --wordings N      cycle over N wordings of the needle sentence and its question (1-4,\n"
+    "                    default 4; 1: only the passkey wording above); trial t uses wording\n"
+    "                    (t / cells) % N, so every length x depth cell sees each wording\n"
     "  --seed N          haystack windows, depths and keys (default 1)\n"
+    "  --obs N, --baseline N, --score-layers N, --score-skip N, --pool R, --keep-share X:\n"
+    "                    quality mode's question rows (32), baseline rows before them whose\n"
+    "                    attention is subtracted (= obs; 0: none), scoring layers (3) below the\n"
+    "                    split after skipping the ones right below it (2), max-pool radius (8;\n"
+    "                    0: none), share of bulk rows kept exact (the map's, 0.1)\n"
     "  --json            one JSON object (with every trial's answers) on stdout instead of tables\n";
 
 static void print_tables(const ev_needle_params *p, const ev_needle_result *r, const rk_model *m, const cli_opts *o,
@@ -159,9 +167,10 @@ static void print_json(const ev_needle_params *p, const ev_needle_result *r, con
 /* The flags into p (and o). */
 static int parse(int argc, char **argv, cli_opts *o, ev_needle_params *p, const char **files, const char **corpus) {
     const char *cmd = "eval needle", *f_depths = "0.1,0.3,0.5,0.7,0.9", *f_lens = "1024,2048", *f_trials = "200",
-               *f_gen = "16";
+               *f_gen = "16", *f_words = "4";
     ev_flag flags[] = {{"--depths", &f_depths}, {"--lengths", &f_lens}, {"--trials", &f_trials},
-                       {"--gen", &f_gen},       {"--files", files},     {"--corpus", corpus}};
+                       {"--gen", &f_gen},       {"--files", files},     {"--corpus", corpus},
+                       {"--wordings", &f_words}};
     char **av = NULL;
     int ac = 0, n_pos = 0;
     rk_err e = {0};
@@ -170,13 +179,15 @@ static int parse(int argc, char **argv, cli_opts *o, ev_needle_params *p, const 
     int rc = cli_parse(ac, av, 3, o, pos, 0, &n_pos, cmd);
     free(av);
     if (rc) return rc;
-    long trials, gen;
+    long trials, gen, words;
     if (ev_parse_doubles(f_depths, 0.0, 1.0, p->depths, EV_MAX_LIST, &p->n_depths, "--depths", &e) ||
         ev_parse_ints(f_lens, 64, 1 << 20, p->lens, EV_MAX_LIST, &p->n_lens, "--lengths", &e) ||
-        ev_parse_int(f_trials, 1, 1000000, &trials, "--trials", &e) || ev_parse_int(f_gen, 1, 256, &gen, "--gen", &e))
+        ev_parse_int(f_trials, 1, 1000000, &trials, "--trials", &e) || ev_parse_int(f_gen, 1, 256, &gen, "--gen", &e) ||
+        ev_parse_int(f_words, 1, EV_NEEDLE_WORDINGS, &words, "--wordings", &e))
         return cli_ev_fail(cmd, &e);
     p->n_trials = (int)trials;
     p->gen = (int)gen;
+    p->n_wordings = (int)words;
     p->seed = o->sp.seed;
     if (!o->tail) o->tail = 512;
     if (!o->fill && !o->ridgefill && !o->split) {

@@ -8,7 +8,20 @@
 #include "rk_eval.h"
 #include "rk_gen.h"
 
-static const char *question = "What is the secret passkey? Answer with the number only.";
+/* Wordings of the needle sentence and its question (trial t uses wording t % n_wordings;
+ * the first is the original one). */
+static const char *const needles[EV_NEEDLE_WORDINGS] = {
+    " The secret passkey is %d. Remember it.",
+    " Note that the access code for the blue vault is %d.",
+    " Important: the magic number you must remember is %d.",
+    " The password of the server room is %d, and nobody else knows it.",
+};
+static const char *const questions[EV_NEEDLE_WORDINGS] = {
+    "What is the secret passkey? Answer with the number only.",
+    "What is the access code for the blue vault? Answer with the number only.",
+    "What is the magic number I must remember? Reply with just the number.",
+    "What is the password of the server room? Give only the number.",
+};
 static const char *marker = "@@RIDGEKV_HAYSTACK@@";
 
 static bool word_start(const rk_model *m, int32_t id) {
@@ -19,10 +32,10 @@ static bool word_start(const rk_model *m, int32_t id) {
 
 /* Chat-template text around the haystack, tokenized: prefix (with BOS when the vocab
  * wants it) and suffix (question, end of turn, open assistant turn). */
-static rk_status chat_parts(const rk_model *m, int32_t **pre, size_t *n_pre, int32_t **suf, size_t *n_suf,
+static rk_status chat_parts(const rk_model *m, int w, int32_t **pre, size_t *n_pre, int32_t **suf, size_t *n_suf,
                             rk_err *e) {
     char content[256];
-    snprintf(content, sizeof content, "%s\n\n%s", marker, question);
+    snprintf(content, sizeof content, "%s\n\n%s", marker, questions[w]);
     rk_chat_msg msg = {"user", content};
     char *txt = NULL;
     rk_status st = rk_chat_format(rk_model_chat_family(m), &msg, 1, true, &txt, e);
@@ -39,32 +52,39 @@ static rk_status chat_parts(const rk_model *m, int32_t **pre, size_t *n_pre, int
     return st;
 }
 
-static rk_status needle_ids(const rk_model *m, int key, int32_t **ids, size_t *n, rk_err *e) {
-    char txt[128];
-    snprintf(txt, sizeof txt, " The secret passkey is %d. Remember it.", key);
+static rk_status needle_ids(const rk_model *m, int w, int key, int32_t **ids, size_t *n, rk_err *e) {
+    char txt[160];
+    snprintf(txt, sizeof txt, needles[w], key);
     return rk_model_tokenize(m, txt, strlen(txt), false, false, ids, n, e);
 }
 
+static int n_wordings(const ev_needle_params *p) {
+    return p->n_wordings <= 0 ? 1 : p->n_wordings > EV_NEEDLE_WORDINGS ? EV_NEEDLE_WORDINGS : p->n_wordings;
+}
+
 rk_status ev_needle_plan(const rk_model *m, const ev_needle_params *p, int *n_ctx, rk_err *err) {
-    int32_t *pre = NULL, *suf = NULL, *needle = NULL;
-    size_t n_pre = 0, n_suf = 0, n_needle = 0;
-    rk_status st = chat_parts(m, &pre, &n_pre, &suf, &n_suf, err);
-    /* the needle's length is the same for every 5-digit key (digits tokenize alike) */
-    if (!st) st = needle_ids(m, 12345, &needle, &n_needle, err);
-    const int tail = p->modes.fill.tail;
+    rk_status st = RK_OK;
     int max_len = 0;
-    for (int i = 0; !st && i < p->n_lens; i++) {
-        const int L = p->lens[i];
-        if ((long)L - tail - (long)n_pre - (long)n_needle - 8 < 0 || L < (int)(n_pre + n_suf + n_needle) + 8)
-            st = rk_err_set(err, RK_E_INVALID_ARG,
-                            "length %d leaves no room for the needle (%zu tokens) before the exact tail of %d (chat "
-                            "prefix %zu, question %zu tokens)",
-                            L, n_needle, tail, n_pre, n_suf);
-        max_len = L > max_len ? L : max_len;
+    for (int w = 0; !st && w < n_wordings(p); w++) {
+        int32_t *pre = NULL, *suf = NULL, *needle = NULL;
+        size_t n_pre = 0, n_suf = 0, n_needle = 0;
+        st = chat_parts(m, w, &pre, &n_pre, &suf, &n_suf, err);
+        /* the needle's length is the same for every 5-digit key (digits tokenize alike) */
+        if (!st) st = needle_ids(m, w, 12345, &needle, &n_needle, err);
+        const int tail = p->modes.fill.tail;
+        for (int i = 0; !st && i < p->n_lens; i++) {
+            const int L = p->lens[i];
+            if ((long)L - tail - (long)n_pre - (long)n_needle - 8 < 0 || L < (int)(n_pre + n_suf + n_needle) + 8)
+                st = rk_err_set(err, RK_E_INVALID_ARG,
+                                "length %d leaves no room for the needle (%zu tokens) before the exact tail of %d (chat "
+                                "prefix %zu, question %zu tokens)",
+                                L, n_needle, tail, n_pre, n_suf);
+            max_len = L > max_len ? L : max_len;
+        }
+        free(pre);
+        free(suf);
+        free(needle);
     }
-    free(pre);
-    free(suf);
-    free(needle);
     if (!st) *n_ctx = max_len + p->gen;
     return st;
 }
@@ -118,8 +138,7 @@ rk_status ev_needle_run(const rk_model *m, rk_session *s, const ev_corpus *c, co
     int32_t *pre = NULL, *suf = NULL, *prompt = NULL, *needle = NULL;
     size_t n_pre = 0, n_suf = 0, n_needle = 0;
     rk_gen_result g = {0};
-    rk_status st = chat_parts(m, &pre, &n_pre, &suf, &n_suf, err);
-    if (st) goto fail;
+    rk_status st = RK_OK;
     int max_len = 0;
     for (int i = 0; i < p->n_lens; i++) max_len = p->lens[i] > max_len ? p->lens[i] : max_len;
     r.trials = calloc((size_t)r.n_trials, sizeof *r.trials);
@@ -140,9 +159,12 @@ rk_status ev_needle_run(const rk_model *m, rk_session *s, const ev_corpus *c, co
         tr->len_i = li;
         tr->depth_i = di;
         tr->key = 10000 + (int)ev_rand_below(&rng, 90000);
-        free(needle);
-        needle = NULL;
-        if ((st = needle_ids(m, tr->key, &needle, &n_needle, err))) goto fail;
+        tr->wording = (t / n_cells) % n_wordings(p); /* every cell sees every wording */
+        free(needle), free(pre), free(suf);
+        needle = pre = suf = NULL;
+        if ((st = chat_parts(m, tr->wording, &pre, &n_pre, &suf, &n_suf, err)) ||
+            (st = needle_ids(m, tr->wording, tr->key, &needle, &n_needle, err)))
+            goto fail;
         const size_t n_hay = (size_t)L - n_pre - n_suf - n_needle;
         ev_window w;
         if (!ev_corpus_pick(c, n_hay, 1, &rng, &w)) {

@@ -127,14 +127,17 @@ typedef struct ev_needle_params {
     int n_trials;
     int gen;                  /* greedy answer tokens */
     uint64_t seed;
+    int n_wordings;           /* needle sentence / question wordings cycled over (0: 1; at most EV_NEEDLE_WORDINGS) */
     ev_modes modes;
     ev_progress_fn progress;
     void *progress_ud;
 } ev_needle_params;
+#define EV_NEEDLE_WORDINGS 4
 
 typedef struct ev_needle_trial {
     int len_i, depth_i;       /* cell: lens[len_i] x depths[depth_i] */
     int key;
+    int wording;              /* index of the needle / question wording */
     int64_t needle_pos, bulk_end;
     int doc;
     size_t off;

@@ -272,12 +272,18 @@ typedef struct rk_fill_params {
                                   (n x n_embd floats more; same result as chunk-major) */
     /* Question-aware selection (quality mode always; other fill modes when question_aware):
      * after the layer-major phase, every bulk row is scored by the softmax attention the
-     * last `obs` prompt rows pay it at the `score_layers` layers just below the split
-     * (summed over query heads and layers), max-pooled over `pool` rows either side; the
+     * last `obs` prompt rows pay it at `score_layers` layers below the split (summed over
+     * query heads and layers; SmolLM2 measured: the two layers right below the split point
+     * at punctuation, not at facts, hence score_skip), max-pooled over `pool` rows either side; the
      * top keep_share of the bulk rows plus the n_sink first rows stay exact. */
     int32_t obs;               /* 0: 32 */
-    int32_t score_layers;      /* 0: 2 */
-    int32_t pool;              /* 0: 3; < 0: no pooling */
+    int32_t score_layers;      /* 0: 3 */
+    int32_t score_skip;        /* layers right below the split left out of scoring (0: 2; < 0: none):
+                                  scoring layers are [S - skip - score_layers, S - skip) */
+    int32_t pool;              /* 0: 8 (a fact's value follows the words the question matches); < 0: none */
+    int32_t baseline;          /* the rows just before the question whose attention (scaled to obs
+                                  rows) is subtracted, so rows every query attends to (punctuation
+                                  sinks) do not win (0: obs; < 0: none) */
     bool question_aware;       /* speed/identity/plumb: select as quality does (tests, studies) */
 } rk_fill_params;
 

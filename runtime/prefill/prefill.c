@@ -20,7 +20,7 @@ typedef struct pass {
     /* question-aware selection: queries of rows [q_pos0, q_pos0 + q_n) at layers [q_lo, q_hi) */
     float *q_keep;
     int q_lo, q_hi;
-    int64_t q_pos0, q_n;
+    int64_t q_pos0, q_n, n_base; /* the first n_base of the q_n rows are the baseline */
 } pass;
 
 /* Chunk boundaries: n_batch rows, never straddling bulk_end (each chunk is all bulk or
@@ -98,9 +98,21 @@ static rk_status select_rows(pass *q, rk_err *err) {
     if (!score) return rk_err_set(err, RK_E_NOMEM, "prefill: no memory to score %lld rows", (long long)n_sc);
     const int64_t qd = (int64_t)s->m->hp.n_head * s->m->hp.head_dim;
     rk_status st = RK_OK;
-    for (int l = q->q_lo; l < q->q_hi && !st; l++)
-        st = rk_select_score(s, l, q->q_keep + (int64_t)(l - q->q_lo) * q->q_n * qd, q->q_n, q->q_pos0, r0,
-                             q->bulk_end, score, err);
+    const int64_t nq = q->q_n - q->n_base;
+    float *base = q->n_base ? calloc((size_t)n_sc, sizeof(float)) : NULL;
+    if (q->n_base && !base) st = rk_err_set(err, RK_E_NOMEM, "prefill: no memory to score %lld rows", (long long)n_sc);
+    for (int l = q->q_lo; l < q->q_hi && !st; l++) {
+        const float *ql = q->q_keep + (int64_t)(l - q->q_lo) * q->q_n * qd;
+        st = rk_select_score(s, l, ql + q->n_base * qd, nq, q->q_pos0 + q->n_base, r0, q->bulk_end, score, err);
+        if (!st && base) st = rk_select_score(s, l, ql, q->n_base, q->q_pos0, r0, q->bulk_end, base, err);
+    }
+    /* what the question pays a row beyond what any text row pays it */
+    if (!st && base)
+        for (int64_t j = 0; j < n_sc; j++) {
+            const float c = score[j] - (float)nq / (float)q->n_base * base[j];
+            score[j] = c > 0.0f ? c : 0.0f;
+        }
+    free(base);
     if (!st) st = rk_select_top(score, n_sc, f->pool, n_keep, s->keep + (r0 - q->start), err);
     free(score);
     return st;
@@ -125,9 +137,11 @@ rk_status rk_prefill_run(rk_session *s, const int32_t *ids, size_t n, float *log
         /* the question: the last obs rows of the call (never bulk rows) */
         const int64_t after = q.start + (int64_t)n - q.bulk_end;
         q.q_n = s->fill.obs < after ? s->fill.obs : after;
+        q.n_base = s->fill.baseline < after - q.q_n ? s->fill.baseline : after - q.q_n;
+        q.q_n += q.n_base; /* the baseline rows first, then the question */
         q.q_pos0 = q.start + (int64_t)n - q.q_n;
-        q.q_hi = split;
-        q.q_lo = split - s->fill.score_layers < 0 ? 0 : split - s->fill.score_layers;
+        q.q_hi = split - s->fill.score_skip;
+        q.q_lo = q.q_hi - s->fill.score_layers;
         q.q_keep = malloc((size_t)(q.q_hi - q.q_lo) * (size_t)q.q_n * (size_t)hp->n_head * (size_t)hp->head_dim *
                           sizeof(float));
         if (!q.q_keep) st = rk_err_set(err, RK_E_NOMEM, "prefill: no memory for the question's queries");

@@ -139,11 +139,16 @@ rk_status rk_session_set_fill(rk_session *s, const rk_fill_params *p, rk_err *er
         if (f.keep_share < 0.0f) f.keep_share = f.maps ? f.maps->keep_share : 0.1f;
         if (f.keep_share > 1.0f) f.keep_share = 1.0f;
         if (f.obs <= 0) f.obs = 32;
-        if (f.score_layers <= 0) f.score_layers = 2;
-        if (f.pool == 0) f.pool = 3;
+        if (f.score_layers <= 0) f.score_layers = 3;
+        if (f.score_skip == 0) f.score_skip = 2;
+        if (f.score_skip < 0) f.score_skip = 0;
+        if (f.pool == 0) f.pool = 8;
         if (f.pool < 0) f.pool = 0;
+        if (f.baseline == 0) f.baseline = f.obs;
+        if (f.baseline < 0) f.baseline = 0;
         const int split = f.maps ? f.maps->split : f.split;
-        if (f.score_layers > split) f.score_layers = split;
+        if (f.score_skip > split - 1) f.score_skip = split - 1;
+        if (f.score_layers > split - f.score_skip) f.score_layers = split - f.score_skip;
     }
     s->fill = f;
     return RK_OK;
