@@ -98,6 +98,25 @@ int cmd_bench(int argc, char **argv);
 int cmd_pull(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_calibrate(int argc, char **argv);
+int cmd_prepare(int argc, char **argv);
+
+/* ---- RidgeFill maps without a manual step (cmd_prepare.c) ---------------------------- */
+/* The fill mode ask / chat / serve use with maps found in the cache (prompts longer than
+ * the tail; shorter ones are exact anyway): the mode that met the targets, docs/RIDGEFILL.md. */
+#define CLI_DEFAULT_LONG_FILL "quality"
+/* <cache>/maps/<arch>-<tokenizer hash>-<weights hash>-<quant hash>.maps.gguf; -1 without a cache dir. */
+int cli_maps_cache_path(const rk_model *m, char *buf, size_t cap);
+/* Fits the maps of m over the texts (NULL/0: the Jargon File of the Debian package
+ * jargon-text) unless the cache already holds usable ones (force: refit), and stores them
+ * under the model's fingerprint. Prints progress and the outcome on stderr; returns an exit
+ * code. For `ridgekv pull` to call after fetching a model. */
+int cli_prepare_maps(const rk_model *m, const char *const *texts, int n_texts, size_t max_tokens, int n_threads,
+                     bool force);
+/* ask / chat / serve, before cli_setup_fill / cli_fill_params: with --no-ridgefill turns
+ * fill off; without --ridgefill uses the cached maps of m (o->ridgefill then points into a
+ * static buffer) in
+ * CLI_DEFAULT_LONG_FILL mode (or --fill). Says on stderr what it uses. Returns an exit code. */
+int cli_auto_fill(cli_opts *o, const rk_model *m, const char *cmd);
 int cmd_calibrate_lowram(int argc, char **argv); /* calibrate --lowram (cmd_calibrate_lowram.c) */
 int cmd_serve(int argc, char **argv);
 int cmd_chat(int argc, char **argv);

@@ -41,7 +41,9 @@ static const char *help =
     "      --fill MODE         off|speed|quality|identity|plumb (default: speed with maps, else off)\n"
     "      --tail T            exact tail in tokens (default 2048, minimum 512)\n"
     "      --split S           split layer for --fill identity/plumb without maps\n"
-    "      --keep-share X      quality mode: share of hard tokens kept exact (default: the map's)\n"
+    "      --keep-share X      quality mode: share of bulk rows kept exact, those the question\n"
+    "                          attends to most (default: the map's, 0.1)\n"
+    "      --no-ridgefill      exact prefill even when `ridgekv prepare` left maps in the cache\n"
     "  -v, --verbose           model and prompt details on stderr\n"
     "\n"
     "The prompt must leave room for the answer: -n tokens, at most a quarter of the\n"
@@ -140,7 +142,7 @@ int cmd_ask(int argc, char **argv) {
         rc = RK_EXIT_CONTEXT;
         goto done;
     }
-    if ((rc = cli_setup_fill(&o, m, s, &maps, NULL))) goto done;
+    if ((rc = cli_auto_fill(&o, m, "ask")) || (rc = cli_setup_fill(&o, m, s, &maps, NULL))) goto done;
     if (o.verbose)
         fprintf(stderr, "ridgekv ask: %s (%s, %s template), %d document%s, prompt %zu tokens, context %lld\n",
                 rk_model_name(m), rk_model_hparams(m)->arch_name, rk_chat_family_name(rk_conv_family(conv)), n_docs,

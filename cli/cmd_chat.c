@@ -36,7 +36,9 @@ static const char *help =
     "      --fill MODE         off|speed|quality|identity|plumb (default: speed with maps, else off)\n"
     "      --tail T            exact tail in tokens (default 2048, minimum 512)\n"
     "      --split S           split layer for --fill identity/plumb without maps\n"
-    "      --keep-share X      quality mode: share of hard tokens kept exact (default: the map's)\n"
+    "      --keep-share X      quality mode: share of bulk rows kept exact, those the question\n"
+    "                          attends to most (default: the map's, 0.1)\n"
+    "      --no-ridgefill      exact prefill even when `ridgekv prepare` left maps in the cache\n"
     "  -v, --verbose           model details at the start, timings after each answer (stderr)\n"
     "\n"
     "In the chat:\n"
@@ -225,7 +227,7 @@ int cmd_chat(int argc, char **argv) {
     rk_status st = RK_OK;
     cli_lineedit *le = NULL;
     if ((rc = cli_load_model(&c.o, &c.m)) || (rc = cli_open_session(&c.o, c.m, 0, &c.s)) ||
-        (rc = cli_setup_fill(&c.o, c.m, c.s, &c.maps, NULL)))
+        (rc = cli_auto_fill(&c.o, c.m, "chat")) || (rc = cli_setup_fill(&c.o, c.m, c.s, &c.maps, NULL)))
         goto done;
     rk_conv_params cp = {.n_answer = c.o.n_predict, .room_div = 2, .drop_oldest = true};
     if ((st = rk_conv_create(c.m, c.s, &cp, &c.conv, &e))) goto fail;

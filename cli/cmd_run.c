@@ -33,7 +33,8 @@ static const char *help =
     "      --fill MODE         off|speed|quality|identity|plumb (default: speed with maps, else off)\n"
     "      --tail T            exact tail in tokens (default 2048, minimum 512)\n"
     "      --split S           split layer for --fill identity/plumb without maps\n"
-    "      --keep-share X      quality mode: share of hard tokens kept exact (default: the map's)\n"
+    "      --keep-share X      quality mode: share of bulk rows kept exact, those the question\n"
+    "                          attends to most (default: the map's, 0.1)\n"
     "  -v, --verbose           print model and timing details to stderr\n";
 
 /* The prompt's tokens: the text as is (special-token markup honoured), or with --chat

@@ -28,6 +28,7 @@ static const char *help =
     "                          of its own with that policy\n"
     "      --backend cpu|cpu_ref|cuda  kernels\n"
     "      --ridgefill MAPS, --fill MODE, --tail T, --split S  RidgeFill for every request's prefill\n"
+    "      --no-ridgefill      exact prefill even when `ridgekv prepare` left maps in the cache\n"
     "                          (as for ridgekv run); requests may set \"fill\", \"ridgefill\", \"tail\"\n"
     "Defaults for requests that do not set them:\n"
     "  -n, --n-predict N       max_tokens (default 256; -1 = until end of text or context)\n"
@@ -158,7 +159,9 @@ int cmd_serve(int argc, char **argv) {
         rc = cli_exit_code(st);
         goto done;
     }
-    if ((rc = cli_setup_kv(&o, sv.s, NULL)) || (rc = cli_fill_params(&o, sv.m, &sv.maps, NULL, &sv.fill))) goto done;
+    if ((rc = cli_setup_kv(&o, sv.s, NULL)) || (rc = cli_auto_fill(&o, sv.m, "serve")) ||
+        (rc = cli_fill_params(&o, sv.m, &sv.maps, NULL, &sv.fill)))
+        goto done;
     if (rk_session_set_fill(sv.s, &sv.fill, &e)) { /* checked once here: a bad --split is a usage error */
         cli_print_error(&e);
         rc = RK_EXIT_USAGE;

@@ -18,6 +18,7 @@ static void usage(FILE *f) {
             "  eval     quality measurements (eval ppl: perplexity over a text file)\n"
             "  serve    --jsonl: JSON requests on stdin, JSON events on stdout (docs/JSONL.md)\n"
             "  calibrate  fit RidgeFill maps on text (--text FILE -o MAPS.gguf)\n"
+            "  prepare  fit the model's RidgeFill maps once into the cache (ask/chat/serve find them)\n"
             "  pull     fetch the default model (SmolLM2-135M-Instruct) into the cache\n"
             "\n"
             "`ridgekv COMMAND --help` lists the options of each command.\n"
@@ -45,6 +46,7 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "pull")) return cmd_pull(argc, argv);
     if (!strcmp(c, "eval")) return cmd_eval(argc, argv);
     if (!strcmp(c, "calibrate")) return cmd_calibrate(argc, argv);
+    if (!strcmp(c, "prepare")) return cmd_prepare(argc, argv);
     if (!strcmp(c, "serve")) return cmd_serve(argc, argv);
     if (!strcmp(c, "chat")) return cmd_chat(argc, argv);
     if (!strcmp(c, "ask")) return cmd_ask(argc, argv);
