@@ -69,6 +69,19 @@ static void print_tables(const ev_needle_params *p, const ev_needle_result *r, c
                    ev_mcnemar_p(b, c), r->prefill_s[mi] / r->n_trials);
     }
     printf("b: off right and mode wrong; c: off wrong and mode right (paired trials, same prompts)\n");
+    for (int mi = 0; mi < r->n_modes; mi++) {
+        int full = 0, any = 0, n = 0;
+        for (int t = 0; t < r->n_trials; t++) {
+            const int64_t k = r->kept[t * r->n_modes + mi];
+            if (k < 0) continue;
+            n++;
+            full += k == r->trials[t].needle_len;
+            any += k > 0;
+        }
+        if (n)
+            printf("%s: the selection kept the whole needle exact in %d of %d trials, part of it in %d\n",
+                   rk_fill_mode_name(p->modes.mode[mi]), full, n, any - full);
+    }
     for (int pass = 0; pass < 2; pass++) {
         int n_cells = pass ? p->n_lens : p->n_depths;
         printf("\naccuracy by %s\n%-10s %6s", pass ? "length (tokens)" : "depth (fraction of the bulk region)",
@@ -146,6 +159,8 @@ static void print_json(const ev_needle_params *p, const ev_needle_result *r, con
         ev_json_int(tj, "length", p->lens[tr->len_i]);
         ev_json_num(tj, "depth", p->depths[tr->depth_i]);
         ev_json_int(tj, "needle_pos", tr->needle_pos);
+        ev_json_int(tj, "needle_len", tr->needle_len);
+        ev_json_int(tj, "wording", tr->wording);
         ev_json_int(tj, "bulk_end", tr->bulk_end);
         ev_json_int(tj, "key", tr->key);
         ev_json_str(tj, "file", c->docs[tr->doc].path);
@@ -154,6 +169,7 @@ static void print_json(const ev_needle_params *p, const ev_needle_result *r, con
             json_object *an = json_object_new_object();
             ev_json_str(an, "answer", r->answers + ((size_t)t * (size_t)r->n_modes + (size_t)mi) * EV_ANSWER_BYTES);
             json_object_object_add(an, "correct", json_object_new_boolean(r->correct[t * r->n_modes + mi]));
+            if (r->kept[t * r->n_modes + mi] >= 0) ev_json_int(an, "needle_kept", r->kept[t * r->n_modes + mi]);
             json_object_object_add(answers, rk_fill_mode_name(p->modes.mode[mi]), an);
         }
         json_object_object_add(tj, "answers", answers);

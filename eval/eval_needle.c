@@ -93,6 +93,7 @@ void ev_needle_result_free(ev_needle_result *r) {
     free(r->trials);
     free(r->correct);
     free(r->answers);
+    free(r->kept);
     memset(r, 0, sizeof *r);
 }
 
@@ -144,8 +145,9 @@ rk_status ev_needle_run(const rk_model *m, rk_session *s, const ev_corpus *c, co
     r.trials = calloc((size_t)r.n_trials, sizeof *r.trials);
     r.correct = calloc((size_t)r.n_trials * (size_t)r.n_modes, 1);
     r.answers = calloc((size_t)r.n_trials * (size_t)r.n_modes, EV_ANSWER_BYTES);
+    r.kept = malloc((size_t)r.n_trials * (size_t)r.n_modes * sizeof *r.kept);
     prompt = malloc((size_t)max_len * sizeof *prompt);
-    if (!r.trials || !r.correct || !r.answers || !prompt) {
+    if (!r.trials || !r.correct || !r.answers || !r.kept || !prompt) {
         st = rk_err_set(err, RK_E_NOMEM, "eval needle: out of memory");
         goto fail;
     }
@@ -186,6 +188,7 @@ rk_status ev_needle_run(const rk_model *m, rk_session *s, const ev_corpus *c, co
         memcpy(prompt + at, hay + ph, (n_hay - (size_t)ph) * sizeof *prompt), at += n_hay - (size_t)ph;
         memcpy(prompt + at, suf, n_suf * sizeof *prompt), at += n_suf;
         tr->needle_pos = (int64_t)n_pre + ph;
+        tr->needle_len = (int64_t)n_needle;
         tr->bulk_end = bulk_end;
         char keys[16], detail[160];
         snprintf(keys, sizeof keys, "%d", tr->key);
@@ -203,6 +206,9 @@ rk_status ev_needle_run(const rk_model *m, rk_session *s, const ev_corpus *c, co
             gp.token_ud = &a;
             if ((st = rk_generate(m, s, prompt, (size_t)L, &gp, &g, err))) goto fail;
             r.prefill_s[mi] += g.prefill_s;
+            r.kept[t * r.n_modes + mi] = fp.mode == RK_FILL_QUALITY || fp.question_aware
+                                             ? rk_session_fill_kept(s, tr->needle_pos, tr->needle_len)
+                                             : -1;
             rk_gen_result_deinit(&g);
             const bool ok = strstr(a.text, keys) != NULL;
             r.correct[t * r.n_modes + mi] = ok;

@@ -138,6 +138,7 @@ typedef struct ev_needle_trial {
     int len_i, depth_i;       /* cell: lens[len_i] x depths[depth_i] */
     int key;
     int wording;              /* index of the needle / question wording */
+    int64_t needle_len;       /* tokens of the needle sentence */
     int64_t needle_pos, bulk_end;
     int doc;
     size_t off;
@@ -149,6 +150,8 @@ typedef struct ev_needle_result {
     ev_needle_trial *trials;   /* (n_trials) */
     unsigned char *correct;    /* (n_trials, n_modes) */
     char *answers;             /* (n_trials, n_modes, EV_ANSWER_BYTES) NUL-terminated */
+    int64_t *kept;             /* (n_trials, n_modes) needle tokens kept exact by the question-aware
+                                  selection (quality mode), -1 for modes without one */
     double prefill_s[EV_MAX_MODES];
 } ev_needle_result;
 

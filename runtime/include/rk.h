@@ -296,6 +296,10 @@ typedef struct rk_session_counters {
     uint64_t filled_rows[256]; /* rows whose K/V came from a predicted input, per layer */
 } rk_session_counters;
 const rk_session_counters *rk_session_get_counters(const rk_session *s);
+/* Of rows [row0, row0 + n), how many the last question-aware selection kept exact (sinks
+ * included; rows outside its bulk region are not counted); -1 when no eval call of this
+ * session has made a selection. Eval uses it to say whether a needle was kept. */
+int64_t rk_session_fill_kept(const rk_session *s, int64_t row0, int64_t n);
 
 /* Model fingerprint: architecture, shapes, tokenizer hash and a hash of selected
  * weight tensors (hex string, 16 chars each part). */

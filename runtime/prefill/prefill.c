@@ -86,6 +86,7 @@ static rk_status select_rows(pass *q, rk_err *err) {
     rk_session *s = q->s;
     const rk_fill_params *f = &s->fill;
     const int64_t nb = q->bulk_end - q->start;
+    free(s->keep);
     s->keep = calloc((size_t)nb, 1);
     if (!s->keep) return rk_err_set(err, RK_E_NOMEM, "prefill: no memory for the selection of %lld rows", (long long)nb);
     s->keep_lo = q->start, s->keep_hi = q->bulk_end;
@@ -148,10 +149,17 @@ rk_status rk_prefill_run(rk_session *s, const int32_t *ids, size_t n, float *log
     }
     if (!st) st = run_layers(&q, 0, split, x_split, err);
     if (!st && q.q_keep) st = select_rows(&q, err);
+    s->selecting = !st && q.q_keep;
     if (!st) st = run_layers(&q, split, hp->n_layer, x_split, err);
-    free(s->keep);
-    s->keep = NULL;
+    s->selecting = false; /* the selection stays readable: rk_session_fill_kept */
     free(q.q_keep);
     free(x_split);
     return st;
+}
+
+int64_t rk_session_fill_kept(const rk_session *s, int64_t row0, int64_t n) {
+    if (!s->keep) return -1;
+    int64_t k = 0;
+    for (int64_t r = row0 < s->keep_lo ? s->keep_lo : row0; r < row0 + n && r < s->keep_hi; r++) k += s->keep[r - s->keep_lo];
+    return k;
 }

@@ -58,7 +58,7 @@ void rk_session_destroy(rk_session *s) {
     free(s->tokens);
     free(s->x), free(s->xin), free(s->xs), free(s->h), free(s->q), free(s->k);
     free(s->v), free(s->t), free(s->gate), free(s->up), free(s->logits);
-    free(s->ex_idx), free(s->fill_idx);
+    free(s->ex_idx), free(s->fill_idx), free(s->keep);
     free(s->w_layers);
     if (s->own_be) rk_backend_destroy(s->be);
     free(s);

@@ -47,10 +47,12 @@ struct rk_session {
     rk_tap_fn tap;
     void *tap_ud;
     rk_fill_params fill;
-    /* question-aware selection of this eval call (prefill/select.c): keep[pos - keep_lo]
-     * for bulk rows [keep_lo, keep_hi) says the row stays exact in late layers */
+    /* question-aware selection of the last eval call that made one (prefill/select.c):
+     * keep[pos - keep_lo] for bulk rows [keep_lo, keep_hi) says the row stays exact in late
+     * layers; selecting says whether the running eval call uses it */
     uint8_t *keep;
     int64_t keep_lo, keep_hi;
+    bool selecting;
     rk_session_counters counters;
     /* eval splice: copy exact K/V of layers [lo, hi) over the bulk rows before the tail */
     const rk_session *splice_src;

@@ -288,3 +288,35 @@ Test(prefill, question_aware_row_counts_and_share_one_is_exact) {
     free(off), free(ids);
     rk_model_destroy(m);
 }
+
+/* rk_session_fill_kept reads the last selection: -1 before any, the sinks alone at share
+ * 0, every bulk row at share 1, nothing outside the bulk region. */
+Test(prefill, fill_kept_reports_the_last_selection) {
+    rk_model *m = load_tiny(TB_ARCH_QWEN3);
+    const size_t n = 160, nv = (size_t)rk_model_hparams(m)->n_vocab;
+    const int tail = 48;
+    int32_t *ids = ids_for(m, n);
+    rk_session_params sp = rk_session_params_default();
+    sp.n_ctx = 512, sp.n_batch = 40, sp.n_threads = 1;
+    rk_session *s = NULL;
+    rk_err e = {0};
+    cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s", e.msg);
+    float *lg = malloc(nv * sizeof(float));
+    cr_expect_eq(rk_session_fill_kept(s, 0, (int64_t)n), -1);
+    const float shares[] = {0.0f, 1.0f, 0.5f};
+    const int64_t bulk = (int64_t)n - tail, expect[] = {4, bulk, 4 + (int64_t)llround(0.5 * (double)(bulk - 4))};
+    for (int i = 0; i < 3; i++) {
+        rk_fill_params fp = {.mode = RK_FILL_IDENTITY, .tail = tail, .split = 3, .question_aware = true,
+                             .keep_share = shares[i]};
+        cr_assert_eq(rk_session_set_fill(s, &fp, &e), RK_OK, "%s", e.msg);
+        rk_session_reset(s);
+        cr_assert_eq(rk_session_eval(s, ids, n, lg, false, &e), RK_OK, "%s", e.msg);
+        cr_expect_eq(rk_session_fill_kept(s, 0, (int64_t)n), expect[i], "share %.1f: %lld", shares[i],
+                     (long long)rk_session_fill_kept(s, 0, (int64_t)n));
+        cr_expect_eq(rk_session_fill_kept(s, bulk, tail), 0, "tail rows are not selected, they are exact anyway");
+        cr_expect_eq(rk_session_fill_kept(s, 0, 4), 4, "the sinks");
+    }
+    free(lg), free(ids);
+    rk_session_destroy(s);
+    rk_model_destroy(m);
+}
