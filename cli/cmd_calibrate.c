@@ -24,6 +24,9 @@ static const char *help =
     "  --max-tokens N     use at most N tokens of text (default 65536)\n"
     "  --seg-len N        tokens per forward segment (default 2048)\n"
     "  --keep-share X     quality-mode share of hard tokens kept exact, stored as default (0.1)\n"
+    "  --target input|kv  what the maps predict for a filled row in each late layer: its input\n"
+    "                     x_l (default; the cache writers then run on it), or its pre-RoPE K and V\n"
+    "                     straight away (2 kv_dim outputs; no norm or projection for filled rows)\n"
     "  --normalized-space fit rmsnorm(x_S) -> rmsnorm(x_l) instead of the raw residual streams\n"
     "                     (measured worse on SmolLM2-135M; see docs/RIDGEFILL.md)\n"
     "  -t N               threads\n";
@@ -51,7 +54,7 @@ int cmd_calibrate(int argc, char **argv) {
     int n_texts = 0, stride = 8, max_tokens = 65536, seg_len = 2048;
     float lambda = -1.0f;
     uint32_t dtype = RK_DT_F16;
-    bool normalized_space = false;
+    bool normalized_space = false, target_kv = false;
     char **av = calloc((size_t)argc + 1, sizeof *av);
     if (!av) return RK_EXIT_ERROR;
     int ac = 0, rc = 0;
@@ -64,6 +67,17 @@ int cmd_calibrate(int argc, char **argv) {
         }
         if (!strcmp(a, "--normalized-space")) {
             normalized_space = true;
+            continue;
+        }
+        if (!strcmp(a, "--target")) {
+            const char *v = i + 1 < argc ? argv[++i] : "";
+            if (!strcmp(v, "kv")) target_kv = true;
+            else if (!strcmp(v, "input")) target_kv = false;
+            else {
+                fprintf(stderr, "ridgekv calibrate: --target expects input or kv (got '%s')\n", v);
+                free(av);
+                return RK_EXIT_USAGE;
+            }
             continue;
         }
         bool ours = !strcmp(a, "--text") || !strcmp(a, "--lambda") || !strcmp(a, "--stride") ||
@@ -122,7 +136,8 @@ int cmd_calibrate(int argc, char **argv) {
     }
     rk_calib_params cp = {.split = o.split ? o.split : (int)(0.4 * hp->n_layer + 0.5), .stride = stride,
                           .seg_len = seg_len, .lambda = lambda, .dtype = dtype, .keep_share = o.keep_share,
-                          .n_threads = o.n_threads, .normalized_space = normalized_space};
+                          .n_threads = o.n_threads, .normalized_space = normalized_space,
+                          .target_kv = target_kv};
     fprintf(stderr, "calibrate: %s, %zu tokens, split %d of %d layers, stride %d, dtype %s, lambda %s\n", rk_model_name(m),
             n_all, cp.split, hp->n_layer, stride, dtype == RK_DT_Q8_0 ? "int8" : rk_dtype_name(dtype),
             lambda < 0 ? "auto" : "given");
@@ -156,8 +171,9 @@ int cmd_calibrate(int argc, char **argv) {
                rep.lambda_tried[i] == rep.lambda ? "  <- chosen" : "");
     printf("held-out relative error ||Y-Ŷ||²/||Y-Ȳ||² per late layer (fitted vs identity):\n");
     for (int l = cp.split + 1; l < hp->n_layer && l - cp.split - 1 < 256; l++)
-        printf("  layer %3d  fitted %.4f  identity %.4f\n", l, (double)rep.heldout_rel_err[l - cp.split - 1],
-               (double)rep.identity_rel_err[l - cp.split - 1]);
+        if (target_kv) printf("  layer %3d  K/V fitted %.4f\n", l, (double)rep.heldout_rel_err[l - cp.split - 1]);
+        else printf("  layer %3d  fitted %.4f  identity %.4f\n", l, (double)rep.heldout_rel_err[l - cp.split - 1],
+                    (double)rep.identity_rel_err[l - cp.split - 1]);
     rk_model_destroy(m);
     return RK_EXIT_OK;
 }

@@ -43,6 +43,18 @@ typedef struct calib {
     float eps;
     const int32_t *chunk_ids; /* ids of the segment being run */
     int64_t seg_pos0;
+    /* K/V targets: Y_l = [pre-RoPE K, V, zeros] of layer l (n_embd wide: the zero columns
+     * fit W = 0, b = 0 and are not written), read from the cache once the chunk has
+     * written layer l, i.e. at the tap of layer l + 1 */
+    bool target_kv;
+    int kvd;
+    const rk_session *s;
+    int64_t chunk_pos0;
+    double *seg_x;    /* (seg_cap, d) sampled X rows of the segment */
+    int64_t *seg_pos; /* (seg_cap) their positions */
+    bool *seg_ho;     /* (seg_cap) held out? */
+    int seg_n, seg_cap;
+    float *kvrow;     /* (seg_cap, d) */
 } calib;
 
 static void moments_free(moments *mo) {
@@ -67,11 +79,60 @@ static double row_inv_rms(const float *x, int d, float eps) {
     return 1.0 / sqrt(ss / d + eps);
 }
 
+/* Adds n sampled rows to the moments of late layer li: X rows (n, d) with their set
+ * (held out or not), targets Y row i at y + (idx ? idx[i] : i) * d. Scratch: yc (2n rows). */
+static void accum_y(calib *c, int li, int n, const double *X, const bool *heldout, const float *y_rows,
+                    const int32_t *idx) {
+    const int d = c->d;
+    for (int set = 0; set < 2; set++) {
+        moments *mo = set ? &c->ho : &c->tr;
+        double *xs = c->yc + (size_t)n * d; /* second half of yc: X rows of this set */
+        int k = 0;
+        for (int i = 0; i < n; i++) {
+            if (heldout[i] != (set == 1)) continue;
+            const float *y = y_rows + (size_t)(idx ? idx[i] : i) * d;
+            const double sy = c->normalized ? row_inv_rms(y, d, c->eps) : 1.0;
+            double dot = 0, sq = 0;
+            for (int j = 0; j < d; j++) {
+                double v = y[j] * sy;
+                c->yc[(size_t)k * d + j] = v;
+                mo->y[(size_t)li * d + j] += v;
+                sq += v * v;
+                dot += v * X[(size_t)i * d + j];
+            }
+            mo->yy[li] += sq;
+            mo->xdy[li] += dot;
+            memcpy(xs + (size_t)k * d, X + (size_t)i * d, (size_t)d * sizeof(double));
+            k++;
+        }
+        if (k) rk_linalg_dgemm_atb_acc(d, d, k, xs, c->yc, mo->xy + (size_t)li * d * d);
+    }
+}
+
+/* K/V targets, after a segment's eval (the cache holds its rows): Y_l = [pre-RoPE K, V,
+ * zeros] of every sampled row of the segment, for every late layer. */
+static rk_status accum_kv(calib *c, rk_err *err) {
+    const int d = c->d;
+    for (int li = 0; li < c->n_late; li++) {
+        const int l = c->split + 1 + li;
+        memset(c->kvrow, 0, (size_t)c->seg_n * d * sizeof(float));
+        for (int i = 0; i < c->seg_n; i++) {
+            rk_status st = rk_session_kv_rows(c->s, l, false, true, c->seg_pos[i], 1, c->kvrow + (size_t)i * d, err);
+            if (!st) st = rk_session_kv_rows(c->s, l, true, false, c->seg_pos[i], 1, c->kvrow + (size_t)i * d + c->kvd, err);
+            if (st) return rk_err_wrap(err, "calibrate: K/V targets of layer %d", l);
+        }
+        accum_y(c, li, c->seg_n, c->seg_x, c->seg_ho, c->kvrow, NULL);
+    }
+    c->seg_n = 0;
+    return RK_OK;
+}
+
 static void tap(void *ud, int layer, const float *x, int64_t n, int64_t pos0) {
     calib *c = ud;
     const int d = c->d;
     if (layer == c->split) {
         c->n_s = 0;
+        c->chunk_pos0 = pos0;
         for (int64_t r = 0; r < n; r++) {
             if ((c->row_counter++ % c->stride) != 0) continue;
             int i = c->n_s++;
@@ -94,6 +155,12 @@ static void tap(void *ud, int layer, const float *x, int64_t n, int64_t pos0) {
                 c->probe_slot[i] = c->n_probe_rows++;
             }
         }
+        if (c->target_kv) /* kept for accum_kv after the segment */
+            for (int i = 0; i < c->n_s && c->seg_n < c->seg_cap; i++) {
+                memcpy(c->seg_x + (size_t)c->seg_n * d, c->xc + (size_t)i * d, (size_t)d * sizeof(double));
+                c->seg_pos[c->seg_n] = pos0 + c->rows[i];
+                c->seg_ho[c->seg_n++] = c->heldout[i];
+            }
         /* XᵀX for each set: gather the set's rows contiguously in yc as scratch */
         for (int set = 0; set < 2; set++) {
             moments *mo = set ? &c->ho : &c->tr;
@@ -104,31 +171,8 @@ static void tap(void *ud, int layer, const float *x, int64_t n, int64_t pos0) {
         }
         return;
     }
-    if (layer <= c->split || layer >= c->split + 1 + c->n_late || c->n_s == 0) return;
-    const int li = layer - c->split - 1;
-    for (int set = 0; set < 2; set++) {
-        moments *mo = set ? &c->ho : &c->tr;
-        double *xs = c->yc + (size_t)c->n_s * d; /* second half of yc: X rows of this set */
-        int k = 0;
-        for (int i = 0; i < c->n_s; i++) {
-            if (c->heldout[i] != (set == 1)) continue;
-            const float *y = x + (size_t)c->rows[i] * d;
-            const double sy = c->normalized ? row_inv_rms(y, d, c->eps) : 1.0;
-            double dot = 0, sq = 0;
-            for (int j = 0; j < d; j++) {
-                double v = y[j] * sy;
-                c->yc[(size_t)k * d + j] = v;
-                mo->y[(size_t)li * d + j] += v;
-                sq += v * v;
-                dot += v * c->xc[(size_t)i * d + j];
-            }
-            mo->yy[li] += sq;
-            mo->xdy[li] += dot;
-            memcpy(xs + (size_t)k * d, c->xc + (size_t)i * d, (size_t)d * sizeof(double));
-            k++;
-        }
-        if (k) rk_linalg_dgemm_atb_acc(d, d, k, xs, c->yc, mo->xy + (size_t)li * d * d);
-    }
+    if (layer <= c->split || layer >= c->split + 1 + c->n_late || c->n_s == 0 || c->target_kv) return;
+    accum_y(c, layer - c->split - 1, c->n_s, c->xc, c->heldout, x, c->rows);
     for (int p = 0; p < c->n_probe; p++)
         if (layer == c->probe_layers[p] && c->probe_x)
             for (int i = 0; i < c->n_s; i++)
@@ -221,19 +265,19 @@ static int cmp_float(const void *a, const void *b) {
 }
 
 /* Map rows quantised to the file dtype: row o of M_l holds column o of W_l. */
-static rk_status add_map(rk_gguf_writer *w, int l, int d, int n_late, int li, const double *W, uint32_t dtype,
-                         const double *bias, rk_err *err) {
+static rk_status add_map(rk_gguf_writer *w, int l, int d, int n_out, int n_late, int li, const double *W,
+                         uint32_t dtype, const double *bias, rk_err *err) {
     uint64_t row_bytes;
     if (!rk_dtype_row_bytes(dtype, (uint64_t)d, &row_bytes))
         return rk_err_set(err, RK_E_UNSUPPORTED, "calibrate: map dtype %s needs n_embd %d to be a multiple of its block",
                           rk_dtype_name(dtype), d);
-    unsigned char *buf = malloc((size_t)row_bytes * d);
+    unsigned char *buf = malloc((size_t)row_bytes * n_out);
     float *row = malloc((size_t)d * sizeof(float));
     if (!buf || !row) {
         free(buf), free(row);
         return rk_err_set(err, RK_E_NOMEM, "calibrate: out of memory");
     }
-    for (int o = 0; o < d; o++) {
+    for (int o = 0; o < n_out; o++) {
         for (int i = 0; i < d; i++) row[i] = (float)W[(size_t)i * n_late * d + (size_t)li * d + o];
         unsigned char *dst = buf + (size_t)o * row_bytes;
         if (dtype == RK_DT_F32) {
@@ -258,12 +302,12 @@ static rk_status add_map(rk_gguf_writer *w, int l, int d, int n_late, int li, co
         }
     }
     char name[64];
-    int64_t ne[2] = {d, d};
+    int64_t ne[2] = {d, n_out}, ne_b[1] = {n_out};
     snprintf(name, sizeof name, "ridge.%d.weight", l);
-    rk_status st = rk_gguf_writer_add_tensor(w, name, dtype, 2, ne, buf, row_bytes * (uint64_t)d, err);
-    for (int i = 0; i < d; i++) row[i] = (float)bias[i];
+    rk_status st = rk_gguf_writer_add_tensor(w, name, dtype, 2, ne, buf, row_bytes * (uint64_t)n_out, err);
+    for (int i = 0; i < n_out; i++) row[i] = (float)bias[i];
     snprintf(name, sizeof name, "ridge.%d.bias", l);
-    if (!st) st = rk_gguf_writer_add_tensor(w, name, RK_DT_F32, 1, ne, row, (uint64_t)d * sizeof(float), err);
+    if (!st) st = rk_gguf_writer_add_tensor(w, name, RK_DT_F32, 1, ne_b, row, (uint64_t)n_out * sizeof(float), err);
     free(buf), free(row);
     return st;
 }
@@ -342,6 +386,13 @@ rk_status rk_calibrate(const rk_model *m, const int32_t *ids, size_t n_ids, cons
     c.stride = p.stride;
     c.normalized = p.normalized_space;
     c.eps = hp->rms_eps;
+    c.target_kv = p.target_kv;
+    c.kvd = hp->n_head_kv * hp->head_dim;
+    if (c.target_kv && (c.normalized || 2 * c.kvd > d))
+        return rk_err_set(err, RK_E_UNSUPPORTED,
+                          c.normalized ? "calibrate: K/V targets are fitted in the raw space only (drop --normalized-space)"
+                                       : "calibrate: K/V targets need 2 kv_dim (%d) <= n_embd (%d)",
+                          2 * c.kvd, d);
     rk_session *s = NULL;
     int32_t *seg = NULL;
     double *W = NULL, *A = NULL, *mu_x = NULL, *mu_y = NULL, *Wbest = NULL;
@@ -352,19 +403,26 @@ rk_status rk_calibrate(const rk_model *m, const int32_t *ids, size_t n_ids, cons
     sp.n_ctx = p.seg_len;
     sp.n_threads = p.n_threads;
     if ((st = rk_session_create(m, &sp, &s, err))) return st;
+    c.s = s;
     const size_t nb = (size_t)sp.n_batch;
+    /* sampled rows of one segment (stride-th rows, counted across segments) */
+    c.seg_cap = p.seg_len / p.stride + 2;
     c.probe_cap = (int64_t)(n_ids / (size_t)p.stride) + 1;
     if (c.probe_cap > 16384) c.probe_cap = 16384;
     c.n_probe = n_late >= 3 ? 3 : n_late;
     for (int i = 0; i < c.n_probe; i++) c.probe_layers[i] = p.split + 1 + (int)((double)(i + 1) * n_late / (c.n_probe + 1));
     if (!moments_alloc(&c.tr, d, n_late) || !moments_alloc(&c.ho, d, n_late) ||
-        !(c.xc = malloc(nb * d * sizeof(double))) || !(c.yc = malloc(2 * nb * d * sizeof(double))) ||
+        !(c.xc = malloc(nb * d * sizeof(double))) || !(c.yc = malloc(2 * (nb > (size_t)c.seg_cap ? nb : (size_t)c.seg_cap) * d * sizeof(double))) ||
         !(c.rows = malloc(nb * sizeof(int32_t))) || !(c.heldout = malloc(nb * sizeof(bool))) ||
         !(c.probe_slot = malloc(nb * sizeof(int64_t))) ||
         !(c.probe_x = malloc((size_t)c.probe_cap * d * sizeof(float))) ||
         !(c.probe_y = malloc((size_t)c.probe_cap * c.n_probe * d * sizeof(float))) ||
         !(c.probe_id = malloc((size_t)c.probe_cap * sizeof(int32_t))) ||
-        !(seg = malloc((size_t)p.seg_len * sizeof(int32_t)))) {
+        !(seg = malloc((size_t)p.seg_len * sizeof(int32_t))) ||
+        (c.target_kv && (!(c.kvrow = malloc((size_t)c.seg_cap * d * sizeof(float))) ||
+                         !(c.seg_x = malloc((size_t)c.seg_cap * d * sizeof(double))) ||
+                         !(c.seg_pos = malloc((size_t)c.seg_cap * sizeof(int64_t))) ||
+                         !(c.seg_ho = malloc((size_t)c.seg_cap * sizeof(bool)))))) {
         st = rk_err_set(err, RK_E_NOMEM, "calibrate: out of memory for the accumulators (n_embd %d, %d late layers)", d, n_late);
         goto fail;
     }
@@ -382,6 +440,7 @@ rk_status rk_calibrate(const rk_model *m, const int32_t *ids, size_t n_ids, cons
         c.seg_pos0 = 0;
         rk_session_reset(s);
         if ((st = rk_session_eval(s, seg, k, NULL, false, err))) goto fail;
+        if (c.target_kv && (st = accum_kv(&c, err))) goto fail;
         report.n_tokens += (int64_t)k;
         if (progress && !progress(ud, (int64_t)pos, (int64_t)n_ids)) {
             st = rk_err_set(err, RK_E_CANCELLED, "calibrate: cancelled after %zu of %zu tokens", pos, n_ids);
@@ -443,7 +502,8 @@ rk_status rk_calibrate(const rk_model *m, const int32_t *ids, size_t n_ids, cons
         goto fail;
     }
     report.lambda = (float)lam;
-    for (int l = 0; l < n_rep; l++) report.heldout_rel_err[l] = rel[l], report.identity_rel_err[l] = rel_id[l];
+    for (int l = 0; l < n_rep; l++)
+        report.heldout_rel_err[l] = rel[l], report.identity_rel_err[l] = c.target_kv ? NAN : rel_id[l];
     moments_add(&c.tr, &c.ho, d, n_late);
     if (!fit(&c.tr, d, n_late, lam, W, mu_x, mu_y, A)) {
         st = rk_err_set(err, RK_E_INTERNAL, "calibrate: final fit failed (λ %g)", lam);
@@ -455,7 +515,7 @@ rk_status rk_calibrate(const rk_model *m, const int32_t *ids, size_t n_ids, cons
         st = rk_err_set(err, RK_E_NOMEM, "calibrate: out of memory");
         goto fail;
     }
-    if ((st = token_scores(&c, W, mu_x, mu_y, score, quant, hp->n_vocab, err))) goto fail;
+    if (!c.target_kv && (st = token_scores(&c, W, mu_x, mu_y, score, quant, hp->n_vocab, err))) goto fail;
     report.seconds_solve = rk_time_now() - t0;
     /* ---- the map file ---- */
     const char *dt = p.dtype == RK_DT_Q8_0 ? "int8" : rk_dtype_name(p.dtype);
@@ -470,6 +530,7 @@ rk_status rk_calibrate(const rk_model *m, const int32_t *ids, size_t n_ids, cons
         (st = rk_gguf_writer_set_u32(w, "ridge.stride", (uint32_t)p.stride, err)) ||
         (st = rk_gguf_writer_set_str(w, "ridge.dtype", dt, err)) ||
         (st = rk_gguf_writer_set_str(w, "ridge.space", c.normalized ? "normalized" : "raw", err)) ||
+        (st = rk_gguf_writer_set_str(w, "ridge.target", c.target_kv ? "kv" : "input", err)) ||
         (st = rk_gguf_writer_set_f32(w, "ridge.keep_share", p.keep_share, err)) ||
         (st = rk_fingerprint_write(w, "ridge.model", m, err)))
         goto fail;
@@ -482,12 +543,13 @@ rk_status rk_calibrate(const rk_model *m, const int32_t *ids, size_t n_ids, cons
             for (int i = 0; i < d; i++) b -= W[(size_t)i * n_late * d + (size_t)li * d + j] * mu_x[i];
             bias[j] = b;
         }
-        if ((st = add_map(w, l, d, n_late, li, W, p.dtype, bias, err))) goto fail;
+        if ((st = add_map(w, l, d, c.target_kv ? 2 * c.kvd : d, n_late, li, W, p.dtype, bias, err))) goto fail;
     }
     int64_t ne1[1] = {hp->n_vocab}, ne101[1] = {101}, nel[1] = {n_rep};
-    if ((st = rk_gguf_writer_add_tensor(w, "ridge.token_score", RK_DT_F32, 1, ne1, score,
-                                        (uint64_t)hp->n_vocab * sizeof(float), err)) ||
-        (st = rk_gguf_writer_add_tensor(w, "ridge.score_quantiles", RK_DT_F32, 1, ne101, quant, 101 * sizeof(float), err)) ||
+    if ((!c.target_kv && (st = rk_gguf_writer_add_tensor(w, "ridge.token_score", RK_DT_F32, 1, ne1, score,
+                                                         (uint64_t)hp->n_vocab * sizeof(float), err))) ||
+        (!c.target_kv &&
+         (st = rk_gguf_writer_add_tensor(w, "ridge.score_quantiles", RK_DT_F32, 1, ne101, quant, 101 * sizeof(float), err))) ||
         (st = rk_gguf_writer_add_tensor(w, "ridge.heldout_rel_err", RK_DT_F32, 1, nel, rel, (uint64_t)n_rep * sizeof(float), err)) ||
         (st = rk_gguf_writer_finish(w, bytes, n_bytes, err)))
         goto fail;
@@ -499,7 +561,7 @@ fail:
     moments_free(&c.tr);
     moments_free(&c.ho);
     free(c.xc), free(c.yc), free(c.rows), free(c.heldout), free(c.probe_slot), free(c.probe_x), free(c.probe_y);
-    free(c.probe_id);
+    free(c.probe_id), free(c.kvrow), free(c.seg_x), free(c.seg_pos), free(c.seg_ho);
     rk_session_destroy(s);
     return st;
 }

@@ -15,13 +15,15 @@ typedef struct rk_calib_params {
     int32_t n_threads;
     bool normalized_space; /* fit rmsnorm(x_S) -> rmsnorm(x_l) instead of the raw streams
                             * (measured worse on SmolLM2: docs/RIDGEFILL.md) */
+    bool target_kv;       /* predict each late layer's pre-RoPE K and V (after k-norm) from x_S
+                           * (2 kv_dim outputs) instead of its input x_l (n_embd outputs) */
 } rk_calib_params;
 
 typedef struct rk_calib_report {
     int64_t n_tokens, n_rows, n_heldout;
     float lambda;                 /* chosen, relative */
     float heldout_rel_err[256];   /* per late layer: held-out ||Y-Ŷ||² / ||Y-Ȳ||² */
-    float identity_rel_err[256];  /* the same for W = I */
+    float identity_rel_err[256];  /* the same for W = I (NaN for K/V targets: no identity there) */
     double seconds_forward, seconds_solve;
     int32_t n_lambda;             /* λ values tried (auto) */
     float lambda_tried[16];       /* relative λ */

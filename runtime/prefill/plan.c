@@ -51,7 +51,9 @@ rk_status rk_plan_late_inputs(rk_session *s, const rk_chunk_plan *p, int l, cons
     const int64_t d = s->m->hp.n_embd;
     if (compacted) rk_rows_scatter(xin, x, p->ex_idx, p->n_ex, d);
     else memcpy(xin, x, (size_t)(p->n * d) * sizeof(float));
-    if (p->src != RK_SRC_RIDGE || l == p->split) {
+    if (p->src != RK_SRC_RIDGE || l == p->split || s->fill.maps->kv_target) {
+        /* (K/V maps: the filled rows' K and V are replaced after the projections,
+         * rk_plan_predict_kv; their input here only has to be finite) */
         /* W_S = I; identity fill; the exact source goes through the same gather/scatter */
         rk_rows_scatter(xin, xs, p->fill_idx, p->n_fill, d);
         return RK_OK;
@@ -83,4 +85,28 @@ rk_status rk_plan_split_stream(rk_session *s, const rk_chunk_plan *p, float *xs,
     a.src1 = (rk_view){RK_DT_F32, {d, 1, 1, 1}, (size_t)d * sizeof(float), NULL};
     a.dst = a.src0;
     return rk_backend_run(s->be, &a, err);
+}
+
+rk_status rk_plan_predict_kv(rk_session *s, const rk_chunk_plan *p, int l, const float *xs, float *k, float *v,
+                             rk_err *err) {
+    if (p->src != RK_SRC_RIDGE || l <= p->split || p->n_fill == 0 || !s->fill.maps || !s->fill.maps->kv_target)
+        return RK_OK;
+    const rk_ridge_maps *r = s->fill.maps;
+    const int64_t kvd = (int64_t)s->m->hp.n_head_kv * s->m->hp.head_dim;
+    rk_op_args a = {.op = RK_OP_MATMUL};
+    rk_status st = rk_backend_prepare(s->be, &r->w[l], &a.src0, err);
+    if (st) return st;
+    a.dst = act(s->t, 2 * kvd, p->n_fill);
+    a.src1 = act((float *)xs, r->w[l].ne[0], p->n_fill);
+    if ((st = rk_backend_run(s->be, &a, err))) return st;
+    rk_op_args b = {.op = RK_OP_ADD_ROW};
+    b.dst = a.dst;
+    b.src0 = (rk_view){RK_DT_F32, {2 * kvd, 1, 1, 1}, (size_t)(2 * kvd) * sizeof(float), (void *)r->b[l]};
+    if ((st = rk_backend_run(s->be, &b, err))) return st;
+    for (int64_t i = 0; i < p->n_fill; i++) {
+        const int64_t row = p->fill_idx[i];
+        memcpy(k + row * kvd, s->t + i * 2 * kvd, (size_t)kvd * sizeof(float));
+        memcpy(v + row * kvd, s->t + i * 2 * kvd + kvd, (size_t)kvd * sizeof(float));
+    }
+    return RK_OK;
 }

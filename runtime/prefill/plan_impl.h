@@ -54,6 +54,11 @@ rk_status rk_plan_split_stream(rk_session *s, const rk_chunk_plan *p, float *xs,
  * their source given the split stream xs (n_fill, n_embd). */
 rk_status rk_plan_late_inputs(rk_session *s, const rk_chunk_plan *p, int l, const float *x, bool compacted,
                               const float *xs, float *xin, rk_err *err);
+/* K/V maps (rk_ridge_maps.kv_target): replaces the filled rows' pre-RoPE K and V of late
+ * layer l > split in k, v (n, kv_dim; after the projections and k-norm, before RoPE) with
+ * the maps' prediction from their split stream xs (n_fill, n_embd). No-op otherwise. */
+rk_status rk_plan_predict_kv(rk_session *s, const rk_chunk_plan *p, int l, const float *xs, float *k, float *v,
+                             rk_err *err);
 /* select.c: the layer loop's hook after layer l's exact rows (early layers: every row of
  * the chunk, uncompacted): copies the queries the plan asks for (q_keep) from s->q. */
 void rk_plan_keep_queries(const rk_session *s, const rk_chunk_plan *p, int l);

@@ -69,30 +69,36 @@ rk_status rk_ridge_maps_load(const char *path, const rk_model *m, rk_ridge_maps 
     r->lambda = rk_gguf_get_f32(r->gguf, "ridge.lambda", &f, NULL) == RK_OK ? f : 0.0f;
     rk_str space;
     r->normalized = rk_gguf_get_str(r->gguf, "ridge.space", &space, NULL) == RK_OK && rk_str_eq(space, "normalized");
+    rk_str target;
+    r->kv_target = rk_gguf_get_str(r->gguf, "ridge.target", &target, NULL) == RK_OK && rk_str_eq(target, "kv");
+    if (r->kv_target && r->normalized) {
+        st = rk_err_set(err, RK_E_MISMATCH, "ridgefill: K/V maps in the normalized space are not a format ridgekv writes");
+        goto fail;
+    }
     r->w = calloc((size_t)hp->n_layer, sizeof *r->w);
     r->b = calloc((size_t)hp->n_layer, sizeof *r->b);
     if (!r->w || !r->b) {
         st = rk_err_set(err, RK_E_NOMEM, "ridgefill: out of memory");
         goto fail;
     }
-    const int64_t d = hp->n_embd;
+    const int64_t d = hp->n_embd, dout = r->kv_target ? 2 * (int64_t)hp->n_head_kv * hp->head_dim : d;
     for (int l = r->split + 1; l < hp->n_layer; l++) {
         char name[64];
         snprintf(name, sizeof name, "ridge.%d.weight", l);
         const rk_gguf_tensor *t = rk_gguf_find_tensor(r->gguf, name);
-        if (!t || t->ne[0] != d || t->ne[1] != d || t->ne[2] != 1 || !rk_quant_ref(t->type)) {
+        if (!t || t->ne[0] != d || t->ne[1] != dout || t->ne[2] != 1 || !rk_quant_ref(t->type)) {
             st = rk_err_set(err, t ? RK_E_MISMATCH : RK_E_NOT_FOUND, "ridgefill: tensor '%s' %s (expected [%lld, %lld])",
-                            name, t ? "has the wrong shape or type" : "is missing", (long long)d, (long long)d);
+                            name, t ? "has the wrong shape or type" : "is missing", (long long)d, (long long)dout);
             goto fail;
         }
         uint64_t rb;
         rk_dtype_row_bytes(t->type, (uint64_t)d, &rb);
-        r->w[l] = (rk_view){t->type, {d, d, 1, 1}, (size_t)rb, (void *)t->data};
+        r->w[l] = (rk_view){t->type, {d, dout, 1, 1}, (size_t)rb, (void *)t->data};
         snprintf(name, sizeof name, "ridge.%d.bias", l);
         t = rk_gguf_find_tensor(r->gguf, name);
-        if (!t || t->ne[0] != d || t->n_dims != 1 || t->type != RK_DT_F32) {
+        if (!t || t->ne[0] != dout || t->n_dims != 1 || t->type != RK_DT_F32) {
             st = rk_err_set(err, t ? RK_E_MISMATCH : RK_E_NOT_FOUND, "ridgefill: tensor '%s' %s (expected f32 [%lld])",
-                            name, t ? "has the wrong shape or type" : "is missing", (long long)d);
+                            name, t ? "has the wrong shape or type" : "is missing", (long long)dout);
             goto fail;
         }
         r->b[l] = t->data;

@@ -67,7 +67,8 @@ static rk_status attention(rk_session *s, int l, float *q, int64_t n_q, int64_t 
 
 /* The cache writers of layer l for all n rows of the chunk, from their input x: attention
  * norm, K and V projections (+bias), k-norm, RoPE, cache write. h keeps the normed input. */
-static rk_status cache_writers(rk_session *s, int l, const float *x, int64_t pos0, int64_t n, rk_err *err) {
+static rk_status cache_writers(rk_session *s, const rk_chunk_plan *p, int l, bool late, const float *x, int64_t pos0,
+                               int64_t n, rk_err *err) {
     const rk_hparams *hp = &s->m->hp;
     const rk_layer *L = &s->w_layers[l];
     rk_status st;
@@ -75,6 +76,7 @@ static rk_status cache_writers(rk_session *s, int l, const float *x, int64_t pos
         (st = matmul(s, L->wv, &L->bv, s->h, n, s->v, err)))
         return st;
     if (hp->has_qk_norm && (st = rmsnorm(s, s->k, s->k, L->k_norm, n * hp->n_head_kv, err))) return st;
+    if (late && (st = rk_plan_predict_kv(s, p, l, s->xs, s->k, s->v, err))) return st; /* K/V maps */
     if ((st = rope(s, s->k, n, hp->n_head_kv, pos0, err)) ||
         (st = s->kv->ops->append(s->kv, l, pos0, s->k, s->v, n, err)))
         return st;
@@ -173,7 +175,7 @@ rk_status rk_forward_chunk(rk_session *s, const rk_chunk_plan *p, const int32_t 
             src = s->xin;
             if (l < 256) s->counters.filled_rows[l] += (uint64_t)p->n_fill;
         }
-        if ((st = cache_writers(s, l, src, pos0, n, err))) return st;
+        if ((st = cache_writers(s, p, l, late, src, pos0, n, err))) return st;
         const int64_t ne = compacted ? p->n_ex : n;
         if (l < 256) s->counters.exact_rows[l] += (uint64_t)ne;
         if (ne == 0) continue;

@@ -16,6 +16,8 @@ struct rk_ridge_maps {
     float keep_share, score_threshold_default;
     float lambda;
     bool normalized;     /* maps act on rmsnorm(x_S) and predict rmsnorm(x_l) */
+    bool kv_target;      /* maps predict each late layer's pre-RoPE K and V (2 kv_dim outputs:
+                            K then V) instead of its input */
 };
 
 struct rk_session {

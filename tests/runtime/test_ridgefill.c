@@ -97,6 +97,30 @@ static const char *calibrate_to(const rk_model *m, int split, uint32_t dtype, co
     return path;
 }
 
+static const char *calibrate_kv_to(const rk_model *m, int split, const char *stem, char *path, size_t cap) {
+    size_t n;
+    int32_t *ids = story_ids(m, 1800, &n);
+    rk_calib_params cp = {.split = split, .stride = 2, .seg_len = 256, .lambda = -1, .dtype = RK_DT_F32, .n_threads = 1,
+                          .target_kv = true};
+    void *bytes;
+    size_t nb;
+    rk_calib_report rep;
+    rk_err e = {0};
+    cr_assert_eq(rk_calibrate(m, ids, n, &cp, NULL, NULL, &bytes, &nb, &rep, &e), RK_OK, "%s", e.msg);
+    /* better than predicting each K/V column's mean on held-out rows (relative error < 1);
+     * there is no identity baseline for K/V targets */
+    for (int l = 0; l < rk_model_hparams(m)->n_layer - split - 1; l++) {
+        cr_expect(rep.heldout_rel_err[l] > 0 && rep.heldout_rel_err[l] < 1, "layer %d: K/V held-out %g", split + 1 + l,
+                  rep.heldout_rel_err[l]);
+        cr_expect(isnan(rep.identity_rel_err[l]));
+    }
+    cr_assert(tb_tmp_path(path, cap, stem, ".maps.gguf"), "%s", path);
+    cr_assert_eq(rk_io_write_file_atomic(path, bytes, nb, &e), RK_OK, "%s", e.msg);
+    free(bytes);
+    free(ids);
+    return path;
+}
+
 static float *eval_logits(const rk_model *m, const int32_t *ids, size_t n, const rk_fill_params *fp,
                           rk_session_counters *cnt) {
     rk_session_params sp = rk_session_params_default();
@@ -312,4 +336,66 @@ Test(ridgefill, other_quantisation_of_same_weights_warns) {
     unlink(q8_path);
     rk_model_destroy(t);
     rk_model_destroy(q);
+}
+
+static rk_session *eval_session(const rk_model *m, const int32_t *ids, size_t n, const rk_fill_params *fp) {
+    rk_session_params sp = rk_session_params_default();
+    sp.n_ctx = 512;
+    sp.kv.kind = RK_KV_F32;
+    sp.n_batch = 64;
+    rk_err e = {0};
+    rk_session *s = NULL;
+    cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s", e.msg);
+    if (fp) cr_assert_eq(rk_session_set_fill(s, fp, &e), RK_OK, "%s", e.msg);
+    float *lg = malloc((size_t)rk_model_hparams(m)->n_vocab * sizeof(float));
+    cr_assert_eq(rk_session_eval(s, ids, n, lg, false, &e), RK_OK, "%s", e.msg);
+    free(lg);
+    return s;
+}
+
+/* K/V maps (calibrate target_kv) write the filled rows' late-layer K and V straight from
+ * the split stream: the file holds [n_embd, 2 kv_dim] maps, speed mode runs the same row
+ * plan, and on the calibration text the filled cache is closer to the exact one than the
+ * input maps' (which fit the layer input, not what the cache needs: the least-squares fit
+ * of K/V is the better linear predictor of K/V on these rows). */
+Test(ridgefill, kv_maps_fill_the_cache_closer_than_input_maps) {
+    rk_model *m = load("models/stories260K/stories260K-f32.gguf");
+    const rk_hparams *hp = rk_model_hparams(m);
+    const int split = 2, tail = 100, L = hp->n_layer;
+    char pa[512], pb[512];
+    calibrate_to(m, split, RK_DT_F32, "rk_test_in", pa, sizeof pa);
+    calibrate_kv_to(m, split, "rk_test_kv", pb, sizeof pb);
+    rk_err e = {0};
+    rk_ridge_maps *ma = NULL, *mb = NULL;
+    char warn[256];
+    cr_assert_eq(rk_ridge_maps_load(pa, m, &ma, warn, sizeof warn, &e), RK_OK, "%s", e.msg);
+    cr_assert_eq(rk_ridge_maps_load(pb, m, &mb, warn, sizeof warn, &e), RK_OK, "%s", e.msg);
+    size_t n;
+    int32_t *ids = story_ids(m, 400, &n);
+    rk_fill_params fa = {.mode = RK_FILL_SPEED, .tail = tail, .maps = ma}, fb = fa;
+    fb.maps = mb;
+    rk_session *ex = eval_session(m, ids, n, NULL), *sa = eval_session(m, ids, n, &fa), *sb = eval_session(m, ids, n, &fb);
+    const rk_session_counters *ca = rk_session_get_counters(sa), *cb = rk_session_get_counters(sb);
+    double ea = 0, eb = 0, ref = 0;
+    for (int l = 0; l < L; l++) {
+        cr_expect_eq(ca->filled_rows[l], cb->filled_rows[l], "layer %d: same row plan", l);
+        if (l <= split) continue;
+        for (int vals = 0; vals < 2; vals++) {
+            rk_kv_error a, b;
+            cr_assert_eq(rk_session_kv_compare(sa, ex, l, 0, (int64_t)n - tail, vals, &a, &e), RK_OK, "%s", e.msg);
+            cr_assert_eq(rk_session_kv_compare(sb, ex, l, 0, (int64_t)n - tail, vals, &b, &e), RK_OK, "%s", e.msg);
+            ea += a.total, eb += b.total, ref += a.ref_energy;
+        }
+    }
+    cr_log_info("filled late K/V relative error: input maps %.4g, K/V maps %.4g", ea / ref, eb / ref);
+    cr_expect(eb > 0 && eb < ea, "K/V maps %g vs input maps %g (relative to %g)", eb, ea, ref);
+    /* the split layer itself and the early layers are exact in both */
+    rk_kv_error z;
+    cr_assert_eq(rk_session_kv_compare(sb, ex, split, 0, (int64_t)n - tail, true, &z, &e), RK_OK, "%s", e.msg);
+    cr_expect(z.total <= 1e-8 * z.ref_energy, "layer S values are exact: %g", z.total);
+    rk_session_destroy(ex), rk_session_destroy(sa), rk_session_destroy(sb);
+    free(ids);
+    rk_ridge_maps_destroy(ma), rk_ridge_maps_destroy(mb);
+    unlink(pa), unlink(pb);
+    rk_model_destroy(m);
 }
