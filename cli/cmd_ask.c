@@ -181,6 +181,7 @@ int cmd_ask(int argc, char **argv) {
     gp.token_ud = &out;
     cli_sigint_install(true);
     cli_progress_start(&pr, "ask", (int64_t)n_ids);
+    cli_eta_prior(&pr.eta, cli_attn_ratio(rk_model_hparams(m)));
     st = rk_conv_generate(conv, &gp, &r, &e);
     cli_progress_end(&pr);
     if (st == RK_E_CANCELLED) {

@@ -56,8 +56,8 @@ static const char *help =
     "When stdin is not a terminal, every line (joined as above) is one turn and stdout\n"
     "gets only the answers, each followed by a newline; notices go to stderr.\n"
     "\n"
-    "Each answer is capped by its room: -n tokens, at most half the context, so the\n"
-    "history survives; \"[answer cut: ...]\" on stderr says when -n or the room cut one.\n"
+    "Each answer is capped by its room: -n tokens, at most a quarter of the context, so\n"
+    "the history survives; \"[answer cut: ...]\" on stderr says when -n or the room cut one.\n"
     "When a turn plus room for its answer does not fit, the oldest exchanges are dropped\n"
     "(the system prompt stays), stderr says so, and the rest of the conversation is read\n"
     "again.\n"
@@ -242,7 +242,7 @@ int cmd_chat(int argc, char **argv) {
     if ((rc = cli_load_model(&c.o, &c.m)) || (rc = cli_open_session(&c.o, c.m, 0, &c.s)) ||
         (rc = cli_setup_fill(&c.o, c.m, c.s, &c.maps, NULL)))
         goto done;
-    rk_conv_params cp = {.n_answer = c.o.n_predict, .room_div = 2, .drop_oldest = true};
+    rk_conv_params cp = {.n_answer = c.o.n_predict, .room_div = 4, .drop_oldest = true};
     if ((st = rk_conv_create(c.m, c.s, &cp, &c.conv, &e))) goto fail;
     if (c.o.system && (rc = check_system(&c))) goto done;
     if (!(le = cli_le_open("ridgekv", c.interactive))) {
