@@ -276,7 +276,7 @@ static rk_status run_locked(server *sv, const serve_req *r, rk_gen_params *gp, r
     pthread_mutex_unlock(&g_engine);
     rk_conv_destroy(conv);
     free(ids);
-    if (st && what) rk_err_wrap(e, "%s", what);
+    if (st && what && strcmp(what, "generate")) rk_err_wrap(e, "%s", what);
     return st;
 }
 
