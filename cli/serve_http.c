@@ -29,6 +29,17 @@
 
 static pthread_mutex_t g_engine = PTHREAD_MUTEX_INITIALIZER; /* one generation at a time */
 static unsigned long long g_req_counter;
+/* stream threads alive (detached): shutdown waits for them before the model goes */
+static pthread_mutex_t g_jobs_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_jobs_cv = PTHREAD_COND_INITIALIZER;
+static int g_jobs;
+
+static void jobs_add(int d) {
+    pthread_mutex_lock(&g_jobs_mu);
+    g_jobs += d;
+    if (!g_jobs) pthread_cond_broadcast(&g_jobs_cv);
+    pthread_mutex_unlock(&g_jobs_mu);
+}
 
 typedef struct http_conn {
     serve_buf body;
@@ -315,6 +326,7 @@ static void *stream_main(void *arg) {
     close(j->fd);
     serve_req_deinit(&j->h.r);
     free(j);
+    jobs_add(-1);
     return NULL;
 }
 
@@ -340,7 +352,9 @@ static enum MHD_Result generate(server *sv, struct MHD_Connection *c, http_conn 
         pthread_attr_t at;
         pthread_attr_init(&at);
         pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        jobs_add(1);
         if (!r || pthread_create(&th, &at, stream_main, j) != 0) {
+            jobs_add(-1);
             pthread_attr_destroy(&at);
             if (r) MHD_destroy_response(r);
             else close(p[0]);
@@ -472,7 +486,7 @@ int serve_http(server *sv, const char *addr, int port, size_t max_body) {
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     http_server hs = {sv, max_body};
     struct MHD_Daemon *d = MHD_start_daemon(
-        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG, 0, NULL, NULL, handle,
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ITC | MHD_USE_ERROR_LOG, 0, NULL, NULL, handle,
         &hs, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sin, MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)64, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600, MHD_OPTION_END);
     if (!d) {
@@ -488,9 +502,12 @@ int serve_http(server *sv, const char *addr, int port, size_t max_body) {
     int sig = 0;
     sigwait(&set, &sig);
     fprintf(stderr, "ridgekv serve: %s: stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
-    /* a generation in progress finishes first: the engine lock */
-    pthread_mutex_lock(&g_engine);
+    /* no new connections; then the generations in progress (and streams waiting in line)
+     * finish before the model and session go */
+    MHD_quiesce_daemon(d);
+    pthread_mutex_lock(&g_jobs_mu);
+    while (g_jobs) pthread_cond_wait(&g_jobs_cv, &g_jobs_mu);
+    pthread_mutex_unlock(&g_jobs_mu);
     MHD_stop_daemon(d);
-    pthread_mutex_unlock(&g_engine);
     return RK_EXIT_OK;
 }

@@ -77,6 +77,7 @@ def main():
         return 1
     try:
         run_curl(port)
+        run_queue(port)
         run_disconnect(port)
         run_openai(port)
     finally:
@@ -160,6 +161,24 @@ def run_curl(port):
     check(code == 405, f"GET on chat: {code}")
     code, text = curl(port, "/health")
     check(code == 200, "still healthy after the bad requests")
+
+
+def run_queue(port):
+    """Requests at the same time wait in line (concurrency 1): all are answered, in full."""
+    import threading
+    out = [None] * 3
+
+    def one(i):
+        out[i] = curl(port, "/v1/completions", json.dumps({"prompt": "Once upon a time", "max_tokens": 12,
+                                                            "temperature": 0}), timeout=120)
+    th = [threading.Thread(target=one, args=(i,)) for i in range(3)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    texts = [json.loads(t)["choices"][0]["text"] if c == 200 else None for c, t in out]
+    check(all(c == 200 for c, _ in out) and len(set(texts)) == 1,
+          f"3 requests at once: all 200 with the same greedy text: {[c for c, _ in out]} {texts}")
 
 
 def run_disconnect(port):
