@@ -734,7 +734,8 @@ Test(ux, help_and_usage_md_list_the_same_flags) {
     size_t len;
     char *doc = tb_read_file(path, &len);
     cr_assert(doc, "%s", path);
-    const char *cmds[] = {"run", "chat", "ask", "serve", "bench", "tokenize"};
+    const char *cmds[] = {"run", "chat", "ask", "serve", "bench", "tokenize", "info", "pull", "calibrate",
+                          "eval ppl", "eval needle", "eval nll", "eval splice"};
     for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
         char head[64];
         snprintf(head, sizeof head, "\n### `ridgekv %s` flags\n", cmds[i]);
@@ -744,7 +745,11 @@ Test(ux, help_and_usage_md_list_the_same_flags) {
         sec += strlen(head);
         const char *end = strstr(sec, "\n#");
         char *body = strndup(sec, end ? (size_t)(end - sec) : strlen(sec));
-        result r = run_argv(NULL, (char *[]){(char *)cmds[i], "--help", NULL});
+        char word1[32], *word2 = NULL;
+        snprintf(word1, sizeof word1, "%s", cmds[i]);
+        if (strchr(word1, ' ')) word2 = strchr(word1, ' ') + 1, word2[-1] = 0;
+        result r = word2 ? run_argv(NULL, (char *[]){word1, word2, "--help", NULL})
+                         : run_argv(NULL, (char *[]){word1, "--help", NULL});
         cr_expect_eq(r.code, 0);
         char fh[8192], fd[8192];
         flags_of(r.out, fh, sizeof fh);
@@ -761,7 +766,9 @@ Test(ux, help_and_usage_md_list_the_same_flags) {
                 w = sp2 + 1;
             }
         }
-        if (strcmp(cmds[i], "bench"))
+        /* the commands of this issue's surfaces say their exit codes */
+        if (!strcmp(cmds[i], "run") || !strcmp(cmds[i], "chat") || !strcmp(cmds[i], "ask") ||
+            !strcmp(cmds[i], "serve") || !strcmp(cmds[i], "tokenize"))
             cr_expect(strstr(r.out, "exit codes:"), "ridgekv %s --help has no exit codes", cmds[i]);
         done(&r);
         free(body);
