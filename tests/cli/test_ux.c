@@ -783,3 +783,42 @@ Test(ux, help_and_usage_md_list_the_same_flags) {
     cr_expect(strstr(doc, "`-c 0`"), "docs/USAGE.md documents -c 0");
     free(doc);
 }
+
+/* On a terminal the progress is one bar redrawn in place (\r), ending at 100%. */
+Test(ux, ask_progress_bar_on_a_terminal) {
+    char sp[1024], dir[64], doc[128];
+    stories(sp, sizeof sp);
+    tmp_dir(dir, sizeof dir);
+    snprintf(doc, sizeof doc, "%s/long.txt", dir);
+    FILE *f = fopen(doc, "w");
+    cr_assert(f);
+    for (int i = 0; i < 12; i++) fprintf(f, "Lily saw a big red ball in the park and ran to it. ");
+    fclose(f);
+    char *argv[] = {(char *)bin(), "ask", "-m", sp, "--doc", doc, "-b", "32", "-n", "1", "What did Lily see?", NULL};
+    term t;
+    term_start(&t, argv);
+    int code = term_wait(&t, 60);
+    cr_expect_eq(code, 0, "%s", t.buf);
+    cr_expect(strstr(t.buf, "\rread [") && strstr(t.buf, "] 100% "), "no bar: %s", t.buf);
+    int redraws = 0;
+    for (const char *p = t.buf; (p = strstr(p, "\rread [")); p++) redraws++;
+    cr_expect(redraws >= 5, "%d redraws: %s", redraws, t.buf);
+    cr_expect(strstr(t.buf, "ETA "), "%s", t.buf);
+    free(t.buf);
+    unlink(doc), rmdir(dir);
+}
+
+/* chat --verbose-prompt: each turn's prompt (the history in it) on stderr. */
+Test(ux, chat_verbose_prompt_shows_each_turn) {
+    char sp[1024];
+    stories(sp, sizeof sp);
+    result r = run_argv("first turn\nsecond turn\n", (char *[]){"chat", "-m", sp, "-n", "3", "--temp", "0",
+                                                               "--verbose-prompt", NULL});
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    const char *a = strstr(r.err, "ridgekv chat: prompt (");
+    cr_assert(a, "%s", r.err);
+    const char *b = strstr(a + 1, "ridgekv chat: prompt (");
+    cr_assert(b, "one prompt per turn: %s", r.err);
+    cr_expect(strstr(b, "first turn") && strstr(b, "second turn"), "the second prompt holds the history: %s", b);
+    done(&r);
+}
