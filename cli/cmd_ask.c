@@ -24,7 +24,7 @@ static const char *help =
     "      --doc FILE          a document to read (repeat for more; at least one)\n"
     "  -p, --prompt TEXT       the question (or give it as the last arguments: unquoted words are joined)\n"
     "      --system TEXT       system prompt (default: answer from the documents)\n"
-    "  -n, --n-predict N       most answer tokens (default 256; -1 = until the end of the turn)\n"
+    "  -n, --n-predict N       most answer tokens (default 256; -1 = up to the answer room)\n"
     "  -c, --ctx-size N        context size in tokens (default: the model's)\n"
     "  -b, --batch-size N      prefill chunk: progress and Ctrl-C act between chunks (default 512)\n"
     "  -t, --threads N         threads (default: all cores)\n"

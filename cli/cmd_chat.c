@@ -19,7 +19,7 @@ static const char *help =
     "\n"
     "  -m, --model FILE        GGUF model (default: the cached SmolLM2-135M-Instruct)\n"
     "      --system TEXT       system prompt (always kept, also when old turns are dropped)\n"
-    "  -n, --n-predict N       most tokens per answer (default 512; -1 = until the end of the turn)\n"
+    "  -n, --n-predict N       most tokens per answer (default 512; -1 = up to the answer room)\n"
     "  -c, --ctx-size N        context size in tokens (default: the model's)\n"
     "  -b, --batch-size N      prefill chunk (default 512)\n"
     "  -t, --threads N         threads (default: all cores)\n"
