@@ -73,11 +73,14 @@ static bool takes_text(const char *a) {
 
 char **cli_expand_eq(int *argc, char **argv) {
     int n = *argc, extra = 0;
+    size_t names = 0;
     for (int i = 1; i < n; i++)
-        if (!strncmp(argv[i], "--", 2) && strchr(argv[i], '=')) extra++;
+        if (!strncmp(argv[i], "--", 2) && strchr(argv[i], '=')) extra++, names += strlen(argv[i]) + 1;
     if (!extra) return argv;
-    char **out = calloc((size_t)(n + extra + 1), sizeof *out);
+    /* one block: the new argv, then the flag names it points to (main frees it) */
+    char **out = calloc(1, (size_t)(n + extra + 1) * sizeof *out + names);
     if (!out) return argv;
+    char *store = (char *)(out + n + extra + 1);
     int k = 0;
     for (int i = 0; i < n; i++) {
         const char *a = argv[i], *eq = strchr(a, '=');
@@ -89,12 +92,10 @@ char **cli_expand_eq(int *argc, char **argv) {
             out[k++] = argv[i];
             continue;
         }
-        char *name = strndup(a, (size_t)(eq - a)); /* lives as long as the process */
-        if (!name) {
-            free(out);
-            return argv;
-        }
-        out[k++] = name;
+        memcpy(store, a, (size_t)(eq - a));
+        store[eq - a] = 0;
+        out[k++] = store;
+        store += eq - a + 1;
         out[k++] = (char *)eq + 1;
     }
     out[k] = NULL;

@@ -47,7 +47,8 @@ typedef struct cli_opts {
 } cli_opts;
 
 /* Splits "--flag=value" into "--flag" "value" for every command (main.c calls it first);
- * returns a new argv (malloc'd, *argc updated; never NULL: argv itself when out of memory). */
+ * returns a new argv (one malloc'd block, *argc updated; argv itself when nothing is split or
+ * out of memory). */
 char **cli_expand_eq(int *argc, char **argv);
 /* Commands that generate draw a random seed unless --seed N (N >= 0) was given; with -v
  * this says which (one stderr line), so --seed N repeats the run. */

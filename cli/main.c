@@ -1,6 +1,7 @@
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
@@ -35,8 +36,10 @@ int main(int argc, char **argv) {
     /* a closed stdout (| head) must be a write error the command reports (exit 5), not a
      * silent death by SIGPIPE (exit 141) */
     signal(SIGPIPE, SIG_IGN);
+    char **orig = argv;
     argv = cli_expand_eq(&argc, argv);
     int rc = dispatch(argc, argv);
+    if (argv != orig) free(argv);
     /* whatever a command printed last: a failed flush is a failed write */
     errno = 0;
     if ((fflush(stdout) == EOF || ferror(stdout)) && rc == RK_EXIT_OK) {
