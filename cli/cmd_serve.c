@@ -173,7 +173,9 @@ int cmd_serve(int argc, char **argv) {
         }
         if (colon && colon > http) snprintf(http_addr, sizeof http_addr, "%.*s", (int)(colon - http), http);
         http_port = (int)pv;
+        (void)http_port;
 #ifndef RK_HAVE_MHD
+        (void)max_body;
         fprintf(stderr, "ridgekv serve: --http: this build has no HTTP server (install libmicrohttpd-dev and "
                         "rebuild)\n");
         return RK_EXIT_USAGE;
