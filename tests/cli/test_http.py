@@ -205,7 +205,8 @@ def run_openai(port):
     except ImportError:
         target = os.path.join(tempfile.gettempdir(), f"ridgekv-openai-{os.getuid()}")
         if not os.path.isdir(os.path.join(target, "openai")):
-            r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--target", target, "openai"],
+            r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--timeout", "20", "--retries", "1",
+                                "--target", target, "openai"],
                                capture_output=True, text=True, timeout=300)
             if r.returncode != 0:
                 print("SKIP (openai client): pip install openai failed (no network?): " + r.stderr[-300:])
