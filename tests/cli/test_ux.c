@@ -185,6 +185,10 @@ static result run_argv(const char *input, char *const args[]) {
     r.err = tb_read_file(err, &len);
     unlink(in), unlink(out), unlink(err), rmdir(dir);
     cr_assert(r.out && r.err);
+    /* the child's sanitizer reports (ASan build) land in its stderr, not the test's */
+    cr_expect(!strstr(r.err, "ERROR: AddressSanitizer") && !strstr(r.err, "ERROR: LeakSanitizer") &&
+                  !strstr(r.err, "runtime error:"),
+              "sanitizer report from ridgekv %s: %s", args[0], r.err);
     return r;
 }
 
