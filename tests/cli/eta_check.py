@@ -2,7 +2,10 @@
 """How true ask's ETA is on a real prefill: reads a long document (samples/docs repeated)
 with the default model, one progress line per chunk, and compares the total predicted at the
 first line past 10% of the work (elapsed + ETA) with the real prefill time, next to the plain
-rate's guess (elapsed * total / done). Usage: python3 tests/cli/eta_check.py [BIN] [TOKENS]"""
+rate's guess (elapsed * total / done).
+Usage: python3 tests/cli/eta_check.py [BIN] [TOKENS] [cpu]
+With "cpu" the progress clock is the process's CPU time on one thread (RIDGEKV_PROGRESS_CLOCK=cpu,
+-t 1): the cost model checked against the work itself, which a busy machine does not distort."""
 import os, re, subprocess, sys, tempfile
 
 here = os.path.dirname(os.path.abspath(__file__))
@@ -17,9 +20,12 @@ while len(text) < want * 4:
 text = text[:want * 4]
 with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
     f.write(text)
+cpu = len(sys.argv) > 3 and sys.argv[3] == "cpu"
 env = dict(os.environ, RIDGEKV_PROGRESS_EVERY="0")
-r = subprocess.run([bin_, "ask", "--doc", f.name, "-c", "8192", "-n", "1", "What is this about?"],
-                   capture_output=True, text=True, env=env)
+if cpu:
+    env["RIDGEKV_PROGRESS_CLOCK"] = "cpu"
+r = subprocess.run([bin_, "ask", "--doc", f.name, "-c", "8192", "-n", "1"] + (["-t", "1"] if cpu else []) +
+                   ["What is this about?"], capture_output=True, text=True, env=env)
 os.unlink(f.name)
 pat = re.compile(r"read (\d+)/(\d+) tokens \(\d+%\), [\d.]+ tok/s, elapsed ([\d.]+) s, ETA (\S+)")
 rows = [(int(a), int(b), float(c), d) for a, b, c, d in pat.findall(r.stderr)]
@@ -33,7 +39,7 @@ actual = rows[-1][2]
 for done, tot, el, eta in rows:
     if 10 * done >= tot:
         pred, naive = el + secs(eta), el * tot / done
-        print(f"prefill {tot} tokens in {actual:.1f} s; at {done}/{tot} ({100*done/tot:.0f}%), elapsed {el:.1f} s: "
+        print(f"{'CPU time, 1 thread: ' if cpu else ''}prefill {tot} tokens in {actual:.1f} s; at {done}/{tot} ({100*done/tot:.0f}%), elapsed {el:.1f} s: "
               f"model predicts {pred:.1f} s total ({100*(pred-actual)/actual:+.0f}%), "
               f"plain rate {naive:.1f} s ({100*(naive-actual)/actual:+.0f}%)")
         break
