@@ -51,7 +51,10 @@ double cli_attn_ratio(const rk_hparams *hp) {
     const double d = hp->n_embd, q = (double)hp->n_head * hp->head_dim, kv = (double)hp->n_head_kv * hp->head_dim;
     const double per_layer = d * q + 2 * d * kv + q * d + 3 * d * hp->n_ff;
     const double weights = hp->n_layer * per_layer + d * hp->n_vocab;
-    return weights > 0 ? 4.0 * hp->n_layer * q / (2.0 * weights) : 0;
+    /* CPU attention runs at about a third of the matrix kernels' FLOP rate: fitted beta /
+     * alpha was 3.1x the FLOP ratio for SmolLM2-135M on one thread (RIDGEKV_PROGRESS_CLOCK=cpu,
+     * ask -t 1 -b 256 on 4K tokens; docs/USAGE.md) */
+    return weights > 0 ? 3.0 * 4.0 * hp->n_layer * q / (2.0 * weights) : 0;
 }
 
 void cli_eta_coef(const cli_eta *e, double *alpha, double *beta) {

@@ -36,8 +36,9 @@ void cli_eta_add(cli_eta *e, int64_t done, double t);
  * alpha with the weight of two steps, so a few noisy early chunks (where the attention
  * term is still small) do not decide the growth alone; more steps outweigh it. */
 void cli_eta_prior(cli_eta *e, double kappa);
-/* beta / alpha in FLOPs for a prefill of this model shape: attention's 4 * n_layer *
- * n_head * head_dim per token and position over the 2 * (matrix weights) per token. */
+/* beta / alpha for a prefill of this model shape: attention's 4 * n_layer * n_head *
+ * head_dim FLOPs per token and position over the 2 * (matrix weights) FLOPs per token,
+ * times 3 (CPU attention runs at about a third of the matrix kernels' rate, measured). */
 struct rk_hparams;
 double cli_attn_ratio(const struct rk_hparams *hp);
 /* Seconds the units [done, total) will take under the fitted model; -1 before one step. */
