@@ -96,3 +96,4 @@ int cmd_calibrate_lowram(int argc, char **argv); /* calibrate --lowram (cmd_cali
 int cmd_serve(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_ask(int argc, char **argv);
+int cmd_synth(int argc, char **argv); /* cmd_synth.c */

@@ -19,6 +19,7 @@ static void usage(FILE *f) {
             "  serve    --jsonl: JSON requests on stdin, JSON events on stdout (docs/JSONL.md)\n"
             "  calibrate  fit RidgeFill maps on text (--text FILE -o MAPS.gguf)\n"
             "  pull     fetch the default model (SmolLM2-135M-Instruct) into the cache\n"
+            "  synth    write a random-weight model of a real shape (benchmarks without downloads)\n"
             "\n"
             "`ridgekv COMMAND --help` lists the options of each command.\n"
             "Without -m, commands use the default model in ${XDG_CACHE_HOME:-~/.cache}/ridgekv/.\n",
@@ -48,6 +49,7 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "serve")) return cmd_serve(argc, argv);
     if (!strcmp(c, "chat")) return cmd_chat(argc, argv);
     if (!strcmp(c, "ask")) return cmd_ask(argc, argv);
+    if (!strcmp(c, "synth")) return cmd_synth(argc, argv);
     fprintf(stderr, "ridgekv: unknown command '%s' (try ridgekv --help)\n", c);
     return RK_EXIT_USAGE;
 }
