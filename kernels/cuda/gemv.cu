@@ -3,8 +3,9 @@
  * column j (weight row j); the row is cut into 32-element groups (a q8_0 /
  * q4_0 / q4_1 block, a q4_K sub-block, a q6_K quarter-half, 32 plain values)
  * that the lanes take in turn, so a warp streams its weight row once for all n
- * activation rows. f32 accumulation; the lanes' partial sums are added with a
- * butterfly at the end. Plain-float rows of any length (tails masked). */
+ * activation rows (up to 8, in 1 / 2 / 4 / 8 accumulators). f32 accumulation;
+ * the lanes' partial sums are added with a butterfly at the end. Plain-float
+ * rows of any length (tails masked). */
 #include <type_traits>
 
 #include "cuda_dequant.cuh"
@@ -15,7 +16,7 @@ template <uint32_t T, int N>
 __global__ static __launch_bounds__(32 * GEMV_WARPS) void gemv_kernel(const uint8_t *__restrict__ w, size_t nbw,
                                                                       const float *__restrict__ x, int64_t ldx,
                                                                       float *__restrict__ y, int64_t ldy, int64_t m,
-                                                                      int64_t k) {
+                                                                      int64_t k, int n) {
     const int lane = threadIdx.x & 31;
     const int64_t j = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
     if (j >= m) return;
@@ -31,14 +32,15 @@ __global__ static __launch_bounds__(32 * GEMV_WARPS) void gemv_kernel(const uint
         for (int e = 0; e < len; e++) {
             const float wv = rk_dq<T>(row, i0 + e);
 #pragma unroll
-            for (int t = 0; t < N; t++) acc[t] = fmaf(wv, x[t * ldx + i0 + e], acc[t]);
+            for (int t = 0; t < N; t++)
+                if (t < n) acc[t] = fmaf(wv, x[t * ldx + i0 + e], acc[t]);
         }
     }
 #pragma unroll
     for (int t = 0; t < N; t++) {
         float v = acc[t];
         for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (lane == 0) y[t * ldy + j] = v;
+        if (lane == 0 && t < n) y[t * ldy + j] = v;
     }
 }
 
@@ -47,15 +49,13 @@ static cudaError_t gemv_n(const void *w, size_t nbw, const float *x, int64_t ldx
                           int64_t m, int64_t k, cudaStream_t s) {
     dim3 grid((unsigned)((m + GEMV_WARPS - 1) / GEMV_WARPS)), block(32 * GEMV_WARPS);
     const uint8_t *wp = (const uint8_t *)w;
-    switch (n) {
-    case 1: gemv_kernel<T, 1><<<grid, block, 0, s>>>(wp, nbw, x, ldx, y, ldy, m, k); break;
-    case 2: gemv_kernel<T, 2><<<grid, block, 0, s>>>(wp, nbw, x, ldx, y, ldy, m, k); break;
-    case 3: gemv_kernel<T, 3><<<grid, block, 0, s>>>(wp, nbw, x, ldx, y, ldy, m, k); break;
-    case 4: gemv_kernel<T, 4><<<grid, block, 0, s>>>(wp, nbw, x, ldx, y, ldy, m, k); break;
-    case 5: gemv_kernel<T, 5><<<grid, block, 0, s>>>(wp, nbw, x, ldx, y, ldy, m, k); break;
-    case 6: gemv_kernel<T, 6><<<grid, block, 0, s>>>(wp, nbw, x, ldx, y, ldy, m, k); break;
-    case 7: gemv_kernel<T, 7><<<grid, block, 0, s>>>(wp, nbw, x, ldx, y, ldy, m, k); break;
-    case 8: gemv_kernel<T, 8><<<grid, block, 0, s>>>(wp, nbw, x, ldx, y, ldy, m, k); break;
+    /* n rounded up to 1, 2, 4 or 8 accumulators (rows past n masked): half the instantiations */
+    const int ni = (int)n;
+    switch (n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : n <= 8 ? 8 : 0) {
+    case 1: gemv_kernel<T, 1><<<grid, block, 0, s>>>(wp, nbw, x, ldx, y, ldy, m, k, ni); break;
+    case 2: gemv_kernel<T, 2><<<grid, block, 0, s>>>(wp, nbw, x, ldx, y, ldy, m, k, ni); break;
+    case 4: gemv_kernel<T, 4><<<grid, block, 0, s>>>(wp, nbw, x, ldx, y, ldy, m, k, ni); break;
+    case 8: gemv_kernel<T, 8><<<grid, block, 0, s>>>(wp, nbw, x, ldx, y, ldy, m, k, ni); break;
     default: return cudaErrorInvalidValue;
     }
     return cudaGetLastError();
