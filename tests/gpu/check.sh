@@ -2,7 +2,8 @@
 # tests/gpu/check.sh: the whole GPU check on a lent machine, in one bounded run.
 #
 #   1. build: meson release build with -Dcuda=enabled for sm_80 and sm_90
-#   2. op tests: the CUDA backend against cpu_ref on the op-case table (meson suite cuda)
+#   2. op tests: the CUDA backend against cpu_ref on the op-case table (meson suite cuda);
+#      gpu_bench: copy bandwidth, cuBLAS bf16 rate, GEMV / GEMM per weight type (JSON)
 #   3. parity: greedy tokens of `ridgekv run --backend cuda` == --backend cpu, on the
 #      tiny trained models of shared/ (repo root, ../shared or $RK_SHARED_DIR) when
 #      present, and on synthetic models of real shapes (ridgekv synth) in any case
@@ -113,7 +114,7 @@ build() {
     fi
     # only what this script runs (the other suites are CI's)
     local t=(cli/ridgekv tests/gpu/test_gpu_devsim)
-    [ "$CUDA_OPT" = -Dcuda=enabled ] && t+=(tests/kernels/test_kernels_cuda)
+    [ "$CUDA_OPT" = -Dcuda=enabled ] && t+=(tests/kernels/test_kernels_cuda tests/gpu/gpu_bench)
     ninja -C "$BUILD" -j "$JOBS" "${t[@]}"
 }
 if [ -n "$PREBUILT" ]; then
@@ -142,6 +143,23 @@ elif [ "$CUDA_OPT" = -Dcuda=enabled ]; then
     cp "$BUILD/meson-logs/testlog.txt" "$OUT_DIR/cuda_op_tests.testlog.txt" 2>/dev/null
 else
     say "SKIP  cuda_op_tests (dry run without nvcc)"
+fi
+# the ceilings and the op rates of the issue's targets (JSON; exit 77 without a GPU)
+GB=$BUILD/tests/gpu/gpu_bench
+[ -n "$PREBUILT" ] && GB=$PREBUILT/bin/gpu_bench
+if [ -x "$GB" ]; then
+    if step gpu_bench 90 sh -c "'$GB' > '$OUT_DIR/gpu_bench.json'"; then
+        python3 - "$OUT_DIR/gpu_bench.json" << 'PY' | tee -a "$SUMMARY"
+import json, sys
+j = json.load(open(sys.argv[1]))
+print("ceilings on %s: copy %.0f GB/s (read+write), cuBLAS bf16 %.0f TFLOP/s" % (
+    j["device"], j["copy_GBps_read_plus_write"], j["cublas_bf16_TFLOPs"]))
+for t in j["types"]:
+    print("  %-5s GEMV n=1 %7.1f us %6.0f GB/s = %4.2f x copy | GEMM n=512 %8.1f us %6.1f TFLOP/s = %4.2f x cuBLAS bf16" % (
+        t["type"], t["gemv_us"], t["gemv_GBps"], t["gemv_vs_copy"], t["gemm_512_us"], t["gemm_TFLOPs"],
+        t["gemm_vs_cublas_bf16"]))
+PY
+    fi
 fi
 # the session's device path without a GPU (runs everywhere)
 if [ -n "$PREBUILT" ]; then
