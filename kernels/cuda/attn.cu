@@ -5,9 +5,10 @@
  * short prefill chunks over a long cache): each split keeps its own (max, sum,
  * accumulator) and a second kernel combines them.
  *
- * Block = 8 warps over one KV head; warp w owns the pair p = 8*blockIdx.x + w
+ * Block = 16 warps over one KV head; warp w owns the pair p = 16*blockIdx.x + w
  * of the flattened (token t = p / group, head h = hk*group + p % group) list,
- * so the warps of a block share the KV head and the tile they load. A tile of
+ * so the warps of a block share the KV head and the tile they load (16 / group
+ * query tokens per tile load: the more, the fewer times a long cache is read). A tile of
  * RK_ATTN_TK keys is dequantised (f32 / f16 / q8_0, as quant_ref.c) into
  * shared memory; lane i scores key i of the tile, the lanes then take the
  * head dimensions for the P.V update. Keys at or past pos0 + t + 1 are never
@@ -18,7 +19,7 @@
 #include "cuda_dequant.cuh"
 
 #define TK RK_ATTN_TK
-#define WARPS 8
+#define WARPS 16
 #define DPL (RK_ATTN_MAX_HD / 32) /* head dims per lane */
 
 template <uint32_t T>
