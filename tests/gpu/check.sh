@@ -38,7 +38,7 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-[ -n "$OUT_DIR" ] || OUT_DIR=$ROOT/gpu-check-out
+[ -n "$OUT_DIR" ] || OUT_DIR=$ROOT/build-gpu-check-out # build*/ is git-ignored
 mkdir -p "$OUT_DIR" || { echo "check.sh: cannot create $OUT_DIR" >&2; exit 1; }
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
 TOTAL_S=${TOTAL_S:-480}
@@ -176,8 +176,9 @@ for d in "$ROOT/shared" "$ROOT/../shared" "${RK_SHARED_DIR:-/nonexistent}"; do
     done
     [ ${#MODELS[@]} -gt 0 ] && break
 done
-SYN=$OUT_DIR/models
-mkdir -p "$SYN"
+# synthetic models in a temporary folder, not under $OUT (the device tool brings $OUT back)
+SYN=$(mktemp -d "${TMPDIR:-/tmp}/rk-gpu-check-models.XXXXXX") || exit 1
+trap 'rm -rf "$SYN"' EXIT
 synth_models() {
     local a=(--layers "$SYN_LAYERS" --vocab "$SYN_VOCAB")
     "$BIN" synth --shape smollm2-135m --type q8_0 "${a[@]}" -o "$SYN/smollm2-q8_0.gguf" &&
@@ -242,7 +243,6 @@ for r in j.get("results", []):
 PY
     done
 fi
-rm -f "$BENCH_MODEL" "$SYN"/*.gguf # the models are regenerated in seconds; keep $OUT small
 
 say "not run here: RidgeFill / LowRAM on the device (they need host rows: refused by the session),"
 say "  100K with YaRN (the models issue adds the scaling), KV tiers (the tiers issue's block store)."
