@@ -96,20 +96,47 @@ static int plain_params(const rk_kv *kv, rk_kv_param *out) {
     return 1;
 }
 
+/* Device caches: the payload of rk_kv_rows_export / _import, one layer's rows at a time
+ * through a host buffer. */
+static rk_status dev_export(const rk_kv *kv, const plain *c, int64_t row0, int64_t row1, rk_kv_buf *out, rk_err *err) {
+    const size_t off = (size_t)row0 * kv->row_bytes, len = (size_t)(row1 - row0) * kv->row_bytes;
+    uint8_t *tmp = malloc(len ? len : 1);
+    if (!tmp) return rk_err_set(err, RK_E_NOMEM, "kv: export of %lld rows", (long long)(row1 - row0));
+    rk_status st = RK_OK;
+    for (int l = 0; l < kv->n_layer && !st; l++)
+        for (int part = 0; part < 2 && !st; part++)
+            if (!(st = rk_backend_download(kv->be, tmp, (part ? c->v[l] : c->k[l]) + off, len, err)))
+                rk_kv_put(out, tmp, len);
+    free(tmp);
+    return st;
+}
+
+static rk_status dev_import(rk_kv *kv, plain *c, int64_t row0, int64_t n_rows, const uint8_t *p, size_t n,
+                            rk_err *err) {
+    uint64_t want;
+    if (!rk_mul_u64((uint64_t)n_rows, kv->row_bytes, &want) || !rk_mul_u64(want, 2ull * (uint64_t)kv->n_layer, &want) ||
+        want != n)
+        return rk_err_set(err, RK_E_FORMAT, "kv: plain payload of %zu bytes for %lld rows (expected %llu)", n,
+                          (long long)n_rows, (unsigned long long)want);
+    const size_t off = (size_t)row0 * kv->row_bytes, len = (size_t)n_rows * kv->row_bytes;
+    rk_status st = RK_OK;
+    for (int l = 0; l < kv->n_layer && !st; l++)
+        if (!(st = rk_backend_upload(kv->be, c->k[l] + off, p + (size_t)(2 * l) * len, len, err)))
+            st = rk_backend_upload(kv->be, c->v[l] + off, p + (size_t)(2 * l + 1) * len, len, err);
+    if (!st) kv->n_past = row0 + n_rows;
+    return st;
+}
+
 static rk_status plain_export(const rk_kv *kv, int64_t row0, int64_t row1, rk_kv_buf *out, rk_err *err) {
     const plain *c = kv->impl;
-    if (c->dev)
-        return rk_err_set(err, RK_E_UNSUPPORTED, "kv: export of a cache in %s memory is not wired yet (use a CPU backend)",
-                          kv->be->ops->name);
+    if (c->dev) return dev_export(kv, c, row0, row1, out, err);
     rk_kv_rows_export(kv, c->k, c->v, row0, row1, out);
     return RK_OK;
 }
 
 static rk_status plain_import(rk_kv *kv, int64_t row0, int64_t n_rows, const uint8_t *p, size_t n, rk_err *err) {
     plain *c = kv->impl;
-    if (c->dev)
-        return rk_err_set(err, RK_E_UNSUPPORTED, "kv: import into a cache in %s memory is not wired yet (use a CPU backend)",
-                          kv->be->ops->name);
+    if (c->dev) return dev_import(kv, c, row0, n_rows, p, n, err);
     return rk_kv_rows_import(kv, c->k, c->v, row0, n_rows, p, n, "plain", NULL, err);
 }
 

@@ -3,8 +3,9 @@
  * with memory of its own whose addresses the host cannot dereference (tagged
  * non-canonical pointers: any host read or write of them faults), running the
  * cpu backend's kernels behind the tags. A session on it must give the cpu
- * backend's logits bit for bit, read KV rows through downloads, and refuse
- * what still needs host rows (LowRAM, RidgeFill, KV export) with a reason. */
+ * backend's logits bit for bit, read and export KV rows through downloads
+ * (import through uploads), and refuse what still needs host rows (LowRAM,
+ * RidgeFill) with a reason. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdint.h>
@@ -179,11 +180,28 @@ Test(devsim, session_matches_cpu_bit_for_bit) {
         cr_assert_eq(rk_session_eval(a, ids + 25, 5, la, false, &err), RK_OK, "%s", err.msg);
         cr_assert_eq(rk_session_eval(b, ids + 25, 5, lb, false, &err), RK_OK, "%s", err.msg);
         cr_expect(memcmp(la, lb, (size_t)nv * sizeof(float)) == 0, "kv %s: after truncate", kvs[k]);
-        /* export needs host rows: refused with the reason, nothing changed */
-        void *blk = NULL;
-        size_t n_blk = 0;
-        cr_expect_eq(rk_session_kv_export(b, 0, 10, &blk, &n_blk, &err), RK_E_UNSUPPORTED);
-        cr_expect(strstr(err.msg, "devsim") && strstr(err.msg, "CPU backend"), "%s", err.msg);
+        /* export through downloads: the cpu session's block, byte for byte; imported into a
+         * fresh device session, the next step's logits are the original's */
+        void *ba = NULL, *bb = NULL;
+        size_t na = 0, nb = 0;
+        cr_assert_eq(rk_session_kv_export(a, 0, 25, &ba, &na, &err), RK_OK, "%s", err.msg);
+        cr_assert_eq(rk_session_kv_export(b, 0, 25, &bb, &nb, &err), RK_OK, "%s", err.msg);
+        cr_expect(na == nb && memcmp(ba, bb, na) == 0, "kv %s: exported blocks differ (%zu vs %zu bytes)", kvs[k], na,
+                  nb);
+        rk_session *c = session_on(m, &ds->be, kvs[k], &err, &st);
+        cr_assert_eq(st, RK_OK, "%s", err.msg);
+        cr_assert_eq(rk_session_kv_import(c, bb, nb, &err), RK_OK, "%s", err.msg);
+        cr_expect_eq(rk_session_n_past(c), 25);
+        float *lc = malloc((size_t)nv * sizeof(float));
+        cr_assert_eq(rk_session_truncate(a, 25, &err), RK_OK, "%s", err.msg);
+        cr_assert_eq(rk_session_eval(a, ids + 25, 1, la, false, &err), RK_OK, "%s", err.msg);
+        cr_assert_eq(rk_session_eval(c, ids + 25, 1, lc, false, &err), RK_OK, "%s", err.msg);
+        cr_expect(memcmp(la, lc, (size_t)nv * sizeof(float)) == 0, "kv %s: logits after import differ", kvs[k]);
+        /* a block cut short is refused, nothing changed */
+        cr_expect_neq(rk_session_kv_import(c, bb, nb - 7, &err), RK_OK);
+        cr_expect_eq(rk_session_n_past(c), 26);
+        free(lc), free(ba), free(bb);
+        rk_session_destroy(c);
         free(ra), free(rb), free(la), free(lb);
         rk_session_destroy(a);
         rk_session_destroy(b);
