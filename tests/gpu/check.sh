@@ -124,8 +124,15 @@ if [ -n "$PREBUILT" ]; then
     NV=$(python3 -c 'import glob, os, nvidia; print(":".join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(d + "/*/lib/lib*.so*")})))' 2> /dev/null || true)
     export LD_LIBRARY_PATH=$PREBUILT/lib:/usr/local/cuda/lib64:${NV}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     step prebuilt_runs 30 "$BIN" --version || { say "check.sh: the prebuilt ridgekv does not run here, stopping"; exit 1; }
-else
-    step build 300 build || { say "check.sh: no build (missing packages? try --prebuilt, tests/gpu/pack.sh), stopping"; exit 1; }
+elif ! step build 300 build; then
+    if [ -x "$ROOT/build-gpu-pack/bin/ridgekv" ]; then # carried beside the tree: use it
+        say "check.sh: no build here; using the carried build-gpu-pack (tests/gpu/pack.sh)"
+        cp "$OUT_DIR/build.log" "$OUT_DIR/build.failed.log" 2> /dev/null
+        TOTAL_S=$(left) exec env -u PREBUILT bash "$0" $([ $DRY = 1 ] && echo --dry-run) --out "$OUT_DIR" \
+            --prebuilt "$ROOT/build-gpu-pack"
+    fi
+    say "check.sh: no build (missing packages? see build.log; tests/gpu/pack.sh and --prebuilt), stopping"
+    exit 1
 fi
 
 # ---- 2. CUDA op tests -------------------------------------------------------------
