@@ -112,3 +112,4 @@ int cmd_serve(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_ask(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
+int cmd_synth(int argc, char **argv); /* cmd_synth.c */

@@ -23,6 +23,7 @@ static void usage(FILE *f) {
             "  calibrate  fit RidgeFill maps on text (--text FILE -o MAPS.gguf)\n"
             "  pull     fetch the default model (SmolLM2-135M-Instruct) into the cache\n"
             "  tokenize show the tokens of a text (ids and pieces)\n"
+            "  synth    write a random-weight model of a real shape (benchmarks without downloads)\n"
             "\n"
             "  --version  print the version; --help  this text\n"
             "`ridgekv COMMAND --help` lists the options of each command; --flag=value works too.\n"
@@ -73,6 +74,7 @@ static int dispatch(int argc, char **argv) {
     if (!strcmp(c, "chat")) return cmd_chat(argc, argv);
     if (!strcmp(c, "ask")) return cmd_ask(argc, argv);
     if (!strcmp(c, "tokenize")) return cmd_tokenize(argc, argv);
+    if (!strcmp(c, "synth")) return cmd_synth(argc, argv);
     fprintf(stderr, "ridgekv: unknown command '%s' (try ridgekv --help)\n", c);
     return RK_EXIT_USAGE;
 }
