@@ -91,6 +91,9 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
         else if (!strcmp(a, "--tail")) { NEED(); rc = parse_int(cmd, a, v, 512, 1 << 24, &o->tail); }
         else if (!strcmp(a, "--split")) { NEED(); rc = parse_int(cmd, a, v, 1, 4096, &o->split); }
         else if (!strcmp(a, "--keep-share")) { NEED(); rc = parse_float(cmd, a, v, 0.0f, 1.0f, &o->keep_share); }
+        else if (!strcmp(a, "--no-cache")) o->no_cache = 1;
+        else if (!strcmp(a, "--cache-level")) { NEED(); rc = parse_int(cmd, a, v, 1, 19, &o->cache_level); }
+        else if (!strcmp(a, "--kv-budget")) { NEED(); o->kv_budget = v; }
         else if (!strcmp(a, "--chat")) o->chat = 1;
         else if (!strcmp(a, "--json")) o->json = 1;
         else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) o->verbose = 1;

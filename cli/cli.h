@@ -37,6 +37,9 @@ typedef struct cli_opts {
     int tail;               /* --tail T */
     int split;              /* --split S */
     float keep_share;       /* --keep-share X (quality mode; <0: the map file's) */
+    int no_cache;           /* --no-cache: no document KV cache (doc_cache_cli.c) */
+    int cache_level;        /* --cache-level N: its zstd level (0: 1) */
+    const char *kv_budget;  /* --kv-budget SIZE: KV bytes held in memory, the rest spilled */
 } cli_opts;
 
 /* The fill parameters of --ridgefill/--fill/--tail/--split/--keep-share: loads the maps
@@ -96,3 +99,4 @@ int cmd_calibrate_lowram(int argc, char **argv); /* calibrate --lowram (cmd_cali
 int cmd_serve(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_ask(int argc, char **argv);
+int cmd_cache(int argc, char **argv); /* doc_cache_cli.h / cmd_cache.c */

@@ -12,6 +12,7 @@ static void usage(FILE *f) {
             "commands:\n"
             "  chat     talk with the model in the terminal (streaming, history, /help inside)\n"
             "  ask      answer a question about documents (--doc FILE \"QUESTION\")\n"
+            "  cache    the document KV cache: ls, rm, gc, path\n"
             "  run      generate text from a prompt (-p TEXT or -f FILE)\n"
             "  info     describe a GGUF file: architecture, shapes, tensor types, tokenizer, memory\n"
             "  bench    prefill and decode throughput, peak RSS, KV bytes per token\n"
@@ -48,6 +49,7 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "serve")) return cmd_serve(argc, argv);
     if (!strcmp(c, "chat")) return cmd_chat(argc, argv);
     if (!strcmp(c, "ask")) return cmd_ask(argc, argv);
+    if (!strcmp(c, "cache")) return cmd_cache(argc, argv);
     fprintf(stderr, "ridgekv: unknown command '%s' (try ridgekv --help)\n", c);
     return RK_EXIT_USAGE;
 }
