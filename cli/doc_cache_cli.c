@@ -69,6 +69,14 @@ static void key_extra(const cli_opts *o, char *buf, size_t cap) {
              o->n_batch ? o->n_batch : 512, o->backend ? o->backend : "cpu");
 }
 
+static void verbose_io(const char *cmd, const char *what, const rk_doc_cache *c, const char *key) {
+    rk_doc_cache_stats st;
+    rk_doc_cache_last(c, &st);
+    fprintf(stderr, "ridgekv %s: document cache: %s %.12s, %.1f MB of KV in a %.1f MB file in %.3f s (%s%s)\n", cmd,
+            what, key, (double)st.raw_bytes / 1e6, (double)st.file_bytes / 1e6, st.io_s, rk_bs_backend_name(st.backend),
+            st.direct ? ", O_DIRECT" : "");
+}
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -113,6 +121,7 @@ rk_status cli_doc_prefix(const cli_opts *o, const char *cmd, rk_doc_cache *c, co
             out->read_s = now_s() - t0;
             if (progress) progress(ud, (int64_t)p, (int64_t)n_ids);
             fprintf(stderr, "ridgekv %s: reused cached KV for %s (%lld tokens)\n", cmd, label, (long long)n);
+            if (o->verbose) verbose_io(cmd, "loaded", c, key);
             return RK_OK;
         }
         if (ls && ls != RK_E_NOT_FOUND) fprintf(stderr, "ridgekv %s: %s; reading the documents again\n", cmd, e.msg);
@@ -135,6 +144,7 @@ rk_status cli_doc_prefix(const cli_opts *o, const char *cmd, rk_doc_cache *c, co
         rk_err e = {0};
         if (rk_doc_cache_save(c, key, m, &kvp, s, (int64_t)p, label, &e))
             fprintf(stderr, "ridgekv %s: %s; the answer does not depend on it\n", cmd, e.msg);
+        else if (o->verbose) verbose_io(cmd, "saved", c, key);
     }
     return RK_OK;
 }
