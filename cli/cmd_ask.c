@@ -171,6 +171,7 @@ int cmd_ask(int argc, char **argv) {
     if (!st) st = rk_conv_generate(conv, &gp, &r, &e);
     cli_progress_end(&pr);
     r.n_prefill += pre.n_read;
+    r.filled_rows += pre.filled;
     r.prefill_s += pre.read_s;
     if (r.prefill_s > 0) r.prefill_tok_s = (double)r.n_prefill / r.prefill_s;
     if (r.ttft_s >= 0) r.ttft_s += pre.read_s;

@@ -77,6 +77,13 @@ static void verbose_io(const char *cmd, const char *what, const rk_doc_cache *c,
             st.direct ? ", O_DIRECT" : "");
 }
 
+static uint64_t filled_rows(const rk_session *s, int n_layer) {
+    const rk_session_counters *c = rk_session_get_counters(s);
+    uint64_t n = 0;
+    for (int l = 0; c && l < n_layer && l < 256; l++) n += c->filled_rows[l];
+    return n;
+}
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -99,6 +106,9 @@ rk_status cli_doc_prefix(const cli_opts *o, const char *cmd, rk_doc_cache *c, co
     if (st) return st;
     if (p < 1 || p >= n_ids) return RK_OK;
     out->n_prefix = (int64_t)p;
+    if (o->verbose)
+        fprintf(stderr, "ridgekv %s: the documents are the first %zu prompt tokens: read (or loaded) apart from the "
+                        "question\n", cmd, p);
     char label[256] = "";
     for (size_t i = 0; i < n_docs; i++) {
         const size_t l = strlen(label);
@@ -135,9 +145,12 @@ rk_status cli_doc_prefix(const cli_opts *o, const char *cmd, rk_doc_cache *c, co
     }
     cli_prefix_progress pp = {progress, ud, (int64_t)keep, (int64_t)n_ids};
     rk_session_set_progress(s, progress ? cli_prefix_progress_fn : NULL, &pp);
+    const int n_layer = rk_model_hparams(m)->n_layer;
+    const uint64_t f0 = filled_rows(s, n_layer);
     st = keep < p ? rk_session_eval(s, ids + keep, p - keep, NULL, false, err) : RK_OK;
     rk_session_set_progress(s, NULL, NULL);
     if (st) return st;
+    out->filled = filled_rows(s, n_layer) - f0;
     out->n_read = (int64_t)(p - keep);
     out->read_s = now_s() - t0;
     if (c) {

@@ -19,6 +19,7 @@ typedef struct cli_prefix {
     int64_t n_read;   /* of them read by a prefill (0 when the cache held them) */
     double read_s;    /* seconds to read or load them */
     bool reused;      /* loaded from the cache */
+    uint64_t filled;  /* (row, layer) pairs the prefix's prefill filled (RidgeFill) */
 } cli_prefix;
 
 /* The documents form a prefix of the prompt ids (what two probe questions share): that
