@@ -189,3 +189,36 @@ bool cli_parse_size(const char *s, uint64_t *out) {
     *out = (uint64_t)(v * mul);
     return true;
 }
+
+void cli_kv_tier_params(const cli_opts *o, rk_kv_params *kv) {
+    uint64_t b = 0;
+    if (o->kv_budget && cli_parse_size(o->kv_budget, &b)) kv->budget = b ? b : 1;
+    const char *td = getenv("TMPDIR");
+    kv->spill_dir = td && *td ? td : "/tmp";
+    const char *nu = getenv("RIDGEKV_NO_URING");
+    kv->spill_backend = nu && *nu && strcmp(nu, "0") ? 2 : 0;
+}
+
+uint64_t cli_kv_budget_share(const cli_opts *o, const rk_model *m, const rk_kv_params *kv, int64_t n_tokens) {
+    const size_t n = o->kv_budget ? strlen(o->kv_budget) : 0;
+    if (!n || o->kv_budget[n - 1] != '%') return kv->budget;
+    const double share = strtod(o->kv_budget, NULL) / 100.0;
+    const rk_hparams *hp = rk_model_hparams(m);
+    const double per_value = kv->kind == RK_KV_F32 ? 4.0 : kv->kind == RK_KV_Q8 ? 34.0 / 32.0 : 2.0;
+    const double bytes = (double)n_tokens * 2.0 * hp->n_layer * hp->n_head_kv * hp->head_dim * per_value;
+    const uint64_t b = (uint64_t)(share * bytes);
+    return b ? b : 1;
+}
+
+void cli_kv_tier_line(const char *cmd, const rk_kv_tier_stats *a, const rk_kv_tier_stats *b) {
+    if (!b->on) return;
+    const uint64_t hits = b->hits - a->hits, miss = b->misses - a->misses;
+    fprintf(stderr,
+            "%s: kv tier: budget %.1f MiB, resident %.1f MiB, spilled %.1f MiB; chunk reads: hit rate %.1f%% (%llu of %llu), "
+            "%llu read ahead; read back %.1f MB (%.1f MB stored); stall %.3f s; %s%s\n",
+            cmd, b->budget / 1048576.0, b->resident_bytes / 1048576.0, b->spilled_bytes / 1048576.0,
+            hits + miss ? 100.0 * (double)hits / (double)(hits + miss) : 100.0, (unsigned long long)hits,
+            (unsigned long long)(hits + miss), (unsigned long long)(b->prefetched - a->prefetched),
+            (double)(b->bytes_read - a->bytes_read) / 1e6, (double)(b->bytes_read_stored - a->bytes_read_stored) / 1e6,
+            b->stall_s - a->stall_s, b->backend, b->spill_errors ? " (spills failed: kept in memory)" : "");
+}
