@@ -110,6 +110,8 @@ typedef struct server {
     bool verbose;
     bool write_failed;
     int write_errno;
+    const struct cli_opts *o;    /* the server's flags (the document cache's key) */
+    struct rk_doc_cache *cache;  /* ask's document KV cache; NULL: --no-cache or unusable */
 } server;
 
 /* Runs one request line: exactly one terminal event (done or error). */

@@ -370,3 +370,38 @@ Test(cache, io_uring_unavailable_uses_the_thread_pool) {
     free(a);
     rm_rf(f.dir);
 }
+
+/* serve's ask op: the second request on the same document reuses it and answers the same. */
+Test(cache, serve_ask_reuses_the_documents) {
+    fixture f;
+    setup(&f);
+    char req[] = "{\"id\":1,\"op\":\"ask\",\"docs\":[{\"name\":\"notes.txt\",\"text\":\"Lily had a red ball. She played "
+                 "with it in the park every day with her dog Max.\"}],\"question\":\"What did Lily have?\","
+                 "\"max_tokens\":6,\"temperature\":0,\"stream\":false}";
+    char in[700], cmd[5200], e[700];
+    snprintf(in, sizeof in, "%s/in.jsonl", f.dir);
+    FILE *fp = fopen(in, "w");
+    cr_assert(fp);
+    fprintf(fp, "%s\n%s\n", req, req);
+    fclose(fp);
+    /* tb_run reads stdin from /dev/null: run the server with the requests on stdin here */
+    const char *bin = getenv("RK_BIN");
+    cr_assert(bin);
+    snprintf(e, sizeof e, "%s/out", f.dir);
+    snprintf(cmd, sizeof cmd, "env XDG_CACHE_HOME='%s/xdg' '%s' serve --jsonl -m '%s' < '%s' > '%s' 2> '%s/err'", f.dir,
+             bin, f.model, in, e, f.dir);
+    tb_result r = {system(cmd), NULL, NULL};
+    size_t len;
+    r.out = tb_read_file(e, &len);
+    snprintf(e, sizeof e, "%s/err", f.dir);
+    r.err = tb_read_file(e, &len);
+    cr_assert(r.out && r.err);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    cr_expect(strstr(r.err, "serve: reused cached KV for notes.txt ("), "%s", r.err);
+    const char *a = strstr(r.out, "\"text\":"), *b = a ? strstr(a + 1, "\"text\":") : NULL;
+    cr_assert(a && b, "two answers: %s", r.out);
+    const size_t la = strcspn(a, ","), lb = strcspn(b, ",");
+    cr_expect(la == lb && !strncmp(a, b, la), "the same answer: %s", r.out);
+    tb_result_free(&r);
+    rm_rf(f.dir);
+}
