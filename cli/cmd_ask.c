@@ -45,6 +45,7 @@ static const char *help =
     "      --keep-share X      quality mode: share of hard tokens kept exact (default: the map's)\n"
     "      --no-cache          do not use the document KV cache (docs/TIERS.md; ridgekv cache --help)\n"
     "      --cache-level N     zstd level of the cached KV (1..19, default 1)\n"
+    "      --kv-budget SIZE    KV kept in memory (f16/f32/q8, e.g. 512M); the rest spills to $TMPDIR\n"
     "  -v, --verbose           model and prompt details on stderr\n"
     "\n"
     "The prompt must leave room for the answer: -n tokens, at most a quarter of the\n"

@@ -6,7 +6,7 @@
 #include "doc_cache_cli.h"
 
 static const char *help =
-    "usage: ridgekv cache ls | rm KEY-PREFIX|--all | gc [--max SIZE] | path\n"
+    "usage: ridgekv cache ls | rm KEY-PREFIX|--all | gc [--max SIZE] | path | cat KEY-PREFIX > FILE\n"
     "\n"
     "The document KV cache: after `ask` (and serve's ask op, chat's /save) read the\n"
     "documents, their KV rows are kept here, keyed by the model, the KV policy, the fill\n"
@@ -18,6 +18,7 @@ static const char *help =
     "  gc [--max SIZE] removes temporary files of killed writers, unreadable entries, then the\n"
     "                  least recently used entries until the cache is at most SIZE (default 4G)\n"
     "  path            prints the directory: ${XDG_CACHE_HOME:-~/.cache}/ridgekv/kv\n"
+    "  cat PREFIX      writes the entry's KV block (rk_session_kv_export's, uncompressed) to stdout\n"
     "\n"
     "ask --no-cache reads the documents without the cache; --cache-level N sets the zstd level\n"
     "(1..19, default 1). RIDGEKV_NO_URING=1 uses a pread/pwrite thread pool instead of io_uring.\n";
@@ -54,6 +55,9 @@ int cmd_cache(int argc, char **argv) {
         if (argc != 4) goto usage;
         prefix = !strcmp(argv[3], "--all") ? "" : argv[3];
         if (!*prefix && strcmp(argv[3], "--all")) goto usage;
+    } else if (!strcmp(sub, "cat")) {
+        if (argc != 4 || !*argv[3]) goto usage;
+        prefix = argv[3];
     } else if (!strcmp(sub, "gc")) {
         if (argc == 5 && !strcmp(argv[3], "--max")) {
             if (!cli_parse_size(argv[4], &cap) || !cap) {
@@ -92,6 +96,31 @@ int cmd_cache(int argc, char **argv) {
             fprintf(stderr, "ridgekv cache: %zu entr%s, %s in %s\n", n, n == 1 ? "y" : "ies", tt, dir);
             free(v);
         }
+    } else if (!strcmp(sub, "cat")) {
+        rk_doc_cache_entry *v = NULL;
+        size_t n = 0, hit = 0;
+        if (rk_doc_cache_list(c, &v, &n, &e)) {
+            cli_print_error(&e);
+            rc = RK_EXIT_ERROR;
+        }
+        for (size_t i = 0; !rc && i < n; i++)
+            if (!strncmp(v[i].key, prefix, strlen(prefix))) hit = hit ? (size_t)-1 : i + 1;
+        if (!rc && (hit == 0 || hit == (size_t)-1)) {
+            fprintf(stderr, "ridgekv cache cat: %s entry matches '%s'\n", hit ? "more than one" : "no", prefix);
+            rc = RK_EXIT_ERROR;
+        }
+        void *blk = NULL;
+        size_t len = 0;
+        if (!rc && rk_doc_cache_read(c, v[hit - 1].key, &blk, &len, &e)) {
+            cli_print_error(&e);
+            rc = RK_EXIT_ERROR;
+        }
+        if (!rc && (fwrite(blk, 1, len, stdout) != len || fflush(stdout))) {
+            fprintf(stderr, "ridgekv cache cat: writing stdout failed\n");
+            rc = RK_EXIT_IO;
+        }
+        free(blk);
+        free(v);
     } else if (!strcmp(sub, "rm")) {
         size_t n = 0;
         if (rk_doc_cache_remove(c, prefix, &n, &e)) {

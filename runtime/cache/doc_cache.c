@@ -174,34 +174,27 @@ static rk_status read_meta(rk_bs *bs, meta *mt, char *msg, size_t cap) {
     return RK_OK;
 }
 
-rk_status rk_doc_cache_load(rk_doc_cache *c, const char *key, rk_session *s, int64_t *n_tokens, rk_err *err) {
-    char path[4096];
-    rk_status st = entry_path(c, key, path, sizeof path, err);
-    if (st) return st;
-    struct stat sb;
-    if (stat(path, &sb) != 0) {
-        if (errno == ENOENT) return rk_err_set(err, RK_E_NOT_FOUND, "document cache: no entry %.12s", key);
-        return rk_err_set(err, RK_E_IO, "document cache: cannot stat %s (%s)", path, strerror(errno));
-    }
+/* Reads entry key's KV block (*buf malloc'd, mt its header); msg says why not. */
+static rk_status read_entry(rk_doc_cache *c, const char *path, const char *key, uint8_t **buf, meta *mt, char *msg,
+                            size_t cap) {
     const double t0 = now_s();
     rk_bs *bs = NULL;
-    uint8_t *buf = NULL;
-    char msg[640] = "";
     rk_err e = {0};
-    meta mt = {0};
-    if ((st = rk_bs_open(path, RK_BS_READ, &c->p.io, &bs, &e))) snprintf(msg, sizeof msg, "%s", e.msg);
-    if (!st && (st = read_meta(bs, &mt, msg, sizeof msg)) == RK_OK && strcmp(mt.key, key)) {
+    rk_status st = rk_bs_open(path, RK_BS_READ, &c->p.io, &bs, &e);
+    *buf = NULL;
+    if (st) snprintf(msg, cap, "%s", e.msg);
+    if (!st && (st = read_meta(bs, mt, msg, cap)) == RK_OK && strcmp(mt->key, key)) {
         st = RK_E_FORMAT;
-        snprintf(msg, sizeof msg, "the file holds entry %.12s", mt.key);
+        snprintf(msg, cap, "the file holds entry %.12s", mt->key);
     }
-    if (!st && !(buf = malloc(mt.raw ? (size_t)mt.raw : 1))) {
+    if (!st && !(*buf = malloc(mt->raw ? (size_t)mt->raw : 1))) {
         st = RK_E_NOMEM;
-        snprintf(msg, sizeof msg, "out of memory for %llu bytes", (unsigned long long)mt.raw);
+        snprintf(msg, cap, "out of memory for %llu bytes", (unsigned long long)mt->raw);
     }
     /* every piece in flight at once (up to the queue depth), decompressed into place */
-    for (uint32_t i = 1; !st && i <= mt.pieces; i++) {
-        const size_t off = (size_t)(i - 1) * mt.piece;
-        if ((st = rk_bs_get(bs, i, buf + off, (size_t)mt.raw - off, NULL, &e))) snprintf(msg, sizeof msg, "%s", e.msg);
+    for (uint32_t i = 1; !st && i <= mt->pieces; i++) {
+        const size_t off = (size_t)(i - 1) * mt->piece;
+        if ((st = rk_bs_get(bs, i, *buf + off, (size_t)mt->raw - off, NULL, &e))) snprintf(msg, cap, "%s", e.msg);
     }
     while (bs && rk_bs_in_flight(bs)) {
         rk_bs_done d[16];
@@ -209,7 +202,7 @@ rk_status rk_doc_cache_load(rk_doc_cache *c, const char *key, rk_session *s, int
         for (int k = 0; k < n; k++)
             if (d[k].status && !st) {
                 st = d[k].status;
-                snprintf(msg, sizeof msg, "%s", d[k].msg);
+                snprintf(msg, cap, "%s", d[k].msg);
             }
         if (!n) break;
     }
@@ -219,7 +212,28 @@ rk_status rk_doc_cache_load(rk_doc_cache *c, const char *key, rk_session *s, int
     }
     rk_bs_close(bs);
     c->last.io_s = now_s() - t0;
-    c->last.raw_bytes = mt.raw;
+    c->last.raw_bytes = mt->raw;
+    if (st) {
+        free(*buf);
+        *buf = NULL;
+    }
+    return st;
+}
+
+rk_status rk_doc_cache_load(rk_doc_cache *c, const char *key, rk_session *s, int64_t *n_tokens, rk_err *err) {
+    char path[4096];
+    rk_status st = entry_path(c, key, path, sizeof path, err);
+    if (st) return st;
+    struct stat sb;
+    if (stat(path, &sb) != 0) {
+        if (errno == ENOENT) return rk_err_set(err, RK_E_NOT_FOUND, "document cache: no entry %.12s", key);
+        return rk_err_set(err, RK_E_IO, "document cache: cannot stat %s (%s)", path, strerror(errno));
+    }
+    uint8_t *buf = NULL;
+    char msg[640] = "";
+    rk_err e = {0};
+    meta mt = {0};
+    st = read_entry(c, path, key, &buf, &mt, msg, sizeof msg);
     c->last.file_bytes = (uint64_t)sb.st_size;
     if (!st) {
         rk_session_reset(s);
@@ -238,6 +252,21 @@ rk_status rk_doc_cache_load(rk_doc_cache *c, const char *key, rk_session *s, int
     }
     utimensat(AT_FDCWD, path, NULL, 0); /* last use, for LRU */
     *n_tokens = (int64_t)mt.n_tokens;
+    return RK_OK;
+}
+
+rk_status rk_doc_cache_read(rk_doc_cache *c, const char *key, void **blk, size_t *n, rk_err *err) {
+    char path[4096];
+    rk_status st = entry_path(c, key, path, sizeof path, err);
+    if (st) return st;
+    if (access(path, F_OK) != 0) return rk_err_set(err, RK_E_NOT_FOUND, "document cache: no entry %.12s", key);
+    uint8_t *buf = NULL;
+    char msg[640] = "";
+    meta mt = {0};
+    if ((st = read_entry(c, path, key, &buf, &mt, msg, sizeof msg)))
+        return rk_err_set(err, st, "document cache: entry %.12s is unusable (%s)", key, msg);
+    *blk = buf;
+    *n = (size_t)mt.raw;
     return RK_OK;
 }
 

@@ -367,7 +367,8 @@ void rk_session_lowram_stats(const rk_session *s, rk_lowram_stats *out);
 typedef struct rk_kv_tier_stats {
     bool on;
     uint64_t budget, resident_bytes, spilled_bytes; /* resident: chunks kept in memory now
-                                                       (hot and kept; not the ones read back) */
+                                                       (hot and kept; not the ones read back);
+                                                       spilled: in the store or being written */
     int32_t chunk_rows;
     uint64_t hits, misses;         /* chunks attention found in memory / read back */
     uint64_t bytes_read, bytes_read_stored; /* read back: raw, and as stored (zstd frames) */

@@ -47,6 +47,10 @@ rk_status rk_doc_cache_load(rk_doc_cache *c, const char *key, rk_session *s, int
 rk_status rk_doc_cache_save(rk_doc_cache *c, const char *key, const rk_model *m, const rk_kv_params *kv,
                             const rk_session *s, int64_t n, const char *label, rk_err *err);
 
+/* Entry key's KV block as rk_session_kv_export made it (*blk malloc'd, *n bytes): for
+ * `ridgekv cache cat` and measurements. Nothing is removed on failure. */
+rk_status rk_doc_cache_read(rk_doc_cache *c, const char *key, void **blk, size_t *n, rk_err *err);
+
 typedef struct rk_doc_cache_entry {
     char key[65];
     char label[256];

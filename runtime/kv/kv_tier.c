@@ -57,6 +57,9 @@ typedef struct tier {
     bool q8_direct;
     float *sk, *sv;        /* q8 fallback scratch */
     int64_t cap;
+    char spill_dir[3072];  /* where the spill file is made (and remade on reset) */
+    rk_bs_params bp;
+    rk_bs_stats acc;       /* of the spill files closed by resets */
     rk_status io_st;       /* a failed read back (reported by the next attend) */
     char io_msg[240];
     rk_kv_tier_stats st;
@@ -314,6 +317,7 @@ static rk_status tier_attend(rk_kv *kv, int l, const float *q, int64_t n_q, int6
 
 static void tier_truncate(rk_kv *kv, int64_t n) {
     tier *t = kv->impl;
+    drain(t); /* no read or spill of a chunk about to change is left in flight */
     for (int l = 0; l < kv->n_layer; l++) {
         if (t->held[l] <= n) continue;
         const int64_t cut = n / t->R; /* the chunk holding row n, if n is not on a boundary */
@@ -337,9 +341,35 @@ static void tier_truncate(rk_kv *kv, int64_t n) {
     rk_kv_rows_truncate(kv, n);
 }
 
+/* A new, empty spill file: made in spill_dir, unlinked at once (it goes with the process). */
+static rk_status open_store(tier *t, rk_err *err) {
+    char path[3200];
+    snprintf(path, sizeof path, "%s/ridgekv-spill-XXXXXX", t->spill_dir);
+    int fd = mkstemp(path);
+    if (fd < 0) return rk_err_set(err, RK_E_IO, "kv: cannot create a spill file in %s (%s)", t->spill_dir, strerror(errno));
+    close(fd);
+    rk_bs *bs = NULL;
+    rk_status st = rk_bs_open(path, RK_BS_CREATE, &t->bp, &bs, err);
+    unlink(path);
+    if (st) return st;
+    if (t->bs) {
+        rk_bs_stats o;
+        rk_bs_get_stats(t->bs, &o);
+        t->acc.stored_read += o.stored_read, t->acc.stored_written += o.stored_written, t->acc.wait_s += o.wait_s;
+    }
+    rk_bs_close(t->bs);
+    t->bs = bs;
+    return RK_OK;
+}
+
 static void tier_reset(rk_kv *kv) {
+    tier *t = kv->impl;
     tier_truncate(kv, 0);
     kv->n_past = 0;
+    /* every frame is dead now: start a new file so that serve's requests do not grow it */
+    drain(t);
+    rk_err e = {0};
+    open_store(t, &e); /* on failure the old store stays in use */
 }
 
 static rk_status tier_read(const rk_kv *kv, int l, bool values, bool pre_rope, int64_t row0, int64_t n, float *dst,
@@ -440,16 +470,18 @@ static void tier_stats(const rk_kv *kv, rk_kv_tier_stats *o) {
     o->chunk_rows = (int32_t)t->R;
     uint64_t spilled = 0, resident = 0;
     for (size_t i = 0; i < (size_t)kv->n_layer * 2 * (size_t)t->n_chunks; i++) {
-        spilled += t->ch[i].in_store;
-        resident += t->ch[i].present && !t->ch[i].fetched; /* read-back chunks are transient */
+        /* a chunk being written (at most the queue depth) counts as spilled; read-back
+         * chunks are transient (released after their attention) */
+        spilled += t->ch[i].in_store || t->ch[i].put_pending;
+        resident += t->ch[i].present && !t->ch[i].fetched && !t->ch[i].put_pending;
     }
     o->spilled_bytes = spilled * t->chunk_bytes;
     o->resident_bytes = resident * t->chunk_bytes;
     rk_bs_stats bs;
     rk_bs_get_stats(t->bs, &bs);
-    o->bytes_read_stored = bs.stored_read;
-    o->bytes_spilled_stored = bs.stored_written;
-    o->io_wait_s = bs.wait_s;
+    o->bytes_read_stored = t->acc.stored_read + bs.stored_read;
+    o->bytes_spilled_stored = t->acc.stored_written + bs.stored_written;
+    o->io_wait_s = t->acc.wait_s + bs.wait_s;
     snprintf(o->backend, sizeof o->backend, "%s", rk_bs_backend_name(rk_bs_backend_used(t->bs)));
 }
 
@@ -515,21 +547,13 @@ rk_status rk_kv_tier_init(rk_kv *kv, uint32_t type, const rk_kv_params *p, rk_er
         if (!t->k[l] || !t->v[l])
             return rk_err_set(err, RK_E_NOMEM, "kv: cannot map the tier's rows for n_ctx %lld", (long long)kv->n_ctx);
     }
-    /* the spill file: created, then unlinked at once (it goes with the process) */
-    char path[4096];
-    snprintf(path, sizeof path, "%s/ridgekv-spill-XXXXXX", p->spill_dir && *p->spill_dir ? p->spill_dir : "/tmp");
-    int fd = mkstemp(path);
-    if (fd < 0)
-        return rk_err_set(err, RK_E_IO, "kv: cannot create a spill file in %s (%s)",
-                          p->spill_dir && *p->spill_dir ? p->spill_dir : "/tmp", strerror(errno));
-    close(fd);
-    rk_bs_params bp = rk_bs_params_default();
-    bp.max_block = t->chunk_bytes;
-    bp.queue_depth = QD;
-    bp.zstd_level = p->spill_level > 0 ? p->spill_level : 1;
-    bp.backend = (rk_bs_backend)p->spill_backend;
-    rk_status st = rk_bs_open(path, RK_BS_CREATE, &bp, &t->bs, err);
-    unlink(path);
+    snprintf(t->spill_dir, sizeof t->spill_dir, "%s", p->spill_dir && *p->spill_dir ? p->spill_dir : "/tmp");
+    t->bp = rk_bs_params_default();
+    t->bp.max_block = t->chunk_bytes;
+    t->bp.queue_depth = QD;
+    t->bp.zstd_level = p->spill_level > 0 ? p->spill_level : 1;
+    t->bp.backend = (rk_bs_backend)p->spill_backend;
+    rk_status st = open_store(t, err);
     if (st) return st;
     if (type == RK_DT_Q8_0) {
         float q[1] = {0}, o[1];
