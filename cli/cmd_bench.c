@@ -148,7 +148,7 @@ int cmd_bench(int argc, char **argv) {
                 rk_session_kv_tier_stats(s, &t0);
                 if ((st = rk_generate(m, s, ids, (size_t)lens[li], &gp, &g, &e))) break;
                 rk_session_kv_tier_stats(s, &t1);
-                if (!o.json) cli_kv_tier_line("bench", &t0, &t1);
+                cli_kv_tier_line("bench", &t0, &t1); /* stderr, also with --json */
                 const double pf_s = g.prefill_s, dc_s = g.decode_s;
                 rk_gen_result_deinit(&g);
                 if (pf_s < *tt) *tt = pf_s;

@@ -27,12 +27,13 @@ echo "bench_tiers: $bin, model $model, N=$n tokens, $rounds rounds, $(nproc) cor
 # a document of about N tokens of the model (the corpus repeated; ~4 bytes per token)
 corpus=$(ls "$here"/../shared/corpus/austen_emma.txt 2>/dev/null || true)
 [ -n "$corpus" ] || corpus=$here/samples/docs/ridgekv_design.md
+mkdoc() { : > "$2"; while [ "$(wc -c < "$2")" -lt $(($1 * 4)) ]; do cat "$corpus" >> "$2"; done
+          head -c $(($1 * 4)) "$2" > "$2.cut" && mv "$2.cut" "$2"; }
 doc=$tmp/doc.txt
-while [ "$(wc -c < "$doc" 2>/dev/null || echo 0)" -lt $((n * 4)) ]; do cat "$corpus" >> "$doc"; done
-head -c $((n * 4)) "$doc" > "$doc.cut" && mv "$doc.cut" "$doc"
+mkdoc "$n" "$doc"
 ctx=$((n + 2048))
 
-echo "== 1. second question on the same document (TTFT) =="
+echo "== 1. second question on the same document (TTFT); 4. save / load vs dd =="
 ttft() { sed -n 's/.*time to first token \([0-9.]*\) s.*/\1/p' "$1" | tail -1; }
 for r in $(seq 1 "$rounds"); do
   rm -rf "$XDG_CACHE_HOME"
@@ -44,12 +45,16 @@ for r in $(seq 1 "$rounds"); do
   t1=$(ttft "$tmp/a1.err"); t2=$(ttft "$tmp/a2.err")
   python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); print(f'  round $r: first TTFT {a:.2f} s, second {b:.3f} s: {100*b/a:.2f}% of the first')" "$t1" "$t2"
 done
+mkdir -p "$XDG_CACHE_HOME"
+dd if=/dev/zero of="$XDG_CACHE_HOME/dd.bin" bs=1M count=256 oflag=direct conv=fsync 2>&1 | tail -1 | sed 's/^/  dd write: /'
+dd if="$XDG_CACHE_HOME/dd.bin" of=/dev/null bs=1M iflag=direct 2>&1 | tail -1 | sed 's/^/  dd read:  /'
+rm -f "$XDG_CACHE_HOME/dd.bin"
 
 echo "== 2. decode with --kv-budget 25% vs all in memory, N=$n =="
 for r in $(seq 1 "$rounds"); do
-  "$bin" bench -p "$n" -n 32 -r 1 -t 2 --json > "$tmp/m.$r.json" 2> /dev/null
-  "$bin" bench -p "$n" -n 32 -r 1 -t 2 --kv-budget 25% --json > "$tmp/b.$r.json" 2> /dev/null
-  "$bin" bench -p "$n" -n 32 -r 1 -t 2 --kv-budget 25% 2>&1 >/dev/null | grep "kv tier" | tail -1 | sed 's/^/  /'
+  "$bin" bench -m "$model" -p "$n" -n 32 -r 1 -t 2 --json > "$tmp/m.$r.json" 2> /dev/null
+  "$bin" bench -m "$model" -p "$n" -n 32 -r 1 -t 2 --kv-budget 25% --json > "$tmp/b.$r.json" 2> "$tmp/b.$r.err"
+  grep "kv tier" "$tmp/b.$r.err" | tail -1 | sed 's/^/  /'
 done
 python3 - "$tmp" "$rounds" <<'PY'
 import json, sys, os
@@ -60,23 +65,17 @@ m, b = best("m"), best("b")
 print(f"  decode: all in memory {m:.2f} tok/s, budget 25% {b:.2f} tok/s: {b/m:.2f}x (best of {rounds})")
 PY
 
-echo "== 3. zstd on KV blocks (f16, q8, lowram) =="
+zn=${ZSTD_TOKENS:-2048}
+echo "== 3. zstd on KV blocks (f16, q8, lowram) of a $zn-token document =="
+mkdoc "$zn" "$tmp/z.txt"
 for kv in f16 q8 lowram; do
   rm -rf "$XDG_CACHE_HOME"
-  "$bin" ask -m "$model" -t 2 -c "$ctx" -n 1 --kv "$kv" -v --doc "$doc" "Summary?" > /dev/null 2> "$tmp/z.err"
+  "$bin" ask -m "$model" -t 2 -c $((zn + 2048)) -n 1 --kv "$kv" -v --doc "$tmp/z.txt" "Summary?" > /dev/null 2> "$tmp/z.err"
   grep -h "document cache: saved" "$tmp/z.err" | sed "s/^/  $kv: /"
   key=$("$bin" cache ls 2>/dev/null | awk '{print $1}' | head -1)
   "$bin" cache cat "$key" > "$tmp/$kv.rkkv"
-  echo "  $kv block: $(wc -c < "$tmp/$kv.rkkv") bytes"
-  zstd -q -b1 -e3 -i2 "$tmp/$kv.rkkv" 2>&1 | tr '\r' '\n' | grep -E "^ *[0-9]+#" | sed 's/^/    /' || true
-  zstd -q -b9 -i2 "$tmp/$kv.rkkv" 2>&1 | tr '\r' '\n' | grep -E "^ *[0-9]+#" | tail -1 | sed 's/^/    /' || true
+  echo "  $kv block: $(wc -c < "$tmp/$kv.rkkv") bytes; zstd -b (level#file : in -> out (ratio), compress, decompress):"
+  for lv in 1 3 9; do
+    echo "    level $lv: $(zstd -b$lv -i1 "$tmp/$kv.rkkv" 2>&1 | tr "\r" "\n" | grep "MB/s" | tail -1 | sed "s/.*: *//")"
+  done
 done
-
-echo "== 4. save / load vs dd (same file system: $XDG_CACHE_HOME) =="
-rm -rf "$XDG_CACHE_HOME"
-"$bin" ask -m "$model" -t 2 -c "$ctx" -n 1 -v --doc "$doc" "One?" > /dev/null 2> "$tmp/s.err"
-"$bin" ask -m "$model" -t 2 -c "$ctx" -n 1 -v --doc "$doc" "Two?" > /dev/null 2> "$tmp/l.err"
-grep -h "document cache: saved\|document cache: loaded" "$tmp/s.err" "$tmp/l.err" | sed 's/^/  /'
-mkdir -p "$XDG_CACHE_HOME"
-dd if=/dev/zero of="$XDG_CACHE_HOME/dd.bin" bs=1M count=256 oflag=direct conv=fsync 2>&1 | tail -1 | sed 's/^/  dd write: /'
-dd if="$XDG_CACHE_HOME/dd.bin" of=/dev/null bs=1M iflag=direct 2>&1 | tail -1 | sed 's/^/  dd read:  /'
