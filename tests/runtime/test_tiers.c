@@ -2,7 +2,8 @@
  * bit-identical logits to the all-in-memory caches (prefill, decode, truncate into spilled
  * chunks, export / import both ways, kv_rows), keep at most the budget in memory, and count
  * what they read back; io_uring and the thread pool alike. Then the scale test of issue 9
- * item 5 (see its comment for how the 100K-row context is built in CI time). */
+ * item 5 (see its comment for how the 100K-row context is built in CI time), and the
+ * document KV cache at the library level (save, load, a bad entry, list, remove, gc). */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -241,5 +242,88 @@ Test(tiers, scale_100k_tokens_mostly_on_disk_equal_logits, .timeout = 240) {
                 (unsigned long long)st.misses, (unsigned long long)st.prefetched, st.stall_s);
     rk_session_destroy(b);
     free(la), free(lb), free(ids);
+    tiny_close(&t);
+}
+
+/* ---- the document KV cache (runtime/cache), at the library level (the CLI's end-to-end
+ * tests are tests/cli/test_cache.c): save, load into a fresh session, the same logits;
+ * a bad entry is refused, removed, and the session left empty; list, remove, gc. */
+#include "rk_cache.h"
+
+Test(doc_cache, save_load_same_logits_bad_entry_removed_list_gc) {
+    tiny t;
+    tiny_open(&t, &SMALL);
+    char dir[512];
+    cr_assert(tb_tmp_dir(dir, sizeof dir, "rk-dc"), "%s", dir);
+    char sub[600];
+    snprintf(sub, sizeof sub, "%s/a/b/kv", dir); /* missing parents are made */
+    rk_doc_cache_params p = rk_doc_cache_params_default();
+    p.dir = sub;
+    rk_doc_cache *c = NULL;
+    rk_err e = {0};
+    cr_assert_eq(rk_doc_cache_open(&p, &c, &e), RK_OK, "%s", e.msg);
+    const size_t n = 700;
+    int32_t *ids = rand_ids(n + 1, t.nv, 5);
+    rk_kv_params kvp = rk_kv_params_default();
+    char key[65], key2[65];
+    rk_doc_cache_key(t.m, &kvp, "fill=off", ids, n, key);
+    rk_doc_cache_key(t.m, &kvp, "fill=off", ids, n - 1, key2);
+    cr_expect(strlen(key) == 64 && strcmp(key, key2), "the key depends on the tokens");
+    rk_doc_cache_key(t.m, &kvp, "fill=speed", ids, n, key2);
+    cr_expect(strcmp(key, key2), "and on the extra");
+    rk_session *a = mk(&t, "f16", 1024, 256, 0, 0), *b = mk(&t, "f16", 1024, 256, 0, 0);
+    cr_assert_eq(rk_session_eval(a, ids, n, NULL, false, &e), RK_OK, "%s", e.msg);
+    int64_t got = 0;
+    cr_expect_eq(rk_doc_cache_load(c, key, b, &got, &e), RK_E_NOT_FOUND);
+    cr_assert_eq(rk_doc_cache_save(c, key, t.m, &kvp, a, (int64_t)n, "doc.txt", &e), RK_OK, "%s", e.msg);
+    cr_assert_eq(rk_doc_cache_load(c, key, b, &got, &e), RK_OK, "%s", e.msg);
+    cr_expect_eq(got, (int64_t)n);
+    float la[4096], lb[4096];
+    cr_assert_leq(t.nv, 4096);
+    cr_assert_eq(rk_session_eval(a, &ids[n], 1, la, false, &e), RK_OK, "%s", e.msg);
+    cr_assert_eq(rk_session_eval(b, &ids[n], 1, lb, false, &e), RK_OK, "%s", e.msg);
+    cr_expect(!memcmp(la, lb, (size_t)t.nv * sizeof(float)), "loaded KV gives the same logits");
+    rk_doc_cache_entry *v = NULL;
+    size_t nv = 0;
+    cr_assert_eq(rk_doc_cache_list(c, &v, &nv, &e), RK_OK, "%s", e.msg);
+    cr_assert_eq(nv, 1);
+    cr_expect(!strcmp(v[0].key, key) && v[0].n_tokens == (int64_t)n && !strcmp(v[0].label, "doc.txt") &&
+              !strcmp(v[0].kv, "f16") && !v[0].bad && v[0].raw_bytes > 0);
+    free(v);
+    void *blk = NULL;
+    size_t len = 0;
+    cr_assert_eq(rk_doc_cache_read(c, key, &blk, &len, &e), RK_OK, "%s", e.msg);
+    cr_expect_eq(len, (size_t)n * rk_session_kv_bytes_per_token(a) + 128 + 24 + 4 * n, "an RKKV block of %zu rows", n);
+    free(blk);
+    /* a corrupt byte in the file: refused, removed, the session left empty */
+    char path[800];
+    snprintf(path, sizeof path, "%s/%s.rkkv", sub, key);
+    FILE *f = fopen(path, "r+b");
+    cr_assert(f);
+    fseek(f, 4096 + 64 + 100, SEEK_SET);
+    int ch = fgetc(f);
+    fseek(f, 4096 + 64 + 100, SEEK_SET);
+    fputc(ch ^ 0x40, f);
+    fclose(f);
+    cr_expect_eq(rk_doc_cache_load(c, key, b, &got, &e), RK_E_FORMAT);
+    cr_expect(strstr(e.msg, "corrupt") && strstr(e.msg, "removed"), "%s", e.msg);
+    cr_expect_eq(rk_session_n_past(b), 0);
+    cr_expect(access(path, F_OK) != 0, "the bad entry is removed");
+    /* remove and gc */
+    cr_assert_eq(rk_doc_cache_save(c, key, t.m, &kvp, a, (int64_t)n, "doc.txt", &e), RK_OK, "%s", e.msg);
+    size_t nr = 0;
+    uint64_t left = 0;
+    cr_assert_eq(rk_doc_cache_gc(c, 1, &nr, &left, &e), RK_OK, "%s", e.msg);
+    cr_expect(nr == 1 && left == 0, "gc to 1 byte removes the entry (%zu, %llu)", nr, (unsigned long long)left);
+    cr_assert_eq(rk_doc_cache_save(c, key, t.m, &kvp, a, (int64_t)n, "doc.txt", &e), RK_OK, "%s", e.msg);
+    cr_assert_eq(rk_doc_cache_remove(c, "", &nr, &e), RK_OK, "%s", e.msg);
+    cr_expect_eq(nr, 1);
+    cr_expect_eq(rk_doc_cache_load(c, "not-a-key", b, &got, &e), RK_E_INVALID_ARG);
+    rk_doc_cache_close(c);
+    rk_session_destroy(a), rk_session_destroy(b);
+    free(ids);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    cr_assert(system(cmd) == 0);
     tiny_close(&t);
 }
