@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "doc_cache_cli.h"
 #include "rk_io.h"
 
 static int parse_int(const char *cmd, const char *flag, const char *s, int lo, int hi, int *out) {
@@ -221,6 +222,20 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
         else if (!strcmp(a, "--tail")) { NEED(); rc = parse_int(cmd, a, v, 512, 1 << 24, &o->tail); }
         else if (!strcmp(a, "--split")) { NEED(); rc = parse_int(cmd, a, v, 1, 4096, &o->split); }
         else if (!strcmp(a, "--keep-share")) { NEED(); rc = parse_float(cmd, a, v, 0.0f, 1.0f, &o->keep_share); }
+        else if (!strcmp(a, "--no-cache")) o->no_cache = 1;
+        else if (!strcmp(a, "--cache-level")) { NEED(); rc = parse_int(cmd, a, v, 1, 19, &o->cache_level); }
+        else if (!strcmp(a, "--kv-budget")) {
+            NEED();
+            uint64_t b;
+            const size_t lv = strlen(v);
+            const bool pct = lv > 1 && v[lv - 1] == '%' && !strcmp(cmd, "bench");
+            if (!pct && !cli_parse_size(v, &b)) {
+                fprintf(stderr, "ridgekv %s: --kv-budget expects a size such as 512M%s (got '%s')\n", cmd,
+                        !strcmp(cmd, "bench") ? " or a share such as 25%" : "", v);
+                return RK_EXIT_USAGE;
+            }
+            o->kv_budget = v;
+        }
         else if (!strcmp(a, "--chat")) o->chat = 1;
         else if (!strcmp(a, "--json")) o->json = 1;
         else if (!strcmp(a, "--verbose-prompt")) o->verbose_prompt = 1;
@@ -379,6 +394,7 @@ int cli_kv_params(const cli_opts *o, const char *item, rk_kv_params *out) {
         return RK_EXIT_USAGE;
     }
     if (o->n_threads > 0 && kp.lowram.n_threads == 0) kp.lowram.n_threads = o->n_threads;
+    cli_kv_tier_params(o, &kp);
     *out = kp;
     return 0;
 }

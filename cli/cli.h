@@ -44,6 +44,9 @@ typedef struct cli_opts {
     int verbose_prompt;     /* --verbose-prompt: the rendered prompt and its tokens on stderr */
     int n_stop;             /* --stop / -r (repeatable) */
     const char *stop[CLI_MAX_STOP];
+    int no_cache;           /* --no-cache: no document KV cache (doc_cache_cli.c) */
+    int cache_level;        /* --cache-level N: its zstd level (0: 1) */
+    const char *kv_budget;  /* --kv-budget SIZE: KV bytes held in memory, the rest spilled */
 } cli_opts;
 
 /* Splits "--flag=value" into "--flag" "value" for every command (main.c calls it first);
@@ -113,3 +116,4 @@ int cmd_chat(int argc, char **argv);
 int cmd_ask(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_synth(int argc, char **argv); /* cmd_synth.c */
+int cmd_cache(int argc, char **argv); /* doc_cache_cli.h / cmd_cache.c */

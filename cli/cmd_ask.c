@@ -10,6 +10,7 @@
 
 #include "ask_docs.h"
 #include "cli_gen.h"
+#include "doc_cache_cli.h"
 #include "lineedit.h"
 #include "progress.h"
 
@@ -43,6 +44,9 @@ static const char *help =
     "      --tail T            exact tail in tokens (default 2048, minimum 512)\n"
     "      --split S           split layer for --fill identity/plumb without maps\n"
     "      --keep-share X      quality mode: share of hard tokens kept exact (default: the map's)\n"
+    "      --no-cache          do not use the document KV cache (docs/TIERS.md; ridgekv cache --help)\n"
+    "      --cache-level N     zstd level of the cached KV (1..19, default 1)\n"
+    "      --kv-budget SIZE    KV kept in memory (f16/f32/q8, e.g. 512M); the rest spills to $TMPDIR\n"
     "  -v, --verbose           model and prompt details on stderr\n"
     "      --verbose-prompt    print the prompt as the model sees it and its tokens to stderr\n"
     "\n"
@@ -72,7 +76,8 @@ static void accelerations(const cli_opts *o, const rk_ridge_maps *maps, const rk
     snprintf(kv, sizeof kv, "%.*s", o->kv ? (int)strcspn(o->kv, ":") : 3, o->kv ? o->kv : "f16");
     const char *lr = strcmp(kv, "lowram") ? "lowram off" : "lowram on (fitted on the prompt)";
     if (!strcmp(kv, "lowram") && strstr(o->kv, "pred=")) lr = "lowram on (predictor file)";
-    fprintf(stderr, "ridgekv ask: accelerations: %s, %s, document cache off; %s KV cache\n", fill, lr, kv);
+    fprintf(stderr, "ridgekv ask: accelerations: %s, %s, document cache %s; %s KV cache\n", fill, lr,
+            o->no_cache ? "off" : "on", kv);
     (void)s;
 }
 
@@ -182,8 +187,21 @@ int cmd_ask(int argc, char **argv) {
     cli_sigint_install(true);
     cli_progress_start(&pr, "ask", (int64_t)n_ids);
     cli_eta_prior(&pr.eta, cli_attn_ratio(rk_model_hparams(m)));
-    st = rk_conv_generate(conv, &gp, &r, &e);
+    /* the documents first (from the document cache when it holds them), then the question */
+    cli_prefix pre = {0};
+    rk_doc_cache *dc = o.no_cache ? NULL : cli_doc_cache_open(&o, "ask");
+    st = cli_doc_prefix(&o, "ask", dc, m, s, o.system, docs, (size_t)n_docs, ids, n_ids, cli_progress_fn, &pr, &pre, &e);
+    rk_doc_cache_close(dc);
+    cli_prefix_progress rest = {cli_progress_fn, &pr, pre.n_prefix, 0};
+    gp.progress = cli_prefix_progress_fn;
+    gp.progress_ud = &rest;
+    if (!st) st = rk_conv_generate(conv, &gp, &r, &e);
     cli_progress_end(&pr);
+    r.n_prefill += pre.n_read;
+    r.filled_rows += pre.filled;
+    r.prefill_s += pre.read_s;
+    if (r.prefill_s > 0) r.prefill_tok_s = (double)r.n_prefill / r.prefill_s;
+    if (r.ttft_s >= 0) r.ttft_s += pre.read_s;
     if (st == RK_E_CANCELLED) {
         fprintf(stderr, "ridgekv ask: stopped while reading the documents (Ctrl-C)\n");
         rc = 130;

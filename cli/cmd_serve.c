@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "doc_cache_cli.h"
 #include "serve.h"
 
 static const char *help =
@@ -186,7 +187,7 @@ int cmd_serve(int argc, char **argv) {
         return RK_EXIT_USAGE;
     }
 
-    server sv = {.verbose = o.verbose};
+    server sv = {.verbose = o.verbose, .o = &o};
     sv.defaults = (serve_gen){.max_tokens = o.n_predict, .sp = o.sp, .stream = true};
     snprintf(sv.kv, sizeof sv.kv, "%s", o.kv ? o.kv : "f16");
     line_reader *rd = NULL;
@@ -213,6 +214,7 @@ int cmd_serve(int argc, char **argv) {
         goto done;
     }
 #endif
+    if (!o.no_cache) sv.cache = cli_doc_cache_open(&o, "serve");
     rd = calloc(1, sizeof *rd);
     if (!rd) {
         fprintf(stderr, "ridgekv serve: out of memory\n");

@@ -15,6 +15,7 @@ static void usage(FILE *f) {
             "commands:\n"
             "  chat     talk with the model in the terminal (streaming, history, /help inside)\n"
             "  ask      answer a question about documents (--doc FILE \"QUESTION\")\n"
+            "  cache    the document KV cache: ls, rm, gc, path\n"
             "  run      generate text from a prompt (-p TEXT or -f FILE)\n"
             "  info     describe a GGUF file: architecture, shapes, tensor types, tokenizer, memory\n"
             "  bench    prefill and decode throughput, peak RSS, KV bytes per token\n"
@@ -75,6 +76,7 @@ static int dispatch(int argc, char **argv) {
     if (!strcmp(c, "ask")) return cmd_ask(argc, argv);
     if (!strcmp(c, "tokenize")) return cmd_tokenize(argc, argv);
     if (!strcmp(c, "synth")) return cmd_synth(argc, argv);
+    if (!strcmp(c, "cache")) return cmd_cache(argc, argv);
     fprintf(stderr, "ridgekv: unknown command '%s' (try ridgekv --help)\n", c);
     return RK_EXIT_USAGE;
 }

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "doc_cache_cli.h"
 #include "serve.h"
 
 /* ---- events ------------------------------------------------------------------------- */
@@ -198,7 +199,30 @@ static rk_status build_conv(server *sv, const serve_req *r, rk_session *s, rk_co
     return st;
 }
 
-rk_status serve_run_gen(server *sv, const serve_req *r, rk_session *s, const rk_gen_params *gp, rk_conv **conv,
+/* ask: the documents are read apart from the question, through the document cache when
+ * the request runs on the server's session with the server's fill (doc_cache_cli.c). */
+static rk_status ask_prefix(server *sv, const serve_req *r, rk_session *s, const rk_fill_params *fp, rk_conv *conv,
+                            rk_err *e) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    rk_status st = rk_conv_prompt(conv, &ids, &n, e);
+    rk_doc *docs = st ? NULL : calloc(r->n_docs + 1, sizeof *docs);
+    if (!st && !docs) st = rk_err_set(e, RK_E_NOMEM, "out of memory for the documents");
+    for (size_t i = 0; !st && i < r->n_docs; i++) docs[i] = (rk_doc){r->docs[i].name, r->docs[i].text, strlen(r->docs[i].text)};
+    const rk_fill_params *f0 = &sv->fill;
+    const bool own = s == sv->s && fp->mode == f0->mode && fp->tail == f0->tail && fp->split == f0->split &&
+                     fp->n_sink == f0->n_sink && fp->keep_share == f0->keep_share && fp->maps == f0->maps &&
+                     fp->layer_major == f0->layer_major;
+    cli_prefix pre;
+    if (!st) st = cli_doc_prefix(sv->o, "serve", own ? sv->cache : NULL, sv->m, s, r->system, docs, r->n_docs, ids, n, NULL,
+                                 NULL, &pre, e);
+    free(docs);
+    free(ids);
+    return st;
+}
+
+rk_status serve_run_gen(server *sv, const serve_req *r, rk_session *s, const rk_fill_params *fp,
+                        const rk_gen_params *gp, rk_conv **conv,
                         int32_t **ids, size_t *n_ids, rk_gen_result *res, const char **what, double *t_call,
                         rk_err *e) {
     rk_status st;
@@ -213,6 +237,7 @@ rk_status serve_run_gen(server *sv, const serve_req *r, rk_session *s, const rk_
         }
     } else {
         st = build_conv(sv, r, s, conv, e);
+        if (!st && r->op == SERVE_OP_ASK && sv->o) st = ask_prefix(sv, r, s, fp, *conv, e);
         *t_call = rk_time_now();
         if (!st) st = rk_conv_generate(*conv, gp, res, e);
     }
@@ -241,7 +266,7 @@ static void op_generate(server *sv, const serve_req *r, double t_req) {
     if (g->stream) gp.on_token = on_token, gp.token_ud = &ctx;
     const char *what = NULL;
     double t_call = 0;
-    st = serve_run_gen(sv, r, s, &gp, &conv, &ids, &n_ids, &res, &what, &t_call, &e);
+    st = serve_run_gen(sv, r, s, &fp, &gp, &conv, &ids, &n_ids, &res, &what, &t_call, &e);
     const double t_before = t_call - t_req; /* reading, parsing, tokenizing: part of the TTFT */
     if (sv->write_failed) goto done;
     if (st == RK_E_CONTEXT)
@@ -344,6 +369,7 @@ void serve_handle_line(server *sv, const char *line, size_t n) {
 }
 
 void serve_deinit(server *sv) {
+    rk_doc_cache_close(sv->cache);
     serve_buf_free(&sv->piece);
     rk_session_destroy(sv->alt);
     rk_session_destroy(sv->s);

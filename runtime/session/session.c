@@ -213,6 +213,11 @@ void rk_session_lowram_stats(const rk_session *s, rk_lowram_stats *out) {
 
 const char *rk_session_warning(const rk_session *s) { return s->warning; }
 
+void rk_session_kv_tier_stats(const rk_session *s, rk_kv_tier_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (s->kv->ops->tier_stats) s->kv->ops->tier_stats(s->kv, out);
+}
+
 /* ---- KV policy and backend names ----------------------------------------------------- */
 
 static const char *const kv_names[] = {"f16", "f32", "q8", "lowram"};
@@ -220,7 +225,7 @@ static const char *const kv_names[] = {"f16", "f32", "q8", "lowram"};
 const char *rk_kv_kind_name(rk_kv_kind k) { return (unsigned)k <= RK_KV_LOWRAM ? kv_names[k] : "unknown"; }
 
 rk_kv_params rk_kv_params_default(void) {
-    rk_kv_params p = {RK_KV_F16, rk_lowram_params_default()};
+    rk_kv_params p = {RK_KV_F16, rk_lowram_params_default(), 0, NULL, 0, 0};
     return p;
 }
 
