@@ -15,6 +15,8 @@ enum {
     RK_EXIT_NO_MODEL = 6,   /* no default model in the cache / cannot be fetched */
 };
 
+#define CLI_MAX_STOP 16
+
 typedef struct cli_opts {
     const char *model;      /* -m; NULL: default model in the cache */
     const char *prompt;     /* -p */
@@ -43,7 +45,23 @@ typedef struct cli_opts {
     int baseline;           /* --baseline N: rows before the question subtracted (0: obs, -1: none) */
     int pool;               /* --pool R: max-pool radius of the scores (0: 8, -1: none) */
     int no_ridgefill;       /* --no-ridgefill: no maps found by fingerprint are used */
+    bool seed_given;        /* --seed N with N >= 0: reproducible; else a random seed (seed_random) */
+    bool seed_random;       /* the seed was drawn at random (printed with -v) */
+    int verbose_prompt;     /* --verbose-prompt: the rendered prompt and its tokens on stderr */
+    int n_stop;             /* --stop / -r (repeatable) */
+    const char *stop[CLI_MAX_STOP];
+    int no_cache;           /* --no-cache: no document KV cache (doc_cache_cli.c) */
+    int cache_level;        /* --cache-level N: its zstd level (0: 1) */
+    const char *kv_budget;  /* --kv-budget SIZE: KV bytes held in memory, the rest spilled */
 } cli_opts;
+
+/* Splits "--flag=value" into "--flag" "value" for every command (main.c calls it first);
+ * returns a new argv (one malloc'd block, *argc updated; argv itself when nothing is split or
+ * out of memory). */
+char **cli_expand_eq(int *argc, char **argv);
+/* Commands that generate draw a random seed unless --seed N (N >= 0) was given; with -v
+ * this says which (one stderr line), so --seed N repeats the run. */
+void cli_seed_note(const char *cmd, const cli_opts *o);
 
 /* The fill parameters of --ridgefill/--fill/--tail/--split/--keep-share: loads the maps
  * (once, into *maps, which the caller destroys after every session using them) and, with
@@ -123,3 +141,6 @@ int cmd_calibrate_lowram(int argc, char **argv); /* calibrate --lowram (cmd_cali
 int cmd_serve(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_ask(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_synth(int argc, char **argv); /* cmd_synth.c */
+int cmd_cache(int argc, char **argv); /* doc_cache_cli.h / cmd_cache.c */

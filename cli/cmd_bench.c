@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include "cli_gen.h"
+#include "doc_cache_cli.h"
 
 /* Resident set now (MiB), from /proc/self/statm; 0 when unreadable. */
 static double rss_now_mib(void) {
@@ -23,16 +24,25 @@ static const char *help =
     "tokens one at a time (decode tokens/s). Token ids are fixed pseudo-random ids, so runs are\n"
     "comparable. Reports the best of -r repetitions (default 2), peak RSS, and KV bytes per token.\n"
     "\n"
+    "  -m FILE       GGUF model (default: the cached SmolLM2-135M-Instruct)\n"
     "  -p LIST       comma-separated prompt lengths (default 512,2048)\n"
     "  -n N          decode steps after each prefill (default 64)\n"
     "  -t N          threads (default: all cores)\n"
     "  -r N          repetitions per length (default 2)\n"
     "  -b N          prefill chunk (default 512)\n"
+    "  -c N          context size (default: the model's; 0 = the model's)\n"
+    "  --backend cpu|cpu_ref|cuda  kernels\n"
     "  --kv LIST     KV caches to compare in one run: f16, f32, q8, lowram[:opts] (default f16);\n"
     "                KV bytes are counted after the decode steps, by part for lowram\n"
     "  --ridgefill MAPS  RidgeFill maps; --fill off,speed,quality compares modes in one run\n"
     "  --fill LIST   fill modes to run (default off); speedup is TTFT of the first mode / this mode\n"
     "  --tail T      exact tail (default 2048)\n"
+    "  --split S     split layer for --fill identity/plumb without maps\n"
+    "  --keep-share X  quality mode: share of hard tokens kept exact (default: the map's)\n"
+    "  -v            model and fill details on stderr\n"
+    "  --kv-budget B KV bytes kept in memory (f16/f32/q8; 512M, or 25% of the plain KV at the longest\n"
+    "                -p + -n); the rest spills to $TMPDIR and is read back: a line per run gives the\n"
+    "                hit rate, bytes read back and stall time (docs/TIERS.md)\n"
     "  --json        one JSON object on stdout instead of a table\n";
 
 int cmd_bench(int argc, char **argv) {
@@ -87,6 +97,7 @@ int cmd_bench(int argc, char **argv) {
     int max_len = 0;
     for (int i = 0; i < n_lens; i++) max_len = lens[i] > max_len ? lens[i] : max_len;
     sp.n_ctx = max_len + o.n_predict + 1;
+    sp.kv.budget = cli_kv_budget_share(&o, m, &sp.kv, sp.n_ctx);
     rk_err e = {0};
     rk_session *s = NULL;
     rk_status st = rk_session_create(m, &sp, &s, &e);
@@ -120,7 +131,9 @@ int cmd_bench(int argc, char **argv) {
         if (ki > 0) { /* the KV policy is the session's: a new session per item */
             rk_session_destroy(s);
             s = NULL;
-            if ((rc = cli_kv_params(&o, kvs[ki], &sp.kv)) || (st = rk_session_create(m, &sp, &s, &e))) break;
+            if ((rc = cli_kv_params(&o, kvs[ki], &sp.kv))) break;
+            sp.kv.budget = cli_kv_budget_share(&o, m, &sp.kv, sp.n_ctx);
+            if ((st = rk_session_create(m, &sp, &s, &e))) break;
         }
     for (int li = 0; li < n_lens && !st && !rc; li++)
         for (int mi = 0; mi < n_modes && !st && !rc; mi++) {
@@ -137,7 +150,11 @@ int cmd_bench(int argc, char **argv) {
                 gp.max_tokens = o.n_predict + 1;
                 gp.ignore_eog = true;
                 rk_gen_result g = {0};
+                rk_kv_tier_stats t0, t1;
+                rk_session_kv_tier_stats(s, &t0);
                 if ((st = rk_generate(m, s, ids, (size_t)lens[li], &gp, &g, &e))) break;
+                rk_session_kv_tier_stats(s, &t1);
+                cli_kv_tier_line("bench", &t0, &t1); /* stderr, also with --json */
                 const double pf_s = g.prefill_s, dc_s = g.decode_s;
                 rk_gen_result_deinit(&g);
                 if (pf_s < *tt) *tt = pf_s;

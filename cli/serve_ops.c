@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "doc_cache_cli.h"
 #include "serve.h"
 
 /* ---- events ------------------------------------------------------------------------- */
@@ -198,6 +199,51 @@ static rk_status build_conv(server *sv, const serve_req *r, rk_session *s, rk_co
     return st;
 }
 
+/* ask: the documents are read apart from the question, through the document cache when
+ * the request runs on the server's session with the server's fill (doc_cache_cli.c). */
+static rk_status ask_prefix(server *sv, const serve_req *r, rk_session *s, const rk_fill_params *fp, rk_conv *conv,
+                            rk_err *e) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    rk_status st = rk_conv_prompt(conv, &ids, &n, e);
+    rk_doc *docs = st ? NULL : calloc(r->n_docs + 1, sizeof *docs);
+    if (!st && !docs) st = rk_err_set(e, RK_E_NOMEM, "out of memory for the documents");
+    for (size_t i = 0; !st && i < r->n_docs; i++) docs[i] = (rk_doc){r->docs[i].name, r->docs[i].text, strlen(r->docs[i].text)};
+    const rk_fill_params *f0 = &sv->fill;
+    const bool own = s == sv->s && fp->mode == f0->mode && fp->tail == f0->tail && fp->split == f0->split &&
+                     fp->n_sink == f0->n_sink && fp->keep_share == f0->keep_share && fp->maps == f0->maps &&
+                     fp->layer_major == f0->layer_major;
+    cli_prefix pre;
+    if (!st) st = cli_doc_prefix(sv->o, "serve", own ? sv->cache : NULL, sv->m, s, r->system, docs, r->n_docs, ids, n, NULL,
+                                 NULL, &pre, e);
+    free(docs);
+    free(ids);
+    return st;
+}
+
+rk_status serve_run_gen(server *sv, const serve_req *r, rk_session *s, const rk_fill_params *fp,
+                        const rk_gen_params *gp, rk_conv **conv,
+                        int32_t **ids, size_t *n_ids, rk_gen_result *res, const char **what, double *t_call,
+                        rk_err *e) {
+    rk_status st;
+    rk_session_reset(s); /* requests do not see each other */
+    if (r->op == SERVE_OP_COMPLETE) {
+        st = rk_model_tokenize(sv->m, r->text, r->text_len, r->add_special, r->parse_special, ids, n_ids, e);
+        *what = "tokenizing the prompt";
+        if (!st) {
+            *what = "generate";
+            *t_call = rk_time_now();
+            st = rk_generate(sv->m, s, *ids, *n_ids, gp, res, e);
+        }
+    } else {
+        st = build_conv(sv, r, s, conv, e);
+        if (!st && r->op == SERVE_OP_ASK && sv->o) st = ask_prefix(sv, r, s, fp, *conv, e);
+        *t_call = rk_time_now();
+        if (!st) st = rk_conv_generate(*conv, gp, res, e);
+    }
+    return st;
+}
+
 /* complete, chat, ask: exactly one terminal event (done or error). */
 static void op_generate(server *sv, const serve_req *r, double t_req) {
     rk_session *s = pick_session(sv, r);
@@ -218,22 +264,9 @@ static void op_generate(server *sv, const serve_req *r, double t_req) {
     gp.stop_len = g->stop_len;
     gp.n_stop = g->n_stop;
     if (g->stream) gp.on_token = on_token, gp.token_ud = &ctx;
-    rk_session_reset(s); /* requests do not see each other */
     const char *what = NULL;
     double t_call = 0;
-    if (r->op == SERVE_OP_COMPLETE) {
-        st = rk_model_tokenize(sv->m, r->text, r->text_len, r->add_special, r->parse_special, &ids, &n_ids, &e);
-        what = "tokenizing the prompt";
-        if (!st) {
-            what = "generate";
-            t_call = rk_time_now();
-            st = rk_generate(sv->m, s, ids, n_ids, &gp, &res, &e);
-        }
-    } else {
-        st = build_conv(sv, r, s, &conv, &e);
-        t_call = rk_time_now();
-        if (!st) st = rk_conv_generate(conv, &gp, &res, &e);
-    }
+    st = serve_run_gen(sv, r, s, &fp, &gp, &conv, &ids, &n_ids, &res, &what, &t_call, &e);
     const double t_before = t_call - t_req; /* reading, parsing, tokenizing: part of the TTFT */
     if (sv->write_failed) goto done;
     if (st == RK_E_CONTEXT)
@@ -336,6 +369,7 @@ void serve_handle_line(server *sv, const char *line, size_t n) {
 }
 
 void serve_deinit(server *sv) {
+    rk_doc_cache_close(sv->cache);
     serve_buf_free(&sv->piece);
     rk_session_destroy(sv->alt);
     rk_session_destroy(sv->s);

@@ -2,7 +2,8 @@
 # Installs the Debian 12 packages ridgekv needs to build and test (idempotent).
 set -euo pipefail
 pkgs=(build-essential meson ninja-build pkg-config python3 python3-pip xz-utils ca-certificates
-      libcriterion-dev liburing-dev libzstd-dev libjson-c-dev libedit-dev libopenblas-dev
+      libcriterion-dev liburing-dev libzstd-dev libxxhash-dev libjson-c-dev libedit-dev libopenblas-dev
+      libmicrohttpd-dev curl
       jargon-text)  # jargon-text: the calibration text of `ridgekv prepare` (public domain)
 missing=()
 for p in "${pkgs[@]}"; do

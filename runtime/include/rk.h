@@ -115,6 +115,16 @@ typedef enum rk_kv_kind { RK_KV_F16 = 0, RK_KV_F32, RK_KV_Q8, RK_KV_LOWRAM } rk_
 typedef struct rk_kv_params {
     rk_kv_kind kind;
     rk_lowram_params lowram;  /* used when kind == RK_KV_LOWRAM */
+    /* Memory tiers (runtime/kv/kv_tier.c, docs/TIERS.md), f16 / f32 / q8 only: at most
+     * budget bytes of K/V rows stay in memory (the sink chunk and the recent window
+     * always do); the other chunks spill, zstd-compressed, to an unlinked file in
+     * spill_dir (NULL: /tmp) and are read back when attention needs them. 0: all in
+     * memory. Results are bit-identical to the all-in-memory cache. Not part of the
+     * policy's spec (rk_kv_params_format) or of its KV blocks. */
+    uint64_t budget;
+    const char *spill_dir;    /* borrowed for rk_session_create */
+    int32_t spill_level;      /* zstd level of spilled chunks; 0: 1 */
+    int32_t spill_backend;    /* 0: io_uring when usable, 1: io_uring, 2: pread/pwrite threads */
 } rk_kv_params;
 
 rk_kv_params rk_kv_params_default(void); /* f16; lowram = rk_lowram_params_default() */
@@ -370,4 +380,23 @@ typedef struct rk_lowram_stats {
     uint64_t rows_attended;   /* rows attended (plain + rebuilt), all layers and heads */
 } rk_lowram_stats;
 void rk_session_lowram_stats(const rk_session *s, rk_lowram_stats *out);
+
+/* The memory tiers' counters (rk_kv_params.budget; zeros without a budget). A "chunk" is
+ * the K or the V rows of one layer over a fixed run of positions. */
+typedef struct rk_kv_tier_stats {
+    bool on;
+    uint64_t budget, resident_bytes, spilled_bytes; /* resident: chunks kept in memory now
+                                                       (hot and kept; not the ones read back);
+                                                       spilled: in the store or being written */
+    int32_t chunk_rows;
+    uint64_t hits, misses;         /* chunks attention found in memory / read back */
+    uint64_t bytes_read, bytes_read_stored; /* read back: raw, and as stored (zstd frames) */
+    uint64_t bytes_spilled, bytes_spilled_stored;
+    uint64_t prefetched;           /* of the misses, read ahead of their layer */
+    double stall_s;                /* attention waiting for reads */
+    double io_wait_s;              /* all waits in the block store */
+    uint64_t spill_errors;         /* spills that failed (the chunk then stays in memory) */
+    char backend[16];              /* io_uring or threads */
+} rk_kv_tier_stats;
+void rk_session_kv_tier_stats(const rk_session *s, rk_kv_tier_stats *out);
 

@@ -92,6 +92,8 @@ typedef struct rk_kv_ops {
     rk_status (*import_rows)(rk_kv *kv, int64_t row0, int64_t n_rows, const uint8_t *p, size_t n, rk_err *err);
     /* Frees kv->impl (any state, half-built included); not kv itself. */
     void (*destroy)(rk_kv *kv);
+    /* The memory tiers' counters (kv_tier.c); NULL for the other policies (zeros). */
+    void (*tier_stats)(const rk_kv *kv, rk_kv_tier_stats *out);
 } rk_kv_ops;
 
 struct rk_kv {
@@ -148,6 +150,8 @@ rk_status rk_kv_rows_import(rk_kv *kv, uint8_t *const *k, uint8_t *const *v, int
                             rk_status (*check)(const uint8_t *p, size_t n, rk_err *err), rk_err *err);
 
 rk_status rk_kv_plain_init(rk_kv *kv, uint32_t type, rk_err *err);
+/* kv_tier.c: f16 / f32 / q8_0 rows under p->budget (rk_kv_params), the rest spilled. */
+rk_status rk_kv_tier_init(rk_kv *kv, uint32_t type, const rk_kv_params *p, rk_err *err);
 rk_status rk_kv_q8_init(rk_kv *kv, rk_err *err);
 rk_status rk_kv_lowram_init(rk_kv *kv, const rk_model *m, const rk_lowram_params *p, int n_threads, char *warning,
                             size_t warning_cap, rk_err *err);

@@ -31,7 +31,9 @@ void rk_q8_quantize(const float *x, int64_t n, uint8_t *dst) {
 
 void rk_q8_dequantize(const uint8_t *src, int64_t n, float *dst) { rk_quant_fast(RK_DT_Q8_0)->to_f32(src, dst, n); }
 
-bool rk_kv_q8_direct(const rk_kv *kv) { return kv->kind == RK_KV_Q8 && ((const q8 *)kv->impl)->direct; }
+bool rk_kv_q8_direct(const rk_kv *kv) {
+    return kv->kind == RK_KV_Q8 && kv->ops->tier_stats == NULL && ((const q8 *)kv->impl)->direct; /* not the tier's */
+}
 
 static rk_view f32_view(const float *data, int64_t cols, int64_t rows) {
     rk_view v = {RK_DT_F32, {cols, rows, 1, 1}, (size_t)cols * sizeof(float), (void *)data};

@@ -1,0 +1,224 @@
+/* The document KV cache in the CLI (doc_cache_cli.h). */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "doc_cache_cli.h"
+#include "rk_io.h"
+
+int cli_kv_cache_dir(char *buf, size_t cap) {
+    char dir[3072];
+    if (cli_cache_dir(dir, sizeof dir)) return -1;
+    int w = snprintf(buf, cap, "%s/kv", dir);
+    return w < 0 || (size_t)w >= cap ? -1 : 0;
+}
+
+rk_doc_cache *cli_doc_cache_open(const cli_opts *o, const char *cmd) {
+    char dir[3200];
+    if (cli_kv_cache_dir(dir, sizeof dir)) {
+        fprintf(stderr, "ridgekv %s: document cache off: neither XDG_CACHE_HOME nor HOME is set\n", cmd);
+        return NULL;
+    }
+    rk_doc_cache_params p = rk_doc_cache_params_default();
+    p.dir = dir;
+    if (o->cache_level > 0) p.io.zstd_level = o->cache_level;
+    const char *nu = getenv("RIDGEKV_NO_URING");
+    if (nu && *nu && strcmp(nu, "0")) p.io.backend = RK_BS_THREADS;
+    const char *fault = getenv("RIDGEKV_IO_FAULT");
+    rk_err e = {0};
+    if (fault && *fault && rk_bs_fault_parse(fault, &p.io.fault, &e)) {
+        fprintf(stderr, "ridgekv %s: RIDGEKV_IO_FAULT ignored: %s\n", cmd, e.msg);
+        p.io.fault = (rk_bs_fault){0};
+    }
+    rk_doc_cache *c = NULL;
+    if (rk_doc_cache_open(&p, &c, &e)) {
+        fprintf(stderr, "ridgekv %s: document cache off: %s\n", cmd, e.msg);
+        return NULL;
+    }
+    return c;
+}
+
+static size_t common(const int32_t *a, size_t na, const int32_t *b, size_t nb) {
+    size_t i = 0;
+    while (i < na && i < nb && a[i] == b[i]) i++;
+    return i;
+}
+
+/* Prompt ids of the same documents with a probe question. */
+static rk_status probe(const rk_model *m, rk_session *s, const char *system, const rk_doc *docs, size_t n_docs,
+                       const char *q, int32_t **ids, size_t *n, rk_err *err) {
+    rk_conv_params cp = {.n_answer = 1, .room_div = 4};
+    rk_conv *c = NULL;
+    rk_status st = rk_conv_create(m, s, &cp, &c, err);
+    if (!st) st = rk_conv_add_ask(c, system, docs, n_docs, q, err);
+    if (!st) st = rk_conv_prompt(c, ids, n, err);
+    rk_conv_destroy(c);
+    return st;
+}
+
+/* What else the KV rows depend on: fill, maps and predictor contents, chunk, backend. */
+static void key_extra(const cli_opts *o, char *buf, size_t cap) {
+    char maps[65] = "-", pred[65] = "-";
+    rk_err e = {0};
+    if (o->ridgefill && rk_sha256_file(o->ridgefill, maps, &e)) snprintf(maps, sizeof maps, "unreadable");
+    const char *pp = o->kv ? strstr(o->kv, "pred=") : NULL;
+    if (pp && rk_sha256_file(pp + 5, pred, &e)) snprintf(pred, sizeof pred, "unreadable");
+    snprintf(buf, cap, "fill=%s;maps=%s;pred=%s;tail=%d;split=%d;keep=%g;batch=%d;backend=%s",
+             o->fill ? o->fill : o->ridgefill ? "speed" : "off", maps, pred, o->tail, o->split, (double)o->keep_share,
+             o->n_batch ? o->n_batch : 512, o->backend ? o->backend : "cpu");
+}
+
+static void verbose_io(const char *cmd, const char *what, const rk_doc_cache *c, const char *key) {
+    rk_doc_cache_stats st;
+    rk_doc_cache_last(c, &st);
+    fprintf(stderr, "ridgekv %s: document cache: %s %.12s, %.1f MB of KV in a %.1f MB file in %.3f s (%s%s)\n", cmd,
+            what, key, (double)st.raw_bytes / 1e6, (double)st.file_bytes / 1e6, st.io_s, rk_bs_backend_name(st.backend),
+            st.direct ? ", O_DIRECT" : "");
+}
+
+static uint64_t filled_rows(const rk_session *s, int n_layer) {
+    const rk_session_counters *c = rk_session_get_counters(s);
+    uint64_t n = 0;
+    for (int l = 0; c && l < n_layer && l < 256; l++) n += c->filled_rows[l];
+    return n;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+rk_status cli_doc_prefix(const cli_opts *o, const char *cmd, rk_doc_cache *c, const rk_model *m, rk_session *s,
+                         const char *system, const rk_doc *docs, size_t n_docs, const int32_t *ids, size_t n_ids,
+                         rk_progress_fn progress, void *ud, cli_prefix *out, rk_err *err) {
+    memset(out, 0, sizeof *out);
+    int32_t *a = NULL, *b = NULL;
+    size_t na = 0, nb = 0;
+    rk_status st = probe(m, s, system, docs, n_docs, "x", &a, &na, err);
+    if (!st) st = probe(m, s, system, docs, n_docs, "7", &b, &nb, err);
+    /* the prefix both probes share, which the question's prompt must start with too */
+    size_t p = st ? 0 : common(a, na, b, nb);
+    if (!st && common(ids, n_ids, a, na) < p) p = 0;
+    free(a);
+    free(b);
+    if (st) return st;
+    if (p < 1 || p >= n_ids) return RK_OK;
+    out->n_prefix = (int64_t)p;
+    if (o->verbose)
+        fprintf(stderr, "ridgekv %s: the documents are the first %zu prompt tokens: read (or loaded) apart from the "
+                        "question\n", cmd, p);
+    char label[256] = "";
+    for (size_t i = 0; i < n_docs; i++) {
+        const size_t l = strlen(label);
+        snprintf(label + l, sizeof label - l, "%s%s", i ? ", " : "", docs[i].name ? docs[i].name : "(unnamed)");
+    }
+    char key[65] = "";
+    rk_kv_params kvp = rk_kv_params_default();
+    rk_session_params sp;
+    if (!cli_session_params(o, &sp)) kvp = sp.kv;
+    const double t0 = now_s();
+    if (c) {
+        char extra[512];
+        key_extra(o, extra, sizeof extra);
+        rk_doc_cache_key(m, &kvp, extra, ids, p, key);
+        int64_t n = 0;
+        rk_err e = {0};
+        rk_status ls = rk_doc_cache_load(c, key, s, &n, &e);
+        if (!ls && n == (int64_t)p) {
+            out->reused = true;
+            out->read_s = now_s() - t0;
+            if (progress) progress(ud, (int64_t)p, (int64_t)n_ids);
+            fprintf(stderr, "ridgekv %s: reused cached KV for %s (%lld tokens)\n", cmd, label, (long long)n);
+            if (o->verbose) verbose_io(cmd, "loaded", c, key);
+            return RK_OK;
+        }
+        if (ls && ls != RK_E_NOT_FOUND) fprintf(stderr, "ridgekv %s: %s; reading the documents again\n", cmd, e.msg);
+        rk_session_reset(s);
+    }
+    /* the documents' own prefill: keep what the session holds of them */
+    const int32_t *held = rk_session_tokens(s);
+    size_t keep = held ? common(held, (size_t)rk_session_n_past(s), ids, p) : 0;
+    if (keep < (size_t)rk_session_n_past(s)) {
+        if ((st = rk_session_truncate(s, (int64_t)keep, err))) return st;
+    }
+    cli_prefix_progress pp = {progress, ud, (int64_t)keep, (int64_t)n_ids};
+    rk_session_set_progress(s, progress ? cli_prefix_progress_fn : NULL, &pp);
+    const int n_layer = rk_model_hparams(m)->n_layer;
+    const uint64_t f0 = filled_rows(s, n_layer);
+    st = keep < p ? rk_session_eval(s, ids + keep, p - keep, NULL, false, err) : RK_OK;
+    rk_session_set_progress(s, NULL, NULL);
+    if (st) return st;
+    out->filled = filled_rows(s, n_layer) - f0;
+    out->n_read = (int64_t)(p - keep);
+    out->read_s = now_s() - t0;
+    if (c) {
+        rk_err e = {0};
+        if (rk_doc_cache_save(c, key, m, &kvp, s, (int64_t)p, label, &e))
+            fprintf(stderr, "ridgekv %s: %s; the answer does not depend on it\n", cmd, e.msg);
+        else if (o->verbose) verbose_io(cmd, "saved", c, key);
+    }
+    return RK_OK;
+}
+
+bool cli_prefix_progress_fn(void *ud, int64_t done, int64_t total) {
+    const cli_prefix_progress *p = ud;
+    (void)total;
+    return p->fn ? p->fn(p->ud, p->off + done, p->total ? p->total : p->off + total) : true;
+}
+
+bool cli_parse_size(const char *s, uint64_t *out) {
+    char *end;
+    errno = 0;
+    if (!s || !*s || *s == '-') return false;
+    double v = strtod(s, &end);
+    if (errno || end == s || !(v >= 0)) return false;
+    double mul = 1;
+    if (*end) {
+        const char *u = "KMGT";
+        const char *q = strchr(u, end[0] >= 'a' ? end[0] - 32 : end[0]);
+        if (!q || !*q) return false;
+        for (const char *x = u; x <= q; x++) mul *= 1024;
+        end++;
+        if (*end == 'i') end++;
+        if (*end == 'B' || *end == 'b') end++;
+        if (*end) return false;
+    }
+    if (v * mul > 1.8e19) return false;
+    *out = (uint64_t)(v * mul);
+    return true;
+}
+
+void cli_kv_tier_params(const cli_opts *o, rk_kv_params *kv) {
+    uint64_t b = 0;
+    if (o->kv_budget && cli_parse_size(o->kv_budget, &b)) kv->budget = b ? b : 1;
+    const char *td = getenv("TMPDIR");
+    kv->spill_dir = td && *td ? td : "/tmp";
+    const char *nu = getenv("RIDGEKV_NO_URING");
+    kv->spill_backend = nu && *nu && strcmp(nu, "0") ? 2 : 0;
+}
+
+uint64_t cli_kv_budget_share(const cli_opts *o, const rk_model *m, const rk_kv_params *kv, int64_t n_tokens) {
+    const size_t n = o->kv_budget ? strlen(o->kv_budget) : 0;
+    if (!n || o->kv_budget[n - 1] != '%') return kv->budget;
+    const double share = strtod(o->kv_budget, NULL) / 100.0;
+    const rk_hparams *hp = rk_model_hparams(m);
+    const double per_value = kv->kind == RK_KV_F32 ? 4.0 : kv->kind == RK_KV_Q8 ? 34.0 / 32.0 : 2.0;
+    const double bytes = (double)n_tokens * 2.0 * hp->n_layer * hp->n_head_kv * hp->head_dim * per_value;
+    const uint64_t b = (uint64_t)(share * bytes);
+    return b ? b : 1;
+}
+
+void cli_kv_tier_line(const char *cmd, const rk_kv_tier_stats *a, const rk_kv_tier_stats *b) {
+    if (!b->on) return;
+    const uint64_t hits = b->hits - a->hits, miss = b->misses - a->misses;
+    fprintf(stderr,
+            "%s: kv tier: budget %.1f MiB, resident %.1f MiB, spilled %.1f MiB; chunk reads: hit rate %.1f%% (%llu of %llu), "
+            "%llu read ahead; read back %.1f MB (%.1f MB stored); stall %.3f s; %s%s\n",
+            cmd, b->budget / 1048576.0, b->resident_bytes / 1048576.0, b->spilled_bytes / 1048576.0,
+            hits + miss ? 100.0 * (double)hits / (double)(hits + miss) : 100.0, (unsigned long long)hits,
+            (unsigned long long)(hits + miss), (unsigned long long)(b->prefetched - a->prefetched),
+            (double)(b->bytes_read - a->bytes_read) / 1e6, (double)(b->bytes_read_stored - a->bytes_read_stored) / 1e6,
+            b->stall_s - a->stall_s, b->backend, b->spill_errors ? " (spills failed: kept in memory)" : "");
+}

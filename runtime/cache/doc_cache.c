@@ -1,0 +1,488 @@
+/* The document KV cache (rk_cache.h) over the block store and rk_session_kv_export /
+ * import. Entry header frame (id 0), little-endian:
+ *     0 "RKDC"  4 u32 version (1)  8 u64 n_tokens  16 u64 raw bytes of the KV block
+ *    24 u32 pieces  28 u32 piece bytes  32 char key[64]  96 char label[256]
+ *   352 char model[64]  416 char kv[64]   (480 bytes)
+ * frames 1..pieces: the KV block, piece i holding bytes [(i-1) piece, i piece). */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "rk_cache.h"
+#include "rk_io.h"
+
+enum { META_BYTES = 480, META_VERSION = 1, PIECE = 4 << 20 };
+
+struct rk_doc_cache {
+    char dir[3072];
+    rk_doc_cache_params p;
+    rk_doc_cache_stats last;
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void put_le(uint8_t *d, uint64_t v, int n) {
+    for (int i = 0; i < n; i++) d[i] = (uint8_t)(v >> (8 * i));
+}
+static uint64_t get_le(const uint8_t *d, int n) {
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++) v |= (uint64_t)d[i] << (8 * i);
+    return v;
+}
+static void put_str(uint8_t *d, const char *s, size_t cap) {
+    memset(d, 0, cap);
+    if (s) memcpy(d, s, strnlen(s, cap - 1));
+}
+static void get_str(char *dst, const uint8_t *s, size_t cap) {
+    memcpy(dst, s, cap);
+    dst[cap - 1] = '\0';
+}
+
+rk_doc_cache_params rk_doc_cache_params_default(void) {
+    rk_doc_cache_params p = {.dir = NULL, .cap_bytes = 4ull << 30, .io = rk_bs_params_default()};
+    p.io.max_block = PIECE;
+    return p;
+}
+
+rk_status rk_doc_cache_open(const rk_doc_cache_params *p, rk_doc_cache **out, rk_err *err) {
+    if (!p || !p->dir || !*p->dir) return rk_err_set(err, RK_E_INVALID_ARG, "document cache: no directory given");
+    rk_doc_cache *c = calloc(1, sizeof *c);
+    if (!c) return rk_err_set(err, RK_E_NOMEM, "document cache: out of memory");
+    c->p = *p;
+    if (!c->p.cap_bytes) c->p.cap_bytes = 4ull << 30;
+    c->p.io.max_block = PIECE;
+    int w = snprintf(c->dir, sizeof c->dir, "%s", p->dir);
+    if (w < 0 || (size_t)w >= sizeof c->dir) {
+        free(c);
+        return rk_err_set(err, RK_E_INVALID_ARG, "document cache: directory path too long");
+    }
+    c->p.dir = c->dir;
+    rk_status st = rk_io_mkdir_p(c->dir, err);
+    if (!st && access(c->dir, R_OK | W_OK | X_OK) != 0)
+        st = rk_err_set(err, RK_E_IO, "document cache: %s is not writable (%s)", c->dir, strerror(errno));
+    if (st) {
+        free(c);
+        return st;
+    }
+    *out = c;
+    return RK_OK;
+}
+
+void rk_doc_cache_close(rk_doc_cache *c) { free(c); }
+const char *rk_doc_cache_dir(const rk_doc_cache *c) { return c->dir; }
+void rk_doc_cache_last(const rk_doc_cache *c, rk_doc_cache_stats *out) { *out = c->last; }
+
+void rk_doc_cache_key(const rk_model *m, const rk_kv_params *kv, const char *extra, const int32_t *tokens, size_t n,
+                      char key[65]) {
+    rk_sha256 h;
+    rk_sha256_init(&h);
+    rk_sha256_update(&h, "ridgekv-doc-cache-1", 19);
+    rk_fingerprint fp;
+    rk_model_fingerprint(m, &fp);
+    uint8_t b[8 * 10 + 16] = {0};
+    memcpy(b, fp.arch, 16);
+    const int64_t d[10] = {fp.n_layer, fp.n_embd, fp.n_head, fp.n_head_kv, fp.head_dim, fp.n_ff, fp.n_vocab,
+                           (int64_t)fp.tokenizer_hash, (int64_t)fp.weights_hash, (int64_t)fp.quant_hash};
+    for (int i = 0; i < 10; i++) put_le(b + 16 + 8 * i, (uint64_t)d[i], 8);
+    rk_sha256_update(&h, b, sizeof b);
+    char spec[2048];
+    rk_kv_params_format(kv, spec, sizeof spec);
+    rk_sha256_update(&h, spec, strlen(spec) + 1);
+    rk_sha256_update(&h, extra ? extra : "", (extra ? strlen(extra) : 0) + 1);
+    uint8_t t[4];
+    put_le(b, n, 8);
+    rk_sha256_update(&h, b, 8);
+    for (size_t i = 0; i < n; i++) {
+        put_le(t, (uint32_t)tokens[i], 4);
+        rk_sha256_update(&h, t, 4);
+    }
+    uint8_t dig[32];
+    rk_sha256_final(&h, dig);
+    rk_sha256_hex(dig, key);
+}
+
+static bool valid_key(const char *key) {
+    if (!key || strlen(key) != 64) return false;
+    for (int i = 0; i < 64; i++)
+        if (!((key[i] >= '0' && key[i] <= '9') || (key[i] >= 'a' && key[i] <= 'f'))) return false;
+    return true;
+}
+
+static rk_status entry_path(const rk_doc_cache *c, const char *key, char *buf, size_t cap, rk_err *err) {
+    if (!valid_key(key)) return rk_err_set(err, RK_E_INVALID_ARG, "document cache: '%s' is not a key", key ? key : "");
+    int w = snprintf(buf, cap, "%s/%s.rkkv", c->dir, key);
+    if (w < 0 || (size_t)w >= cap) return rk_err_set(err, RK_E_INVALID_ARG, "document cache: path too long");
+    return RK_OK;
+}
+
+typedef struct meta {
+    uint64_t n_tokens, raw;
+    uint32_t pieces, piece;
+    char key[65], label[256], model[64], kv[64];
+} meta;
+
+static rk_status read_meta(rk_bs *bs, meta *mt, char *msg, size_t cap) {
+    uint8_t b[META_BYTES];
+    size_t len = 0;
+    rk_err e = {0};
+    rk_status st = rk_bs_get_sync(bs, 0, b, sizeof b, &len, &e);
+    if (st) {
+        snprintf(msg, cap, "%s", e.msg);
+        return st;
+    }
+    if (len != META_BYTES || memcmp(b, "RKDC", 4)) {
+        snprintf(msg, cap, "not a document cache entry (header frame of %zu bytes)", len);
+        return RK_E_FORMAT;
+    }
+    const uint32_t v = (uint32_t)get_le(b + 4, 4);
+    if (v != META_VERSION) {
+        snprintf(msg, cap, "entry format version %u (this build reads %d)", v, META_VERSION);
+        return RK_E_FORMAT;
+    }
+    mt->n_tokens = get_le(b + 8, 8), mt->raw = get_le(b + 16, 8);
+    mt->pieces = (uint32_t)get_le(b + 24, 4), mt->piece = (uint32_t)get_le(b + 28, 4);
+    char k[65];
+    memcpy(k, b + 32, 64);
+    k[64] = '\0';
+    memcpy(mt->key, k, 65);
+    get_str(mt->label, b + 96, 256), get_str(mt->model, b + 352, 64), get_str(mt->kv, b + 416, 64);
+    if (!mt->piece || mt->piece > PIECE || mt->raw > (uint64_t)mt->pieces * mt->piece ||
+        (mt->pieces && mt->raw <= (uint64_t)(mt->pieces - 1) * mt->piece)) {
+        snprintf(msg, cap, "entry header has impossible sizes (%llu bytes in %u pieces of %u)",
+                 (unsigned long long)mt->raw, mt->pieces, mt->piece);
+        return RK_E_FORMAT;
+    }
+    for (uint32_t i = 1; i <= mt->pieces; i++) {
+        size_t n = 0;
+        const uint64_t want = i < mt->pieces ? mt->piece : mt->raw - (uint64_t)(mt->pieces - 1) * mt->piece;
+        if (!rk_bs_block_len(bs, i, &n) || n != want) {
+            snprintf(msg, cap, "entry piece %u of %u is missing or of the wrong size", i, mt->pieces);
+            return RK_E_FORMAT;
+        }
+    }
+    return RK_OK;
+}
+
+/* Reads entry key's KV block (*buf malloc'd, mt its header); msg says why not. */
+static rk_status read_entry(rk_doc_cache *c, const char *path, const char *key, uint8_t **buf, meta *mt, char *msg,
+                            size_t cap) {
+    const double t0 = now_s();
+    rk_bs *bs = NULL;
+    rk_err e = {0};
+    rk_status st = rk_bs_open(path, RK_BS_READ, &c->p.io, &bs, &e);
+    *buf = NULL;
+    if (st) snprintf(msg, cap, "%s", e.msg);
+    if (!st && (st = read_meta(bs, mt, msg, cap)) == RK_OK && strcmp(mt->key, key)) {
+        st = RK_E_FORMAT;
+        snprintf(msg, cap, "the file holds entry %.12s", mt->key);
+    }
+    if (!st && !(*buf = malloc(mt->raw ? (size_t)mt->raw : 1))) {
+        st = RK_E_NOMEM;
+        snprintf(msg, cap, "out of memory for %llu bytes", (unsigned long long)mt->raw);
+    }
+    /* every piece in flight at once (up to the queue depth), decompressed into place */
+    for (uint32_t i = 1; !st && i <= mt->pieces; i++) {
+        const size_t off = (size_t)(i - 1) * mt->piece;
+        if ((st = rk_bs_get(bs, i, *buf + off, (size_t)mt->raw - off, NULL, &e))) snprintf(msg, cap, "%s", e.msg);
+    }
+    while (bs && rk_bs_in_flight(bs)) {
+        rk_bs_done d[16];
+        int n = rk_bs_wait(bs, 1, d, 16);
+        for (int k = 0; k < n; k++)
+            if (d[k].status && !st) {
+                st = d[k].status;
+                snprintf(msg, cap, "%s", d[k].msg);
+            }
+        if (!n) break;
+    }
+    if (bs) {
+        c->last.backend = rk_bs_backend_used(bs);
+        c->last.direct = rk_bs_direct(bs);
+    }
+    rk_bs_close(bs);
+    c->last.io_s = now_s() - t0;
+    c->last.raw_bytes = mt->raw;
+    if (st) {
+        free(*buf);
+        *buf = NULL;
+    }
+    return st;
+}
+
+rk_status rk_doc_cache_load(rk_doc_cache *c, const char *key, rk_session *s, int64_t *n_tokens, rk_err *err) {
+    char path[4096];
+    rk_status st = entry_path(c, key, path, sizeof path, err);
+    if (st) return st;
+    struct stat sb;
+    if (stat(path, &sb) != 0) {
+        if (errno == ENOENT) return rk_err_set(err, RK_E_NOT_FOUND, "document cache: no entry %.12s", key);
+        return rk_err_set(err, RK_E_IO, "document cache: cannot stat %s (%s)", path, strerror(errno));
+    }
+    uint8_t *buf = NULL;
+    char msg[640] = "";
+    rk_err e = {0};
+    meta mt = {0};
+    st = read_entry(c, path, key, &buf, &mt, msg, sizeof msg);
+    c->last.file_bytes = (uint64_t)sb.st_size;
+    if (!st) {
+        rk_session_reset(s);
+        if ((st = rk_session_kv_import(s, buf, (size_t)mt.raw, &e))) snprintf(msg, sizeof msg, "%s", e.msg);
+        else if ((uint64_t)rk_session_n_past(s) != mt.n_tokens) {
+            st = RK_E_FORMAT;
+            snprintf(msg, sizeof msg, "entry says %llu tokens, its block holds %lld", (unsigned long long)mt.n_tokens,
+                     (long long)rk_session_n_past(s));
+        }
+    }
+    free(buf);
+    if (st) {
+        rk_session_reset(s);
+        unlink(path);
+        return rk_err_set(err, st, "document cache: entry %.12s is unusable (%s); removed", key, msg);
+    }
+    utimensat(AT_FDCWD, path, NULL, 0); /* last use, for LRU */
+    *n_tokens = (int64_t)mt.n_tokens;
+    return RK_OK;
+}
+
+rk_status rk_doc_cache_read(rk_doc_cache *c, const char *key, void **blk, size_t *n, rk_err *err) {
+    char path[4096];
+    rk_status st = entry_path(c, key, path, sizeof path, err);
+    if (st) return st;
+    if (access(path, F_OK) != 0) return rk_err_set(err, RK_E_NOT_FOUND, "document cache: no entry %.12s", key);
+    uint8_t *buf = NULL;
+    char msg[640] = "";
+    meta mt = {0};
+    if ((st = read_entry(c, path, key, &buf, &mt, msg, sizeof msg)))
+        return rk_err_set(err, st, "document cache: entry %.12s is unusable (%s)", key, msg);
+    *blk = buf;
+    *n = (size_t)mt.raw;
+    return RK_OK;
+}
+
+static void fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+}
+
+rk_status rk_doc_cache_save(rk_doc_cache *c, const char *key, const rk_model *m, const rk_kv_params *kv,
+                            const rk_session *s, int64_t n, const char *label, rk_err *err) {
+    char path[4096], tmp[4200];
+    rk_status st = entry_path(c, key, path, sizeof path, err);
+    if (st) return st;
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    const double t0 = now_s();
+    void *blk = NULL;
+    size_t len = 0;
+    if ((st = rk_session_kv_export(s, 0, n, &blk, &len, err))) return st;
+    const uint32_t pieces = (uint32_t)((len + PIECE - 1) / PIECE);
+    uint8_t mb[META_BYTES] = {0};
+    memcpy(mb, "RKDC", 4);
+    put_le(mb + 4, META_VERSION, 4);
+    put_le(mb + 8, (uint64_t)n, 8), put_le(mb + 16, len, 8);
+    put_le(mb + 24, pieces, 4), put_le(mb + 28, PIECE, 4);
+    memcpy(mb + 32, key, 64);
+    put_str(mb + 96, label, 256);
+    put_str(mb + 352, rk_model_name(m), 64);
+    char spec[2048];
+    rk_kv_params_format(kv, spec, sizeof spec);
+    put_str(mb + 416, spec, 64);
+    rk_bs *bs = NULL;
+    rk_err e = {0};
+    char msg[640] = "";
+    if ((st = rk_bs_open(tmp, RK_BS_CREATE, &c->p.io, &bs, &e))) snprintf(msg, sizeof msg, "%s", e.msg);
+    if (!st && (st = rk_bs_put(bs, 0, mb, sizeof mb, NULL, &e))) snprintf(msg, sizeof msg, "%s", e.msg);
+    for (uint32_t i = 1; !st && i <= pieces; i++) {
+        const size_t off = (size_t)(i - 1) * PIECE, m = len - off < PIECE ? len - off : PIECE;
+        if ((st = rk_bs_put(bs, i, (const uint8_t *)blk + off, m, NULL, &e))) snprintf(msg, sizeof msg, "%s", e.msg);
+    }
+    while (bs && rk_bs_in_flight(bs)) {
+        rk_bs_done d[16];
+        int k = rk_bs_wait(bs, 1, d, 16);
+        for (int j = 0; j < k; j++)
+            if (d[j].status && !st) {
+                st = d[j].status;
+                snprintf(msg, sizeof msg, "%s", d[j].msg);
+            }
+        if (!k) break;
+    }
+    if (!st && (st = rk_bs_sync(bs, &e))) snprintf(msg, sizeof msg, "%s", e.msg);
+    if (bs) {
+        c->last.backend = rk_bs_backend_used(bs);
+        c->last.direct = rk_bs_direct(bs);
+    }
+    rk_bs_close(bs);
+    free(blk);
+    if (!st && rename(tmp, path) != 0) {
+        st = RK_E_IO;
+        snprintf(msg, sizeof msg, "cannot rename %.300s (%s)", tmp, strerror(errno));
+    }
+    if (st) {
+        unlink(tmp);
+        return rk_err_set(err, st, "document cache: cannot save entry %.12s in %s (%s)", key, c->dir, msg);
+    }
+    fsync_dir(c->dir);
+    struct stat sb;
+    c->last.io_s = now_s() - t0;
+    c->last.raw_bytes = len;
+    c->last.file_bytes = stat(path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
+    size_t nr;
+    uint64_t left;
+    rk_err ge = {0};
+    rk_doc_cache_gc(c, 0, &nr, &left, &ge); /* the entry is saved; a failing gc is not the caller's error */
+    return RK_OK;
+}
+
+/* ---- listing and removal ------------------------------------------------------------ */
+
+static int by_mtime_desc(const void *a, const void *b) {
+    const rk_doc_cache_entry *x = a, *y = b;
+    return x->mtime < y->mtime ? 1 : x->mtime > y->mtime ? -1 : strcmp(x->key, y->key);
+}
+
+static bool is_entry_name(const char *name, char key[65]) {
+    size_t n = strlen(name);
+    if (n != 64 + 5 || strcmp(name + 64, ".rkkv")) return false;
+    memcpy(key, name, 64);
+    key[64] = '\0';
+    return valid_key(key);
+}
+
+rk_status rk_doc_cache_list(rk_doc_cache *c, rk_doc_cache_entry **out, size_t *n_out, rk_err *err) {
+    *out = NULL;
+    *n_out = 0;
+    DIR *d = opendir(c->dir);
+    if (!d) return rk_err_set(err, RK_E_IO, "document cache: cannot list %s (%s)", c->dir, strerror(errno));
+    rk_doc_cache_entry *v = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        char key[65], path[4096];
+        if (!is_entry_name(de->d_name, key)) continue;
+        snprintf(path, sizeof path, "%s/%s", c->dir, de->d_name);
+        struct stat sb;
+        if (stat(path, &sb) != 0) continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            rk_doc_cache_entry *t = realloc(v, cap * sizeof *t);
+            if (!t) {
+                free(v);
+                closedir(d);
+                return rk_err_set(err, RK_E_NOMEM, "document cache: out of memory");
+            }
+            v = t;
+        }
+        rk_doc_cache_entry *en = &v[n++];
+        memset(en, 0, sizeof *en);
+        memcpy(en->key, key, 65);
+        en->bytes = (uint64_t)sb.st_size;
+        en->mtime = (int64_t)sb.st_mtime;
+        rk_bs *bs = NULL;
+        rk_err e = {0};
+        rk_bs_params io = c->p.io;
+        io.fault = (rk_bs_fault){0};
+        io.queue_depth = 1;
+        meta mt = {0};
+        char msg[640] = "";
+        rk_status st = rk_bs_open(path, RK_BS_READ, &io, &bs, &e);
+        if (st) snprintf(msg, sizeof msg, "%s", e.msg);
+        else st = read_meta(bs, &mt, msg, sizeof msg);
+        rk_bs_close(bs);
+        if (st) {
+            en->bad = true;
+            snprintf(en->label, sizeof en->label, "%.255s", msg);
+        } else {
+            memcpy(en->label, mt.label, sizeof en->label);
+            memcpy(en->model, mt.model, sizeof en->model);
+            memcpy(en->kv, mt.kv, sizeof en->kv);
+            en->n_tokens = (int64_t)mt.n_tokens;
+            en->raw_bytes = mt.raw;
+        }
+    }
+    closedir(d);
+    if (n) qsort(v, n, sizeof *v, by_mtime_desc);
+    *out = v;
+    *n_out = n;
+    return RK_OK;
+}
+
+rk_status rk_doc_cache_remove(rk_doc_cache *c, const char *prefix, size_t *n_removed, rk_err *err) {
+    *n_removed = 0;
+    DIR *d = opendir(c->dir);
+    if (!d) return rk_err_set(err, RK_E_IO, "document cache: cannot list %s (%s)", c->dir, strerror(errno));
+    const size_t np = prefix ? strlen(prefix) : 0;
+    rk_status st = RK_OK;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        char key[65], path[4096];
+        if (!is_entry_name(de->d_name, key) || strncmp(key, prefix ? prefix : "", np)) continue;
+        snprintf(path, sizeof path, "%s/%s", c->dir, de->d_name);
+        if (unlink(path) == 0) (*n_removed)++;
+        else if (!st) st = rk_err_set(err, RK_E_IO, "document cache: cannot remove %s (%s)", path, strerror(errno));
+    }
+    closedir(d);
+    return st;
+}
+
+/* Temporary files of writers that are gone: <key>.rkkv.tmp.<pid>. */
+static size_t remove_stale_tmp(const rk_doc_cache *c) {
+    DIR *d = opendir(c->dir);
+    if (!d) return 0;
+    size_t n = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        const char *t = strstr(de->d_name, ".rkkv.tmp.");
+        if (!t) continue;
+        char *end;
+        const long pid = strtol(t + 10, &end, 10);
+        if (*end || pid <= 0) continue;
+        if (pid != (long)getpid() && kill((pid_t)pid, 0) != 0 && errno == ESRCH) {
+            char path[4096];
+            snprintf(path, sizeof path, "%s/%s", c->dir, de->d_name);
+            if (unlink(path) == 0) n++;
+        }
+    }
+    closedir(d);
+    return n;
+}
+
+rk_status rk_doc_cache_gc(rk_doc_cache *c, uint64_t cap, size_t *n_removed, uint64_t *bytes_left, rk_err *err) {
+    if (!cap) cap = c->p.cap_bytes;
+    *n_removed = remove_stale_tmp(c);
+    *bytes_left = 0;
+    rk_doc_cache_entry *v = NULL;
+    size_t n = 0;
+    rk_status st = rk_doc_cache_list(c, &v, &n, err);
+    if (st) return st;
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++) total += v[i].bytes;
+    /* bad entries first, then the least recently used (the list is most recent first) */
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t i = n; i-- > 0;) {
+            if (!v[i].bytes && !v[i].bad) continue;
+            if (pass == 0 ? !v[i].bad : total <= cap) continue;
+            char path[4096];
+            snprintf(path, sizeof path, "%s/%s.rkkv", c->dir, v[i].key);
+            if (unlink(path) == 0) {
+                (*n_removed)++;
+                total -= v[i].bytes;
+                v[i].bytes = 0, v[i].bad = false;
+            }
+        }
+    free(v);
+    *bytes_left = total;
+    return RK_OK;
+}

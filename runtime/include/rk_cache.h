@@ -1,0 +1,79 @@
+/* The document KV cache (librk): the KV rows of a prompt prefix (the documents of ask),
+ * kept on disk between runs, keyed by what the rows depend on, so that the next question
+ * on the same documents loads them and reads only the question.
+ *
+ * An entry is one block-store file <dir>/<key>.rkkv (io/rk_blockstore.h: zstd frames,
+ * XXH64 checked): frame 0 the entry's header (format, version, tokens, label, model,
+ * KV policy), frames 1.. the rk_session_kv_export block of rows [0, n) in pieces. Written
+ * to <key>.rkkv.tmp.<pid>, fsynced, renamed, then the directory fsynced: a reader never
+ * sees half an entry (a killed writer leaves a temporary file that gc removes). Loading
+ * touches the entry's mtime: gc and every save remove the least recently used entries
+ * past the size cap. A bad entry (torn, truncated, corrupt, another version, another
+ * model or KV policy) is reported, removed and never used: the caller reads the prefix
+ * again. Same rules as rk.h: nothing prints, reads the environment or exits. */
+#pragma once
+#include "rk.h"
+#include "rk_blockstore.h"
+
+typedef struct rk_doc_cache rk_doc_cache;
+
+typedef struct rk_doc_cache_params {
+    const char *dir;    /* the cache directory (created with its parents when missing) */
+    uint64_t cap_bytes; /* size cap of all entries; 0: 4 GiB */
+    rk_bs_params io;    /* backend, queue depth, zstd level, fault hook */
+} rk_doc_cache_params;
+rk_doc_cache_params rk_doc_cache_params_default(void);
+
+/* RK_E_IO naming the directory when it cannot be created or written (read-only, a file in
+ * the way): the caller goes on without the cache. */
+rk_status rk_doc_cache_open(const rk_doc_cache_params *p, rk_doc_cache **out, rk_err *err);
+void rk_doc_cache_close(rk_doc_cache *c); /* accepts NULL */
+const char *rk_doc_cache_dir(const rk_doc_cache *c);
+
+/* The key (64 hex chars + NUL): SHA-256 of the model fingerprint, the KV policy (its
+ * canonical spec), extra (what else the rows depend on: the caller's fill mode, map and
+ * predictor file hashes, chunk size, backend) and the exact token ids. */
+void rk_doc_cache_key(const rk_model *m, const rk_kv_params *kv, const char *extra, const int32_t *tokens, size_t n,
+                      char key[65]);
+
+/* Loads entry key into s (reset first) and sets *n_tokens: rows [0, n) now hold it.
+ * RK_E_NOT_FOUND: no such entry. Any other error: the entry was bad (message says why)
+ * and is removed; s is left reset. */
+rk_status rk_doc_cache_load(rk_doc_cache *c, const char *key, rk_session *s, int64_t *n_tokens, rk_err *err);
+/* Saves rows [0, n) of s (a session of m with KV policy kv; n <= n_past; LowRAM: n =
+ * n_past) as entry key, atomically; label names the documents (shown by ls). Then removes
+ * LRU entries past the cap. On failure (disk full, short write, ...) nothing is left
+ * behind and the error says why. */
+rk_status rk_doc_cache_save(rk_doc_cache *c, const char *key, const rk_model *m, const rk_kv_params *kv,
+                            const rk_session *s, int64_t n, const char *label, rk_err *err);
+
+/* Entry key's KV block as rk_session_kv_export made it (*blk malloc'd, *n bytes): for
+ * `ridgekv cache cat` and measurements. Nothing is removed on failure. */
+rk_status rk_doc_cache_read(rk_doc_cache *c, const char *key, void **blk, size_t *n, rk_err *err);
+
+typedef struct rk_doc_cache_entry {
+    char key[65];
+    char label[256];
+    char model[64];
+    char kv[64];
+    int64_t n_tokens;
+    uint64_t bytes;      /* of the file */
+    uint64_t raw_bytes;  /* of the KV block before zstd */
+    int64_t mtime;       /* last use, seconds since the epoch */
+    bool bad;            /* the header frame does not read (label says why) */
+} rk_doc_cache_entry;
+/* Every entry, most recently used first (*out malloc'd). */
+rk_status rk_doc_cache_list(rk_doc_cache *c, rk_doc_cache_entry **out, size_t *n, rk_err *err);
+/* Removes the entries whose key starts with prefix ("" or NULL: every entry); *n_removed. */
+rk_status rk_doc_cache_remove(rk_doc_cache *c, const char *prefix, size_t *n_removed, rk_err *err);
+/* Removes temporary files of dead writers, bad entries, then LRU entries until the total
+ * is at most cap (0: the cache's cap). */
+rk_status rk_doc_cache_gc(rk_doc_cache *c, uint64_t cap, size_t *n_removed, uint64_t *bytes_left, rk_err *err);
+
+typedef struct rk_doc_cache_stats {
+    double io_s;            /* last load / save: seconds in the block store */
+    uint64_t raw_bytes, file_bytes;
+    rk_bs_backend backend;
+    bool direct;
+} rk_doc_cache_stats;
+void rk_doc_cache_last(const rk_doc_cache *c, rk_doc_cache_stats *out);
