@@ -44,7 +44,7 @@ static const char *help =
     "      --tail T            exact tail in tokens (default 2048, minimum 512)\n"
     "      --split S           split layer for --fill identity/plumb without maps\n"
     "      --keep-share X      quality mode: share of hard tokens kept exact (default: the map's)\n"
-    "      --no-cache          do not use the document KV cache (docs/TIERS.md; ridgekv cache --help)\n"
+    "      --no-cache          do not use the document KV cache (docs/TIERS.md; ridgekv cache)\n"
     "      --cache-level N     zstd level of the cached KV (1..19, default 1)\n"
     "      --kv-budget SIZE    KV kept in memory (f16/f32/q8, e.g. 512M); the rest spills to $TMPDIR\n"
     "  -v, --verbose           model and prompt details on stderr\n"
