@@ -46,7 +46,7 @@ static const char *help =
     "      --keep-share X      quality mode: share of bulk rows kept exact, those the question\n"
     "                          attends to most (default: the map's, 0.1)\n"
     "      --no-ridgefill      exact prefill even when `ridgekv prepare` left maps in the cache\n"
-    "      --no-cache          do not use the document KV cache (docs/TIERS.md; ridgekv cache --help)\n"
+    "      --no-cache          do not use the document KV cache (docs/TIERS.md; ridgekv cache)\n"
     "      --cache-level N     zstd level of the cached KV (1..19, default 1)\n"
     "      --kv-budget SIZE    KV kept in memory (f16/f32/q8, e.g. 512M); the rest spills to $TMPDIR\n"
     "  -v, --verbose           model and prompt details on stderr\n"

@@ -689,7 +689,7 @@ Test(ux, ask_progress_lines_count_up_with_an_eta) {
     cr_assert(f);
     for (int i = 0; i < 12; i++) fprintf(f, "Lily saw a big red ball in the park and ran to it. ");
     fclose(f);
-    char *args[] = {"ask", "-m", sp, "--doc", doc, "-b", "32", "-n", "1", "What did Lily see?", NULL};
+    char *args[] = {"ask", "-m", sp, "--doc", doc, "-b", "32", "-n", "1", "--no-cache", "What did Lily see?", NULL};
     setenv("RIDGEKV_PROGRESS_EVERY", "0", 1);
     result r = run_argv(NULL, args);
     unsetenv("RIDGEKV_PROGRESS_EVERY");
@@ -800,7 +800,7 @@ Test(ux, ask_progress_bar_on_a_terminal) {
     cr_assert(f);
     for (int i = 0; i < 12; i++) fprintf(f, "Lily saw a big red ball in the park and ran to it. ");
     fclose(f);
-    char *argv[] = {(char *)bin(), "ask", "-m", sp, "--doc", doc, "-b", "32", "-n", "1", "What did Lily see?", NULL};
+    char *argv[] = {(char *)bin(), "ask", "-m", sp, "--doc", doc, "-b", "32", "-n", "1", "--no-cache", "What did Lily see?", NULL};
     term t;
     term_start(&t, argv);
     int code = term_wait(&t, 60);
