@@ -37,6 +37,9 @@ typedef struct cli_opts {
     int tail;               /* --tail T */
     int split;              /* --split S */
     float keep_share;       /* --keep-share X (quality mode; <0: the map file's) */
+    rk_rope_override rope;  /* --rope-scaling, --rope-scale, --yarn-*, --rope-freq-base (valid when rope_set) */
+    int rope_set;
+    int ctx_overflow_ok;    /* --ctx-overflow-ok: a context past the model's, with a warning */
 } cli_opts;
 
 /* The fill parameters of --ridgefill/--fill/--tail/--split/--keep-share: loads the maps
@@ -65,7 +68,8 @@ int cli_setup_kv(const cli_opts *o, rk_session *s, const char *item);
  * pos (up to max_pos). Returns 0, or RK_EXIT_USAGE after printing the reason. */
 int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, int max_pos,
               int *n_pos, const char *cmd);
-/* The model path to use: -m, $RIDGEKV_MODEL, or the default model in the cache.
+/* The model path to use: -m (a file, or a catalogue name such as qwen2.5-coder-1.5b, found
+ * in the cache), $RIDGEKV_MODEL, or the default model in the cache.
  * Prints a helpful message and returns NULL when there is none. */
 const char *cli_model_path(const cli_opts *o, char *buf, size_t cap);
 /* Loads the model; on failure prints the error and returns the exit code. */
@@ -90,6 +94,7 @@ int cmd_run(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_pull(int argc, char **argv);
+int cmd_models(int argc, char **argv); /* cmd_models.c: the catalogue (catalog.c) */
 int cmd_eval(int argc, char **argv);
 int cmd_calibrate(int argc, char **argv);
 int cmd_calibrate_lowram(int argc, char **argv); /* calibrate --lowram (cmd_calibrate_lowram.c) */

@@ -18,10 +18,12 @@ static void usage(FILE *f) {
             "  eval     quality measurements (eval ppl: perplexity over a text file)\n"
             "  serve    --jsonl: JSON requests on stdin, JSON events on stdout (docs/JSONL.md)\n"
             "  calibrate  fit RidgeFill maps on text (--text FILE -o MAPS.gguf)\n"
-            "  pull     fetch the default model (SmolLM2-135M-Instruct) into the cache\n"
+            "  pull     fetch a catalogue model into the cache (default SmolLM2-135M-Instruct)\n"
+            "  models   list the catalogue (pull NAME, -m NAME) and what is in the cache\n"
             "\n"
             "`ridgekv COMMAND --help` lists the options of each command.\n"
-            "Without -m, commands use the default model in ${XDG_CACHE_HOME:-~/.cache}/ridgekv/.\n",
+            "Without -m, commands use the default model in ${XDG_CACHE_HOME:-~/.cache}/ridgekv/;\n"
+            "-m takes a GGUF path or a catalogue name (ridgekv models).\n",
             RK_VERSION);
 }
 
@@ -43,6 +45,7 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "info")) return cmd_info(argc, argv);
     if (!strcmp(c, "bench")) return cmd_bench(argc, argv);
     if (!strcmp(c, "pull")) return cmd_pull(argc, argv);
+    if (!strcmp(c, "models")) return cmd_models(argc, argv);
     if (!strcmp(c, "eval")) return cmd_eval(argc, argv);
     if (!strcmp(c, "calibrate")) return cmd_calibrate(argc, argv);
     if (!strcmp(c, "serve")) return cmd_serve(argc, argv);

@@ -193,6 +193,7 @@ rk_status rk_model_load(const char *path, rk_model **out, rk_err *err) {
     if (st) goto fail;
     if ((st = rk_gguf_parse(m->map.data, m->map.len, &m->gguf, err))) goto fail;
     if ((st = read_hparams(m, err))) goto fail;
+    if ((st = rk_model_read_rope_scaling(m, err))) goto fail;
     if ((st = bind_all(m, err))) goto fail;
     if ((st = rk_tokenizer_create(m->gguf, &m->tok, err))) goto fail;
     if (rk_tokenizer_n_vocab(m->tok) > m->hp.n_vocab) {
