@@ -134,6 +134,8 @@ int cmd_info(int argc, char **argv) {
         printf("  extras         %s%s%s\n", hp->has_qkv_bias ? "qkv bias " : "", hp->has_qk_norm ? "q/k norm " : "",
                hp->has_qkv_bias || hp->has_qk_norm ? "" : "none");
         printf("  chat template  %s\n", rk_chat_family_name(rk_model_chat_family(m)));
+        if (rk_model_chat_default_system(m)[0])
+            printf("  chat system    \"%s\" (the template's default when none is given)\n", rk_model_chat_default_system(m));
         printf("  memory         weights %.1f MiB (mapped) + KV %.1f KiB/token f16 = %.1f MiB at %d tokens\n",
                (double)rk_model_weight_bytes(m) / 1048576.0, (double)kv_tok_f16 / 1024.0,
                ((double)rk_model_weight_bytes(m) + (double)kv_tok_f16 * n_ctx_max) / 1048576.0, (int)n_ctx_max);

@@ -271,6 +271,16 @@ const char *rk_chat_family_name(rk_chat_family f);
  * it with parse_special = true. */
 rk_status rk_chat_format(rk_chat_family f, const rk_chat_msg *msgs, size_t n, bool add_assistant,
                          char **out, rk_err *err);
+/* The system prompt the model's template inserts when a conversation does not start with
+ * one ("" when it inserts none): Qwen2.5 "You are Qwen, created by Alibaba Cloud. You are a
+ * helpful assistant.", SmolLM2 "You are a helpful AI assistant named SmolLM, trained by
+ * Hugging Face". Recognised in ChatML templates as a literal system turn (not built from
+ * messages[0]). Borrowed, lives as long as m. */
+const char *rk_model_chat_default_system(const rk_model *m);
+/* rk_chat_format with the model's family and rules: the default system prompt goes first
+ * when msgs (n > 0) does not start with a system message, as the template does. */
+rk_status rk_model_chat_format(const rk_model *m, const rk_chat_msg *msgs, size_t n, bool add_assistant,
+                               char **out, rk_err *err);
 
 /* ---- RidgeFill (SPEC §2) ------------------------------------------------------
  * Layers below the split run exactly for every prompt row. For a bulk row (a prompt
