@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "rk.h"
+#include "rk_ext.h"
 #include "tb.h"
 
 static rk_model *tiny(tb_tiny_spec spec, char *path, size_t cap) {
@@ -164,5 +165,50 @@ Test(rope, scaling_changes_the_logits) {
     for (size_t i = 99 * (size_t)nv; i < 100 * (size_t)nv; i++) d = fmax(d, fabs(a[i] - b[i]));
     cr_expect(d > 1e-2, "yarn moved the last logits by only %g", d);
     free(a), free(b);
+    unlink(p1), unlink(p2);
+}
+
+/* The KV caches undo the scaled rotation and its magnitude: layer 0's keys "without RoPE"
+ * (rk_session_kv_rows, what the fitters read) do not depend on the scaling, so a YaRN model
+ * and the same weights unscaled give the same rows (to f32 rounding of the rotation and
+ * its inverse, ~1e-6 of |k|), while the rotated rows differ past position 0. */
+Test(rope, kv_rows_pre_rope_undo_the_scaling) {
+    char p1[512], p2[512];
+    tb_tiny_spec sp = {.arch = TB_ARCH_QWEN2, .n_ctx_train = 32, .rope_base = 500.0f, .seed = 21};
+    cr_assert(tb_tiny_model(&sp, p1, sizeof p1), "%s", p1);
+    sp.rope_scaling = "yarn", sp.rope_factor = 8.0f;
+    cr_assert(tb_tiny_model(&sp, p2, sizeof p2), "%s", p2);
+    rk_model *m[2] = {NULL, NULL};
+    rk_err e = {0};
+    cr_assert_eq(rk_model_load(p1, &m[0], &e), RK_OK, "%s", e.msg);
+    cr_assert_eq(rk_model_load(p2, &m[1], &e), RK_OK, "%s", e.msg);
+    const rk_hparams *hp = rk_model_hparams(m[0]);
+    const int64_t n = 100, kvd = (int64_t)hp->n_head_kv * hp->head_dim;
+    int32_t ids[100];
+    for (int i = 0; i < n; i++) ids[i] = (i * 53 + 7) % 250;
+    float *pre[2], *post[2];
+    for (int k = 0; k < 2; k++) {
+        rk_session_params prm = rk_session_params_default();
+        prm.n_ctx = 128;
+        prm.ctx_overflow_ok = true; /* the unscaled one trains on 32 */
+        prm.kv.kind = RK_KV_F32;
+        rk_session *s = NULL;
+        cr_assert_eq(rk_session_create(m[k], &prm, &s, &e), RK_OK, "%s", e.msg);
+        cr_assert_eq(rk_session_eval(s, ids, (size_t)n, NULL, false, &e), RK_OK, "%s", e.msg);
+        pre[k] = malloc((size_t)(n * kvd) * sizeof(float));
+        post[k] = malloc((size_t)(n * kvd) * sizeof(float));
+        cr_assert_eq(rk_session_kv_rows(s, 0, false, true, 0, n, pre[k], &e), RK_OK, "%s", e.msg);
+        cr_assert_eq(rk_session_kv_rows(s, 0, false, false, 0, n, post[k], &e), RK_OK, "%s", e.msg);
+        rk_session_destroy(s);
+    }
+    double worst = 0, scale = 0, moved = 0;
+    for (int64_t i = 0; i < n * kvd; i++) {
+        scale = fmax(scale, fabs(pre[0][i]));
+        worst = fmax(worst, fabs(pre[0][i] - pre[1][i]));
+        if (i >= kvd) moved = fmax(moved, fabs(post[0][i] - post[1][i]));
+    }
+    cr_expect(worst <= 1e-5 * scale, "pre-RoPE keys differ by %g (scale %g)", worst, scale);
+    cr_expect(moved > 1e-2 * scale, "rotated keys moved by only %g (scale %g)", moved, scale);
+    for (int k = 0; k < 2; k++) free(pre[k]), free(post[k]), rk_model_destroy(m[k]);
     unlink(p1), unlink(p2);
 }
