@@ -6,12 +6,15 @@
 #include "rk_kernels.h"
 
 static const char *help =
-    "usage: ridgekv info [-m] FILE.gguf|NAME [--rope-scaling none|linear|yarn --rope-scale N ...]\n"
+    "usage: ridgekv info [-m] FILE.gguf|NAME [RoPE flags]\n"
     "\n"
     "Describes any GGUF file (model, ridge map, predictor): version, metadata, tensor types.\n"
-    "For a model it also prints architecture, shapes, tokenizer, the RoPE scaling in effect\n"
-    "(the GGUF's, or as the --rope-*/--yarn-* flags set it), the effective context and the\n"
-    "memory needed at that context.\n"
+    "For a model it also prints architecture, shapes, tokenizer, the RoPE scaling in effect,\n"
+    "the effective context and the memory needed at that context. The RoPE flags (as on every\n"
+    "command that loads a model; docs/MODELS.md) change the scaling shown:\n"
+    "  --rope-scaling none|linear|yarn   --rope-scale N      --yarn-orig-ctx N\n"
+    "  --rope-freq-base B   --yarn-ext-factor F   --yarn-attn-factor F\n"
+    "  --yarn-beta-fast F   --yarn-beta-slow F\n"
     "Without a file it describes the default model.\n";
 
 static const char *type_names[RK_GGUF_TYPE_COUNT] = {"u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool",

