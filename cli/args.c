@@ -6,6 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "catalog.h"
 #include "cli.h"
 #include "doc_cache_cli.h"
 #include "rk_io.h"
@@ -250,6 +251,29 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
             }
             o->kv_budget = v;
         }
+        else if (!strncmp(a, "--rope-", 7) || !strncmp(a, "--yarn-", 7)) {
+            NEED();
+            if (!o->rope_set) o->rope = rk_rope_override_default(), o->rope_set = 1;
+            rk_rope_override *r = &o->rope;
+            if (!strcmp(a, "--rope-scaling")) {
+                if (!rk_rope_scaling_parse(v, &r->type)) {
+                    fprintf(stderr, "ridgekv %s: --rope-scaling expects none, linear or yarn (got '%s')\n", cmd, v);
+                    return RK_EXIT_USAGE;
+                }
+            }
+            else if (!strcmp(a, "--rope-scale")) rc = parse_float(cmd, a, v, 1.0f, 1024.0f, &r->factor);
+            else if (!strcmp(a, "--rope-freq-base")) rc = parse_float(cmd, a, v, 1.0f, 1e12f, &r->freq_base);
+            else if (!strcmp(a, "--yarn-orig-ctx")) rc = parse_int(cmd, a, v, 1, 1 << 24, &r->orig_ctx);
+            else if (!strcmp(a, "--yarn-ext-factor")) rc = parse_float(cmd, a, v, 0.0f, 1.0f, &r->ext_factor);
+            else if (!strcmp(a, "--yarn-attn-factor")) rc = parse_float(cmd, a, v, 0.01f, 100.0f, &r->attn_factor);
+            else if (!strcmp(a, "--yarn-beta-fast")) rc = parse_float(cmd, a, v, 0.01f, 1e4f, &r->beta_fast);
+            else if (!strcmp(a, "--yarn-beta-slow")) rc = parse_float(cmd, a, v, 0.01f, 1e4f, &r->beta_slow);
+            else {
+                fprintf(stderr, "ridgekv %s: unknown option '%s' (see ridgekv %s --help)\n", cmd, a, cmd);
+                return RK_EXIT_USAGE;
+            }
+        }
+        else if (!strcmp(a, "--ctx-overflow-ok")) o->ctx_overflow_ok = 1;
         else if (!strcmp(a, "--chat")) o->chat = 1;
         else if (!strcmp(a, "--json")) o->json = 1;
         else if (!strcmp(a, "--verbose-prompt")) o->verbose_prompt = 1;
@@ -287,10 +311,28 @@ int cli_cache_dir(char *buf, size_t cap) {
     return w < 0 || (size_t)w >= cap ? -1 : 0;
 }
 
+/* A catalogue name (no such file here) becomes its file in the cache. */
+static const char *resolve_name(const char *m, char *buf, size_t cap) {
+    struct stat st;
+    const cli_model_entry *me = cli_catalog_find(m);
+    if (!me || stat(m, &st) == 0) return m;
+    char dir[3072];
+    if (cli_cache_dir(dir, sizeof dir) != 0) {
+        fprintf(stderr, "ridgekv: -m %s: neither XDG_CACHE_HOME nor HOME is set\n", m);
+        return NULL;
+    }
+    snprintf(buf, cap, "%s/%s", dir, me->file);
+    if (stat(buf, &st) != 0) {
+        fprintf(stderr, "ridgekv: model '%s' is not in the cache (%s).\nFetch it with `ridgekv pull %s`.\n", m, buf, m);
+        return NULL;
+    }
+    return buf;
+}
+
 const char *cli_model_path(const cli_opts *o, char *buf, size_t cap) {
-    if (o->model) return o->model;
+    if (o->model) return resolve_name(o->model, buf, cap);
     const char *env = getenv("RIDGEKV_MODEL");
-    if (env && *env) return env;
+    if (env && *env) return resolve_name(env, buf, cap);
     char dir[3072];
     if (cli_cache_dir(dir, sizeof dir) != 0) {
         fprintf(stderr, "ridgekv: no -m given and neither XDG_CACHE_HOME nor HOME is set\n");
@@ -334,6 +376,20 @@ int cli_load_model(const cli_opts *o, rk_model **m) {
         cli_print_error(&e);
         return st == RK_E_NOMEM ? RK_EXIT_ERROR : RK_EXIT_MODEL;
     }
+    if (o->rope_set && (st = rk_model_set_rope(*m, &o->rope, &e))) {
+        cli_print_error(&e);
+        rk_model_destroy(*m);
+        *m = NULL;
+        return RK_EXIT_USAGE;
+    }
+    if (o->verbose) {
+        const rk_rope_scaling *r = &rk_model_hparams(*m)->rope_scaling;
+        fprintf(stderr, "ridgekv: rope scaling %s", rk_rope_scaling_name(r->type));
+        if (r->type != RK_ROPE_SCALING_NONE)
+            fprintf(stderr, " (factor %g, original context %d%s)", (double)r->factor, (int)r->orig_ctx,
+                    r->type == RK_ROPE_SCALING_YARN ? ", yarn" : "");
+        fprintf(stderr, ", effective context %lld\n", (long long)rk_model_n_ctx_max(*m));
+    }
     return 0;
 }
 
@@ -345,6 +401,7 @@ int cli_session_params(const cli_opts *o, rk_session_params *p) {
     char items[8][1200];
     if (o->kv && cli_kv_split(o->kv, items, 8) >= 1 && cli_kv_params(o, items[0], &p->kv)) return RK_EXIT_USAGE;
     if (o->backend) rk_backend_kind_parse(o->backend, &p->backend);
+    p->ctx_overflow_ok = o->ctx_overflow_ok != 0;
     return 0;
 }
 

@@ -61,7 +61,7 @@ void cli_docs_free(cli_doc *d, int n_docs) {
 
 void cli_docs_too_long(const rk_model *m, const cli_doc *d, int n_docs, int64_t n_prompt, int64_t room,
                        int64_t n_ctx) {
-    const int n_ctx_train = rk_model_hparams(m)->n_ctx_train;
+    const int n_ctx_train = (int)rk_model_n_ctx_max(m); /* with RoPE scaling: orig x factor */
     int64_t n_doc_total = 0, n_doc_bytes = 0;
     fprintf(stderr, "ridgekv ask: the documents do not fit the context:\n");
     for (int i = 0; i < n_docs; i++) {

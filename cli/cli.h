@@ -45,6 +45,9 @@ typedef struct cli_opts {
     int baseline;           /* --baseline N: rows before the question subtracted (0: obs, -1: none) */
     int pool;               /* --pool R: max-pool radius of the scores (0: 8, -1: none) */
     int no_ridgefill;       /* --no-ridgefill: no maps found by fingerprint are used */
+    rk_rope_override rope;  /* --rope-scaling, --rope-scale, --yarn-*, --rope-freq-base (valid when rope_set) */
+    int rope_set;
+    int ctx_overflow_ok;    /* --ctx-overflow-ok: a context past the model's, with a warning */
     bool seed_given;        /* --seed N with N >= 0: reproducible; else a random seed (seed_random) */
     bool seed_random;       /* the seed was drawn at random (printed with -v) */
     int verbose_prompt;     /* --verbose-prompt: the rendered prompt and its tokens on stderr */
@@ -89,7 +92,8 @@ int cli_setup_kv(const cli_opts *o, rk_session *s, const char *item);
  * pos (up to max_pos). Returns 0, or RK_EXIT_USAGE after printing the reason. */
 int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, int max_pos,
               int *n_pos, const char *cmd);
-/* The model path to use: -m, $RIDGEKV_MODEL, or the default model in the cache.
+/* The model path to use: -m (a file, or a catalogue name such as qwen2.5-coder-1.5b, found
+ * in the cache), $RIDGEKV_MODEL, or the default model in the cache.
  * Prints a helpful message and returns NULL when there is none. */
 const char *cli_model_path(const cli_opts *o, char *buf, size_t cap);
 /* Loads the model; on failure prints the error and returns the exit code. */
@@ -114,6 +118,7 @@ int cmd_run(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_pull(int argc, char **argv);
+int cmd_models(int argc, char **argv); /* cmd_models.c: the catalogue (catalog.c) */
 int cmd_eval(int argc, char **argv);
 int cmd_calibrate(int argc, char **argv);
 int cmd_prepare(int argc, char **argv);

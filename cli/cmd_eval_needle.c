@@ -240,9 +240,9 @@ int cmd_eval_needle(int argc, char **argv) {
         goto done;
     }
     for (int i = 0; i < p.n_lens; i++)
-        if (p.lens[i] > rk_model_hparams(m)->n_ctx_train)
-            fprintf(stderr, "ridgekv %s: warning: length %d exceeds the model's training context %d\n", cmd, p.lens[i],
-                    rk_model_hparams(m)->n_ctx_train);
+        if (p.lens[i] > rk_model_n_ctx_max(m))
+            fprintf(stderr, "ridgekv %s: warning: length %d exceeds the model's context %lld\n", cmd, p.lens[i],
+                    (long long)rk_model_n_ctx_max(m));
     if (o.n_ctx && o.n_ctx < n_ctx) {
         fprintf(stderr, "ridgekv %s: -c %d is below the longest prompt plus answer (%d)\n", cmd, o.n_ctx, n_ctx);
         rc = RK_EXIT_USAGE;

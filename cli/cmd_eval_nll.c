@@ -174,9 +174,9 @@ int cmd_eval_nll(int argc, char **argv) {
     rk_err e = {0};
     rk_status st = RK_OK;
     if ((rc = cli_load_model(&o, &m))) return rc;
-    if (n.p.len > rk_model_hparams(m)->n_ctx_train)
-        fprintf(stderr, "ridgekv %s: warning: --len %lld exceeds the model's training context %d\n", cmd,
-                (long long)n.p.len, rk_model_hparams(m)->n_ctx_train);
+    if (n.p.len > rk_model_n_ctx_max(m))
+        fprintf(stderr, "ridgekv %s: warning: --len %lld exceeds the model's context %lld\n", cmd,
+                (long long)n.p.len, (long long)rk_model_n_ctx_max(m));
     if ((rc = cli_ev_corpus(&c, m, n.files, cli_ev_corpus_dir(n.corpus), cmd)) ||
         (rc = cli_open_session(&o, m, o.n_ctx > n.p.len ? o.n_ctx : (int)n.p.len, &s)) ||
         (rc = cli_ev_modes(&o, m, s, &maps, &n.p.modes, cmd)))

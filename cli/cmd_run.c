@@ -138,8 +138,8 @@ fail:
     cli_print_error(&e);
     rc = cli_exit_code(st);
     if (st == RK_E_CONTEXT)
-        fprintf(stderr, "ridgekv run: shorten the prompt or raise -c (up to the model's %d)\n",
-                rk_model_hparams(m)->n_ctx_train);
+        fprintf(stderr, "ridgekv run: shorten the prompt or raise -c (up to the model's %lld)\n",
+                (long long)rk_model_n_ctx_max(m));
     else if (st == RK_E_INVALID_ARG && n_ids == 0)
         fprintf(stderr, "ridgekv run: the prompt is empty after tokenization\n");
 done:

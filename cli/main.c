@@ -23,13 +23,15 @@ static void usage(FILE *f) {
             "  serve    --jsonl: JSON requests on stdin, JSON events on stdout (docs/JSONL.md)\n"
             "  calibrate  fit RidgeFill maps on text (--text FILE -o MAPS.gguf)\n"
             "  prepare  fit the model's RidgeFill maps once into the cache (ask/chat/serve find them)\n"
-            "  pull     fetch the default model (SmolLM2-135M-Instruct) into the cache\n"
+            "  pull     fetch a catalogue model into the cache (default SmolLM2-135M-Instruct)\n"
+            "  models   list the catalogue (pull NAME, -m NAME) and what is in the cache\n"
             "  tokenize show the tokens of a text (ids and pieces)\n"
             "  synth    write a random-weight model of a real shape (benchmarks without downloads)\n"
             "\n"
             "  --version  print the version; --help  this text\n"
             "`ridgekv COMMAND --help` lists the options of each command; --flag=value works too.\n"
-            "Without -m, commands use the default model in ${XDG_CACHE_HOME:-~/.cache}/ridgekv/.\n",
+            "Without -m, commands use the default model in ${XDG_CACHE_HOME:-~/.cache}/ridgekv/;\n"
+            "-m takes a GGUF path or a catalogue name (ridgekv models).\n",
             RK_VERSION);
 }
 
@@ -70,6 +72,7 @@ static int dispatch(int argc, char **argv) {
     if (!strcmp(c, "info")) return cmd_info(argc, argv);
     if (!strcmp(c, "bench")) return cmd_bench(argc, argv);
     if (!strcmp(c, "pull")) return cmd_pull(argc, argv);
+    if (!strcmp(c, "models")) return cmd_models(argc, argv);
     if (!strcmp(c, "eval")) return cmd_eval(argc, argv);
     if (!strcmp(c, "calibrate")) return cmd_calibrate(argc, argv);
     if (!strcmp(c, "prepare")) return cmd_prepare(argc, argv);

@@ -271,7 +271,7 @@ static void op_generate(server *sv, const serve_req *r, double t_req) {
     if (sv->write_failed) goto done;
     if (st == RK_E_CONTEXT)
         emit_errorf(sv, r->id, SERVE_CONTEXT_OVERFLOW, "%s (shorten the prompt, or start the server with a larger -c, "
-                                                       "up to the model's %d)", e.msg, sv->hp->n_ctx_train);
+                                                       "up to the model's %lld)", e.msg, (long long)rk_model_n_ctx_max(sv->m));
     else if (st) emit_errorf(sv, r->id, status_code(st), "%s%s%s", what ? what : "", what ? ": " : "", e.msg);
     else emit_done(sv, r, s, &fp, &res, t_before > 0 ? t_before : 0);
 done:
@@ -340,6 +340,8 @@ static void op_info(server *sv, const serve_req *r) {
     json_object_object_add(ev, "n_vocab", json_object_new_int(hp->n_vocab));
     json_object_object_add(ev, "n_ctx", json_object_new_int64(rk_session_n_ctx(sv->s)));
     json_object_object_add(ev, "n_ctx_train", json_object_new_int(hp->n_ctx_train));
+    json_object_object_add(ev, "n_ctx_max", json_object_new_int64(rk_model_n_ctx_max(sv->m)));
+    json_object_object_add(ev, "rope_scaling", json_object_new_string(rk_rope_scaling_name(hp->rope_scaling.type)));
     json_object_object_add(ev, "chat_template",
                            json_object_new_string(rk_chat_family_name(rk_model_chat_family(sv->m))));
     json_object_object_add(ev, "weight_bytes", json_object_new_int64((int64_t)rk_model_weight_bytes(sv->m)));

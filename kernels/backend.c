@@ -226,9 +226,40 @@ bool rk_cpu_supports_common(const rk_op_args *a, const rk_quant_fns *(*fns)(uint
     return false;
 }
 
+/* llama.cpp's ggml_rope_yarn_corr_dim: the pair index whose wavelength makes n_rot
+ * rotations over the original context. */
+static double yarn_corr_dim(int n_dims, int n_ctx_orig, double n_rot, double base) {
+    return n_dims * log(n_ctx_orig / (n_rot * 2.0 * M_PI)) / (2.0 * log(base));
+}
+
+void rk_rope_yarn_corr_dims(const rk_rope_params *p, double dims[2]) {
+    const int n_orig = p->n_ctx_orig > 0 ? p->n_ctx_orig : 1;
+    const double lo = floor(yarn_corr_dim(p->n_rot, n_orig, p->beta_fast, p->freq_base));
+    const double hi = ceil(yarn_corr_dim(p->n_rot, n_orig, p->beta_slow, p->freq_base));
+    dims[0] = lo > 0 ? lo : 0;
+    dims[1] = hi < p->n_rot - 1 ? hi : p->n_rot - 1;
+}
+
 void rk_rope_freqs(const rk_rope_params *p, double *freq) {
-    for (int i = 0; i < p->n_rot / 2; i++)
-        freq[i] = pow((double)p->freq_base, -2.0 * i / p->n_rot);
+    const double fs = p->freq_scale > 0 ? p->freq_scale : 1.0;
+    double dims[2] = {0, 0};
+    if (p->ext_factor != 0) rk_rope_yarn_corr_dims(p, dims);
+    for (int i = 0; i < p->n_rot / 2; i++) {
+        double mix = fs;
+        if (p->ext_factor != 0) {
+            double y = (i - dims[0]) / fmax(0.001, dims[1] - dims[0]);
+            double r = (1.0 - fmin(1.0, fmax(0.0, y))) * p->ext_factor;
+            mix = fs * (1.0 - r) + r;
+        }
+        freq[i] = pow((double)p->freq_base, -2.0 * i / p->n_rot) * mix;
+    }
+}
+
+double rk_rope_mscale(const rk_rope_params *p) {
+    const double fs = p->freq_scale > 0 ? p->freq_scale : 1.0;
+    double m = p->attn_factor > 0 ? p->attn_factor : 1.0;
+    if (p->ext_factor != 0) m *= 1.0 + 0.1 * log(1.0 / fs);
+    return m;
 }
 
 rk_status rk_backend_run(rk_backend *be, const rk_op_args *a, rk_err *err) {

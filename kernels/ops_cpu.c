@@ -364,6 +364,7 @@ typedef struct rope_ctx {
     const rk_op_args *a;
     cpu_impl *c;
     const double *freq; /* (n_rot/2) */
+    double mscale;      /* rk_rope_mscale: on cos and sin */
 } rope_ctx;
 
 /* Per token: cos/sin of its n_rot/2 angles once (fp64 angle), then every head. */
@@ -378,8 +379,8 @@ static void rope_tokens(void *vp, int64_t t0, int64_t t1, int tid) {
     for (int64_t t = t0; t < t1; t++) {
         double pos = (double)(a->rope.pos0 + t);
         for (int i = 0; i < half; i++) {
-            cs[i] = (float)cos(pos * x->freq[i]);
-            sn[i] = (float)sin(pos * x->freq[i]);
+            cs[i] = (float)(cos(pos * x->freq[i]) * x->mscale);
+            sn[i] = (float)(sin(pos * x->freq[i]) * x->mscale);
         }
         for (int64_t h = 0; h < n_head; h++) {
             const float *s = rk_row_f32(&a->src0, t * n_head + h);
@@ -410,7 +411,7 @@ static rk_status cpu_rope(rk_backend *be, const rk_op_args *a, rk_err *err) {
     if (st != RK_OK) return st;
     double *freq = (double *)c->shared; /* (n_rot/2) doubles = n_rot floats */
     rk_rope_freqs(&a->rope, freq);
-    rope_ctx x = {a, c, freq};
+    rope_ctx x = {a, c, freq, rk_rope_mscale(&a->rope)};
     int64_t n_tok = rk_view_rows(&a->src0) / a->src0.ne[1];
     par_for(c, n_tok, row_chunk(c, n_tok, a->src0.ne[1] * a->src0.ne[0]), rope_tokens, &x);
     return RK_OK;

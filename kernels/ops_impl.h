@@ -36,10 +36,7 @@ rk_status rk_op_check(const rk_op_args *a, rk_err *err);
  * (rk_quant_ref or rk_quant_fast). */
 bool rk_cpu_supports_common(const rk_op_args *a, const rk_quant_fns *(*fns)(uint32_t));
 
-/* freq[i] = freq_base^(-2i/n_rot), i < n_rot/2, in double: the rope angle is
- * pos*freq[i], formed in double by every CPU backend so that large positions
- * keep their precision. */
-void rk_rope_freqs(const rk_rope_params *p, double *freq);
+/* rk_rope_freqs / rk_rope_mscale: rk_kernels.h (backend.c) */
 
 /* ---- CPU vector kernels ---------------------------------------------- */
 typedef struct rk_cpu_kern {

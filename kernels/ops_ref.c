@@ -70,6 +70,7 @@ static rk_status ref_rope(rk_backend *be, const rk_op_args *a, rk_err *err) {
     double *freq = malloc((size_t)half * sizeof(double)); /* (n_rot/2) */
     if (!freq) return rk_err_set(err, RK_E_NOMEM, "kernels: cpu_ref: ROPE frequencies");
     rk_rope_freqs(p, freq);
+    const double ms = rk_rope_mscale(p);
     for (int64_t r = 0; r < n; r++) {
         const float *x = rk_row_f32(&a->src0, r);
         float *y = rk_row_f32(out, r);
@@ -77,7 +78,7 @@ static rk_status ref_rope(rk_backend *be, const rk_op_args *a, rk_err *err) {
         for (int i = 0; i < half; i++) {
             int64_t i0 = p->mode == RK_ROPE_NEOX ? i : 2 * i;
             int64_t i1 = p->mode == RK_ROPE_NEOX ? i + half : 2 * i + 1;
-            double c = cos(pos * freq[i]), s = sin(pos * freq[i]);
+            double c = cos(pos * freq[i]) * ms, s = sin(pos * freq[i]) * ms;
             double x0 = x[i0], x1 = x[i1];
             y[i0] = (float)(x0 * c - x1 * s);
             y[i1] = (float)(x0 * s + x1 * c);

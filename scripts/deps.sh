@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages ridgekv needs to build and test (idempotent).
 set -euo pipefail
-pkgs=(build-essential meson ninja-build pkg-config python3 python3-pip xz-utils ca-certificates
+pkgs=(build-essential meson ninja-build pkg-config python3 python3-pip python3-jinja2 xz-utils ca-certificates
       libcriterion-dev liburing-dev libzstd-dev libxxhash-dev libjson-c-dev libedit-dev libopenblas-dev
       libmicrohttpd-dev curl
       jargon-text)  # jargon-text: the calibration text of `ridgekv prepare` (public domain)

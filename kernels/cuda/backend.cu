@@ -181,8 +181,7 @@ static rk_status run_elementwise(rk_backend *be, const rk_op_args *a, rk_err *er
         break;
     case RK_OP_ROPE:
         CU("kernel", rk_cuda_rope(x0, g[0].ld, (float *)g[1].dev, g[1].ld, rk_cuda_rows(&a->src0), a->src0.ne[1],
-                                  a->src0.ne[0], a->rope.n_rot, a->rope.mode == RK_ROPE_NEOX, a->rope.freq_base,
-                                  a->rope.pos0, c->stream));
+                                  a->src0.ne[0], &a->rope, c->stream));
         break;
     case RK_OP_SILU_MUL:
         CU("kernel", rk_cuda_silu_mul(x0, g[0].ld, (const float *)g[1].dev, g[1].ld, (float *)g[2].dev, g[2].ld,

@@ -97,7 +97,7 @@ cudaError_t rk_cuda_rmsnorm(const float *x, int64_t ldx, const float *w, float *
 /* x -> y (y may be x): rows = n_tok * n_head head rows of hd; row r is token
  * r / n_head at pos0 + token; dims past n_rot copied when y is not x. */
 cudaError_t rk_cuda_rope(const float *x, int64_t ldx, float *y, int64_t ldy, int64_t rows, int64_t n_head,
-                         int64_t hd, int n_rot, bool neox, float freq_base, int64_t pos0, cudaStream_t s);
+                         int64_t hd, const rk_rope_params *rope, cudaStream_t s);
 cudaError_t rk_cuda_silu_mul(const float *a, int64_t lda, const float *b, int64_t ldb, float *y, int64_t ldy,
                              int64_t rows, int64_t d, cudaStream_t s);
 /* y[r][i] += a[bcast ? i : r*lda + i] */

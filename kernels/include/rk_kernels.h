@@ -78,7 +78,26 @@ typedef struct rk_rope_params {
     int n_rot;         /* rotated dims per head (<= head_dim, even) */
     float freq_base;   /* theta_i = pos * freq_base^(-2i/n_rot) */
     int64_t pos0;
+    /* RoPE scaling, as llama.cpp's ggml_rope_ext (zero-initialised: none). Pair i's angle is
+     * pos * freq_base^(-2i/n_rot) * (freq_scale * (1 - r_i) + r_i), r_i = ramp_i * ext_factor,
+     * ramp_i = 1 - clamp((i - lo) / max(0.001, hi - lo), 0, 1), [lo, hi] the YaRN correction
+     * dims of (n_ctx_orig, beta_fast, beta_slow); cos and sin are multiplied by
+     * rk_rope_mscale(). Linear scaling: freq_scale = 1/factor, ext_factor 0. */
+    float freq_scale;  /* 1/factor; 0 reads as 1 */
+    float ext_factor;  /* YaRN extrapolation mix (1 for YaRN, 0 for none/linear) */
+    float attn_factor; /* multiplies the magnitude; 0 reads as 1 */
+    float beta_fast, beta_slow; /* YaRN ramp ends in rotations (llama.cpp: 32, 1) */
+    int n_ctx_orig;    /* the context the model was trained on (YaRN only) */
 } rk_rope_params;
+
+/* The angle per position of each rotated pair: freq[i], i < n_rot/2, in double (every
+ * backend forms pos * freq[i] in double, so large positions keep their precision). */
+void rk_rope_freqs(const rk_rope_params *p, double *freq);
+/* The factor on cos and sin: attn_factor * (ext_factor != 0 ? 1 + 0.1 ln(1/freq_scale) : 1)
+ * (YaRN's attention temperature: the q.k logits grow by its square). */
+double rk_rope_mscale(const rk_rope_params *p);
+/* YaRN's correction range [lo, hi] in pairs (llama.cpp's ggml_rope_yarn_corr_dims). */
+void rk_rope_yarn_corr_dims(const rk_rope_params *p, double dims[2]);
 
 /* Query rows i = 0..n_q-1 sit at positions pos0 + i and attend to cache rows
  * 0..pos0+i (causal). K and V caches: (n_ctx, n_head_kv, head_dim), type f32,

@@ -233,7 +233,7 @@ rk_status rk_conv_build(rk_conv *c, rk_ids *out, rk_err *err) {
         snprintf(marks + 24 * i, 24, "%c%zu%c", MARK_OPEN, i, MARK_CLOSE);
         cm[i] = (rk_chat_msg){c->msgs[i].role, marks + 24 * i};
     }
-    if ((st = rk_chat_format(c->fam, cm, c->n_msgs, true, &text, err))) goto done;
+    if ((st = rk_model_chat_format(c->m, cm, c->n_msgs, true, &text, err))) goto done; /* the template's default system too */
     const char *at = text;
     bool first = true;
     for (;;) {

@@ -6,6 +6,22 @@
 /* ---- model --------------------------------------------------------------- */
 typedef enum rk_arch { RK_ARCH_LLAMA, RK_ARCH_QWEN2, RK_ARCH_QWEN3 } rk_arch;
 
+/* RoPE scaling, in llama.cpp's terms (its --rope-scaling, --rope-scale, --yarn-* flags). */
+typedef enum rk_rope_scaling_type {
+    RK_ROPE_SCALING_NONE = 0,
+    RK_ROPE_SCALING_LINEAR = 1, /* positions divided by factor */
+    RK_ROPE_SCALING_YARN = 2,   /* YaRN: high-frequency pairs kept, low ones interpolated, mscale */
+} rk_rope_scaling_type;
+
+typedef struct rk_rope_scaling {
+    int32_t type;         /* rk_rope_scaling_type */
+    float factor;         /* context multiplier: rope freq_scale = 1/factor (1 when none) */
+    int32_t orig_ctx;     /* context of the unscaled model (YaRN's n_ctx_orig) */
+    float ext_factor;     /* YaRN extrapolation mix: 1 for YaRN, 0 otherwise */
+    float attn_factor;    /* magnitude multiplier (1) */
+    float beta_fast, beta_slow; /* YaRN ramp ends (32, 1) */
+} rk_rope_scaling;
+
 typedef struct rk_hparams {
     rk_arch arch;
     char arch_name[16];
@@ -18,6 +34,7 @@ typedef struct rk_hparams {
     bool tied_output;     /* logits use token_embd */
     bool has_qkv_bias;    /* qwen2 */
     bool has_qk_norm;     /* qwen3 */
+    rk_rope_scaling rope_scaling; /* in effect: the GGUF's <arch>.rope.scaling.*, or rk_model_set_rope's */
 } rk_hparams;
 
 typedef struct rk_model rk_model;
@@ -27,6 +44,26 @@ typedef struct rk_model rk_model;
 rk_status rk_model_load(const char *path, rk_model **out, rk_err *err);
 void rk_model_destroy(rk_model *m);
 const rk_hparams *rk_model_hparams(const rk_model *m);
+/* Changes to the model's RoPE before sessions are created (llama.cpp's flags); a field left
+ * at its "keep" value keeps the model's. */
+typedef struct rk_rope_override {
+    int32_t type;         /* rk_rope_scaling_type; -1: keep (with factor set: linear if none) */
+    float factor;         /* --rope-scale; 0: keep */
+    int32_t orig_ctx;     /* --yarn-orig-ctx; 0: keep (the GGUF's, else its context_length) */
+    float freq_base;      /* --rope-freq-base; 0: keep */
+    float ext_factor;     /* --yarn-ext-factor; < 0: 1 for YaRN, 0 otherwise */
+    float attn_factor;    /* --yarn-attn-factor; 0: keep */
+    float beta_fast, beta_slow; /* --yarn-beta-fast / --yarn-beta-slow; 0: keep */
+} rk_rope_override;
+rk_rope_override rk_rope_override_default(void);
+/* Applies o (RK_E_INVALID_ARG naming the field when a value is out of range or scaling
+ * lacks a factor). Call before creating sessions: they read the model's RoPE at creation. */
+rk_status rk_model_set_rope(rk_model *m, const rk_rope_override *o, rk_err *err);
+/* The longest context the model handles as configured: n_ctx_train, or orig_ctx * factor
+ * when RoPE scaling is in effect (whichever is larger). */
+int64_t rk_model_n_ctx_max(const rk_model *m);
+const char *rk_rope_scaling_name(int32_t type); /* "none", "linear", "yarn" */
+bool rk_rope_scaling_parse(const char *s, int32_t *type);
 /* Bytes of all weight tensors (as stored). */
 uint64_t rk_model_weight_bytes(const rk_model *m);
 /* Model name from general.name, or the file name. Borrowed, lives as long as m. */
@@ -150,12 +187,14 @@ rk_status rk_backend_open(rk_backend_kind kind, int n_threads, rk_backend **out,
 void rk_backend_close(rk_backend *be); /* accepts NULL */
 
 typedef struct rk_session_params {
-    int32_t n_ctx;        /* 0: the model's training context */
+    int32_t n_ctx;        /* 0: the model's training context; above rk_model_n_ctx_max: RK_E_CONTEXT
+                             unless ctx_overflow_ok */
     int32_t n_threads;    /* 0: all cores */
     int32_t n_batch;      /* prefill chunk in tokens; 0: 512 */
     rk_kv_params kv;      /* KV policy, fixed for the session's life (default f16) */
     rk_backend_kind backend;
     rk_backend *shared_backend; /* borrowed (outlives the session); NULL: own backend of `backend` kind */
+    bool ctx_overflow_ok; /* accept n_ctx past what the model was trained for (rk_session_warning says so) */
 } rk_session_params;
 
 rk_session_params rk_session_params_default(void);
@@ -242,6 +281,16 @@ const char *rk_chat_family_name(rk_chat_family f);
  * it with parse_special = true. */
 rk_status rk_chat_format(rk_chat_family f, const rk_chat_msg *msgs, size_t n, bool add_assistant,
                          char **out, rk_err *err);
+/* The system prompt the model's template inserts when a conversation does not start with
+ * one ("" when it inserts none): Qwen2.5 "You are Qwen, created by Alibaba Cloud. You are a
+ * helpful assistant.", SmolLM2 "You are a helpful AI assistant named SmolLM, trained by
+ * Hugging Face". Recognised in ChatML templates as a literal system turn (not built from
+ * messages[0]). Borrowed, lives as long as m. */
+const char *rk_model_chat_default_system(const rk_model *m);
+/* rk_chat_format with the model's family and rules: the default system prompt goes first
+ * when msgs (n > 0) does not start with a system message, as the template does. */
+rk_status rk_model_chat_format(const rk_model *m, const rk_chat_msg *msgs, size_t n, bool add_assistant,
+                               char **out, rk_err *err);
 
 /* ---- RidgeFill (SPEC §2) ------------------------------------------------------
  * Layers below the split run exactly for every prompt row. For a bulk row (a prompt

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "kv_impl.h"
+#include "model_impl.h"
 
 rk_status rk_kv_create(const rk_model *m, const rk_kv_params *p, int64_t n_ctx, rk_backend *be, int n_threads,
                        char *warning, size_t warning_cap, rk_kv **out, rk_err *err) {
@@ -22,7 +23,22 @@ rk_status rk_kv_create(const rk_model *m, const rk_kv_params *p, int64_t n_ctx, 
     kv->n_rot = hp->n_rot, kv->rope_mode = hp->rope_mode, kv->rope_base = hp->rope_base;
     kv->n_ctx = n_ctx;
     kv->be = be;
+    rk_rope_params rp;
+    rk_model_rope_params(m, 0, &rp);
+    kv->rope_freq = malloc((size_t)(kv->n_rot / 2 + 1) * sizeof(double));
+    if (!kv->rope_freq) {
+        free(kv);
+        return rk_err_set(err, RK_E_NOMEM, "kv: out of memory");
+    }
+    rk_rope_freqs(&rp, kv->rope_freq);
+    kv->rope_mscale = rk_rope_mscale(&rp);
     rk_status st;
+    if (p->kind == RK_KV_LOWRAM && hp->rope_scaling.type != RK_ROPE_SCALING_NONE) {
+        st = rk_err_set(err, RK_E_UNSUPPORTED, "kv: lowram does not support RoPE scaling (%s) yet: use f16, f32 or q8",
+                        rk_rope_scaling_name(hp->rope_scaling.type));
+        rk_kv_destroy(kv);
+        return st;
+    }
     switch (p->kind) {
     case RK_KV_F16: st = p->budget ? rk_kv_tier_init(kv, RK_DT_F16, p, err) : rk_kv_plain_init(kv, RK_DT_F16, err); break;
     case RK_KV_F32: st = p->budget ? rk_kv_tier_init(kv, RK_DT_F32, p, err) : rk_kv_plain_init(kv, RK_DT_F32, err); break;
@@ -45,6 +61,7 @@ rk_status rk_kv_create(const rk_model *m, const rk_kv_params *p, int64_t n_ctx, 
 void rk_kv_destroy(rk_kv *kv) {
     if (!kv) return;
     if (kv->ops) kv->ops->destroy(kv);
+    free(kv->rope_freq);
     free(kv);
 }
 
@@ -75,8 +92,8 @@ void rk_kv_unrope(const rk_kv *kv, float *x, int64_t p) {
     for (int h = 0; h < kv->n_head_kv; h++) {
         float *y = x + (size_t)h * kv->head_dim;
         for (int j = 0; j < half; j++) {
-            const double th = (double)p * pow((double)kv->rope_base, -2.0 * j / kv->n_rot);
-            const float co = (float)cos(th), si = -(float)sin(th);
+            const double th = (double)p * kv->rope_freq[j];
+            const float co = (float)(cos(th) / kv->rope_mscale), si = -(float)(sin(th) / kv->rope_mscale);
             const int i0 = kv->rope_mode == RK_ROPE_NEOX ? j : 2 * j;
             const int i1 = kv->rope_mode == RK_ROPE_NEOX ? j + half : 2 * j + 1;
             const float x0 = y[i0], x1 = y[i1];

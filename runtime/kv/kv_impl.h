@@ -101,6 +101,8 @@ struct rk_kv {
     rk_kv_kind kind;
     int n_layer, n_head, n_head_kv, head_dim, kv_dim, n_rot, rope_mode;
     float rope_base;
+    double *rope_freq;  /* (n_rot/2) angle per position of the RoPE in effect (rk_rope_freqs) */
+    double rope_mscale; /* its factor on cos/sin (YaRN); rk_kv_unrope divides it out */
     int64_t n_ctx;
     int64_t n_past;     /* committed rows: set by commit, truncate, reset, import_rows */
     size_t row_bytes;   /* one stored K (or V) row of one layer (LowRAM: an exact row) */

@@ -110,3 +110,76 @@ rk_status rk_chat_format(rk_chat_family f, const rk_chat_msg *msgs, size_t n, bo
     *out = b.p;
     return RK_OK;
 }
+
+/* A literal "<|im_start|>system" + newline (real, or the two characters \\n of a Jinja
+ * string) + text + "<|im_end|>" where the text has no quote or brace: a system turn the
+ * template writes itself, i.e. its default system prompt. One built from messages[0]
+ * ("...system\\n' + messages[0]['content'] + '<|im_end|>") has a quote and is skipped. */
+static char *default_system(rk_str t) {
+    static const char open[] = "<|im_start|>system", close[] = "<|im_end|>";
+    const size_t no = sizeof open - 1, nc = sizeof close - 1;
+    for (uint64_t i = 0; i + no < t.len; i++) {
+        if (memcmp(t.ptr + i, open, no)) continue;
+        uint64_t j = i + no;
+        if (j < t.len && t.ptr[j] == '\n') j += 1;
+        else if (j + 1 < t.len && t.ptr[j] == '\\' && t.ptr[j + 1] == 'n') j += 2;
+        else continue;
+        uint64_t k = j;
+        bool literal = true;
+        while (k + nc <= t.len && memcmp(t.ptr + k, close, nc)) {
+            const char ch = t.ptr[k];
+            if (ch == '\'' || ch == '"' || ch == '{' || ch == '}' || ch == '<') {
+                literal = false;
+                break;
+            }
+            k++;
+        }
+        if (!literal || k + nc > t.len || k == j) continue;
+        char *out = malloc((size_t)(k - j) + 1);
+        if (!out) return NULL;
+        size_t n = 0;
+        for (uint64_t p = j; p < k; p++) {
+            if (t.ptr[p] == '\\' && p + 1 < k && t.ptr[p + 1] == 'n') {
+                out[n++] = '\n';
+                p++;
+            } else {
+                out[n++] = t.ptr[p];
+            }
+        }
+        out[n] = '\0';
+        return out;
+    }
+    return NULL;
+}
+
+rk_status rk_model_read_chat_rules(rk_model *m, rk_err *err) {
+    rk_str t;
+    char *d = NULL;
+    if (rk_model_chat_family(m) == RK_CHAT_CHATML &&
+        rk_gguf_get_str(m->gguf, "tokenizer.chat_template", &t, NULL) == RK_OK)
+        d = default_system(t);
+    if (!d) d = calloc(1, 1);
+    if (!d) return rk_err_set(err, RK_E_NOMEM, "model: out of memory");
+    m->chat_default_system = d;
+    return RK_OK;
+}
+
+const char *rk_model_chat_default_system(const rk_model *m) {
+    return m->chat_default_system ? m->chat_default_system : "";
+}
+
+rk_status rk_model_chat_format(const rk_model *m, const rk_chat_msg *msgs, size_t n, bool add_assistant,
+                               char **out, rk_err *err) {
+    const char *d = rk_model_chat_default_system(m);
+    const rk_chat_family f = rk_model_chat_family(m);
+    if (!d[0] || n == 0 || (msgs[0].role && !strcmp(msgs[0].role, "system")))
+        return rk_chat_format(f, msgs, n, add_assistant, out, err);
+    rk_chat_msg *all = malloc((n + 1) * sizeof *all);
+    if (!all) return rk_err_set(err, RK_E_NOMEM, "chat: out of memory");
+    all[0] = (rk_chat_msg){"system", d};
+    memcpy(all + 1, msgs, n * sizeof *msgs);
+    rk_status st = rk_chat_format(f, all, n + 1, add_assistant, out, err);
+    if (st) rk_err_wrap(err, "chat (with the template's default system prompt)");
+    free(all);
+    return st;
+}

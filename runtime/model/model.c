@@ -193,8 +193,10 @@ rk_status rk_model_load(const char *path, rk_model **out, rk_err *err) {
     if (st) goto fail;
     if ((st = rk_gguf_parse(m->map.data, m->map.len, &m->gguf, err))) goto fail;
     if ((st = read_hparams(m, err))) goto fail;
+    if ((st = rk_model_read_rope_scaling(m, err))) goto fail;
     if ((st = bind_all(m, err))) goto fail;
     if ((st = rk_tokenizer_create(m->gguf, &m->tok, err))) goto fail;
+    if ((st = rk_model_read_chat_rules(m, err))) goto fail;
     if (rk_tokenizer_n_vocab(m->tok) > m->hp.n_vocab) {
         st = rk_err_set(err, RK_E_MISMATCH, "model: tokenizer has %d tokens but token_embd has %d rows",
                         (int)rk_tokenizer_n_vocab(m->tok), m->hp.n_vocab);
@@ -218,6 +220,7 @@ fail:
 void rk_model_destroy(rk_model *m) {
     if (!m) return;
     rk_tokenizer_destroy(m->tok);
+    free(m->chat_default_system);
     free(m->layers);
     rk_gguf_destroy(m->gguf);
     rk_mapping_close(&m->map);

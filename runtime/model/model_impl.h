@@ -25,4 +25,12 @@ struct rk_model {
     rk_tokenizer *tok;
     uint64_t weight_bytes;
     char name[128];
+    char *chat_default_system; /* chat_template.c: the system prompt the template inserts ("" none) */
 };
+
+/* rope.c: the GGUF's RoPE scaling into m->hp.rope_scaling (at load), and the kernels'
+ * parameters of the RoPE in effect (forward pass, KV caches' unrope). */
+rk_status rk_model_read_rope_scaling(rk_model *m, rk_err *err);
+/* chat_template.c: the template's rules beyond its family (m->chat_default_system). */
+rk_status rk_model_read_chat_rules(rk_model *m, rk_err *err);
+void rk_model_rope_params(const rk_model *m, int64_t pos0, rk_rope_params *out);

@@ -45,10 +45,7 @@ static rk_status rope(rk_session *s, float *x, int64_t n, int n_heads, int64_t p
     a.src0.ne[2] = n;
     a.src0.nb1 = (size_t)hp->head_dim * sizeof(float);
     a.dst = a.src0;
-    a.rope.mode = hp->rope_mode;
-    a.rope.n_rot = hp->n_rot;
-    a.rope.freq_base = hp->rope_base;
-    a.rope.pos0 = pos0;
+    rk_model_rope_params(s->m, pos0, &a.rope);
     return run(s, &a, err);
 }
 

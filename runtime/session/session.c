@@ -8,7 +8,7 @@
 #include "plan_impl.h"
 
 rk_session_params rk_session_params_default(void) {
-    rk_session_params p = {0, 0, 512, rk_kv_params_default(), RK_BACKEND_CPU, NULL};
+    rk_session_params p = {0, 0, 512, rk_kv_params_default(), RK_BACKEND_CPU, NULL, false};
     return p;
 }
 
@@ -84,6 +84,20 @@ rk_status rk_session_create(const rk_model *m, const rk_session_params *pp, rk_s
     const rk_hparams *hp = &m->hp;
     rk_session_params p = pp ? *pp : rk_session_params_default();
     if (p.n_ctx <= 0) p.n_ctx = hp->n_ctx_train;
+    const int64_t n_ctx_max = rk_model_n_ctx_max(m);
+    if (p.n_ctx > n_ctx_max && !p.ctx_overflow_ok) {
+        if (hp->rope_scaling.type == RK_ROPE_SCALING_NONE)
+            return rk_err_set(err, RK_E_CONTEXT,
+                              "session: context %d is larger than the %d tokens the model was trained on; "
+                              "past that it produces garbage. Enable RoPE scaling (yarn or linear, factor >= %.3g) "
+                              "or allow the overflow explicitly",
+                              (int)p.n_ctx, (int)hp->n_ctx_train, ceil((double)p.n_ctx / hp->n_ctx_train * 1000) / 1000);
+        return rk_err_set(err, RK_E_CONTEXT,
+                          "session: context %d is larger than the %lld tokens of the model with %s RoPE scaling "
+                          "(original %d x factor %g); raise the factor or allow the overflow explicitly",
+                          (int)p.n_ctx, (long long)n_ctx_max, rk_rope_scaling_name(hp->rope_scaling.type),
+                          (int)hp->rope_scaling.orig_ctx, (double)hp->rope_scaling.factor);
+    }
     if (p.n_batch <= 0) p.n_batch = 512;
     if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
     if ((unsigned)p.kv.kind > RK_KV_LOWRAM)
@@ -111,6 +125,13 @@ rk_status rk_session_create(const rk_model *m, const rk_session_params *pp, rk_s
     /* the KV policy, fixed for the session's life */
     if ((st = rk_kv_create(m, &p.kv, s->n_ctx, s->be, p.n_threads, s->warning, sizeof s->warning, &s->kv, err)))
         goto fail;
+    if (p.n_ctx > n_ctx_max) { /* ctx_overflow_ok: said once, beside any warning of the KV policy */
+        size_t w = strlen(s->warning);
+        snprintf(s->warning + w, sizeof s->warning - w,
+                 "%scontext %d is past the %lld tokens the model handles (%s RoPE scaling): output past %lld "
+                 "tokens is likely garbage", w ? "; " : "", (int)p.n_ctx, (long long)n_ctx_max,
+                 rk_rope_scaling_name(hp->rope_scaling.type), (long long)n_ctx_max);
+    }
     s->tokens = malloc((size_t)s->n_ctx * sizeof(int32_t));
     size_t nb = (size_t)p.n_batch;
     size_t hd = (size_t)(qd > hp->n_embd ? qd : hp->n_embd);

@@ -507,7 +507,7 @@ Test(chat_ask, chat_fill_identity_fills_a_long_message) {
     char *msg = long_text(25), input[8192];
     snprintf(input, sizeof input, "%s\n", msg);
     free(msg);
-    char *args_fill[] = {"chat", "-m", sp, "-c", "1024", "-n", "4", "--temp", "0", "-v", "--split", "2", "--fill",
+    char *args_fill[] = {"chat", "-m", sp, "-c", "1024", "--ctx-overflow-ok", "-n", "4", "--temp", "0", "-v", "--split", "2", "--fill",
                          "identity", "--tail", "512", NULL};
     result r = run_argv(input, args_fill);
     cr_assert_eq(r.code, 0, "exit %d: %s", r.code, r.err);
@@ -516,7 +516,7 @@ Test(chat_ask, chat_fill_identity_fills_a_long_message) {
     /* rows with >= 512 prompt tokens after them, in the 3 layers past the split */
     cr_expect(prompt > 520 && filled == 3 * (prompt - 512), "prompt %ld, filled %ld: %s", prompt, filled, r.err);
     done(&r);
-    char *args_off[] = {"chat", "-m", sp, "-c", "1024", "-n", "4", "--temp", "0", "-v", NULL};
+    char *args_off[] = {"chat", "-m", sp, "-c", "1024", "--ctx-overflow-ok", "-n", "4", "--temp", "0", "-v", NULL};
     r = run_argv(input, args_off);
     cr_assert_eq(r.code, 0, "%s", r.err);
     cr_expect_eq(num_after(r.err, "; filled "), 0, "%s", r.err);
@@ -530,13 +530,13 @@ Test(chat_ask, ask_applies_kv_and_fill) {
     char *text = long_text(25);
     write_text(doc, text);
     free(text);
-    result r = run_argv(NULL, (char *[]){"ask", "-m", sp, "-c", "1024", "-n", "8", "-v", "--kv", "lowram:window=32",
+    result r = run_argv(NULL, (char *[]){"ask", "-m", sp, "-c", "1024", "--ctx-overflow-ok", "-n", "8", "-v", "--kv", "lowram:window=32",
                                          "--doc", doc, "Who ran?", NULL});
     cr_assert_eq(r.code, 0, "exit %d: %s", r.code, r.err);
     cr_expect(strstr(r.err, "lowram on (fitted on the prompt), document cache on; lowram KV cache"), "%s", r.err);
     cr_expect(num_after(r.err, "KV lowram, ") > 0, "rows compressed: %s", r.err);
     done(&r);
-    r = run_argv(NULL, (char *[]){"ask", "-m", sp, "-c", "1024", "-n", "8", "-v", "--split", "2", "--fill", "identity",
+    r = run_argv(NULL, (char *[]){"ask", "-m", sp, "-c", "1024", "--ctx-overflow-ok", "-n", "8", "-v", "--split", "2", "--fill", "identity",
                                   "--tail", "512", "--no-cache", "--doc", doc, "Who ran?", NULL});
     cr_assert_eq(r.code, 0, "exit %d: %s", r.code, r.err);
     /* the documents are read apart from the question (the document cache): their last 512 are exact */

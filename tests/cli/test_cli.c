@@ -275,7 +275,7 @@ Test(cli, run_fill_modes_reach_the_prefill) {
     long filled[3], prompt = 0;
     const char *modes[3] = {"off", "identity", "plumb"};
     for (int i = 0; i < 3; i++) {
-        snprintf(a, sizeof a, "run -m %s -c 1024 %s -n 8 --temp 0 -v --split 2 --tail 512 --fill %s", sp, p, modes[i]);
+        snprintf(a, sizeof a, "run -m %s -c 1024 --ctx-overflow-ok %s -n 8 --temp 0 -v --split 2 --tail 512 --fill %s", sp, p, modes[i]);
         result r = run(NULL, a);
         cr_assert_eq(r.code, 0, "%s: %s", modes[i], r.err);
         filled[i] = num_after(r.err, "; filled ");

@@ -345,7 +345,7 @@ Test(eval, needle_nll_splice_take_kv_on_a_tiny_model) {
     if (!tb_shared_path(sp, sizeof sp, "models/stories260K/stories260K-f32.gguf")) cr_skip_test("%s", sp);
     if (!tb_shared_path(c, sizeof c, "corpus/doyle_sherlock_holmes_pg1661.txt")) cr_skip_test("%s", c);
     snprintf(args, sizeof args,
-             "eval needle -m '%s' --split 2 --fill identity,plumb --lengths 1024 --depths 0.5 --trials 2 --gen 4 "
+             "eval needle -m '%s' --ctx-overflow-ok --split 2 --fill identity,plumb --lengths 1024 --depths 0.5 --trials 2 --gen 4 "
              "--kv lowram:window=32 --json", sp);
     result r = run(args);
     cr_assert_eq(r.code, 0, "%s", r.err);
@@ -357,7 +357,7 @@ Test(eval, needle_nll_splice_take_kv_on_a_tiny_model) {
     json_object_put(j);
     done(&r);
     snprintf(args, sizeof args,
-             "eval nll -m '%s' --split 2 --fill plumb --len 1024 --windows 1 --short 128 --boot 10 --kv f32 --json", sp);
+             "eval nll -m '%s' --ctx-overflow-ok --split 2 --fill plumb --len 1024 --windows 1 --short 128 --boot 10 --kv f32 --json", sp);
     r = run(args);
     cr_assert_eq(r.code, 0, "%s", r.err);
     j = json_tokener_parse(r.out);
@@ -368,7 +368,7 @@ Test(eval, needle_nll_splice_take_kv_on_a_tiny_model) {
     json_object_put(j);
     done(&r);
     snprintf(args, sizeof args,
-             "eval splice -m '%s' --split 2 --fill identity --len 1024 --windows 1 --groups 1 --boot 10 --kv f32 --json",
+             "eval splice -m '%s' --ctx-overflow-ok --split 2 --fill identity --len 1024 --windows 1 --groups 1 --boot 10 --kv f32 --json",
              sp);
     r = run(args);
     cr_assert_eq(r.code, 0, "%s", r.err);

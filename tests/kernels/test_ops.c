@@ -324,7 +324,7 @@ static void build(const op_case *c, uint64_t seed, fixture *f) {
         break;
     }
     case RK_OP_ROPE:
-        a->rope = (rk_rope_params){c->mode, c->n_rot, c->pos0 > 1000 ? 1e6f : 10000.0f, c->pos0};
+        a->rope = (rk_rope_params){.mode = c->mode, .n_rot = c->n_rot, .freq_base = c->pos0 > 1000 ? 1e6f : 10000.0f, .pos0 = c->pos0};
         a->src0 = fx_f32(f, c->n * c->n_head, c->hd, 0, 1.0f, &s);
         a->src0.ne[1] = c->n_head;
         a->src0.ne[2] = c->n;
@@ -537,7 +537,7 @@ Test(exact, rope_unit_vector_pos1) {
             float x[8] = {1, 0, 0, 0, 1, 0, 0, 0}; /* 2 heads of 4 */
             rk_op_args a = {.op = RK_OP_ROPE, .src0 = v2(RK_DT_F32, 4, 2, x)};
             a.src0.ne[1] = 2; /* heads */
-            a.rope = (rk_rope_params){mode, 4, 10000.0f, 1};
+            a.rope = (rk_rope_params){.mode = mode, .n_rot = 4, .freq_base = 10000.0f, .pos0 = 1};
             rk_err err = {0};
             cr_assert_eq(rk_backend_run(be, &a, &err), RK_OK, "%s", err.msg);
             /* pair 0 rotates by theta_0 = pos * base^0 = 1 rad; NORM pairs (0,1), NEOX (0,2) */
@@ -557,7 +557,7 @@ Test(exact, rope_pos0_is_identity) {
         float x[6] = {0.5f, -2, 3, 7, -1.25f, 9}, y[6];
         memcpy(y, x, sizeof x);
         rk_op_args a = {.op = RK_OP_ROPE, .src0 = v2(RK_DT_F32, 6, 1, y)};
-        a.rope = (rk_rope_params){RK_ROPE_NORM, 6, 10000.0f, 0};
+        a.rope = (rk_rope_params){.mode = RK_ROPE_NORM, .n_rot = 6, .freq_base = 10000.0f, .pos0 = 0};
         rk_err err = {0};
         cr_assert_eq(rk_backend_run(be, &a, &err), RK_OK, "%s", err.msg);
         for (int i = 0; i < 6; i++) cr_assert_eq(y[i], x[i], "%s dim %d", be->ops->name, i);
@@ -714,7 +714,7 @@ Test(status, unsupported_and_invalid) {
         cr_assert_eq(rk_backend_run(be, &g, &err), RK_E_INVALID_ARG);
         /* ROPE with an odd head_dim */
         rk_op_args r = {.op = RK_OP_ROPE, .src0 = v2(RK_DT_F32, 7, 1, x)};
-        r.rope = (rk_rope_params){RK_ROPE_NORM, 6, 10000.0f, 0};
+        r.rope = (rk_rope_params){.mode = RK_ROPE_NORM, .n_rot = 6, .freq_base = 10000.0f, .pos0 = 0};
         cr_assert_eq(rk_backend_run(be, &r, &err), RK_E_UNSUPPORTED);
         cr_assert(strstr(err.msg, "ROPE"), "%s", err.msg);
         /* ATTN whose cache is shorter than pos0 + n_q, and a bad head split */
@@ -736,7 +736,7 @@ Test(status, unsupported_and_invalid) {
         cr_assert_eq(rk_backend_run(be, &nodata, &err), RK_E_INVALID_ARG);
         /* empty views are fine */
         rk_op_args e = {.op = RK_OP_ROPE, .src0 = v2(RK_DT_F32, 8, 0, x)};
-        e.rope = (rk_rope_params){RK_ROPE_NEOX, 8, 10000.0f, 0};
+        e.rope = (rk_rope_params){.mode = RK_ROPE_NEOX, .n_rot = 8, .freq_base = 10000.0f, .pos0 = 0};
         cr_assert_eq(rk_backend_run(be, &e, &err), RK_OK, "%s", err.msg);
         rk_op_args e2 = {.op = RK_OP_MATMUL, .src0 = v2(RK_DT_F32, 8, 3, x), .src1 = v2(RK_DT_F32, 8, 0, x),
                          .dst = v2(RK_DT_F32, 3, 0, y)};

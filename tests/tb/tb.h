@@ -76,6 +76,9 @@ typedef struct tb_tiny_spec {
     bool add_bos;            /* gpt2 vocab: write add_bos_token = true (spm always adds BOS) */
     uint64_t seed;
     const char *chat_template; /* NULL: a ChatML template; "": none written */
+    const char *rope_scaling;  /* NULL: no keys; "linear" / "yarn": rope.scaling.type, .factor and
+                                * .original_context_length (= n_ctx_train) are written */
+    float rope_factor;         /* rope.scaling.factor with rope_scaling */
 } tb_tiny_spec;
 
 /* The GPT-2 vocab's layout: token id b < 256 is byte b (as GPT-2's printable code point),

@@ -66,6 +66,7 @@ typedef struct ref {
     int arch; /* 0 llama, 1 qwen2, 2 qwen3 */
     int64_t L, d, nh, nkv, hd, ff, nv, nrot;
     double base, eps;
+    double *inv_freq, mscale; /* (nrot/2) per-pair angle per position, RoPE scaling included */
     double *tok, *onorm, *out;
     ref_layer *l;
     char *why;
@@ -127,8 +128,53 @@ static double key_f(ref *r, const char *arch, const char *suffix, double dflt) {
     return rk_gguf_get_f32(r->g, key, &v, NULL) == RK_OK ? v : dflt;
 }
 
+/* inv_freq and mscale from the GGUF's rope keys, written from the YaRN paper as Hugging
+ * Face's _compute_yarn_parameters states it (plain: base^(-2i/n); linear: divided by the
+ * factor; yarn: interpolation 1/(factor base^(2i/n)) and extrapolation 1/base^(2i/n)
+ * blended by 1 - ramp over the correction range of beta 32..1 rotations, attention
+ * factor 0.1 ln(factor) + 1). */
+static void rope_setup(ref *r, const char *an) {
+    const int64_t half = r->nrot / 2;
+    r->inv_freq = calloc((size_t)(half > 0 ? half : 1), sizeof(double));
+    r->mscale = 1.0;
+    if (!r->inv_freq) {
+        fail(r, "tb_ref: out of memory");
+        return;
+    }
+    char key[128];
+    rk_str t = {0};
+    snprintf(key, sizeof key, "%s.rope.scaling.type", an);
+    const bool has = rk_gguf_get_str(r->g, key, &t, NULL) == RK_OK;
+    const bool linear = has && t.len == 6 && !memcmp(t.ptr, "linear", 6);
+    const bool yarn = has && t.len == 4 && !memcmp(t.ptr, "yarn", 4);
+    const double factor = (linear || yarn) ? key_f(r, an, "rope.scaling.factor", 1.0) : 1.0;
+    const double orig = (double)key_u(r, an, "rope.scaling.original_context_length",
+                                      key_u(r, an, "context_length", 2048));
+    const double dim = (double)r->nrot;
+    double lo = 0, hi = 0;
+    if (yarn) {
+        lo = floor(dim * log(orig / (32.0 * 2 * M_PI)) / (2 * log(r->base)));
+        hi = ceil(dim * log(orig / (1.0 * 2 * M_PI)) / (2 * log(r->base)));
+        if (lo < 0) lo = 0;
+        if (hi > dim - 1) hi = dim - 1;
+        if (lo == hi) hi += 0.001;
+        r->mscale = 0.1 * log(factor) + 1.0;
+    }
+    for (int64_t i = 0; i < half; i++) {
+        const double pf = pow(r->base, 2.0 * (double)i / dim);
+        if (yarn) {
+            double ramp = ((double)i - lo) / (hi - lo);
+            ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+            const double extra = 1.0 - ramp;
+            r->inv_freq[i] = (1.0 / (factor * pf)) * (1.0 - extra) + (1.0 / pf) * extra;
+        } else {
+            r->inv_freq[i] = 1.0 / (factor * pf);
+        }
+    }
+}
+
 static void ref_free(ref *r) {
-    free(r->tok), free(r->onorm), free(r->out);
+    free(r->tok), free(r->onorm), free(r->out), free(r->inv_freq);
     for (int64_t i = 0; r->l && i < r->L; i++) {
         ref_layer *y = &r->l[i];
         free(y->an), free(y->wq), free(y->wk), free(y->wv), free(y->wo), free(y->bq), free(y->bk);
@@ -165,6 +211,7 @@ static void ref_open(ref *r) {
     r->nrot = key_u(r, an, "rope.dimension_count", r->hd);
     r->base = key_f(r, an, "rope.freq_base", 10000.0);
     r->eps = key_f(r, an, "attention.layer_norm_rms_epsilon", 1e-5);
+    rope_setup(r, an);
     const rk_gguf_tensor *te = rk_gguf_find_tensor(r->g, "token_embd.weight");
     if (!te) {
         fail(r, "tb_ref: no token_embd.weight");
@@ -223,15 +270,15 @@ static void rmsnorm(const double *x, const double *w, int64_t n, double eps, dou
 }
 
 /* One head of hd values at position pos: llama rotates pairs (2i, 2i+1), qwen pairs
- * (i, i + n_rot/2); angle pos * base^(-2i/n_rot). */
+ * (i, i + n_rot/2); angle pos * inv_freq[i], magnitude mscale. */
 static void rope(const ref *r, double *x, int64_t pos) {
     const int64_t half = r->nrot / 2;
     for (int64_t i = 0; i < half; i++) {
-        const double th = (double)pos * pow(r->base, -2.0 * (double)i / (double)r->nrot);
+        const double th = (double)pos * r->inv_freq[i];
         const int64_t i0 = r->arch == 0 ? 2 * i : i, i1 = r->arch == 0 ? 2 * i + 1 : i + half;
-        const double a = x[i0], b = x[i1];
-        x[i0] = a * cos(th) - b * sin(th);
-        x[i1] = a * sin(th) + b * cos(th);
+        const double a = x[i0], b = x[i1], c = cos(th) * r->mscale, s = sin(th) * r->mscale;
+        x[i0] = a * c - b * s;
+        x[i1] = a * s + b * c;
     }
 }
 

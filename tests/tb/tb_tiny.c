@@ -327,6 +327,14 @@ void *tb_tiny_gguf(const tb_tiny_spec *spec, size_t *len, char *why, size_t why_
     W(rk_gguf_writer_set_f32(g->w, key, s.rope_base, &g->err), key);
     snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", a);
     W(rk_gguf_writer_set_f32(g->w, key, s.rms_eps, &g->err), key);
+    if (s.rope_scaling) {
+        snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+        W(rk_gguf_writer_set_str(g->w, key, s.rope_scaling, &g->err), key);
+        snprintf(key, sizeof key, "%s.rope.scaling.factor", a);
+        W(rk_gguf_writer_set_f32(g->w, key, s.rope_factor, &g->err), key);
+        snprintf(key, sizeof key, "%s.rope.scaling.original_context_length", a);
+        W(rk_gguf_writer_set_u32(g->w, key, (uint32_t)s.n_ctx_train, &g->err), key);
+    }
     if (s.vocab == TB_VOCAB_SPM)
         vocab_spm(g);
     else
