@@ -48,7 +48,7 @@ static void rm_rf(const char *path) {
 static tb_result ask(const fixture *f, const char *env, const char *extra, const char *question) {
     char e[1400], a[3000];
     snprintf(e, sizeof e, "env XDG_CACHE_HOME='%s/xdg' %s", f->dir, env ? env : "");
-    snprintf(a, sizeof a, "ask -m '%s' -n 12 -c 512 %s --doc '%s' '%s'", f->model, extra ? extra : "", f->doc, question);
+    snprintf(a, sizeof a, "ask -m '%s' -n 12 -c 512 --ctx-overflow-ok %s --doc '%s' '%s'", f->model, extra ? extra : "", f->doc, question);
     return tb_run(e, a);
 }
 
@@ -330,7 +330,7 @@ Test(cache, unusable_or_missing_cache_directory) {
     /* a file where the directory should be: the cache is off, the answer unchanged */
     char e[1400], args[3000];
     snprintf(e, sizeof e, "env XDG_CACHE_HOME='%s'", f.doc);
-    snprintf(args, sizeof args, "ask -m '%s' -n 12 -c 512 --doc '%s' '%s'", f.model, f.doc, Q1);
+    snprintf(args, sizeof args, "ask -m '%s' -n 12 -c 512 --ctx-overflow-ok --doc '%s' '%s'", f.model, f.doc, Q1);
     r = tb_run(e, args);
     cr_expect(r.code == 0 && strstr(r.err, "document cache off") && !strcmp(r.out, a), "%s", r.err);
     tb_result_free(&r);
