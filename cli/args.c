@@ -44,15 +44,21 @@ static const struct {
     const char *flags;
 } k_accepts[] = {
 #define GEN_FLAGS " --model --n-predict --threads --ctx-size --batch-size --kv --backend --temp --top-k --top-p --min-p" \
-                  " --repeat-penalty --repeat-last-n --seed --ridgefill --fill --tail --split --keep-share --verbose "
+                  " --repeat-penalty --repeat-last-n --seed --ridgefill --fill --tail --split --keep-share --verbose" \
+                  " --kv-budget" FILL_FLAGS ROPE_FLAGS " "
+#define FILL_FLAGS " --obs --score-layers --score-skip --baseline --pool"
+#define ROPE_FLAGS " --ctx-overflow-ok --rope-scaling --rope-scale --rope-freq-base --yarn-orig-ctx --yarn-ext-factor" \
+                   " --yarn-attn-factor --yarn-beta-fast --yarn-beta-slow"
     {"run", GEN_FLAGS "--prompt --file --chat --system --stop --verbose-prompt "},
-    {"chat", GEN_FLAGS "--system --stop --verbose-prompt "},
-    {"ask", GEN_FLAGS "--prompt --system --stop --verbose-prompt "},
-    {"serve", GEN_FLAGS},
+    {"chat", GEN_FLAGS "--system --stop --verbose-prompt --no-ridgefill "},
+    {"ask", GEN_FLAGS "--prompt --system --stop --verbose-prompt --no-ridgefill --no-cache --cache-level "},
+    {"serve", GEN_FLAGS "--no-ridgefill --no-cache --cache-level "},
     {"bench", " --model --prompt --n-predict --threads --ctx-size --batch-size --kv --backend --ridgefill --fill --tail"
-              " --split --keep-share --json --verbose "},
+              " --split --keep-share --json --verbose --kv-budget" FILL_FLAGS ROPE_FLAGS " "},
     {"tokenize", " --model --prompt --file --verbose "},
 #undef GEN_FLAGS
+#undef FILL_FLAGS
+#undef ROPE_FLAGS
 };
 
 /* Whether cmd uses the flag whose long name is lng. */
@@ -141,7 +147,11 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
         static const char *const known = " --model --prompt --file --output --n-predict --threads --ctx-size "
                                          "--batch-size --temp --top-k --top-p --min-p --repeat-penalty "
                                          "--repeat-last-n --seed --kv --backend --system --ridgefill --fill --tail "
-                                         "--split --keep-share --chat --json --verbose --stop --verbose-prompt ";
+                                         "--split --keep-share --chat --json --verbose --stop --verbose-prompt "
+                                         "--kv-budget --no-cache --cache-level --no-ridgefill --obs --score-layers "
+                                         "--score-skip --baseline --pool --ctx-overflow-ok --rope-scaling --rope-scale "
+                                         "--rope-freq-base --yarn-orig-ctx --yarn-ext-factor --yarn-attn-factor "
+                                         "--yarn-beta-fast --yarn-beta-slow ";
         char key[64];
         snprintf(key, sizeof key, " %.60s ", lng);
         if (a[0] == '-' && a[1] == '-' && strstr(known, key) && !accepts(cmd, lng)) {
