@@ -53,17 +53,19 @@ rk_status rk_cpu_lr_keys(rk_backend *be, const rk_op_args *a, rk_err *err) {
     float *const *tls = NULL;
     float *sh = NULL;
     /* shared: (hd, r) basis block, then n_rot/2 doubles of frequencies */
-    rk_status st = rk_cpu_scratch(be, 0, (size_t)(hd * r) + 2 * (size_t)half + 2, &tls, &sh, err);
+    rk_status st = rk_cpu_scratch(be, 0, (size_t)(hd * r) + 2 * (size_t)half + 8 + (size_t)hd, &tls, &sh, err);
     if (st != RK_OK) return st;
     const rk_cpu_kern *k = rk_cpu_kern_of(be);
     float *bt = sh;
+    float *tmp = sh + hd * r + 2 * (size_t)half + 8; /* one basis row as f32 */
     for (int64_t j = 0; j < r; j++) {
         const char *src = (const char *)a->src1.data + (size_t)j * a->src1.nb1;
+        const float *row = (const float *)src;
         if (a->src1.type == RK_DT_F16) {
-            for (int64_t d = 0; d < hd; d++) bt[d * r + j] = rk_f16_to_f32(((const uint16_t *)src)[d]);
-        } else {
-            for (int64_t d = 0; d < hd; d++) bt[d * r + j] = ((const float *)src)[d];
+            k->f16_to_f32((const uint16_t *)src, tmp, hd);
+            row = tmp;
         }
+        for (int64_t d = 0; d < hd; d++) bt[d * r + j] = row[d];
     }
     double *freq = (double *)(((uintptr_t)(sh + hd * r) + 7) & ~(uintptr_t)7);
     rk_rope_freqs(&a->rope, freq);
