@@ -105,7 +105,7 @@ rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err) {
             {"obs", 1, 4096, NULL, &q.obs_window},       {"lambda", 1e-9, 1e6, &q.lambda, NULL},
             {"fitrows", 16, 1 << 24, NULL, &q.max_fit_rows}, {"threads", 1, 1024, NULL, &q.n_threads},
             {"topp", 0, 1, &q.topp, NULL},               {"minch", 1, 1 << 20, NULL, &q.min_chunks},
-            {"krank", 1, 1 << 20, NULL, &q.key_rank},
+            {"krank", 1, 1 << 20, NULL, &q.key_rank},       {"pfit", 0, 1 << 24, NULL, &q.prefill_fit},
         };
         size_t k = 0;
         for (; k < sizeof keys / sizeof keys[0]; k++)
@@ -268,8 +268,31 @@ static void observe(rk_kv_codec *c, int l, const float *q, int64_t n_q, int64_t 
 
 /* ---- the rk_kv ops ----------------------------------------------------------------------- */
 
+/* Compression inside a long eval (pfit): when layer 0 is about to receive rows at pos0 and
+ * every layer holds [0, pos0), rows before pos0 are final. Fit once pfit rows are there,
+ * afterwards compress each chunk that leaves the window, so the exact rows of the whole
+ * prompt never coexist with the compressed ones. A failed eval truncates back (lr_truncate
+ * forgets the compressed rows, a cut at the sinks the fit). */
+static rk_status prefill_step(rk_kv_codec *c, int64_t pos0, rk_err *err) {
+    for (int l = 0; l < c->n_layer; l++)
+        if (c->x_hi[l] != pos0) return RK_OK;
+    const int64_t sink = c->p.n_sink, C = c->p.chunk;
+    lr_rope_fill(c, pos0);
+    if (!c->fitted) {
+        if (pos0 - sink - c->p.window >= C && pos0 - sink >= 128 && pos0 >= c->p.prefill_fit) return lr_fit(c, pos0, err);
+        return RK_OK;
+    }
+    int64_t end = pos0 - c->p.window;
+    end = end > c->comp_end ? c->comp_end + (end - c->comp_end) / C * C : c->comp_end;
+    return end > c->comp_end ? lr_compress(c, end, err) : RK_OK;
+}
+
 static rk_status lowram_append(rk_kv *kv, int l, int64_t pos0, const float *k, const float *v, int64_t n, rk_err *err) {
     rk_kv_codec *c = kv->impl;
+    if (l == 0 && c->p.prefill_fit > 0 && pos0 > c->n_past && pos0 >= c->p.prefill_fit) {
+        rk_status st = prefill_step(c, pos0, err);
+        if (st) return st;
+    }
     if (pos0 < c->x0 || pos0 > c->x_hi[l] || n < 0 || pos0 > c->n_ctx - n)
         return rk_err_set(err, RK_E_INTERNAL, "lowram: append of rows %lld..%lld to layer %d holding [%lld, %lld)",
                           (long long)pos0, (long long)(pos0 + n), l, (long long)c->x0, (long long)c->x_hi[l]);
@@ -285,6 +308,7 @@ static rk_status lowram_append(rk_kv *kv, int l, int64_t pos0, const float *k, c
     a.src0.data = (void *)v;
     if ((st = rk_backend_run(c->be, &a, err))) return st;
     c->x_hi[l] = pos0 + n;
+    if (c->x_hi[l] - c->x0 > c->x_peak) c->x_peak = c->x_hi[l] - c->x0;
     return RK_OK;
 }
 
@@ -338,7 +362,7 @@ static rk_status lowram_commit(rk_kv *kv, int64_t n, rk_err *err) {
 
 static void lowram_truncate(rk_kv *kv, int64_t n) {
     rk_kv_codec *c = kv->impl;
-    if (n < c->n_past) {
+    if (n < c->n_past || (c->fitted && n < c->comp_end)) { /* also rows compressed inside a failed eval */
         rewind_to(c, n);
         c->n_past = kv->n_past = n;
     }

@@ -178,6 +178,28 @@ LR_AI void comp_chunk(const head_task *t, int64_t ch, int kslot) {
     scores(t, x->kb, nb, -1, NULL);
     const uint32_t mask = H->mask[ch];
     int64_t slot = H->base[ch];
+    if (t->use_c && t->ns >= LR_VREBUILD_MIN) {
+        /* many query rows (a long eval): rebuild the chunk's values once, V̂ = c·W + b + δ,
+         * instead of r coefficients per (query, key) pair */
+        rk_linalg_matmul(nb, hd, r, x->cf, r, x->wsl, hd, x->vb, hd);
+        const float *bias = L->b + (size_t)t->h * hd;
+        for (int k = 0; k < nb; k++) {
+            float *vr = x->vb + (size_t)k * hd;
+            axpy(vr, 1.0f, bias, hd);
+            if ((mask >> k) & 1u) {
+                lr_res_row(c, H, slot++, x->row);
+                axpy(vr, 1.0f, x->row, hd);
+            }
+        }
+        for (int j = 0; j < t->ns; j++) {
+            const float *w = x->sc + (size_t)j * C;
+            float *av = x->acc_v + (size_t)j * hd;
+            for (int k = 0; k < nb; k++)
+                if (w[k] != 0) axpy(av, w[k], x->vb + (size_t)k * hd, hd);
+        }
+        x->n_attended += (uint64_t)nb;
+        return;
+    }
     for (int k = 0; k < nb; k++) {
         const bool has_res = (mask >> k) & 1u;
         if (has_res) lr_res_row(c, H, slot++, x->row);

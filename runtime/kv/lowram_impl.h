@@ -80,6 +80,9 @@ typedef struct lr_cwork {
 
 /* query rows per task in dense/long evals; evals of at most LR_SPARSE_MAX_Q rows are decode */
 enum { LR_TILE = 512, LR_SPARSE_MAX_Q = 4 };
+/* state rows (query rows x query heads per KV head) from which a dense eval rebuilds each
+ * chunk's values (r x head_dim per row) rather than accumulating r coefficients per pair */
+enum { LR_VREBUILD_MIN = 24 };
 
 typedef struct rk_kv_codec rk_kv_codec;
 struct rk_kv_codec {
@@ -104,6 +107,7 @@ struct rk_kv_codec {
     uint8_t **xk, **xv;   /* (n_layer) of (x_cap, kv_dim): position p at row p - x0 */
     int64_t *x_hi;        /* (n_layer) one past the last position held */
     int64_t x0, x_cap;
+    int64_t x_peak;       /* most exact rows one layer has held at once (high-water mark) */
     uint8_t **sk, **sv;   /* (n_layer) of (n_sink, kv_dim) while fitted, else NULL */
     double *freq;         /* (n_rot / 2) RoPE frequencies, as the kernels compute them */
     float *rope;          /* (n_ctx, n_rot) cos, sin pairs per position */

@@ -655,3 +655,48 @@ Test(lowram, topp_selection) {
     rk_session_destroy(tp);
     rk_model_destroy(m);
 }
+
+static bool cancel_after_250(void *ud, int64_t done, int64_t total) {
+    (void)ud, (void)total;
+    return done < 250;
+}
+
+/* pfit: a prompt fed as one eval in chunks of 32 rows is compressed while it is read: the
+ * exact buffers never hold the whole prompt (at most pfit + one batch of rows, against all of it
+ * without pfit), the logits after it and through decode stay within the decode bound of
+ * decode_stays_close_to_exact (KL 0.02 against exact), and a failed eval's compressed rows are
+ * forgotten (a cancelled eval, then the same prompt: bit-identical logits). */
+Test(lowram, prefill_compression_inside_one_eval) {
+    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    const int nv = rk_model_hparams(m)->n_vocab, n_story = 220, n_prefix = 100, n_dec = 20;
+    const int n_prompt = 1 + n_story + n_prefix;
+    int32_t *ids = copy_prompt(m, n_story, n_prefix, n_dec);
+    rk_session *ex = session(m, RK_DT_F16, NULL);
+    rk_session *late = session(m, RK_DT_F16, "window=32,chunk=16,topp=0.95,budget=96");
+    rk_session *early = session(m, RK_DT_F16, "window=32,chunk=16,topp=0.95,budget=96,pfit=128");
+    ex->p.n_batch = late->p.n_batch = early->p.n_batch = 32;
+    float *a = trace(ex, ids, n_prompt, n_dec, nv), *b = trace(late, ids, n_prompt, n_dec, nv);
+    float *c = trace(early, ids, n_prompt, n_dec, nv);
+    const rk_kv_codec *cl = codec(late), *ce = codec(early);
+    const double kl_late = mean_kl(a, b, n_dec + 1, nv), kl_early = mean_kl(a, c, n_dec + 1, nv);
+    cr_log_info("pfit: exact rows held at most %lld rows (fit at the end: %lld); KL %.5f (fit at the end %.5f)",
+                (long long)ce->x_peak, (long long)cl->x_peak, kl_early, kl_late);
+    cr_expect_geq(cl->x_peak, n_prompt);
+    cr_expect_leq(ce->x_peak, 128 + 32, "exact rows held %lld of %d", (long long)ce->x_peak, n_prompt);
+    cr_expect_gt(ce->g[0].n_rows, 200);
+    cr_expect_lt(kl_early, 0.02, "KL %g", kl_early);
+    /* an eval cancelled after rows were compressed inside it leaves nothing behind: the
+     * same prompt again gives the same logits bit for bit */
+    rk_err e = {0};
+    float *d = malloc((size_t)nv * sizeof(float)), *d2 = malloc((size_t)nv * sizeof(float));
+    cr_assert_eq(rk_session_truncate(early, 0, &e), RK_OK);
+    rk_session_set_progress(early, cancel_after_250, NULL);
+    cr_assert_eq(rk_session_eval(early, ids, (size_t)n_prompt, d, false, &e), RK_E_CANCELLED, "%s", e.msg);
+    cr_expect_eq(rk_session_n_past(early), 0);
+    rk_session_set_progress(early, NULL, NULL);
+    cr_assert_eq(rk_session_eval(early, ids, (size_t)n_prompt, d2, false, &e), RK_OK, "%s", e.msg);
+    cr_expect_eq(memcmp(d2, c, (size_t)nv * sizeof(float)), 0, "replay after a cancelled eval differs");
+    free(a), free(b), free(c), free(d), free(d2), free(ids);
+    rk_session_destroy(ex), rk_session_destroy(late), rk_session_destroy(early);
+    rk_model_destroy(m);
+}
