@@ -70,7 +70,8 @@ rk_status rk_cpu_lr_keys(rk_backend *be, const rk_op_args *a, rk_err *err) {
     double *freq = (double *)(((uintptr_t)(sh + hd * r) + 7) & ~(uintptr_t)7);
     rk_rope_freqs(&a->rope, freq);
     lrk_ctx x = {a, k, bt, freq};
-    /* about 16 rows per task: a task is r * hd * 16 MACs, far above a dispatch */
-    rk_cpu_par_for(be, n, 16, lrk_range, &x);
+    /* serial below ~2M multiply-adds (one chunk or two of a decode step: ~100 us on one core,
+     * where waking the pool costs more than it saves on a busy machine); else 32-row tasks */
+    rk_cpu_par_for(be, n, n * r * hd < (int64_t)1 << 21 ? n : 32, lrk_range, &x);
     return RK_OK;
 }

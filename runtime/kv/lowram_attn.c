@@ -323,6 +323,18 @@ LR_AI int64_t select_topp(const head_task *t, int64_t n_ch) {
     for (int64_t ch = 0; ch < n_ch; ch++) {
         const int64_t rows = g->n_rows - ch * C < C ? g->n_rows - ch * C : C;
         const float bias = logf((float)rows);
+        if (L->lmin) { /* bound: the largest q·k over the chunk's per-dim key box (Quest) */
+            float *lo = x->kb, *hi = x->vb;
+            f16->to_f32(L->lmin + (size_t)ch * c->kvd + (size_t)t->h * hd, lo, hd);
+            f16->to_f32(L->lmax + (size_t)ch * c->kvd + (size_t)t->h * hd, hi, hd);
+            for (int j = 0; j < ns; j++) {
+                const float *qv = q_of(t, j);
+                float d = 0;
+                for (int e = 0; e < hd; e++) d += fmaxf(qv[e] * lo[e], qv[e] * hi[e]);
+                x->pm[(size_t)j * n_ch + ch] = d * scale + bias;
+            }
+            continue;
+        }
         f16->to_f32(L->lmk + (size_t)ch * c->kvd + (size_t)t->h * hd, x->row, hd);
         for (int j = 0; j < ns; j++) x->pm[(size_t)j * n_ch + ch] = dotf(q_of(t, j), x->row, hd) * scale + bias;
     }
@@ -495,11 +507,11 @@ static void dec_worker(void *vp, int tid, int nt) {
 }
 
 static void select_plain(head_task *t, int64_t n_ch, int64_t *n) {
-    *n = t->c->p.topp > 0 && !t->c->p.bound ? select_topp(t, n_ch) : select_chunks(t, n_ch);
+    *n = t->c->p.topp > 0 ? select_topp(t, n_ch) : select_chunks(t, n_ch);
 }
 #ifdef LR_HAVE_AVX2_CLONES
 __attribute__((target("avx2,fma,f16c"))) static void select_avx2(head_task *t, int64_t n_ch, int64_t *n) {
-    *n = t->c->p.topp > 0 && !t->c->p.bound ? select_topp(t, n_ch) : select_chunks(t, n_ch);
+    *n = t->c->p.topp > 0 ? select_topp(t, n_ch) : select_chunks(t, n_ch);
 }
 #endif
 
