@@ -134,7 +134,7 @@ LR_AI void chunk_keys(const head_task *t, int64_t ch, int nb, int slot) {
         f16->to_f32(H->kc + (size_t)slot * C * hd, x->kb, (int64_t)nb * hd);
         return;
     }
-    if (t->sparse && H->n_kc) {
+    if (t->sparse && H->n_kc && !c->p.no_cache) {
         for (int i = 0; i < H->n_kc; i++)
             if (H->kc_ch[i] == ch && H->kc_rows[i] == nb && H->kc_epoch[i] == c->epoch) {
                 H->kc_used[i] = c->n_calls;
