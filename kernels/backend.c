@@ -12,8 +12,9 @@ static const char *const op_names[RK_OP_COUNT] = {
     [RK_OP_GET_ROWS] = "GET_ROWS", [RK_OP_MATMUL] = "MATMUL",     [RK_OP_RMSNORM] = "RMSNORM",
     [RK_OP_ROPE] = "ROPE",         [RK_OP_ATTN] = "ATTN",         [RK_OP_SILU_MUL] = "SILU_MUL",
     [RK_OP_ADD] = "ADD",           [RK_OP_ADD_ROW] = "ADD_ROW",   [RK_OP_CPY_ROWS] = "CPY_ROWS",
+    [RK_OP_LR_KEYS] = "LR_KEYS",
 };
-_Static_assert(RK_OP_COUNT == 9, "op count changed: name the new op");
+_Static_assert(RK_OP_COUNT == 10, "op count changed: name the new op");
 
 const char *rk_op_name(rk_op op) {
     return (unsigned)op < RK_OP_COUNT ? op_names[op] : "UNKNOWN_OP";
@@ -181,6 +182,34 @@ rk_status rk_op_check(const rk_op_args *a, rk_err *err) {
                 (long long)(a->dst_row0 + n), (long long)cap);
         return RK_OK;
     }
+    case RK_OP_LR_KEYS: {
+        const rk_rope_params *p = &a->rope;
+        TRY(check_view(on, "src0", &a->src0, err));
+        TRY(check_view(on, "src1", &a->src1, err));
+        TRY(check_view(on, "src2", &a->src2, err));
+        TRY(check_view(on, "dst", &a->dst, err));
+        const int64_t n = rk_view_rows(&a->src0), hd = a->dst.ne[0];
+        if (rk_view_rows(&a->dst) != n)
+            BAD("kernels: %s: dst rows (%lld vs src0 %lld)", on, (long long)rk_view_rows(&a->dst), (long long)n);
+        if (a->src1.ne[0] != hd || rk_view_rows(&a->src1) != a->src0.ne[0])
+            BAD("kernels: %s: basis shape (%lld x %lld vs r %lld x hd %lld)", on, (long long)rk_view_rows(&a->src1),
+                (long long)a->src1.ne[0], (long long)a->src0.ne[0], (long long)hd);
+        if (a->src2.ne[0] != hd || rk_view_rows(&a->src2) != 2)
+            BAD("kernels: %s: mean / 1/s rows (%lld x %lld vs 2 x %lld)", on, (long long)rk_view_rows(&a->src2),
+                (long long)a->src2.ne[0], (long long)hd);
+        if (p->n_rot <= 0 || p->n_rot % 2 || p->n_rot > hd)
+            BAD("kernels: %s: n_rot %d (even, 1..head_dim %lld)", on, p->n_rot, (long long)hd);
+        if (p->mode != RK_ROPE_NORM && p->mode != RK_ROPE_NEOX) BAD("kernels: %s: mode %d", on, p->mode);
+        if (!(p->freq_base > 0) || !isfinite(p->freq_base)) BAD("kernels: %s: freq_base %g", on, (double)p->freq_base);
+        if (n > 0 && (!a->ids || !a->src0.data || !a->src1.data || !a->src2.data || !a->dst.data))
+            BAD("kernels: %s: NULL data or ids", on);
+        if (a->lr_rope_cs && a->lr_rope_rows < 0) BAD("kernels: %s: rope table rows %lld", on, (long long)a->lr_rope_rows);
+        for (int64_t i = 0; i < n; i++)
+            if (a->ids[i] < 0 || (a->lr_rope_cs && a->ids[i] >= a->lr_rope_rows))
+                BAD("kernels: %s: position %d at %lld out of range (0..%lld)", on, a->ids[i], (long long)i,
+                    a->lr_rope_cs ? (long long)a->lr_rope_rows - 1 : (long long)INT32_MAX);
+        return RK_OK;
+    }
     case RK_OP_COUNT:
         break;
     }
@@ -220,6 +249,9 @@ bool rk_cpu_supports_common(const rk_op_args *a, const rk_quant_fns *(*fns)(uint
         return is_f32(&a->dst) && is_f32(&a->src0);
     case RK_OP_CPY_ROWS:
         return is_f32(&a->src0) && is_cache_type(&a->dst);
+    case RK_OP_LR_KEYS:
+        return is_f32(&a->dst) && is_f32(&a->src0) && (is_f32(&a->src1) || a->src1.type == RK_DT_F16) &&
+               is_f32(&a->src2);
     case RK_OP_COUNT:
         break;
     }

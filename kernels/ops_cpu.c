@@ -608,6 +608,24 @@ static rk_status cpu_attn(rk_backend *be, const rk_op_args *a, rk_err *err) {
     return RK_OK;
 }
 
+/* ---- for ops in other files ----------------------------------------------- */
+const rk_cpu_kern *rk_cpu_kern_of(const rk_backend *be) { return ((const cpu_impl *)be->impl)->k; }
+
+void rk_cpu_par_for(rk_backend *be, int64_t n, int64_t chunk, void (*fn)(void *ctx, int64_t i0, int64_t i1, int tid),
+                    void *ctx) {
+    par_for(be->impl, n, chunk, fn, ctx);
+}
+
+rk_status rk_cpu_scratch(rk_backend *be, size_t per_thread, size_t shared, float *const **tls, float **shared_out,
+                         rk_err *err) {
+    cpu_impl *c = be->impl;
+    rk_status st = ws_reserve(c, per_thread, shared, err);
+    if (st != RK_OK) return st;
+    *tls = c->tls;
+    *shared_out = c->shared;
+    return RK_OK;
+}
+
 /* ---- table -------------------------------------------------------------- */
 static bool cpu_supports(const rk_backend *be, const rk_op_args *a) {
     return rk_cpu_supports_common(a, ((const cpu_impl *)be->impl)->quant);
@@ -640,12 +658,13 @@ static const rk_backend_ops cpu_ops = {
             [RK_OP_ADD] = cpu_add,
             [RK_OP_ADD_ROW] = cpu_add,
             [RK_OP_CPY_ROWS] = cpu_cpy_rows,
+            [RK_OP_LR_KEYS] = rk_cpu_lr_keys,
         },
     .supports = cpu_supports,
     .destroy = cpu_destroy,
     .pool = cpu_pool, /* memory: host defaults (no prepare, no repacking) */
 };
-_Static_assert(RK_OP_COUNT == 9, "op count changed: add the op to cpu_ops");
+_Static_assert(RK_OP_COUNT == 10, "op count changed: add the op to cpu_ops");
 
 /* pool NULL: the backend creates and owns one of n_threads. */
 static rk_status cpu_create(int n_threads, bool portable, rk_pool *pool, rk_backend **out, rk_err *err) {

@@ -63,3 +63,17 @@ typedef struct rk_cpu_kern {
 #if defined(RK_HAVE_AVX2)
 extern const rk_cpu_kern rk_cpu_kern_avx2;
 #endif
+
+/* ---- what ops in other files (ops_lowram_cpu.c) use of the cpu backend ---- */
+/* The instance's vector kernels. */
+const rk_cpu_kern *rk_cpu_kern_of(const rk_backend *be);
+/* fn over rows [0, n) in chunks of `chunk` on the instance's pool (inline when one chunk). */
+void rk_cpu_par_for(rk_backend *be, int64_t n, int64_t chunk, void (*fn)(void *ctx, int64_t i0, int64_t i1, int tid),
+                    void *ctx);
+/* Grows the instance's scratch: per_thread floats for each thread (*tls, indexed by tid)
+ * and shared floats (*shared). */
+rk_status rk_cpu_scratch(rk_backend *be, size_t per_thread, size_t shared, float *const **tls, float **shared_out,
+                         rk_err *err);
+/* LR_KEYS kernels (ops_lowram_ref.c, ops_lowram_cpu.c). */
+rk_status rk_ref_lr_keys(rk_backend *be, const rk_op_args *a, rk_err *err);
+rk_status rk_cpu_lr_keys(rk_backend *be, const rk_op_args *a, rk_err *err);

@@ -64,9 +64,10 @@ typedef enum rk_op {
     RK_OP_ADD,       /* dst += src0, elementwise */
     RK_OP_ADD_ROW,   /* dst (n, d) += src0 (d), a bias row broadcast */
     RK_OP_CPY_ROWS,  /* dst rows (f32, f16, q8_0) at dst_row0.. = src0 f32 rows (converted) */
+    RK_OP_LR_KEYS,   /* LowRAM: post-RoPE keys of one KV head rebuilt from coefficients; see below */
     RK_OP_COUNT
 } rk_op;
-_Static_assert(RK_OP_COUNT == 9, "op count changed: update every backend table and op-case table");
+_Static_assert(RK_OP_COUNT == 10, "op count changed: update every backend table and op-case table");
 
 typedef enum rk_rope_mode {
     RK_ROPE_NORM = 0, /* rotate pairs (2i, 2i+1): llama */
@@ -111,6 +112,14 @@ typedef struct rk_attn_params {
     int64_t pos0;
 } rk_attn_params;
 
+/* RK_OP_LR_KEYS (runtime/kv LowRAM's decode key rebuild, docs/LOWRAM.md): row k of dst
+ * (n, hd) f32 = RoPE at position ids[k] of (src0[k] · src1) ∘ src2[1] + src2[0], where
+ * src0 (n, r) f32 are a row's coefficients, src1 (r rows of hd, any row stride) F16 or F32
+ * the basis columns of the head, src2 (2 rows of hd) f32 the mean and the per-dim 1/s.
+ * rope: mode, n_rot, freq_base (pos0 unused: the positions are ids, >= 0). lr_rope_cs:
+ * optional (lr_rope_rows, n_rot) table of (cos, sin) pairs per position, angle pos·freq[i]
+ * formed in double and rounded to f32 (ids < lr_rope_rows); NULL: the backend forms the
+ * angles itself. */
 typedef struct rk_op_args {
     rk_op op;
     rk_view dst, src0, src1, src2; /* ATTN: src0 = q, src1 = K cache, src2 = V cache */
@@ -119,6 +128,8 @@ typedef struct rk_op_args {
     float eps;                     /* RMSNORM */
     rk_rope_params rope;
     rk_attn_params attn;
+    const float *lr_rope_cs;       /* LR_KEYS: host table or NULL */
+    int64_t lr_rope_rows;
 } rk_op_args;
 
 typedef struct rk_backend rk_backend;

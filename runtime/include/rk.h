@@ -114,7 +114,16 @@ typedef struct rk_lowram_params {
     bool resid_mass;      /* rank residuals by ||δ||² weighted by the attention mass the last
                              prompt queries give each row (default on; off: ||δ||² alone) */
     bool values_exact;    /* ablation "keys only": values stored exact (f16), no predictor */
-    int32_t budget;       /* compressed rows attended per query and (layer, KV head) (0: 512) */
+    int32_t budget;       /* compressed rows attended per query and (layer, KV head) (0: 512); with
+                             topp the most rows one decode step may rebuild */
+    float topp;           /* decode: per (layer, KV head) keep the best chunks until the estimated
+                             attention mass left out (landmark scores against sinks + window +
+                             every chunk) is at most 1 - topp for every query head (0: a fixed budget) */
+    int32_t min_chunks;   /* with topp: at least this many chunks (0: 2) */
+    int32_t key_rank;     /* decode rebuilds keys from the first key_rank coefficients (0: all) */
+    int32_t prefill_fit;  /* a long eval fits once this many of its rows have passed every layer and
+                             then compresses chunk by chunk, so the exact prompt never coexists with
+                             its compressed form (0: fit at the end of the eval) */
     bool dense;           /* attend to every compressed row (for checking) */
     bool no_summary;      /* ablation: unselected chunks are dropped, not one summary row each */
     bool no_cache;        /* ablation: no cache of rebuilt keys between decode steps */
@@ -139,7 +148,7 @@ typedef struct rk_lowram_params {
 rk_lowram_params rk_lowram_params_default(void);
 /* Parses "key=value,flag,..." (the part after "lowram:" of --kv) into *p, starting from
  * its current values. Keys: ratio, rank, energy, group, window, sinks, chunk, resid,
- * budget, evict, obs, lambda, fitrows, threads, coef=f16|f32|int8, rtype=int8|int4|f16, exact=f16|f32,
+ * budget, topp, minch, krank, pfit, evict, obs, lambda, fitrows, threads, coef=f16|f32|int8, rtype=int8|int4|f16, exact=f16|f32,
  * pred=FILE (must come last: the rest of the spec is the path); flags: dense, mass,
  * nomass, keys_only, nosumm, qpca, bound, nocache. */
 rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err);

@@ -104,6 +104,8 @@ rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err) {
             {"budget", 1, 1 << 24, NULL, &q.budget},     {"evict", 0, 0.95, &q.evict, NULL},
             {"obs", 1, 4096, NULL, &q.obs_window},       {"lambda", 1e-9, 1e6, &q.lambda, NULL},
             {"fitrows", 16, 1 << 24, NULL, &q.max_fit_rows}, {"threads", 1, 1024, NULL, &q.n_threads},
+            {"topp", 0, 1, &q.topp, NULL},               {"minch", 1, 1 << 20, NULL, &q.min_chunks},
+            {"krank", 1, 1 << 20, NULL, &q.key_rank},       {"pfit", 0, 1 << 24, NULL, &q.prefill_fit},
         };
         size_t k = 0;
         for (; k < sizeof keys / sizeof keys[0]; k++)
@@ -136,6 +138,9 @@ static rk_status resolve(rk_lowram_params *p, const rk_kv *hp, rk_err *err) {
     if (p->resid_share < 0) p->resid_share = d.resid_share;
     if (p->resid_share > 1) return rk_err_set(err, RK_E_INVALID_ARG, "lowram: resid share %g above 1", (double)p->resid_share);
     if (p->budget <= 0) p->budget = d.budget;
+    if (!(p->topp >= 0 && p->topp <= 1)) return rk_err_set(err, RK_E_INVALID_ARG, "lowram: topp %g outside [0, 1]", (double)p->topp);
+    if (p->min_chunks <= 0) p->min_chunks = 2;
+    if (p->key_rank < 0) p->key_rank = 0;
     if (p->coef_type != RK_DT_F16 && p->coef_type != RK_DT_F32 && p->coef_type != RK_DT_Q8_0)
         return rk_err_set(err, RK_E_INVALID_ARG, "lowram: coefficient type %s (f16, f32 or int8)", rk_dtype_name(p->coef_type));
     if (p->resid_type == RK_DT_F32) p->resid_type = d.resid_type;
@@ -211,6 +216,7 @@ rk_status lr_codec_new(const rk_kv *kv, const rk_lowram_params *p, int n_threads
     c->x_hi = calloc((size_t)c->n_layer, sizeof *c->x_hi);
     if (!c->g || !c->ly || !c->freq || !c->rope || !c->qsq || !c->xk || !c->xv || !c->x_hi) goto nomem;
     for (int i = 0; i < c->n_rot / 2; i++) c->freq[i] = pow((double)kv->rope_base, -2.0 * i / c->n_rot);
+    c->rope_base = kv->rope_base;
     for (int gi = 0; gi < c->n_group; gi++) {
         lr_group *g = &c->g[gi];
         g->l0 = gi * c->p.group;
@@ -262,8 +268,31 @@ static void observe(rk_kv_codec *c, int l, const float *q, int64_t n_q, int64_t 
 
 /* ---- the rk_kv ops ----------------------------------------------------------------------- */
 
+/* Compression inside a long eval (pfit): when layer 0 is about to receive rows at pos0 and
+ * every layer holds [0, pos0), rows before pos0 are final. Fit once pfit rows are there,
+ * afterwards compress each chunk that leaves the window, so the exact rows of the whole
+ * prompt never coexist with the compressed ones. A failed eval truncates back (lr_truncate
+ * forgets the compressed rows, a cut at the sinks the fit). */
+static rk_status prefill_step(rk_kv_codec *c, int64_t pos0, rk_err *err) {
+    for (int l = 0; l < c->n_layer; l++)
+        if (c->x_hi[l] != pos0) return RK_OK;
+    const int64_t sink = c->p.n_sink, C = c->p.chunk;
+    lr_rope_fill(c, pos0);
+    if (!c->fitted) {
+        if (pos0 - sink - c->p.window >= C && pos0 - sink >= 128 && pos0 >= c->p.prefill_fit) return lr_fit(c, pos0, err);
+        return RK_OK;
+    }
+    int64_t end = pos0 - c->p.window;
+    end = end > c->comp_end ? c->comp_end + (end - c->comp_end) / C * C : c->comp_end;
+    return end > c->comp_end ? lr_compress(c, end, err) : RK_OK;
+}
+
 static rk_status lowram_append(rk_kv *kv, int l, int64_t pos0, const float *k, const float *v, int64_t n, rk_err *err) {
     rk_kv_codec *c = kv->impl;
+    if (l == 0 && c->p.prefill_fit > 0 && pos0 > c->n_past && pos0 >= c->p.prefill_fit) {
+        rk_status st = prefill_step(c, pos0, err);
+        if (st) return st;
+    }
     if (pos0 < c->x0 || pos0 > c->x_hi[l] || n < 0 || pos0 > c->n_ctx - n)
         return rk_err_set(err, RK_E_INTERNAL, "lowram: append of rows %lld..%lld to layer %d holding [%lld, %lld)",
                           (long long)pos0, (long long)(pos0 + n), l, (long long)c->x0, (long long)c->x_hi[l]);
@@ -279,6 +308,7 @@ static rk_status lowram_append(rk_kv *kv, int l, int64_t pos0, const float *k, c
     a.src0.data = (void *)v;
     if ((st = rk_backend_run(c->be, &a, err))) return st;
     c->x_hi[l] = pos0 + n;
+    if (c->x_hi[l] - c->x0 > c->x_peak) c->x_peak = c->x_hi[l] - c->x0;
     return RK_OK;
 }
 
@@ -332,7 +362,7 @@ static rk_status lowram_commit(rk_kv *kv, int64_t n, rk_err *err) {
 
 static void lowram_truncate(rk_kv *kv, int64_t n) {
     rk_kv_codec *c = kv->impl;
-    if (n < c->n_past) {
+    if (n < c->n_past || (c->fitted && n < c->comp_end)) { /* also rows compressed inside a failed eval */
         rewind_to(c, n);
         c->n_past = kv->n_past = n;
     }
@@ -459,7 +489,9 @@ static void lowram_bytes(const rk_kv *kv, rk_kv_bytes *o) {
             for (int h = 0; h < c->n_head_kv; h++) {
                 o->residuals += (uint64_t)L->h[h].n_res * c->res_bytes;
                 o->meta += n_ch * (sizeof(uint32_t) + sizeof(int32_t)) + sizeof(float);
-                o->key_cache += (uint64_t)L->h[h].n_kc * ((uint64_t)c->p.chunk * c->hd * sizeof(uint16_t) + 16);
+                const uint64_t kc = (uint64_t)L->h[h].n_kc * ((uint64_t)c->p.chunk * c->hd * sizeof(uint16_t) + 16);
+                if (c->p.no_cache) o->scratch += kc; /* slots live one call only */
+                else o->key_cache += kc;
             }
         }
     }

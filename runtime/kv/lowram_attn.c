@@ -40,6 +40,9 @@ typedef struct head_task {
     const float *q;          /* (n_q, q_dim) */
     float *out;
     bool sparse, use_c;      /* use_c: values have a predictor (acc_c is needed) */
+    const int32_t *sel;      /* sparse decode: chunks chosen and rebuilt beforehand (n_sel), */
+    const int32_t *slot;     /* their key-cache slots */
+    int64_t n_sel;
 } head_task;
 
 LR_AI const float *q_of(const head_task *t, int j) {
@@ -117,7 +120,7 @@ LR_AI void plain_rows(const head_task *t, int64_t p0, int64_t p1) {
 /* Rebuilt post-RoPE keys of chunk ch into x->kb: from the key cache when it holds them
  * (sparse decode), else K = RoPE(mean + (C·B)/s), then cached over the least recently used
  * slot that this call has not used. */
-LR_AI void chunk_keys(const head_task *t, int64_t ch, int nb) {
+LR_AI void chunk_keys(const head_task *t, int64_t ch, int nb, int slot) {
     rk_kv_codec *c = t->c;
     lr_scratch *x = t->x;
     const lr_layer *L = &c->ly[t->l];
@@ -127,7 +130,11 @@ LR_AI void chunk_keys(const head_task *t, int64_t ch, int nb) {
     const int64_t r0 = ch * C;
     const rk_quant_fns *f16 = rk_quant_fast(RK_DT_F16);
     int victim = -1;
-    if (t->sparse && H->n_kc) {
+    if (slot >= 0) { /* rebuilt by the LR_KEYS op before this task (sparse decode) */
+        f16->to_f32(H->kc + (size_t)slot * C * hd, x->kb, (int64_t)nb * hd);
+        return;
+    }
+    if (t->sparse && H->n_kc && !c->p.no_cache) {
         for (int i = 0; i < H->n_kc; i++)
             if (H->kc_ch[i] == ch && H->kc_rows[i] == nb && H->kc_epoch[i] == c->epoch) {
                 H->kc_used[i] = c->n_calls;
@@ -138,7 +145,8 @@ LR_AI void chunk_keys(const head_task *t, int64_t ch, int nb) {
             if (H->kc_used[i] != c->n_calls && (victim < 0 || H->kc_used[i] < H->kc_used[victim])) victim = i;
     }
     const size_t off = (size_t)L->li * c->kvd + (size_t)t->h * hd;
-    rk_linalg_matmul(nb, hd, r, x->cf, r, x->bsl, hd, x->kb, hd);
+    const int kr = c->p.key_rank > 0 && c->p.key_rank < r ? c->p.key_rank : r;
+    rk_linalg_matmul(nb, hd, kr, x->cf, r, x->bsl, hd, x->kb, hd);
     const float *mu = g->mean + off, *wi = g->winv + off;
     for (int k = 0; k < nb; k++) {
         float *kr = x->kb + (size_t)k * hd;
@@ -156,7 +164,7 @@ LR_AI void chunk_keys(const head_task *t, int64_t ch, int nb) {
 }
 
 /* Compressed chunk ch: its keys for this (layer, head), scores, accumulation. */
-LR_AI void comp_chunk(const head_task *t, int64_t ch) {
+LR_AI void comp_chunk(const head_task *t, int64_t ch, int kslot) {
     const rk_kv_codec *c = t->c;
     lr_scratch *x = t->x;
     const lr_layer *L = &c->ly[t->l];
@@ -166,10 +174,32 @@ LR_AI void comp_chunk(const head_task *t, int64_t ch) {
     const int64_t r0 = ch * C;
     const int nb = g->n_rows - r0 < C ? (int)(g->n_rows - r0) : C;
     lr_coef_rows(c, g, r0, nb, x->cf);
-    chunk_keys(t, ch, nb);
+    chunk_keys(t, ch, nb, kslot);
     scores(t, x->kb, nb, -1, NULL);
     const uint32_t mask = H->mask[ch];
     int64_t slot = H->base[ch];
+    if (t->use_c && t->ns >= LR_VREBUILD_MIN) {
+        /* many query rows (a long eval): rebuild the chunk's values once, V̂ = c·W + b + δ,
+         * instead of r coefficients per (query, key) pair */
+        rk_linalg_matmul(nb, hd, r, x->cf, r, x->wsl, hd, x->vb, hd);
+        const float *bias = L->b + (size_t)t->h * hd;
+        for (int k = 0; k < nb; k++) {
+            float *vr = x->vb + (size_t)k * hd;
+            axpy(vr, 1.0f, bias, hd);
+            if ((mask >> k) & 1u) {
+                lr_res_row(c, H, slot++, x->row);
+                axpy(vr, 1.0f, x->row, hd);
+            }
+        }
+        for (int j = 0; j < t->ns; j++) {
+            const float *w = x->sc + (size_t)j * C;
+            float *av = x->acc_v + (size_t)j * hd;
+            for (int k = 0; k < nb; k++)
+                if (w[k] != 0) axpy(av, w[k], x->vb + (size_t)k * hd, hd);
+        }
+        x->n_attended += (uint64_t)nb;
+        return;
+    }
     for (int k = 0; k < nb; k++) {
         const bool has_res = (mask >> k) & 1u;
         if (has_res) lr_res_row(c, H, slot++, x->row);
@@ -232,6 +262,115 @@ LR_AI int64_t select_chunks(const head_task *t, int64_t n_ch) {
     return n;
 }
 
+/* Per state row j, log Σ exp(q_j·k / sqrt(hd)) over the exact rows the query sees (sinks,
+ * and [comp_end, last)) into lse (ns). */
+LR_AI void exact_lse(const head_task *t, int64_t last, float *lse) {
+    const rk_kv_codec *c = t->c;
+    lr_scratch *x = t->x;
+    const int hd = c->hd, C = c->p.chunk;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const rk_quant_fns *f16 = rk_quant_fast(RK_DT_F16);
+    float *m = x->st_m, *l = x->st_a; /* reset by head_run later */
+    for (int j = 0; j < t->ns; j++) m[j] = -INFINITY, l[j] = 0;
+    const int64_t ranges[2][2] = {{0, c->p.n_sink < last ? c->p.n_sink : last}, {c->comp_end, last}};
+    for (int rg = 0; rg < 2; rg++)
+        for (int64_t b0 = ranges[rg][0]; b0 < ranges[rg][1]; b0 += C) {
+            const int nb = ranges[rg][1] - b0 < C ? (int)(ranges[rg][1] - b0) : C;
+            for (int k = 0; k < nb; k++) {
+                const uint8_t *kr = lr_exact_ptr(c, t->l, false, b0 + k);
+                if (c->exact_type == RK_DT_F32)
+                    memcpy(x->kb + (size_t)k * hd, (const float *)kr + (size_t)t->h * hd, (size_t)hd * sizeof(float));
+                else
+                    f16->to_f32((const uint16_t *)kr + (size_t)t->h * hd, x->kb + (size_t)k * hd, hd);
+            }
+            for (int j = 0; j < t->ns; j++) {
+                const float *qv = q_of(t, j);
+                for (int k = 0; k < nb; k++) {
+                    const float sc = dotf(qv, x->kb + (size_t)k * hd, hd) * scale;
+                    if (sc > m[j]) l[j] = l[j] * expf(m[j] - sc) + 1.0f, m[j] = sc;
+                    else l[j] += expf(sc - m[j]);
+                }
+            }
+        }
+    for (int j = 0; j < t->ns; j++) lse[j] = l[j] > 0 ? m[j] + logf(l[j]) : -INFINITY;
+}
+
+static int cmp_ord(const void *a, const void *b) {
+    const struct lr_ord *u = a, *v = b;
+    return (u->v < v->v) - (u->v > v->v) ? (u->v < v->v) - (u->v > v->v) : (u->i > v->i) - (u->i < v->i);
+}
+static int cmp_i32(const void *a, const void *b) {
+    const int32_t u = *(const int32_t *)a, v = *(const int32_t *)b;
+    return (u > v) - (u < v);
+}
+
+/* Top-p: each chunk's estimated share of every query head's attention (landmark score +
+ * log of its rows, against the exact rows' and every chunk's), chunks by decreasing largest
+ * share, kept until every query head's left-out share is at most 1 - topp (at least
+ * min_chunks, at most budget / chunk). Returns the chosen chunks in x->sel, by index. */
+LR_AI int64_t select_topp(const head_task *t, int64_t n_ch) {
+    const rk_kv_codec *c = t->c;
+    lr_scratch *x = t->x;
+    const lr_layer *L = &c->ly[t->l];
+    const lr_group *g = &c->g[L->grp];
+    const int hd = c->hd, C = c->p.chunk, ns = t->ns;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int64_t n_max = (c->p.budget + C - 1) / C, n_min = c->p.min_chunks < n_max ? c->p.min_chunks : n_max;
+    const rk_quant_fns *f16 = rk_quant_fast(RK_DT_F16);
+    float *lse = x->st_l; /* reset by head_run later */
+    exact_lse(t, t->pos0 + ns / t->grp, lse);
+    float *drop = x->st_m;
+    for (int64_t ch = 0; ch < n_ch; ch++) {
+        const int64_t rows = g->n_rows - ch * C < C ? g->n_rows - ch * C : C;
+        const float bias = logf((float)rows);
+        if (L->lmin) { /* bound: the largest q·k over the chunk's per-dim key box (Quest) */
+            float *lo = x->kb, *hi = x->vb;
+            f16->to_f32(L->lmin + (size_t)ch * c->kvd + (size_t)t->h * hd, lo, hd);
+            f16->to_f32(L->lmax + (size_t)ch * c->kvd + (size_t)t->h * hd, hi, hd);
+            for (int j = 0; j < ns; j++) {
+                const float *qv = q_of(t, j);
+                float d = 0;
+                for (int e = 0; e < hd; e++) d += fmaxf(qv[e] * lo[e], qv[e] * hi[e]);
+                x->pm[(size_t)j * n_ch + ch] = d * scale + bias;
+            }
+            continue;
+        }
+        f16->to_f32(L->lmk + (size_t)ch * c->kvd + (size_t)t->h * hd, x->row, hd);
+        for (int j = 0; j < ns; j++) x->pm[(size_t)j * n_ch + ch] = dotf(q_of(t, j), x->row, hd) * scale + bias;
+    }
+    for (int64_t ch = 0; ch < n_ch; ch++) x->ord[ch] = (struct lr_ord){0.0f, (int32_t)ch};
+    for (int j = 0; j < ns; j++) {
+        float *pj = x->pm + (size_t)j * n_ch;
+        float mx = lse[j];
+        for (int64_t ch = 0; ch < n_ch; ch++) mx = pj[ch] > mx ? pj[ch] : mx;
+        float z = isfinite(lse[j]) ? expf(lse[j] - mx) : 0.0f;
+        for (int64_t ch = 0; ch < n_ch; ch++) z += pj[ch] = expf(pj[ch] - mx);
+        const float iz = 1.0f / z;
+        float d = 0;
+        for (int64_t ch = 0; ch < n_ch; ch++) {
+            pj[ch] *= iz;
+            d += pj[ch];
+            if (pj[ch] > x->ord[ch].v) x->ord[ch].v = pj[ch];
+        }
+        drop[j] = d;
+    }
+    qsort(x->ord, (size_t)n_ch, sizeof *x->ord, cmp_ord);
+    const float tol = 1.0f - c->p.topp;
+    int64_t n = 0;
+    while (n < n_max && n < n_ch) {
+        if (n >= n_min) {
+            float worst = 0;
+            for (int j = 0; j < ns; j++) worst = drop[j] > worst ? drop[j] : worst;
+            if (worst <= tol) break;
+        }
+        const int32_t ch = x->ord[n].i;
+        for (int j = 0; j < ns; j++) drop[j] -= x->pm[(size_t)j * n_ch + ch];
+        x->sel[n++] = ch;
+    }
+    qsort(x->sel, (size_t)n, sizeof *x->sel, cmp_i32);
+    return n;
+}
+
 /* Chunks not selected: one row each, key = landmark, value = V̂ of the mean coefficients,
  * weight = chunk size (log added to the score). Residuals are left out (mean ~ 0). */
 LR_AI void summaries(const head_task *t, int64_t n_ch) {
@@ -274,20 +413,21 @@ LR_AI void head_run(head_task *t) {
     }
     const int64_t last = t->pos0 + t->ns / t->grp; /* one past the last query position */
     const int off = L->li * c->kvd + t->h * hd;
-    lr_mat_f32(c, g->basis, (size_t)g->D, 0, g->r, off, hd, x->bsl);
+    if (!t->slot) lr_mat_f32(c, g->basis, (size_t)g->D, 0, g->r, off, hd, x->bsl);
     if (t->use_c) lr_mat_f32(c, L->W, (size_t)c->kvd, 0, g->r, t->h * hd, hd, x->wsl);
     plain_rows(t, 0, c->p.n_sink < last ? c->p.n_sink : last);
     const int64_t n_ch = (g->n_rows + c->p.chunk - 1) / c->p.chunk;
     if (t->sparse) {
-        const int64_t n = select_chunks(t, n_ch);
-        for (int64_t i = 0; i < n; i++) comp_chunk(t, x->sel[i]);
+        const int32_t *sel = t->sel ? t->sel : x->sel;
+        const int64_t n = t->sel ? t->n_sel : select_chunks(t, n_ch);
+        for (int64_t i = 0; i < n; i++) comp_chunk(t, sel[i], t->slot ? t->slot[i] : -1);
         if (n < n_ch && !c->p.no_summary) {
             memset(x->mark, 0, (size_t)n_ch);
-            for (int64_t i = 0; i < n; i++) x->mark[x->sel[i]] = 1;
+            for (int64_t i = 0; i < n; i++) x->mark[sel[i]] = 1;
             summaries(t, n_ch);
         }
     } else {
-        for (int64_t ch = 0; ch < n_ch; ch++) comp_chunk(t, ch);
+        for (int64_t ch = 0; ch < n_ch; ch++) comp_chunk(t, ch, -1);
     }
     plain_rows(t, c->comp_end, last);
     for (int j = 0; j < t->ns; j++) {
@@ -327,7 +467,7 @@ static void attn_worker(void *vp, int tid, int nt) {
         const int64_t tile = it / c->n_head_kv, i0 = tile * a->tile;
         const int64_t ni = a->n_q - i0 < a->tile ? a->n_q - i0 : a->tile;
         head_task t = {c, &c->scr[tid], a->l, (int)(it % c->n_head_kv), grp, (int)(ni * grp), i0, a->pos0 + i0,
-                       a->q, a->out, a->sparse, !c->p.values_exact};
+                       a->q, a->out, a->sparse, !c->p.values_exact, NULL, NULL, 0};
 #ifdef LR_HAVE_AVX2_CLONES
         if (a->avx2) {
             head_run_avx2(&t);
@@ -338,9 +478,130 @@ static void attn_worker(void *vp, int tid, int nt) {
     }
 }
 
+typedef struct dec_job {
+    rk_kv_codec *c;
+    int l;
+    const float *q;
+    int64_t n_q, pos0;
+    float *out;
+    bool avx2;
+} dec_job;
+
+/* Sparse decode, second phase: every KV head attends its preselected, rebuilt chunks. */
+static void dec_worker(void *vp, int tid, int nt) {
+    dec_job *a = vp;
+    rk_kv_codec *c = a->c;
+    const int grp = c->n_head / c->n_head_kv;
+    for (int h = tid; h < c->n_head_kv; h += nt) {
+        const size_t o = (size_t)h * (size_t)c->cap_chunks;
+        head_task t = {c, &c->scr[tid], a->l, h, grp, (int)(a->n_q * grp), 0, a->pos0, a->q, a->out, true,
+                       !c->p.values_exact, c->dsel + o, c->dslot + o, c->dn[h]};
+#ifdef LR_HAVE_AVX2_CLONES
+        if (a->avx2) {
+            head_run_avx2(&t);
+            continue;
+        }
+#endif
+        head_run_plain(&t);
+    }
+}
+
+static void select_plain(head_task *t, int64_t n_ch, int64_t *n) {
+    *n = t->c->p.topp > 0 ? select_topp(t, n_ch) : select_chunks(t, n_ch);
+}
+#ifdef LR_HAVE_AVX2_CLONES
+__attribute__((target("avx2,fma,f16c"))) static void select_avx2(head_task *t, int64_t n_ch, int64_t *n) {
+    *n = t->c->p.topp > 0 ? select_topp(t, n_ch) : select_chunks(t, n_ch);
+}
+#endif
+
+/* Sparse decode (<= LR_SPARSE_MAX_Q query rows): per KV head, choose the chunks, find them
+ * in the key cache or give them a slot, rebuild the missing ones in one RK_OP_LR_KEYS run
+ * on the backend (its threads), then attend (heads over the codec's pool). */
+static rk_status sparse_decode(rk_kv_codec *c, int layer, const float *q, int64_t n_q, int64_t pos0, float *out,
+                               rk_err *err) {
+    const lr_layer *L = &c->ly[layer];
+    const lr_group *g = &c->g[L->grp];
+    const int grp = c->n_head / c->n_head_kv, C = c->p.chunk, hd = c->hd, r = g->r;
+    const int kr = c->p.key_rank > 0 && c->p.key_rank < r ? c->p.key_rank : r;
+    const int64_t n_ch = (g->n_rows + C - 1) / C;
+    const bool avx2 = rk_cpu_has_avx2();
+    const rk_quant_fns *f16 = rk_quant_fast(RK_DT_F16);
+    lr_scratch *x = &c->scr[0];
+    for (int h = 0; h < c->n_head_kv; h++) {
+        head_task t = {c, x, layer, h, grp, (int)(n_q * grp), 0, pos0, q, out, true, !c->p.values_exact, NULL, NULL, 0};
+        int64_t n = 0;
+#ifdef LR_HAVE_AVX2_CLONES
+        if (avx2) select_avx2(&t, n_ch, &n);
+        else
+#endif
+            select_plain(&t, n_ch, &n);
+        const size_t o = (size_t)h * (size_t)c->cap_chunks;
+        int32_t *sel = c->dsel + o, *slot = c->dslot + o;
+        memcpy(sel, x->sel, (size_t)n * sizeof *sel);
+        c->dn[h] = n;
+        lr_head *H = &c->ly[layer].h[h];
+        int64_t rows = 0;
+        int n_miss = 0;
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t ch = sel[i];
+            const int nb = g->n_rows - ch * C < C ? (int)(g->n_rows - ch * C) : C;
+            int s = -1;
+            if (!c->p.no_cache)
+                for (int k = 0; k < H->n_kc && s < 0; k++)
+                    if (H->kc_ch[k] == ch && H->kc_rows[k] == nb && H->kc_epoch[k] == c->epoch) s = k;
+            if (s < 0) {
+                for (int k = 0; k < H->n_kc; k++)
+                    if (H->kc_used[k] != c->n_calls && (s < 0 || H->kc_used[k] < H->kc_used[s])) s = k;
+                if (s < 0) return rk_err_set(err, RK_E_INTERNAL, "lowram: no free key-cache slot (%d)", H->n_kc);
+                H->kc_ch[s] = (int32_t)ch, H->kc_rows[s] = nb, H->kc_epoch[s] = c->epoch;
+                lr_coef_rows(c, g, ch * C, nb, c->bcf + (size_t)rows * r);
+                for (int k = 0; k < nb; k++) c->bpos[rows + k] = g->pos[ch * C + k];
+                c->bmiss[n_miss++] = s;
+                rows += nb;
+            }
+            H->kc_used[s] = c->n_calls;
+            slot[i] = s;
+        }
+        if (!rows) continue;
+        const size_t off = (size_t)L->li * c->kvd + (size_t)h * hd, el = c->wide ? 4 : 2;
+        memcpy(c->bmw, g->mean + off, (size_t)hd * sizeof(float));
+        memcpy(c->bmw + hd, g->winv + off, (size_t)hd * sizeof(float));
+        rk_op_args a = {.op = RK_OP_LR_KEYS,
+                        .dst = {RK_DT_F32, {hd, rows}, (size_t)hd * sizeof(float), c->bkb},
+                        .src0 = {RK_DT_F32, {kr, rows}, (size_t)r * sizeof(float), c->bcf},
+                        .src1 = {c->wide ? RK_DT_F32 : RK_DT_F16, {hd, kr}, (size_t)g->D * el,
+                                 (uint8_t *)g->basis + off * el},
+                        .src2 = {RK_DT_F32, {hd, 2}, (size_t)hd * sizeof(float), c->bmw},
+                        .ids = c->bpos,
+                        .rope = {c->rope_mode, c->n_rot, c->rope_base, 0},
+                        .lr_rope_cs = c->rope,
+                        .lr_rope_rows = c->rope_filled};
+        rk_status st = rk_backend_run(c->be, &a, err);
+        if (st != RK_OK) return st;
+        int64_t r0 = 0;
+        for (int m = 0; m < n_miss; m++) {
+            const int s = c->bmiss[m], nb = H->kc_rows[s];
+            uint16_t *dst = H->kc + (size_t)s * C * hd;
+            for (int64_t i = 0; i < (int64_t)nb * hd; i++) dst[i] = rk_f32_to_f16(c->bkb[(size_t)r0 * hd + i]);
+            r0 += nb;
+        }
+        x->n_rebuilt += (uint64_t)rows;
+    }
+    (void)f16;
+    dec_job d = {c, layer, q, n_q, pos0, out, avx2};
+    if (c->pool) rk_pool_run(c->pool, dec_worker, &d);
+    else dec_worker(&d, 0, 1);
+    return RK_OK;
+}
+
 rk_status lr_attention(rk_kv_codec *c, int layer, const float *q, int64_t n_q, int64_t pos0, float *out, rk_err *err) {
     if (!c->scr) return rk_err_set(err, RK_E_INTERNAL, "lowram: attention before the scratch exists");
     const bool sparse = !c->p.dense && n_q <= LR_SPARSE_MAX_Q;
+    if (sparse && c->keys_op) {
+        c->n_calls++;
+        return sparse_decode(c, layer, q, n_q, pos0, out, err);
+    }
     attn_job a = {c, layer, q, n_q, pos0, 0, sparse ? LR_SPARSE_MAX_Q : LR_TILE, out, sparse, rk_cpu_has_avx2()};
     c->n_calls++;
     a.n_tiles = (n_q + a.tile - 1) / a.tile;
@@ -398,7 +659,7 @@ static void kcache_free(rk_kv_codec *c) {
 
 /* Decode's key cache: per (layer, KV head) room for the budget's chunks and 2 more. */
 static bool kcache_alloc(rk_kv_codec *c) {
-    if (c->p.dense || c->p.no_cache) return true;
+    if (c->p.dense) return true;
     const int n = (int)((c->p.budget + c->p.chunk - 1) / c->p.chunk) + 2;
     const size_t rows = (size_t)c->p.chunk * c->hd;
     for (int l = 0; l < c->n_layer; l++)
@@ -424,10 +685,13 @@ void lr_scratch_free(rk_kv_codec *c) {
         lr_scratch *x = &c->scr[t];
         free(x->kb), free(x->vb), free(x->cf), free(x->sc), free(x->st_m), free(x->st_l), free(x->st_a);
         free(x->acc_v), free(x->acc_c), free(x->row), free(x->sel), free(x->csc), free(x->csc2), free(x->mark);
-        free(x->bias), free(x->bsl), free(x->wsl);
+        free(x->bias), free(x->bsl), free(x->wsl), free(x->pm), free(x->ord);
     }
     free(c->scr);
     c->scr = NULL;
+    free(c->dsel), free(c->dslot), free(c->dn), free(c->bcf), free(c->bkb), free(c->bmw), free(c->bpos), free(c->bmiss);
+    c->dsel = c->dslot = NULL, c->dn = NULL, c->bcf = c->bkb = c->bmw = NULL, c->bpos = c->bmiss = NULL;
+    c->keys_op = false;
     c->scratch_bytes = 0;
 }
 
@@ -459,17 +723,44 @@ rk_status lr_scratch_alloc(rk_kv_codec *c, rk_err *err) {
         x->bias = malloc(C * sizeof(float));
         x->bsl = malloc(R * hd * sizeof(float));
         x->wsl = malloc(R * hd * sizeof(float));
-        if (!x->bsl || !x->wsl || !x->mark || !x->bias || !x->kb || !x->vb || !x->cf || !x->sc || !x->st_m || !x->st_l || !x->st_a || !x->acc_v || !x->acc_c ||
+        x->pm = malloc((size_t)LR_SPARSE_MAX_Q * (size_t)(c->n_head / c->n_head_kv) * nch * sizeof(float));
+        x->ord = malloc(nch * sizeof *x->ord);
+        if (!x->pm || !x->ord || !x->bsl || !x->wsl || !x->mark || !x->bias || !x->kb || !x->vb || !x->cf || !x->sc || !x->st_m || !x->st_l || !x->st_a || !x->acc_v || !x->acc_c ||
             !x->row || !x->sel || !x->csc || !x->csc2) {
             lr_scratch_free(c);
             return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory for scratch");
         }
     }
+    floats += (size_t)LR_SPARSE_MAX_Q * (size_t)(c->n_head / c->n_head_kv) * nch + 2 * nch;
     size_t cw_bytes = 0;
     if (!cwork_alloc(c, &cw_bytes) || !kcache_alloc(c)) {
         lr_scratch_free(c);
         return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory for scratch");
     }
-    c->scratch_bytes = (size_t)c->n_threads * (floats * sizeof(float) + nch * (sizeof(int32_t) + 1)) + cw_bytes;
+    /* sparse decode through the backend's LR_KEYS: per-head choices and one batch of rows */
+    size_t dec_bytes = 0;
+    rk_op kop = RK_OP_LR_KEYS;
+    const rk_view probe = {RK_DT_F32, {1, 1}, 4, NULL};
+    const rk_op_args pa = {.op = RK_OP_LR_KEYS, .dst = probe, .src0 = probe, .src2 = probe,
+                           .src1 = {c->wide ? RK_DT_F32 : RK_DT_F16, {1, 1}, 4, NULL}};
+    if (!c->p.dense && c->be && !c->be->ops->mem_alloc && rk_backend_check_ops(c->be, &kop, 1, NULL) == RK_OK &&
+        (!c->be->ops->supports || c->be->ops->supports(c->be, &pa))) {
+        const size_t hk = (size_t)c->n_head_kv, ms = (size_t)((c->p.budget + c->p.chunk - 1) / c->p.chunk);
+        c->dsel = malloc(hk * nch * sizeof(int32_t));
+        c->dslot = malloc(hk * nch * sizeof(int32_t));
+        c->dn = calloc(hk, sizeof(int64_t));
+        c->bcf = malloc(ms * C * R * sizeof(float));
+        c->bkb = malloc(ms * C * hd * sizeof(float));
+        c->bmw = malloc(2 * hd * sizeof(float));
+        c->bpos = malloc(ms * C * sizeof(int32_t));
+        c->bmiss = malloc(ms * sizeof(int32_t));
+        if (!c->dsel || !c->dslot || !c->dn || !c->bcf || !c->bkb || !c->bmw || !c->bpos || !c->bmiss) {
+            lr_scratch_free(c);
+            return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory for scratch");
+        }
+        c->keys_op = true;
+        dec_bytes = hk * nch * (2 * sizeof(int32_t)) + hk * 8 + ms * C * (R + hd + 1) * sizeof(float) + ms * 4 + 8 * hd;
+    }
+    c->scratch_bytes = (size_t)c->n_threads * (floats * sizeof(float) + nch * (sizeof(int32_t) + 1)) + cw_bytes + dec_bytes;
     return RK_OK;
 }

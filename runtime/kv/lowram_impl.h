@@ -64,6 +64,8 @@ typedef struct lr_scratch {
     uint8_t *mark;        /* (cap_chunks) 1: chunk selected */
     float *bias;          /* (chunk) log of each summary row's chunk size */
     float *bsl, *wsl;     /* (r_max, head_dim) basis and predictor columns of one (layer, head) */
+    float *pm;            /* (LR_SPARSE_MAX_Q * group, cap_chunks) top-p: estimated share per query head and chunk */
+    struct lr_ord { float v; int32_t i; } *ord; /* (cap_chunks) chunks by decreasing share */
     uint64_t n_rebuilt, n_attended;
 } lr_scratch;
 
@@ -78,6 +80,9 @@ typedef struct lr_cwork {
 
 /* query rows per task in dense/long evals; evals of at most LR_SPARSE_MAX_Q rows are decode */
 enum { LR_TILE = 512, LR_SPARSE_MAX_Q = 4 };
+/* state rows (query rows x query heads per KV head) from which a dense eval rebuilds each
+ * chunk's values (r x head_dim per row) rather than accumulating r coefficients per pair */
+enum { LR_VREBUILD_MIN = 24 };
 
 typedef struct rk_kv_codec rk_kv_codec;
 struct rk_kv_codec {
@@ -102,6 +107,7 @@ struct rk_kv_codec {
     uint8_t **xk, **xv;   /* (n_layer) of (x_cap, kv_dim): position p at row p - x0 */
     int64_t *x_hi;        /* (n_layer) one past the last position held */
     int64_t x0, x_cap;
+    int64_t x_peak;       /* most exact rows one layer has held at once (high-water mark) */
     uint8_t **sk, **sv;   /* (n_layer) of (n_sink, kv_dim) while fitted, else NULL */
     double *freq;         /* (n_rot / 2) RoPE frequencies, as the kernels compute them */
     float *rope;          /* (n_ctx, n_rot) cos, sin pairs per position */
@@ -121,6 +127,14 @@ struct rk_kv_codec {
     lr_scratch *scr;      /* (n_threads), built after the fit */
     lr_cwork *cw;         /* (n_threads), built after the fit */
     size_t scratch_bytes;
+    /* sparse decode: chunks chosen per KV head, their key-cache slots, and the batch of
+     * rows the LR_KEYS op rebuilds (coefficients, positions, output; mean and 1/s rows) */
+    bool keys_op;         /* the backend runs RK_OP_LR_KEYS on host memory */
+    float rope_base;
+    int32_t *dsel, *dslot; /* (n_head_kv, cap_chunks) */
+    int64_t *dn;          /* (n_head_kv) */
+    float *bcf, *bkb, *bmw; /* (max_sel * chunk, r_max), (max_sel * chunk, head_dim), (2, head_dim) */
+    int32_t *bpos, *bmiss; /* (max_sel * chunk), (max_sel) slots rebuilt */
     uint32_t epoch;       /* bumped when stored rows change under the key cache (truncation) */
     uint32_t n_calls;     /* attention calls, for the key cache's LRU */
     rk_lowram_stats stats;

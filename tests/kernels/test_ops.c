@@ -155,7 +155,8 @@ static op_case cases[] = {
     {"cpy_rows q8_0 128 rows of 256 at row 1000", RK_OP_CPY_ROWS, RK_DT_Q8_0, 128, 256, 1200, 0, 0, 0, 1000, 0, 0,
      F_SPECIAL, 0},
 };
-_Static_assert(RK_OP_COUNT == 9, "op count changed: add cases for the new op");
+/* LR_KEYS is tested against cpu_ref in tests/runtime/test_lowram.c (lr_keys_op_*) */
+_Static_assert(RK_OP_COUNT == 10, "op count changed: add cases for the new op");
 
 /* ---- fixtures ---------------------------------------------------------- */
 typedef struct fixture {
@@ -370,6 +371,7 @@ static void build(const op_case *c, uint64_t seed, fixture *f) {
         a->dst_row0 = c->pos0;
         fx_out(f, &a->dst);
         break;
+    case RK_OP_LR_KEYS: /* tests/runtime/test_lowram.c */
     case RK_OP_COUNT: cr_assert_fail("bad op");
     }
 }

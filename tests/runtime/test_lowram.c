@@ -498,3 +498,206 @@ Test(lowram, spec_parsing) {
         cr_expect_eq(rk_lowram_parse(bad[i], &q, &e), RK_E_INVALID_ARG, "'%s' accepted", bad[i]);
     }
 }
+
+/* ---- RK_OP_LR_KEYS: the decode key rebuild as a backend op ---------------------------- */
+static uint64_t lrk_seed = 0x9e3779b97f4a7c15ull;
+static float lrk_rand(void) {
+    lrk_seed = lrk_seed * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((lrk_seed >> 40) / (double)(1ull << 24)) * 2.0f - 1.0f;
+}
+
+/* cpu (1 and 2 threads) against cpu_ref on random rows, f16 and f32 bases with a row stride
+ * wider than the head, both RoPE layouts, with and without the cos/sin table. Bound: f32
+ * against double accumulation of r products, |Δ| <= 1e-5 · Σ_j |c_j B_jd| / s_d + |mean|
+ * per element (r · 2^-24 · that sum is 1.2e-6 at r = 20), plus the table's f32 rounding of
+ * cos and sin (6e-8 relative to the rotated magnitude). Independently of either backend:
+ * with r = hd, an identity basis, 1/s = 1 and mean 0 the op is plain RoPE of the
+ * coefficients, compared with RK_OP_ROPE. */
+Test(lowram, lr_keys_op_matches_cpu_ref) {
+    enum { N = 37, R = 20, HD = 16, LD = 40, NR = 12, NP = 6000 };
+    float cf[N * R], mw[2 * HD], bf[R * LD], *tab = malloc((size_t)NP * NR * sizeof(float));
+    uint16_t bh[R * LD];
+    int32_t pos[N];
+    for (int i = 0; i < N * R; i++) cf[i] = lrk_rand();
+    for (int i = 0; i < R * LD; i++) bf[i] = rk_f16_to_f32(bh[i] = rk_f32_to_f16(lrk_rand()));
+    for (int d = 0; d < HD; d++) mw[d] = lrk_rand(), mw[HD + d] = 0.5f + lrk_rand() * 0.25f;
+    for (int k = 0; k < N; k++) pos[k] = (int32_t)((lrk_rand() + 1.0f) * 0.5f * (NP - 1));
+    rk_backend *ref = NULL, *cpu1 = NULL, *cpu2 = NULL;
+    rk_err e = {0};
+    cr_assert_eq(rk_backend_cpu_ref_create(&ref, &e), RK_OK);
+    cr_assert_eq(rk_backend_cpu_create(1, &cpu1, &e), RK_OK);
+    cr_assert_eq(rk_backend_cpu_create(2, &cpu2, &e), RK_OK);
+    rk_backend *bes[2] = {cpu1, cpu2};
+    for (int mode = 0; mode < 2; mode++) {
+        const rk_rope_params rp = {mode ? RK_ROPE_NEOX : RK_ROPE_NORM, NR, 10000.0f, 0};
+        double freq[NR / 2];
+        for (int i = 0; i < NR / 2; i++) freq[i] = pow(10000.0, -2.0 * i / NR);
+        for (int p = 0; p < NP; p++)
+            for (int i = 0; i < NR / 2; i++)
+                tab[p * NR + 2 * i] = (float)cos(p * freq[i]), tab[p * NR + 2 * i + 1] = (float)sin(p * freq[i]);
+        for (int f16 = 0; f16 < 2; f16++)
+            for (int use_tab = 0; use_tab < 2; use_tab++) {
+                float want[N * HD], got[N * HD];
+                rk_op_args a = {.op = RK_OP_LR_KEYS,
+                                .dst = {RK_DT_F32, {HD, N}, HD * 4, want},
+                                .src0 = {RK_DT_F32, {R, N}, R * 4, cf},
+                                .src1 = {f16 ? RK_DT_F16 : RK_DT_F32, {HD, R}, (size_t)LD * (f16 ? 2 : 4),
+                                         f16 ? (void *)(bh + 3) : (void *)(bf + 3)},
+                                .src2 = {RK_DT_F32, {HD, 2}, HD * 4, mw},
+                                .ids = pos,
+                                .rope = rp,
+                                .lr_rope_cs = use_tab ? tab : NULL,
+                                .lr_rope_rows = use_tab ? NP : 0};
+                cr_assert_eq(rk_backend_run(ref, &a, &e), RK_OK, "%s", e.msg);
+                for (int b = 0; b < 2; b++) {
+                    a.dst.data = got;
+                    cr_assert_eq(rk_backend_run(bes[b], &a, &e), RK_OK, "%s", e.msg);
+                    for (int k = 0; k < N; k++) {
+                        double sc = 0;
+                        for (int d = 0; d < HD; d++) {
+                            double s = fabs(mw[d]);
+                            for (int j = 0; j < R; j++) s += fabs(cf[k * R + j] * bf[j * LD + 3 + d]) * mw[HD + d];
+                            sc = fmax(sc, s);
+                        }
+                        for (int d = 0; d < HD; d++)
+                            cr_assert_leq(fabs(got[k * HD + d] - want[k * HD + d]), 1e-5 * sc + 1e-7,
+                                          "mode %d f16 %d table %d threads %d: row %d dim %d: %g vs %g", mode, f16,
+                                          use_tab, b + 1, k, d, got[k * HD + d], want[k * HD + d]);
+                    }
+                }
+            }
+        /* identity basis: plain RoPE of the coefficients */
+        float eye[HD * HD] = {0}, mw0[2 * HD] = {0}, x[N * HD], y[N * HD];
+        for (int d = 0; d < HD; d++) eye[d * HD + d] = 1, mw0[HD + d] = 1;
+        for (int i = 0; i < N * HD; i++) x[i] = lrk_rand();
+        for (int k = 0; k < N; k++) {
+            rk_op_args a = {.op = RK_OP_LR_KEYS,
+                            .dst = {RK_DT_F32, {HD, 1}, HD * 4, y + k * HD},
+                            .src0 = {RK_DT_F32, {HD, 1}, HD * 4, x + k * HD},
+                            .src1 = {RK_DT_F32, {HD, HD}, HD * 4, eye},
+                            .src2 = {RK_DT_F32, {HD, 2}, HD * 4, mw0},
+                            .ids = &pos[k],
+                            .rope = rp};
+            cr_assert_eq(rk_backend_run(cpu2, &a, &e), RK_OK, "%s", e.msg);
+            rk_op_args ro = {.op = RK_OP_ROPE, .src0 = {RK_DT_F32, {HD, 1, 1}, HD * 4, x + k * HD}, .rope = rp};
+            ro.rope.pos0 = pos[k];
+            cr_assert_eq(rk_backend_run(ref, &ro, &e), RK_OK, "%s", e.msg); /* in place */
+            for (int d = 0; d < HD; d++)
+                cr_assert_leq(fabs(y[k * HD + d] - x[k * HD + d]), 1e-6 * (1 + fabs(x[k * HD + d])),
+                              "identity basis row %d dim %d: %g vs RoPE %g", k, d, y[k * HD + d], x[k * HD + d]);
+        }
+    }
+    /* bad arguments are named, nothing written */
+    float out[N * HD];
+    rk_op_args a = {.op = RK_OP_LR_KEYS,
+                    .dst = {RK_DT_F32, {HD, N}, HD * 4, out},
+                    .src0 = {RK_DT_F32, {R, N}, R * 4, cf},
+                    .src1 = {RK_DT_F32, {HD, R}, LD * 4, bf},
+                    .src2 = {RK_DT_F32, {HD, 2}, HD * 4, mw},
+                    .ids = pos,
+                    .rope = {RK_ROPE_NORM, NR, 10000.0f, 0},
+                    .lr_rope_cs = tab,
+                    .lr_rope_rows = 100};
+    cr_expect_eq(rk_backend_run(cpu2, &a, &e), RK_E_INVALID_ARG);
+    cr_expect(strstr(e.msg, "LR_KEYS") && strstr(e.msg, "position"), "%s", e.msg);
+    a.lr_rope_cs = NULL, a.src1.ne[1] = R - 1;
+    cr_expect_eq(rk_backend_run(ref, &a, &e), RK_E_INVALID_ARG);
+    cr_expect(strstr(e.msg, "basis shape"), "%s", e.msg);
+    a.src1.ne[1] = R, a.src2.ne[1] = 1;
+    cr_expect_eq(rk_backend_run(cpu1, &a, &e), RK_E_INVALID_ARG);
+    cr_expect(strstr(e.msg, "mean"), "%s", e.msg);
+    a.src2.ne[1] = 2, a.src1.type = RK_DT_Q8_0, a.src1.ne[0] = 32;
+    cr_expect_neq(rk_backend_run(cpu1, &a, &e), RK_OK);
+    free(tab);
+    rk_backend_destroy(ref), rk_backend_destroy(cpu1), rk_backend_destroy(cpu2);
+}
+
+/* Top-p selection. (1) topp=1 with a budget above the compressed rows keeps every chunk:
+ * the logits equal dense mode's up to the f16 rounding of the cached keys (bound: twice
+ * the f16-vs-f32 plain cache distance + 1e-4, as for the lossless codec). (2) topp=0.9 on the
+ * copy prompt stays within the same KL bound as the fixed budget (0.02) while choosing, per
+ * (layer, head), a count between min_chunks and budget / chunk that varies (not a fixed k). */
+Test(lowram, topp_selection) {
+    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    const int nv = rk_model_hparams(m)->n_vocab, n_story = 220, n_prefix = 100, n_dec = 30;
+    const int n_prompt = 1 + n_story + n_prefix;
+    int32_t *ids = copy_prompt(m, n_story, n_prefix, n_dec);
+    rk_session *f16 = session(m, RK_DT_F16, NULL), *f32 = session(m, RK_DT_F32, NULL);
+    rk_session *dn = session(m, RK_DT_F16, "window=64,chunk=16,dense");
+    rk_session *all = session(m, RK_DT_F16, "window=64,chunk=16,topp=1,budget=100000");
+    rk_session *tp = session(m, RK_DT_F16, "window=64,chunk=16,topp=0.9,budget=96");
+    float *a16 = trace(f16, ids, n_prompt, n_dec, nv), *a32 = trace(f32, ids, n_prompt, n_dec, nv);
+    float *ld = trace(dn, ids, n_prompt, n_dec, nv), *la = trace(all, ids, n_prompt, n_dec, nv);
+    const size_t n = (size_t)(n_dec + 1) * nv;
+    const double cache = max_abs_diff(a16, a32, n), d_all = max_abs_diff(ld, la, n);
+    cr_log_info("topp=1 vs dense %.3g (f16 vs f32 cache %.3g)", d_all, cache);
+    cr_expect_leq(d_all, 2 * cache + 1e-4, "topp=1 vs dense %g (cache distance %g)", d_all, cache);
+    /* (2): decode step by step, recording the chunk counts of every (layer, head) */
+    rk_err e = {0};
+    float *lt = malloc(n * sizeof(float));
+    cr_assert_eq(rk_session_eval(tp, ids, (size_t)n_prompt, lt, false, &e), RK_OK, "%s", e.msg);
+    const rk_kv_codec *c = codec(tp);
+    int64_t lo = INT64_MAX, hi = 0;
+    for (int i = 0; i < n_dec; i++) {
+        cr_assert_eq(rk_session_eval(tp, &ids[n_prompt + i], 1, lt + (size_t)(i + 1) * nv, false, &e), RK_OK, "%s",
+                     e.msg);
+        cr_assert(c->keys_op);
+        for (int h = 0; h < c->n_head_kv; h++) lo = c->dn[h] < lo ? c->dn[h] : lo, hi = c->dn[h] > hi ? c->dn[h] : hi;
+    }
+    const double kl = mean_kl(a16, lt, n_dec + 1, nv);
+    cr_log_info("topp=0.9: KL %.5f, chunks per (layer, head) %lld..%lld of %lld", kl, (long long)lo, (long long)hi,
+                (long long)((c->g[0].n_rows + 15) / 16));
+    cr_expect_lt(kl, 0.02, "KL %g", kl);
+    cr_expect_geq(lo, 2);
+    cr_expect_leq(hi, 96 / 16);
+    cr_expect_lt(lo, hi, "top-p chose the same count everywhere (%lld)", (long long)lo);
+    free(a16), free(a32), free(ld), free(la), free(lt), free(ids);
+    rk_session_destroy(f16), rk_session_destroy(f32), rk_session_destroy(dn), rk_session_destroy(all);
+    rk_session_destroy(tp);
+    rk_model_destroy(m);
+}
+
+static bool cancel_after_250(void *ud, int64_t done, int64_t total) {
+    (void)ud, (void)total;
+    return done < 250;
+}
+
+/* pfit: a prompt fed as one eval in chunks of 32 rows is compressed while it is read: the
+ * exact buffers never hold the whole prompt (at most pfit + one batch of rows, against all of it
+ * without pfit), the logits after it and through decode stay within the decode bound of
+ * decode_stays_close_to_exact (KL 0.02 against exact), and a failed eval's compressed rows are
+ * forgotten (a cancelled eval, then the same prompt: bit-identical logits). */
+Test(lowram, prefill_compression_inside_one_eval) {
+    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    const int nv = rk_model_hparams(m)->n_vocab, n_story = 220, n_prefix = 100, n_dec = 20;
+    const int n_prompt = 1 + n_story + n_prefix;
+    int32_t *ids = copy_prompt(m, n_story, n_prefix, n_dec);
+    rk_session *ex = session(m, RK_DT_F16, NULL);
+    rk_session *late = session(m, RK_DT_F16, "window=32,chunk=16,topp=0.95,budget=96");
+    rk_session *early = session(m, RK_DT_F16, "window=32,chunk=16,topp=0.95,budget=96,pfit=128");
+    ex->p.n_batch = late->p.n_batch = early->p.n_batch = 32;
+    float *a = trace(ex, ids, n_prompt, n_dec, nv), *b = trace(late, ids, n_prompt, n_dec, nv);
+    float *c = trace(early, ids, n_prompt, n_dec, nv);
+    const rk_kv_codec *cl = codec(late), *ce = codec(early);
+    const double kl_late = mean_kl(a, b, n_dec + 1, nv), kl_early = mean_kl(a, c, n_dec + 1, nv);
+    cr_log_info("pfit: exact rows held at most %lld rows (fit at the end: %lld); KL %.5f (fit at the end %.5f)",
+                (long long)ce->x_peak, (long long)cl->x_peak, kl_early, kl_late);
+    cr_expect_geq(cl->x_peak, n_prompt);
+    cr_expect_leq(ce->x_peak, 128 + 32, "exact rows held %lld of %d", (long long)ce->x_peak, n_prompt);
+    cr_expect_gt(ce->g[0].n_rows, 200);
+    cr_expect_lt(kl_early, 0.02, "KL %g", kl_early);
+    /* an eval cancelled after rows were compressed inside it leaves nothing behind: the
+     * same prompt again gives the same logits bit for bit */
+    rk_err e = {0};
+    float *d = malloc((size_t)nv * sizeof(float)), *d2 = malloc((size_t)nv * sizeof(float));
+    cr_assert_eq(rk_session_truncate(early, 0, &e), RK_OK);
+    rk_session_set_progress(early, cancel_after_250, NULL);
+    cr_assert_eq(rk_session_eval(early, ids, (size_t)n_prompt, d, false, &e), RK_E_CANCELLED, "%s", e.msg);
+    cr_expect_eq(rk_session_n_past(early), 0);
+    rk_session_set_progress(early, NULL, NULL);
+    cr_assert_eq(rk_session_eval(early, ids, (size_t)n_prompt, d2, false, &e), RK_OK, "%s", e.msg);
+    cr_expect_eq(memcmp(d2, c, (size_t)nv * sizeof(float)), 0, "replay after a cancelled eval differs");
+    free(a), free(b), free(c), free(d), free(d2), free(ids);
+    rk_session_destroy(ex), rk_session_destroy(late), rk_session_destroy(early);
+    rk_model_destroy(m);
+}
