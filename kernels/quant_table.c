@@ -68,3 +68,35 @@ const rk_quant_fns *rk_quant_fast(uint32_t type) {
 #endif
     return lookup(ref_fns, type);
 }
+
+/* ---- integer dot products against 8-bit activations ---------------------- */
+#define RK_QDOT_TABLE(pre)                                                                    \
+    {                                                                                         \
+        [RK_DT_Q4_0] = {32, sizeof(rk_act_q8_32), pre##_act_q8_32, pre##_q4_0_dot},           \
+        [RK_DT_Q4_1] = {32, sizeof(rk_act_q8_32), pre##_act_q8_32, pre##_q4_1_dot},           \
+        [RK_DT_Q8_0] = {32, sizeof(rk_act_q8_32), pre##_act_q8_32, pre##_q8_0_dot},           \
+        [RK_DT_Q4_K] = {RK_QK_K, sizeof(rk_act_q8_K), pre##_act_q8_K, pre##_q4_K_dot},        \
+        [RK_DT_Q6_K] = {RK_QK_K, sizeof(rk_act_q8_K), pre##_act_q8_K, pre##_q6_K_dot},        \
+    }
+
+static const rk_qdot_fns qref_fns[RK_DT_BF16 + 1] = RK_QDOT_TABLE(rk_qref);
+#ifdef RK_HAVE_AVX2
+static const rk_qdot_fns qavx2_fns[RK_DT_BF16 + 1] = RK_QDOT_TABLE(rk_qavx2);
+#endif
+
+static const rk_qdot_fns *qlookup(const rk_qdot_fns *tab, uint32_t type) {
+    if (type > RK_DT_BF16 || !tab[type].dot) return NULL;
+    return &tab[type];
+}
+
+const rk_qdot_fns *rk_qdot_ref(uint32_t type) {
+    return qlookup(qref_fns, type);
+}
+
+const rk_qdot_fns *rk_qdot_fast(uint32_t type) {
+#ifdef RK_HAVE_AVX2
+    if (rk_cpu_has_avx2()) return qlookup(qavx2_fns, type);
+#endif
+    (void)type;
+    return NULL;
+}
