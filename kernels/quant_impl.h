@@ -114,8 +114,13 @@ float rk_qref_q6_K_dot(const void *w, const void *xq, int64_t n);
 void rk_qavx2_act_q8_32(const float *x, void *dst, int64_t n);
 void rk_qavx2_act_q8_K(const float *x, void *dst, int64_t n);
 float rk_qavx2_q8_0_dot(const void *w, const void *xq, int64_t n);
+void rk_qavx2_q8_0_dot_x4(const void *w, const void *xq, size_t ys, int64_t n, float *out);
 float rk_qavx2_q4_0_dot(const void *w, const void *xq, int64_t n);
+void rk_qavx2_q4_0_dot_x4(const void *w, const void *xq, size_t ys, int64_t n, float *out);
 float rk_qavx2_q4_1_dot(const void *w, const void *xq, int64_t n);
+void rk_qavx2_q4_1_dot_x4(const void *w, const void *xq, size_t ys, int64_t n, float *out);
 float rk_qavx2_q4_K_dot(const void *w, const void *xq, int64_t n);
+void rk_qavx2_q4_K_dot_x4(const void *w, const void *xq, size_t ys, int64_t n, float *out);
 float rk_qavx2_q6_K_dot(const void *w, const void *xq, int64_t n);
+void rk_qavx2_q6_K_dot_x4(const void *w, const void *xq, size_t ys, int64_t n, float *out);
 #endif

@@ -136,98 +136,74 @@ void rk_qavx2_act_q8_K(const float *x, void *dst, int64_t n) {
     }
 }
 
-/* ---- dots over 32-element blocks ----------------------------------------- */
+/* ---- dots ----------------------------------------------------------------
+ * Each kernel takes one weight row and R activation rows (R = 1: the GEMV dot;
+ * R = 4: prefill, the weight unpacked once for four rows). Every pair has its
+ * own accumulators and sees the same operations in the same order whatever R,
+ * so dot_x4 returns exactly what four dot calls would. */
+#define RK_AI static inline __attribute__((always_inline))
+#define FOR_R _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
 
-/* sum a_i * b_i per 32-bit lane for s8 a (any value) and s8 b in [-127, 127]. */
-static inline __m256i dot_s8(__m256i a, __m256i b) {
-    const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
-    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+/* |a| as u8 and b with a's sign: their maddubs is sum a_i b_i for s8 a (any
+ * value) and s8 b in [-127, 127]. */
+RK_AI __m256i madd1(__m256i p16) {
+    return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
 }
 
-/* u8 a (<= 63) times s8 b, pairs summed to s16. */
-static inline __m256i dot_u8_16(__m256i a, __m256i b) {
-    return _mm256_maddubs_epi16(a, b);
-}
-
-float rk_qavx2_q8_0_dot(const void *w, const void *xq, int64_t n) {
-    const uint8_t *p = w;
-    const rk_act_q8_32 *y = xq;
-    const size_t bs = sizeof(rk_block_q8_0);
-    const int64_t nb = n / 32;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
-    int64_t i = 0;
-    for (; i + 2 <= nb; i += 2, p += 2 * bs, y += 2) {
-        pf(p);
-        const __m256i s0 = dot_s8(ldu(p + 2), ldu(y[0].qs));
-        const __m256i s1 = dot_s8(ldu(p + bs + 2), ldu(y[1].qs));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16(p) * y[0].d), _mm256_cvtepi32_ps(s0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(f16(p + bs) * y[1].d), _mm256_cvtepi32_ps(s1), acc1);
-    }
-    if (i < nb)
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16(p) * y->d), _mm256_cvtepi32_ps(dot_s8(ldu(p + 2), ldu(y->qs))),
-                               acc0);
-    return hsum8(_mm256_add_ps(acc0, acc1));
+static inline float hsum4(__m128 m) {
+    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
 }
 
 /* 16 bytes of nibbles -> 32 u8: low nibbles elements 0..15, high 16..31. */
-static inline __m256i nib32(const uint8_t *qs) {
+RK_AI __m256i nib32(const uint8_t *qs) {
     const __m128i x = _mm_loadu_si128((const __m128i *)(const void *)qs);
     const __m128i m = _mm_set1_epi8(15);
     return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(x, 4), m), _mm_and_si128(x, m));
 }
 
-float rk_qavx2_q4_0_dot(const void *w, const void *xq, int64_t n) {
-    const uint8_t *p = w;
-    const rk_act_q8_32 *y = xq;
-    const size_t bs = sizeof(rk_block_q4_0);
-    const int64_t nb = n / 32;
+/* Q8_0 (signed codes, any value) and Q4_0 (q - 8): sign trick per block. */
+RK_AI void q8_0_rows(const uint8_t *p, const uint8_t *xq, size_t ys, int64_t n, int R, float *out, bool is_q4) {
+    const size_t bs = is_q4 ? sizeof(rk_block_q4_0) : sizeof(rk_block_q8_0);
     const __m256i eight = _mm256_set1_epi8(8);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
-    int64_t i = 0;
-    for (; i + 2 <= nb; i += 2, p += 2 * bs, y += 2) {
-        pf(p);
-        const __m256i q0 = _mm256_sub_epi8(nib32(p + 2), eight), q1 = _mm256_sub_epi8(nib32(p + bs + 2), eight);
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16(p) * y[0].d), _mm256_cvtepi32_ps(dot_s8(q0, ldu(y[0].qs))), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(f16(p + bs) * y[1].d), _mm256_cvtepi32_ps(dot_s8(q1, ldu(y[1].qs))),
-                               acc1);
+    __m256 acc[4];
+    FOR_R acc[r] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / 32; i++, p += bs) {
+        if (!(i & 1)) pf(p);
+        const __m256i q = is_q4 ? _mm256_sub_epi8(nib32(p + 2), eight) : ldu(p + 2);
+        const __m256i aq = _mm256_sign_epi8(q, q);
+        const float dw = f16(p);
+        FOR_R {
+            const rk_act_q8_32 *y = (const rk_act_q8_32 *)(const void *)(xq + r * ys) + i;
+            const __m256i s = madd1(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(ldu(y->qs), q)));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * y->d), _mm256_cvtepi32_ps(s), acc[r]);
+        }
     }
-    if (i < nb) {
-        const __m256i q0 = _mm256_sub_epi8(nib32(p + 2), eight);
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16(p) * y->d), _mm256_cvtepi32_ps(dot_s8(q0, ldu(y->qs))), acc0);
-    }
-    return hsum8(_mm256_add_ps(acc0, acc1));
+    FOR_R out[r] = hsum8(acc[r]);
 }
 
-/* w = q d + m: sum w x = d dx sum(q y) + m dx sum(y). */
-float rk_qavx2_q4_1_dot(const void *w, const void *xq, int64_t n) {
-    const uint8_t *p = w;
-    const rk_act_q8_32 *y = xq;
-    const size_t bs = sizeof(rk_block_q4_1);
-    const int64_t nb = n / 32;
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
-    float summ = 0.0f;
-    int64_t i = 0;
-    for (; i + 2 <= nb; i += 2, p += 2 * bs, y += 2) {
-        pf(p);
-        const __m256i s0 = _mm256_madd_epi16(dot_u8_16(nib32(p + 4), ldu(y[0].qs)), ones);
-        const __m256i s1 = _mm256_madd_epi16(dot_u8_16(nib32(p + bs + 4), ldu(y[1].qs)), ones);
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16(p) * y[0].d), _mm256_cvtepi32_ps(s0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(f16(p + bs) * y[1].d), _mm256_cvtepi32_ps(s1), acc1);
-        summ += f16(p + 2) * (y[0].d * (float)y[0].sum) + f16(p + bs + 2) * (y[1].d * (float)y[1].sum);
+/* Q4_1: w = q d + m, so sum w x = d dx sum(q y) + m dx sum(y). */
+RK_AI void q4_1_rows(const uint8_t *p, const uint8_t *xq, size_t ys, int64_t n, int R, float *out) {
+    __m256 acc[4];
+    float summ[4];
+    FOR_R acc[r] = _mm256_setzero_ps(), summ[r] = 0.0f;
+    for (int64_t i = 0; i < n / 32; i++, p += sizeof(rk_block_q4_1)) {
+        if (!(i & 1)) pf(p);
+        const __m256i q = nib32(p + 4);
+        const float dw = f16(p), mw = f16(p + 2);
+        FOR_R {
+            const rk_act_q8_32 *y = (const rk_act_q8_32 *)(const void *)(xq + r * ys) + i;
+            const __m256i s = madd1(_mm256_maddubs_epi16(q, ldu(y->qs)));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * y->d), _mm256_cvtepi32_ps(s), acc[r]);
+            summ[r] += mw * (y->d * (float)y->sum);
+        }
     }
-    if (i < nb) {
-        const __m256i s0 = _mm256_madd_epi16(dot_u8_16(nib32(p + 4), ldu(y->qs)), ones);
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16(p) * y->d), _mm256_cvtepi32_ps(s0), acc0);
-        summ += f16(p + 2) * (y->d * (float)y->sum);
-    }
-    return hsum8(_mm256_add_ps(acc0, acc1)) + summ;
+    FOR_R out[r] = hsum8(acc[r]) + summ[r];
 }
-
-/* ---- K-quants ------------------------------------------------------------ */
 
 /* The 8 scales and 8 mins of a q4_K block as bytes (see quant_avx2.c). */
-static inline void q4k_sm(const uint8_t *s12, uint64_t *sc8, uint64_t *m8) {
+RK_AI void q4k_sm(const uint8_t *s12, uint64_t *sc8, uint64_t *m8) {
     uint32_t u[3];
     memcpy(u, s12, 12);
     const uint32_t sc_lo = u[0] & 0x3f3f3f3fu, m_lo = u[1] & 0x3f3f3f3fu;
@@ -239,61 +215,70 @@ static inline void q4k_sm(const uint8_t *s12, uint64_t *sc8, uint64_t *m8) {
 
 /* Per block: dx * (d * sum_j sc_j sum(q y) - dmin * sum_j m_j sum(y)), the
  * min part from the activation's 16-sums (pairs of them per sub-block). */
-float rk_qavx2_q4_K_dot(const void *w, const void *xq, int64_t n) {
-    const uint8_t *p = w;
-    const rk_act_q8_K *y = xq;
+RK_AI void q4_K_rows(const uint8_t *p, const uint8_t *xq, size_t ys, int64_t n, int R, float *out) {
     const __m256i m4 = _mm256_set1_epi8(15);
-    __m256 acc = _mm256_setzero_ps();
-    __m128 accm = _mm_setzero_ps();
-    for (int64_t i = 0; i < n / RK_QK_K; i++, p += sizeof(rk_block_q4_K), y++) {
+    __m256 acc[4];
+    __m128 accm[4];
+    FOR_R acc[r] = _mm256_setzero_ps(), accm[r] = _mm_setzero_ps();
+    for (int64_t i = 0; i < n / RK_QK_K; i++, p += sizeof(rk_block_q4_K)) {
         const uint8_t *qs = p + offsetof(rk_block_q4_K, qs);
         pf(qs);
         pf(qs + 64);
         uint64_t sc8, m8;
         q4k_sm(p + offsetof(rk_block_q4_K, scales), &sc8, &m8);
-        const float dx = y->d;
-        /* mins: 8 x s16 m_j times (bsums[2j] + bsums[2j+1]) -> 4 x s32 */
+        const float dw = f16(p), dmw = f16(p + 2);
         const __m128i mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m8));
-        const __m256i bs = ldu(y->bsums);
-        const __m128i bsp = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-        accm = _mm_fmadd_ps(_mm_set1_ps(dx * f16(p + 2)), _mm_cvtepi32_ps(_mm_madd_epi16(mins, bsp)), accm);
-        __m256i sumi = _mm256_setzero_si256();
+        __m256i sumi[4];
+        FOR_R {
+            const rk_act_q8_K *y = (const rk_act_q8_K *)(const void *)(xq + r * ys) + i;
+            const __m256i bs = ldu(y->bsums);
+            const __m128i bsp = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+            accm[r] = _mm_fmadd_ps(_mm_set1_ps(y->d * dmw), _mm_cvtepi32_ps(_mm_madd_epi16(mins, bsp)), accm[r]);
+            sumi[r] = _mm256_setzero_si256();
+        }
         for (int c = 0; c < 4; c++) {
             const __m256i b = ldu(qs + 32 * c);
             const __m256i lo = _mm256_and_si256(b, m4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
-            const __m256i plo = dot_u8_16(lo, ldu(y->qs + 64 * c));
-            const __m256i phi = dot_u8_16(hi, ldu(y->qs + 64 * c + 32));
             const __m256i slo = _mm256_set1_epi16((short)((sc8 >> (16 * c)) & 0xff));
             const __m256i shi = _mm256_set1_epi16((short)((sc8 >> (16 * c + 8)) & 0xff));
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(plo, slo), _mm256_madd_epi16(phi, shi)));
+            FOR_R {
+                const rk_act_q8_K *y = (const rk_act_q8_K *)(const void *)(xq + r * ys) + i;
+                const __m256i plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ldu(y->qs + 64 * c)), slo);
+                const __m256i phi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ldu(y->qs + 64 * c + 32)), shi);
+                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(plo, phi));
+            }
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(dx * f16(p)), _mm256_cvtepi32_ps(sumi), acc);
+        FOR_R {
+            const rk_act_q8_K *y = (const rk_act_q8_K *)(const void *)(xq + r * ys) + i;
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(y->d * dw), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+        }
     }
-    __m128 m = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
-    m = _mm_add_ss(m, _mm_movehdup_ps(m));
-    return hsum8(acc) - _mm_cvtss_f32(m);
+    FOR_R out[r] = hsum8(acc[r]) - hsum4(accm[r]);
 }
 
 /* Per block: dx * d * (sum_e sc[e/16] q_e y_e - 32 sum_k sc_k bsums_k), q the
  * unsigned 6-bit code (0..63), so maddubs takes it as the u8 operand. */
-float rk_qavx2_q6_K_dot(const void *w, const void *xq, int64_t n) {
-    const uint8_t *p = w;
-    const rk_act_q8_K *y = xq;
+RK_AI void q6_K_rows(const uint8_t *p, const uint8_t *xq, size_t ys, int64_t n, int R, float *out) {
     const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
     const __m256i m0c = _mm256_set1_epi8(0x0c), m30 = _mm256_set1_epi8(0x30), mc0 = _mm256_set1_epi8((char)0xc0);
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / RK_QK_K; i++, p += sizeof(rk_block_q6_K), y++) {
+    __m256 acc[4];
+    FOR_R acc[r] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / RK_QK_K; i++, p += sizeof(rk_block_q6_K)) {
         const uint8_t *ql = p + offsetof(rk_block_q6_K, ql);
         const uint8_t *qh = p + offsetof(rk_block_q6_K, qh);
+        const int8_t *sc = (const int8_t *)(p + offsetof(rk_block_q6_K, scales));
         pf(ql);
         pf(ql + 64);
         pf(ql + 128);
         pf(ql + 192);
-        /* 16 s8 scales as s16: sc16[k] for sub-block k */
-        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(p + offsetof(rk_block_q6_K, scales))));
-        const __m256i bsum = _mm256_madd_epi16(sc16, ldu(y->bsums)); /* 8 x s32 */
-        const int8_t *sc = (const int8_t *)(p + offsetof(rk_block_q6_K, scales));
-        __m256i sumi = _mm256_setzero_si256();
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)sc));
+        const float dw = f16(p + offsetof(rk_block_q6_K, d));
+        __m256i sumi[4];
+        FOR_R {
+            const rk_act_q8_K *y = (const rk_act_q8_K *)(const void *)(xq + r * ys) + i;
+            sumi[r] = _mm256_setzero_si256();
+            sumi[r] = _mm256_sub_epi32(sumi[r], _mm256_slli_epi32(_mm256_madd_epi16(sc16, ldu(y->bsums)), 5));
+        }
         for (int h = 0; h < 2; h++) {
             const __m256i a = ldu(ql + 64 * h), b = ldu(ql + 64 * h + 32), hb = ldu(qh + 32 * h);
             __m256i q[4];
@@ -306,13 +291,33 @@ float rk_qavx2_q6_K_dot(const void *w, const void *xq, int64_t n) {
                 /* elements 128h + 32k + l: scale 8h + 2k for l < 16 (low lane), 8h + 2k + 1 above */
                 const int j = 8 * h + 2 * k;
                 const __m256i sv = _mm256_setr_m128i(_mm_set1_epi16(sc[j]), _mm_set1_epi16(sc[j + 1]));
-                const __m256i pq = dot_u8_16(q[k], ldu(y->qs + 128 * h + 32 * k));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pq, sv));
+                FOR_R {
+                    const rk_act_q8_K *y = (const rk_act_q8_K *)(const void *)(xq + r * ys) + i;
+                    const __m256i pq = _mm256_maddubs_epi16(q[k], ldu(y->qs + 128 * h + 32 * k));
+                    sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(pq, sv));
+                }
             }
         }
-        sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(bsum, 5));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(y->d * f16(p + offsetof(rk_block_q6_K, d))), _mm256_cvtepi32_ps(sumi),
-                              acc);
+        FOR_R {
+            const rk_act_q8_K *y = (const rk_act_q8_K *)(const void *)(xq + r * ys) + i;
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(y->d * dw), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+        }
     }
-    return hsum8(acc);
+    FOR_R out[r] = hsum8(acc[r]);
 }
+
+#define RK_QDOT_PAIR(t, call1, call4)                                                      \
+    float rk_qavx2_##t##_dot(const void *w, const void *xq, int64_t n) {                   \
+        float o[1];                                                                        \
+        call1;                                                                             \
+        return o[0];                                                                       \
+    }                                                                                      \
+    void rk_qavx2_##t##_dot_x4(const void *w, const void *xq, size_t ys, int64_t n, float *o) { \
+        call4;                                                                             \
+    }
+
+RK_QDOT_PAIR(q8_0, q8_0_rows(w, xq, 0, n, 1, o, false), q8_0_rows(w, xq, ys, n, 4, o, false))
+RK_QDOT_PAIR(q4_0, q8_0_rows(w, xq, 0, n, 1, o, true), q8_0_rows(w, xq, ys, n, 4, o, true))
+RK_QDOT_PAIR(q4_1, q4_1_rows(w, xq, 0, n, 1, o), q4_1_rows(w, xq, ys, n, 4, o))
+RK_QDOT_PAIR(q4_K, q4_K_rows(w, xq, 0, n, 1, o), q4_K_rows(w, xq, ys, n, 4, o))
+RK_QDOT_PAIR(q6_K, q6_K_rows(w, xq, 0, n, 1, o), q6_K_rows(w, xq, ys, n, 4, o))

@@ -42,6 +42,8 @@ typedef struct rk_qdot_fns {
     size_t act_bytes; /* bytes per activation block */
     rk_act_quant_fn quant_act;
     rk_qdot_fn dot;
+    /* out[r] = dot(w, xq + r * xq_stride, n) for r < 4, bit for bit; NULL: none */
+    void (*dot_x4)(const void *w, const void *xq, size_t xq_stride, int64_t n, float *out);
 } rk_qdot_fns;
 /* Scalar C versions, for every type above; NULL for other types. */
 const rk_qdot_fns *rk_qdot_ref(uint32_t type);

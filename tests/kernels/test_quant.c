@@ -934,3 +934,39 @@ Test(quant, qdot_nonfinite) {
         free(wb);
     }
 }
+
+/* dot_x4 (prefill: one weight row, four activation rows) is the same computation
+ * as dot for each pair: bit for bit, at odd alignments and strides. */
+Test(quant, qdot_x4_equals_dot) {
+    uint64_t rng = 77;
+    for (size_t t = 0; t < N_QDOT; t++) {
+        const uint32_t type = qdot_types[t];
+        const rk_qdot_fns *f = rk_qdot_fast(type);
+        if (!f || !f->dot_x4) continue;
+        const int64_t lens[] = {1, 3, 6, 35};
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+            const int64_t n = lens[li] * f->act_block;
+            const size_t row = (size_t)(n / f->act_block) * f->act_bytes, stride = row + 3;
+            void *wb;
+            const uint8_t *w = rand_row(type, n, &rng, &wb);
+            uint8_t *mem = malloc(4 * stride + 1), *xq = mem + 1;
+            cr_assert(mem);
+            for (int r = 0; r < 4; r++) {
+                float *x = rand_x(n, &rng);
+                if (r == 2) x[n - 1] = NAN; /* one NaN row: only its output is NaN */
+                f->quant_act(x, xq + r * stride, n);
+                free(x);
+            }
+            float o[4];
+            f->dot_x4(w, xq, stride, n, o);
+            for (int r = 0; r < 4; r++) {
+                const float want = f->dot(w, xq + r * stride, n);
+                cr_assert(same_bits(o[r], want), "%s n=%lld row %d: dot_x4 %a, dot %a", rk_dtype_name(type),
+                          (long long)n, r, (double)o[r], (double)want);
+                cr_assert_eq(isnan(o[r]), r == 2);
+            }
+            free(mem);
+            free(wb);
+        }
+    }
+}
