@@ -8,6 +8,12 @@
 #   MODEL    default ~/.cache/ridgekv/SmolLM2-135M-Instruct.Q4_1.gguf
 #   ROUNDS   alternating rounds (default 3): ridgekv, llama.cpp, memcpy, ridgekv, ...
 #   RIDGEKV  default build-rel/cli/ridgekv (meson setup build-rel --buildtype=release)
+# Kernel mode: scripts/bench_llamacpp.sh --kernels BUILD_DIR (a meson build of this repo)
+#   builds a microbenchmark against BUILD_DIR's kernel libraries and prints, per weight type
+#   and a few model shapes, the thread CPU time (best of 5, one thread) of the f32-activation
+#   row functions (rk_quant_fast: dot per row; to_f32 tiles + the AVX2 f32 GEMM) against the
+#   integer path (rk_qdot_fast: 8-bit activations; dot, dot_x4). CPU time, not wall time, so
+#   that a loaded machine changes the figures less (caches are still shared).
 # Env: THREADS (default 2), NP (prompt tokens, default 512), NG (decode tokens, default 64).
 #
 # Prints, best of the rounds for each: prefill and decode tok/s of both and the ratios
@@ -17,6 +23,61 @@
 # tensor of the GGUF except token_embd when an output.weight exists: that table is only
 # gathered a row at a time), and ridgekv's decode as a fraction of that bandwidth.
 set -euo pipefail
+if [ "${1:-}" = "--kernels" ]; then
+  bd=${2:?usage: $0 --kernels BUILD_DIR}
+  src=$(cd "$(dirname "$0")/.." && pwd)
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  cat > "$tmp/mb.c" <<'EOF'
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "quant_impl.h"
+#include "ops_impl.h"
+static double cpu_now(void){struct timespec t;clock_gettime(CLOCK_THREAD_CPUTIME_ID,&t);return t.tv_sec+t.tv_nsec*1e-9;}
+int main(int argc,char**argv){
+  uint32_t type = argc>1? (uint32_t)atoi(argv[1]) : RK_DT_Q4_K;
+  int64_t k = argc>2? atoll(argv[2]):1536, m = argc>3? atoll(argv[3]):8960, n = argc>4? atoll(argv[4]):64;
+  uint64_t rb=0; rk_dtype_row_bytes(type,k,&rb);
+  uint8_t *w = malloc(rb*m); for (size_t i=0;i<rb*m;i++) w[i]=rand();
+  const rk_dtype_traits *tr = rk_dtype_get(type);
+  // sane f16 scales: set every 2-byte f16 to 0.01 at block starts is type specific; just keep random bytes but fix exponents
+  for (size_t b=0;b<rb*m/tr->type_size;b++){ uint8_t*q=w+b*tr->type_size; uint16_t h=rk_f32_to_f16(0.01f);
+    if(type==RK_DT_Q6_K) memcpy(q+208,&h,2); else {memcpy(q,&h,2); if(type==RK_DT_Q4_K||type==RK_DT_Q4_1) memcpy(q+2,&h,2);} }
+  float *x = malloc(4*k*n); for(int64_t i=0;i<k*n;i++) x[i]=(rand()%2000-1000)/1000.0f;
+  float *y = malloc(4*m*n); float *buf = aligned_alloc(64, 4*k*64);
+  const rk_quant_fns *f = rk_quant_fast(type); const rk_qdot_fns *qd = rk_qdot_fast(type);
+  size_t xr = (size_t)(k/qd->act_block)*qd->act_bytes; uint8_t *xq = malloc(xr*n);
+  double best[4]={1e9,1e9,1e9,1e9};
+  for(int rep=0;rep<5;rep++){
+    double t0=cpu_now(); for(int64_t j=0;j<m;j++) y[j]=f->dot(w+rb*j,x,k); double t1=cpu_now();
+    qd->quant_act(x,xq,k); for(int64_t j=0;j<m;j++) y[j]=qd->dot(w+rb*j,xq,k); double t2=cpu_now();
+    if(t1-t0<best[0])best[0]=t1-t0; if(t2-t1<best[1])best[1]=t2-t1;
+    // gemm old: tiles of 16 rows
+    t0=cpu_now();
+    for(int64_t j0=0;j0<m;j0+=16){ for(int j=0;j<16;j++) f->to_f32(w+rb*(j0+j),buf+j*k,k); rk_cpu_kern_avx2.gemm_nt(n,16,k,x,k,buf,k,y+j0,m);} 
+    t1=cpu_now();
+    for(int64_t t=0;t<n;t++) qd->quant_act(x+t*k,xq+t*xr,k);
+    for(int64_t j0=0;j0<m;j0+=128) for(int64_t t=0;t+4<=n;t+=4) for(int64_t j=j0;j<j0+128&&j<m;j++){float o[4]; qd->dot_x4(w+rb*j,xq+t*xr,xr,k,o); y[t*m+j]=o[0];}
+    t2=cpu_now();
+    if(t1-t0<best[2])best[2]=t1-t0; if(t2-t1<best[3])best[3]=t2-t1;
+  }
+  printf("type %u k %lld m %lld: gemv f32-path %.2f ms (%.1f GB/s), int %.2f ms (%.1f GB/s) ratio %.2f | gemm n=%lld f32 %.1f ms int %.1f ms ratio %.2f\n",
+    type,(long long)k,(long long)m,best[0]*1e3,rb*m/best[0]/1e9,best[1]*1e3,rb*m/best[1]/1e9,best[0]/best[1],(long long)n,best[2]*1e3,best[3]*1e3,best[2]/best[3]);
+  return 0;
+}
+EOF
+  cc -O2 -std=c11 -mavx2 -mfma -mf16c -DRK_HAVE_AVX2=1 -I"$src/kernels" -I"$src/kernels/include" \
+    -I"$src/runtime/base/include" "$tmp/mb.c" "$bd/kernels/librk_kernels.a" "$bd/kernels/librk_kernels_avx2.a" \
+    "$bd/runtime/base/librk_base.a" -lm -lpthread -o "$tmp/mb"
+  # type ids: 2 Q4_0, 3 Q4_1, 8 Q8_0, 12 Q4_K, 14 Q6_K; k m n: Qwen2.5-1.5B and SmolLM2-135M shapes
+  for a in "12 1536 8960" "14 8960 1536" "12 1536 1536" "14 1536 8960" "3 576 1536" "3 1536 576" "8 576 1536" "2 576 1536"; do
+    "$tmp/mb" $a 64
+  done
+  exit 0
+fi
 ll=${1:?usage: $0 LLAMA_BUILD_DIR [MODEL.gguf] [ROUNDS] [RIDGEKV_BIN]}
 model=${2:-$HOME/.cache/ridgekv/SmolLM2-135M-Instruct.Q4_1.gguf}
 rounds=${3:-3}
