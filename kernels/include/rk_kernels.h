@@ -34,7 +34,8 @@ void rk_quant_q8_0_from_f32(const float *src, void *dst, int64_t n);
  * nearbyint(x * 127 / amax) in [-127, 127], amax the block's largest |x|, so
  * |x - d q| <= d / 2 per element with d = amax / 127; a block holding a NaN or
  * +-Inf gets d = NaN and reads back as NaN. dot(w, xq, n) = sum w_i * d q_i,
- * exact in the integer part, a few f32 roundings in the scales. */
+ * exact in the integer part, a few f32 roundings in the scales. Activation
+ * buffers (and dot_x4's stride) are 4-byte aligned; weight rows may sit anywhere. */
 typedef void (*rk_act_quant_fn)(const float *x, void *dst, int64_t n);
 typedef float (*rk_qdot_fn)(const void *w, const void *xq, int64_t n);
 typedef struct rk_qdot_fns {
