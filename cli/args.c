@@ -1,7 +1,10 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "rk_io.h"
@@ -31,6 +34,93 @@ static int parse_float(const char *cmd, const char *flag, const char *s, float l
     return 0;
 }
 
+/* The flags each command uses; any other common flag is refused with its name (a flag
+ * silently ignored is a flag the user thinks is working). Commands not listed (eval,
+ * calibrate, info: their own files check what applies) take every common flag. */
+static const struct {
+    const char *cmd;
+    const char *flags;
+} k_accepts[] = {
+#define GEN_FLAGS " --model --n-predict --threads --ctx-size --batch-size --kv --backend --temp --top-k --top-p --min-p" \
+                  " --repeat-penalty --repeat-last-n --seed --ridgefill --fill --tail --split --keep-share --verbose "
+    {"run", GEN_FLAGS "--prompt --file --chat --system --stop --verbose-prompt "},
+    {"chat", GEN_FLAGS "--system --stop --verbose-prompt "},
+    {"ask", GEN_FLAGS "--prompt --system --stop --verbose-prompt "},
+    {"serve", GEN_FLAGS},
+    {"bench", " --model --prompt --n-predict --threads --ctx-size --batch-size --kv --backend --ridgefill --fill --tail"
+              " --split --keep-share --json --verbose "},
+    {"tokenize", " --model --prompt --file --verbose "},
+#undef GEN_FLAGS
+};
+
+/* Whether cmd uses the flag whose long name is lng. */
+static bool accepts(const char *cmd, const char *lng) {
+    char key[64];
+    snprintf(key, sizeof key, " %s ", lng);
+    for (size_t i = 0; i < sizeof k_accepts / sizeof *k_accepts; i++)
+        if (!strcmp(k_accepts[i].cmd, cmd)) return strstr(k_accepts[i].flags, key) != NULL;
+    return true;
+}
+
+/* Values that are text: "--x=y" after one of these is the value, not a flag. */
+static bool takes_text(const char *a) {
+    static const char *const t[] = {"-p", "--prompt", "-f", "--file", "--system", "--stop", "-r", "--doc", "-o",
+                                    "--output", "-m", "--model", "--text"};
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++)
+        if (!strcmp(a, t[i])) return true;
+    return false;
+}
+
+char **cli_expand_eq(int *argc, char **argv) {
+    int n = *argc, extra = 0;
+    size_t names = 0;
+    for (int i = 1; i < n; i++)
+        if (!strncmp(argv[i], "--", 2) && strchr(argv[i], '=')) extra++, names += strlen(argv[i]) + 1;
+    if (!extra) return argv;
+    /* one block: the new argv, then the flag names it points to (main frees it) */
+    char **out = calloc(1, (size_t)(n + extra + 1) * sizeof *out + names);
+    if (!out) return argv;
+    char *store = (char *)(out + n + extra + 1);
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        const char *a = argv[i], *eq = strchr(a, '=');
+        bool is_value = i > 0 && takes_text(argv[i - 1]);
+        /* "--name=value": a flag name of letters, digits and dashes before the '=' */
+        bool split = i > 0 && !is_value && !strncmp(a, "--", 2) && eq && eq > a + 2 &&
+                     strspn(a + 2, "abcdefghijklmnopqrstuvwxyz0123456789-") == (size_t)(eq - a - 2);
+        if (!split) {
+            out[k++] = argv[i];
+            continue;
+        }
+        memcpy(store, a, (size_t)(eq - a));
+        store[eq - a] = 0;
+        out[k++] = store;
+        store += eq - a + 1;
+        out[k++] = (char *)eq + 1;
+    }
+    out[k] = NULL;
+    *argc = k;
+    return out;
+}
+
+/* A random 63-bit seed (getrandom; the clock and pid when that fails). */
+static uint64_t random_seed(void) {
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof v, GRND_NONBLOCK) != (ssize_t)sizeof v) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t x = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ ((uint64_t)getpid() << 40);
+        v = rk_splitmix64(&x);
+    }
+    return v & 0x7fffffffffffffffull;
+}
+
+void cli_seed_note(const char *cmd, const cli_opts *o) {
+    if (o->verbose)
+        fprintf(stderr, "ridgekv %s: seed %llu (%s)\n", cmd, (unsigned long long)o->sp.seed,
+                o->seed_random ? "random; --seed N repeats a run" : "--seed");
+}
+
 int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, int max_pos, int *n_pos,
               const char *cmd) {
     *n_pos = 0;
@@ -38,6 +128,28 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         int rc = 0;
+        /* the long name of a known flag, for the per-command check */
+        static const char *const shorts[][2] = {{"-m", "--model"}, {"-p", "--prompt"}, {"-f", "--file"},
+                                                {"-o", "--output"}, {"-n", "--n-predict"}, {"-t", "--threads"},
+                                                {"-c", "--ctx-size"}, {"-b", "--batch-size"}, {"-v", "--verbose"},
+                                                {"-r", "--stop"}};
+        const char *lng = a;
+        for (size_t k = 0; k < sizeof shorts / sizeof *shorts; k++)
+            if (!strcmp(a, shorts[k][0])) lng = shorts[k][1];
+        static const char *const known = " --model --prompt --file --output --n-predict --threads --ctx-size "
+                                         "--batch-size --temp --top-k --top-p --min-p --repeat-penalty "
+                                         "--repeat-last-n --seed --kv --backend --system --ridgefill --fill --tail "
+                                         "--split --keep-share --chat --json --verbose --stop --verbose-prompt ";
+        char key[64];
+        snprintf(key, sizeof key, " %.60s ", lng);
+        if (a[0] == '-' && a[1] == '-' && strstr(known, key) && !accepts(cmd, lng)) {
+            fprintf(stderr, "ridgekv %s: %s does not apply to %s (see ridgekv %s --help)\n", cmd, a, cmd, cmd);
+            return RK_EXIT_USAGE;
+        }
+        if (a[0] == '-' && a[1] != '-' && lng != a && !accepts(cmd, lng)) {
+            fprintf(stderr, "ridgekv %s: %s does not apply to %s (see ridgekv %s --help)\n", cmd, a, cmd, cmd);
+            return RK_EXIT_USAGE;
+        }
 #define NEED()                                                                      \
     do {                                                                            \
         if (!v) {                                                                   \
@@ -64,12 +176,30 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
             NEED();
             char *end;
             errno = 0;
+            if (!strcmp(v, "-1")) {
+                o->seed_given = false; /* llama.cpp's "random" */
+                continue;
+            }
             unsigned long long s = strtoull(v, &end, 10);
-            if (errno || end == v || *end) {
-                fprintf(stderr, "ridgekv %s: --seed expects a non-negative integer (got '%s')\n", cmd, v);
+            if (errno || end == v || *end || v[0] == '-') {
+                fprintf(stderr, "ridgekv %s: --seed expects a non-negative integer, or -1 for a random one (got '%s')\n",
+                        cmd, v);
                 return RK_EXIT_USAGE;
             }
             o->sp.seed = s;
+            o->seed_given = true;
+        }
+        else if (!strcmp(a, "--stop") || !strcmp(a, "-r")) {
+            NEED();
+            if (!*v) {
+                fprintf(stderr, "ridgekv %s: %s expects a non-empty string\n", cmd, a);
+                return RK_EXIT_USAGE;
+            }
+            if (o->n_stop == CLI_MAX_STOP) {
+                fprintf(stderr, "ridgekv %s: at most %d stop strings\n", cmd, CLI_MAX_STOP);
+                return RK_EXIT_USAGE;
+            }
+            o->stop[o->n_stop++] = v;
         }
         else if (!strcmp(a, "--kv")) {
             NEED();
@@ -93,6 +223,7 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
         else if (!strcmp(a, "--keep-share")) { NEED(); rc = parse_float(cmd, a, v, 0.0f, 1.0f, &o->keep_share); }
         else if (!strcmp(a, "--chat")) o->chat = 1;
         else if (!strcmp(a, "--json")) o->json = 1;
+        else if (!strcmp(a, "--verbose-prompt")) o->verbose_prompt = 1;
         else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) o->verbose = 1;
         else if (a[0] == '-' && a[1] != '\0') {
             fprintf(stderr, "ridgekv %s: unknown option '%s' (see ridgekv %s --help)\n", cmd, a, cmd);
@@ -106,6 +237,13 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
         }
 #undef NEED
         if (rc) return rc;
+    }
+    /* the generating commands: a random seed unless one was given (eval, bench and the
+     * fitters keep their fixed default: their runs must repeat) */
+    if (!o->seed_given && (!strcmp(cmd, "run") || !strcmp(cmd, "chat") || !strcmp(cmd, "ask") ||
+                           !strcmp(cmd, "serve"))) {
+        o->sp.seed = random_seed();
+        o->seed_random = true;
     }
     return 0;
 }

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli_gen.h"
 #include "rk_io.h"
 
 int cli_docs_split(int argc, char **argv, char **rest, int *n_rest, cli_doc *d, int *n_docs) {
@@ -39,6 +40,10 @@ int cli_docs_read(cli_doc *d, int n_docs) {
             fprintf(stderr, "ridgekv ask: document %s is not a text file (it contains NUL bytes); "
                             "ask reads .txt and .md files\n", d[i].path);
             return RK_EXIT_IO;
+        }
+        if (cli_text_clean("ask", d[i].path, &d[i].text, &d[i].len)) {
+            fprintf(stderr, "ridgekv ask: out of memory reading %s\n", d[i].path);
+            return RK_EXIT_ERROR;
         }
         const char *s = d[i].text;
         while (*s == ' ' || *s == '\n' || *s == '\r' || *s == '\t') s++;

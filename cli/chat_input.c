@@ -39,7 +39,8 @@ cli_le_result chat_read_turn(chat *c, cli_lineedit *le, char **out, bool *had_te
             free(acc);
             return r;
         }
-        if (c->interactive && *line) cli_le_history_add(le, line);
+        size_t ln = strlen(line);
+        if (ln && line[ln - 1] == '\r') line[--ln] = 0; /* CRLF input */
         bool fence = !strcmp(chat_trim(line), "\"\"\"");
         if (first && fence) {
             block = true;
@@ -66,5 +67,7 @@ cli_le_result chat_read_turn(chat *c, cli_lineedit *le, char **out, bool *had_te
         first = false;
     }
     *out = acc ? acc : strdup("");
+    /* the history holds whole messages: a block or joined lines come back as one entry */
+    if (*out && c->interactive && **out) cli_le_history_add(le, *out);
     return *out ? CLI_LE_LINE : CLI_LE_ERROR;
 }

@@ -15,6 +15,8 @@ enum {
     RK_EXIT_NO_MODEL = 6,   /* no default model in the cache / cannot be fetched */
 };
 
+#define CLI_MAX_STOP 16
+
 typedef struct cli_opts {
     const char *model;      /* -m; NULL: default model in the cache */
     const char *prompt;     /* -p */
@@ -37,7 +39,20 @@ typedef struct cli_opts {
     int tail;               /* --tail T */
     int split;              /* --split S */
     float keep_share;       /* --keep-share X (quality mode; <0: the map file's) */
+    bool seed_given;        /* --seed N with N >= 0: reproducible; else a random seed (seed_random) */
+    bool seed_random;       /* the seed was drawn at random (printed with -v) */
+    int verbose_prompt;     /* --verbose-prompt: the rendered prompt and its tokens on stderr */
+    int n_stop;             /* --stop / -r (repeatable) */
+    const char *stop[CLI_MAX_STOP];
 } cli_opts;
+
+/* Splits "--flag=value" into "--flag" "value" for every command (main.c calls it first);
+ * returns a new argv (one malloc'd block, *argc updated; argv itself when nothing is split or
+ * out of memory). */
+char **cli_expand_eq(int *argc, char **argv);
+/* Commands that generate draw a random seed unless --seed N (N >= 0) was given; with -v
+ * this says which (one stderr line), so --seed N repeats the run. */
+void cli_seed_note(const char *cmd, const cli_opts *o);
 
 /* The fill parameters of --ridgefill/--fill/--tail/--split/--keep-share: loads the maps
  * (once, into *maps, which the caller destroys after every session using them) and, with
@@ -96,3 +111,5 @@ int cmd_calibrate_lowram(int argc, char **argv); /* calibrate --lowram (cmd_cali
 int cmd_serve(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_ask(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_synth(int argc, char **argv); /* cmd_synth.c */

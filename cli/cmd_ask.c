@@ -14,7 +14,7 @@
 #include "progress.h"
 
 static const char *help =
-    "usage: ridgekv ask [-m MODEL] --doc FILE [--doc FILE ...] [options] \"QUESTION\"\n"
+    "usage: ridgekv ask [-m MODEL] --doc FILE [--doc FILE ...] [options] QUESTION...\n"
     "\n"
     "Answers a question about local documents (.txt, .md: UTF-8 text). The documents,\n"
     "each under its file name, and then the question go into one chat prompt. Reading\n"
@@ -22,9 +22,9 @@ static const char *help =
     "\n"
     "  -m, --model FILE        GGUF model (default: the cached SmolLM2-135M-Instruct)\n"
     "      --doc FILE          a document to read (repeat for more; at least one)\n"
-    "  -p, --prompt TEXT       the question (or give it as the last argument)\n"
+    "  -p, --prompt TEXT       the question (or give it as the last arguments: unquoted words are joined)\n"
     "      --system TEXT       system prompt (default: answer from the documents)\n"
-    "  -n, --n-predict N       most answer tokens (default 256; -1 = until the end of the turn)\n"
+    "  -n, --n-predict N       most answer tokens (default 256; -1 = up to the answer room)\n"
     "  -c, --ctx-size N        context size in tokens (default: the model's)\n"
     "  -b, --batch-size N      prefill chunk: progress and Ctrl-C act between chunks (default 512)\n"
     "  -t, --threads N         threads (default: all cores)\n"
@@ -36,17 +36,21 @@ static const char *help =
     "      --min-p P           (default 0.05; 0 = off)\n"
     "      --repeat-penalty R  (default 1.0 = off)\n"
     "      --repeat-last-n N   tokens the penalty looks back (default 64)\n"
-    "      --seed S            sampling seed (default 0)\n"
+    "      --seed S            sampling seed (default -1: random, printed with -v; N >= 0 repeats a run)\n"
+    "  -r, --stop TEXT         stop the answer before TEXT (repeatable, up to 16)\n"
     "      --ridgefill MAPS    RidgeFill map file (from ridgekv calibrate): faster reading of long prompts\n"
     "      --fill MODE         off|speed|quality|identity|plumb (default: speed with maps, else off)\n"
     "      --tail T            exact tail in tokens (default 2048, minimum 512)\n"
     "      --split S           split layer for --fill identity/plumb without maps\n"
     "      --keep-share X      quality mode: share of hard tokens kept exact (default: the map's)\n"
     "  -v, --verbose           model and prompt details on stderr\n"
+    "      --verbose-prompt    print the prompt as the model sees it and its tokens to stderr\n"
     "\n"
     "The prompt must leave room for the answer: -n tokens, at most a quarter of the\n"
-    "context. When it does not fit, ask prints each document's tokens, the context\n"
-    "size and how many tokens to cut, and exits 4.\n"
+    "context; the answer stops there, and stderr says \"[answer cut: ...]\" when -n or\n"
+    "that room cut it. When the prompt does not fit, ask prints each document's tokens,\n"
+    "the context size and how many tokens to cut, and exits 4. Documents have CRLF turned\n"
+    "into LF; one that is not UTF-8 is converted, with a warning.\n"
     "\n"
     "stderr gets one line on the accelerations in use, a progress bar while the\n"
     "documents are read (tokens done/total, tokens/s, ETA; plain lines every few\n"
@@ -54,7 +58,8 @@ static const char *help =
     "Ctrl-C stops reading or answering and exits 130 (a second Ctrl-C quits at once).\n"
     "\n"
     "exit codes: 0 answered, 2 bad usage, 3 model unusable, 4 too long for the context,\n"
-    "5 a document cannot be read, 6 no default model, 130 stopped by Ctrl-C\n";
+    "5 a document cannot be read or writing the answer failed (a closed stdout), 6 no default\n"
+    "model, 130 stopped by Ctrl-C\n";
 
 /* One stderr line on what is in use. */
 static void accelerations(const cli_opts *o, const rk_ridge_maps *maps, const rk_session *s) {
@@ -72,25 +77,39 @@ static void accelerations(const cli_opts *o, const rk_ridge_maps *maps, const rk
 }
 
 /* Parses argv into o, the documents and the question. */
-static int parse(int argc, char **argv, cli_opts *o, cli_doc *d, int *n_docs, const char **question) {
+/* The question: -p, or the positional words joined by single spaces (as an unquoted
+ * question arrives); *joined is malloc'd when they were joined. */
+static int parse(int argc, char **argv, cli_opts *o, cli_doc *d, int *n_docs, const char **question, char **joined) {
     char **rest = malloc((size_t)argc * sizeof *rest);
-    if (!rest) return RK_EXIT_ERROR;
+    const char **pos = malloc((size_t)argc * sizeof *pos);
+    if (!rest || !pos) {
+        free(rest);
+        free(pos);
+        return RK_EXIT_ERROR;
+    }
     int n_rest, n_pos = 0;
-    const char *pos[1];
     int rc = cli_docs_split(argc, argv, rest, &n_rest, d, n_docs);
-    if (!rc) rc = cli_parse(n_rest, rest, 2, o, pos, 1, &n_pos, "ask");
+    if (!rc) rc = cli_parse(n_rest, rest, 2, o, pos, argc, &n_pos, "ask");
     free(rest);
-    if (rc) return rc;
-    if (o->prompt_file || o->out || o->chat || o->json) {
-        fprintf(stderr, "ridgekv ask: %s does not apply to ask (see ridgekv ask --help)\n",
-                o->prompt_file ? "-f" : o->out ? "-o" : o->chat ? "--chat" : "--json");
-        return RK_EXIT_USAGE;
-    }
-    if (n_pos && o->prompt) {
+    if (!rc && n_pos && o->prompt) {
         fprintf(stderr, "ridgekv ask: two questions (-p and '%s'); give one\n", pos[0]);
-        return RK_EXIT_USAGE;
+        rc = RK_EXIT_USAGE;
     }
-    *question = n_pos ? pos[0] : o->prompt;
+    if (!rc && n_pos) {
+        size_t len = 0;
+        for (int i = 0; i < n_pos; i++) len += strlen(pos[i]) + 1;
+        if (!(*joined = malloc(len + 1))) rc = RK_EXIT_ERROR;
+        else {
+            (*joined)[0] = 0;
+            for (int i = 0; i < n_pos; i++) {
+                if (i) strcat(*joined, " ");
+                strcat(*joined, pos[i]);
+            }
+        }
+    }
+    free(pos);
+    if (rc) return rc;
+    *question = n_pos ? *joined : o->prompt;
     if (!*n_docs) {
         fprintf(stderr, "ridgekv ask: no document: pass --doc FILE (see ridgekv ask --help)\n");
         return RK_EXIT_USAGE;
@@ -111,10 +130,14 @@ int cmd_ask(int argc, char **argv) {
     cli_doc d[CLI_MAX_DOCS];
     int n_docs = 0;
     const char *question = NULL;
+    char *joined = NULL;
     cli_opts o = {.n_predict = 256, .sp = rk_sampler_params_default()};
     o.sp.temp = 0.0f;
-    int rc = parse(argc, argv, &o, d, &n_docs, &question);
-    if (rc) return rc;
+    int rc = parse(argc, argv, &o, d, &n_docs, &question, &joined);
+    if (rc) {
+        free(joined);
+        return rc;
+    }
 
     rk_model *m = NULL;
     rk_session *s = NULL;
@@ -127,6 +150,7 @@ int cmd_ask(int argc, char **argv) {
     rk_status st = RK_OK;
     if ((rc = cli_docs_read(d, n_docs)) || (rc = cli_load_model(&o, &m)) || (rc = cli_open_session(&o, m, 0, &s)))
         goto done;
+    cli_seed_note("ask", &o);
     rk_doc docs[CLI_MAX_DOCS];
     for (int i = 0; i < n_docs; i++) docs[i] = (rk_doc){d[i].name, d[i].text, d[i].len};
     rk_conv_params cp = {.n_answer = o.n_predict, .room_div = 4};
@@ -146,6 +170,7 @@ int cmd_ask(int argc, char **argv) {
                 rk_model_name(m), rk_model_hparams(m)->arch_name, rk_chat_family_name(rk_conv_family(conv)), n_docs,
                 n_docs == 1 ? "" : "s", n_ids, (long long)n_ctx);
     accelerations(&o, maps, s);
+    if (o.verbose_prompt) cli_show_prompt("ask", m, ids, n_ids);
 
     cli_progress pr;
     cli_sink out = {.f = stdout, .sigint_stops = true};
@@ -156,6 +181,7 @@ int cmd_ask(int argc, char **argv) {
     gp.token_ud = &out;
     cli_sigint_install(true);
     cli_progress_start(&pr, "ask", (int64_t)n_ids);
+    cli_eta_prior(&pr.eta, cli_attn_ratio(rk_model_hparams(m)));
     st = rk_conv_generate(conv, &gp, &r, &e);
     cli_progress_end(&pr);
     if (st == RK_E_CANCELLED) {
@@ -165,9 +191,10 @@ int cmd_ask(int argc, char **argv) {
     }
     if (st) goto fail;
     cli_sink_rest(&out, &r);
-    fputc('\n', stdout);
-    fflush(stdout);
+    if (!out.failed) fputc('\n', stdout);
+    if ((rc = cli_sink_check("ask", &out))) goto done;
     const bool stopped = r.stop == RK_STOP_CANCELLED;
+    cli_cut_marker("ask", &o, &r, rk_conv_last_fit(conv).n_answer_cap, false);
     if (stopped) fprintf(stderr, "ridgekv ask: answer stopped (Ctrl-C)\n");
     if (r.stop == RK_STOP_CONTEXT)
         fprintf(stderr, "ridgekv ask: context full (%lld tokens); the answer is cut\n", (long long)n_ctx);
@@ -184,6 +211,7 @@ fail:
 done:
     cli_sigint_restore();
     cli_docs_free(d, n_docs);
+    free(joined);
     rk_gen_result_deinit(&r);
     free(ids);
     rk_conv_destroy(conv);

@@ -23,16 +23,22 @@ static const char *help =
     "tokens one at a time (decode tokens/s). Token ids are fixed pseudo-random ids, so runs are\n"
     "comparable. Reports the best of -r repetitions (default 2), peak RSS, and KV bytes per token.\n"
     "\n"
+    "  -m FILE       GGUF model (default: the cached SmolLM2-135M-Instruct)\n"
     "  -p LIST       comma-separated prompt lengths (default 512,2048)\n"
     "  -n N          decode steps after each prefill (default 64)\n"
     "  -t N          threads (default: all cores)\n"
     "  -r N          repetitions per length (default 2)\n"
     "  -b N          prefill chunk (default 512)\n"
+    "  -c N          context size (default: the model's; 0 = the model's)\n"
+    "  --backend cpu|cpu_ref|cuda  kernels\n"
     "  --kv LIST     KV caches to compare in one run: f16, f32, q8, lowram[:opts] (default f16);\n"
     "                KV bytes are counted after the decode steps, by part for lowram\n"
     "  --ridgefill MAPS  RidgeFill maps; --fill off,speed,quality compares modes in one run\n"
     "  --fill LIST   fill modes to run (default off); speedup is TTFT of the first mode / this mode\n"
     "  --tail T      exact tail (default 2048)\n"
+    "  --split S     split layer for --fill identity/plumb without maps\n"
+    "  --keep-share X  quality mode: share of hard tokens kept exact (default: the map's)\n"
+    "  -v            model and fill details on stderr\n"
     "  --json        one JSON object on stdout instead of a table\n";
 
 int cmd_bench(int argc, char **argv) {

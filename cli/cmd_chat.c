@@ -19,7 +19,7 @@ static const char *help =
     "\n"
     "  -m, --model FILE        GGUF model (default: the cached SmolLM2-135M-Instruct)\n"
     "      --system TEXT       system prompt (always kept, also when old turns are dropped)\n"
-    "  -n, --n-predict N       most tokens per answer (default 512; -1 = until the end of the turn)\n"
+    "  -n, --n-predict N       most tokens per answer (default 512; -1 = up to the answer room)\n"
     "  -c, --ctx-size N        context size in tokens (default: the model's)\n"
     "  -b, --batch-size N      prefill chunk (default 512)\n"
     "  -t, --threads N         threads (default: all cores)\n"
@@ -31,17 +31,19 @@ static const char *help =
     "      --min-p P           (default 0.05; 0 = off)\n"
     "      --repeat-penalty R  (default 1.0 = off)\n"
     "      --repeat-last-n N   tokens the penalty looks back (default 64)\n"
-    "      --seed S            sampling seed (default 0)\n"
+    "      --seed S            sampling seed (default -1: random, printed with -v; N >= 0 repeats a chat)\n"
+    "  -r, --stop TEXT         end an answer before TEXT (repeatable, up to 16)\n"
     "      --ridgefill MAPS    RidgeFill map file (from ridgekv calibrate): faster reading of long prompts\n"
     "      --fill MODE         off|speed|quality|identity|plumb (default: speed with maps, else off)\n"
     "      --tail T            exact tail in tokens (default 2048, minimum 512)\n"
     "      --split S           split layer for --fill identity/plumb without maps\n"
     "      --keep-share X      quality mode: share of hard tokens kept exact (default: the map's)\n"
     "  -v, --verbose           model details at the start, timings after each answer (stderr)\n"
+    "      --verbose-prompt    print each turn's prompt as the model sees it and its tokens (stderr)\n"
     "\n"
     "In the chat:\n"
     "  a line ending in \\ continues on the next line; a line \"\"\" opens a block that\n"
-    "  the next line \"\"\" closes\n"
+    "  the next line \"\"\" closes; the history (Up arrow) recalls whole messages\n"
     "  /reset        forget the conversation (the system prompt stays)\n"
     "  /save FILE    write the conversation to FILE as JSON\n"
     "  /load FILE    replace the conversation with one saved by /save\n"
@@ -54,13 +56,15 @@ static const char *help =
     "When stdin is not a terminal, every line (joined as above) is one turn and stdout\n"
     "gets only the answers, each followed by a newline; notices go to stderr.\n"
     "\n"
-    "When a turn plus room for its answer (-n tokens, at most half the context) does not\n"
-    "fit, the oldest exchanges are dropped (the system prompt stays), stderr says so,\n"
-    "and the rest of the conversation is read again.\n"
+    "Each answer is capped by its room: -n tokens, at most a quarter of the context, so\n"
+    "the history survives; \"[answer cut: ...]\" on stderr says when -n or the room cut one.\n"
+    "When a turn plus room for its answer does not fit, the oldest exchanges are dropped\n"
+    "(the system prompt stays), stderr says so, and the rest of the conversation is read\n"
+    "again.\n"
     "\n"
     "exit codes: 0 left normally, 2 bad usage, 3 model unusable, 4 system prompt too long\n"
-    "for the context, 5 reading input failed, 6 no default model, 130 Ctrl-C while waiting\n"
-    "for piped input\n";
+    "for the context, 5 reading input or writing output failed (a closed stdout), 6 no\n"
+    "default model, 130 Ctrl-C while waiting for piped input\n";
 
 static void tell_dropped(chat *c) {
     const rk_conv_fit f = rk_conv_last_fit(c->conv);
@@ -94,6 +98,12 @@ static int turn(chat *c, const char *user) {
     gp.on_token = cli_sink_token;
     gp.token_ud = &out;
     c->drop_told = false;
+    if (c->o.verbose_prompt) {
+        int32_t *ids = NULL;
+        size_t n_ids = 0;
+        if (rk_conv_prompt(c->conv, &ids, &n_ids, &e) == RK_OK) cli_show_prompt("chat", c->m, ids, n_ids);
+        free(ids);
+    }
     st = rk_conv_generate(c->conv, &gp, &r, &e);
     tell_dropped(c);
     const rk_conv_fit f = rk_conv_last_fit(c->conv);
@@ -113,17 +123,22 @@ static int turn(chat *c, const char *user) {
     }
     if (st) goto fail;
     cli_sink_rest(&out, &r);
-    const bool stopped = r.stop == RK_STOP_CANCELLED;
-    fputc('\n', stdout);
-    if (c->interactive && !stopped) fputc('\n', stdout);
-    fflush(stdout);
+    const bool stopped = r.stop == RK_STOP_CANCELLED && !out.failed;
+    if (!out.failed) fputc('\n', stdout);
+    if (c->interactive && !stopped && !out.failed) fputc('\n', stdout);
+    int wrc = cli_sink_check("chat", &out);
+    if (wrc) {
+        rk_gen_result_deinit(&r);
+        return wrc;
+    }
     c->last_prefill_n = r.n_prefill;
     c->last_prefill_s = r.prefill_s;
     c->last_decode_n = r.n_gen;
     c->last_decode_s = r.decode_s;
     if (stopped) chat_notice(c, c->interactive ? "stopped" : "answer stopped (Ctrl-C)");
+    cli_cut_marker("chat", &c->o, &r, rk_conv_last_fit(c->conv).n_answer_cap, c->interactive);
     if (r.stop == RK_STOP_CONTEXT)
-        chat_notice(c, "context full: the answer was cut; the next turn drops the oldest exchanges");
+        chat_notice(c, "context full: the answer was cut by the context; the next turn drops the oldest exchanges");
     if (c->o.verbose)
         fprintf(stderr, "ridgekv chat: read %lld tokens in %.2f s (%.1f tok/s), wrote %lld tokens (%.1f tok/s), "
                         "%lld/%lld in context\n",
@@ -227,7 +242,7 @@ int cmd_chat(int argc, char **argv) {
     if ((rc = cli_load_model(&c.o, &c.m)) || (rc = cli_open_session(&c.o, c.m, 0, &c.s)) ||
         (rc = cli_setup_fill(&c.o, c.m, c.s, &c.maps, NULL)))
         goto done;
-    rk_conv_params cp = {.n_answer = c.o.n_predict, .room_div = 2, .drop_oldest = true};
+    rk_conv_params cp = {.n_answer = c.o.n_predict, .room_div = 4, .drop_oldest = true};
     if ((st = rk_conv_create(c.m, c.s, &cp, &c.conv, &e))) goto fail;
     if (c.o.system && (rc = check_system(&c))) goto done;
     if (!(le = cli_le_open("ridgekv", c.interactive))) {
@@ -239,6 +254,7 @@ int cmd_chat(int argc, char **argv) {
                 rk_chat_family_name(rk_conv_family(c.conv)), (long long)rk_session_n_ctx(c.s),
                 c.interactive ? ", line editing: " : "", c.interactive ? cli_le_kind(le) : "");
     if (c.interactive) fprintf(stderr, "/help lists the commands; Ctrl-D leaves.\n");
+    cli_seed_note("chat", &c.o);
     cli_sigint_install(false);
     rc = chat_loop(&c, le);
     cli_sigint_restore();

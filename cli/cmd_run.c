@@ -28,13 +28,20 @@ static const char *help =
     "      --min-p P           (default 0.05; 0 = off)\n"
     "      --repeat-penalty R  (default 1.0 = off)\n"
     "      --repeat-last-n N   tokens the penalty looks back (default 64)\n"
-    "      --seed S            sampling seed (default 0)\n"
+    "      --seed S            sampling seed (default -1: random, printed with -v; N >= 0 repeats a run)\n"
+    "  -r, --stop TEXT         stop before TEXT (repeatable, up to 16); the text is cut there\n"
     "      --ridgefill MAPS    RidgeFill map file (from ridgekv calibrate)\n"
     "      --fill MODE         off|speed|quality|identity|plumb (default: speed with maps, else off)\n"
     "      --tail T            exact tail in tokens (default 2048, minimum 512)\n"
     "      --split S           split layer for --fill identity/plumb without maps\n"
     "      --keep-share X      quality mode: share of hard tokens kept exact (default: the map's)\n"
-    "  -v, --verbose           print model and timing details to stderr\n";
+    "  -v, --verbose           print model and timing details to stderr\n"
+    "      --verbose-prompt    print the prompt as the model sees it and its tokens to stderr\n"
+    "\n"
+    "-f files have CRLF turned into LF; a file that is not UTF-8 is converted, with a warning.\n"
+    "\n"
+    "exit codes: 0 done, 2 bad usage, 3 model unusable, 4 prompt too long for the context,\n"
+    "5 reading the prompt or writing the output failed (also a closed stdout), 6 no default model\n";
 
 /* The prompt's tokens: the text as is (special-token markup honoured), or with --chat
  * one user turn (after --system) of the model's template. */
@@ -59,7 +66,15 @@ int cmd_run(int argc, char **argv) {
     const char *pos[1];
     int n_pos, rc = cli_parse(argc, argv, 2, &o, pos, 1, &n_pos, "run");
     if (rc) return rc;
-    if (n_pos && !o.prompt) o.prompt = pos[0];
+    if (n_pos && (o.prompt || o.prompt_file)) {
+        fprintf(stderr, "ridgekv run: two prompts (%s and '%s'); give one\n", o.prompt ? "-p" : "-f", pos[0]);
+        return RK_EXIT_USAGE;
+    }
+    if (n_pos) o.prompt = pos[0];
+    if (o.prompt && o.prompt_file) {
+        fprintf(stderr, "ridgekv run: -p and -f both give the prompt; give one\n");
+        return RK_EXIT_USAGE;
+    }
     char *file_text = NULL;
     rk_err e = {0};
     if (o.prompt_file) {
@@ -67,6 +82,16 @@ int cmd_run(int argc, char **argv) {
         if (rk_io_read_file(o.prompt_file, &file_text, &len, &e)) {
             cli_print_error(&e);
             return RK_EXIT_IO;
+        }
+        if (memchr(file_text, 0, len)) {
+            fprintf(stderr, "ridgekv run: %s is not a text file (it contains NUL bytes)\n", o.prompt_file);
+            free(file_text);
+            return RK_EXIT_IO;
+        }
+        if (cli_text_clean("run", o.prompt_file, &file_text, &len)) {
+            free(file_text);
+            fprintf(stderr, "ridgekv run: out of memory\n");
+            return RK_EXIT_ERROR;
         }
         o.prompt = file_text;
     }
@@ -90,14 +115,16 @@ int cmd_run(int argc, char **argv) {
     if (o.verbose)
         fprintf(stderr, "ridgekv: %s (%s, %d layers, d=%d), prompt %zu tokens, ctx %lld\n", rk_model_name(m),
                 hp->arch_name, hp->n_layer, hp->n_embd, n_ids, (long long)rk_session_n_ctx(s));
+    cli_seed_note("run", &o);
+    if (o.verbose_prompt) cli_show_prompt("run", m, ids, n_ids);
     cli_sink out = {.f = stdout};
     rk_gen_params gp = cli_gen_params(&o);
     gp.on_token = cli_sink_token;
     gp.token_ud = &out;
     if ((st = rk_generate(m, s, ids, n_ids, &gp, &r, &e))) goto fail;
     cli_sink_rest(&out, &r);
-    fputc('\n', stdout);
-    fflush(stdout);
+    if (!out.failed) fputc('\n', stdout);
+    if ((rc = cli_sink_check("run", &out))) goto done;
     if (r.stop == RK_STOP_CONTEXT)
         fprintf(stderr, "ridgekv run: context full (%lld tokens); stopping\n", (long long)rk_session_n_ctx(s));
     fprintf(stderr, "ridgekv: prompt %lld tokens in %.2f s (%.1f tok/s, TTFT %.0f ms), generated %lld tokens (%.1f tok/s)\n",

@@ -12,14 +12,19 @@
 #include "serve.h"
 
 static const char *help =
-    "usage: ridgekv serve --jsonl [-m MODEL] [options]\n"
+    "usage: ridgekv serve (--jsonl | --http [ADDR:]PORT) [-m MODEL] [options]\n"
     "\n"
-    "Reads one JSON request per line on stdin and writes JSON events, one per line, on\n"
-    "stdout (logs go to stderr). Ops: complete, chat, ask, tokenize, info. docs/JSONL.md\n"
+    "--jsonl reads one JSON request per line on stdin and writes JSON events, one per line,\n"
+    "on stdout (logs go to stderr). Ops: complete, chat, ask, tokenize, info. docs/JSONL.md\n"
     "describes every field, event and error code. EOF ends the server (exit 0).\n"
+    "--http serves OpenAI-compatible /v1/chat/completions and /v1/completions (SSE with\n"
+    "\"stream\": true), /v1/models and /health (docs/HTTP.md), one request at a time, until\n"
+    "SIGINT or SIGTERM (exit 0). ADDR defaults to 127.0.0.1; port 0 picks a free one.\n"
     "\n"
-    "  --jsonl                 the protocol (required; the only one so far)\n"
+    "  --jsonl                 JSON lines on stdin / stdout\n"
     "  --max-line BYTES        longest request line accepted (default 1048576)\n"
+    "  --http [ADDR:]PORT      HTTP on ADDR:PORT (builds with libmicrohttpd)\n"
+    "  --http-max-body BYTES   largest HTTP request body accepted (default 1048576; more: 413)\n"
     "  -m, --model FILE        GGUF model (default: the cached SmolLM2-135M-Instruct)\n"
     "  -c, --ctx-size N        context size in tokens (default: the model's)\n"
     "  -b, --batch-size N      prefill chunk (default 512)\n"
@@ -27,13 +32,19 @@ static const char *help =
     "      --kv f16|f32|q8|lowram[:opts]  KV cache (default f16); a request's \"kv\" gets a session\n"
     "                          of its own with that policy\n"
     "      --backend cpu|cpu_ref|cuda  kernels\n"
-    "      --ridgefill MAPS, --fill MODE, --tail T, --split S  RidgeFill for every request's prefill\n"
-    "                          (as for ridgekv run); requests may set \"fill\", \"ridgefill\", \"tail\"\n"
+    "      --ridgefill MAPS, --fill MODE, --tail T, --split S, --keep-share X  RidgeFill for every\n"
+    "                          request's prefill (as for ridgekv run); requests may set \"fill\",\n"
+    "                          \"ridgefill\", \"tail\"\n"
     "Defaults for requests that do not set them:\n"
     "  -n, --n-predict N       max_tokens (default 256; -1 = until end of text or context)\n"
     "      --temp T            temperature (default 0.8; 0 = greedy)\n"
     "      --top-k K, --top-p P, --min-p P, --repeat-penalty R, --repeat-last-n N, --seed S\n"
-    "  -v, --verbose           one line per request on stderr\n";
+    "                          (--seed default -1: random at start, printed with -v)\n"
+    "  -v, --verbose           one line per request on stderr\n"
+    "\n"
+    "exit codes: 0 EOF on stdin (--jsonl) or SIGINT/SIGTERM (--http), 2 bad usage, 3 model\n"
+    "unusable, 5 reading stdin or writing stdout failed, or the port cannot be bound, 6 no\n"
+    "default model\n";
 
 #define DEFAULT_MAX_LINE ((size_t)1 << 20)
 
@@ -103,7 +114,8 @@ int cmd_serve(int argc, char **argv) {
     if (!rest) return RK_EXIT_ERROR;
     int n_rest = 0;
     bool jsonl = false;
-    size_t max_line = DEFAULT_MAX_LINE;
+    size_t max_line = DEFAULT_MAX_LINE, max_body = DEFAULT_MAX_LINE;
+    const char *http = NULL;
     int rc = RK_EXIT_OK;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
@@ -114,18 +126,26 @@ int cmd_serve(int argc, char **argv) {
         }
         if (i >= 2 && !strcmp(a, "--jsonl")) {
             jsonl = true;
-        } else if (i >= 2 && !strcmp(a, "--max-line")) {
+        } else if (i >= 2 && !strcmp(a, "--http")) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "ridgekv serve: --http needs [ADDR:]PORT\n");
+                free(rest);
+                return RK_EXIT_USAGE;
+            }
+            http = argv[++i];
+        } else if (i >= 2 && (!strcmp(a, "--max-line") || !strcmp(a, "--http-max-body"))) {
             char *end;
             errno = 0;
             unsigned long long v = i + 1 < argc ? strtoull(argv[i + 1], &end, 10) : 0;
             if (i + 1 >= argc || errno || end == argv[i + 1] || *end || argv[i + 1][0] == '-' || v < 64 ||
                 v > (1ull << 30)) {
-                fprintf(stderr, "ridgekv serve: --max-line expects a byte count in [64, 1073741824] (got '%s')\n",
+                fprintf(stderr, "ridgekv serve: %s expects a byte count in [64, 1073741824] (got '%s')\n", a,
                         i + 1 < argc ? argv[i + 1] : "");
                 free(rest);
                 return RK_EXIT_USAGE;
             }
-            max_line = (size_t)v;
+            if (a[2] == 'm') max_line = (size_t)v;
+            else max_body = (size_t)v;
             i++;
         } else {
             rest[n_rest++] = argv[i];
@@ -136,9 +156,30 @@ int cmd_serve(int argc, char **argv) {
     rc = cli_parse(n_rest, rest, 2, &o, NULL, 0, &n_pos, "serve");
     free(rest);
     if (rc) return rc;
-    if (!jsonl) {
-        fprintf(stderr, "ridgekv serve: pass --jsonl (JSON lines on stdin/stdout is the only protocol so far)\n");
+    if (jsonl == (http != NULL)) {
+        fprintf(stderr, "ridgekv serve: pass --jsonl (JSON lines on stdin/stdout) or --http [ADDR:]PORT, one of them\n");
         return RK_EXIT_USAGE;
+    }
+    char http_addr[64] = "127.0.0.1";
+    int http_port = 0;
+    if (http) {
+        const char *colon = strrchr(http, ':'), *ps = colon ? colon + 1 : http;
+        char *end;
+        errno = 0;
+        long pv = strtol(ps, &end, 10);
+        if (errno || end == ps || *end || pv < 0 || pv > 65535 || (colon && (size_t)(colon - http) >= sizeof http_addr)) {
+            fprintf(stderr, "ridgekv serve: --http expects [ADDR:]PORT with a port in [0, 65535] (got '%s')\n", http);
+            return RK_EXIT_USAGE;
+        }
+        if (colon && colon > http) snprintf(http_addr, sizeof http_addr, "%.*s", (int)(colon - http), http);
+        http_port = (int)pv;
+        (void)http_port;
+#ifndef RK_HAVE_MHD
+        (void)max_body;
+        fprintf(stderr, "ridgekv serve: --http: this build has no HTTP server (install libmicrohttpd-dev and "
+                        "rebuild)\n");
+        return RK_EXIT_USAGE;
+#endif
     }
     if (o.prompt || o.prompt_file || o.out || o.chat || o.system) {
         fprintf(stderr, "ridgekv serve: -p, -f, -o, --chat and --system do not apply: requests come on stdin\n");
@@ -164,6 +205,14 @@ int cmd_serve(int argc, char **argv) {
         rc = RK_EXIT_USAGE;
         goto done;
     }
+    cli_seed_note("serve", &o);
+#ifdef RK_HAVE_MHD
+    if (http) {
+        signal(SIGPIPE, SIG_IGN);
+        rc = serve_http(&sv, http_addr, http_port, max_body);
+        goto done;
+    }
+#endif
     rd = calloc(1, sizeof *rd);
     if (!rd) {
         fprintf(stderr, "ridgekv serve: out of memory\n");

@@ -117,3 +117,14 @@ void serve_handle_line(server *sv, const char *line, size_t n);
 /* An error event for the request id (NULL: null). */
 void serve_emit_error(server *sv, json_object *id, serve_code code, const char *msg);
 void serve_deinit(server *sv);
+/* The generation of a complete / chat / ask request on session s (reset first): the one
+ * path of JSONL and HTTP serving. *conv, *ids: made here, freed by the caller; *what names
+ * the step that failed (may stay NULL); *t_call when the engine was called. */
+rk_status serve_run_gen(server *sv, const serve_req *r, rk_session *s, const rk_gen_params *gp, rk_conv **conv,
+                        int32_t **ids, size_t *n_ids, rk_gen_result *res, const char **what, double *t_call,
+                        rk_err *e);
+
+/* ---- HTTP (serve_http.c; built with libmicrohttpd, RK_HAVE_MHD) ------------------------- */
+/* Serves the OpenAI-compatible endpoints on addr:port until SIGINT / SIGTERM, one request
+ * at a time. max_body: the largest request body accepted. Returns an exit code. */
+int serve_http(server *sv, const char *addr, int port, size_t max_body);

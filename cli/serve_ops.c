@@ -198,6 +198,27 @@ static rk_status build_conv(server *sv, const serve_req *r, rk_session *s, rk_co
     return st;
 }
 
+rk_status serve_run_gen(server *sv, const serve_req *r, rk_session *s, const rk_gen_params *gp, rk_conv **conv,
+                        int32_t **ids, size_t *n_ids, rk_gen_result *res, const char **what, double *t_call,
+                        rk_err *e) {
+    rk_status st;
+    rk_session_reset(s); /* requests do not see each other */
+    if (r->op == SERVE_OP_COMPLETE) {
+        st = rk_model_tokenize(sv->m, r->text, r->text_len, r->add_special, r->parse_special, ids, n_ids, e);
+        *what = "tokenizing the prompt";
+        if (!st) {
+            *what = "generate";
+            *t_call = rk_time_now();
+            st = rk_generate(sv->m, s, *ids, *n_ids, gp, res, e);
+        }
+    } else {
+        st = build_conv(sv, r, s, conv, e);
+        *t_call = rk_time_now();
+        if (!st) st = rk_conv_generate(*conv, gp, res, e);
+    }
+    return st;
+}
+
 /* complete, chat, ask: exactly one terminal event (done or error). */
 static void op_generate(server *sv, const serve_req *r, double t_req) {
     rk_session *s = pick_session(sv, r);
@@ -218,22 +239,9 @@ static void op_generate(server *sv, const serve_req *r, double t_req) {
     gp.stop_len = g->stop_len;
     gp.n_stop = g->n_stop;
     if (g->stream) gp.on_token = on_token, gp.token_ud = &ctx;
-    rk_session_reset(s); /* requests do not see each other */
     const char *what = NULL;
     double t_call = 0;
-    if (r->op == SERVE_OP_COMPLETE) {
-        st = rk_model_tokenize(sv->m, r->text, r->text_len, r->add_special, r->parse_special, &ids, &n_ids, &e);
-        what = "tokenizing the prompt";
-        if (!st) {
-            what = "generate";
-            t_call = rk_time_now();
-            st = rk_generate(sv->m, s, ids, n_ids, &gp, &res, &e);
-        }
-    } else {
-        st = build_conv(sv, r, s, &conv, &e);
-        t_call = rk_time_now();
-        if (!st) st = rk_conv_generate(conv, &gp, &res, &e);
-    }
+    st = serve_run_gen(sv, r, s, &gp, &conv, &ids, &n_ids, &res, &what, &t_call, &e);
     const double t_before = t_call - t_req; /* reading, parsing, tokenizing: part of the TTFT */
     if (sv->write_failed) goto done;
     if (st == RK_E_CONTEXT)

@@ -22,6 +22,7 @@ MODULES = {
     "formats": "formats",
     "kernels": "kernels",
     "io": "io",
+    "synth": "synth",
     "fitters": "fitters",
     "eval": "eval",
     "cli": "cli",
@@ -34,11 +35,12 @@ ALLOWED = {
     "formats": {"base"},
     "kernels": {"base"},
     "io": {"base"},
+    "synth": {"base", "formats", "io"},
     "linalg": {"base", "kernels"},
     "runtime": {"base", "formats", "kernels", "io", "linalg"},
     "fitters": {"base", "formats", "kernels", "io", "linalg", "runtime"},
     "eval": {"base", "formats", "kernels", "io", "runtime", "fitters"},
-    "cli": {"base", "formats", "kernels", "io", "runtime", "fitters", "eval"},
+    "cli": {"base", "formats", "kernels", "io", "synth", "runtime", "fitters", "eval"},
 }
 SKIP_DIRS = {".git", "build", "build-asan", "subprojects"}
 INC = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)

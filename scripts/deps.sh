@@ -2,7 +2,8 @@
 # Installs the Debian 12 packages ridgekv needs to build and test (idempotent).
 set -euo pipefail
 pkgs=(build-essential meson ninja-build pkg-config python3 python3-pip xz-utils ca-certificates
-      libcriterion-dev liburing-dev libzstd-dev libjson-c-dev libedit-dev libopenblas-dev)
+      libcriterion-dev liburing-dev libzstd-dev libjson-c-dev libedit-dev libopenblas-dev
+      libmicrohttpd-dev curl)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -7,7 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_impl.h"
+#include "cuda_dequant.cuh"
+extern "C" {
+#include "ops_impl.h" /* rk_heads_of: the one reading of ATTN views */
+}
 
 static rk_cuda *impl_of(rk_backend *be) { return (rk_cuda *)be->impl; }
 
@@ -193,7 +196,79 @@ static rk_status run_elementwise(rk_backend *be, const rk_op_args *a, rk_err *er
     return rk_cuda_args_end(c, on, g, n, err);
 }
 
+/* ---- GET_ROWS, CPY_ROWS, ATTN -------------------------------------------------- */
+static rk_status run_get_rows(rk_backend *be, const rk_op_args *a, rk_err *err) {
+    rk_cuda *c = impl_of(be);
+    const char *on = "GET_ROWS";
+    int64_t n = rk_cuda_rows(&a->dst), d = a->dst.ne[0];
+    if (n == 0 || d == 0) return RK_OK;
+    CU("cudaSetDevice", cudaSetDevice(c->device));
+    rk_cuda_arg g[2] = {rk_cuda_arg_of(&a->src0, true, false), rk_cuda_arg_of(&a->dst, false, true)};
+    char *ids = NULL;
+    rk_status st = rk_cuda_args_begin(c, on, g, 2, (size_t)n * sizeof(int32_t), &ids, err);
+    if (st != RK_OK) return st;
+    /* from pageable memory: returns once a->ids is staged */
+    CU("upload ids", cudaMemcpyAsync(ids, a->ids, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, c->stream));
+    CU("kernel", rk_cuda_get_rows(g[0].dev, a->src0.type, rk_cuda_arg_nb1(&g[0]), (const int32_t *)ids,
+                                  (float *)g[1].dev, g[1].ld, n, d, c->stream));
+    return rk_cuda_args_end(c, on, g, 2, err);
+}
+
+static rk_status run_cpy_rows(rk_backend *be, const rk_op_args *a, rk_err *err) {
+    rk_cuda *c = impl_of(be);
+    const char *on = "CPY_ROWS";
+    int64_t n = rk_cuda_rows(&a->src0), d = a->src0.ne[0];
+    if (n == 0 || d == 0) return RK_OK;
+    CU("cudaSetDevice", cudaSetDevice(c->device));
+    /* a staged cache goes up whole and comes back whole: rows not written keep their bytes */
+    rk_cuda_arg g[2] = {rk_cuda_arg_of(&a->src0, true, false), rk_cuda_arg_of(&a->dst, true, true)};
+    rk_status st = rk_cuda_args_begin(c, on, g, 2, 0, NULL, err);
+    if (st != RK_OK) return st;
+    size_t nb1 = rk_cuda_arg_nb1(&g[1]);
+    CU("kernel", rk_cuda_cpy_rows((const float *)g[0].dev, g[0].ld, g[1].dev + (size_t)a->dst_row0 * nb1,
+                                  a->dst.type, nb1, n, d, c->stream));
+    return rk_cuda_args_end(c, on, g, 2, err);
+}
+
+static rk_status run_attn(rk_backend *be, const rk_op_args *a, rk_err *err) {
+    rk_cuda *c = impl_of(be);
+    const char *on = "ATTN";
+    const rk_attn_params *p = &a->attn;
+    CU("cudaSetDevice", cudaSetDevice(c->device));
+    rk_cuda_arg g[4] = {rk_cuda_arg_of(&a->src0, true, false), rk_cuda_arg_of(&a->src1, true, false),
+                        rk_cuda_arg_of(&a->src2, true, false), rk_cuda_arg_of(&a->dst, false, true)};
+    rk_heads q0;
+    if (!rk_heads_of(&a->src0, p->n_head, p->head_dim, &q0)) /* checked by rk_op_check */
+        return rk_err_set(err, RK_E_INTERNAL, "cuda: ATTN: q view");
+    const int group = p->n_head / p->n_head_kv;
+    const int64_t n_q = q0.n_tok, n_kv = p->pos0 + n_q;
+    if (n_q == 0) return RK_OK;
+    int64_t split_len = 0;
+    int n_split = rk_cuda_attn_splits(n_q, group, p->n_head_kv, n_kv, c->n_sm, &split_len);
+    size_t part = n_split > 1 ? (size_t)n_split * (size_t)p->n_head_kv * (size_t)(n_q * group) *
+                                    (size_t)(p->head_dim + 2) * sizeof(float)
+                              : 0;
+    char *extra = NULL;
+    rk_status st = rk_cuda_args_begin(c, on, g, 4, part, &extra, err);
+    if (st != RK_OK) return st;
+    rk_view v[4];
+    rk_heads hq, hk, hv, ho;
+    for (int i = 0; i < 4; i++) v[i] = rk_cuda_arg_view(&g[i]);
+    if (!rk_heads_of(&v[0], p->n_head, p->head_dim, &hq) || !rk_heads_of(&v[1], p->n_head_kv, p->head_dim, &hk) ||
+        !rk_heads_of(&v[2], p->n_head_kv, p->head_dim, &hv) || !rk_heads_of(&v[3], p->n_head, p->head_dim, &ho))
+        return rk_err_set(err, RK_E_INTERNAL, "cuda: ATTN: device views");
+    rk_cuda_attn_args x;
+    x.q = hq.data, x.k = hk.data, x.v = hv.data, x.o = ho.data;
+    x.q_tok = hq.tok_nb, x.q_head = hq.head_nb, x.k_tok = hk.tok_nb, x.k_head = hk.head_nb;
+    x.v_tok = hv.tok_nb, x.v_head = hv.head_nb, x.o_tok = ho.tok_nb, x.o_head = ho.head_nb;
+    x.n_q = n_q, x.pos0 = p->pos0, x.group = group, x.n_head_kv = p->n_head_kv, x.hd = p->head_dim;
+    x.scale = p->scale, x.n_split = n_split, x.split_len = split_len, x.part = (float *)extra;
+    CU("kernel", rk_cuda_attn(&x, a->src1.type, c->stream));
+    return rk_cuda_args_end(c, on, g, 4, err);
+}
+
 static bool f32(const rk_view *v) { return v->type == RK_DT_F32; }
+static bool cache_type(uint32_t t) { return t == RK_DT_F32 || t == RK_DT_F16 || t == RK_DT_Q8_0; }
 
 /* cuBLAS takes int dimensions and leading dimensions */
 static bool int_ok(const rk_view *v) {
@@ -211,9 +286,15 @@ static bool cuda_supports(const rk_backend *be, const rk_op_args *a) {
     case RK_OP_ADD:
     case RK_OP_ADD_ROW: return f32(&a->dst) && f32(&a->src0);
     case RK_OP_MATMUL:
-        return f32(&a->dst) && f32(&a->src1) &&
-               (a->src0.type == RK_DT_F32 || a->src0.type == RK_DT_F16 || a->src0.type == RK_DT_BF16) &&
-               int_ok(&a->src0) && int_ok(&a->src1) && int_ok(&a->dst);
+        return f32(&a->dst) && f32(&a->src1) && rk_cuda_weight_type(a->src0.type) && int_ok(&a->src0) &&
+               int_ok(&a->src1) && int_ok(&a->dst);
+    case RK_OP_GET_ROWS: return f32(&a->dst) && rk_cuda_weight_type(a->src0.type);
+    case RK_OP_CPY_ROWS: return f32(&a->src0) && cache_type(a->dst.type) && (a->dst.type != RK_DT_Q8_0 || a->dst.ne[0] % 32 == 0);
+    case RK_OP_ATTN:
+        /* K and V of one type; q8_0 head rows whole blocks; head_dim within the kernel's tiles */
+        return f32(&a->dst) && f32(&a->src0) && cache_type(a->src1.type) && a->src2.type == a->src1.type &&
+               (a->src1.type != RK_DT_Q8_0 || a->attn.head_dim % 32 == 0) && a->attn.head_dim >= 1 &&
+               a->attn.head_dim <= RK_ATTN_MAX_HD;
     default: return false;
     }
 }
@@ -255,6 +336,9 @@ extern "C" rk_status rk_backend_cuda_create(int device, rk_backend **out, rk_err
     c->ops.op[RK_OP_ADD] = run_elementwise;
     c->ops.op[RK_OP_ADD_ROW] = run_elementwise;
     c->ops.op[RK_OP_MATMUL] = rk_cuda_matmul;
+    c->ops.op[RK_OP_GET_ROWS] = run_get_rows;
+    c->ops.op[RK_OP_CPY_ROWS] = run_cpy_rows;
+    c->ops.op[RK_OP_ATTN] = run_attn;
     c->ops.supports = cuda_supports;
     c->ops.destroy = cuda_destroy;
     c->ops.prepare = rk_cuda_prepare;
@@ -263,10 +347,11 @@ extern "C" rk_status rk_backend_cuda_create(int device, rk_backend **out, rk_err
     c->ops.upload = rk_cuda_mem_upload;
     c->ops.download = rk_cuda_mem_download;
     c->ops.sync = rk_cuda_sync;
-    c->ops.missing_hint = "the CUDA issue adds it"; /* GET_ROWS, ATTN, CPY_ROWS */
+    c->ops.missing_hint = NULL; /* every op has a kernel */
     const char *on = "create";
     cublasStatus_t bs;
     if ((e = cudaSetDevice(device)) != cudaSuccess) goto cuda_fail;
+    if ((e = cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) goto cuda_fail;
     if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess) goto cuda_fail;
     c->stream_ok = true;
     if ((bs = cublasCreate(&c->blas)) != CUBLAS_STATUS_SUCCESS) {

@@ -24,6 +24,7 @@ typedef struct rk_cuda_block {
 /* A prepared weight: the host view it came from and its dense device copy. */
 typedef struct rk_cuda_weight {
     rk_view host, dev;
+    void *wide; /* quantised weights: dense f16 (m, k) copy for the GEMM path, made on first use; or NULL */
 } rk_cuda_weight;
 
 /* Everything mutable lives here: stream, cuBLAS handle, device scratch, the
@@ -34,6 +35,7 @@ struct rk_cuda {
     rk_backend be;
     rk_backend_ops ops;
     int device;
+    int n_sm; /* multiprocessors: sizes the split-K of attention */
     cudaStream_t stream; /* every copy and kernel of the instance, in order */
     bool stream_ok;
     cublasHandle_t blas;
@@ -119,8 +121,60 @@ rk_status rk_cuda_fail(rk_err *err, const char *op, const char *what, cudaError_
 
 rk_status rk_cuda_matmul(rk_backend *be, const rk_op_args *a, rk_err *err);
 
+/* GET_ROWS (get_rows.cu): dst row r = row ids_dev[r] of src (rows nb1 bytes apart), any weight type. */
+cudaError_t rk_cuda_get_rows(const void *src, uint32_t type, size_t nb1, const int32_t *ids_dev, float *dst,
+                             int64_t ldd, int64_t n, int64_t d, cudaStream_t s);
+/* CPY_ROWS (cpy_rows.cu): n rows of d floats (ldx apart) -> rows nb1 bytes apart from dst_row0, as type
+ * f32, f16 or q8_0 (bit-identical to rk_quant_q8_0_from_f32). */
+cudaError_t rk_cuda_cpy_rows(const float *x, int64_t ldx, void *dst_row0, uint32_t type, size_t nb1, int64_t n,
+                             int64_t d, cudaStream_t s);
+
+/* MATMUL helpers (gemv.cu). n <= RK_CUDA_GEMV_MAX rows take the GEMV on the stored weights. */
+#define RK_CUDA_GEMV_MAX 8
+cudaError_t rk_cuda_gemv(const void *w, uint32_t type, size_t nbw, const float *x, int64_t ldx, float *y, int64_t ldy,
+                         int64_t n, int64_t m, int64_t k, cudaStream_t s);
+/* m rows of k (nbw bytes apart) of any weight type -> dense f16, or bf16 when type is bf16 */
+cudaError_t rk_cuda_to_half(const void *w, uint32_t type, size_t nbw, void *out, int64_t m, int64_t k,
+                            cudaStream_t s);
+cudaError_t rk_cuda_act_to_half(const float *x, int64_t ldx, void *out, bool bf16, int64_t rows, int64_t k,
+                                cudaStream_t s);
+
+/* ATTN (attn.cu). Byte strides between tokens and between heads of one token (rk_heads). */
+#define RK_ATTN_TK 32         /* keys per shared-memory tile */
+#define RK_ATTN_MAX_HD 128    /* head_dim limit of the kernel (shared memory, registers) */
+#define RK_ATTN_SPLIT_MIN 256 /* split-K never cuts the keys finer than this */
+typedef struct rk_cuda_attn_args {
+    const char *q, *k, *v;
+    char *o;
+    size_t q_tok, q_head, k_tok, k_head, v_tok, v_head, o_tok, o_head;
+    int64_t n_q, pos0;
+    int group, n_head_kv, hd;
+    float scale;
+    int n_split;
+    int64_t split_len;
+    float *part; /* n_split * n_head_kv * n_q * group * (hd + 2) floats when n_split > 1 */
+} rk_cuda_attn_args;
+size_t rk_cuda_attn_smem(int hd);
+/* Splits of the n_kv keys for this many pairs on n_sm multiprocessors; *split_len keys each. */
+int rk_cuda_attn_splits(int64_t n_q, int group, int n_head_kv, int64_t n_kv, int n_sm, int64_t *split_len);
+cudaError_t rk_cuda_attn(const rk_cuda_attn_args *a, uint32_t type, cudaStream_t s);
+
 static inline int64_t rk_cuda_rows(const rk_view *v) {
     return v->ne[1] * (v->ne[2] ? v->ne[2] : 1) * (v->ne[3] ? v->ne[3] : 1);
+}
+
+/* Bytes between rows of a resolved operand on the device (staged copies are dense). */
+static inline size_t rk_cuda_arg_nb1(const rk_cuda_arg *x) {
+    uint64_t rb = 0;
+    rk_dtype_row_bytes(x->v->type, (uint64_t)x->v->ne[0], &rb);
+    return x->staged || rk_cuda_rows(x->v) <= 1 ? (size_t)rb : x->v->nb1;
+}
+/* The operand's view as the device sees it (data on the device, dense when staged). */
+static inline rk_view rk_cuda_arg_view(const rk_cuda_arg *x) {
+    rk_view v = *x->v;
+    v.data = x->dev;
+    v.nb1 = rk_cuda_arg_nb1(x);
+    return v;
 }
 
 static inline size_t rk_cuda_up256(size_t n) { return (n + 255) & ~(size_t)255; }

@@ -186,14 +186,16 @@ rk_status rk_cuda_prepare(rk_backend *be, const rk_view *w, rk_view *out, rk_err
     uint64_t rb = 0;
     rk_dtype_row_bytes(w->type, (uint64_t)w->ne[0], &rb); /* checked by rk_backend_prepare */
     dev.nb1 = (size_t)rb;
-    c->weights[c->n_weights++] = rk_cuda_weight{*w, dev};
+    c->weights[c->n_weights++] = rk_cuda_weight{*w, dev, NULL};
     *out = dev;
     return RK_OK;
 }
 
 void rk_cuda_mem_release(rk_cuda *c) {
-    if (c->n_blocks) cudaSetDevice(c->device);
+    if (c->n_blocks || c->n_weights) cudaSetDevice(c->device);
     for (int i = 0; i < c->n_blocks; i++) cudaFree(c->blocks[i].p);
+    for (int i = 0; i < c->n_weights; i++)
+        if (c->weights[i].wide) cudaFree(c->weights[i].wide);
     free(c->blocks);
     free(c->weights);
     c->blocks = NULL;

@@ -159,6 +159,21 @@ static bool cat(char **b, size_t *len, size_t *cap, const char *s, size_t n) {
     return true;
 }
 
+/* cat with CRLF and lone CR turned into LF. */
+static bool cat_lf(char **b, size_t *len, size_t *cap, const char *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        const char *cr = memchr(s + i, '\r', n - i);
+        size_t run = cr ? (size_t)(cr - (s + i)) : n - i;
+        if (!cat(b, len, cap, s + i, run)) return false;
+        i += run;
+        if (!cr) break;
+        if (!cat(b, len, cap, "\n", 1)) return false;
+        i += (i + 1 < n && s[i + 1] == '\n') ? 2 : 1;
+    }
+    return true;
+}
+
 rk_status rk_conv_add_ask(rk_conv *c, const char *system, const rk_doc *docs, size_t n_docs,
                           const char *question, rk_err *err) {
     if (!question) return rk_err_set(err, RK_E_INVALID_ARG, "conv: ask needs a question");
@@ -174,10 +189,10 @@ rk_status rk_conv_add_ask(rk_conv *c, const char *system, const rk_doc *docs, si
                       nm ? nm : "");
         size_t tl = docs[i].len;
         while (tl && (docs[i].text[tl - 1] == '\n' || docs[i].text[tl - 1] == '\r')) tl--;
-        ok = cat(&b, &len, &cap, head, strlen(head)) && cat(&b, &len, &cap, docs[i].text, tl) &&
+        ok = cat(&b, &len, &cap, head, strlen(head)) && cat_lf(&b, &len, &cap, docs[i].text, tl) &&
              cat(&b, &len, &cap, "\n\"\"\"\n\n", 6);
     }
-    ok = ok && cat(&b, &len, &cap, "Question: ", 10) && cat(&b, &len, &cap, question, strlen(question));
+    ok = ok && cat(&b, &len, &cap, "Question: ", 10) && cat_lf(&b, &len, &cap, question, strlen(question));
     rk_status st = ok ? RK_OK : rk_err_set(err, RK_E_NOMEM, "conv: out of memory for the documents");
     const bool add_sys = !c->n_msgs;
     if (!st && add_sys) st = rk_conv_add(c, "system", system ? system : RK_ASK_SYSTEM,
@@ -324,6 +339,16 @@ rk_status rk_conv_generate(rk_conv *c, const rk_gen_params *p, rk_gen_result *ou
     if (st) goto done;
     rk_gen_params gp = *p;
     gp.n_reuse = common_prefix(c, &want);
+    c->fit.n_answer_cap = p->max_tokens;
+    if (c->p.room_div > 0) {
+        /* the answer room caps the answer: the next turn must still find its history */
+        int64_t cap = rk_conv_answer_room(c);
+        const int64_t left = rk_session_n_ctx(c->s) - (int64_t)want.n;
+        if (cap > left) cap = left;
+        if (cap < 1) cap = 1;
+        if (gp.max_tokens < 0 || gp.max_tokens > cap) gp.max_tokens = (int32_t)cap;
+        c->fit.n_answer_cap = gp.max_tokens;
+    }
     c->fit.n_reused = gp.n_reuse < (int64_t)want.n ? gp.n_reuse : (int64_t)want.n - 1;
     st = rk_generate(c->m, c->s, want.p, want.n, &gp, &r, err);
     /* the record of the cache: what the session holds now */

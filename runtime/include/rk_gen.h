@@ -147,7 +147,8 @@ typedef struct rk_doc {
  * message holding each document under a header line ("Document: NAME" for one document,
  * "Document i of n: NAME" for several; without NAME for unnamed ones) between lines
  * of three double quotes (the document's trailing newlines dropped), a blank line after
- * each, then "Question: " and the question. */
+ * each, then "Question: " and the question. CRLF and lone CR in documents and question
+ * become LF, so a file and the same text sent as JSON give the same tokens. */
 rk_status rk_conv_add_ask(rk_conv *c, const char *system, const rk_doc *docs, size_t n_docs,
                           const char *question, rk_err *err);
 
@@ -177,12 +178,17 @@ typedef struct rk_conv_fit {
     int64_t n_ctx;
     int32_t n_dropped;  /* exchanges dropped by the overflow rule */
     int64_t n_reused;   /* prompt tokens whose cache rows were kept */
+    int64_t n_answer_cap; /* the answer's cap: max_tokens, at most the room left for it when
+                             room_div > 0 (-1: none) */
     bool too_long;      /* the turn was refused: it does not fit (RK_E_CONTEXT) */
 } rk_conv_fit;
 rk_conv_fit rk_conv_last_fit(const rk_conv *c);
 
 /* One assistant turn: fits the conversation (the rule above), reuses the cached prefix,
- * generates with p (its n_reuse is worked out here) and, on RK_OK, appends the answer as
+ * generates with p (its n_reuse is worked out here; with room_div > 0 its max_tokens is
+ * capped by the answer room, or by what is left when the newest message fits only without
+ * the full room, so that an answer never fills the context the next turn needs) and, on
+ * RK_OK, appends the answer as
  * an assistant message (also when stopped part way). On an error, including RK_E_CONTEXT
  * and RK_E_CANCELLED, no answer is added and the newest message stays (rk_conv_pop
  * removes it). *out as for rk_generate. */

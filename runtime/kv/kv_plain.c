@@ -9,6 +9,7 @@
 
 typedef struct plain {
     uint32_t type;  /* RK_DT_F16 or RK_DT_F32 */
+    bool dev;       /* caches in the backend's own memory (cuda): host access goes through download/upload */
     uint8_t **k, **v; /* (n_layer) of (n_ctx, kv_dim); calloc'd: untouched context costs no memory */
 } plain;
 
@@ -48,7 +49,17 @@ static rk_status plain_read(const rk_kv *kv, int l, bool values, bool pre_rope, 
     rk_status st = rk_kv_check_rows(kv, l, row0, n, kv->n_ctx, err);
     if (st) return st;
     const uint8_t *src = (const uint8_t *)(values ? c->v[l] : c->k[l]) + (size_t)row0 * kv->row_bytes;
-    rk_kv_rows_to_f32(c->type, src, n, kv->kv_dim, dst);
+    if (c->dev) { /* through a host copy of the rows */
+        size_t bytes = (size_t)n * kv->row_bytes;
+        uint8_t *tmp = malloc(bytes ? bytes : 1);
+        if (!tmp) return rk_err_set(err, RK_E_NOMEM, "kv: read of %lld rows", (long long)n);
+        st = rk_backend_download(kv->be, tmp, src, bytes, err);
+        if (!st) rk_kv_rows_to_f32(c->type, tmp, n, kv->kv_dim, dst);
+        free(tmp);
+        if (st) return st;
+    } else {
+        rk_kv_rows_to_f32(c->type, src, n, kv->kv_dim, dst);
+    }
     if (!values && pre_rope)
         for (int64_t i = 0; i < n; i++) rk_kv_unrope(kv, dst + i * kv->kv_dim, row0 + i);
     return RK_OK;
@@ -59,6 +70,15 @@ static rk_status plain_write(rk_kv *kv, int l, bool values, int64_t row0, int64_
     rk_status st = rk_kv_check_rows(kv, l, row0, n, kv->n_ctx, err);
     if (st) return st;
     uint8_t *dst = (uint8_t *)(values ? c->v[l] : c->k[l]) + (size_t)row0 * kv->row_bytes;
+    if (c->dev) {
+        size_t bytes = (size_t)n * kv->row_bytes;
+        uint8_t *tmp = malloc(bytes ? bytes : 1);
+        if (!tmp) return rk_err_set(err, RK_E_NOMEM, "kv: write of %lld rows", (long long)n);
+        rk_kv_rows_from_f32(c->type, src, n, kv->kv_dim, tmp);
+        st = rk_backend_upload(kv->be, dst, tmp, bytes, err);
+        free(tmp);
+        return st;
+    }
     rk_kv_rows_from_f32(c->type, src, n, kv->kv_dim, dst);
     return RK_OK;
 }
@@ -76,15 +96,47 @@ static int plain_params(const rk_kv *kv, rk_kv_param *out) {
     return 1;
 }
 
+/* Device caches: the payload of rk_kv_rows_export / _import, one layer's rows at a time
+ * through a host buffer. */
+static rk_status dev_export(const rk_kv *kv, const plain *c, int64_t row0, int64_t row1, rk_kv_buf *out, rk_err *err) {
+    const size_t off = (size_t)row0 * kv->row_bytes, len = (size_t)(row1 - row0) * kv->row_bytes;
+    uint8_t *tmp = malloc(len ? len : 1);
+    if (!tmp) return rk_err_set(err, RK_E_NOMEM, "kv: export of %lld rows", (long long)(row1 - row0));
+    rk_status st = RK_OK;
+    for (int l = 0; l < kv->n_layer && !st; l++)
+        for (int part = 0; part < 2 && !st; part++)
+            if (!(st = rk_backend_download(kv->be, tmp, (part ? c->v[l] : c->k[l]) + off, len, err)))
+                rk_kv_put(out, tmp, len);
+    free(tmp);
+    return st;
+}
+
+static rk_status dev_import(rk_kv *kv, plain *c, int64_t row0, int64_t n_rows, const uint8_t *p, size_t n,
+                            rk_err *err) {
+    uint64_t want;
+    if (!rk_mul_u64((uint64_t)n_rows, kv->row_bytes, &want) || !rk_mul_u64(want, 2ull * (uint64_t)kv->n_layer, &want) ||
+        want != n)
+        return rk_err_set(err, RK_E_FORMAT, "kv: plain payload of %zu bytes for %lld rows (expected %llu)", n,
+                          (long long)n_rows, (unsigned long long)want);
+    const size_t off = (size_t)row0 * kv->row_bytes, len = (size_t)n_rows * kv->row_bytes;
+    rk_status st = RK_OK;
+    for (int l = 0; l < kv->n_layer && !st; l++)
+        if (!(st = rk_backend_upload(kv->be, c->k[l] + off, p + (size_t)(2 * l) * len, len, err)))
+            st = rk_backend_upload(kv->be, c->v[l] + off, p + (size_t)(2 * l + 1) * len, len, err);
+    if (!st) kv->n_past = row0 + n_rows;
+    return st;
+}
+
 static rk_status plain_export(const rk_kv *kv, int64_t row0, int64_t row1, rk_kv_buf *out, rk_err *err) {
-    (void)err;
     const plain *c = kv->impl;
+    if (c->dev) return dev_export(kv, c, row0, row1, out, err);
     rk_kv_rows_export(kv, c->k, c->v, row0, row1, out);
     return RK_OK;
 }
 
 static rk_status plain_import(rk_kv *kv, int64_t row0, int64_t n_rows, const uint8_t *p, size_t n, rk_err *err) {
     plain *c = kv->impl;
+    if (c->dev) return dev_import(kv, c, row0, n_rows, p, n, err);
     return rk_kv_rows_import(kv, c->k, c->v, row0, n_rows, p, n, "plain", NULL, err);
 }
 
@@ -92,6 +144,11 @@ static void plain_destroy(rk_kv *kv) {
     plain *c = kv->impl;
     if (!c) return;
     for (int l = 0; l < kv->n_layer; l++) {
+        if (c->dev) {
+            if (c->k) rk_backend_free(kv->be, c->k[l]);
+            if (c->v) rk_backend_free(kv->be, c->v[l]);
+            continue;
+        }
         if (c->k) free(c->k[l]);
         if (c->v) free(c->v[l]);
     }
@@ -126,9 +183,17 @@ rk_status rk_kv_plain_init(rk_kv *kv, uint32_t type, rk_err *err) {
     c->k = calloc((size_t)kv->n_layer, sizeof *c->k);
     c->v = calloc((size_t)kv->n_layer, sizeof *c->v);
     if (!c->k || !c->v) goto nomem;
+    c->dev = kv->be && kv->be->ops->mem_alloc;
     for (int l = 0; l < kv->n_layer; l++) {
-        c->k[l] = calloc((size_t)kv->n_ctx, kv->row_bytes);
-        c->v[l] = calloc((size_t)kv->n_ctx, kv->row_bytes);
+        if (c->dev) { /* zeroed backend memory, like calloc */
+            size_t bytes = (size_t)kv->n_ctx * kv->row_bytes;
+            void *pk = NULL, *pv = NULL;
+            if (rk_backend_alloc(kv->be, bytes, &pk, NULL) == RK_OK) c->k[l] = pk;
+            if (rk_backend_alloc(kv->be, bytes, &pv, NULL) == RK_OK) c->v[l] = pv;
+        } else {
+            c->k[l] = calloc((size_t)kv->n_ctx, kv->row_bytes);
+            c->v[l] = calloc((size_t)kv->n_ctx, kv->row_bytes);
+        }
         if (!c->k[l] || !c->v[l]) goto nomem;
     }
     return RK_OK;

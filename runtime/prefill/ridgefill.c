@@ -135,6 +135,9 @@ rk_status rk_session_set_fill(rk_session *s, const rk_fill_params *p, rk_err *er
         return RK_OK;
     }
     if ((unsigned)f.mode > RK_FILL_PLUMB) return rk_err_set(err, RK_E_INVALID_ARG, "ridgefill: bad mode %d", (int)f.mode);
+    if (s->dev)
+        return rk_err_set(err, RK_E_UNSUPPORTED, "ridgefill: --fill %s runs on the CPU backends only (backend %s)",
+                          rk_fill_mode_name(f.mode), s->be->ops->name);
     if (f.tail <= 0) f.tail = 2048; /* the CLI enforces SPEC's minimum of 512; tests go lower */
     if (f.n_sink <= 0) f.n_sink = 4;
     if (!f.maps && (f.mode == RK_FILL_SPEED || f.mode == RK_FILL_QUALITY))
@@ -157,6 +160,8 @@ rk_status rk_session_set_fill(rk_session *s, const rk_fill_params *p, rk_err *er
 
 rk_status rk_session_set_splice(rk_session *s, const rk_session *exact, int lo, int hi, bool keys, bool values,
                                 rk_err *err) {
+    if (s->dev) /* the splice copies rows through s->k on the host */
+        return rk_err_set(err, RK_E_UNSUPPORTED, "splice: runs on the CPU backends only (backend %s)", s->be->ops->name);
     if (exact->m != s->m || exact->p.kv.kind != s->p.kv.kind || exact->n_ctx != s->n_ctx)
         return rk_err_set(err, RK_E_INVALID_ARG, "splice: the exact session must share model, KV policy and n_ctx");
     if (lo < 0 || hi > s->m->hp.n_layer || lo >= hi)

@@ -126,10 +126,12 @@ static rk_status output_head(rk_session *s, const rk_chunk_plan *p, bool compact
         for (size_t r = 0; r < (size_t)n * nv; r++) logits[r] = NAN;
     if (ne == 0) return RK_OK;
     int64_t first = all_rows ? 0 : ne - 1, rows = ne - first;
-    float *dst = all_rows && !compacted ? logits : s->logits;
+    float *dst = all_rows && !compacted && !s->dev ? logits : s->logits;
     if ((st = rmsnorm(s, s->x + first * d, s->h, s->w_output_norm, rows, err)) ||
         (st = matmul(s, s->w_output, NULL, s->h, rows, dst, err)))
         return st;
+    if (s->dev) /* the one host sync of a step: the wanted logits rows */
+        return rk_backend_download(s->be, logits, dst, (size_t)rows * nv * sizeof(float), err);
     if (!all_rows) memcpy(logits, s->logits, nv * sizeof(float));
     else if (compacted) rk_rows_scatter(logits, s->logits, p->ex_idx, p->n_ex, (int64_t)nv);
     return RK_OK;
@@ -147,6 +149,11 @@ rk_status rk_forward_chunk(rk_session *s, const rk_chunk_plan *p, const int32_t 
     const int64_t d = hp->n_embd, n = p->n, pos0 = p->pos0;
     rk_status st;
     bool compacted = false;
+    if (s->dev && (p->layer_lo != 0 || p->n_fill > 0 || s->tap))
+        return rk_err_set(err, RK_E_UNSUPPORTED,
+                          "forward: RidgeFill, layer-major passes and taps read activations on the host; backend %s "
+                          "keeps them in its own memory (use a CPU backend)",
+                          s->be->ops->name);
 
     if (p->layer_lo == 0) {
         rk_op_args a = {.op = RK_OP_GET_ROWS, .ids = ids};

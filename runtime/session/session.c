@@ -52,12 +52,27 @@ static rk_status prepare_weights(rk_session *s, rk_err *err) {
     return RK_OK;
 }
 
+/* Activation buffers: backend memory when the backend has its own (the layer loop then
+ * never touches them on the host), else malloc. */
+static void *act_alloc(rk_session *s, size_t bytes) {
+    if (!s->dev) return malloc(bytes);
+    void *p = NULL;
+    return rk_backend_alloc(s->be, bytes, &p, NULL) == RK_OK ? p : NULL;
+}
+
+static void act_free(rk_session *s, void *p) {
+    if (s->dev)
+        rk_backend_free(s->be, p);
+    else
+        free(p);
+}
+
 void rk_session_destroy(rk_session *s) {
     if (!s) return;
     rk_kv_destroy(s->kv);
     free(s->tokens);
-    free(s->x), free(s->xin), free(s->xs), free(s->h), free(s->q), free(s->k);
-    free(s->v), free(s->t), free(s->gate), free(s->up), free(s->logits);
+    float *acts[] = {s->x, s->xin, s->xs, s->h, s->q, s->k, s->v, s->t, s->gate, s->up, s->logits};
+    for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++) act_free(s, acts[i]);
     free(s->ex_idx), free(s->fill_idx);
     free(s->w_layers);
     if (s->own_be) rk_backend_destroy(s->be);
@@ -86,6 +101,12 @@ rk_status rk_session_create(const rk_model *m, const rk_session_params *pp, rk_s
         s->own_be = true;
     }
     if ((st = prepare_weights(s, err))) goto fail;
+    s->dev = s->be->ops->mem_alloc != NULL;
+    if (s->dev && p.kv.kind == RK_KV_LOWRAM) {
+        st = rk_err_set(err, RK_E_UNSUPPORTED, "session: --kv lowram runs on the CPU backends only (backend %s)",
+                        s->be->ops->name);
+        goto fail;
+    }
     int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim, qd = (int64_t)hp->n_head * hp->head_dim;
     /* the KV policy, fixed for the session's life */
     if ((st = rk_kv_create(m, &p.kv, s->n_ctx, s->be, p.n_threads, s->warning, sizeof s->warning, &s->kv, err)))
@@ -93,19 +114,19 @@ rk_status rk_session_create(const rk_model *m, const rk_session_params *pp, rk_s
     s->tokens = malloc((size_t)s->n_ctx * sizeof(int32_t));
     size_t nb = (size_t)p.n_batch;
     size_t hd = (size_t)(qd > hp->n_embd ? qd : hp->n_embd);
-    s->x = malloc(nb * (size_t)hp->n_embd * sizeof(float));
-    s->xin = malloc(nb * (size_t)hp->n_embd * sizeof(float));
-    s->xs = malloc(nb * (size_t)hp->n_embd * sizeof(float));
+    s->x = act_alloc(s, nb * (size_t)hp->n_embd * sizeof(float));
+    s->xin = act_alloc(s, nb * (size_t)hp->n_embd * sizeof(float));
+    s->xs = act_alloc(s, nb * (size_t)hp->n_embd * sizeof(float));
     s->ex_idx = malloc(nb * sizeof(int32_t));
     s->fill_idx = malloc(nb * sizeof(int32_t));
-    s->h = malloc(nb * hd * sizeof(float));
-    s->q = malloc(nb * (size_t)qd * sizeof(float));
-    s->k = malloc(nb * (size_t)kvd * sizeof(float));
-    s->v = malloc(nb * (size_t)kvd * sizeof(float));
-    s->t = malloc(nb * hd * sizeof(float));
-    s->gate = malloc(nb * (size_t)hp->n_ff * sizeof(float));
-    s->up = malloc(nb * (size_t)hp->n_ff * sizeof(float));
-    s->logits = malloc(nb * (size_t)hp->n_vocab * sizeof(float));
+    s->h = act_alloc(s, nb * hd * sizeof(float));
+    s->q = act_alloc(s, nb * (size_t)qd * sizeof(float));
+    s->k = act_alloc(s, nb * (size_t)kvd * sizeof(float));
+    s->v = act_alloc(s, nb * (size_t)kvd * sizeof(float));
+    s->t = act_alloc(s, nb * hd * sizeof(float));
+    s->gate = act_alloc(s, nb * (size_t)hp->n_ff * sizeof(float));
+    s->up = act_alloc(s, nb * (size_t)hp->n_ff * sizeof(float));
+    s->logits = act_alloc(s, nb * (size_t)hp->n_vocab * sizeof(float));
     if (!s->tokens || !s->x || !s->xin || !s->xs || !s->ex_idx || !s->fill_idx || !s->h || !s->q ||
         !s->k || !s->v || !s->t || !s->gate || !s->up || !s->logits)
         goto nomem;

@@ -22,6 +22,8 @@ struct rk_session {
     const rk_model *m;
     rk_backend *be;
     bool own_be;          /* false: borrowed from rk_session_params.shared_backend */
+    bool dev;             /* the backend has its own memory (cuda): activations below live there, only the
+                           * logits come back (rk_backend_download); fill, taps and LowRAM need host rows */
     rk_session_params p;
     /* the model's weights as this backend prepared them (once, at creation: uploaded for
      * CUDA; the same views on the CPU) */

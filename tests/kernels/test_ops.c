@@ -146,6 +146,20 @@ static op_case cases[] = {
     {"cpy_rows f16 odd width", RK_OP_CPY_ROWS, RK_DT_F16, 3, 13, 4, 0, 0, 0, 1, 0, 0, F_SPECIAL, 0},
     {"cpy_rows q8_0 at row 7 (specials: NaN blocks)", RK_OP_CPY_ROWS, RK_DT_Q8_0, 5, 192, 16, 0, 0, 0, 7, 0, 0, F_SPECIAL, 0},
     {"cpy_rows q8_0 600 rows (threads)", RK_OP_CPY_ROWS, RK_DT_Q8_0, 600, 64, 700, 0, 0, 0, 50, 0, 0, 0, 0},
+    /* device scale (issue 14): split-K attention (few query/head pairs over many keys;
+     * the decodes at pos 3000 above split too), tiny heads, the weight shapes of a 1.5B model */
+    AT("attn chunked prefill 16 at pos 1200 gqa 8/2 f16 (split-K)", RK_DT_F16, 16, 8, 2, 64, 1200, 0),
+    AT("attn decode NaN key at pos 1500 f32 (split-K)", RK_DT_F32, 1, 8, 2, 64, 1500, F_NAN),
+    AT("attn prefill 300 rows hd 8 f32", RK_DT_F32, 300, 8, 4, 8, 0, 0),
+    AT("attn prefill 100 rows at pos 30 mha 4/4 hd 80 f16", RK_DT_F16, 100, 4, 4, 80, 30, 0),
+    MM("matmul q4_K 1536 -> 256 n=24", RK_DT_Q4_K, 24, 1536, 256, 0),
+    MM("matmul q4_K 8960 -> 64 n=1", RK_DT_Q4_K, 1, 8960, 64, 0),
+    MM("matmul q8_0 1536 -> 300 n=8", RK_DT_Q8_0, 8, 1536, 300, 0),
+    MM("matmul q8_0 1536 -> 100 n=9", RK_DT_Q8_0, 9, 1536, 100, 0),
+    MM("matmul bf16 768 -> 200 n=33 strided", RK_DT_BF16, 33, 768, 200, F_PAD),
+    GR("get_rows q6_K 1536", RK_DT_Q6_K, 40, 1536, 300, B_ELT),
+    {"cpy_rows q8_0 128 rows of 256 at row 1000", RK_OP_CPY_ROWS, RK_DT_Q8_0, 128, 256, 1200, 0, 0, 0, 1000, 0, 0,
+     F_SPECIAL, 0},
 };
 _Static_assert(RK_OP_COUNT == 9, "op count changed: add cases for the new op");
 
@@ -436,6 +450,46 @@ static void compare_b(const op_case *c, double bound, const char *be_name, const
 
 #define N_CASES (sizeof cases / sizeof cases[0])
 
+#ifdef RK_OPS_TWIN
+/* test_cuda.c's build of this file: the table, the fixtures and compare()
+ * through op_twin.h; the tests below are this suite's only. */
+#include "op_twin.h"
+/* used by this suite's own tests only */
+static const struct {
+    double *(*run)(const op_case *, rk_backend *, size_t *);
+    rk_backend *(*make)(int);
+} op_twin_unused_ __attribute__((unused)) = {run_case, make_be};
+int op_twin_count(void) { return (int)N_CASES; }
+op_twin_info op_twin_case(int i) {
+    const op_case *c = &cases[i];
+    return (op_twin_info){c->name, c->op, c->type, c->n, c->nmse};
+}
+double *op_twin_run(int i, rk_backend *be, op_twin_runner run, void *ud, size_t *n_out) {
+    const op_case *c = &cases[i];
+    fixture f;
+    build(c, 0x5eed0000u + (uint64_t)i, &f);
+    rk_err err = {0};
+    rk_status st = run ? run(be, &f.a, c->op == RK_OP_MATMUL || c->op == RK_OP_GET_ROWS, ud, &err)
+                       : rk_backend_run(be, &f.a, &err);
+    cr_assert_eq(st, RK_OK, "%s on %s: %s", c->name, be->ops->name, err.msg);
+    double *out = malloc(f.out_n * sizeof(double) + 1);
+    for (size_t j = 0; j < f.out_n; j++)
+        out[j] = f.out_type == RK_DT_Q8_0 ? tq8_get((const uint8_t *)f.out + j / (size_t)f.out_ne0 * f.out_nb1,
+                                                    (int64_t)(j % (size_t)f.out_ne0))
+                 : f.out_type == RK_DT_F16 ? rk_f16_to_f32(((const uint16_t *)f.out)[j])
+                                           : ((const float *)f.out)[j];
+    *n_out = f.out_n;
+    fx_free(&f);
+    return out;
+}
+void op_twin_compare(int i, const char *be_name, double nmse, const double *got, const double *want, size_t n) {
+    op_case c = cases[i];
+    c.nmse = nmse;
+    compare(&c, be_name, got, want, n);
+}
+#endif
+
+#ifndef RK_OPS_TABLE_ONLY
 /* The parameter is the case index: Criterion copies parameters into the test
  * process, where pointers (the case names) from this one would dangle. */
 ParameterizedTestParameters(ops, vs_ref) {
@@ -748,3 +802,4 @@ Test(pool, every_index_exactly_once) {
     rk_err err = {0};
     cr_assert_eq(rk_pool_create(0, &p, &err), RK_E_INVALID_ARG);
 }
+#endif /* RK_OPS_TABLE_ONLY */

@@ -1,0 +1,258 @@
+#!/usr/bin/env bash
+# tests/gpu/check.sh: the whole GPU check on a lent machine, in one bounded run.
+#
+#   1. build: meson release build with -Dcuda=enabled for sm_80 and sm_90
+#   2. op tests: the CUDA backend against cpu_ref on the op-case table (meson suite cuda);
+#      gpu_bench: copy bandwidth, cuBLAS bf16 rate, GEMV / GEMM per weight type (JSON)
+#   3. parity: greedy tokens of `ridgekv run --backend cuda` == --backend cpu, on the
+#      tiny trained models of shared/ (repo root, ../shared or $RK_SHARED_DIR) when
+#      present, and on synthetic models of real shapes (ridgekv synth) in any case
+#   4. bench: `ridgekv bench --backend cuda` on synthetic qwen2.5-1.5b q4_k_m at 8K and
+#      32K prompt tokens (JSON), with the CPU at 512 beside it for scale
+#   5. summary: $OUT/summary.txt (also printed), every log and JSON under $OUT
+#
+# Every step has its own timeout and the whole script stops at 8 minutes (TOTAL_S).
+# Usage: tests/gpu/check.sh [--dry-run] [--out DIR] [--prebuilt DIR]
+#   --prebuilt DIR  use the executables of `tests/gpu/pack.sh BUILD DIR` (made where the
+#              build works) instead of building: for an image without Criterion / json-c.
+#   --dry-run  no GPU needed: builds with CUDA for sm_80 only (or without CUDA when nvcc is
+#              missing; BUILD=DIR reuses a build), runs the same steps with cpu_ref in place
+#              of cuda for parity and cpu for the bench, at small sizes, so every CPU-side
+#              part of this script is exercised anywhere.
+# Exit status: 0 when every step passed (a dry run counts a skipped CUDA suite as passed),
+# 1 otherwise. Not run by meson test (needs the GPU, takes minutes); tests/gpu/meson.build
+# runs the dry-run's argument checks only.
+set -u
+set -a # the step functions run under timeout in a child bash: they see every variable
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+DRY=0
+PREBUILT=
+OUT_DIR=${OUT:-}
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --dry-run) DRY=1 ;;
+    --out) shift; OUT_DIR=${1:-} ;;
+    --prebuilt) shift; PREBUILT=${1:-} ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    *) echo "check.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
+[ -n "$OUT_DIR" ] || OUT_DIR=$ROOT/build-gpu-check-out # build*/ is git-ignored
+mkdir -p "$OUT_DIR" || { echo "check.sh: cannot create $OUT_DIR" >&2; exit 1; }
+OUT_DIR=$(cd "$OUT_DIR" && pwd)
+TOTAL_S=${TOTAL_S:-480}
+T0=$(date +%s)
+JOBS=$(nproc 2>/dev/null || echo 2)
+SUMMARY=$OUT_DIR/summary.txt
+: > "$SUMMARY"
+FAILED=0
+
+if [ $DRY = 1 ]; then
+    # cpu_ref stands in for the device in the parity runs (independent kernels, slow: small
+    # models, short prompts), cpu in the bench
+    BE=cpu_ref BENCH_BE=cpu ARCHS=80 BUILD=${BUILD:-/tmp/rk-gpu-check-dry} JOBS=${DRY_JOBS:-2}
+    BENCH_P=256,512 BENCH_LAYERS=2 BENCH_N=8 CPU_P=128 SYN_LAYERS=2 SYN_VOCAB=400 PARITY_S=300
+else
+    BE=cuda BENCH_BE=cuda ARCHS=80,90 BUILD=${BUILD:-$ROOT/build-gpu-check}
+    BENCH_P=8192,32768 BENCH_LAYERS=0 BENCH_N=64 CPU_P=512 SYN_LAYERS=4 SYN_VOCAB=4000 PARITY_S=60
+fi
+BIN=$BUILD/cli/ridgekv
+
+say() { echo "$*" | tee -a "$SUMMARY"; }
+left() { echo $(( TOTAL_S - ($(date +%s) - T0) )); }
+# step NAME BUDGET_S CMD...: runs CMD with timeout min(BUDGET, time left), log in $OUT/NAME.log
+step() {
+    local name=$1 budget=$2 t rc s0
+    shift 2
+    t=$(left)
+    [ "$budget" -lt "$t" ] || budget=$t
+    if [ "$budget" -le 5 ]; then
+        say "SKIP  $name (out of time: the script is bounded to ${TOTAL_S}s)"
+        FAILED=1
+        return 1
+    fi
+    s0=$(date +%s)
+    if [ "$(type -t "$1")" = function ]; then export -f "$1"; fi
+    timeout -k 5 "$budget" bash -c '"$@"' step "$@" > "$OUT_DIR/$name.log" 2>&1
+    rc=$?
+    local dt=$(( $(date +%s) - s0 ))
+    if [ $rc = 0 ]; then
+        say "PASS  $name (${dt}s)"
+    elif [ $rc = 77 ]; then # a test program's "no GPU here"
+        say "SKIP  $name: $(tail -n 1 "$OUT_DIR/$name.log")"
+        [ $DRY = 1 ] || FAILED=1
+    elif [ $rc = 124 ] || [ $rc = 137 ]; then
+        say "FAIL  $name: timed out after ${budget}s (log: $name.log)"
+        FAILED=1
+    else
+        say "FAIL  $name: exit $rc (log: $name.log; last lines below)"
+        tail -n 5 "$OUT_DIR/$name.log" | sed 's/^/      /' | tee -a "$SUMMARY"
+        FAILED=1
+    fi
+    return $rc
+}
+
+{
+    echo "date: $(date -u +%FT%TZ)  dry-run: $DRY  backend: $BE  archs: $ARCHS"
+    echo "commit: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    (nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>/dev/null ||
+        echo "nvidia-smi: none") | sed 's/^/gpu: /'
+    (nvcc --version 2>/dev/null | tail -1 || echo "nvcc: none") | sed 's/^/nvcc: /'
+    echo "cpu: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2)"
+} > "$OUT_DIR/env.txt"
+cat "$OUT_DIR/env.txt" | tee -a "$SUMMARY"
+
+# ---- 1. build ------------------------------------------------------------------
+CUDA_OPT=-Dcuda=enabled
+if [ $DRY = 1 ] && ! command -v nvcc > /dev/null; then CUDA_OPT=-Dcuda=disabled; fi
+build() {
+    if [ -f "$BUILD/build.ninja" ]; then
+        meson configure "$BUILD" $CUDA_OPT -Dgpu_archs=$ARCHS || return 1
+    else
+        meson setup "$BUILD" "$ROOT" --buildtype=release $CUDA_OPT -Dgpu_archs=$ARCHS || return 1
+    fi
+    # only what this script runs (the other suites are CI's)
+    local t=(cli/ridgekv tests/gpu/test_gpu_devsim)
+    [ "$CUDA_OPT" = -Dcuda=enabled ] && t+=(tests/kernels/test_kernels_cuda tests/gpu/gpu_bench)
+    ninja -C "$BUILD" -j "$JOBS" "${t[@]}"
+}
+if [ -n "$PREBUILT" ]; then
+    PREBUILT=$(cd "$PREBUILT" && pwd) || exit 1
+    BIN=$PREBUILT/bin/ridgekv
+    # the image's CUDA libraries (system toolkit, or the pip wheels next to PyTorch)
+    NV=$(python3 -c 'import glob, os, nvidia; print(":".join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(d + "/*/lib/lib*.so*")})))' 2> /dev/null || true)
+    export LD_LIBRARY_PATH=$PREBUILT/lib:/usr/local/cuda/lib64:${NV}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    step prebuilt_runs 30 "$BIN" --version || { say "check.sh: the prebuilt ridgekv does not run here, stopping"; exit 1; }
+elif ! step build 300 build; then
+    if [ -x "$ROOT/build-gpu-pack/bin/ridgekv" ]; then # carried beside the tree: use it
+        say "check.sh: no build here; using the carried build-gpu-pack (tests/gpu/pack.sh)"
+        cp "$OUT_DIR/build.log" "$OUT_DIR/build.failed.log" 2> /dev/null
+        TOTAL_S=$(left) exec env -u PREBUILT bash "$0" $([ $DRY = 1 ] && echo --dry-run) --out "$OUT_DIR" \
+            --prebuilt "$ROOT/build-gpu-pack"
+    fi
+    say "check.sh: no build (missing packages? see build.log; tests/gpu/pack.sh and --prebuilt), stopping"
+    exit 1
+fi
+
+# ---- 2. CUDA op tests -------------------------------------------------------------
+# meson reports a test that exits 77 (no GPU) as SKIP, which meson counts as success
+cuda_tests() {
+    meson test -C "$BUILD" --no-rebuild --suite cuda --print-errorlogs --num-processes "$JOBS" || return 1
+    if [ $DRY = 0 ] && grep -q "SKIP" "$BUILD/meson-logs/testlog.txt"; then
+        echo "the CUDA suite skipped on the GPU machine"; return 1
+    fi
+}
+if [ -n "$PREBUILT" ]; then
+    step cuda_op_tests 150 "$PREBUILT/bin/test_kernels_cuda" -j"$JOBS"
+elif [ "$CUDA_OPT" = -Dcuda=enabled ]; then
+    step cuda_op_tests 150 cuda_tests
+    cp "$BUILD/meson-logs/testlog.txt" "$OUT_DIR/cuda_op_tests.testlog.txt" 2>/dev/null
+else
+    say "SKIP  cuda_op_tests (dry run without nvcc)"
+fi
+# the ceilings and the op rates of the issue's targets (JSON; exit 77 without a GPU)
+GB=$BUILD/tests/gpu/gpu_bench
+[ -n "$PREBUILT" ] && GB=$PREBUILT/bin/gpu_bench
+if [ -x "$GB" ]; then
+    if step gpu_bench 90 sh -c "'$GB' > '$OUT_DIR/gpu_bench.json'"; then
+        python3 - "$OUT_DIR/gpu_bench.json" << 'PY' | tee -a "$SUMMARY"
+import json, sys
+j = json.load(open(sys.argv[1]))
+print("ceilings on %s: copy %.0f GB/s (read+write), cuBLAS bf16 %.0f TFLOP/s" % (
+    j["device"], j["copy_GBps_read_plus_write"], j["cublas_bf16_TFLOPs"]))
+for t in j["types"]:
+    print("  %-5s GEMV n=1 %7.1f us %6.0f GB/s = %4.2f x copy | GEMM n=512 %8.1f us %6.1f TFLOP/s = %4.2f x cuBLAS bf16" % (
+        t["type"], t["gemv_us"], t["gemv_GBps"], t["gemv_vs_copy"], t["gemm_512_us"], t["gemm_TFLOPs"],
+        t["gemm_vs_cublas_bf16"]))
+PY
+    fi
+fi
+# the session's device path without a GPU (runs everywhere)
+if [ -n "$PREBUILT" ]; then
+    step devsim 60 "$PREBUILT/bin/test_gpu_devsim"
+else
+    step devsim 60 meson test -C "$BUILD" --no-rebuild gpu_devsim --print-errorlogs
+fi
+
+# ---- 3. model-level parity -----------------------------------------------------------
+MODELS=()
+for d in "$ROOT/shared" "$ROOT/../shared" "${RK_SHARED_DIR:-/nonexistent}"; do
+    for m in stories260K/stories260K-f32.gguf aidreams260K/aidreams260K-f32.gguf; do
+        [ -f "$d/models/$m" ] && MODELS+=("$d/models/$m")
+    done
+    [ ${#MODELS[@]} -gt 0 ] && break
+done
+# synthetic models in a temporary folder, not under $OUT (the device tool brings $OUT back)
+SYN=$(mktemp -d "${TMPDIR:-/tmp}/rk-gpu-check-models.XXXXXX") || exit 1
+trap 'rm -rf "$SYN"' EXIT
+synth_models() {
+    local a=(--layers "$SYN_LAYERS" --vocab "$SYN_VOCAB")
+    "$BIN" synth --shape smollm2-135m --type q8_0 "${a[@]}" -o "$SYN/smollm2-q8_0.gguf" &&
+    "$BIN" synth --shape qwen3-0.6b --type q4_k "${a[@]}" -o "$SYN/qwen3-q4_k.gguf" &&
+    "$BIN" synth --shape qwen2.5-1.5b --type q4_k_m "${a[@]}" -o "$SYN/qwen2.5-q4_k_m.gguf" &&
+    "$BIN" synth --shape llama-3.2-1b --type bf16 "${a[@]}" -o "$SYN/llama3.2-bf16.gguf"
+}
+step synth_small 120 synth_models
+for f in smollm2-q8_0 qwen3-q4_k qwen2.5-q4_k_m llama3.2-bf16; do
+    [ -f "$SYN/$f.gguf" ] && MODELS+=("$SYN/$f.gguf")
+done
+# greedy tokens of both backends: the same text (32 tokens after a short prompt, then a
+# 300-token prompt so prefill takes the GEMM path); decode uses the GEMV path
+parity() {
+    local m=$1 ok=0 p prompts=("Once upon a time")
+    # a 300-token prompt: prefill takes the GEMM path (too slow on cpu_ref in a dry run)
+    [ $DRY = 1 ] || prompts+=("$(printf 'The cat sat on the mat and looked at the dog. %.0s' $(seq 1 25))")
+    for p in "${prompts[@]}"; do
+        "$BIN" run -m "$m" -p "$p" -n 32 --temp 0 --backend cpu -t "$JOBS" > "$OUT_DIR/parity.cpu.txt" || return 1
+        "$BIN" run -m "$m" -p "$p" -n 32 --temp 0 --backend "$BE" -t "$JOBS" > "$OUT_DIR/parity.dev.txt" || return 1
+        if cmp -s "$OUT_DIR/parity.cpu.txt" "$OUT_DIR/parity.dev.txt"; then
+            echo "same greedy text: $(basename "$m") ($(wc -c < "$OUT_DIR/parity.cpu.txt") bytes)"
+        else
+            echo "DIFFERENT greedy text on $(basename "$m"):"
+            echo "  cpu: $(head -c 300 "$OUT_DIR/parity.cpu.txt")"
+            echo "  $BE: $(head -c 300 "$OUT_DIR/parity.dev.txt")"
+            ok=1
+        fi
+    done
+    return $ok
+}
+for m in "${MODELS[@]}"; do
+    step "parity_$(basename "$m" .gguf)" "$PARITY_S" parity "$m"
+done
+
+# ---- 4. bench -----------------------------------------------------------------------
+BENCH_MODEL=$SYN/qwen2.5-1.5b-q4_k_m.gguf
+big_synth() {
+    local layers=()
+    [ "$BENCH_LAYERS" != 0 ] && layers=(--layers "$BENCH_LAYERS")
+    "$BIN" synth --shape qwen2.5-1.5b --type q4_k_m "${layers[@]}" -o "$BENCH_MODEL"
+}
+if step synth_qwen2.5-1.5b 120 big_synth; then
+    # one prompt length per step: a slow long one cannot take the short one's figures with it
+    js=()
+    for P in ${BENCH_P//,/ }; do
+        step bench_"$BENCH_BE"_"$P" 200 sh -c "'$BIN' bench -m '$BENCH_MODEL' --backend $BENCH_BE -p $P -n $BENCH_N -r 1 --json > '$OUT_DIR/bench_${BENCH_BE}_$P.json'"
+        js+=("$OUT_DIR/bench_${BENCH_BE}_$P.json")
+    done
+    [ "$BENCH_BE" = cpu ] || step bench_cpu 60 sh -c "'$BIN' bench -m '$BENCH_MODEL' --backend cpu -p $CPU_P -n 8 -r 1 --json > '$OUT_DIR/bench_cpu.json'"
+    # one line per prompt length
+    [ "$BENCH_BE" = cpu ] || js+=("$OUT_DIR/bench_cpu.json")
+    for j in "${js[@]}"; do
+        [ -s "$j" ] || continue
+        python3 - "$j" << 'PY' | tee -a "$SUMMARY"
+import json, sys
+j = json.load(open(sys.argv[1]))
+for r in j.get("results", []):
+    print("bench %-12s %s n_prompt %6d: TTFT %9.1f ms (%8.1f tok/s prefill), decode %7.1f tok/s" % (
+        j.get("backend", sys.argv[1].split("bench_")[-1][:-5].split("_")[0]), r.get("kv", ""), r["n_prompt"], r["ttft_ms"],
+        r["prefill_tok_s"], r["decode_tok_s"]))
+PY
+    done
+fi
+
+say "not run here: RidgeFill / LowRAM on the device (they need host rows: refused by the session),"
+say "  100K with YaRN (the models issue adds the scaling), KV tiers (the tiers issue's block store)."
+say "total: $(( $(date +%s) - T0 ))s of ${TOTAL_S}s; outputs in $OUT_DIR"
+if [ $FAILED = 0 ]; then say "RESULT: PASS"; else say "RESULT: FAIL"; fi
+exit $FAILED
