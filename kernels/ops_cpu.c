@@ -21,6 +21,9 @@
 #define RK_GEMM_MIN_N 4
 /* A dequantised weight tile is about this many floats (sits in L2). */
 #define RK_GEMM_TILE_FLOATS 32768
+/* Integer path: bytes of quantised weight rows per prefill tile (L2-resident). */
+#define RK_GEMM_TILE_BYTES 131072
+#define RK_QK_K_ELTS 256 /* elements per K-quant block */
 /* Attention: query rows (x heads of a KV group) per task, keys per tile,
  * minimum keys per chunk when decode splits the keys. */
 #define RK_ATTN_ROWS 32
@@ -36,6 +39,8 @@ typedef struct cpu_impl {
     int n_threads;
     const rk_cpu_kern *k;
     const rk_quant_fns *(*quant)(uint32_t);
+    /* integer GEMV against 8-bit activations (rk_qdot_fast); NULL: portable */
+    const rk_qdot_fns *(*qdot)(uint32_t);
     /* OpenBLAS sgemm for the f32 tiles; only without AVX2: our 3x4 AVX2 kernel
      * measured 80 GFLOP/s per core against OpenBLAS 0.3.21's 30 on this box. */
     bool use_blas;
@@ -209,6 +214,9 @@ typedef struct mm_ctx {
     const rk_op_args *a;
     cpu_impl *c;
     const rk_quant_fns *q; /* NULL for f32 weights */
+    const rk_qdot_fns *qd; /* non-NULL: dot against the quantised rows xq */
+    uint8_t *xq;           /* n activation rows of xq_row bytes */
+    size_t xq_row;
     int64_t n, m, k, mb;
 } mm_ctx;
 
@@ -217,11 +225,54 @@ static void gemv_range(void *vp, int64_t j0, int64_t j1, int tid) {
     (void)tid;
     const mm_ctx *x = vp;
     const rk_op_args *a = x->a;
+    if (x->qd) {
+        for (int64_t j = j0; j < j1; j++) {
+            const void *w = (const char *)a->src0.data + (size_t)j * a->src0.nb1;
+            for (int64_t t = 0; t < x->n; t++) rk_row_f32(&a->dst, t)[j] = x->qd->dot(w, x->xq + (size_t)t * x->xq_row, x->k);
+        }
+        return;
+    }
     for (int64_t j = j0; j < j1; j++) {
         const void *w = (const char *)a->src0.data + (size_t)j * a->src0.nb1;
         for (int64_t t = 0; t < x->n; t++) {
             const float *xt = rk_row_f32(&a->src1, t);
             rk_row_f32(&a->dst, t)[j] = x->q ? x->q->dot(w, xt, x->k) : x->c->k->dot(w, xt, x->k);
+        }
+    }
+}
+
+/* Integer path: activation rows r0..r1 to 8-bit blocks. */
+static void quant_rows(void *vp, int64_t r0, int64_t r1, int tid) {
+    (void)tid;
+    const mm_ctx *x = vp;
+    for (int64_t t = r0; t < r1; t++) x->qd->quant_act(rk_row_f32(&x->a->src1, t), x->xq + (size_t)t * x->xq_row, x->k);
+}
+
+/* Integer path, prefill: a tile of mb weight rows (it stays in L2) against every
+ * quantised activation row, with the GEMV's dot for each pair: a row's result
+ * does not depend on the chunk or batch it came in. */
+static void gemm_q_tiles(void *vp, int64_t t0, int64_t t1, int tid) {
+    (void)tid;
+    const mm_ctx *x = vp;
+    const rk_op_args *a = x->a;
+    for (int64_t tile = t0; tile < t1; tile++) {
+        const int64_t j0 = tile * x->mb, j1 = j0 + x->mb < x->m ? j0 + x->mb : x->m;
+        int64_t t = 0;
+        if (x->qd->dot_x4) /* four activation rows per weight row read: bit-identical to dot */
+            for (; t + 4 <= x->n; t += 4) {
+                const uint8_t *xt = x->xq + (size_t)t * x->xq_row;
+                float *y[4] = {rk_row_f32(&a->dst, t), rk_row_f32(&a->dst, t + 1), rk_row_f32(&a->dst, t + 2),
+                               rk_row_f32(&a->dst, t + 3)};
+                for (int64_t j = j0; j < j1; j++) {
+                    float o[4];
+                    x->qd->dot_x4((const char *)a->src0.data + (size_t)j * a->src0.nb1, xt, x->xq_row, x->k, o);
+                    y[0][j] = o[0], y[1][j] = o[1], y[2][j] = o[2], y[3][j] = o[3];
+                }
+            }
+        for (; t < x->n; t++) {
+            const uint8_t *xt = x->xq + (size_t)t * x->xq_row;
+            float *y = rk_row_f32(&a->dst, t);
+            for (int64_t j = j0; j < j1; j++) y[j] = x->qd->dot((const char *)a->src0.data + (size_t)j * a->src0.nb1, xt, x->k);
         }
     }
 }
@@ -270,6 +321,33 @@ static rk_status cpu_matmul(rk_backend *be, const rk_op_args *a, rk_err *err) {
         for (int64_t t = 0; t < x.n; t++) memset(rk_row_f32(&a->dst, t), 0, (size_t)x.m * sizeof(float));
         return RK_OK;
     }
+    /* Integer path (quantised weights, AVX2): each activation row quantised once
+     * to 8-bit blocks, then every output is an integer dot of a weight row with it. */
+    x.qd = x.q && c->qdot ? c->qdot(a->src0.type) : NULL;
+    /* Prefill (n >= RK_GEMM_MIN_N) takes it only for the 256-element K-quant blocks:
+     * with 32-element blocks (Q4_0, Q4_1, Q8_0) the per-block scale work made the
+     * integer tiles slower than dequantised f32 tiles (docs/BENCH.md). */
+    if (x.qd && x.n >= RK_GEMM_MIN_N && (x.qd->act_block != RK_QK_K_ELTS || !x.qd->dot_x4)) x.qd = NULL;
+    if (x.qd && x.k % x.qd->act_block == 0) {
+        x.xq_row = (size_t)(x.k / x.qd->act_block) * x.qd->act_bytes;
+        rk_status st = ws_reserve(c, 0, ((size_t)x.n * x.xq_row + sizeof(float) - 1) / sizeof(float), err);
+        if (st != RK_OK) return st;
+        x.xq = (uint8_t *)c->shared;
+        if (x.n < RK_GEMM_MIN_N) {
+            quant_rows(&x, 0, x.n, 0);
+            int64_t chunk = x.m * x.k * x.n < 4 * RK_PAR_MIN_ELTS ? x.m : (x.m + 4 * c->n_threads - 1) / (4 * c->n_threads);
+            par_for(c, x.m, chunk, gemv_range, &x);
+            return RK_OK;
+        }
+        par_for(c, x.n, row_chunk(c, x.n, x.k), quant_rows, &x);
+        int64_t mb = RK_GEMM_TILE_BYTES / (int64_t)a->src0.nb1;
+        int64_t fair = (x.m + 2 * c->n_threads - 1) / (2 * c->n_threads); /* >= 2 tiles per thread */
+        if (mb > fair) mb = fair;
+        x.mb = mb < 4 ? 4 : mb;
+        par_for(c, (x.m + x.mb - 1) / x.mb, 1, gemm_q_tiles, &x);
+        return RK_OK;
+    }
+    x.qd = NULL;
     if (x.n < RK_GEMM_MIN_N || x.k > INT32_MAX || x.m > INT32_MAX || x.n > INT32_MAX) {
         int64_t chunk = x.m * x.k * x.n < 4 * RK_PAR_MIN_ELTS ? x.m : (x.m + 4 * c->n_threads - 1) / (4 * c->n_threads);
         par_for(c, x.m, chunk, gemv_range, &x);
@@ -687,6 +765,7 @@ static rk_status cpu_create(int n_threads, bool portable, rk_pool *pool, rk_back
     c->n_threads = n_threads;
     c->k = &kern_generic;
     c->quant = portable ? rk_quant_ref : rk_quant_fast;
+    c->qdot = portable ? NULL : rk_qdot_fast;
 #if defined(RK_HAVE_AVX2)
     if (!portable && rk_cpu_has_avx2()) c->k = &rk_cpu_kern_avx2;
 #endif

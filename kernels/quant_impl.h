@@ -86,3 +86,41 @@ RK_QUANT_DECL_ALL(rk_quant_ref)
 #ifdef RK_HAVE_AVX2
 RK_QUANT_DECL_ALL(rk_quant_avx2)
 #endif
+
+/* ---- 8-bit activation blocks (rk_qdot_fns) ------------------------------ */
+typedef struct rk_act_q8_32 {
+    float d;       /* amax / 127; NaN when the block held a NaN or +-Inf */
+    int32_t sum;   /* sum of qs */
+    int8_t qs[32];
+} rk_act_q8_32;    /* x ~ d * q */
+
+typedef struct rk_act_q8_K {
+    float d;
+    int16_t bsums[RK_QK_K / 16]; /* sums of qs[16k .. 16k+15] */
+    int8_t qs[RK_QK_K];
+} rk_act_q8_K;
+
+_Static_assert(sizeof(rk_act_q8_32) == 40, "act q8_32 block is 40 bytes");
+_Static_assert(sizeof(rk_act_q8_K) == 292, "act q8_K block is 292 bytes");
+
+void rk_qref_act_q8_32(const float *x, void *dst, int64_t n);
+void rk_qref_act_q8_K(const float *x, void *dst, int64_t n);
+float rk_qref_q8_0_dot(const void *w, const void *xq, int64_t n);
+float rk_qref_q4_0_dot(const void *w, const void *xq, int64_t n);
+float rk_qref_q4_1_dot(const void *w, const void *xq, int64_t n);
+float rk_qref_q4_K_dot(const void *w, const void *xq, int64_t n);
+float rk_qref_q6_K_dot(const void *w, const void *xq, int64_t n);
+#ifdef RK_HAVE_AVX2
+void rk_qavx2_act_q8_32(const float *x, void *dst, int64_t n);
+void rk_qavx2_act_q8_K(const float *x, void *dst, int64_t n);
+float rk_qavx2_q8_0_dot(const void *w, const void *xq, int64_t n);
+void rk_qavx2_q8_0_dot_x4(const void *w, const void *xq, size_t ys, int64_t n, float *out);
+float rk_qavx2_q4_0_dot(const void *w, const void *xq, int64_t n);
+void rk_qavx2_q4_0_dot_x4(const void *w, const void *xq, size_t ys, int64_t n, float *out);
+float rk_qavx2_q4_1_dot(const void *w, const void *xq, int64_t n);
+void rk_qavx2_q4_1_dot_x4(const void *w, const void *xq, size_t ys, int64_t n, float *out);
+float rk_qavx2_q4_K_dot(const void *w, const void *xq, int64_t n);
+void rk_qavx2_q4_K_dot_x4(const void *w, const void *xq, size_t ys, int64_t n, float *out);
+float rk_qavx2_q6_K_dot(const void *w, const void *xq, int64_t n);
+void rk_qavx2_q6_K_dot_x4(const void *w, const void *xq, size_t ys, int64_t n, float *out);
+#endif

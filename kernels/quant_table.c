@@ -68,3 +68,39 @@ const rk_quant_fns *rk_quant_fast(uint32_t type) {
 #endif
     return lookup(ref_fns, type);
 }
+
+/* ---- integer dot products against 8-bit activations ---------------------- */
+#define RK_QDOT_ROW(pre, t, blk, x4) {blk, blk == 32 ? sizeof(rk_act_q8_32) : sizeof(rk_act_q8_K), \
+        blk == 32 ? pre##_act_q8_32 : pre##_act_q8_K, pre##_##t##_dot, x4}
+#define RK_QDOT_TABLE(pre, x4)                                   \
+    {                                                            \
+        [RK_DT_Q4_0] = RK_QDOT_ROW(pre, q4_0, 32, x4(pre, q4_0)),     \
+        [RK_DT_Q4_1] = RK_QDOT_ROW(pre, q4_1, 32, x4(pre, q4_1)),     \
+        [RK_DT_Q8_0] = RK_QDOT_ROW(pre, q8_0, 32, x4(pre, q8_0)),     \
+        [RK_DT_Q4_K] = RK_QDOT_ROW(pre, q4_K, RK_QK_K, x4(pre, q4_K)), \
+        [RK_DT_Q6_K] = RK_QDOT_ROW(pre, q6_K, RK_QK_K, x4(pre, q6_K)), \
+    }
+#define RK_NO_X4(pre, t) NULL
+#define RK_X4(pre, t) pre##_##t##_dot_x4
+
+static const rk_qdot_fns qref_fns[RK_DT_BF16 + 1] = RK_QDOT_TABLE(rk_qref, RK_NO_X4);
+#ifdef RK_HAVE_AVX2
+static const rk_qdot_fns qavx2_fns[RK_DT_BF16 + 1] = RK_QDOT_TABLE(rk_qavx2, RK_X4);
+#endif
+
+static const rk_qdot_fns *qlookup(const rk_qdot_fns *tab, uint32_t type) {
+    if (type > RK_DT_BF16 || !tab[type].dot) return NULL;
+    return &tab[type];
+}
+
+const rk_qdot_fns *rk_qdot_ref(uint32_t type) {
+    return qlookup(qref_fns, type);
+}
+
+const rk_qdot_fns *rk_qdot_fast(uint32_t type) {
+#ifdef RK_HAVE_AVX2
+    if (rk_cpu_has_avx2()) return qlookup(qavx2_fns, type);
+#endif
+    (void)type;
+    return NULL;
+}

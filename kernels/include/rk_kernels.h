@@ -26,6 +26,31 @@ const rk_quant_fns *rk_quant_fast(uint32_t type);
  * it reads back as NaN (int8 cannot carry them). The one quantiser of every
  * CPU backend: CPY_ROWS into q8_0 is bit-identical across them. */
 void rk_quant_q8_0_from_f32(const float *src, void *dst, int64_t n);
+/* Integer dot products against activations quantised to 8 bits once per row
+ * (the cpu backend's MATMUL uses them where they exist). An activation row of n
+ * elements is n / act_block blocks of act_bytes: act_block 32 (Q4_0, Q4_1,
+ * Q8_0 weights: f32 d, int32 sum of the codes, 32 int8 codes) or 256 (Q4_K,
+ * Q6_K: f32 d, 16 int16 sums of 16 codes, 256 int8 codes). Codes are
+ * nearbyint(x * 127 / amax) in [-127, 127], amax the block's largest |x|, so
+ * |x - d q| <= d / 2 per element with d = amax / 127; a block holding a NaN or
+ * +-Inf gets d = NaN and reads back as NaN. dot(w, xq, n) = sum w_i * d q_i,
+ * exact in the integer part, a few f32 roundings in the scales. Activation
+ * buffers (and dot_x4's stride) are 4-byte aligned; weight rows may sit anywhere. */
+typedef void (*rk_act_quant_fn)(const float *x, void *dst, int64_t n);
+typedef float (*rk_qdot_fn)(const void *w, const void *xq, int64_t n);
+typedef struct rk_qdot_fns {
+    int act_block;    /* elements per activation block */
+    size_t act_bytes; /* bytes per activation block */
+    rk_act_quant_fn quant_act;
+    rk_qdot_fn dot;
+    /* out[r] = dot(w, xq + r * xq_stride, n) for r < 4, bit for bit; NULL: none */
+    void (*dot_x4)(const void *w, const void *xq, size_t xq_stride, int64_t n, float *out);
+} rk_qdot_fns;
+/* Scalar C versions, for every type above; NULL for other types. */
+const rk_qdot_fns *rk_qdot_ref(uint32_t type);
+/* AVX2 versions where this CPU has AVX2 (same activation bytes as the scalar
+ * quantiser, bit for bit); NULL where there is none. */
+const rk_qdot_fns *rk_qdot_fast(uint32_t type);
 /* True when the running CPU has AVX2, FMA and F16C (and the build compiled them). */
 bool rk_cpu_has_avx2(void);
 

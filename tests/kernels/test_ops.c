@@ -49,6 +49,12 @@ typedef struct op_case {
 #define B_ELT (256 * EPS2)
 #define B_MM(k) (32.0 * (k) * EPS2)
 #define B_ATTN 1e-10
+/* MATMUL on the cpu backend where it dots quantised weights with 8-bit
+ * activations (rk_qdot_fast): x_i becomes d q_i with |x_i - d q_i| <= d/2,
+ * d = amax/127 of its 32- or 256-block. The errors enter the output linearly,
+ * so NMSE ~ E[e^2] / E[x^2] <= (d/2)^2 / sigma^2; here x ~ N(0, 1) and the amax
+ * of <= 256 samples stays under 4 sigma: (4/127)^2 / 4 = 2.5e-4. */
+#define B_MMQ 2.5e-4
 
 #define MM(nm, t, n_, k_, m_, fl) {nm, RK_OP_MATMUL, t, n_, k_, m_, 0, 0, 0, 0, 0, 0, fl, B_MM(k_)}
 #define MM_ALL_N(nm, t, k_, m_)                                                                    \
@@ -411,7 +417,8 @@ static double *run_case(const op_case *c, rk_backend *be, size_t *n_out) {
 }
 
 /* NaN/Inf parity, then NMSE over the finite entries. */
-static void compare(const op_case *c, const char *be_name, const double *got, const double *want, size_t n) {
+static void compare_b(const op_case *c, double bound, const char *be_name, const double *got, const double *want,
+                      size_t n) {
     double num = 0, den = 0;
     size_t n_nan = 0;
     for (size_t i = 0; i < n; i++) {
@@ -437,7 +444,7 @@ static void compare(const op_case *c, const char *be_name, const double *got, co
         den += want[i] * want[i];
     }
     double nmse = den > 0 ? num / den : num;
-    cr_assert_leq(nmse, c->nmse, "%s on %s: NMSE %.3g > bound %.3g", c->name, be_name, nmse, c->nmse);
+    cr_assert_leq(nmse, bound, "%s on %s: NMSE %.3g > bound %.3g", c->name, be_name, nmse, bound);
     if (c->flags & F_NAN) cr_assert_gt(n_nan, 0, "%s: the injected NaN did not reach the output", c->name);
     if (c->op == RK_OP_ATTN && !(c->flags & F_NAN))
         cr_assert_eq(n_nan, 0, "%s: NaN cache rows past pos0 + n_q leaked into the output", c->name);
@@ -478,9 +485,7 @@ double *op_twin_run(int i, rk_backend *be, op_twin_runner run, void *ud, size_t 
     return out;
 }
 void op_twin_compare(int i, const char *be_name, double nmse, const double *got, const double *want, size_t n) {
-    op_case c = cases[i];
-    c.nmse = nmse;
-    compare(&c, be_name, got, want, n);
+    compare_b(&cases[i], nmse, be_name, got, want, n);
 }
 #endif
 
@@ -507,10 +512,11 @@ ParameterizedTest(int *ci, ops, vs_ref, .timeout = 120) {
         snprintf(name, sizeof name, "%s x%d", which == 3 ? "portable" : "cpu", cpu->n_threads);
         double *got = run_case(c, cpu, &n_got);
         cr_assert_eq(n_got, n_ref);
-        compare(c, name, got, want, n_ref);
+        const double bound = c->op == RK_OP_MATMUL && which != 3 && rk_qdot_fast(c->type) ? B_MMQ : c->nmse;
+        compare_b(c, bound, name, got, want, n_ref);
         /* second run on the same instance: workspaces reused */
         double *again = run_case(c, cpu, &n_got);
-        compare(c, name, again, want, n_ref);
+        compare_b(c, bound, name, again, want, n_ref);
         free(again);
         free(got);
         rk_backend_destroy(cpu);

@@ -16,6 +16,10 @@ typedef struct tier {
 } tier;
 static const tier TIER_A = {"A", 1e-3, 1e-4, 2e-3};
 static const tier TIER_B = {"B", 0.15, 0.01, 0.3};
+/* Tier C (README §5): a quantised model computed with 8-bit activations, as the cpu
+ * backend's integer matmul does (llama.cpp's measured effect: max 0.42, mean 0.071).
+ * With |dlogit| <= 1 everywhere a golden margin above 2 cannot flip the argmax. */
+static const tier TIER_C = {"C", 1.0, 0.15, 2.0};
 
 typedef struct stats {
     double max_abs, mean_abs;
@@ -151,6 +155,10 @@ Test(golden, f16_kv_cache_tier_b) {
 static const char *const synth[] = {"qwen2-tiny-q8_0", "llama-tiny-q4_0", "llama-tiny-q4_1", "llama-tiny-q4_k_m"};
 static const char *const synth_seqs[] = {"rand16", "rand100", "rand300"};
 
+/* cpu_ref keeps F32 activations: Tier A against the twins. The cpu backend dots
+ * quantised weights with 8-bit activations (kernels: rk_qdot_fast, where the CPU has
+ * AVX2; without AVX2 it computes in F32, which Tier C holds as well): Tier C against
+ * both the twin and llama.cpp's logits for the quantised file. */
 Test(golden, quantised_models_f32_activations_match_twins_tier_a) {
     char rel[256], path[1024], golden[128];
     for (int mi = 0; mi < 4; mi++) {
@@ -159,7 +167,8 @@ Test(golden, quantised_models_f32_activations_match_twins_tier_a) {
         snprintf(golden, sizeof golden, "%s.f32-twin", synth[mi]);
         for (int si = 0; si < 3; si++) {
             check_logits(path, golden, synth_seqs[si], params(RK_BACKEND_CPU_REF, 1, RK_DT_F32, 512), &TIER_A);
-            check_logits(path, golden, synth_seqs[si], params(RK_BACKEND_CPU, 2, RK_DT_F32, 512), &TIER_A);
+            check_logits(path, golden, synth_seqs[si], params(RK_BACKEND_CPU, 2, RK_DT_F32, 512), &TIER_C);
+            check_logits(path, synth[mi], synth_seqs[si], params(RK_BACKEND_CPU, 2, RK_DT_F32, 512), &TIER_C);
         }
     }
 }
