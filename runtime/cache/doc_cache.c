@@ -26,12 +26,6 @@ struct rk_doc_cache {
     rk_doc_cache_stats last;
 };
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void put_le(uint8_t *d, uint64_t v, int n) {
     for (int i = 0; i < n; i++) d[i] = (uint8_t)(v >> (8 * i));
 }
@@ -177,7 +171,7 @@ static rk_status read_meta(rk_bs *bs, meta *mt, char *msg, size_t cap) {
 /* Reads entry key's KV block (*buf malloc'd, mt its header); msg says why not. */
 static rk_status read_entry(rk_doc_cache *c, const char *path, const char *key, uint8_t **buf, meta *mt, char *msg,
                             size_t cap) {
-    const double t0 = now_s();
+    const double t0 = rk_time_now();
     rk_bs *bs = NULL;
     rk_err e = {0};
     rk_status st = rk_bs_open(path, RK_BS_READ, &c->p.io, &bs, &e);
@@ -211,7 +205,7 @@ static rk_status read_entry(rk_doc_cache *c, const char *path, const char *key, 
         c->last.direct = rk_bs_direct(bs);
     }
     rk_bs_close(bs);
-    c->last.io_s = now_s() - t0;
+    c->last.io_s = rk_time_now() - t0;
     c->last.raw_bytes = mt->raw;
     if (st) {
         free(*buf);
@@ -284,7 +278,7 @@ rk_status rk_doc_cache_save(rk_doc_cache *c, const char *key, const rk_model *m,
     rk_status st = entry_path(c, key, path, sizeof path, err);
     if (st) return st;
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    const double t0 = now_s();
+    const double t0 = rk_time_now();
     void *blk = NULL;
     size_t len = 0;
     if ((st = rk_session_kv_export(s, 0, n, &blk, &len, err))) return st;
@@ -336,7 +330,7 @@ rk_status rk_doc_cache_save(rk_doc_cache *c, const char *key, const rk_model *m,
     }
     fsync_dir(c->dir);
     struct stat sb;
-    c->last.io_s = now_s() - t0;
+    c->last.io_s = rk_time_now() - t0;
     c->last.raw_bytes = len;
     c->last.file_bytes = stat(path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
     size_t nr;

@@ -65,12 +65,6 @@ typedef struct tier {
     rk_kv_tier_stats st;
 } tier;
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static chunk *CH(const tier *t, int l, int w, int64_t c) { return &t->ch[((size_t)l * 2 + (size_t)w) * (size_t)t->n_chunks + (size_t)c]; }
 static uint8_t *DATA(const tier *t, int l, int w, int64_t c) { return (w ? t->v[l] : t->k[l]) + (size_t)c * t->chunk_bytes; }
 static uint64_t ID(const tier *t, int l, int w, int64_t c) { return ((uint64_t)l * 2 + (uint64_t)w) * (uint64_t)t->n_chunks + (uint64_t)c; }
@@ -156,7 +150,7 @@ static rk_status ensure(tier *t, int l, int64_t c0, int64_t c1, bool count, rk_e
             if ((st = rk_bs_get(t->bs, ID(t, l, w, c), DATA(t, l, w, c), t->chunk_bytes, NULL, err))) return st;
             h->get_pending = 1;
         }
-    const double t0 = now_s();
+    const double t0 = rk_time_now();
     for (;;) {
         bool wait = false;
         for (int64_t c = c0; c < c1 && !wait; c++)
@@ -164,7 +158,7 @@ static rk_status ensure(tier *t, int l, int64_t c0, int64_t c1, bool count, rk_e
         if (!wait) break;
         pump(t, true);
     }
-    if (count) t->st.stall_s += now_s() - t0;
+    if (count) t->st.stall_s += rk_time_now() - t0;
     return take_io_error(t, err);
 }
 
