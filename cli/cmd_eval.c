@@ -9,21 +9,29 @@
 #include "rk_io.h"
 
 static const char *help =
-    "usage: ridgekv eval ppl [-m MODEL] -f FILE [-c 512] [--chunks N] [-t T] [--kv f16|f32|q8|lowram[:opts]] [--json]\n"
-    "       ridgekv eval needle|nll|splice [--ridgefill MAPS] [--fill LIST] ...  (see each --help)\n"
+    "usage: ridgekv eval ppl|needle|nll|splice [options]   (ridgekv eval MEASUREMENT --help)\n"
     "\n"
+    "ppl: perplexity over a text file, as llama-perplexity computes it;\n"
     "needle: passkey retrieval with the needle in the RidgeFill bulk region, modes paired (McNemar);\n"
     "nll: ΔNLL on the last 512 tokens and on long-range tokens (LongPPL), bootstrap CIs;\n"
-    "splice: share of the loss gap recovered by exact K or V per layer group, K/V error split.\n"
+    "splice: share of the loss gap recovered by exact K or V per layer group, K/V error split.\n";
+
+static const char *ppl_help =
+    "usage: ridgekv eval ppl [-m MODEL] -f FILE [-c 512] [--chunks N] [-t T] [--kv POLICY] [--json]\n"
     "\n"
     "Perplexity as llama-perplexity computes it: the text (one trailing newline dropped) is\n"
     "tokenized (with BOS when the vocab asks for it) and cut into chunks of -c tokens; each chunk\n"
     "starts from an empty KV cache with its first token replaced by BOS (when the vocab uses BOS),\n"
     "and tokens c/2 .. c-1 of each chunk are scored.\n"
     "\n"
+    "  -m MODEL      GGUF path or catalogue name (default: the cached default model)\n"
     "  -f FILE       text to score\n"
     "  -c N          chunk size (default 512)\n"
-    "  --chunks N    score at most N chunks (default: all)\n";
+    "  --chunks N    score at most N chunks (default: all)\n"
+    "  -t N          threads (default: all cores)\n"
+    "  --kv POLICY   f16, f32, q8 or lowram[:opts] (default f16)\n"
+    "  --ridgefill MAPS, --fill MODE  score with RidgeFill prefill (docs/RIDGEFILL.md)\n"
+    "  --json        one JSON object on stdout\n";
 
 static int eval_ppl(int argc, char **argv) {
     int max_chunks = 0;
@@ -146,7 +154,7 @@ int cmd_eval(int argc, char **argv) {
     if (!strcmp(argv[2], "ppl")) {
         for (int i = 3; i < argc; i++)
             if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-                fputs(help, stdout);
+                fputs(ppl_help, stdout);
                 return RK_EXIT_OK;
             }
         return eval_ppl(argc, argv);
