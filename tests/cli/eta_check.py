@@ -24,7 +24,7 @@ cpu = len(sys.argv) > 3 and sys.argv[3] == "cpu"
 env = dict(os.environ, RIDGEKV_PROGRESS_EVERY="0")
 if cpu:
     env["RIDGEKV_PROGRESS_CLOCK"] = "cpu"
-r = subprocess.run([bin_, "ask", "--doc", f.name, "-c", "8192", "-n", "1"] + (["-t", "1"] if cpu else []) +
+r = subprocess.run([bin_, "ask", "--no-cache", "--doc", f.name, "-c", "8192", "-n", "1"] + (["-t", "1"] if cpu else []) +
                    ["What is this about?"], capture_output=True, text=True, env=env)
 os.unlink(f.name)
 pat = re.compile(r"read (\d+)/(\d+) tokens \(\d+%\), [\d.]+ tok/s, elapsed ([\d.]+) s, ETA (\S+)")
