@@ -89,7 +89,7 @@ rk_status rk_session_create(const rk_model *m, const rk_session_params *pp, rk_s
         if (hp->rope_scaling.type == RK_ROPE_SCALING_NONE)
             return rk_err_set(err, RK_E_CONTEXT,
                               "session: context %d is larger than the %d tokens the model was trained on; "
-                              "past that it produces garbage. Enable RoPE scaling (yarn or linear, factor >= %.3g) "
+                              "past that it produces garbage. Enable RoPE scaling (yarn or linear, factor >= %.4g) "
                               "or allow the overflow explicitly",
                               (int)p.n_ctx, (int)hp->n_ctx_train, ceil((double)p.n_ctx / hp->n_ctx_train * 1000) / 1000);
         return rk_err_set(err, RK_E_CONTEXT,
