@@ -155,7 +155,7 @@ Test(cuda, rope_unit_vector_pos1) {
     rk_backend *be = cuda_or_skip();
     float x[4] = {1, 0, 0, 0};
     rk_op_args a = {.op = RK_OP_ROPE, .src0 = {RK_DT_F32, {4, 1, 1, 1}, 16, x}};
-    a.rope = (rk_rope_params){RK_ROPE_NEOX, 4, 10000.0f, 1};
+    a.rope = (rk_rope_params){.mode = RK_ROPE_NEOX, .n_rot = 4, .freq_base = 10000.0f, .pos0 = 1};
     rk_err err = {0};
     cr_assert_eq(rk_backend_run(be, &a, &err), RK_OK, "%s", err.msg);
     cr_assert_float_eq(x[0], cosf(1.0f), 1e-7f);

@@ -1,3 +1,4 @@
+#include <math.h>
 #include "rt_shared.h"
 
 #include <criterion/criterion.h>
@@ -26,4 +27,26 @@ int32_t *rt_story_ids(const rk_model *m, size_t want) {
     free(txt);
     cr_assert(n >= want, "only %zu tokens", n);
     return ids;
+}
+
+double rt_max_abs_diff(const float *a, const float *b, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - b[i]));
+    return m;
+}
+
+double rt_mean_kl(const float *ref, const float *lg, int rows, int nv) {
+    double tot = 0;
+    for (int r = 0; r < rows; r++) {
+        const float *a = ref + (size_t)r * nv, *b = lg + (size_t)r * nv;
+        double ma = -INFINITY, mb = -INFINITY, sa = 0, sb = 0, kl = 0;
+        for (int v = 0; v < nv; v++) ma = fmax(ma, a[v]), mb = fmax(mb, b[v]);
+        for (int v = 0; v < nv; v++) sa += exp(a[v] - ma), sb += exp(b[v] - mb);
+        for (int v = 0; v < nv; v++) {
+            double la = a[v] - ma - log(sa), lb = b[v] - mb - log(sb);
+            kl += exp(la) * (la - lb);
+        }
+        tot += kl;
+    }
+    return tot / rows;
 }

@@ -10,3 +10,7 @@
 rk_model *rt_load_shared(const char *rel);
 /* Token ids (BOS first) of the TinyStories sample, at least `want` of them (malloc'd). */
 int32_t *rt_story_ids(const rk_model *m, size_t want);
+/* Largest |a[i] - b[i]| over n values. */
+double rt_max_abs_diff(const float *a, const float *b, size_t n);
+/* Mean KL(p_ref || p) over rows of two logit traces (rows x nv), softmax in double. */
+double rt_mean_kl(const float *ref, const float *lg, int rows, int nv);

@@ -41,30 +41,7 @@ static float *trace(rk_session *s, const int32_t *ids, int n_prompt, int n_dec, 
     return lg;
 }
 
-static double max_abs_diff(const float *a, const float *b, size_t n) {
-    double m = 0;
-    for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - b[i]));
-    return m;
-}
-
 static bool same_bits(const float *a, const float *b, size_t n) { return !memcmp(a, b, n * sizeof(float)); }
-
-/* Mean KL(p_ref || p) over rows. */
-static double mean_kl(const float *ref, const float *lg, int rows, int nv) {
-    double tot = 0;
-    for (int r = 0; r < rows; r++) {
-        const float *a = ref + (size_t)r * nv, *b = lg + (size_t)r * nv;
-        double ma = -INFINITY, mb = -INFINITY, sa = 0, sb = 0, kl = 0;
-        for (int v = 0; v < nv; v++) ma = fmax(ma, a[v]), mb = fmax(mb, b[v]);
-        for (int v = 0; v < nv; v++) sa += exp(a[v] - ma), sb += exp(b[v] - mb);
-        for (int v = 0; v < nv; v++) {
-            double la = a[v] - ma - log(sa), lb = b[v] - mb - log(sb);
-            kl += exp(la) * (la - lb);
-        }
-        tot += kl;
-    }
-    return tot / rows;
-}
 
 static rk_kv_codec *codec(const rk_session *s) {
     cr_assert_eq(s->kv->kind, RK_KV_LOWRAM);
@@ -204,9 +181,9 @@ Test(kv, q8_attends_like_f32_over_its_rows) {
     install_rounded(rf);
     float *a = trace(q8, ids, 300, 40, nv), *b = trace(rf, ids, 300, 40, nv);
     const bool direct = rk_kv_q8_direct(q8->kv);
-    if (direct) cr_expect_leq(max_abs_diff(a, b, (size_t)41 * nv), 1e-4 * 20, "direct q8 ATTN");
+    if (direct) cr_expect_leq(rt_max_abs_diff(a, b, (size_t)41 * nv), 1e-4 * 20, "direct q8 ATTN");
     else cr_expect(same_bits(a, b, (size_t)41 * nv), "q8 differs from f32 attention over q8 rows by %g",
-                   max_abs_diff(a, b, (size_t)41 * nv));
+                   rt_max_abs_diff(a, b, (size_t)41 * nv));
     const uint64_t per_tok = 2ull * hp->n_layer * (uint64_t)(kvd / 32) * 34;
     cr_expect_eq(rk_session_kv_bytes_per_token(q8), per_tok);
     rk_kv_bytes kb;
@@ -256,9 +233,9 @@ Test(kv, q8_logits_within_the_int8_rounding_of_f32) {
     float *c = trace(s8, ids, n_prompt, n_dec, nv);
     double e8, e16;
     rounding_rms(s32, n_prompt + n_dec, &e8, &e16);
-    const double rho = e8 / e16, d16 = max_abs_diff(a, b, (size_t)(n_dec + 1) * nv);
-    const double d8 = max_abs_diff(a, c, (size_t)(n_dec + 1) * nv);
-    const double kl16 = mean_kl(a, b, n_dec + 1, nv), kl8 = mean_kl(a, c, n_dec + 1, nv);
+    const double rho = e8 / e16, d16 = rt_max_abs_diff(a, b, (size_t)(n_dec + 1) * nv);
+    const double d8 = rt_max_abs_diff(a, c, (size_t)(n_dec + 1) * nv);
+    const double kl16 = rt_mean_kl(a, b, n_dec + 1, nv), kl8 = rt_mean_kl(a, c, n_dec + 1, nv);
     int agree = 0;
     for (int r = 0; r <= n_dec; r++) {
         int ta = 0, tc = 0;
@@ -310,7 +287,7 @@ Test(kv, truncate_then_reeval_equals_fresh) {
         cr_assert_eq(rk_session_eval(f, ids, (size_t)cut, lf, false, &e), RK_OK, "%s", e.msg);
         float *y = trace(f, ids + cut, 300 - cut, 0, nv);
         cr_expect(same_bits(x, y, (size_t)nv), "%s: re-eval after truncate differs from fresh by %g", POLICIES[pi],
-                  max_abs_diff(x, y, (size_t)nv));
+                  rt_max_abs_diff(x, y, (size_t)nv));
         cr_expect(!memcmp(rk_session_tokens(s), rk_session_tokens(f), 300 * sizeof(int32_t)), "%s: token history",
                   POLICIES[pi]);
         rk_kv_bytes ks, kf;
@@ -333,7 +310,7 @@ Test(kv, truncate_then_reeval_equals_fresh) {
     for (int i = 335; i < 340; i++) {
         cr_assert_eq(rk_session_eval(s, &ids[i], 1, lg, false, &e), RK_OK, "%s", e.msg);
         cr_expect(same_bits(lg, a + (size_t)(i - 299) * nv, (size_t)nv), "lowram replay step %d differs by %g", i,
-                  max_abs_diff(lg, a + (size_t)(i - 299) * nv, (size_t)nv));
+                  rt_max_abs_diff(lg, a + (size_t)(i - 299) * nv, (size_t)nv));
     }
     rk_session_kv_bytes(s, &k1);
     cr_expect_eq(k1.n_compressed_rows, k0.n_compressed_rows);
@@ -361,7 +338,7 @@ Test(kv, reset_equals_fresh) {
         cr_expect(!ls.fitted);
         float *x = trace(s, ids, 300, 20, nv), *y = trace(f, ids, 300, 20, nv);
         cr_expect(same_bits(x, y, (size_t)21 * nv), "%s: after reset differs from fresh by %g", POLICIES[pi],
-                  max_abs_diff(x, y, (size_t)21 * nv));
+                  rt_max_abs_diff(x, y, (size_t)21 * nv));
         free(x), free(y);
         rk_session_destroy(s), rk_session_destroy(f);
     }
@@ -400,7 +377,7 @@ Test(kv, export_import_round_trip) {
         cr_expect_eq(ks.n_compressed_rows, kt.n_compressed_rows);
         float *x = trace(s, ids + n0, 0, 20, nv), *y = trace(t, ids + n0, 0, 20, nv);
         cr_expect(same_bits(x + nv, y + nv, (size_t)20 * nv), "%s: decode after import differs by %g", POLICIES[pi],
-                  max_abs_diff(x + nv, y + nv, (size_t)20 * nv));
+                  rt_max_abs_diff(x + nv, y + nv, (size_t)20 * nv));
         free(x), free(y);
         if (lowram) {
             rk_lowram_stats ls, lt;
@@ -424,7 +401,7 @@ Test(kv, export_import_round_trip) {
             rk_session_truncate(s, 300, &e);
             x = trace(s, ids + 300, 0, 10, nv), y = trace(u, ids + 300, 0, 10, nv);
             cr_expect(same_bits(x + nv, y + nv, (size_t)10 * nv), "%s: decode after two imports differs by %g",
-                      POLICIES[pi], max_abs_diff(x + nv, y + nv, (size_t)10 * nv));
+                      POLICIES[pi], rt_max_abs_diff(x + nv, y + nv, (size_t)10 * nv));
             free(x), free(y), free(b1), free(b2);
             rk_session_destroy(u);
         }
@@ -476,7 +453,7 @@ static void expect_refused(const rk_model *m, const char *policy, const refusal 
     cr_expect(!memcmp(rk_session_tokens(s), ids, (size_t)n_have * sizeof(int32_t)));
     float *x = trace(s, ids + n_have, 0, 8, nv), *y = trace(twin, ids + n_have, 0, 8, nv);
     cr_expect(same_bits(x + nv, y + nv, (size_t)8 * nv), "%s: the session changed after refusals (%g)", policy,
-              max_abs_diff(x + nv, y + nv, (size_t)8 * nv));
+              rt_max_abs_diff(x + nv, y + nv, (size_t)8 * nv));
     free(x), free(y);
     rk_session_destroy(s), rk_session_destroy(twin);
 }
@@ -754,7 +731,7 @@ Test(kv, q8_direct_attention_on_blocks) {
     float *a = trace(q8, ids, 200, 39, nv), *b = trace(rf, ids, 200, 39, nv);
     double scale = 0;
     for (size_t i = 0; i < (size_t)40 * nv; i++) scale = fmax(scale, fabs((double)b[i]));
-    const double d = max_abs_diff(a, b, (size_t)40 * nv);
+    const double d = rt_max_abs_diff(a, b, (size_t)40 * nv);
     /* f32 sums of ~200 terms in another order: ~1e-6 relative; 1e-4 leaves room */
     cr_expect(d <= 1e-4 * (scale > 1 ? scale : 1), "direct q8 ATTN differs by %g (logit scale %g)", d, scale);
     free(a), free(b);

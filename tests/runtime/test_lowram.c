@@ -162,29 +162,6 @@ static float *trace(rk_session *s, const int32_t *ids, int n_prompt, int n_dec, 
     return lg;
 }
 
-static double max_abs_diff(const float *a, const float *b, size_t n) {
-    double m = 0;
-    for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - b[i]));
-    return m;
-}
-
-/* Mean KL(p_ref || p) over the rows of two logit traces. */
-static double mean_kl(const float *ref, const float *lg, int rows, int nv) {
-    double tot = 0;
-    for (int r = 0; r < rows; r++) {
-        const float *a = ref + (size_t)r * nv, *b = lg + (size_t)r * nv;
-        double ma = -INFINITY, mb = -INFINITY, sa = 0, sb = 0, kl = 0;
-        for (int v = 0; v < nv; v++) ma = fmax(ma, a[v]), mb = fmax(mb, b[v]);
-        for (int v = 0; v < nv; v++) sa += exp(a[v] - ma), sb += exp(b[v] - mb);
-        for (int v = 0; v < nv; v++) {
-            double la = a[v] - ma - log(sa), lb = b[v] - mb - log(sb);
-            kl += exp(la) * (la - lb);
-        }
-        tot += kl;
-    }
-    return tot / rows;
-}
-
 /* Full rank, f32 coefficients, every residual kept (f16), every chunk rebuilt: the codec
  * loses only the f16 rounding of the residuals and fp32 rounding of the rebuild, the same
  * class of error as the f16 cache itself. Bound: the lowram logits stay within twice the
@@ -205,7 +182,7 @@ Test(lowram, dense_full_rank_all_residuals_equals_exact) {
     rk_session_kv_bytes(lr, &kb);
     cr_assert_gt(kb.n_compressed_rows, 200, "rows compressed: %lld", (long long)kb.n_compressed_rows);
     const size_t n = (size_t)(n_dec + 1) * nv;
-    double d16_32 = max_abs_diff(a, b, n), dlr = max_abs_diff(a, c, n);
+    double d16_32 = rt_max_abs_diff(a, b, n), dlr = rt_max_abs_diff(a, c, n);
     cr_expect(dlr <= 2 * d16_32 + 1e-4, "lowram vs f16 %g, f16 vs f32 %g", dlr, d16_32);
     free(a), free(b), free(c), free(ids);
     rk_session_destroy(s16), rk_session_destroy(s32), rk_session_destroy(lr);
@@ -348,7 +325,7 @@ Test(lowram, decode_stays_close_to_exact) {
     rk_session *dr = session(m, RK_DT_F16, "window=64,budget=96,chunk=16,evict=0.95,nosumm");
     float *a = trace(ex, ids, n_prompt, n_dec, nv), *b = trace(lr, ids, n_prompt, n_dec, nv);
     float *c = trace(dr, ids, n_prompt, n_dec, nv);
-    const double kl = mean_kl(a, b, n_dec + 1, nv), kl_drop = mean_kl(a, c, n_dec + 1, nv);
+    const double kl = rt_mean_kl(a, b, n_dec + 1, nv), kl_drop = rt_mean_kl(a, c, n_dec + 1, nv);
     int agree = 0;
     for (int r = 0; r <= n_dec; r++) {
         int ta = 0, tb = 0;
@@ -385,15 +362,15 @@ Test(lowram, truncate_and_replay) {
     rk_session *s = session(m, RK_DT_F16, "rank=100000,resid=1,rtype=f16,coef=f32,window=32,chunk=8,budget=100000");
     rk_session *s16 = session(m, RK_DT_F16, NULL), *s32 = session(m, RK_DT_F32, NULL);
     float *a = trace(s, ids, 300, 40, nv), *r16 = trace(s16, ids, 300, 40, nv), *r32 = trace(s32, ids, 300, 40, nv);
-    const double tol = 2 * max_abs_diff(r16, r32, (size_t)41 * nv) + 1e-4;
+    const double tol = 2 * rt_max_abs_diff(r16, r32, (size_t)41 * nv) + 1e-4;
     const int cut = 250;
     cr_assert_lt(cut, codec(s)->comp_end, "the cut must fall inside the compressed rows");
     cr_assert_eq(rk_session_truncate(s, cut, &e), RK_OK, "%s", e.msg);
     cr_assert_eq(rk_session_eval(s, ids + cut, 300 - cut, lg, false, &e), RK_OK, "%s", e.msg);
-    double d = max_abs_diff(a, lg, (size_t)nv);
+    double d = rt_max_abs_diff(a, lg, (size_t)nv);
     for (int i = 0; i < 40; i++) {
         cr_assert_eq(rk_session_eval(s, &ids[300 + i], 1, lg, false, &e), RK_OK, "%s", e.msg);
-        d = fmax(d, max_abs_diff(a + (size_t)(i + 1) * nv, lg, (size_t)nv));
+        d = fmax(d, rt_max_abs_diff(a + (size_t)(i + 1) * nv, lg, (size_t)nv));
     }
     cr_expect_lt(d, tol, "replay through the compressed rows differs by %g (tolerance %g)", d, tol);
     rk_session_destroy(s), rk_session_destroy(s16), rk_session_destroy(s32);
@@ -410,12 +387,12 @@ Test(lowram, truncate_and_replay) {
     rk_session_kv_bytes(s, &k1);
     cr_expect_eq(k1.n_compressed_rows, k0.n_compressed_rows);
     cr_expect_eq(k1.n_tokens, 336);
-    d = max_abs_diff(a + (size_t)36 * nv, lg, (size_t)nv);
+    d = rt_max_abs_diff(a + (size_t)36 * nv, lg, (size_t)nv);
     cr_expect(isfinite(d) && d < 5.0, "replayed step differs by %g", d);
     /* (3) */
     rk_session_reset(s);
     float *b = trace(s, ids, 300, 40, nv);
-    cr_expect_eq(max_abs_diff(a, b, (size_t)41 * nv), 0.0);
+    cr_expect_eq(rt_max_abs_diff(a, b, (size_t)41 * nv), 0.0);
     free(a), free(b), free(lg), free(ids);
     rk_session_destroy(s);
     rk_model_destroy(m);
@@ -529,7 +506,7 @@ Test(lowram, lr_keys_op_matches_cpu_ref) {
     cr_assert_eq(rk_backend_cpu_create(2, &cpu2, &e), RK_OK);
     rk_backend *bes[2] = {cpu1, cpu2};
     for (int mode = 0; mode < 2; mode++) {
-        const rk_rope_params rp = {mode ? RK_ROPE_NEOX : RK_ROPE_NORM, NR, 10000.0f, 0};
+        const rk_rope_params rp = {.mode = mode ? RK_ROPE_NEOX : RK_ROPE_NORM, .n_rot = NR, .freq_base = 10000.0f};
         double freq[NR / 2];
         for (int i = 0; i < NR / 2; i++) freq[i] = pow(10000.0, -2.0 * i / NR);
         for (int p = 0; p < NP; p++)
@@ -629,7 +606,7 @@ Test(lowram, topp_selection) {
     float *a16 = trace(f16, ids, n_prompt, n_dec, nv), *a32 = trace(f32, ids, n_prompt, n_dec, nv);
     float *ld = trace(dn, ids, n_prompt, n_dec, nv), *la = trace(all, ids, n_prompt, n_dec, nv);
     const size_t n = (size_t)(n_dec + 1) * nv;
-    const double cache = max_abs_diff(a16, a32, n), d_all = max_abs_diff(ld, la, n);
+    const double cache = rt_max_abs_diff(a16, a32, n), d_all = rt_max_abs_diff(ld, la, n);
     cr_log_info("topp=1 vs dense %.3g (f16 vs f32 cache %.3g)", d_all, cache);
     cr_expect_leq(d_all, 2 * cache + 1e-4, "topp=1 vs dense %g (cache distance %g)", d_all, cache);
     /* (2): decode step by step, recording the chunk counts of every (layer, head) */
@@ -644,7 +621,7 @@ Test(lowram, topp_selection) {
         cr_assert(c->keys_op);
         for (int h = 0; h < c->n_head_kv; h++) lo = c->dn[h] < lo ? c->dn[h] : lo, hi = c->dn[h] > hi ? c->dn[h] : hi;
     }
-    const double kl = mean_kl(a16, lt, n_dec + 1, nv);
+    const double kl = rt_mean_kl(a16, lt, n_dec + 1, nv);
     cr_log_info("topp=0.9: KL %.5f, chunks per (layer, head) %lld..%lld of %lld", kl, (long long)lo, (long long)hi,
                 (long long)((c->g[0].n_rows + 15) / 16));
     cr_expect_lt(kl, 0.02, "KL %g", kl);
@@ -679,7 +656,7 @@ Test(lowram, prefill_compression_inside_one_eval) {
     float *a = trace(ex, ids, n_prompt, n_dec, nv), *b = trace(late, ids, n_prompt, n_dec, nv);
     float *c = trace(early, ids, n_prompt, n_dec, nv);
     const rk_kv_codec *cl = codec(late), *ce = codec(early);
-    const double kl_late = mean_kl(a, b, n_dec + 1, nv), kl_early = mean_kl(a, c, n_dec + 1, nv);
+    const double kl_late = rt_mean_kl(a, b, n_dec + 1, nv), kl_early = rt_mean_kl(a, c, n_dec + 1, nv);
     cr_log_info("pfit: exact rows held at most %lld rows (fit at the end: %lld); KL %.5f (fit at the end %.5f)",
                 (long long)ce->x_peak, (long long)cl->x_peak, kl_early, kl_late);
     cr_expect_geq(cl->x_peak, n_prompt);
