@@ -12,9 +12,9 @@ static const char *const op_names[RK_OP_COUNT] = {
     [RK_OP_GET_ROWS] = "GET_ROWS", [RK_OP_MATMUL] = "MATMUL",     [RK_OP_RMSNORM] = "RMSNORM",
     [RK_OP_ROPE] = "ROPE",         [RK_OP_ATTN] = "ATTN",         [RK_OP_SILU_MUL] = "SILU_MUL",
     [RK_OP_ADD] = "ADD",           [RK_OP_ADD_ROW] = "ADD_ROW",   [RK_OP_CPY_ROWS] = "CPY_ROWS",
-    [RK_OP_LR_KEYS] = "LR_KEYS",
+    [RK_OP_LR_KEYS] = "LR_KEYS",   [RK_OP_SCATTER_ROWS] = "SCATTER_ROWS",
 };
-_Static_assert(RK_OP_COUNT == 10, "op count changed: name the new op");
+_Static_assert(RK_OP_COUNT == 11, "op count changed: name the new op");
 
 const char *rk_op_name(rk_op op) {
     return (unsigned)op < RK_OP_COUNT ? op_names[op] : "UNKNOWN_OP";
@@ -210,6 +210,18 @@ rk_status rk_op_check(const rk_op_args *a, rk_err *err) {
                     a->lr_rope_cs ? (long long)a->lr_rope_rows - 1 : (long long)INT32_MAX);
         return RK_OK;
     }
+    case RK_OP_SCATTER_ROWS: {
+        TRY(check_view(on, "src0", &a->src0, err));
+        TRY(check_view(on, "dst", &a->dst, err));
+        if (a->dst.ne[0] != a->src0.ne[0])
+            BAD("kernels: %s: row length (%lld vs %lld)", on, (long long)a->src0.ne[0], (long long)a->dst.ne[0]);
+        int64_t n = rk_view_rows(&a->src0), rows = rk_view_rows(&a->dst);
+        if (n > 0 && !a->ids) BAD("kernels: %s: ids is NULL", on);
+        for (int64_t i = 0; i < n; i++)
+            if (a->ids[i] < 0 || a->ids[i] >= rows)
+                BAD("kernels: %s: id %d at %lld out of range (< %lld)", on, a->ids[i], (long long)i, (long long)rows);
+        return RK_OK;
+    }
     case RK_OP_COUNT:
         break;
     }
@@ -252,6 +264,8 @@ bool rk_cpu_supports_common(const rk_op_args *a, const rk_quant_fns *(*fns)(uint
     case RK_OP_LR_KEYS:
         return is_f32(&a->dst) && is_f32(&a->src0) && (is_f32(&a->src1) || a->src1.type == RK_DT_F16) &&
                is_f32(&a->src2);
+    case RK_OP_SCATTER_ROWS:
+        return is_f32(&a->dst) && is_f32(&a->src0);
     case RK_OP_COUNT:
         break;
     }

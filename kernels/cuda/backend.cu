@@ -229,6 +229,49 @@ static rk_status run_cpy_rows(rk_backend *be, const rk_op_args *a, rk_err *err) 
     return rk_cuda_args_end(c, on, g, 2, err);
 }
 
+static rk_status run_scatter_rows(rk_backend *be, const rk_op_args *a, rk_err *err) {
+    rk_cuda *c = impl_of(be);
+    const char *on = "SCATTER_ROWS";
+    int64_t n = rk_cuda_rows(&a->src0), d = a->src0.ne[0];
+    if (n == 0 || d == 0) return RK_OK;
+    CU("cudaSetDevice", cudaSetDevice(c->device));
+    /* a staged dst goes up whole and comes back whole: rows not named keep their values */
+    rk_cuda_arg g[2] = {rk_cuda_arg_of(&a->src0, true, false), rk_cuda_arg_of(&a->dst, true, true)};
+    char *ids = NULL;
+    rk_status st = rk_cuda_args_begin(c, on, g, 2, (size_t)n * sizeof(int32_t), &ids, err);
+    if (st != RK_OK) return st;
+    CU("upload ids", cudaMemcpyAsync(ids, a->ids, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, c->stream));
+    CU("kernel", rk_cuda_scatter_rows((const float *)g[0].dev, g[0].ld, (const int32_t *)ids, (float *)g[1].dev,
+                                      g[1].ld, n, d, c->stream));
+    return rk_cuda_args_end(c, on, g, 2, err);
+}
+
+static rk_status run_lr_keys(rk_backend *be, const rk_op_args *a, rk_err *err) {
+    rk_cuda *c = impl_of(be);
+    const char *on = "LR_KEYS";
+    const int64_t n = rk_cuda_rows(&a->src0), r = a->src0.ne[0], hd = a->dst.ne[0];
+    if (n == 0) return RK_OK;
+    CU("cudaSetDevice", cudaSetDevice(c->device));
+    rk_cuda_arg g[4] = {rk_cuda_arg_of(&a->src0, true, false), rk_cuda_arg_of(&a->src1, true, false),
+                        rk_cuda_arg_of(&a->src2, true, false), rk_cuda_arg_of(&a->dst, false, true)};
+    const int half = a->rope.n_rot / 2;
+    double freq[RK_ATTN_MAX_HD]; /* n_rot <= hd <= RK_ATTN_MAX_HD (supports) */
+    rk_rope_freqs(&a->rope, freq);
+    const size_t ids_bytes = rk_cuda_up256((size_t)n * sizeof(int32_t));
+    char *extra = NULL;
+    rk_status st = rk_cuda_args_begin(c, on, g, 4, ids_bytes + (size_t)half * sizeof(double), &extra, err);
+    if (st != RK_OK) return st;
+    /* from pageable memory: both are staged before the calls return */
+    CU("upload ids", cudaMemcpyAsync(extra, a->ids, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, c->stream));
+    CU("upload angles", cudaMemcpyAsync(extra + ids_bytes, freq, (size_t)half * sizeof(double), cudaMemcpyHostToDevice,
+                                        c->stream));
+    CU("kernel", rk_cuda_lr_keys((const float *)g[0].dev, g[0].ld, g[1].dev, a->src1.type == RK_DT_F16,
+                                 rk_cuda_arg_nb1(&g[1]), (const float *)g[2].dev, g[2].ld, (const int32_t *)extra,
+                                 (const double *)(extra + ids_bytes), (float *)g[3].dev, g[3].ld, n, (int)r, (int)hd,
+                                 a->rope.n_rot, a->rope.mode == RK_ROPE_NEOX, c->stream));
+    return rk_cuda_args_end(c, on, g, 4, err);
+}
+
 static rk_status run_attn(rk_backend *be, const rk_op_args *a, rk_err *err) {
     rk_cuda *c = impl_of(be);
     const char *on = "ATTN";
@@ -294,6 +337,12 @@ static bool cuda_supports(const rk_backend *be, const rk_op_args *a) {
         return f32(&a->dst) && f32(&a->src0) && cache_type(a->src1.type) && a->src2.type == a->src1.type &&
                (a->src1.type != RK_DT_Q8_0 || a->attn.head_dim % 32 == 0) && a->attn.head_dim >= 1 &&
                a->attn.head_dim <= RK_ATTN_MAX_HD;
+    case RK_OP_SCATTER_ROWS: return f32(&a->dst) && f32(&a->src0);
+    case RK_OP_LR_KEYS:
+        /* one block per row: r coefficients and hd values in shared memory */
+        return f32(&a->dst) && f32(&a->src0) && (f32(&a->src1) || a->src1.type == RK_DT_F16) && f32(&a->src2) &&
+               a->dst.ne[0] >= 1 && a->dst.ne[0] <= RK_ATTN_MAX_HD && a->src0.ne[0] <= INT32_MAX &&
+               rk_cuda_lr_keys_smem((int)a->src0.ne[0], (int)a->dst.ne[0]) <= RK_LR_KEYS_MAX_SMEM;
     default: return false;
     }
 }
@@ -338,6 +387,8 @@ extern "C" rk_status rk_backend_cuda_create(int device, rk_backend **out, rk_err
     c->ops.op[RK_OP_GET_ROWS] = run_get_rows;
     c->ops.op[RK_OP_CPY_ROWS] = run_cpy_rows;
     c->ops.op[RK_OP_ATTN] = run_attn;
+    c->ops.op[RK_OP_SCATTER_ROWS] = run_scatter_rows;
+    c->ops.op[RK_OP_LR_KEYS] = run_lr_keys;
     c->ops.supports = cuda_supports;
     c->ops.destroy = cuda_destroy;
     c->ops.prepare = rk_cuda_prepare;

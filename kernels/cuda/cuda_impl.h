@@ -129,6 +129,17 @@ cudaError_t rk_cuda_get_rows(const void *src, uint32_t type, size_t nb1, const i
 cudaError_t rk_cuda_cpy_rows(const float *x, int64_t ldx, void *dst_row0, uint32_t type, size_t nb1, int64_t n,
                              int64_t d, cudaStream_t s);
 
+/* SCATTER_ROWS (scatter_rows.cu): row ids_dev[i] of y (ldy apart) = row i of x, i < n, rows of d floats. */
+cudaError_t rk_cuda_scatter_rows(const float *x, int64_t ldx, const int32_t *ids_dev, float *y, int64_t ldy, int64_t n,
+                                 int64_t d, cudaStream_t s);
+/* LR_KEYS (lr_keys.cu): cf (n, r) ldc apart, basis r rows of hd (f16 or f32, nbb bytes apart), mw the mean
+ * row and the 1/s row ldm apart, positions ids_dev, freq_dev the n_rot/2 angles per position (double). */
+#define RK_LR_KEYS_MAX_SMEM (48 * 1024)
+size_t rk_cuda_lr_keys_smem(int r, int hd);
+cudaError_t rk_cuda_lr_keys(const float *cf, int64_t ldc, const void *basis, bool f16, size_t nbb, const float *mw,
+                            int64_t ldm, const int32_t *ids_dev, const double *freq_dev, float *y, int64_t ldy,
+                            int64_t n, int r, int hd, int n_rot, bool neox, cudaStream_t s);
+
 /* MATMUL helpers (gemv.cu). n <= RK_CUDA_GEMV_MAX rows take the GEMV on the stored weights. */
 #define RK_CUDA_GEMV_MAX 8
 cudaError_t rk_cuda_gemv(const void *w, uint32_t type, size_t nbw, const float *x, int64_t ldx, float *y, int64_t ldy,

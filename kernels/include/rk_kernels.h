@@ -78,7 +78,12 @@ typedef struct rk_view {
  *   multiple of 32, so every head row is whole blocks.
  * - RMSNORM: src1.data NULL means no weight (1).
  * - CPY_ROWS: dst_row0 counts rows of dst (tokens of a 2-D cache view).
- * - MATMUL: dst must not overlap src0 or src1. */
+ * - MATMUL: dst must not overlap src0 or src1.
+ * - GET_ROWS of f32 rows is a row gather (dst row i = src0 row ids[i]): RidgeFill's plan
+ *   compacts rows with it; dst must not overlap src0.
+ * - SCATTER_ROWS (the plan's inverse move): f32 src0 (n, d) and dst (rows, d), any row
+ *   strides; ids (host memory, n entries) distinct and < rows of dst; rows of dst not
+ *   named keep their values; dst must not overlap src0. */
 typedef enum rk_op {
     RK_OP_GET_ROWS,  /* dst (n, d) f32 = dequant rows ids[] of src0 (vocab, d) any dtype */
     RK_OP_MATMUL,    /* dst (n, m) f32 = src1 (n, k) f32 x src0^T, src0 (m rows of k) any dtype */
@@ -90,9 +95,10 @@ typedef enum rk_op {
     RK_OP_ADD_ROW,   /* dst (n, d) += src0 (d), a bias row broadcast */
     RK_OP_CPY_ROWS,  /* dst rows (f32, f16, q8_0) at dst_row0.. = src0 f32 rows (converted) */
     RK_OP_LR_KEYS,   /* LowRAM: post-RoPE keys of one KV head rebuilt from coefficients; see below */
+    RK_OP_SCATTER_ROWS, /* dst row ids[i] = src0 row i (f32 rows), i < rows of src0; see below */
     RK_OP_COUNT
 } rk_op;
-_Static_assert(RK_OP_COUNT == 10, "op count changed: update every backend table and op-case table");
+_Static_assert(RK_OP_COUNT == 11, "op count changed: update every backend table and op-case table");
 
 typedef enum rk_rope_mode {
     RK_ROPE_NORM = 0, /* rotate pairs (2i, 2i+1): llama */

@@ -49,30 +49,29 @@ int rk_plan_split(const rk_session *s) {
 rk_status rk_plan_late_inputs(rk_session *s, const rk_chunk_plan *p, int l, const float *x, bool compacted,
                               const float *xs, float *xin, rk_err *err) {
     const int64_t d = s->m->hp.n_embd;
-    if (compacted) rk_rows_scatter(xin, x, p->ex_idx, p->n_ex, d);
-    else memcpy(xin, x, (size_t)(p->n * d) * sizeof(float));
+    /* row moves through the session: backend ops when its buffers are device memory */
+    rk_status st = compacted ? rk_session_rows_scatter(s, xin, d, x, d, p->ex_idx, p->n_ex, d, err)
+                             : rk_session_rows_copy(s, xin, x, p->n, d, err);
+    if (st) return st;
     if (p->src != RK_SRC_RIDGE || l == p->split || s->fill.maps->kv_target) {
         /* (K/V maps: the filled rows' K and V are replaced after the projections,
          * rk_plan_predict_kv; their input here only has to be finite) */
         /* W_S = I; identity fill; the exact source goes through the same gather/scatter */
-        rk_rows_scatter(xin, xs, p->fill_idx, p->n_fill, d);
-        return RK_OK;
+        return rk_session_rows_scatter(s, xin, d, xs, d, p->fill_idx, p->n_fill, d, err);
     }
     const rk_ridge_maps *r = s->fill.maps;
     /* the backend caches prepared maps by host pointer: uploaded once for CUDA */
     rk_op_args a = {.op = RK_OP_MATMUL};
-    rk_status st = rk_backend_prepare(s->be, &r->w[l], &a.src0, err);
-    if (st) return st;
+    if ((st = rk_backend_prepare(s->be, &r->w[l], &a.src0, err))) return st;
     a.dst = act(s->t, r->w[l].ne[1], p->n_fill);
     a.src1 = act((float *)xs, r->w[l].ne[0], p->n_fill);
     st = rk_backend_run(s->be, &a, err);
     if (st) return st;
     rk_op_args b = {.op = RK_OP_ADD_ROW};
     b.dst = a.dst;
-    b.src0 = (rk_view){RK_DT_F32, {d, 1, 1, 1}, (size_t)d * sizeof(float), (void *)r->b[l]};
-    if ((st = rk_backend_run(s->be, &b, err))) return st;
-    rk_rows_scatter(xin, s->t, p->fill_idx, p->n_fill, d);
-    return RK_OK;
+    const rk_view bias = {RK_DT_F32, {d, 1, 1, 1}, (size_t)d * sizeof(float), (void *)r->b[l]};
+    if ((st = rk_backend_prepare(s->be, &bias, &b.src0, err)) || (st = rk_backend_run(s->be, &b, err))) return st;
+    return rk_session_rows_scatter(s, xin, d, s->t, d, p->fill_idx, p->n_fill, d, err);
 }
 
 rk_status rk_plan_split_stream(rk_session *s, const rk_chunk_plan *p, float *xs, rk_err *err) {
@@ -101,12 +100,9 @@ rk_status rk_plan_predict_kv(rk_session *s, const rk_chunk_plan *p, int l, const
     if ((st = rk_backend_run(s->be, &a, err))) return st;
     rk_op_args b = {.op = RK_OP_ADD_ROW};
     b.dst = a.dst;
-    b.src0 = (rk_view){RK_DT_F32, {2 * kvd, 1, 1, 1}, (size_t)(2 * kvd) * sizeof(float), (void *)r->b[l]};
-    if ((st = rk_backend_run(s->be, &b, err))) return st;
-    for (int64_t i = 0; i < p->n_fill; i++) {
-        const int64_t row = p->fill_idx[i];
-        memcpy(k + row * kvd, s->t + i * 2 * kvd, (size_t)kvd * sizeof(float));
-        memcpy(v + row * kvd, s->t + i * 2 * kvd + kvd, (size_t)kvd * sizeof(float));
-    }
-    return RK_OK;
+    const rk_view bias = {RK_DT_F32, {2 * kvd, 1, 1, 1}, (size_t)(2 * kvd) * sizeof(float), (void *)r->b[l]};
+    if ((st = rk_backend_prepare(s->be, &bias, &b.src0, err)) || (st = rk_backend_run(s->be, &b, err))) return st;
+    /* K then V of each filled row, back to its chunk row */
+    if ((st = rk_session_rows_scatter(s, k, kvd, s->t, 2 * kvd, p->fill_idx, p->n_fill, kvd, err))) return st;
+    return rk_session_rows_scatter(s, v, kvd, s->t + kvd, 2 * kvd, p->fill_idx, p->n_fill, kvd, err);
 }

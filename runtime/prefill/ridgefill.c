@@ -127,9 +127,6 @@ rk_status rk_session_set_fill(rk_session *s, const rk_fill_params *p, rk_err *er
         return RK_OK;
     }
     if ((unsigned)f.mode > RK_FILL_PLUMB) return rk_err_set(err, RK_E_INVALID_ARG, "ridgefill: bad mode %d", (int)f.mode);
-    if (s->dev)
-        return rk_err_set(err, RK_E_UNSUPPORTED, "ridgefill: --fill %s runs on the CPU backends only (backend %s)",
-                          rk_fill_mode_name(f.mode), s->be->ops->name);
     if (f.tail <= 0) f.tail = 2048; /* the CLI enforces SPEC's minimum of 512; tests go lower */
     if (f.n_sink <= 0) f.n_sink = 4;
     if (!f.maps && (f.mode == RK_FILL_SPEED || f.mode == RK_FILL_QUALITY))

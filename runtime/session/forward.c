@@ -57,6 +57,75 @@ static rk_status add(rk_session *s, float *dst, const float *src, int64_t cols, 
 }
 
 
+/* ---- row moves of the plan (session_impl.h) ----------------------------------- */
+rk_status rk_session_rows_gather(rk_session *s, float *dst, int64_t ldd, const float *src, int64_t lds,
+                                 const int32_t *idx, int64_t n, int64_t d, rk_err *err) {
+    if (n <= 0) return RK_OK;
+    if (!s->dev) {
+        for (int64_t i = 0; i < n; i++) memmove(dst + i * ldd, src + (int64_t)idx[i] * lds, (size_t)d * sizeof(float));
+        return RK_OK;
+    }
+    if (dst == src) return rk_err_set(err, RK_E_INTERNAL, "forward: an in-place row gather on backend %s", s->be->ops->name);
+    /* GET_ROWS of f32 rows: the source spans rows 0..idx[n-1] (idx increasing) */
+    rk_op_args a = {.op = RK_OP_GET_ROWS, .ids = idx};
+    a.src0 = (rk_view){RK_DT_F32, {d, (int64_t)idx[n - 1] + 1, 1, 1}, (size_t)lds * sizeof(float), (void *)src};
+    a.dst = (rk_view){RK_DT_F32, {d, n, 1, 1}, (size_t)ldd * sizeof(float), dst};
+    return run(s, &a, err);
+}
+
+rk_status rk_session_rows_scatter(rk_session *s, float *dst, int64_t ldd, const float *src, int64_t lds,
+                                  const int32_t *idx, int64_t n, int64_t d, rk_err *err) {
+    if (n <= 0) return RK_OK;
+    int64_t rows = 0;
+    for (int64_t i = 0; i < n; i++) rows = idx[i] >= rows ? (int64_t)idx[i] + 1 : rows;
+    if (!s->dev) {
+        for (int64_t i = 0; i < n; i++) memcpy(dst + (int64_t)idx[i] * ldd, src + i * lds, (size_t)d * sizeof(float));
+        return RK_OK;
+    }
+    rk_op_args a = {.op = RK_OP_SCATTER_ROWS, .ids = idx};
+    a.src0 = (rk_view){RK_DT_F32, {d, n, 1, 1}, (size_t)lds * sizeof(float), (void *)src};
+    a.dst = (rk_view){RK_DT_F32, {d, rows, 1, 1}, (size_t)ldd * sizeof(float), dst};
+    return run(s, &a, err);
+}
+
+rk_status rk_session_rows_copy(rk_session *s, float *dst, const float *src, int64_t n, int64_t d, rk_err *err) {
+    if (n <= 0 || dst == src) return RK_OK;
+    if (!s->dev) {
+        memcpy(dst, src, (size_t)(n * d) * sizeof(float));
+        return RK_OK;
+    }
+    rk_op_args a = {.op = RK_OP_CPY_ROWS}; /* f32 -> f32 rows: a device-side copy */
+    a.src0 = act((float *)src, d, n);
+    a.dst = act(dst, d, n);
+    return run(s, &a, err);
+}
+
+/* In place on a device backend: through a free buffer of at least n x d floats. */
+static rk_status gather_in_place(rk_session *s, float *x, const int32_t *idx, int64_t n, int64_t d, float *spare,
+                                 rk_err *err) {
+    if (!s->dev) return rk_session_rows_gather(s, x, d, x, d, idx, n, d, err);
+    rk_status st = rk_session_rows_gather(s, spare, d, x, d, idx, n, d, err);
+    return st ? st : rk_session_rows_copy(s, x, spare, n, d, err);
+}
+
+/* The question-aware selection's queries (select.c reads host rows): on a device backend
+ * the rows it asks for come back through downloads. */
+static rk_status keep_queries(rk_session *s, const rk_chunk_plan *p, int l, rk_err *err) {
+    if (!s->dev) {
+        rk_plan_keep_queries(s, p, l);
+        return RK_OK;
+    }
+    if (!p->q_keep || l < p->q_lo || l >= p->q_hi) return RK_OK;
+    const int64_t qd = (int64_t)s->m->hp.n_head * s->m->hp.head_dim;
+    int64_t r0 = p->q_pos0 - p->pos0, r1 = p->q_pos0 + p->q_n - p->pos0; /* chunk rows in the question */
+    if (r0 < 0) r0 = 0;
+    if (r1 > p->n) r1 = p->n;
+    if (r1 <= r0) return RK_OK;
+    const int64_t i0 = p->pos0 + r0 - p->q_pos0;
+    return rk_backend_download(s->be, p->q_keep + ((int64_t)(l - p->q_lo) * p->q_n + i0) * qd, s->q + r0 * qd,
+                               (size_t)((r1 - r0) * qd) * sizeof(float), err);
+}
+
 /* causal GQA attention of n_q query rows at pos0.. over the layer's cache, whatever it stores */
 static rk_status attention(rk_session *s, int l, float *q, int64_t n_q, int64_t pos0, float *out, rk_err *err) {
     return s->kv->ops->attend(s->kv, l, q, n_q, pos0, out, err);
@@ -129,6 +198,13 @@ static rk_status output_head(rk_session *s, const rk_chunk_plan *p, bool compact
     if ((st = rmsnorm(s, s->x + first * d, s->h, s->w_output_norm, rows, err)) ||
         (st = matmul(s, s->w_output, NULL, s->h, rows, dst, err)))
         return st;
+    if (s->dev && all_rows && compacted) { /* exact rows back to their chunk rows; filled rows stay NaN */
+        for (int64_t i = 0; i < rows; i++)
+            if ((st = rk_backend_download(s->be, logits + (size_t)p->ex_idx[i] * nv, dst + (size_t)i * nv,
+                                          nv * sizeof(float), err)))
+                return st;
+        return RK_OK;
+    }
     if (s->dev) /* the one host sync of a step: the wanted logits rows */
         return rk_backend_download(s->be, logits, dst, (size_t)rows * nv * sizeof(float), err);
     if (!all_rows) memcpy(logits, s->logits, nv * sizeof(float));
@@ -148,10 +224,10 @@ rk_status rk_forward_chunk(rk_session *s, const rk_chunk_plan *p, const int32_t 
     const int64_t d = hp->n_embd, n = p->n, pos0 = p->pos0;
     rk_status st;
     bool compacted = false;
-    if (s->dev && (p->layer_lo != 0 || p->n_fill > 0 || s->tap))
+    if (s->dev && s->tap)
         return rk_err_set(err, RK_E_UNSUPPORTED,
-                          "forward: RidgeFill, layer-major passes and taps read activations on the host; backend %s "
-                          "keeps them in its own memory (use a CPU backend)",
+                          "forward: taps read activations on the host; backend %s keeps them in its own memory (use a "
+                          "CPU backend)",
                           s->be->ops->name);
 
     if (p->layer_lo == 0) {
@@ -159,6 +235,8 @@ rk_status rk_forward_chunk(rk_session *s, const rk_chunk_plan *p, const int32_t 
         a.src0 = s->w_tok_embd;
         a.dst = act(s->x, d, n);
         if ((st = run(s, &a, err))) return st;
+    } else if (s->dev) { /* the layer-major split stream lives on the host (prefill.c) */
+        if ((st = rk_backend_upload(s->be, s->x, p->x_in, (size_t)(n * d) * sizeof(float), err))) return st;
     } else {
         memcpy(s->x, p->x_in, (size_t)(n * d) * sizeof(float));
     }
@@ -168,12 +246,14 @@ rk_status rk_forward_chunk(rk_session *s, const rk_chunk_plan *p, const int32_t 
         const float *src = s->x;
         if (late) {
             if (!compacted && p->src != RK_SRC_EXACT) {
-                rk_rows_gather(s->xs, s->x, p->fill_idx, p->n_fill, d);
-                rk_rows_gather(s->x, s->x, p->ex_idx, p->n_ex, d); /* idx increasing: in place is safe */
+                /* idx increasing: in place is safe (a device backend goes through h, free here) */
+                if ((st = rk_session_rows_gather(s, s->xs, d, s->x, d, p->fill_idx, p->n_fill, d, err)) ||
+                    (st = gather_in_place(s, s->x, p->ex_idx, p->n_ex, d, s->h, err)))
+                    return st;
                 compacted = true;
                 if ((st = rk_plan_split_stream(s, p, s->xs, err))) return st;
             } else if (p->src == RK_SRC_EXACT) {
-                rk_rows_gather(s->xs, s->x, p->fill_idx, p->n_fill, d);
+                if ((st = rk_session_rows_gather(s, s->xs, d, s->x, d, p->fill_idx, p->n_fill, d, err))) return st;
             }
             if ((st = rk_plan_late_inputs(s, p, l, s->x, compacted, s->xs, s->xin, err))) return st;
             src = s->xin;
@@ -183,13 +263,15 @@ rk_status rk_forward_chunk(rk_session *s, const rk_chunk_plan *p, const int32_t 
         const int64_t ne = compacted ? p->n_ex : n;
         if (l < 256) s->counters.exact_rows[l] += (uint64_t)ne;
         if (ne == 0) continue;
-        if (compacted) rk_rows_gather(s->h, s->h, p->ex_idx, p->n_ex, d);
+        /* (a device backend goes through xin: the cache writers are done with it) */
+        if (compacted && (st = gather_in_place(s, s->h, p->ex_idx, p->n_ex, d, s->xin, err))) return st;
         if ((st = exact_rows(s, l, pos0, ne, compacted ? p->ex_idx : NULL, err))) return st;
-        if (p->q_keep && !compacted) rk_plan_keep_queries(s, p, l); /* question-aware selection */
+        if (p->q_keep && !compacted && (st = keep_queries(s, p, l, err))) return st; /* question-aware selection */
     }
     if (p->layer_hi < hp->n_layer) {
         if (compacted) return rk_err_set(err, RK_E_INTERNAL, "forward: a pass ending at layer %d after the split %d",
                                          p->layer_hi, p->split);
+        if (s->dev) return rk_backend_download(s->be, p->x_out, s->x, (size_t)(n * d) * sizeof(float), err);
         memcpy(p->x_out, s->x, (size_t)(n * d) * sizeof(float));
         return RK_OK;
     }

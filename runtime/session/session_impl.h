@@ -73,6 +73,17 @@ struct rk_chunk_plan;
 rk_status rk_forward_chunk(rk_session *s, const struct rk_chunk_plan *p, const int32_t *ids, float *logits,
                            bool all_rows, rk_err *err);
 
+/* Row moves of the prefill plan (forward.c), rows of d floats ld* apart, n <= 0 a no-op.
+ * On a host backend plain copies; on a backend with its own memory (cuda) backend ops on
+ * its buffers (GET_ROWS of f32 rows, SCATTER_ROWS, CPY_ROWS), queued on its stream.
+ * gather: dst[i] = src[idx[i]] (idx increasing; in place only on a host backend);
+ * scatter: dst[idx[i]] = src[i] (idx distinct; dst and src apart); copy: dst[i] = src[i]. */
+rk_status rk_session_rows_gather(rk_session *s, float *dst, int64_t ldd, const float *src, int64_t lds,
+                                 const int32_t *idx, int64_t n, int64_t d, rk_err *err);
+rk_status rk_session_rows_scatter(rk_session *s, float *dst, int64_t ldd, const float *src, int64_t lds,
+                                  const int32_t *idx, int64_t n, int64_t d, rk_err *err);
+rk_status rk_session_rows_copy(rk_session *s, float *dst, const float *src, int64_t n, int64_t d, rk_err *err);
+
 /* Eval splice: replaces K and/or V rows [row0, row1) of layers [lo, hi) of s with those of
  * src (read as f32 through the interface, in tiles of the session's scratch). */
 rk_status rk_session_splice_rows(rk_session *s, const rk_session *src, int lo, int hi, bool keys, bool values,

@@ -4,17 +4,22 @@
  * non-canonical pointers: any host read or write of them faults), running the
  * cpu backend's kernels behind the tags. A session on it must give the cpu
  * backend's logits bit for bit, read and export KV rows through downloads
- * (import through uploads), and refuse what still needs host rows (LowRAM,
- * RidgeFill) with a reason. */
+ * (import through uploads), run RidgeFill's plan (row gathers and scatters, the
+ * ridge-map GEMMs, the layer-major split stream, the question-aware selection) on
+ * backend memory with the cpu session's logits bit for bit, and refuse what still
+ * needs host rows (LowRAM, the eval splice) with a reason. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "rk.h"
 #include "rk_ext.h"
+#include "rk_gguf.h"
+#include "rk_io.h"
 #include "rk_kernels.h"
 #include "tb.h"
 
@@ -228,12 +233,150 @@ Test(devsim, host_only_features_are_refused) {
     cr_expect_eq(ds->n_alloc, 0, "a refused session left %d blocks", ds->n_alloc);
     s = session_on(m, &ds->be, "f16", &err, &st);
     cr_assert_eq(st, RK_OK, "%s", err.msg);
-    rk_fill_params f = {0};
-    f.mode = RK_FILL_IDENTITY;
-    f.split = 1;
-    cr_expect_eq(rk_session_set_fill(s, &f, &err), RK_E_UNSUPPORTED);
-    cr_expect(strstr(err.msg, "CPU backends"), "%s", err.msg);
+    rk_session *x = session_on(m, &ds->be, "f16", &err, &st);
+    cr_assert_eq(st, RK_OK, "%s", err.msg);
+    cr_expect_eq(rk_session_set_splice(s, x, 0, 1, true, true, &err), RK_E_UNSUPPORTED);
+    cr_expect(strstr(err.msg, "splice") && strstr(err.msg, "devsim"), "%s", err.msg);
+    rk_session_destroy(x);
     rk_session_destroy(s);
     rk_backend_destroy(&ds->be);
+    rk_model_destroy(m);
+}
+
+/* ---- RidgeFill on backend memory ------------------------------------------------ */
+
+/* A map file for m with random maps near the identity (W = I + N(0, 0.02^2), small
+ * biases; K/V maps: N(0, 0.1^2) entries), weights of type wt, written to path. */
+static void write_maps(const rk_model *m, int split, uint32_t wt, bool normalized, bool kv, char *path, size_t cap) {
+    const rk_hparams *hp = rk_model_hparams(m);
+    const int d = hp->n_embd, L = hp->n_layer, dout = kv ? 2 * hp->n_head_kv * hp->head_dim : d;
+    rk_err e = {0};
+    rk_gguf_writer *w = NULL;
+    cr_assert_eq(rk_gguf_writer_create(32, &w, &e), RK_OK, "%s", e.msg);
+    cr_assert_eq(rk_gguf_writer_set_str(w, "general.type", "ridgekv.ridge_maps", &e), RK_OK, "%s", e.msg);
+    cr_assert_eq(rk_gguf_writer_set_u32(w, "ridge.split", (uint32_t)split, &e), RK_OK, "%s", e.msg);
+    cr_assert_eq(rk_fingerprint_write(w, "ridge.model", m, &e), RK_OK, "%s", e.msg);
+    if (normalized) cr_assert_eq(rk_gguf_writer_set_str(w, "ridge.space", "normalized", &e), RK_OK, "%s", e.msg);
+    if (kv) cr_assert_eq(rk_gguf_writer_set_str(w, "ridge.target", "kv", &e), RK_OK, "%s", e.msg);
+    float *wf = malloc((size_t)d * dout * sizeof(float)), *b = malloc((size_t)dout * sizeof(float));
+    uint16_t *wh = malloc((size_t)d * dout * sizeof(uint16_t));
+    cr_assert(wf && b && wh);
+    uint64_t r = 77;
+    for (int l = split + 1; l < L; l++) {
+        for (int o = 0; o < dout; o++) {
+            b[o] = 0.01f * (float)tb_rand_normal(&r);
+            for (int i = 0; i < d; i++) {
+                float v = (kv ? 0.1f : 0.02f) * (float)tb_rand_normal(&r) + (!kv && i == o ? 1.0f : 0.0f);
+                wf[(size_t)o * d + i] = v;
+                wh[(size_t)o * d + i] = rk_f32_to_f16(v);
+            }
+        }
+        char nm[64];
+        int64_t ne[2] = {d, dout};
+        snprintf(nm, sizeof nm, "ridge.%d.weight", l);
+        const bool f16 = wt == RK_DT_F16;
+        cr_assert_eq(rk_gguf_writer_add_tensor(w, nm, wt, 2, ne, f16 ? (void *)wh : (void *)wf,
+                                               (uint64_t)d * dout * (f16 ? 2 : 4), &e),
+                     RK_OK, "%s", e.msg);
+        snprintf(nm, sizeof nm, "ridge.%d.bias", l);
+        int64_t nb[1] = {dout};
+        cr_assert_eq(rk_gguf_writer_add_tensor(w, nm, RK_DT_F32, 1, nb, b, (uint64_t)dout * 4, &e), RK_OK, "%s",
+                     e.msg);
+    }
+    void *bytes;
+    size_t n;
+    cr_assert_eq(rk_gguf_writer_finish(w, &bytes, &n, &e), RK_OK, "%s", e.msg);
+    rk_gguf_writer_destroy(w);
+    cr_assert(tb_tmp_path(path, cap, "rk_devsim", ".maps.gguf"), "%s", path);
+    cr_assert_eq(rk_io_write_file_atomic(path, bytes, n, &e), RK_OK, "%s", e.msg);
+    free(bytes), free(wf), free(wh), free(b);
+}
+
+/* Every fill mode and map kind: a devsim session gives the cpu session's logits bit for
+ * bit (all rows of a 70-token prompt in 16-row chunks: bulk chunks, a chunk crossing
+ * into the tail, filled rows NaN), the same work counters and selection, then the same
+ * decode steps over the filled cache; nothing read on the host (devsim faults). */
+Test(devsim, fill_session_matches_cpu_bit_for_bit, .timeout = 120) {
+    char path[1024];
+    tb_tiny_spec sp = {.arch = TB_ARCH_QWEN2, .n_layer = 5, .seed = 21}; /* QKV bias, NEOX */
+    cr_assert(tb_tiny_model(&sp, path, sizeof path), "%s", path);
+    rk_model *m = NULL;
+    rk_err err = {0};
+    cr_assert_eq(rk_model_load(path, &m, &err), RK_OK, "%s", err.msg);
+    unlink(path);
+    const int nv = rk_model_hparams(m)->n_vocab, L = rk_model_hparams(m)->n_layer, split = 2;
+    enum { N = 70, DEC = 4, TAIL = 20 };
+    struct {
+        const char *name;
+        rk_fill_mode mode;
+        int maps; /* 0 none, 1 f32 input maps, 2 f16 normalised input maps, 3 K/V maps */
+        bool question_aware, layer_major;
+    } cases[] = {
+        {"identity", RK_FILL_IDENTITY, 0, false, false},
+        {"plumb", RK_FILL_PLUMB, 0, false, false},
+        {"speed f32 maps", RK_FILL_SPEED, 1, false, false},
+        {"speed f16 normalised maps, layer-major", RK_FILL_SPEED, 2, false, true},
+        {"speed K/V maps", RK_FILL_SPEED, 3, false, false},
+        {"quality (question-aware, layer-major) f32 maps", RK_FILL_QUALITY, 1, true, true},
+        {"quality K/V maps", RK_FILL_QUALITY, 3, true, true},
+    };
+    char mp[3][512];
+    rk_ridge_maps *maps[3] = {NULL};
+    for (int k = 0; k < 3; k++) {
+        write_maps(m, split, k == 1 ? RK_DT_F16 : RK_DT_F32, k == 1, k == 2, mp[k], sizeof mp[k]);
+        cr_assert_eq(rk_ridge_maps_load(mp[k], m, &maps[k], NULL, 0, &err), RK_OK, "%s", err.msg);
+    }
+    int32_t ids[N + DEC];
+    uint64_t r = 3;
+    for (int i = 0; i < N + DEC; i++) ids[i] = 3 + (int32_t)(tb_rand_u64(&r) % (uint64_t)(nv - 3));
+    float *la = malloc((size_t)N * nv * sizeof(float)), *lb = malloc((size_t)N * nv * sizeof(float));
+    cr_assert(la && lb);
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        rk_backend *cpu = NULL;
+        cr_assert_eq(rk_backend_cpu_create(1, &cpu, &err), RK_OK, "%s", err.msg);
+        devsim *ds = devsim_create();
+        rk_status st;
+        rk_session *a = session_on(m, cpu, "f16", &err, &st);
+        cr_assert_eq(st, RK_OK, "%s", err.msg);
+        rk_session *b = session_on(m, &ds->be, "f16", &err, &st);
+        cr_assert_eq(st, RK_OK, "%s", err.msg);
+        rk_fill_params f = {.mode = cases[c].mode, .tail = TAIL, .split = split, .obs = 8, .baseline = 4,
+                            .keep_share = 0.25f, .layer_major = cases[c].layer_major,
+                            .question_aware = cases[c].question_aware};
+        if (cases[c].maps) f.maps = maps[cases[c].maps - 1];
+        cr_assert_eq(rk_session_set_fill(a, &f, &err), RK_OK, "%s: %s", cases[c].name, err.msg);
+        cr_assert_eq(rk_session_set_fill(b, &f, &err), RK_OK, "%s: %s", cases[c].name, err.msg);
+        cr_assert_eq(rk_session_eval(a, ids, N, la, true, &err), RK_OK, "%s: %s", cases[c].name, err.msg);
+        cr_assert_eq(rk_session_eval(b, ids, N, lb, true, &err), RK_OK, "%s: %s", cases[c].name, err.msg);
+        cr_expect(memcmp(la, lb, (size_t)N * nv * sizeof(float)) == 0, "%s: prefill logits differ", cases[c].name);
+        /* the fill did happen: bulk rows filled at every late layer, the tail exact */
+        const rk_session_counters *ca = rk_session_get_counters(a), *cb = rk_session_get_counters(b);
+        cr_expect(memcmp(ca, cb, sizeof *ca) == 0, "%s: work counters differ", cases[c].name);
+        if (cases[c].mode != RK_FILL_PLUMB) {
+            cr_expect_gt(cb->filled_rows[L - 1], 0, "%s: no row was filled", cases[c].name);
+            int n_nan = 0; /* filled rows have no logits (quality keeps the sinks and its selection) */
+            for (int i = 0; i < N - TAIL; i++) n_nan += isnan(lb[(size_t)i * nv]);
+            cr_expect_gt(n_nan, 0, "%s: every bulk row has logits", cases[c].name);
+        }
+        cr_expect(!isnan(lb[(size_t)(N - 1) * nv]), "%s: the last row has no logits", cases[c].name);
+        if (cases[c].question_aware) {
+            cr_expect_eq(rk_session_fill_kept(a, 0, N), rk_session_fill_kept(b, 0, N), "%s: selections differ",
+                         cases[c].name);
+            cr_expect_gt(rk_session_fill_kept(b, 0, N), 0, "%s: nothing kept", cases[c].name);
+        }
+        /* decode over the filled cache */
+        for (int t = N; t < N + DEC; t++) {
+            cr_assert_eq(rk_session_eval(a, ids + t, 1, la, false, &err), RK_OK, "%s", err.msg);
+            cr_assert_eq(rk_session_eval(b, ids + t, 1, lb, false, &err), RK_OK, "%s", err.msg);
+            cr_expect(memcmp(la, lb, (size_t)nv * sizeof(float)) == 0, "%s: decode %d differs", cases[c].name, t);
+        }
+        rk_session_destroy(a);
+        rk_session_destroy(b);
+        cr_expect_eq(ds->n_alloc, 0, "%s: %d blocks leaked", cases[c].name, ds->n_alloc);
+        rk_backend_destroy(&ds->be);
+        rk_backend_destroy(cpu);
+    }
+    for (int k = 0; k < 3; k++) rk_ridge_maps_destroy(maps[k]), unlink(mp[k]);
+    free(la), free(lb);
     rk_model_destroy(m);
 }

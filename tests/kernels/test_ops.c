@@ -64,6 +64,8 @@ typedef struct op_case {
 #define AT(nm, t, n_, h, hkv, hd_, p0, fl) {nm, RK_OP_ATTN, t, n_, 0, 0, h, hkv, hd_, p0, 0, 0, fl, B_ATTN}
 #define RO(nm, n_, h, hd_, p0, md, nrot, fl) {nm, RK_OP_ROPE, RK_DT_F32, n_, hd_, 0, h, 0, hd_, p0, md, nrot, fl, B_ELT}
 #define EL(nm, op_, n_, d_, fl, b) {nm, op_, RK_DT_F32, n_, d_, 0, 0, 0, 0, 0, 0, 0, fl, b}
+#define LK(nm, t, n_, r_, maxpos, hd_, md, nrot, fl)                                               \
+    {nm, RK_OP_LR_KEYS, t, n_, r_, maxpos, 0, 0, hd_, 0, md, nrot, fl, B_MM(r_) + B_ELT}
 
 static op_case cases[] = {
     /* MATMUL: every weight dtype x n = 1, 3 (GEMV), 17, 64, 300 (tiled GEMM);
@@ -160,9 +162,21 @@ static op_case cases[] = {
     GR("get_rows q6_K 1536", RK_DT_Q6_K, 40, 1536, 300, B_ELT),
     {"cpy_rows q8_0 128 rows of 256 at row 1000", RK_OP_CPY_ROWS, RK_DT_Q8_0, 128, 256, 1200, 0, 0, 0, 1000, 0, 0,
      F_SPECIAL, 0},
+    /* RidgeFill's row moves (issue 14): exact copies; rows not named keep their values */
+    {"scatter_rows 7 of 20 x 96", RK_OP_SCATTER_ROWS, RK_DT_F32, 7, 96, 20, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"scatter_rows 300 of 512 x 1536 strided specials", RK_OP_SCATTER_ROWS, RK_DT_F32, 300, 1536, 512, 0, 0, 0, 0, 0,
+     0, F_PAD | F_SPECIAL, 0},
+    {"scatter_rows 1 of 1 x 5", RK_OP_SCATTER_ROWS, RK_DT_F32, 1, 5, 1, 0, 0, 0, 0, 0, 0, 0, 0},
+    GR("get_rows f32 gather 40 of 64 x 1536 (plan compaction)", RK_DT_F32, 40, 1536, 64, 0),
+    /* LowRAM's key rebuild (n rows, r = d coefficients, head_dim hd, positions < m): f32
+     * sums of r products against cpu_ref's double (B_MM(r)), then a rotation (B_ELT);
+     * LR_KEYS' own tests are tests/runtime/test_lowram.c (lr_keys_op_*) */
+    LK("lr_keys f16 basis r 24 hd 64 neox", RK_DT_F16, 37, 24, 6000, 64, RK_ROPE_NEOX, 64, 0),
+    LK("lr_keys f32 basis r 20 hd 16 norm n_rot 12 strided", RK_DT_F32, 9, 20, 100, 16, RK_ROPE_NORM, 12, F_PAD),
+    LK("lr_keys f16 basis r 64 hd 128 neox 700 rows at 100K", RK_DT_F16, 700, 64, 100000, 128, RK_ROPE_NEOX, 128, 0),
+    LK("lr_keys f32 basis r 8 hd 80 neox NaN coefficient", RK_DT_F32, 5, 8, 50, 80, RK_ROPE_NEOX, 80, F_NAN),
 };
-/* LR_KEYS is tested against cpu_ref in tests/runtime/test_lowram.c (lr_keys_op_*) */
-_Static_assert(RK_OP_COUNT == 10, "op count changed: add cases for the new op");
+_Static_assert(RK_OP_COUNT == 11, "op count changed: add cases for the new op");
 
 /* ---- fixtures ---------------------------------------------------------- */
 typedef struct fixture {
@@ -377,7 +391,46 @@ static void build(const op_case *c, uint64_t seed, fixture *f) {
         a->dst_row0 = c->pos0;
         fx_out(f, &a->dst);
         break;
-    case RK_OP_LR_KEYS: /* tests/runtime/test_lowram.c */
+    case RK_OP_SCATTER_ROWS: {
+        a->src0 = fx_f32(f, c->n, c->d, pad, 1.0f, &s);
+        if (c->flags & F_SPECIAL) set_specials(a->src0.data, c->d);
+        a->dst = fx_f32(f, c->m, c->d, pad, 2.0f, &s);
+        /* n distinct rows of m: a partial Fisher-Yates shuffle */
+        int32_t *perm = malloc((size_t)c->m * sizeof(int32_t));
+        cr_assert(perm);
+        for (int64_t i = 0; i < c->m; i++) perm[i] = (int32_t)i;
+        for (int64_t i = 0; i < c->n; i++) {
+            int64_t j = i + (int64_t)(tb_rand_u64(&s) % (uint64_t)(c->m - i));
+            int32_t t = perm[i];
+            perm[i] = perm[j], perm[j] = t;
+        }
+        f->ids = perm;
+        a->ids = f->ids;
+        fx_out(f, &a->dst);
+        break;
+    }
+    case RK_OP_LR_KEYS: {
+        a->rope = (rk_rope_params){.mode = c->mode, .n_rot = c->n_rot, .freq_base = c->m > 10000 ? 1e6f : 10000.0f};
+        a->src0 = fx_f32(f, c->n, c->d, pad, 1.0f, &s); /* coefficients (n, r) */
+        if (c->flags & F_NAN) ((float *)a->src0.data)[(c->n > 2 ? 2 : 0) * (a->src0.nb1 / 4) + 1] = NAN;
+        a->src1 = fx_weight(f, c->type, c->d, c->hd, &s); /* basis (r rows of hd) */
+        if (pad) { /* rows further apart than hd: the same rows inside a wider block */
+            rk_view w = fx_weight(f, c->type, c->d, c->hd + 32, &s);
+            for (int64_t j = 0; j < c->d; j++)
+                memcpy((char *)w.data + (size_t)j * w.nb1, (char *)a->src1.data + (size_t)j * a->src1.nb1, a->src1.nb1);
+            w.ne[0] = c->hd;
+            a->src1 = w;
+        }
+        a->src2 = fx_f32(f, 2, c->hd, 0, 1.0f, &s); /* mean, then 1/s in [0.5, 2] */
+        for (int64_t i = 0; i < c->hd; i++) ((float *)a->src2.data)[c->hd + i] = urand(&s, 0.5f, 2.0f);
+        a->dst = fx_f32(f, c->n, c->hd, pad, 0.0f, &s);
+        f->ids = malloc((size_t)c->n * sizeof(int32_t));
+        cr_assert(f->ids);
+        for (int64_t i = 0; i < c->n; i++) f->ids[i] = (int32_t)(tb_rand_u64(&s) % (uint64_t)c->m);
+        a->ids = f->ids;
+        fx_out(f, &a->dst);
+        break;
+    }
     case RK_OP_COUNT: cr_assert_fail("bad op");
     }
 }
