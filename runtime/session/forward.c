@@ -128,7 +128,22 @@ static rk_status keep_queries(rk_session *s, const rk_chunk_plan *p, int l, rk_e
 
 /* causal GQA attention of n_q query rows at pos0.. over the layer's cache, whatever it stores */
 static rk_status attention(rk_session *s, int l, float *q, int64_t n_q, int64_t pos0, float *out, rk_err *err) {
-    return s->kv->ops->attend(s->kv, l, q, n_q, pos0, out, err);
+    if (!s->kv_host) return s->kv->ops->attend(s->kv, l, q, n_q, pos0, out, err);
+    /* a host-memory policy behind device buffers: q down, the output up */
+    const size_t bytes = (size_t)(n_q * s->m->hp.n_head * s->m->hp.head_dim) * sizeof(float);
+    rk_status st = rk_backend_download(s->be, s->hq, q, bytes, err);
+    if (!st) st = s->kv->ops->attend(s->kv, l, s->hq, n_q, pos0, s->ho, err);
+    return st ? st : rk_backend_upload(s->be, out, s->ho, bytes, err);
+}
+
+/* The cache write of layer l: n rows of k and v (post-RoPE); a host-memory policy on a
+ * device session gets host copies. */
+static rk_status kv_append(rk_session *s, int l, int64_t pos0, int64_t n, rk_err *err) {
+    if (!s->kv_host) return s->kv->ops->append(s->kv, l, pos0, s->k, s->v, n, err);
+    const size_t bytes = (size_t)(n * s->m->hp.n_head_kv * s->m->hp.head_dim) * sizeof(float);
+    rk_status st = rk_backend_download(s->be, s->hk, s->k, bytes, err);
+    if (!st) st = rk_backend_download(s->be, s->hv, s->v, bytes, err);
+    return st ? st : s->kv->ops->append(s->kv, l, pos0, s->hk, s->hv, n, err);
 }
 
 /* The cache writers of layer l for all n rows of the chunk, from their input x: attention
@@ -144,7 +159,7 @@ static rk_status cache_writers(rk_session *s, const rk_chunk_plan *p, int l, boo
     if (hp->has_qk_norm && (st = rmsnorm(s, s->k, s->k, L->k_norm, n * hp->n_head_kv, err))) return st;
     if (late && (st = rk_plan_predict_kv(s, p, l, s->xs, s->k, s->v, err))) return st; /* K/V maps */
     if ((st = rope(s, s->k, n, hp->n_head_kv, pos0, err)) ||
-        (st = s->kv->ops->append(s->kv, l, pos0, s->k, s->v, n, err)))
+        (st = kv_append(s, l, pos0, n, err)))
         return st;
     return RK_OK;
 }

@@ -74,6 +74,7 @@ void rk_session_destroy(rk_session *s) {
     float *acts[] = {s->x, s->xin, s->xs, s->h, s->q, s->k, s->v, s->t, s->gate, s->up, s->logits};
     for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++) act_free(s, acts[i]);
     free(s->ex_idx), free(s->fill_idx), free(s->keep);
+    free(s->hk), free(s->hv), free(s->hq), free(s->ho);
     free(s->w_layers);
     if (s->own_be) rk_backend_destroy(s->be);
     free(s);
@@ -151,6 +152,15 @@ rk_status rk_session_create(const rk_model *m, const rk_session_params *pp, rk_s
     if (!s->tokens || !s->x || !s->xin || !s->xs || !s->ex_idx || !s->fill_idx || !s->h || !s->q ||
         !s->k || !s->v || !s->t || !s->gate || !s->up || !s->logits)
         goto nomem;
+    /* the plain caches live in backend memory (kv_plain.c); q8 and the tiers keep host rows */
+    s->kv_host = s->dev && strcmp(s->kv->ops->name, "plain") != 0;
+    if (s->kv_host) {
+        s->hk = malloc(nb * (size_t)kvd * sizeof(float));
+        s->hv = malloc(nb * (size_t)kvd * sizeof(float));
+        s->hq = malloc(nb * (size_t)qd * sizeof(float));
+        s->ho = malloc(nb * (size_t)qd * sizeof(float));
+        if (!s->hk || !s->hv || !s->hq || !s->ho) goto nomem;
+    }
     *out = s;
     return RK_OK;
 nomem:

@@ -33,6 +33,10 @@ struct rk_session {
     rk_view w_tok_embd, w_output_norm, w_output;
     int64_t n_ctx, n_past;
     rk_kv *kv;            /* the KV cache of the policy p.kv (kv/kv_impl.h) */
+    bool kv_host;         /* dev, and the policy keeps its rows in host memory (q8, tiers): the layer loop
+                           * hands it host copies of K, V and q (downloads) and uploads its output */
+    float *hk, *hv;       /* kv_host: (n_batch, kv_dim) host copies of k, v */
+    float *hq, *ho;       /* kv_host: (n_batch, q_dim) host copies of q and of the attention output */
     int32_t *tokens;      /* (n_ctx) token ids of rows [0, n_past) */
     /* scratch for one chunk of n_batch rows */
     float *x;             /* (n_batch, n_embd) residual stream */

@@ -380,3 +380,73 @@ Test(devsim, fill_session_matches_cpu_bit_for_bit, .timeout = 120) {
     free(la), free(lb);
     rk_model_destroy(m);
 }
+
+/* ---- host-memory KV policies behind a device session ----------------------------- */
+
+/* q8 blocks and the memory tiers (--kv-budget: every cold chunk spilled to the block store
+ * and read back for attention) keep their rows on the host: the layer loop downloads K, V
+ * and q and uploads the attention output. Same logits as the cpu session, bit for bit,
+ * over a prompt long enough to spill, then decode steps. */
+Test(devsim, host_kv_policies_match_cpu_bit_for_bit, .timeout = 120) {
+    char path[1024];
+    tb_tiny_spec sp = {.n_layer = 2, .seed = 9};
+    cr_assert(tb_tiny_model(&sp, path, sizeof path), "%s", path);
+    rk_model *m = NULL;
+    rk_err err = {0};
+    cr_assert_eq(rk_model_load(path, &m, &err), RK_OK, "%s", err.msg);
+    unlink(path);
+    const int nv = rk_model_hparams(m)->n_vocab;
+    enum { N = 1300, DEC = 3 };
+    int32_t *ids = malloc((N + DEC) * sizeof(int32_t));
+    uint64_t r = 5;
+    for (int i = 0; i < N + DEC; i++) ids[i] = 3 + (int32_t)(tb_rand_u64(&r) % (uint64_t)(nv - 3));
+    char dir[512];
+    cr_assert(tb_tmp_dir(dir, sizeof dir, "rk_devsim_spill"), "%s", dir);
+    const struct {
+        const char *kv;
+        uint64_t budget;
+    } cases[] = {{"q8", 0}, {"f16", 1}, {"q8", 1}};
+    float *la = malloc((size_t)nv * sizeof(float)), *lb = malloc((size_t)nv * sizeof(float));
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        rk_backend *cpu = NULL;
+        cr_assert_eq(rk_backend_cpu_create(1, &cpu, &err), RK_OK, "%s", err.msg);
+        devsim *ds = devsim_create();
+        rk_session *ss[2] = {NULL, NULL};
+        for (int k = 0; k < 2; k++) {
+            rk_session_params p = rk_session_params_default();
+            p.n_ctx = 1536;
+            p.ctx_overflow_ok = true;
+            p.n_batch = 256;
+            p.n_threads = 1;
+            p.shared_backend = k ? &ds->be : cpu;
+            cr_assert_eq(rk_kv_params_parse(cases[c].kv, &p.kv, &err), RK_OK, "%s", err.msg);
+            p.kv.budget = cases[c].budget;
+            p.kv.spill_dir = dir;
+            cr_assert_eq(rk_session_create(m, &p, &ss[k], &err), RK_OK, "%s %s", cases[c].kv, err.msg);
+        }
+        cr_assert_eq(rk_session_eval(ss[0], ids, N, la, false, &err), RK_OK, "%s", err.msg);
+        cr_assert_eq(rk_session_eval(ss[1], ids, N, lb, false, &err), RK_OK, "%s", err.msg);
+        cr_expect(memcmp(la, lb, (size_t)nv * sizeof(float)) == 0, "kv %s budget %llu: prefill logits differ",
+                  cases[c].kv, (unsigned long long)cases[c].budget);
+        for (int t = N; t < N + DEC; t++) {
+            cr_assert_eq(rk_session_eval(ss[0], ids + t, 1, la, false, &err), RK_OK, "%s", err.msg);
+            cr_assert_eq(rk_session_eval(ss[1], ids + t, 1, lb, false, &err), RK_OK, "%s", err.msg);
+            cr_expect(memcmp(la, lb, (size_t)nv * sizeof(float)) == 0, "kv %s budget %llu: decode %d differs",
+                      cases[c].kv, (unsigned long long)cases[c].budget, t);
+        }
+        if (cases[c].budget) { /* the rows did go to the store and came back */
+            rk_kv_tier_stats t;
+            rk_session_kv_tier_stats(ss[1], &t);
+            cr_expect(t.on && t.bytes_spilled > 0 && t.bytes_read > 0, "kv %s: spilled %llu, read %llu", cases[c].kv,
+                      (unsigned long long)t.bytes_spilled, (unsigned long long)t.bytes_read);
+        }
+        rk_session_destroy(ss[0]);
+        rk_session_destroy(ss[1]);
+        cr_expect_eq(ds->n_alloc, 0, "kv %s: %d blocks leaked", cases[c].kv, ds->n_alloc);
+        rk_backend_destroy(&ds->be);
+        rk_backend_destroy(cpu);
+    }
+    rmdir(dir);
+    free(la), free(lb), free(ids);
+    rk_model_destroy(m);
+}
