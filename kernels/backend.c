@@ -417,6 +417,19 @@ rk_status rk_backend_sync(rk_backend *be, rk_err *err) {
     return be->ops->sync ? be->ops->sync(be, err) : RK_OK;
 }
 
+rk_status rk_backend_step_begin(rk_backend *be, rk_err *err) {
+    if (!be || !be->ops) BAD("kernels: NULL backend");
+    if (!be->ops->step_begin || !be->ops->step_end)
+        return rk_err_set(err, RK_E_UNSUPPORTED, "kernels: %s records no steps", be->ops->name);
+    return be->ops->step_begin(be, err);
+}
+
+rk_status rk_backend_step_end(rk_backend *be, bool run, rk_err *err) {
+    if (!be || !be->ops) BAD("kernels: NULL backend");
+    if (!be->ops->step_end) return rk_err_set(err, RK_E_UNSUPPORTED, "kernels: %s records no steps", be->ops->name);
+    return be->ops->step_end(be, run, err);
+}
+
 rk_pool *rk_backend_pool(rk_backend *be) {
     return be && be->ops && be->ops->pool ? be->ops->pool(be) : NULL;
 }

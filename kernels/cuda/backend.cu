@@ -21,6 +21,8 @@ rk_status rk_cuda_fail(rk_err *err, const char *op, const char *what, cudaError_
 
 rk_status rk_cuda_scratch(rk_cuda *c, size_t bytes, rk_err *err) {
     if (bytes <= c->dcap) return RK_OK;
+    rk_status cst = rk_cuda_no_capture(c, "scratch growth", err);
+    if (cst != RK_OK) return cst;
     size_t want = bytes + bytes / 4;
     if (c->dbuf) {
         cudaStreamSynchronize(c->stream); /* queued ops may still use the old scratch */
@@ -125,7 +127,11 @@ rk_status rk_cuda_args_begin(rk_cuda *c, const char *on, rk_cuda_arg *arg, int n
         bool first_reader = x->in;
         for (int j = root; j < i && first_reader; j++)
             if ((j == root || arg[j].alias == root) && arg[j].in) first_reader = false;
-        if (first_reader) CU("upload", rk_cuda_upload(c, x->dev, x->v));
+        if (first_reader) {
+            rk_status cst = rk_cuda_no_capture(c, "a host operand", err);
+            if (cst != RK_OK) return cst;
+            CU("upload", rk_cuda_upload(c, x->dev, x->v));
+        }
     }
     if (extra_p) *extra_p = extra ? c->dbuf + extra_off : NULL;
     return RK_OK;
@@ -135,6 +141,8 @@ rk_status rk_cuda_args_end(rk_cuda *c, const char *on, const rk_cuda_arg *arg, i
     bool staged = false;
     for (int i = 0; i < n; i++) {
         if (!arg[i].staged) continue;
+        rk_status cst = rk_cuda_no_capture(c, "a host operand", err);
+        if (cst != RK_OK) return cst;
         staged = true;
         if (arg[i].out) CU("download", rk_cuda_download(c, arg[i].v, arg[i].dev));
     }
@@ -207,7 +215,9 @@ static rk_status run_get_rows(rk_backend *be, const rk_op_args *a, rk_err *err) 
     rk_status st = rk_cuda_args_begin(c, on, g, 2, (size_t)n * sizeof(int32_t), &ids, err);
     if (st != RK_OK) return st;
     /* from pageable memory: returns once a->ids is staged */
-    CU("upload ids", cudaMemcpyAsync(ids, a->ids, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, c->stream));
+    const void *hid = rk_cuda_host_src(c, a->ids, (size_t)n * sizeof(int32_t));
+    if (!hid) return rk_cuda_no_capture(c, "ids past the pinned arena", err);
+    CU("upload ids", cudaMemcpyAsync(ids, hid, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, c->stream));
     CU("kernel", rk_cuda_get_rows(g[0].dev, a->src0.type, rk_cuda_arg_nb1(&g[0]), (const int32_t *)ids,
                                   (float *)g[1].dev, g[1].ld, n, d, c->stream));
     return rk_cuda_args_end(c, on, g, 2, err);
@@ -240,7 +250,9 @@ static rk_status run_scatter_rows(rk_backend *be, const rk_op_args *a, rk_err *e
     char *ids = NULL;
     rk_status st = rk_cuda_args_begin(c, on, g, 2, (size_t)n * sizeof(int32_t), &ids, err);
     if (st != RK_OK) return st;
-    CU("upload ids", cudaMemcpyAsync(ids, a->ids, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, c->stream));
+    const void *hid = rk_cuda_host_src(c, a->ids, (size_t)n * sizeof(int32_t));
+    if (!hid) return rk_cuda_no_capture(c, "ids past the pinned arena", err);
+    CU("upload ids", cudaMemcpyAsync(ids, hid, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, c->stream));
     CU("kernel", rk_cuda_scatter_rows((const float *)g[0].dev, g[0].ld, (const int32_t *)ids, (float *)g[1].dev,
                                       g[1].ld, n, d, c->stream));
     return rk_cuda_args_end(c, on, g, 2, err);
@@ -262,8 +274,11 @@ static rk_status run_lr_keys(rk_backend *be, const rk_op_args *a, rk_err *err) {
     rk_status st = rk_cuda_args_begin(c, on, g, 4, ids_bytes + (size_t)half * sizeof(double), &extra, err);
     if (st != RK_OK) return st;
     /* from pageable memory: both are staged before the calls return */
-    CU("upload ids", cudaMemcpyAsync(extra, a->ids, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, c->stream));
-    CU("upload angles", cudaMemcpyAsync(extra + ids_bytes, freq, (size_t)half * sizeof(double), cudaMemcpyHostToDevice,
+    const void *hid = rk_cuda_host_src(c, a->ids, (size_t)n * sizeof(int32_t));
+    const void *hfr = hid ? rk_cuda_host_src(c, freq, (size_t)half * sizeof(double)) : NULL;
+    if (!hfr) return rk_cuda_no_capture(c, "ids past the pinned arena", err);
+    CU("upload ids", cudaMemcpyAsync(extra, hid, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, c->stream));
+    CU("upload angles", cudaMemcpyAsync(extra + ids_bytes, hfr, (size_t)half * sizeof(double), cudaMemcpyHostToDevice,
                                         c->stream));
     CU("kernel", rk_cuda_lr_keys((const float *)g[0].dev, g[0].ld, g[1].dev, a->src1.type == RK_DT_F16,
                                  rk_cuda_arg_nb1(&g[1]), (const float *)g[2].dev, g[2].ld, (const int32_t *)extra,
@@ -351,6 +366,7 @@ static void cuda_destroy(rk_backend *be) {
     rk_cuda *c = impl_of(be);
     if (!c) return;
     if (c->stream_ok || c->blas_ok || c->dbuf || c->n_blocks) cudaSetDevice(c->device);
+    rk_cuda_graph_release(c);
     rk_cuda_mem_release(c);
     if (c->dbuf) cudaFree(c->dbuf);
     if (c->blas_ok) cublasDestroy(c->blas);
@@ -398,6 +414,8 @@ extern "C" rk_status rk_backend_cuda_create(int device, rk_backend **out, rk_err
     c->ops.download = rk_cuda_mem_download;
     c->ops.sync = rk_cuda_sync;
     c->ops.missing_hint = NULL; /* every op has a kernel */
+    c->ops.step_begin = rk_cuda_step_begin;
+    c->ops.step_end = rk_cuda_step_end;
     const char *on = "create";
     cublasStatus_t bs;
     if ((e = cudaSetDevice(device)) != cudaSuccess) goto cuda_fail;

@@ -46,6 +46,13 @@ struct rk_cuda {
     int n_blocks, cap_blocks;
     rk_cuda_weight *weights; /* in prepare order */
     int n_weights, cap_weights;
+    /* recorded steps (graph.cu): the stream is capturing between step_begin and step_end */
+    bool capturing, capture_bad;
+    char capture_why[96];  /* the first call that broke the capture */
+    cudaGraphExec_t exec;  /* the last step's executable graph, updated in place when it can be */
+    char *pinned;          /* pinned host arena for the ids of recorded ops (their copies read it at launch) */
+    size_t pinned_cap, pinned_used;
+    uint64_t n_launch, n_update, n_instantiate, n_failed;
 };
 
 /* ---- memory (memory.cu) ------------------------------------------------- */
@@ -59,6 +66,18 @@ rk_status rk_cuda_sync(rk_backend *be, rk_err *err);
 void rk_cuda_mem_release(rk_cuda *c);
 /* The block holding p, or NULL when p is not device memory of this instance. */
 const rk_cuda_block *rk_cuda_find_block(const rk_cuda *c, const void *p);
+
+/* ---- recorded steps (graph.cu) ------------------------------------------- */
+rk_status rk_cuda_step_begin(rk_backend *be, rk_err *err);
+rk_status rk_cuda_step_end(rk_backend *be, bool run, rk_err *err);
+void rk_cuda_graph_release(rk_cuda *c);
+/* RK_OK outside a capture; inside one, marks it broken and fails (call `on` may not run
+ * while the stream records: a host transfer, sync, prepare or scratch growth). */
+rk_status rk_cuda_no_capture(rk_cuda *c, const char *on, rk_err *err);
+/* Where an op's host-memory ids are copied from: src itself, or, while capturing, a slot
+ * of the pinned arena holding a copy (the recorded copy reads it when the graph runs);
+ * NULL (capture broken) when the arena is full. */
+const void *rk_cuda_host_src(rk_cuda *c, const void *src, size_t bytes);
 
 /* ---- operands (backend.cu) ---------------------------------------------- */
 /* One view an op reads and/or writes. Views inside a block of the instance are

@@ -43,6 +43,8 @@ rk_status rk_cuda_matmul(rk_backend *be, const rk_op_args *a, rk_err *err) {
     const bool gemm_half = !gemv && type != RK_DT_F32 && k > 0;
     rk_cuda_weight *pw = gemm_half && !half_w ? prepared_at(c, a->src0.data) : NULL;
     if (pw && !pw->wide) { /* once per weight: its f16 copy, from the device copy */
+        rk_status cst = rk_cuda_no_capture(c, "the first GEMM of a weight", err);
+        if (cst != RK_OK) return cst;
         void *wide = NULL;
         CU("cudaMalloc (f16 copy of a weight)", cudaMalloc(&wide, (size_t)m * (size_t)k * 2));
         cudaError_t e = rk_cuda_to_half(pw->dev.data, type, pw->dev.nb1, wide, m, k, c->stream);

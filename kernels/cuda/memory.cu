@@ -74,6 +74,8 @@ static rk_status new_block(rk_cuda *c, const char *what, size_t bytes, bool prep
 }
 
 rk_status rk_cuda_mem_alloc(rk_backend *be, size_t bytes, void **out, rk_err *err) {
+    rk_status cst = rk_cuda_no_capture(impl_of(be), "alloc", err);
+    if (cst != RK_OK) return cst;
     char *p = NULL;
     rk_status st = new_block(impl_of(be), "alloc", bytes, false, true, &p, err);
     if (st == RK_OK) *out = p;
@@ -84,6 +86,7 @@ void rk_cuda_mem_free(rk_backend *be, void *p) {
     rk_cuda *c = impl_of(be);
     int i = upper(c, (uintptr_t)p) - 1;
     if (i < 0 || c->blocks[i].p != (char *)p || c->blocks[i].prepared) return; /* not ours to free */
+    rk_cuda_no_capture(c, "free", NULL); /* the sync below ends a capture (it then fails) */
     cudaSetDevice(c->device);
     cudaStreamSynchronize(c->stream); /* queued work may still read it */
     cudaFree(p);
@@ -105,6 +108,8 @@ rk_status rk_cuda_mem_upload(rk_backend *be, void *dst, const void *src, size_t 
         return rk_err_set(err, RK_E_INVALID_ARG, "cuda: upload: %zu bytes at %p are not inside a buffer of this backend",
                           bytes, dst);
     if (b->prepared) return rk_err_set(err, RK_E_INVALID_ARG, "cuda: upload: %p is a prepared weight (read-only)", dst);
+    rk_status cst = rk_cuda_no_capture(c, "upload", err);
+    if (cst != RK_OK) return cst;
     cudaError_t e = cudaSetDevice(c->device);
     /* from pageable memory this returns once src has been staged */
     if (e == cudaSuccess) e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream);
@@ -116,6 +121,8 @@ rk_status rk_cuda_mem_download(rk_backend *be, void *dst, const void *src, size_
     if (!span(c, src, bytes))
         return rk_err_set(err, RK_E_INVALID_ARG,
                           "cuda: download: %zu bytes at %p are not inside a buffer of this backend", bytes, src);
+    rk_status cst = rk_cuda_no_capture(c, "download", err);
+    if (cst != RK_OK) return cst;
     cudaError_t e = cudaSetDevice(c->device);
     if (e == cudaSuccess) e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
@@ -124,6 +131,8 @@ rk_status rk_cuda_mem_download(rk_backend *be, void *dst, const void *src, size_
 
 rk_status rk_cuda_sync(rk_backend *be, rk_err *err) {
     rk_cuda *c = impl_of(be);
+    rk_status cst = rk_cuda_no_capture(c, "sync", err);
+    if (cst != RK_OK) return cst;
     cudaError_t e = cudaSetDevice(c->device);
     if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
     return e == cudaSuccess ? RK_OK : rk_cuda_fail(err, "sync", "queued work", e);
@@ -140,6 +149,8 @@ static bool same_view(const rk_view *a, const rk_view *b) {
 
 rk_status rk_cuda_prepare(rk_backend *be, const rk_view *w, rk_view *out, rk_err *err) {
     rk_cuda *c = impl_of(be);
+    rk_status cst = rk_cuda_no_capture(c, "prepare", err);
+    if (cst != RK_OK) return cst;
     for (int i = 0; i < c->n_weights; i++) {
         if (c->weights[i].host.data != w->data) continue;
         if (!same_view(&c->weights[i].host, w))

@@ -187,6 +187,9 @@ typedef struct rk_backend_ops {
     /* Said after "op X not implemented yet" by rk_backend_check_ops, e.g.
      * "the CUDA issue adds it"; NULL says nothing more. */
     const char *missing_hint;
+    /* Recorded steps (optional, NULL: none; rk_backend_step_begin / _end below). */
+    rk_status (*step_begin)(rk_backend *be, rk_err *err);
+    rk_status (*step_end)(rk_backend *be, bool run, rk_err *err);
 } rk_backend_ops;
 
 struct rk_backend {
@@ -279,6 +282,17 @@ rk_status rk_backend_upload(rk_backend *be, void *dst, const void *src, size_t b
 rk_status rk_backend_download(rk_backend *be, void *dst, const void *src, size_t bytes, rk_err *err);
 /* Waits for all queued work (timing, error checks); a no-op on host backends. */
 rk_status rk_backend_sync(rk_backend *be, rk_err *err);
+/* Recorded steps (cuda: CUDA graphs). step_begin: the ops run after it are recorded, not
+ * run, until step_end, which (run true) runs the recording as one unit, queued like an op
+ * (cuda: the captured graph updates the executable graph of the last step when only its
+ * parameters changed, else is instantiated, then launched), or (run false) drops it.
+ * Between the two, ids and parameters are taken as they are at record time, and no
+ * upload, download, sync, prepare or scratch growth may happen: such a call fails, and
+ * step_end then fails too (RK_E_UNSUPPORTED). When step_end fails nothing of the step
+ * ran: the caller runs it again unrecorded. RK_E_UNSUPPORTED from step_begin on a backend
+ * without them. */
+rk_status rk_backend_step_begin(rk_backend *be, rk_err *err);
+rk_status rk_backend_step_end(rk_backend *be, bool run, rk_err *err);
 
 /* The thread pool of a cpu backend (owned by it, or the one it borrowed), for
  * runtime loops that want the same threads (LowRAM codec); NULL for cpu_ref

@@ -362,6 +362,9 @@ rk_status rk_session_set_fill(rk_session *s, const rk_fill_params *p, rk_err *er
 typedef struct rk_session_counters {
     uint64_t exact_rows[256];  /* rows that ran Q/attention/O/MLP, per layer (first 256) */
     uint64_t filled_rows[256]; /* rows whose K/V came from a predicted input, per layer */
+    /* decode steps run as one recorded unit (RIDGEKV_CUDA_GRAPHS=1 on a backend that records
+     * steps: CUDA graphs), and those whose recording failed and ran again unrecorded */
+    uint64_t graph_steps, graph_fallbacks;
 } rk_session_counters;
 const rk_session_counters *rk_session_get_counters(const rk_session *s);
 /* Of rows [row0, row0 + n), how many the last question-aware selection kept exact (sinks

@@ -1,6 +1,7 @@
 /* The layer loop: one prompt chunk (or decode step) through every layer of llama /
  * qwen2 / qwen3 over the session's KV cache, following the chunk's prefill plan. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -220,6 +221,10 @@ static rk_status output_head(rk_session *s, const rk_chunk_plan *p, bool compact
                 return st;
         return RK_OK;
     }
+    if (s->capturing) { /* a recorded step: it runs now, before the download waits for it */
+        s->capturing = false;
+        if ((st = rk_backend_step_end(s->be, true, err))) return st;
+    }
     if (s->dev) /* the one host sync of a step: the wanted logits rows */
         return rk_backend_download(s->be, logits, dst, (size_t)rows * nv * sizeof(float), err);
     if (!all_rows) memcpy(logits, s->logits, nv * sizeof(float));
@@ -232,8 +237,48 @@ static rk_status output_head(rk_session *s, const rk_chunk_plan *p, bool compact
  * comes from the plan (rk_plan_late_inputs) and only the exact rows go on through
  * attention and the MLP. After the split, exact rows live compacted in x[0..n_ex) and
  * the filled rows' split stream in xs[0..n_fill) (the exact source keeps every row). */
+static rk_status forward_chunk(rk_session *s, const rk_chunk_plan *p, const int32_t *ids, float *logits,
+                               bool all_rows, rk_err *err);
+
+/* A decode step as one recorded unit (CUDA graphs): recorded, then run by output_head
+ * before its download. When the recording breaks (an op that needs the host while the
+ * stream records, a refused instantiation) nothing of the step ran: it runs again
+ * unrecorded, with the counters as they were; three failures in a row turn graphs off for
+ * the session. Decode steps only: one row, every layer, no fill, a plain device cache. */
 rk_status rk_forward_chunk(rk_session *s, const rk_chunk_plan *p, const int32_t *ids, float *logits, bool all_rows,
                            rk_err *err) {
+    if (!s->graphs || p->n != 1 || p->layer_lo != 0 || p->layer_hi != s->m->hp.n_layer || p->n_fill > 0 || !logits ||
+        s->tap)
+        return forward_chunk(s, p, ids, logits, all_rows, err);
+    const rk_session_counters saved = s->counters;
+    rk_err rec = {0};
+    rk_status st = rk_backend_step_begin(s->be, &rec);
+    if (st == RK_OK) {
+        s->capturing = true;
+        st = forward_chunk(s, p, ids, logits, all_rows, &rec);
+        if (s->capturing) { /* stopped before output_head ended the recording */
+            s->capturing = false;
+            rk_backend_step_end(s->be, false, NULL);
+            if (st == RK_OK) st = rk_err_set(&rec, RK_E_INTERNAL, "forward: a recorded step without its end");
+        }
+    }
+    if (st == RK_OK) {
+        s->counters.graph_steps++;
+        s->graph_fail_run = 0;
+        return RK_OK;
+    }
+    s->counters = saved;
+    s->counters.graph_fallbacks++;
+    if (++s->graph_fail_run >= 3) {
+        s->graphs = false;
+        snprintf(s->warning, sizeof s->warning, "recorded decode steps (RIDGEKV_CUDA_GRAPHS) turned off after 3 failures: %.300s",
+                 rec.msg);
+    }
+    return forward_chunk(s, p, ids, logits, all_rows, err);
+}
+
+static rk_status forward_chunk(rk_session *s, const rk_chunk_plan *p, const int32_t *ids, float *logits, bool all_rows,
+                               rk_err *err) {
     const rk_model *m = s->m;
     const rk_hparams *hp = &m->hp;
     const int64_t d = hp->n_embd, n = p->n, pos0 = p->pos0;

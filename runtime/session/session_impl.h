@@ -62,6 +62,10 @@ struct rk_session {
     int64_t keep_lo, keep_hi;
     bool selecting;
     rk_session_counters counters;
+    /* recorded decode steps (RIDGEKV_CUDA_GRAPHS=1, a backend with step_begin; forward.c) */
+    bool graphs;          /* wanted and possible for this session */
+    bool capturing;       /* inside a recorded step: output_head ends it before the download */
+    int graph_fail_run;   /* consecutive failed recordings: 3 turn graphs off */
     /* eval splice: copy exact K/V of layers [lo, hi) over the bulk rows before the tail */
     const rk_session *splice_src;
     int splice_lo, splice_hi;

@@ -31,6 +31,12 @@ typedef struct devsim {
     rk_backend *inner; /* cpu, 1 thread */
     int n_alloc;
     size_t n_down; /* bytes downloaded: the logits rows, KV reads */
+    /* recorded steps (as CUDA graphs are): ops between step_begin and step_end are kept
+     * and run by step_end; a transfer meanwhile breaks the recording */
+    bool recording, broken;
+    rk_op_args *rec;
+    int n_rec, cap_rec;
+    int n_steps, n_ran, fail_every; /* step_end calls; recordings run; every fail_every-th end fails */
 } devsim;
 
 static devsim *ds_of(rk_backend *be) { return (devsim *)be->impl; }
@@ -43,6 +49,16 @@ static rk_view host_view(rk_view v) {
 }
 
 static rk_status ds_run(rk_backend *be, const rk_op_args *a, rk_err *err) {
+    devsim *d = ds_of(be);
+    if (d->recording) { /* kept as it is now: views, parameters, ids (valid until step_end) */
+        if (d->n_rec == d->cap_rec) {
+            d->cap_rec = d->cap_rec ? 2 * d->cap_rec : 256;
+            d->rec = realloc(d->rec, (size_t)d->cap_rec * sizeof *d->rec);
+            cr_assert(d->rec);
+        }
+        d->rec[d->n_rec++] = *a;
+        return RK_OK;
+    }
     rk_op_args h = *a;
     h.dst = host_view(a->dst), h.src0 = host_view(a->src0), h.src1 = host_view(a->src1), h.src2 = host_view(a->src2);
     return rk_backend_run(ds_of(be)->inner, &h, err);
@@ -71,14 +87,44 @@ static void ds_free(rk_backend *be, void *p) {
     free(untag(p));
 }
 
+static rk_status ds_step_begin(rk_backend *be, rk_err *err) {
+    devsim *d = ds_of(be);
+    if (d->recording) return rk_err_set(err, RK_E_INVALID_ARG, "devsim: nested step");
+    d->recording = true, d->broken = false, d->n_rec = 0;
+    return RK_OK;
+}
+
+static rk_status ds_step_end(rk_backend *be, bool run, rk_err *err) {
+    devsim *d = ds_of(be);
+    if (!d->recording) return rk_err_set(err, RK_E_INVALID_ARG, "devsim: step_end without step_begin");
+    d->recording = false;
+    d->n_steps++;
+    if (d->broken || (d->fail_every && d->n_steps % d->fail_every == 0))
+        return rk_err_set(err, RK_E_UNSUPPORTED, "devsim: the recorded step broke");
+    if (!run) return RK_OK;
+    for (int i = 0; i < d->n_rec; i++) {
+        rk_status st = ds_run(be, &d->rec[i], err);
+        if (st) return st;
+    }
+    d->n_ran++;
+    return RK_OK;
+}
+
+static rk_status ds_no_transfer(devsim *d, rk_err *err) {
+    if (!d->recording) return RK_OK;
+    d->broken = true;
+    return rk_err_set(err, RK_E_UNSUPPORTED, "devsim: a transfer while a step is recorded");
+}
+
 static rk_status ds_upload(rk_backend *be, void *dst, const void *src, size_t n, rk_err *err) {
-    (void)be;
+    if (ds_no_transfer(ds_of(be), err)) return RK_E_UNSUPPORTED;
     if (!tagged(dst) || tagged(src)) return rk_err_set(err, RK_E_INVALID_ARG, "devsim: upload direction");
     memcpy(untag(dst), src, n);
     return RK_OK;
 }
 
 static rk_status ds_download(rk_backend *be, void *dst, const void *src, size_t n, rk_err *err) {
+    if (ds_no_transfer(ds_of(be), err)) return RK_E_UNSUPPORTED;
     if (tagged(dst) || !tagged(src)) return rk_err_set(err, RK_E_INVALID_ARG, "devsim: download direction");
     memcpy(dst, untag(src), n);
     ds_of(be)->n_down += n;
@@ -93,6 +139,7 @@ static rk_status ds_sync(rk_backend *be, rk_err *err) {
 static void ds_destroy(rk_backend *be) {
     devsim *d = ds_of(be);
     rk_backend_destroy(d->inner);
+    free(d->rec);
     free(d);
 }
 
@@ -114,6 +161,8 @@ static devsim *devsim_create(void) {
     d->ops.upload = ds_upload;
     d->ops.download = ds_download;
     d->ops.sync = ds_sync;
+    d->ops.step_begin = ds_step_begin;
+    d->ops.step_end = ds_step_end;
     return d;
 }
 
@@ -448,5 +497,69 @@ Test(devsim, host_kv_policies_match_cpu_bit_for_bit, .timeout = 120) {
     }
     rmdir(dir);
     free(la), free(lb), free(ids);
+    rk_model_destroy(m);
+}
+
+/* ---- recorded decode steps (RIDGEKV_CUDA_GRAPHS) ------------------------------------ */
+
+/* With RIDGEKV_CUDA_GRAPHS=1 each decode step is recorded and run as one unit by the
+ * backend (devsim keeps the ops and runs them at step_end, as a CUDA graph launch would):
+ * the logits stay the cpu session's bit for bit, prefill chunks are never recorded, and a
+ * recording that breaks (every 4th here) runs again unrecorded with the same result. A
+ * host-memory KV policy (q8) is never recorded (its appends download). */
+Test(devsim, recorded_decode_steps_match_cpu_bit_for_bit) {
+    char path[1024];
+    model_path(path, sizeof path);
+    rk_model *m = NULL;
+    rk_err err = {0};
+    cr_assert_eq(rk_model_load(path, &m, &err), RK_OK, "%s", err.msg);
+    const int nv = rk_model_hparams(m)->n_vocab;
+    enum { P = 30, DEC = 12 };
+    int32_t ids[P + DEC];
+    uint64_t r = 11;
+    for (int i = 0; i < P + DEC; i++) ids[i] = 3 + (int32_t)(tb_rand_u64(&r) % (uint64_t)(nv - 3));
+    float *la = malloc((size_t)nv * sizeof(float)), *lb = malloc((size_t)nv * sizeof(float));
+    const char *kvs[] = {"f16", "f32", "q8"};
+    for (int k = 0; k < 3; k++) {
+        rk_backend *cpu = NULL;
+        cr_assert_eq(rk_backend_cpu_create(1, &cpu, &err), RK_OK, "%s", err.msg);
+        devsim *ds = devsim_create();
+        ds->fail_every = 4;
+        rk_status st;
+        rk_session *a = session_on(m, cpu, kvs[k], &err, &st);
+        cr_assert_eq(st, RK_OK, "%s", err.msg);
+        setenv("RIDGEKV_CUDA_GRAPHS", "1", 1);
+        rk_session *b = session_on(m, &ds->be, kvs[k], &err, &st);
+        unsetenv("RIDGEKV_CUDA_GRAPHS");
+        cr_assert_eq(st, RK_OK, "%s", err.msg);
+        cr_assert_eq(rk_session_eval(a, ids, P, la, false, &err), RK_OK, "%s", err.msg);
+        cr_assert_eq(rk_session_eval(b, ids, P, lb, false, &err), RK_OK, "%s", err.msg);
+        cr_expect(memcmp(la, lb, (size_t)nv * sizeof(float)) == 0, "kv %s: prefill differs", kvs[k]);
+        cr_expect_eq(ds->n_steps, 0, "kv %s: a prefill chunk was recorded", kvs[k]);
+        for (int t = P; t < P + DEC; t++) {
+            cr_assert_eq(rk_session_eval(a, ids + t, 1, la, false, &err), RK_OK, "%s", err.msg);
+            cr_assert_eq(rk_session_eval(b, ids + t, 1, lb, false, &err), RK_OK, "%s", err.msg);
+            cr_expect(memcmp(la, lb, (size_t)nv * sizeof(float)) == 0, "kv %s: decode %d differs", kvs[k], t);
+        }
+        const rk_session_counters *c = rk_session_get_counters(b);
+        if (k < 2) {
+            cr_expect_eq(ds->n_steps, DEC, "kv %s: %d steps recorded", kvs[k], ds->n_steps);
+            cr_expect_eq(c->graph_fallbacks, DEC / 4, "kv %s: %llu fallbacks", kvs[k],
+                         (unsigned long long)c->graph_fallbacks);
+            cr_expect_eq(c->graph_steps, DEC - DEC / 4, "kv %s: %llu recorded steps", kvs[k],
+                         (unsigned long long)c->graph_steps);
+            cr_expect_eq((int)c->graph_steps, ds->n_ran);
+            cr_expect(memcmp(rk_session_get_counters(a)->exact_rows, c->exact_rows, sizeof c->exact_rows) == 0,
+                      "kv %s: a rerun step counted twice", kvs[k]);
+        } else {
+            cr_expect_eq(ds->n_steps, 0, "kv q8: recorded");
+            cr_expect_eq(c->graph_steps, 0);
+        }
+        rk_session_destroy(a);
+        rk_session_destroy(b);
+        rk_backend_destroy(&ds->be);
+        rk_backend_destroy(cpu);
+    }
+    free(la), free(lb);
     rk_model_destroy(m);
 }
