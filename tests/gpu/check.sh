@@ -7,8 +7,14 @@
 #   3. parity: greedy tokens of `ridgekv run --backend cuda` == --backend cpu, on the
 #      tiny trained models of shared/ (repo root, ../shared or $RK_SHARED_DIR) when
 #      present, and on synthetic models of real shapes (ridgekv synth) in any case
+#      and, on the synthetic qwen2.5 shape, the same with RidgeFill (--fill identity over a
+#      long prompt: the plan's gathers, scatters and row skipping on the device), with
+#      recorded decode steps (RIDGEKV_CUDA_GRAPHS=1) and with q8 KV (host rows, staged)
 #   4. bench: `ridgekv bench --backend cuda` on synthetic qwen2.5-1.5b q4_k_m at 8K and
-#      32K prompt tokens (JSON), with the CPU at 512 beside it for scale
+#      32K prompt tokens, exact vs RidgeFill (--fill off,identity: identity fill skips the
+#      same late-layer work as speed mode, without maps) (JSON), decode at 8K with and
+#      without recorded steps, a 100K prompt with YaRN x4 and --kv-budget 25% when time
+#      is left, and the CPU at 512 beside it for scale
 #   5. summary: $OUT/summary.txt (also printed), every log and JSON under $OUT
 #
 # Every step has its own timeout and the whole script stops at 8 minutes (TOTAL_S).
@@ -33,7 +39,7 @@ while [ $# -gt 0 ]; do
     --dry-run) DRY=1 ;;
     --out) shift; OUT_DIR=${1:-} ;;
     --prebuilt) shift; PREBUILT=${1:-} ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
     *) echo "check.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
     esac
     shift
@@ -52,10 +58,12 @@ if [ $DRY = 1 ]; then
     # cpu_ref stands in for the device in the parity runs (independent kernels, slow: small
     # models, short prompts), cpu in the bench
     BE=cpu_ref BENCH_BE=cpu ARCHS=80 BUILD=${BUILD:-/tmp/rk-gpu-check-dry} JOBS=${DRY_JOBS:-2}
-    BENCH_P=256,512 BENCH_LAYERS=2 BENCH_N=8 CPU_P=128 SYN_LAYERS=2 SYN_VOCAB=400 PARITY_S=300
+    BENCH_P=256,1024 BENCH_LAYERS=2 BENCH_N=8 CPU_P=128 SYN_LAYERS=2 SYN_VOCAB=400 PARITY_S=300
+    FILL_BE=cpu LONG_P=2048 LONG_MIN_S=60 # cpu_ref is too slow for 700-token prompts
 else
     BE=cuda BENCH_BE=cuda ARCHS=80,90 BUILD=${BUILD:-$ROOT/build-gpu-check}
     BENCH_P=8192,32768 BENCH_LAYERS=0 BENCH_N=64 CPU_P=512 SYN_LAYERS=4 SYN_VOCAB=4000 PARITY_S=60
+    FILL_BE=cuda LONG_P=100000 LONG_MIN_S=150
 fi
 BIN=$BUILD/cli/ridgekv
 
@@ -220,6 +228,34 @@ parity() {
 for m in "${MODELS[@]}"; do
     step "parity_$(basename "$m" .gguf)" "$PARITY_S" parity "$m"
 done
+# the device paths beside the plain one, on the synthetic qwen2.5 shape: greedy text of
+# cpu vs the device with RidgeFill (identity fill, split 1 of the 4 layers, a prompt well
+# past the 512-row tail so its bulk rows are filled), with recorded decode steps, with q8
+# KV (host rows)
+parity_paths() {
+    local m=$1 ok=0 p name args
+    p="$(printf 'The cat sat on the mat and looked at the dog. %.0s' $(seq 1 58))"
+    for name in fill graphs q8; do
+        args=()
+        case $name in
+        fill) args=(--fill identity --split 1 --tail 512) ;;
+        q8) args=(--kv q8) ;;
+        esac
+        "$BIN" run -m "$m" -p "$p" -n 24 --temp 0 --backend cpu -t "$JOBS" "${args[@]}" > "$OUT_DIR/paths.cpu.txt" || return 1
+        env $([ $name = graphs ] && echo RIDGEKV_CUDA_GRAPHS=1) "$BIN" run -m "$m" -p "$p" -n 24 --temp 0 \
+            --backend "$FILL_BE" -t "$JOBS" "${args[@]}" > "$OUT_DIR/paths.dev.txt" || return 1
+        if cmp -s "$OUT_DIR/paths.cpu.txt" "$OUT_DIR/paths.dev.txt"; then
+            echo "same greedy text with $name: $(basename "$m")"
+        else
+            echo "DIFFERENT greedy text with $name on $(basename "$m"):"
+            echo "  cpu: $(head -c 200 "$OUT_DIR/paths.cpu.txt")"
+            echo "  $FILL_BE: $(head -c 200 "$OUT_DIR/paths.dev.txt")"
+            ok=1
+        fi
+    done
+    return $ok
+}
+[ -f "$SYN/qwen2.5-q4_k_m.gguf" ] && step parity_paths_qwen2.5-q4_k_m "$PARITY_S" parity_paths "$SYN/qwen2.5-q4_k_m.gguf"
 
 # ---- 4. bench -----------------------------------------------------------------------
 BENCH_MODEL=$SYN/qwen2.5-1.5b-q4_k_m.gguf
@@ -231,10 +267,25 @@ big_synth() {
 if step synth_qwen2.5-1.5b 120 big_synth; then
     # one prompt length per step: a slow long one cannot take the short one's figures with it
     js=()
+    # exact vs RidgeFill (identity fill: split at layer 14 of 28, the last 2048 rows exact)
+    SPLIT=14
+    [ "$BENCH_LAYERS" != 0 ] && SPLIT=1
     for P in ${BENCH_P//,/ }; do
-        step bench_"$BENCH_BE"_"$P" 200 sh -c "'$BIN' bench -m '$BENCH_MODEL' --backend $BENCH_BE -p $P -n $BENCH_N -r 1 --json > '$OUT_DIR/bench_${BENCH_BE}_$P.json'"
+        step bench_"$BENCH_BE"_"$P" 200 sh -c "'$BIN' bench -m '$BENCH_MODEL' --backend $BENCH_BE -p $P -n $BENCH_N -r 1 --fill off,identity --split $SPLIT --tail 512 --json > '$OUT_DIR/bench_${BENCH_BE}_$P.json'"
         js+=("$OUT_DIR/bench_${BENCH_BE}_$P.json")
     done
+    # decode with recorded steps (CUDA graphs), beside the plain run at the first length
+    P1=${BENCH_P%%,*}
+    step bench_graphs_"$P1" 120 sh -c "RIDGEKV_CUDA_GRAPHS=1 '$BIN' bench -m '$BENCH_MODEL' --backend $BENCH_BE -p $P1 -n $BENCH_N -r 1 --json > '$OUT_DIR/bench_graphs_$P1.json'"
+    js+=("$OUT_DIR/bench_graphs_$P1.json")
+    # a long prompt with YaRN x4 and a KV budget of a quarter of the KV (spilled to the
+    # host tier and its block store), when enough time is left
+    if [ "$(left)" -gt "$LONG_MIN_S" ]; then
+        step bench_long_"$LONG_P" $(( $(left) - 20 )) sh -c "'$BIN' bench -m '$BENCH_MODEL' --backend $BENCH_BE -p $LONG_P -n 8 -r 1 -c $((LONG_P + 64)) --rope-scaling yarn --rope-scale 4 --kv-budget 25% --json > '$OUT_DIR/bench_long_$LONG_P.json'"
+        js+=("$OUT_DIR/bench_long_$LONG_P.json")
+    else
+        say "SKIP  bench_long_$LONG_P (under ${LONG_MIN_S}s left)"
+    fi
     [ "$BENCH_BE" = cpu ] || step bench_cpu 60 sh -c "'$BIN' bench -m '$BENCH_MODEL' --backend cpu -p $CPU_P -n 8 -r 1 --json > '$OUT_DIR/bench_cpu.json'"
     # one line per prompt length
     [ "$BENCH_BE" = cpu ] || js+=("$OUT_DIR/bench_cpu.json")
@@ -244,15 +295,35 @@ if step synth_qwen2.5-1.5b 120 big_synth; then
 import json, sys
 j = json.load(open(sys.argv[1]))
 for r in j.get("results", []):
-    print("bench %-12s %s n_prompt %6d: TTFT %9.1f ms (%8.1f tok/s prefill), decode %7.1f tok/s" % (
-        j.get("backend", sys.argv[1].split("bench_")[-1][:-5].split("_")[0]), r.get("kv", ""), r["n_prompt"], r["ttft_ms"],
+    print("bench %-14s %-4s fill %-8s n_prompt %6d: TTFT %9.1f ms (%8.1f tok/s prefill), decode %7.1f tok/s" % (
+        sys.argv[1].split("bench_")[-1][:-5], r.get("kv", ""), r.get("fill", ""), r["n_prompt"], r["ttft_ms"],
         r["prefill_tok_s"], r["decode_tok_s"]))
 PY
     done
 fi
 
-say "not run here: RidgeFill / LowRAM on the device (they need host rows: refused by the session),"
-say "  100K with YaRN (the models issue adds the scaling), KV tiers (the tiers issue's block store)."
+say "not run here: LowRAM on the device (its codec runs on the host: the session refuses --kv lowram"
+say "  with cuda; the LR_KEYS kernel is in the op tests)."
+# the summary's ratios: RidgeFill TTFT speedup and recorded-step decode speedup
+python3 - "$OUT_DIR" "${BENCH_P%%,*}" << 'PY' | tee -a "$SUMMARY"
+import json, os, sys
+d, p1 = sys.argv[1], int(sys.argv[2])
+def res(name):
+    try: return json.load(open(os.path.join(d, name))).get("results", [])
+    except Exception: return []
+for f in sorted(os.listdir(d)):
+    if not (f.startswith("bench_") and f.endswith(".json")) or "graphs" in f or "long" in f: continue
+    r = res(f); off = [x for x in r if x.get("fill") == "off"]; idt = [x for x in r if x.get("fill") == "identity"]
+    for a in off:
+        for b in idt:
+            if a["n_prompt"] == b["n_prompt"] and b["ttft_ms"] > 0:
+                print("ratio %s n_prompt %d: TTFT exact / RidgeFill(identity) = %.2fx" % (f[6:-5], a["n_prompt"], a["ttft_ms"] / b["ttft_ms"]))
+g = res("bench_graphs_%d.json" % p1)
+plain = [x for f in os.listdir(d) if f.startswith("bench_") and f.endswith("_%d.json" % p1) and "graphs" not in f
+         for x in res(f) if x.get("fill") == "off" and x["n_prompt"] == p1]
+if g and plain and plain[0]["decode_tok_s"] > 0:
+    print("ratio decode at %d: recorded steps / plain = %.2fx" % (p1, g[0]["decode_tok_s"] / plain[0]["decode_tok_s"]))
+PY
 say "total: $(( $(date +%s) - T0 ))s of ${TOTAL_S}s; outputs in $OUT_DIR"
 if [ $FAILED = 0 ]; then say "RESULT: PASS"; else say "RESULT: FAIL"; fi
 exit $FAILED
