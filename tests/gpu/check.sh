@@ -39,7 +39,7 @@ while [ $# -gt 0 ]; do
     --dry-run) DRY=1 ;;
     --out) shift; OUT_DIR=${1:-} ;;
     --prebuilt) shift; PREBUILT=${1:-} ;;
-    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "check.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
     esac
     shift
