@@ -29,9 +29,6 @@
 
 static inline void pf(const uint8_t *p) {
 #if RK_PF_DIST > 0
-#ifdef RK_PF_FAR
-    _mm_prefetch((const char *)((uintptr_t)p + RK_PF_FAR), _MM_HINT_T1);
-#endif
     _mm_prefetch((const char *)((uintptr_t)p + RK_PF_DIST), _MM_HINT_T0);
 #else
     (void)p;
