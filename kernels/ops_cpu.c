@@ -226,7 +226,13 @@ static void gemv_range(void *vp, int64_t j0, int64_t j1, int tid) {
     const mm_ctx *x = vp;
     const rk_op_args *a = x->a;
     if (x->qd) {
-        for (int64_t j = j0; j < j1; j++) {
+        int64_t j = j0;
+        if (x->n == 1 && x->qd->dot_2w) { /* two weight rows per call, bit-identical to dot */
+            float *y = rk_row_f32(&a->dst, 0);
+            for (; j + 2 <= j1; j += 2)
+                x->qd->dot_2w((const char *)a->src0.data + (size_t)j * a->src0.nb1, a->src0.nb1, x->xq, x->k, y + j);
+        }
+        for (; j < j1; j++) {
             const void *w = (const char *)a->src0.data + (size_t)j * a->src0.nb1;
             for (int64_t t = 0; t < x->n; t++) rk_row_f32(&a->dst, t)[j] = x->qd->dot(w, x->xq + (size_t)t * x->xq_row, x->k);
         }

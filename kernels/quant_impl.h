@@ -123,4 +123,7 @@ float rk_qavx2_q4_K_dot(const void *w, const void *xq, int64_t n);
 void rk_qavx2_q4_K_dot_x4(const void *w, const void *xq, size_t ys, int64_t n, float *out);
 float rk_qavx2_q6_K_dot(const void *w, const void *xq, int64_t n);
 void rk_qavx2_q6_K_dot_x4(const void *w, const void *xq, size_t ys, int64_t n, float *out);
+/* out[i] = dot(w + i * ws, xq, n) for i < 2, bit for bit (decode: two weight rows per call;
+ * only Q4_1, where sharing the activation loads paid) */
+void rk_qavx2_q4_1_dot_2w(const void *w, size_t ws, const void *xq, int64_t n, float *out);
 #endif

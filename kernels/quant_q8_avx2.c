@@ -23,10 +23,16 @@
 #endif
 
 #define RK_ACT_TINY 1e-30f /* as quant_q8_ref.c */
+#ifndef RK_PF_DIST
 #define RK_PF_DIST 2048    /* as quant_avx2.c: the weight stream, read once */
+#endif
 
 static inline void pf(const uint8_t *p) {
+#if RK_PF_DIST > 0
     _mm_prefetch((const char *)((uintptr_t)p + RK_PF_DIST), _MM_HINT_T0);
+#else
+    (void)p;
+#endif
 }
 
 static inline float hsum8(__m256 v) {
@@ -228,6 +234,8 @@ RK_AI void q4_K_rows(const uint8_t *p, const uint8_t *xq, size_t ys, int64_t n, 
         q4k_sm(p + offsetof(rk_block_q4_K, scales), &sc8, &m8);
         const float dw = f16(p), dmw = f16(p + 2);
         const __m128i mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m8));
+        /* the 8 scales as s16 in both lanes; chunk c's two are picked by a byte shuffle */
+        const __m256i scb = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc8)));
         __m256i sumi[4];
         FOR_R {
             const rk_act_q8_K *y = (const rk_act_q8_K *)(const void *)(xq + r * ys) + i;
@@ -239,8 +247,8 @@ RK_AI void q4_K_rows(const uint8_t *p, const uint8_t *xq, size_t ys, int64_t n, 
         for (int c = 0; c < 4; c++) {
             const __m256i b = ldu(qs + 32 * c);
             const __m256i lo = _mm256_and_si256(b, m4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
-            const __m256i slo = _mm256_set1_epi16((short)((sc8 >> (16 * c)) & 0xff));
-            const __m256i shi = _mm256_set1_epi16((short)((sc8 >> (16 * c + 8)) & 0xff));
+            const __m256i slo = _mm256_shuffle_epi8(scb, _mm256_set1_epi16((short)((4 * c + 1) << 8 | 4 * c)));
+            const __m256i shi = _mm256_shuffle_epi8(scb, _mm256_set1_epi16((short)((4 * c + 3) << 8 | (4 * c + 2))));
             FOR_R {
                 const rk_act_q8_K *y = (const rk_act_q8_K *)(const void *)(xq + r * ys) + i;
                 const __m256i plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ldu(y->qs + 64 * c)), slo);
@@ -272,6 +280,8 @@ RK_AI void q6_K_rows(const uint8_t *p, const uint8_t *xq, size_t ys, int64_t n, 
         pf(ql + 128);
         pf(ql + 192);
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)sc));
+        /* half h's 8 scales (s16) in both lanes: part k takes 2k in the low lane, 2k + 1 in the high */
+        const __m256i sch[2] = {_mm256_permute4x64_epi64(sc16, 0x44), _mm256_permute4x64_epi64(sc16, 0xEE)};
         const float dw = f16(p + offsetof(rk_block_q6_K, d));
         __m256i sumi[4];
         FOR_R {
@@ -289,8 +299,9 @@ RK_AI void q6_K_rows(const uint8_t *p, const uint8_t *xq, size_t ys, int64_t n, 
                                    _mm256_srli_epi16(_mm256_and_si256(hb, mc0), 2));
             for (int k = 0; k < 4; k++) {
                 /* elements 128h + 32k + l: scale 8h + 2k for l < 16 (low lane), 8h + 2k + 1 above */
-                const int j = 8 * h + 2 * k;
-                const __m256i sv = _mm256_setr_m128i(_mm_set1_epi16(sc[j]), _mm_set1_epi16(sc[j + 1]));
+                const __m256i sv = _mm256_shuffle_epi8(
+                    sch[h], _mm256_setr_m128i(_mm_set1_epi16((short)((4 * k + 1) << 8 | 4 * k)),
+                                              _mm_set1_epi16((short)((4 * k + 3) << 8 | (4 * k + 2)))));
                 FOR_R {
                     const rk_act_q8_K *y = (const rk_act_q8_K *)(const void *)(xq + r * ys) + i;
                     const __m256i pq = _mm256_maddubs_epi16(q[k], ldu(y->qs + 128 * h + 32 * k));
@@ -305,6 +316,33 @@ RK_AI void q6_K_rows(const uint8_t *p, const uint8_t *xq, size_t ys, int64_t n, 
     }
     FOR_R out[r] = hsum8(acc[r]);
 }
+
+/* ---- two weight rows against one activation row (decode) -----------------
+ * Weight rows w and w + ws, the activation loads shared. Each row sees exactly
+ * the operations of the R = 1 kernels above, in the same order, so out[i] is
+ * bit for bit dot(w + i ws, xq, n). */
+#define FOR_W _Pragma("GCC unroll 2") for (int r = 0; r < 2; r++)
+
+static void q4_1_2w(const uint8_t *p, size_t ws, const uint8_t *xq, int64_t n, float *out) {
+    __m256 acc[2];
+    float summ[2];
+    FOR_W acc[r] = _mm256_setzero_ps(), summ[r] = 0.0f;
+    const rk_act_q8_32 *y = (const rk_act_q8_32 *)(const void *)xq;
+    for (int64_t i = 0; i < n / 32; i++, p += sizeof(rk_block_q4_1), y++) {
+        const __m256i yq = ldu(y->qs);
+        const float ys = y->d * (float)y->sum;
+        FOR_W {
+            const uint8_t *pr = p + r * ws;
+            if (!(i & 1)) pf(pr);
+            const __m256i s = madd1(_mm256_maddubs_epi16(nib32(pr + 4), yq));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(f16(pr) * y->d), _mm256_cvtepi32_ps(s), acc[r]);
+            summ[r] += f16(pr + 2) * ys;
+        }
+    }
+    FOR_W out[r] = hsum8(acc[r]) + summ[r];
+}
+
+void rk_qavx2_q4_1_dot_2w(const void *w, size_t ws, const void *xq, int64_t n, float *out) { q4_1_2w(w, ws, xq, n, out); }
 
 #define RK_QDOT_PAIR(t, call1, call4)                                                      \
     float rk_qavx2_##t##_dot(const void *w, const void *xq, int64_t n) {                   \

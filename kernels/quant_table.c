@@ -70,22 +70,23 @@ const rk_quant_fns *rk_quant_fast(uint32_t type) {
 }
 
 /* ---- integer dot products against 8-bit activations ---------------------- */
-#define RK_QDOT_ROW(pre, t, blk, x4) {blk, blk == 32 ? sizeof(rk_act_q8_32) : sizeof(rk_act_q8_K), \
-        blk == 32 ? pre##_act_q8_32 : pre##_act_q8_K, pre##_##t##_dot, x4}
-#define RK_QDOT_TABLE(pre, x4)                                   \
-    {                                                            \
-        [RK_DT_Q4_0] = RK_QDOT_ROW(pre, q4_0, 32, x4(pre, q4_0)),     \
-        [RK_DT_Q4_1] = RK_QDOT_ROW(pre, q4_1, 32, x4(pre, q4_1)),     \
-        [RK_DT_Q8_0] = RK_QDOT_ROW(pre, q8_0, 32, x4(pre, q8_0)),     \
-        [RK_DT_Q4_K] = RK_QDOT_ROW(pre, q4_K, RK_QK_K, x4(pre, q4_K)), \
-        [RK_DT_Q6_K] = RK_QDOT_ROW(pre, q6_K, RK_QK_K, x4(pre, q6_K)), \
+#define RK_QDOT_ROW(pre, t, blk, x4, w2) {blk, blk == 32 ? sizeof(rk_act_q8_32) : sizeof(rk_act_q8_K), \
+        blk == 32 ? pre##_act_q8_32 : pre##_act_q8_K, pre##_##t##_dot, x4, w2}
+#define RK_QDOT_TABLE(pre, x4, w2q4_1)                                         \
+    {                                                                          \
+        [RK_DT_Q4_0] = RK_QDOT_ROW(pre, q4_0, 32, x4(pre, q4_0), NULL),          \
+        [RK_DT_Q4_1] = RK_QDOT_ROW(pre, q4_1, 32, x4(pre, q4_1), w2q4_1),        \
+        [RK_DT_Q8_0] = RK_QDOT_ROW(pre, q8_0, 32, x4(pre, q8_0), NULL),          \
+        [RK_DT_Q4_K] = RK_QDOT_ROW(pre, q4_K, RK_QK_K, x4(pre, q4_K), NULL),     \
+        [RK_DT_Q6_K] = RK_QDOT_ROW(pre, q6_K, RK_QK_K, x4(pre, q6_K), NULL),     \
     }
 #define RK_NO_X4(pre, t) NULL
 #define RK_X4(pre, t) pre##_##t##_dot_x4
 
-static const rk_qdot_fns qref_fns[RK_DT_BF16 + 1] = RK_QDOT_TABLE(rk_qref, RK_NO_X4);
+static const rk_qdot_fns qref_fns[RK_DT_BF16 + 1] = RK_QDOT_TABLE(rk_qref, RK_NO_X4, NULL);
 #ifdef RK_HAVE_AVX2
-static const rk_qdot_fns qavx2_fns[RK_DT_BF16 + 1] = RK_QDOT_TABLE(rk_qavx2, RK_X4);
+/* dot_2w only for Q4_1: for Q4_K and Q6_K a two-row kernel was no faster (docs/BENCH.md) */
+static const rk_qdot_fns qavx2_fns[RK_DT_BF16 + 1] = RK_QDOT_TABLE(rk_qavx2, RK_X4, rk_qavx2_q4_1_dot_2w);
 #endif
 
 static const rk_qdot_fns *qlookup(const rk_qdot_fns *tab, uint32_t type) {

@@ -14,6 +14,11 @@
 #   row functions (rk_quant_fast: dot per row; to_f32 tiles + the AVX2 f32 GEMM) against the
 #   integer path (rk_qdot_fast: 8-bit activations; dot, dot_x4). CPU time, not wall time, so
 #   that a loaded machine changes the figures less (caches are still shared).
+# GEMV mode: scripts/bench_llamacpp.sh --gemv BUILD_DIR builds scripts/bench_gemv.c against
+#   BUILD_DIR's kernels and prints the decode GEMV's GB/s (rk_qdot_fast dot, dot_2w where the
+#   type has one) on Q4_K, Q6_K, Q4_1 rows: in cache (1 thread, thread CPU time, best of 300),
+#   then streamed from memory (120-300 MB, THREADS threads, wall time, best of 4) with the
+#   weights on 4 KiB pages and on transparent huge pages, alternating, 2 rounds.
 # Env: THREADS (default 2), NP (prompt tokens, default 512), NG (decode tokens, default 64).
 #
 # Prints, best of the rounds for each: prefill and decode tok/s of both and the ratios
@@ -23,6 +28,24 @@
 # tensor of the GGUF except token_embd when an output.weight exists: that table is only
 # gathered a row at a time), and ridgekv's decode as a fraction of that bandwidth.
 set -euo pipefail
+if [ "${1:-}" = "--gemv" ]; then
+  bd=${2:?usage: $0 --gemv BUILD_DIR}
+  src=$(cd "$(dirname "$0")/.." && pwd)
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  cc -O2 -std=c11 -mavx2 -mfma -mf16c -DRK_HAVE_AVX2=1 -I"$src/kernels" -I"$src/kernels/include" \
+    -I"$src/runtime/base/include" "$src/scripts/bench_gemv.c" "$bd/kernels/librk_kernels.a" \
+    "$bd/kernels/librk_kernels_avx2.a" "$bd/runtime/base/librk_base.a" -lm -lpthread -o "$tmp/gemv"
+  # type ids: 3 Q4_1, 12 Q4_K, 14 Q6_K
+  for a in "12 1536 2048" "14 1536 2048" "3 576 4096"; do "$tmp/gemv" $a 1 300 0; done
+  for r in 1 2; do
+    for a in "12 1536 200000" "14 1536 150000" "3 576 300000"; do
+      "$tmp/gemv" $a "${THREADS:-2}" 4 0
+      "$tmp/gemv" $a "${THREADS:-2}" 4 1
+    done
+  done
+  exit 0
+fi
 if [ "${1:-}" = "--kernels" ]; then
   bd=${2:?usage: $0 --kernels BUILD_DIR}
   src=$(cd "$(dirname "$0")/.." && pwd)

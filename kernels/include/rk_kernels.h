@@ -45,6 +45,8 @@ typedef struct rk_qdot_fns {
     rk_qdot_fn dot;
     /* out[r] = dot(w, xq + r * xq_stride, n) for r < 4, bit for bit; NULL: none */
     void (*dot_x4)(const void *w, const void *xq, size_t xq_stride, int64_t n, float *out);
+    /* out[i] = dot(w + i * w_stride, xq, n) for i < 2, bit for bit; NULL: none */
+    void (*dot_2w)(const void *w, size_t w_stride, const void *xq, int64_t n, float *out);
 } rk_qdot_fns;
 /* Scalar C versions, for every type above; NULL for other types. */
 const rk_qdot_fns *rk_qdot_ref(uint32_t type);

@@ -1,5 +1,7 @@
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -10,7 +12,8 @@
 
 #include "rk_base.h"
 
-rk_status rk_mapping_open(const char *path, rk_mapping *out, rk_err *err) {
+/* Opens path read-only and checks it is a regular file. */
+static rk_status open_regular(const char *path, int *fd_out, size_t *len, rk_err *err) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return rk_err_set(err, errno == ENOENT ? RK_E_NOT_FOUND : RK_E_IO,
                                   "file: cannot open %s (%s)", path, strerror(errno));
@@ -24,7 +27,17 @@ rk_status rk_mapping_open(const char *path, rk_mapping *out, rk_err *err) {
         close(fd);
         return rk_err_set(err, RK_E_IO, "file: %s is not a regular file", path);
     }
-    rk_mapping m = {NULL, (size_t)st.st_size};
+    *fd_out = fd;
+    *len = (size_t)st.st_size;
+    return RK_OK;
+}
+
+rk_status rk_mapping_open(const char *path, rk_mapping *out, rk_err *err) {
+    int fd = -1;
+    size_t len = 0;
+    rk_status st = open_regular(path, &fd, &len, err);
+    if (st != RK_OK) return st;
+    rk_mapping m = {NULL, len};
     if (m.len > 0) {
         void *p = mmap(NULL, m.len, PROT_READ, MAP_PRIVATE, fd, 0);
         if (p == MAP_FAILED) {
@@ -36,6 +49,65 @@ rk_status rk_mapping_open(const char *path, rk_mapping *out, rk_err *err) {
     }
     close(fd);
     *out = m;
+    return RK_OK;
+}
+
+#define RK_HUGE_PAGE ((size_t)2 << 20)
+
+/* The kernel hands out transparent huge pages to madvise'd memory. */
+static bool thp_offered(void) {
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (!f) return false;
+    char buf[128];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return strstr(buf, "[always]") || strstr(buf, "[madvise]");
+}
+
+bool rk_mapping_huge_wanted(size_t len) {
+    const char *env = getenv("RIDGEKV_HUGEPAGES");
+    if (env && strcmp(env, "0") == 0) return false;
+    return len >= RK_HUGE_PAGE && thp_offered();
+}
+
+rk_status rk_mapping_open_huge(const char *path, rk_mapping *out, rk_err *err) {
+    int fd = -1;
+    size_t len = 0;
+    rk_status st = open_regular(path, &fd, &len, err);
+    if (st != RK_OK) return st;
+    if (!rk_mapping_huge_wanted(len)) {
+        close(fd);
+        return rk_mapping_open(path, out, err);
+    }
+    /* a 2 MiB-aligned anonymous range: over-allocate, trim both ends */
+    const size_t pg = (size_t)sysconf(_SC_PAGESIZE), mlen = (len + pg - 1) / pg * pg, span = mlen + RK_HUGE_PAGE;
+    char *r = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (r == MAP_FAILED) { /* no room for a copy: the file mapping still works */
+        close(fd);
+        return rk_mapping_open(path, out, err);
+    }
+    char *a = (char *)(((uintptr_t)r + RK_HUGE_PAGE - 1) & ~(uintptr_t)(RK_HUGE_PAGE - 1));
+    if (a > r) munmap(r, (size_t)(a - r));
+    if (r + span > a + mlen) munmap(a + mlen, (size_t)(r + span - (a + mlen)));
+    (void)madvise(a, mlen, MADV_HUGEPAGE); /* advice only: 4 KiB pages if refused */
+    for (size_t off = 0; off < len;) {
+        size_t want = len - off < ((size_t)1 << 30) ? len - off : ((size_t)1 << 30);
+        ssize_t got = pread(fd, a + off, want, (off_t)off);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) {
+            int e = got < 0 ? errno : 0;
+            munmap(a, mlen);
+            close(fd);
+            return e ? rk_err_set(err, RK_E_IO, "file: cannot read %s at byte %zu (%s)", path, off, strerror(e))
+                     : rk_err_set(err, RK_E_IO, "file: %s ended at byte %zu of %zu while being read (truncated?)",
+                                  path, off, len);
+        }
+        off += (size_t)got;
+    }
+    close(fd);
+    (void)mprotect(a, mlen, PROT_READ); /* read-only like the mapping; the copy is right either way */
+    *out = (rk_mapping){a, len};
     return RK_OK;
 }
 

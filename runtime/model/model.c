@@ -189,7 +189,7 @@ static rk_status bind_all(rk_model *m, rk_err *err) {
 rk_status rk_model_load(const char *path, rk_model **out, rk_err *err) {
     rk_model *m = calloc(1, sizeof *m);
     if (!m) return rk_err_set(err, RK_E_NOMEM, "model: out of memory");
-    rk_status st = rk_mapping_open(path, &m->map, err);
+    rk_status st = rk_mapping_open_huge(path, &m->map, err); /* weights on huge pages (decode bandwidth) */
     if (st) goto fail;
     if ((st = rk_gguf_parse(m->map.data, m->map.len, &m->gguf, err))) goto fail;
     if ((st = read_hparams(m, err))) goto fail;

@@ -3,6 +3,7 @@
  * read-only mapping, the bump arena and checked arithmetic. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -203,6 +204,46 @@ static void write_bytes(const char *path, const void *p, size_t n) {
     cr_assert(f, "%s", path);
     cr_assert_eq(fwrite(p, 1, n, f), n);
     fclose(f);
+}
+
+/* rk_mapping_open_huge: the same bytes as the file whichever way it went (huge-page
+ * copy where the kernel offers THP, a plain mapping otherwise or with
+ * RIDGEKV_HUGEPAGES=0), a copy aligned to 2 MiB, errors as rk_mapping_open's. */
+Test(base, mapping_on_huge_pages) {
+    char path[512];
+    cr_assert(tb_tmp_path(path, sizeof path, "rk-base-huge", ".bin"), "%s", path);
+    const size_t n = ((size_t)3 << 20) + 4099; /* not a multiple of any page */
+    unsigned char *data = malloc(n);
+    cr_assert(data);
+    for (size_t i = 0; i < n; i++) data[i] = (unsigned char)(i * 131 + (i >> 12));
+    write_bytes(path, data, n);
+    rk_err e = {0};
+    for (int off = 0; off < 2; off++) {
+        if (off) setenv("RIDGEKV_HUGEPAGES", "0", 1);
+        const bool copy = rk_mapping_huge_wanted(n);
+        if (off) cr_expect(!copy, "RIDGEKV_HUGEPAGES=0 still copies");
+        rk_mapping m = {0};
+        cr_assert_eq(rk_mapping_open_huge(path, &m, &e), RK_OK, "%s", e.msg);
+        cr_expect_eq(m.len, n);
+        cr_expect(m.data && memcmp(m.data, data, n) == 0, "bytes differ (copy %d)", copy);
+        if (copy) cr_expect_eq((uintptr_t)m.data % ((uintptr_t)2 << 20), 0, "copy not 2 MiB aligned");
+        rk_mapping_close(&m);
+        cr_expect(m.data == NULL && m.len == 0);
+    }
+    unsetenv("RIDGEKV_HUGEPAGES");
+    cr_expect(!rk_mapping_huge_wanted(4096), "a small file is copied");
+    /* a small file: a plain mapping, same bytes */
+    write_bytes(path, data, 5000);
+    rk_mapping m = {0};
+    cr_assert_eq(rk_mapping_open_huge(path, &m, &e), RK_OK, "%s", e.msg);
+    cr_expect(m.len == 5000 && memcmp(m.data, data, 5000) == 0);
+    rk_mapping_close(&m);
+    unlink(path);
+    rk_mapping keep = {(const void *)data, 1234};
+    cr_expect_eq(rk_mapping_open_huge(path, &keep, &e), RK_E_NOT_FOUND);
+    cr_expect(strstr(e.msg, path), "%s", e.msg);
+    cr_expect(keep.data == data && keep.len == 1234, "out-param written on failure");
+    free(data);
 }
 
 Test(base, mapping_of_a_file_an_empty_file_and_a_missing_one) {

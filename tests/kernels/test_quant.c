@@ -971,3 +971,49 @@ Test(quant, qdot_x4_equals_dot) {
         }
     }
 }
+
+/* dot_2w (decode: two weight rows, one activation row) is dot on each row, bit for
+ * bit, with the rows at an odd offset and a stride that is not the row size; a NaN
+ * activation makes both NaN. */
+Test(quant, qdot_2w_equals_dot) {
+    uint64_t rng = 91;
+    int checked = 0;
+    for (size_t t = 0; t < N_QDOT; t++) {
+        const uint32_t type = qdot_types[t];
+        const rk_qdot_fns *f = rk_qdot_fast(type);
+        if (!f || !f->dot_2w) continue;
+        const int64_t lens[] = {1, 2, 3, 18, 35};
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+            const int64_t n = lens[li] * f->act_block;
+            const size_t rb = row_bytes(type, n), ws = rb + 5;
+            uint8_t *mem = malloc(2 * ws + 1), *w = mem + 1;
+            cr_assert(mem);
+            for (int r = 0; r < 2; r++) {
+                void *wb;
+                const uint8_t *row = rand_row(type, n, &rng, &wb);
+                memcpy(w + r * ws, row, rb);
+                free(wb);
+            }
+            void *xb;
+            uint8_t *xq = act_alloc(f, n, &xb);
+            for (int nan = 0; nan < 2; nan++) {
+                float *x = rand_x(n, &rng);
+                if (nan) x[n / 2] = NAN;
+                f->quant_act(x, xq, n);
+                free(x);
+                float o[2];
+                f->dot_2w(w, ws, xq, n, o);
+                for (int r = 0; r < 2; r++) {
+                    const float want = f->dot(w + r * ws, xq, n);
+                    cr_assert(same_bits(o[r], want), "%s n=%lld row %d: dot_2w %a, dot %a", rk_dtype_name(type),
+                              (long long)n, r, (double)o[r], (double)want);
+                    cr_assert_eq(isnan(o[r]), nan == 1);
+                }
+                checked++;
+            }
+            free(xb);
+            free(mem);
+        }
+    }
+    if (rk_cpu_has_avx2()) cr_assert_gt(checked, 0, "no dot_2w kernel was checked");
+}

@@ -111,6 +111,17 @@ typedef struct rk_mapping {
 /* Maps the whole file read-only. Out-param written only on success. */
 rk_status rk_mapping_open(const char *path, rk_mapping *out, rk_err *err);
 void rk_mapping_close(rk_mapping *m); /* accepts a zeroed or closed mapping */
+/* Like rk_mapping_open, but for a file of at least 2 MiB, when the kernel offers
+ * transparent huge pages (madvise or always) and RIDGEKV_HUGEPAGES is not "0": the
+ * bytes are read into private anonymous memory on 2 MiB-aligned huge pages
+ * (same RSS as a fully touched mapping; the page cache copy is reclaimable).
+ * Streaming model weights from huge pages avoids a TLB miss per 4 KiB and lets
+ * the prefetchers run across pages: decode GEMV bandwidth +12-30% here
+ * (docs/BENCH.md). Otherwise (or when no such memory can be had) a plain mapping.
+ * Closed with rk_mapping_close. */
+rk_status rk_mapping_open_huge(const char *path, rk_mapping *out, rk_err *err);
+/* Whether rk_mapping_open_huge would copy a file of len bytes. */
+bool rk_mapping_huge_wanted(size_t len);
 
 /* ---- bump arena ------------------------------------------------------ */
 typedef struct rk_arena {
