@@ -107,7 +107,7 @@ rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err) {
             {"fitrows", 16, 1 << 24, NULL, &q.max_fit_rows}, {"threads", 1, 1024, NULL, &q.n_threads},
             {"topp", 0, 1, &q.topp, NULL},               {"minch", 1, 1 << 20, NULL, &q.min_chunks},
             {"krank", 1, 1 << 20, NULL, &q.key_rank},       {"pfit", 0, 1 << 24, NULL, &q.prefill_fit},
-            {"hyst", 0, 100, &q.hyst, NULL},
+            {"hyst", 0, 100, &q.hyst, NULL},            {"kslots", 1, 1 << 16, NULL, &q.kc_extra},
         };
         size_t k = 0;
         for (; k < sizeof keys / sizeof keys[0]; k++)
@@ -145,6 +145,7 @@ static rk_status resolve(rk_lowram_params *p, const rk_kv *hp, rk_err *err) {
     if (p->min_chunks <= 0) p->min_chunks = 2;
     if (p->key_rank < 0) p->key_rank = 0;
     if (p->hyst == 0) p->hyst = d.hyst;
+    if (p->kc_extra <= 0) p->kc_extra = 2;
     if (p->hyst < 0) p->hyst = 0; /* resolved: 0 is off */
     if (p->coef_type != RK_DT_F16 && p->coef_type != RK_DT_F32 && p->coef_type != RK_DT_Q8_0)
         return rk_err_set(err, RK_E_INVALID_ARG, "lowram: coefficient type %s (f16, f32 or int8)", rk_dtype_name(p->coef_type));

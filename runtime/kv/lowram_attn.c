@@ -901,7 +901,7 @@ static void kcache_free(rk_kv_codec *c) {
 /* Decode's key cache: per (layer, KV head) room for the budget's chunks and 2 more. */
 static bool kcache_alloc(rk_kv_codec *c) {
     if (c->p.dense) return true;
-    const int n = (int)((c->p.budget + c->p.chunk - 1) / c->p.chunk) + 2;
+    const int n = (int)((c->p.budget + c->p.chunk - 1) / c->p.chunk) + c->p.kc_extra;
     const size_t rows = (size_t)c->p.chunk * c->hd;
     for (int l = 0; l < c->n_layer; l++)
         for (int h = 0; h < c->n_head_kv; h++) {
