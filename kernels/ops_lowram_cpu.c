@@ -8,11 +8,60 @@
 
 #include "ops_impl.h"
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define LRK_AVX2 1
+/* y (n rows, ldy) = c (n rows of r, ldc) · B (r rows of hd, row stride ldb bytes; f16 or f32):
+ * basis rows are read as they are stored (no f32 transposed copy per call); 4 output rows ×
+ * 16 columns of accumulators per pass over the r basis rows. */
+__attribute__((target("avx2,fma,f16c"))) static inline __m256 lrk_ld8(const uint8_t *p, bool f16) {
+    return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)) : _mm256_loadu_ps((const float *)p);
+}
+__attribute__((target("avx2,fma,f16c"))) static void lrk_gemm_avx2(int64_t n, int64_t hd, int64_t r, const float *c,
+                                                                   int64_t ldc, const uint8_t *B, size_t ldb, bool f16,
+                                                                   float *y, int64_t ldy) {
+    const size_t el = f16 ? 2 : 4;
+    for (int64_t j0 = 0; j0 < n; j0 += 4) {
+        const int nj = n - j0 < 4 ? (int)(n - j0) : 4;
+        const float *cr[4];
+        for (int jj = 0; jj < 4; jj++) cr[jj] = c + (j0 + (jj < nj ? jj : 0)) * ldc;
+        int64_t i = 0;
+        for (; i + 16 <= hd; i += 16) {
+            __m256 a[4][2];
+            for (int jj = 0; jj < 4; jj++) a[jj][0] = a[jj][1] = _mm256_setzero_ps();
+            for (int64_t k = 0; k < r; k++) {
+                const uint8_t *b = B + (size_t)k * ldb + (size_t)i * el;
+                const __m256 b0 = lrk_ld8(b, f16), b1 = lrk_ld8(b + 8 * el, f16);
+                for (int jj = 0; jj < 4; jj++) {
+                    const __m256 w = _mm256_broadcast_ss(cr[jj] + k);
+                    a[jj][0] = _mm256_fmadd_ps(w, b0, a[jj][0]);
+                    a[jj][1] = _mm256_fmadd_ps(w, b1, a[jj][1]);
+                }
+            }
+            for (int jj = 0; jj < nj; jj++) {
+                _mm256_storeu_ps(y + (j0 + jj) * ldy + i, a[jj][0]);
+                _mm256_storeu_ps(y + (j0 + jj) * ldy + i + 8, a[jj][1]);
+            }
+        }
+        for (; i < hd; i++)
+            for (int jj = 0; jj < nj; jj++) {
+                float t = 0;
+                for (int64_t k = 0; k < r; k++) {
+                    const uint8_t *b = B + (size_t)k * ldb + (size_t)i * el;
+                    t += cr[jj][k] * (f16 ? _cvtsh_ss(*(const uint16_t *)b) : *(const float *)b);
+                }
+                y[(j0 + jj) * ldy + i] = t;
+            }
+    }
+}
+#endif
+
 typedef struct lrk_ctx {
     const rk_op_args *a;
     const rk_cpu_kern *k;
     const float *bt;   /* (hd, r) */
     const double *freq;
+    bool direct;       /* lrk_gemm_avx2 on the stored basis rows (bt unused) */
 } lrk_ctx;
 
 static void lrk_range(void *vp, int64_t i0, int64_t i1, int tid) {
@@ -22,8 +71,15 @@ static void lrk_range(void *vp, int64_t i0, int64_t i1, int tid) {
     const rk_rope_params *p = &a->rope;
     const int64_t r = a->src0.ne[0], hd = a->dst.ne[0];
     const int half = p->n_rot / 2;
-    x->k->gemm_nt(i1 - i0, hd, r, rk_row_f32(&a->src0, i0), (int64_t)(a->src0.nb1 / sizeof(float)), x->bt, r,
-                  rk_row_f32(&a->dst, i0), (int64_t)(a->dst.nb1 / sizeof(float)));
+#ifdef LRK_AVX2
+    if (x->direct)
+        lrk_gemm_avx2(i1 - i0, hd, r, rk_row_f32(&a->src0, i0), (int64_t)(a->src0.nb1 / sizeof(float)),
+                      (const uint8_t *)a->src1.data, a->src1.nb1, a->src1.type == RK_DT_F16, rk_row_f32(&a->dst, i0),
+                      (int64_t)(a->dst.nb1 / sizeof(float)));
+    else
+#endif
+        x->k->gemm_nt(i1 - i0, hd, r, rk_row_f32(&a->src0, i0), (int64_t)(a->src0.nb1 / sizeof(float)), x->bt, r,
+                      rk_row_f32(&a->dst, i0), (int64_t)(a->dst.nb1 / sizeof(float)));
     const float *mean = rk_row_f32(&a->src2, 0), *winv = rk_row_f32(&a->src2, 1);
     for (int64_t k = i0; k < i1; k++) {
         float *y = rk_row_f32(&a->dst, k);
@@ -58,7 +114,11 @@ rk_status rk_cpu_lr_keys(rk_backend *be, const rk_op_args *a, rk_err *err) {
     const rk_cpu_kern *k = rk_cpu_kern_of(be);
     float *bt = sh;
     float *tmp = sh + hd * r + 2 * (size_t)half + 8; /* one basis row as f32 */
-    for (int64_t j = 0; j < r; j++) {
+    bool direct = false;
+#ifdef LRK_AVX2
+    direct = rk_cpu_has_avx2();
+#endif
+    for (int64_t j = 0; j < r && !direct; j++) {
         const char *src = (const char *)a->src1.data + (size_t)j * a->src1.nb1;
         const float *row = (const float *)src;
         if (a->src1.type == RK_DT_F16) {
@@ -69,9 +129,9 @@ rk_status rk_cpu_lr_keys(rk_backend *be, const rk_op_args *a, rk_err *err) {
     }
     double *freq = (double *)(((uintptr_t)(sh + hd * r) + 7) & ~(uintptr_t)7);
     rk_rope_freqs(&a->rope, freq);
-    lrk_ctx x = {a, k, bt, freq};
-    /* serial below ~2M multiply-adds (one chunk or two of a decode step: ~100 us on one core,
-     * where waking the pool costs more than it saves on a busy machine); else 32-row tasks */
-    rk_cpu_par_for(be, n, n * r * hd < (int64_t)1 << 21 ? n : 32, lrk_range, &x);
+    lrk_ctx x = {a, k, bt, freq, direct};
+    /* serial below ~512K multiply-adds (under one 32-row chunk of a decode step, ~50 us on one
+     * core, where waking the pool costs about what it saves); else 16-row tasks */
+    rk_cpu_par_for(be, n, n * r * hd < (int64_t)1 << 19 ? n : 16, lrk_range, &x);
     return RK_OK;
 }

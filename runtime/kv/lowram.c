@@ -22,6 +22,7 @@ rk_lowram_params rk_lowram_params_default(void) {
     p.resid_share = 0.25f;
     p.resid_mass = true;
     p.budget = 512;
+    p.hyst = -1; /* off until measured (see docs/LOWRAM.md) */
     p.coef_type = RK_DT_Q8_0;
     p.resid_type = RK_DT_Q8_0;
     p.exact_type = RK_DT_F16;
@@ -106,6 +107,7 @@ rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err) {
             {"fitrows", 16, 1 << 24, NULL, &q.max_fit_rows}, {"threads", 1, 1024, NULL, &q.n_threads},
             {"topp", 0, 1, &q.topp, NULL},               {"minch", 1, 1 << 20, NULL, &q.min_chunks},
             {"krank", 1, 1 << 20, NULL, &q.key_rank},       {"pfit", 0, 1 << 24, NULL, &q.prefill_fit},
+            {"hyst", 0, 100, &q.hyst, NULL},            {"kslots", 1, 1 << 16, NULL, &q.kc_extra},
         };
         size_t k = 0;
         for (; k < sizeof keys / sizeof keys[0]; k++)
@@ -120,6 +122,7 @@ rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err) {
         else if (x != floor(x)) return bad(err, "expected an integer", v);
         else *keys[k].i = (int32_t)x;
         if (!strcmp(tok, "sinks") && x == 0) q.n_sink = -1;
+        if (!strcmp(tok, "hyst") && x == 0) q.hyst = -1;
     }
     *p = q;
     return RK_OK;
@@ -141,6 +144,9 @@ static rk_status resolve(rk_lowram_params *p, const rk_kv *hp, rk_err *err) {
     if (!(p->topp >= 0 && p->topp <= 1)) return rk_err_set(err, RK_E_INVALID_ARG, "lowram: topp %g outside [0, 1]", (double)p->topp);
     if (p->min_chunks <= 0) p->min_chunks = 2;
     if (p->key_rank < 0) p->key_rank = 0;
+    if (p->hyst == 0) p->hyst = d.hyst;
+    if (p->kc_extra <= 0) p->kc_extra = 2;
+    if (p->hyst < 0) p->hyst = 0; /* resolved: 0 is off */
     if (p->coef_type != RK_DT_F16 && p->coef_type != RK_DT_F32 && p->coef_type != RK_DT_Q8_0)
         return rk_err_set(err, RK_E_INVALID_ARG, "lowram: coefficient type %s (f16, f32 or int8)", rk_dtype_name(p->coef_type));
     if (p->resid_type == RK_DT_F32) p->resid_type = d.resid_type;

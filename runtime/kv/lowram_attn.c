@@ -31,6 +31,115 @@ LR_AI void scal(float *restrict y, float a, int n) {
     for (int i = 0; i < n; i++) y[i] *= a;
 }
 
+/* acc row j (row stride ld) += w[j] * v for every j < ns: v is read once for up to 4 rows. */
+LR_AI void axpy_rows(float *acc, size_t ld, const float *w, int ns, const float *restrict v, int n) {
+    int j = 0;
+    for (; j + 4 <= ns; j += 4) {
+        float *restrict a0 = acc + (size_t)j * ld, *restrict a1 = a0 + ld, *restrict a2 = a1 + ld, *restrict a3 = a2 + ld;
+        const float w0 = w[j], w1 = w[j + 1], w2 = w[j + 2], w3 = w[j + 3];
+        for (int i = 0; i < n; i++) {
+            const float x = v[i];
+            a0[i] += w0 * x, a1[i] += w1 * x, a2[i] += w2 * x, a3[i] += w3 * x;
+        }
+    }
+    if (ns - j == 3) {
+        float *restrict a0 = acc + (size_t)j * ld, *restrict a1 = a0 + ld, *restrict a2 = a1 + ld;
+        const float w0 = w[j], w1 = w[j + 1], w2 = w[j + 2];
+        for (int i = 0; i < n; i++) {
+            const float x = v[i];
+            a0[i] += w0 * x, a1[i] += w1 * x, a2[i] += w2 * x;
+        }
+    } else {
+        for (; j < ns; j++) axpy(acc + (size_t)j * ld, w[j], v, n);
+    }
+}
+
+/* The same with v an int8 row (the scale is in w). */
+LR_AI void axpy_rows_i8(float *acc, size_t ld, const float *w, int ns, const int8_t *restrict v, int n) {
+    int j = 0;
+    for (; j + 4 <= ns; j += 4) {
+        float *restrict a0 = acc + (size_t)j * ld, *restrict a1 = a0 + ld, *restrict a2 = a1 + ld, *restrict a3 = a2 + ld;
+        const float w0 = w[j], w1 = w[j + 1], w2 = w[j + 2], w3 = w[j + 3];
+        for (int i = 0; i < n; i++) {
+            const float x = (float)v[i];
+            a0[i] += w0 * x, a1[i] += w1 * x, a2[i] += w2 * x, a3[i] += w3 * x;
+        }
+    }
+    if (ns - j == 3) {
+        float *restrict a0 = acc + (size_t)j * ld, *restrict a1 = a0 + ld, *restrict a2 = a1 + ld;
+        const float w0 = w[j], w1 = w[j + 1], w2 = w[j + 2];
+        for (int i = 0; i < n; i++) {
+            const float x = (float)v[i];
+            a0[i] += w0 * x, a1[i] += w1 * x, a2[i] += w2 * x;
+        }
+        j += 3;
+    }
+    for (; j < ns; j++) {
+        float *restrict a = acc + (size_t)j * ld;
+        const float wj = w[j];
+        for (int i = 0; i < n; i++) a[i] += wj * (float)v[i];
+    }
+}
+
+/* acc (ns rows of stride ld, n floats each) += Σ_k w(k, j) · s_k · row_k for nb rows at
+ * rows + k·stride: int8 rows (i8: an f16 scale s_k, then n codes) or f16 rows (s_k = 1);
+ * w(k, j) = w[k·wk + j·wj]. The fused decode loops: rows are read once for every query
+ * head, 16 columns × up to 4 heads of accumulators stay in registers over 32 rows. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define LR_HAVE_ACC_AVX2 1
+enum { LR_R_I8, LR_R_F16, LR_R_F32 };
+__attribute__((target("avx2,fma,f16c"))) static inline __m256 ld8(const uint8_t *p, int ty) {
+    if (ty == LR_R_I8) return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+    if (ty == LR_R_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_loadu_ps((const float *)p);
+}
+__attribute__((target("avx2,fma,f16c"))) static void acc_rows_avx2(float *acc, size_t ld, int ns, const float *w,
+                                                                   size_t wk, size_t wj, const uint8_t *rows,
+                                                                   size_t stride, int ty, int nb, int n) {
+    const bool i8 = ty == LR_R_I8;
+    const size_t el = i8 ? 1 : ty == LR_R_F16 ? 2 : 4, hdr = i8 ? 2 : 0;
+    float ws[32 * 4];
+    for (int k0 = 0; k0 < nb; k0 += 32) {
+        const int kn = nb - k0 < 32 ? nb - k0 : 32;
+        for (int j0 = 0; j0 < ns; j0 += 4) {
+            const int nj = ns - j0 < 4 ? ns - j0 : 4;
+            for (int k = 0; k < kn; k++) {
+                const uint8_t *rw = rows + (size_t)(k0 + k) * stride;
+                const float sk = i8 ? _cvtsh_ss((unsigned short)(rw[0] | (rw[1] << 8))) : 1.0f;
+                for (int jj = 0; jj < 4; jj++)
+                    ws[k * 4 + jj] = jj < nj ? w[(size_t)(k0 + k) * wk + (size_t)(j0 + jj) * wj] * sk : 0.0f;
+            }
+            int i = 0;
+            for (; i + 16 <= n; i += 16) {
+                __m256 a[4][2];
+                for (int jj = 0; jj < 4; jj++)
+                    for (int u = 0; u < 2; u++)
+                        a[jj][u] = jj < nj ? _mm256_loadu_ps(acc + (size_t)(j0 + jj) * ld + i + 8 * u) : _mm256_setzero_ps();
+                for (int k = 0; k < kn; k++) {
+                    const uint8_t *rw = rows + (size_t)(k0 + k) * stride + hdr + (size_t)i * el;
+                    const __m256 v0 = ld8(rw, ty), v1 = ld8(rw + 8 * el, ty);
+                    for (int jj = 0; jj < 4; jj++) {
+                        const __m256 b = _mm256_set1_ps(ws[k * 4 + jj]);
+                        a[jj][0] = _mm256_fmadd_ps(b, v0, a[jj][0]);
+                        a[jj][1] = _mm256_fmadd_ps(b, v1, a[jj][1]);
+                    }
+                }
+                for (int jj = 0; jj < nj; jj++)
+                    for (int u = 0; u < 2; u++) _mm256_storeu_ps(acc + (size_t)(j0 + jj) * ld + i + 8 * u, a[jj][u]);
+            }
+            for (; i < n; i++) /* tail */
+                for (int k = 0; k < kn; k++) {
+                    const uint8_t *rw = rows + (size_t)(k0 + k) * stride + hdr;
+                    const float v = i8 ? (float)((const int8_t *)rw)[i]
+                                 : ty == LR_R_F16 ? _cvtsh_ss(((const uint16_t *)rw)[i]) : ((const float *)rw)[i];
+                    for (int jj = 0; jj < nj; jj++) acc[(size_t)(j0 + jj) * ld + i] += ws[k * 4 + jj] * v;
+                }
+        }
+    }
+}
+#endif
+
 /* One (layer, KV head, query tile) of work. State row j = local query i * grp + jj. */
 typedef struct head_task {
     rk_kv_codec *c;
@@ -43,6 +152,7 @@ typedef struct head_task {
     const int32_t *sel;      /* sparse decode: chunks chosen and rebuilt beforehand (n_sel), */
     const int32_t *slot;     /* their key-cache slots */
     int64_t n_sel;
+    bool avx2;               /* the fused decode loops may use acc_rows_avx2 */
 } head_task;
 
 LR_AI const float *q_of(const head_task *t, int j) {
@@ -173,11 +283,52 @@ LR_AI void comp_chunk(const head_task *t, int64_t ch, int kslot) {
     const int hd = c->hd, C = c->p.chunk, r = g->r;
     const int64_t r0 = ch * C;
     const int nb = g->n_rows - r0 < C ? (int)(g->n_rows - r0) : C;
-    lr_coef_rows(c, g, r0, nb, x->cf);
+    /* decode with int8 coefficients and keys rebuilt beforehand: Σ a·c straight from the
+     * int8 rows (the row's scale folded into the weights), every query head in one pass */
+    const bool i8 = kslot >= 0 && t->use_c && c->p.coef_type == RK_DT_Q8_0 && t->ns <= LR_WMAX && t->ns < LR_VREBUILD_MIN;
+    if (!i8) lr_coef_rows(c, g, r0, nb, x->cf);
     chunk_keys(t, ch, nb, kslot);
     scores(t, x->kb, nb, -1, NULL);
     const uint32_t mask = H->mask[ch];
     int64_t slot = H->base[ch];
+#ifdef LR_HAVE_ACC_AVX2
+    if (i8 && t->avx2) {
+        acc_rows_avx2(x->acc_c, (size_t)c->r_max, t->ns, x->sc, 1, (size_t)C, g->coef + (size_t)r0 * g->coef_bytes,
+                      g->coef_bytes, LR_R_I8, nb, r);
+        float w[LR_WMAX];
+        for (int k = 0; k < nb; k++) {
+            for (int j = 0; j < t->ns; j++) x->st_a[j] += w[j] = x->sc[(size_t)j * C + k];
+            if ((mask >> k) & 1u) {
+                lr_res_row(c, H, slot++, x->row);
+                axpy_rows(x->acc_v, (size_t)hd, w, t->ns, x->row, hd);
+            }
+        }
+        x->n_attended += (uint64_t)nb;
+        return;
+    }
+#endif
+    if (i8) {
+        float w[LR_WMAX];
+        for (int k = 0; k < nb; k++) {
+            const uint8_t *row = g->coef + (size_t)(r0 + k) * g->coef_bytes;
+            const float s = rk_f16_to_f32((uint16_t)(row[0] | (row[1] << 8)));
+            bool any = false;
+            for (int j = 0; j < t->ns; j++) {
+                const float a = x->sc[(size_t)j * C + k];
+                x->st_a[j] += a;
+                w[j] = a * s;
+                any |= a != 0;
+            }
+            if (any) axpy_rows_i8(x->acc_c, (size_t)c->r_max, w, t->ns, (const int8_t *)(row + 2), r);
+            if ((mask >> k) & 1u) {
+                lr_res_row(c, H, slot++, x->row);
+                for (int j = 0; j < t->ns; j++) w[j] = x->sc[(size_t)j * C + k];
+                axpy_rows(x->acc_v, (size_t)hd, w, t->ns, x->row, hd);
+            }
+        }
+        x->n_attended += (uint64_t)nb;
+        return;
+    }
     if (t->use_c && t->ns >= LR_VREBUILD_MIN) {
         /* many query rows (a long eval): rebuild the chunk's values once, V̂ = c·W + b + δ,
          * instead of r coefficients per (query, key) pair */
@@ -211,6 +362,13 @@ LR_AI void comp_chunk(const head_task *t, int64_t ch, int kslot) {
         }
     }
     x->n_attended += (uint64_t)nb;
+}
+
+/* Key-cache slot k of H holds the current keys of a chunk below n_ch. */
+LR_AI bool kc_valid(const rk_kv_codec *c, const lr_group *g, const lr_head *H, int k, int64_t n_ch) {
+    const int64_t ch = H->kc_ch[k], C = c->p.chunk;
+    if (ch < 0 || ch >= n_ch || H->kc_epoch[k] != c->epoch) return false;
+    return H->kc_rows[k] == (g->n_rows - ch * C < C ? g->n_rows - ch * C : C);
 }
 
 static int cmp_desc(const void *a, const void *b) {
@@ -250,6 +408,14 @@ LR_AI int64_t select_chunks(const head_task *t, int64_t n_ch) {
             }
         }
         x->csc[ch] = best;
+    }
+    /* hysteresis: chunks whose keys are cached (and still valid) score hyst nats higher */
+    const lr_head *H = &L->h[t->h];
+    if (c->p.hyst > 0 && !c->p.no_cache) {
+        const float bonus = c->p.hyst * sqrtf((float)hd);
+        const lr_group *g = &c->g[L->grp];
+        for (int i = 0; i < H->n_kc; i++)
+            if (kc_valid(c, g, H, i, n_ch)) x->csc[H->kc_ch[i]] += bonus;
     }
     memcpy(x->csc2, x->csc, (size_t)n_ch * sizeof(float));
     qsort(x->csc2, (size_t)n_ch, sizeof(float), cmp_desc);
@@ -391,12 +557,28 @@ LR_AI void summaries(const head_task *t, int64_t n_ch) {
         }
         if (!nb) break;
         scores(t, x->kb, nb, -1, x->bias);
-        for (int k = 0; k < nb; k++)
+#ifdef LR_HAVE_ACC_AVX2
+        if (t->use_c && t->avx2) {
+            acc_rows_avx2(x->acc_c, (size_t)c->r_max, t->ns, x->sc, 1, (size_t)C, (const uint8_t *)x->cf,
+                          (size_t)r * sizeof(float), LR_R_F32, nb, r);
+            for (int j = 0; j < t->ns; j++)
+                for (int k = 0; k < nb; k++) x->st_a[j] += x->sc[(size_t)j * C + k];
+            continue;
+        }
+#endif
+        for (int k = 0; k < nb; k++) {
+            if (t->use_c && t->ns <= LR_WMAX) {
+                float w[LR_WMAX];
+                for (int j = 0; j < t->ns; j++) x->st_a[j] += w[j] = x->sc[(size_t)j * C + k];
+                axpy_rows(x->acc_c, (size_t)c->r_max, w, t->ns, x->cf + (size_t)k * r, r);
+                continue;
+            }
             for (int j = 0; j < t->ns; j++) {
                 const float w = x->sc[(size_t)j * C + k];
                 if (t->use_c) axpy(x->acc_c + (size_t)j * c->r_max, w, x->cf + (size_t)k * r, r);
                 x->st_a[j] += w;
             }
+        }
     }
 }
 
@@ -414,7 +596,9 @@ LR_AI void head_run(head_task *t) {
     const int64_t last = t->pos0 + t->ns / t->grp; /* one past the last query position */
     const int off = L->li * c->kvd + t->h * hd;
     if (!t->slot) lr_mat_f32(c, g->basis, (size_t)g->D, 0, g->r, off, hd, x->bsl);
-    if (t->use_c) lr_mat_f32(c, L->W, (size_t)c->kvd, 0, g->r, t->h * hd, hd, x->wsl);
+    /* decode: W is applied row by row at the end (no f32 copy of it per step) */
+    const bool fuse_w = t->use_c && t->sparse && t->ns < LR_VREBUILD_MIN && t->ns <= LR_WMAX;
+    if (t->use_c && !fuse_w) lr_mat_f32(c, L->W, (size_t)c->kvd, 0, g->r, t->h * hd, hd, x->wsl);
     plain_rows(t, 0, c->p.n_sink < last ? c->p.n_sink : last);
     const int64_t n_ch = (g->n_rows + c->p.chunk - 1) / c->p.chunk;
     if (t->sparse) {
@@ -430,10 +614,24 @@ LR_AI void head_run(head_task *t) {
         for (int64_t ch = 0; ch < n_ch; ch++) comp_chunk(t, ch, -1);
     }
     plain_rows(t, c->comp_end, last);
+#ifdef LR_HAVE_ACC_AVX2
+    if (fuse_w && t->avx2 && !c->wide) {
+        acc_rows_avx2(x->acc_v, (size_t)hd, t->ns, x->acc_c, 1, (size_t)c->r_max,
+                      (const uint8_t *)((const uint16_t *)L->W + (size_t)t->h * hd), (size_t)c->kvd * 2, LR_R_F16, g->r, hd);
+    } else
+#endif
+    if (fuse_w) { /* acc_v += (Σ a·c) W, one f16 row of W at a time for every query head */
+        float w[LR_WMAX];
+        for (int k = 0; k < g->r; k++) {
+            for (int j = 0; j < t->ns; j++) w[j] = x->acc_c[(size_t)j * c->r_max + k];
+            lr_mat_f32(c, L->W, (size_t)c->kvd, k, 1, t->h * hd, hd, x->row);
+            axpy_rows(x->acc_v, (size_t)hd, w, t->ns, x->row, hd);
+        }
+    }
     for (int j = 0; j < t->ns; j++) {
         float *o = t->out + (t->i0 + j / t->grp) * qd + (size_t)(t->h * t->grp + j % t->grp) * hd;
         float *av = x->acc_v + (size_t)j * hd;
-        if (t->use_c) {
+        if (t->use_c && !fuse_w) {
             rk_linalg_matmul(1, hd, g->r, x->acc_c + (size_t)j * c->r_max, g->r, x->wsl, hd, o, hd);
             axpy(av, 1.0f, o, hd);
         }
@@ -467,7 +665,7 @@ static void attn_worker(void *vp, int tid, int nt) {
         const int64_t tile = it / c->n_head_kv, i0 = tile * a->tile;
         const int64_t ni = a->n_q - i0 < a->tile ? a->n_q - i0 : a->tile;
         head_task t = {c, &c->scr[tid], a->l, (int)(it % c->n_head_kv), grp, (int)(ni * grp), i0, a->pos0 + i0,
-                       a->q, a->out, a->sparse, !c->p.values_exact, NULL, NULL, 0};
+                       a->q, a->out, a->sparse, !c->p.values_exact, NULL, NULL, 0, a->avx2};
 #ifdef LR_HAVE_AVX2_CLONES
         if (a->avx2) {
             head_run_avx2(&t);
@@ -495,7 +693,7 @@ static void dec_worker(void *vp, int tid, int nt) {
     for (int h = tid; h < c->n_head_kv; h += nt) {
         const size_t o = (size_t)h * (size_t)c->cap_chunks;
         head_task t = {c, &c->scr[tid], a->l, h, grp, (int)(a->n_q * grp), 0, a->pos0, a->q, a->out, true,
-                       !c->p.values_exact, c->dsel + o, c->dslot + o, c->dn[h]};
+                       !c->p.values_exact, c->dsel + o, c->dslot + o, c->dn[h], a->avx2};
 #ifdef LR_HAVE_AVX2_CLONES
         if (a->avx2) {
             head_run_avx2(&t);
@@ -515,6 +713,27 @@ __attribute__((target("avx2,fma,f16c"))) static void select_avx2(head_task *t, i
 }
 #endif
 
+#ifdef LR_HAVE_AVX2_CLONES
+#include <immintrin.h>
+__attribute__((target("avx2,f16c"))) static void store_f16_avx2(const float *src, uint16_t *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) dst[i] = rk_f32_to_f16(src[i]);
+}
+#endif
+/* n floats into f16 (round to nearest even, as rk_f32_to_f16) */
+static void store_f16(const float *src, uint16_t *dst, int64_t n, bool avx2) {
+#ifdef LR_HAVE_AVX2_CLONES
+    if (avx2) {
+        store_f16_avx2(src, dst, n);
+        return;
+    }
+#endif
+    (void)avx2;
+    for (int64_t i = 0; i < n; i++) dst[i] = rk_f32_to_f16(src[i]);
+}
+
 /* Sparse decode (<= LR_SPARSE_MAX_Q query rows): per KV head, choose the chunks, find them
  * in the key cache or give them a slot, rebuild the missing ones in one RK_OP_LR_KEYS run
  * on the backend (its threads), then attend (heads over the codec's pool). */
@@ -529,7 +748,7 @@ static rk_status sparse_decode(rk_kv_codec *c, int layer, const float *q, int64_
     const rk_quant_fns *f16 = rk_quant_fast(RK_DT_F16);
     lr_scratch *x = &c->scr[0];
     for (int h = 0; h < c->n_head_kv; h++) {
-        head_task t = {c, x, layer, h, grp, (int)(n_q * grp), 0, pos0, q, out, true, !c->p.values_exact, NULL, NULL, 0};
+        head_task t = {c, x, layer, h, grp, (int)(n_q * grp), 0, pos0, q, out, true, !c->p.values_exact, NULL, NULL, 0, avx2};
         int64_t n = 0;
 #ifdef LR_HAVE_AVX2_CLONES
         if (avx2) select_avx2(&t, n_ch, &n);
@@ -543,25 +762,48 @@ static rk_status sparse_decode(rk_kv_codec *c, int layer, const float *q, int64_
         lr_head *H = &c->ly[layer].h[h];
         int64_t rows = 0;
         int n_miss = 0;
+        /* first the hits (so that no chosen chunk is evicted by another one's miss) */
         for (int64_t i = 0; i < n; i++) {
             const int64_t ch = sel[i];
             const int nb = g->n_rows - ch * C < C ? (int)(g->n_rows - ch * C) : C;
-            int s = -1;
+            slot[i] = -1;
             if (!c->p.no_cache)
-                for (int k = 0; k < H->n_kc && s < 0; k++)
-                    if (H->kc_ch[k] == ch && H->kc_rows[k] == nb && H->kc_epoch[k] == c->epoch) s = k;
-            if (s < 0) {
                 for (int k = 0; k < H->n_kc; k++)
-                    if (H->kc_used[k] != c->n_calls && (s < 0 || H->kc_used[k] < H->kc_used[s])) s = k;
-                if (s < 0) return rk_err_set(err, RK_E_INTERNAL, "lowram: no free key-cache slot (%d)", H->n_kc);
-                H->kc_ch[s] = (int32_t)ch, H->kc_rows[s] = nb, H->kc_epoch[s] = c->epoch;
-                lr_coef_rows(c, g, ch * C, nb, c->bcf + (size_t)rows * r);
-                for (int k = 0; k < nb; k++) c->bpos[rows + k] = g->pos[ch * C + k];
-                c->bmiss[n_miss++] = s;
-                rows += nb;
+                    if (H->kc_ch[k] == ch && H->kc_rows[k] == nb && H->kc_epoch[k] == c->epoch) {
+                        slot[i] = k, H->kc_used[k] = c->n_calls;
+                        break;
+                    }
+        }
+        /* then the misses, each over an empty or stale slot, else over the unchosen cached chunk
+         * of the lowest score now (x->csc: this head's scores from the selection) */
+        for (int64_t i = 0; i < n; i++) {
+            if (slot[i] >= 0) continue;
+            const int64_t ch = sel[i];
+            const int nb = g->n_rows - ch * C < C ? (int)(g->n_rows - ch * C) : C;
+            int s = -1;
+            float best = INFINITY;
+            for (int k = 0; k < H->n_kc; k++) {
+                if (H->kc_used[k] == c->n_calls) continue;
+                const float v = c->p.topp > 0 || n >= n_ch || !kc_valid(c, g, H, k, n_ch) ? -INFINITY : x->csc[H->kc_ch[k]];
+                if (s < 0 || v < best || (v == best && H->kc_used[k] < H->kc_used[s])) s = k, best = v;
             }
+            if (s < 0) return rk_err_set(err, RK_E_INTERNAL, "lowram: no free key-cache slot (%d)", H->n_kc);
+            H->kc_ch[s] = (int32_t)ch, H->kc_rows[s] = nb, H->kc_epoch[s] = c->epoch;
+            lr_coef_rows(c, g, ch * C, nb, c->bcf + (size_t)rows * r);
+            for (int k = 0; k < nb; k++) c->bpos[rows + k] = g->pos[ch * C + k];
+            c->bmiss[n_miss++] = s;
+            rows += nb;
             H->kc_used[s] = c->n_calls;
             slot[i] = s;
+        }
+        /* with hyst: every other chunk still valid in the cache is attended exactly too (its
+         * keys cost nothing now; it replaces that chunk's summary row). Like the hysteresis
+         * itself this makes a step depend on the cache's history, not only on the stored rows
+         * (an imported state or a replay after truncation may decode slightly differently). */
+        for (int k = 0; k < H->n_kc && !c->p.no_cache && c->p.hyst > 0; k++) {
+            if (H->kc_used[k] == c->n_calls || !kc_valid(c, g, H, k, n_ch)) continue;
+            sel[n] = H->kc_ch[k], slot[n] = k;
+            c->dn[h] = ++n;
         }
         if (!rows) continue;
         const size_t off = (size_t)L->li * c->kvd + (size_t)h * hd, el = c->wide ? 4 : 2;
@@ -582,8 +824,7 @@ static rk_status sparse_decode(rk_kv_codec *c, int layer, const float *q, int64_
         int64_t r0 = 0;
         for (int m = 0; m < n_miss; m++) {
             const int s = c->bmiss[m], nb = H->kc_rows[s];
-            uint16_t *dst = H->kc + (size_t)s * C * hd;
-            for (int64_t i = 0; i < (int64_t)nb * hd; i++) dst[i] = rk_f32_to_f16(c->bkb[(size_t)r0 * hd + i]);
+            store_f16(c->bkb + (size_t)r0 * hd, H->kc + (size_t)s * C * hd, (int64_t)nb * hd, avx2);
             r0 += nb;
         }
         x->n_rebuilt += (uint64_t)rows;
@@ -660,7 +901,7 @@ static void kcache_free(rk_kv_codec *c) {
 /* Decode's key cache: per (layer, KV head) room for the budget's chunks and 2 more. */
 static bool kcache_alloc(rk_kv_codec *c) {
     if (c->p.dense) return true;
-    const int n = (int)((c->p.budget + c->p.chunk - 1) / c->p.chunk) + 2;
+    const int n = (int)((c->p.budget + c->p.chunk - 1) / c->p.chunk) + c->p.kc_extra;
     const size_t rows = (size_t)c->p.chunk * c->hd;
     for (int l = 0; l < c->n_layer; l++)
         for (int h = 0; h < c->n_head_kv; h++) {

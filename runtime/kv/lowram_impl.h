@@ -83,6 +83,8 @@ enum { LR_TILE = 512, LR_SPARSE_MAX_Q = 4 };
 /* state rows (query rows x query heads per KV head) from which a dense eval rebuilds each
  * chunk's values (r x head_dim per row) rather than accumulating r coefficients per pair */
 enum { LR_VREBUILD_MIN = 24 };
+/* most state rows (query rows x query heads per KV head) of the fused decode loops */
+enum { LR_WMAX = 64 };
 
 typedef struct rk_kv_codec rk_kv_codec;
 struct rk_kv_codec {

@@ -347,6 +347,35 @@ Test(lowram, decode_stays_close_to_exact) {
     rk_model_destroy(m);
 }
 
+/* The decode key cache changes what is rebuilt, never a result: more slots (kslots) give the
+ * same logits bit for bit with fewer rebuilt rows. hyst (sticky selection) rebuilds fewer rows
+ * than the default and stays as close to exact as the default's bound. */
+Test(lowram, key_cache_slots_and_hysteresis) {
+    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    const int nv = rk_model_hparams(m)->n_vocab, n_story = 220, n_prefix = 100, n_dec = 40;
+    const int n_prompt = 1 + n_story + n_prefix;
+    int32_t *ids = copy_prompt(m, n_story, n_prefix, n_dec);
+    rk_session *ex = session(m, RK_DT_F16, NULL);
+    rk_session *d = session(m, RK_DT_F16, "window=64,budget=96,chunk=16");
+    rk_session *k = session(m, RK_DT_F16, "window=64,budget=96,chunk=16,kslots=40");
+    rk_session *h = session(m, RK_DT_F16, "window=64,budget=96,chunk=16,hyst=1");
+    float *a = trace(ex, ids, n_prompt, n_dec, nv), *ld = trace(d, ids, n_prompt, n_dec, nv);
+    float *lk = trace(k, ids, n_prompt, n_dec, nv), *lh = trace(h, ids, n_prompt, n_dec, nv);
+    rk_lowram_stats sd, sk, sh;
+    rk_session_lowram_stats(d, &sd), rk_session_lowram_stats(k, &sk), rk_session_lowram_stats(h, &sh);
+    const double diff = rt_max_abs_diff(ld, lk, (size_t)(n_dec + 1) * nv), kl = rt_mean_kl(a, lh, n_dec + 1, nv);
+    cr_log_info("rebuilt rows: default %llu, kslots=40 %llu (logits differ by %g), hyst=1 %llu (KL %.5f)",
+                (unsigned long long)sd.rows_rebuilt, (unsigned long long)sk.rows_rebuilt, diff,
+                (unsigned long long)sh.rows_rebuilt, kl);
+    cr_expect_eq(diff, 0.0, "kslots changed the logits by %g", diff);
+    cr_expect_lt(sk.rows_rebuilt, sd.rows_rebuilt);
+    cr_expect_lt(sh.rows_rebuilt, sd.rows_rebuilt);
+    cr_expect_lt(kl, 0.02, "hyst=1 KL %g", kl);
+    free(a), free(ld), free(lk), free(lh), free(ids);
+    rk_session_destroy(ex), rk_session_destroy(d), rk_session_destroy(k), rk_session_destroy(h);
+    rk_model_destroy(m);
+}
+
 /* Truncation: (1) a cut inside the compressed rows, with a lossless codec (full rank, f32
  * coefficients, all residuals f16): replaying the tokens through the compressed rows gives
  * the first run's logits to within twice the f16/f32 cache distance; wrong bookkeeping
