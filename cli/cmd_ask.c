@@ -222,6 +222,12 @@ int cmd_ask(int argc, char **argv) {
                     "answer %lld tokens in %.2f s (%.1f tok/s)\n",
             (long long)r.n_prefill, r.prefill_s, r.prefill_tok_s, r.ttft_s >= 0 ? r.ttft_s : r.prefill_s,
             (long long)r.n_gen, r.decode_s, r.decode_tok_s);
+    rk_fill_rescore_stats rs;
+    rk_session_fill_rescore_stats(s, &rs);
+    if (rs.calls > 0) /* quality mode: the question chose the documents' exact rows again (prefill.c) */
+        fprintf(stderr, "ridgekv ask: re-scored %lld document rows for the question: %lld changed, %lld recomputed "
+                        "exactly, %lld refilled, in %.2f s\n",
+                (long long)rs.scored, (long long)rs.changed, (long long)rs.recomputed, (long long)rs.refilled, rs.seconds);
     if (o.verbose) cli_gen_verbose("ask", s, &o, &r);
     rc = stopped ? 130 : RK_EXIT_OK;
     goto done;

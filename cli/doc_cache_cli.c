@@ -125,6 +125,7 @@ rk_status cli_doc_prefix(const cli_opts *o, const char *cmd, rk_doc_cache *c, co
             out->read_s = rk_time_now() - t0;
             if (progress) progress(ud, (int64_t)p, (int64_t)n_ids);
             fprintf(stderr, "ridgekv %s: reused cached KV for %s (%lld tokens)\n", cmd, label, (long long)n);
+            if (rk_doc_stream_load(c, key, s, &e) && e.code != RK_E_NOT_FOUND) fprintf(stderr, "ridgekv %s: %s\n", cmd, e.msg);
             if (o->verbose) verbose_io(cmd, "loaded", c, key);
             return RK_OK;
         }
@@ -152,6 +153,7 @@ rk_status cli_doc_prefix(const cli_opts *o, const char *cmd, rk_doc_cache *c, co
         if (rk_doc_cache_save(c, key, m, &kvp, s, (int64_t)p, label, &e))
             fprintf(stderr, "ridgekv %s: %s; the answer does not depend on it\n", cmd, e.msg);
         else if (o->verbose) verbose_io(cmd, "saved", c, key);
+        if (rk_doc_stream_save(c, key, s, &e)) fprintf(stderr, "ridgekv %s: %s; the answer does not depend on it\n", cmd, e.msg);
     }
     return RK_OK;
 }

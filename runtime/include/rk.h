@@ -358,6 +358,7 @@ typedef struct rk_fill_params {
                                   rows) is subtracted, so rows every query attends to (punctuation
                                   sinks) do not win (0: obs; < 0: none) */
     bool question_aware;       /* speed/identity/plumb: select as quality does (tests, studies) */
+    bool keep_selection;       /* a later eval call does not re-score the kept bulk rows (below) */
 } rk_fill_params;
 
 /* Applies to the following rk_session_eval calls. */
@@ -376,6 +377,33 @@ const rk_session_counters *rk_session_get_counters(const rk_session *s);
  * included; rows outside its bulk region are not counted); -1 when no eval call of this
  * session has made a selection. Eval uses it to say whether a needle was kept. */
 int64_t rk_session_fill_kept(const rk_session *s, int64_t row0, int64_t n);
+/* Re-scoring (issue 10 item 4): a question-aware call keeps its bulk rows' split stream
+ * (f16). A later eval call of >= 2 rows with no bulk rows of its own (the question after a
+ * document, also one loaded from the document cache) runs layers 0..S-1 over its rows,
+ * scores the kept rows by its last `obs` rows, and, from the first row whose status
+ * changes, recomputes the newly selected rows exactly through the late layers and gives
+ * dropped ones their predicted K/V again: the cache then holds what that selection would
+ * have made of the kept rows. Plain f16/f32/q8 caches without a budget only. */
+typedef struct rk_fill_rescore_stats {
+    int64_t calls;       /* eval calls that re-scored */
+    int64_t scored;      /* rows scored by the last one */
+    int64_t changed;     /* rows whose status it changed */
+    int64_t recomputed;  /* rows it ran exactly through the late layers */
+    int64_t refilled;    /* rows it gave predicted K/V again */
+    double seconds;      /* its scoring + recomputation time (without the call's own rows) */
+} rk_fill_rescore_stats;
+void rk_session_fill_rescore_stats(const rk_session *s, rk_fill_rescore_stats *out);
+/* The kept stream (borrowed; valid until the next eval, truncate or set), or false. */
+typedef struct rk_fill_stream {
+    int64_t row0, n;        /* bulk rows [row0, row0 + n) */
+    int32_t n_embd, split;
+    const uint16_t *x;      /* (n, n_embd) f16 split stream */
+    const float *base;      /* (n) baseline attention per query row */
+    const uint8_t *keep;    /* (n) the selection the cache holds */
+} rk_fill_stream;
+bool rk_session_fill_stream(const rk_session *s, rk_fill_stream *out);
+/* Copies a stream in (document cache load): rows must lie in [0, n_past), n_embd match. */
+rk_status rk_session_fill_stream_set(rk_session *s, const rk_fill_stream *in, rk_err *err);
 
 /* Model fingerprint: architecture, shapes, tokenizer hash and a hash of selected
  * weight tensors (hex string, 16 chars each part). */

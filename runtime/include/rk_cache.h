@@ -77,3 +77,13 @@ typedef struct rk_doc_cache_stats {
     bool direct;
 } rk_doc_cache_stats;
 void rk_doc_cache_last(const rk_doc_cache *c, rk_doc_cache_stats *out);
+
+/* ---- the kept split stream of a cached document (runtime/cache/doc_stream.c) ---------- */
+/* Saves the session's kept stream (rk_session_fill_stream) as <dir>/<key>.rkxs beside the
+ * entry (checksummed, atomic); RK_OK and nothing written when the session keeps none. */
+rk_status rk_doc_stream_save(rk_doc_cache *c, const char *key, const rk_session *s, rk_err *err);
+/* After rk_doc_cache_load of the same key: gives the session the stream, so the next
+ * question re-scores the document's rows. RK_E_NOT_FOUND when there is none; a corrupt or
+ * foreign file is removed and named (RK_E_FORMAT); the session's KV is left as it is. */
+rk_status rk_doc_stream_load(rk_doc_cache *c, const char *key, rk_session *s, rk_err *err);
+rk_status rk_doc_stream_remove(rk_doc_cache *c, const char *key, rk_err *err);

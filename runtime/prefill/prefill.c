@@ -82,7 +82,36 @@ static rk_status run_layers(pass *q, int lo, int hi, float *x_split, rk_err *err
 
 /* After the early layers: scores the bulk rows by the question's attention at the layers
  * [q_lo, q_hi) and fills s->keep (sinks + the top keep_share of the other bulk rows). */
-static rk_status select_rows(pass *q, rk_err *err) {
+/* Keeps the bulk rows' split stream (f16) and the baseline attention for re-scoring. */
+static rk_status keep_stream(pass *q, float *x_split, const float *base, int64_t r0, rk_err *err) {
+    rk_session *s = q->s;
+    const int64_t nb = q->bulk_end - q->start, d = s->m->hp.n_embd;
+    free(s->xs_keep), free(s->xs_base);
+    if (s->fill.keep_selection) { /* no re-scoring: nothing kept, the stream stays f32 */
+        s->xs_keep = NULL, s->xs_base = NULL, s->xs_lo = s->xs_hi = 0;
+        return RK_OK;
+    }
+    s->xs_keep = malloc((size_t)(nb * d) * sizeof(uint16_t));
+    s->xs_base = calloc((size_t)nb, sizeof(float));
+    s->xs_lo = s->xs_hi = 0;
+    if (!s->xs_keep || !s->xs_base) {
+        free(s->xs_keep), free(s->xs_base);
+        s->xs_keep = NULL, s->xs_base = NULL;
+        return rk_err_set(err, RK_E_NOMEM, "prefill: no memory to keep the split stream of %lld rows", (long long)nb);
+    }
+    /* the late layers of this call read the rounded stream too, so that rows a later
+     * question recomputes or refills from the kept copy match rows it leaves alone */
+    for (int64_t i = 0; i < nb * d; i++) {
+        s->xs_keep[i] = rk_f32_to_f16(x_split[i]);
+        x_split[i] = rk_f16_to_f32(s->xs_keep[i]);
+    }
+    if (base && q->n_base > 0)
+        for (int64_t j = r0; j < q->bulk_end; j++) s->xs_base[j - q->start] = base[j - r0] / (float)q->n_base;
+    s->xs_lo = q->start, s->xs_hi = q->bulk_end, s->xs_split = rk_plan_split(s);
+    return RK_OK;
+}
+
+static rk_status select_rows(pass *q, float *x_split, rk_err *err) {
     rk_session *s = q->s;
     const rk_fill_params *f = &s->fill;
     const int64_t nb = q->bulk_end - q->start;
@@ -94,7 +123,7 @@ static rk_status select_rows(pass *q, rk_err *err) {
     for (; r0 < q->bulk_end && r0 < f->n_sink; r0++) s->keep[r0 - q->start] = 1;
     const int64_t n_sc = q->bulk_end - r0;
     const int64_t n_keep = (int64_t)llround((double)f->keep_share * (double)n_sc);
-    if (n_sc <= 0 || n_keep <= 0) return RK_OK;
+    if (n_sc <= 0 || n_keep <= 0) return keep_stream(q, x_split, NULL, r0, err);
     float *score = calloc((size_t)n_sc, sizeof(float));
     if (!score) return rk_err_set(err, RK_E_NOMEM, "prefill: no memory to score %lld rows", (long long)n_sc);
     const int64_t qd = (int64_t)s->m->hp.n_head * s->m->hp.head_dim;
@@ -107,6 +136,7 @@ static rk_status select_rows(pass *q, rk_err *err) {
         st = rk_select_score(s, l, ql + q->n_base * qd, nq, q->q_pos0 + q->n_base, r0, q->bulk_end, score, err);
         if (!st && base) st = rk_select_score(s, l, ql, q->n_base, q->q_pos0, r0, q->bulk_end, base, err);
     }
+    if (!st) st = keep_stream(q, x_split, base, r0, err);
     /* what the question pays a row beyond what any text row pays it */
     if (!st && base)
         for (int64_t j = 0; j < n_sc; j++) {
@@ -119,6 +149,110 @@ static rk_status select_rows(pass *q, rk_err *err) {
     return st;
 }
 
+/* Whether this call re-scores the kept rows: a question-aware session whose last selecting
+ * call kept a stream wholly before this call, this call has no bulk rows of its own and
+ * is not a decode step, the cache can take rewritten rows. */
+static bool can_rescore(const rk_session *s, const pass *q, int split) {
+    const rk_fill_params *f = &s->fill;
+    if (s->xs_keep && s->xs_hi > q->start) { /* truncated below the kept rows: the stream is stale */
+        rk_session *w = (rk_session *)s;
+        free(w->xs_keep), free(w->xs_base);
+        w->xs_keep = NULL, w->xs_base = NULL, w->xs_lo = w->xs_hi = 0;
+    }
+    return s->xs_keep && f->question_aware && f->layer_major && !f->keep_selection && f->mode != RK_FILL_OFF &&
+           q->bulk_end == q->start && q->n >= 2 && split > 0 && split < s->m->hp.n_layer && split == s->xs_split &&
+           s->keep && s->keep_lo == s->xs_lo && s->keep_hi == s->xs_hi && s->xs_hi > s->xs_lo &&
+           s->p.kv.kind != RK_KV_LOWRAM && !s->p.kv.budget && !s->splice_src;
+}
+
+/* The kept rows again, for this call's question: score them by its last obs rows (queries
+ * in q->q_keep), then, from the first row whose status changes, run each run of rows that
+ * are newly or still selected (exact) or dropped (predicted K/V again) through the late
+ * layers, in position order so that every exact row attends to the keys the new selection
+ * gives its prefix. Rows whose status and prefix did not change keep their K/V. */
+static rk_status rescore(pass *q, int split, rk_err *err) {
+    rk_session *s = q->s;
+    const rk_fill_params *f = &s->fill;
+    const rk_hparams *hp = &s->m->hp;
+    const int64_t d = hp->n_embd, lo = s->xs_lo, hi = s->xs_hi, nb = hi - lo;
+    const double t0 = rk_time_now();
+    int64_t r0 = lo < f->n_sink ? f->n_sink : lo;
+    if (r0 > hi) r0 = hi;
+    const int64_t n_sc = hi - r0, n_keep = (int64_t)llround((double)f->keep_share * (double)n_sc);
+    uint8_t *nk = calloc((size_t)nb, 1);
+    float *score = calloc((size_t)(n_sc > 0 ? n_sc : 1), sizeof(float));
+    float *xin = malloc((size_t)s->p.n_batch * (size_t)d * sizeof(float));
+    rk_status st = RK_OK;
+    if (!nk || !score || !xin) st = rk_err_set(err, RK_E_NOMEM, "prefill: no memory to re-score %lld rows", (long long)nb);
+    for (int64_t j = lo; j < r0 && !st; j++) nk[j - lo] = 1;
+    const int64_t qd = (int64_t)hp->n_head * hp->head_dim;
+    for (int l = q->q_lo; l < q->q_hi && !st && n_sc > 0 && n_keep > 0; l++)
+        st = rk_select_score(s, l, q->q_keep + (int64_t)(l - q->q_lo) * q->q_n * qd, q->q_n, q->q_pos0, r0, hi, score,
+                             err);
+    if (!st && n_sc > 0 && n_keep > 0) {
+        for (int64_t j = 0; j < n_sc; j++) {
+            const float c = score[j] - (float)q->q_n * s->xs_base[r0 - lo + j];
+            score[j] = c > 0.0f ? c : 0.0f;
+        }
+        st = rk_select_top(score, n_sc, f->pool, n_keep, nk + (r0 - lo), err);
+    }
+    int64_t first = nb, changed = 0, recomputed = 0, refilled = 0;
+    for (int64_t j = 0; j < nb && !st; j++)
+        if (nk[j] != s->keep[j]) {
+            changed++;
+            if (first == nb) first = j;
+        }
+    /* the old selection, then the new one in its place (plan.c reads s->keep) */
+    uint8_t *old = s->keep;
+    if (!st) s->keep = nk, nk = old;
+    s->selecting = !st;
+    for (int64_t j = first; j < nb && !st;) {
+        if (!s->keep[j] && !nk[j]) { /* filled before and after, prefix irrelevant: its K/V stand */
+            j++;
+            continue;
+        }
+        int64_t c = 0;
+        while (j + c < nb && c < s->p.n_batch && (s->keep[j + c] || nk[j + c])) c++;
+        for (int64_t i = 0; i < c * d; i++) xin[i] = rk_f16_to_f32(s->xs_keep[(j * d) + i]);
+        for (int64_t i = 0; i < c; i++) s->keep[j + i] ? recomputed++ : refilled++;
+        rk_chunk_plan p;
+        rk_plan_chunk(s, lo + j, c, hi, split, hp->n_layer, &p);
+        p.x_in = xin;
+        st = rk_forward_chunk(s, &p, s->tokens + lo + j, NULL, false, err);
+        j += c;
+    }
+    s->selecting = false;
+    free(nk), free(score), free(xin);
+    if (st) return rk_err_wrap(err, "prefill: re-scoring %lld kept rows for the question", (long long)nb);
+    s->rescore = (rk_fill_rescore_stats){s->rescore.calls + 1, n_sc, changed, recomputed, refilled,
+                                         rk_time_now() - t0};
+    return RK_OK;
+}
+
+/* This call's rows through layers 0..S-1, the kept rows re-scored by its question, then
+ * its rows through the late layers (all exact: the call has no bulk rows). */
+static rk_status rescore_run(pass *q, int split, rk_err *err) {
+    rk_session *s = q->s;
+    const rk_hparams *hp = &s->m->hp;
+    float *x_split = malloc(q->n * (size_t)hp->n_embd * sizeof(float));
+    q->q_n = s->fill.obs < (int64_t)q->n ? s->fill.obs : (int64_t)q->n;
+    q->n_base = 0; /* the text rows' attention was kept with the stream */
+    q->q_pos0 = q->start + (int64_t)q->n - q->q_n;
+    q->q_hi = split - s->fill.score_skip;
+    q->q_lo = q->q_hi - s->fill.score_layers;
+    q->q_keep = malloc((size_t)(q->q_hi - q->q_lo) * (size_t)q->q_n * (size_t)hp->n_head * (size_t)hp->head_dim *
+                       sizeof(float));
+    rk_status st = RK_OK;
+    if (!x_split || !q->q_keep) st = rk_err_set(err, RK_E_NOMEM, "prefill: no memory to re-score for %zu rows", q->n);
+    if (!st) st = run_layers(q, 0, split, x_split, err);
+    if (!st) st = rescore(q, split, err);
+    free(q->q_keep);
+    q->q_keep = NULL;
+    if (!st) st = run_layers(q, split, hp->n_layer, x_split, err);
+    free(x_split);
+    return st;
+}
+
 rk_status rk_prefill_run(rk_session *s, const int32_t *ids, size_t n, float *logits, bool all_rows, rk_err *err) {
     const rk_hparams *hp = &s->m->hp;
     pass q = {.s = s, .ids = ids, .n = n, .start = s->n_past, .bulk_end = s->n_past, .logits = logits,
@@ -127,6 +261,7 @@ rk_status rk_prefill_run(rk_session *s, const int32_t *ids, size_t n, float *log
     if (s->fill.mode != RK_FILL_OFF) q.bulk_end = q.start + (int64_t)n - s->fill.tail;
     if (q.bulk_end < q.start) q.bulk_end = q.start;
     const int split = rk_plan_split(s);
+    if (can_rescore(s, &q, split)) return rescore_run(&q, split, err);
     if (!s->fill.layer_major || q.bulk_end == q.start || split <= 0 || split >= hp->n_layer)
         return run_layers(&q, 0, hp->n_layer, NULL, err);
     /* (n, n_embd) split stream of every row: the price of the layer-major phase */
@@ -148,7 +283,7 @@ rk_status rk_prefill_run(rk_session *s, const int32_t *ids, size_t n, float *log
         if (!q.q_keep) st = rk_err_set(err, RK_E_NOMEM, "prefill: no memory for the question's queries");
     }
     if (!st) st = run_layers(&q, 0, split, x_split, err);
-    if (!st && q.q_keep) st = select_rows(&q, err);
+    if (!st && q.q_keep) st = select_rows(&q, x_split, err);
     s->selecting = !st && q.q_keep;
     if (!st) st = run_layers(&q, split, hp->n_layer, x_split, err);
     s->selecting = false; /* the selection stays readable: rk_session_fill_kept */
@@ -162,4 +297,42 @@ int64_t rk_session_fill_kept(const rk_session *s, int64_t row0, int64_t n) {
     int64_t k = 0;
     for (int64_t r = row0 < s->keep_lo ? s->keep_lo : row0; r < row0 + n && r < s->keep_hi; r++) k += s->keep[r - s->keep_lo];
     return k;
+}
+
+void rk_session_fill_rescore_stats(const rk_session *s, rk_fill_rescore_stats *out) { *out = s->rescore; }
+
+bool rk_session_fill_stream(const rk_session *s, rk_fill_stream *out) {
+    memset(out, 0, sizeof *out);
+    if (!s->xs_keep || !s->keep || s->keep_lo != s->xs_lo || s->keep_hi != s->xs_hi || s->xs_hi > s->n_past)
+        return false;
+    *out = (rk_fill_stream){s->xs_lo, s->xs_hi - s->xs_lo, (int32_t)s->m->hp.n_embd, s->xs_split, s->xs_keep,
+                            s->xs_base, s->keep};
+    return true;
+}
+
+rk_status rk_session_fill_stream_set(rk_session *s, const rk_fill_stream *in, rk_err *err) {
+    const int64_t d = s->m->hp.n_embd;
+    if (in->n_embd != d || in->row0 < 0 || in->n <= 0 || in->row0 + in->n > s->n_past || in->split < 1 ||
+        in->split >= s->m->hp.n_layer)
+        return rk_err_set(err, RK_E_MISMATCH,
+                          "prefill: a stream of rows [%lld, %lld) x %d at split %d does not fit this session "
+                          "(%lld rows, n_embd %lld, %d layers)",
+                          (long long)in->row0, (long long)(in->row0 + in->n), in->n_embd, in->split,
+                          (long long)s->n_past, (long long)d, s->m->hp.n_layer);
+    uint16_t *x = malloc((size_t)(in->n * d) * sizeof(uint16_t));
+    float *b = malloc((size_t)in->n * sizeof(float));
+    uint8_t *k = malloc((size_t)in->n);
+    if (!x || !b || !k) {
+        free(x), free(b), free(k);
+        return rk_err_set(err, RK_E_NOMEM, "prefill: no memory for a stream of %lld rows", (long long)in->n);
+    }
+    memcpy(x, in->x, (size_t)(in->n * d) * sizeof(uint16_t));
+    memcpy(b, in->base, (size_t)in->n * sizeof(float));
+    memcpy(k, in->keep, (size_t)in->n);
+    free(s->xs_keep), free(s->xs_base), free(s->keep);
+    s->xs_keep = x, s->xs_base = b, s->keep = k;
+    s->xs_lo = s->keep_lo = in->row0;
+    s->xs_hi = s->keep_hi = in->row0 + in->n;
+    s->xs_split = in->split;
+    return RK_OK;
 }

@@ -73,7 +73,7 @@ void rk_session_destroy(rk_session *s) {
     free(s->tokens);
     float *acts[] = {s->x, s->xin, s->xs, s->h, s->q, s->k, s->v, s->t, s->gate, s->up, s->logits};
     for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++) act_free(s, acts[i]);
-    free(s->ex_idx), free(s->fill_idx), free(s->keep);
+    free(s->ex_idx), free(s->fill_idx), free(s->keep), free(s->xs_keep), free(s->xs_base);
     free(s->hk), free(s->hv), free(s->hq), free(s->ho);
     free(s->w_layers);
     if (s->own_be) rk_backend_destroy(s->be);
@@ -174,9 +174,17 @@ fail:
     return st;
 }
 
+/* The kept split stream (prefill.c) is stale once its rows leave the session. */
+static void drop_stream(rk_session *s, int64_t n) {
+    if (!s->xs_keep || n >= s->xs_hi) return;
+    free(s->xs_keep), free(s->xs_base);
+    s->xs_keep = NULL, s->xs_base = NULL, s->xs_lo = s->xs_hi = 0;
+}
+
 void rk_session_reset(rk_session *s) {
     s->kv->ops->reset(s->kv);
     s->n_past = 0;
+    drop_stream(s, 0);
 }
 int64_t rk_session_n_past(const rk_session *s) { return s->n_past; }
 int64_t rk_session_n_ctx(const rk_session *s) { return s->n_ctx; }
@@ -194,6 +202,7 @@ rk_status rk_session_truncate(rk_session *s, int64_t n, rk_err *err) {
                           (long long)n, (long long)s->n_past);
     s->kv->ops->truncate(s->kv, n);
     s->n_past = n;
+    drop_stream(s, n);
     return RK_OK;
 }
 

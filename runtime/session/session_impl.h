@@ -61,6 +61,14 @@ struct rk_session {
     uint8_t *keep;
     int64_t keep_lo, keep_hi;
     bool selecting;
+    /* the split stream of that call's bulk rows [xs_lo, xs_hi) as f16 (n_embd a row) and what
+     * the text rows before its question paid each of them (per query row, 0 before the
+     * sinks' end): a later call re-scores them by its own question (prefill/prefill.c) */
+    uint16_t *xs_keep;
+    float *xs_base;
+    int64_t xs_lo, xs_hi;
+    int32_t xs_split;
+    rk_fill_rescore_stats rescore;
     rk_session_counters counters;
     /* recorded decode steps (RIDGEKV_CUDA_GRAPHS=1, a backend with step_begin; forward.c) */
     bool graphs;          /* wanted and possible for this session */

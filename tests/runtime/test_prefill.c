@@ -269,8 +269,10 @@ Test(prefill, question_aware_row_counts_and_share_one_is_exact) {
     float *off = run(m, ids, n, 48, NULL, NULL);
     const float shares[] = {0.0f, 0.25f, 1.0f};
     for (int si = 0; si < 3; si++) {
+        /* keep_selection: no stream kept for re-scoring, so no f16 rounding of the split stream */
         rk_fill_params fp = {.mode = RK_FILL_IDENTITY, .tail = tail, .split = split, .question_aware = true,
-                             .keep_share = shares[si], .obs = 16, .score_layers = 2, .pool = 2};
+                             .keep_share = shares[si], .obs = 16, .score_layers = 2, .pool = 2,
+                             .keep_selection = true};
         rk_session_counters c;
         float *lg = run(m, ids, n, 48, &fp, &c);
         const uint64_t kept = 4 + (uint64_t)llround((double)shares[si] * (double)(bulk - 4));

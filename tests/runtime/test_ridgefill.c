@@ -209,6 +209,7 @@ Test(ridgefill, speed_mode_bulk_rows_skip_late_work_and_last_rows_stay_close) {
         cr_expect_eq(c.filled_rows[l], bulk - kept, "quality layer %d filled rows", l);
     }
     fp.keep_share = 1.0f;
+    fp.keep_selection = true; /* no stream kept for re-scoring: the late layers read the f32 split stream */
     float *q1 = eval_logits(m, ids, n, &fp, &c);
     double d1 = 0;
     for (size_t i = 0; i < n * (size_t)nv; i++) d1 = fmax(d1, fabs((double)q1[i] - off[i]));

@@ -1,0 +1,263 @@
+/* Re-scoring kept bulk rows for a new question (issue 10 item 4; prefill.c, cache/doc_stream.c):
+ * a document evaluated alone, then a question; the question re-selects the document's
+ * exact rows. The answer logits must not depend on how the document got into the session
+ * (fresh, after another question, or from the document cache with its stream file), and
+ * must differ from keeping the document's own selection. Generated tiny models, KV f16. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "rk.h"
+#include "rk_cache.h"
+#include "rk_ext.h"
+#include "tb.h"
+
+enum { N_DOC = 200, N_Q = 24, TAIL = 64, SPLIT = 3, BATCH = 48 };
+
+static rk_model *load_tiny(void) {
+    char p[1024];
+    tb_tiny_spec spec = {.arch = TB_ARCH_QWEN2, .n_layer = 6, .n_ctx_train = 512, .seed = 41};
+    cr_assert(tb_tiny_model(&spec, p, sizeof p), "%s", p);
+    rk_err e = {0};
+    rk_model *m = NULL;
+    cr_assert_eq(rk_model_load(p, &m, &e), RK_OK, "%s", e.msg);
+    remove(p);
+    return m;
+}
+
+static void fill_ids(const rk_model *m, int32_t *ids, size_t n, uint64_t seed) {
+    const int32_t nv = rk_model_hparams(m)->n_vocab;
+    for (size_t i = 0; i < n; i++) ids[i] = (int32_t)(tb_rand_u64(&seed) % (uint64_t)nv);
+}
+
+static rk_fill_params fill(bool keep_selection) {
+    return (rk_fill_params){.mode = RK_FILL_IDENTITY, .tail = TAIL, .split = SPLIT, .question_aware = true,
+                            .keep_share = 0.25f, .obs = 16, .score_layers = 2, .pool = 2, .baseline = 16,
+                            .keep_selection = keep_selection};
+}
+
+static rk_session *session(const rk_model *m, bool keep_selection) {
+    rk_session_params sp = rk_session_params_default();
+    sp.n_ctx = 512, sp.n_batch = BATCH, sp.n_threads = 1;
+    sp.kv.kind = RK_KV_F16;
+    rk_session *s = NULL;
+    rk_err e = {0};
+    cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s", e.msg);
+    rk_fill_params fp = fill(keep_selection);
+    cr_assert_eq(rk_session_set_fill(s, &fp, &e), RK_OK, "%s", e.msg);
+    return s;
+}
+
+static void eval(rk_session *s, const int32_t *ids, size_t n, float *lg) {
+    rk_err e = {0};
+    cr_assert_eq(rk_session_eval(s, ids, n, lg, false, &e), RK_OK, "%s", e.msg);
+}
+
+/* the question's last-row logits, then one decode step's (it reads every cache row) */
+static void ask(rk_session *s, const int32_t *q, float *lg, size_t nv) {
+    eval(s, q, N_Q, lg);
+    eval(s, q, 1, lg + nv);
+}
+
+static double max_diff(const float *a, const float *b, size_t n) {
+    double d = 0;
+    for (size_t i = 0; i < n; i++) d = fmax(d, fabs((double)a[i] - b[i]));
+    return d;
+}
+
+static char *tmp_dir(void) {
+    char *d = strdup("/tmp/rk_rescore_XXXXXX");
+    cr_assert(mkdtemp(d));
+    return d;
+}
+
+static void rm_dir(char *d) {
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", d);
+    cr_expect_eq(system(cmd), 0);
+    free(d);
+}
+
+Test(rescore, new_question_reselects_the_same_way_fresh_after_another_question_and_from_the_cache) {
+    rk_model *m = load_tiny();
+    const size_t nv = (size_t)rk_model_hparams(m)->n_vocab;
+    int32_t doc[N_DOC], q1[N_Q], q2[N_Q];
+    fill_ids(m, doc, N_DOC, 7), fill_ids(m, q1, N_Q, 8), fill_ids(m, q2, N_Q, 9);
+    float *la = malloc(2 * nv * sizeof(float)), *lb = malloc(2 * nv * sizeof(float)),
+          *lc = malloc(2 * nv * sizeof(float)), *ld = malloc(2 * nv * sizeof(float));
+    const int64_t bulk = N_DOC - TAIL, n_keep = 4 + (int64_t)llround(0.25 * (double)(bulk - 4));
+    rk_err e = {0};
+
+    /* A: fresh, the document then q2 */
+    rk_session *a = session(m, false);
+    eval(a, doc, N_DOC, la);
+    const int64_t kept_doc = rk_session_fill_kept(a, 0, bulk);
+    const uint64_t ex0 = rk_session_get_counters(a)->exact_rows[SPLIT];
+    ask(a, q2, la, nv);
+    rk_fill_rescore_stats ra;
+    rk_session_fill_rescore_stats(a, &ra);
+    cr_expect_eq(kept_doc, n_keep);
+    cr_expect_eq(rk_session_fill_kept(a, 0, bulk), n_keep, "the new selection keeps the same share");
+    cr_expect_eq(ra.calls, 1, "the question re-scored, the decode step did not (%lld)", (long long)ra.calls);
+    cr_expect_eq(ra.scored, bulk - 4);
+    cr_expect(ra.changed > 0, "q2 selects other rows than the document's own end did");
+    cr_expect(ra.recomputed > 0 && ra.recomputed <= n_keep, "recomputed %lld", (long long)ra.recomputed);
+    cr_expect(ra.refilled > 0 && ra.refilled <= n_keep, "refilled %lld", (long long)ra.refilled);
+    /* late layers ran exactly for the recomputed rows, the question and the decode row */
+    cr_expect_eq(rk_session_get_counters(a)->exact_rows[SPLIT] - ex0, (uint64_t)(ra.recomputed + N_Q + 1));
+
+    /* B: the document, q1, back to the document, q2 */
+    rk_session *b = session(m, false);
+    eval(b, doc, N_DOC, lb);
+    ask(b, q1, lb, nv);
+    int64_t differ = 0; /* q1 chose other rows than q2: the second re-scoring has work to do */
+    for (int64_t r = 0; r < bulk; r++) differ += rk_session_fill_kept(a, r, 1) != rk_session_fill_kept(b, r, 1);
+    cr_expect(differ > 0, "q1 and q2 select the same rows");
+    cr_assert_eq(rk_session_truncate(b, N_DOC, &e), RK_OK, "%s", e.msg);
+    ask(b, q2, lb, nv);
+    cr_expect(max_diff(la, lb, 2 * nv) <= 1e-5, "after q1: differs by %g", max_diff(la, lb, 2 * nv));
+    for (int64_t r = 0; r < bulk; r++)
+        cr_expect_eq(rk_session_fill_kept(a, r, 1), rk_session_fill_kept(b, r, 1), "row %lld", (long long)r);
+
+    /* C: the document from the document cache and its stream file, in a new session */
+    char *dir = tmp_dir();
+    rk_doc_cache_params cp = rk_doc_cache_params_default();
+    cp.dir = dir;
+    rk_doc_cache *c = NULL;
+    cr_assert_eq(rk_doc_cache_open(&cp, &c, &e), RK_OK, "%s", e.msg);
+    const char *key = "00000000000000000000000000000000000000000000000000000000000000ab";
+    rk_session *w = session(m, false);
+    eval(w, doc, N_DOC, lc);
+    rk_kv_params kvp = rk_kv_params_default();
+    kvp.kind = RK_KV_F16;
+    cr_assert_eq(rk_doc_cache_save(c, key, m, &kvp, w, N_DOC, "doc", &e), RK_OK, "%s", e.msg);
+    cr_assert_eq(rk_doc_stream_save(c, key, w, &e), RK_OK, "%s", e.msg);
+    rk_session_destroy(w);
+    rk_session *r = session(m, false);
+    int64_t nt = 0;
+    cr_assert_eq(rk_doc_cache_load(c, key, r, &nt, &e), RK_OK, "%s", e.msg);
+    cr_assert_eq(rk_doc_stream_load(c, key, r, &e), RK_OK, "%s", e.msg);
+    ask(r, q2, lc, nv);
+    cr_expect(max_diff(la, lc, 2 * nv) <= 1e-5, "from the cache: differs by %g", max_diff(la, lc, 2 * nv));
+    /* without the stream file the question cannot re-score: same as keeping the selection */
+    cr_assert_eq(rk_doc_stream_remove(c, key, &e), RK_OK, "%s", e.msg);
+    rk_session *r2 = session(m, false);
+    cr_assert_eq(rk_doc_cache_load(c, key, r2, &nt, &e), RK_OK, "%s", e.msg);
+    cr_expect_eq(rk_doc_stream_load(c, key, r2, &e), RK_E_NOT_FOUND);
+
+    /* D: the document's own selection kept: other logits (else re-scoring did nothing) */
+    rk_session *d = session(m, false);
+    eval(d, doc, N_DOC, ld);
+    rk_fill_params keep = fill(true);
+    cr_assert_eq(rk_session_set_fill(d, &keep, &e), RK_OK, "%s", e.msg);
+    ask(d, q2, ld, nv);
+    rk_fill_rescore_stats rd;
+    rk_session_fill_rescore_stats(d, &rd);
+    cr_expect_eq(rd.calls, 0);
+    cr_expect(max_diff(la, ld, 2 * nv) > 1e-4, "re-scoring changed nothing (%g)", max_diff(la, ld, 2 * nv));
+    float *le = malloc(2 * nv * sizeof(float));
+    ask(r2, q2, le, nv);
+    cr_expect(max_diff(ld, le, 2 * nv) <= 1e-5, "cache without stream vs kept selection: %g", max_diff(ld, le, 2 * nv));
+
+    rk_session_destroy(a), rk_session_destroy(b), rk_session_destroy(r), rk_session_destroy(r2), rk_session_destroy(d);
+    rk_doc_cache_close(c);
+    rm_dir(dir);
+    free(la), free(lb), free(lc), free(ld), free(le);
+    rk_model_destroy(m);
+}
+
+static void write_bytes(const char *path, const uint8_t *b, size_t n) {
+    FILE *f = fopen(path, "wb");
+    cr_assert(f);
+    cr_assert_eq(fwrite(b, 1, n, f), n);
+    fclose(f);
+}
+
+/* A stream file that is corrupt, cut short, another entry's, or for another session
+ * length is refused by name and removed; the session keeps no stream. */
+Test(rescore, stream_file_refuses_corrupt_short_foreign_and_stale) {
+    rk_model *m = load_tiny();
+    const size_t nv = (size_t)rk_model_hparams(m)->n_vocab;
+    int32_t doc[N_DOC];
+    fill_ids(m, doc, N_DOC, 7);
+    float *lg = malloc(nv * sizeof(float));
+    char *dir = tmp_dir();
+    rk_doc_cache_params cp = rk_doc_cache_params_default();
+    cp.dir = dir;
+    rk_doc_cache *c = NULL;
+    rk_err e = {0};
+    cr_assert_eq(rk_doc_cache_open(&cp, &c, &e), RK_OK, "%s", e.msg);
+    const char *key = "00000000000000000000000000000000000000000000000000000000000000cd",
+               *other = "00000000000000000000000000000000000000000000000000000000000000ef";
+    rk_session *s = session(m, false);
+    eval(s, doc, N_DOC, lg);
+    cr_assert_eq(rk_doc_stream_save(c, key, s, &e), RK_OK, "%s", e.msg);
+    char path[512], opath[512];
+    snprintf(path, sizeof path, "%s/%s.rkxs", dir, key);
+    snprintf(opath, sizeof opath, "%s/%s.rkxs", dir, other);
+    FILE *f = fopen(path, "rb");
+    cr_assert(f);
+    uint8_t *good = malloc(1 << 20);
+    const size_t n = fread(good, 1, 1 << 20, f);
+    fclose(f);
+    cr_assert_gt(n, 104 + 32);
+    cr_expect_eq(n, 104 + (size_t)(N_DOC - TAIL) * (rk_model_hparams(m)->n_embd * 2 + 5) + 32);
+    rk_fill_stream fs;
+    struct {
+        const char *what, *msg;
+        size_t len;
+        size_t flip;
+        const char *file, *k;
+    } cases[] = {
+        {"one bit flipped in the stream", "checksum", n, 200, path, key},
+        {"cut short", "do not hold", n - 7, 0, path, key},
+        {"header only", "shorter than a header", 50, 0, path, key},
+        {"another entry's file", "another entry", n, 0, opath, other},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        uint8_t *b = malloc(n);
+        memcpy(b, good, n);
+        if (cases[i].flip) b[cases[i].flip] ^= 0x10;
+        write_bytes(cases[i].file, b, cases[i].len);
+        free(b);
+        rk_err le = {0};
+        /* a session holding the document without any stream */
+        rk_session_params sp = rk_session_params_default();
+        sp.n_ctx = 512, sp.n_batch = BATCH, sp.n_threads = 1, sp.kv.kind = RK_KV_F16;
+        rk_session *u = NULL;
+        cr_assert_eq(rk_session_create(m, &sp, &u, &e), RK_OK, "%s", e.msg);
+        eval(u, doc, N_DOC, lg);
+        cr_expect_eq(rk_doc_stream_load(c, cases[i].k, u, &le), RK_E_FORMAT, "%s", cases[i].what);
+        cr_expect(strstr(le.msg, cases[i].msg) && strstr(le.msg, "removed"), "%s: '%s'", cases[i].what, le.msg);
+        cr_expect(!rk_session_fill_stream(u, &fs), "%s: the session took a stream", cases[i].what);
+        cr_expect_neq(access(cases[i].file, F_OK), 0, "%s: not removed", cases[i].what);
+        rk_session_destroy(u);
+    }
+    /* the good file, loaded into a session that holds another number of tokens */
+    write_bytes(path, good, n);
+    rk_session_params sp = rk_session_params_default();
+    sp.n_ctx = 512, sp.n_batch = BATCH, sp.n_threads = 1, sp.kv.kind = RK_KV_F16;
+    rk_session *u = NULL;
+    cr_assert_eq(rk_session_create(m, &sp, &u, &e), RK_OK, "%s", e.msg);
+    eval(u, doc, N_DOC - 10, lg);
+    rk_err le = {0};
+    cr_expect_eq(rk_doc_stream_load(c, key, u, &le), RK_E_FORMAT);
+    cr_expect(strstr(le.msg, "written for 200 tokens, the session holds 190"), "'%s'", le.msg);
+    /* and into the right one */
+    write_bytes(path, good, n);
+    rk_session_reset(u);
+    eval(u, doc, N_DOC, lg);
+    cr_expect_eq(rk_doc_stream_load(c, key, u, &le), RK_OK, "%s", le.msg);
+    cr_expect(rk_session_fill_stream(u, &fs) && fs.row0 == 0 && fs.n == N_DOC - TAIL && fs.split == SPLIT);
+    /* a truncate below the kept rows drops the stream */
+    cr_assert_eq(rk_session_truncate(u, 100, &e), RK_OK);
+    cr_expect(!rk_session_fill_stream(u, &fs));
+    rk_session_destroy(u), rk_session_destroy(s);
+    rk_doc_cache_close(c);
+    rm_dir(dir);
+    free(good), free(lg);
+    rk_model_destroy(m);
+}
