@@ -454,6 +454,8 @@ typedef struct rk_kv_tier_stats {
     double stall_s;                /* attention waiting for reads */
     double io_wait_s;              /* all waits in the block store */
     uint64_t spill_errors;         /* spills that failed (the chunk then stays in memory) */
+    uint64_t sel_chunks, sel_repeat; /* lowram: chunks decode selected (after a first step), of
+                                        them selected by the same (layer, head) the step before */
     char backend[16];              /* io_uring or threads */
 } rk_kv_tier_stats;
 void rk_session_kv_tier_stats(const rk_session *s, rk_kv_tier_stats *out);
