@@ -191,6 +191,8 @@ void cli_kv_tier_params(const cli_opts *o, rk_kv_params *kv) {
     kv->spill_dir = td && *td ? td : "/tmp";
     const char *nu = getenv("RIDGEKV_NO_URING");
     kv->spill_backend = nu && *nu && strcmp(nu, "0") ? 2 : 0;
+    const char *sb = getenv("RIDGEKV_SPILL_BUFFERED"); /* docs/TIERS.md: no O_DIRECT for the spill file */
+    kv->spill_buffered = sb && *sb && strcmp(sb, "0");
 }
 
 uint64_t cli_kv_budget_share(const cli_opts *o, const rk_model *m, const rk_kv_params *kv, int64_t n_tokens) {

@@ -238,15 +238,6 @@ static rk_status open_store(lr_tier *t, rk_err *err) {
     return RK_OK;
 }
 
-static void release(lr_tier *t, ref r) {
-    span *s = SP(t, r);
-    if (s->released || !s->in_store || s->sticky) return;
-    madvise(ADDR(t, r), SPAN, MADV_DONTNEED);
-    s->released = 1, s->prefetched = 0;
-    rl_del(t, r);
-    t->n_released++;
-}
-
 static void on_done(lr_tier *t, const rk_bs_done *d) {
     const ref r = {(int32_t)(d->id >> 32), (int32_t)(d->id & 0xffffffffu)};
     if (r.a < 0 || r.a >= t->n_arr || r.k < 0 || r.k >= t->a[r.a].n_span) return; /* from a forgotten index */
@@ -439,6 +430,35 @@ static int by_distance(const void *a, const void *b) {
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
+static int by_place(const void *a, const void *b) {
+    const ref x = ((const cand *)a)->r, y = ((const cand *)b)->r;
+    return x.a != y.a ? (x.a < y.a ? -1 : 1) : x.k < y.k ? -1 : x.k > y.k;
+}
+
+/* Releases n adjacent spans (of one array, consecutive): one madvise for those that may go. */
+static void release_run(lr_tier *t, const cand *v, int64_t n) {
+    for (int64_t i = 0; i < n;) {
+        const span *s = SP(t, v[i].r);
+        if (s->released || !s->in_store || s->sticky) {
+            i++;
+            continue;
+        }
+        int64_t j = i + 1;
+        for (; j < n; j++) {
+            const span *u = SP(t, v[j].r);
+            if (u->released || !u->in_store || u->sticky) break;
+        }
+        madvise(ADDR(t, v[i].r), (size_t)(j - i) * SPAN, MADV_DONTNEED);
+        for (int64_t k = i; k < j; k++) {
+            span *u = SP(t, v[k].r);
+            u->released = 1, u->prefetched = 0;
+            rl_del(t, v[k].r);
+            t->n_released++;
+        }
+        i = j;
+    }
+}
+
 /* Releases spans until the resident ones fit the cap (with some slack, so that this runs
  * now and then, not at every call). Spans this call uses stay. */
 static void evict(lr_tier *t) {
@@ -469,7 +489,14 @@ static void evict(lr_tier *t) {
         s->put_pending = 1;
     }
     drain(t);
-    for (int64_t i = 0; i < m; i++) release(t, cv[i].r);
+    /* by address, so that a run of adjacent spans is one madvise */
+    qsort(cv, (size_t)m, sizeof *cv, by_place);
+    for (int64_t i = 0; i < m;) {
+        int64_t j = i + 1;
+        while (j < m && cv[j].r.a == cv[i].r.a && cv[j].r.k == cv[j - 1].r.k + 1) j++;
+        release_run(t, cv + i, j - i);
+        i = j;
+    }
     free(cv);
 }
 
@@ -715,6 +742,7 @@ rk_status rk_kv_lowram_tier_init(rk_kv *kv, const rk_model *m, const rk_kv_param
     t->bp.queue_depth = QD;
     t->bp.zstd_level = p->spill_level > 0 ? p->spill_level : 1;
     t->bp.backend = (rk_bs_backend)p->spill_backend;
+    t->bp.no_direct = p->spill_buffered;
     if ((st = open_store(t, err))) {
         tier_free(t);
         return st;
