@@ -248,7 +248,7 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
         }
         else if (!strcmp(a, "--no-ridgefill")) o->no_ridgefill = 1;
         else if (!strcmp(a, "--no-cache")) o->no_cache = 1;
-        else if (!strcmp(a, "--cache-level")) { NEED(); rc = parse_int(cmd, a, v, 1, 19, &o->cache_level); }
+        else if (!strcmp(a, "--cache-level")) { NEED(); rc = parse_int(cmd, a, v, 0, 19, &o->cache_level); if (!rc && !o->cache_level) o->cache_level = -1; }
         else if (!strcmp(a, "--kv-budget")) {
             NEED();
             uint64_t b;

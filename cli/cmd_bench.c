@@ -40,7 +40,7 @@ static const char *help =
     "  --split S     split layer for --fill identity/plumb without maps\n"
     "  --keep-share X  quality mode: share of hard tokens kept exact (default: the map's)\n"
     "  -v            model and fill details on stderr\n"
-    "  --kv-budget B KV bytes kept in memory (f16/f32/q8; 512M, or 25% of the plain KV at the longest\n"
+    "  --kv-budget B KV bytes kept in memory (f16/f32/q8/lowram; 512M, or 25% of the plain KV at the longest\n"
     "                -p + -n); the rest spills to $TMPDIR and is read back: a line per run gives the\n"
     "                hit rate, bytes read back and stall time (docs/TIERS.md)\n"
     "  --json        one JSON object on stdout instead of a table\n";

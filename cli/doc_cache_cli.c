@@ -22,7 +22,7 @@ rk_doc_cache *cli_doc_cache_open(const cli_opts *o, const char *cmd) {
     }
     rk_doc_cache_params p = rk_doc_cache_params_default();
     p.dir = dir;
-    if (o->cache_level > 0) p.io.zstd_level = o->cache_level;
+    if (o->cache_level) p.io.zstd_level = o->cache_level; /* -1 (--cache-level 0): raw frames */
     const char *nu = getenv("RIDGEKV_NO_URING");
     if (nu && *nu && strcmp(nu, "0")) p.io.backend = RK_BS_THREADS;
     const char *fault = getenv("RIDGEKV_IO_FAULT");
@@ -193,6 +193,8 @@ void cli_kv_tier_params(const cli_opts *o, rk_kv_params *kv) {
     kv->spill_dir = td && *td ? td : "/tmp";
     const char *nu = getenv("RIDGEKV_NO_URING");
     kv->spill_backend = nu && *nu && strcmp(nu, "0") ? 2 : 0;
+    const char *sb = getenv("RIDGEKV_SPILL_BUFFERED"); /* docs/TIERS.md: no O_DIRECT for the spill file */
+    kv->spill_buffered = sb && *sb && strcmp(sb, "0");
 }
 
 uint64_t cli_kv_budget_share(const cli_opts *o, const rk_model *m, const rk_kv_params *kv, int64_t n_tokens) {
@@ -217,4 +219,9 @@ void cli_kv_tier_line(const char *cmd, const rk_kv_tier_stats *a, const rk_kv_ti
             (unsigned long long)(hits + miss), (unsigned long long)(b->prefetched - a->prefetched),
             (double)(b->bytes_read - a->bytes_read) / 1e6, (double)(b->bytes_read_stored - a->bytes_read_stored) / 1e6,
             b->stall_s - a->stall_s, b->backend, b->spill_errors ? " (spills failed: kept in memory)" : "");
+    const uint64_t sel = b->sel_chunks - a->sel_chunks, rep = b->sel_repeat - a->sel_repeat;
+    if (sel)
+        fprintf(stderr, "%s: kv tier: lowram selection: %.1f%% of the chunks decode selected were selected by the same "
+                "(layer, head) the step before (%llu of %llu)\n", cmd, 100.0 * (double)rep / (double)sel,
+                (unsigned long long)rep, (unsigned long long)sel);
 }

@@ -428,7 +428,10 @@ rk_status rk_bs_put(rk_bs *bs, uint64_t id, const void *data, size_t len, void *
     if (si < 0) return err ? err->code : RK_E_INTERNAL;
     slot *s = &bs->slots[si];
     const double t0 = rk_time_now();
-    size_t stored = ZSTD_compressCCtx(bs->cctx, s->buf + HDR, bs->slot_cap - HDR, data, len, bs->p.zstd_level);
+    /* level < 0: raw frames (no compression attempt: KV rows barely shrink, docs/TIERS.md) */
+    size_t stored = bs->p.zstd_level < 0 ? len
+                                         : ZSTD_compressCCtx(bs->cctx, s->buf + HDR, bs->slot_cap - HDR, data, len,
+                                                             bs->p.zstd_level);
     uint32_t codec = 1;
     if (ZSTD_isError(stored) || stored >= len) {
         memcpy(s->buf + HDR, data, len);
@@ -440,7 +443,7 @@ rk_status rk_bs_put(rk_bs *bs, uint64_t id, const void *data, size_t len, void *
     memcpy(h, "RKBS", 4);
     put_le(h + 4, VERSION, 4);
     put_le(h + 8, id, 8), put_le(h + 16, len, 8), put_le(h + 24, stored, 8);
-    put_le(h + 32, codec, 4), put_le(h + 36, (uint64_t)bs->p.zstd_level, 4);
+    put_le(h + 32, codec, 4), put_le(h + 36, codec ? (uint64_t)bs->p.zstd_level : 0, 4);
     put_le(h + 40, XXH64(s->buf + HDR, stored, 0), 8);
     put_le(h + 48, XXH64(h, 48, 0), 8);
     const uint64_t frame = round_up(HDR + stored);
@@ -609,7 +612,8 @@ rk_status rk_bs_open(const char *path, rk_bs_mode mode, const rk_bs_params *pp, 
     rk_bs_params p = pp ? *pp : rk_bs_params_default();
     if (p.queue_depth <= 0) p.queue_depth = 8;
     if (p.queue_depth > MAX_QD) p.queue_depth = MAX_QD;
-    if (p.zstd_level <= 0) p.zstd_level = 1;
+    if (p.zstd_level == 0) p.zstd_level = 1;
+    if (p.zstd_level < 0) p.zstd_level = -1;
     if (p.zstd_level > ZSTD_maxCLevel()) p.zstd_level = ZSTD_maxCLevel();
     if (!p.max_block) p.max_block = 4u << 20;
     rk_bs *bs = calloc(1, sizeof *bs);

@@ -3,6 +3,7 @@
 #  1. second-question TTFT: `ask` twice on the same N-token document (the first reads and
 #     saves its KV, the second loads it through O_DIRECT, so from disk, not the page cache);
 #  2. decode under --kv-budget 25% vs all in memory at N tokens (bench, alternated A B A B);
+#  2b. the same for lowram, the budget a quarter of its compressed KV (of the in-memory run);
 #  3. zstd on the KV blocks of f16, q8 and lowram (ratio, compress / decompress MB/s, levels
 #     1, 3, 9: `zstd -b` on the blocks `ridgekv cache cat` writes);
 #  4. save / load throughput of the document cache against dd's sequential write / read
@@ -63,6 +64,23 @@ def best(tag):
     return max(json.load(open(os.path.join(tmp, f"{tag}.{r}.json")))["results"][0]["decode_tok_s"] for r in range(1, rounds + 1))
 m, b = best("m"), best("b")
 print(f"  decode: all in memory {m:.2f} tok/s, budget 25% {b:.2f} tok/s: {b/m:.2f}x (best of {rounds})")
+PY
+
+echo "== 2b. lowram decode with --kv-budget = 25% of its compressed KV vs all in memory, N=$n =="
+for r in $(seq 1 "$rounds"); do
+  "$bin" bench -m "$model" -p "$n" -n 32 -r 1 -t 2 --kv lowram --json > "$tmp/lm.$r.json" 2> /dev/null
+  quarter=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["results"][0]["kv_bytes"]["total"] // 4)' "$tmp/lm.$r.json")
+  "$bin" bench -m "$model" -p "$n" -n 32 -r 1 -t 2 --kv lowram --kv-budget "$quarter" --json > "$tmp/lb.$r.json" 2> "$tmp/lb.$r.err"
+  echo "  budget $quarter bytes (a quarter of the in-memory run's lowram KV)"
+  grep "kv tier" "$tmp/lb.$r.err" | tail -2 | sed 's/^/  /'
+done
+python3 - "$tmp" "$rounds" <<'PY'
+import json, sys, os
+tmp, rounds = sys.argv[1], int(sys.argv[2])
+def best(tag):
+    return max(json.load(open(os.path.join(tmp, f"{tag}.{r}.json")))["results"][0]["decode_tok_s"] for r in range(1, rounds + 1))
+m, b = best("lm"), best("lb")
+print(f"  lowram decode: all in memory {m:.2f} tok/s, budget 25% {b:.2f} tok/s: {b/m:.2f}x (best of {rounds})")
 PY
 
 zn=${ZSTD_TOKENS:-2048}

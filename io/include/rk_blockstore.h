@@ -38,7 +38,8 @@ rk_status rk_bs_fault_parse(const char *spec, rk_bs_fault *out, rk_err *err);
 typedef struct rk_bs_params {
     rk_bs_backend backend; /* AUTO: io_uring when it initialises, else threads */
     int queue_depth;       /* operations in flight (and buffers); 0: 8 */
-    int zstd_level;        /* 1..19; 0: 1. A block that does not shrink is stored raw */
+    int zstd_level;        /* 1..19; 0: 1; < 0: every block raw (no compression). A block that
+                              does not shrink is stored raw */
     bool no_direct;        /* do not try O_DIRECT */
     size_t max_block;      /* largest raw block (buffer size); 0: 4 MiB */
     rk_bs_fault fault;

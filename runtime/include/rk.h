@@ -176,6 +176,7 @@ typedef struct rk_kv_params {
     const char *spill_dir;    /* borrowed for rk_session_create */
     int32_t spill_level;      /* zstd level of spilled chunks; 0: 1 */
     int32_t spill_backend;    /* 0: io_uring when usable, 1: io_uring, 2: pread/pwrite threads */
+    bool spill_buffered;      /* the spill file without O_DIRECT (reads may come from the page cache) */
 } rk_kv_params;
 
 rk_kv_params rk_kv_params_default(void); /* f16; lowram = rk_lowram_params_default() */
@@ -490,6 +491,8 @@ typedef struct rk_kv_tier_stats {
     double stall_s;                /* attention waiting for reads */
     double io_wait_s;              /* all waits in the block store */
     uint64_t spill_errors;         /* spills that failed (the chunk then stays in memory) */
+    uint64_t sel_chunks, sel_repeat; /* lowram: chunks decode selected (after a first step), of
+                                        them selected by the same (layer, head) the step before */
     char backend[16];              /* io_uring or threads */
 } rk_kv_tier_stats;
 void rk_session_kv_tier_stats(const rk_session *s, rk_kv_tier_stats *out);

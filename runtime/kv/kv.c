@@ -44,9 +44,7 @@ rk_status rk_kv_create(const rk_model *m, const rk_kv_params *p, int64_t n_ctx, 
     case RK_KV_F32: st = p->budget ? rk_kv_tier_init(kv, RK_DT_F32, p, err) : rk_kv_plain_init(kv, RK_DT_F32, err); break;
     case RK_KV_Q8: st = p->budget ? rk_kv_tier_init(kv, RK_DT_Q8_0, p, err) : rk_kv_q8_init(kv, err); break;
     default:
-        st = p->budget ? rk_err_set(err, RK_E_UNSUPPORTED,
-                                    "kv: a KV budget with lowram is not built yet (lowram keeps its compressed rows in "
-                                    "memory; use f16, f32 or q8 with --kv-budget; docs/TIERS.md)")
+        st = p->budget ? rk_kv_lowram_tier_init(kv, m, p, n_threads, warning, warning_cap, err)
                        : rk_kv_lowram_init(kv, m, &p->lowram, n_threads, warning, warning_cap, err);
         break;
     }

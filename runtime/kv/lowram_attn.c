@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "lowram_impl.h"
+#include "lowram_tier.h"
 #include "rk_kernels.h"
 
 #define LR_AI static inline __attribute__((always_inline))
@@ -759,6 +760,10 @@ static rk_status sparse_decode(rk_kv_codec *c, int layer, const float *q, int64_
         int32_t *sel = c->dsel + o, *slot = c->dslot + o;
         memcpy(sel, x->sel, (size_t)n * sizeof *sel);
         c->dn[h] = n;
+        if (c->tier) { /* lowram_tier.c: the selected chunks' rows resident before they are read */
+            rk_status ts = lr_tier_need(c, layer, h, sel, n, err);
+            if (ts) return ts;
+        }
         lr_head *H = &c->ly[layer].h[h];
         int64_t rows = 0;
         int n_miss = 0;
@@ -839,9 +844,15 @@ static rk_status sparse_decode(rk_kv_codec *c, int layer, const float *q, int64_
 rk_status lr_attention(rk_kv_codec *c, int layer, const float *q, int64_t n_q, int64_t pos0, float *out, rk_err *err) {
     if (!c->scr) return rk_err_set(err, RK_E_INTERNAL, "lowram: attention before the scratch exists");
     const bool sparse = !c->p.dense && n_q <= LR_SPARSE_MAX_Q;
+    if (c->tier) { /* lowram_tier.c: rows under a budget (every chunk resident unless selective) */
+        rk_status ts = lr_tier_begin(c, layer, sparse && c->keys_op, err);
+        if (ts) return ts;
+    }
     if (sparse && c->keys_op) {
         c->n_calls++;
-        return sparse_decode(c, layer, q, n_q, pos0, out, err);
+        rk_status st = sparse_decode(c, layer, q, n_q, pos0, out, err);
+        if (c->tier) lr_tier_end(c, layer);
+        return st;
     }
     attn_job a = {c, layer, q, n_q, pos0, 0, sparse ? LR_SPARSE_MAX_Q : LR_TILE, out, sparse, rk_cpu_has_avx2()};
     c->n_calls++;
@@ -850,6 +861,7 @@ rk_status lr_attention(rk_kv_codec *c, int layer, const float *q, int64_t n_q, i
      * costs more than the few heads of one step gain */
     if (c->pool && !sparse && n_q > LR_SPARSE_MAX_Q) rk_pool_run(c->pool, attn_worker, &a);
     else attn_worker(&a, 0, 1);
+    if (c->tier) lr_tier_end(c, layer);
     return RK_OK;
 }
 

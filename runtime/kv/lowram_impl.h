@@ -87,6 +87,7 @@ enum { LR_VREBUILD_MIN = 24 };
 enum { LR_WMAX = 64 };
 
 typedef struct rk_kv_codec rk_kv_codec;
+typedef struct lr_tier lr_tier;
 struct rk_kv_codec {
     rk_lowram_params p;   /* resolved (every 0 default filled in) */
     int n_layer, n_head, n_head_kv, hd, kvd, n_rot, rope_mode;
@@ -140,6 +141,7 @@ struct rk_kv_codec {
     uint32_t epoch;       /* bumped when stored rows change under the key cache (truncation) */
     uint32_t n_calls;     /* attention calls, for the key cache's LRU */
     rk_lowram_stats stats;
+    struct lr_tier *tier; /* lowram_tier.c: cold rows' pages under a KV budget (NULL: no budget) */
 };
 
 /* ---- lowram_fit.c -------------------------------------------------------------- */

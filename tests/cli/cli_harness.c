@@ -1,19 +1,64 @@
 /* The CLI suites' harness (cli_harness.h). */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <poll.h>
 #include <pty.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "cli_harness.h"
 #include "tb.h"
+
+/* Every CLI test runs with XDG_CACHE_HOME in a temporary directory, so that `ask`'s
+ * document KV cache (ridgekv/kv) never lands in the real ~/.cache: its ridgekv/ holds
+ * links to the real cache's entries (the pulled models) except kv. A test that sets
+ * XDG_CACHE_HOME itself overrides it. Removed when the process that made it exits. */
+static char g_xdg[64];
+static pid_t g_xdg_pid;
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+__attribute__((constructor)) static void private_cache_home(void) {
+    char real[2048];
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (xdg && *xdg) snprintf(real, sizeof real, "%s/ridgekv", xdg);
+    else if (home && *home) snprintf(real, sizeof real, "%s/.cache/ridgekv", home);
+    else real[0] = 0;
+    snprintf(g_xdg, sizeof g_xdg, "/tmp/rkxdgXXXXXX");
+    if (!mkdtemp(g_xdg)) {
+        g_xdg[0] = 0;
+        return;
+    }
+    g_xdg_pid = getpid();
+    char dir[128], src[4096], dst[4096];
+    snprintf(dir, sizeof dir, "%s/ridgekv", g_xdg);
+    mkdir(dir, 0700);
+    DIR *d = real[0] ? opendir(real) : NULL;
+    for (struct dirent *de; d && (de = readdir(d));) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..") || !strcmp(de->d_name, "kv")) continue;
+        snprintf(src, sizeof src, "%s/%s", real, de->d_name);
+        snprintf(dst, sizeof dst, "%s/%s", dir, de->d_name);
+        if (symlink(src, dst) != 0) continue;
+    }
+    if (d) closedir(d);
+    setenv("XDG_CACHE_HOME", g_xdg, 1);
+}
+
+__attribute__((destructor)) static void private_cache_home_rm(void) {
+    if (g_xdg[0] && getpid() == g_xdg_pid) nftw(g_xdg, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
 
 const char *bin(void) {
     const char *b = getenv("RK_BIN");

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "tb.h"
@@ -403,5 +404,85 @@ Test(cache, serve_ask_reuses_the_documents) {
     const size_t la = strcspn(a, ","), lb = strcspn(b, ",");
     cr_expect(la == lb && !strncmp(a, b, la), "the same answer: %s", r.out);
     tb_result_free(&r);
+    rm_rf(f.dir);
+}
+
+/* chat with input lines on stdin (tb_run reads /dev/null): stdout and stderr. */
+static tb_result chat_run(const fixture *f, const char *input) {
+    char in[700], out[700], err[700], cmd[4200];
+    snprintf(in, sizeof in, "%s/chat.in", f->dir);
+    snprintf(out, sizeof out, "%s/chat.out", f->dir);
+    snprintf(err, sizeof err, "%s/chat.err", f->dir);
+    FILE *fp = fopen(in, "w");
+    cr_assert(fp);
+    fputs(input, fp);
+    fclose(fp);
+    const char *bin = getenv("RK_BIN");
+    cr_assert(bin);
+    snprintf(cmd, sizeof cmd,
+             "env XDG_CACHE_HOME='%s/xdg' '%s' chat -m '%s' --system 'Be brief.' -n 8 --temp 0 -c 512 < '%s' > '%s' 2> '%s'",
+             f->dir, bin, f->model, in, out, err);
+    const int st = system(cmd);
+    tb_result r = {WIFEXITED(st) ? WEXITSTATUS(st) : -1, NULL, NULL};
+    size_t len;
+    r.out = tb_read_file(out, &len);
+    r.err = tb_read_file(err, &len);
+    cr_assert(r.out && r.err);
+    return r;
+}
+
+/* Issue 9 item 3, chat's /save: the conversation's KV goes beside the messages (FILE.kv,
+ * rk_conv_save); a later chat that /loads it prefills only the new turn, and answers as
+ * one that reads the whole conversation again (the .kv removed). */
+Test(cache, chat_save_then_load_prefills_only_the_new_turn) {
+    fixture f;
+    setup(&f);
+    char path[700], cmds[1600], kvp[720];
+    snprintf(path, sizeof path, "%s/conv.json", f.dir);
+    snprintf(kvp, sizeof kvp, "%s.kv", path);
+    snprintf(cmds, sizeof cmds, "Lily had a red ball and a dog named Max.\n/save %s\n", path);
+    tb_result r = chat_run(&f, cmds);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    tb_result_free(&r);
+    struct stat sb;
+    cr_assert(stat(kvp, &sb) == 0 && sb.st_size > 0, "/save wrote the KV beside the messages (%s)", kvp);
+    const char *Q = "/load %s\nWhat did Lily have?\n/stats\n";
+    snprintf(cmds, sizeof cmds, Q, path);
+    tb_result a = chat_run(&f, cmds);
+    cr_assert_eq(a.code, 0, "%s", a.err);
+    char backup[760];
+    snprintf(backup, sizeof backup, "%s.bak", kvp);
+    cr_assert(rename(kvp, backup) == 0);
+    /* the JSON still names the block: without it the load reads everything again */
+    tb_result b = chat_run(&f, cmds);
+    cr_assert_eq(b.code, 0, "%s", b.err);
+    long ctx_a = -1, pf_a = -1, ctx_b = -1, pf_b = -1;
+    const char *p;
+    if ((p = strstr(a.out, "context   "))) ctx_a = strtol(p + 10, NULL, 10);
+    if ((p = strstr(a.out, "prefill   last "))) pf_a = strtol(p + 15, NULL, 10);
+    if ((p = strstr(b.out, "context   "))) ctx_b = strtol(p + 10, NULL, 10);
+    if ((p = strstr(b.out, "prefill   last "))) pf_b = strtol(p + 15, NULL, 10);
+    cr_assert(ctx_a > 0 && pf_a > 0 && ctx_b > 0 && pf_b > 0, "stats:\n%s\n---\n%s", a.out, b.out);
+    cr_expect_eq(ctx_a, ctx_b, "the same conversation either way");
+    /* the block holds the saved turns' n_tokens: with it only the new turn is read (the
+     * context after it is the saved tokens + the new turn + its answer); without it the
+     * saved tokens are read again too */
+    size_t jl;
+    char *js = tb_read_file(path, &jl);
+    cr_assert(js);
+    const char *nt = strstr(js, "\"n_tokens\"");
+    cr_assert(nt, "the JSON names the KV block: %s", js);
+    const long n_saved = strtol(strchr(nt, ':') + 1, NULL, 10);
+    free(js);
+    cr_assert_gt(n_saved, 10);
+    cr_expect_leq(pf_a + n_saved, ctx_a, "with the saved KV the new turn reads %ld of %ld tokens (%ld saved)", pf_a,
+                  ctx_a, n_saved);
+    /* (the context line counts the answer's tokens, the last of which no eval has read) */
+    cr_expect_geq(pf_b - pf_a, n_saved * 3 / 4, "without it the saved tokens are read again (%ld, %ld, %ld saved)", pf_b,
+                  pf_a, n_saved);
+    const char *sa = strstr(a.out, "context   "), *sb2 = strstr(b.out, "context   ");
+    cr_expect(sa - a.out == sb2 - b.out && !strncmp(a.out, b.out, (size_t)(sa - a.out)),
+              "the same greedy answer:\n%s\n---\n%s", a.out, b.out);
+    tb_result_free(&a), tb_result_free(&b);
     rm_rf(f.dir);
 }

@@ -155,19 +155,105 @@ Test(tiers, f32_equals_memory) { equal_to_memory("f32", 0); }
 Test(tiers, q8_equals_memory) { equal_to_memory("q8", 0); }
 Test(tiers, f16_thread_pool_equals_memory) { equal_to_memory("f16", 2); }
 
-Test(tiers, lowram_with_a_budget_is_refused_with_the_reason) {
+/* LowRAM under a budget (runtime/kv/lowram_tier.c): the pages of cold coefficient and
+ * residual rows go to the store and come back in place when decode selects their chunks,
+ * so the logits equal the all-in-memory lowram run's bit for bit. 4 layers (2 groups),
+ * head_dim 64, 3000 tokens: ~90 chunks of 32 rows per (layer, head), 16 selected. */
+static const tb_tiny_spec LR = {.arch = TB_ARCH_LLAMA, .n_layer = 4, .n_embd = 256, .n_head = 4, .n_head_kv = 2,
+                                .n_ctx_train = 4096, .seed = 9};
+
+Test(tiers, lowram_budget_equals_memory, .timeout = 120) {
+    tiny t;
+    tiny_open(&t, &LR);
+    const size_t n = 3000;
+    const int n_dec = 12;
+    int32_t *ids = rand_ids(n + (size_t)n_dec + 8, t.nv, 5);
+    rk_session *a = mk(&t, "lowram", 4096, 512, 0, 0);
+    float *la = trace(a, ids, n, n_dec, t.nv);
+    rk_kv_bytes kb;
+    rk_session_kv_bytes(a, &kb);
+    cr_assert_gt(kb.coef + kb.residuals, kb.total / 3, "coefficients and residuals are most of the state");
+    /* everything that does not move and a quarter of what may */
+    const uint64_t budget = kb.total - (kb.coef + kb.residuals) * 3 / 4;
+    rk_session *b = mk(&t, "lowram", 4096, 512, budget, 0);
+    float *lb = trace(b, ids, n, n_dec, t.nv);
+    cr_expect(!memcmp(la, lb, (size_t)(n_dec + 1) * (size_t)t.nv * sizeof(float)),
+              "lowram: logits under the budget equal the in-memory run's bit for bit");
+    rk_kv_tier_stats st;
+    rk_session_kv_tier_stats(b, &st);
+    cr_assert(st.on);
+    cr_expect_leq(st.resident_bytes, budget, "%llu bytes resident over the budget %llu",
+                  (unsigned long long)st.resident_bytes, (unsigned long long)budget);
+    cr_expect_geq(st.spilled_bytes, (kb.coef + kb.residuals) / 2, "most coefficient / residual bytes out (%llu of %llu)",
+                  (unsigned long long)st.spilled_bytes, (unsigned long long)(kb.coef + kb.residuals));
+    cr_expect(st.misses > 0 && st.hits > 0 && st.bytes_read > 0, "hits %llu misses %llu read %llu",
+              (unsigned long long)st.hits, (unsigned long long)st.misses, (unsigned long long)st.bytes_read);
+    cr_expect(st.sel_chunks > 0 && st.sel_repeat <= st.sel_chunks, "selection %llu, repeated %llu",
+              (unsigned long long)st.sel_chunks, (unsigned long long)st.sel_repeat);
+    cr_expect_eq(st.spill_errors, 0);
+    cr_log_info("lowram tier: budget %llu of %llu, spilled %llu, hits %llu misses %llu (read ahead %llu), "
+                "selection repeated %.1f%%, stall %.3f s",
+                (unsigned long long)budget, (unsigned long long)kb.total, (unsigned long long)st.spilled_bytes,
+                (unsigned long long)st.hits, (unsigned long long)st.misses, (unsigned long long)st.prefetched,
+                100.0 * (double)st.sel_repeat / (double)(st.sel_chunks ? st.sel_chunks : 1), st.stall_s);
+
+    /* kv_rows over released spans: what attention sees, the same as in memory */
+    const int64_t r0 = 200, nr = 1500;
+    const int kvd = rk_model_hparams(t.m)->n_head_kv * rk_model_hparams(t.m)->head_dim;
+    float *ra = malloc((size_t)(nr * kvd) * sizeof(float)), *rb = malloc((size_t)(nr * kvd) * sizeof(float));
+    rk_err e = {0};
+    for (int vals = 0; vals < 2; vals++) {
+        cr_assert_eq(rk_session_kv_rows(a, 3, vals, true, r0, nr, ra, &e), RK_OK, "%s", e.msg);
+        cr_assert_eq(rk_session_kv_rows(b, 3, vals, true, r0, nr, rb, &e), RK_OK, "%s", e.msg);
+        cr_expect(!memcmp(ra, rb, (size_t)(nr * kvd) * sizeof(float)), "rows (values %d)", vals);
+    }
+    /* an export of the budgeted session imports into a plain one: the same next logits */
+    void *blk = NULL;
+    size_t len = 0;
+    cr_assert_eq(rk_session_kv_export(b, 0, rk_session_n_past(b), &blk, &len, &e), RK_OK, "%s", e.msg);
+    rk_session *c = mk(&t, "lowram", 4096, 512, 0, 0), *d = mk(&t, "lowram", 4096, 512, budget, 0);
+    cr_assert_eq(rk_session_kv_import(c, blk, len, &e), RK_OK, "%s", e.msg);
+    cr_assert_eq(rk_session_kv_import(d, blk, len, &e), RK_OK, "%s", e.msg);
+    free(blk);
+    float *l3 = malloc(4 * (size_t)t.nv * sizeof(float));
+    const int32_t nxt = ids[n + (size_t)n_dec];
+    cr_assert_eq(rk_session_eval(a, &nxt, 1, l3, false, &e), RK_OK, "%s", e.msg);
+    cr_assert_eq(rk_session_eval(b, &nxt, 1, l3 + t.nv, false, &e), RK_OK, "%s", e.msg);
+    cr_assert_eq(rk_session_eval(c, &nxt, 1, l3 + 2 * (size_t)t.nv, false, &e), RK_OK, "%s", e.msg);
+    cr_assert_eq(rk_session_eval(d, &nxt, 1, l3 + 3 * (size_t)t.nv, false, &e), RK_OK, "%s", e.msg);
+    for (int k = 1; k < 4; k++)
+        cr_expect(!memcmp(l3, l3 + (size_t)k * t.nv, (size_t)t.nv * sizeof(float)), "session %d after export", k);
+    /* truncate into released rows, then other tokens: still the same */
+    cr_assert_eq(rk_session_truncate(a, 1700, &e), RK_OK, "%s", e.msg);
+    cr_assert_eq(rk_session_truncate(b, 1700, &e), RK_OK, "%s", e.msg);
+    free(la), free(lb);
+    la = trace(a, ids + 3, 400, 3, t.nv);
+    lb = trace(b, ids + 3, 400, 3, t.nv);
+    cr_expect(!memcmp(la, lb, 4 * (size_t)t.nv * sizeof(float)), "after truncate");
+    rk_session_reset(b);
+    rk_session_kv_tier_stats(b, &st);
+    cr_expect_eq(st.spilled_bytes, 0, "reset forgets the spilled rows");
+    free(la), free(lb), free(ra), free(rb), free(l3), free(ids);
+    rk_session_destroy(a), rk_session_destroy(b), rk_session_destroy(c), rk_session_destroy(d);
+    tiny_close(&t);
+}
+
+Test(tiers, lowram_budget_with_eviction_refused_spill_dir_checked) {
     tiny t;
     tiny_open(&t, &SMALL);
     rk_session_params sp = rk_session_params_default();
     sp.n_ctx = 1024;
     rk_err e = {0};
-    cr_assert_eq(rk_kv_params_parse("lowram", &sp.kv, &e), RK_OK, "%s", e.msg);
+    cr_assert_eq(rk_kv_params_parse("lowram:evict=0.5", &sp.kv, &e), RK_OK, "%s", e.msg);
     sp.kv.budget = 1 << 20;
     rk_session *s = NULL;
     cr_expect_eq(rk_session_create(t.m, &sp, &s, &e), RK_E_UNSUPPORTED);
-    cr_expect(strstr(e.msg, "lowram"), "%s", e.msg);
-    sp.kv.kind = RK_KV_F16;
+    cr_expect(strstr(e.msg, "evict"), "%s", e.msg);
+    sp.kv.lowram.evict = 0;
     sp.kv.spill_dir = "/nonexistent-dir";
+    cr_expect_eq(rk_session_create(t.m, &sp, &s, &e), RK_E_IO);
+    cr_expect(strstr(e.msg, "/nonexistent-dir"), "%s", e.msg);
+    sp.kv.kind = RK_KV_F16;
     cr_expect_eq(rk_session_create(t.m, &sp, &s, &e), RK_E_IO);
     cr_expect(strstr(e.msg, "/nonexistent-dir"), "%s", e.msg);
     tiny_close(&t);
