@@ -18,6 +18,8 @@
 #include "rk_cache.h"
 #include "rk_io.h"
 
+static void drop_stream(const rk_doc_cache *c, const char *key);
+
 enum { META_BYTES = 480, META_VERSION = 1, PIECE = 4 << 20 };
 
 struct rk_doc_cache {
@@ -242,6 +244,7 @@ rk_status rk_doc_cache_load(rk_doc_cache *c, const char *key, rk_session *s, int
     if (st) {
         rk_session_reset(s);
         unlink(path);
+        drop_stream(c, key);
         return rk_err_set(err, st, "document cache: entry %.12s is unusable (%s); removed", key, msg);
     }
     utimensat(AT_FDCWD, path, NULL, 0); /* last use, for LRU */
@@ -413,6 +416,32 @@ rk_status rk_doc_cache_list(rk_doc_cache *c, rk_doc_cache_entry **out, size_t *n
     return RK_OK;
 }
 
+/* The kept split stream beside an entry (doc_stream.c: <key>.rkxs) goes with it. */
+static void drop_stream(const rk_doc_cache *c, const char *key) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s.rkxs", c->dir, key);
+    unlink(path);
+}
+
+/* Streams whose entry is gone (a crash between the two removals, an older binary's rm). */
+static size_t remove_orphan_streams(const rk_doc_cache *c) {
+    DIR *d = opendir(c->dir);
+    if (!d) return 0;
+    size_t n = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        const size_t len = strlen(de->d_name);
+        if (len != 64 + 5 || strcmp(de->d_name + 64, ".rkxs")) continue;
+        char entry[4096], path[4096];
+        snprintf(entry, sizeof entry, "%s/%.64s.rkkv", c->dir, de->d_name);
+        if (access(entry, F_OK) == 0 || errno != ENOENT) continue;
+        snprintf(path, sizeof path, "%s/%s", c->dir, de->d_name);
+        if (unlink(path) == 0) n++;
+    }
+    closedir(d);
+    return n;
+}
+
 rk_status rk_doc_cache_remove(rk_doc_cache *c, const char *prefix, size_t *n_removed, rk_err *err) {
     *n_removed = 0;
     DIR *d = opendir(c->dir);
@@ -424,7 +453,7 @@ rk_status rk_doc_cache_remove(rk_doc_cache *c, const char *prefix, size_t *n_rem
         char key[65], path[4096];
         if (!is_entry_name(de->d_name, key) || strncmp(key, prefix ? prefix : "", np)) continue;
         snprintf(path, sizeof path, "%s/%s", c->dir, de->d_name);
-        if (unlink(path) == 0) (*n_removed)++;
+        if (unlink(path) == 0) (*n_removed)++, drop_stream(c, key);
         else if (!st) st = rk_err_set(err, RK_E_IO, "document cache: cannot remove %s (%s)", path, strerror(errno));
     }
     closedir(d);
@@ -456,6 +485,7 @@ static size_t remove_stale_tmp(const rk_doc_cache *c) {
 rk_status rk_doc_cache_gc(rk_doc_cache *c, uint64_t cap, size_t *n_removed, uint64_t *bytes_left, rk_err *err) {
     if (!cap) cap = c->p.cap_bytes;
     *n_removed = remove_stale_tmp(c);
+    remove_orphan_streams(c);
     *bytes_left = 0;
     rk_doc_cache_entry *v = NULL;
     size_t n = 0;
@@ -471,6 +501,7 @@ rk_status rk_doc_cache_gc(rk_doc_cache *c, uint64_t cap, size_t *n_removed, uint
             char path[4096];
             snprintf(path, sizeof path, "%s/%s.rkkv", c->dir, v[i].key);
             if (unlink(path) == 0) {
+                drop_stream(c, v[i].key);
                 (*n_removed)++;
                 total -= v[i].bytes;
                 v[i].bytes = 0, v[i].bad = false;

@@ -162,6 +162,20 @@ Test(rescore, new_question_reselects_the_same_way_fresh_after_another_question_a
     ask(r2, q2, le, nv);
     cr_expect(max_diff(ld, le, 2 * nv) <= 1e-5, "cache without stream vs kept selection: %g", max_diff(ld, le, 2 * nv));
 
+    /* E: the stream goes with its entry (rm), and gc sweeps a stream whose entry is gone */
+    char sp_path[4096];
+    snprintf(sp_path, sizeof sp_path, "%s/%s.rkxs", dir, key);
+    cr_assert_eq(rk_doc_stream_save(c, key, r, &e), RK_OK, "%s", e.msg);
+    cr_assert_eq(access(sp_path, F_OK), 0);
+    size_t n_rm = 0;
+    cr_assert_eq(rk_doc_cache_remove(c, key, &n_rm, &e), RK_OK, "%s", e.msg);
+    cr_expect_eq(n_rm, 1);
+    cr_expect_neq(access(sp_path, F_OK), 0, "rm left the stream file behind");
+    cr_assert_eq(rk_doc_stream_save(c, key, r, &e), RK_OK, "%s", e.msg); /* an orphan: no entry */
+    uint64_t left = 0;
+    cr_assert_eq(rk_doc_cache_gc(c, 0, &n_rm, &left, &e), RK_OK, "%s", e.msg);
+    cr_expect_neq(access(sp_path, F_OK), 0, "gc left an orphan stream file");
+
     rk_session_destroy(a), rk_session_destroy(b), rk_session_destroy(r), rk_session_destroy(r2), rk_session_destroy(d);
     rk_doc_cache_close(c);
     rm_dir(dir);
