@@ -74,14 +74,6 @@ struct rk_bs {
 
 static uint64_t round_up(uint64_t x) { return (x + ALIGN - 1) / ALIGN * ALIGN; }
 
-static void put_le(uint8_t *d, uint64_t v, int n) {
-    for (int i = 0; i < n; i++) d[i] = (uint8_t)(v >> (8 * i));
-}
-static uint64_t get_le(const uint8_t *d, int n) {
-    uint64_t v = 0;
-    for (int i = 0; i < n; i++) v |= (uint64_t)d[i] << (8 * i);
-    return v;
-}
 
 const char *rk_bs_backend_name(rk_bs_backend b) {
     return b == RK_BS_URING ? "io_uring" : b == RK_BS_THREADS ? "threads" : "auto";
@@ -177,17 +169,17 @@ static rk_status parse_header(const uint8_t *h, uint64_t *id, uint64_t *raw, uin
         snprintf(msg, cap, "not a block frame (magic is not 'RKBS')");
         return RK_E_FORMAT;
     }
-    const uint32_t v = (uint32_t)get_le(h + 4, 4);
+    const uint32_t v = (uint32_t)rk_le_get(h + 4, 4);
     if (v != VERSION) {
         snprintf(msg, cap, "block frame format version %u (this build reads %d)", v, VERSION);
         return RK_E_FORMAT;
     }
-    if (XXH64(h, 48, 0) != get_le(h + 48, 8)) {
+    if (XXH64(h, 48, 0) != rk_le_get(h + 48, 8)) {
         snprintf(msg, cap, "block frame header checksum mismatch: the header is corrupt");
         return RK_E_FORMAT;
     }
-    *id = get_le(h + 8, 8), *raw = get_le(h + 16, 8), *stored = get_le(h + 24, 8);
-    *codec = (uint32_t)get_le(h + 32, 4);
+    *id = rk_le_get(h + 8, 8), *raw = rk_le_get(h + 16, 8), *stored = rk_le_get(h + 24, 8);
+    *codec = (uint32_t)rk_le_get(h + 32, 4);
     if (*codec > 1 || *stored > (1ull << 40) || *raw > (1ull << 40) || (*codec == 0 && *stored != *raw)) {
         snprintf(msg, cap, "block frame header has impossible sizes (raw %llu, stored %llu, codec %u)",
                  (unsigned long long)*raw, (unsigned long long)*stored, *codec);
@@ -297,7 +289,7 @@ static void complete(rk_bs *bs, int si, int64_t res, rk_bs_done *d) {
             snprintf(d->msg, sizeof d->msg, "io: frame read for block %llu holds block %llu (%llu bytes)",
                      (unsigned long long)s->id, (unsigned long long)id, (unsigned long long)raw);
         }
-        if (!st && XXH64(s->buf + HDR, (size_t)stored, 0) != get_le(s->buf + 40, 8)) {
+        if (!st && XXH64(s->buf + HDR, (size_t)stored, 0) != rk_le_get(s->buf + 40, 8)) {
             st = RK_E_FORMAT;
             snprintf(d->msg, sizeof d->msg, "io: block %llu checksum mismatch: the frame is corrupt",
                      (unsigned long long)s->id);
@@ -441,11 +433,11 @@ rk_status rk_bs_put(rk_bs *bs, uint64_t id, const void *data, size_t len, void *
     uint8_t *h = s->buf;
     memset(h, 0, HDR);
     memcpy(h, "RKBS", 4);
-    put_le(h + 4, VERSION, 4);
-    put_le(h + 8, id, 8), put_le(h + 16, len, 8), put_le(h + 24, stored, 8);
-    put_le(h + 32, codec, 4), put_le(h + 36, codec ? (uint64_t)bs->p.zstd_level : 0, 4);
-    put_le(h + 40, XXH64(s->buf + HDR, stored, 0), 8);
-    put_le(h + 48, XXH64(h, 48, 0), 8);
+    rk_le_put(h + 4, VERSION, 4);
+    rk_le_put(h + 8, id, 8), rk_le_put(h + 16, len, 8), rk_le_put(h + 24, stored, 8);
+    rk_le_put(h + 32, codec, 4), rk_le_put(h + 36, codec ? (uint64_t)bs->p.zstd_level : 0, 4);
+    rk_le_put(h + 40, XXH64(s->buf + HDR, stored, 0), 8);
+    rk_le_put(h + 48, XXH64(h, 48, 0), 8);
     const uint64_t frame = round_up(HDR + stored);
     memset(s->buf + HDR + stored, 0, (size_t)(frame - HDR - stored));
     *s = (slot){.buf = s->buf, .busy = true, .is_put = true, .id = id, .off = bs->end, .frame = frame, .raw = len, .ud = ud};
@@ -685,4 +677,26 @@ void rk_bs_close(rk_bs *bs) {
     ZSTD_freeDCtx(bs->dctx);
     if (bs->fd >= 0) close(bs->fd);
     free(bs);
+}
+
+rk_status rk_bs_open_spill(const char *dir, const rk_bs_params *p, rk_bs **out, rk_err *err) {
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s/ridgekv-spill-XXXXXX", dir) >= (int)sizeof path)
+        return rk_err_set(err, RK_E_INVALID_ARG, "kv: spill directory path too long (%.64s...)", dir);
+    int fd = mkstemp(path);
+    if (fd < 0) return rk_err_set(err, RK_E_IO, "kv: cannot create a spill file in %s (%s)", dir, strerror(errno));
+    close(fd);
+    rk_status st = rk_bs_open(path, RK_BS_CREATE, p, out, err);
+    unlink(path);
+    return st;
+}
+
+void rk_bs_stats_accumulate(rk_bs_stats *acc, const rk_bs *bs) {
+    if (!bs) return;
+    rk_bs_stats o;
+    rk_bs_get_stats(bs, &o);
+    acc->puts += o.puts, acc->gets += o.gets;
+    acc->raw_written += o.raw_written, acc->stored_written += o.stored_written;
+    acc->raw_read += o.raw_read, acc->stored_read += o.stored_read;
+    acc->wait_s += o.wait_s, acc->compress_s += o.compress_s, acc->decompress_s += o.decompress_s;
 }

@@ -51,6 +51,9 @@ typedef enum rk_bs_mode { RK_BS_CREATE = 0, RK_BS_READ } rk_bs_mode;
 /* CREATE: a new file (truncated), for puts and gets. READ: an existing file, its frames
  * indexed by a scan of their headers (a bad header ends the scan with RK_E_FORMAT). */
 rk_status rk_bs_open(const char *path, rk_bs_mode mode, const rk_bs_params *p, rk_bs **out, rk_err *err);
+/* A new spill file in dir (made with mkstemp, unlinked at once: it goes with the store),
+ * open for puts and gets. */
+rk_status rk_bs_open_spill(const char *dir, const rk_bs_params *p, rk_bs **out, rk_err *err);
 /* Waits for what is in flight, then closes (accepts NULL). */
 void rk_bs_close(rk_bs *bs);
 
@@ -96,3 +99,5 @@ typedef struct rk_bs_stats {
     double compress_s, decompress_s;
 } rk_bs_stats;
 void rk_bs_get_stats(const rk_bs *bs, rk_bs_stats *out);
+/* Adds bs's counters to acc (bs may be NULL): totals over the stores a tier replaced. */
+void rk_bs_stats_accumulate(rk_bs_stats *acc, const rk_bs *bs);

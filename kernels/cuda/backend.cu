@@ -204,6 +204,18 @@ static rk_status run_elementwise(rk_backend *be, const rk_op_args *a, rk_err *er
 }
 
 /* ---- GET_ROWS, CPY_ROWS, ATTN -------------------------------------------------- */
+/* Begins the op's operands g with scratch for n row ids, and uploads a->ids there (from
+ * pageable memory: returns once they are staged). */
+static rk_status begin_with_ids(rk_cuda *c, const char *on, rk_cuda_arg *g, int ng, const rk_op_args *a, int64_t n,
+                                char **ids, rk_err *err) {
+    rk_status st = rk_cuda_args_begin(c, on, g, ng, (size_t)n * sizeof(int32_t), ids, err);
+    if (st != RK_OK) return st;
+    const void *hid = rk_cuda_host_src(c, a->ids, (size_t)n * sizeof(int32_t));
+    if (!hid) return rk_cuda_no_capture(c, "ids past the pinned arena", err);
+    CU("upload ids", cudaMemcpyAsync(*ids, hid, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, c->stream));
+    return RK_OK;
+}
+
 static rk_status run_get_rows(rk_backend *be, const rk_op_args *a, rk_err *err) {
     rk_cuda *c = impl_of(be);
     const char *on = "GET_ROWS";
@@ -212,12 +224,8 @@ static rk_status run_get_rows(rk_backend *be, const rk_op_args *a, rk_err *err) 
     CU("cudaSetDevice", cudaSetDevice(c->device));
     rk_cuda_arg g[2] = {rk_cuda_arg_of(&a->src0, true, false), rk_cuda_arg_of(&a->dst, false, true)};
     char *ids = NULL;
-    rk_status st = rk_cuda_args_begin(c, on, g, 2, (size_t)n * sizeof(int32_t), &ids, err);
+    rk_status st = begin_with_ids(c, on, g, 2, a, n, &ids, err);
     if (st != RK_OK) return st;
-    /* from pageable memory: returns once a->ids is staged */
-    const void *hid = rk_cuda_host_src(c, a->ids, (size_t)n * sizeof(int32_t));
-    if (!hid) return rk_cuda_no_capture(c, "ids past the pinned arena", err);
-    CU("upload ids", cudaMemcpyAsync(ids, hid, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, c->stream));
     CU("kernel", rk_cuda_get_rows(g[0].dev, a->src0.type, rk_cuda_arg_nb1(&g[0]), (const int32_t *)ids,
                                   (float *)g[1].dev, g[1].ld, n, d, c->stream));
     return rk_cuda_args_end(c, on, g, 2, err);
@@ -248,11 +256,8 @@ static rk_status run_scatter_rows(rk_backend *be, const rk_op_args *a, rk_err *e
     /* a staged dst goes up whole and comes back whole: rows not named keep their values */
     rk_cuda_arg g[2] = {rk_cuda_arg_of(&a->src0, true, false), rk_cuda_arg_of(&a->dst, true, true)};
     char *ids = NULL;
-    rk_status st = rk_cuda_args_begin(c, on, g, 2, (size_t)n * sizeof(int32_t), &ids, err);
+    rk_status st = begin_with_ids(c, on, g, 2, a, n, &ids, err);
     if (st != RK_OK) return st;
-    const void *hid = rk_cuda_host_src(c, a->ids, (size_t)n * sizeof(int32_t));
-    if (!hid) return rk_cuda_no_capture(c, "ids past the pinned arena", err);
-    CU("upload ids", cudaMemcpyAsync(ids, hid, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, c->stream));
     CU("kernel", rk_cuda_scatter_rows((const float *)g[0].dev, g[0].ld, (const int32_t *)ids, (float *)g[1].dev,
                                       g[1].ld, n, d, c->stream));
     return rk_cuda_args_end(c, on, g, 2, err);

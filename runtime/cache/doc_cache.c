@@ -28,14 +28,6 @@ struct rk_doc_cache {
     rk_doc_cache_stats last;
 };
 
-static void put_le(uint8_t *d, uint64_t v, int n) {
-    for (int i = 0; i < n; i++) d[i] = (uint8_t)(v >> (8 * i));
-}
-static uint64_t get_le(const uint8_t *d, int n) {
-    uint64_t v = 0;
-    for (int i = 0; i < n; i++) v |= (uint64_t)d[i] << (8 * i);
-    return v;
-}
 static void put_str(uint8_t *d, const char *s, size_t cap) {
     memset(d, 0, cap);
     if (s) memcpy(d, s, strnlen(s, cap - 1));
@@ -90,17 +82,17 @@ void rk_doc_cache_key(const rk_model *m, const rk_kv_params *kv, const char *ext
     memcpy(b, fp.arch, 16);
     const int64_t d[10] = {fp.n_layer, fp.n_embd, fp.n_head, fp.n_head_kv, fp.head_dim, fp.n_ff, fp.n_vocab,
                            (int64_t)fp.tokenizer_hash, (int64_t)fp.weights_hash, (int64_t)fp.quant_hash};
-    for (int i = 0; i < 10; i++) put_le(b + 16 + 8 * i, (uint64_t)d[i], 8);
+    for (int i = 0; i < 10; i++) rk_le_put(b + 16 + 8 * i, (uint64_t)d[i], 8);
     rk_sha256_update(&h, b, sizeof b);
     char spec[2048];
     rk_kv_params_format(kv, spec, sizeof spec);
     rk_sha256_update(&h, spec, strlen(spec) + 1);
     rk_sha256_update(&h, extra ? extra : "", (extra ? strlen(extra) : 0) + 1);
     uint8_t t[4];
-    put_le(b, n, 8);
+    rk_le_put(b, n, 8);
     rk_sha256_update(&h, b, 8);
     for (size_t i = 0; i < n; i++) {
-        put_le(t, (uint32_t)tokens[i], 4);
+        rk_le_put(t, (uint32_t)tokens[i], 4);
         rk_sha256_update(&h, t, 4);
     }
     uint8_t dig[32];
@@ -141,13 +133,13 @@ static rk_status read_meta(rk_bs *bs, meta *mt, char *msg, size_t cap) {
         snprintf(msg, cap, "not a document cache entry (header frame of %zu bytes)", len);
         return RK_E_FORMAT;
     }
-    const uint32_t v = (uint32_t)get_le(b + 4, 4);
+    const uint32_t v = (uint32_t)rk_le_get(b + 4, 4);
     if (v != META_VERSION) {
         snprintf(msg, cap, "entry format version %u (this build reads %d)", v, META_VERSION);
         return RK_E_FORMAT;
     }
-    mt->n_tokens = get_le(b + 8, 8), mt->raw = get_le(b + 16, 8);
-    mt->pieces = (uint32_t)get_le(b + 24, 4), mt->piece = (uint32_t)get_le(b + 28, 4);
+    mt->n_tokens = rk_le_get(b + 8, 8), mt->raw = rk_le_get(b + 16, 8);
+    mt->pieces = (uint32_t)rk_le_get(b + 24, 4), mt->piece = (uint32_t)rk_le_get(b + 28, 4);
     char k[65];
     memcpy(k, b + 32, 64);
     k[64] = '\0';
@@ -288,9 +280,9 @@ rk_status rk_doc_cache_save(rk_doc_cache *c, const char *key, const rk_model *m,
     const uint32_t pieces = (uint32_t)((len + PIECE - 1) / PIECE);
     uint8_t mb[META_BYTES] = {0};
     memcpy(mb, "RKDC", 4);
-    put_le(mb + 4, META_VERSION, 4);
-    put_le(mb + 8, (uint64_t)n, 8), put_le(mb + 16, len, 8);
-    put_le(mb + 24, pieces, 4), put_le(mb + 28, PIECE, 4);
+    rk_le_put(mb + 4, META_VERSION, 4);
+    rk_le_put(mb + 8, (uint64_t)n, 8), rk_le_put(mb + 16, len, 8);
+    rk_le_put(mb + 24, pieces, 4), rk_le_put(mb + 28, PIECE, 4);
     memcpy(mb + 32, key, 64);
     put_str(mb + 96, label, 256);
     put_str(mb + 352, rk_model_name(m), 64);

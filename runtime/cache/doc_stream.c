@@ -19,14 +19,6 @@
 
 enum { HEAD = 104, VERSION = 1 };
 
-static void put_le(uint8_t *d, uint64_t v, int n) {
-    for (int i = 0; i < n; i++) d[i] = (uint8_t)(v >> (8 * i));
-}
-static uint64_t get_le(const uint8_t *d, int n) {
-    uint64_t v = 0;
-    for (int i = 0; i < n; i++) v |= (uint64_t)d[i] << (8 * i);
-    return v;
-}
 
 static rk_status stream_path(const rk_doc_cache *c, const char *key, char *buf, size_t cap, rk_err *err) {
     if (!key || strlen(key) != 64 || strspn(key, "0123456789abcdef") != 64)
@@ -56,19 +48,19 @@ rk_status rk_doc_stream_save(rk_doc_cache *c, const char *key, const rk_session 
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     uint8_t h[HEAD] = {0};
     memcpy(h, "RKXS", 4);
-    put_le(h + 4, VERSION, 4);
+    rk_le_put(h + 4, VERSION, 4);
     memcpy(h + 8, key, 64);
-    put_le(h + 72, (uint64_t)fs.row0, 8), put_le(h + 80, (uint64_t)fs.n, 8);
-    put_le(h + 88, (uint32_t)fs.n_embd, 4), put_le(h + 92, (uint32_t)fs.split, 4);
-    put_le(h + 96, (uint64_t)rk_session_n_past(s), 8);
+    rk_le_put(h + 72, (uint64_t)fs.row0, 8), rk_le_put(h + 80, (uint64_t)fs.n, 8);
+    rk_le_put(h + 88, (uint32_t)fs.n_embd, 4), rk_le_put(h + 92, (uint32_t)fs.split, 4);
+    rk_le_put(h + 96, (uint64_t)rk_session_n_past(s), 8);
     const size_t nx = (size_t)fs.n * (size_t)fs.n_embd;
     uint8_t *body = malloc(nx * 2 + (size_t)fs.n * 5);
     if (!body) return rk_err_set(err, RK_E_NOMEM, "document stream: no memory for %lld rows", (long long)fs.n);
-    for (size_t i = 0; i < nx; i++) put_le(body + 2 * i, fs.x[i], 2);
+    for (size_t i = 0; i < nx; i++) rk_le_put(body + 2 * i, fs.x[i], 2);
     for (int64_t j = 0; j < fs.n; j++) {
         uint32_t u;
         memcpy(&u, &fs.base[j], 4);
-        put_le(body + nx * 2 + 4 * (size_t)j, u, 4);
+        rk_le_put(body + nx * 2 + 4 * (size_t)j, u, 4);
     }
     memcpy(body + nx * 2 + 4 * (size_t)fs.n, fs.keep, (size_t)fs.n);
     const size_t nbody = nx * 2 + (size_t)fs.n * 5;
@@ -126,12 +118,12 @@ static rk_status read_checked(const char *path, const char *key, uint8_t **buf, 
     rk_status st = RK_OK;
     if (got != n) snprintf(msg, cap, "read %zu of %zu bytes", got, n), st = RK_E_IO;
     else if (memcmp(b, "RKXS", 4)) snprintf(msg, cap, "not a stream file (magic)"), st = RK_E_FORMAT;
-    else if (get_le(b + 4, 4) != VERSION)
-        snprintf(msg, cap, "version %llu, this build reads %d", (unsigned long long)get_le(b + 4, 4), VERSION),
+    else if (rk_le_get(b + 4, 4) != VERSION)
+        snprintf(msg, cap, "version %llu, this build reads %d", (unsigned long long)rk_le_get(b + 4, 4), VERSION),
             st = RK_E_FORMAT;
     else if (memcmp(b + 8, key, 64)) snprintf(msg, cap, "written for another entry"), st = RK_E_FORMAT;
     if (!st) {
-        const uint64_t rows = get_le(b + 80, 8), d = get_le(b + 88, 4);
+        const uint64_t rows = rk_le_get(b + 80, 8), d = rk_le_get(b + 88, 4);
         /* the sizes first (no overflow: both below 2^32 and the file's length) */
         if (rows == 0 || d == 0 || rows > n || d > 1u << 20 || rows * (d * 2 + 5) + HEAD + 32 != n)
             snprintf(msg, cap, "%zu bytes do not hold %llu rows of %llu values", n, (unsigned long long)rows,
@@ -162,8 +154,8 @@ rk_status rk_doc_stream_load(rk_doc_cache *c, const char *key, rk_session *s, rk
     size_t n = 0;
     st = read_checked(path, key, &b, &n, msg, sizeof msg);
     if (st == RK_E_NOT_FOUND) return rk_err_set(err, st, "document stream: no stream for entry %.12s", key);
-    if (!st && get_le(b + 96, 8) != (uint64_t)rk_session_n_past(s)) {
-        snprintf(msg, sizeof msg, "written for %llu tokens, the session holds %lld", (unsigned long long)get_le(b + 96, 8),
+    if (!st && rk_le_get(b + 96, 8) != (uint64_t)rk_session_n_past(s)) {
+        snprintf(msg, sizeof msg, "written for %llu tokens, the session holds %lld", (unsigned long long)rk_le_get(b + 96, 8),
                  (long long)rk_session_n_past(s));
         st = RK_E_FORMAT;
     }
@@ -173,7 +165,7 @@ rk_status rk_doc_stream_load(rk_doc_cache *c, const char *key, rk_session *s, rk
         return rk_err_set(err, st, "document stream: %s is unusable (%s)%s", path, msg,
                           st == RK_E_FORMAT ? "; removed" : "");
     }
-    const int64_t rows = (int64_t)get_le(b + 80, 8), d = (int64_t)get_le(b + 88, 4);
+    const int64_t rows = (int64_t)rk_le_get(b + 80, 8), d = (int64_t)rk_le_get(b + 88, 4);
     uint16_t *x = malloc((size_t)(rows * d) * sizeof(uint16_t));
     float *base = malloc((size_t)rows * sizeof(float));
     if (!x || !base) {
@@ -181,14 +173,14 @@ rk_status rk_doc_stream_load(rk_doc_cache *c, const char *key, rk_session *s, rk
         return rk_err_set(err, RK_E_NOMEM, "document stream: no memory for %lld rows", (long long)rows);
     }
     const uint8_t *p = b + HEAD;
-    for (int64_t i = 0; i < rows * d; i++) x[i] = (uint16_t)get_le(p + 2 * i, 2);
+    for (int64_t i = 0; i < rows * d; i++) x[i] = (uint16_t)rk_le_get(p + 2 * i, 2);
     p += 2 * rows * d;
     for (int64_t j = 0; j < rows; j++) {
-        const uint32_t u = (uint32_t)get_le(p + 4 * j, 4);
+        const uint32_t u = (uint32_t)rk_le_get(p + 4 * j, 4);
         memcpy(&base[j], &u, 4);
     }
     p += 4 * rows;
-    const rk_fill_stream fs = {(int64_t)get_le(b + 72, 8), rows, (int32_t)d, (int32_t)get_le(b + 92, 4), x, base, p};
+    const rk_fill_stream fs = {(int64_t)rk_le_get(b + 72, 8), rows, (int32_t)d, (int32_t)rk_le_get(b + 92, 4), x, base, p};
     st = rk_session_fill_stream_set(s, &fs, err);
     free(b), free(x), free(base);
     if (st) return rk_err_wrap(err, "document stream: entry %.12s", key);

@@ -42,9 +42,6 @@ static uint64_t block_checksum(const uint8_t *b, size_t n) {
     return fnv_words(h, b + OFF_CHECKSUM + 8, n - OFF_CHECKSUM - 8);
 }
 
-static void put_le(uint8_t *dst, uint64_t v, int bytes) {
-    for (int i = 0; i < bytes; i++) dst[i] = (uint8_t)(v >> (8 * i));
-}
 
 static void put_fingerprint(rk_kv_buf *b, const rk_fingerprint *fp) {
     rk_kv_put(b, fp->arch, sizeof fp->arch);
@@ -87,8 +84,8 @@ rk_status rk_kv_block_export(const rk_kv *kv, const rk_model *m, const int32_t *
         free(b.p);
         return st;
     }
-    put_le(b.p + OFF_PAYLOAD, (uint64_t)(b.n - pay0), 8);
-    put_le(b.p + OFF_CHECKSUM, block_checksum(b.p, b.n), 8);
+    rk_le_put(b.p + OFF_PAYLOAD, (uint64_t)(b.n - pay0), 8);
+    rk_le_put(b.p + OFF_CHECKSUM, block_checksum(b.p, b.n), 8);
     *blk = b.p;
     *n = b.n;
     return RK_OK;

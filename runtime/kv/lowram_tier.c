@@ -219,20 +219,10 @@ static void update_cap(lr_tier *t) {
 /* ---- the store ---- */
 
 static rk_status open_store(lr_tier *t, rk_err *err) {
-    char path[3200];
-    snprintf(path, sizeof path, "%s/ridgekv-spill-XXXXXX", t->spill_dir);
-    int fd = mkstemp(path);
-    if (fd < 0) return rk_err_set(err, RK_E_IO, "kv: cannot create a spill file in %s (%s)", t->spill_dir, strerror(errno));
-    close(fd);
     rk_bs *bs = NULL;
-    rk_status st = rk_bs_open(path, RK_BS_CREATE, &t->bp, &bs, err);
-    unlink(path);
+    rk_status st = rk_bs_open_spill(t->spill_dir, &t->bp, &bs, err);
     if (st) return st;
-    if (t->bs) {
-        rk_bs_stats o;
-        rk_bs_get_stats(t->bs, &o);
-        t->acc.stored_read += o.stored_read, t->acc.stored_written += o.stored_written, t->acc.wait_s += o.wait_s;
-    }
+    rk_bs_stats_accumulate(&t->acc, t->bs);
     rk_bs_close(t->bs);
     t->bs = bs;
     return RK_OK;

@@ -50,6 +50,15 @@ void rk_err_clear(rk_err *err);
 const char *rk_status_name(rk_status s);
 
 /* Checked arithmetic for sizes read from files. Return false on overflow. */
+/* Little-endian fields of the on-disk formats: n bytes of v at d, and back. */
+static inline void rk_le_put(uint8_t *d, uint64_t v, int n) {
+    for (int i = 0; i < n; i++) d[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint64_t rk_le_get(const uint8_t *d, int n) {
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++) v |= (uint64_t)d[i] << (8 * i);
+    return v;
+}
 static inline bool rk_mul_u64(uint64_t a, uint64_t b, uint64_t *out) {
     return !__builtin_mul_overflow(a, b, out);
 }
