@@ -65,10 +65,26 @@ static bool thp_offered(void) {
     return strstr(buf, "[always]") || strstr(buf, "[madvise]");
 }
 
+/* MemAvailable of /proc/meminfo in bytes; 0 when it cannot be read. */
+static uint64_t mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
 bool rk_mapping_huge_wanted(size_t len) {
     const char *env = getenv("RIDGEKV_HUGEPAGES");
     if (env && strcmp(env, "0") == 0) return false;
-    return len >= RK_HUGE_PAGE && thp_offered();
+    if (len < RK_HUGE_PAGE || !thp_offered()) return false;
+    /* a private copy cannot be dropped under memory pressure the way mapped file pages can:
+     * only when it takes at most half of what is available now */
+    const uint64_t avail = mem_available();
+    return avail == 0 || (uint64_t)len <= avail / 2;
 }
 
 rk_status rk_mapping_open_huge(const char *path, rk_mapping *out, rk_err *err) {

@@ -232,6 +232,12 @@ Test(base, mapping_on_huge_pages) {
     }
     unsetenv("RIDGEKV_HUGEPAGES");
     cr_expect(!rk_mapping_huge_wanted(4096), "a small file is copied");
+    /* a file larger than half the available memory stays mapped (when /proc/meminfo tells) */
+    FILE *mi = fopen("/proc/meminfo", "r");
+    if (mi) {
+        fclose(mi);
+        cr_expect(!rk_mapping_huge_wanted((size_t)1 << 50), "a 1 PiB file would be copied into memory");
+    }
     /* a small file: a plain mapping, same bytes */
     write_bytes(path, data, 5000);
     rk_mapping m = {0};
