@@ -700,3 +700,13 @@ void rk_bs_stats_accumulate(rk_bs_stats *acc, const rk_bs *bs) {
     acc->raw_read += o.raw_read, acc->stored_read += o.stored_read;
     acc->wait_s += o.wait_s, acc->compress_s += o.compress_s, acc->decompress_s += o.decompress_s;
 }
+
+rk_status rk_bs_renew_spill(rk_bs **bs, const char *dir, const rk_bs_params *p, rk_bs_stats *acc, rk_err *err) {
+    rk_bs *fresh = NULL;
+    rk_status st = rk_bs_open_spill(dir, p, &fresh, err);
+    if (st) return st;
+    rk_bs_stats_accumulate(acc, *bs);
+    rk_bs_close(*bs);
+    *bs = fresh;
+    return RK_OK;
+}

@@ -101,3 +101,6 @@ typedef struct rk_bs_stats {
 void rk_bs_get_stats(const rk_bs *bs, rk_bs_stats *out);
 /* Adds bs's counters to acc (bs may be NULL): totals over the stores a tier replaced. */
 void rk_bs_stats_accumulate(rk_bs_stats *acc, const rk_bs *bs);
+/* Replaces *bs (may be NULL) by a new spill file in dir, adding the old store's counters to
+ * acc; on failure *bs stays as it was. */
+rk_status rk_bs_renew_spill(rk_bs **bs, const char *dir, const rk_bs_params *p, rk_bs_stats *acc, rk_err *err);

@@ -337,13 +337,7 @@ static void tier_truncate(rk_kv *kv, int64_t n) {
 
 /* A new, empty spill file: made in spill_dir, unlinked at once (it goes with the process). */
 static rk_status open_store(tier *t, rk_err *err) {
-    rk_bs *bs = NULL;
-    rk_status st = rk_bs_open_spill(t->spill_dir, &t->bp, &bs, err);
-    if (st) return st;
-    rk_bs_stats_accumulate(&t->acc, t->bs);
-    rk_bs_close(t->bs);
-    t->bs = bs;
-    return RK_OK;
+    return rk_bs_renew_spill(&t->bs, t->spill_dir, &t->bp, &t->acc, err);
 }
 
 static void tier_reset(rk_kv *kv) {

@@ -219,13 +219,7 @@ static void update_cap(lr_tier *t) {
 /* ---- the store ---- */
 
 static rk_status open_store(lr_tier *t, rk_err *err) {
-    rk_bs *bs = NULL;
-    rk_status st = rk_bs_open_spill(t->spill_dir, &t->bp, &bs, err);
-    if (st) return st;
-    rk_bs_stats_accumulate(&t->acc, t->bs);
-    rk_bs_close(t->bs);
-    t->bs = bs;
-    return RK_OK;
+    return rk_bs_renew_spill(&t->bs, t->spill_dir, &t->bp, &t->acc, err);
 }
 
 static void on_done(lr_tier *t, const rk_bs_done *d) {
