@@ -1,7 +1,7 @@
 /* Internal: LowRAM codec state shared by lowram.c (the rk_kv ops: append, attend, commit,
  * truncate, bytes), lowram_fit.c (the fit), lowram_store.c (row formats, exact rows,
  * compression, truncation), lowram_attn.c (attention over the compressed cache),
- * lowram_io.c (export / import of the whole state) and lowram_file.c (predictor files);
+ * lowram_scratch.c (its work areas), lowram_io.c (export / import of the whole state) and lowram_file.c (predictor files);
  * the eigensolver and solves are runtime/linalg. */
 #pragma once
 #include "kv_impl.h"
@@ -213,6 +213,7 @@ void lr_res_row(const rk_kv_codec *c, const lr_head *h, int64_t j, float *dst);
 
 /* ---- lowram_attn.c ------------------------------------------------------------- */
 rk_status lr_attention(rk_kv_codec *c, int layer, const float *q, int64_t n_q, int64_t pos0, float *out, rk_err *err);
+/* ---- lowram_scratch.c ---------------------------------------------------------- */
 /* Allocates per-thread scratch once ranks are known. */
 rk_status lr_scratch_alloc(rk_kv_codec *c, rk_err *err);
 void lr_scratch_free(rk_kv_codec *c);
