@@ -95,9 +95,13 @@ static int eval_ppl(int argc, char **argv) {
     if ((rc = cli_session_params(&o, &sp))) goto done;
     sp.n_ctx = c;
     if ((st = rk_session_create(m, &sp, &s, &e))) goto fail;
-    logits = malloc((size_t)c * (size_t)hp->n_vocab * sizeof(float));
+    /* Only the second half of a chunk is scored: the first half is evaluated without logits
+     * and the second in pieces of PPL_PIECE rows, so memory stays PPL_PIECE x n_vocab floats
+     * (a 16K chunk of a 152K-vocab model would otherwise keep 10 GB of logits). */
+    enum { PPL_PIECE = 512 };
+    logits = malloc((size_t)PPL_PIECE * (size_t)hp->n_vocab * sizeof(float));
     if (!logits) {
-        st = rk_err_set(&e, RK_E_NOMEM, "eval: out of memory for %d x %d logits", c, hp->n_vocab);
+        st = rk_err_set(&e, RK_E_NOMEM, "eval: out of memory for %d x %d logits", PPL_PIECE, hp->n_vocab);
         goto fail;
     }
     double nll = 0, nll2 = 0;
@@ -108,15 +112,20 @@ static int eval_ppl(int argc, char **argv) {
         int32_t saved = chunk[0];
         if (rk_model_add_bos(m) && rk_model_token_bos(m) >= 0) chunk[0] = rk_model_token_bos(m); /* as llama-perplexity */
         rk_session_reset(s);
-        st = rk_session_eval(s, chunk, (size_t)c, logits, true, &e);
+        const int half = c / 2;
+        st = rk_session_eval(s, chunk, (size_t)half, NULL, false, &e);
+        for (int p0 = half; !st && p0 < c - 1; p0 += PPL_PIECE) {
+            const int p1 = p0 + PPL_PIECE < c - 1 ? p0 + PPL_PIECE : c - 1; /* row c-1 has no next token */
+            st = rk_session_eval(s, chunk + p0, (size_t)(p1 - p0), logits, true, &e);
+            for (int j = p0; !st && j < p1; j++) {
+                const double l = ev_nll_row(logits + (size_t)(j - p0) * (size_t)hp->n_vocab, hp->n_vocab, chunk[j + 1]);
+                nll += l;
+                nll2 += l * l;
+                count++;
+            }
+        }
         chunk[0] = saved;
         if (st) goto fail;
-        for (int j = c / 2; j < c - 1; j++) {
-            const double l = ev_nll_row(logits + (size_t)j * (size_t)hp->n_vocab, hp->n_vocab, chunk[j + 1]);
-            nll += l;
-            nll2 += l * l;
-            count++;
-        }
         if (!o.json)
             fprintf(stderr, "eval ppl: chunk %lld/%lld  running ppl %.4f  (%.1f tok/s)\n", (long long)ch + 1,
                     (long long)n_chunk, exp(nll / (double)count),
