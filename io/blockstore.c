@@ -303,7 +303,9 @@ static void complete(rk_bs *bs, int si, int64_t res, rk_bs_done *d) {
             const double t0 = rk_time_now();
             if (codec == 0) memcpy(s->dst, s->buf + HDR, (size_t)raw);
             else {
-                size_t r = ZSTD_decompressDCtx(bs->dctx, s->dst, s->cap, s->buf + HDR, (size_t)stored);
+                /* capacity raw, not cap: zstd may use spare room past the content as scratch (it
+                 * decodes literals there), and the caller's bytes past raw are not ours */
+                size_t r = ZSTD_decompressDCtx(bs->dctx, s->dst, (size_t)raw, s->buf + HDR, (size_t)stored);
                 if (ZSTD_isError(r) || r != raw) {
                     st = RK_E_FORMAT;
                     snprintf(d->msg, sizeof d->msg, "io: block %llu does not decompress (%s)",
