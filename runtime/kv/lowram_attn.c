@@ -228,6 +228,22 @@ LR_AI void plain_rows(const head_task *t, int64_t p0, int64_t p1) {
     }
 }
 
+/* Key-cache slot s of head H (nb rows) as f32 into dst (nb, head_dim). */
+LR_AI void kc_load(const rk_kv_codec *c, const lr_head *H, int s, int nb, float *dst) {
+    const uint8_t *src = H->kc + (size_t)s * c->p.chunk * c->kc_row;
+    const int hd = c->hd;
+    if (c->p.kc_type != RK_DT_Q8_0) {
+        rk_quant_fast(RK_DT_F16)->to_f32(src, dst, (int64_t)nb * hd);
+        return;
+    }
+    for (int k = 0; k < nb; k++, src += c->kc_row) { /* f16 scale, then head_dim int8 (lr_encode_row) */
+        const float sc = rk_f16_to_f32((uint16_t)(src[0] | (src[1] << 8)));
+        const int8_t *restrict qv = (const int8_t *)(src + 2);
+        float *restrict o = dst + (size_t)k * hd;
+        for (int d = 0; d < hd; d++) o[d] = (float)qv[d] * sc;
+    }
+}
+
 /* Rebuilt post-RoPE keys of chunk ch into x->kb: from the key cache when it holds them
  * (sparse decode), else K = RoPE(mean + (C·B)/s), then cached over the least recently used
  * slot that this call has not used. */
@@ -242,14 +258,14 @@ LR_AI void chunk_keys(const head_task *t, int64_t ch, int nb, int slot) {
     const rk_quant_fns *f16 = rk_quant_fast(RK_DT_F16);
     int victim = -1;
     if (slot >= 0) { /* rebuilt by the LR_KEYS op before this task (sparse decode) */
-        f16->to_f32(H->kc + (size_t)slot * C * hd, x->kb, (int64_t)nb * hd);
+        kc_load(c, H, slot, nb, x->kb);
         return;
     }
     if (t->sparse && H->n_kc && !c->p.no_cache) {
         for (int i = 0; i < H->n_kc; i++)
             if (H->kc_ch[i] == ch && H->kc_rows[i] == nb && H->kc_epoch[i] == c->epoch) {
                 H->kc_used[i] = c->n_calls;
-                f16->to_f32(H->kc + (size_t)i * C * hd, x->kb, (int64_t)nb * hd);
+                kc_load(c, H, i, nb, x->kb);
                 return;
             }
         for (int i = 0; i < H->n_kc; i++)
@@ -266,9 +282,14 @@ LR_AI void chunk_keys(const head_task *t, int64_t ch, int nb, int slot) {
     }
     x->n_rebuilt += (uint64_t)nb;
     if (victim >= 0) {
-        uint16_t *dst = H->kc + (size_t)victim * C * hd;
-        for (int i = 0; i < nb * hd; i++) dst[i] = rk_f32_to_f16(x->kb[i]);
-        f16->to_f32(dst, x->kb, (int64_t)nb * hd); /* a hit later sees exactly these keys */
+        uint8_t *dst = H->kc + (size_t)victim * C * c->kc_row;
+        if (c->p.kc_type == RK_DT_Q8_0) {
+            for (int k = 0; k < nb; k++) lr_encode_row(RK_DT_Q8_0, x->kb + (size_t)k * hd, hd, dst + (size_t)k * c->kc_row);
+        } else {
+            uint16_t *d16 = (uint16_t *)dst;
+            for (int i = 0; i < nb * hd; i++) d16[i] = rk_f32_to_f16(x->kb[i]);
+            f16->to_f32(d16, x->kb, (int64_t)nb * hd);
+        } /* a hit later sees exactly these keys */
         H->kc_ch[victim] = (int32_t)ch, H->kc_rows[victim] = nb, H->kc_epoch[victim] = c->epoch;
         H->kc_used[victim] = c->n_calls;
     }
@@ -829,7 +850,11 @@ static rk_status sparse_decode(rk_kv_codec *c, int layer, const float *q, int64_
         int64_t r0 = 0;
         for (int m = 0; m < n_miss; m++) {
             const int s = c->bmiss[m], nb = H->kc_rows[s];
-            store_f16(c->bkb + (size_t)r0 * hd, H->kc + (size_t)s * C * hd, (int64_t)nb * hd, avx2);
+            uint8_t *dst = H->kc + (size_t)s * C * c->kc_row;
+            if (c->p.kc_type == RK_DT_Q8_0)
+                for (int k = 0; k < nb; k++)
+                    lr_encode_row(RK_DT_Q8_0, c->bkb + (size_t)(r0 + k) * hd, hd, dst + (size_t)k * c->kc_row);
+            else store_f16(c->bkb + (size_t)r0 * hd, (uint16_t *)dst, (int64_t)nb * hd, avx2);
             r0 += nb;
         }
         x->n_rebuilt += (uint64_t)rows;
