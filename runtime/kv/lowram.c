@@ -25,7 +25,8 @@ rk_lowram_params rk_lowram_params_default(void) {
     p.hyst = -1; /* off until measured (see docs/LOWRAM.md) */
     p.coef_type = RK_DT_Q8_0;
     p.resid_type = RK_DT_Q8_0;
-    p.kc_type = RK_DT_F16;
+    p.kc_type = RK_DT_Q8_0; /* int8 key cache: at the old f16 cache's bytes it holds 34 chunks, not 18 */
+    p.kc_extra = 18;
     p.exact_type = RK_DT_F16;
     p.obs_window = 32;
     p.lambda = 1e-3f;
@@ -153,7 +154,7 @@ static rk_status resolve(rk_lowram_params *p, const rk_kv *hp, rk_err *err) {
     if (p->min_chunks <= 0) p->min_chunks = 2;
     if (p->key_rank < 0) p->key_rank = 0;
     if (p->hyst == 0) p->hyst = d.hyst;
-    if (p->kc_extra <= 0) p->kc_extra = 2;
+    if (p->kc_extra <= 0) p->kc_extra = d.kc_extra;
     if (p->kc_type == RK_DT_F32) p->kc_type = d.kc_type;
     if (p->kc_type != RK_DT_F16 && p->kc_type != RK_DT_Q8_0)
         return rk_err_set(err, RK_E_INVALID_ARG, "lowram: key-cache type %s (f16 or int8)", rk_dtype_name(p->kc_type));
