@@ -568,6 +568,29 @@ LR_AI void summaries(const head_task *t, int64_t n_ch) {
     const lr_group *g = &c->g[L->grp];
     const int hd = c->hd, C = c->p.chunk, r = g->r;
     const rk_quant_fns *f16 = rk_quant_fast(RK_DT_F16);
+#ifdef LR_HAVE_ACC_AVX2
+    /* windows of C consecutive chunks, the selected ones at weight 0 (bias -inf): Σ a·c is read
+     * straight from the f16 mean-coefficient rows (no f32 copy of r values per chunk and head) */
+    if (t->use_c && t->avx2 && !c->wide) {
+        for (int64_t ch0 = 0; ch0 < n_ch; ch0 += C) {
+            const int nb = n_ch - ch0 < C ? (int)(n_ch - ch0) : C;
+            int live = 0;
+            for (int k = 0; k < nb; k++) {
+                const int64_t ch = ch0 + k, rows = g->n_rows - ch * C < C ? g->n_rows - ch * C : C;
+                f16->to_f32(L->lmk + (size_t)ch * c->kvd + (size_t)t->h * hd, x->kb + (size_t)k * hd, hd);
+                x->bias[k] = x->mark[ch] ? -INFINITY : logf((float)rows);
+                live += !x->mark[ch];
+            }
+            if (!live) continue;
+            scores(t, x->kb, nb, -1, x->bias);
+            acc_rows_avx2(x->acc_c, (size_t)c->r_max, t->ns, x->sc, 1, (size_t)C,
+                          (const uint8_t *)(g->cmean + (size_t)ch0 * r), (size_t)r * 2, LR_R_F16, nb, r);
+            for (int j = 0; j < t->ns; j++)
+                for (int k = 0; k < nb; k++) x->st_a[j] += x->sc[(size_t)j * C + k];
+        }
+        return;
+    }
+#endif
     for (int64_t ch = 0; ch < n_ch;) {
         int nb = 0;
         for (; nb < C && ch < n_ch; ch++) {
