@@ -284,7 +284,8 @@ LR_AI void chunk_keys(const head_task *t, int64_t ch, int nb, int slot) {
     if (victim >= 0) {
         uint8_t *dst = H->kc + (size_t)victim * C * c->kc_row;
         if (c->p.kc_type == RK_DT_Q8_0) {
-            for (int k = 0; k < nb; k++) lr_encode_row(RK_DT_Q8_0, x->kb + (size_t)k * hd, hd, dst + (size_t)k * c->kc_row);
+            for (int k = 0; k < nb; k++)
+                lr_encode_row(RK_DT_Q8_0, x->kb + (size_t)k * hd, hd, dst + (size_t)k * c->kc_row);
         } else {
             uint16_t *d16 = (uint16_t *)dst;
             for (int i = 0; i < nb * hd; i++) d16[i] = rk_f32_to_f16(x->kb[i]);
