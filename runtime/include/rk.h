@@ -125,10 +125,15 @@ typedef struct rk_lowram_params {
                              to its selection score, so that selection churn rebuilds fewer keys
                              (0: default; < 0: off) */
     int32_t kc_extra;     /* decode's key cache holds budget / chunk + kc_extra chunks per (layer, KV head)
-                             (0: 2) */
+                             (0: 18) */
     int32_t prefill_fit;  /* a long eval fits once this many of its rows have passed every layer and
                              then compresses chunk by chunk, so the exact prompt never coexists with
                              its compressed form (0: fit at the end of the eval) */
+    int32_t fit_min;      /* no fit (every row stays exact, attention is the backend's exact ATTN) until
+                             the context holds this many rows (0: as soon as a chunk leaves the window);
+                             below it LowRAM costs what f16 does */
+    uint32_t kc_type;     /* decode's key cache: RK_DT_Q8_0 (default: int8, one f16 scale per row and head)
+                             or RK_DT_F16; 0 (F32): the default */
     bool dense;           /* attend to every compressed row (for checking) */
     bool no_summary;      /* ablation: unselected chunks are dropped, not one summary row each */
     bool no_cache;        /* ablation: no cache of rebuilt keys between decode steps */

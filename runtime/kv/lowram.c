@@ -25,6 +25,8 @@ rk_lowram_params rk_lowram_params_default(void) {
     p.hyst = -1; /* off until measured (see docs/LOWRAM.md) */
     p.coef_type = RK_DT_Q8_0;
     p.resid_type = RK_DT_Q8_0;
+    p.kc_type = RK_DT_Q8_0; /* int8 key cache: at the old f16 cache's bytes it holds 34 chunks, not 18 */
+    p.kc_extra = 18;
     p.exact_type = RK_DT_F16;
     p.obs_window = 32;
     p.lambda = 1e-3f;
@@ -82,6 +84,12 @@ rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err) {
             else return bad(err, "exact= expects f16 or f32", v);
             continue;
         }
+        if (!strcmp(tok, "kcache")) {
+            if (!strcmp(v, "f16")) q.kc_type = RK_DT_F16;
+            else if (!strcmp(v, "int8")) q.kc_type = RK_DT_Q8_0;
+            else return bad(err, "kcache= expects f16 or int8", v);
+            continue;
+        }
         if (!strcmp(tok, "coef") || !strcmp(tok, "rtype")) {
             uint32_t t;
             if (!strcmp(v, "f16")) t = RK_DT_F16;
@@ -108,6 +116,7 @@ rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err) {
             {"topp", 0, 1, &q.topp, NULL},               {"minch", 1, 1 << 20, NULL, &q.min_chunks},
             {"krank", 1, 1 << 20, NULL, &q.key_rank},       {"pfit", 0, 1 << 24, NULL, &q.prefill_fit},
             {"hyst", 0, 100, &q.hyst, NULL},            {"kslots", 1, 1 << 16, NULL, &q.kc_extra},
+            {"start", 0, 1 << 24, NULL, &q.fit_min},
         };
         size_t k = 0;
         for (; k < sizeof keys / sizeof keys[0]; k++)
@@ -145,7 +154,10 @@ static rk_status resolve(rk_lowram_params *p, const rk_kv *hp, rk_err *err) {
     if (p->min_chunks <= 0) p->min_chunks = 2;
     if (p->key_rank < 0) p->key_rank = 0;
     if (p->hyst == 0) p->hyst = d.hyst;
-    if (p->kc_extra <= 0) p->kc_extra = 2;
+    if (p->kc_extra <= 0) p->kc_extra = d.kc_extra;
+    if (p->kc_type == RK_DT_F32) p->kc_type = d.kc_type;
+    if (p->kc_type != RK_DT_F16 && p->kc_type != RK_DT_Q8_0)
+        return rk_err_set(err, RK_E_INVALID_ARG, "lowram: key-cache type %s (f16 or int8)", rk_dtype_name(p->kc_type));
     if (p->hyst < 0) p->hyst = 0; /* resolved: 0 is off */
     if (p->coef_type != RK_DT_F16 && p->coef_type != RK_DT_F32 && p->coef_type != RK_DT_Q8_0)
         return rk_err_set(err, RK_E_INVALID_ARG, "lowram: coefficient type %s (f16, f32 or int8)", rk_dtype_name(p->coef_type));
@@ -211,6 +223,7 @@ rk_status lr_codec_new(const rk_kv *kv, const rk_lowram_params *p, int n_threads
     c->comp_end = c->p.n_sink;
     c->exact_type = c->p.exact_type;
     c->xrow = (size_t)c->kvd * (c->exact_type == RK_DT_F32 ? 4 : 2);
+    c->kc_row = c->p.kc_type == RK_DT_Q8_0 ? 2u + (size_t)c->hd : 2u * (size_t)c->hd;
     c->n_group = (c->n_layer + c->p.group - 1) / c->p.group;
     c->g = calloc((size_t)c->n_group, sizeof *c->g);
     c->ly = calloc((size_t)c->n_layer, sizeof *c->ly);
@@ -285,7 +298,8 @@ static rk_status prefill_step(rk_kv_codec *c, int64_t pos0, rk_err *err) {
     const int64_t sink = c->p.n_sink, C = c->p.chunk;
     lr_rope_fill(c, pos0);
     if (!c->fitted) {
-        if (pos0 - sink - c->p.window >= C && pos0 - sink >= 128 && pos0 >= c->p.prefill_fit) return lr_fit(c, pos0, err);
+        if (pos0 - sink - c->p.window >= C && pos0 - sink >= 128 && pos0 >= c->p.prefill_fit && pos0 >= c->p.fit_min)
+            return lr_fit(c, pos0, err);
         return RK_OK;
     }
     int64_t end = pos0 - c->p.window;
@@ -353,8 +367,8 @@ static rk_status lowram_commit(rk_kv *kv, int64_t n, rk_err *err) {
     rk_status st = RK_OK;
     const int64_t sink = c->p.n_sink, C = c->p.chunk;
     if (!c->fitted) {
-        /* enough rows to fit on, and at least one chunk to compress */
-        if (n - sink - c->p.window >= C && n - sink >= 128) {
+        /* enough rows to fit on, at least one chunk to compress, and past the start threshold */
+        if (n - sink - c->p.window >= C && n - sink >= 128 && n >= c->p.fit_min) {
             if ((st = lr_fit(c, n, err))) return st; /* nothing dropped: every row is still exact */
         }
     } else {
@@ -495,7 +509,7 @@ static void lowram_bytes(const rk_kv *kv, rk_kv_bytes *o) {
             for (int h = 0; h < c->n_head_kv; h++) {
                 o->residuals += (uint64_t)L->h[h].n_res * c->res_bytes;
                 o->meta += n_ch * (sizeof(uint32_t) + sizeof(int32_t)) + sizeof(float);
-                const uint64_t kc = (uint64_t)L->h[h].n_kc * ((uint64_t)c->p.chunk * c->hd * sizeof(uint16_t) + 16);
+                const uint64_t kc = (uint64_t)L->h[h].n_kc * ((uint64_t)c->p.chunk * c->kc_row + 16);
                 if (c->p.no_cache) o->scratch += kc; /* slots live one call only */
                 else o->key_cache += kc;
             }

@@ -228,6 +228,22 @@ LR_AI void plain_rows(const head_task *t, int64_t p0, int64_t p1) {
     }
 }
 
+/* Key-cache slot s of head H (nb rows) as f32 into dst (nb, head_dim). */
+LR_AI void kc_load(const rk_kv_codec *c, const lr_head *H, int s, int nb, float *dst) {
+    const uint8_t *src = H->kc + (size_t)s * c->p.chunk * c->kc_row;
+    const int hd = c->hd;
+    if (c->p.kc_type != RK_DT_Q8_0) {
+        rk_quant_fast(RK_DT_F16)->to_f32(src, dst, (int64_t)nb * hd);
+        return;
+    }
+    for (int k = 0; k < nb; k++, src += c->kc_row) { /* f16 scale, then head_dim int8 (lr_encode_row) */
+        const float sc = rk_f16_to_f32((uint16_t)(src[0] | (src[1] << 8)));
+        const int8_t *restrict qv = (const int8_t *)(src + 2);
+        float *restrict o = dst + (size_t)k * hd;
+        for (int d = 0; d < hd; d++) o[d] = (float)qv[d] * sc;
+    }
+}
+
 /* Rebuilt post-RoPE keys of chunk ch into x->kb: from the key cache when it holds them
  * (sparse decode), else K = RoPE(mean + (C·B)/s), then cached over the least recently used
  * slot that this call has not used. */
@@ -242,14 +258,14 @@ LR_AI void chunk_keys(const head_task *t, int64_t ch, int nb, int slot) {
     const rk_quant_fns *f16 = rk_quant_fast(RK_DT_F16);
     int victim = -1;
     if (slot >= 0) { /* rebuilt by the LR_KEYS op before this task (sparse decode) */
-        f16->to_f32(H->kc + (size_t)slot * C * hd, x->kb, (int64_t)nb * hd);
+        kc_load(c, H, slot, nb, x->kb);
         return;
     }
     if (t->sparse && H->n_kc && !c->p.no_cache) {
         for (int i = 0; i < H->n_kc; i++)
             if (H->kc_ch[i] == ch && H->kc_rows[i] == nb && H->kc_epoch[i] == c->epoch) {
                 H->kc_used[i] = c->n_calls;
-                f16->to_f32(H->kc + (size_t)i * C * hd, x->kb, (int64_t)nb * hd);
+                kc_load(c, H, i, nb, x->kb);
                 return;
             }
         for (int i = 0; i < H->n_kc; i++)
@@ -266,9 +282,15 @@ LR_AI void chunk_keys(const head_task *t, int64_t ch, int nb, int slot) {
     }
     x->n_rebuilt += (uint64_t)nb;
     if (victim >= 0) {
-        uint16_t *dst = H->kc + (size_t)victim * C * hd;
-        for (int i = 0; i < nb * hd; i++) dst[i] = rk_f32_to_f16(x->kb[i]);
-        f16->to_f32(dst, x->kb, (int64_t)nb * hd); /* a hit later sees exactly these keys */
+        uint8_t *dst = H->kc + (size_t)victim * C * c->kc_row;
+        if (c->p.kc_type == RK_DT_Q8_0) {
+            for (int k = 0; k < nb; k++)
+                lr_encode_row(RK_DT_Q8_0, x->kb + (size_t)k * hd, hd, dst + (size_t)k * c->kc_row);
+        } else {
+            uint16_t *d16 = (uint16_t *)dst;
+            for (int i = 0; i < nb * hd; i++) d16[i] = rk_f32_to_f16(x->kb[i]);
+            f16->to_f32(d16, x->kb, (int64_t)nb * hd);
+        } /* a hit later sees exactly these keys */
         H->kc_ch[victim] = (int32_t)ch, H->kc_rows[victim] = nb, H->kc_epoch[victim] = c->epoch;
         H->kc_used[victim] = c->n_calls;
     }
@@ -547,6 +569,29 @@ LR_AI void summaries(const head_task *t, int64_t n_ch) {
     const lr_group *g = &c->g[L->grp];
     const int hd = c->hd, C = c->p.chunk, r = g->r;
     const rk_quant_fns *f16 = rk_quant_fast(RK_DT_F16);
+#ifdef LR_HAVE_ACC_AVX2
+    /* windows of C consecutive chunks, the selected ones at weight 0 (bias -inf): Σ a·c is read
+     * straight from the f16 mean-coefficient rows (no f32 copy of r values per chunk and head) */
+    if (t->use_c && t->avx2 && !c->wide) {
+        for (int64_t ch0 = 0; ch0 < n_ch; ch0 += C) {
+            const int nb = n_ch - ch0 < C ? (int)(n_ch - ch0) : C;
+            int live = 0;
+            for (int k = 0; k < nb; k++) {
+                const int64_t ch = ch0 + k, rows = g->n_rows - ch * C < C ? g->n_rows - ch * C : C;
+                f16->to_f32(L->lmk + (size_t)ch * c->kvd + (size_t)t->h * hd, x->kb + (size_t)k * hd, hd);
+                x->bias[k] = x->mark[ch] ? -INFINITY : logf((float)rows);
+                live += !x->mark[ch];
+            }
+            if (!live) continue;
+            scores(t, x->kb, nb, -1, x->bias);
+            acc_rows_avx2(x->acc_c, (size_t)c->r_max, t->ns, x->sc, 1, (size_t)C,
+                          (const uint8_t *)(g->cmean + (size_t)ch0 * r), (size_t)r * 2, LR_R_F16, nb, r);
+            for (int j = 0; j < t->ns; j++)
+                for (int k = 0; k < nb; k++) x->st_a[j] += x->sc[(size_t)j * C + k];
+        }
+        return;
+    }
+#endif
     for (int64_t ch = 0; ch < n_ch;) {
         int nb = 0;
         for (; nb < C && ch < n_ch; ch++) {
@@ -829,7 +874,11 @@ static rk_status sparse_decode(rk_kv_codec *c, int layer, const float *q, int64_
         int64_t r0 = 0;
         for (int m = 0; m < n_miss; m++) {
             const int s = c->bmiss[m], nb = H->kc_rows[s];
-            store_f16(c->bkb + (size_t)r0 * hd, H->kc + (size_t)s * C * hd, (int64_t)nb * hd, avx2);
+            uint8_t *dst = H->kc + (size_t)s * C * c->kc_row;
+            if (c->p.kc_type == RK_DT_Q8_0)
+                for (int k = 0; k < nb; k++)
+                    lr_encode_row(RK_DT_Q8_0, c->bkb + (size_t)(r0 + k) * hd, hd, dst + (size_t)k * c->kc_row);
+            else store_f16(c->bkb + (size_t)r0 * hd, (uint16_t *)dst, (int64_t)nb * hd, avx2);
             r0 += nb;
         }
         x->n_rebuilt += (uint64_t)rows;

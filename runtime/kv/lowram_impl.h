@@ -28,11 +28,12 @@ typedef struct lr_group {
 typedef struct lr_head {
     float tau;            /* later blocks keep a residual when ||δ||² >= tau */
     float r2;             /* R² of V̂ on the fit rows */
-    /* decode's cache of rebuilt post-RoPE keys: n_kc slots of one chunk each (f16) */
+    /* decode's cache of rebuilt post-RoPE keys: n_kc slots of one chunk each (rows of c->kc_row bytes:
+     * f16, or int8 after an f16 scale) */
     int n_kc;
     int32_t *kc_ch, *kc_rows; /* (n_kc) chunk held (-1: none) and its row count then */
     uint32_t *kc_epoch, *kc_used; /* (n_kc) codec epoch then; attention call that last used it */
-    uint16_t *kc;             /* (n_kc, chunk, head_dim) */
+    uint8_t *kc;              /* (n_kc, chunk, kc_row) */
     int64_t n_res;        /* residual rows stored */
     uint8_t *res;         /* (cap_rows, res_bytes) in stored-row order */
     uint32_t *mask;       /* (cap_chunks) bit i: stored row chunk*C + i has a residual */
@@ -94,6 +95,7 @@ struct rk_kv_codec {
     int n_group, r_max, D_max;
     int64_t n_ctx, cap_chunks;
     size_t res_bytes;     /* bytes of one residual row (one head) */
+    size_t kc_row;        /* bytes of one key-cache row (one head): f16 2·head_dim, int8 2 + head_dim */
     bool wide;            /* bases and predictors stored f32 (coef f32: the checking setup), else f16 */
     rk_backend *be;       /* borrowed: attention over exact rows before the fit, row conversion */
     lr_group *g;          /* (n_group) */

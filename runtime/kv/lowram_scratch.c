@@ -55,7 +55,7 @@ static void kcache_free(rk_kv_codec *c) {
 static bool kcache_alloc(rk_kv_codec *c) {
     if (c->p.dense) return true;
     const int n = (int)((c->p.budget + c->p.chunk - 1) / c->p.chunk) + c->p.kc_extra;
-    const size_t rows = (size_t)c->p.chunk * c->hd;
+    const size_t rows = (size_t)c->p.chunk * c->kc_row;
     for (int l = 0; l < c->n_layer; l++)
         for (int h = 0; h < c->n_head_kv; h++) {
             lr_head *H = &c->ly[l].h[h];
@@ -63,7 +63,7 @@ static bool kcache_alloc(rk_kv_codec *c) {
             H->kc_rows = malloc((size_t)n * sizeof(int32_t));
             H->kc_epoch = calloc((size_t)n, sizeof(uint32_t));
             H->kc_used = calloc((size_t)n, sizeof(uint32_t));
-            H->kc = malloc((size_t)n * rows * sizeof(uint16_t));
+            H->kc = malloc((size_t)n * rows);
             if (!H->kc_ch || !H->kc_rows || !H->kc_epoch || !H->kc_used || !H->kc) return false;
             for (int i = 0; i < n; i++) H->kc_ch[i] = -1;
             H->n_kc = n;

@@ -315,8 +315,8 @@ int main(int argc, char **argv) {
     if (run(m, w, n_prompt, n_cont, n_threads, NULL, true, &ref)) return 1;
     printf("model %s, prompt %d tokens (+%d skipped), continuation %d, threads %d\n", rk_model_name(m), n_prompt, skip,
            n_cont, n_threads);
-    printf("%-44s %8s %8s %8s %7s %9s %8s %8s %8s %7s %7s %9s\n", "kv", "NLL", "dNLL", "KL", "top1", "B/tok", "ratio",
-           "ratio_c", "dec_ms", "fit_s", "pf_s", "cpu_ms");
+    printf("%-44s %8s %8s %8s %7s %9s %8s %8s %8s %7s %7s %9s %8s\n", "kv", "NLL", "dNLL", "KL", "top1", "B/tok", "ratio",
+           "ratio_c", "dec_ms", "fit_s", "pf_s", "cpu_ms", "rebuilt");
     printf("%-44s %8.4f %8s %8s %7s %9.0f %8s %8s %8.1f %7s %7.2f %9.1f\n", "f16 exact", ref.nll, "", "", "",
            (double)ref.kb.total / ref.kb.n_tokens, "1.00", "", 1000 * ref.dec_s, "", ref.pf_s, 1000 * ref.dec_cpu_s);
     for (int k = 0; k < n_specs; k++) {
@@ -327,9 +327,10 @@ int main(int argc, char **argv) {
         double f16_row = (double)b->f16_equiv / b->n_tokens;
         char name[64];
         snprintf(name, sizeof name, "lowram:%s", specs[k]);
-        printf("%-44s %8.4f %+8.4f %8.5f %7.3f %9.0f %8.2f %8.2f %8.1f %7.2f %7.2f %9.1f\n", name, o.nll, o.nll - ref.nll,
-               o.kl, o.top1, (double)b->total / b->n_tokens, (double)b->f16_equiv / b->total,
-               n_c > 0 ? f16_row * n_c / comp : 0, 1000 * o.dec_s, o.ls.seconds_fit, o.pf_s, 1000 * o.dec_cpu_s);
+        printf("%-44s %8.4f %+8.4f %8.5f %7.3f %9.0f %8.2f %8.2f %8.1f %7.2f %7.2f %9.1f %8.3f\n", name, o.nll,
+               o.nll - ref.nll, o.kl, o.top1, (double)b->total / b->n_tokens, (double)b->f16_equiv / b->total,
+               n_c > 0 ? f16_row * n_c / comp : 0, 1000 * o.dec_s, o.ls.seconds_fit, o.pf_s, 1000 * o.dec_cpu_s,
+               o.ls.rows_attended ? (double)o.ls.rows_rebuilt / (double)o.ls.rows_attended : 0.0);
         if (json || k == 0 || n_specs == 1)
             printf("    bytes: exact %llu coef %llu bases %llu pred %llu resid %llu lmk %llu meta %llu kcache %llu = %llu "
                    "(f16 %llu); rows exact %lld comp %lld evicted %lld; scratch %llu\n"

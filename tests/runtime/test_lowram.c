@@ -243,15 +243,17 @@ Test(lowram, byte_accounting_adds_up) {
     const rk_hparams *hp = rk_model_hparams(m);
     const int nv = hp->n_vocab;
     int32_t *ids = rt_story_ids(m, 340);
-    rk_session *s = session(m, RK_DT_F16, "rank=24,window=64,coef=int8,budget=64");
+    /* kslots=2: the default 18 spare key-cache chunks would outweigh this tiny model's 340 rows */
+    rk_session *s = session(m, RK_DT_F16, "rank=24,window=64,coef=int8,budget=64,kslots=2");
     rk_kv_bytes b;
     rk_session_kv_bytes(s, &b);
     cr_expect_eq(b.total, 0);
     float *lg = trace(s, ids, 300, 40, nv);
     rk_session_kv_bytes(s, &b);
     cr_expect_eq(b.total, b.exact + b.coef + b.bases + b.predictors + b.residuals + b.landmarks + b.meta + b.key_cache);
-    /* key cache: (64/32 + 2) chunk slots of 32 x head_dim f16 per (layer, KV head), 16 bytes of tags */
-    cr_expect_eq(b.key_cache, (uint64_t)hp->n_layer * hp->n_head_kv * (64 / 32 + 2) * (32ull * hp->head_dim * 2 + 16));
+    /* key cache: (64/32 + 2) chunk slots of 32 rows (an f16 scale + head_dim int8: the default int8 cache)
+     * per (layer, KV head), 16 bytes of tags */
+    cr_expect_eq(b.key_cache, (uint64_t)hp->n_layer * hp->n_head_kv * (64 / 32 + 2) * (32ull * (hp->head_dim + 2) + 16));
     const rk_kv_codec *c = codec(s);
     const int kvd = hp->n_head_kv * hp->head_dim, C = c->p.chunk;
     cr_expect_eq(b.n_tokens, 340);
@@ -356,9 +358,10 @@ Test(lowram, key_cache_slots_and_hysteresis) {
     const int n_prompt = 1 + n_story + n_prefix;
     int32_t *ids = copy_prompt(m, n_story, n_prefix, n_dec);
     rk_session *ex = session(m, RK_DT_F16, NULL);
-    rk_session *d = session(m, RK_DT_F16, "window=64,budget=96,chunk=16");
+    /* kslots=2: a cache smaller than the 20 chunks (the default 6 + 18 slots would hold them all) */
+    rk_session *d = session(m, RK_DT_F16, "window=64,budget=96,chunk=16,kslots=2");
     rk_session *k = session(m, RK_DT_F16, "window=64,budget=96,chunk=16,kslots=40");
-    rk_session *h = session(m, RK_DT_F16, "window=64,budget=96,chunk=16,hyst=1");
+    rk_session *h = session(m, RK_DT_F16, "window=64,budget=96,chunk=16,kslots=2,hyst=1");
     float *a = trace(ex, ids, n_prompt, n_dec, nv), *ld = trace(d, ids, n_prompt, n_dec, nv);
     float *lk = trace(k, ids, n_prompt, n_dec, nv), *lh = trace(h, ids, n_prompt, n_dec, nv);
     rk_lowram_stats sd, sk, sh;
@@ -373,6 +376,75 @@ Test(lowram, key_cache_slots_and_hysteresis) {
     cr_expect_lt(kl, 0.02, "hyst=1 KL %g", kl);
     free(a), free(ld), free(lk), free(lh), free(ids);
     rk_session_destroy(ex), rk_session_destroy(d), rk_session_destroy(k), rk_session_destroy(h);
+    rk_model_destroy(m);
+}
+
+/* kcache=int8: the key cache stores int8 rows (one f16 scale per row and head). A hit and a
+ * miss give the same keys (a miss decodes what it stored), so the cache's size still never
+ * changes a result (kslots: bit-identical logits); its bytes are (2 + hd) / (2 hd) of f16's
+ * per row; and decode stays close to exact (the bound of decode_stays_close_to_exact). */
+Test(lowram, int8_key_cache) {
+    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    const rk_hparams *hp = rk_model_hparams(m);
+    const int nv = hp->n_vocab, n_story = 220, n_prefix = 100, n_dec = 40;
+    const int n_prompt = 1 + n_story + n_prefix;
+    int32_t *ids = copy_prompt(m, n_story, n_prefix, n_dec);
+    rk_session *ex = session(m, RK_DT_F16, NULL);
+    rk_session *f = session(m, RK_DT_F16, "window=64,budget=96,chunk=16,kcache=f16,kslots=2");
+    rk_session *q = session(m, RK_DT_F16, "window=64,budget=96,chunk=16,kcache=int8,kslots=2");
+    rk_session *k = session(m, RK_DT_F16, "window=64,budget=96,chunk=16,kcache=int8,kslots=40");
+    float *a = trace(ex, ids, n_prompt, n_dec, nv), *lf = trace(f, ids, n_prompt, n_dec, nv);
+    float *lq = trace(q, ids, n_prompt, n_dec, nv), *lk = trace(k, ids, n_prompt, n_dec, nv);
+    const double diff = rt_max_abs_diff(lq, lk, (size_t)(n_dec + 1) * nv);
+    const double kl_f = rt_mean_kl(a, lf, n_dec + 1, nv), kl_q = rt_mean_kl(a, lq, n_dec + 1, nv);
+    rk_kv_bytes bf, bq;
+    rk_session_kv_bytes(f, &bf), rk_session_kv_bytes(q, &bq);
+    rk_lowram_stats sq, sk;
+    rk_session_lowram_stats(q, &sq), rk_session_lowram_stats(k, &sk);
+    cr_expect_lt(sk.rows_rebuilt, sq.rows_rebuilt, "kslots=40 rebuilt no fewer rows");
+    cr_log_info("int8 key cache: KL %.5f (f16 cache %.5f), key cache %llu B (f16 %llu B), kslots diff %g", kl_q, kl_f,
+                (unsigned long long)bq.key_cache, (unsigned long long)bf.key_cache, diff);
+    cr_expect_eq(diff, 0.0, "kslots changed the int8-cache logits by %g", diff);
+    cr_expect_lt(kl_q, 0.02, "int8 key cache KL %g", kl_q);
+    const uint64_t slots = (uint64_t)hp->n_layer * hp->n_head_kv * (96 / 16 + 2);
+    cr_expect_eq(bf.key_cache, slots * (16ull * hp->head_dim * 2 + 16));
+    cr_expect_eq(bq.key_cache, slots * (16ull * (hp->head_dim + 2) + 16));
+    free(a), free(lf), free(lq), free(lk), free(ids);
+    rk_session_destroy(ex), rk_session_destroy(f), rk_session_destroy(q), rk_session_destroy(k);
+    rk_model_destroy(m);
+}
+
+/* start=N: no fit until the context holds N rows. Below it every row is exact and attention
+ * is the backend's ATTN over the same f16 bits as a plain f16 cache: bit-identical logits;
+ * the commit that reaches N fits and compresses (then decode stays close to exact). */
+Test(lowram, start_threshold_keeps_rows_exact) {
+    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    const int nv = rk_model_hparams(m)->n_vocab, n_story = 220, n_prefix = 100, n_dec = 40;
+    const int n_prompt = 1 + n_story + n_prefix, start = n_prompt + 19;
+    int32_t *ids = copy_prompt(m, n_story, n_prefix, n_dec);
+    char spec[64];
+    snprintf(spec, sizeof spec, "window=64,budget=96,chunk=16,start=%d", start);
+    rk_session *ex = session(m, RK_DT_F16, NULL), *s = session(m, RK_DT_F16, spec);
+    float *lg = malloc((size_t)nv * sizeof(float));
+    rk_err e = {0};
+    cr_assert_eq(rk_session_eval(s, ids, (size_t)n_prompt, lg, false, &e), RK_OK, "%s", e.msg);
+    cr_expect(!codec(s)->fitted, "fitted below start");
+    rk_kv_bytes b;
+    rk_session_kv_bytes(s, &b);
+    cr_expect_eq(b.coef, 0u);
+    cr_expect_eq(rk_session_truncate(s, 0, &e), RK_OK, "%s", e.msg);
+    float *a = trace(ex, ids, n_prompt, n_dec, nv), *l = trace(s, ids, n_prompt, n_dec, nv);
+    /* rows 0 .. start - n_prompt were computed with n_past < start: nothing compressed */
+    const int n_same = start - n_prompt + 1;
+    const double diff = rt_max_abs_diff(a, l, (size_t)n_same * nv);
+    const double kl = rt_mean_kl(a + (size_t)n_same * nv, l + (size_t)n_same * nv, n_dec + 1 - n_same, nv);
+    cr_log_info("start=%d: first %d steps differ by %g, then KL %.5f", start, n_same, diff, kl);
+    cr_expect_eq(diff, 0.0, "unfitted LowRAM differs from f16 by %g", diff);
+    cr_expect(codec(s)->fitted, "not fitted after %d rows", n_prompt + n_dec);
+    cr_expect_gt(codec(s)->comp_end, (int64_t)codec(s)->p.n_sink, "nothing compressed");
+    cr_expect_lt(kl, 0.02, "KL after the fit %g", kl);
+    free(a), free(l), free(lg), free(ids);
+    rk_session_destroy(ex), rk_session_destroy(s);
     rk_model_destroy(m);
 }
 
@@ -498,7 +570,13 @@ Test(lowram, spec_parsing) {
     cr_expect_eq(p.coef_type, RK_DT_Q8_0);
     cr_expect_eq(p.n_sink, -1);
     cr_expect_str_eq(p.predictor, "/a,b.gguf");
-    const char *bad[] = {"ratio=0", "budget=x", "chunk=64", "coef=q4", "nonsense", "resid=2", "evict=0.99", "rank=1.5"};
+    p = rk_lowram_params_default();
+    cr_assert_eq(rk_lowram_parse("start=4096,kcache=int8", &p, &e), RK_OK, "%s", e.msg);
+    cr_expect_eq(p.fit_min, 4096);
+    cr_expect_eq(p.kc_type, RK_DT_Q8_0);
+    cr_expect_eq(rk_lowram_params_default().kc_type, RK_DT_Q8_0);
+    const char *bad[] = {"ratio=0", "budget=x",    "chunk=64",     "coef=q4",   "nonsense",
+                         "resid=2", "evict=0.99",  "rank=1.5",     "start=-1",  "kcache=int4"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         rk_lowram_params q = rk_lowram_params_default();
         cr_expect_eq(rk_lowram_parse(bad[i], &q, &e), RK_E_INVALID_ARG, "'%s' accepted", bad[i]);
