@@ -148,12 +148,12 @@ static rk_status attention(rk_session *s, int l, float *q, int64_t n_q, int64_t 
  * device session gets host copies. */
 static rk_status kv_append(rk_session *s, int l, int64_t pos0, int64_t n, rk_err *err) {
     if (!s->kv_host) return s->kv->ops->append(s->kv, l, pos0, s->k, s->v, n, err);
+    /* LowRAM's fused step: rows stay on the device until rk_lrdev_flush (no transfer here) */
+    if (s->lrdev && rk_lrdev_takes(s->lrdev, n, pos0)) return rk_lrdev_append(s->lrdev, l, pos0, s->k, s->v, n, err);
     const size_t bytes = (size_t)(n * s->m->hp.n_head_kv * s->m->hp.head_dim) * sizeof(float);
     rk_status st = rk_backend_download(s->be, s->hk, s->k, bytes, err);
     if (!st) st = rk_backend_download(s->be, s->hv, s->v, bytes, err);
-    if (!st) st = s->kv->ops->append(s->kv, l, pos0, s->hk, s->hv, n, err);
-    if (!st && s->lrdev) st = rk_lrdev_append(s->lrdev, l, pos0, s->k, s->v, n, err); /* the device ring too */
-    return st;
+    return st ? st : s->kv->ops->append(s->kv, l, pos0, s->hk, s->hv, n, err);
 }
 
 /* The cache writers of layer l for all n rows of the chunk, from their input x: attention

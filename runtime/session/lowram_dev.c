@@ -17,8 +17,10 @@
  * LR_SPARSE_MAX_Q rows and the options are the ones the op implements (int8 coefficients
  * and residuals, f16 exact rows and bases, the fixed-budget selection: topp 0, no bound,
  * krank, hyst, keys_only, dense, and no memory tier); otherwise the session's host staging
- * runs the codec's own attention (correct, slower). The host codec still receives every
- * K / V row (downloaded per layer) because it compresses them at commit. */
+ * runs the codec's own attention (correct, slower). In a fused step the K / V rows go to the
+ * ring and to a small pending buffer on the device (no transfer inside the step); after the
+ * step (rk_lrdev_flush, before the commit) one download brings every layer's rows to the
+ * host codec, which compresses them at later commits. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +49,10 @@ struct rk_lrdev {
     bool dirty;          /* the codec changed since the last sync */
     int64_t x_cap;
     void *freq;
+    void *pend;          /* (n_layer, 2, LR_SPARSE_MAX_Q, kv_dim) f32: the step's K / V rows for the host codec */
+    float *hpend;        /* host copy */
+    int64_t *pend_pos, *pend_n; /* (n_layer) rows pending per layer (n 0: none) */
+    bool any_pend;
     lrd_group *g;
     lrd_layer *ly;
 };
@@ -94,13 +100,19 @@ void rk_lrdev_destroy(rk_lrdev *d) {
     if (!d) return;
     free_state(d);
     rk_backend_free(d->be, d->freq);
+    rk_backend_free(d->be, d->pend);
+    free(d->hpend), free(d->pend_pos), free(d->pend_n);
     free(d);
 }
 
 void rk_lrdev_changed(rk_lrdev *d, bool rows_dropped) {
     if (!d) return;
     d->dirty = true;
-    if (rows_dropped) free_state(d); /* truncation / reset / import: the next sync uploads everything */
+    if (rows_dropped) { /* truncation / reset / import / a failed eval: the next sync uploads everything */
+        free_state(d);
+        if (d->pend_n) memset(d->pend_n, 0, (size_t)d->c->n_layer * sizeof(int64_t));
+        d->any_pend = false;
+    }
 }
 
 static rk_status dalloc(rk_lrdev *d, size_t bytes, void **p, rk_err *err) { return rk_backend_alloc(d->be, bytes, p, err); }
@@ -117,6 +129,14 @@ static rk_status build(rk_lrdev *d, rk_err *err) {
     d->g = calloc((size_t)c->n_group, sizeof *d->g);
     d->ly = calloc((size_t)c->n_layer, sizeof *d->ly);
     if (!d->g || !d->ly) return rk_err_set(err, RK_E_NOMEM, "session: lowram device state");
+    const size_t pend_f = (size_t)c->n_layer * 2 * LR_SPARSE_MAX_Q * kvd;
+    if (!d->pend) {
+        d->hpend = malloc(pend_f * sizeof(float));
+        d->pend_pos = calloc((size_t)c->n_layer, sizeof(int64_t));
+        d->pend_n = calloc((size_t)c->n_layer, sizeof(int64_t));
+        if (!d->hpend || !d->pend_pos || !d->pend_n) return rk_err_set(err, RK_E_NOMEM, "session: lowram device state");
+        if ((st = dalloc(d, pend_f * sizeof(float), &d->pend, err))) return st;
+    }
     if (!d->freq) {
         if ((st = dalloc(d, (size_t)(c->n_rot / 2) * sizeof(double), &d->freq, err)) ||
             (st = up(d, d->freq, 0, c->freq, (size_t)(c->n_rot / 2) * sizeof(double), err)))
@@ -231,31 +251,7 @@ bool rk_lrdev_takes(const rk_lrdev *d, int64_t n_q, int64_t pos0) {
     return pos0 + n_q - d->c->comp_end <= d->x_cap && d->c->comp_end >= d->c->p.n_sink;
 }
 
-/* After the host codec appended rows [pos0, pos0 + n) of layer l: the same rows into the
- * device ring straight from the step's K / V (when the ring is contiguous up to pos0). */
-rk_status rk_lrdev_append(rk_lrdev *d, int l, int64_t pos0, const float *k, const float *v, int64_t n, rk_err *err) {
-    if (!d || !d->built || !rk_lrdev_takes(d, n, pos0)) return RK_OK;
-    lrd_layer *X = &d->ly[l];
-    if (X->ring_hi != pos0 || pos0 - d->x_cap + n > d->c->comp_end) return RK_OK; /* the next sync uploads them */
-    const int64_t kvd = d->c->kvd;
-    for (int64_t i = 0; i < n;) {
-        const int64_t row = (pos0 + i) % d->x_cap, m = n - i < d->x_cap - row ? n - i : d->x_cap - row;
-        for (int w = 0; w < 2; w++) {
-            rk_op_args a = {.op = RK_OP_CPY_ROWS};
-            a.src0 = (rk_view){RK_DT_F32, {kvd, m, 1, 1}, (size_t)kvd * 4, (float *)(w ? v : k) + i * kvd};
-            a.dst = (rk_view){RK_DT_F16, {kvd, d->x_cap, 1, 1}, (size_t)kvd * 2, w ? X->xv : X->xk};
-            a.dst_row0 = row;
-            rk_status st = rk_backend_run(d->be, &a, err);
-            if (st) return st;
-        }
-        i += m;
-    }
-    X->ring_hi = pos0 + n;
-    return RK_OK;
-}
-
-rk_status rk_lrdev_attend(rk_lrdev *d, int l, const float *q, int64_t n_q, int64_t pos0, float *out, rk_err *err) {
-    rk_kv_codec *c = d->c;
+static rk_status ready(rk_lrdev *d, rk_err *err) {
     rk_status st;
     if (!d->built && (st = build(d, err))) {
         free_state(d);
@@ -265,7 +261,63 @@ rk_status rk_lrdev_attend(rk_lrdev *d, int l, const float *q, int64_t n_q, int64
         if ((st = sync_rows(d, err))) return st;
         d->dirty = false;
     }
-    if ((st = sync_ring(d, l, pos0 + n_q, err))) return st;
+    return RK_OK;
+}
+
+static rk_status cpy_rows(rk_lrdev *d, const float *src, int64_t n, uint32_t type, void *dst, int64_t cap, int64_t row0,
+                          rk_err *err) {
+    const int64_t kvd = d->c->kvd;
+    rk_op_args a = {.op = RK_OP_CPY_ROWS, .dst_row0 = row0};
+    a.src0 = (rk_view){RK_DT_F32, {kvd, n, 1, 1}, (size_t)kvd * 4, (void *)src};
+    a.dst = (rk_view){type, {kvd, cap, 1, 1}, (size_t)kvd * (type == RK_DT_F16 ? 2 : 4), dst};
+    return rk_backend_run(d->be, &a, err);
+}
+
+/* A fused step's rows [pos0, pos0 + n) of layer l (device K / V): into the ring and into
+ * the pending buffer; the host codec gets them at rk_lrdev_flush. */
+rk_status rk_lrdev_append(rk_lrdev *d, int l, int64_t pos0, const float *k, const float *v, int64_t n, rk_err *err) {
+    rk_status st;
+    if ((st = ready(d, err)) || (st = sync_ring(d, l, pos0, err))) return st;
+    lrd_layer *X = &d->ly[l];
+    const int64_t kvd = d->c->kvd;
+    for (int64_t i = 0; i < n;) {
+        const int64_t row = (pos0 + i) % d->x_cap, m = n - i < d->x_cap - row ? n - i : d->x_cap - row;
+        if ((st = cpy_rows(d, k + i * kvd, m, RK_DT_F16, X->xk, d->x_cap, row, err)) ||
+            (st = cpy_rows(d, v + i * kvd, m, RK_DT_F16, X->xv, d->x_cap, row, err)))
+            return st;
+        i += m;
+    }
+    const int64_t slot = (int64_t)l * 2 * LR_SPARSE_MAX_Q;
+    if ((st = cpy_rows(d, k, n, RK_DT_F32, d->pend, (int64_t)d->c->n_layer * 2 * LR_SPARSE_MAX_Q, slot, err)) ||
+        (st = cpy_rows(d, v, n, RK_DT_F32, d->pend, (int64_t)d->c->n_layer * 2 * LR_SPARSE_MAX_Q, slot + LR_SPARSE_MAX_Q,
+                       err)))
+        return st;
+    X->ring_hi = pos0 + n;
+    d->pend_pos[l] = pos0, d->pend_n[l] = n, d->any_pend = true;
+    return RK_OK;
+}
+
+/* After a fused step: one download of every layer's pending rows, appended to the host codec. */
+rk_status rk_lrdev_flush(rk_lrdev *d, rk_err *err) {
+    if (!d || !d->any_pend) return RK_OK;
+    rk_kv_codec *c = d->c;
+    const size_t kvd = (size_t)c->kvd, bytes = (size_t)c->n_layer * 2 * LR_SPARSE_MAX_Q * kvd * sizeof(float);
+    d->any_pend = false;
+    rk_status st = rk_backend_download(d->be, d->hpend, d->pend, bytes, err);
+    for (int l = 0; !st && l < c->n_layer; l++) {
+        if (!d->pend_n[l]) continue;
+        const float *k = d->hpend + (size_t)l * 2 * LR_SPARSE_MAX_Q * kvd, *v = k + LR_SPARSE_MAX_Q * kvd;
+        st = d->s->kv->ops->append(d->s->kv, l, d->pend_pos[l], k, v, d->pend_n[l], err);
+        d->pend_n[l] = 0;
+    }
+    for (int l = 0; l < c->n_layer; l++) d->pend_n[l] = 0;
+    return st;
+}
+
+rk_status rk_lrdev_attend(rk_lrdev *d, int l, const float *q, int64_t n_q, int64_t pos0, float *out, rk_err *err) {
+    rk_kv_codec *c = d->c;
+    rk_status st;
+    if ((st = ready(d, err)) || (st = sync_ring(d, l, pos0 + n_q, err))) return st;
     const lr_layer *L = &c->ly[l];
     const lr_group *g = &c->g[L->grp];
     const lrd_group *G = &d->g[L->grp];

@@ -221,6 +221,7 @@ rk_status rk_session_eval(rk_session *s, const int32_t *ids, size_t n, float *lo
     const int64_t start = s->n_past;
     memcpy(s->tokens + start, ids, n * sizeof(int32_t));
     rk_status st = rk_prefill_run(s, ids, n, logits, all_rows, err);
+    if (!st) st = rk_lrdev_flush(s->lrdev, err); /* a fused LowRAM step's rows to the host codec */
     /* the cache commits the rows (LowRAM fits or compresses), or forgets the ones appended */
     if (!st) st = s->kv->ops->commit(s->kv, start + (int64_t)n, err);
     rk_lrdev_changed(s->lrdev, st != RK_OK);

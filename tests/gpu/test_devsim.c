@@ -567,8 +567,14 @@ Test(devsim, lowram_session_matches_cpu, .timeout = 120) {
             }
             for (int t = t0; t < N + DEC; t++) {
                 cr_assert_eq(rk_session_eval(ss[0], ids + t, 1, la, false, &err), RK_OK, "%s", err.msg);
+                const size_t down0 = ds->n_down;
                 cr_assert_eq(rk_session_eval(ss[1], ids + t, 1, lb, false, &err), RK_OK, "%s step %d: %s", specs[c], t,
                              err.msg);
+                /* a fused step downloads the logits row and, once, every layer's pending K / V rows (4 slots
+                 * each of K and V, f32): nothing per layer (the first step after a sync may also upload) */
+                const size_t kvd = (size_t)rk_model_hparams(m)->n_head_kv * rk_model_hparams(m)->head_dim;
+                cr_expect_eq(ds->n_down - down0, (size_t)nv * 4 + (size_t)n_layer * 8 * kvd * 4, "%s step %d: %zu bytes down",
+                             specs[c], t, ds->n_down - down0);
                 float lo = la[0], hi = la[0];
                 int aa = 0, ab = 0;
                 double d = 0;
