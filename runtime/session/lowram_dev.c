@@ -248,7 +248,15 @@ bool rk_lrdev_takes(const rk_lrdev *d, int64_t n_q, int64_t pos0) {
     if (!d || !d->ok_params || !d->c->fitted || d->c->tier || n_q > LR_SPARSE_MAX_Q) return false;
     const int grp = d->c->n_head / d->c->n_head_kv;
     if (n_q * grp > RK_LR_ATTN_MAX_STATE) return false;
-    return pos0 + n_q - d->c->comp_end <= d->x_cap && d->c->comp_end >= d->c->p.n_sink;
+    if (pos0 + n_q - d->c->comp_end > d->x_cap || d->c->comp_end < d->c->p.n_sink) return false;
+    /* the backend's limits (cuda: shared memory of the state rows) for the largest rank */
+    const rk_kv_codec *c = d->c;
+    const int64_t qd = (int64_t)c->n_head * c->hd;
+    rk_lr_attn_args L = {.chunk = c->p.chunk, .r = c->r_max};
+    rk_op_args a = {.op = RK_OP_LR_ATTN, .lr = &L};
+    a.src0 = a.dst = (rk_view){RK_DT_F32, {qd, n_q, 1, 1}, (size_t)qd * 4, NULL};
+    a.attn = (rk_attn_params){c->n_head, c->n_head_kv, c->hd, 1.0f, pos0};
+    return d->be->ops->op[RK_OP_LR_ATTN] && (!d->be->ops->supports || d->be->ops->supports(d->be, &a));
 }
 
 static rk_status ready(rk_lrdev *d, rk_err *err) {
