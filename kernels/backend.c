@@ -12,9 +12,9 @@ static const char *const op_names[RK_OP_COUNT] = {
     [RK_OP_GET_ROWS] = "GET_ROWS", [RK_OP_MATMUL] = "MATMUL",     [RK_OP_RMSNORM] = "RMSNORM",
     [RK_OP_ROPE] = "ROPE",         [RK_OP_ATTN] = "ATTN",         [RK_OP_SILU_MUL] = "SILU_MUL",
     [RK_OP_ADD] = "ADD",           [RK_OP_ADD_ROW] = "ADD_ROW",   [RK_OP_CPY_ROWS] = "CPY_ROWS",
-    [RK_OP_LR_KEYS] = "LR_KEYS",   [RK_OP_SCATTER_ROWS] = "SCATTER_ROWS",
+    [RK_OP_LR_KEYS] = "LR_KEYS",   [RK_OP_SCATTER_ROWS] = "SCATTER_ROWS", [RK_OP_LR_ATTN] = "LR_ATTN",
 };
-_Static_assert(RK_OP_COUNT == 11, "op count changed: name the new op");
+_Static_assert(RK_OP_COUNT == 12, "op count changed: name the new op");
 
 const char *rk_op_name(rk_op op) {
     return (unsigned)op < RK_OP_COUNT ? op_names[op] : "UNKNOWN_OP";
@@ -222,6 +222,39 @@ rk_status rk_op_check(const rk_op_args *a, rk_err *err) {
                 BAD("kernels: %s: id %d at %lld out of range (< %lld)", on, a->ids[i], (long long)i, (long long)rows);
         return RK_OK;
     }
+    case RK_OP_LR_ATTN: {
+        const rk_lr_attn_args *L = a->lr;
+        const rk_attn_params *p = &a->attn;
+        TRY(check_view(on, "src0", &a->src0, err));
+        TRY(check_view(on, "dst", &a->dst, err));
+        if (!L) BAD("kernels: %s: NULL lr args", on);
+        if (p->n_head <= 0 || p->n_head_kv <= 0 || p->n_head % p->n_head_kv || p->head_dim <= 0)
+            BAD("kernels: %s: heads %d / %d, head_dim %d", on, p->n_head, p->n_head_kv, p->head_dim);
+        const int64_t n_q = rk_view_rows(&a->src0), qd = (int64_t)p->n_head * p->head_dim;
+        if (a->src0.ne[0] != qd || a->dst.ne[0] != qd || rk_view_rows(&a->dst) != n_q)
+            BAD("kernels: %s: q / dst shape (%lld x %lld, %lld x %lld; q_dim %lld)", on, (long long)n_q,
+                (long long)a->src0.ne[0], (long long)rk_view_rows(&a->dst), (long long)a->dst.ne[0], (long long)qd);
+        if (n_q < 1 || n_q * (p->n_head / p->n_head_kv) > RK_LR_ATTN_MAX_STATE)
+            BAD("kernels: %s: %lld query rows x %d heads per KV head (1..%d state rows)", on, (long long)n_q,
+                p->n_head / p->n_head_kv, RK_LR_ATTN_MAX_STATE);
+        if (L->chunk < 1 || L->chunk > 32 || L->r < 1 || L->n_sel < 0 || L->n_rows < 0 || L->n_sink < 0 ||
+            L->x_cap < 1 || L->x_lo < L->n_sink || L->x_lo > p->pos0 || p->pos0 + n_q - L->x_lo > L->x_cap)
+            BAD("kernels: %s: chunk %d, rank %d, n_sel %d, rows %lld, sinks %lld, exact [%lld, %lld) in %lld rows", on,
+                L->chunk, L->r, L->n_sel, (long long)L->n_rows, (long long)L->n_sink, (long long)L->x_lo,
+                (long long)(p->pos0 + n_q), (long long)L->x_cap);
+        if (L->coef_bytes < 2 + (size_t)L->r || L->ldb < (int64_t)p->n_head_kv * p->head_dim ||
+            L->res_bytes < 2 + (size_t)p->head_dim)
+            BAD("kernels: %s: coefficient row %zu bytes, basis row %lld, residual row %zu bytes", on, L->coef_bytes,
+                (long long)L->ldb, L->res_bytes);
+        if (L->n_rot <= 0 || L->n_rot % 2 || L->n_rot > p->head_dim ||
+            (L->rope_mode != RK_ROPE_NORM && L->rope_mode != RK_ROPE_NEOX))
+            BAD("kernels: %s: RoPE n_rot %d mode %d", on, L->n_rot, L->rope_mode);
+        if (!a->src0.data || !a->dst.data || !L->freq || !L->xk || !L->xv || !L->mean || !L->winv || !L->W || !L->b ||
+            (L->n_sink && (!L->sk || !L->sv)) ||
+            (L->n_rows && (!L->pos || !L->coef || !L->basis || !L->lmk || !L->cmean || !L->res || !L->mask || !L->base)))
+            BAD("kernels: %s: NULL data", on);
+        return RK_OK;
+    }
     case RK_OP_COUNT:
         break;
     }
@@ -265,6 +298,8 @@ bool rk_cpu_supports_common(const rk_op_args *a, const rk_quant_fns *(*fns)(uint
         return is_f32(&a->dst) && is_f32(&a->src0) && (is_f32(&a->src1) || a->src1.type == RK_DT_F16) &&
                is_f32(&a->src2);
     case RK_OP_SCATTER_ROWS:
+        return is_f32(&a->dst) && is_f32(&a->src0);
+    case RK_OP_LR_ATTN:
         return is_f32(&a->dst) && is_f32(&a->src0);
     case RK_OP_COUNT:
         break;

@@ -744,12 +744,13 @@ static const rk_backend_ops cpu_ops = {
             [RK_OP_CPY_ROWS] = cpu_cpy_rows,
             [RK_OP_LR_KEYS] = rk_cpu_lr_keys,
             [RK_OP_SCATTER_ROWS] = rk_ref_scatter_rows,
+            [RK_OP_LR_ATTN] = rk_ref_lr_attn,
         },
     .supports = cpu_supports,
     .destroy = cpu_destroy,
     .pool = cpu_pool, /* memory: host defaults (no prepare, no repacking) */
 };
-_Static_assert(RK_OP_COUNT == 11, "op count changed: add the op to cpu_ops");
+_Static_assert(RK_OP_COUNT == 12, "op count changed: add the op to cpu_ops");
 
 /* pool NULL: the backend creates and owns one of n_threads. */
 static rk_status cpu_create(int n_threads, bool portable, rk_pool *pool, rk_backend **out, rk_err *err) {

@@ -77,5 +77,7 @@ rk_status rk_cpu_scratch(rk_backend *be, size_t per_thread, size_t shared, float
 /* LR_KEYS kernels (ops_lowram_ref.c, ops_lowram_cpu.c). */
 rk_status rk_ref_lr_keys(rk_backend *be, const rk_op_args *a, rk_err *err);
 rk_status rk_cpu_lr_keys(rk_backend *be, const rk_op_args *a, rk_err *err);
+/* LR_ATTN (ops_lowram_ref.c): the one host kernel of both CPU backends. */
+rk_status rk_ref_lr_attn(rk_backend *be, const rk_op_args *a, rk_err *err);
 /* SCATTER_ROWS (ops_rows_ref.c): row copies, the one kernel of both CPU backends. */
 rk_status rk_ref_scatter_rows(rk_backend *be, const rk_op_args *a, rk_err *err);

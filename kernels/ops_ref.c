@@ -209,11 +209,12 @@ static const rk_backend_ops ref_ops = {
             [RK_OP_CPY_ROWS] = ref_cpy_rows,
             [RK_OP_LR_KEYS] = rk_ref_lr_keys,
             [RK_OP_SCATTER_ROWS] = rk_ref_scatter_rows,
+            [RK_OP_LR_ATTN] = rk_ref_lr_attn,
         },
     .supports = ref_supports,
     .destroy = ref_destroy,
 };
-_Static_assert(RK_OP_COUNT == 11, "op count changed: add the op to ref_ops");
+_Static_assert(RK_OP_COUNT == 12, "op count changed: add the op to ref_ops");
 
 rk_status rk_backend_cpu_ref_create(rk_backend **out, rk_err *err) {
     if (!out) return rk_err_set(err, RK_E_INVALID_ARG, "kernels: cpu_ref: NULL out");

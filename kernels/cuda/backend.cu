@@ -292,6 +292,34 @@ static rk_status run_lr_keys(rk_backend *be, const rk_op_args *a, rk_err *err) {
     return rk_cuda_args_end(c, on, g, 4, err);
 }
 
+/* LR_ATTN: the codec's state must be device memory of this instance (it is uploaded once
+ * and kept there: staging it per call would move the whole compressed cache); q and dst
+ * may be host views (staged, as every op). */
+static rk_status run_lr_attn(rk_backend *be, const rk_op_args *a, rk_err *err) {
+    rk_cuda *c = impl_of(be);
+    const char *on = "LR_ATTN";
+    const rk_lr_attn_args *L = a->lr;
+    CU("cudaSetDevice", cudaSetDevice(c->device));
+    const struct { const void *p; const char *what; } st_ptr[] = {
+        {L->freq, "freq"}, {L->xk, "xk"}, {L->xv, "xv"}, {L->mean, "mean"}, {L->winv, "winv"}, {L->W, "W"},
+        {L->b, "b"}, {L->n_sink ? L->sk : NULL, "sk"}, {L->n_sink ? L->sv : NULL, "sv"},
+        {L->n_rows ? L->pos : NULL, "pos"}, {L->n_rows ? L->coef : NULL, "coef"}, {L->n_rows ? L->basis : NULL, "basis"},
+        {L->n_rows ? L->lmk : NULL, "lmk"}, {L->n_rows ? L->cmean : NULL, "cmean"}, {L->n_rows ? L->res : NULL, "res"},
+        {L->n_rows ? L->mask : NULL, "mask"}, {L->n_rows ? L->base : NULL, "base"}};
+    for (size_t i = 0; i < sizeof st_ptr / sizeof st_ptr[0]; i++)
+        if (st_ptr[i].p && !rk_cuda_find_block(c, st_ptr[i].p))
+            return rk_err_set(err, RK_E_UNSUPPORTED, "cuda: %s: the codec state (%s) must be device memory of this backend",
+                              on, st_ptr[i].what);
+    rk_cuda_arg g[2] = {rk_cuda_arg_of(&a->src0, true, false), rk_cuda_arg_of(&a->dst, false, true)};
+    int n_units = 0;
+    const size_t need = rk_cuda_lr_attn_scratch(a, &n_units);
+    char *extra = NULL;
+    rk_status st = rk_cuda_args_begin(c, on, g, 2, need, &extra, err);
+    if (st != RK_OK) return st;
+    CU("kernel", rk_cuda_lr_attn(a, (const float *)g[0].dev, g[0].ld, (float *)g[1].dev, g[1].ld, extra, c->stream));
+    return rk_cuda_args_end(c, on, g, 2, err);
+}
+
 static rk_status run_attn(rk_backend *be, const rk_op_args *a, rk_err *err) {
     rk_cuda *c = impl_of(be);
     const char *on = "ATTN";
@@ -363,6 +391,13 @@ static bool cuda_supports(const rk_backend *be, const rk_op_args *a) {
         return f32(&a->dst) && f32(&a->src0) && (f32(&a->src1) || a->src1.type == RK_DT_F16) && f32(&a->src2) &&
                a->dst.ne[0] >= 1 && a->dst.ne[0] <= RK_ATTN_MAX_HD && a->src0.ne[0] <= INT32_MAX &&
                rk_cuda_lr_keys_smem((int)a->src0.ne[0], (int)a->dst.ne[0]) <= RK_LR_KEYS_MAX_SMEM;
+    case RK_OP_LR_ATTN: {
+        /* q rows of the state in shared memory beside one 32-key tile; combine's shared floats */
+        if (!a->lr || a->attn.n_head_kv <= 0 || a->attn.head_dim < 1 || a->attn.head_dim > RK_ATTN_MAX_HD) return false;
+        const int64_t ns = rk_cuda_rows(&a->src0) * (a->attn.n_head / a->attn.n_head_kv);
+        return f32(&a->dst) && f32(&a->src0) && ns * a->attn.head_dim <= 4096 && a->lr->r <= 4096 &&
+               rk_cuda_lr_attn_smem((int)ns, a->attn.head_dim) <= 48 * 1024;
+    }
     default: return false;
     }
 }
@@ -410,6 +445,7 @@ extern "C" rk_status rk_backend_cuda_create(int device, rk_backend **out, rk_err
     c->ops.op[RK_OP_ATTN] = run_attn;
     c->ops.op[RK_OP_SCATTER_ROWS] = run_scatter_rows;
     c->ops.op[RK_OP_LR_KEYS] = run_lr_keys;
+    c->ops.op[RK_OP_LR_ATTN] = run_lr_attn;
     c->ops.supports = cuda_supports;
     c->ops.destroy = cuda_destroy;
     c->ops.prepare = rk_cuda_prepare;

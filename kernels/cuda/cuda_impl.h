@@ -159,6 +159,13 @@ cudaError_t rk_cuda_lr_keys(const float *cf, int64_t ldc, const void *basis, boo
                             int64_t ldm, const int32_t *ids_dev, const double *freq_dev, float *y, int64_t ldy,
                             int64_t n, int r, int hd, int n_rot, bool neox, cudaStream_t s);
 
+/* LR_ATTN (lr_attn.cu): every pointer of a->lr and q / o device memory. scratch bytes and
+ * the unit count from rk_cuda_lr_attn_scratch; shared memory per unit block. */
+size_t rk_cuda_lr_attn_smem(int ns, int hd);
+size_t rk_cuda_lr_attn_scratch(const rk_op_args *a, int *n_units);
+cudaError_t rk_cuda_lr_attn(const rk_op_args *a, const float *q, int64_t ldq, float *o, int64_t ldo, char *scratch,
+                            cudaStream_t s);
+
 /* MATMUL helpers (gemv.cu). n <= RK_CUDA_GEMV_MAX rows take the GEMV on the stored weights. */
 #define RK_CUDA_GEMV_MAX 8
 cudaError_t rk_cuda_gemv(const void *w, uint32_t type, size_t nbw, const float *x, int64_t ldx, float *y, int64_t ldy,

@@ -98,9 +98,10 @@ typedef enum rk_op {
     RK_OP_CPY_ROWS,  /* dst rows (f32, f16, q8_0) at dst_row0.. = src0 f32 rows (converted) */
     RK_OP_LR_KEYS,   /* LowRAM: post-RoPE keys of one KV head rebuilt from coefficients; see below */
     RK_OP_SCATTER_ROWS, /* dst row ids[i] = src0 row i (f32 rows), i < rows of src0; see below */
+    RK_OP_LR_ATTN,   /* LowRAM decode: selection + key rebuild + sparse attention, fused; see below */
     RK_OP_COUNT
 } rk_op;
-_Static_assert(RK_OP_COUNT == 11, "op count changed: update every backend table and op-case table");
+_Static_assert(RK_OP_COUNT == 12, "op count changed: update every backend table and op-case table");
 
 typedef enum rk_rope_mode {
     RK_ROPE_NORM = 0, /* rotate pairs (2i, 2i+1): llama */
@@ -153,6 +154,57 @@ typedef struct rk_attn_params {
  * optional (lr_rope_rows, n_rot) table of (cos, sin) pairs per position, angle pos·freq[i]
  * formed in double and rounded to f32 (ids < lr_rope_rows); NULL: the backend forms the
  * angles itself. */
+/* RK_OP_LR_ATTN (LowRAM's sparse decode attention over one layer's compressed cache, the
+ * codec's state in backend memory; runtime/kv/lowram_attn.c's sparse path with int8
+ * coefficients and int8 residuals, docs/LOWRAM.md, docs/GPU.md). Query rows i < n_q
+ * (src0 (n_q, n_head*head_dim) f32, post-RoPE, at positions attn.pos0 + i), dst the same
+ * shape; attn gives n_head, n_head_kv, head_dim, scale, pos0. Per KV head h and state row
+ * j (query row j / grp, query head h*grp + j % grp, grp = n_head / n_head_kv):
+ * - selection: chunk ch (rows [ch*chunk, ...) of the n_rows stored rows) scores
+ *   max_j q_j . lmk[ch] (f16 landmark, head h's slice); the n_sel best are chosen (ties:
+ *   lower index first), all when n_sel >= the chunk count;
+ * - a chosen chunk's keys are rebuilt, k = f16(RoPE_pos(mean + (c . B) * winv)) with c the
+ *   row's int8 codes times its f16 scale, B this layer's basis columns of head h, pos the
+ *   row's stored position, angles pos * freq[i] in double, cos / sin rounded to f32; its
+ *   rows are attended (no causal mask: stored rows lie before every query) with value
+ *   c W + b + δ, δ the row's int8 residual when mask bit set (slot base[ch] + the rank of
+ *   the bit among the chunk's set bits);
+ * - with summaries, every other chunk is one row: key = landmark, value = cmean W + b,
+ *   log(rows) added to its score;
+ * - exact rows: sinks [0, n_sink) from sk / sv and [x_lo, pos0 + i] from xk / xv (row
+ *   p % x_cap), causal.
+ * One softmax over all of them; out = Σ a v / Σ a. Every pointer is backend memory of the
+ * instance running the op. */
+/* most state rows (n_q x query heads per KV head) of one LR_ATTN call */
+#define RK_LR_ATTN_MAX_STATE 256
+typedef struct rk_lr_attn_args {
+    int chunk;             /* rows per chunk (1..32) */
+    int r;                 /* coefficients per stored row */
+    int n_sel;             /* chunks attended exactly per KV head */
+    bool summaries;
+    int n_rot, rope_mode;  /* RoPE of the rebuilt keys; freq (n_rot/2) angle per position */
+    const double *freq;
+    int64_t n_sink;        /* exact sink rows (positions 0..n_sink-1) in sk / sv */
+    int64_t x_lo, x_cap;   /* exact positions [x_lo, pos0 + n_q) in xk / xv at row p % x_cap */
+    int64_t n_rows;        /* compressed stored rows */
+    const void *sk, *sv, *xk, *xv; /* f16 rows of kv_dim = n_head_kv * head_dim */
+    const int32_t *pos;    /* (n_rows) stored position of each row */
+    const uint8_t *coef;   /* (n_rows) rows of coef_bytes: f16 scale, then r int8 codes */
+    size_t coef_bytes;
+    const uint16_t *basis; /* (r rows, ldb apart) f16: column h*head_dim + d is head h's dim d */
+    int64_t ldb;
+    const float *mean, *winv; /* (kv_dim) this layer's slices */
+    const uint16_t *lmk;   /* (chunks, kv_dim) f16 landmarks */
+    const uint16_t *cmean; /* (chunks, r) f16 mean coefficients */
+    const uint16_t *W;     /* (r, kv_dim) f16 value predictor */
+    const float *b;        /* (kv_dim) */
+    const uint8_t *res;    /* head h: res + h*res_hstride bytes, slots of res_bytes: f16 scale, head_dim int8 */
+    size_t res_bytes, res_hstride;
+    const uint32_t *mask;  /* head h: mask + h*mb_hstride, (chunks) bit k: row k has a residual */
+    const int32_t *base;   /* head h: base + h*mb_hstride, (chunks) residual slot of the chunk's first */
+    int64_t mb_hstride;
+} rk_lr_attn_args;
+
 typedef struct rk_op_args {
     rk_op op;
     rk_view dst, src0, src1, src2; /* ATTN: src0 = q, src1 = K cache, src2 = V cache */
@@ -163,6 +215,7 @@ typedef struct rk_op_args {
     rk_attn_params attn;
     const float *lr_rope_cs;       /* LR_KEYS: host table or NULL */
     int64_t lr_rope_rows;
+    const rk_lr_attn_args *lr;     /* LR_ATTN (host struct; its pointers are backend memory) */
 } rk_op_args;
 
 typedef struct rk_backend rk_backend;

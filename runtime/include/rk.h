@@ -377,6 +377,9 @@ typedef struct rk_session_counters {
     /* decode steps run as one recorded unit (RIDGEKV_CUDA_GRAPHS=1 on a backend that records
      * steps: CUDA graphs), and those whose recording failed and ran again unrecorded */
     uint64_t graph_steps, graph_fallbacks;
+    /* --kv lowram on a device backend: attention calls of the fused device op (LR_ATTN) and of
+     * the codec on the host (prefill, options the op lacks) */
+    uint64_t lowram_dev_attn, lowram_host_attn;
 } rk_session_counters;
 const rk_session_counters *rk_session_get_counters(const rk_session *s);
 /* Of rows [row0, row0 + n), how many the last question-aware selection kept exact (sinks

@@ -130,6 +130,13 @@ static rk_status keep_queries(rk_session *s, const rk_chunk_plan *p, int l, rk_e
 /* causal GQA attention of n_q query rows at pos0.. over the layer's cache, whatever it stores */
 static rk_status attention(rk_session *s, int l, float *q, int64_t n_q, int64_t pos0, float *out, rk_err *err) {
     if (!s->kv_host) return s->kv->ops->attend(s->kv, l, q, n_q, pos0, out, err);
+    if (s->lrdev) { /* LowRAM on the device: the fused op where it applies (lowram_dev.c) */
+        if (rk_lrdev_takes(s->lrdev, n_q, pos0)) {
+            s->counters.lowram_dev_attn++;
+            return rk_lrdev_attend(s->lrdev, l, q, n_q, pos0, out, err);
+        }
+        s->counters.lowram_host_attn++;
+    }
     /* a host-memory policy behind device buffers: q down, the output up */
     const size_t bytes = (size_t)(n_q * s->m->hp.n_head * s->m->hp.head_dim) * sizeof(float);
     rk_status st = rk_backend_download(s->be, s->hq, q, bytes, err);
@@ -141,6 +148,8 @@ static rk_status attention(rk_session *s, int l, float *q, int64_t n_q, int64_t 
  * device session gets host copies. */
 static rk_status kv_append(rk_session *s, int l, int64_t pos0, int64_t n, rk_err *err) {
     if (!s->kv_host) return s->kv->ops->append(s->kv, l, pos0, s->k, s->v, n, err);
+    /* LowRAM's fused step: rows stay on the device until rk_lrdev_flush (no transfer here) */
+    if (s->lrdev && rk_lrdev_takes(s->lrdev, n, pos0)) return rk_lrdev_append(s->lrdev, l, pos0, s->k, s->v, n, err);
     const size_t bytes = (size_t)(n * s->m->hp.n_head_kv * s->m->hp.head_dim) * sizeof(float);
     rk_status st = rk_backend_download(s->be, s->hk, s->k, bytes, err);
     if (!st) st = rk_backend_download(s->be, s->hv, s->v, bytes, err);

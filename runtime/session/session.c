@@ -69,6 +69,7 @@ static void act_free(rk_session *s, void *p) {
 
 void rk_session_destroy(rk_session *s) {
     if (!s) return;
+    rk_lrdev_destroy(s->lrdev);
     rk_kv_destroy(s->kv);
     free(s->tokens);
     float *acts[] = {s->x, s->xin, s->xs, s->h, s->q, s->k, s->v, s->t, s->gate, s->up, s->logits};
@@ -117,15 +118,12 @@ rk_status rk_session_create(const rk_model *m, const rk_session_params *pp, rk_s
     }
     if ((st = prepare_weights(s, err))) goto fail;
     s->dev = s->be->ops->mem_alloc != NULL;
-    if (s->dev && p.kv.kind == RK_KV_LOWRAM) {
-        st = rk_err_set(err, RK_E_UNSUPPORTED, "session: --kv lowram runs on the CPU backends only (backend %s)",
-                        s->be->ops->name);
-        goto fail;
-    }
     int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim, qd = (int64_t)hp->n_head * hp->head_dim;
     /* the KV policy, fixed for the session's life */
     if ((st = rk_kv_create(m, &p.kv, s->n_ctx, s->be, p.n_threads, s->warning, sizeof s->warning, &s->kv, err)))
         goto fail;
+    /* LowRAM on a device backend: the fused decode attention over a device copy of the codec's state */
+    if (s->dev && (st = rk_lrdev_create(s, &s->lrdev, err))) goto fail;
     if (p.n_ctx > n_ctx_max) { /* ctx_overflow_ok: said once, beside any warning of the KV policy */
         size_t w = strlen(s->warning);
         snprintf(s->warning + w, sizeof s->warning - w,
@@ -183,6 +181,7 @@ static void drop_stream(rk_session *s, int64_t n) {
 
 void rk_session_reset(rk_session *s) {
     s->kv->ops->reset(s->kv);
+    rk_lrdev_changed(s->lrdev, true);
     s->n_past = 0;
     drop_stream(s, 0);
 }
@@ -201,6 +200,7 @@ rk_status rk_session_truncate(rk_session *s, int64_t n, rk_err *err) {
         return rk_err_set(err, RK_E_INVALID_ARG, "session: cannot truncate to %lld (have %lld tokens)",
                           (long long)n, (long long)s->n_past);
     s->kv->ops->truncate(s->kv, n);
+    rk_lrdev_changed(s->lrdev, true);
     s->n_past = n;
     drop_stream(s, n);
     return RK_OK;
@@ -221,8 +221,10 @@ rk_status rk_session_eval(rk_session *s, const int32_t *ids, size_t n, float *lo
     const int64_t start = s->n_past;
     memcpy(s->tokens + start, ids, n * sizeof(int32_t));
     rk_status st = rk_prefill_run(s, ids, n, logits, all_rows, err);
+    if (!st) st = rk_lrdev_flush(s->lrdev, err); /* a fused LowRAM step's rows to the host codec */
     /* the cache commits the rows (LowRAM fits or compresses), or forgets the ones appended */
     if (!st) st = s->kv->ops->commit(s->kv, start + (int64_t)n, err);
+    rk_lrdev_changed(s->lrdev, st != RK_OK);
     if (st) {
         s->kv->ops->truncate(s->kv, start);
         return st; /* n_past still says start */
@@ -320,6 +322,7 @@ rk_status rk_session_kv_export(const rk_session *s, int64_t row0, int64_t row1, 
 
 rk_status rk_session_kv_import(rk_session *s, const void *blk, size_t n, rk_err *err) {
     rk_status st = rk_kv_block_import(s->kv, s->m, blk, n, s->tokens, err);
+    rk_lrdev_changed(s->lrdev, true);
     if (st) return st;
     s->n_past = s->kv->n_past;
     return RK_OK;

@@ -79,7 +79,24 @@ struct rk_session {
     int splice_lo, splice_hi;
     bool splice_k, splice_v;
     char warning[512];    /* rk_session_warning */
+    struct rk_lrdev *lrdev; /* --kv lowram on a device backend: the codec's decode state there (lowram_dev.c) */
 };
+
+/* lowram_dev.c: LowRAM's decode-time state in device memory and the fused LR_ATTN over it.
+ * create: NULL (*out) for other policies. changed: after a commit (rows_dropped false) or a
+ * truncation / reset / import (true). takes: the fused path can run this attention (codec
+ * fitted, options the op has, at most 4 rows). append: a fused step's K / V rows (device
+ * memory) into the device ring and a pending buffer; flush (after the step, before the
+ * commit): one download of them into the host codec. attend: the fused op, q / out device
+ * memory. */
+typedef struct rk_lrdev rk_lrdev;
+rk_status rk_lrdev_create(rk_session *s, rk_lrdev **out, rk_err *err);
+void rk_lrdev_destroy(rk_lrdev *d);
+void rk_lrdev_changed(rk_lrdev *d, bool rows_dropped);
+bool rk_lrdev_takes(const rk_lrdev *d, int64_t n_q, int64_t pos0);
+rk_status rk_lrdev_append(rk_lrdev *d, int l, int64_t pos0, const float *k, const float *v, int64_t n, rk_err *err);
+rk_status rk_lrdev_flush(rk_lrdev *d, rk_err *err);
+rk_status rk_lrdev_attend(rk_lrdev *d, int l, const float *q, int64_t n_q, int64_t pos0, float *out, rk_err *err);
 
 
 /* forward.c: one pass of a prefill plan (runtime/prefill/plan_impl.h) over its chunk:

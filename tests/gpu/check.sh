@@ -9,12 +9,14 @@
 #      present, and on synthetic models of real shapes (ridgekv synth) in any case
 #      and, on the synthetic qwen2.5 shape, the same with RidgeFill (--fill identity over a
 #      long prompt: the plan's gathers, scatters and row skipping on the device), with
-#      recorded decode steps (RIDGEKV_CUDA_GRAPHS=1) and with q8 KV (host rows, staged)
+#      recorded decode steps (RIDGEKV_CUDA_GRAPHS=1), with q8 KV (host rows, staged) and
+#      with --kv lowram (prefill on the host codec, decode through the fused LR_ATTN)
 #   4. bench: `ridgekv bench --backend cuda` on synthetic qwen2.5-1.5b q4_k_m at 8K and
 #      32K prompt tokens, exact vs RidgeFill (--fill off,identity: identity fill skips the
 #      same late-layer work as speed mode, without maps) (JSON), decode at 8K with and
-#      without recorded steps, a 100K prompt with YaRN x4 and --kv-budget 25% when time
-#      is left, and the CPU at 512 beside it for scale
+#      without recorded steps, exact vs LowRAM (--kv f16,lowram) at 8K and 32K (100K when
+#      time is left), a 100K prompt with YaRN x4 and --kv-budget 25% when time is left,
+#      and the CPU at 512 beside it for scale
 #   5. summary: $OUT/summary.txt (also printed), every log and JSON under $OUT
 #
 # Every step has its own timeout and the whole script stops at 8 minutes (TOTAL_S).
@@ -231,15 +233,17 @@ done
 # the device paths beside the plain one, on the synthetic qwen2.5 shape: greedy text of
 # cpu vs the device with RidgeFill (identity fill, split 1 of the 4 layers, a prompt well
 # past the 512-row tail so its bulk rows are filled), with recorded decode steps, with q8
-# KV (host rows)
+# KV (host rows), with LowRAM (the fit on the host at the prompt's commit, every decode
+# attention the fused LR_ATTN on the device)
 parity_paths() {
     local m=$1 ok=0 p name args
     p="$(printf 'The cat sat on the mat and looked at the dog. %.0s' $(seq 1 58))"
-    for name in fill graphs q8; do
+    for name in fill graphs q8 lowram; do
         args=()
         case $name in
         fill) args=(--fill identity --split 1 --tail 512) ;;
         q8) args=(--kv q8) ;;
+        lowram) args=(--kv lowram) ;;
         esac
         "$BIN" run -m "$m" -p "$p" -n 24 --temp 0 --backend cpu -t "$JOBS" "${args[@]}" > "$OUT_DIR/paths.cpu.txt" || return 1
         env $([ $name = graphs ] && echo RIDGEKV_CUDA_GRAPHS=1) "$BIN" run -m "$m" -p "$p" -n 24 --temp 0 \
@@ -278,6 +282,12 @@ if step synth_qwen2.5-1.5b 120 big_synth; then
     P1=${BENCH_P%%,*}
     step bench_graphs_"$P1" 120 sh -c "RIDGEKV_CUDA_GRAPHS=1 '$BIN' bench -m '$BENCH_MODEL' --backend $BENCH_BE -p $P1 -n $BENCH_N -r 1 --json > '$OUT_DIR/bench_graphs_$P1.json'"
     js+=("$OUT_DIR/bench_graphs_$P1.json")
+    # exact vs LowRAM decode (prefill: the host codec behind staged rows; decode: LR_ATTN)
+    for P in ${BENCH_P//,/ } $([ "$(left)" -gt $((LONG_MIN_S + 200)) ] && echo "$LONG_P"); do
+        C=$([ "$P" -gt 32768 ] && echo "-c $((P + 64)) --rope-scaling yarn --rope-scale 4")
+        step bench_lowram_"$P" 150 sh -c "'$BIN' bench -m '$BENCH_MODEL' --backend $BENCH_BE -p $P -n $BENCH_N -r 1 $C --kv f16,lowram --json > '$OUT_DIR/bench_lowram_$P.json'"
+        js+=("$OUT_DIR/bench_lowram_$P.json")
+    done
     # a long prompt with YaRN x4 and a KV budget of a quarter of the KV (spilled to the
     # host tier and its block store), when enough time is left
     if [ "$(left)" -gt "$LONG_MIN_S" ]; then
@@ -302,8 +312,6 @@ PY
     done
 fi
 
-say "not run here: LowRAM on the device (its codec runs on the host: the session refuses --kv lowram"
-say "  with cuda; the LR_KEYS kernel is in the op tests)."
 # the summary's ratios: RidgeFill TTFT speedup and recorded-step decode speedup
 python3 - "$OUT_DIR" "${BENCH_P%%,*}" << 'PY' | tee -a "$SUMMARY"
 import json, os, sys
@@ -313,6 +321,14 @@ def res(name):
     except Exception: return []
 for f in sorted(os.listdir(d)):
     if not (f.startswith("bench_") and f.endswith(".json")) or "graphs" in f or "long" in f: continue
+    if "lowram" in f:
+        r = res(f); ex = [x for x in r if x.get("kv") == "f16"]; lr = [x for x in r if str(x.get("kv", "")).startswith("lowram")]
+        for a in ex:
+            for b in lr:
+                if a["n_prompt"] == b["n_prompt"] and a["decode_tok_s"] > 0:
+                    print("ratio %s n_prompt %d: decode LowRAM / exact = %.2fx (TTFT %.0f vs %.0f ms)" % (
+                        f[6:-5], a["n_prompt"], b["decode_tok_s"] / a["decode_tok_s"], b["ttft_ms"], a["ttft_ms"]))
+        continue
     r = res(f); off = [x for x in r if x.get("fill") == "off"]; idt = [x for x in r if x.get("fill") == "identity"]
     for a in off:
         for b in idt:

@@ -7,7 +7,9 @@
  * (import through uploads), run RidgeFill's plan (row gathers and scatters, the
  * ridge-map GEMMs, the layer-major split stream, the question-aware selection) on
  * backend memory with the cpu session's logits bit for bit, and refuse what still
- * needs host rows (LowRAM, the eval splice) with a reason. */
+ * needs host rows (the eval splice) with a reason. --kv lowram runs its decode attention
+ * as the fused LR_ATTN over a device copy of the codec's state (runtime/session/lowram_dev.c)
+ * and gives the cpu lowram session's logits within a stated tolerance. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdint.h>
@@ -61,6 +63,21 @@ static rk_status ds_run(rk_backend *be, const rk_op_args *a, rk_err *err) {
     }
     rk_op_args h = *a;
     h.dst = host_view(a->dst), h.src0 = host_view(a->src0), h.src1 = host_view(a->src1), h.src2 = host_view(a->src2);
+    rk_lr_attn_args L;
+    if (a->op == RK_OP_LR_ATTN && a->lr) { /* the codec state: every pointer must be backend memory */
+        L = *a->lr;
+        const void **ps[] = {(const void **)&L.freq, &L.sk, &L.sv, &L.xk, &L.xv, (const void **)&L.pos,
+                             (const void **)&L.coef, (const void **)&L.basis, (const void **)&L.mean,
+                             (const void **)&L.winv, (const void **)&L.lmk, (const void **)&L.cmean,
+                             (const void **)&L.W, (const void **)&L.b, (const void **)&L.res,
+                             (const void **)&L.mask, (const void **)&L.base};
+        for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) {
+            cr_assert(!*ps[i] || tagged(*ps[i]), "devsim: LR_ATTN state pointer %zu in host memory", i);
+            *ps[i] = untag(*ps[i]);
+        }
+        cr_assert(tagged(a->src0.data) && tagged(a->dst.data), "devsim: LR_ATTN q / out in host memory");
+        h.lr = &L;
+    }
     return rk_backend_run(ds_of(be)->inner, &h, err);
 }
 
@@ -275,12 +292,7 @@ Test(devsim, host_only_features_are_refused) {
     cr_assert_eq(rk_model_load(path, &m, &err), RK_OK, "%s", err.msg);
     devsim *ds = devsim_create();
     rk_status st;
-    rk_session *s = session_on(m, &ds->be, "lowram", &err, &st);
-    cr_expect_eq(st, RK_E_UNSUPPORTED);
-    cr_expect_null(s);
-    cr_expect(strstr(err.msg, "lowram") && strstr(err.msg, "devsim"), "%s", err.msg);
-    cr_expect_eq(ds->n_alloc, 0, "a refused session left %d blocks", ds->n_alloc);
-    s = session_on(m, &ds->be, "f16", &err, &st);
+    rk_session *s = session_on(m, &ds->be, "f16", &err, &st);
     cr_assert_eq(st, RK_OK, "%s", err.msg);
     rk_session *x = session_on(m, &ds->be, "f16", &err, &st);
     cr_assert_eq(st, RK_OK, "%s", err.msg);
@@ -497,6 +509,102 @@ Test(devsim, host_kv_policies_match_cpu_bit_for_bit, .timeout = 120) {
     }
     rmdir(dir);
     free(la), free(lb), free(ids);
+    rk_model_destroy(m);
+}
+
+/* ---- LowRAM on backend memory --------------------------------------------------------- */
+
+/* --kv lowram on devsim: prefill through the host codec (staged rows), the fit at commit on
+ * the host, then every decode step's attention is the fused LR_ATTN (cpu_ref's kernel behind
+ * the tags) over the device copy of the codec's state: chosen chunks' keys rebuilt, summaries,
+ * sinks and the window ring (rows appended by CPY_ROWS on the device). Against the cpu
+ * lowram session (the codec's own sparse path): the same selection rule and formulas, f32
+ * sums in other orders and rebuilt keys summed in double vs f32 before their f16 rounding,
+ * so the logits agree to a few f32 roundings per layer, amplified by the layers: the bound is
+ * 1e-3 of the logit range (measured: ~1e-6), and the greedy token of every step is the same.
+ * A truncation (the device copy dropped and uploaded again) and a second decode run agree
+ * too. */
+Test(devsim, lowram_session_matches_cpu, .timeout = 120) {
+    char path[1024];
+    tb_tiny_spec sp = {.arch = TB_ARCH_QWEN2, .n_layer = 4, .n_embd = 64, .n_head = 4, .n_head_kv = 2, .seed = 21};
+    cr_assert(tb_tiny_model(&sp, path, sizeof path), "%s", path);
+    rk_model *m = NULL;
+    rk_err err = {0};
+    cr_assert_eq(rk_model_load(path, &m, &err), RK_OK, "%s", err.msg);
+    unlink(path);
+    const int nv = rk_model_hparams(m)->n_vocab, n_layer = rk_model_hparams(m)->n_layer;
+    enum { N = 300, DEC = 40 };
+    int32_t ids[N + DEC];
+    uint64_t r = 17;
+    for (int i = 0; i < N + DEC; i++) ids[i] = 3 + (int32_t)(tb_rand_u64(&r) % (uint64_t)(nv - 3));
+    const char *specs[] = {"lowram:window=32,budget=64", "lowram:window=48,budget=96,nosumm,evict=0.3"};
+    for (size_t c = 0; c < sizeof specs / sizeof specs[0]; c++) {
+        rk_backend *cpu = NULL;
+        cr_assert_eq(rk_backend_cpu_create(1, &cpu, &err), RK_OK, "%s", err.msg);
+        devsim *ds = devsim_create();
+        rk_session *ss[2] = {NULL, NULL};
+        for (int k = 0; k < 2; k++) {
+            rk_session_params p = rk_session_params_default();
+            p.n_ctx = 512;
+            p.ctx_overflow_ok = true;
+            p.n_batch = 64;
+            p.n_threads = 1;
+            p.shared_backend = k ? &ds->be : cpu;
+            cr_assert_eq(rk_kv_params_parse(specs[c], &p.kv, &err), RK_OK, "%s", err.msg);
+            cr_assert_eq(rk_session_create(m, &p, &ss[k], &err), RK_OK, "%s: %s", specs[c], err.msg);
+        }
+        float *la = malloc((size_t)nv * sizeof(float)), *lb = malloc((size_t)nv * sizeof(float));
+        double worst = 0;
+        for (int pass = 0; pass < 2; pass++) {
+            const int t0 = pass ? N + DEC / 2 : N; /* pass 1: after a truncation back to t0 */
+            if (pass) {
+                cr_assert_eq(rk_session_truncate(ss[0], t0, &err), RK_OK, "%s", err.msg);
+                cr_assert_eq(rk_session_truncate(ss[1], t0, &err), RK_OK, "%s", err.msg);
+            } else {
+                cr_assert_eq(rk_session_eval(ss[0], ids, N, la, false, &err), RK_OK, "%s", err.msg);
+                cr_assert_eq(rk_session_eval(ss[1], ids, N, lb, false, &err), RK_OK, "%s", err.msg);
+                cr_expect(memcmp(la, lb, (size_t)nv * sizeof(float)) == 0, "%s: prefill logits differ", specs[c]);
+            }
+            for (int t = t0; t < N + DEC; t++) {
+                cr_assert_eq(rk_session_eval(ss[0], ids + t, 1, la, false, &err), RK_OK, "%s", err.msg);
+                const size_t down0 = ds->n_down;
+                cr_assert_eq(rk_session_eval(ss[1], ids + t, 1, lb, false, &err), RK_OK, "%s step %d: %s", specs[c], t,
+                             err.msg);
+                /* a fused step downloads the logits row and, once, every layer's pending K / V rows (4 slots
+                 * each of K and V, f32): nothing per layer (the first step after a sync may also upload) */
+                const size_t kvd = (size_t)rk_model_hparams(m)->n_head_kv * rk_model_hparams(m)->head_dim;
+                cr_expect_eq(ds->n_down - down0, (size_t)nv * 4 + (size_t)n_layer * 8 * kvd * 4, "%s step %d: %zu bytes down",
+                             specs[c], t, ds->n_down - down0);
+                float lo = la[0], hi = la[0];
+                int aa = 0, ab = 0;
+                double d = 0;
+                for (int i = 0; i < nv; i++) {
+                    lo = la[i] < lo ? la[i] : lo, hi = la[i] > hi ? la[i] : hi;
+                    d = fmax(d, fabs((double)la[i] - lb[i]));
+                    if (la[i] > la[aa]) aa = i;
+                    if (lb[i] > lb[ab]) ab = i;
+                }
+                const double rel = d / (hi - lo);
+                worst = rel > worst ? rel : worst;
+                cr_expect(rel <= 1e-3, "%s step %d: logits differ by %.3g of their range", specs[c], t, rel);
+                cr_expect_eq(aa, ab, "%s step %d: greedy token %d vs %d", specs[c], t, aa, ab);
+            }
+        }
+        const rk_session_counters *k = rk_session_get_counters(ss[1]);
+        /* every decode step of every layer ran the fused op: 40 + 20 steps */
+        cr_expect_eq(k->lowram_dev_attn, (uint64_t)(DEC + DEC / 2) * (uint64_t)n_layer, "%s: %llu fused, %llu host",
+                     specs[c], (unsigned long long)k->lowram_dev_attn, (unsigned long long)k->lowram_host_attn);
+        rk_lowram_stats st;
+        rk_session_lowram_stats(ss[1], &st);
+        cr_expect(st.fitted && st.rank_min > 0, "%s: the codec fitted", specs[c]);
+        fprintf(stderr, "devsim lowram %s: worst logit difference %.3g of the range\n", specs[c], worst);
+        rk_session_destroy(ss[0]);
+        rk_session_destroy(ss[1]);
+        cr_expect_eq(ds->n_alloc, 0, "%s: %d blocks leaked", specs[c], ds->n_alloc);
+        rk_backend_destroy(&ds->be);
+        rk_backend_destroy(cpu);
+        free(la), free(lb);
+    }
     rk_model_destroy(m);
 }
 

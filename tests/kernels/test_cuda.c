@@ -23,6 +23,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "lr_attn_case.h"
 #include "op_twin.h"
 #include "rk_kernels.h"
 
@@ -204,7 +205,8 @@ Test(cuda, limits_and_bad_shapes) {
 Test(cuda, check_ops_has_every_op) {
     rk_backend *be = cuda_or_skip();
     const rk_op all[] = {RK_OP_GET_ROWS, RK_OP_MATMUL, RK_OP_RMSNORM,  RK_OP_ROPE,   RK_OP_ATTN,        RK_OP_SILU_MUL,
-                         RK_OP_ADD,      RK_OP_ADD_ROW, RK_OP_CPY_ROWS, RK_OP_LR_KEYS, RK_OP_SCATTER_ROWS};
+                         RK_OP_ADD,      RK_OP_ADD_ROW, RK_OP_CPY_ROWS, RK_OP_LR_KEYS, RK_OP_SCATTER_ROWS,
+                         RK_OP_LR_ATTN};
     _Static_assert(sizeof all / sizeof all[0] == RK_OP_COUNT, "every op");
     rk_err err = {0};
     cr_assert_eq(rk_backend_check_ops(be, all, RK_OP_COUNT, &err), RK_OK, "%s", err.msg);
@@ -278,6 +280,70 @@ Test(cuda, queued_ops_stay_in_order) {
     rk_backend_free(be, y);
     rk_backend_free(be, a);
     rk_backend_destroy(be);
+}
+
+/* LR_ATTN (LowRAM's fused decode attention) on the device against cpu_ref, the state in
+ * device memory (uploaded blocks), q and out once as host views (staged) and once in
+ * device memory. f32 sums in both, in other orders (split over units, then combined), and
+ * keys rounded to f16 in both: NMSE bound 1e-9 as test_lr_attn.c's against double, plus
+ * the rare f16 rounding of a key landing on the other side (a 2^-11 change of one key
+ * element). The state on the host is refused by name. */
+Test(cuda, lr_attn_matches_cpu_ref, .timeout = 120) {
+    rk_backend *gpu = cuda_or_skip(), *ref = NULL;
+    rk_err err = {0};
+    cr_assert_eq(rk_backend_cpu_ref_create(&ref, &err), RK_OK, "%s", err.msg);
+    struct { int nh, nkv, hd, C, r; int64_t rows, sink, win, nq; int sel; bool summ; int mode; } cs[] = {
+        {12, 2, 128, 32, 96, 280, 4, 40, 1, 4, true, RK_ROPE_NEOX},   /* qwen2.5-1.5b heads */
+        {8, 2, 64, 32, 48, 203, 4, 70, 4, 3, true, RK_ROPE_NORM},     /* 4 query rows, partial chunk */
+        {4, 4, 32, 16, 20, 100, 0, 10, 2, 50, true, RK_ROPE_NEOX},    /* every chunk chosen */
+        {6, 3, 64, 32, 30, 150, 4, 5, 1, 2, false, RK_ROPE_NEOX},     /* no summaries */
+        {12, 2, 128, 32, 160, 32000, 4, 150, 1, 16, true, RK_ROPE_NEOX}, /* 32K rows: 1000 chunks */
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        lr_case c;
+        lr_case_make(&c, cs[i].nh, cs[i].nkv, cs[i].hd, cs[i].C, cs[i].r, cs[i].rows, cs[i].sink, cs[i].win, cs[i].nq,
+                     cs[i].sel, cs[i].summ, cs[i].mode, 100 + i);
+        rk_op_args a = lr_case_args(&c, &c.L, c.q, c.out);
+        cr_assert_eq(rk_backend_run(ref, &a, &err), RK_OK, "%s", err.msg);
+        const int64_t n = c.n_q * c.n_head * c.hd;
+        float *want = malloc((size_t)n * 4), *got = malloc((size_t)n * 4);
+        memcpy(want, c.out, (size_t)n * 4);
+        /* the state on the host: refused by name */
+        rk_status st = rk_backend_run(gpu, &a, &err);
+        cr_expect_eq(st, RK_E_UNSUPPORTED);
+        cr_expect(strstr(err.msg, "device memory"), "%s", err.msg);
+        rk_lr_attn_args D;
+        void *dev[24];
+        int n_dev = 0;
+        cr_assert_eq(lr_case_upload(&c, gpu, &D, dev, &n_dev, &err), RK_OK, "%s", err.msg);
+        void *dq = NULL, *dout = NULL;
+        cr_assert_eq(rk_backend_alloc(gpu, (size_t)n * 4, &dq, &err), RK_OK);
+        cr_assert_eq(rk_backend_alloc(gpu, (size_t)n * 4, &dout, &err), RK_OK);
+        cr_assert_eq(rk_backend_upload(gpu, dq, c.q, (size_t)n * 4, &err), RK_OK);
+        for (int resident = 0; resident <= 1; resident++) {
+            memset(got, 0, (size_t)n * 4);
+            rk_op_args g = lr_case_args(&c, &D, resident ? dq : c.q, resident ? dout : got);
+            cr_assert_eq(rk_backend_run(gpu, &g, &err), RK_OK, "case %zu: %s", i, err.msg);
+            if (resident) cr_assert_eq(rk_backend_download(gpu, got, dout, (size_t)n * 4, &err), RK_OK, "%s", err.msg);
+            double e = 0, s2 = 0;
+            bool finite = true;
+            for (int64_t k = 0; k < n; k++) {
+                const double d = (double)got[k] - want[k];
+                e += d * d, s2 += (double)want[k] * want[k];
+                finite &= isfinite(got[k]);
+            }
+            cr_expect(finite, "case %zu: non-finite output", i);
+            cr_expect(e / (s2 > 0 ? s2 : 1) <= 1e-9, "case %zu (%s): NMSE %.3g", i, resident ? "device q" : "host q",
+                      e / (s2 > 0 ? s2 : 1));
+        }
+        for (int k = 0; k < n_dev; k++) rk_backend_free(gpu, dev[k]);
+        rk_backend_free(gpu, dq);
+        rk_backend_free(gpu, dout);
+        free(want), free(got);
+        lr_case_free(&c);
+    }
+    rk_backend_destroy(ref);
+    rk_backend_destroy(gpu);
 }
 
 /* No GPU: say so and exit 77 so meson reports SKIP. The probe runs in a child

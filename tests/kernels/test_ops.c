@@ -176,7 +176,10 @@ static op_case cases[] = {
     LK("lr_keys f16 basis r 64 hd 128 neox 700 rows at 100K", RK_DT_F16, 700, 64, 100000, 128, RK_ROPE_NEOX, 128, 0),
     LK("lr_keys f32 basis r 8 hd 80 neox NaN coefficient", RK_DT_F32, 5, 8, 50, 80, RK_ROPE_NEOX, 80, F_NAN),
 };
-_Static_assert(RK_OP_COUNT == 11, "op count changed: add cases for the new op");
+/* LR_ATTN reads a whole codec state (a struct of 17 buffers, not views): its cases are
+ * tests/kernels/test_lr_attn.c (CPU backends vs a double formulation) and test_cuda.c
+ * (device vs cpu_ref), on the states of lr_attn_case.h */
+_Static_assert(RK_OP_COUNT == 12, "op count changed: add cases for the new op");
 
 /* ---- fixtures ---------------------------------------------------------- */
 typedef struct fixture {
@@ -431,6 +434,7 @@ static void build(const op_case *c, uint64_t seed, fixture *f) {
         fx_out(f, &a->dst);
         break;
     }
+    case RK_OP_LR_ATTN:
     case RK_OP_COUNT: cr_assert_fail("bad op");
     }
 }
