@@ -27,6 +27,8 @@
 #define RK_PF_DIST 2048    /* as quant_avx2.c: the weight stream, read once */
 #endif
 
+/* always_inline: as a plain static inline void function, GCC 12 took pf for const
+ * (__builtin_prefetch has no side effects) and deleted its calls (docs/BENCH.md). */
 static inline __attribute__((always_inline)) void pf(const uint8_t *p) {
 #if RK_PF_DIST > 0
     _mm_prefetch((const char *)((uintptr_t)p + RK_PF_DIST), _MM_HINT_T0);
