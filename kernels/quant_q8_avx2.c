@@ -27,7 +27,9 @@
 #define RK_PF_DIST 2048    /* as quant_avx2.c: the weight stream, read once */
 #endif
 
-static inline void pf(const uint8_t *p) {
+/* always_inline: as a plain static inline void function, GCC 12 took pf for const
+ * (__builtin_prefetch has no side effects) and deleted its calls (docs/BENCH.md). */
+static inline __attribute__((always_inline)) void pf(const uint8_t *p) {
 #if RK_PF_DIST > 0
     _mm_prefetch((const char *)((uintptr_t)p + RK_PF_DIST), _MM_HINT_T0);
 #else
@@ -317,32 +319,48 @@ RK_AI void q6_K_rows(const uint8_t *p, const uint8_t *xq, size_t ys, int64_t n, 
     FOR_R out[r] = hsum8(acc[r]);
 }
 
-/* ---- two weight rows against one activation row (decode) -----------------
- * Weight rows w and w + ws, the activation loads shared. Each row sees exactly
- * the operations of the R = 1 kernels above, in the same order, so out[i] is
- * bit for bit dot(w + i ws, xq, n). */
-#define FOR_W _Pragma("GCC unroll 2") for (int r = 0; r < 2; r++)
+/* ---- W weight rows against one activation row (decode) --------------------
+ * Weight rows w + r ws (r < W), the activation loads shared. Q4_1 per block and
+ * row: the 16 nibble bytes broadcast to both lanes, the high lane shifted right by
+ * 4 (srlv on 64-bit lanes; the mask drops what crossed a byte), one maddubs/madd;
+ * the block's f16 pair (d, m) converted as a vector [d, m, d, m, ...] and
+ * multiplied once by the activation's [dy, dy * sum(y), ...]: lane 0 is the FMA's
+ * scale d dy, lane 1 the min term m dy sum(y), accumulated lane-wise (lane 1 sees
+ * the same additions in the same order as a scalar sum). The same f32 operations
+ * as a per-block scalar dw * dy and summ += m (dy sum), so every W gives the
+ * same bits for a row. */
+#define FOR_W _Pragma("GCC unroll 4") for (int r = 0; r < W; r++)
 
-static void q4_1_2w(const uint8_t *p, size_t ws, const uint8_t *xq, int64_t n, float *out) {
-    __m256 acc[2];
-    float summ[2];
-    FOR_W acc[r] = _mm256_setzero_ps(), summ[r] = 0.0f;
+RK_AI __m256 dm_pair(const uint8_t *p) { /* f16 (d, m) at p -> [d, m, d, m, ...] */
+    float v;
+    memcpy(&v, p, 4);
+    return _mm256_cvtph_ps(_mm_castps_si128(_mm_set1_ps(v)));
+}
+
+RK_AI void q4_1_w(const uint8_t *p, size_t ws, const uint8_t *xq, int64_t n, int W, float *out) {
+    const __m256i m4 = _mm256_set1_epi8(15), sh = _mm256_setr_epi64x(0, 0, 4, 4);
+    __m256 acc[4], accm[4];
+    FOR_W acc[r] = _mm256_setzero_ps(), accm[r] = _mm256_setzero_ps();
     const rk_act_q8_32 *y = (const rk_act_q8_32 *)(const void *)xq;
     for (int64_t i = 0; i < n / 32; i++, p += sizeof(rk_block_q4_1), y++) {
         const __m256i yq = ldu(y->qs);
-        const float ys = y->d * (float)y->sum;
+        const float dy = y->d, ys = dy * (float)y->sum;
+        const __m256 yy = _mm256_setr_ps(dy, ys, dy, ys, dy, ys, dy, ys);
         FOR_W {
             const uint8_t *pr = p + r * ws;
             if (!(i & 1)) pf(pr);
-            const __m256i s = madd1(_mm256_maddubs_epi16(nib32(pr + 4), yq));
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(f16(pr) * y->d), _mm256_cvtepi32_ps(s), acc[r]);
-            summ[r] += f16(pr + 2) * ys;
+            const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(pr + 4)));
+            const __m256i q = _mm256_and_si256(_mm256_srlv_epi64(b, sh), m4);
+            const __m256i s = madd1(_mm256_maddubs_epi16(q, yq));
+            const __m256 pm = _mm256_mul_ps(dm_pair(pr), yy); /* [d dy, m dy sum(y), ...] */
+            acc[r] = _mm256_fmadd_ps(_mm256_moveldup_ps(pm), _mm256_cvtepi32_ps(s), acc[r]);
+            accm[r] = _mm256_add_ps(accm[r], pm);
         }
     }
-    FOR_W out[r] = hsum8(acc[r]) + summ[r];
+    FOR_W out[r] = hsum8(acc[r]) + _mm_cvtss_f32(_mm_movehdup_ps(_mm256_castps256_ps128(accm[r])));
 }
 
-void rk_qavx2_q4_1_dot_2w(const void *w, size_t ws, const void *xq, int64_t n, float *out) { q4_1_2w(w, ws, xq, n, out); }
+void rk_qavx2_q4_1_dot_2w(const void *w, size_t ws, const void *xq, int64_t n, float *out) { q4_1_w(w, ws, xq, n, 2, out); }
 
 #define RK_QDOT_PAIR(t, call1, call4)                                                      \
     float rk_qavx2_##t##_dot(const void *w, const void *xq, int64_t n) {                   \
@@ -356,6 +374,6 @@ void rk_qavx2_q4_1_dot_2w(const void *w, size_t ws, const void *xq, int64_t n, f
 
 RK_QDOT_PAIR(q8_0, q8_0_rows(w, xq, 0, n, 1, o, false), q8_0_rows(w, xq, ys, n, 4, o, false))
 RK_QDOT_PAIR(q4_0, q8_0_rows(w, xq, 0, n, 1, o, true), q8_0_rows(w, xq, ys, n, 4, o, true))
-RK_QDOT_PAIR(q4_1, q4_1_rows(w, xq, 0, n, 1, o), q4_1_rows(w, xq, ys, n, 4, o))
+RK_QDOT_PAIR(q4_1, q4_1_w(w, 0, xq, n, 1, o), q4_1_rows(w, xq, ys, n, 4, o))
 RK_QDOT_PAIR(q4_K, q4_K_rows(w, xq, 0, n, 1, o), q4_K_rows(w, xq, ys, n, 4, o))
 RK_QDOT_PAIR(q6_K, q6_K_rows(w, xq, 0, n, 1, o), q6_K_rows(w, xq, ys, n, 4, o))
