@@ -61,7 +61,9 @@ static bool params_ok(const rk_kv_codec *c) {
     const rk_lowram_params *p = &c->p;
     return !c->wide && p->coef_type == RK_DT_Q8_0 && p->resid_type == RK_DT_Q8_0 && c->exact_type == RK_DT_F16 &&
            !(p->topp > 0) && !p->bound && (p->key_rank <= 0) && !(p->hyst > 0) && !p->values_exact && !p->dense &&
-           c->hd <= 128 && c->n_rot <= c->hd;
+           c->hd <= 128 && c->n_rot <= c->hd &&
+           /* the op attends exactly rebuilt keys; the int8 key cache rounds them (host codec) */
+           p->kc_type == RK_DT_F16;
 }
 
 static void free_state(rk_lrdev *d) {

@@ -243,7 +243,7 @@ parity_paths() {
         case $name in
         fill) args=(--fill identity --split 1 --tail 512) ;;
         q8) args=(--kv q8) ;;
-        lowram) args=(--kv lowram) ;;
+        lowram) args=(--kv lowram:kcache=f16) ;;
         esac
         "$BIN" run -m "$m" -p "$p" -n 24 --temp 0 --backend cpu -t "$JOBS" "${args[@]}" > "$OUT_DIR/paths.cpu.txt" || return 1
         env $([ $name = graphs ] && echo RIDGEKV_CUDA_GRAPHS=1) "$BIN" run -m "$m" -p "$p" -n 24 --temp 0 \
@@ -285,7 +285,7 @@ if step synth_qwen2.5-1.5b 120 big_synth; then
     # exact vs LowRAM decode (prefill: the host codec behind staged rows; decode: LR_ATTN)
     for P in ${BENCH_P//,/ } $([ "$(left)" -gt $((LONG_MIN_S + 200)) ] && echo "$LONG_P"); do
         C=$([ "$P" -gt 32768 ] && echo "-c $((P + 64)) --rope-scaling yarn --rope-scale 4")
-        step bench_lowram_"$P" 150 sh -c "'$BIN' bench -m '$BENCH_MODEL' --backend $BENCH_BE -p $P -n $BENCH_N -r 1 $C --kv f16,lowram --json > '$OUT_DIR/bench_lowram_$P.json'"
+        step bench_lowram_"$P" 150 sh -c "'$BIN' bench -m '$BENCH_MODEL' --backend $BENCH_BE -p $P -n $BENCH_N -r 1 $C --kv f16,lowram:kcache=f16 --json > '$OUT_DIR/bench_lowram_$P.json'"
         js+=("$OUT_DIR/bench_lowram_$P.json")
     done
     # a long prompt with YaRN x4 and a KV budget of a quarter of the KV (spilled to the
