@@ -60,6 +60,8 @@ struct rk_bs {
     /* io_uring */
     struct io_uring ring;
     bool ring_ok, fixed_bufs, fixed_file;
+    bool batch;          /* rk_bs_batch: prepared SQEs wait for one io_uring_submit */
+    int unsubmitted;     /* SQEs prepared, not yet submitted */
     /* thread pool */
     pthread_t *th;
     int n_th;
@@ -243,8 +245,12 @@ static rk_status submit(rk_bs *bs, int si, size_t len, rk_err *err) {
         }
         if (bs->fixed_file) sqe->flags |= IOSQE_FIXED_FILE;
         io_uring_sqe_set_data64(sqe, (uint64_t)si);
-        int r = io_uring_submit(&bs->ring);
-        if (r < 0) return rk_err_set(err, RK_E_IO, "io: io_uring_submit failed (%s)", strerror(-r));
+        if (bs->batch) {
+            bs->unsubmitted++; /* submitted with the others by flush() */
+        } else {
+            int r = io_uring_submit(&bs->ring);
+            if (r < 0) return rk_err_set(err, RK_E_IO, "io: io_uring_submit failed (%s)", strerror(-r));
+        }
     } else {
         pthread_mutex_lock(&bs->mu);
         bs->jobs[(bs->job_head + bs->n_jobs) % bs->qd] = si;
@@ -339,8 +345,22 @@ static bool push_pending(rk_bs *bs, const rk_bs_done *d) {
 }
 
 /* Reaps completed I/O (waiting for one when block) into out; returns the count. */
+/* Submits the SQEs a batch prepared (one system call for all of them). */
+static void flush(rk_bs *bs) {
+    if (bs->backend != RK_BS_URING || !bs->unsubmitted) return;
+    const int r = io_uring_submit(&bs->ring);
+    if (r >= 0) bs->unsubmitted = r >= bs->unsubmitted ? 0 : bs->unsubmitted - r;
+}
+
+void rk_bs_batch(rk_bs *bs, bool on) {
+    if (!bs) return;
+    bs->batch = on;
+    if (!on) flush(bs);
+}
+
 static int reap(rk_bs *bs, bool block, rk_bs_done *out, int max) {
     int n = 0;
+    flush(bs);
     if (bs->backend == RK_BS_URING) {
         while (n < max && bs->in_flight > 0) {
             struct io_uring_cqe *cqe = NULL;

@@ -80,6 +80,10 @@ typedef struct rk_bs_done {
  * nothing is in flight. Returns how many. */
 int rk_bs_wait(rk_bs *bs, int min_n, rk_bs_done *out, int max);
 int rk_bs_in_flight(const rk_bs *bs);
+/* on: the operations queued from now on are submitted together (io_uring: one
+ * io_uring_submit) when the batch ends (rk_bs_batch(bs, false)) or a wait begins; the
+ * thread pool starts each at once either way. Accepts NULL. */
+void rk_bs_batch(rk_bs *bs, bool on);
 
 /* Synchronous forms: put / get, then wait for that completion (others reaped meanwhile
  * are dropped: use these only when nothing else is in flight). */
