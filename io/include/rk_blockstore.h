@@ -68,6 +68,13 @@ rk_status rk_bs_put(rk_bs *bs, uint64_t id, const void *data, size_t len, void *
  * decompresses it there. RK_E_NOT_FOUND when no frame holds id. */
 rk_status rk_bs_get(rk_bs *bs, uint64_t id, void *dst, size_t cap, void *ud, rk_err *err);
 
+/* Like rk_bs_get, but the block's bytes go to the pieces iov[0..n_iov) in order (their
+ * lengths summed: the capacity); iov must stay valid until the completion is reaped. */
+typedef struct rk_bs_iov {
+    void *base;
+    size_t len;
+} rk_bs_iov;
+rk_status rk_bs_getv(rk_bs *bs, uint64_t id, const rk_bs_iov *iov, int n_iov, void *ud, rk_err *err);
 typedef struct rk_bs_done {
     uint64_t id;
     bool is_put;

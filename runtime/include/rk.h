@@ -174,7 +174,7 @@ typedef struct rk_kv_params {
      * policy's spec (rk_kv_params_format) or of its KV blocks. */
     uint64_t budget;
     const char *spill_dir;    /* borrowed for rk_session_create */
-    int32_t spill_level;      /* zstd level of spilled chunks; 0: 1 */
+    int32_t spill_level;      /* zstd level of spilled chunks; 0: the tier's default; < 0: raw frames */
     int32_t spill_backend;    /* 0: io_uring when usable, 1: io_uring, 2: pread/pwrite threads */
     bool spill_buffered;      /* the spill file without O_DIRECT (reads may come from the page cache) */
 } rk_kv_params;

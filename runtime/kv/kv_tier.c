@@ -529,7 +529,7 @@ rk_status rk_kv_tier_init(rk_kv *kv, uint32_t type, const rk_kv_params *p, rk_er
     t->bp = rk_bs_params_default();
     t->bp.max_block = t->chunk_bytes;
     t->bp.queue_depth = QD;
-    t->bp.zstd_level = p->spill_level > 0 ? p->spill_level : 1;
+    t->bp.zstd_level = p->spill_level > 0 ? p->spill_level : p->spill_level < 0 ? -1 : 1; /* < 0: raw frames */
     t->bp.backend = (rk_bs_backend)p->spill_backend;
     t->bp.no_direct = p->spill_buffered;
     rk_status st = open_store(t, err);

@@ -33,7 +33,8 @@
  *   the next PF_LAYERS layer calls (the working set: the group in progress and what is
  *   read ahead) stay: the budget cannot be kept then, and re-reading them would only cost.
  * - Then the cells the next PF_LAYERS layers selected at their previous step are read
- *   ahead (one submission), so their reads overlap this and the next layers' compute.
+ *   ahead (one submission; while they fit under the budget, or all of them when the
+ *   budget is over anyway), so their reads overlap this and the next layers' compute.
  * - The budget covers the codec's whole state: the cells may use the budget less
  *   everything that does not move (less than zero: only the working set stays).
  * - Truncation into compressed rows, kv_rows, export and write first read every released
@@ -51,13 +52,13 @@
 
 #include "rk_blockstore.h"
 
-enum { PAGE = 4096, QD = 32 };
+enum { PAGE = 4096, QD = 64 };
 
 typedef struct cell {
     uint8_t present;     /* its bytes are in place in the arrays */
     uint8_t in_store;    /* a frame holds them */
     uint8_t get_pending, put_pending, sticky, prefetched;
-    int16_t stage;       /* staging buffer of a pending get */
+    int16_t stage;       /* read slot of a pending get */
     int32_t ri;          /* index in the resident list; -1 */
     uint32_t used_call;  /* last attention call that needed it */
     int64_t next_use;    /* predicted next layer call (step * n_layer + layer) that needs it */
@@ -105,9 +106,10 @@ struct lr_tier {
     uint64_t n_cells_out, peak;
     size_t cell_max;     /* bytes of the largest cell */
     struct part *pv;     /* (1 + n_l * n_head_kv) a cell's parts (one user at a time) */
-    uint8_t *stage[QD];  /* read buffers (a get decompresses into one, then it is scattered) */
-    ref stage_of[QD];
+    rk_bs_iov *iov;      /* (QD, 1 + n_l * n_head_kv) a pending get's places in the arrays */
+    int iov_per;
     bool stage_busy[QD];
+    size_t stage_len[QD]; /* bytes the pending get must bring */
     uint8_t *gather;     /* a cell's bytes for a put */
     rk_bs *bs;
     rk_bs_params bp;
@@ -284,11 +286,11 @@ static void index_build(lr_tier *t) {
     for (int l = 0; l < c->n_layer; l++)
         for (int h = 0; h < nh; h++)
             ok &= add_arr(t, c->n_group + l * nh + h, c->ly[l].h[h].res, (size_t)c->n_ctx * c->res_bytes);
+    free(t->iov);
+    t->iov_per = 1 + c->p.group * nh;
+    t->iov = malloc((size_t)QD * (size_t)t->iov_per * sizeof *t->iov);
+    ok &= t->iov != NULL;
     if (ok && cmax > t->cell_max) { /* buffers for the largest cell */
-        for (int i = 0; i < QD && ok; i++) {
-            free(t->stage[i]);
-            ok &= (t->stage[i] = malloc(cmax)) != NULL;
-        }
         free(t->gather);
         ok &= (t->gather = malloc(cmax)) != NULL;
         if (ok) {
@@ -361,24 +363,6 @@ static rk_status open_store(lr_tier *t, rk_err *err) {
     return rk_bs_renew_spill(&t->bs, t->spill_dir, &t->bp, &t->acc, err);
 }
 
-/* A cell read back: its bytes go to their places, its pages are resident again. */
-static void scatter(lr_tier *t, ref r, const uint8_t *src) {
-    const rk_kv_codec *c = CODEC(t->kv);
-    part *pv = t->pv;
-    const int np = cell_parts(c, r.g, r.k, pv);
-    size_t o = 0;
-    for (int i = 0; i < np; i++) {
-        arr *A = &t->a[pv[i].a];
-        int64_t k0, k1;
-        page_span(A, pv[i].x, pv[i].y, &k0, &k1);
-        for (int64_t k = k0; k < k1; k++)
-            if (A->rel[k]) A->rel[k] = 0, t->n_pages_rel--;
-        memcpy(A->base + pv[i].x, src + o, pv[i].y - pv[i].x);
-        o += pv[i].y - pv[i].x;
-    }
-    pin_cell(t, r.g, r.k, +1);
-}
-
 static size_t gather_cell(lr_tier *t, ref r) {
     const rk_kv_codec *c = CODEC(t->kv);
     part *pv = t->pv;
@@ -415,21 +399,18 @@ static void on_done(lr_tier *t, const rk_bs_done *d) {
                 t->io_st = d->status;
                 snprintf(t->io_msg, sizeof t->io_msg, "%.200s", d->msg);
             }
+            pin_cell(t, r.g, r.k, -1); /* the cell stays absent */
             return;
         }
-        part *pv = t->pv;
-        const int np = cell_parts(CODEC(t->kv), r.g, r.k, pv);
-        size_t want = 0;
-        for (int i = 0; i < np; i++) want += pv[i].y - pv[i].x;
-        if (d->len != want) {
+        if (d->len != t->stage_len[si]) {
             if (!t->io_st) {
                 t->io_st = RK_E_FORMAT;
                 snprintf(t->io_msg, sizeof t->io_msg, "a spilled cell of %zu bytes where %zu were written", d->len,
-                         want);
+                         t->stage_len[si]);
             }
+            pin_cell(t, r.g, r.k, -1);
             return;
         }
-        scatter(t, r, t->stage[si]);
         s->present = 1;
         t->n_cells_out--;
         rl_add(t, r);
@@ -470,9 +451,26 @@ static rk_status fetch(lr_tier *t, ref r, bool block, rk_err *err) {
         si = free_stage(t);
     }
     if (si < 0) return block ? rk_err_set(err, RK_E_INTERNAL, "kv tier: no free read buffer") : RK_OK;
-    rk_status st = rk_bs_get(t->bs, ID(r.g, r.k), t->stage[si], t->cell_max, (void *)(intptr_t)si, err);
+    /* the store writes the frame's bytes straight to their places; the pages are pinned
+     * from now on, so that no release can take them before the read completes */
+    rk_bs_iov *iov = t->iov + (size_t)si * (size_t)t->iov_per;
+    part *pv = t->pv;
+    const int np = cell_parts(CODEC(t->kv), r.g, r.k, pv);
+    size_t len = 0;
+    for (int i = 0; i < np; i++) {
+        arr *A = &t->a[pv[i].a];
+        iov[i] = (rk_bs_iov){A->base + pv[i].x, pv[i].y - pv[i].x};
+        len += pv[i].y - pv[i].x;
+        int64_t k0, k1;
+        page_span(A, pv[i].x, pv[i].y, &k0, &k1);
+        for (int64_t k = k0; k < k1; k++)
+            if (A->rel[k]) A->rel[k] = 0, t->n_pages_rel--;
+    }
+    rk_status st = rk_bs_getv(t->bs, ID(r.g, r.k), iov, np, (void *)(intptr_t)si, err);
     if (st) return st;
+    pin_cell(t, r.g, r.k, +1);
     t->stage_busy[si] = true;
+    t->stage_len[si] = len;
     s->get_pending = 1, s->stage = (int16_t)si;
     return RK_OK;
 }
@@ -645,7 +643,7 @@ static void evict(lr_tier *t, bool block) {
         else if (d <= PF_LAYERS && !t->cap) continue; /* over the budget anyway: the working set stays */
         cv[n++] = (cand){d, t->rl[i]};
     }
-    qsort(cv, (size_t)n, sizeof *cv, by_distance);
+    if (target) qsort(cv, (size_t)n, sizeof *cv, by_distance); /* else every candidate goes: no order needed */
     /* cells never written go to the store first; released once their write completed */
     rk_err e = {0};
     int64_t m = 0;
@@ -698,6 +696,7 @@ static void prefetch(lr_tier *t, rk_kv_codec *c, int layer) {
                     continue;
                 }
                 if (free_stage(t) < 0) goto out; /* every buffer in flight */
+                if (t->cap && resident_pages_bytes(t) + t->cell_max > t->cap) goto out; /* no room under the budget */
                 if (fetch(t, (ref){gi, (int32_t)ch}, false, &e)) goto out;
                 s->prefetched = 1;
                 s->next_use = when;
@@ -845,8 +844,7 @@ static void tier_free(lr_tier *t) {
     if (!t) return;
     rk_bs_close(t->bs);
     index_free(t);
-    for (int i = 0; i < QD; i++) free(t->stage[i]);
-    free(t->gather), free(t->pv);
+    free(t->gather), free(t->pv), free(t->iov);
     free(t->rl), free(t->wl), free(t->fl), free(t->pmark), free(t->plist), free(t->pn);
     free(t);
 }
@@ -925,7 +923,7 @@ rk_status rk_kv_lowram_tier_init(rk_kv *kv, const rk_model *m, const rk_kv_param
     t->bp = rk_bs_params_default();
     t->bp.max_block = PAGE; /* grown to a cell's bytes once the fit sets the ranks */
     t->bp.queue_depth = QD;
-    t->bp.zstd_level = p->spill_level > 0 ? p->spill_level : 1;
+    t->bp.zstd_level = p->spill_level > 0 ? p->spill_level : p->spill_level < 0 ? -1 : 1; /* < 0: raw frames */
     t->bp.backend = (rk_bs_backend)p->spill_backend;
     t->bp.no_direct = p->spill_buffered;
     if ((st = open_store(t, err))) {
