@@ -923,7 +923,7 @@ rk_status rk_kv_lowram_tier_init(rk_kv *kv, const rk_model *m, const rk_kv_param
     t->bp = rk_bs_params_default();
     t->bp.max_block = PAGE; /* grown to a cell's bytes once the fit sets the ranks */
     t->bp.queue_depth = QD;
-    t->bp.zstd_level = p->spill_level > 0 ? p->spill_level : p->spill_level < 0 ? -1 : 1; /* < 0: raw frames */
+    t->bp.zstd_level = p->spill_level > 0 ? p->spill_level : -1; /* raw frames unless asked (docs/TIERS.md: zstd does not pay here) */
     t->bp.backend = (rk_bs_backend)p->spill_backend;
     t->bp.no_direct = p->spill_buffered;
     if ((st = open_store(t, err))) {
