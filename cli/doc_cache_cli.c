@@ -195,6 +195,11 @@ void cli_kv_tier_params(const cli_opts *o, rk_kv_params *kv) {
     kv->spill_backend = nu && *nu && strcmp(nu, "0") ? 2 : 0;
     const char *sb = getenv("RIDGEKV_SPILL_BUFFERED"); /* docs/TIERS.md: no O_DIRECT for the spill file */
     kv->spill_buffered = sb && *sb && strcmp(sb, "0");
+    const char *sl = getenv("RIDGEKV_SPILL_LEVEL"); /* docs/TIERS.md: zstd level of spilled blocks, 0 raw */
+    if (sl && *sl) {
+        const long v = strtol(sl, NULL, 10);
+        kv->spill_level = v <= 0 ? -1 : v > 19 ? 19 : (int32_t)v;
+    }
 }
 
 uint64_t cli_kv_budget_share(const cli_opts *o, const rk_model *m, const rk_kv_params *kv, int64_t n_tokens) {

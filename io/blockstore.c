@@ -33,6 +33,8 @@ typedef struct slot {
     void *ud;
     uint8_t *dst;
     size_t cap;
+    const rk_bs_iov *iov; /* rk_bs_getv: the caller's pieces (dst unused) */
+    int n_iov;
 } slot;
 
 typedef struct done_q {
@@ -60,6 +62,8 @@ struct rk_bs {
     /* io_uring */
     struct io_uring ring;
     bool ring_ok, fixed_bufs, fixed_file;
+    bool batch;          /* rk_bs_batch: prepared SQEs wait for one io_uring_submit */
+    int unsubmitted;     /* SQEs prepared, not yet submitted */
     /* thread pool */
     pthread_t *th;
     int n_th;
@@ -243,8 +247,12 @@ static rk_status submit(rk_bs *bs, int si, size_t len, rk_err *err) {
         }
         if (bs->fixed_file) sqe->flags |= IOSQE_FIXED_FILE;
         io_uring_sqe_set_data64(sqe, (uint64_t)si);
-        int r = io_uring_submit(&bs->ring);
-        if (r < 0) return rk_err_set(err, RK_E_IO, "io: io_uring_submit failed (%s)", strerror(-r));
+        if (bs->batch) {
+            bs->unsubmitted++; /* submitted with the others by flush() */
+        } else {
+            int r = io_uring_submit(&bs->ring);
+            if (r < 0) return rk_err_set(err, RK_E_IO, "io: io_uring_submit failed (%s)", strerror(-r));
+        }
     } else {
         pthread_mutex_lock(&bs->mu);
         bs->jobs[(bs->job_head + bs->n_jobs) % bs->qd] = si;
@@ -253,6 +261,46 @@ static rk_status submit(rk_bs *bs, int si, size_t len, rk_err *err) {
         pthread_mutex_unlock(&bs->mu);
     }
     bs->in_flight++;
+    return RK_OK;
+}
+
+/* A checked frame of slot s into the caller's pieces, in order (rk_bs_getv). */
+static rk_status scatter_out(rk_bs *bs, const slot *s, uint32_t codec, uint64_t raw, uint64_t stored, char *msg,
+                             size_t cap) {
+    const uint8_t *src = s->buf + HDR;
+    if (codec == 0) {
+        uint64_t o = 0;
+        for (int i = 0; i < s->n_iov && o < raw; i++) {
+            const size_t n = s->iov[i].len < raw - o ? s->iov[i].len : (size_t)(raw - o);
+            memcpy(s->iov[i].base, src + o, n);
+            o += n;
+        }
+        return RK_OK;
+    }
+    ZSTD_DCtx_reset(bs->dctx, ZSTD_reset_session_only);
+    ZSTD_inBuffer in = {src, (size_t)stored, 0};
+    uint64_t out_total = 0;
+    for (int i = 0; i < s->n_iov; i++) {
+        ZSTD_outBuffer out = {s->iov[i].base, s->iov[i].len, 0};
+        size_t r = 1;
+        while (out.pos < out.size && r != 0) {
+            const size_t before = out.pos, used = in.pos;
+            r = ZSTD_decompressStream(bs->dctx, &out, &in);
+            if (ZSTD_isError(r)) {
+                snprintf(msg, cap, "io: block %llu does not decompress (%s)", (unsigned long long)s->id,
+                         ZSTD_getErrorName(r));
+                return RK_E_FORMAT;
+            }
+            if (out.pos == before && in.pos == used) break; /* no progress: the frame is short */
+        }
+        out_total += out.pos;
+        if (out.pos < out.size) break; /* the frame ended (or is short): the size check says which */
+    }
+    if (out_total != raw) {
+        snprintf(msg, cap, "io: block %llu decompresses to %llu bytes, %llu expected", (unsigned long long)s->id,
+                 (unsigned long long)out_total, (unsigned long long)raw);
+        return RK_E_FORMAT;
+    }
     return RK_OK;
 }
 
@@ -301,7 +349,8 @@ static void complete(rk_bs *bs, int si, int64_t res, rk_bs_done *d) {
         }
         if (!st) {
             const double t0 = rk_time_now();
-            if (codec == 0) memcpy(s->dst, s->buf + HDR, (size_t)raw);
+            if (s->iov) st = scatter_out(bs, s, codec, raw, stored, d->msg, sizeof d->msg);
+            else if (codec == 0) memcpy(s->dst, s->buf + HDR, (size_t)raw);
             else {
                 /* capacity raw, not cap: zstd may use spare room past the content as scratch (it
                  * decodes literals there), and the caller's bytes past raw are not ours */
@@ -341,8 +390,22 @@ static bool push_pending(rk_bs *bs, const rk_bs_done *d) {
 }
 
 /* Reaps completed I/O (waiting for one when block) into out; returns the count. */
+/* Submits the SQEs a batch prepared (one system call for all of them). */
+static void flush(rk_bs *bs) {
+    if (bs->backend != RK_BS_URING || !bs->unsubmitted) return;
+    const int r = io_uring_submit(&bs->ring);
+    if (r >= 0) bs->unsubmitted = r >= bs->unsubmitted ? 0 : bs->unsubmitted - r;
+}
+
+void rk_bs_batch(rk_bs *bs, bool on) {
+    if (!bs) return;
+    bs->batch = on;
+    if (!on) flush(bs);
+}
+
 static int reap(rk_bs *bs, bool block, rk_bs_done *out, int max) {
     int n = 0;
+    flush(bs);
     if (bs->backend == RK_BS_URING) {
         while (n < max && bs->in_flight > 0) {
             struct io_uring_cqe *cqe = NULL;
@@ -465,7 +528,21 @@ rk_status rk_bs_put(rk_bs *bs, uint64_t id, const void *data, size_t len, void *
     return st;
 }
 
+static rk_status get_impl(rk_bs *bs, uint64_t id, void *dst, size_t cap, const rk_bs_iov *iov, int n_iov, void *ud,
+                          rk_err *err);
+
 rk_status rk_bs_get(rk_bs *bs, uint64_t id, void *dst, size_t cap, void *ud, rk_err *err) {
+    return get_impl(bs, id, dst, cap, NULL, 0, ud, err);
+}
+
+rk_status rk_bs_getv(rk_bs *bs, uint64_t id, const rk_bs_iov *iov, int n_iov, void *ud, rk_err *err) {
+    size_t cap = 0;
+    for (int i = 0; i < n_iov; i++) cap += iov[i].len;
+    return get_impl(bs, id, NULL, cap, iov, n_iov, ud, err);
+}
+
+static rk_status get_impl(rk_bs *bs, uint64_t id, void *dst, size_t cap, const rk_bs_iov *iov, int n_iov, void *ud,
+                          rk_err *err) {
     const entry *e = find(bs, id);
     if (!e) return rk_err_set(err, RK_E_NOT_FOUND, "io: no block %llu in the store", (unsigned long long)id);
     if (e->frame > bs->slot_cap)
@@ -477,7 +554,8 @@ rk_status rk_bs_get(rk_bs *bs, uint64_t id, void *dst, size_t cap, void *ud, rk_
     slot *s = &bs->slots[si];
     const int64_t nth = bs->n_gets++;
     *s = (slot){.buf = s->buf, .busy = true, .is_put = false, .id = id, .off = ent.off, .frame = ent.frame,
-                .raw = ent.raw, .ud = ud, .dst = dst, .cap = cap, .corrupt = fault_now(bs, RK_BS_FAULT_CORRUPT, nth)};
+                .raw = ent.raw, .ud = ud, .dst = dst, .cap = cap, .iov = iov, .n_iov = n_iov,
+                .corrupt = fault_now(bs, RK_BS_FAULT_CORRUPT, nth)};
     if (fault_now(bs, RK_BS_FAULT_EIO, nth)) {
         rk_bs_done d;
         complete(bs, si, -EIO, &d);

@@ -68,6 +68,13 @@ rk_status rk_bs_put(rk_bs *bs, uint64_t id, const void *data, size_t len, void *
  * decompresses it there. RK_E_NOT_FOUND when no frame holds id. */
 rk_status rk_bs_get(rk_bs *bs, uint64_t id, void *dst, size_t cap, void *ud, rk_err *err);
 
+/* Like rk_bs_get, but the block's bytes go to the pieces iov[0..n_iov) in order (their
+ * lengths summed: the capacity); iov must stay valid until the completion is reaped. */
+typedef struct rk_bs_iov {
+    void *base;
+    size_t len;
+} rk_bs_iov;
+rk_status rk_bs_getv(rk_bs *bs, uint64_t id, const rk_bs_iov *iov, int n_iov, void *ud, rk_err *err);
 typedef struct rk_bs_done {
     uint64_t id;
     bool is_put;
@@ -80,6 +87,10 @@ typedef struct rk_bs_done {
  * nothing is in flight. Returns how many. */
 int rk_bs_wait(rk_bs *bs, int min_n, rk_bs_done *out, int max);
 int rk_bs_in_flight(const rk_bs *bs);
+/* on: the operations queued from now on are submitted together (io_uring: one
+ * io_uring_submit) when the batch ends (rk_bs_batch(bs, false)) or a wait begins; the
+ * thread pool starts each at once either way. Accepts NULL. */
+void rk_bs_batch(rk_bs *bs, bool on);
 
 /* Synchronous forms: put / get, then wait for that completion (others reaped meanwhile
  * are dropped: use these only when nothing else is in flight). */

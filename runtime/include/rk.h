@@ -173,13 +173,13 @@ typedef struct rk_kv_params {
     rk_lowram_params lowram;  /* used when kind == RK_KV_LOWRAM */
     /* Memory tiers (runtime/kv/kv_tier.c, docs/TIERS.md), f16 / f32 / q8 only: at most
      * budget bytes of K/V rows stay in memory (the sink chunk and the recent window
-     * always do); the other chunks spill, zstd-compressed, to an unlinked file in
+     * always do); the other chunks spill (raw frames; zstd with spill_level) to an unlinked file in
      * spill_dir (NULL: /tmp) and are read back when attention needs them. 0: all in
      * memory. Results are bit-identical to the all-in-memory cache. Not part of the
      * policy's spec (rk_kv_params_format) or of its KV blocks. */
     uint64_t budget;
     const char *spill_dir;    /* borrowed for rk_session_create */
-    int32_t spill_level;      /* zstd level of spilled chunks; 0: 1 */
+    int32_t spill_level;      /* zstd level of spilled chunks; <= 0: raw frames (the default: zstd does not pay there) */
     int32_t spill_backend;    /* 0: io_uring when usable, 1: io_uring, 2: pread/pwrite threads */
     bool spill_buffered;      /* the spill file without O_DIRECT (reads may come from the page cache) */
 } rk_kv_params;

@@ -31,7 +31,7 @@
 #include "kv_impl.h"
 #include "rk_blockstore.h"
 
-enum { WINDOW_CHUNKS = 2, PAGE = 4096, QD = 16 };
+enum { WINDOW_CHUNKS = 2, PAGE = 4096, QD = 32 };
 
 typedef struct chunk {
     uint8_t present;     /* the pages hold the rows */
@@ -136,6 +136,7 @@ static rk_status ensure(tier *t, int l, int64_t c0, int64_t c1, bool count, rk_e
     rk_status st = RK_OK;
     t->pin_layer = l;
     pump(t, false);
+    rk_bs_batch(t->bs, true); /* one submission for the layer's reads */
     for (int64_t c = c0; c < c1; c++)
         for (int w = 0; w < 2; w++) {
             chunk *h = CH(t, l, w, c);
@@ -147,9 +148,13 @@ static rk_status ensure(tier *t, int l, int64_t c0, int64_t c1, bool count, rk_e
                 }
             }
             if (h->present || h->get_pending || !h->in_store) continue;
-            if ((st = rk_bs_get(t->bs, ID(t, l, w, c), DATA(t, l, w, c), t->chunk_bytes, NULL, err))) return st;
+            if ((st = rk_bs_get(t->bs, ID(t, l, w, c), DATA(t, l, w, c), t->chunk_bytes, NULL, err))) {
+                rk_bs_batch(t->bs, false);
+                return st;
+            }
             h->get_pending = 1;
         }
+    rk_bs_batch(t->bs, false);
     const double t0 = rk_time_now();
     for (;;) {
         bool wait = false;
@@ -258,14 +263,17 @@ static rk_status tier_append(rk_kv *kv, int l, int64_t pos0, const float *k, con
 /* Reads ahead the spilled chunks of layer l for rows [0, rows), up to the queue depth. */
 static void prefetch(tier *t, int l, int64_t rows) {
     const int64_t nc = (rows + t->R - 1) / t->R;
+    rk_bs_batch(t->bs, true);
     for (int64_t c = 0; c < nc && rk_bs_in_flight(t->bs) < QD; c++)
         for (int w = 0; w < 2; w++) {
             chunk *h = CH(t, l, w, c);
             if (h->present || h->get_pending || !h->in_store) continue;
             rk_err e = {0};
-            if (rk_bs_get(t->bs, ID(t, l, w, c), DATA(t, l, w, c), t->chunk_bytes, NULL, &e)) return;
+            if (rk_bs_get(t->bs, ID(t, l, w, c), DATA(t, l, w, c), t->chunk_bytes, NULL, &e)) goto out;
             h->get_pending = 1, h->prefetched = 1;
         }
+out:
+    rk_bs_batch(t->bs, false);
 }
 
 static rk_status tier_attend(rk_kv *kv, int l, const float *q, int64_t n_q, int64_t pos0, float *out, rk_err *err) {
@@ -529,7 +537,7 @@ rk_status rk_kv_tier_init(rk_kv *kv, uint32_t type, const rk_kv_params *p, rk_er
     t->bp = rk_bs_params_default();
     t->bp.max_block = t->chunk_bytes;
     t->bp.queue_depth = QD;
-    t->bp.zstd_level = p->spill_level > 0 ? p->spill_level : 1;
+    t->bp.zstd_level = p->spill_level > 0 ? p->spill_level : -1; /* raw frames unless asked (docs/TIERS.md: zstd does not pay here) */
     t->bp.backend = (rk_bs_backend)p->spill_backend;
     t->bp.no_direct = p->spill_buffered;
     rk_status st = open_store(t, err);

@@ -1,6 +1,7 @@
 /* Internal: LowRAM under a KV budget (lowram_tier.c; docs/TIERS.md). The codec's arrays
- * stay as they are; the pages of cold coefficient and residual rows go to the block
- * store and are refilled in place when decode selects their chunks. lowram_attn.c calls
+ * stay as they are; cold cells (a chunk's coefficient and residual rows of one layer
+ * group, one frame each) go to the block store, their pages are released, and they are
+ * read back in place when decode selects their chunks. lowram_attn.c calls
  * the three hooks below when c->tier is set (c->tier is NULL without a budget). */
 #pragma once
 #include "lowram_impl.h"

@@ -319,3 +319,52 @@ static void gets_stay_inside_their_block(rk_bs_backend be) {
 }
 Test(blockstore, gets_stay_inside_their_block_io_uring) { gets_stay_inside_their_block(RK_BS_URING); }
 Test(blockstore, gets_stay_inside_their_block_threads) { gets_stay_inside_their_block(RK_BS_THREADS); }
+
+/* rk_bs_getv: a frame (compressed or raw) into uneven pieces, batched in one submission
+ * (rk_bs_batch); pieces that are too small are a clear error, the store stays usable. */
+static void getv_pieces(rk_bs_backend be) {
+    char path[512];
+    cr_assert(tb_tmp_path(path, sizeof path, "rk-bs-v", ".bin"), "%s", path);
+    rk_bs *bs = open_store(path, RK_BS_CREATE, be, (rk_bs_fault){0});
+    uint8_t *src[2] = {malloc(BLOCK), malloc(BLOCK)}, *dst = malloc(BLOCK + 64);
+    size_t n[2];
+    rk_err e = {0};
+    for (int i = 0; i < 2; i++) { /* block 0: the pattern (zstd frame); block 1: random (raw frame) */
+        n[i] = fill_block(i, src[i]);
+        cr_assert_eq(rk_bs_put_sync(bs, 50 + (uint64_t)i, src[i], n[i], &e), RK_OK, "%s", e.msg);
+    }
+    for (int i = 0; i < 2; i++) {
+        memset(dst, 0xee, BLOCK + 64);
+        /* pieces of 1, 4095, 30000 and the rest, with gaps of 16 bytes between them */
+        const size_t a = 1, b = 4095, c = 30000, d = n[i] - a - b - c;
+        rk_bs_iov iov[4] = {{dst, a}, {dst + a + 16, b}, {dst + a + b + 32, c}, {dst + a + b + c + 48, d}};
+        rk_bs_batch(bs, true);
+        cr_assert_eq(rk_bs_getv(bs, 50 + (uint64_t)i, iov, 4, (void *)(intptr_t)i, &e), RK_OK, "%s", e.msg);
+        rk_bs_batch(bs, false);
+        rk_bs_done dn;
+        cr_assert_eq(rk_bs_wait(bs, 1, &dn, 1), 1);
+        cr_assert_eq(dn.status, RK_OK, "%s", dn.msg);
+        cr_expect_eq(dn.len, n[i]);
+        size_t o = 0;
+        for (int k = 0; k < 4; k++) {
+            cr_expect(!memcmp(iov[k].base, src[i] + o, iov[k].len), "block %d piece %d", i, k);
+            o += iov[k].len;
+        }
+        cr_expect_eq(dst[a], 0xee, "the gap after piece 0 is untouched");
+        /* pieces short of the block: refused at the completion, nothing written past them */
+        rk_bs_iov small[2] = {{dst, 100}, {dst + 200, 100}};
+        cr_assert_eq(rk_bs_getv(bs, 50 + (uint64_t)i, small, 2, NULL, &e), RK_OK, "%s", e.msg);
+        cr_assert_eq(rk_bs_wait(bs, 1, &dn, 1), 1);
+        cr_expect_neq(dn.status, RK_OK, "block %d into 200 bytes of pieces must fail", i);
+        cr_expect(strstr(dn.msg, "buffer") != NULL, "the message names the buffer: %s", dn.msg);
+    }
+    size_t len = 0;
+    cr_assert_eq(rk_bs_get_sync(bs, 51, dst, BLOCK, &len, &e), RK_OK, "%s", e.msg);
+    cr_expect(len == n[1] && !memcmp(dst, src[1], n[1]));
+    rk_bs_close(bs);
+    free(src[0]), free(src[1]), free(dst);
+    unlink(path);
+}
+
+Test(blockstore, getv_pieces_io_uring) { getv_pieces(RK_BS_URING); }
+Test(blockstore, getv_pieces_threads) { getv_pieces(RK_BS_THREADS); }
