@@ -50,8 +50,8 @@ static const char *help =
     "                    trial in the file. The file's header holds the settings (binary, model,\n"
     "                    maps, haystacks, flags); a file of other settings is refused naming them.\n"
     "                    --trials may grow from run to run\n"
-    "  --budget S        with --results: start no new trial once S seconds would be passed (the\n"
-    "                    longest trial so far counts as the next one's time)\n"
+    "  --budget S        with --results: start no new trial once S seconds would be passed (its\n"
+    "                    time is guessed from this run's trials, scaled by length^1.5)\n"
     "  --json            one JSON object (with every trial's answers) on stdout instead of tables\n";
 
 static void print_tables(const ev_needle_params *p, const ev_needle_result *r, const rk_model *m, const cli_opts *o,

@@ -140,8 +140,9 @@ typedef struct ev_needle_params {
      * stops the run with it (the caller has what it recorded of the trials before). */
     rk_status (*on_trial)(void *ud, const struct ev_needle_result *r, int t, rk_err *err);
     void *trial_ud;
-    /* > 0: no new trial starts once the time spent plus the longest trial so far would pass
-     * budget_s seconds (the rest are left undone: done[t] = 0). */
+    /* > 0: no new trial starts once the time spent plus its expected time would pass budget_s
+     * seconds (the rest are left undone: done[t] = 0); expected: the slowest seconds per
+     * length^1.5 of this call's trials times its length^1.5 (the first trial always starts). */
     double budget_s;
 } ev_needle_params;
 #define EV_NEEDLE_WORDINGS 4
