@@ -12,6 +12,7 @@ static const char *help =
     "usage: ridgekv eval needle [-m MODEL] [--ridgefill MAPS] [--fill off,speed,quality] [--tail 512]\n"
     "                          [--lengths 1024,2048] [--depths 0.1,0.3,0.5,0.7,0.9] [--trials 200]\n"
     "                          [--files F1,F2] [--corpus DIR] [--seed N] [-t T] [--json]\n"
+    "                          [--results FILE.jsonl [--budget SECONDS]]\n"
     "\n"
     "Passkey retrieval with the needle in the bulk region (rows with at least --tail prompt tokens\n"
     "after them, which RidgeFill fills). Each trial takes a random window of a corpus file as the\n"
@@ -44,6 +45,13 @@ static const char *help =
     "                    attention is subtracted (= obs; 0: none), scoring layers (3) below the\n"
     "                    split after skipping the ones right below it (2), max-pool radius (8;\n"
     "                    0: none), share of bulk rows kept exact (the map's, 0.1)\n"
+    "  --results FILE    resumable run: each paired trial is appended to FILE (JSON lines) as it\n"
+    "                    ends; trials already there are not run again, and the tables cover every\n"
+    "                    trial in the file. The file's header holds the settings (binary, model,\n"
+    "                    maps, haystacks, flags); a file of other settings is refused naming them.\n"
+    "                    --trials may grow from run to run\n"
+    "  --budget S        with --results: start no new trial once S seconds would be passed (its\n"
+    "                    time is guessed from this run's trials, scaled by length^1.5)\n"
     "  --json            one JSON object (with every trial's answers) on stdout instead of tables\n";
 
 static void print_tables(const ev_needle_params *p, const ev_needle_result *r, const rk_model *m, const cli_opts *o,
@@ -181,16 +189,18 @@ static void print_json(const ev_needle_params *p, const ev_needle_result *r, con
 }
 
 /* The flags into p (and o). */
-static int parse(int argc, char **argv, cli_opts *o, ev_needle_params *p, const char **files, const char **corpus) {
+static int parse(int argc, char **argv, cli_opts *o, ev_needle_params *p, const char **files, const char **corpus,
+                 const char **results) {
     const char *cmd = "eval needle", *f_depths = "0.1,0.3,0.5,0.7,0.9", *f_lens = "1024,2048", *f_trials = "200",
-               *f_gen = "16", *f_words = "4";
+               *f_gen = "16", *f_words = "4", *f_budget = "0";
     ev_flag flags[] = {{"--depths", &f_depths}, {"--lengths", &f_lens}, {"--trials", &f_trials},
                        {"--gen", &f_gen},       {"--files", files},     {"--corpus", corpus},
-                       {"--wordings", &f_words}};
+                       {"--wordings", &f_words}, {"--results", results}, {"--budget", &f_budget}};
     char **av = NULL;
     int ac = 0, n_pos = 0;
     rk_err e = {0};
-    if (ev_take_flags(argc, argv, flags, 6, &av, &ac, &e)) return cli_ev_fail(cmd, &e);
+    if (ev_take_flags(argc, argv, flags, (int)(sizeof flags / sizeof flags[0]), &av, &ac, &e))
+        return cli_ev_fail(cmd, &e);
     const char *pos[1];
     int rc = cli_parse(ac, av, 3, o, pos, 0, &n_pos, cmd);
     free(av);
@@ -199,8 +209,13 @@ static int parse(int argc, char **argv, cli_opts *o, ev_needle_params *p, const 
     if (ev_parse_doubles(f_depths, 0.0, 1.0, p->depths, EV_MAX_LIST, &p->n_depths, "--depths", &e) ||
         ev_parse_ints(f_lens, 64, 1 << 20, p->lens, EV_MAX_LIST, &p->n_lens, "--lengths", &e) ||
         ev_parse_int(f_trials, 1, 1000000, &trials, "--trials", &e) || ev_parse_int(f_gen, 1, 256, &gen, "--gen", &e) ||
-        ev_parse_int(f_words, 1, EV_NEEDLE_WORDINGS, &words, "--wordings", &e))
+        ev_parse_int(f_words, 1, EV_NEEDLE_WORDINGS, &words, "--wordings", &e) ||
+        ev_parse_double(f_budget, 0.0, 1e9, &p->budget_s, "--budget", &e))
         return cli_ev_fail(cmd, &e);
+    if (p->budget_s > 0 && !*results) {
+        fprintf(stderr, "ridgekv %s: --budget needs --results FILE (the trials past it are run later from there)\n", cmd);
+        return RK_EXIT_USAGE;
+    }
     p->n_trials = (int)trials;
     p->gen = (int)gen;
     p->n_wordings = (int)words;
@@ -220,17 +235,18 @@ int cmd_eval_needle(int argc, char **argv) {
             fputs(help, stdout);
             return RK_EXIT_OK;
         }
-    const char *cmd = "eval needle", *files = EV_DEFAULT_FILES, *corpus = NULL;
+    const char *cmd = "eval needle", *files = EV_DEFAULT_FILES, *corpus = NULL, *results = NULL;
     cli_opts o = {.sp = rk_sampler_params_default(), .keep_share = -1.0f};
     o.sp.seed = 1;
     ev_needle_params p = {0};
-    int rc = parse(argc, argv, &o, &p, &files, &corpus);
+    int rc = parse(argc, argv, &o, &p, &files, &corpus, &results);
     if (rc) return rc;
     rk_model *m = NULL;
     rk_session *s = NULL;
     rk_ridge_maps *maps = NULL;
     ev_corpus c = {0};
     ev_needle_result r = {0};
+    cli_needle_log lg = {.fd = -1};
     rk_err e = {0};
     int n_ctx = 0;
     if ((rc = cli_load_model(&o, &m)) || (rc = cli_ev_corpus(&c, m, files, cli_ev_corpus_dir(corpus), cmd))) goto done;
@@ -250,21 +266,58 @@ int cmd_eval_needle(int argc, char **argv) {
     }
     if ((rc = cli_open_session(&o, m, o.n_ctx ? o.n_ctx : n_ctx, &s)) || (rc = cli_ev_modes(&o, m, s, &maps, &p.modes, cmd)))
         goto done;
+    const int split = maps ? rk_ridge_maps_split(maps) : o.split;
+    unsigned char *skip = NULL;
+    if (results) { /* earlier trials from the file; this run adds the missing ones */
+        char modes[128] = "";
+        for (int mi = 0; mi < p.modes.n; mi++)
+            snprintf(modes + strlen(modes), sizeof modes - strlen(modes), "%s%s", mi ? "," : "",
+                     rk_fill_mode_name(p.modes.mode[mi]));
+        json_object *set = cli_needle_settings(&o, m, &p, &c, modes, split);
+        rc = cli_needle_log_open(&lg, results, set, &p.modes);
+        json_object_put(set);
+        if (rc) goto done;
+        if (lg.max_trial + 1 > p.n_trials) p.n_trials = lg.max_trial + 1;
+        skip = calloc((size_t)p.n_trials, 1);
+        if (!skip) {
+            rc = RK_EXIT_ERROR;
+            goto done;
+        }
+        for (int i = 0; i < lg.n; i++) skip[json_object_get_int(json_object_object_get(lg.rec[i], "trial"))] = 1;
+        lg.params = &p, lg.corpus = &c;
+        p.skip = skip, p.on_trial = cli_needle_log_append, p.trial_ud = &lg;
+        fprintf(stderr, "ridgekv %s: results file %s holds %d trials; running the missing ones of %d%s\n", cmd, results,
+                lg.n, p.n_trials, p.budget_s > 0 ? " within the budget" : "");
+    }
     cli_ev_progress prog;
     cli_ev_progress_init(&prog, "eval needle: trial");
     p.progress = cli_ev_progress_fn;
     p.progress_ud = &prog;
     rk_status st = ev_needle_run(m, s, &c, &p, &r, &e);
+    free(skip);
     if (st) {
         cli_print_error(&e);
         rc = st == RK_E_INVALID_ARG ? RK_EXIT_USAGE : cli_exit_code(st);
         goto done;
     }
-    const int split = maps ? rk_ridge_maps_split(maps) : o.split;
+    if (results) {
+        if ((rc = cli_needle_log_merge(&lg, &r))) goto done;
+        int undone = 0;
+        for (int t = 0; t < r.n_trials; t++) undone += !r.done[t];
+        fprintf(stderr, "ridgekv %s: results file %s: %d trials (%d new in this run)%s\n", cmd, results,
+                r.n_trials - undone, lg.appended, undone ? "; the budget ran out, run again to go on" : "");
+    }
+    ev_needle_result_compact(&r);
+    if (r.n_trials == 0) {
+        fprintf(stderr, "ridgekv %s: no trial done yet (the budget is shorter than one trial)\n", cmd);
+        rc = RK_EXIT_USAGE;
+        goto done;
+    }
     if (o.json) print_json(&p, &r, &c, m, &o, split, rk_time_now() - prog.t0);
     else print_tables(&p, &r, m, &o, split);
     rc = RK_EXIT_OK;
 done:
+    cli_needle_log_close(&lg);
     ev_needle_result_free(&r);
     ev_corpus_deinit(&c);
     rk_session_destroy(s);

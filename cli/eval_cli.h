@@ -31,6 +31,34 @@ typedef struct cli_ev_progress {
 void cli_ev_progress_init(cli_ev_progress *p, const char *what);
 void cli_ev_progress_fn(void *ud, int64_t done, int64_t total, const char *detail);
 
+/* The results file of `eval needle --results FILE` (eval_needle_log.c): a header line
+ * {"format": "ridgekv_needle_results", "settings": {...}} (binary, model fingerprint, maps
+ * and haystack hashes, every flag that changes an answer; a file of other settings is
+ * refused naming what differs), then one JSON line per paired trial, appended with one
+ * write and fsync as the trial ends. The file is locked while a run has it open. */
+typedef struct cli_needle_log {
+    const char *path;
+    int fd;
+    json_object **rec;   /* (n) the trial records read from the file */
+    int n, max_trial;    /* max_trial: the largest trial index read (-1: none) */
+    int appended;        /* trials this run wrote */
+    ev_modes modes;
+    const ev_needle_params *params; /* set by the caller before the run (lengths, depths) */
+    const ev_corpus *corpus;        /* likewise: file names of the trials */
+} cli_needle_log;
+/* The settings object of the header (new reference). */
+json_object *cli_needle_settings(const cli_opts *o, const rk_model *m, const ev_needle_params *p, const ev_corpus *c,
+                                 const char *modes, int split);
+/* Opens (creates, locks) the file and reads its trials; a new file gets the header. Prints
+ * why not and returns an exit code (0: fine). */
+int cli_needle_log_open(cli_needle_log *lg, const char *path, json_object *settings, const ev_modes *mo);
+/* ev_needle_params.on_trial: appends trial t of r. */
+rk_status cli_needle_log_append(void *ud, const ev_needle_result *r, int t, rk_err *err);
+/* The file's trials into r (done[t] set) after checking each against the prompt this run
+ * built for it; prints why not and returns an exit code. */
+int cli_needle_log_merge(cli_needle_log *lg, ev_needle_result *r);
+void cli_needle_log_close(cli_needle_log *lg);
+
 /* JSON numbers that stay valid JSON: non-finite values become null. */
 void ev_json_num(json_object *o, const char *key, double v);
 void ev_json_ci(json_object *o, const char *key, ev_ci ci);

@@ -120,6 +120,7 @@ typedef struct ev_modes {
 } ev_modes;
 
 /* Passkey retrieval with the needle in the bulk region (see `ridgekv eval needle --help`). */
+struct ev_needle_result;
 typedef struct ev_needle_params {
     int lens[EV_MAX_LIST], n_lens;
     double depths[EV_MAX_LIST];
@@ -131,6 +132,18 @@ typedef struct ev_needle_params {
     ev_modes modes;
     ev_progress_fn progress;
     void *progress_ud;
+    /* Resuming (a results file): trials with skip[t] set are not run, but their prompts are
+     * still built (same random stream, trials[t] filled) so that the caller can check them
+     * against its record. NULL: run every trial. */
+    const unsigned char *skip;
+    /* Called after each trial this call ran (r holds it at t); a status other than RK_OK
+     * stops the run with it (the caller has what it recorded of the trials before). */
+    rk_status (*on_trial)(void *ud, const struct ev_needle_result *r, int t, rk_err *err);
+    void *trial_ud;
+    /* > 0: no new trial starts once the time spent plus its expected time would pass budget_s
+     * seconds (the rest are left undone: done[t] = 0); expected: the slowest seconds per
+     * length^1.5 of this call's trials times its length^1.5 (the first trial always starts). */
+    double budget_s;
 } ev_needle_params;
 #define EV_NEEDLE_WORDINGS 4
 
@@ -153,8 +166,15 @@ typedef struct ev_needle_result {
     int64_t *kept;             /* (n_trials, n_modes) needle tokens kept exact by the question-aware
                                   selection (quality mode), -1 for modes without one */
     double prefill_s[EV_MAX_MODES];
+    double *trial_prefill_s;   /* (n_trials, n_modes) seconds */
+    unsigned char *done;       /* (n_trials) 1: ran (or was filled in by the caller) */
 } ev_needle_result;
 
+/* Allocates r for n_trials x n_modes (everything zero, kept -1, nothing done). */
+rk_status ev_needle_result_init(ev_needle_result *r, int n_trials, int n_modes, rk_err *err);
+/* Keeps only the trials with done[t] set, in order (prefill sums recomputed from
+ * trial_prefill_s). */
+void ev_needle_result_compact(ev_needle_result *r);
 /* Checks that every length leaves room for the needle before the exact tail (RK_E_INVALID_ARG
  * naming the length) and returns the context the run needs (longest length + gen). */
 rk_status ev_needle_plan(const rk_model *m, const ev_needle_params *p, int *n_ctx, rk_err *err);

@@ -381,6 +381,119 @@ Test(eval, needle_nll_splice_take_kv_on_a_tiny_model) {
     done(&r);
 }
 
+static int count_lines(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    int n = 0, ch;
+    while ((ch = fgetc(f)) != EOF) n += ch == '\n';
+    fclose(f);
+    return n;
+}
+
+static void append_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "a");
+    cr_assert(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* the per-trial records of an --json run: key, needle position and every answer */
+static char *trial_answers(const char *out) {
+    json_object *j = json_tokener_parse(out);
+    cr_assert(j, "not JSON: %s", out);
+    json_object *tr = json_object_object_get(j, "trial_results");
+    json_object *keep = json_object_new_array();
+    for (size_t i = 0; i < json_object_array_length(tr); i++) {
+        json_object *t = json_object_array_get_idx(tr, i), *k = json_object_new_object();
+        json_object_object_add(k, "key", json_object_get(json_object_object_get(t, "key")));
+        json_object_object_add(k, "needle_pos", json_object_get(json_object_object_get(t, "needle_pos")));
+        json_object_object_add(k, "answers", json_object_get(json_object_object_get(t, "answers")));
+        json_object_array_add(keep, k);
+    }
+    char *s = strdup(json_object_to_json_string_ext(keep, JSON_C_TO_STRING_PLAIN));
+    json_object_put(keep);
+    json_object_put(j);
+    return s;
+}
+
+/* --results: trials appended as they end, resumed in pieces to the same answers as one
+ * run, other settings refused by name, a torn last line dropped, a bad line refused,
+ * --budget stops between trials (suite cli, stories260K). */
+Test(eval, needle_results_file_resumes_to_the_same_answers) {
+    char sp[1024], c[1024], args[4096], dir[] = "/tmp/rk_needle_log_XXXXXX", path[1100];
+    if (!tb_shared_path(sp, sizeof sp, "models/stories260K/stories260K-f32.gguf")) cr_skip_test("%s", sp);
+    if (!tb_shared_path(c, sizeof c, "corpus/doyle_sherlock_holmes_pg1661.txt")) cr_skip_test("%s", c);
+    cr_assert(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/needle.jsonl", dir);
+    const char *base = "eval needle -m '%s' --ctx-overflow-ok --split 2 --fill identity,plumb --lengths 1024 "
+                       "--depths 0.3,0.7 --gen 4 -t 1 --json --trials %d %s %s";
+    /* the reference: one run of 4 trials, no file */
+    snprintf(args, sizeof args, base, sp, 4, "", "");
+    result r = run(args);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    char *ref = trial_answers(r.out);
+    done(&r);
+    char res[1200];
+    snprintf(res, sizeof res, "--results '%s'", path);
+    snprintf(args, sizeof args, base, sp, 2, res, "");
+    r = run(args);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    done(&r);
+    cr_expect_eq(count_lines(path), 3, "header + 2 trials");
+    snprintf(args, sizeof args, base, sp, 4, res, "");
+    r = run(args);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    cr_expect(strstr(r.err, "4 trials (2 new in this run)"), "%s", r.err);
+    char *got = trial_answers(r.out);
+    cr_expect_str_eq(got, ref, "2 + 2 resumed trials are the 4 of one run");
+    free(got);
+    json_object *j = json_tokener_parse(r.out);
+    cr_expect_eq(num(mode_obj(j, "off"), "n"), 4);
+    json_object_put(j);
+    done(&r);
+    cr_expect_eq(count_lines(path), 5);
+    /* another seed: refused, naming it; the file is left alone */
+    snprintf(args, sizeof args, base, sp, 4, res, "--seed 2");
+    r = run(args);
+    cr_expect_eq(r.code, 2);
+    cr_expect(strstr(r.err, "other settings") && strstr(r.err, "seed"), "%s", r.err);
+    done(&r);
+    cr_expect_eq(count_lines(path), 5);
+    /* a killed run's half line: dropped, the run goes on from the whole lines */
+    append_text(path, "{\"trial\":4,\"length\":10");
+    snprintf(args, sizeof args, base, sp, 5, res, "");
+    r = run(args);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    cr_expect(strstr(r.err, "cut short"), "%s", r.err);
+    cr_expect(strstr(r.err, "5 trials (1 new in this run)"), "%s", r.err);
+    done(&r);
+    cr_expect_eq(count_lines(path), 6);
+    /* a whole line that is not a record: refused by line number, nothing appended */
+    append_text(path, "not json\n");
+    snprintf(args, sizeof args, base, sp, 6, res, "");
+    r = run(args);
+    cr_expect_eq(r.code, 2);
+    cr_expect(strstr(r.err, "line 7"), "%s", r.err);
+    done(&r);
+    cr_expect_eq(count_lines(path), 7);
+    /* --budget: a new file, one trial (it takes longer than the budget), then it stops */
+    char path2[1100], res2[1200];
+    snprintf(path2, sizeof path2, "%s/budget.jsonl", dir);
+    snprintf(res2, sizeof res2, "--results '%s'", path2);
+    snprintf(args, sizeof args, base, sp, 4, res2, "--budget 0.05");
+    r = run(args);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    cr_expect(strstr(r.err, "1 trials (1 new in this run); the budget ran out"), "%s", r.err);
+    done(&r);
+    cr_expect_eq(count_lines(path2), 2);
+    snprintf(args, sizeof args, base, sp, 4, "", "--budget 5");
+    r = run(args);
+    cr_expect_eq(r.code, 2, "--budget without --results");
+    done(&r);
+    free(ref);
+    unlink(path), unlink(path2), rmdir(dir);
+}
+
 Test(eval_model, needle_paired_and_plumb_equals_off, .timeout = 900) {
     char buf[1024];
     const char *model = need_model(buf, sizeof buf);
