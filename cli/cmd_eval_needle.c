@@ -151,13 +151,8 @@ static void print_json(const ev_needle_params *p, const ev_needle_result *r, con
     ev_json_int(j, "tail", o->tail);
     ev_json_int(j, "seed", (int64_t)p->seed);
     ev_json_int(j, "trials", r->n_trials);
+    ev_json_lens_depths(j, p);
     json_object *a = json_object_new_array();
-    for (int i = 0; i < p->n_lens; i++) json_object_array_add(a, json_object_new_int(p->lens[i]));
-    json_object_object_add(j, "lengths", a);
-    a = json_object_new_array();
-    for (int i = 0; i < p->n_depths; i++) json_object_array_add(a, json_object_new_double(p->depths[i]));
-    json_object_object_add(j, "depths", a);
-    a = json_object_new_array();
     for (int mi = 0; mi < r->n_modes; mi++) json_object_array_add(a, mode_json(p, r, mi));
     json_object_object_add(j, "modes", a);
     a = json_object_new_array();

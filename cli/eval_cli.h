@@ -47,6 +47,8 @@ typedef struct cli_needle_log {
     const ev_corpus *corpus;        /* likewise: file names of the trials */
 } cli_needle_log;
 /* The settings object of the header (new reference). */
+/* Adds the run's "lengths" and "depths" arrays to j. */
+void ev_json_lens_depths(json_object *j, const ev_needle_params *p);
 json_object *cli_needle_settings(const cli_opts *o, const rk_model *m, const ev_needle_params *p, const ev_corpus *c,
                                  const char *modes, int split);
 /* Opens (creates, locks) the file and reads its trials; a new file gets the header. Prints

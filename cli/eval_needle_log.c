@@ -47,6 +47,15 @@ static const char *base_name(const char *p) {
     return s ? s + 1 : p;
 }
 
+void ev_json_lens_depths(json_object *j, const ev_needle_params *p) {
+    json_object *a = json_object_new_array();
+    for (int i = 0; i < p->n_lens; i++) json_object_array_add(a, json_object_new_int(p->lens[i]));
+    json_object_object_add(j, "lengths", a);
+    a = json_object_new_array();
+    for (int i = 0; i < p->n_depths; i++) json_object_array_add(a, json_object_new_double(p->depths[i]));
+    json_object_object_add(j, "depths", a);
+}
+
 json_object *cli_needle_settings(const cli_opts *o, const rk_model *m, const ev_needle_params *p, const ev_corpus *c,
                                  const char *modes, int split) {
     json_object *j = json_object_new_object();
@@ -72,16 +81,11 @@ json_object *cli_needle_settings(const cli_opts *o, const rk_model *m, const ev_
     ev_json_int(j, "score_layers", f->score_layers);
     ev_json_int(j, "score_skip", f->score_skip);
     ev_json_int(j, "pool", f->pool);
-    json_object *a = json_object_new_array();
-    for (int i = 0; i < p->n_lens; i++) json_object_array_add(a, json_object_new_int(p->lens[i]));
-    json_object_object_add(j, "lengths", a);
-    a = json_object_new_array();
-    for (int i = 0; i < p->n_depths; i++) json_object_array_add(a, json_object_new_double(p->depths[i]));
-    json_object_object_add(j, "depths", a);
+    ev_json_lens_depths(j, p);
     ev_json_int(j, "gen", p->gen);
     ev_json_int(j, "seed", (int64_t)p->seed);
     ev_json_int(j, "wordings", p->n_wordings);
-    a = json_object_new_array();
+    json_object *a = json_object_new_array();
     for (int i = 0; i < c->n_docs; i++) { /* the haystacks by name, length and token hash */
         char d[300];
         snprintf(d, sizeof d, "%s:%zu:%016llx", base_name(c->docs[i].path), c->docs[i].n,
