@@ -272,7 +272,11 @@ static void op_generate(server *sv, const serve_req *r, double t_req) {
     if (st == RK_E_CONTEXT)
         emit_errorf(sv, r->id, SERVE_CONTEXT_OVERFLOW, "%s (shorten the prompt, or start the server with a larger -c, "
                                                        "up to the model's %lld)", e.msg, (long long)rk_model_n_ctx_max(sv->m));
-    else if (st) emit_errorf(sv, r->id, status_code(st), "%s%s%s", what ? what : "", what ? ": " : "", e.msg);
+    else if (st) {
+        /* the library's messages already start with "generate: "; other steps are named */
+        int named = what && strcmp(what, "generate") != 0;
+        emit_errorf(sv, r->id, status_code(st), "%s%s%s", named ? what : "", named ? ": " : "", e.msg);
+    }
     else emit_done(sv, r, s, &fp, &res, t_before > 0 ? t_before : 0);
 done:
     rk_gen_result_deinit(&res);
