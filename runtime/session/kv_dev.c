@@ -111,7 +111,7 @@ static rk_status use_slot(rk_kv *kv, int l, bool count, int *out, rk_err *err) {
 
 static rk_status dt_append(rk_kv *kv, int l, int64_t pos0, const float *k, const float *v, int64_t n, rk_err *err) {
     devtier *c = kv->impl;
-    if (l < 0 || l >= kv->n_layer || pos0 < 0 || n < 0 || pos0 > c->held[l] || n > kv->n_ctx - pos0)
+    if (l < 0 || l >= kv->n_layer || pos0 < 0 || n < 0 || pos0 > kv->n_ctx || n > kv->n_ctx - pos0)
         return rk_err_set(err, RK_E_INVALID_ARG, "kv: devtier: append of rows [%lld, %lld) to layer %d (holding %lld of %lld)",
                           (long long)pos0, (long long)(pos0 + n), l, (long long)(l >= 0 && l < kv->n_layer ? c->held[l] : 0),
                           (long long)kv->n_ctx);

@@ -604,6 +604,32 @@ Test(devsim, host_kv_policies_match_cpu_bit_for_bit, .timeout = 120) {
 
 /* ---- GPU KV tiers (runtime/session/kv_dev.c) ------------------------------------------- */
 
+/* A backend without the entries (cpu) serves the same calls: zeroed 64-byte aligned heap
+ * blocks, lane copies as synchronous upload / download, join and sync no-ops. */
+Test(devsim, lane_calls_fall_back_on_host_backends) {
+    rk_backend *cpu = NULL;
+    rk_err err = {0};
+    cr_assert_eq(rk_backend_cpu_create(1, &cpu, &err), RK_OK, "%s", err.msg);
+    float *h = NULL, *d = NULL;
+    cr_assert_eq(rk_backend_host_alloc(cpu, 1000 * sizeof(float), (void **)&h, &err), RK_OK, "%s", err.msg);
+    cr_assert_eq(rk_backend_alloc(cpu, 1000 * sizeof(float), (void **)&d, &err), RK_OK, "%s", err.msg);
+    cr_expect(((uintptr_t)h & 63) == 0 && h[0] == 0 && h[999] == 0);
+    for (int i = 0; i < 1000; i++) h[i] = (float)i;
+    cr_assert_eq(rk_backend_lane_copy(cpu, d, h, 1000 * sizeof(float), true, &err), RK_OK, "%s", err.msg);
+    cr_expect(d[999] == 999.0f, "the copy up ran at once");
+    d[5] = -1;
+    cr_assert_eq(rk_backend_lane_copy(cpu, h, d, 1000 * sizeof(float), false, &err), RK_OK, "%s", err.msg);
+    cr_assert_eq(rk_backend_lane_join(cpu, &err), RK_OK, "%s", err.msg);
+    cr_assert_eq(rk_backend_lane_sync(cpu, &err), RK_OK, "%s", err.msg);
+    cr_expect(h[5] == -1.0f && h[6] == 6.0f, "the copy down ran at once");
+    cr_expect_eq(rk_backend_lane_copy(cpu, NULL, h, 4, true, &err), RK_E_INVALID_ARG);
+    cr_expect(strstr(err.msg, "NULL pointer"), "%s", err.msg);
+    rk_backend_free(cpu, d);
+    rk_backend_host_free(cpu, h);
+    rk_backend_host_free(cpu, NULL);
+    rk_backend_destroy(cpu);
+}
+
 /* --kv-budget on a device backend, f16 / f32: whole layers in device memory, the others in
  * pinned host blocks moved on the copy lane (prefetched one layer ahead). Budgets of 2 and
  * 3 layers of a 4-layer model (0 / 1 resident layers, 4 / 3 cold ones sharing two device

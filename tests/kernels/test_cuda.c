@@ -375,3 +375,50 @@ int main(int argc, char *argv[]) {
     criterion_finalize(tests);
     return result;
 }
+
+/* The copy lane and pinned host blocks (GPU KV tiers, runtime/session/kv_dev.c): a lane
+ * copy starts after the ops queued before it and a join makes the ops after it wait; values
+ * are copied exactly. 64 MiB each way (large enough that a missing wait would show: the
+ * ADD after the join reads the uploaded values, the copy down after the ADD sees its
+ * result). Bad pointers are refused by name. On a host backend the same calls fall back to
+ * heap blocks and synchronous copies (checked on cpu here too). */
+Test(cuda, lane_copies_order_with_ops, .timeout = 60) {
+    rk_backend *gpu = cuda_or_skip(), *cpu = NULL;
+    rk_err err = {0};
+    cr_assert_eq(rk_backend_cpu_create(1, &cpu, &err), RK_OK, "%s", err.msg);
+    rk_backend *bes[2] = {gpu, cpu};
+    const int64_t n = 16 << 20; /* floats */
+    const size_t bytes = (size_t)n * sizeof(float);
+    for (int b = 0; b < 2; b++) {
+        rk_backend *be = bes[b];
+        float *h = NULL, *h2 = NULL;
+        void *d = NULL, *ones = NULL;
+        cr_assert_eq(rk_backend_host_alloc(be, bytes, (void **)&h, &err), RK_OK, "%s", err.msg);
+        cr_assert_eq(rk_backend_host_alloc(be, bytes, (void **)&h2, &err), RK_OK, "%s", err.msg);
+        cr_expect(h[0] == 0 && h[n - 1] == 0, "host blocks are zeroed");
+        cr_assert_eq(rk_backend_alloc(be, bytes, &d, &err), RK_OK, "%s", err.msg);
+        cr_assert_eq(rk_backend_alloc(be, bytes, &ones, &err), RK_OK, "%s", err.msg);
+        for (int64_t i = 0; i < n; i++) h[i] = (float)(i % 1000) * 0.25f, h2[i] = 1.0f;
+        cr_assert_eq(rk_backend_upload(be, ones, h2, bytes, &err), RK_OK, "%s", err.msg);
+        cr_assert_eq(rk_backend_lane_copy(be, d, h, bytes, true, &err), RK_OK, "%s", err.msg);
+        cr_assert_eq(rk_backend_lane_join(be, &err), RK_OK, "%s", err.msg);
+        rk_op_args add = {.op = RK_OP_ADD, .src0 = {RK_DT_F32, {n, 1, 1, 1}, bytes, ones},
+                          .dst = {RK_DT_F32, {n, 1, 1, 1}, bytes, d}};
+        cr_assert_eq(rk_backend_run(be, &add, &err), RK_OK, "%s", err.msg);
+        cr_assert_eq(rk_backend_lane_copy(be, h2, d, bytes, false, &err), RK_OK, "%s", err.msg);
+        cr_assert_eq(rk_backend_lane_sync(be, &err), RK_OK, "%s", err.msg);
+        int64_t bad = 0;
+        for (int64_t i = 0; i < n; i++) bad += h2[i] != (float)(i % 1000) * 0.25f + 1.0f;
+        cr_expect_eq(bad, 0, "%s: %lld values wrong after lane up, join, ADD, lane down", be->ops->name, (long long)bad);
+        if (b == 0) { /* host memory where device memory belongs */
+            cr_expect_eq(rk_backend_lane_copy(be, h2, h, 64, true, &err), RK_E_INVALID_ARG);
+            cr_expect(strstr(err.msg, "not inside a buffer"), "%s", err.msg);
+        }
+        rk_backend_free(be, d);
+        rk_backend_free(be, ones);
+        rk_backend_host_free(be, h);
+        rk_backend_host_free(be, h2);
+    }
+    rk_backend_destroy(cpu);
+    rk_backend_destroy(gpu);
+}
