@@ -316,11 +316,12 @@ for r in j.get("results", []):
         r["prefill_tok_s"], r["decode_tok_s"]))
     t = r.get("kv_tier")
     if t:
-        print("      kv tier (%s): budget %.0f MiB, on the device %.0f MiB, in host memory %.0f MiB; layer passes %d "
-              "(%d moved, %d of them prefetched, %d resident); %.2f GB up, %.2f GB down; host waits %.3f s" % (
+        # GPU tiers (backend cuda-lane): held = device KV, elsewhere = pinned host, one unit a
+        # layer pass; host tier (io_uring / threads): held = memory, elsewhere = spill file, chunks
+        print("      kv tier (%s): budget %.0f MiB, held %.0f MiB, elsewhere %.0f MiB; %d hits, %d moved "
+              "(%d of them prefetched); %.3f GB moved in, %.3f GB out; host waits %.3f s" % (
               t["backend"], t["budget"] / 2**20, t["resident_bytes"] / 2**20, t["spilled_bytes"] / 2**20,
-              t["hits"] + t["misses"], t["misses"], t["prefetched"], t["hits"], t["bytes_up"] / 1e9,
-              t["bytes_down"] / 1e9, t["stall_s"]))
+              t["hits"], t["misses"], t["prefetched"], t["bytes_up"] / 1e9, t["bytes_down"] / 1e9, t["stall_s"]))
 PY
     done
 fi
