@@ -127,6 +127,7 @@ int cmd_bench(int argc, char **argv) {
     if (n_kv <= 0) n_kv = 1, strcpy(kvs[0], rk_kv_kind_name(sp.kv.kind));
     static double pf_tps[32][8][8], dc_tps[32][8][8], ttft[32][8][8], rss[32][8][8];
     static rk_kv_bytes kvb[32][8][8];
+    static rk_kv_tier_stats tier0[32][8][8], tier1[32][8][8]; /* the KV tiers' counters around the last rep */
     for (int ki = 0; ki < n_kv && !st && !rc; ki++) {
         if (ki > 0) { /* the KV policy is the session's: a new session per item */
             rk_session_destroy(s);
@@ -155,6 +156,7 @@ int cmd_bench(int argc, char **argv) {
                 if ((st = rk_generate(m, s, ids, (size_t)lens[li], &gp, &g, &e))) break;
                 rk_session_kv_tier_stats(s, &t1);
                 cli_kv_tier_line("bench", &t0, &t1); /* stderr, also with --json */
+                tier0[li][mi][ki] = t0, tier1[li][mi][ki] = t1;
                 const double pf_s = g.prefill_s, dc_s = g.decode_s;
                 rk_gen_result_deinit(&g);
                 if (pf_s < *tt) *tt = pf_s;
@@ -189,7 +191,7 @@ int cmd_bench(int argc, char **argv) {
                                "\"ttft_speedup\":%.3f,\"n_decode\":%d,\"decode_tok_s\":%.2f,\"rss_after_mib\":%.1f,"
                                "\"kv_bytes\":{\"total\":%llu,\"f16_equiv\":%llu,\"exact\":%llu,\"coef\":%llu,\"bases\":%llu,"
                                "\"predictors\":%llu,\"residuals\":%llu,\"landmarks\":%llu,\"meta\":%llu,\"key_cache\":%llu,\"scratch\":%llu,"
-                               "\"n_tokens\":%lld,\"n_exact_rows\":%lld,\"n_compressed_rows\":%lld,\"n_evicted_rows\":%lld}}",
+                               "\"n_tokens\":%lld,\"n_exact_rows\":%lld,\"n_compressed_rows\":%lld,\"n_evicted_rows\":%lld}",
                                li || mi || ki ? "," : "", lens[li], modes[mi], kvs[ki], 1000 * ttft[li][mi][ki],
                                pf_tps[li][mi][ki], ttft[li][0][ki] / ttft[li][mi][ki], o.n_predict, dc_tps[li][mi][ki],
                                rss[li][mi][ki], (unsigned long long)b->total, (unsigned long long)b->f16_equiv,
@@ -198,6 +200,18 @@ int cmd_bench(int argc, char **argv) {
                                (unsigned long long)b->landmarks, (unsigned long long)b->meta,
                                (unsigned long long)b->key_cache, (unsigned long long)b->scratch, (long long)b->n_tokens, (long long)b->n_exact_rows,
                                (long long)b->n_compressed_rows, (long long)b->n_evicted_rows);
+                        const rk_kv_tier_stats *a0 = &tier0[li][mi][ki], *a1 = &tier1[li][mi][ki];
+                        if (a1->on) /* the last rep's moves (--kv-budget), inside the result object */
+                            printf(",\"kv_tier\":{\"backend\":\"%s\",\"budget\":%llu,\"resident_bytes\":%llu,"
+                                   "\"spilled_bytes\":%llu,\"hits\":%llu,\"misses\":%llu,\"prefetched\":%llu,"
+                                   "\"bytes_up\":%llu,\"bytes_down\":%llu,\"stall_s\":%.4f}",
+                                   a1->backend, (unsigned long long)a1->budget, (unsigned long long)a1->resident_bytes,
+                                   (unsigned long long)a1->spilled_bytes, (unsigned long long)(a1->hits - a0->hits),
+                                   (unsigned long long)(a1->misses - a0->misses),
+                                   (unsigned long long)(a1->prefetched - a0->prefetched),
+                                   (unsigned long long)(a1->bytes_read - a0->bytes_read),
+                                   (unsigned long long)(a1->bytes_spilled - a0->bytes_spilled), a1->stall_s - a0->stall_s);
+                        printf("}");
                     }
             printf("]}\n");
         } else {

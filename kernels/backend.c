@@ -465,6 +465,39 @@ rk_status rk_backend_step_end(rk_backend *be, bool run, rk_err *err) {
     return be->ops->step_end(be, run, err);
 }
 
+rk_status rk_backend_host_alloc(rk_backend *be, size_t bytes, void **out, rk_err *err) {
+    if (!be || !be->ops) BAD("kernels: NULL backend");
+    if (!out) BAD("kernels: %s: host_alloc: NULL out", be->ops->name);
+    if (be->ops->host_alloc) return be->ops->host_alloc(be, bytes, out, err);
+    return host_alloc(be->ops->name, bytes, out, err);
+}
+
+void rk_backend_host_free(rk_backend *be, void *p) {
+    if (!be || !be->ops || !p) return;
+    if (be->ops->host_free)
+        be->ops->host_free(be, p);
+    else
+        host_free(p);
+}
+
+rk_status rk_backend_lane_copy(rk_backend *be, void *dst, const void *src, size_t bytes, bool to_device, rk_err *err) {
+    if (!be || !be->ops) BAD("kernels: NULL backend");
+    if (bytes == 0) return RK_OK;
+    if (!dst || !src) BAD("kernels: %s: lane copy of %zu bytes: NULL pointer", be->ops->name, bytes);
+    if (be->ops->lane_copy) return be->ops->lane_copy(be, dst, src, bytes, to_device, err);
+    return to_device ? rk_backend_upload(be, dst, src, bytes, err) : rk_backend_download(be, dst, src, bytes, err);
+}
+
+rk_status rk_backend_lane_join(rk_backend *be, rk_err *err) {
+    if (!be || !be->ops) BAD("kernels: NULL backend");
+    return be->ops->lane_join ? be->ops->lane_join(be, err) : RK_OK;
+}
+
+rk_status rk_backend_lane_sync(rk_backend *be, rk_err *err) {
+    if (!be || !be->ops) BAD("kernels: NULL backend");
+    return be->ops->lane_sync ? be->ops->lane_sync(be, err) : RK_OK;
+}
+
 rk_pool *rk_backend_pool(rk_backend *be) {
     return be && be->ops && be->ops->pool ? be->ops->pool(be) : NULL;
 }

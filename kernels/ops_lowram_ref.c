@@ -203,7 +203,18 @@ rk_status rk_ref_lr_attn(rk_backend *be, const rk_op_args *a, rk_err *err) {
                     kr[i0] = x0 * co - x1 * si;
                     kr[i1] = x0 * si + x1 * co;
                 }
-                for (int d = 0; d < hd; d++) kr[d] = rk_f16_to_f32(rk_f32_to_f16(kr[d]));
+                if (L->key_int8) { /* the codec's int8 key cache (lr_encode_row) */
+                    float mx = 0;
+                    for (int d = 0; d < hd; d++) mx = fmaxf(mx, fabsf(kr[d]));
+                    const float ks = rk_f16_to_f32(rk_f32_to_f16(mx / 127.0f)), inv = ks > 0 ? 1.0f / ks : 0;
+                    for (int d = 0; d < hd; d++) {
+                        long q = lrintf(kr[d] * inv);
+                        q = q > 127 ? 127 : q < -127 ? -127 : q;
+                        kr[d] = (float)q * ks;
+                    }
+                } else {
+                    for (int d = 0; d < hd; d++) kr[d] = rk_f16_to_f32(rk_f32_to_f16(kr[d]));
+                }
             }
             lr_ref_scores(&s, qs, kb, nb, NULL, NULL, scale);
             int64_t slot = base[ch];

@@ -407,6 +407,7 @@ static void cuda_destroy(rk_backend *be) {
     if (!c) return;
     if (c->stream_ok || c->blas_ok || c->dbuf || c->n_blocks) cudaSetDevice(c->device);
     rk_cuda_graph_release(c);
+    rk_cuda_lane_release(c);
     rk_cuda_mem_release(c);
     if (c->dbuf) cudaFree(c->dbuf);
     if (c->blas_ok) cublasDestroy(c->blas);
@@ -457,6 +458,11 @@ extern "C" rk_status rk_backend_cuda_create(int device, rk_backend **out, rk_err
     c->ops.missing_hint = NULL; /* every op has a kernel */
     c->ops.step_begin = rk_cuda_step_begin;
     c->ops.step_end = rk_cuda_step_end;
+    c->ops.host_alloc = rk_cuda_host_alloc;
+    c->ops.host_free = rk_cuda_host_free;
+    c->ops.lane_copy = rk_cuda_lane_copy;
+    c->ops.lane_join = rk_cuda_lane_join;
+    c->ops.lane_sync = rk_cuda_lane_sync;
     const char *on = "create";
     cublasStatus_t bs;
     if ((e = cudaSetDevice(device)) != cudaSuccess) goto cuda_fail;

@@ -53,6 +53,10 @@ struct rk_cuda {
     char *pinned;          /* pinned host arena for the ids of recorded ops (their copies read it at launch) */
     size_t pinned_cap, pinned_used;
     uint64_t n_launch, n_update, n_instantiate, n_failed;
+    /* the copy lane (lane.cu): a second stream, made on first use, and its two events */
+    cudaStream_t lane;
+    cudaEvent_t ev_compute, ev_lane;
+    bool lane_ok;
 };
 
 /* ---- memory (memory.cu) ------------------------------------------------- */
@@ -66,6 +70,15 @@ rk_status rk_cuda_sync(rk_backend *be, rk_err *err);
 void rk_cuda_mem_release(rk_cuda *c);
 /* The block holding p, or NULL when p is not device memory of this instance. */
 const rk_cuda_block *rk_cuda_find_block(const rk_cuda *c, const void *p);
+
+/* ---- pinned host blocks and the copy lane (lane.cu) ---------------------- */
+rk_status rk_cuda_host_alloc(rk_backend *be, size_t bytes, void **out, rk_err *err);
+void rk_cuda_host_free(rk_backend *be, void *p);
+rk_status rk_cuda_lane_copy(rk_backend *be, void *dst, const void *src, size_t bytes, bool to_device, rk_err *err);
+rk_status rk_cuda_lane_join(rk_backend *be, rk_err *err);
+rk_status rk_cuda_lane_sync(rk_backend *be, rk_err *err);
+/* Waits for and destroys the lane (destroy). */
+void rk_cuda_lane_release(rk_cuda *c);
 
 /* ---- recorded steps (graph.cu) ------------------------------------------- */
 rk_status rk_cuda_step_begin(rk_backend *be, rk_err *err);

@@ -104,6 +104,7 @@ __global__ static void lr_unit_kernel(lr_dev_args x) {
     float *sc = kb + (size_t)LR_TK * hd;  /* (ns, LR_TK) scores, then weights */
     float *cs = sc + (size_t)ns * LR_TK;  /* (LR_TK) coefficient scale / summary bias */
     __shared__ int32_t rowid[LR_TK];      /* stored row (chosen), chunk (summary) or position (exact) */
+    __shared__ float ksc[LR_TK];          /* key_int8: each rebuilt row's int8 scale */
     __shared__ int nb_s, kind_s;          /* kind: 0 chosen, 1 summary, 2 sinks, 3 window */
     __shared__ int64_t b0_s;
     for (int i = threadIdx.x; i < ns * hd; i += blockDim.x) qs[i] = lr_q(x, h, i / hd)[i % hd];
@@ -165,7 +166,22 @@ __global__ static void lr_unit_kernel(lr_dev_args x) {
             kr[i1] = x0 * si + x1 * co;
         }
         __syncthreads();
-        for (int i = threadIdx.x; i < nb * hd; i += blockDim.x) kb[i] = __half2float(__float2half_rn(kb[i]));
+        if (x.L.key_int8) { /* as the codec's int8 key cache holds them (lr_encode_row), in its operations */
+            for (int k = threadIdx.x; k < nb; k += blockDim.x) {
+                const float *kr = kb + (size_t)k * hd;
+                float mx = 0.0f;
+                for (int d = 0; d < hd; d++) mx = fmaxf(mx, fabsf(kr[d]));
+                ksc[k] = __half2float(__float2half_rn(__fdiv_rn(mx, 127.0f)));
+            }
+            __syncthreads();
+            for (int i = threadIdx.x; i < nb * hd; i += blockDim.x) {
+                const float ks = ksc[i / hd], inv = ks > 0.0f ? __fdiv_rn(1.0f, ks) : 0.0f;
+                const float q = fminf(fmaxf(rintf(__fmul_rn(kb[i], inv)), -127.0f), 127.0f);
+                kb[i] = __fmul_rn(q, ks);
+            }
+        } else {
+            for (int i = threadIdx.x; i < nb * hd; i += blockDim.x) kb[i] = __half2float(__float2half_rn(kb[i]));
+        }
     } else {
         for (int i = threadIdx.x; i < nb * hd; i += blockDim.x) {
             const int k = i / hd, d = i % hd;

@@ -89,6 +89,7 @@ void rk_cuda_mem_free(rk_backend *be, void *p) {
     rk_cuda_no_capture(c, "free", NULL); /* the sync below ends a capture (it then fails) */
     cudaSetDevice(c->device);
     cudaStreamSynchronize(c->stream); /* queued work may still read it */
+    if (c->lane_ok) cudaStreamSynchronize(c->lane); /* and lane copies (lane.cu) */
     cudaFree(p);
     memmove(c->blocks + i, c->blocks + i + 1, (size_t)(c->n_blocks - i - 1) * sizeof *c->blocks);
     c->n_blocks--;

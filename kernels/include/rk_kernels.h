@@ -168,7 +168,9 @@ typedef struct rk_attn_params {
  *   row's stored position, angles pos * freq[i] in double, cos / sin rounded to f32; its
  *   rows are attended (no causal mask: stored rows lie before every query) with value
  *   c W + b + δ, δ the row's int8 residual when mask bit set (slot base[ch] + the rank of
- *   the bit among the chunk's set bits);
+ *   the bit among the chunk's set bits); with key_int8 the rebuilt keys are rounded as
+ *   the codec's int8 key cache holds them instead (runtime/kv lr_encode_row): per row and
+ *   head s = f16(max_d |k_d| / 127), k_d = clamp(rint(k_d * (1/s)), -127, 127) * s (s 0: 0);
  * - with summaries, every other chunk is one row: key = landmark, value = cmean W + b,
  *   log(rows) added to its score;
  * - exact rows: sinks [0, n_sink) from sk / sv and [x_lo, pos0 + i] from xk / xv (row
@@ -182,6 +184,7 @@ typedef struct rk_lr_attn_args {
     int r;                 /* coefficients per stored row */
     int n_sel;             /* chunks attended exactly per KV head */
     bool summaries;
+    bool key_int8;         /* rebuilt keys rounded as the int8 key cache (kcache=int8), else f16 */
     int n_rot, rope_mode;  /* RoPE of the rebuilt keys; freq (n_rot/2) angle per position */
     const double *freq;
     int64_t n_sink;        /* exact sink rows (positions 0..n_sink-1) in sk / sv */
@@ -245,6 +248,13 @@ typedef struct rk_backend_ops {
     /* Recorded steps (optional, NULL: none; rk_backend_step_begin / _end below). */
     rk_status (*step_begin)(rk_backend *be, rk_err *err);
     rk_status (*step_end)(rk_backend *be, bool run, rk_err *err);
+    /* Pinned host blocks and the copy lane (optional, NULL: host blocks from the heap, lane
+     * copies are plain upload / download; rk_backend_host_alloc .. _lane_sync below). */
+    rk_status (*host_alloc)(rk_backend *be, size_t bytes, void **out, rk_err *err);
+    void (*host_free)(rk_backend *be, void *p);
+    rk_status (*lane_copy)(rk_backend *be, void *dst, const void *src, size_t bytes, bool to_device, rk_err *err);
+    rk_status (*lane_join)(rk_backend *be, rk_err *err);
+    rk_status (*lane_sync)(rk_backend *be, rk_err *err);
 } rk_backend_ops;
 
 struct rk_backend {
@@ -348,6 +358,27 @@ rk_status rk_backend_sync(rk_backend *be, rk_err *err);
  * without them. */
 rk_status rk_backend_step_begin(rk_backend *be, rk_err *err);
 rk_status rk_backend_step_end(rk_backend *be, bool run, rk_err *err);
+
+/* ---- pinned host blocks and the copy lane (GPU KV tiers) --------------------------------- */
+/* host_alloc: bytes of zeroed host memory the backend copies from and to at full speed
+ * (cuda: cudaHostAlloc, page-locked; host backends: a 64-byte aligned heap block); the host
+ * reads and writes it directly, but it is not backend memory (an op view on it is staged).
+ * Free it with rk_backend_host_free on the same instance, after rk_backend_lane_sync when
+ * lane copies touched it.
+ * lane_copy: queues a copy between a pinned host block and backend memory (to_device: host
+ * src -> backend dst; else backend src -> host dst) on the copy lane (cuda: a second
+ * stream). It starts after every op queued before it (it may read what they wrote) and
+ * runs beside the ops queued after it; lane copies run in the order queued. A backend
+ * without a lane copies at once (upload / download).
+ * lane_join: every op queued after it waits for the lane copies queued before it (cuda: an
+ * event the compute stream waits on; no host sync).
+ * lane_sync: the host waits for every lane copy queued (before reading or reusing a host
+ * block a copy writes or reads); errors of lane copies surface here. */
+rk_status rk_backend_host_alloc(rk_backend *be, size_t bytes, void **out, rk_err *err);
+void rk_backend_host_free(rk_backend *be, void *p); /* accepts NULL */
+rk_status rk_backend_lane_copy(rk_backend *be, void *dst, const void *src, size_t bytes, bool to_device, rk_err *err);
+rk_status rk_backend_lane_join(rk_backend *be, rk_err *err);
+rk_status rk_backend_lane_sync(rk_backend *be, rk_err *err);
 
 /* The thread pool of a cpu backend (owned by it, or the one it borrowed), for
  * runtime loops that want the same threads (LowRAM codec); NULL for cpu_ref

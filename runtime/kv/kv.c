@@ -39,6 +39,11 @@ rk_status rk_kv_create(const rk_model *m, const rk_kv_params *p, int64_t n_ctx, 
         rk_kv_destroy(kv);
         return st;
     }
+    const uint32_t dt = p->kind == RK_KV_F32 ? RK_DT_F32 : RK_DT_F16; /* GPU KV tiers (session/kv_dev.c) */
+    if ((p->kind == RK_KV_F16 || p->kind == RK_KV_F32) && rk_kv_dev_takes(kv, dt, p)) {
+        st = rk_kv_dev_init(kv, dt, p, err);
+        goto made;
+    }
     switch (p->kind) {
     case RK_KV_F16: st = p->budget ? rk_kv_tier_init(kv, RK_DT_F16, p, err) : rk_kv_plain_init(kv, RK_DT_F16, err); break;
     case RK_KV_F32: st = p->budget ? rk_kv_tier_init(kv, RK_DT_F32, p, err) : rk_kv_plain_init(kv, RK_DT_F32, err); break;
@@ -48,6 +53,7 @@ rk_status rk_kv_create(const rk_model *m, const rk_kv_params *p, int64_t n_ctx, 
                        : rk_kv_lowram_init(kv, m, &p->lowram, n_threads, warning, warning_cap, err);
         break;
     }
+made:
     if (st) {
         rk_kv_destroy(kv);
         return st;

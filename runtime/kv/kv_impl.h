@@ -155,6 +155,11 @@ rk_status rk_kv_plain_init(rk_kv *kv, uint32_t type, rk_err *err);
 /* kv_tier.c: f16 / f32 / q8_0 rows under p->budget (rk_kv_params), the rest spilled. */
 rk_status rk_kv_tier_init(rk_kv *kv, uint32_t type, const rk_kv_params *p, rk_err *err);
 rk_status rk_kv_q8_init(rk_kv *kv, rk_err *err);
+/* session/kv_dev.c: the GPU KV tiers, f16 / f32 rows under p->budget on a backend with its
+ * own memory (whole layers resident, the others in pinned host blocks moved on the copy
+ * lane). takes: such a backend and a budget of at least two layers (else the host tier). */
+bool rk_kv_dev_takes(const rk_kv *kv, uint32_t type, const rk_kv_params *p);
+rk_status rk_kv_dev_init(rk_kv *kv, uint32_t type, const rk_kv_params *p, rk_err *err);
 /* lowram_tier.c: lowram under p->budget (rk_kv_params): cold coefficient / residual rows spilled. */
 rk_status rk_kv_lowram_tier_init(rk_kv *kv, const rk_model *m, const rk_kv_params *p, int n_threads, char *warning,
                                  size_t warning_cap, rk_err *err);

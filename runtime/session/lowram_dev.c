@@ -62,8 +62,8 @@ static bool params_ok(const rk_kv_codec *c) {
     return !c->wide && p->coef_type == RK_DT_Q8_0 && p->resid_type == RK_DT_Q8_0 && c->exact_type == RK_DT_F16 &&
            !(p->topp > 0) && !p->bound && (p->key_rank <= 0) && !(p->hyst > 0) && !p->values_exact && !p->dense &&
            c->hd <= 128 && c->n_rot <= c->hd &&
-           /* the op attends exactly rebuilt keys; the int8 key cache rounds them (host codec) */
-           p->kc_type == RK_DT_F16;
+           /* the op rounds its rebuilt keys as either key cache holds them (key_int8) */
+           (p->kc_type == RK_DT_F16 || p->kc_type == RK_DT_Q8_0);
 }
 
 static void free_state(rk_lrdev *d) {
@@ -336,6 +336,7 @@ rk_status rk_lrdev_attend(rk_lrdev *d, int l, const float *q, int64_t n_q, int64
     rk_lr_attn_args A = {0};
     A.chunk = c->p.chunk, A.r = g->r, A.n_sel = (int)((c->p.budget + c->p.chunk - 1) / c->p.chunk);
     A.summaries = !c->p.no_summary;
+    A.key_int8 = c->p.kc_type == RK_DT_Q8_0;
     A.n_rot = c->n_rot, A.rope_mode = c->rope_mode, A.freq = d->freq;
     A.n_sink = c->p.n_sink, A.x_lo = c->comp_end, A.x_cap = d->x_cap, A.n_rows = g->n_rows;
     A.sk = X->sk, A.sv = X->sv, A.xk = X->xk, A.xv = X->xv;

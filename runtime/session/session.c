@@ -151,10 +151,11 @@ rk_status rk_session_create(const rk_model *m, const rk_session_params *pp, rk_s
         !s->k || !s->v || !s->t || !s->gate || !s->up || !s->logits)
         goto nomem;
     /* the plain caches live in backend memory (kv_plain.c); q8 and the tiers keep host rows */
-    s->kv_host = s->dev && strcmp(s->kv->ops->name, "plain") != 0;
+    s->kv_host = s->dev && strcmp(s->kv->ops->name, "plain") != 0 && strcmp(s->kv->ops->name, "devtier") != 0;
     /* recorded decode steps: opt-in while they have only run on a simulated device */
     const char *g = getenv("RIDGEKV_CUDA_GRAPHS");
-    s->graphs = g && *g && strcmp(g, "0") != 0 && s->dev && !s->kv_host && s->be->ops->step_begin;
+    s->graphs = g && *g && strcmp(g, "0") != 0 && s->dev && !s->kv_host && s->be->ops->step_begin &&
+                strcmp(s->kv->ops->name, "plain") == 0; /* devtier moves rows between steps' ops: not recorded */
     if (s->kv_host) {
         s->hk = malloc(nb * (size_t)kvd * sizeof(float));
         s->hv = malloc(nb * (size_t)kvd * sizeof(float));

@@ -9,12 +9,13 @@
 #      present, and on synthetic models of real shapes (ridgekv synth) in any case
 #      and, on the synthetic qwen2.5 shape, the same with RidgeFill (--fill identity over a
 #      long prompt: the plan's gathers, scatters and row skipping on the device), with
-#      recorded decode steps (RIDGEKV_CUDA_GRAPHS=1), with q8 KV (host rows, staged) and
-#      with --kv lowram (prefill on the host codec, decode through the fused LR_ATTN)
+#      recorded decode steps (RIDGEKV_CUDA_GRAPHS=1), with q8 KV (host rows, staged),
+#      with --kv lowram (prefill on the host codec, decode through the fused LR_ATTN; both
+#      key caches: kcache=f16 and the default int8) and with --kv-budget (the GPU KV tiers)
 #   4. bench: `ridgekv bench --backend cuda` on synthetic qwen2.5-1.5b q4_k_m at 8K and
 #      32K prompt tokens, exact vs RidgeFill (--fill off,identity: identity fill skips the
 #      same late-layer work as speed mode, without maps) (JSON), decode at 8K with and
-#      without recorded steps, exact vs LowRAM (--kv f16,lowram) at 8K and 32K (100K when
+#      without recorded steps, exact vs LowRAM (--kv f16,lowram:kcache=f16,lowram) at 8K and 32K (100K when
 #      time is left), a 100K prompt with YaRN x4 and --kv-budget 25% when time is left,
 #      and the CPU at 512 beside it for scale
 #   5. summary: $OUT/summary.txt (also printed), every log and JSON under $OUT
@@ -238,12 +239,16 @@ done
 parity_paths() {
     local m=$1 ok=0 p name args
     p="$(printf 'The cat sat on the mat and looked at the dog. %.0s' $(seq 1 58))"
-    for name in fill graphs q8 lowram; do
+    for name in fill graphs q8 lowram lowram_int8 budget; do
         args=()
         case $name in
         fill) args=(--fill identity --split 1 --tail 512) ;;
         q8) args=(--kv q8) ;;
         lowram) args=(--kv lowram:kcache=f16) ;;
+        lowram_int8) args=(--kv lowram) ;; # the default int8 key cache: the fused op's key_int8
+        # the GPU KV tiers: 4 MiB a layer at -c 4096 (kv_dim 256, f16 K and V), 9M buys two
+        # layers: none resident, every layer through the two device slots and the copy lane
+        budget) args=(--kv f16 -c 4096 --kv-budget 9M) ;;
         esac
         "$BIN" run -m "$m" -p "$p" -n 24 --temp 0 --backend cpu -t "$JOBS" "${args[@]}" > "$OUT_DIR/paths.cpu.txt" || return 1
         env $([ $name = graphs ] && echo RIDGEKV_CUDA_GRAPHS=1) "$BIN" run -m "$m" -p "$p" -n 24 --temp 0 \
@@ -285,11 +290,12 @@ if step synth_qwen2.5-1.5b 120 big_synth; then
     # exact vs LowRAM decode (prefill: the host codec behind staged rows; decode: LR_ATTN)
     for P in ${BENCH_P//,/ } $([ "$(left)" -gt $((LONG_MIN_S + 200)) ] && echo "$LONG_P"); do
         C=$([ "$P" -gt 32768 ] && echo "-c $((P + 64)) --rope-scaling yarn --rope-scale 4")
-        step bench_lowram_"$P" 150 sh -c "'$BIN' bench -m '$BENCH_MODEL' --backend $BENCH_BE -p $P -n $BENCH_N -r 1 $C --kv f16,lowram:kcache=f16 --json > '$OUT_DIR/bench_lowram_$P.json'"
+        step bench_lowram_"$P" 150 sh -c "'$BIN' bench -m '$BENCH_MODEL' --backend $BENCH_BE -p $P -n $BENCH_N -r 1 $C --kv f16,lowram:kcache=f16,lowram --json > '$OUT_DIR/bench_lowram_$P.json'"
         js+=("$OUT_DIR/bench_lowram_$P.json")
     done
-    # a long prompt with YaRN x4 and a KV budget of a quarter of the KV (spilled to the
-    # host tier and its block store), when enough time is left
+    # a long prompt with YaRN x4 and a KV budget of a quarter of the KV, when enough time is
+    # left: on cuda the GPU KV tiers (5 of 28 layers resident, 2 device slots, 23 layers in
+    # pinned host memory moved on the copy lane); in the dry run the host tier
     if [ "$(left)" -gt "$LONG_MIN_S" ]; then
         step bench_long_"$LONG_P" $(( $(left) - 20 )) sh -c "'$BIN' bench -m '$BENCH_MODEL' --backend $BENCH_BE -p $LONG_P -n 8 -r 1 -c $((LONG_P + 64)) --rope-scaling yarn --rope-scale 4 --kv-budget 25% --json > '$OUT_DIR/bench_long_$LONG_P.json'"
         js+=("$OUT_DIR/bench_long_$LONG_P.json")
@@ -308,6 +314,14 @@ for r in j.get("results", []):
     print("bench %-14s %-4s fill %-8s n_prompt %6d: TTFT %9.1f ms (%8.1f tok/s prefill), decode %7.1f tok/s" % (
         sys.argv[1].split("bench_")[-1][:-5], r.get("kv", ""), r.get("fill", ""), r["n_prompt"], r["ttft_ms"],
         r["prefill_tok_s"], r["decode_tok_s"]))
+    t = r.get("kv_tier")
+    if t:
+        # GPU tiers (backend cuda-lane): held = device KV, elsewhere = pinned host, one unit a
+        # layer pass; host tier (io_uring / threads): held = memory, elsewhere = spill file, chunks
+        print("      kv tier (%s): budget %.0f MiB, held %.0f MiB, elsewhere %.0f MiB; %d hits, %d moved "
+              "(%d of them prefetched); %.3f GB moved in, %.3f GB out; host waits %.3f s" % (
+              t["backend"], t["budget"] / 2**20, t["resident_bytes"] / 2**20, t["spilled_bytes"] / 2**20,
+              t["hits"], t["misses"], t["prefetched"], t["bytes_up"] / 1e9, t["bytes_down"] / 1e9, t["stall_s"]))
 PY
     done
 fi

@@ -287,7 +287,8 @@ Test(cuda, queued_ops_stay_in_order) {
  * device memory. f32 sums in both, in other orders (split over units, then combined), and
  * keys rounded to f16 in both: NMSE bound 1e-9 as test_lr_attn.c's against double, plus
  * the rare f16 rounding of a key landing on the other side (a 2^-11 change of one key
- * element). The state on the host is refused by name. */
+ * element); every case again with the int8 key cache's rounding (key_int8, 3e-7). The
+ * state on the host is refused by name. */
 Test(cuda, lr_attn_matches_cpu_ref, .timeout = 120) {
     rk_backend *gpu = cuda_or_skip(), *ref = NULL;
     rk_err err = {0};
@@ -299,10 +300,13 @@ Test(cuda, lr_attn_matches_cpu_ref, .timeout = 120) {
         {6, 3, 64, 32, 30, 150, 4, 5, 1, 2, false, RK_ROPE_NEOX},     /* no summaries */
         {12, 2, 128, 32, 160, 32000, 4, 150, 1, 16, true, RK_ROPE_NEOX}, /* 32K rows: 1000 chunks */
     };
-    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+    const size_t n_cs = sizeof cs / sizeof cs[0];
+    for (size_t i = 0; i < 2 * n_cs; i++) { /* the second round: keys as the int8 key cache (key_int8) */
         lr_case c;
-        lr_case_make(&c, cs[i].nh, cs[i].nkv, cs[i].hd, cs[i].C, cs[i].r, cs[i].rows, cs[i].sink, cs[i].win, cs[i].nq,
-                     cs[i].sel, cs[i].summ, cs[i].mode, 100 + i);
+        const size_t ci = i % n_cs;
+        lr_case_make(&c, cs[ci].nh, cs[ci].nkv, cs[ci].hd, cs[ci].C, cs[ci].r, cs[ci].rows, cs[ci].sink, cs[ci].win,
+                     cs[ci].nq, cs[ci].sel, cs[ci].summ, cs[ci].mode, 100 + ci);
+        c.L.key_int8 = i >= n_cs;
         rk_op_args a = lr_case_args(&c, &c.L, c.q, c.out);
         cr_assert_eq(rk_backend_run(ref, &a, &err), RK_OK, "%s", err.msg);
         const int64_t n = c.n_q * c.n_head * c.hd;
@@ -333,8 +337,10 @@ Test(cuda, lr_attn_matches_cpu_ref, .timeout = 120) {
                 finite &= isfinite(got[k]);
             }
             cr_expect(finite, "case %zu: non-finite output", i);
-            cr_expect(e / (s2 > 0 ? s2 : 1) <= 1e-9, "case %zu (%s): NMSE %.3g", i, resident ? "device q" : "host q",
-                      e / (s2 > 0 ? s2 : 1));
+            /* int8 keys: a code on the other side of a tie moves one element by max|k| / 127,
+             * (2^11 / 127)^2 = 260 times the f16 room (test_lr_attn.c): 3e-7 */
+            cr_expect(e / (s2 > 0 ? s2 : 1) <= (c.L.key_int8 ? 3e-7 : 1e-9), "case %zu (%s, int8 keys %d): NMSE %.3g", i,
+                      resident ? "device q" : "host q", c.L.key_int8, e / (s2 > 0 ? s2 : 1));
         }
         for (int k = 0; k < n_dev; k++) rk_backend_free(gpu, dev[k]);
         rk_backend_free(gpu, dq);
@@ -368,4 +374,51 @@ int main(int argc, char *argv[]) {
     if (criterion_handle_args(argc, argv, true)) result = !criterion_run_all_tests(tests);
     criterion_finalize(tests);
     return result;
+}
+
+/* The copy lane and pinned host blocks (GPU KV tiers, runtime/session/kv_dev.c): a lane
+ * copy starts after the ops queued before it and a join makes the ops after it wait; values
+ * are copied exactly. 64 MiB each way (large enough that a missing wait would show: the
+ * ADD after the join reads the uploaded values, the copy down after the ADD sees its
+ * result). Bad pointers are refused by name. On a host backend the same calls fall back to
+ * heap blocks and synchronous copies (checked on cpu here too). */
+Test(cuda, lane_copies_order_with_ops, .timeout = 60) {
+    rk_backend *gpu = cuda_or_skip(), *cpu = NULL;
+    rk_err err = {0};
+    cr_assert_eq(rk_backend_cpu_create(1, &cpu, &err), RK_OK, "%s", err.msg);
+    rk_backend *bes[2] = {gpu, cpu};
+    const int64_t n = 16 << 20; /* floats */
+    const size_t bytes = (size_t)n * sizeof(float);
+    for (int b = 0; b < 2; b++) {
+        rk_backend *be = bes[b];
+        float *h = NULL, *h2 = NULL;
+        void *d = NULL, *ones = NULL;
+        cr_assert_eq(rk_backend_host_alloc(be, bytes, (void **)&h, &err), RK_OK, "%s", err.msg);
+        cr_assert_eq(rk_backend_host_alloc(be, bytes, (void **)&h2, &err), RK_OK, "%s", err.msg);
+        cr_expect(h[0] == 0 && h[n - 1] == 0, "host blocks are zeroed");
+        cr_assert_eq(rk_backend_alloc(be, bytes, &d, &err), RK_OK, "%s", err.msg);
+        cr_assert_eq(rk_backend_alloc(be, bytes, &ones, &err), RK_OK, "%s", err.msg);
+        for (int64_t i = 0; i < n; i++) h[i] = (float)(i % 1000) * 0.25f, h2[i] = 1.0f;
+        cr_assert_eq(rk_backend_upload(be, ones, h2, bytes, &err), RK_OK, "%s", err.msg);
+        cr_assert_eq(rk_backend_lane_copy(be, d, h, bytes, true, &err), RK_OK, "%s", err.msg);
+        cr_assert_eq(rk_backend_lane_join(be, &err), RK_OK, "%s", err.msg);
+        rk_op_args add = {.op = RK_OP_ADD, .src0 = {RK_DT_F32, {n, 1, 1, 1}, bytes, ones},
+                          .dst = {RK_DT_F32, {n, 1, 1, 1}, bytes, d}};
+        cr_assert_eq(rk_backend_run(be, &add, &err), RK_OK, "%s", err.msg);
+        cr_assert_eq(rk_backend_lane_copy(be, h2, d, bytes, false, &err), RK_OK, "%s", err.msg);
+        cr_assert_eq(rk_backend_lane_sync(be, &err), RK_OK, "%s", err.msg);
+        int64_t bad = 0;
+        for (int64_t i = 0; i < n; i++) bad += h2[i] != (float)(i % 1000) * 0.25f + 1.0f;
+        cr_expect_eq(bad, 0, "%s: %lld values wrong after lane up, join, ADD, lane down", be->ops->name, (long long)bad);
+        if (b == 0) { /* host memory where device memory belongs */
+            cr_expect_eq(rk_backend_lane_copy(be, h2, h, 64, true, &err), RK_E_INVALID_ARG);
+            cr_expect(strstr(err.msg, "not inside a buffer"), "%s", err.msg);
+        }
+        rk_backend_free(be, d);
+        rk_backend_free(be, ones);
+        rk_backend_host_free(be, h);
+        rk_backend_host_free(be, h2);
+    }
+    rk_backend_destroy(cpu);
+    rk_backend_destroy(gpu);
 }

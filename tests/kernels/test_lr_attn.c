@@ -7,6 +7,7 @@
  * O(r + rows) terms relative to the output's scale. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -103,7 +104,18 @@ static void brute(const lr_case *c, double *out) {
                             const double th = (double)L->pos[row] * L->freq[e], x0 = key[i0], x1 = key[i1];
                             key[i0] = x0 * cos(th) - x1 * sin(th), key[i1] = x0 * sin(th) + x1 * cos(th);
                         }
-                        for (int e = 0; e < hd; e++) kr[e] = (double)rk_f16_to_f32(rk_f32_to_f16((float)key[e]));
+                        if (L->key_int8) { /* the int8 key cache's rounding, from the f32 keys */
+                            float mx = 0;
+                            for (int e = 0; e < hd; e++) mx = fmaxf(mx, fabsf((float)key[e]));
+                            const float ks = rk_f16_to_f32(rk_f32_to_f16(mx / 127.0f));
+                            for (int e = 0; e < hd; e++) {
+                                double q = ks > 0 ? nearbyint((double)((float)key[e] * (1.0f / ks))) : 0;
+                                q = q > 127 ? 127 : q < -127 ? -127 : q;
+                                kr[e] = q * (double)ks;
+                            }
+                        } else {
+                            for (int e = 0; e < hd; e++) kr[e] = (double)rk_f16_to_f32(rk_f32_to_f16((float)key[e]));
+                        }
                         const bool has = (L->mask[h * L->mb_hstride + ch] >> k) & 1u;
                         const uint8_t *rr = has ? L->res + (size_t)h * L->res_hstride + (size_t)slot++ * L->res_bytes : NULL;
                         for (int e = 0; e < hd; e++) {
@@ -148,9 +160,10 @@ static double nmse_of(const lr_case *c, const float *got, const double *want) {
 }
 
 static void run_case(const char *be_name, int n_head, int n_kv, int hd, int C, int r, int64_t n_rows, int64_t n_sink,
-                     int64_t n_win, int64_t n_q, int n_sel, bool summ, int mode, uint64_t seed) {
+                     int64_t n_win, int64_t n_q, int n_sel, bool summ, int mode, uint64_t seed, bool kint8) {
     lr_case c;
     lr_case_make(&c, n_head, n_kv, hd, C, r, n_rows, n_sink, n_win, n_q, n_sel, summ, mode, seed);
+    c.L.key_int8 = kint8;
     rk_backend *be = NULL;
     rk_err e = {0};
     cr_assert_eq(rk_backend_create_named(be_name, 2, &be, &e), RK_OK, "%s", e.msg);
@@ -163,10 +176,13 @@ static void run_case(const char *be_name, int n_head, int n_kv, int hd, int C, i
     cr_expect(finite, "%s: non-finite output", be_name);
     /* f32 sums of up to ~r + rows terms of O(1) magnitude, then a division: NMSE well under
      * (64 u)^2 with u = 2^-24 per term; 1e-9 leaves room for the f16 key roundings that
-     * land on the other side of a tie (a 2^-11 relative change of one key) */
-    const double nm = nmse_of(&c, c.out, want);
-    cr_expect(nm <= 1e-9, "%s: NMSE %.3g (heads %d/%d hd %d C %d r %d rows %lld n_q %lld sel %d summ %d)", be_name, nm,
-              n_head, n_kv, hd, C, r, (long long)n_rows, (long long)n_q, n_sel, summ);
+     * land on the other side of a tie (a 2^-11 relative change of one key). An int8 key
+     * code that lands on the other side moves one key element by a whole step, max|k| / 127
+     * (16x the f16 step of the largest element): (2^11 / 127)^2 = 260 times the room, 3e-7 */
+    const double nm = nmse_of(&c, c.out, want), bound = kint8 ? 3e-7 : 1e-9;
+    fprintf(stderr, "lr_attn %s int8 %d: NMSE %.3g\n", be_name, kint8, nm);
+    cr_expect(nm <= bound, "%s: NMSE %.3g (heads %d/%d hd %d C %d r %d rows %lld n_q %lld sel %d summ %d int8 %d)", be_name,
+              nm, n_head, n_kv, hd, C, r, (long long)n_rows, (long long)n_q, n_sel, summ, kint8);
     free(want);
     rk_backend_destroy(be);
     lr_case_free(&c);
@@ -174,16 +190,18 @@ static void run_case(const char *be_name, int n_head, int n_kv, int hd, int C, i
 
 Test(lr_attn, matches_double_formulation_on_cpu_backends) {
     const char *bes[] = {"cpu_ref", "cpu"};
-    for (int b = 0; b < 2; b++) {
+    for (int b = 0; b < 4; b++) { /* b >= 2: keys rounded as the int8 key cache (key_int8) */
+        const char *be = bes[b & 1];
+        const bool k8 = b >= 2;
         /* qwen2.5-1.5b's heads (12 / 2, hd 128), rank 96, 9 chunks of which 4 chosen + summaries */
-        run_case(bes[b], 12, 2, 128, 32, 96, 280, 4, 40, 1, 4, true, RK_ROPE_NEOX, 1);
+        run_case(be, 12, 2, 128, 32, 96, 280, 4, 40, 1, 4, true, RK_ROPE_NEOX, 1, k8);
         /* four query rows (causal over the window), llama-style RoPE, a partial last chunk */
-        run_case(bes[b], 8, 2, 64, 32, 48, 203, 4, 70, 4, 3, true, RK_ROPE_NORM, 2);
+        run_case(be, 8, 2, 64, 32, 48, 203, 4, 70, 4, 3, true, RK_ROPE_NORM, 2, k8);
         /* every chunk chosen (n_sel past the chunk count), chunk 16, no sinks */
-        run_case(bes[b], 4, 4, 32, 16, 20, 100, 0, 10, 2, 50, true, RK_ROPE_NEOX, 3);
+        run_case(be, 4, 4, 32, 16, 20, 100, 0, 10, 2, 50, true, RK_ROPE_NEOX, 3, k8);
         /* no summary rows (the ablation), one compressed row */
-        run_case(bes[b], 6, 3, 64, 32, 30, 1, 4, 5, 1, 0, false, RK_ROPE_NEOX, 4);
-        run_case(bes[b], 6, 3, 64, 32, 30, 150, 4, 5, 1, 2, false, RK_ROPE_NEOX, 5);
+        run_case(be, 6, 3, 64, 32, 30, 1, 4, 5, 1, 0, false, RK_ROPE_NEOX, 4, k8);
+        run_case(be, 6, 3, 64, 32, 30, 150, 4, 5, 1, 2, false, RK_ROPE_NEOX, 5, k8);
     }
 }
 
