@@ -23,7 +23,8 @@
 #
 # Prints, best of the rounds for each: prefill and decode tok/s of both and the ratios
 # ridgekv / llama.cpp, the memcpy bandwidth (GB/s, THREADS threads, 1 GiB buffers, best
-# of 5 copies; read + write bytes counted) and the read bandwidth (same buffers, a sum),
+# of 5 copies; read + write bytes counted), the read bandwidth (same buffers, a sum) and the
+# same read from a buffer on transparent huge pages (where ridgekv's weights sit),
 # the weight bytes read per decoded token (every
 # tensor of the GGUF except token_embd when an output.weight exists: that table is only
 # gathered a row at a time), and ridgekv's decode as a fraction of that bandwidth.
@@ -119,21 +120,24 @@ trap 'rm -rf "$tmp"' EXIT
 # memcpy bandwidth: THREADS threads each copying its half of a 1 GiB buffer
 cat > "$tmp/membw.c" <<'EOF'
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <sys/mman.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 static size_t n_bytes = (size_t)1 << 30;
 static char *src, *dst;
 static int nt;
-static int mode; /* 0 memcpy, 1 read (sum of 64-bit words) */
+static int mode; /* 0 memcpy, 1 read (sum of 64-bit words), 2 read from huge pages */
+static char *hsrc; /* n_bytes advised MADV_HUGEPAGE, as ridgekv's weight copy */
 static unsigned long long sums[64];
 static void *job(void *a) {
     size_t i = (size_t)a, part = n_bytes / nt;
     if (mode == 0) {
         memcpy(dst + i * part, src + i * part, part);
     } else {
-        const unsigned long long *p = (const unsigned long long *)(src + i * part);
+        const unsigned long long *p = (const unsigned long long *)((mode == 2 ? hsrc : src) + i * part);
         unsigned long long s0 = 0, s1 = 0, s2 = 0, s3 = 0;
         for (size_t k = 0; k < part / 8; k += 4) s0 += p[k], s1 += p[k + 1], s2 += p[k + 2], s3 += p[k + 3];
         sums[i] = s0 + s1 + s2 + s3;
@@ -153,7 +157,13 @@ int main(int argc, char **argv) {
     if (!src || !dst) return 1;
     memset(src, 1, n_bytes);
     memset(dst, 2, n_bytes);
-    for (mode = 0; mode < 2; mode++) {
+    const size_t hp = (size_t)2 << 20;
+    char *r = mmap(NULL, n_bytes + hp, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (r == MAP_FAILED) return 1;
+    hsrc = (char *)(((uintptr_t)r + hp - 1) & ~(uintptr_t)(hp - 1));
+    madvise(hsrc, n_bytes, MADV_HUGEPAGE);
+    memset(hsrc, 1, n_bytes);
+    for (mode = 0; mode < 3; mode++) {
         double best = 0;
         for (int r = 0; r < 5; r++) {
             pthread_t th[64];
@@ -242,6 +252,7 @@ ll_pp, ll_pp_all = best("ll.%d.json", ll_val("pp"))
 ll_tg, ll_tg_all = best("ll.%d.json", ll_val("tg"))
 bw, bw_all = best("bw.%d.txt", lambda p: float(open(p).read().split()[0]))
 rbw, rbw_all = best("bw.%d.txt", lambda p: float(open(p).read().split()[1]))
+hbw, hbw_all = best("bw.%d.txt", lambda p: float(open(p).read().split()[2]))
 wb = gguf_decode_bytes(model)
 print(f"model {os.path.basename(model)}, {threads} threads, prompt {np_}, decode {ng}; "
       f"best of {rounds} alternating rounds; load average {os.getloadavg()[0]:.2f} (shared machine)")
@@ -254,7 +265,9 @@ print(f"per round: ridgekv pp {['%.1f' % v for v in rk_pp_all]} tg {['%.1f' % v 
 eff = rk_tg * wb / 1e9
 print(f"memcpy bandwidth ({threads} threads, read+write): {bw:.1f} GB/s (rounds {['%.1f' % v for v in bw_all]})")
 print(f"read bandwidth ({threads} threads, sum of 64-bit words): {rbw:.1f} GB/s (rounds {['%.1f' % v for v in rbw_all]})")
+print(f"read bandwidth from huge pages (same sum, the buffer advised MADV_HUGEPAGE like ridgekv's weights): "
+      f"{hbw:.1f} GB/s (rounds {['%.1f' % v for v in hbw_all]})")
 print(f"weight bytes per decoded token: {wb / 1e6:.1f} MB; ridgekv decode streams {eff:.1f} GB/s = "
-      f"{100 * eff / bw:.0f}% of memcpy, {100 * eff / rbw:.0f}% of read; "
+      f"{100 * eff / bw:.0f}% of memcpy, {100 * eff / rbw:.0f}% of read, {100 * eff / hbw:.0f}% of huge-page read; "
       f"llama.cpp {ll_tg * wb / 1e9:.1f} GB/s = {100 * ll_tg * wb / 1e9 / bw:.0f}% of memcpy")
 PY
