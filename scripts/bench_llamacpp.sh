@@ -181,8 +181,64 @@ int main(int argc, char **argv) {
 EOF
 cc -O3 -march=native -pthread -o "$tmp/membw" "$tmp/membw.c"
 
+# CPU speed probe: THREADS threads each run 8-bit multiply-adds (maddubs/madd, the K-quant
+# dots' instructions) on registers for ~0.2 s; prints the slowest thread's G
+# multiply-adds/s. On the shared VM of docs/BENCH.md that rate flips between two levels
+# about 1.5x apart within seconds (fifth session): printed beside each round's figures.
+cat > "$tmp/probe.c" <<'EOF'
+#include <immintrin.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+static double rate[64];
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+static void *job(void *a) {
+    size_t i = (size_t)a;
+    __m256i x[8], acc[8];
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) x[k] = _mm256_set1_epi8((char)(k + 1 + i)), acc[k] = _mm256_setzero_si256();
+    const __m256i one = _mm256_set1_epi16(1), step = _mm256_set1_epi8(1);
+    __m256i y = _mm256_set1_epi8(3);
+    long iters = 0;
+    double t0 = now(), t;
+    do {
+        for (int r = 0; r < 1000; r++) {
+            y = _mm256_and_si256(_mm256_add_epi8(y, step), _mm256_set1_epi8(63)); /* not loop-invariant */
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++)
+                acc[k] = _mm256_add_epi32(acc[k], _mm256_madd_epi16(_mm256_maddubs_epi16(x[k], y), one));
+        }
+        iters += 1000;
+    } while ((t = now()) - t0 < 0.2);
+    int s = 0;
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) s += _mm256_extract_epi32(acc[k], 0);
+    rate[i] = iters * 8.0 * 32 / (t - t0) / 1e9 + (s == 12345 ? 1e-9 : 0);
+    return NULL;
+}
+int main(int argc, char **argv) {
+    int nt = argc > 1 ? atoi(argv[1]) : 1;
+    if (nt < 1 || nt > 64) return 2;
+    pthread_t th[64];
+    for (int i = 0; i < nt; i++) pthread_create(&th[i], NULL, job, (void *)(size_t)i);
+    for (int i = 0; i < nt; i++) pthread_join(th[i], NULL);
+    double lo = rate[0];
+    for (int i = 1; i < nt; i++) lo = rate[i] < lo ? rate[i] : lo;
+    printf("%.1f\n", lo);
+    return 0;
+}
+EOF
+cc -O2 -mavx2 -pthread -o "$tmp/probe" "$tmp/probe.c"
+
 for r in $(seq 1 "$rounds"); do
+  "$tmp/probe" "$threads" > "$tmp/prk.$r.txt"
   "$rk" bench -m "$model" -p "$np" -n "$ng" -t "$threads" -r 1 --json > "$tmp/rk.$r.json" 2>/dev/null
+  "$tmp/probe" "$threads" > "$tmp/pll.$r.txt"
   "$lb" -m "$model" -p "$np" -n "$ng" -t "$threads" -r 1 -o json > "$tmp/ll.$r.json" 2>/dev/null
   "$tmp/membw" "$threads" > "$tmp/bw.$r.txt"
 done
@@ -262,6 +318,10 @@ print(f"| prefill tok/s | {rk_pp:.1f} | {ll_pp:.1f} | {rk_pp / ll_pp:.2f}x |")
 print(f"| decode tok/s | {rk_tg:.1f} | {ll_tg:.1f} | {rk_tg / ll_tg:.2f}x |")
 print(f"per round: ridgekv pp {['%.1f' % v for v in rk_pp_all]} tg {['%.1f' % v for v in rk_tg_all]}; "
       f"llama.cpp pp {['%.1f' % v for v in ll_pp_all]} tg {['%.1f' % v for v in ll_tg_all]}")
+prk = [float(open(os.path.join(tmp, "prk.%d.txt" % r)).read()) for r in range(1, rounds + 1)]
+pll = [float(open(os.path.join(tmp, "pll.%d.txt" % r)).read()) for r in range(1, rounds + 1)]
+print(f"CPU probe before each run (G 8-bit multiply-adds/s per thread, slowest thread): "
+      f"ridgekv {['%.1f' % v for v in prk]}, llama.cpp {['%.1f' % v for v in pll]}")
 eff = rk_tg * wb / 1e9
 print(f"memcpy bandwidth ({threads} threads, read+write): {bw:.1f} GB/s (rounds {['%.1f' % v for v in bw_all]})")
 print(f"read bandwidth ({threads} threads, sum of 64-bit words): {rbw:.1f} GB/s (rounds {['%.1f' % v for v in rbw_all]})")
