@@ -181,22 +181,25 @@ int main(int argc, char **argv) {
 EOF
 cc -O3 -march=native -pthread -o "$tmp/membw" "$tmp/membw.c"
 
-# CPU speed probe: THREADS threads each run 8-bit multiply-adds (maddubs/madd, the K-quant
-# dots' instructions) on registers for ~0.2 s; prints the slowest thread's G
-# multiply-adds/s. On the shared VM of docs/BENCH.md that rate flips between two levels
-# about 1.5x apart within seconds (fifth session): printed beside each round's figures.
+# CPU probe: THREADS threads each run 8-bit multiply-adds (maddubs/madd, the K-quant dots'
+# instructions) for ~0.2 s on registers, then ~0.2 s over a 3 MiB buffer of their own
+# (past a 512 KiB L2, inside the shared L3: the in-cache GEMV's footprint); prints the
+# slowest thread's G multiply-adds/s of each. On the shared VM of docs/BENCH.md the first
+# stayed flat while the L3-resident GEMV moved 1.5x between runs (fifth session).
 cat > "$tmp/probe.c" <<'EOF'
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
-static double rate[64];
+static double rate[64][2];
 static double now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
+#define BUF ((size_t)3 << 20)
 static void *job(void *a) {
     size_t i = (size_t)a;
     __m256i x[8], acc[8];
@@ -215,10 +218,26 @@ static void *job(void *a) {
         }
         iters += 1000;
     } while ((t = now()) - t0 < 0.2);
+    rate[i][0] = iters * 8.0 * 32 / (t - t0) / 1e9;
+    unsigned char *b = aligned_alloc(64, BUF);
+    if (!b) return NULL;
+    memset(b, (int)(i + 5), BUF);
+    long bytes = 0;
+    t0 = now();
+    do {
+        for (size_t o = 0; o < BUF; o += 256)
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++)
+                acc[k] = _mm256_add_epi32(
+                    acc[k], _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_load_si256((const __m256i *)(b + o + 32 * k)), y), one));
+        bytes += (long)BUF;
+    } while ((t = now()) - t0 < 0.2);
+    rate[i][1] = bytes / (t - t0) / 1e9;
     int s = 0;
 #pragma GCC unroll 8
     for (int k = 0; k < 8; k++) s += _mm256_extract_epi32(acc[k], 0);
-    rate[i] = iters * 8.0 * 32 / (t - t0) / 1e9 + (s == 12345 ? 1e-9 : 0);
+    if (s == 12345) rate[i][1] += 1e-9;
+    free(b);
     return NULL;
 }
 int main(int argc, char **argv) {
@@ -227,9 +246,10 @@ int main(int argc, char **argv) {
     pthread_t th[64];
     for (int i = 0; i < nt; i++) pthread_create(&th[i], NULL, job, (void *)(size_t)i);
     for (int i = 0; i < nt; i++) pthread_join(th[i], NULL);
-    double lo = rate[0];
-    for (int i = 1; i < nt; i++) lo = rate[i] < lo ? rate[i] : lo;
-    printf("%.1f\n", lo);
+    double lo[2] = {rate[0][0], rate[0][1]};
+    for (int i = 1; i < nt; i++)
+        for (int j = 0; j < 2; j++) lo[j] = rate[i][j] < lo[j] ? rate[i][j] : lo[j];
+    printf("%.1f %.1f\n", lo[0], lo[1]);
     return 0;
 }
 EOF
@@ -318,10 +338,11 @@ print(f"| prefill tok/s | {rk_pp:.1f} | {ll_pp:.1f} | {rk_pp / ll_pp:.2f}x |")
 print(f"| decode tok/s | {rk_tg:.1f} | {ll_tg:.1f} | {rk_tg / ll_tg:.2f}x |")
 print(f"per round: ridgekv pp {['%.1f' % v for v in rk_pp_all]} tg {['%.1f' % v for v in rk_tg_all]}; "
       f"llama.cpp pp {['%.1f' % v for v in ll_pp_all]} tg {['%.1f' % v for v in ll_tg_all]}")
-prk = [float(open(os.path.join(tmp, "prk.%d.txt" % r)).read()) for r in range(1, rounds + 1)]
-pll = [float(open(os.path.join(tmp, "pll.%d.txt" % r)).read()) for r in range(1, rounds + 1)]
-print(f"CPU probe before each run (G 8-bit multiply-adds/s per thread, slowest thread): "
-      f"ridgekv {['%.1f' % v for v in prk]}, llama.cpp {['%.1f' % v for v in pll]}")
+def probe(tag):
+    return ["%s reg / %s L3" % tuple(open(os.path.join(tmp, "%s.%d.txt" % (tag, r))).read().split())
+            for r in range(1, rounds + 1)]
+print(f"CPU probe before each run (slowest thread: G 8-bit multiply-adds/s on registers / "
+      f"GB/s of them over 3 MiB): ridgekv {probe('prk')}, llama.cpp {probe('pll')}")
 eff = rk_tg * wb / 1e9
 print(f"memcpy bandwidth ({threads} threads, read+write): {bw:.1f} GB/s (rounds {['%.1f' % v for v in bw_all]})")
 print(f"read bandwidth ({threads} threads, sum of 64-bit words): {rbw:.1f} GB/s (rounds {['%.1f' % v for v in rbw_all]})")
