@@ -7,7 +7,6 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include "ops_impl.h"
@@ -110,20 +109,6 @@ static void free_tls(cpu_impl *c) {
         for (int i = 0; i < c->n_threads; i++) free(c->tls[i]);
 }
 
-/* Scratch of 2 MiB and more: the 2 MiB-aligned part of it advised onto transparent huge
- * pages (where the kernel offers them: MADV_HUGEPAGE is only advice). The prefill GEMM
- * streams the quantised activations (up to 512 rows x 10 KB) once per weight tile, a TLB
- * miss per 4 KiB page otherwise. Called before the memory is first touched. */
-static void *scratch_alloc(size_t bytes) {
-    void *p = aligned_alloc(64, bytes);
-#ifdef MADV_HUGEPAGE
-    const uintptr_t hp = (uintptr_t)2 << 20, a = ((uintptr_t)p + hp - 1) & ~(hp - 1),
-                    e = ((uintptr_t)p + bytes) & ~(hp - 1);
-    if (p && e > a) (void)madvise((void *)a, (size_t)(e - a), MADV_HUGEPAGE);
-#endif
-    return p;
-}
-
 /* Makes every thread's scratch hold at least per_thread floats and the
  * shared buffer at least shared floats. Contents are not kept. */
 static rk_status ws_reserve(cpu_impl *c, size_t per_thread, size_t shared, rk_err *err) {
@@ -132,7 +117,7 @@ static rk_status ws_reserve(cpu_impl *c, size_t per_thread, size_t shared, rk_er
         free_tls(c);
         c->tls_floats = 0;
         for (int i = 0; i < c->n_threads; i++) {
-            c->tls[i] = scratch_alloc(nf * sizeof(float));
+            c->tls[i] = aligned_alloc(64, nf * sizeof(float));
             if (!c->tls[i]) {
                 for (int j = i; j < c->n_threads; j++) c->tls[j] = NULL;
                 return rk_err_set(err, RK_E_NOMEM, "kernels: cpu: scratch of %zu floats x %d threads", nf,
@@ -145,7 +130,7 @@ static rk_status ws_reserve(cpu_impl *c, size_t per_thread, size_t shared, rk_er
         size_t nf = (shared + shared / 4 + 15) & ~(size_t)15;
         free(c->shared);
         c->shared_floats = 0;
-        c->shared = scratch_alloc(nf * sizeof(float));
+        c->shared = aligned_alloc(64, nf * sizeof(float));
         if (!c->shared) return rk_err_set(err, RK_E_NOMEM, "kernels: cpu: shared scratch of %zu floats", nf);
         c->shared_floats = nf;
     }
