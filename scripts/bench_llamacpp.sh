@@ -23,7 +23,8 @@
 #
 # Prints, best of the rounds for each: prefill and decode tok/s of both and the ratios
 # ridgekv / llama.cpp, the memcpy bandwidth (GB/s, THREADS threads, 1 GiB buffers, best
-# of 5 copies; read + write bytes counted) and the read bandwidth (same buffers, a sum),
+# of 5 copies; read + write bytes counted), the read bandwidth (same buffers, a sum) and the
+# same read from a buffer on transparent huge pages (where ridgekv's weights sit),
 # the weight bytes read per decoded token (every
 # tensor of the GGUF except token_embd when an output.weight exists: that table is only
 # gathered a row at a time), and ridgekv's decode as a fraction of that bandwidth.
@@ -119,21 +120,24 @@ trap 'rm -rf "$tmp"' EXIT
 # memcpy bandwidth: THREADS threads each copying its half of a 1 GiB buffer
 cat > "$tmp/membw.c" <<'EOF'
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <sys/mman.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 static size_t n_bytes = (size_t)1 << 30;
 static char *src, *dst;
 static int nt;
-static int mode; /* 0 memcpy, 1 read (sum of 64-bit words) */
+static int mode; /* 0 memcpy, 1 read (sum of 64-bit words), 2 read from huge pages */
+static char *hsrc; /* n_bytes advised MADV_HUGEPAGE, as ridgekv's weight copy */
 static unsigned long long sums[64];
 static void *job(void *a) {
     size_t i = (size_t)a, part = n_bytes / nt;
     if (mode == 0) {
         memcpy(dst + i * part, src + i * part, part);
     } else {
-        const unsigned long long *p = (const unsigned long long *)(src + i * part);
+        const unsigned long long *p = (const unsigned long long *)((mode == 2 ? hsrc : src) + i * part);
         unsigned long long s0 = 0, s1 = 0, s2 = 0, s3 = 0;
         for (size_t k = 0; k < part / 8; k += 4) s0 += p[k], s1 += p[k + 1], s2 += p[k + 2], s3 += p[k + 3];
         sums[i] = s0 + s1 + s2 + s3;
@@ -153,7 +157,13 @@ int main(int argc, char **argv) {
     if (!src || !dst) return 1;
     memset(src, 1, n_bytes);
     memset(dst, 2, n_bytes);
-    for (mode = 0; mode < 2; mode++) {
+    const size_t hp = (size_t)2 << 20;
+    char *r = mmap(NULL, n_bytes + hp, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (r == MAP_FAILED) return 1;
+    hsrc = (char *)(((uintptr_t)r + hp - 1) & ~(uintptr_t)(hp - 1));
+    madvise(hsrc, n_bytes, MADV_HUGEPAGE);
+    memset(hsrc, 1, n_bytes);
+    for (mode = 0; mode < 3; mode++) {
         double best = 0;
         for (int r = 0; r < 5; r++) {
             pthread_t th[64];
@@ -171,8 +181,84 @@ int main(int argc, char **argv) {
 EOF
 cc -O3 -march=native -pthread -o "$tmp/membw" "$tmp/membw.c"
 
+# CPU probe: THREADS threads each run 8-bit multiply-adds (maddubs/madd, the K-quant dots'
+# instructions) for ~0.2 s on registers, then ~0.2 s over a 3 MiB buffer of their own
+# (past a 512 KiB L2, inside the shared L3: the in-cache GEMV's footprint); prints the
+# slowest thread's G multiply-adds/s and GB/s. On the shared VM of docs/BENCH.md (fifth
+# session) the machine's speed moved by up to 1.5x between runs: printed beside each round.
+cat > "$tmp/probe.c" <<'EOF'
+#include <immintrin.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+static double rate[64][2];
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+#define BUF ((size_t)3 << 20)
+static void *job(void *a) {
+    size_t i = (size_t)a;
+    __m256i x[8], acc[8];
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) x[k] = _mm256_set1_epi8((char)(k + 1 + i)), acc[k] = _mm256_setzero_si256();
+    const __m256i one = _mm256_set1_epi16(1), step = _mm256_set1_epi8(1);
+    __m256i y = _mm256_set1_epi8(3);
+    long iters = 0;
+    double t0 = now(), t;
+    do {
+        for (int r = 0; r < 1000; r++) {
+            y = _mm256_and_si256(_mm256_add_epi8(y, step), _mm256_set1_epi8(63)); /* not loop-invariant */
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++)
+                acc[k] = _mm256_add_epi32(acc[k], _mm256_madd_epi16(_mm256_maddubs_epi16(x[k], y), one));
+        }
+        iters += 1000;
+    } while ((t = now()) - t0 < 0.2);
+    rate[i][0] = iters * 8.0 * 32 / (t - t0) / 1e9;
+    unsigned char *b = aligned_alloc(64, BUF);
+    if (!b) return NULL;
+    memset(b, (int)(i + 5), BUF);
+    long bytes = 0;
+    t0 = now();
+    do {
+        for (size_t o = 0; o < BUF; o += 256)
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++)
+                acc[k] = _mm256_add_epi32(
+                    acc[k], _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_load_si256((const __m256i *)(b + o + 32 * k)), y), one));
+        bytes += (long)BUF;
+    } while ((t = now()) - t0 < 0.2);
+    rate[i][1] = bytes / (t - t0) / 1e9;
+    int s = 0;
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) s += _mm256_extract_epi32(acc[k], 0);
+    if (s == 12345) rate[i][1] += 1e-9;
+    free(b);
+    return NULL;
+}
+int main(int argc, char **argv) {
+    int nt = argc > 1 ? atoi(argv[1]) : 1;
+    if (nt < 1 || nt > 64) return 2;
+    pthread_t th[64];
+    for (int i = 0; i < nt; i++) pthread_create(&th[i], NULL, job, (void *)(size_t)i);
+    for (int i = 0; i < nt; i++) pthread_join(th[i], NULL);
+    double lo[2] = {rate[0][0], rate[0][1]};
+    for (int i = 1; i < nt; i++)
+        for (int j = 0; j < 2; j++) lo[j] = rate[i][j] < lo[j] ? rate[i][j] : lo[j];
+    printf("%.1f %.1f\n", lo[0], lo[1]);
+    return 0;
+}
+EOF
+cc -O2 -mavx2 -pthread -o "$tmp/probe" "$tmp/probe.c"
+
 for r in $(seq 1 "$rounds"); do
+  "$tmp/probe" "$threads" > "$tmp/prk.$r.txt"
   "$rk" bench -m "$model" -p "$np" -n "$ng" -t "$threads" -r 1 --json > "$tmp/rk.$r.json" 2>/dev/null
+  "$tmp/probe" "$threads" > "$tmp/pll.$r.txt"
   "$lb" -m "$model" -p "$np" -n "$ng" -t "$threads" -r 1 -o json > "$tmp/ll.$r.json" 2>/dev/null
   "$tmp/membw" "$threads" > "$tmp/bw.$r.txt"
 done
@@ -242,6 +328,7 @@ ll_pp, ll_pp_all = best("ll.%d.json", ll_val("pp"))
 ll_tg, ll_tg_all = best("ll.%d.json", ll_val("tg"))
 bw, bw_all = best("bw.%d.txt", lambda p: float(open(p).read().split()[0]))
 rbw, rbw_all = best("bw.%d.txt", lambda p: float(open(p).read().split()[1]))
+hbw, hbw_all = best("bw.%d.txt", lambda p: float(open(p).read().split()[2]))
 wb = gguf_decode_bytes(model)
 print(f"model {os.path.basename(model)}, {threads} threads, prompt {np_}, decode {ng}; "
       f"best of {rounds} alternating rounds; load average {os.getloadavg()[0]:.2f} (shared machine)")
@@ -251,10 +338,17 @@ print(f"| prefill tok/s | {rk_pp:.1f} | {ll_pp:.1f} | {rk_pp / ll_pp:.2f}x |")
 print(f"| decode tok/s | {rk_tg:.1f} | {ll_tg:.1f} | {rk_tg / ll_tg:.2f}x |")
 print(f"per round: ridgekv pp {['%.1f' % v for v in rk_pp_all]} tg {['%.1f' % v for v in rk_tg_all]}; "
       f"llama.cpp pp {['%.1f' % v for v in ll_pp_all]} tg {['%.1f' % v for v in ll_tg_all]}")
+def probe(tag):
+    return ["%s reg / %s L3" % tuple(open(os.path.join(tmp, "%s.%d.txt" % (tag, r))).read().split())
+            for r in range(1, rounds + 1)]
+print(f"CPU probe before each run (slowest thread: G 8-bit multiply-adds/s on registers / "
+      f"GB/s of them over 3 MiB): ridgekv {probe('prk')}, llama.cpp {probe('pll')}")
 eff = rk_tg * wb / 1e9
 print(f"memcpy bandwidth ({threads} threads, read+write): {bw:.1f} GB/s (rounds {['%.1f' % v for v in bw_all]})")
 print(f"read bandwidth ({threads} threads, sum of 64-bit words): {rbw:.1f} GB/s (rounds {['%.1f' % v for v in rbw_all]})")
+print(f"read bandwidth from huge pages (same sum, the buffer advised MADV_HUGEPAGE like ridgekv's weights): "
+      f"{hbw:.1f} GB/s (rounds {['%.1f' % v for v in hbw_all]})")
 print(f"weight bytes per decoded token: {wb / 1e6:.1f} MB; ridgekv decode streams {eff:.1f} GB/s = "
-      f"{100 * eff / bw:.0f}% of memcpy, {100 * eff / rbw:.0f}% of read; "
+      f"{100 * eff / bw:.0f}% of memcpy, {100 * eff / rbw:.0f}% of read, {100 * eff / hbw:.0f}% of huge-page read; "
       f"llama.cpp {ll_tg * wb / 1e9:.1f} GB/s = {100 * ll_tg * wb / 1e9 / bw:.0f}% of memcpy")
 PY

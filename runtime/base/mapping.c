@@ -53,6 +53,11 @@ rk_status rk_mapping_open(const char *path, rk_mapping *out, rk_err *err) {
 }
 
 #define RK_HUGE_PAGE ((size_t)2 << 20)
+#ifdef MADV_COLLAPSE
+#define RK_MADV_COLLAPSE MADV_COLLAPSE
+#else
+#define RK_MADV_COLLAPSE 25 /* Linux 6.1 uapi value; older kernels answer EINVAL */
+#endif
 
 /* The kernel hands out transparent huge pages to madvise'd memory. */
 static bool thp_offered(void) {
@@ -122,9 +127,38 @@ rk_status rk_mapping_open_huge(const char *path, rk_mapping *out, rk_err *err) {
         off += (size_t)got;
     }
     close(fd);
+    /* MADV_HUGEPAGE is advice: a fault that finds no free 2 MiB block (fragmented memory,
+     * defrag off) gets 4 KiB pages silently. Where the copy came out short, ask the kernel to
+     * collapse it now (MADV_COLLAPSE, Linux 6.1: synchronous, compacts memory; EINVAL before);
+     * failing that the copy stays on whatever pages it got, the bytes are right either way. */
+    const size_t huge_span = (len / RK_HUGE_PAGE) * RK_HUGE_PAGE;
+    if (huge_span > 0 && rk_mapping_huge_bytes(&(rk_mapping){a, len}) < huge_span)
+        (void)madvise(a, huge_span, RK_MADV_COLLAPSE);
     (void)mprotect(a, mlen, PROT_READ); /* read-only like the mapping; the copy is right either way */
     *out = (rk_mapping){a, len};
     return RK_OK;
+}
+
+size_t rk_mapping_huge_bytes(const rk_mapping *m) {
+    if (!m || !m->data || m->len == 0) return 0;
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return 0;
+    const uintptr_t lo = (uintptr_t)m->data, hi = lo + m->len;
+    char line[512];
+    bool in = false;
+    unsigned long long total = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long a = 0, b = 0, kb = 0;
+        /* a VMA header "start-end perms ..." (hex), then its "Key: N kB" lines */
+        if (sscanf(line, "%llx-%llx ", &a, &b) == 2) {
+            in = a < hi && b > lo;
+            continue;
+        }
+        if (in && (sscanf(line, "AnonHugePages: %llu kB", &kb) == 1 || sscanf(line, "FilePmdMapped: %llu kB", &kb) == 1))
+            total += kb * 1024;
+    }
+    fclose(f);
+    return total > m->len ? m->len : (size_t)total;
 }
 
 void rk_mapping_close(rk_mapping *m) {

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "rk_base.h"
@@ -227,6 +228,9 @@ Test(base, mapping_on_huge_pages) {
         cr_expect_eq(m.len, n);
         cr_expect(m.data && memcmp(m.data, data, n) == 0, "bytes differ (copy %d)", copy);
         if (copy) cr_expect_eq((uintptr_t)m.data % ((uintptr_t)2 << 20), 0, "copy not 2 MiB aligned");
+        /* whole huge pages of this range only (the kernel may or may not have given them) */
+        const size_t hb = rk_mapping_huge_bytes(&m);
+        cr_expect(hb <= n && hb % ((size_t)2 << 20) == 0, "huge bytes %zu of %zu", hb, n);
         rk_mapping_close(&m);
         cr_expect(m.data == NULL && m.len == 0);
     }
@@ -250,6 +254,29 @@ Test(base, mapping_on_huge_pages) {
     cr_expect(strstr(e.msg, path), "%s", e.msg);
     cr_expect(keep.data == data && keep.len == 1234, "out-param written on failure");
     free(data);
+}
+
+/* rk_mapping_huge_bytes counts only the range it is given: memory advised off huge
+ * pages has none, and neither has nothing. */
+Test(base, mapping_huge_bytes_of_a_range) {
+    cr_expect_eq(rk_mapping_huge_bytes(NULL), 0);
+    cr_expect_eq(rk_mapping_huge_bytes(&(rk_mapping){NULL, 0}), 0);
+    const size_t len = (size_t)8 << 20;
+    char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    cr_assert(p != MAP_FAILED);
+    cr_assert_eq(madvise(p, len, MADV_NOHUGEPAGE), 0);
+    memset(p, 7, len);
+    cr_expect_eq(rk_mapping_huge_bytes(&(rk_mapping){p, len}), 0, "4 KiB pages counted as huge");
+    /* where the kernel collapses the range on request (MADV_COLLAPSE, Linux 6.1), all of it
+     * is counted, and none of the next 2 MiB outside it */
+    char *a = (char *)(((uintptr_t)p + ((size_t)2 << 20) - 1) & ~(((uintptr_t)2 << 20) - 1));
+    const size_t alen = (size_t)4 << 20; /* [a, a + 4 MiB) lies inside p's 8 MiB */
+    if (madvise(a, alen, MADV_HUGEPAGE) == 0 && madvise(a, alen, 25 /* MADV_COLLAPSE */) == 0) {
+        cr_expect_eq(rk_mapping_huge_bytes(&(rk_mapping){a, alen}), alen, "a collapsed range");
+        cr_expect_eq(rk_mapping_huge_bytes(&(rk_mapping){a + alen, (size_t)2 << 20}), 0, "beyond the range");
+        cr_expect_eq(a[12345], 7, "collapse kept the bytes");
+    }
+    munmap(p, len);
 }
 
 Test(base, mapping_of_a_file_an_empty_file_and_a_missing_one) {

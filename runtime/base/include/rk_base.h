@@ -131,6 +131,11 @@ void rk_mapping_close(rk_mapping *m); /* accepts a zeroed or closed mapping */
 rk_status rk_mapping_open_huge(const char *path, rk_mapping *out, rk_err *err);
 /* Whether rk_mapping_open_huge would copy a file of len bytes. */
 bool rk_mapping_huge_wanted(size_t len);
+/* Bytes of m that sit on huge pages now (AnonHugePages + FilePmdMapped of the memory
+ * areas in /proc/self/smaps that overlap m, at most m->len: exact for a mapping of its own,
+ * as rk_mapping_open_huge makes); 0 when that cannot be read. rk_mapping_open_huge uses
+ * it to retry a copy that came out on 4 KiB pages with MADV_COLLAPSE. */
+size_t rk_mapping_huge_bytes(const rk_mapping *m);
 
 /* ---- bump arena ------------------------------------------------------ */
 typedef struct rk_arena {
