@@ -35,8 +35,11 @@
  * - Then the cells the next PF_LAYERS layers selected at their previous step are read
  *   ahead (one submission; while they fit under the budget, or all of them when the
  *   budget is over anyway), so their reads overlap this and the next layers' compute.
- * - The budget covers the codec's whole state: the cells may use the budget less
- *   everything that does not move (less than zero: only the working set stays).
+ * - The budget bounds the movable rows (the pages of complete chunks' coefficient and
+ *   residual rows); the per-step state that never moves stays resident on top of it and
+ *   is reported (rk_kv_tier_stats.fixed_bytes). With rk_kv_params.budget_whole the budget
+ *   covers the codec's whole state: the cells may use the budget less everything that
+ *   does not move (less than zero: only the working set stays).
  * - Truncation into compressed rows, kv_rows, export and write first read every released
  *   cell back; import and a new fit start the index again. A failed write keeps the cell
  *   in memory (counted); a failed read is an error of that attention, nothing lost.
@@ -93,6 +96,7 @@ struct lr_tier {
     const rk_kv_ops *inner;
     rk_kv *kv;
     uint64_t budget, cap;
+    bool whole;          /* budget over the whole state (else over the movable rows) */
     int n_arr, n_grp;
     arr *a;
     gix *gx;
@@ -354,7 +358,8 @@ static void update_cap(lr_tier *t) {
     t->inner->bytes(t->kv, &o);
     const uint64_t fz = (uint64_t)t->n_pages_frozen * PAGE;
     const uint64_t fixed = o.total > fz ? o.total - fz : 0;
-    t->cap = t->budget > fixed ? t->budget - fixed : 0;
+    if (!t->whole) t->cap = t->budget; /* the budget bounds the movable rows; the rest is fixed */
+    else t->cap = t->budget > fixed ? t->budget - fixed : 0;
 }
 
 /* ---- the store ---- */
@@ -871,6 +876,9 @@ static void w_tier_stats(const rk_kv *kv, rk_kv_tier_stats *o) {
     const uint64_t out = (uint64_t)t->n_pages_rel * PAGE;
     o->spilled_bytes = out;
     o->resident_bytes = b.total > out ? b.total - out : 0;
+    const uint64_t fz = (uint64_t)t->n_pages_frozen * PAGE;
+    o->fixed_bytes = b.total > fz ? b.total - fz : 0;
+    o->budget_peak = t->peak;
     rk_bs_stats bs;
     rk_bs_get_stats(t->bs, &bs);
     o->bytes_read_stored = t->acc.stored_read + bs.stored_read;
@@ -911,6 +919,7 @@ rk_status rk_kv_lowram_tier_init(rk_kv *kv, const rk_model *m, const rk_kv_param
     t->inner = kv->ops;
     t->kv = kv;
     t->budget = p->budget;
+    t->whole = p->budget_whole;
     const size_t nlh = (size_t)c->n_layer * (size_t)c->n_head_kv;
     t->pmark = calloc(nlh * (size_t)c->cap_chunks, 1);
     t->plist = malloc(nlh * (size_t)c->cap_chunks * sizeof *t->plist);
