@@ -229,7 +229,7 @@ void cli_kv_tier_line(const char *cmd, const rk_kv_tier_stats *a, const rk_kv_ti
     if (b->fixed_bytes)
         fprintf(stderr, "%s: kv tier: lowram: of the resident bytes %.1f MiB never move (per-step state: landmarks, "
                 "bounds, bases, predictors, exact window, key cache); the movable rows resident: %.1f MiB now, "
-                "%.1f MiB at most (before a release)\n", cmd, b->fixed_bytes / 1048576.0,
+                "%.1f MiB at most in decode (before a release)\n", cmd, b->fixed_bytes / 1048576.0,
                 (b->resident_bytes > b->fixed_bytes ? b->resident_bytes - b->fixed_bytes : 0) / 1048576.0,
                 b->budget_peak / 1048576.0);
     const uint64_t sel = b->sel_chunks - a->sel_chunks, rep = b->sel_repeat - a->sel_repeat;

@@ -120,6 +120,7 @@ struct lr_tier {
     char spill_dir[3072];
     rk_bs_stats acc;
     uint32_t call;
+    bool sel_call;       /* this attention call names its chunks (sparse decode) */
     int32_t step;
     int cur_layer;
     bool was_fitted;
@@ -550,6 +551,7 @@ rk_status lr_tier_begin(rk_kv_codec *c, int layer, bool selective, rk_err *err) 
     if (layer == 0) t->step++;
     t->call++;
     t->cur_layer = layer;
+    t->sel_call = selective;
     sync_index(t);
     pump(t, false);
     if (selective || !t->n_arr) return RK_OK;
@@ -631,9 +633,11 @@ static void release_pages(lr_tier *t) {
  * part that never moves is alone over the budget (cap 0) the working set (predicted
  * within PF_LAYERS calls) stays too. block: wait for the first writes of the cells
  * chosen (else they go at a later call). */
+static uint64_t slack_of(const lr_tier *t) { return t->cap / 8 > 16 * PAGE ? t->cap / 8 : 16 * PAGE; }
+
 static void evict(lr_tier *t, bool block) {
-    const uint64_t res = resident_pages_bytes(t), slack = t->cap / 8 > 16 * PAGE ? t->cap / 8 : 16 * PAGE;
-    if (res > t->peak) t->peak = res;
+    const uint64_t res = resident_pages_bytes(t), slack = slack_of(t);
+    if (t->sel_call && res > t->peak) t->peak = res; /* decode's working set (prefill makes a whole group resident) */
     if (res <= t->cap + (t->cap ? slack : 0)) return;
     const uint64_t target = t->cap > slack ? t->cap - slack : 0;
     cand *cv = malloc((size_t)(t->n_rl ? t->n_rl : 1) * sizeof *cv);
@@ -701,7 +705,9 @@ static void prefetch(lr_tier *t, rk_kv_codec *c, int layer) {
                     continue;
                 }
                 if (free_stage(t) < 0) goto out; /* every buffer in flight */
-                if (t->cap && resident_pages_bytes(t) + t->cell_max > t->cap) goto out; /* no room under the budget */
+                /* room: the budget plus the slack evict() keeps free below it (the cells
+                 * predicted farthest ahead go at the next release) */
+                if (t->cap && resident_pages_bytes(t) + t->cell_max > t->cap + slack_of(t)) goto out;
                 if (fetch(t, (ref){gi, (int32_t)ch}, false, &e)) goto out;
                 s->prefetched = 1;
                 s->next_use = when;
@@ -744,6 +750,7 @@ static void after_op(lr_tier *t) {
     sync_index(t);
     if (!t->n_arr) return;
     t->call++;
+    t->sel_call = false;
     update_cap(t);
     evict(t, true);
 }
