@@ -7,9 +7,10 @@
  * step are equal bit for bit (the tier hands the backend the same arrays).
  *
  * What it costs: causal attention over N tokens is N^2/2 scores per (layer, query head);
- * the model has 2 layers and one head of 16 dims (n_embd 16), so at N = 100000 that is
- * 1e10 scores per run. The CPU attention kernel does them at a few ns each on 2 threads,
- * which is what bounds the run (docs/TIERS.md gives the measured times). The release
+ * the model has 2 layers and one head of SCALE_D = 8 dims (n_embd 8), so at N = 100000
+ * that is 1e10 scores per run. The CPU attention kernel does them at ~2 ns each on 2 idle
+ * threads (3 ns with 16 dims), which is what bounds the run (docs/TIERS.md gives the
+ * measured times). The release
  * build runs it at 100000 tokens (suite 'model', test 'runtime_tiers_scale'); the unit
  * suite (ASan in scripts/test.sh) runs the same code at 16384 tokens
  * ('runtime_tiers_scale_short'). RK_TIERS_SCALE_N=TOKENS overrides either by hand. */
