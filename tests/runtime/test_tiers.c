@@ -189,9 +189,11 @@ Test(tiers, lowram_budget_equals_memory) {
     cr_expect_geq(st.fixed_bytes, kb.total - kb.coef - kb.residuals, "fixed %llu", (unsigned long long)st.fixed_bytes);
     cr_expect_leq(st.fixed_bytes, kb.total - kb.coef - kb.residuals + (uint64_t)(2 + 4 * 2) * 3 * 4096 + 4096 * 4,
                   "fixed %llu of %llu", (unsigned long long)st.fixed_bytes, (unsigned long long)kb.total);
-    cr_expect_leq(st.resident_bytes, st.fixed_bytes + budget, "%llu bytes resident over fixed %llu + budget %llu",
-                  (unsigned long long)st.resident_bytes, (unsigned long long)st.fixed_bytes,
-                  (unsigned long long)budget);
+    /* the read-ahead may fill the budget plus the release slack (max(budget / 8, 16 pages)) */
+    const uint64_t slack = budget / 8 > 16 * 4096 ? budget / 8 : 16 * 4096;
+    cr_expect_leq(st.resident_bytes, st.fixed_bytes + budget + slack,
+                  "%llu bytes resident over fixed %llu + budget %llu + slack %llu", (unsigned long long)st.resident_bytes,
+                  (unsigned long long)st.fixed_bytes, (unsigned long long)budget, (unsigned long long)slack);
     cr_expect_geq(st.budget_peak, st.resident_bytes - st.fixed_bytes, "peak of the movable rows");
     {
         /* budget_whole: the same budget share over the whole state (the fixed part counts) */
