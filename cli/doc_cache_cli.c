@@ -195,6 +195,8 @@ void cli_kv_tier_params(const cli_opts *o, rk_kv_params *kv) {
     kv->spill_backend = nu && *nu && strcmp(nu, "0") ? 2 : 0;
     const char *sb = getenv("RIDGEKV_SPILL_BUFFERED"); /* docs/TIERS.md: no O_DIRECT for the spill file */
     kv->spill_buffered = sb && *sb && strcmp(sb, "0");
+    const char *bw = getenv("RIDGEKV_BUDGET_WHOLE"); /* docs/TIERS.md: lowram budget over the whole state */
+    kv->budget_whole = bw && *bw && strcmp(bw, "0");
     const char *sl = getenv("RIDGEKV_SPILL_LEVEL"); /* docs/TIERS.md: zstd level of spilled blocks, 0 raw */
     if (sl && *sl) {
         const long v = strtol(sl, NULL, 10);
@@ -224,6 +226,12 @@ void cli_kv_tier_line(const char *cmd, const rk_kv_tier_stats *a, const rk_kv_ti
             (unsigned long long)(hits + miss), (unsigned long long)(b->prefetched - a->prefetched),
             (double)(b->bytes_read - a->bytes_read) / 1e6, (double)(b->bytes_read_stored - a->bytes_read_stored) / 1e6,
             b->stall_s - a->stall_s, b->backend, b->spill_errors ? " (spills failed: kept in memory)" : "");
+    if (b->fixed_bytes)
+        fprintf(stderr, "%s: kv tier: lowram: of the resident bytes %.1f MiB never move (per-step state: landmarks, "
+                "bounds, bases, predictors, exact window, key cache); the movable rows resident: %.1f MiB now, "
+                "%.1f MiB at most in decode (before a release)\n", cmd, b->fixed_bytes / 1048576.0,
+                (b->resident_bytes > b->fixed_bytes ? b->resident_bytes - b->fixed_bytes : 0) / 1048576.0,
+                b->budget_peak / 1048576.0);
     const uint64_t sel = b->sel_chunks - a->sel_chunks, rep = b->sel_repeat - a->sel_repeat;
     if (sel)
         fprintf(stderr, "%s: kv tier: lowram selection: %.1f%% of the chunks decode selected were selected by the same "

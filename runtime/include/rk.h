@@ -182,6 +182,11 @@ typedef struct rk_kv_params {
     int32_t spill_level;      /* zstd level of spilled chunks; <= 0: raw frames (the default: zstd does not pay there) */
     int32_t spill_backend;    /* 0: io_uring when usable, 1: io_uring, 2: pread/pwrite threads */
     bool spill_buffered;      /* the spill file without O_DIRECT (reads may come from the page cache) */
+    /* lowram: false (default): budget bounds the chunk data that can move (coefficient and
+     * residual rows of complete chunks); the per-step state (landmarks, bounds, bases,
+     * predictors, exact window, key cache) stays resident on top, reported as fixed_bytes.
+     * true: budget covers the codec's whole state (docs/TIERS.md, "How the budget is counted"). */
+    bool budget_whole;
 } rk_kv_params;
 
 rk_kv_params rk_kv_params_default(void); /* f16; lowram = rk_lowram_params_default() */
@@ -502,6 +507,8 @@ typedef struct rk_kv_tier_stats {
     uint64_t sel_chunks, sel_repeat; /* lowram: chunks decode selected (after a first step), of
                                         them selected by the same (layer, head) the step before */
     char backend[16];              /* io_uring or threads */
+    uint64_t fixed_bytes;          /* lowram: resident state that never moves (in resident_bytes) */
+    uint64_t budget_peak;          /* lowram: most bytes of movable rows resident after a layer */
 } rk_kv_tier_stats;
 void rk_session_kv_tier_stats(const rk_session *s, rk_kv_tier_stats *out);
 

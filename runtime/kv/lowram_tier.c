@@ -35,8 +35,11 @@
  * - Then the cells the next PF_LAYERS layers selected at their previous step are read
  *   ahead (one submission; while they fit under the budget, or all of them when the
  *   budget is over anyway), so their reads overlap this and the next layers' compute.
- * - The budget covers the codec's whole state: the cells may use the budget less
- *   everything that does not move (less than zero: only the working set stays).
+ * - The budget bounds the movable rows (the pages of complete chunks' coefficient and
+ *   residual rows); the per-step state that never moves stays resident on top of it and
+ *   is reported (rk_kv_tier_stats.fixed_bytes). With rk_kv_params.budget_whole the budget
+ *   covers the codec's whole state: the cells may use the budget less everything that
+ *   does not move (less than zero: only the working set stays).
  * - Truncation into compressed rows, kv_rows, export and write first read every released
  *   cell back; import and a new fit start the index again. A failed write keeps the cell
  *   in memory (counted); a failed read is an error of that attention, nothing lost.
@@ -93,6 +96,7 @@ struct lr_tier {
     const rk_kv_ops *inner;
     rk_kv *kv;
     uint64_t budget, cap;
+    bool whole;          /* budget over the whole state (else over the movable rows) */
     int n_arr, n_grp;
     arr *a;
     gix *gx;
@@ -116,6 +120,7 @@ struct lr_tier {
     char spill_dir[3072];
     rk_bs_stats acc;
     uint32_t call;
+    bool sel_call;       /* this attention call names its chunks (sparse decode) */
     int32_t step;
     int cur_layer;
     bool was_fitted;
@@ -354,7 +359,8 @@ static void update_cap(lr_tier *t) {
     t->inner->bytes(t->kv, &o);
     const uint64_t fz = (uint64_t)t->n_pages_frozen * PAGE;
     const uint64_t fixed = o.total > fz ? o.total - fz : 0;
-    t->cap = t->budget > fixed ? t->budget - fixed : 0;
+    if (!t->whole) t->cap = t->budget; /* the budget bounds the movable rows; the rest is fixed */
+    else t->cap = t->budget > fixed ? t->budget - fixed : 0;
 }
 
 /* ---- the store ---- */
@@ -545,6 +551,7 @@ rk_status lr_tier_begin(rk_kv_codec *c, int layer, bool selective, rk_err *err) 
     if (layer == 0) t->step++;
     t->call++;
     t->cur_layer = layer;
+    t->sel_call = selective;
     sync_index(t);
     pump(t, false);
     if (selective || !t->n_arr) return RK_OK;
@@ -626,9 +633,11 @@ static void release_pages(lr_tier *t) {
  * part that never moves is alone over the budget (cap 0) the working set (predicted
  * within PF_LAYERS calls) stays too. block: wait for the first writes of the cells
  * chosen (else they go at a later call). */
+static uint64_t slack_of(const lr_tier *t) { return t->cap / 8 > 16 * PAGE ? t->cap / 8 : 16 * PAGE; }
+
 static void evict(lr_tier *t, bool block) {
-    const uint64_t res = resident_pages_bytes(t), slack = t->cap / 8 > 16 * PAGE ? t->cap / 8 : 16 * PAGE;
-    if (res > t->peak) t->peak = res;
+    const uint64_t res = resident_pages_bytes(t), slack = slack_of(t);
+    if (t->sel_call && res > t->peak) t->peak = res; /* decode's working set (prefill makes a whole group resident) */
     if (res <= t->cap + (t->cap ? slack : 0)) return;
     const uint64_t target = t->cap > slack ? t->cap - slack : 0;
     cand *cv = malloc((size_t)(t->n_rl ? t->n_rl : 1) * sizeof *cv);
@@ -696,7 +705,9 @@ static void prefetch(lr_tier *t, rk_kv_codec *c, int layer) {
                     continue;
                 }
                 if (free_stage(t) < 0) goto out; /* every buffer in flight */
-                if (t->cap && resident_pages_bytes(t) + t->cell_max > t->cap) goto out; /* no room under the budget */
+                /* room: the budget plus the slack evict() keeps free below it (the cells
+                 * predicted farthest ahead go at the next release) */
+                if (t->cap && resident_pages_bytes(t) + t->cell_max > t->cap + slack_of(t)) goto out;
                 if (fetch(t, (ref){gi, (int32_t)ch}, false, &e)) goto out;
                 s->prefetched = 1;
                 s->next_use = when;
@@ -739,6 +750,7 @@ static void after_op(lr_tier *t) {
     sync_index(t);
     if (!t->n_arr) return;
     t->call++;
+    t->sel_call = false;
     update_cap(t);
     evict(t, true);
 }
@@ -871,6 +883,9 @@ static void w_tier_stats(const rk_kv *kv, rk_kv_tier_stats *o) {
     const uint64_t out = (uint64_t)t->n_pages_rel * PAGE;
     o->spilled_bytes = out;
     o->resident_bytes = b.total > out ? b.total - out : 0;
+    const uint64_t fz = (uint64_t)t->n_pages_frozen * PAGE;
+    o->fixed_bytes = b.total > fz ? b.total - fz : 0;
+    o->budget_peak = t->peak;
     rk_bs_stats bs;
     rk_bs_get_stats(t->bs, &bs);
     o->bytes_read_stored = t->acc.stored_read + bs.stored_read;
@@ -911,6 +926,7 @@ rk_status rk_kv_lowram_tier_init(rk_kv *kv, const rk_model *m, const rk_kv_param
     t->inner = kv->ops;
     t->kv = kv;
     t->budget = p->budget;
+    t->whole = p->budget_whole;
     const size_t nlh = (size_t)c->n_layer * (size_t)c->n_head_kv;
     t->pmark = calloc(nlh * (size_t)c->cap_chunks, 1);
     t->plist = malloc(nlh * (size_t)c->cap_chunks * sizeof *t->plist);

@@ -1,9 +1,8 @@
 /* Memory tiers (runtime/kv/kv_tier.c): f16 / f32 / q8 caches under a byte budget give
  * bit-identical logits to the all-in-memory caches (prefill, decode, truncate into spilled
  * chunks, export / import both ways, kv_rows), keep at most the budget in memory, and count
- * what they read back; io_uring and the thread pool alike. Then the scale test of issue 9
- * item 5 (see its comment for how the 100K-row context is built in CI time), and the
- * document KV cache at the library level (save, load, a bad entry, list, remove, gc). */
+ * what they read back; io_uring and the thread pool alike (the scale test of issue 9
+ * item 5 is test_tier_scale.c), and the document KV cache at the library level (save, load, a bad entry, list, remove, gc). */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -175,8 +174,9 @@ Test(tiers, lowram_budget_equals_memory) {
     rk_kv_bytes kb;
     rk_session_kv_bytes(a, &kb);
     cr_assert_gt(kb.coef + kb.residuals, kb.total / 3, "coefficients and residuals are most of the state");
-    /* everything that does not move and a quarter of what may */
-    const uint64_t budget = kb.total - (kb.coef + kb.residuals) * 3 / 4;
+    /* the budget bounds the movable rows (the default): a quarter of them; the per-step
+     * state stays resident on top and is reported as fixed_bytes */
+    const uint64_t budget = (kb.coef + kb.residuals) / 4;
     rk_session *b = mk(&t, "lowram", 4096, 512, budget, 0);
     float *lb = trace(b, ids, n, n_dec, t.nv);
     cr_expect(!memcmp(la, lb, (size_t)(n_dec + 1) * (size_t)t.nv * sizeof(float)),
@@ -184,8 +184,37 @@ Test(tiers, lowram_budget_equals_memory) {
     rk_kv_tier_stats st;
     rk_session_kv_tier_stats(b, &st);
     cr_assert(st.on);
-    cr_expect_leq(st.resident_bytes, budget, "%llu bytes resident over the budget %llu",
-                  (unsigned long long)st.resident_bytes, (unsigned long long)budget);
+    /* fixed: everything but the complete chunks' coefficient / residual pages (a chunk of
+     * 32 rows is not page-aligned: up to a page per array more is fixed) */
+    cr_expect_geq(st.fixed_bytes, kb.total - kb.coef - kb.residuals, "fixed %llu", (unsigned long long)st.fixed_bytes);
+    cr_expect_leq(st.fixed_bytes, kb.total - kb.coef - kb.residuals + (uint64_t)(2 + 4 * 2) * 3 * 4096 + 4096 * 4,
+                  "fixed %llu of %llu", (unsigned long long)st.fixed_bytes, (unsigned long long)kb.total);
+    /* the read-ahead may fill the budget plus the release slack (max(budget / 8, 16 pages)) */
+    const uint64_t slack = budget / 8 > 16 * 4096 ? budget / 8 : 16 * 4096;
+    cr_expect_leq(st.resident_bytes, st.fixed_bytes + budget + slack,
+                  "%llu bytes resident over fixed %llu + budget %llu + slack %llu", (unsigned long long)st.resident_bytes,
+                  (unsigned long long)st.fixed_bytes, (unsigned long long)budget, (unsigned long long)slack);
+    cr_expect_geq(st.budget_peak, st.resident_bytes - st.fixed_bytes, "peak of the movable rows");
+    {
+        /* budget_whole: the same budget share over the whole state (the fixed part counts) */
+        rk_session_params sp = rk_session_params_default();
+        sp.n_ctx = 4096, sp.n_threads = 2, sp.n_batch = 512;
+        rk_err e0 = {0};
+        cr_assert_eq(rk_kv_params_parse("lowram", &sp.kv, &e0), RK_OK, "%s", e0.msg);
+        const uint64_t bw = kb.total - (kb.coef + kb.residuals) * 3 / 4;
+        sp.kv.budget = bw, sp.kv.budget_whole = true;
+        rk_session *w = NULL;
+        cr_assert_eq(rk_session_create(t.m, &sp, &w, &e0), RK_OK, "%s", e0.msg);
+        float *lw = trace(w, ids, n, n_dec, t.nv);
+        cr_expect(!memcmp(la, lw, (size_t)(n_dec + 1) * (size_t)t.nv * sizeof(float)), "budget_whole: same logits");
+        rk_kv_tier_stats sw;
+        rk_session_kv_tier_stats(w, &sw);
+        cr_expect_leq(sw.resident_bytes, bw, "whole: %llu resident over %llu", (unsigned long long)sw.resident_bytes,
+                      (unsigned long long)bw);
+        cr_expect_geq(sw.spilled_bytes, (kb.coef + kb.residuals) / 2);
+        free(lw);
+        rk_session_destroy(w);
+    }
     cr_expect_geq(st.spilled_bytes, (kb.coef + kb.residuals) / 2, "most coefficient / residual bytes out (%llu of %llu)",
                   (unsigned long long)st.spilled_bytes, (unsigned long long)(kb.coef + kb.residuals));
     cr_expect(st.misses > 0 && st.hits > 0 && st.bytes_read > 0, "hits %llu misses %llu read %llu",
@@ -258,78 +287,6 @@ Test(tiers, lowram_budget_with_eviction_refused_spill_dir_checked) {
     sp.kv.kind = RK_KV_F16;
     cr_expect_eq(rk_session_create(t.m, &sp, &s, &e), RK_E_IO);
     cr_expect(strstr(e.msg, "/nonexistent-dir"), "%s", e.msg);
-    tiny_close(&t);
-}
-
-/* Issue 9 item 5: n_ctx 131072, a 100K-token context under a budget of ~3% of its KV,
- * most chunks on disk, logits equal the in-memory run's exactly. A real 100K-token prefill
- * costs ~280 s per run here (the CPU attention kernel does ~14 ns per score, 1e10 scores),
- * so the first N0 = 97952 rows are written through the cache's own append in 4096-row
- * pieces layer after layer (as a layer-major prefill does; random post-RoPE K/V, the same
- * for both caches), then 2048 tokens are prefilled for real over that context and 4
- * decoded: every one of those steps attends all 100K rows, most read back from disk.
- * 2 layers, d = 16, 2 heads of 8, one KV head: ~25 s for both runs on 2 shared cores. */
-static void fill_context(rk_session *s, int64_t n0, int32_t nv) {
-    rk_kv *kv = s->kv;
-    const int64_t piece = 4096, kvd = kv->kv_dim;
-    float *k = malloc((size_t)(piece * kvd) * sizeof(float)), *v = malloc((size_t)(piece * kvd) * sizeof(float));
-    rk_err e = {0};
-    for (int l = 0; l < kv->n_layer; l++) {
-        uint64_t rng = 1000u + (uint64_t)l;
-        for (int64_t p0 = 0; p0 < n0; p0 += piece) {
-            const int64_t n = n0 - p0 < piece ? n0 - p0 : piece;
-            for (int64_t i = 0; i < n * kvd; i++) k[i] = tb_rand_normal(&rng), v[i] = tb_rand_normal(&rng);
-            cr_assert_eq(kv->ops->append(kv, l, p0, k, v, n, &e), RK_OK, "%s", e.msg);
-        }
-    }
-    cr_assert_eq(kv->ops->commit(kv, n0, &e), RK_OK, "%s", e.msg);
-    uint64_t rng = 77;
-    for (int64_t i = 0; i < n0; i++) s->tokens[i] = (int32_t)(tb_rand_u64(&rng) % (uint64_t)nv);
-    s->n_past = n0;
-    free(k), free(v);
-}
-
-Test(tiers, scale_100k_tokens_mostly_on_disk_equal_logits) {
-    const tb_tiny_spec spec = {.arch = TB_ARCH_LLAMA, .n_layer = 2, .n_embd = 16, .n_head = 2, .n_head_kv = 1,
-                               .n_ff = 32, .n_ctx_train = 131072, .seed = 5};
-    tiny t;
-    tiny_open(&t, &spec);
-    const char *nenv = getenv("RK_TIERS_SCALE_N"); /* a shorter run by hand */
-    const int64_t n0 = nenv ? atol(nenv) : 97952;
-    const size_t n1 = 2048;
-    const int n_dec = 4;
-    int32_t *ids = rand_ids(n1 + (size_t)n_dec, t.nv, 3);
-    struct timespec t0, t1, t2;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    rk_session *a = mk(&t, "f16", 131072, 2048, 0, 0);
-    fill_context(a, n0, t.nv);
-    float *la = trace(a, ids, n1, n_dec, t.nv);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    rk_kv_bytes kb;
-    rk_session_kv_bytes(a, &kb);
-    rk_session_destroy(a);
-    const uint64_t budget = kb.total / 32;
-    rk_session *b = mk(&t, "f16", 131072, 2048, budget, 0);
-    fill_context(b, n0, t.nv);
-    float *lb = trace(b, ids, n1, n_dec, t.nv);
-    clock_gettime(CLOCK_MONOTONIC, &t2);
-    cr_expect_eq(rk_session_n_past(b), n0 + (int64_t)n1 + n_dec);
-    cr_expect(!memcmp(la, lb, (size_t)(n_dec + 1) * (size_t)t.nv * sizeof(float)),
-              "%lld-token context: tiered logits equal the in-memory run's exactly", (long long)rk_session_n_past(b));
-    rk_kv_tier_stats st;
-    rk_session_kv_tier_stats(b, &st);
-    cr_expect_leq(st.resident_bytes, budget);
-    cr_expect_geq(st.spilled_bytes, kb.total * 9 / 10, "spilled %llu of %llu bytes", (unsigned long long)st.spilled_bytes,
-                  (unsigned long long)kb.total);
-    cr_expect_geq(st.bytes_read, st.spilled_bytes * 4, "every step read the spilled chunks back");
-    cr_log_info("scale: %lld rows, in memory %.1f s, tiered %.1f s; KV %.1f MB, budget %.2f MB, spilled %.1f MB "
-                "(stored %.1f MB), read back %.1f MB, hits %llu, misses %llu (prefetched %llu), stall %.2f s",
-                (long long)rk_session_n_past(b), (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec),
-                (double)(t2.tv_sec - t1.tv_sec) + 1e-9 * (double)(t2.tv_nsec - t1.tv_nsec), kb.total / 1e6, budget / 1e6,
-                st.spilled_bytes / 1e6, st.bytes_spilled_stored / 1e6, st.bytes_read / 1e6, (unsigned long long)st.hits,
-                (unsigned long long)st.misses, (unsigned long long)st.prefetched, st.stall_s);
-    rk_session_destroy(b);
-    free(la), free(lb), free(ids);
     tiny_close(&t);
 }
 
