@@ -68,6 +68,26 @@ static void print_json(const nll_opts *n, const ev_nll_result *r, const ev_nll_s
         json_object *wj = json_object_new_object();
         ev_json_str(wj, "file", c->docs[r->wins[w].doc].path);
         ev_json_int(wj, "offset", (int64_t)r->wins[w].off);
+        /* per window and mode: the NLL summed over the scored tokens and over this window's
+         * long-range tokens (gain > --gain-threshold), so that runs of a few windows each
+         * (other --seed) can be pooled exactly */
+        const double *off = r->nll[0] + (size_t)w * (size_t)r->score, *sh = r->nll_short + (size_t)w * (size_t)r->score;
+        int64_t n_lr = 0;
+        for (int64_t k = 0; k < r->score; k++) n_lr += sh[k] - off[k] > n->thr;
+        ev_json_int(wj, "n_long_range", n_lr);
+        json_object *sa = json_object_new_object(), *la = json_object_new_object();
+        for (int mi = 0; mi < r->n_modes; mi++) {
+            const double *x = r->nll[mi] + (size_t)w * (size_t)r->score;
+            double all = 0, lr = 0;
+            for (int64_t k = 0; k < r->score; k++) {
+                all += x[k];
+                if (sh[k] - off[k] > n->thr) lr += x[k];
+            }
+            ev_json_num(sa, rk_fill_mode_name(p->modes.mode[mi]), all);
+            ev_json_num(la, rk_fill_mode_name(p->modes.mode[mi]), lr);
+        }
+        json_object_object_add(wj, "nll_sum", sa);
+        json_object_object_add(wj, "long_range_nll_sum", la);
         json_object_array_add(wa, wj);
     }
     json_object_object_add(j, "window_list", wa);

@@ -375,6 +375,25 @@ rk_status rk_calibrate(const rk_model *m, const int32_t *ids, size_t n_ids, cons
         return rk_err_set(err, RK_E_INVALID_ARG, "calibrate: %zu tokens is too little text (need at least %d)", n_ids,
                           p.stride * 16);
     const int d = hp->n_embd, n_late = hp->n_layer - p.split - 1;
+    {
+        /* Refuse too little text before the forward pass (on a 1.5B model that pass takes
+         * many minutes): at most n_ids rows + one BOS per segment pass the tap, every
+         * stride-th is sampled and every 5th sample held out; the exact count is checked
+         * again after the pass. */
+        const bool has_bos = rk_model_add_bos(m);
+        const size_t per_seg = (size_t)p.seg_len - (has_bos ? 1 : 0);
+        const size_t n_seg = per_seg ? (n_ids + per_seg - 1) / per_seg : 0;
+        const size_t rows = n_ids + (has_bos ? n_seg : 0);
+        const size_t sampled = (rows + (size_t)p.stride - 1) / (size_t)p.stride;
+        const size_t fit_rows = sampled - sampled / 5, held = sampled / 5;
+        if (fit_rows < (size_t)(2 * d) || held < 8) {
+            const double need_tokens = ceil((double)(2 * d) * 1.25 * p.stride);
+            return rk_err_set(err, RK_E_INVALID_ARG,
+                              "calibrate: %zu tokens at stride %d give at most %zu fitting rows, too few for n_embd %d "
+                              "(need %d, about %.0f tokens): give more text or a smaller --stride",
+                              n_ids, p.stride, fit_rows, d, 2 * d, need_tokens);
+        }
+    }
     rk_calib_report report;
     memset(&report, 0, sizeof report);
     calib c;

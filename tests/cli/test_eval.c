@@ -365,6 +365,23 @@ Test(eval, needle_nll_splice_take_kv_on_a_tiny_model) {
     cr_expect_str_eq(json_object_get_string(json_object_object_get(j, "kv")), "f32");
     cr_expect(fabs(num(mode_obj(j, "plumb"), "last.delta.est")) < 1e-6, "f32 plumb vs off: %g",
               num(mode_obj(j, "plumb"), "last.delta.est"));
+    /* the per-window sums (for pooling runs of other seeds) add up to the run's means */
+    json_object *w0 = json_object_array_get_idx(json_object_object_get(j, "window_list"), 0);
+    cr_assert(w0, "window_list[0]");
+    const char *mn[2] = {"off", "plumb"};
+    for (int i = 0; i < 2; i++) {
+        json_object *mo = mode_obj(j, mn[i]);
+        char key[64];
+        snprintf(key, sizeof key, "nll_sum.%s", mn[i]);
+        cr_expect(fabs(num(w0, key) / num(j, "n_tokens") - num(mo, "last.nll")) < 1e-9 * (1 + num(mo, "last.nll")),
+                  "%s: window sum %g / %g tokens vs mean %g", mn[i], num(w0, key), num(j, "n_tokens"), num(mo, "last.nll"));
+        cr_expect_eq(num(w0, "n_long_range"), num(j, "n_long_range"));
+        snprintf(key, sizeof key, "long_range_nll_sum.%s", mn[i]);
+        if (num(j, "n_long_range") > 0)
+            cr_expect(fabs(num(w0, key) / num(j, "n_long_range") - num(mo, "long_range.nll")) <
+                          1e-9 * (1 + num(mo, "long_range.nll")),
+                      "%s: long-range window sum %g vs mean %g", mn[i], num(w0, key), num(mo, "long_range.nll"));
+    }
     json_object_put(j);
     done(&r);
     snprintf(args, sizeof args,

@@ -400,3 +400,38 @@ Test(ridgefill, kv_maps_fill_the_cache_closer_than_input_maps) {
     unlink(pa), unlink(pb);
     rk_model_destroy(m);
 }
+
+static bool count_progress(void *ud, int64_t done, int64_t total) {
+    (void)done, (void)total;
+    ++*(int *)ud;
+    return true;
+}
+
+/* Too little text for 2 n_embd fitting rows is refused before the forward pass (no segment
+ * runs: the progress callback is never called), naming the tokens needed; just enough text
+ * passes that check. stories260K: n_embd 64, so 128 fitting rows; at stride 8 and 256-token
+ * segments 600 tokens give at most 76 samples (61 fitting), 1800 tokens at stride 2 give 720. */
+Test(ridgefill, too_little_text_is_refused_before_the_forward) {
+    rk_model *m = load("models/stories260K/stories260K-f32.gguf");
+    cr_assert_eq(rk_model_hparams(m)->n_embd, 64);
+    size_t n;
+    int32_t *ids = story_ids(m, 1800, &n);
+    rk_calib_params cp = {.split = 2, .stride = 8, .seg_len = 256, .lambda = -1, .dtype = RK_DT_F32, .n_threads = 1};
+    void *bytes = NULL;
+    size_t nb;
+    rk_calib_report rep;
+    rk_err e = {0};
+    int calls = 0;
+    cr_expect_eq(rk_calibrate(m, ids, 600, &cp, count_progress, &calls, &bytes, &nb, &rep, &e), RK_E_INVALID_ARG);
+    cr_expect_eq(calls, 0, "refused after %d segments, not before the forward", calls);
+    cr_expect(strstr(e.msg, "too few for n_embd 64") && strstr(e.msg, "about 1280 tokens"), "%s", e.msg);
+    cr_expect_null(bytes);
+    cp.stride = 2;
+    e = (rk_err){0};
+    cr_assert_eq(rk_calibrate(m, ids, n, &cp, count_progress, &calls, &bytes, &nb, &rep, &e), RK_OK, "%s", e.msg);
+    cr_expect_gt(calls, 0);
+    cr_expect_geq(rep.n_rows - rep.n_heldout, 128);
+    free(bytes);
+    free(ids);
+    rk_model_destroy(m);
+}
