@@ -507,7 +507,10 @@ static void lowram_bytes(const rk_kv *kv, rk_kv_bytes *o) {
             if (!c->p.values_exact) o->predictors += (uint64_t)g->r * c->kvd * elt + (uint64_t)c->kvd * sizeof(float);
             o->landmarks += n_ch * c->kvd * sizeof(uint16_t) + (uint64_t)c->kvd * sizeof(float);
             if (c->p.bound) o->landmarks += 2 * (n_ch * c->kvd * sizeof(uint16_t) + (uint64_t)c->kvd * sizeof(float));
-            if (L->vsm) o->landmarks += (uint64_t)L->vs_n * c->n_head_kv * (2u + (uint64_t)c->hd);
+            /* decode's value summaries, counted for every stored chunk as soon as decode would
+             * build them (they are built at its first step: an imported state counts the same) */
+            if (!c->wide && !c->p.values_exact && !c->p.no_summary && !c->p.coef_summary && !c->p.dense)
+                o->landmarks += n_ch * c->n_head_kv * (2u + (uint64_t)c->hd);
             for (int h = 0; h < c->n_head_kv; h++) {
                 o->residuals += (uint64_t)L->h[h].n_res * c->res_bytes;
                 o->meta += n_ch * (sizeof(uint32_t) + sizeof(int32_t)) + sizeof(float);

@@ -139,6 +139,39 @@ __attribute__((target("avx2,fma,f16c"))) static void acc_rows_avx2(float *acc, s
         }
     }
 }
+/* sc[k] = exp(sc[k] - m) for k < n, returns their sum: Cephes' expf polynomial on 8 lanes
+ * (relative error ~1e-7, the same class as libm's expf), arguments below -87.3 give 0. */
+__attribute__((target("avx2,fma"))) static float exp_sum_avx2(float *sc, int n, float m) {
+    const __m256 lo = _mm256_set1_ps(-87.33654f), hi = _mm256_set1_ps(88.3762626647949f), mm = _mm256_set1_ps(m);
+    const __m256 log2e = _mm256_set1_ps(1.44269504088896341f), c1 = _mm256_set1_ps(0.693359375f),
+                 c2 = _mm256_set1_ps(-2.12194440e-4f), one = _mm256_set1_ps(1.0f);
+    __m256 acc = _mm256_setzero_ps();
+    int k = 0;
+    for (; k + 8 <= n; k += 8) {
+        __m256 x = _mm256_sub_ps(_mm256_loadu_ps(sc + k), mm);
+        const __m256 z = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+        x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+        const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        x = _mm256_fnmadd_ps(fx, c1, x);
+        x = _mm256_fnmadd_ps(fx, c2, x);
+        __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+        y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, one));
+        const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+        y = _mm256_andnot_ps(z, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+        _mm256_storeu_ps(sc + k, y);
+        acc = _mm256_add_ps(acc, y);
+    }
+    float t[8], sum = 0;
+    _mm256_storeu_ps(t, acc);
+    for (int i = 0; i < 8; i++) sum += t[i];
+    for (; k < n; k++) sum += sc[k] = expf(sc[k] - m);
+    return sum;
+}
 #endif
 
 /* One (layer, KV head, query tile) of work. State row j = local query i * grp + jj. */
@@ -159,6 +192,8 @@ typedef struct head_task {
                               * n_part (> 1) of the head's rows and writes its unnormalised
                               * state to pout ((ns, head_dim + 2): Σ a·v, max, Σ a) */
     float *pout;
+    const float *qdot;       /* sparse decode: q_j·landmark of every chunk from the selection
+                              * ((ns, n_ch) rows), or NULL */
 } head_task;
 
 LR_AI const float *q_of(const head_task *t, int j) {
@@ -198,7 +233,41 @@ LR_AI void scores(const head_task *t, const float *kb, int nb, int64_t kpos0, co
             x->st_m[j] = m_new;
         }
         float sum = 0;
-        for (int k = 0; k < nv; k++) sum += sc[k] = expf(sc[k] - m_new);
+#ifdef LR_HAVE_ACC_AVX2
+        if (t->avx2) sum = exp_sum_avx2(sc, nv, m_new);
+        else
+#endif
+            for (int k = 0; k < nv; k++) sum += sc[k] = expf(sc[k] - m_new);
+        x->st_l[j] += sum;
+    }
+}
+
+/* The online-softmax part of scores() for nb scores already in x->sc (every key visible). */
+LR_AI void softmax_block(const head_task *t, int nb) {
+    const rk_kv_codec *c = t->c;
+    lr_scratch *x = t->x;
+    const int hd = c->hd, C = c->p.chunk, rc = c->g[c->ly[t->l].grp].r;
+    for (int j = 0; j < t->ns; j++) {
+        float *sc = x->sc + (size_t)j * C, mx = -INFINITY;
+        for (int k = 0; k < nb; k++) mx = sc[k] > mx ? sc[k] : mx;
+        if (mx == -INFINITY) {
+            for (int k = 0; k < nb; k++) sc[k] = 0;
+            continue;
+        }
+        const float m_new = mx > x->st_m[j] ? mx : x->st_m[j];
+        if (m_new > x->st_m[j]) {
+            const float a = expf(x->st_m[j] - m_new);
+            x->st_l[j] *= a, x->st_a[j] *= a;
+            scal(x->acc_v + (size_t)j * hd, a, hd);
+            if (t->use_c) scal(x->acc_c + (size_t)j * c->r_max, a, rc);
+            x->st_m[j] = m_new;
+        }
+        float sum = 0;
+#ifdef LR_HAVE_ACC_AVX2
+        if (t->avx2) sum = exp_sum_avx2(sc, nb, m_new);
+        else
+#endif
+            for (int k = 0; k < nb; k++) sum += sc[k] = expf(sc[k] - m_new);
         x->st_l[j] += sum;
     }
 }
@@ -432,6 +501,7 @@ LR_AI int64_t select_chunks(const head_task *t, int64_t n_ch) {
             f16->to_f32(L->lmk + (size_t)ch * c->kvd + (size_t)t->h * hd, x->row, hd);
             for (int j = 0; j < t->ns; j++) {
                 float d = dotf(q_of(t, j), x->row, hd);
+                if (t->qdot) ((float *)t->qdot)[(size_t)j * n_ch + ch] = d; /* for the summaries */
                 best = d > best ? d : best;
             }
         }
@@ -644,6 +714,7 @@ LR_AI void vsummaries(const head_task *t, int64_t n_ch) {
     const size_t vrow = (size_t)c->n_head_kv * (2u + (size_t)hd);
     const uint8_t *vs = L->vsm + (size_t)t->h * (2u + (size_t)hd);
     const rk_quant_fns *f16 = rk_quant_fast(RK_DT_F16);
+    const float scale = 1.0f / sqrtf((float)hd), lnC = logf((float)C);
     const int np = t->n_part > 1 ? t->n_part : 1;
     for (int64_t ch0 = (int64_t)(np > 1 ? t->part : 0) * C; ch0 < n_ch; ch0 += (int64_t)np * C) {
         const int nb = n_ch - ch0 < C ? (int)(n_ch - ch0) : C;
@@ -652,15 +723,24 @@ LR_AI void vsummaries(const head_task *t, int64_t n_ch) {
             const int64_t ch = ch0 + k, rows = g->n_rows - ch * C < C ? g->n_rows - ch * C : C;
             if (x->mark[ch]) {
                 x->bias[k] = -INFINITY;
-                memset(x->kb + (size_t)k * hd, 0, (size_t)hd * sizeof(float));
+                if (!t->qdot) memset(x->kb + (size_t)k * hd, 0, (size_t)hd * sizeof(float));
                 continue;
             }
-            f16->to_f32(L->lmk + (size_t)ch * c->kvd + (size_t)t->h * hd, x->kb + (size_t)k * hd, hd);
-            x->bias[k] = logf((float)rows);
+            if (!t->qdot) f16->to_f32(L->lmk + (size_t)ch * c->kvd + (size_t)t->h * hd, x->kb + (size_t)k * hd, hd);
+            x->bias[k] = rows == C ? lnC : logf((float)rows);
             live++;
         }
         if (!live) continue;
-        scores(t, x->kb, nb, -1, x->bias);
+        if (t->qdot) { /* the selection's landmark dot products */
+            for (int j = 0; j < t->ns; j++) {
+                const float *qd = t->qdot + (size_t)j * n_ch + ch0;
+                float *sc = x->sc + (size_t)j * C;
+                for (int k = 0; k < nb; k++) sc[k] = qd[k] * scale + x->bias[k];
+            }
+            softmax_block(t, nb);
+        } else {
+            scores(t, x->kb, nb, -1, x->bias);
+        }
         const uint8_t *rows = vs + (size_t)ch0 * vrow;
 #ifdef LR_HAVE_ACC_AVX2
         if (t->avx2) {
@@ -812,7 +892,7 @@ static void attn_worker(void *vp, int tid, int nt) {
         const int64_t tile = it / c->n_head_kv, i0 = tile * a->tile;
         const int64_t ni = a->n_q - i0 < a->tile ? a->n_q - i0 : a->tile;
         head_task t = {c, &c->scr[tid], a->l, (int)(it % c->n_head_kv), grp, (int)(ni * grp), i0, a->pos0 + i0,
-                       a->q, a->out, a->sparse, !c->p.values_exact, NULL, NULL, 0, a->avx2, false, 0, 1, NULL};
+                       a->q, a->out, a->sparse, !c->p.values_exact, NULL, NULL, 0, a->avx2, false, 0, 1, NULL, NULL};
 #ifdef LR_HAVE_AVX2_CLONES
         if (a->avx2) {
             head_run_avx2(&t);
@@ -832,6 +912,8 @@ typedef struct dec_job {
     bool avx2, vsum;
     int n_part;           /* > 1: each head's rows in n_part tasks (balance over the threads) */
     float *pout;          /* (n_head_kv * n_part, ns, head_dim + 2) their states */
+    const float *qdot;    /* per head (qd_head floats apart) the selection's landmark dots, or NULL */
+    size_t qd_head;
 } dec_job;
 
 /* Sparse decode, second phase: every KV head attends its preselected, rebuilt chunks. */
@@ -844,7 +926,8 @@ static void dec_worker(void *vp, int tid, int nt) {
         const int h = it / np;
         const size_t o = (size_t)h * (size_t)c->cap_chunks;
         head_task t = {c, &c->scr[tid], a->l, h, grp, ns, 0, a->pos0, a->q, a->out, true,
-                       !c->p.values_exact, c->dsel + o, c->dslot + o, c->dn[h], a->avx2, a->vsum, 0, 1, NULL};
+                       !c->p.values_exact, c->dsel + o, c->dslot + o, c->dn[h], a->avx2, a->vsum, 0, 1, NULL,
+                       a->qdot ? a->qdot + (size_t)h * a->qd_head : NULL};
         if (np > 1) t.part = it % np, t.n_part = np, t.pout = a->pout + (size_t)it * ns * (c->hd + 2);
 #ifdef LR_HAVE_AVX2_CLONES
         if (a->avx2) {
@@ -899,9 +982,19 @@ static rk_status sparse_decode(rk_kv_codec *c, int layer, const float *q, int64_
     const bool avx2 = rk_cpu_has_avx2();
     const rk_quant_fns *f16 = rk_quant_fast(RK_DT_F16);
     lr_scratch *x = &c->scr[0];
+    /* unselected chunks in value space (the summaries are built once per chunk), scored with
+     * the selection's landmark dot products */
+    const int ns = (int)(n_q * grp);
+    const bool vsum = !c->wide && !c->p.values_exact && !c->p.no_summary && !c->p.coef_summary && ns <= LR_WMAX &&
+                      lr_vsum_update(c, layer);
+    const size_t qd_head = (size_t)LR_SPARSE_MAX_Q * grp * (size_t)c->cap_chunks;
+    if (vsum && c->p.topp <= 0 && !c->p.bound && !c->dqd)
+        c->dqd = malloc((size_t)c->n_head_kv * qd_head * sizeof(float));
+    const bool qdot = vsum && c->p.topp <= 0 && !c->p.bound && c->dqd;
     for (int h = 0; h < c->n_head_kv; h++) {
-        head_task t = {c,    x,    layer, h, grp, (int)(n_q * grp), 0, pos0, q, out, true, !c->p.values_exact,
-                       NULL, NULL, 0,     avx2, false, 0, 1,  NULL};
+        head_task t = {c,    x,    layer, h, grp, ns, 0, pos0, q, out, true, !c->p.values_exact,
+                       NULL, NULL, 0,  avx2, false, 0, 1,  NULL, NULL};
+        t.qdot = qdot ? c->dqd + (size_t)h * qd_head : NULL;
         int64_t n = 0;
 #ifdef LR_HAVE_AVX2_CLONES
         if (avx2) select_avx2(&t, n_ch, &n);
@@ -991,10 +1084,6 @@ static rk_status sparse_decode(rk_kv_codec *c, int layer, const float *q, int64_
         x->n_rebuilt += (uint64_t)rows;
     }
     (void)f16;
-    /* unselected chunks in value space (the summaries are built once per chunk) */
-    const int ns = (int)(n_q * grp);
-    const bool vsum = !c->wide && !c->p.values_exact && !c->p.no_summary && !c->p.coef_summary && ns <= LR_WMAX &&
-                      lr_vsum_update(c, layer);
     /* with vsum, heads that do not divide over the threads are split into parts (3 KV heads
      * on 2 threads: 6 tasks), merged here */
     int np = 1;
@@ -1010,7 +1099,7 @@ static rk_status sparse_decode(rk_kv_codec *c, int layer, const float *q, int64_
     }
     if (np > 1 && !c->dpo) c->dpo = malloc((size_t)c->n_head_kv * 4 * LR_WMAX * (hd + 2) * sizeof(float));
     if (!c->dpo) np = 1;
-    dec_job d = {c, layer, q, n_q, pos0, out, avx2, vsum, np, c->dpo};
+    dec_job d = {c, layer, q, n_q, pos0, out, avx2, vsum, np, c->dpo, qdot ? c->dqd : NULL, qd_head};
     if (c->pool) rk_pool_run(c->pool, dec_worker, &d);
     else dec_worker(&d, 0, 1);
     if (np > 1) { /* log-sum-exp merge of each head's parts */

@@ -148,6 +148,7 @@ struct rk_kv_codec {
     float *bcf, *bkb, *bmw; /* (max_sel * chunk, r_max), (max_sel * chunk, head_dim), (2, head_dim) */
     int32_t *bpos, *bmiss; /* (max_sel * chunk), (max_sel) slots rebuilt */
     float *dpo;           /* (n_head_kv * 4, LR_WMAX, head_dim + 2) split decode tasks' states */
+    float *dqd;           /* (n_head_kv, LR_SPARSE_MAX_Q * grp, cap_chunks) selection's q·landmark */
     uint32_t epoch;       /* bumped when stored rows change under the key cache (truncation) */
     uint32_t n_calls;     /* attention calls, for the key cache's LRU */
     rk_lowram_stats stats;

@@ -274,13 +274,14 @@ Test(lowram, byte_accounting_adds_up) {
         for (int li = 0; li < g->n_l; li++) {
             pred += 24ull * kvd * 2 + kvd * 4;
             lmk += n_ch * kvd * 2 + kvd * 4;
-            /* decode's value summaries: per chunk and KV head an f16 scale + head_dim int8, built
-             * up to the chunks of the last decode step (a commit after it may have added one) */
+            /* decode's value summaries: per chunk and KV head an f16 scale + head_dim int8, counted
+             * for every chunk (built up to the chunks of the last decode step: a commit after it
+             * may have added one) */
             const lr_layer *L = &c->ly[g->l0 + li];
             cr_expect(L->vsm && (L->vs_n == (int64_t)n_ch || L->vs_n + 1 == (int64_t)n_ch),
                       "layer %d: %lld value summaries for %llu chunks", g->l0 + li, (long long)L->vs_n,
                       (unsigned long long)n_ch);
-            lmk += (uint64_t)L->vs_n * hp->n_head_kv * (hp->head_dim + 2);
+            lmk += n_ch * hp->n_head_kv * (hp->head_dim + 2);
             for (int h = 0; h < hp->n_head_kv; h++) {
                 const lr_head *H = &c->ly[g->l0 + li].h[h];
                 uint64_t bits = 0;
