@@ -136,6 +136,8 @@ typedef struct rk_lowram_params {
                              or RK_DT_F16; 0 (F32): the default */
     bool dense;           /* attend to every compressed row (for checking) */
     bool no_summary;      /* ablation: unselected chunks are dropped, not one summary row each */
+    bool coef_summary;    /* ablation: decode sums unselected chunks' mean coefficients (r per chunk)
+                             instead of their value-space summaries (head_dim per chunk) */
     bool no_cache;        /* ablation: no cache of rebuilt keys between decode steps */
     bool bound;           /* select chunks by an upper bound of q·k (per-dim key min/max per chunk,
                              Quest-style; 2 more f16 rows per chunk) instead of q·mean */
@@ -160,7 +162,7 @@ rk_lowram_params rk_lowram_params_default(void);
  * its current values. Keys: ratio, rank, energy, group, window, sinks, chunk, resid,
  * budget, topp, minch, krank, hyst, kslots, pfit, evict, obs, lambda, fitrows, threads, coef=f16|f32|int8, rtype=int8|int4|f16, exact=f16|f32,
  * pred=FILE (must come last: the rest of the spec is the path); flags: dense, mass,
- * nomass, keys_only, nosumm, qpca, bound, nocache. */
+ * nomass, keys_only, nosumm, csumm, qpca, bound, nocache. */
 rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err);
 
 /* ---- KV cache policy: chosen when the session is created ----------------------------

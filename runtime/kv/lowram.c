@@ -71,10 +71,11 @@ rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err) {
             else if (!strcmp(tok, "nomass")) q.resid_mass = false;
             else if (!strcmp(tok, "keys_only")) q.values_exact = true;
             else if (!strcmp(tok, "nosumm")) q.no_summary = true;
+            else if (!strcmp(tok, "csumm")) q.coef_summary = true;
             else if (!strcmp(tok, "qpca")) q.query_pca = true;
             else if (!strcmp(tok, "bound")) q.bound = true;
             else if (!strcmp(tok, "nocache")) q.no_cache = true;
-            else return bad(err, "unknown flag (dense, mass, nomass, keys_only, nosumm, qpca, bound, nocache)", tok);
+            else return bad(err, "unknown flag (dense, mass, nomass, keys_only, nosumm, csumm, qpca, bound, nocache)", tok);
             continue;
         }
         *v++ = '\0';
@@ -194,7 +195,7 @@ void lr_codec_free(rk_kv_codec *c) {
     for (int l = 0; c->ly && l < c->n_layer; l++) {
         lr_layer *L = &c->ly[l];
         free(L->W), free(L->b), free(L->lmk), free(L->open_sum), free(L->lmin), free(L->lmax), free(L->open_min);
-        free(L->open_max);
+        free(L->open_max), free(L->vsm);
         for (int h = 0; L->h && h < c->n_head_kv; h++) free(L->h[h].res), free(L->h[h].mask), free(L->h[h].base);
         free(L->h);
     }
@@ -506,6 +507,10 @@ static void lowram_bytes(const rk_kv *kv, rk_kv_bytes *o) {
             if (!c->p.values_exact) o->predictors += (uint64_t)g->r * c->kvd * elt + (uint64_t)c->kvd * sizeof(float);
             o->landmarks += n_ch * c->kvd * sizeof(uint16_t) + (uint64_t)c->kvd * sizeof(float);
             if (c->p.bound) o->landmarks += 2 * (n_ch * c->kvd * sizeof(uint16_t) + (uint64_t)c->kvd * sizeof(float));
+            /* decode's value summaries, counted for every stored chunk as soon as decode would
+             * build them (they are built at its first step: an imported state counts the same) */
+            if (!c->wide && !c->p.values_exact && !c->p.no_summary && !c->p.coef_summary && !c->p.dense)
+                o->landmarks += n_ch * c->n_head_kv * (2u + (uint64_t)c->hd);
             for (int h = 0; h < c->n_head_kv; h++) {
                 o->residuals += (uint64_t)L->h[h].n_res * c->res_bytes;
                 o->meta += n_ch * (sizeof(uint32_t) + sizeof(int32_t)) + sizeof(float);

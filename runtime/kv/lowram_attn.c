@@ -139,6 +139,39 @@ __attribute__((target("avx2,fma,f16c"))) static void acc_rows_avx2(float *acc, s
         }
     }
 }
+/* sc[k] = exp(sc[k] - m) for k < n, returns their sum: Cephes' expf polynomial on 8 lanes
+ * (relative error ~1e-7, the same class as libm's expf), arguments below -87.3 give 0. */
+__attribute__((target("avx2,fma"))) static float exp_sum_avx2(float *sc, int n, float m) {
+    const __m256 lo = _mm256_set1_ps(-87.33654f), hi = _mm256_set1_ps(88.3762626647949f), mm = _mm256_set1_ps(m);
+    const __m256 log2e = _mm256_set1_ps(1.44269504088896341f), c1 = _mm256_set1_ps(0.693359375f),
+                 c2 = _mm256_set1_ps(-2.12194440e-4f), one = _mm256_set1_ps(1.0f);
+    __m256 acc = _mm256_setzero_ps();
+    int k = 0;
+    for (; k + 8 <= n; k += 8) {
+        __m256 x = _mm256_sub_ps(_mm256_loadu_ps(sc + k), mm);
+        const __m256 z = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+        x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+        const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        x = _mm256_fnmadd_ps(fx, c1, x);
+        x = _mm256_fnmadd_ps(fx, c2, x);
+        __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+        y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, one));
+        const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+        y = _mm256_andnot_ps(z, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+        _mm256_storeu_ps(sc + k, y);
+        acc = _mm256_add_ps(acc, y);
+    }
+    float t[8], sum = 0;
+    _mm256_storeu_ps(t, acc);
+    for (int i = 0; i < 8; i++) sum += t[i];
+    for (; k < n; k++) sum += sc[k] = expf(sc[k] - m);
+    return sum;
+}
 #endif
 
 /* One (layer, KV head, query tile) of work. State row j = local query i * grp + jj. */
@@ -154,6 +187,13 @@ typedef struct head_task {
     const int32_t *slot;     /* their key-cache slots */
     int64_t n_sel;
     bool avx2;               /* the fused decode loops may use acc_rows_avx2 */
+    bool vsum;               /* unselected chunks from the layer's value summaries (L->vsm) */
+    int part, n_part;        /* sparse decode with vsum: this task attends share `part` of
+                              * n_part (> 1) of the head's rows and writes its unnormalised
+                              * state to pout ((ns, head_dim + 2): Σ a·v, max, Σ a) */
+    float *pout;
+    const float *qdot;       /* sparse decode: q_j·landmark of every chunk from the selection
+                              * ((ns, n_ch) rows), or NULL */
 } head_task;
 
 LR_AI const float *q_of(const head_task *t, int j) {
@@ -193,7 +233,41 @@ LR_AI void scores(const head_task *t, const float *kb, int nb, int64_t kpos0, co
             x->st_m[j] = m_new;
         }
         float sum = 0;
-        for (int k = 0; k < nv; k++) sum += sc[k] = expf(sc[k] - m_new);
+#ifdef LR_HAVE_ACC_AVX2
+        if (t->avx2) sum = exp_sum_avx2(sc, nv, m_new);
+        else
+#endif
+            for (int k = 0; k < nv; k++) sum += sc[k] = expf(sc[k] - m_new);
+        x->st_l[j] += sum;
+    }
+}
+
+/* The online-softmax part of scores() for nb scores already in x->sc (every key visible). */
+LR_AI void softmax_block(const head_task *t, int nb) {
+    const rk_kv_codec *c = t->c;
+    lr_scratch *x = t->x;
+    const int hd = c->hd, C = c->p.chunk, rc = c->g[c->ly[t->l].grp].r;
+    for (int j = 0; j < t->ns; j++) {
+        float *sc = x->sc + (size_t)j * C, mx = -INFINITY;
+        for (int k = 0; k < nb; k++) mx = sc[k] > mx ? sc[k] : mx;
+        if (mx == -INFINITY) {
+            for (int k = 0; k < nb; k++) sc[k] = 0;
+            continue;
+        }
+        const float m_new = mx > x->st_m[j] ? mx : x->st_m[j];
+        if (m_new > x->st_m[j]) {
+            const float a = expf(x->st_m[j] - m_new);
+            x->st_l[j] *= a, x->st_a[j] *= a;
+            scal(x->acc_v + (size_t)j * hd, a, hd);
+            if (t->use_c) scal(x->acc_c + (size_t)j * c->r_max, a, rc);
+            x->st_m[j] = m_new;
+        }
+        float sum = 0;
+#ifdef LR_HAVE_ACC_AVX2
+        if (t->avx2) sum = exp_sum_avx2(sc, nb, m_new);
+        else
+#endif
+            for (int k = 0; k < nb; k++) sum += sc[k] = expf(sc[k] - m_new);
         x->st_l[j] += sum;
     }
 }
@@ -427,6 +501,7 @@ LR_AI int64_t select_chunks(const head_task *t, int64_t n_ch) {
             f16->to_f32(L->lmk + (size_t)ch * c->kvd + (size_t)t->h * hd, x->row, hd);
             for (int j = 0; j < t->ns; j++) {
                 float d = dotf(q_of(t, j), x->row, hd);
+                if (t->qdot) ((float *)t->qdot)[(size_t)j * n_ch + ch] = d; /* for the summaries */
                 best = d > best ? d : best;
             }
         }
@@ -628,6 +703,103 @@ LR_AI void summaries(const head_task *t, int64_t n_ch) {
     }
 }
 
+/* The same rows from the layer's value summaries: Σ a·(V̂(cmean) - b) per query head straight
+ * from the int8 rows (head_dim per chunk and query head instead of r coefficients). */
+LR_AI void vsummaries(const head_task *t, int64_t n_ch) {
+    const rk_kv_codec *c = t->c;
+    lr_scratch *x = t->x;
+    const lr_layer *L = &c->ly[t->l];
+    const lr_group *g = &c->g[L->grp];
+    const int hd = c->hd, C = c->p.chunk;
+    const size_t vrow = (size_t)c->n_head_kv * (2u + (size_t)hd);
+    const uint8_t *vs = L->vsm + (size_t)t->h * (2u + (size_t)hd);
+    const rk_quant_fns *f16 = rk_quant_fast(RK_DT_F16);
+    const float scale = 1.0f / sqrtf((float)hd), lnC = logf((float)C);
+    const int np = t->n_part > 1 ? t->n_part : 1;
+    for (int64_t ch0 = (int64_t)(np > 1 ? t->part : 0) * C; ch0 < n_ch; ch0 += (int64_t)np * C) {
+        const int nb = n_ch - ch0 < C ? (int)(n_ch - ch0) : C;
+        int live = 0;
+        for (int k = 0; k < nb; k++) {
+            const int64_t ch = ch0 + k, rows = g->n_rows - ch * C < C ? g->n_rows - ch * C : C;
+            if (x->mark[ch]) {
+                x->bias[k] = -INFINITY;
+                if (!t->qdot) memset(x->kb + (size_t)k * hd, 0, (size_t)hd * sizeof(float));
+                continue;
+            }
+            if (!t->qdot) f16->to_f32(L->lmk + (size_t)ch * c->kvd + (size_t)t->h * hd, x->kb + (size_t)k * hd, hd);
+            x->bias[k] = rows == C ? lnC : logf((float)rows);
+            live++;
+        }
+        if (!live) continue;
+        if (t->qdot) { /* the selection's landmark dot products */
+            for (int j = 0; j < t->ns; j++) {
+                const float *qd = t->qdot + (size_t)j * n_ch + ch0;
+                float *sc = x->sc + (size_t)j * C;
+                for (int k = 0; k < nb; k++) sc[k] = qd[k] * scale + x->bias[k];
+            }
+            softmax_block(t, nb);
+        } else {
+            scores(t, x->kb, nb, -1, x->bias);
+        }
+        const uint8_t *rows = vs + (size_t)ch0 * vrow;
+#ifdef LR_HAVE_ACC_AVX2
+        if (t->avx2) {
+            acc_rows_avx2(x->acc_v, (size_t)hd, t->ns, x->sc, 1, (size_t)C, rows, vrow, LR_R_I8, nb, hd);
+            for (int j = 0; j < t->ns; j++)
+                for (int k = 0; k < nb; k++) x->st_a[j] += x->sc[(size_t)j * C + k];
+            continue;
+        }
+#endif
+        float w[LR_WMAX];
+        for (int k = 0; k < nb; k++) {
+            if (x->mark[ch0 + k]) continue;
+            const uint8_t *rw = rows + (size_t)k * vrow;
+            const float sc = rk_f16_to_f32((uint16_t)(rw[0] | (rw[1] << 8)));
+            for (int j = 0; j < t->ns; j++) {
+                const float a = x->sc[(size_t)j * C + k];
+                x->st_a[j] += a;
+                w[j] = a * sc;
+            }
+            axpy_rows_i8(x->acc_v, (size_t)hd, w, t->ns, (const int8_t *)(rw + 2), hd);
+        }
+    }
+}
+
+bool lr_vsum_update(rk_kv_codec *c, int l) {
+    lr_layer *L = &c->ly[l];
+    const lr_group *g = &c->g[L->grp];
+    const int C = c->p.chunk, hd = c->hd, kvd = c->kvd, r = g->r;
+    const int64_t n_ch = (g->n_rows + C - 1) / C;
+    const int last = (int)(g->n_rows % C);
+    const size_t vrow = (size_t)c->n_head_kv * (2u + (size_t)hd);
+    if (!L->vsm) {
+        L->vsm = malloc((size_t)c->cap_chunks * vrow);
+        if (!L->vsm) return false;
+        L->vs_n = 0, L->vs_last = 0, L->vs_epoch = c->epoch;
+    }
+    if (L->vs_epoch != c->epoch || L->vs_n > n_ch) L->vs_n = 0, L->vs_last = 0, L->vs_epoch = c->epoch;
+    if (L->vs_n == n_ch && L->vs_last == last) return true;
+    const int64_t from = L->vs_last ? L->vs_n - 1 : L->vs_n; /* a partial chunk may have grown */
+    enum { NB = 32 };
+    float *Wf = malloc(((size_t)r * kvd + (size_t)NB * r + (size_t)NB * kvd) * sizeof(float));
+    if (!Wf) return false;
+    float *cm = Wf + (size_t)r * kvd, *v = cm + (size_t)NB * r;
+    lr_mat_f32(c, L->W, (size_t)kvd, 0, r, 0, kvd, Wf);
+    const rk_quant_fns *f16 = rk_quant_fast(RK_DT_F16);
+    for (int64_t ch0 = from; ch0 < n_ch; ch0 += NB) {
+        const int nb = n_ch - ch0 < NB ? (int)(n_ch - ch0) : NB;
+        f16->to_f32(g->cmean + (size_t)ch0 * r, cm, (int64_t)nb * r);
+        rk_linalg_matmul(nb, kvd, r, cm, r, Wf, kvd, v, kvd);
+        for (int k = 0; k < nb; k++)
+            for (int h = 0; h < c->n_head_kv; h++)
+                lr_encode_row(RK_DT_Q8_0, v + (size_t)k * kvd + (size_t)h * hd, hd,
+                              L->vsm + (size_t)(ch0 + k) * vrow + (size_t)h * (2u + (size_t)hd));
+    }
+    free(Wf);
+    L->vs_n = n_ch, L->vs_last = last;
+    return true;
+}
+
 LR_AI void head_run(head_task *t) {
     const rk_kv_codec *c = t->c;
     lr_scratch *x = t->x;
@@ -645,21 +817,24 @@ LR_AI void head_run(head_task *t) {
     /* decode: W is applied row by row at the end (no f32 copy of it per step) */
     const bool fuse_w = t->use_c && t->sparse && t->ns < LR_VREBUILD_MIN && t->ns <= LR_WMAX;
     if (t->use_c && !fuse_w) lr_mat_f32(c, L->W, (size_t)c->kvd, 0, g->r, t->h * hd, hd, x->wsl);
-    plain_rows(t, 0, c->p.n_sink < last ? c->p.n_sink : last);
+    const bool split = t->n_part > 1 && t->vsum && t->sel;
+    const int np = split ? t->n_part : 1, pt = split ? t->part : 0;
+    if (pt == 0) plain_rows(t, 0, c->p.n_sink < last ? c->p.n_sink : last);
     const int64_t n_ch = (g->n_rows + c->p.chunk - 1) / c->p.chunk;
     if (t->sparse) {
         const int32_t *sel = t->sel ? t->sel : x->sel;
         const int64_t n = t->sel ? t->n_sel : select_chunks(t, n_ch);
-        for (int64_t i = 0; i < n; i++) comp_chunk(t, sel[i], t->slot ? t->slot[i] : -1);
+        for (int64_t i = pt; i < n; i += np) comp_chunk(t, sel[i], t->slot ? t->slot[i] : -1);
         if (n < n_ch && !c->p.no_summary) {
             memset(x->mark, 0, (size_t)n_ch);
             for (int64_t i = 0; i < n; i++) x->mark[sel[i]] = 1;
-            summaries(t, n_ch);
+            if (t->vsum) vsummaries(t, n_ch);
+            else summaries(t, n_ch);
         }
     } else {
         for (int64_t ch = 0; ch < n_ch; ch++) comp_chunk(t, ch, -1);
     }
-    plain_rows(t, c->comp_end, last);
+    if (pt == np - 1) plain_rows(t, c->comp_end, last);
 #ifdef LR_HAVE_ACC_AVX2
     if (fuse_w && t->avx2 && !c->wide) {
         acc_rows_avx2(x->acc_v, (size_t)hd, t->ns, x->acc_c, 1, (size_t)c->r_max,
@@ -682,6 +857,12 @@ LR_AI void head_run(head_task *t) {
             axpy(av, 1.0f, o, hd);
         }
         axpy(av, x->st_a[j], L->b + (size_t)t->h * hd, hd);
+        if (split) { /* merged with the other parts by the caller */
+            float *po = t->pout + (size_t)j * (hd + 2);
+            memcpy(po, av, (size_t)hd * sizeof(float));
+            po[hd] = x->st_m[j], po[hd + 1] = x->st_l[j];
+            continue;
+        }
         const float inv = 1.0f / x->st_l[j];
         for (int d = 0; d < hd; d++) o[d] = av[d] * inv;
     }
@@ -711,7 +892,7 @@ static void attn_worker(void *vp, int tid, int nt) {
         const int64_t tile = it / c->n_head_kv, i0 = tile * a->tile;
         const int64_t ni = a->n_q - i0 < a->tile ? a->n_q - i0 : a->tile;
         head_task t = {c, &c->scr[tid], a->l, (int)(it % c->n_head_kv), grp, (int)(ni * grp), i0, a->pos0 + i0,
-                       a->q, a->out, a->sparse, !c->p.values_exact, NULL, NULL, 0, a->avx2};
+                       a->q, a->out, a->sparse, !c->p.values_exact, NULL, NULL, 0, a->avx2, false, 0, 1, NULL, NULL};
 #ifdef LR_HAVE_AVX2_CLONES
         if (a->avx2) {
             head_run_avx2(&t);
@@ -728,7 +909,11 @@ typedef struct dec_job {
     const float *q;
     int64_t n_q, pos0;
     float *out;
-    bool avx2;
+    bool avx2, vsum;
+    int n_part;           /* > 1: each head's rows in n_part tasks (balance over the threads) */
+    float *pout;          /* (n_head_kv * n_part, ns, head_dim + 2) their states */
+    const float *qdot;    /* per head (qd_head floats apart) the selection's landmark dots, or NULL */
+    size_t qd_head;
 } dec_job;
 
 /* Sparse decode, second phase: every KV head attends its preselected, rebuilt chunks. */
@@ -736,10 +921,14 @@ static void dec_worker(void *vp, int tid, int nt) {
     dec_job *a = vp;
     rk_kv_codec *c = a->c;
     const int grp = c->n_head / c->n_head_kv;
-    for (int h = tid; h < c->n_head_kv; h += nt) {
+    const int np = a->n_part > 1 ? a->n_part : 1, ns = (int)(a->n_q * grp);
+    for (int it = tid; it < c->n_head_kv * np; it += nt) {
+        const int h = it / np;
         const size_t o = (size_t)h * (size_t)c->cap_chunks;
-        head_task t = {c, &c->scr[tid], a->l, h, grp, (int)(a->n_q * grp), 0, a->pos0, a->q, a->out, true,
-                       !c->p.values_exact, c->dsel + o, c->dslot + o, c->dn[h], a->avx2};
+        head_task t = {c, &c->scr[tid], a->l, h, grp, ns, 0, a->pos0, a->q, a->out, true,
+                       !c->p.values_exact, c->dsel + o, c->dslot + o, c->dn[h], a->avx2, a->vsum, 0, 1, NULL,
+                       a->qdot ? a->qdot + (size_t)h * a->qd_head : NULL};
+        if (np > 1) t.part = it % np, t.n_part = np, t.pout = a->pout + (size_t)it * ns * (c->hd + 2);
 #ifdef LR_HAVE_AVX2_CLONES
         if (a->avx2) {
             head_run_avx2(&t);
@@ -793,8 +982,19 @@ static rk_status sparse_decode(rk_kv_codec *c, int layer, const float *q, int64_
     const bool avx2 = rk_cpu_has_avx2();
     const rk_quant_fns *f16 = rk_quant_fast(RK_DT_F16);
     lr_scratch *x = &c->scr[0];
+    /* unselected chunks in value space (the summaries are built once per chunk), scored with
+     * the selection's landmark dot products */
+    const int ns = (int)(n_q * grp);
+    const bool vsum = !c->wide && !c->p.values_exact && !c->p.no_summary && !c->p.coef_summary && ns <= LR_WMAX &&
+                      lr_vsum_update(c, layer);
+    const size_t qd_head = (size_t)LR_SPARSE_MAX_Q * grp * (size_t)c->cap_chunks;
+    if (vsum && c->p.topp <= 0 && !c->p.bound && !c->dqd)
+        c->dqd = malloc((size_t)c->n_head_kv * qd_head * sizeof(float));
+    const bool qdot = vsum && c->p.topp <= 0 && !c->p.bound && c->dqd;
     for (int h = 0; h < c->n_head_kv; h++) {
-        head_task t = {c, x, layer, h, grp, (int)(n_q * grp), 0, pos0, q, out, true, !c->p.values_exact, NULL, NULL, 0, avx2};
+        head_task t = {c,    x,    layer, h, grp, ns, 0, pos0, q, out, true, !c->p.values_exact,
+                       NULL, NULL, 0,  avx2, false, 0, 1,  NULL, NULL};
+        t.qdot = qdot ? c->dqd + (size_t)h * qd_head : NULL;
         int64_t n = 0;
 #ifdef LR_HAVE_AVX2_CLONES
         if (avx2) select_avx2(&t, n_ch, &n);
@@ -884,9 +1084,46 @@ static rk_status sparse_decode(rk_kv_codec *c, int layer, const float *q, int64_
         x->n_rebuilt += (uint64_t)rows;
     }
     (void)f16;
-    dec_job d = {c, layer, q, n_q, pos0, out, avx2};
+    /* with vsum, heads that do not divide over the threads are split into parts (3 KV heads
+     * on 2 threads: 6 tasks), merged here */
+    int np = 1;
+    const int nthr = c->pool ? rk_pool_size(c->pool) : 1;
+    if (vsum && ns < LR_VREBUILD_MIN && nthr > 1 && c->n_head_kv % nthr) {
+        int a = c->n_head_kv, b = nthr;
+        while (b) {
+            const int t = a % b;
+            a = b, b = t;
+        }
+        np = nthr / a;
+        if (np > 4) np = 4;
+    }
+    if (np > 1 && !c->dpo) c->dpo = malloc((size_t)c->n_head_kv * 4 * LR_WMAX * (hd + 2) * sizeof(float));
+    if (!c->dpo) np = 1;
+    dec_job d = {c, layer, q, n_q, pos0, out, avx2, vsum, np, c->dpo, qdot ? c->dqd : NULL, qd_head};
     if (c->pool) rk_pool_run(c->pool, dec_worker, &d);
     else dec_worker(&d, 0, 1);
+    if (np > 1) { /* log-sum-exp merge of each head's parts */
+        const int qd = c->n_head * hd;
+        for (int h = 0; h < c->n_head_kv; h++)
+            for (int j = 0; j < ns; j++) {
+                float m = -INFINITY;
+                for (int p = 0; p < np; p++) {
+                    const float mp = c->dpo[((size_t)(h * np + p) * ns + j) * (hd + 2) + hd];
+                    m = mp > m ? mp : m;
+                }
+                float *o = out + (size_t)(j / grp) * qd + (size_t)(h * grp + j % grp) * hd, l = 0;
+                for (int e = 0; e < hd; e++) o[e] = 0;
+                for (int p = 0; p < np; p++) {
+                    const float *po = c->dpo + ((size_t)(h * np + p) * ns + j) * (hd + 2);
+                    if (!(po[hd + 1] > 0)) continue;
+                    const float w = expf(po[hd] - m);
+                    l += w * po[hd + 1];
+                    for (int e = 0; e < hd; e++) o[e] += w * po[e];
+                }
+                const float inv = 1.0f / l;
+                for (int e = 0; e < hd; e++) o[e] *= inv;
+            }
+    }
     return RK_OK;
 }
 

@@ -72,6 +72,7 @@ bool lr_group_alloc(rk_kv_codec *c, lr_group *g) {
         free(L->W), free(L->b);
         L->W = calloc((size_t)g->r * c->kvd, c->wide ? 4 : 2); /* zero in f16 and f32 */
         L->b = calloc((size_t)c->kvd, sizeof(float));
+        L->vs_n = 0, L->vs_last = 0; /* a new W: summaries are rebuilt */
         if (!L->lmk) L->lmk = malloc((size_t)c->cap_chunks * c->kvd * sizeof(uint16_t));
         if (!L->open_sum) L->open_sum = calloc((size_t)c->kvd, sizeof(float));
         ok = L->W && L->b && L->lmk && L->open_sum;

@@ -49,6 +49,13 @@ typedef struct lr_layer {
     uint16_t *lmin, *lmax;/* (cap_chunks, kv_dim) f16 per-dim key range of each chunk (bound selection) */
     float *open_min, *open_max; /* (kv_dim) of the partial chunk */
     lr_head *h;           /* (n_head_kv) */
+    /* sparse decode's value-space chunk summaries, built lazily from cmean (lr_vsum_update):
+     * per chunk and KV head an f16 scale and head_dim int8 of V̂(cmean) - b = cmean·W, so an
+     * unselected chunk costs head_dim per query head instead of r */
+    uint8_t *vsm;         /* (cap_chunks, n_head_kv * (2 + head_dim)) */
+    int64_t vs_n;         /* chunks summarised (the last may be partial: vs_last rows, else 0) */
+    int vs_last;
+    uint32_t vs_epoch;    /* c->epoch when built */
 } lr_layer;
 
 /* Per-thread attention scratch. */
@@ -140,6 +147,8 @@ struct rk_kv_codec {
     int64_t *dn;          /* (n_head_kv) */
     float *bcf, *bkb, *bmw; /* (max_sel * chunk, r_max), (max_sel * chunk, head_dim), (2, head_dim) */
     int32_t *bpos, *bmiss; /* (max_sel * chunk), (max_sel) slots rebuilt */
+    float *dpo;           /* (n_head_kv * 4, LR_WMAX, head_dim + 2) split decode tasks' states */
+    float *dqd;           /* (n_head_kv, LR_SPARSE_MAX_Q * grp, cap_chunks) selection's q·landmark */
     uint32_t epoch;       /* bumped when stored rows change under the key cache (truncation) */
     uint32_t n_calls;     /* attention calls, for the key cache's LRU */
     rk_lowram_stats stats;
@@ -215,6 +224,9 @@ void lr_res_row(const rk_kv_codec *c, const lr_head *h, int64_t j, float *dst);
 
 /* ---- lowram_attn.c ------------------------------------------------------------- */
 rk_status lr_attention(rk_kv_codec *c, int layer, const float *q, int64_t n_q, int64_t pos0, float *out, rk_err *err);
+/* Brings layer l's value summaries (L->vsm) up to its stored chunks; false on allocation
+ * failure (decode then sums coefficients instead). */
+bool lr_vsum_update(rk_kv_codec *c, int l);
 /* ---- lowram_scratch.c ---------------------------------------------------------- */
 /* Allocates per-thread scratch once ranks are known. */
 rk_status lr_scratch_alloc(rk_kv_codec *c, rk_err *err);

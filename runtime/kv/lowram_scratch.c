@@ -85,6 +85,8 @@ void lr_scratch_free(rk_kv_codec *c) {
     c->scr = NULL;
     free(c->dsel), free(c->dslot), free(c->dn), free(c->bcf), free(c->bkb), free(c->bmw), free(c->bpos), free(c->bmiss);
     c->dsel = c->dslot = NULL, c->dn = NULL, c->bcf = c->bkb = c->bmw = NULL, c->bpos = c->bmiss = NULL;
+    free(c->dpo), c->dpo = NULL;
+    free(c->dqd), c->dqd = NULL;
     c->keys_op = false;
     c->scratch_bytes = 0;
 }

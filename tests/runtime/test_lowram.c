@@ -274,6 +274,14 @@ Test(lowram, byte_accounting_adds_up) {
         for (int li = 0; li < g->n_l; li++) {
             pred += 24ull * kvd * 2 + kvd * 4;
             lmk += n_ch * kvd * 2 + kvd * 4;
+            /* decode's value summaries: per chunk and KV head an f16 scale + head_dim int8, counted
+             * for every chunk (built up to the chunks of the last decode step: a commit after it
+             * may have added one) */
+            const lr_layer *L = &c->ly[g->l0 + li];
+            cr_expect(L->vsm && (L->vs_n == (int64_t)n_ch || L->vs_n + 1 == (int64_t)n_ch),
+                      "layer %d: %lld value summaries for %llu chunks", g->l0 + li, (long long)L->vs_n,
+                      (unsigned long long)n_ch);
+            lmk += n_ch * hp->n_head_kv * (hp->head_dim + 2);
             for (int h = 0; h < hp->n_head_kv; h++) {
                 const lr_head *H = &c->ly[g->l0 + li].h[h];
                 uint64_t bits = 0;
@@ -783,5 +791,69 @@ Test(lowram, prefill_compression_inside_one_eval) {
     cr_expect_eq(memcmp(d2, c, (size_t)nv * sizeof(float)), 0, "replay after a cancelled eval differs");
     free(a), free(b), free(c), free(d), free(d2), free(ids);
     rk_session_destroy(ex), rk_session_destroy(late), rk_session_destroy(early);
+    rk_model_destroy(m);
+}
+
+/* Value-space summaries: (1) every decoded summary row equals cmean·W (mean coefficients and
+ * predictor as stored, in double) within the int8 rounding of lr_encode_row (half a step of
+ * the f16-rounded scale, plus 127 steps of that scale's f16 rounding: 0.5 + 127·2^-11 < 0.6
+ * steps) and fp32 accumulation; (2) decoding with them keeps the quality of the old
+ * coefficient-space summaries (`csumm`): KL against exact within 10% + 1e-4 of it; (3) with
+ * 3 codec threads for 4 KV heads each head's rows are split over tasks and merged: the
+ * logits equal the unsplit decode's to float rounding (1e-3 of the logit range). */
+Test(lowram, value_summaries_and_split_decode) {
+    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    const rk_hparams *hp = rk_model_hparams(m);
+    const int nv = hp->n_vocab, n_story = 220, n_prefix = 100, n_dec = 24, hd = hp->head_dim;
+    const int n_prompt = 1 + n_story + n_prefix;
+    int32_t *ids = copy_prompt(m, n_story, n_prefix, n_dec);
+    rk_session *ex = session(m, RK_DT_F16, NULL);
+    rk_session *vs = session(m, RK_DT_F16, "window=32,chunk=16,budget=48");
+    rk_session *cs = session(m, RK_DT_F16, "window=32,chunk=16,budget=48,csumm");
+    rk_session *sp = session(m, RK_DT_F16, "window=32,chunk=16,budget=48,threads=3");
+    float *a = trace(ex, ids, n_prompt, n_dec, nv), *lv = trace(vs, ids, n_prompt, n_dec, nv);
+    float *lc = trace(cs, ids, n_prompt, n_dec, nv), *ls = trace(sp, ids, n_prompt, n_dec, nv);
+    const rk_kv_codec *c = codec(vs);
+    double worst = 0;
+    int64_t n_rows_checked = 0;
+    for (int l = 0; l < c->n_layer; l++) {
+        const lr_layer *L = &c->ly[l];
+        const lr_group *g = &c->g[L->grp];
+        cr_assert(L->vsm, "layer %d: no value summaries", l);
+        cr_expect_gt(L->vs_n, 2);
+        for (int64_t ch = 0; ch < L->vs_n; ch++)
+            for (int h = 0; h < c->n_head_kv; h++) {
+                const uint8_t *rw = L->vsm + ((size_t)ch * c->n_head_kv + h) * (2u + hd);
+                const float sc = rk_f16_to_f32((uint16_t)(rw[0] | (rw[1] << 8)));
+                double mx = 0;
+                for (int d = 0; d < hd; d++) {
+                    double v = 0;
+                    for (int k = 0; k < g->r; k++)
+                        v += (double)rk_f16_to_f32(g->cmean[(size_t)ch * g->r + k]) *
+                             rk_f16_to_f32(((const uint16_t *)L->W)[(size_t)k * c->kvd + (size_t)h * hd + d]);
+                    const double err = fabs((double)((const int8_t *)(rw + 2))[d] * sc - v);
+                    mx = fmax(mx, fabs(v));
+                    worst = fmax(worst, err / (0.6 * sc + 1e-5 * (1 + fabs(v))));
+                }
+                cr_expect_leq(sc, mx / 127.0 * (1 + 1e-3) + 1e-7, "layer %d chunk %lld head %d: scale %g for max %g", l,
+                              (long long)ch, h, sc, mx);
+                n_rows_checked++;
+            }
+    }
+    cr_log_info("value summaries: %lld rows, worst error %.3f of the bound", (long long)n_rows_checked, worst);
+    cr_expect_leq(worst, 1.0, "a value summary is off by %.3f of its bound", worst);
+    const double kv = rt_mean_kl(a, lv, n_dec + 1, nv), kc = rt_mean_kl(a, lc, n_dec + 1, nv);
+    cr_log_info("KL value summaries %.5f, coefficient summaries %.5f", kv, kc);
+    cr_expect_leq(fabs(kv - kc), 0.1 * kc + 1e-4, "KL %g (value summaries) vs %g (csumm)", kv, kc);
+    cr_expect_gt(kc, 1e-5, "the summaries should matter here (budget 48 of %lld rows)", (long long)c->g[0].n_rows);
+    cr_assert(codec(sp)->dpo, "the split decode did not run (4 KV heads on 3 threads)");
+    const size_t n = (size_t)(n_dec + 1) * nv;
+    double range = 0;
+    for (size_t i = 0; i < n; i++) range = fmax(range, fabs(lv[i]));
+    const double d = rt_max_abs_diff(lv, ls, n);
+    cr_log_info("split vs unsplit decode: %.3g (logit range %.3g)", d, range);
+    cr_expect_leq(d, 1e-3 * range, "split decode differs by %g (range %g)", d, range);
+    free(a), free(lv), free(lc), free(ls), free(ids);
+    rk_session_destroy(ex), rk_session_destroy(vs), rk_session_destroy(cs), rk_session_destroy(sp);
     rk_model_destroy(m);
 }
