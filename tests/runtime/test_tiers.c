@@ -209,8 +209,12 @@ Test(tiers, lowram_budget_equals_memory) {
         cr_expect(!memcmp(la, lw, (size_t)(n_dec + 1) * (size_t)t.nv * sizeof(float)), "budget_whole: same logits");
         rk_kv_tier_stats sw;
         rk_session_kv_tier_stats(w, &sw);
-        cr_expect_leq(sw.resident_bytes, bw, "whole: %llu resident over %llu", (unsigned long long)sw.resident_bytes,
-                      (unsigned long long)bw);
+        /* the movable share is the budget less the fixed state; the read-ahead may fill the
+         * release slack above it as in the default accounting */
+        const uint64_t cap_w = bw > sw.fixed_bytes ? bw - sw.fixed_bytes : 0;
+        const uint64_t slack_w = cap_w / 8 > 16 * 4096 ? cap_w / 8 : 16 * 4096;
+        cr_expect_leq(sw.resident_bytes, bw + slack_w, "whole: %llu resident over %llu + slack %llu",
+                      (unsigned long long)sw.resident_bytes, (unsigned long long)bw, (unsigned long long)slack_w);
         cr_expect_geq(sw.spilled_bytes, (kb.coef + kb.residuals) / 2);
         free(lw);
         rk_session_destroy(w);
