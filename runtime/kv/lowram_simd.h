@@ -1,0 +1,172 @@
+/* Vector helpers of LowRAM attention (lowram_attn.c only): dot/axpy loops the compiler
+ * vectorises, the fused AVX2 accumulation over int8/f16/f32 rows and an 8-lane exp-sum. */
+#ifndef RK_LOWRAM_SIMD_H
+#define RK_LOWRAM_SIMD_H
+#include <math.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define LR_AI static inline __attribute__((always_inline))
+
+LR_AI float dotf(const float *restrict a, const float *restrict b, int n) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int u = 0; u < 8; u++) acc[u] += a[i + u] * b[i + u];
+    float t = 0;
+    for (; i < n; i++) t += a[i] * b[i];
+    return t + ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+LR_AI void axpy(float *restrict y, float a, const float *restrict x, int n) {
+    for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+LR_AI void scal(float *restrict y, float a, int n) {
+    for (int i = 0; i < n; i++) y[i] *= a;
+}
+
+/* acc row j (row stride ld) += w[j] * v for every j < ns: v is read once for up to 4 rows. */
+LR_AI void axpy_rows(float *acc, size_t ld, const float *w, int ns, const float *restrict v, int n) {
+    int j = 0;
+    for (; j + 4 <= ns; j += 4) {
+        float *restrict a0 = acc + (size_t)j * ld, *restrict a1 = a0 + ld, *restrict a2 = a1 + ld, *restrict a3 = a2 + ld;
+        const float w0 = w[j], w1 = w[j + 1], w2 = w[j + 2], w3 = w[j + 3];
+        for (int i = 0; i < n; i++) {
+            const float x = v[i];
+            a0[i] += w0 * x, a1[i] += w1 * x, a2[i] += w2 * x, a3[i] += w3 * x;
+        }
+    }
+    if (ns - j == 3) {
+        float *restrict a0 = acc + (size_t)j * ld, *restrict a1 = a0 + ld, *restrict a2 = a1 + ld;
+        const float w0 = w[j], w1 = w[j + 1], w2 = w[j + 2];
+        for (int i = 0; i < n; i++) {
+            const float x = v[i];
+            a0[i] += w0 * x, a1[i] += w1 * x, a2[i] += w2 * x;
+        }
+    } else {
+        for (; j < ns; j++) axpy(acc + (size_t)j * ld, w[j], v, n);
+    }
+}
+
+/* The same with v an int8 row (the scale is in w). */
+LR_AI void axpy_rows_i8(float *acc, size_t ld, const float *w, int ns, const int8_t *restrict v, int n) {
+    int j = 0;
+    for (; j + 4 <= ns; j += 4) {
+        float *restrict a0 = acc + (size_t)j * ld, *restrict a1 = a0 + ld, *restrict a2 = a1 + ld, *restrict a3 = a2 + ld;
+        const float w0 = w[j], w1 = w[j + 1], w2 = w[j + 2], w3 = w[j + 3];
+        for (int i = 0; i < n; i++) {
+            const float x = (float)v[i];
+            a0[i] += w0 * x, a1[i] += w1 * x, a2[i] += w2 * x, a3[i] += w3 * x;
+        }
+    }
+    if (ns - j == 3) {
+        float *restrict a0 = acc + (size_t)j * ld, *restrict a1 = a0 + ld, *restrict a2 = a1 + ld;
+        const float w0 = w[j], w1 = w[j + 1], w2 = w[j + 2];
+        for (int i = 0; i < n; i++) {
+            const float x = (float)v[i];
+            a0[i] += w0 * x, a1[i] += w1 * x, a2[i] += w2 * x;
+        }
+        j += 3;
+    }
+    for (; j < ns; j++) {
+        float *restrict a = acc + (size_t)j * ld;
+        const float wj = w[j];
+        for (int i = 0; i < n; i++) a[i] += wj * (float)v[i];
+    }
+}
+
+/* acc (ns rows of stride ld, n floats each) += Σ_k w(k, j) · s_k · row_k for nb rows at
+ * rows + k·stride: int8 rows (i8: an f16 scale s_k, then n codes) or f16 rows (s_k = 1);
+ * w(k, j) = w[k·wk + j·wj]. The fused decode loops: rows are read once for every query
+ * head, 16 columns × up to 4 heads of accumulators stay in registers over 32 rows. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define LR_HAVE_ACC_AVX2 1
+enum { LR_R_I8, LR_R_F16, LR_R_F32 };
+__attribute__((target("avx2,fma,f16c"))) static inline __m256 ld8(const uint8_t *p, int ty) {
+    if (ty == LR_R_I8) return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+    if (ty == LR_R_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_loadu_ps((const float *)p);
+}
+__attribute__((target("avx2,fma,f16c"))) static void acc_rows_avx2(float *acc, size_t ld, int ns, const float *w,
+                                                                   size_t wk, size_t wj, const uint8_t *rows,
+                                                                   size_t stride, int ty, int nb, int n) {
+    const bool i8 = ty == LR_R_I8;
+    const size_t el = i8 ? 1 : ty == LR_R_F16 ? 2 : 4, hdr = i8 ? 2 : 0;
+    float ws[32 * 4];
+    for (int k0 = 0; k0 < nb; k0 += 32) {
+        const int kn = nb - k0 < 32 ? nb - k0 : 32;
+        for (int j0 = 0; j0 < ns; j0 += 4) {
+            const int nj = ns - j0 < 4 ? ns - j0 : 4;
+            for (int k = 0; k < kn; k++) {
+                const uint8_t *rw = rows + (size_t)(k0 + k) * stride;
+                const float sk = i8 ? _cvtsh_ss((unsigned short)(rw[0] | (rw[1] << 8))) : 1.0f;
+                for (int jj = 0; jj < 4; jj++)
+                    ws[k * 4 + jj] = jj < nj ? w[(size_t)(k0 + k) * wk + (size_t)(j0 + jj) * wj] * sk : 0.0f;
+            }
+            int i = 0;
+            for (; i + 16 <= n; i += 16) {
+                __m256 a[4][2];
+                for (int jj = 0; jj < 4; jj++)
+                    for (int u = 0; u < 2; u++)
+                        a[jj][u] = jj < nj ? _mm256_loadu_ps(acc + (size_t)(j0 + jj) * ld + i + 8 * u) : _mm256_setzero_ps();
+                for (int k = 0; k < kn; k++) {
+                    const uint8_t *rw = rows + (size_t)(k0 + k) * stride + hdr + (size_t)i * el;
+                    const __m256 v0 = ld8(rw, ty), v1 = ld8(rw + 8 * el, ty);
+                    for (int jj = 0; jj < 4; jj++) {
+                        const __m256 b = _mm256_set1_ps(ws[k * 4 + jj]);
+                        a[jj][0] = _mm256_fmadd_ps(b, v0, a[jj][0]);
+                        a[jj][1] = _mm256_fmadd_ps(b, v1, a[jj][1]);
+                    }
+                }
+                for (int jj = 0; jj < nj; jj++)
+                    for (int u = 0; u < 2; u++) _mm256_storeu_ps(acc + (size_t)(j0 + jj) * ld + i + 8 * u, a[jj][u]);
+            }
+            for (; i < n; i++) /* tail */
+                for (int k = 0; k < kn; k++) {
+                    const uint8_t *rw = rows + (size_t)(k0 + k) * stride + hdr;
+                    const float v = i8 ? (float)((const int8_t *)rw)[i]
+                                 : ty == LR_R_F16 ? _cvtsh_ss(((const uint16_t *)rw)[i]) : ((const float *)rw)[i];
+                    for (int jj = 0; jj < nj; jj++) acc[(size_t)(j0 + jj) * ld + i] += ws[k * 4 + jj] * v;
+                }
+        }
+    }
+}
+/* sc[k] = exp(sc[k] - m) for k < n, returns their sum: Cephes' expf polynomial on 8 lanes
+ * (relative error ~1e-7, the same class as libm's expf), arguments below -87.3 give 0. */
+__attribute__((target("avx2,fma"))) static float exp_sum_avx2(float *sc, int n, float m) {
+    const __m256 lo = _mm256_set1_ps(-87.33654f), hi = _mm256_set1_ps(88.3762626647949f), mm = _mm256_set1_ps(m);
+    const __m256 log2e = _mm256_set1_ps(1.44269504088896341f), c1 = _mm256_set1_ps(0.693359375f),
+                 c2 = _mm256_set1_ps(-2.12194440e-4f), one = _mm256_set1_ps(1.0f);
+    __m256 acc = _mm256_setzero_ps();
+    int k = 0;
+    for (; k + 8 <= n; k += 8) {
+        __m256 x = _mm256_sub_ps(_mm256_loadu_ps(sc + k), mm);
+        const __m256 z = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+        x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+        const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        x = _mm256_fnmadd_ps(fx, c1, x);
+        x = _mm256_fnmadd_ps(fx, c2, x);
+        __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+        y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, one));
+        const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+        y = _mm256_andnot_ps(z, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+        _mm256_storeu_ps(sc + k, y);
+        acc = _mm256_add_ps(acc, y);
+    }
+    float t[8], sum = 0;
+    _mm256_storeu_ps(t, acc);
+    for (int i = 0; i < 8; i++) sum += t[i];
+    for (; k < n; k++) sum += sc[k] = expf(sc[k] - m);
+    return sum;
+}
+#endif
+
+#endif
