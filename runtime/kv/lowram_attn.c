@@ -41,13 +41,37 @@ LR_AI const float *q_of(const head_task *t, int j) {
     return t->q + (t->i0 + j / t->grp) * qd + (size_t)(t->h * t->grp + j % t->grp) * t->c->hd;
 }
 
+/* Online softmax for state row j: rescale the running state to the new maximum (from mx,
+ * the block's maximum), turn the block's nv scores in sc into weights exp(s - m) and add
+ * their sum. */
+LR_AI void online_update(const head_task *t, int j, float *sc, int nv, float mx) {
+    const rk_kv_codec *c = t->c;
+    lr_scratch *x = t->x;
+    const int hd = c->hd, rc = c->g[c->ly[t->l].grp].r;
+    const float m_new = mx > x->st_m[j] ? mx : x->st_m[j];
+    if (m_new > x->st_m[j]) {
+        const float a = expf(x->st_m[j] - m_new); /* 0 on the first block */
+        x->st_l[j] *= a, x->st_a[j] *= a;
+        scal(x->acc_v + (size_t)j * hd, a, hd);
+        if (t->use_c) scal(x->acc_c + (size_t)j * c->r_max, a, rc);
+        x->st_m[j] = m_new;
+    }
+    float sum = 0;
+#ifdef LR_HAVE_ACC_AVX2
+    if (t->avx2) sum = exp_sum_avx2(sc, nv, m_new);
+    else
+#endif
+        for (int k = 0; k < nv; k++) sum += sc[k] = expf(sc[k] - m_new);
+    x->st_l[j] += sum;
+}
+
 /* Scores of nb keys kb for every state row, then the online-softmax rescale; returns per
  * state row the weights in x->sc (0 for keys a query may not see). kpos0 >= 0: keys sit
  * at kpos0.. and are causal-masked; < 0: every key is visible. */
 LR_AI void scores(const head_task *t, const float *kb, int nb, int64_t kpos0, const float *bias) {
     const rk_kv_codec *c = t->c;
     lr_scratch *x = t->x;
-    const int hd = c->hd, C = c->p.chunk, rc = c->g[c->ly[t->l].grp].r;
+    const int hd = c->hd, C = c->p.chunk;
     const float scale = 1.0f / sqrtf((float)hd);
     for (int j = 0; j < t->ns; j++) {
         const float *qv = q_of(t, j);
@@ -64,21 +88,7 @@ LR_AI void scores(const head_task *t, const float *kb, int nb, int64_t kpos0, co
         }
         for (int k = nv; k < nb; k++) sc[k] = 0;
         if (nv == 0) continue;
-        float m_new = mx > x->st_m[j] ? mx : x->st_m[j];
-        if (m_new > x->st_m[j]) {
-            const float a = expf(x->st_m[j] - m_new); /* 0 on the first block */
-            x->st_l[j] *= a, x->st_a[j] *= a;
-            scal(x->acc_v + (size_t)j * hd, a, hd);
-            if (t->use_c) scal(x->acc_c + (size_t)j * c->r_max, a, rc);
-            x->st_m[j] = m_new;
-        }
-        float sum = 0;
-#ifdef LR_HAVE_ACC_AVX2
-        if (t->avx2) sum = exp_sum_avx2(sc, nv, m_new);
-        else
-#endif
-            for (int k = 0; k < nv; k++) sum += sc[k] = expf(sc[k] - m_new);
-        x->st_l[j] += sum;
+        online_update(t, j, sc, nv, mx);
     }
 }
 
@@ -86,7 +96,7 @@ LR_AI void scores(const head_task *t, const float *kb, int nb, int64_t kpos0, co
 LR_AI void softmax_block(const head_task *t, int nb) {
     const rk_kv_codec *c = t->c;
     lr_scratch *x = t->x;
-    const int hd = c->hd, C = c->p.chunk, rc = c->g[c->ly[t->l].grp].r;
+    const int C = c->p.chunk;
     for (int j = 0; j < t->ns; j++) {
         float *sc = x->sc + (size_t)j * C, mx = -INFINITY;
         for (int k = 0; k < nb; k++) mx = sc[k] > mx ? sc[k] : mx;
@@ -94,21 +104,7 @@ LR_AI void softmax_block(const head_task *t, int nb) {
             for (int k = 0; k < nb; k++) sc[k] = 0;
             continue;
         }
-        const float m_new = mx > x->st_m[j] ? mx : x->st_m[j];
-        if (m_new > x->st_m[j]) {
-            const float a = expf(x->st_m[j] - m_new);
-            x->st_l[j] *= a, x->st_a[j] *= a;
-            scal(x->acc_v + (size_t)j * hd, a, hd);
-            if (t->use_c) scal(x->acc_c + (size_t)j * c->r_max, a, rc);
-            x->st_m[j] = m_new;
-        }
-        float sum = 0;
-#ifdef LR_HAVE_ACC_AVX2
-        if (t->avx2) sum = exp_sum_avx2(sc, nb, m_new);
-        else
-#endif
-            for (int k = 0; k < nb; k++) sum += sc[k] = expf(sc[k] - m_new);
-        x->st_l[j] += sum;
+        online_update(t, j, sc, nb, mx);
     }
 }
 
