@@ -443,18 +443,24 @@ static void write_maps(const rk_model *m, int split, uint32_t wt, bool normalize
     free(bytes), free(wf), free(wh), free(b);
 }
 
-/* Every fill mode and map kind: a devsim session gives the cpu session's logits bit for
- * bit (all rows of a 70-token prompt in 16-row chunks: bulk chunks, a chunk crossing
- * into the tail, filled rows NaN), the same work counters and selection, then the same
- * decode steps over the filled cache; nothing read on the host (devsim faults). */
-Test(devsim, fill_session_matches_cpu_bit_for_bit, .timeout = 120) {
+/* A generated tiny model, loaded (its file removed at once). */
+static rk_model *load_tiny(tb_tiny_spec sp) {
     char path[1024];
-    tb_tiny_spec sp = {.arch = TB_ARCH_QWEN2, .n_layer = 5, .seed = 21}; /* QKV bias, NEOX */
     cr_assert(tb_tiny_model(&sp, path, sizeof path), "%s", path);
     rk_model *m = NULL;
     rk_err err = {0};
     cr_assert_eq(rk_model_load(path, &m, &err), RK_OK, "%s", err.msg);
     unlink(path);
+    return m;
+}
+
+/* Every fill mode and map kind: a devsim session gives the cpu session's logits bit for
+ * bit (all rows of a 70-token prompt in 16-row chunks: bulk chunks, a chunk crossing
+ * into the tail, filled rows NaN), the same work counters and selection, then the same
+ * decode steps over the filled cache; nothing read on the host (devsim faults). */
+Test(devsim, fill_session_matches_cpu_bit_for_bit, .timeout = 120) {
+    rk_model *m = load_tiny((tb_tiny_spec){.arch = TB_ARCH_QWEN2, .n_layer = 5, .seed = 21}); /* QKV bias, NEOX */
+    rk_err err = {0};
     const int nv = rk_model_hparams(m)->n_vocab, L = rk_model_hparams(m)->n_layer, split = 2;
     enum { N = 70, DEC = 4, TAIL = 20 };
     struct {
@@ -539,13 +545,8 @@ Test(devsim, fill_session_matches_cpu_bit_for_bit, .timeout = 120) {
  * and q and uploads the attention output. Same logits as the cpu session, bit for bit,
  * over a prompt long enough to spill, then decode steps. */
 Test(devsim, host_kv_policies_match_cpu_bit_for_bit, .timeout = 120) {
-    char path[1024];
-    tb_tiny_spec sp = {.n_layer = 2, .seed = 9};
-    cr_assert(tb_tiny_model(&sp, path, sizeof path), "%s", path);
-    rk_model *m = NULL;
+    rk_model *m = load_tiny((tb_tiny_spec){.n_layer = 2, .seed = 9});
     rk_err err = {0};
-    cr_assert_eq(rk_model_load(path, &m, &err), RK_OK, "%s", err.msg);
-    unlink(path);
     const int nv = rk_model_hparams(m)->n_vocab;
     enum { N = 1300, DEC = 3 };
     int32_t *ids = malloc((N + DEC) * sizeof(int32_t));
@@ -641,13 +642,8 @@ Test(devsim, lane_calls_fall_back_on_host_backends) {
  * and the device holds exactly the resident layers and the two slots: the budgeted
  * session's backend memory is the plain one's less (n_layer - resident - 2) layers. */
 Test(devsim, kv_budget_device_tiers_match_plain, .timeout = 120) {
-    char path[1024];
-    tb_tiny_spec sp = {.n_layer = 4, .seed = 13};
-    cr_assert(tb_tiny_model(&sp, path, sizeof path), "%s", path);
-    rk_model *m = NULL;
+    rk_model *m = load_tiny((tb_tiny_spec){.n_layer = 4, .seed = 13});
     rk_err err = {0};
-    cr_assert_eq(rk_model_load(path, &m, &err), RK_OK, "%s", err.msg);
-    unlink(path);
     const rk_hparams *hp = rk_model_hparams(m);
     const int nv = hp->n_vocab;
     const int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim, n_ctx = 512;
@@ -758,13 +754,8 @@ Test(devsim, kv_budget_device_tiers_match_plain, .timeout = 120) {
  * A truncation (the device copy dropped and uploaded again) and a second decode run agree
  * too. */
 Test(devsim, lowram_session_matches_cpu, .timeout = 120) {
-    char path[1024];
-    tb_tiny_spec sp = {.arch = TB_ARCH_QWEN2, .n_layer = 4, .n_embd = 64, .n_head = 4, .n_head_kv = 2, .seed = 21};
-    cr_assert(tb_tiny_model(&sp, path, sizeof path), "%s", path);
-    rk_model *m = NULL;
+    rk_model *m = load_tiny((tb_tiny_spec){.arch = TB_ARCH_QWEN2, .n_layer = 4, .n_embd = 64, .n_head = 4, .n_head_kv = 2, .seed = 21});
     rk_err err = {0};
-    cr_assert_eq(rk_model_load(path, &m, &err), RK_OK, "%s", err.msg);
-    unlink(path);
     const int nv = rk_model_hparams(m)->n_vocab, n_layer = rk_model_hparams(m)->n_layer;
     enum { N = 300, DEC = 40 };
     int32_t ids[N + DEC];
