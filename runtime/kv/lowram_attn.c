@@ -304,9 +304,27 @@ LR_AI bool kc_valid(const rk_kv_codec *c, const lr_group *g, const lr_head *H, i
     return H->kc_rows[k] == (g->n_rows - ch * C < C ? g->n_rows - ch * C : C);
 }
 
-static int cmp_desc(const void *a, const void *b) {
-    float u = *(const float *)a, v = *(const float *)b;
-    return (u < v) - (u > v);
+/* The k-th largest (k from 0) of v[0..n), as v sorted in decreasing order would hold it at k:
+ * quickselect (expected O(n), v is reordered), not a sort of the whole array per head and layer. */
+LR_AI float kth_largest(float *v, int64_t n, int64_t k) {
+    int64_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const float a = v[lo], b = v[lo + (hi - lo) / 2], z = v[hi];
+        const float piv = a > b ? (b > z ? b : a > z ? z : a) : (a > z ? a : b > z ? z : b); /* median of 3 */
+        int64_t i = lo, j = hi;
+        while (i <= j) { /* [lo, i) >= piv, (j, hi] <= piv */
+            while (v[i] > piv) i++;
+            while (v[j] < piv) j--;
+            if (i <= j) {
+                const float t = v[i];
+                v[i++] = v[j], v[j--] = t;
+            }
+        }
+        if (k <= j) hi = j;
+        else if (k >= i) lo = i;
+        else return v[k]; /* between the two parts: equal to piv */
+    }
+    return v[k];
 }
 
 /* Chunks whose landmark scores highest (max over the state rows), budget / chunk of them. */
@@ -352,8 +370,7 @@ LR_AI int64_t select_chunks(const head_task *t, int64_t n_ch) {
             if (kc_valid(c, g, H, i, n_ch)) x->csc[H->kc_ch[i]] += bonus;
     }
     memcpy(x->csc2, x->csc, (size_t)n_ch * sizeof(float));
-    qsort(x->csc2, (size_t)n_ch, sizeof(float), cmp_desc);
-    const float th = x->csc2[n_sel - 1];
+    const float th = kth_largest(x->csc2, n_ch, n_sel - 1);
     int64_t n = 0;
     for (int64_t ch = 0; ch < n_ch && n < n_sel; ch++)
         if (x->csc[ch] > th) x->sel[n++] = (int32_t)ch;
