@@ -122,7 +122,8 @@ typedef struct rk_lowram_params {
     int32_t min_chunks;   /* with topp: at least this many chunks (0: 2) */
     int32_t key_rank;     /* decode rebuilds keys from the first key_rank coefficients (0: all) */
     int32_t value_rank;   /* the value predictor uses the first value_rank coefficients only (its other
-                             rows are 0), so attention sums value_rank of them per row (0: all) */
+                             rows are 0), so attention sums value_rank of them per row (default 128;
+                             0: all) */
     float hyst;           /* decode: a chunk whose keys are in the key cache gets this many nats added
                              to its selection score, so that selection churn rebuilds fewer keys
                              (0: default; < 0: off) */
