@@ -121,6 +121,9 @@ typedef struct rk_lowram_params {
                              every chunk) is at most 1 - topp for every query head (0: a fixed budget) */
     int32_t min_chunks;   /* with topp: at least this many chunks (0: 2) */
     int32_t key_rank;     /* decode rebuilds keys from the first key_rank coefficients (0: all) */
+    int32_t value_rank;   /* the value predictor uses the first value_rank coefficients only (its other
+                             rows are 0), so attention sums value_rank of them per row (default 128;
+                             0: all) */
     float hyst;           /* decode: a chunk whose keys are in the key cache gets this many nats added
                              to its selection score, so that selection churn rebuilds fewer keys
                              (0: default; < 0: off) */
@@ -160,7 +163,7 @@ typedef struct rk_lowram_params {
 rk_lowram_params rk_lowram_params_default(void);
 /* Parses "key=value,flag,..." (the part after "lowram:" of --kv) into *p, starting from
  * its current values. Keys: ratio, rank, energy, group, window, sinks, chunk, resid,
- * budget, topp, minch, krank, hyst, kslots, pfit, evict, obs, lambda, fitrows, threads, coef=f16|f32|int8, rtype=int8|int4|f16, exact=f16|f32,
+ * budget, topp, minch, krank, vrank, hyst, kslots, pfit, evict, obs, lambda, fitrows, threads, coef=f16|f32|int8, rtype=int8|int4|f16, exact=f16|f32,
  * pred=FILE (must come last: the rest of the spec is the path); flags: dense, mass,
  * nomass, keys_only, nosumm, csumm, qpca, bound, nocache. */
 rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err);

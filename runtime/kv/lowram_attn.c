@@ -47,7 +47,7 @@ LR_AI const float *q_of(const head_task *t, int j) {
 LR_AI void online_update(const head_task *t, int j, float *sc, int nv, float mx) {
     const rk_kv_codec *c = t->c;
     lr_scratch *x = t->x;
-    const int hd = c->hd, rc = c->g[c->ly[t->l].grp].r;
+    const int hd = c->hd, rc = lr_vr(c, &c->g[c->ly[t->l].grp]);
     const float m_new = mx > x->st_m[j] ? mx : x->st_m[j];
     if (m_new > x->st_m[j]) {
         const float a = expf(x->st_m[j] - m_new); /* 0 on the first block */
@@ -213,7 +213,7 @@ LR_AI void comp_chunk(const head_task *t, int64_t ch, int kslot) {
     const lr_layer *L = &c->ly[t->l];
     const lr_group *g = &c->g[L->grp];
     const lr_head *H = &L->h[t->h];
-    const int hd = c->hd, C = c->p.chunk, r = g->r;
+    const int hd = c->hd, C = c->p.chunk, r = g->r, rv = lr_vr(c, g);
     const int64_t r0 = ch * C;
     const int nb = g->n_rows - r0 < C ? (int)(g->n_rows - r0) : C;
     /* decode with int8 coefficients and keys rebuilt beforehand: Σ a·c straight from the
@@ -227,7 +227,7 @@ LR_AI void comp_chunk(const head_task *t, int64_t ch, int kslot) {
 #ifdef LR_HAVE_ACC_AVX2
     if (i8 && t->avx2) {
         acc_rows_avx2(x->acc_c, (size_t)c->r_max, t->ns, x->sc, 1, (size_t)C, g->coef + (size_t)r0 * g->coef_bytes,
-                      g->coef_bytes, LR_R_I8, nb, r);
+                      g->coef_bytes, LR_R_I8, nb, rv);
         float w[LR_WMAX];
         for (int k = 0; k < nb; k++) {
             for (int j = 0; j < t->ns; j++) x->st_a[j] += w[j] = x->sc[(size_t)j * C + k];
@@ -252,7 +252,7 @@ LR_AI void comp_chunk(const head_task *t, int64_t ch, int kslot) {
                 w[j] = a * s;
                 any |= a != 0;
             }
-            if (any) axpy_rows_i8(x->acc_c, (size_t)c->r_max, w, t->ns, (const int8_t *)(row + 2), r);
+            if (any) axpy_rows_i8(x->acc_c, (size_t)c->r_max, w, t->ns, (const int8_t *)(row + 2), rv);
             if ((mask >> k) & 1u) {
                 lr_res_row(c, H, slot++, x->row);
                 for (int j = 0; j < t->ns; j++) w[j] = x->sc[(size_t)j * C + k];
@@ -265,7 +265,7 @@ LR_AI void comp_chunk(const head_task *t, int64_t ch, int kslot) {
     if (t->use_c && t->ns >= LR_VREBUILD_MIN) {
         /* many query rows (a long eval): rebuild the chunk's values once, V̂ = c·W + b + δ,
          * instead of r coefficients per (query, key) pair */
-        rk_linalg_matmul(nb, hd, r, x->cf, r, x->wsl, hd, x->vb, hd);
+        rk_linalg_matmul(nb, hd, rv, x->cf, r, x->wsl, hd, x->vb, hd);
         const float *bias = L->b + (size_t)t->h * hd;
         for (int k = 0; k < nb; k++) {
             float *vr = x->vb + (size_t)k * hd;
@@ -289,7 +289,7 @@ LR_AI void comp_chunk(const head_task *t, int64_t ch, int kslot) {
         if (has_res) lr_res_row(c, H, slot++, x->row);
         for (int j = 0; j < t->ns; j++) {
             const float w = x->sc[(size_t)j * C + k];
-            if (t->use_c) axpy(x->acc_c + (size_t)j * c->r_max, w, x->cf + (size_t)k * r, r);
+            if (t->use_c) axpy(x->acc_c + (size_t)j * c->r_max, w, x->cf + (size_t)k * r, rv);
             x->st_a[j] += w;
             if (has_res) axpy(x->acc_v + (size_t)j * hd, w, x->row, hd);
         }
@@ -304,9 +304,27 @@ LR_AI bool kc_valid(const rk_kv_codec *c, const lr_group *g, const lr_head *H, i
     return H->kc_rows[k] == (g->n_rows - ch * C < C ? g->n_rows - ch * C : C);
 }
 
-static int cmp_desc(const void *a, const void *b) {
-    float u = *(const float *)a, v = *(const float *)b;
-    return (u < v) - (u > v);
+/* The k-th largest (k from 0) of v[0..n), as v sorted in decreasing order would hold it at k:
+ * quickselect (expected O(n), v is reordered), not a sort of the whole array per head and layer. */
+LR_AI float kth_largest(float *v, int64_t n, int64_t k) {
+    int64_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const float a = v[lo], b = v[lo + (hi - lo) / 2], z = v[hi];
+        const float piv = a > b ? (b > z ? b : a > z ? z : a) : (a > z ? a : b > z ? z : b); /* median of 3 */
+        int64_t i = lo, j = hi;
+        while (i <= j) { /* [lo, i) >= piv, (j, hi] <= piv */
+            while (v[i] > piv) i++;
+            while (v[j] < piv) j--;
+            if (i <= j) {
+                const float t = v[i];
+                v[i++] = v[j], v[j--] = t;
+            }
+        }
+        if (k <= j) hi = j;
+        else if (k >= i) lo = i;
+        else return v[k]; /* between the two parts: equal to piv */
+    }
+    return v[k];
 }
 
 /* Chunks whose landmark scores highest (max over the state rows), budget / chunk of them. */
@@ -352,8 +370,7 @@ LR_AI int64_t select_chunks(const head_task *t, int64_t n_ch) {
             if (kc_valid(c, g, H, i, n_ch)) x->csc[H->kc_ch[i]] += bonus;
     }
     memcpy(x->csc2, x->csc, (size_t)n_ch * sizeof(float));
-    qsort(x->csc2, (size_t)n_ch, sizeof(float), cmp_desc);
-    const float th = x->csc2[n_sel - 1];
+    const float th = kth_largest(x->csc2, n_ch, n_sel - 1);
     int64_t n = 0;
     for (int64_t ch = 0; ch < n_ch && n < n_sel; ch++)
         if (x->csc[ch] > th) x->sel[n++] = (int32_t)ch;
@@ -496,7 +513,7 @@ LR_AI void summaries(const head_task *t, int64_t n_ch) {
             if (!live) continue;
             scores(t, x->kb, nb, -1, x->bias);
             acc_rows_avx2(x->acc_c, (size_t)c->r_max, t->ns, x->sc, 1, (size_t)C,
-                          (const uint8_t *)(g->cmean + (size_t)ch0 * r), (size_t)r * 2, LR_R_F16, nb, r);
+                          (const uint8_t *)(g->cmean + (size_t)ch0 * r), (size_t)r * 2, LR_R_F16, nb, lr_vr(c, g));
             for (int j = 0; j < t->ns; j++)
                 for (int k = 0; k < nb; k++) x->st_a[j] += x->sc[(size_t)j * C + k];
         }
@@ -517,7 +534,7 @@ LR_AI void summaries(const head_task *t, int64_t n_ch) {
 #ifdef LR_HAVE_ACC_AVX2
         if (t->use_c && t->avx2) {
             acc_rows_avx2(x->acc_c, (size_t)c->r_max, t->ns, x->sc, 1, (size_t)C, (const uint8_t *)x->cf,
-                          (size_t)r * sizeof(float), LR_R_F32, nb, r);
+                          (size_t)r * sizeof(float), LR_R_F32, nb, lr_vr(c, g));
             for (int j = 0; j < t->ns; j++)
                 for (int k = 0; k < nb; k++) x->st_a[j] += x->sc[(size_t)j * C + k];
             continue;
@@ -527,12 +544,12 @@ LR_AI void summaries(const head_task *t, int64_t n_ch) {
             if (t->use_c && t->ns <= LR_WMAX) {
                 float w[LR_WMAX];
                 for (int j = 0; j < t->ns; j++) x->st_a[j] += w[j] = x->sc[(size_t)j * C + k];
-                axpy_rows(x->acc_c, (size_t)c->r_max, w, t->ns, x->cf + (size_t)k * r, r);
+                axpy_rows(x->acc_c, (size_t)c->r_max, w, t->ns, x->cf + (size_t)k * r, lr_vr(c, g));
                 continue;
             }
             for (int j = 0; j < t->ns; j++) {
                 const float w = x->sc[(size_t)j * C + k];
-                if (t->use_c) axpy(x->acc_c + (size_t)j * c->r_max, w, x->cf + (size_t)k * r, r);
+                if (t->use_c) axpy(x->acc_c + (size_t)j * c->r_max, w, x->cf + (size_t)k * r, lr_vr(c, g));
                 x->st_a[j] += w;
             }
         }
@@ -674,12 +691,12 @@ LR_AI void head_run(head_task *t) {
 #ifdef LR_HAVE_ACC_AVX2
     if (fuse_w && t->avx2 && !c->wide) {
         acc_rows_avx2(x->acc_v, (size_t)hd, t->ns, x->acc_c, 1, (size_t)c->r_max,
-                      (const uint8_t *)((const uint16_t *)L->W + (size_t)t->h * hd), (size_t)c->kvd * 2, LR_R_F16, g->r, hd);
+                      (const uint8_t *)((const uint16_t *)L->W + (size_t)t->h * hd), (size_t)c->kvd * 2, LR_R_F16, lr_vr(c, g), hd);
     } else
 #endif
     if (fuse_w) { /* acc_v += (Σ a·c) W, one f16 row of W at a time for every query head */
         float w[LR_WMAX];
-        for (int k = 0; k < g->r; k++) {
+        for (int k = 0; k < lr_vr(c, g); k++) {
             for (int j = 0; j < t->ns; j++) w[j] = x->acc_c[(size_t)j * c->r_max + k];
             lr_mat_f32(c, L->W, (size_t)c->kvd, k, 1, t->h * hd, hd, x->row);
             axpy_rows(x->acc_v, (size_t)hd, w, t->ns, x->row, hd);
@@ -689,7 +706,7 @@ LR_AI void head_run(head_task *t) {
         float *o = t->out + (t->i0 + j / t->grp) * qd + (size_t)(t->h * t->grp + j % t->grp) * hd;
         float *av = x->acc_v + (size_t)j * hd;
         if (t->use_c && !fuse_w) {
-            rk_linalg_matmul(1, hd, g->r, x->acc_c + (size_t)j * c->r_max, g->r, x->wsl, hd, o, hd);
+            rk_linalg_matmul(1, hd, lr_vr(c, g), x->acc_c + (size_t)j * c->r_max, g->r, x->wsl, hd, o, hd);
             axpy(av, 1.0f, o, hd);
         }
         axpy(av, x->st_a[j], L->b + (size_t)t->h * hd, hd);

@@ -237,13 +237,18 @@ static rk_status fit_predictor(rk_kv_codec *c, lr_group *g, const float *Cq, int
                 for (int i = 0; i < r; i++)
                     for (int j = 0; j < c->kvd; j++) B[(size_t)i * m + li * c->kvd + j] += lam * wp[(size_t)i * c->kvd + j];
     st = RK_E_INTERNAL;
-    if (!rk_linalg_spd_solve(r, A, B, m)) goto done;
+    /* value_rank: the predictor from the first rv coefficients only (the leading block of A,
+     * the first rv rows of B; rows rv.. of W are 0) */
+    const int rv = lr_vr(c, g);
+    if (rv < r)
+        for (int i = 1; i < rv; i++) memmove(A + (size_t)i * rv, A + (size_t)i * r, (size_t)rv * sizeof(double));
+    if (!rk_linalg_spd_solve(rv, A, B, m)) goto done;
     for (int li = 0; li < g->n_l; li++) {
         lr_layer *L = &c->ly[g->l0 + li];
         for (int j = 0; j < c->kvd; j++) {
             double bj = mv[li * c->kvd + j];
             for (int i = 0; i < r; i++) {
-                const double wij = B[(size_t)i * m + li * c->kvd + j];
+                const double wij = i < rv ? B[(size_t)i * m + li * c->kvd + j] : 0.0;
                 wp[(size_t)i * c->kvd + j] = (float)wij;
                 bj -= mc[i] * wij;
             }

@@ -188,6 +188,11 @@ void lr_append_row(rk_kv_codec *c, lr_group *g, int64_t p, const uint8_t *coef_r
 rk_status lr_compress(rk_kv_codec *c, int64_t end, rk_err *err);
 /* Forgets stored rows at positions >= pos (the session was truncated to pos). */
 void lr_truncate(rk_kv_codec *c, int64_t pos);
+/* Coefficients the value predictor uses (its rows past them are 0): value_rank, capped at r. */
+static inline int lr_vr(const rk_kv_codec *c, const lr_group *g) {
+    return c->p.value_rank > 0 && c->p.value_rank < g->r ? c->p.value_rank : g->r;
+}
+
 /* ---- exact rows (lowram_store.c) ----
  * Row p of layer l (keys or values) as stored: sinks while fitted, else xk / xv at p - x0
  * (inline: attention calls it per row). */

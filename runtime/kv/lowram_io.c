@@ -33,6 +33,7 @@ int lr_params(const rk_kv_codec *c, rk_kv_param *o) {
     P("rtype", p->resid_type), P("exact", p->exact_type), P("evict", p->evict), P("obs", p->obs_window);
     P("lambda", p->lambda), P("fitrows", p->max_fit_rows);
     P("topp", p->topp), P("minch", p->min_chunks), P("krank", p->key_rank), P("pfit", p->prefill_fit);
+    if (p->value_rank) P("vrank", p->value_rank); /* only when set: states exported before it still import */
 #undef P
     return n;
 }

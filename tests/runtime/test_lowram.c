@@ -857,3 +857,46 @@ Test(lowram, value_summaries_and_split_decode) {
     rk_session_destroy(ex), rk_session_destroy(vs), rk_session_destroy(cs), rk_session_destroy(sp);
     rk_model_destroy(m);
 }
+
+/* vrank: the value predictor from the first value_rank coefficients only. Its other rows of
+ * W are exactly 0 (so attention may sum value_rank coefficients per row, the device op that
+ * sums all of them gives the same values), a vrank at or above the rank changes nothing bit
+ * for bit, and decode stays within the default's bound of exact (KL < 0.02). */
+Test(lowram, value_rank_predictor) {
+    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    const rk_hparams *hp = rk_model_hparams(m);
+    const int nv = hp->n_vocab, n_story = 220, n_prefix = 100, n_dec = 24;
+    const int n_prompt = 1 + n_story + n_prefix;
+    int32_t *ids = copy_prompt(m, n_story, n_prefix, n_dec);
+    rk_session *ex = session(m, RK_DT_F16, NULL);
+    rk_session *df = session(m, RK_DT_F16, "window=32,chunk=16,budget=48");
+    rk_session *vh = session(m, RK_DT_F16, "window=32,chunk=16,budget=48,vrank=100000");
+    rk_session *vl = session(m, RK_DT_F16, "window=32,chunk=16,budget=48,vrank=12");
+    float *a = trace(ex, ids, n_prompt, n_dec, nv), *ld = trace(df, ids, n_prompt, n_dec, nv);
+    float *lh = trace(vh, ids, n_prompt, n_dec, nv), *ll = trace(vl, ids, n_prompt, n_dec, nv);
+    const size_t n = (size_t)(n_dec + 1) * nv;
+    cr_expect_eq(rt_max_abs_diff(ld, lh, n), 0.0, "vrank above the rank changed the logits");
+    const rk_kv_codec *c = codec(vl);
+    for (int l = 0; l < c->n_layer; l++) {
+        const lr_group *g = &c->g[c->ly[l].grp];
+        cr_assert_gt(g->r, 12, "layer %d: rank %d, the test needs more than vrank", l, g->r);
+        cr_assert_eq(lr_vr(c, g), 12);
+        const uint16_t *W = c->ly[l].W;
+        int nz_in = 0, nz_out = 0;
+        for (int k = 0; k < g->r; k++)
+            for (int j = 0; j < c->kvd; j++) {
+                const bool nz = rk_f16_to_f32(W[(size_t)k * c->kvd + j]) != 0.0f;
+                if (k < 12) nz_in += nz;
+                else nz_out += nz;
+            }
+        cr_expect_eq(nz_out, 0, "layer %d: %d nonzero predictor entries past vrank", l, nz_out);
+        cr_expect_gt(nz_in, 12 * c->kvd / 2, "layer %d: the first 12 rows are mostly 0 (%d nonzero)", l, nz_in);
+    }
+    const double kd = rt_mean_kl(a, ld, n_dec + 1, nv), kl = rt_mean_kl(a, ll, n_dec + 1, nv);
+    cr_log_info("decode KL default %.5f, vrank=12 %.5f (rank %d)", kd, kl, c->g[0].r);
+    cr_expect_lt(kl, 0.02, "KL %g with vrank=12", kl);
+    cr_expect_gt(rt_max_abs_diff(ld, ll, n), 0.0, "vrank=12 did not change anything");
+    free(a), free(ld), free(lh), free(ll), free(ids);
+    rk_session_destroy(ex), rk_session_destroy(df), rk_session_destroy(vh), rk_session_destroy(vl);
+    rk_model_destroy(m);
+}
