@@ -22,9 +22,9 @@
  *   block after a lane sync; write / import: resident rows through uploads, cold rows into
  *   the host block (a slot holding the layer is dropped).
  * With two or fewer cold layers the slots hold them for good and nothing moves after the
- * first pass. What is not built: the disk step (the cold rows stay in pinned host memory;
- * kv_tier.c's block store takes host-side budgets on the host path only), chunk-granular
- * device residency and, for LowRAM, moving only the selected chunks.
+ * first pass. The disk step (host_budget): the cold layers share pinned frames, the others
+ * live in the block store's spill file (devtier.n_pin below). What is not built:
+ * chunk-granular device residency and, for LowRAM, moving only the selected chunks.
  * A budget below two layers (no room for the slots) takes the host tier (kv_tier.c) with
  * staged attention, as before. */
 #include <limits.h>
