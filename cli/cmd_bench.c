@@ -204,13 +204,17 @@ int cmd_bench(int argc, char **argv) {
                         if (a1->on) /* the last rep's moves (--kv-budget), inside the result object */
                             printf(",\"kv_tier\":{\"backend\":\"%s\",\"budget\":%llu,\"resident_bytes\":%llu,"
                                    "\"spilled_bytes\":%llu,\"hits\":%llu,\"misses\":%llu,\"prefetched\":%llu,"
-                                   "\"bytes_up\":%llu,\"bytes_down\":%llu,\"stall_s\":%.4f}",
+                                   "\"bytes_up\":%llu,\"bytes_down\":%llu,\"stall_s\":%.4f,\"host_bytes\":%llu,"
+                                   "\"disk_reads\":%llu,\"disk_bytes_read\":%llu,\"disk_bytes_written\":%llu}",
                                    a1->backend, (unsigned long long)a1->budget, (unsigned long long)a1->resident_bytes,
                                    (unsigned long long)a1->spilled_bytes, (unsigned long long)(a1->hits - a0->hits),
                                    (unsigned long long)(a1->misses - a0->misses),
                                    (unsigned long long)(a1->prefetched - a0->prefetched),
                                    (unsigned long long)(a1->bytes_read - a0->bytes_read),
-                                   (unsigned long long)(a1->bytes_spilled - a0->bytes_spilled), a1->stall_s - a0->stall_s);
+                                   (unsigned long long)(a1->bytes_spilled - a0->bytes_spilled), a1->stall_s - a0->stall_s,
+                                   (unsigned long long)a1->host_bytes, (unsigned long long)(a1->disk_reads - a0->disk_reads),
+                                   (unsigned long long)(a1->disk_bytes_read - a0->disk_bytes_read),
+                                   (unsigned long long)(a1->disk_bytes_written - a0->disk_bytes_written));
                         printf("}");
                     }
             printf("]}\n");

@@ -192,6 +192,11 @@ typedef struct rk_kv_params {
      * predictors, exact window, key cache) stays resident on top, reported as fixed_bytes.
      * true: budget covers the codec's whole state (docs/TIERS.md, "How the budget is counted"). */
     bool budget_whole;
+    /* The GPU KV tiers (a backend with memory of its own, f16 / f32 under budget:
+     * runtime/session/kv_dev.c): pinned host bytes for the cold layers' rows. 0: every cold
+     * layer pinned. Else the cold layers past it go on to a spill file in spill_dir (the
+     * block store; spill_backend, spill_buffered apply) and are read back when used. */
+    uint64_t host_budget;
 } rk_kv_params;
 
 rk_kv_params rk_kv_params_default(void); /* f16; lowram = rk_lowram_params_default() */
@@ -514,6 +519,9 @@ typedef struct rk_kv_tier_stats {
     char backend[16];              /* io_uring or threads */
     uint64_t fixed_bytes;          /* lowram: resident state that never moves (in resident_bytes) */
     uint64_t budget_peak;          /* lowram: most bytes of movable rows resident after a layer */
+    /* devtier (host_budget): pinned host bytes held; the spill file's block reads / writes
+     * and their raw bytes */
+    uint64_t host_bytes, disk_reads, disk_writes, disk_bytes_read, disk_bytes_written;
 } rk_kv_tier_stats;
 void rk_session_kv_tier_stats(const rk_session *s, rk_kv_tier_stats *out);
 

@@ -22,17 +22,21 @@
  *   block after a lane sync; write / import: resident rows through uploads, cold rows into
  *   the host block (a slot holding the layer is dropped).
  * With two or fewer cold layers the slots hold them for good and nothing moves after the
- * first pass. What is not built: the disk step (the cold rows stay in pinned host memory;
- * kv_tier.c's block store takes host-side budgets on the host path only), chunk-granular
- * device residency and, for LowRAM, moving only the selected chunks.
+ * first pass. The disk step (host_budget): the cold layers share pinned frames, the others
+ * live in the block store's spill file (devtier.n_pin below). What is not built:
+ * chunk-granular device residency and, for LowRAM, moving only the selected chunks.
  * A budget below two layers (no room for the slots) takes the host tier (kv_tier.c) with
  * staged attention, as before. */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "kv_impl.h"
+#include "rk_blockstore.h"
+
+enum { DT_QD = 8 }; /* spill file operations in flight */
 
 typedef struct devtier {
     uint32_t type;       /* RK_DT_F16 or RK_DT_F32 */
@@ -46,6 +50,21 @@ typedef struct devtier {
     int cur;             /* the slot of the layer being computed, -1 none */
     int64_t *held;       /* (n_layer) rows appended */
     rk_kv_tier_stats st;
+    /* The disk step (host_budget): n_pin pinned frames of one layer (K and V) serve the
+     * cold layers; c->k[l] / c->v[l] of a cold layer point into its frame, or are NULL when
+     * its rows live only in the spill file (blocks of C rows, id (2 l + part) << 32 | chunk).
+     * Rows [d0, d1) of a framed layer are newer than the file. Without a host budget
+     * n_pin = n_cold and every cold layer keeps its frame. */
+    int n_pin;
+    uint8_t **fk, **fv;  /* (n_pin) pinned frames */
+    int *frame_layer;    /* (n_pin) the layer a frame holds, -1 none */
+    int *layer_frame;    /* (n_layer) its frame, -1 on disk (cold layers) */
+    uint64_t *last_use, tick;
+    int64_t *d0, *d1;    /* (n_layer) dirty rows */
+    int64_t *on_disk;    /* (n_layer) rows [0, on_disk) are in the spill file */
+    int64_t C;           /* rows per spill block */
+    rk_bs *bs;           /* NULL: no disk step */
+    char spill_dir[1024];
 } devtier;
 
 static rk_view cache_view(const rk_kv *kv, uint32_t type, void *data, int64_t rows) {
@@ -70,11 +89,106 @@ static rk_status lane_sync(rk_kv *kv, rk_err *err) {
 
 static bool cold(const devtier *c, int l) { return l >= c->n_res; }
 
+static uint64_t bs_id(int l, int part, int64_t ch) { return ((uint64_t)(2 * l + part) << 32) | (uint64_t)ch; }
+
+/* Reaps every spill file operation in flight; the first failure goes to msg. */
+static int bs_drain(devtier *c, char *msg, size_t cap) {
+    int bad = 0;
+    rk_bs_done d[32];
+    while (rk_bs_in_flight(c->bs) > 0) {
+        const int n = rk_bs_wait(c->bs, 1, d, 32);
+        for (int i = 0; i < n; i++)
+            if (d[i].status && !bad++) snprintf(msg, cap, "%s", d[i].msg);
+    }
+    return bad;
+}
+
+/* Frame f's layer goes to the spill file (its rows newer than the file written first);
+ * on a failed write the layer keeps its frame (nothing lost) and the error names why. */
+static rk_status evict(rk_kv *kv, int f, rk_err *err) {
+    devtier *c = kv->impl;
+    const int v = c->frame_layer[f];
+    if (v < 0) return RK_OK;
+    rk_status st = lane_sync(kv, err); /* no lane copy may still read or write the frame */
+    if (st) return st;
+    const int64_t hi = c->d1[v] < c->held[v] ? c->d1[v] : c->held[v];
+    char msg[200] = "";
+    int bad = 0;
+    rk_bs_batch(c->bs, true);
+    for (int64_t ch = c->d0[v] / c->C; ch * c->C < hi && !st; ch++) {
+        const int64_t rows = c->held[v] - ch * c->C < c->C ? c->held[v] - ch * c->C : c->C;
+        for (int part = 0; part < 2 && !st; part++) {
+            if (rk_bs_in_flight(c->bs) >= DT_QD) bad += bs_drain(c, msg, sizeof msg);
+            const uint8_t *src = (part ? c->fv[f] : c->fk[f]) + (size_t)(ch * c->C) * kv->row_bytes;
+            st = rk_bs_put(c->bs, bs_id(v, part, ch), src, (size_t)rows * kv->row_bytes, NULL, err);
+            if (!st) c->st.disk_writes++, c->st.disk_bytes_written += (uint64_t)rows * kv->row_bytes;
+        }
+    }
+    rk_bs_batch(c->bs, false);
+    bad += bs_drain(c, msg, sizeof msg);
+    if (st) return rk_err_wrap(err, "kv: devtier: writing layer %d's rows to the spill file in %s", v, c->spill_dir);
+    if (bad)
+        return rk_err_set(err, RK_E_IO, "kv: devtier: cannot write layer %d's rows to the spill file in %s (%s); they stay in memory",
+                          v, c->spill_dir, msg);
+    c->d0[v] = INT64_MAX, c->d1[v] = 0;
+    c->on_disk[v] = c->held[v];
+    c->frame_layer[f] = -1, c->layer_frame[v] = -1;
+    c->k[v] = c->v[v] = NULL;
+    return RK_OK;
+}
+
+/* Makes cold layer l's rows sit in a pinned frame (read back from the spill file when
+ * they are there only), evicting the least recently used frame. */
+static rk_status pin(rk_kv *kv, int l, rk_err *err) {
+    devtier *c = kv->impl;
+    c->last_use[l] = ++c->tick;
+    if (c->layer_frame[l] >= 0) return RK_OK;
+    int f = -1;
+    for (int i = 0; i < c->n_pin && f < 0; i++)
+        if (c->frame_layer[i] < 0) f = i;
+    if (f < 0) { /* every frame holds a layer: the least recently used goes */
+        f = 0;
+        for (int i = 1; i < c->n_pin; i++)
+            if (c->last_use[c->frame_layer[i]] < c->last_use[c->frame_layer[f]]) f = i;
+    }
+    rk_status st = evict(kv, f, err);
+    if (st) return st;
+    char msg[200] = "";
+    int bad = 0;
+    rk_bs_batch(c->bs, true);
+    const int64_t back = c->on_disk[l] < c->held[l] ? c->on_disk[l] : c->held[l];
+    for (int64_t ch = 0; ch * c->C < back && !st; ch++) {
+        const int64_t cap = kv->n_ctx - ch * c->C < c->C ? kv->n_ctx - ch * c->C : c->C;
+        for (int part = 0; part < 2 && !st; part++) {
+            if (rk_bs_in_flight(c->bs) >= DT_QD) bad += bs_drain(c, msg, sizeof msg);
+            uint8_t *dst = (part ? c->fv[f] : c->fk[f]) + (size_t)(ch * c->C) * kv->row_bytes;
+            st = rk_bs_get(c->bs, bs_id(l, part, ch), dst, (size_t)cap * kv->row_bytes, NULL, err);
+            if (!st) c->st.disk_reads++, c->st.disk_bytes_read += (uint64_t)cap * kv->row_bytes;
+        }
+    }
+    rk_bs_batch(c->bs, false);
+    bad += bs_drain(c, msg, sizeof msg);
+    if (st) return rk_err_wrap(err, "kv: devtier: reading layer %d's rows back from the spill file in %s", l, c->spill_dir);
+    if (bad)
+        return rk_err_set(err, RK_E_IO, "kv: devtier: cannot read layer %d's rows back from the spill file in %s (%s)", l,
+                          c->spill_dir, msg);
+    c->frame_layer[f] = l, c->layer_frame[l] = f;
+    c->k[l] = c->fk[f], c->v[l] = c->fv[f];
+    return RK_OK;
+}
+
+static void mark_dirty(devtier *c, int l, int64_t r0, int64_t r1) {
+    if (r0 < c->d0[l]) c->d0[l] = r0;
+    if (r1 > c->d1[l]) c->d1[l] = r1;
+}
+
 /* Queues the upload of cold layer l's held rows into slot s on the lane. */
 static rk_status fill_slot(rk_kv *kv, int s, int l, bool ahead, rk_err *err) {
     devtier *c = kv->impl;
     const size_t bytes = (size_t)c->held[l] * kv->row_bytes;
-    rk_status st = rk_backend_lane_copy(kv->be, c->sk[s], c->k[l], bytes, true, err);
+    rk_status st = pin(kv, l, err);
+    if (st) return st;
+    st = rk_backend_lane_copy(kv->be, c->sk[s], c->k[l], bytes, true, err);
     if (!st) st = rk_backend_lane_copy(kv->be, c->sv[s], c->v[l], bytes, true, err);
     c->slot_layer[s] = st ? -1 : l; /* a failed copy leaves the slot unknown */
     c->slot_pending[s] = !st;
@@ -133,6 +247,11 @@ static rk_status dt_append(rk_kv *kv, int l, int64_t pos0, const float *k, const
     if ((st = rk_backend_run(kv->be, &a, err))) return st;
     if (pos0 + n > c->held[l] || pos0 < c->held[l]) c->held[l] = pos0 + n;
     if (s >= 0) { /* the new rows down to the host block, after the CPY_ROWS */
+        if ((st = pin(kv, l, err))) {
+            c->slot_layer[s] = -1;
+            return st;
+        }
+        mark_dirty(c, l, pos0, pos0 + n);
         const size_t off = (size_t)pos0 * kv->row_bytes, bytes = (size_t)n * kv->row_bytes;
         if ((st = rk_backend_lane_copy(kv->be, c->k[l] + off, c->sk[s] + off, bytes, false, err)) ||
             (st = rk_backend_lane_copy(kv->be, c->v[l] + off, c->sv[s] + off, bytes, false, err))) {
@@ -164,22 +283,24 @@ static void dt_truncate(rk_kv *kv, int64_t n) {
     rk_kv_rows_truncate(kv, n);
     for (int l = 0; l < kv->n_layer; l++)
         if (c->held[l] > n) c->held[l] = n;
+    for (int l = 0; c->on_disk && l < kv->n_layer; l++)
+        if (c->on_disk[l] > n) c->on_disk[l] = n;
 }
 
 static void dt_reset(rk_kv *kv) {
     devtier *c = kv->impl;
     rk_kv_rows_reset(kv);
-    for (int l = 0; l < kv->n_layer; l++) c->held[l] = 0;
+    for (int l = 0; l < kv->n_layer; l++) c->held[l] = 0, c->on_disk[l] = 0;
 }
 
 /* Rows [row0, row0 + n) of layer l as stored, into tmp (host). */
 static rk_status rows_out(rk_kv *kv, int l, bool values, int64_t row0, int64_t n, uint8_t *tmp, rk_err *err) {
     devtier *c = kv->impl;
     const size_t off = (size_t)row0 * kv->row_bytes, bytes = (size_t)n * kv->row_bytes;
-    const uint8_t *src = (values ? c->v[l] : c->k[l]) + off;
-    if (!cold(c, l)) return rk_backend_download(kv->be, tmp, src, bytes, err);
-    rk_status st = lane_sync(kv, err);
-    if (!st) memcpy(tmp, src, bytes);
+    if (!cold(c, l)) return rk_backend_download(kv->be, tmp, (values ? c->v[l] : c->k[l]) + off, bytes, err);
+    rk_status st = pin(kv, l, err);
+    if (!st) st = lane_sync(kv, err);
+    if (!st) memcpy(tmp, (values ? c->v[l] : c->k[l]) + off, bytes);
     return st;
 }
 
@@ -187,11 +308,12 @@ static rk_status rows_out(rk_kv *kv, int l, bool values, int64_t row0, int64_t n
 static rk_status rows_in(rk_kv *kv, int l, bool values, int64_t row0, int64_t n, const uint8_t *src, rk_err *err) {
     devtier *c = kv->impl;
     const size_t off = (size_t)row0 * kv->row_bytes, bytes = (size_t)n * kv->row_bytes;
-    uint8_t *dst = (values ? c->v[l] : c->k[l]) + off;
-    if (!cold(c, l)) return rk_backend_upload(kv->be, dst, src, bytes, err);
-    rk_status st = lane_sync(kv, err);
+    if (!cold(c, l)) return rk_backend_upload(kv->be, (values ? c->v[l] : c->k[l]) + off, src, bytes, err);
+    rk_status st = pin(kv, l, err);
+    if (!st) st = lane_sync(kv, err);
     if (st) return st;
-    memcpy(dst, src, bytes);
+    memcpy((values ? c->v[l] : c->k[l]) + off, src, bytes);
+    mark_dirty(c, l, row0, row0 + n);
     for (int s = 0; s < 2; s++)
         if (c->slot_layer[s] == l) c->slot_layer[s] = -1, c->slot_pending[s] = false;
     return RK_OK;
@@ -274,17 +396,20 @@ static void dt_destroy(rk_kv *kv) {
     devtier *c = kv->impl;
     if (!c) return;
     rk_backend_lane_sync(kv->be, NULL); /* no copy may still touch what goes */
+    for (int f = 0; c->fk && c->fv && f < c->n_pin; f++) {
+        rk_backend_host_free(kv->be, c->fk[f]);
+        rk_backend_host_free(kv->be, c->fv[f]);
+    }
+    rk_bs_close(c->bs);
     for (int l = 0; c->k && c->v && l < kv->n_layer; l++) {
-        if (cold(c, l)) {
-            rk_backend_host_free(kv->be, c->k[l]);
-            rk_backend_host_free(kv->be, c->v[l]);
-        } else {
+        if (!cold(c, l)) {
             rk_backend_free(kv->be, c->k[l]);
             rk_backend_free(kv->be, c->v[l]);
         }
     }
     for (int s = 0; s < 2; s++) rk_backend_free(kv->be, c->sk[s]), rk_backend_free(kv->be, c->sv[s]);
-    free(c->k), free(c->v), free(c->held), free(c);
+    free(c->k), free(c->v), free(c->held), free(c->fk), free(c->fv), free(c->frame_layer), free(c->layer_frame);
+    free(c->last_use), free(c->d0), free(c->d1), free(c->on_disk), free(c);
     kv->impl = NULL;
 }
 
@@ -292,6 +417,7 @@ static void dt_tier_stats(const rk_kv *kv, rk_kv_tier_stats *out) {
     const devtier *c = kv->impl;
     *out = c->st;
     out->spilled_bytes = (uint64_t)c->n_cold * 2ull * (uint64_t)c->held[kv->n_layer - 1] * kv->row_bytes;
+    out->host_bytes = (uint64_t)c->n_pin * 2ull * c->arr_bytes;
 }
 
 static const rk_kv_ops devtier_ops = {
@@ -341,12 +467,56 @@ rk_status rk_kv_dev_init(rk_kv *kv, uint32_t type, const rk_kv_params *p, rk_err
     c->v = calloc((size_t)kv->n_layer, sizeof *c->v);
     c->held = calloc((size_t)kv->n_layer, sizeof *c->held);
     if (!c->k || !c->v || !c->held) return rk_err_set(err, RK_E_NOMEM, "kv: out of memory");
+    const uint64_t pin_bytes = 2ull * c->arr_bytes;
+    c->n_pin = c->n_cold;
+    if (p->host_budget && c->n_cold > 0 && p->host_budget / pin_bytes < (uint64_t)c->n_cold) {
+        if (p->host_budget < pin_bytes)
+            return rk_err_set(err, RK_E_INVALID_ARG,
+                              "kv: devtier: host budget %llu bytes below one cold layer's pinned rows (%llu bytes)",
+                              (unsigned long long)p->host_budget, (unsigned long long)pin_bytes);
+        c->n_pin = (int)(p->host_budget / pin_bytes);
+    }
+    c->fk = calloc((size_t)c->n_pin + 1, sizeof *c->fk);
+    c->fv = calloc((size_t)c->n_pin + 1, sizeof *c->fv);
+    c->frame_layer = calloc((size_t)c->n_pin + 1, sizeof *c->frame_layer);
+    c->layer_frame = calloc((size_t)kv->n_layer, sizeof *c->layer_frame);
+    c->last_use = calloc((size_t)kv->n_layer, sizeof *c->last_use);
+    c->d0 = calloc((size_t)kv->n_layer, sizeof *c->d0);
+    c->d1 = calloc((size_t)kv->n_layer, sizeof *c->d1);
+    c->on_disk = calloc((size_t)kv->n_layer, sizeof *c->on_disk);
+    if (!c->fk || !c->fv || !c->frame_layer || !c->layer_frame || !c->last_use || !c->d0 || !c->d1 || !c->on_disk)
+        return rk_err_set(err, RK_E_NOMEM, "kv: out of memory");
+    for (int l = 0; l < kv->n_layer; l++) c->layer_frame[l] = -1, c->d0[l] = INT64_MAX;
+    for (int f = 0; f < c->n_pin; f++) c->frame_layer[f] = -1;
+    /* rows per spill block: about 256 KiB, at least 16 and at most an eighth of n_ctx (>= 16) */
+    c->C = (int64_t)((256u << 10) / kv->row_bytes);
+    if (c->C > kv->n_ctx / 8) c->C = kv->n_ctx / 8;
+    if (c->C < 16) c->C = 16;
     rk_status st = RK_OK;
+    for (int f = 0; f < c->n_pin && !st; f++) {
+        void *pk = NULL, *pv = NULL;
+        if (!(st = rk_backend_host_alloc(kv->be, c->arr_bytes, &pk, err))) c->fk[f] = pk;
+        if (!st && !(st = rk_backend_host_alloc(kv->be, c->arr_bytes, &pv, err))) c->fv[f] = pv;
+        if (!st) { /* the first cold layers start in the frames */
+            const int l = c->n_res + f;
+            c->frame_layer[f] = l, c->layer_frame[l] = f, c->k[l] = c->fk[f], c->v[l] = c->fv[f];
+        }
+    }
+    if (!st && c->n_pin < c->n_cold) {
+        snprintf(c->spill_dir, sizeof c->spill_dir, "%s", p->spill_dir && *p->spill_dir ? p->spill_dir : "/tmp");
+        rk_bs_params bp = rk_bs_params_default();
+        bp.max_block = (size_t)c->C * kv->row_bytes;
+        bp.queue_depth = DT_QD;
+        bp.zstd_level = p->spill_level > 0 ? p->spill_level : -1;
+        bp.backend = (rk_bs_backend)p->spill_backend;
+        bp.no_direct = p->spill_buffered;
+        if ((st = rk_bs_open_spill(c->spill_dir, &bp, &c->bs, err)))
+            return rk_err_wrap(err, "kv: devtier: the disk step (host budget %llu bytes)", (unsigned long long)p->host_budget);
+    }
     for (int l = 0; l < kv->n_layer && !st; l++) {
         void *pk = NULL, *pv = NULL;
         if (cold(c, l)) {
-            if (!(st = rk_backend_host_alloc(kv->be, c->arr_bytes, &pk, err))) c->k[l] = pk;
-            if (!st && !(st = rk_backend_host_alloc(kv->be, c->arr_bytes, &pv, err))) c->v[l] = pv;
+            continue;
         } else {
             if (!(st = rk_backend_alloc(kv->be, c->arr_bytes, &pk, err))) c->k[l] = pk;
             if (!st && !(st = rk_backend_alloc(kv->be, c->arr_bytes, &pv, err))) c->v[l] = pv;

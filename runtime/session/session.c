@@ -271,7 +271,7 @@ static const char *const kv_names[] = {"f16", "f32", "q8", "lowram"};
 const char *rk_kv_kind_name(rk_kv_kind k) { return (unsigned)k <= RK_KV_LOWRAM ? kv_names[k] : "unknown"; }
 
 rk_kv_params rk_kv_params_default(void) {
-    rk_kv_params p = {RK_KV_F16, rk_lowram_params_default(), 0, NULL, 0, 0, false, false};
+    rk_kv_params p = {RK_KV_F16, rk_lowram_params_default(), 0, NULL, 0, 0, false, false, 0};
     return p;
 }
 

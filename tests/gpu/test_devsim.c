@@ -12,10 +12,12 @@
  * and gives the cpu lowram session's logits within a stated tolerance. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "rk.h"
@@ -738,6 +740,120 @@ Test(devsim, kv_budget_device_tiers_match_plain, .timeout = 120) {
         rk_backend_destroy(cpu);
     }
     free(la), free(lb), free(lc), free(ra), free(rb);
+    rk_model_destroy(m);
+}
+
+/* The disk step of the GPU KV tiers: a host budget of one or two pinned layers for four
+ * cold layers, so the others go on to the spill file (the block store) and come back when
+ * their slot is filled or their new rows go down. Same logits bit for bit as the plain
+ * devsim session through a chunked prefill, decode, a truncation and more decode; rows read
+ * back equal; pinned host blocks bounded by the host budget; disk writes and reads happen.
+ * Faults: a spill directory that does not exist fails at create, naming it; a file size
+ * limit (a full disk, for the store: EFBIG) fails an eval with the spill file named, no
+ * abort, and the session is destroyed cleanly. */
+Test(devsim, kv_budget_disk_step_matches_plain, .timeout = 120) {
+    rk_model *m = load_tiny((tb_tiny_spec){.n_layer = 4, .seed = 13});
+    rk_err err = {0};
+    const rk_hparams *hp = rk_model_hparams(m);
+    const int nv = hp->n_vocab;
+    const int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim, n_ctx = 512;
+    enum { N = 300, DEC = 8 };
+    int32_t ids[N + DEC];
+    uint64_t r = 17;
+    for (int i = 0; i < N + DEC; i++) ids[i] = 3 + (int32_t)(tb_rand_u64(&r) % (uint64_t)(nv - 3));
+    float *la = malloc((size_t)nv * sizeof(float)), *lb = malloc((size_t)nv * sizeof(float));
+    float *ra = malloc((size_t)N * kvd * sizeof(float)), *rb = malloc((size_t)N * kvd * sizeof(float));
+    char dir[] = "/tmp/rk-devtier-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    const uint64_t layer = 2ull * (uint64_t)n_ctx * (uint64_t)kvd * 2; /* f16 */
+    for (int c = 0; c < 3; c++) {
+        const int n_pin = 1 + (c & 1);
+        devsim *dp = devsim_create(), *dt = devsim_create();
+        dt->lane_defer = c == 2;
+        rk_session *ss[2] = {NULL, NULL};
+        for (int k = 0; k < 2; k++) {
+            rk_session_params p = rk_session_params_default();
+            p.n_ctx = n_ctx;
+            p.ctx_overflow_ok = true;
+            p.n_batch = 64;
+            p.n_threads = 1;
+            p.shared_backend = k ? &dt->be : &dp->be;
+            cr_assert_eq(rk_kv_params_parse("f16", &p.kv, &err), RK_OK, "%s", err.msg);
+            if (k) {
+                p.kv.budget = 2 * layer; /* the two slots: every layer cold */
+                p.kv.host_budget = (uint64_t)n_pin * layer + layer / 3;
+                p.kv.spill_dir = dir;
+                p.kv.spill_backend = c == 1 ? 2 : 0;
+            }
+            cr_assert_eq(rk_session_create(m, &p, &ss[k], &err), RK_OK, "%s", err.msg);
+        }
+        cr_expect_eq(dt->n_host, 2 * n_pin, "pin %d: %d pinned host blocks", n_pin, dt->n_host);
+        cr_assert_eq(rk_session_eval(ss[0], ids, N, la, false, &err), RK_OK, "%s", err.msg);
+        cr_assert_eq(rk_session_eval(ss[1], ids, N, lb, false, &err), RK_OK, "%s", err.msg);
+        cr_expect(memcmp(la, lb, (size_t)nv * sizeof(float)) == 0, "pin %d: prefill logits differ", n_pin);
+        for (int round = 0; round < 2; round++) {
+            for (int t = N; t < N + DEC; t++) {
+                cr_assert_eq(rk_session_eval(ss[0], ids + t, 1, la, false, &err), RK_OK, "%s", err.msg);
+                cr_assert_eq(rk_session_eval(ss[1], ids + t, 1, lb, false, &err), RK_OK, "%s", err.msg);
+                cr_expect(memcmp(la, lb, (size_t)nv * sizeof(float)) == 0, "pin %d round %d: decode %d differs", n_pin, round, t);
+            }
+            for (int k = 0; k < 2; k++) cr_assert_eq(rk_session_truncate(ss[k], N + 2, &err), RK_OK, "%s", err.msg);
+        }
+        rk_kv_tier_stats t;
+        rk_session_kv_tier_stats(ss[1], &t);
+        const uint64_t cold_rows_bytes = 2ull * N * (uint64_t)kvd * 2; /* one layer's prompt rows */
+        cr_expect(t.host_bytes == (uint64_t)n_pin * layer && t.host_bytes <= (uint64_t)n_pin * layer + layer / 3,
+                  "host bytes %llu", (unsigned long long)t.host_bytes);
+        cr_expect(t.disk_writes > 0 && t.disk_reads > 0 && t.disk_bytes_written >= cold_rows_bytes &&
+                      t.disk_bytes_read >= cold_rows_bytes,
+                  "pin %d: disk writes %llu (%llu B), reads %llu (%llu B)", n_pin, (unsigned long long)t.disk_writes,
+                  (unsigned long long)t.disk_bytes_written, (unsigned long long)t.disk_reads,
+                  (unsigned long long)t.disk_bytes_read);
+        cr_expect(t.resident_bytes == 2 * layer && dp->live - dt->live == 2 * layer, "device bytes %zu vs %zu", dt->live, dp->live);
+        for (int l = 0; l < 4; l++) {
+            cr_assert_eq(rk_session_kv_rows(ss[0], l, true, false, 0, N, ra, &err), RK_OK, "%s", err.msg);
+            cr_assert_eq(rk_session_kv_rows(ss[1], l, true, false, 0, N, rb, &err), RK_OK, "%s", err.msg);
+            cr_expect(memcmp(ra, rb, (size_t)N * kvd * sizeof(float)) == 0, "pin %d: layer %d values differ", n_pin, l);
+        }
+        for (int k = 0; k < 2; k++) rk_session_destroy(ss[k]);
+        cr_expect(dp->n_alloc == 0 && dt->n_alloc == 0 && dt->n_host == 0, "blocks leaked");
+        rk_backend_destroy(&dp->be);
+        rk_backend_destroy(&dt->be);
+    }
+    /* faults: no such directory; a full file (RLIMIT_FSIZE, pread/pwrite threads) */
+    for (int f = 0; f < 2; f++) {
+        devsim *dt = devsim_create();
+        rk_session_params p = rk_session_params_default();
+        p.n_ctx = n_ctx;
+        p.ctx_overflow_ok = true;
+        p.n_batch = 64;
+        p.n_threads = 1;
+        p.shared_backend = &dt->be;
+        cr_assert_eq(rk_kv_params_parse("f16", &p.kv, &err), RK_OK, "%s", err.msg);
+        p.kv.budget = 2 * layer;
+        p.kv.host_budget = layer;
+        p.kv.spill_backend = 2;
+        p.kv.spill_buffered = true;
+        p.kv.spill_dir = f ? dir : "/nonexistent-rk-dir";
+        rk_session *s = NULL;
+        rk_status st = rk_session_create(m, &p, &s, &err);
+        if (!f) {
+            cr_expect(st != RK_OK && strstr(err.msg, "/nonexistent-rk-dir"), "create: %d %s", st, err.msg);
+            rk_session_destroy(s);
+        } else {
+            cr_assert_eq(st, RK_OK, "%s", err.msg);
+            signal(SIGXFSZ, SIG_IGN);
+            struct rlimit rl = {4096, 4096};
+            cr_assert_eq(setrlimit(RLIMIT_FSIZE, &rl), 0);
+            st = rk_session_eval(s, ids, N, la, false, &err);
+            cr_expect(st != RK_OK && strstr(err.msg, "spill file"), "full: %d %s", st, err.msg);
+            rk_session_destroy(s);
+        }
+        cr_expect(dt->n_alloc == 0 && dt->n_host == 0, "fault %d: blocks leaked", f);
+        rk_backend_destroy(&dt->be);
+    }
+    rmdir(dir);
+    free(la), free(lb), free(ra), free(rb);
     rk_model_destroy(m);
 }
 
