@@ -444,3 +444,41 @@ void lr_truncate(rk_kv_codec *c, int64_t pos) {
     if (c->comp_end > pos) c->comp_end = pos > c->p.n_sink ? pos : c->p.n_sink;
 }
 
+/* ---- value-space chunk summaries ---------------------------------------------------
+ * Sparse decode's summary of each chunk (its mean coefficients through the value
+ * predictor, int8 per KV head), built lazily and extended as chunks are added. */
+
+bool lr_vsum_update(rk_kv_codec *c, int l) {
+    lr_layer *L = &c->ly[l];
+    const lr_group *g = &c->g[L->grp];
+    const int C = c->p.chunk, hd = c->hd, kvd = c->kvd, r = g->r;
+    const int64_t n_ch = (g->n_rows + C - 1) / C;
+    const int last = (int)(g->n_rows % C);
+    const size_t vrow = (size_t)c->n_head_kv * (2u + (size_t)hd);
+    if (!L->vsm) {
+        L->vsm = malloc((size_t)c->cap_chunks * vrow);
+        if (!L->vsm) return false;
+        L->vs_n = 0, L->vs_last = 0, L->vs_epoch = c->epoch;
+    }
+    if (L->vs_epoch != c->epoch || L->vs_n > n_ch) L->vs_n = 0, L->vs_last = 0, L->vs_epoch = c->epoch;
+    if (L->vs_n == n_ch && L->vs_last == last) return true;
+    const int64_t from = L->vs_last ? L->vs_n - 1 : L->vs_n; /* a partial chunk may have grown */
+    enum { NB = 32 };
+    float *Wf = malloc(((size_t)r * kvd + (size_t)NB * r + (size_t)NB * kvd) * sizeof(float));
+    if (!Wf) return false;
+    float *cm = Wf + (size_t)r * kvd, *v = cm + (size_t)NB * r;
+    lr_mat_f32(c, L->W, (size_t)kvd, 0, r, 0, kvd, Wf);
+    const rk_quant_fns *f16 = rk_quant_fast(RK_DT_F16);
+    for (int64_t ch0 = from; ch0 < n_ch; ch0 += NB) {
+        const int nb = n_ch - ch0 < NB ? (int)(n_ch - ch0) : NB;
+        f16->to_f32(g->cmean + (size_t)ch0 * r, cm, (int64_t)nb * r);
+        rk_linalg_matmul(nb, kvd, r, cm, r, Wf, kvd, v, kvd);
+        for (int k = 0; k < nb; k++)
+            for (int h = 0; h < c->n_head_kv; h++)
+                lr_encode_row(RK_DT_Q8_0, v + (size_t)k * kvd + (size_t)h * hd, hd,
+                              L->vsm + (size_t)(ch0 + k) * vrow + (size_t)h * (2u + (size_t)hd));
+    }
+    free(Wf);
+    L->vs_n = n_ch, L->vs_last = last;
+    return true;
+}

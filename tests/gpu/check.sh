@@ -124,7 +124,7 @@ build() {
         meson setup "$BUILD" "$ROOT" --buildtype=release $CUDA_OPT -Dgpu_archs=$ARCHS || return 1
     fi
     # only what this script runs (the other suites are CI's)
-    local t=(cli/ridgekv tests/gpu/test_gpu_devsim)
+    local t=(cli/ridgekv tests/gpu/test_gpu_devsim tests/gpu/test_gpu_devsim_tiers)
     [ "$CUDA_OPT" = -Dcuda=enabled ] && t+=(tests/kernels/test_kernels_cuda tests/gpu/gpu_bench)
     ninja -C "$BUILD" -j "$JOBS" "${t[@]}"
 }
@@ -182,8 +182,10 @@ fi
 # the session's device path without a GPU (runs everywhere)
 if [ -n "$PREBUILT" ]; then
     step devsim 60 "$PREBUILT/bin/test_gpu_devsim"
+    step devsim_tiers 60 "$PREBUILT/bin/test_gpu_devsim_tiers"
 else
     step devsim 60 meson test -C "$BUILD" --no-rebuild gpu_devsim --print-errorlogs
+    step devsim_tiers 60 meson test -C "$BUILD" --no-rebuild gpu_devsim_tiers --print-errorlogs
 fi
 
 # ---- 3. model-level parity -----------------------------------------------------------

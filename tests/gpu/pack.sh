@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tests/gpu/pack.sh BUILD DIR: the executables check.sh needs from a CUDA build made on
-# this machine (ridgekv, test_kernels_cuda, test_gpu_devsim, gpu_bench) and the shared
+# this machine (ridgekv, test_kernels_cuda, test_gpu_devsim, test_gpu_devsim_tiers, gpu_bench) and the shared
 # libraries they load that a bare CUDA image may lack (Criterion, json-c, libedit and
 # their dependencies),
 # into DIR (bin/, lib/), for `check.sh --prebuilt DIR` on a lent machine that cannot build
@@ -10,7 +10,7 @@ set -eu
 [ $# = 2 ] || { echo "usage: tests/gpu/pack.sh BUILD DIR" >&2; exit 2; }
 B=$1 D=$2
 mkdir -p "$D/bin" "$D/lib"
-for e in cli/ridgekv tests/kernels/test_kernels_cuda tests/gpu/test_gpu_devsim tests/gpu/gpu_bench; do
+for e in cli/ridgekv tests/kernels/test_kernels_cuda tests/gpu/test_gpu_devsim tests/gpu/test_gpu_devsim_tiers tests/gpu/gpu_bench; do
     [ -x "$B/$e" ] || { echo "pack.sh: $B/$e missing (build with -Dcuda=enabled first)" >&2; exit 1; }
     cp "$B/$e" "$D/bin/"
     strip --strip-debug "$D/bin/$(basename "$e")" 2> /dev/null || true

@@ -1,0 +1,247 @@
+/* GPU KV tiers on devsim (devsim.h): --kv-budget on a device backend keeps whole layers in
+ * device memory and the others in pinned host memory, moved on the copy lane a layer ahead,
+ * and past the host budget on to the block store's spill file; the logits stay the plain
+ * session's bit for bit. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+#include "rk.h"
+#include "rk_ext.h"
+#include "rk_gguf.h"
+#include "rk_io.h"
+#include "rk_kernels.h"
+#include "tb.h"
+
+#include "devsim.h"
+
+/* --kv-budget on a device backend, f16 / f32: whole layers in device memory, the others in
+ * pinned host blocks moved on the copy lane (prefetched one layer ahead). Budgets of 2 and
+ * 3 layers of a 4-layer model (0 / 1 resident layers, 4 / 3 cold ones sharing two device
+ * slots), the lane's copies run at once or only at the next join / sync (deferred: a missed
+ * join reads a stale slot). Against the unbudgeted device session and the cpu session: the
+ * same ATTN over the same rows, so the logits are bit for bit the same through a chunked
+ * prefill, decode steps, a truncation and more decode; KV rows read back, the exported
+ * block and an import agree too. The moves happen (bytes up and down, prefetched layers)
+ * and the device holds exactly the resident layers and the two slots: the budgeted
+ * session's backend memory is the plain one's less (n_layer - resident - 2) layers. */
+Test(devsim, kv_budget_device_tiers_match_plain, .timeout = 120) {
+    rk_model *m = load_tiny((tb_tiny_spec){.n_layer = 4, .seed = 13});
+    rk_err err = {0};
+    const rk_hparams *hp = rk_model_hparams(m);
+    const int nv = hp->n_vocab;
+    const int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim, n_ctx = 512;
+    enum { N = 300, DEC = 8 };
+    int32_t ids[N + DEC];
+    uint64_t r = 17;
+    for (int i = 0; i < N + DEC; i++) ids[i] = 3 + (int32_t)(tb_rand_u64(&r) % (uint64_t)(nv - 3));
+    float *la = malloc((size_t)nv * sizeof(float)), *lb = malloc((size_t)nv * sizeof(float)),
+          *lc = malloc((size_t)nv * sizeof(float));
+    float *ra = malloc((size_t)N * kvd * sizeof(float)), *rb = malloc((size_t)N * kvd * sizeof(float));
+    const char *kvs[] = {"f16", "f32"};
+    for (int c = 0; c < 8; c++) {
+        const char *kv = kvs[c & 1];
+        const int fit = 2 + ((c >> 1) & 1); /* layers the budget buys */
+        const bool defer = (c >> 2) & 1;
+        const uint64_t layer = 2ull * (uint64_t)n_ctx * (uint64_t)kvd * (c & 1 ? 4 : 2);
+        rk_backend *cpu = NULL;
+        cr_assert_eq(rk_backend_cpu_create(1, &cpu, &err), RK_OK, "%s", err.msg);
+        devsim *dp = devsim_create(), *dt = devsim_create();
+        dt->lane_defer = defer;
+        rk_session *ss[3] = {NULL, NULL, NULL};
+        rk_backend *bes[3] = {cpu, &dp->be, &dt->be};
+        for (int k = 0; k < 3; k++) {
+            rk_session_params p = rk_session_params_default();
+            p.n_ctx = n_ctx;
+            p.ctx_overflow_ok = true;
+            p.n_batch = 64; /* 5 prefill chunks */
+            p.n_threads = 1;
+            p.shared_backend = bes[k];
+            cr_assert_eq(rk_kv_params_parse(kv, &p.kv, &err), RK_OK, "%s", err.msg);
+            if (k == 2) p.kv.budget = (uint64_t)fit * layer + layer / 2;
+            cr_assert_eq(rk_session_create(m, &p, &ss[k], &err), RK_OK, "%s %s", kv, err.msg);
+        }
+        const int res = fit - 2;
+        /* device bytes: the plain session's less the layers that are not there */
+        cr_expect_eq(dp->live - dt->live, (size_t)(4 - res - 2) * layer, "kv %s fit %d: device bytes %zu vs plain %zu",
+                     kv, fit, dt->live, dp->live);
+        cr_expect_eq(dt->n_host, 2 * (4 - res), "kv %s fit %d: %d pinned host blocks", kv, fit, dt->n_host);
+        float *ls[3] = {la, lb, lc};
+        for (int k = 0; k < 3; k++) cr_assert_eq(rk_session_eval(ss[k], ids, N, ls[k], false, &err), RK_OK, "%s", err.msg);
+        cr_expect(memcmp(la, lb, (size_t)nv * sizeof(float)) == 0 && memcmp(la, lc, (size_t)nv * sizeof(float)) == 0,
+                  "kv %s fit %d defer %d: prefill logits differ", kv, fit, defer);
+        for (int round = 0; round < 2; round++) {
+            for (int t = N; t < N + DEC; t++) {
+                for (int k = 0; k < 3; k++)
+                    cr_assert_eq(rk_session_eval(ss[k], ids + t, 1, ls[k], false, &err), RK_OK, "%s", err.msg);
+                cr_expect(memcmp(la, lc, (size_t)nv * sizeof(float)) == 0 && memcmp(lb, lc, (size_t)nv * sizeof(float)) == 0,
+                          "kv %s fit %d defer %d round %d: decode %d differs", kv, fit, defer, round, t);
+            }
+            for (int k = 0; k < 3; k++) cr_assert_eq(rk_session_truncate(ss[k], N + 2, &err), RK_OK, "%s", err.msg);
+        }
+        rk_kv_tier_stats t;
+        rk_session_kv_tier_stats(ss[2], &t);
+        /* every cold layer's rows went down once per append, and up for every pass but what
+         * the slots held: well over a prompt's worth each way */
+        const uint64_t cold_rows_bytes = (uint64_t)(4 - res) * 2ull * N * (uint64_t)kvd * (c & 1 ? 4 : 2);
+        cr_expect(t.on && t.bytes_spilled >= cold_rows_bytes && t.bytes_read > cold_rows_bytes,
+                  "kv %s fit %d: down %llu, up %llu (a prompt's cold rows: %llu)", kv, fit,
+                  (unsigned long long)t.bytes_spilled, (unsigned long long)t.bytes_read, (unsigned long long)cold_rows_bytes);
+        cr_expect(t.bytes_read == dt->lane_up && t.bytes_spilled == dt->lane_down, "kv %s: counters vs the lane's bytes", kv);
+        /* hits: appends of resident layers (none when the budget buys only the two slots) */
+        cr_expect(t.misses > 0 && t.prefetched > 0 && t.prefetched <= t.misses && (res ? t.hits > 0 : t.hits == 0),
+                  "kv %s fit %d: hits %llu misses %llu prefetched %llu", kv, fit, (unsigned long long)t.hits,
+                  (unsigned long long)t.misses, (unsigned long long)t.prefetched);
+        cr_expect_eq(t.resident_bytes, (uint64_t)fit * layer, "kv %s fit %d: resident %llu", kv, fit,
+                     (unsigned long long)t.resident_bytes);
+        cr_expect(t.resident_bytes <= t.budget);
+        cr_expect(dt->n_joins > 0, "no lane join");
+        /* rows read back (a cold and a resident layer) and the exported block */
+        for (int l = 0; l < 4; l += 3) {
+            cr_assert_eq(rk_session_kv_rows(ss[0], l, false, false, 0, N, ra, &err), RK_OK, "%s", err.msg);
+            cr_assert_eq(rk_session_kv_rows(ss[2], l, false, false, 0, N, rb, &err), RK_OK, "%s", err.msg);
+            cr_expect(memcmp(ra, rb, (size_t)N * kvd * sizeof(float)) == 0, "kv %s: layer %d rows differ", kv, l);
+        }
+        void *ba = NULL, *bb = NULL;
+        size_t na = 0, nb = 0;
+        cr_assert_eq(rk_session_kv_export(ss[0], 0, N, &ba, &na, &err), RK_OK, "%s", err.msg);
+        cr_assert_eq(rk_session_kv_export(ss[2], 0, N, &bb, &nb, &err), RK_OK, "%s", err.msg);
+        cr_expect(na == nb && memcmp(ba, bb, na) == 0, "kv %s: exported blocks differ", kv);
+        /* imported into the budgeted session after a reset: the next step as the cpu's */
+        rk_session_reset(ss[2]);
+        cr_assert_eq(rk_session_kv_import(ss[2], bb, nb, &err), RK_OK, "%s", err.msg);
+        cr_assert_eq(rk_session_truncate(ss[0], N, &err), RK_OK, "%s", err.msg);
+        cr_assert_eq(rk_session_eval(ss[0], ids + N, 1, la, false, &err), RK_OK, "%s", err.msg);
+        cr_assert_eq(rk_session_eval(ss[2], ids + N, 1, lc, false, &err), RK_OK, "%s", err.msg);
+        cr_expect(memcmp(la, lc, (size_t)nv * sizeof(float)) == 0, "kv %s fit %d: logits after import differ", kv, fit);
+        free(ba), free(bb);
+        for (int k = 0; k < 3; k++) rk_session_destroy(ss[k]);
+        cr_expect(dp->n_alloc == 0 && dt->n_alloc == 0 && dt->n_host == 0, "kv %s: blocks leaked", kv);
+        rk_backend_destroy(&dp->be);
+        rk_backend_destroy(&dt->be);
+        rk_backend_destroy(cpu);
+    }
+    free(la), free(lb), free(lc), free(ra), free(rb);
+    rk_model_destroy(m);
+}
+
+/* The disk step of the GPU KV tiers: a host budget of one or two pinned layers for four
+ * cold layers, so the others go on to the spill file (the block store) and come back when
+ * their slot is filled or their new rows go down. Same logits bit for bit as the plain
+ * devsim session through a chunked prefill, decode, a truncation and more decode; rows read
+ * back equal; pinned host blocks bounded by the host budget; disk writes and reads happen.
+ * Faults: a spill directory that does not exist fails at create, naming it; a file size
+ * limit (a full disk, for the store: EFBIG) fails an eval with the spill file named, no
+ * abort, and the session is destroyed cleanly. */
+Test(devsim, kv_budget_disk_step_matches_plain, .timeout = 120) {
+    rk_model *m = load_tiny((tb_tiny_spec){.n_layer = 4, .seed = 13});
+    rk_err err = {0};
+    const rk_hparams *hp = rk_model_hparams(m);
+    const int nv = hp->n_vocab;
+    const int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim, n_ctx = 512;
+    enum { N = 300, DEC = 8 };
+    int32_t ids[N + DEC];
+    uint64_t r = 17;
+    for (int i = 0; i < N + DEC; i++) ids[i] = 3 + (int32_t)(tb_rand_u64(&r) % (uint64_t)(nv - 3));
+    float *la = malloc((size_t)nv * sizeof(float)), *lb = malloc((size_t)nv * sizeof(float));
+    float *ra = malloc((size_t)N * kvd * sizeof(float)), *rb = malloc((size_t)N * kvd * sizeof(float));
+    char dir[] = "/tmp/rk-devtier-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    const uint64_t layer = 2ull * (uint64_t)n_ctx * (uint64_t)kvd * 2; /* f16 */
+    for (int c = 0; c < 3; c++) {
+        const int n_pin = 1 + (c & 1);
+        devsim *dp = devsim_create(), *dt = devsim_create();
+        dt->lane_defer = c == 2;
+        rk_session *ss[2] = {NULL, NULL};
+        for (int k = 0; k < 2; k++) {
+            rk_session_params p = rk_session_params_default();
+            p.n_ctx = n_ctx;
+            p.ctx_overflow_ok = true;
+            p.n_batch = 64;
+            p.n_threads = 1;
+            p.shared_backend = k ? &dt->be : &dp->be;
+            cr_assert_eq(rk_kv_params_parse("f16", &p.kv, &err), RK_OK, "%s", err.msg);
+            if (k) {
+                p.kv.budget = 2 * layer; /* the two slots: every layer cold */
+                p.kv.host_budget = (uint64_t)n_pin * layer + layer / 3;
+                p.kv.spill_dir = dir;
+                p.kv.spill_backend = c == 1 ? 2 : 0;
+            }
+            cr_assert_eq(rk_session_create(m, &p, &ss[k], &err), RK_OK, "%s", err.msg);
+        }
+        cr_expect_eq(dt->n_host, 2 * n_pin, "pin %d: %d pinned host blocks", n_pin, dt->n_host);
+        cr_assert_eq(rk_session_eval(ss[0], ids, N, la, false, &err), RK_OK, "%s", err.msg);
+        cr_assert_eq(rk_session_eval(ss[1], ids, N, lb, false, &err), RK_OK, "%s", err.msg);
+        cr_expect(memcmp(la, lb, (size_t)nv * sizeof(float)) == 0, "pin %d: prefill logits differ", n_pin);
+        for (int round = 0; round < 2; round++) {
+            for (int t = N; t < N + DEC; t++) {
+                cr_assert_eq(rk_session_eval(ss[0], ids + t, 1, la, false, &err), RK_OK, "%s", err.msg);
+                cr_assert_eq(rk_session_eval(ss[1], ids + t, 1, lb, false, &err), RK_OK, "%s", err.msg);
+                cr_expect(memcmp(la, lb, (size_t)nv * sizeof(float)) == 0, "pin %d round %d: decode %d differs", n_pin, round, t);
+            }
+            for (int k = 0; k < 2; k++) cr_assert_eq(rk_session_truncate(ss[k], N + 2, &err), RK_OK, "%s", err.msg);
+        }
+        rk_kv_tier_stats t;
+        rk_session_kv_tier_stats(ss[1], &t);
+        const uint64_t cold_rows_bytes = 2ull * N * (uint64_t)kvd * 2; /* one layer's prompt rows */
+        cr_expect(t.host_bytes == (uint64_t)n_pin * layer && t.host_bytes <= (uint64_t)n_pin * layer + layer / 3,
+                  "host bytes %llu", (unsigned long long)t.host_bytes);
+        cr_expect(t.disk_writes > 0 && t.disk_reads > 0 && t.disk_bytes_written >= cold_rows_bytes &&
+                      t.disk_bytes_read >= cold_rows_bytes,
+                  "pin %d: disk writes %llu (%llu B), reads %llu (%llu B)", n_pin, (unsigned long long)t.disk_writes,
+                  (unsigned long long)t.disk_bytes_written, (unsigned long long)t.disk_reads,
+                  (unsigned long long)t.disk_bytes_read);
+        cr_expect(t.resident_bytes == 2 * layer && dp->live - dt->live == 2 * layer, "device bytes %zu vs %zu", dt->live, dp->live);
+        for (int l = 0; l < 4; l++) {
+            cr_assert_eq(rk_session_kv_rows(ss[0], l, true, false, 0, N, ra, &err), RK_OK, "%s", err.msg);
+            cr_assert_eq(rk_session_kv_rows(ss[1], l, true, false, 0, N, rb, &err), RK_OK, "%s", err.msg);
+            cr_expect(memcmp(ra, rb, (size_t)N * kvd * sizeof(float)) == 0, "pin %d: layer %d values differ", n_pin, l);
+        }
+        for (int k = 0; k < 2; k++) rk_session_destroy(ss[k]);
+        cr_expect(dp->n_alloc == 0 && dt->n_alloc == 0 && dt->n_host == 0, "blocks leaked");
+        rk_backend_destroy(&dp->be);
+        rk_backend_destroy(&dt->be);
+    }
+    /* faults: no such directory; a full file (RLIMIT_FSIZE, pread/pwrite threads) */
+    for (int f = 0; f < 2; f++) {
+        devsim *dt = devsim_create();
+        rk_session_params p = rk_session_params_default();
+        p.n_ctx = n_ctx;
+        p.ctx_overflow_ok = true;
+        p.n_batch = 64;
+        p.n_threads = 1;
+        p.shared_backend = &dt->be;
+        cr_assert_eq(rk_kv_params_parse("f16", &p.kv, &err), RK_OK, "%s", err.msg);
+        p.kv.budget = 2 * layer;
+        p.kv.host_budget = layer;
+        p.kv.spill_backend = 2;
+        p.kv.spill_buffered = true;
+        p.kv.spill_dir = f ? dir : "/nonexistent-rk-dir";
+        rk_session *s = NULL;
+        rk_status st = rk_session_create(m, &p, &s, &err);
+        if (!f) {
+            cr_expect(st != RK_OK && strstr(err.msg, "/nonexistent-rk-dir"), "create: %d %s", st, err.msg);
+            rk_session_destroy(s);
+        } else {
+            cr_assert_eq(st, RK_OK, "%s", err.msg);
+            signal(SIGXFSZ, SIG_IGN);
+            struct rlimit rl = {4096, 4096};
+            cr_assert_eq(setrlimit(RLIMIT_FSIZE, &rl), 0);
+            st = rk_session_eval(s, ids, N, la, false, &err);
+            cr_expect(st != RK_OK && strstr(err.msg, "spill file"), "full: %d %s", st, err.msg);
+            rk_session_destroy(s);
+        }
+        cr_expect(dt->n_alloc == 0 && dt->n_host == 0, "fault %d: blocks leaked", f);
+        rk_backend_destroy(&dt->be);
+    }
+    rmdir(dir);
+    free(la), free(lb), free(ra), free(rb);
+    rk_model_destroy(m);
+}
+
+/* ---- LowRAM on backend memory --------------------------------------------------------- */
