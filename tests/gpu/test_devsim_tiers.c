@@ -20,6 +20,17 @@
 
 #include "devsim.h"
 
+/* The 4-layer generated model both tests use, and n random token ids for it. */
+static rk_model *tier_model(int32_t *ids, int n, int *nv, int64_t *kvd) {
+    rk_model *m = load_tiny((tb_tiny_spec){.n_layer = 4, .seed = 13});
+    const rk_hparams *hp = rk_model_hparams(m);
+    *nv = hp->n_vocab;
+    *kvd = (int64_t)hp->n_head_kv * hp->head_dim;
+    uint64_t r = 17;
+    for (int i = 0; i < n; i++) ids[i] = 3 + (int32_t)(tb_rand_u64(&r) % (uint64_t)(*nv - 3));
+    return m;
+}
+
 /* --kv-budget on a device backend, f16 / f32: whole layers in device memory, the others in
  * pinned host blocks moved on the copy lane (prefetched one layer ahead). Budgets of 2 and
  * 3 layers of a 4-layer model (0 / 1 resident layers, 4 / 3 cold ones sharing two device
@@ -31,15 +42,13 @@
  * and the device holds exactly the resident layers and the two slots: the budgeted
  * session's backend memory is the plain one's less (n_layer - resident - 2) layers. */
 Test(devsim, kv_budget_device_tiers_match_plain, .timeout = 120) {
-    rk_model *m = load_tiny((tb_tiny_spec){.n_layer = 4, .seed = 13});
-    rk_err err = {0};
-    const rk_hparams *hp = rk_model_hparams(m);
-    const int nv = hp->n_vocab;
-    const int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim, n_ctx = 512;
     enum { N = 300, DEC = 8 };
     int32_t ids[N + DEC];
-    uint64_t r = 17;
-    for (int i = 0; i < N + DEC; i++) ids[i] = 3 + (int32_t)(tb_rand_u64(&r) % (uint64_t)(nv - 3));
+    int nv;
+    int64_t kvd;
+    rk_model *m = tier_model(ids, N + DEC, &nv, &kvd);
+    rk_err err = {0};
+    const int64_t n_ctx = 512;
     float *la = malloc((size_t)nv * sizeof(float)), *lb = malloc((size_t)nv * sizeof(float)),
           *lc = malloc((size_t)nv * sizeof(float));
     float *ra = malloc((size_t)N * kvd * sizeof(float)), *rb = malloc((size_t)N * kvd * sizeof(float));
@@ -139,15 +148,13 @@ Test(devsim, kv_budget_device_tiers_match_plain, .timeout = 120) {
  * limit (a full disk, for the store: EFBIG) fails an eval with the spill file named, no
  * abort, and the session is destroyed cleanly. */
 Test(devsim, kv_budget_disk_step_matches_plain, .timeout = 120) {
-    rk_model *m = load_tiny((tb_tiny_spec){.n_layer = 4, .seed = 13});
-    rk_err err = {0};
-    const rk_hparams *hp = rk_model_hparams(m);
-    const int nv = hp->n_vocab;
-    const int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim, n_ctx = 512;
     enum { N = 300, DEC = 8 };
     int32_t ids[N + DEC];
-    uint64_t r = 17;
-    for (int i = 0; i < N + DEC; i++) ids[i] = 3 + (int32_t)(tb_rand_u64(&r) % (uint64_t)(nv - 3));
+    int nv;
+    int64_t kvd;
+    rk_model *m = tier_model(ids, N + DEC, &nv, &kvd);
+    rk_err err = {0};
+    const int64_t n_ctx = 512;
     float *la = malloc((size_t)nv * sizeof(float)), *lb = malloc((size_t)nv * sizeof(float));
     float *ra = malloc((size_t)N * kvd * sizeof(float)), *rb = malloc((size_t)N * kvd * sizeof(float));
     char dir[] = "/tmp/rk-devtier-XXXXXX";
