@@ -118,6 +118,14 @@ cat "$OUT_DIR/env.txt" | tee -a "$SUMMARY"
 CUDA_OPT=-Dcuda=enabled
 if [ $DRY = 1 ] && ! command -v nvcc > /dev/null; then CUDA_OPT=-Dcuda=disabled; fi
 build() {
+    # a build dir configured from another source tree (an old clone or worktree) is set up again
+    local src
+    src=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["directories"]["source"])' \
+        "$BUILD/meson-info/meson-info.json" 2> /dev/null || true)
+    if [ -f "$BUILD/build.ninja" ] && [ "$src" != "$ROOT" ]; then
+        say "build: $BUILD was configured from ${src:-an unknown tree}, not $ROOT: setting it up again"
+        rm -rf "$BUILD"
+    fi
     if [ -f "$BUILD/build.ninja" ]; then
         meson configure "$BUILD" $CUDA_OPT -Dgpu_archs=$ARCHS || return 1
     else
