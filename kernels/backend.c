@@ -13,8 +13,9 @@ static const char *const op_names[RK_OP_COUNT] = {
     [RK_OP_ROPE] = "ROPE",         [RK_OP_ATTN] = "ATTN",         [RK_OP_SILU_MUL] = "SILU_MUL",
     [RK_OP_ADD] = "ADD",           [RK_OP_ADD_ROW] = "ADD_ROW",   [RK_OP_CPY_ROWS] = "CPY_ROWS",
     [RK_OP_LR_KEYS] = "LR_KEYS",   [RK_OP_SCATTER_ROWS] = "SCATTER_ROWS", [RK_OP_LR_ATTN] = "LR_ATTN",
+    [RK_OP_MATMUL_N] = "MATMUL_N",
 };
-_Static_assert(RK_OP_COUNT == 12, "op count changed: name the new op");
+_Static_assert(RK_OP_COUNT == 13, "op count changed: name the new op");
 
 const char *rk_op_name(rk_op op) {
     return (unsigned)op < RK_OP_COUNT ? op_names[op] : "UNKNOWN_OP";
@@ -101,6 +102,14 @@ static rk_status check_attn(const char *on, const rk_op_args *a, rk_err *err) {
             (long long)(p->pos0 + q.n_tok), (long long)k.n_tok, (long long)v.n_tok);
     if (q.n_tok > 0 && (!q.data || !k.data || !v.data || !d.data)) BAD("kernels: %s: NULL data", on);
     return RK_OK;
+}
+
+/* Weight i of a MATMUL_N as the MATMUL it equals. */
+static rk_op_args matmul_n_part(const rk_op_args *a, int i) {
+    rk_op_args p = {.op = RK_OP_MATMUL, .src1 = a->src1};
+    p.src0 = a->mm->w[i];
+    p.dst = a->mm->dst[i];
+    return p;
 }
 
 rk_status rk_op_check(const rk_op_args *a, rk_err *err) {
@@ -255,6 +264,17 @@ rk_status rk_op_check(const rk_op_args *a, rk_err *err) {
             BAD("kernels: %s: NULL data", on);
         return RK_OK;
     }
+    case RK_OP_MATMUL_N:
+        if (!a->mm) BAD("kernels: %s: NULL mm args", on);
+        if (a->mm->n_w < 1 || a->mm->n_w > RK_MATMUL_N_MAX)
+            BAD("kernels: %s: %d weights (1..%d)", on, a->mm->n_w, RK_MATMUL_N_MAX);
+        for (int i = 0; i < a->mm->n_w; i++) {
+            rk_op_args p = matmul_n_part(a, i);
+            rk_err e = {0};
+            rk_status st = rk_op_check(&p, &e);
+            if (st != RK_OK) return rk_err_set(err, st, "kernels: %s: weight %d: %s", on, i, e.msg);
+        }
+        return RK_OK;
     case RK_OP_COUNT:
         break;
     }
@@ -301,6 +321,13 @@ bool rk_cpu_supports_common(const rk_op_args *a, const rk_quant_fns *(*fns)(uint
         return is_f32(&a->dst) && is_f32(&a->src0);
     case RK_OP_LR_ATTN:
         return is_f32(&a->dst) && is_f32(&a->src0);
+    case RK_OP_MATMUL_N:
+        if (!a->mm || a->mm->n_w < 1 || a->mm->n_w > RK_MATMUL_N_MAX) return false;
+        for (int i = 0; i < a->mm->n_w; i++) {
+            rk_op_args p = matmul_n_part(a, i);
+            if (!rk_cpu_supports_common(&p, fns)) return false;
+        }
+        return true;
     case RK_OP_COUNT:
         break;
     }
@@ -350,10 +377,24 @@ rk_status rk_backend_run(rk_backend *be, const rk_op_args *a, rk_err *err) {
         return rk_err_set(err, RK_E_INVALID_ARG, "kernels: %s: op %d out of range (< %d)", be->ops->name,
                           (int)a->op, RK_OP_COUNT);
     const char *on = op_names[a->op];
+    if (a->op == RK_OP_MATMUL_N) { /* the shapes first (mm is read below), then the parts */
+        rk_status st = rk_op_check(a, err);
+        if (st != RK_OK) return st;
+        if (!be->ops->op[a->op] && be->ops->op[RK_OP_MATMUL]) { /* as its MATMULs, in order */
+            for (int i = 0; i < a->mm->n_w; i++) {
+                rk_op_args p = matmul_n_part(a, i);
+                if ((st = rk_backend_run(be, &p, err)) != RK_OK) return st;
+            }
+            return RK_OK;
+        }
+    }
     if (!be->ops->op[a->op])
         return rk_err_set(err, RK_E_UNSUPPORTED, "kernels: %s: %s not implemented", be->ops->name, on);
     if (be->ops->supports && !be->ops->supports(be, a)) {
-        const rk_view *w = a->op == RK_OP_CPY_ROWS ? &a->dst : a->op == RK_OP_ATTN ? &a->src1 : &a->src0;
+        const rk_view *w = a->op == RK_OP_CPY_ROWS ? &a->dst
+                           : a->op == RK_OP_ATTN   ? &a->src1
+                           : a->op == RK_OP_MATMUL_N ? &a->mm->w[0]
+                                                   : &a->src0;
         return rk_err_set(err, RK_E_UNSUPPORTED,
                           "kernels: %s: %s unsupported for %s (dst %s, src0 %s, src1 %s, src2 %s; "
                           "ne[0] %lld, n_rot %d)",
@@ -372,7 +413,7 @@ rk_status rk_backend_check_ops(const rk_backend *be, const rk_op *ops, int n, rk
     for (int i = 0; i < n; i++) {
         if ((unsigned)ops[i] >= RK_OP_COUNT)
             BAD("kernels: %s: op %d at %d out of range (< %d)", be->ops->name, (int)ops[i], i, RK_OP_COUNT);
-        if (!be->ops->op[ops[i]]) {
+        if (!be->ops->op[ops[i]] && !(ops[i] == RK_OP_MATMUL_N && be->ops->op[RK_OP_MATMUL])) {
             const char *hint = be->ops->missing_hint;
             return rk_err_set(err, RK_E_UNSUPPORTED, "%s: op %s not implemented yet%s%s%s", be->ops->name,
                               op_names[ops[i]], hint ? " (" : "", hint ? hint : "", hint ? ")" : "");

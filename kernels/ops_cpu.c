@@ -209,104 +209,125 @@ static rk_status cpu_get_rows(rk_backend *be, const rk_op_args *a, rk_err *err) 
     return RK_OK;
 }
 
-/* ---- MATMUL ------------------------------------------------------------- */
-typedef struct mm_ctx {
-    const rk_op_args *a;
-    cpu_impl *c;
+/* ---- MATMUL, MATMUL_N --------------------------------------------------- */
+/* One weight of a matmul set (MATMUL: a set of one). Its units (decode: weight rows,
+ * prefill: tiles) are [off, off + n_units) of the set's one index space, so one pool
+ * dispatch covers every weight. */
+typedef struct mm_part {
+    rk_view w, dst;
     const rk_quant_fns *q; /* NULL for f32 weights */
-    const rk_qdot_fns *qd; /* non-NULL: dot against the quantised rows xq */
-    uint8_t *xq;           /* n activation rows of xq_row bytes */
+    const rk_qdot_fns *qd; /* non-NULL: integer dots against the quantised rows xq */
+    uint8_t *xq;           /* n activation rows of xq_row bytes (shared by parts of one format) */
     size_t xq_row;
-    int64_t n, m, k, mb;
+    int64_t m, mb, off, n_units;
+} mm_part;
+
+typedef struct mm_ctx {
+    const rk_view *x; /* (n, k) f32 activations */
+    cpu_impl *c;
+    mm_part p[RK_MATMUL_N_MAX];
+    int n_w;
+    const mm_part *cur; /* quant_rows, gemm_tiles: the one part they work on */
+    bool gemv;          /* set_range's units are weight rows (else integer tiles) */
+    int64_t n, k;
 } mm_ctx;
 
-/* Decode: each weight row is read once and dotted with every activation row. */
-static void gemv_range(void *vp, int64_t j0, int64_t j1, int tid) {
-    (void)tid;
-    const mm_ctx *x = vp;
-    const rk_op_args *a = x->a;
-    if (x->qd) {
+/* Decode: rows [j0, j1) of part p, each weight row read once and dotted with every activation row. */
+static void part_gemv(const mm_ctx *x, const mm_part *p, int64_t j0, int64_t j1) {
+    if (p->qd) {
         int64_t j = j0;
-        if (x->n == 1 && x->qd->dot_2w) { /* two weight rows per call, bit-identical to dot */
-            float *y = rk_row_f32(&a->dst, 0);
+        if (x->n == 1 && p->qd->dot_2w) { /* two weight rows per call, bit-identical to dot */
+            float *y = rk_row_f32(&p->dst, 0);
             for (; j + 2 <= j1; j += 2)
-                x->qd->dot_2w((const char *)a->src0.data + (size_t)j * a->src0.nb1, a->src0.nb1, x->xq, x->k, y + j);
+                p->qd->dot_2w((const char *)p->w.data + (size_t)j * p->w.nb1, p->w.nb1, p->xq, x->k, y + j);
         }
         for (; j < j1; j++) {
-            const void *w = (const char *)a->src0.data + (size_t)j * a->src0.nb1;
-            for (int64_t t = 0; t < x->n; t++) rk_row_f32(&a->dst, t)[j] = x->qd->dot(w, x->xq + (size_t)t * x->xq_row, x->k);
+            const void *w = (const char *)p->w.data + (size_t)j * p->w.nb1;
+            for (int64_t t = 0; t < x->n; t++) rk_row_f32(&p->dst, t)[j] = p->qd->dot(w, p->xq + (size_t)t * p->xq_row, x->k);
         }
         return;
     }
     for (int64_t j = j0; j < j1; j++) {
-        const void *w = (const char *)a->src0.data + (size_t)j * a->src0.nb1;
+        const void *w = (const char *)p->w.data + (size_t)j * p->w.nb1;
         for (int64_t t = 0; t < x->n; t++) {
-            const float *xt = rk_row_f32(&a->src1, t);
-            rk_row_f32(&a->dst, t)[j] = x->q ? x->q->dot(w, xt, x->k) : x->c->k->dot(w, xt, x->k);
+            const float *xt = rk_row_f32(x->x, t);
+            rk_row_f32(&p->dst, t)[j] = p->q ? p->q->dot(w, xt, x->k) : x->c->k->dot(w, xt, x->k);
         }
     }
 }
 
-/* Integer path: activation rows r0..r1 to 8-bit blocks. */
-static void quant_rows(void *vp, int64_t r0, int64_t r1, int tid) {
-    (void)tid;
-    const mm_ctx *x = vp;
-    for (int64_t t = r0; t < r1; t++) x->qd->quant_act(rk_row_f32(&x->a->src1, t), x->xq + (size_t)t * x->xq_row, x->k);
-}
-
-/* Integer path, prefill: a tile of mb weight rows (it stays in L2) against every
- * quantised activation row, with the GEMV's dot for each pair: a row's result
- * does not depend on the chunk or batch it came in. */
-static void gemm_q_tiles(void *vp, int64_t t0, int64_t t1, int tid) {
-    (void)tid;
-    const mm_ctx *x = vp;
-    const rk_op_args *a = x->a;
+/* Integer path, prefill: tiles [t0, t1) of part p, a tile of mb weight rows (it stays in
+ * L2) against every quantised activation row, with the GEMV's dot for each pair: a row's
+ * result does not depend on the chunk or batch it came in. */
+static void part_q_tiles(const mm_ctx *x, const mm_part *p, int64_t t0, int64_t t1) {
     for (int64_t tile = t0; tile < t1; tile++) {
-        const int64_t j0 = tile * x->mb, j1 = j0 + x->mb < x->m ? j0 + x->mb : x->m;
+        const int64_t j0 = tile * p->mb, j1 = j0 + p->mb < p->m ? j0 + p->mb : p->m;
         int64_t t = 0;
-        if (x->qd->dot_x4) /* four activation rows per weight row read: bit-identical to dot */
+        if (p->qd->dot_x4) /* four activation rows per weight row read: bit-identical to dot */
             for (; t + 4 <= x->n; t += 4) {
-                const uint8_t *xt = x->xq + (size_t)t * x->xq_row;
-                float *y[4] = {rk_row_f32(&a->dst, t), rk_row_f32(&a->dst, t + 1), rk_row_f32(&a->dst, t + 2),
-                               rk_row_f32(&a->dst, t + 3)};
+                const uint8_t *xt = p->xq + (size_t)t * p->xq_row;
+                float *y[4] = {rk_row_f32(&p->dst, t), rk_row_f32(&p->dst, t + 1), rk_row_f32(&p->dst, t + 2),
+                               rk_row_f32(&p->dst, t + 3)};
                 for (int64_t j = j0; j < j1; j++) {
                     float o[4];
-                    x->qd->dot_x4((const char *)a->src0.data + (size_t)j * a->src0.nb1, xt, x->xq_row, x->k, o);
+                    p->qd->dot_x4((const char *)p->w.data + (size_t)j * p->w.nb1, xt, p->xq_row, x->k, o);
                     y[0][j] = o[0], y[1][j] = o[1], y[2][j] = o[2], y[3][j] = o[3];
                 }
             }
         for (; t < x->n; t++) {
-            const uint8_t *xt = x->xq + (size_t)t * x->xq_row;
-            float *y = rk_row_f32(&a->dst, t);
-            for (int64_t j = j0; j < j1; j++) y[j] = x->qd->dot((const char *)a->src0.data + (size_t)j * a->src0.nb1, xt, x->k);
+            const uint8_t *xt = p->xq + (size_t)t * p->xq_row;
+            float *y = rk_row_f32(&p->dst, t);
+            for (int64_t j = j0; j < j1; j++) y[j] = p->qd->dot((const char *)p->w.data + (size_t)j * p->w.nb1, xt, x->k);
         }
     }
 }
 
-/* Prefill: a tile of mb weight rows is dequantised into this thread's scratch
- * (mb, k) and multiplied with all n activation rows into dst columns. */
+/* Units [u0, u1) of the set: each part's share of them (decode rows or integer tiles). */
+static void set_range(void *vp, int64_t u0, int64_t u1, int tid) {
+    (void)tid;
+    const mm_ctx *x = vp;
+    for (int i = 0; i < x->n_w; i++) {
+        const mm_part *p = &x->p[i];
+        int64_t lo = u0 > p->off ? u0 : p->off, hi = u1 < p->off + p->n_units ? u1 : p->off + p->n_units;
+        if (lo >= hi) continue;
+        if (x->gemv)
+            part_gemv(x, p, lo - p->off, hi - p->off);
+        else
+            part_q_tiles(x, p, lo - p->off, hi - p->off);
+    }
+}
+
+/* Integer path: activation rows r0..r1 of the current part's format to 8-bit blocks. */
+static void quant_rows(void *vp, int64_t r0, int64_t r1, int tid) {
+    (void)tid;
+    const mm_ctx *x = vp;
+    for (int64_t t = r0; t < r1; t++) x->cur->qd->quant_act(rk_row_f32(x->x, t), x->cur->xq + (size_t)t * x->cur->xq_row, x->k);
+}
+
+/* Prefill: a tile of mb weight rows of the current part is dequantised into this thread's
+ * scratch (mb, k) and multiplied with all n activation rows into dst columns. */
 static void gemm_tiles(void *vp, int64_t t0, int64_t t1, int tid) {
     const mm_ctx *x = vp;
-    const rk_op_args *a = x->a;
-    int64_t ldx = (int64_t)(a->src1.nb1 / sizeof(float)), ldy = (int64_t)(a->dst.nb1 / sizeof(float));
-    if (x->n == 1) ldx = x->k, ldy = x->m;
+    const mm_part *p = x->cur;
+    int64_t ldx = (int64_t)(x->x->nb1 / sizeof(float)), ldy = (int64_t)(p->dst.nb1 / sizeof(float));
+    if (x->n == 1) ldx = x->k, ldy = p->m;
     for (int64_t tile = t0; tile < t1; tile++) {
-        int64_t j0 = tile * x->mb, mb = x->m - j0 < x->mb ? x->m - j0 : x->mb;
+        int64_t j0 = tile * p->mb, mb = p->m - j0 < p->mb ? p->m - j0 : p->mb;
         const float *w;
         int64_t ldw;
-        if (!x->q) {
-            w = (const float *)((const char *)a->src0.data + (size_t)j0 * a->src0.nb1);
-            ldw = (int64_t)(a->src0.nb1 / sizeof(float));
+        if (!p->q) {
+            w = (const float *)((const char *)p->w.data + (size_t)j0 * p->w.nb1);
+            ldw = (int64_t)(p->w.nb1 / sizeof(float));
         } else {
             float *buf = x->c->tls[tid]; /* (mb, k) */
             for (int64_t j = 0; j < mb; j++)
-                x->q->to_f32((const char *)a->src0.data + (size_t)(j0 + j) * a->src0.nb1, buf + j * x->k, x->k);
+                p->q->to_f32((const char *)p->w.data + (size_t)(j0 + j) * p->w.nb1, buf + j * x->k, x->k);
             w = buf;
             ldw = x->k;
         }
         if (mb == 1) ldw = x->k;
-        const float *xs = a->src1.data;
-        float *y = (float *)a->dst.data + j0;
+        const float *xs = x->x->data;
+        float *y = (float *)p->dst.data + j0;
 #if defined(RK_HAVE_BLAS)
         if (x->c->use_blas) {
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)x->n, (int)mb, (int)x->k, 1.0f, xs,
@@ -318,58 +339,117 @@ static void gemm_tiles(void *vp, int64_t t0, int64_t t1, int tid) {
     }
 }
 
-static rk_status cpu_matmul(rk_backend *be, const rk_op_args *a, rk_err *err) {
-    cpu_impl *c = be->impl;
-    mm_ctx x = {.a = a, .c = c, .k = a->src0.ne[0], .m = rk_view_rows(&a->src0), .n = rk_view_rows(&a->src1)};
-    x.q = a->src0.type == RK_DT_F32 ? NULL : c->quant(a->src0.type);
-    if (x.n == 0 || x.m == 0) return RK_OK;
-    if (x.k == 0) {
-        for (int64_t t = 0; t < x.n; t++) memset(rk_row_f32(&a->dst, t), 0, (size_t)x.m * sizeof(float));
+/* Decode rows split over the threads: about four chunks each, serial when small. */
+static int64_t gemv_chunk(const cpu_impl *c, int64_t m, int64_t k, int64_t n) {
+    return m * k * n < 4 * RK_PAR_MIN_ELTS ? m : (m + 4 * c->n_threads - 1) / (4 * c->n_threads);
+}
+
+/* Prefill of a part off the integer path: dequantised f32 tiles (a GEMV past int sizes). */
+static rk_status part_f32(mm_ctx *x, mm_part *p, rk_err *err) {
+    cpu_impl *c = x->c;
+    if (x->k > INT32_MAX || p->m > INT32_MAX || x->n > INT32_MAX) {
+        mm_ctx one = *x;
+        one.n_w = 1, one.p[0] = *p, one.p[0].off = 0, one.p[0].n_units = p->m, one.gemv = true;
+        par_for(c, p->m, gemv_chunk(c, p->m, x->k, x->n), set_range, &one);
         return RK_OK;
     }
-    /* Integer path (quantised weights, AVX2): each activation row quantised once
-     * to 8-bit blocks, then every output is an integer dot of a weight row with it. */
-    x.qd = x.q && c->qdot ? c->qdot(a->src0.type) : NULL;
-    /* Prefill (n >= RK_GEMM_MIN_N) takes it only for the 256-element K-quant blocks:
-     * with 32-element blocks (Q4_0, Q4_1, Q8_0) the per-block scale work made the
-     * integer tiles slower than dequantised f32 tiles (docs/BENCH.md). */
-    if (x.qd && x.n >= RK_GEMM_MIN_N && (x.qd->act_block != RK_QK_K_ELTS || !x.qd->dot_x4)) x.qd = NULL;
-    if (x.qd && x.k % x.qd->act_block == 0) {
-        x.xq_row = (size_t)(x.k / x.qd->act_block) * x.qd->act_bytes;
-        rk_status st = ws_reserve(c, 0, ((size_t)x.n * x.xq_row + sizeof(float) - 1) / sizeof(float), err);
-        if (st != RK_OK) return st;
-        x.xq = (uint8_t *)c->shared;
-        if (x.n < RK_GEMM_MIN_N) {
-            quant_rows(&x, 0, x.n, 0);
-            int64_t chunk = x.m * x.k * x.n < 4 * RK_PAR_MIN_ELTS ? x.m : (x.m + 4 * c->n_threads - 1) / (4 * c->n_threads);
-            par_for(c, x.m, chunk, gemv_range, &x);
-            return RK_OK;
-        }
-        par_for(c, x.n, row_chunk(c, x.n, x.k), quant_rows, &x);
-        int64_t mb = RK_GEMM_TILE_BYTES / (int64_t)a->src0.nb1;
-        int64_t fair = (x.m + 2 * c->n_threads - 1) / (2 * c->n_threads); /* >= 2 tiles per thread */
-        if (mb > fair) mb = fair;
-        x.mb = mb < 4 ? 4 : mb;
-        par_for(c, (x.m + x.mb - 1) / x.mb, 1, gemm_q_tiles, &x);
-        return RK_OK;
-    }
-    x.qd = NULL;
-    if (x.n < RK_GEMM_MIN_N || x.k > INT32_MAX || x.m > INT32_MAX || x.n > INT32_MAX) {
-        int64_t chunk = x.m * x.k * x.n < 4 * RK_PAR_MIN_ELTS ? x.m : (x.m + 4 * c->n_threads - 1) / (4 * c->n_threads);
-        par_for(c, x.m, chunk, gemv_range, &x);
-        return RK_OK;
-    }
-    int64_t mb = RK_GEMM_TILE_FLOATS / x.k;
-    int64_t fair = (x.m + 2 * c->n_threads - 1) / (2 * c->n_threads); /* >= 2 tiles per thread */
+    int64_t mb = RK_GEMM_TILE_FLOATS / x->k;
+    int64_t fair = (p->m + 2 * c->n_threads - 1) / (2 * c->n_threads); /* >= 2 tiles per thread */
     if (mb > fair) mb = fair;
-    mb = mb < 16 ? 16 : (mb + 3) & ~(int64_t)3;
-    x.mb = mb;
-    if (x.q) {
-        rk_status st = ws_reserve(c, (size_t)(mb * x.k), 0, err);
+    p->mb = mb < 16 ? 16 : (mb + 3) & ~(int64_t)3;
+    if (p->q) {
+        rk_status st = ws_reserve(c, (size_t)(p->mb * x->k), 0, err);
         if (st != RK_OK) return st;
     }
-    par_for(c, (x.m + mb - 1) / mb, 1, gemm_tiles, &x);
+    x->cur = p;
+    par_for(c, (p->m + p->mb - 1) / p->mb, 1, gemm_tiles, x);
     return RK_OK;
+}
+
+/* The set's weights against one activation. Bit for bit the same per weight whatever the
+ * set: every output is one call of the weight's dot (or its bit-identical dot_2w / dot_x4),
+ * on activation blocks of the same quantiser. */
+static rk_status matmul_set(cpu_impl *c, mm_ctx *x, rk_err *err) {
+    if (x->n == 0) return RK_OK;
+    const bool decode = x->n < RK_GEMM_MIN_N;
+    size_t xq_off[RK_MATMUL_N_MAX], xq_bytes = 0;
+    bool quantises[RK_MATMUL_N_MAX];
+    for (int i = 0; i < x->n_w; i++) {
+        mm_part *p = &x->p[i];
+        p->m = rk_view_rows(&p->w);
+        p->q = p->w.type == RK_DT_F32 ? NULL : c->quant(p->w.type);
+        /* Integer path (quantised weights, AVX2): each activation row quantised once to
+         * 8-bit blocks, then every output is an integer dot of a weight row with it. Prefill
+         * takes it only for the 256-element K-quant blocks: with 32-element blocks (Q4_0,
+         * Q4_1, Q8_0) the per-block scale work made the integer tiles slower than
+         * dequantised f32 tiles (docs/BENCH.md). */
+        p->qd = p->q && c->qdot ? c->qdot(p->w.type) : NULL;
+        if (p->qd && (x->k % p->qd->act_block || (!decode && (p->qd->act_block != RK_QK_K_ELTS || !p->qd->dot_x4))))
+            p->qd = NULL;
+        if (x->k == 0) {
+            for (int64_t t = 0; t < x->n; t++) memset(rk_row_f32(&p->dst, t), 0, (size_t)p->m * sizeof(float));
+            p->m = 0;
+        }
+        quantises[i] = false;
+        if (!p->qd || p->m == 0) continue;
+        p->xq_row = (size_t)(x->k / p->qd->act_block) * p->qd->act_bytes;
+        int j = 0; /* an earlier part with the same activation blocks shares them */
+        while (j < i && !(x->p[j].qd && x->p[j].m && x->p[j].qd->quant_act == p->qd->quant_act)) j++;
+        if (j < i) {
+            xq_off[i] = xq_off[j];
+        } else {
+            xq_off[i] = xq_bytes, quantises[i] = true;
+            xq_bytes += (size_t)x->n * p->xq_row;
+        }
+    }
+    if (xq_bytes) {
+        rk_status st = ws_reserve(c, 0, (xq_bytes + sizeof(float) - 1) / sizeof(float), err);
+        if (st != RK_OK) return st;
+    }
+    /* the set's units: decode rows of every part, or the integer parts' prefill tiles */
+    int64_t units = 0;
+    for (int i = 0; i < x->n_w; i++) {
+        mm_part *p = &x->p[i];
+        p->off = units, p->n_units = 0;
+        if (p->m == 0 || (!decode && !p->qd)) continue;
+        if (p->qd) {
+            p->xq = (uint8_t *)c->shared + xq_off[i];
+            x->cur = p;
+            if (quantises[i] && decode) quant_rows(x, 0, x->n, 0);
+            else if (quantises[i]) par_for(c, x->n, row_chunk(c, x->n, x->k), quant_rows, x);
+        }
+        if (decode) {
+            p->n_units = p->m;
+        } else {
+            int64_t mb = RK_GEMM_TILE_BYTES / (int64_t)p->w.nb1;
+            int64_t fair = (p->m + 2 * c->n_threads - 1) / (2 * c->n_threads); /* >= 2 tiles per thread */
+            if (mb > fair) mb = fair;
+            p->mb = mb < 4 ? 4 : mb;
+            p->n_units = (p->m + p->mb - 1) / p->mb;
+        }
+        units += p->n_units;
+    }
+    x->gemv = decode;
+    if (units) par_for(c, units, decode ? gemv_chunk(c, units, x->k, x->n) : 1, set_range, x);
+    if (decode) return RK_OK;
+    for (int i = 0; i < x->n_w; i++) /* prefill off the integer path, weight by weight */
+        if (x->p[i].m && !x->p[i].qd) {
+            rk_status st = part_f32(x, &x->p[i], err);
+            if (st != RK_OK) return st;
+        }
+    return RK_OK;
+}
+
+static rk_status cpu_matmul(rk_backend *be, const rk_op_args *a, rk_err *err) {
+    mm_ctx x = {.x = &a->src1, .c = be->impl, .n_w = 1, .n = rk_view_rows(&a->src1), .k = a->src1.ne[0]};
+    x.p[0].w = a->src0, x.p[0].dst = a->dst;
+    return matmul_set(be->impl, &x, err);
+}
+
+static rk_status cpu_matmul_n(rk_backend *be, const rk_op_args *a, rk_err *err) {
+    mm_ctx x = {.x = &a->src1, .c = be->impl, .n_w = a->mm->n_w, .n = rk_view_rows(&a->src1), .k = a->src1.ne[0]};
+    for (int i = 0; i < x.n_w; i++) x.p[i].w = a->mm->w[i], x.p[i].dst = a->mm->dst[i];
+    return matmul_set(be->impl, &x, err);
 }
 
 /* ---- RMSNORM, SILU_MUL, ADD, ADD_ROW, CPY_ROWS -------------------------- */
@@ -745,12 +825,13 @@ static const rk_backend_ops cpu_ops = {
             [RK_OP_LR_KEYS] = rk_cpu_lr_keys,
             [RK_OP_SCATTER_ROWS] = rk_ref_scatter_rows,
             [RK_OP_LR_ATTN] = rk_ref_lr_attn,
+            [RK_OP_MATMUL_N] = cpu_matmul_n,
         },
     .supports = cpu_supports,
     .destroy = cpu_destroy,
     .pool = cpu_pool, /* memory: host defaults (no prepare, no repacking) */
 };
-_Static_assert(RK_OP_COUNT == 12, "op count changed: add the op to cpu_ops");
+_Static_assert(RK_OP_COUNT == 13, "op count changed: add the op to cpu_ops");
 
 /* pool NULL: the backend creates and owns one of n_threads. */
 static rk_status cpu_create(int n_threads, bool portable, rk_pool *pool, rk_backend **out, rk_err *err) {

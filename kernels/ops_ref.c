@@ -45,6 +45,16 @@ static rk_status ref_matmul(rk_backend *be, const rk_op_args *a, rk_err *err) {
     return RK_OK;
 }
 
+/* MATMUL_N: its MATMULs, one after the other. */
+static rk_status ref_matmul_n(rk_backend *be, const rk_op_args *a, rk_err *err) {
+    for (int i = 0; i < a->mm->n_w; i++) {
+        rk_op_args p = {.op = RK_OP_MATMUL, .src0 = a->mm->w[i], .src1 = a->src1, .dst = a->mm->dst[i]};
+        rk_status st = ref_matmul(be, &p, err);
+        if (st != RK_OK) return st;
+    }
+    return RK_OK;
+}
+
 static rk_status ref_rmsnorm(rk_backend *be, const rk_op_args *a, rk_err *err) {
     (void)be;
     (void)err;
@@ -210,11 +220,12 @@ static const rk_backend_ops ref_ops = {
             [RK_OP_LR_KEYS] = rk_ref_lr_keys,
             [RK_OP_SCATTER_ROWS] = rk_ref_scatter_rows,
             [RK_OP_LR_ATTN] = rk_ref_lr_attn,
+            [RK_OP_MATMUL_N] = ref_matmul_n,
         },
     .supports = ref_supports,
     .destroy = ref_destroy,
 };
-_Static_assert(RK_OP_COUNT == 12, "op count changed: add the op to ref_ops");
+_Static_assert(RK_OP_COUNT == 13, "op count changed: add the op to ref_ops");
 
 rk_status rk_backend_cpu_ref_create(rk_backend **out, rk_err *err) {
     if (!out) return rk_err_set(err, RK_E_INVALID_ARG, "kernels: cpu_ref: NULL out");

@@ -99,9 +99,10 @@ typedef enum rk_op {
     RK_OP_LR_KEYS,   /* LowRAM: post-RoPE keys of one KV head rebuilt from coefficients; see below */
     RK_OP_SCATTER_ROWS, /* dst row ids[i] = src0 row i (f32 rows), i < rows of src0; see below */
     RK_OP_LR_ATTN,   /* LowRAM decode: selection + key rebuild + sparse attention, fused; see below */
+    RK_OP_MATMUL_N,  /* dst_i = src1 x w_i^T for up to RK_MATMUL_N_MAX weights of one input; see below */
     RK_OP_COUNT
 } rk_op;
-_Static_assert(RK_OP_COUNT == 12, "op count changed: update every backend table and op-case table");
+_Static_assert(RK_OP_COUNT == 13, "op count changed: update every backend table and op-case table");
 
 typedef enum rk_rope_mode {
     RK_ROPE_NORM = 0, /* rotate pairs (2i, 2i+1): llama */
@@ -208,6 +209,22 @@ typedef struct rk_lr_attn_args {
     int64_t mb_hstride;
 } rk_lr_attn_args;
 
+/* RK_OP_MATMUL_N: the weights that read one activation (a layer's Q, K and V; gate and up)
+ * as one op. mm->w[i] (m_i rows of k, any dtype MATMUL takes) against src1 (n, k) f32 into
+ * mm->dst[i] (n, m_i) f32, i < mm->n_w (1..RK_MATMUL_N_MAX); src0 and dst are unused. Each
+ * dst[i] is bit for bit what MATMUL(dst[i], w[i], src1) gives on the same backend; the dsts
+ * must not overlap src1, the weights or each other. The cpu backend runs the set as one pool
+ * dispatch (the activation quantised once per activation format, decode rows of every
+ * weight split together). A backend without a kernel for it (NULL entry) runs it as its
+ * MATMULs in order: rk_backend_run does, and rk_backend_check_ops counts it as present
+ * wherever MATMUL is. */
+#define RK_MATMUL_N_MAX 3
+typedef struct rk_matmul_n_args {
+    int n_w;
+    rk_view w[RK_MATMUL_N_MAX];
+    rk_view dst[RK_MATMUL_N_MAX];
+} rk_matmul_n_args;
+
 typedef struct rk_op_args {
     rk_op op;
     rk_view dst, src0, src1, src2; /* ATTN: src0 = q, src1 = K cache, src2 = V cache */
@@ -219,6 +236,7 @@ typedef struct rk_op_args {
     const float *lr_rope_cs;       /* LR_KEYS: host table or NULL */
     int64_t lr_rope_rows;
     const rk_lr_attn_args *lr;     /* LR_ATTN (host struct; its pointers are backend memory) */
+    const rk_matmul_n_args *mm;    /* MATMUL_N (host struct) */
 } rk_op_args;
 
 typedef struct rk_backend rk_backend;

@@ -30,6 +30,29 @@ static rk_status matmul(rk_session *s, rk_view w, const rk_view *bias, float *x,
     return run(s, &b, err);
 }
 
+/* y[i] (n, w[i].ne[1]) = x (n, w[i].ne[0]) W_i^T (+ bias[i]) for the weights that read one
+ * input, as one MATMUL_N: one pool dispatch on the cpu backend, the activation quantised
+ * once; the same bits as one matmul() per weight. */
+static rk_status matmul_set(rk_session *s, int n_w, const rk_view *const *w, const rk_view *const *bias, float *x,
+                            int64_t n, float *const *y, rk_err *err) {
+    rk_matmul_n_args mm = {.n_w = n_w};
+    for (int i = 0; i < n_w; i++) {
+        mm.w[i] = *w[i];
+        mm.dst[i] = act(y[i], w[i]->ne[1], n);
+    }
+    rk_op_args a = {.op = RK_OP_MATMUL_N, .mm = &mm};
+    a.src1 = act(x, w[0]->ne[0], n);
+    rk_status st = run(s, &a, err);
+    for (int i = 0; i < n_w && !st; i++)
+        if (bias[i] && bias[i]->data) {
+            rk_op_args b = {.op = RK_OP_ADD_ROW};
+            b.dst = mm.dst[i];
+            b.src0 = *bias[i];
+            st = run(s, &b, err);
+        }
+    return st;
+}
+
 static rk_status rmsnorm(rk_session *s, const float *x, float *y, rk_view w, int64_t rows, rk_err *err) {
     rk_op_args a = {.op = RK_OP_RMSNORM, .eps = s->m->hp.rms_eps};
     a.src0 = act((float *)x, w.ne[0], rows);
@@ -157,14 +180,17 @@ static rk_status kv_append(rk_session *s, int l, int64_t pos0, int64_t n, rk_err
 }
 
 /* The cache writers of layer l for all n rows of the chunk, from their input x: attention
- * norm, K and V projections (+bias), k-norm, RoPE, cache write. h keeps the normed input. */
-static rk_status cache_writers(rk_session *s, const rk_chunk_plan *p, int l, bool late, const float *x, int64_t pos0,
-                               int64_t n, rk_err *err) {
+ * norm, K and V projections (+bias), k-norm, RoPE, cache write. h keeps the normed input.
+ * with_q (every row of the chunk goes on as exact, from this h): the Q projection comes in
+ * the same matmul set, into q. */
+static rk_status cache_writers(rk_session *s, const rk_chunk_plan *p, int l, bool late, bool with_q, const float *x,
+                               int64_t pos0, int64_t n, rk_err *err) {
     const rk_hparams *hp = &s->m->hp;
     const rk_layer *L = &s->w_layers[l];
+    const rk_view *w[3] = {&L->wk, &L->wv, &L->wq}, *b[3] = {&L->bk, &L->bv, &L->bq};
+    float *y[3] = {s->k, s->v, s->q};
     rk_status st;
-    if ((st = rmsnorm(s, x, s->h, L->attn_norm, n, err)) || (st = matmul(s, L->wk, &L->bk, s->h, n, s->k, err)) ||
-        (st = matmul(s, L->wv, &L->bv, s->h, n, s->v, err)))
+    if ((st = rmsnorm(s, x, s->h, L->attn_norm, n, err)) || (st = matmul_set(s, with_q ? 3 : 2, w, b, s->h, n, y, err)))
         return st;
     if (hp->has_qk_norm && (st = rmsnorm(s, s->k, s->k, L->k_norm, n * hp->n_head_kv, err))) return st;
     if (late && (st = rk_plan_predict_kv(s, p, l, s->xs, s->k, s->v, err))) return st; /* K/V maps */
@@ -174,15 +200,19 @@ static rk_status cache_writers(rk_session *s, const rk_chunk_plan *p, int l, boo
     return RK_OK;
 }
 
-/* The rest of layer l for ne exact rows: queries from the normed input h, attention over
- * each run of consecutive positions, output projection, MLP; x (ne, n_embd) updated in
- * place. idx: the rows' chunk indices when compacted, else NULL (rows 0..ne-1). */
-static rk_status exact_rows(rk_session *s, int l, int64_t pos0, int64_t ne, const int32_t *idx, rk_err *err) {
+/* The rest of layer l for ne exact rows: queries from the normed input h (unless
+ * q_done: the cache writers' set made them), attention over each run of consecutive
+ * positions, output projection, MLP; x (ne, n_embd) updated in place. idx: the rows'
+ * chunk indices when compacted, else NULL (rows 0..ne-1). */
+static rk_status exact_rows(rk_session *s, int l, int64_t pos0, int64_t ne, const int32_t *idx, bool q_done,
+                            rk_err *err) {
     const rk_hparams *hp = &s->m->hp;
     const rk_layer *L = &s->w_layers[l];
     const int64_t d = hp->n_embd, qd = (int64_t)hp->n_head * hp->head_dim;
+    const rk_view *w_mlp[2] = {&L->w_gate, &L->w_up}, *no_bias[2] = {NULL, NULL};
+    float *y_mlp[2] = {s->gate, s->up};
     rk_status st;
-    if ((st = matmul(s, L->wq, &L->bq, s->h, ne, s->q, err))) return st;
+    if (!q_done && (st = matmul(s, L->wq, &L->bq, s->h, ne, s->q, err))) return st;
     if (hp->has_qk_norm && (st = rmsnorm(s, s->q, s->q, L->q_norm, ne * hp->n_head, err))) return st;
     for (int64_t i0 = 0; i0 < ne;) {
         int64_t i1 = i0 + 1;
@@ -197,8 +227,8 @@ static rk_status exact_rows(rk_session *s, int l, int64_t pos0, int64_t ne, cons
     rk_op_args sm = {.op = RK_OP_SILU_MUL};
     sm.dst = sm.src0 = act(s->gate, hp->n_ff, ne);
     sm.src1 = act(s->up, hp->n_ff, ne);
-    if ((st = rmsnorm(s, s->x, s->h, L->ffn_norm, ne, err)) || (st = matmul(s, L->w_gate, NULL, s->h, ne, s->gate, err)) ||
-        (st = matmul(s, L->w_up, NULL, s->h, ne, s->up, err)) || (st = run(s, &sm, err)) ||
+    if ((st = rmsnorm(s, s->x, s->h, L->ffn_norm, ne, err)) ||
+        (st = matmul_set(s, 2, w_mlp, no_bias, s->h, ne, y_mlp, err)) || (st = run(s, &sm, err)) ||
         (st = matmul(s, L->w_down, NULL, s->gate, ne, s->t, err)) || (st = add(s, s->x, s->t, d, ne, err)))
         return st;
     return RK_OK;
@@ -328,13 +358,15 @@ static rk_status forward_chunk(rk_session *s, const rk_chunk_plan *p, const int3
             src = s->xin;
             if (l < 256) s->counters.filled_rows[l] += (uint64_t)p->n_fill;
         }
-        if ((st = cache_writers(s, p, l, late, src, pos0, n, err))) return st;
+        /* before the split every row is exact and reads the h the cache writers leave */
+        const bool with_q = !late && !compacted;
+        if ((st = cache_writers(s, p, l, late, with_q, src, pos0, n, err))) return st;
         const int64_t ne = compacted ? p->n_ex : n;
         if (l < 256) s->counters.exact_rows[l] += (uint64_t)ne;
         if (ne == 0) continue;
         /* (a device backend goes through xin: the cache writers are done with it) */
         if (compacted && (st = gather_in_place(s, s->h, p->ex_idx, p->n_ex, d, s->xin, err))) return st;
-        if ((st = exact_rows(s, l, pos0, ne, compacted ? p->ex_idx : NULL, err))) return st;
+        if ((st = exact_rows(s, l, pos0, ne, compacted ? p->ex_idx : NULL, with_q, err))) return st;
         if (p->q_keep && !compacted && (st = keep_queries(s, p, l, err))) return st; /* question-aware selection */
     }
     if (p->layer_hi < hp->n_layer) {

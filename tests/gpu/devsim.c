@@ -216,7 +216,8 @@ devsim *devsim_create(void) {
     d->be.impl = d;
     d->be.n_threads = 1;
     d->ops.name = "devsim";
-    for (int i = 0; i < RK_OP_COUNT; i++) d->ops.op[i] = ds_run;
+    for (int i = 0; i < RK_OP_COUNT; i++) /* MATMUL_N as its MATMULs, as on cuda (rk_backend_run) */
+        if (i != RK_OP_MATMUL_N) d->ops.op[i] = ds_run;
     d->ops.supports = ds_supports;
     d->ops.destroy = ds_destroy;
     d->ops.prepare = NULL; /* weights stay the mapped host views (the ops untag only tagged pointers) */

@@ -84,7 +84,7 @@ static rk_status fake_add(rk_backend *be, const rk_op_args *a, rk_err *err) {
 Test(check_ops, names_the_first_missing_op) {
     const rk_op all[] = {RK_OP_GET_ROWS, RK_OP_MATMUL, RK_OP_RMSNORM, RK_OP_ROPE, RK_OP_ATTN,
                          RK_OP_SILU_MUL, RK_OP_ADD, RK_OP_ADD_ROW, RK_OP_CPY_ROWS, RK_OP_LR_KEYS,
-                         RK_OP_SCATTER_ROWS, RK_OP_LR_ATTN};
+                         RK_OP_SCATTER_ROWS, RK_OP_LR_ATTN, RK_OP_MATMUL_N};
     _Static_assert(sizeof all / sizeof all[0] == RK_OP_COUNT, "list every op");
     rk_err err = {0};
     FOR_EACH_HOST_BACKEND(be) {

@@ -206,7 +206,7 @@ Test(cuda, check_ops_has_every_op) {
     rk_backend *be = cuda_or_skip();
     const rk_op all[] = {RK_OP_GET_ROWS, RK_OP_MATMUL, RK_OP_RMSNORM,  RK_OP_ROPE,   RK_OP_ATTN,        RK_OP_SILU_MUL,
                          RK_OP_ADD,      RK_OP_ADD_ROW, RK_OP_CPY_ROWS, RK_OP_LR_KEYS, RK_OP_SCATTER_ROWS,
-                         RK_OP_LR_ATTN};
+                         RK_OP_LR_ATTN, RK_OP_MATMUL_N};
     _Static_assert(sizeof all / sizeof all[0] == RK_OP_COUNT, "every op");
     rk_err err = {0};
     cr_assert_eq(rk_backend_check_ops(be, all, RK_OP_COUNT, &err), RK_OK, "%s", err.msg);

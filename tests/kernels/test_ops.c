@@ -179,7 +179,9 @@ static op_case cases[] = {
 /* LR_ATTN reads a whole codec state (a struct of 17 buffers, not views): its cases are
  * tests/kernels/test_lr_attn.c (CPU backends vs a double formulation) and test_cuda.c
  * (device vs cpu_ref), on the states of lr_attn_case.h */
-_Static_assert(RK_OP_COUNT == 12, "op count changed: add cases for the new op");
+/* MATMUL_N is a set of MATMULs bit for bit: tests/kernels/test_matmul_n.c compares it with
+ * them on every CPU backend (the MATMUL cases above cover each weight against cpu_ref) */
+_Static_assert(RK_OP_COUNT == 13, "op count changed: add cases for the new op");
 
 /* ---- fixtures ---------------------------------------------------------- */
 typedef struct fixture {
@@ -435,6 +437,7 @@ static void build(const op_case *c, uint64_t seed, fixture *f) {
         break;
     }
     case RK_OP_LR_ATTN:
+    case RK_OP_MATMUL_N:
     case RK_OP_COUNT: cr_assert_fail("bad op");
     }
 }
