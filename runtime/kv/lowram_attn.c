@@ -858,7 +858,10 @@ static rk_status sparse_decode(rk_kv_codec *c, int layer, const float *q, int64_
             if (s < 0) return rk_err_set(err, RK_E_INTERNAL, "lowram: no free key-cache slot (%d)", H->n_kc);
             H->kc_ch[s] = (int32_t)ch, H->kc_rows[s] = nb, H->kc_epoch[s] = c->epoch;
             lr_coef_rows(c, g, ch * C, nb, c->bcf + (size_t)rows * r);
-            for (int k = 0; k < nb; k++) c->bpos[rows + k] = g->pos[ch * C + k];
+            for (int k = 0; k < nb; k++) { /* the op reads row k's angles at table row bpos[k] = k */
+                lr_rope_cs(c, g->pos[ch * C + k], c->bcs + (size_t)(rows + k) * c->n_rot);
+                c->bpos[rows + k] = (int32_t)(rows + k);
+            }
             c->bmiss[n_miss++] = s;
             rows += nb;
             H->kc_used[s] = c->n_calls;
@@ -885,8 +888,8 @@ static rk_status sparse_decode(rk_kv_codec *c, int layer, const float *q, int64_
                         .src2 = {RK_DT_F32, {hd, 2}, (size_t)hd * sizeof(float), c->bmw},
                         .ids = c->bpos,
                         .rope = {c->rope_mode, c->n_rot, c->rope_base, 0},
-                        .lr_rope_cs = c->rope,
-                        .lr_rope_rows = c->rope_filled};
+                        .lr_rope_cs = c->bcs,
+                        .lr_rope_rows = rows};
         rk_status st = rk_backend_run(c->be, &a, err);
         if (st != RK_OK) return st;
         int64_t r0 = 0;
@@ -947,7 +950,7 @@ static rk_status sparse_decode(rk_kv_codec *c, int layer, const float *q, int64_
 
 rk_status lr_attention(rk_kv_codec *c, int layer, const float *q, int64_t n_q, int64_t pos0, float *out, rk_err *err) {
     if (!c->scr) return rk_err_set(err, RK_E_INTERNAL, "lowram: attention before the scratch exists");
-    const bool sparse = !c->p.dense && n_q <= LR_SPARSE_MAX_Q;
+    const bool sparse = !c->p.dense && n_q <= LR_SPARSE_MAX_Q && !(layer >= c->p.dense_l0 && layer < c->p.dense_l1);
     if (c->tier) { /* lowram_tier.c: rows under a budget (every chunk resident unless selective) */
         rk_status ts = lr_tier_begin(c, layer, sparse && c->keys_op, err);
         if (ts) return ts;

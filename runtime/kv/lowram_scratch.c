@@ -83,8 +83,8 @@ void lr_scratch_free(rk_kv_codec *c) {
     }
     free(c->scr);
     c->scr = NULL;
-    free(c->dsel), free(c->dslot), free(c->dn), free(c->bcf), free(c->bkb), free(c->bmw), free(c->bpos), free(c->bmiss);
-    c->dsel = c->dslot = NULL, c->dn = NULL, c->bcf = c->bkb = c->bmw = NULL, c->bpos = c->bmiss = NULL;
+    free(c->dsel), free(c->dslot), free(c->dn), free(c->bcf), free(c->bkb), free(c->bmw), free(c->bpos), free(c->bmiss), free(c->bcs);
+    c->dsel = c->dslot = NULL, c->dn = NULL, c->bcf = c->bkb = c->bmw = c->bcs = NULL, c->bpos = c->bmiss = NULL;
     free(c->dpo), c->dpo = NULL;
     free(c->dqd), c->dqd = NULL;
     c->keys_op = false;
@@ -149,13 +149,14 @@ rk_status lr_scratch_alloc(rk_kv_codec *c, rk_err *err) {
         c->bkb = malloc(ms * C * hd * sizeof(float));
         c->bmw = malloc(2 * hd * sizeof(float));
         c->bpos = malloc(ms * C * sizeof(int32_t));
+        c->bcs = malloc(ms * C * (size_t)(c->n_rot > 0 ? c->n_rot : 1) * sizeof(float));
         c->bmiss = malloc(ms * sizeof(int32_t));
-        if (!c->dsel || !c->dslot || !c->dn || !c->bcf || !c->bkb || !c->bmw || !c->bpos || !c->bmiss) {
+        if (!c->dsel || !c->dslot || !c->dn || !c->bcf || !c->bkb || !c->bmw || !c->bpos || !c->bmiss || !c->bcs) {
             lr_scratch_free(c);
             return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory for scratch");
         }
         c->keys_op = true;
-        dec_bytes = hk * nch * (2 * sizeof(int32_t)) + hk * 8 + ms * C * (R + hd + 1) * sizeof(float) + ms * 4 + 8 * hd;
+        dec_bytes = hk * nch * (2 * sizeof(int32_t)) + hk * 8 + ms * C * (R + hd + 1 + (size_t)c->n_rot) * sizeof(float) + ms * 4 + 8 * hd;
     }
     c->scratch_bytes = (size_t)c->n_threads * (floats * sizeof(float) + nch * (sizeof(int32_t) + 1)) + cw_bytes + dec_bytes;
     return RK_OK;
