@@ -22,6 +22,8 @@ rk_lowram_params rk_lowram_params_default(void) {
     p.resid_share = 0.25f;
     p.resid_mass = true;
     p.budget = 512;
+    p.no_summary = true; /* measured at 8K: summary rows of the unselected chunks cost KL (0.075 with, 0.065
+                            without) and time (docs/LOWRAM.md, seventh session); `summ` turns them on */
     p.value_rank = 128; /* measured: the same KL / ΔNLL as all 360 at 2K and 8K, decode 1.16x (docs/LOWRAM.md) */
     p.hyst = -1; /* off until measured (see docs/LOWRAM.md) */
     p.coef_type = RK_DT_Q8_0;
@@ -72,11 +74,12 @@ rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err) {
             else if (!strcmp(tok, "nomass")) q.resid_mass = false;
             else if (!strcmp(tok, "keys_only")) q.values_exact = true;
             else if (!strcmp(tok, "nosumm")) q.no_summary = true;
+            else if (!strcmp(tok, "summ")) q.no_summary = false;
             else if (!strcmp(tok, "csumm")) q.coef_summary = true;
             else if (!strcmp(tok, "qpca")) q.query_pca = true;
             else if (!strcmp(tok, "bound")) q.bound = true;
             else if (!strcmp(tok, "nocache")) q.no_cache = true;
-            else return bad(err, "unknown flag (dense, mass, nomass, keys_only, nosumm, csumm, qpca, bound, nocache)", tok);
+            else return bad(err, "unknown flag (dense, mass, nomass, keys_only, summ, nosumm, csumm, qpca, bound, nocache)", tok);
             continue;
         }
         *v++ = '\0';
@@ -119,6 +122,7 @@ rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err) {
             {"krank", 1, 1 << 20, NULL, &q.key_rank},       {"pfit", 0, 1 << 24, NULL, &q.prefill_fit},
             {"hyst", 0, 100, &q.hyst, NULL},            {"kslots", 1, 1 << 16, NULL, &q.kc_extra},
             {"start", 0, 1 << 24, NULL, &q.fit_min},      {"vrank", 0, 1 << 20, NULL, &q.value_rank},
+            {"spread", 0, 10, &q.spread, NULL},
             {"dl0", 0, 1 << 16, NULL, &q.dense_l0},       {"dl1", 0, 1 << 16, NULL, &q.dense_l1},
         };
         size_t k = 0;

@@ -41,6 +41,8 @@ LR_AI const float *q_of(const head_task *t, int j) {
     return t->q + (t->i0 + j / t->grp) * qd + (size_t)(t->h * t->grp + j % t->grp) * t->c->hd;
 }
 
+#include "lowram_spread.h" /* spread_prep, spread_gain: the chunks' spread correction */
+
 /* Online softmax for state row j: rescale the running state to the new maximum (from mx,
  * the block's maximum), turn the block's nv scores in sc into weights exp(s - m) and add
  * their sum. */
@@ -333,11 +335,14 @@ LR_AI int64_t select_chunks(const head_task *t, int64_t n_ch) {
     lr_scratch *x = t->x;
     const lr_layer *L = &c->ly[t->l];
     const int hd = c->hd;
+    int ia[LR_ROPE_MAX], ib[LR_ROPE_MAX];
+    float u[LR_ROPE_MAX];
     int64_t n_sel = (c->p.budget + c->p.chunk - 1) / c->p.chunk;
     if (n_sel >= n_ch) {
         for (int64_t i = 0; i < n_ch; i++) x->sel[i] = (int32_t)i;
         return n_ch;
     }
+    const int np = c->p.spread > 0 && !L->lmin && hd <= LR_ROPE_MAX ? spread_prep(t, ia, ib) : 0;
     const rk_quant_fns *f16 = rk_quant_fast(RK_DT_F16);
     for (int64_t ch = 0; ch < n_ch; ch++) {
         float best = -INFINITY;
@@ -355,6 +360,7 @@ LR_AI int64_t select_chunks(const head_task *t, int64_t n_ch) {
             f16->to_f32(L->lmk + (size_t)ch * c->kvd + (size_t)t->h * hd, x->row, hd);
             for (int j = 0; j < t->ns; j++) {
                 float d = dotf(q_of(t, j), x->row, hd);
+                if (np) d += spread_gain(t, np, ia, ib, x->row, u, j);
                 if (t->qdot) ((float *)t->qdot)[(size_t)j * n_ch + ch] = d; /* for the summaries */
                 best = d > best ? d : best;
             }

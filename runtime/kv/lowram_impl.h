@@ -74,6 +74,7 @@ typedef struct lr_scratch {
     float *bsl, *wsl;     /* (r_max, head_dim) basis and predictor columns of one (layer, head) */
     float *pm;            /* (LR_SPARSE_MAX_Q * group, cap_chunks) top-p: estimated share per query head and chunk */
     struct lr_ord { float v; int32_t i; } *ord; /* (cap_chunks) chunks by decreasing share */
+    float *spr;           /* (LR_SPARSE_MAX_Q * group + 2, head_dim) spread: pair weights, window |k|², per-chunk spread */
     uint64_t n_rebuilt, n_attended;
 } lr_scratch;
 

@@ -6,9 +6,9 @@
  *                [--kv SPEC]... [--r2] [--json]
  * SPEC is the part after "lowram:" of --kv ("" for the defaults). Each SPEC runs on its
  * own session after one exact run. --r2 prints the per-layer/head R² table of the first.
- * --reuse: the first SPEC's state after the prompt is exported once and imported by every
- * later SPEC with the same stored-state parameters (decode knobs only differ), so a sweep
- * over budget / topp / dl0,dl1 ... pays one LowRAM prefill. */
+ * --reuse: each SPEC that needed a prefill exports its state after the prompt (up to 8), and
+ * a later SPEC with the same stored-state parameters (decode knobs only differ) imports it,
+ * so a sweep over budget / topp / dl0,dl1 ... pays one LowRAM prefill per fit setting. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,13 +29,15 @@ typedef struct run_out {
 
 static double *g_ref_lp;   /* (cont, n_vocab) exact log-probs */
 static int g_slices;       /* prompt eval slice (0: one call) */
-/* --reuse: the first LowRAM session's state after the prompt (and the prompt's last logits);
- * a later SPEC whose stored-state parameters match imports it instead of a prefill of its
- * own (decode-only knobs: budget, topp, minch, krank, dense, dl0/dl1, nosumm, nocache, ...) */
+/* --reuse: LowRAM states after the prompt (and the prompt's last logits); a later SPEC whose
+ * stored-state parameters match one imports it instead of a prefill of its own (decode-only
+ * knobs: budget, topp, minch, krank, dense, dl0/dl1, nosumm, nocache, ...) */
 static bool g_reuse;
-static void *g_blk;
-static size_t g_blk_n;
-static float *g_blk_lg;
+enum { MAX_BLK = 8 };
+static void *g_blk[MAX_BLK];
+static size_t g_blk_n[MAX_BLK];
+static float *g_blk_lg[MAX_BLK];
+static int g_n_blk;
 
 /* Resident set now, from /proc/self/statm (MiB). */
 static double rss_now_mib(void) {
@@ -137,20 +139,22 @@ static int run(const rk_model *m, const int32_t *ids, int n_prompt, int n_cont, 
     double t0 = rk_time_now();
     int done = 0;
     o->reused = false;
-    if (spec && g_blk && rk_session_kv_import(s, g_blk, g_blk_n, &e) == RK_OK) {
-        memcpy(lg, g_blk_lg, (size_t)hp->n_vocab * sizeof(float));
-        done = n_prompt, o->reused = true;
-    } /* else other stored-state parameters (the session is unchanged): a prefill of its own */
+    for (int k = 0; spec && k < g_n_blk && !o->reused; k++) /* a failed import leaves the session unchanged */
+        if (rk_session_kv_import(s, g_blk[k], g_blk_n[k], &e) == RK_OK) {
+            memcpy(lg, g_blk_lg[k], (size_t)hp->n_vocab * sizeof(float));
+            done = n_prompt, o->reused = true;
+        }
     for (; done < n_prompt;) { /* --slices: the prompt in several eval calls */
         int n = g_slices > 0 && n_prompt - done > g_slices ? g_slices : n_prompt - done;
         if (rk_session_eval(s, ids + done, (size_t)n, lg, false, &e)) goto fail;
         done += n;
     }
     double t1 = rk_time_now(), c1 = cpu_now();
-    if (spec && g_reuse && !g_blk) {
-        if (rk_session_kv_export(s, 0, n_prompt, &g_blk, &g_blk_n, &e)) goto fail;
-        g_blk_lg = malloc((size_t)hp->n_vocab * sizeof(float));
-        memcpy(g_blk_lg, lg, (size_t)hp->n_vocab * sizeof(float));
+    if (spec && g_reuse && !o->reused && g_n_blk < MAX_BLK) {
+        const int k = g_n_blk++;
+        if (rk_session_kv_export(s, 0, n_prompt, &g_blk[k], &g_blk_n[k], &e)) goto fail;
+        g_blk_lg[k] = malloc((size_t)hp->n_vocab * sizeof(float));
+        memcpy(g_blk_lg[k], lg, (size_t)hp->n_vocab * sizeof(float));
     }
     if (g_r2cmp && !spec) {
         r2_compare(m, s, n_prompt);

@@ -244,7 +244,7 @@ Test(lowram, byte_accounting_adds_up) {
     const int nv = hp->n_vocab;
     int32_t *ids = rt_story_ids(m, 340);
     /* kslots=2: the default 18 spare key-cache chunks would outweigh this tiny model's 340 rows */
-    rk_session *s = session(m, RK_DT_F16, "rank=24,window=64,coef=int8,budget=64,kslots=2");
+    rk_session *s = session(m, RK_DT_F16, "rank=24,window=64,coef=int8,budget=64,kslots=2,summ");
     rk_kv_bytes b;
     rk_session_kv_bytes(s, &b);
     cr_expect_eq(b.total, 0);
@@ -808,9 +808,9 @@ Test(lowram, value_summaries_and_split_decode) {
     const int n_prompt = 1 + n_story + n_prefix;
     int32_t *ids = copy_prompt(m, n_story, n_prefix, n_dec);
     rk_session *ex = session(m, RK_DT_F16, NULL);
-    rk_session *vs = session(m, RK_DT_F16, "window=32,chunk=16,budget=48");
-    rk_session *cs = session(m, RK_DT_F16, "window=32,chunk=16,budget=48,csumm");
-    rk_session *sp = session(m, RK_DT_F16, "window=32,chunk=16,budget=48,threads=3");
+    rk_session *vs = session(m, RK_DT_F16, "window=32,chunk=16,budget=48,summ");
+    rk_session *cs = session(m, RK_DT_F16, "window=32,chunk=16,budget=48,csumm,summ");
+    rk_session *sp = session(m, RK_DT_F16, "window=32,chunk=16,budget=48,threads=3,summ");
     float *a = trace(ex, ids, n_prompt, n_dec, nv), *lv = trace(vs, ids, n_prompt, n_dec, nv);
     float *lc = trace(cs, ids, n_prompt, n_dec, nv), *ls = trace(sp, ids, n_prompt, n_dec, nv);
     const rk_kv_codec *c = codec(vs);
