@@ -138,7 +138,14 @@ typedef struct rk_lowram_params {
     uint32_t kc_type;     /* decode's key cache: RK_DT_Q8_0 (default: int8, one f16 scale per row and head)
                              or RK_DT_F16; 0 (F32): the default */
     bool dense;           /* attend to every compressed row (for checking) */
-    bool no_summary;      /* ablation: unselected chunks are dropped, not one summary row each */
+    float spread;         /* decode: a chunk's score (selection and summary row) adds this times the
+                             log-mass its keys' spread adds to the landmark's (Gaussian estimate
+                             Var(q·k)/2d from each RoPE pair's mean |k|² over the window rows less
+                             the landmark's; 0: off) */
+    int32_t dense_l0, dense_l1; /* decode: layers [dense_l0, dense_l1) attend every compressed row
+                             (per-layer attribution of the selection's loss; default none) */
+    bool no_summary;      /* unselected chunks are dropped, not one summary row each (the default since
+                             the seventh session: the summaries cost KL at 8K; `summ` keeps them) */
     bool coef_summary;    /* ablation: decode sums unselected chunks' mean coefficients (r per chunk)
                              instead of their value-space summaries (head_dim per chunk) */
     bool no_cache;        /* ablation: no cache of rebuilt keys between decode steps */

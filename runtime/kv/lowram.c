@@ -22,6 +22,8 @@ rk_lowram_params rk_lowram_params_default(void) {
     p.resid_share = 0.25f;
     p.resid_mass = true;
     p.budget = 512;
+    p.no_summary = true; /* measured at 8K: summary rows of the unselected chunks cost KL (0.075 with, 0.065
+                            without) and time (docs/LOWRAM.md, seventh session); `summ` turns them on */
     p.value_rank = 128; /* measured: the same KL / ΔNLL as all 360 at 2K and 8K, decode 1.16x (docs/LOWRAM.md) */
     p.hyst = -1; /* off until measured (see docs/LOWRAM.md) */
     p.coef_type = RK_DT_Q8_0;
@@ -72,11 +74,12 @@ rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err) {
             else if (!strcmp(tok, "nomass")) q.resid_mass = false;
             else if (!strcmp(tok, "keys_only")) q.values_exact = true;
             else if (!strcmp(tok, "nosumm")) q.no_summary = true;
+            else if (!strcmp(tok, "summ")) q.no_summary = false;
             else if (!strcmp(tok, "csumm")) q.coef_summary = true;
             else if (!strcmp(tok, "qpca")) q.query_pca = true;
             else if (!strcmp(tok, "bound")) q.bound = true;
             else if (!strcmp(tok, "nocache")) q.no_cache = true;
-            else return bad(err, "unknown flag (dense, mass, nomass, keys_only, nosumm, csumm, qpca, bound, nocache)", tok);
+            else return bad(err, "unknown flag (dense, mass, nomass, keys_only, summ, nosumm, csumm, qpca, bound, nocache)", tok);
             continue;
         }
         *v++ = '\0';
@@ -119,6 +122,8 @@ rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err) {
             {"krank", 1, 1 << 20, NULL, &q.key_rank},       {"pfit", 0, 1 << 24, NULL, &q.prefill_fit},
             {"hyst", 0, 100, &q.hyst, NULL},            {"kslots", 1, 1 << 16, NULL, &q.kc_extra},
             {"start", 0, 1 << 24, NULL, &q.fit_min},      {"vrank", 0, 1 << 20, NULL, &q.value_rank},
+            {"spread", 0, 10, &q.spread, NULL},
+            {"dl0", 0, 1 << 16, NULL, &q.dense_l0},       {"dl1", 0, 1 << 16, NULL, &q.dense_l1},
         };
         size_t k = 0;
         for (; k < sizeof keys / sizeof keys[0]; k++)
@@ -179,7 +184,7 @@ static rk_status resolve(rk_lowram_params *p, const rk_kv *hp, rk_err *err) {
     if (p->values_exact) p->resid_share = 1.0f, p->resid_type = RK_DT_F16;
     if (hp->n_head_kv > 64)
         return rk_err_set(err, RK_E_UNSUPPORTED, "lowram: %d KV heads (at most 64)", hp->n_head_kv);
-    if (hp->n_rot % 2 || hp->n_rot > hp->head_dim)
+    if (hp->n_rot % 2 || hp->n_rot > hp->head_dim || hp->n_rot > LR_ROPE_MAX)
         return rk_err_set(err, RK_E_UNSUPPORTED, "lowram: rotary dims %d of head dim %d", hp->n_rot, hp->head_dim);
     return RK_OK;
 }
@@ -203,7 +208,7 @@ void lr_codec_free(rk_kv_codec *c) {
     }
     if (c->x_hi) lr_exact_free(c);
     free(c->xk), free(c->xv), free(c->x_hi);
-    free(c->g), free(c->ly), free(c->freq), free(c->rope), free(c->qsq), free(c->obs_q), free(c->obs_pos), free(c->obs_n);
+    free(c->g), free(c->ly), free(c->freq), free(c->rope_hi), free(c->rope_lo), free(c->qsq), free(c->obs_q), free(c->obs_pos), free(c->obs_n);
     rk_gguf_destroy(c->pgguf);
     rk_mapping_close(&c->pmap);
     if (c->own_pool) rk_pool_destroy(c->pool);
@@ -231,13 +236,22 @@ rk_status lr_codec_new(const rk_kv *kv, const rk_lowram_params *p, int n_threads
     c->g = calloc((size_t)c->n_group, sizeof *c->g);
     c->ly = calloc((size_t)c->n_layer, sizeof *c->ly);
     c->freq = malloc((size_t)(c->n_rot / 2 + 1) * sizeof(double));
-    c->rope = malloc((size_t)c->n_ctx * (c->n_rot > 0 ? c->n_rot : 1) * sizeof(float));
+    const size_t nr = c->n_rot > 0 ? (size_t)c->n_rot : 1;
+    c->rope_hi = malloc(((size_t)c->n_ctx / LR_ROPE_LO + 1) * nr * sizeof(float));
+    c->rope_lo = malloc((size_t)LR_ROPE_LO * nr * sizeof(float));
     c->qsq = calloc((size_t)c->n_layer * c->kvd, sizeof(double));
     c->xk = calloc((size_t)c->n_layer, sizeof *c->xk);
     c->xv = calloc((size_t)c->n_layer, sizeof *c->xv);
     c->x_hi = calloc((size_t)c->n_layer, sizeof *c->x_hi);
-    if (!c->g || !c->ly || !c->freq || !c->rope || !c->qsq || !c->xk || !c->xv || !c->x_hi) goto nomem;
+    if (!c->g || !c->ly || !c->freq || !c->rope_hi || !c->rope_lo || !c->qsq || !c->xk || !c->xv || !c->x_hi) goto nomem;
     for (int i = 0; i < c->n_rot / 2; i++) c->freq[i] = pow((double)kv->rope_base, -2.0 * i / c->n_rot);
+    for (int64_t k = 0; k <= c->n_ctx / LR_ROPE_LO || k < LR_ROPE_LO; k++)
+        for (int i = 0; i < c->n_rot / 2; i++) {
+            const double th = (double)k * c->freq[i];
+            if (k <= c->n_ctx / LR_ROPE_LO)
+                c->rope_hi[k * c->n_rot + 2 * i] = (float)cos(th * LR_ROPE_LO), c->rope_hi[k * c->n_rot + 2 * i + 1] = (float)sin(th * LR_ROPE_LO);
+            if (k < LR_ROPE_LO) c->rope_lo[k * c->n_rot + 2 * i] = (float)cos(th), c->rope_lo[k * c->n_rot + 2 * i + 1] = (float)sin(th);
+        }
     c->rope_base = kv->rope_base;
     for (int gi = 0; gi < c->n_group; gi++) {
         lr_group *g = &c->g[gi];
@@ -522,7 +536,7 @@ static void lowram_bytes(const rk_kv *kv, rk_kv_bytes *o) {
             }
         }
     }
-    o->meta += (uint64_t)c->rope_filled * c->n_rot * sizeof(float);
+    o->meta += ((uint64_t)c->n_ctx / LR_ROPE_LO + 1 + LR_ROPE_LO) * c->n_rot * sizeof(float);
     o->n_compressed_rows = c->g[0].n_rows;
     o->n_evicted_rows = (c->comp_end - c->p.n_sink) - c->g[0].n_rows;
     o->total = o->exact + o->coef + o->bases + o->predictors + o->residuals + o->landmarks + o->meta + o->key_cache;

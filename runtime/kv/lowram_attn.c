@@ -41,6 +41,8 @@ LR_AI const float *q_of(const head_task *t, int j) {
     return t->q + (t->i0 + j / t->grp) * qd + (size_t)(t->h * t->grp + j % t->grp) * t->c->hd;
 }
 
+#include "lowram_spread.h" /* spread_prep, spread_gain: the chunks' spread correction */
+
 /* Online softmax for state row j: rescale the running state to the new maximum (from mx,
  * the block's maximum), turn the block's nv scores in sc into weights exp(s - m) and add
  * their sum. */
@@ -333,11 +335,14 @@ LR_AI int64_t select_chunks(const head_task *t, int64_t n_ch) {
     lr_scratch *x = t->x;
     const lr_layer *L = &c->ly[t->l];
     const int hd = c->hd;
+    int ia[LR_ROPE_MAX], ib[LR_ROPE_MAX];
+    float u[LR_ROPE_MAX];
     int64_t n_sel = (c->p.budget + c->p.chunk - 1) / c->p.chunk;
     if (n_sel >= n_ch) {
         for (int64_t i = 0; i < n_ch; i++) x->sel[i] = (int32_t)i;
         return n_ch;
     }
+    const int np = c->p.spread > 0 && !L->lmin && hd <= LR_ROPE_MAX ? spread_prep(t, ia, ib) : 0;
     const rk_quant_fns *f16 = rk_quant_fast(RK_DT_F16);
     for (int64_t ch = 0; ch < n_ch; ch++) {
         float best = -INFINITY;
@@ -355,6 +360,7 @@ LR_AI int64_t select_chunks(const head_task *t, int64_t n_ch) {
             f16->to_f32(L->lmk + (size_t)ch * c->kvd + (size_t)t->h * hd, x->row, hd);
             for (int j = 0; j < t->ns; j++) {
                 float d = dotf(q_of(t, j), x->row, hd);
+                if (np) d += spread_gain(t, np, ia, ib, x->row, u, j);
                 if (t->qdot) ((float *)t->qdot)[(size_t)j * n_ch + ch] = d; /* for the summaries */
                 best = d > best ? d : best;
             }
@@ -858,7 +864,10 @@ static rk_status sparse_decode(rk_kv_codec *c, int layer, const float *q, int64_
             if (s < 0) return rk_err_set(err, RK_E_INTERNAL, "lowram: no free key-cache slot (%d)", H->n_kc);
             H->kc_ch[s] = (int32_t)ch, H->kc_rows[s] = nb, H->kc_epoch[s] = c->epoch;
             lr_coef_rows(c, g, ch * C, nb, c->bcf + (size_t)rows * r);
-            for (int k = 0; k < nb; k++) c->bpos[rows + k] = g->pos[ch * C + k];
+            for (int k = 0; k < nb; k++) { /* the op reads row k's angles at table row bpos[k] = k */
+                lr_rope_cs(c, g->pos[ch * C + k], c->bcs + (size_t)(rows + k) * c->n_rot);
+                c->bpos[rows + k] = (int32_t)(rows + k);
+            }
             c->bmiss[n_miss++] = s;
             rows += nb;
             H->kc_used[s] = c->n_calls;
@@ -885,8 +894,8 @@ static rk_status sparse_decode(rk_kv_codec *c, int layer, const float *q, int64_
                         .src2 = {RK_DT_F32, {hd, 2}, (size_t)hd * sizeof(float), c->bmw},
                         .ids = c->bpos,
                         .rope = {c->rope_mode, c->n_rot, c->rope_base, 0},
-                        .lr_rope_cs = c->rope,
-                        .lr_rope_rows = c->rope_filled};
+                        .lr_rope_cs = c->bcs,
+                        .lr_rope_rows = rows};
         rk_status st = rk_backend_run(c->be, &a, err);
         if (st != RK_OK) return st;
         int64_t r0 = 0;
@@ -947,7 +956,7 @@ static rk_status sparse_decode(rk_kv_codec *c, int layer, const float *q, int64_
 
 rk_status lr_attention(rk_kv_codec *c, int layer, const float *q, int64_t n_q, int64_t pos0, float *out, rk_err *err) {
     if (!c->scr) return rk_err_set(err, RK_E_INTERNAL, "lowram: attention before the scratch exists");
-    const bool sparse = !c->p.dense && n_q <= LR_SPARSE_MAX_Q;
+    const bool sparse = !c->p.dense && n_q <= LR_SPARSE_MAX_Q && !(layer >= c->p.dense_l0 && layer < c->p.dense_l1);
     if (c->tier) { /* lowram_tier.c: rows under a budget (every chunk resident unless selective) */
         rk_status ts = lr_tier_begin(c, layer, sparse && c->keys_op, err);
         if (ts) return ts;

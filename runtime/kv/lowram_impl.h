@@ -74,6 +74,7 @@ typedef struct lr_scratch {
     float *bsl, *wsl;     /* (r_max, head_dim) basis and predictor columns of one (layer, head) */
     float *pm;            /* (LR_SPARSE_MAX_Q * group, cap_chunks) top-p: estimated share per query head and chunk */
     struct lr_ord { float v; int32_t i; } *ord; /* (cap_chunks) chunks by decreasing share */
+    float *spr;           /* (LR_SPARSE_MAX_Q * group + 2, head_dim) spread: pair weights, window |k|², per-chunk spread */
     uint64_t n_rebuilt, n_attended;
 } lr_scratch;
 
@@ -122,8 +123,12 @@ struct rk_kv_codec {
     int64_t x_peak;       /* most exact rows one layer has held at once (high-water mark) */
     uint8_t **sk, **sv;   /* (n_layer) of (n_sink, kv_dim) while fitted, else NULL */
     double *freq;         /* (n_rot / 2) RoPE frequencies, as the kernels compute them */
-    float *rope;          /* (n_ctx, n_rot) cos, sin pairs per position */
-    int64_t rope_filled;
+    /* RoPE angles by angle addition (p = hi * LR_ROPE_LO + lo): cos, sin pairs of hi * LR_ROPE_LO
+     * (rope_hi, one row per LR_ROPE_LO positions of the context) and of lo (rope_lo): 1/LR_ROPE_LO
+     * of a table per position, plus LR_ROPE_LO rows */
+    float *rope_hi, *rope_lo; /* (n_ctx / LR_ROPE_LO + 1, n_rot), (LR_ROPE_LO, n_rot) */
+    int64_t rope_filled;  /* positions the state has reached (kept for the export format) */
+    float *bcs;           /* (max_sel * chunk, n_rot) sparse decode: the rebuilt rows' cos, sin */
     /* observed queries (post-RoPE) of the last obs_window rows of each layer */
     double *qsq;          /* (n_layer, kv_dim) Σ q² of prefill queries per KV-head dim, pairs averaged */
     float *obs_q;         /* (n_layer, obs_window, n_head * head_dim) ring */
@@ -212,8 +217,17 @@ void lr_exact_unfit(rk_kv_codec *c, int64_t n);
 /* Allocates sk / sv (contents undefined); false on allocation failure. */
 bool lr_exact_sinks(rk_kv_codec *c);
 void lr_exact_free(rk_kv_codec *c);
-/* Fills the RoPE table up to position n (exclusive). */
+/* Records that the state reached position n (the angles come from lr_rope_cs). */
 void lr_rope_fill(rk_kv_codec *c, int64_t n);
+/* RoPE angles, at most LR_ROPE_MAX rotary dims: cs[2i], cs[2i+1] = cos, sin of p * freq[i]. */
+enum { LR_ROPE_LO = 64, LR_ROPE_MAX = 1024 };
+static inline void lr_rope_cs(const rk_kv_codec *c, int64_t p, float *cs) {
+    const float *a = c->rope_hi + (size_t)(p / LR_ROPE_LO) * c->n_rot, *b = c->rope_lo + (size_t)(p % LR_ROPE_LO) * c->n_rot;
+    for (int i = 0; i < c->n_rot; i += 2) {
+        cs[i] = a[i] * b[i] - a[i + 1] * b[i + 1];
+        cs[i + 1] = a[i + 1] * b[i] + a[i] * b[i + 1];
+    }
+}
 /* Reads exact row p of layer l (keys post-RoPE, or values) as f32 into dst (kv_dim). */
 void lr_plain_row(const rk_kv_codec *c, int l, bool values, int64_t p, float *dst);
 /* Rotates the kv_dim row x (n_head_kv heads) at position p: inverse = true un-rotates. */

@@ -28,11 +28,12 @@ int lr_params(const rk_kv_codec *c, rk_kv_param *o) {
 #define P(nm, v) (o[n++] = (rk_kv_param){nm, (double)(v)})
     P("ratio", p->ratio), P("rank", p->rank), P("energy", p->energy), P("group", p->group), P("window", p->window);
     P("sinks", p->n_sink), P("chunk", p->chunk), P("resid", p->resid_share), P("mass", p->resid_mass);
-    P("keys_only", p->values_exact), P("budget", p->budget), P("dense", p->dense), P("nosumm", p->no_summary);
-    P("nocache", p->no_cache), P("bound", p->bound), P("qpca", p->query_pca), P("coef", p->coef_type);
+    /* only what the stored state depends on: decode's selection knobs (budget, topp, minch,
+     * krank, dense, nosumm, nocache, dl0/dl1, like kslots, kcache and hyst) are left out, so a
+     * state decodes under other selection settings (lowram_study --reuse) */
+    P("keys_only", p->values_exact), P("bound", p->bound), P("qpca", p->query_pca), P("coef", p->coef_type);
     P("rtype", p->resid_type), P("exact", p->exact_type), P("evict", p->evict), P("obs", p->obs_window);
-    P("lambda", p->lambda), P("fitrows", p->max_fit_rows);
-    P("topp", p->topp), P("minch", p->min_chunks), P("krank", p->key_rank), P("pfit", p->prefill_fit);
+    P("lambda", p->lambda), P("fitrows", p->max_fit_rows), P("pfit", p->prefill_fit);
     if (p->value_rank) P("vrank", p->value_rank); /* only when set: states exported before it still import */
 #undef P
     return n;

@@ -79,12 +79,12 @@ void lr_scratch_free(rk_kv_codec *c) {
         lr_scratch *x = &c->scr[t];
         free(x->kb), free(x->vb), free(x->cf), free(x->sc), free(x->st_m), free(x->st_l), free(x->st_a);
         free(x->acc_v), free(x->acc_c), free(x->row), free(x->sel), free(x->csc), free(x->csc2), free(x->mark);
-        free(x->bias), free(x->bsl), free(x->wsl), free(x->pm), free(x->ord);
+        free(x->bias), free(x->bsl), free(x->wsl), free(x->pm), free(x->ord), free(x->spr);
     }
     free(c->scr);
     c->scr = NULL;
-    free(c->dsel), free(c->dslot), free(c->dn), free(c->bcf), free(c->bkb), free(c->bmw), free(c->bpos), free(c->bmiss);
-    c->dsel = c->dslot = NULL, c->dn = NULL, c->bcf = c->bkb = c->bmw = NULL, c->bpos = c->bmiss = NULL;
+    free(c->dsel), free(c->dslot), free(c->dn), free(c->bcf), free(c->bkb), free(c->bmw), free(c->bpos), free(c->bmiss), free(c->bcs);
+    c->dsel = c->dslot = NULL, c->dn = NULL, c->bcf = c->bkb = c->bmw = c->bcs = NULL, c->bpos = c->bmiss = NULL;
     free(c->dpo), c->dpo = NULL;
     free(c->dqd), c->dqd = NULL;
     c->keys_op = false;
@@ -121,13 +121,15 @@ rk_status lr_scratch_alloc(rk_kv_codec *c, rk_err *err) {
         x->wsl = malloc(R * hd * sizeof(float));
         x->pm = malloc((size_t)LR_SPARSE_MAX_Q * (size_t)(c->n_head / c->n_head_kv) * nch * sizeof(float));
         x->ord = malloc(nch * sizeof *x->ord);
-        if (!x->pm || !x->ord || !x->bsl || !x->wsl || !x->mark || !x->bias || !x->kb || !x->vb || !x->cf || !x->sc || !x->st_m || !x->st_l || !x->st_a || !x->acc_v || !x->acc_c ||
+        x->spr = malloc(((size_t)LR_SPARSE_MAX_Q * (size_t)(c->n_head / c->n_head_kv) + 2) * hd * sizeof(float));
+        if (!x->spr || !x->pm || !x->ord || !x->bsl || !x->wsl || !x->mark || !x->bias || !x->kb || !x->vb || !x->cf || !x->sc || !x->st_m || !x->st_l || !x->st_a || !x->acc_v || !x->acc_c ||
             !x->row || !x->sel || !x->csc || !x->csc2) {
             lr_scratch_free(c);
             return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory for scratch");
         }
     }
-    floats += (size_t)LR_SPARSE_MAX_Q * (size_t)(c->n_head / c->n_head_kv) * nch + 2 * nch;
+    floats += (size_t)LR_SPARSE_MAX_Q * (size_t)(c->n_head / c->n_head_kv) * nch + 2 * nch +
+              ((size_t)LR_SPARSE_MAX_Q * (size_t)(c->n_head / c->n_head_kv) + 2) * hd;
     size_t cw_bytes = 0;
     if (!cwork_alloc(c, &cw_bytes) || !kcache_alloc(c)) {
         lr_scratch_free(c);
@@ -149,13 +151,14 @@ rk_status lr_scratch_alloc(rk_kv_codec *c, rk_err *err) {
         c->bkb = malloc(ms * C * hd * sizeof(float));
         c->bmw = malloc(2 * hd * sizeof(float));
         c->bpos = malloc(ms * C * sizeof(int32_t));
+        c->bcs = malloc(ms * C * (size_t)(c->n_rot > 0 ? c->n_rot : 1) * sizeof(float));
         c->bmiss = malloc(ms * sizeof(int32_t));
-        if (!c->dsel || !c->dslot || !c->dn || !c->bcf || !c->bkb || !c->bmw || !c->bpos || !c->bmiss) {
+        if (!c->dsel || !c->dslot || !c->dn || !c->bcf || !c->bkb || !c->bmw || !c->bpos || !c->bmiss || !c->bcs) {
             lr_scratch_free(c);
             return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory for scratch");
         }
         c->keys_op = true;
-        dec_bytes = hk * nch * (2 * sizeof(int32_t)) + hk * 8 + ms * C * (R + hd + 1) * sizeof(float) + ms * 4 + 8 * hd;
+        dec_bytes = hk * nch * (2 * sizeof(int32_t)) + hk * 8 + ms * C * (R + hd + 1 + (size_t)c->n_rot) * sizeof(float) + ms * 4 + 8 * hd;
     }
     c->scratch_bytes = (size_t)c->n_threads * (floats * sizeof(float) + nch * (sizeof(int32_t) + 1)) + cw_bytes + dec_bytes;
     return RK_OK;

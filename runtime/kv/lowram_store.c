@@ -124,19 +124,13 @@ void lr_exact_free(rk_kv_codec *c) {
 
 void lr_rope_fill(rk_kv_codec *c, int64_t n) {
     if (n > c->n_ctx) n = c->n_ctx;
-    const int half = c->n_rot / 2;
-    for (int64_t p = c->rope_filled; p < n; p++)
-        for (int i = 0; i < half; i++) {
-            double th = (double)p * c->freq[i];
-            c->rope[p * c->n_rot + 2 * i] = (float)cos(th);
-            c->rope[p * c->n_rot + 2 * i + 1] = (float)sin(th);
-        }
     if (n > c->rope_filled) c->rope_filled = n;
 }
 
 void lr_rope_row(const rk_kv_codec *c, float *x, int n_heads, int64_t p, bool inverse) {
     const int half = c->n_rot / 2;
-    const float *cs = c->rope + p * c->n_rot;
+    float cs[LR_ROPE_MAX];
+    lr_rope_cs(c, p, cs);
     const float sg = inverse ? -1.0f : 1.0f;
     for (int h = 0; h < n_heads; h++) {
         float *y = x + (size_t)h * c->hd;

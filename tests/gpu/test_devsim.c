@@ -376,8 +376,8 @@ Test(devsim, lowram_session_matches_cpu, .timeout = 120) {
      * (kcache=f16) or int8 rows with an f16 scale per row and head (kcache=int8, the
      * default: key_int8). An option the op lacks (bound) takes the host codec on a device:
      * the last spec checks that fallback against the CPU. */
-    const char *specs[] = {"lowram:window=32,budget=64,kcache=f16", "lowram:window=48,budget=96,nosumm,evict=0.3,kcache=f16",
-                           "lowram:window=32,budget=64", "lowram:window=48,budget=96,nosumm,evict=0.3",
+    const char *specs[] = {"lowram:window=32,budget=64,kcache=f16,summ", "lowram:window=48,budget=96,nosumm,evict=0.3,kcache=f16",
+                           "lowram:window=32,budget=64,summ", "lowram:window=48,budget=96,nosumm,evict=0.3",
                            "lowram:window=32,budget=64,bound"};
     const bool fused[] = {true, true, true, true, false};
     for (size_t c = 0; c < sizeof specs / sizeof specs[0]; c++) {

@@ -5,7 +5,10 @@
  *   lowram_study [-m MODEL] -f TEXT [--prompt 2048] [--cont 256] [--skip 0] [-t 2]
  *                [--kv SPEC]... [--r2] [--json]
  * SPEC is the part after "lowram:" of --kv ("" for the defaults). Each SPEC runs on its
- * own session after one exact run. --r2 prints the per-layer/head R² table of the first. */
+ * own session after one exact run. --r2 prints the per-layer/head R² table of the first.
+ * --reuse: each SPEC that needed a prefill exports its state after the prompt (up to 8), and
+ * a later SPEC with the same stored-state parameters (decode knobs only differ) imports it,
+ * so a sweep over budget / topp / dl0,dl1 ... pays one LowRAM prefill per fit setting. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,12 +21,23 @@
 
 typedef struct run_out {
     double nll, kl, top1, dec_s, dec_cpu_s, pf_s; /* dec_cpu_s: process CPU time per step */
+    double kl_max;            /* the largest per-step KL */
+    bool reused;              /* --reuse: the prompt's state was imported (pf_s: the import) */
     rk_kv_bytes kb;
     rk_lowram_stats ls;
 } run_out;
 
 static double *g_ref_lp;   /* (cont, n_vocab) exact log-probs */
 static int g_slices;       /* prompt eval slice (0: one call) */
+/* --reuse: LowRAM states after the prompt (and the prompt's last logits); a later SPEC whose
+ * stored-state parameters match one imports it instead of a prefill of its own (decode-only
+ * knobs: budget, topp, minch, krank, dense, dl0/dl1, nosumm, nocache, ...) */
+static bool g_reuse;
+enum { MAX_BLK = 8 };
+static void *g_blk[MAX_BLK];
+static size_t g_blk_n[MAX_BLK];
+static float *g_blk_lg[MAX_BLK];
+static int g_n_blk;
 
 /* Resident set now, from /proc/self/statm (MiB). */
 static double rss_now_mib(void) {
@@ -123,17 +137,32 @@ static int run(const rk_model *m, const int32_t *ids, int n_prompt, int n_cont, 
     }
     if (rk_session_create(m, &sp, &s, &e)) goto fail;
     double t0 = rk_time_now();
-    for (int done = 0; done < n_prompt;) { /* --slices: the prompt in several eval calls */
+    int done = 0;
+    o->reused = false;
+    for (int k = 0; spec && k < g_n_blk && !o->reused; k++) /* a failed import leaves the session unchanged */
+        if (rk_session_kv_import(s, g_blk[k], g_blk_n[k], &e) == RK_OK) {
+            memcpy(lg, g_blk_lg[k], (size_t)hp->n_vocab * sizeof(float));
+            done = n_prompt, o->reused = true;
+        }
+    for (; done < n_prompt;) { /* --slices: the prompt in several eval calls */
         int n = g_slices > 0 && n_prompt - done > g_slices ? g_slices : n_prompt - done;
         if (rk_session_eval(s, ids + done, (size_t)n, lg, false, &e)) goto fail;
         done += n;
     }
     double t1 = rk_time_now(), c1 = cpu_now();
+    if (spec && g_reuse && !o->reused && g_n_blk < MAX_BLK) {
+        const int k = g_n_blk++;
+        if (rk_session_kv_export(s, 0, n_prompt, &g_blk[k], &g_blk_n[k], &e)) goto fail;
+        g_blk_lg[k] = malloc((size_t)hp->n_vocab * sizeof(float));
+        memcpy(g_blk_lg[k], lg, (size_t)hp->n_vocab * sizeof(float));
+    }
     if (g_r2cmp && !spec) {
         r2_compare(m, s, n_prompt);
         g_r2cmp = false;
     }
+    const bool reused = o->reused;
     memset(o, 0, sizeof *o);
+    o->reused = reused;
     for (int i = 0; i < n_cont; i++) {
         log_softmax(lg, hp->n_vocab, lp);
         const int32_t next = ids[n_prompt + i];
@@ -147,6 +176,7 @@ static int run(const rk_model *m, const int32_t *ids, int n_prompt, int n_cont, 
             double kl = 0;
             for (int v = 0; v < hp->n_vocab; v++) kl += exp(rp[v]) * (rp[v] - lp[v]);
             o->kl += kl;
+            o->kl_max = kl > o->kl_max ? kl : o->kl_max;
             o->top1 += top == g_ref_top[i];
         }
         o->nll -= lp[next];
@@ -242,6 +272,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--rss")) rss = true;
         else if (!strcmp(a, "--r2cmp")) g_r2cmp = true;
         else if (!strcmp(a, "--json")) json = true;
+        else if (!strcmp(a, "--reuse")) g_reuse = true;
         else {
             fprintf(stderr, "lowram_study: unknown argument '%s'\n", a);
             return 2;
@@ -315,8 +346,8 @@ int main(int argc, char **argv) {
     if (run(m, w, n_prompt, n_cont, n_threads, NULL, true, &ref)) return 1;
     printf("model %s, prompt %d tokens (+%d skipped), continuation %d, threads %d\n", rk_model_name(m), n_prompt, skip,
            n_cont, n_threads);
-    printf("%-44s %8s %8s %8s %7s %9s %8s %8s %8s %7s %7s %9s %8s\n", "kv", "NLL", "dNLL", "KL", "top1", "B/tok", "ratio",
-           "ratio_c", "dec_ms", "fit_s", "pf_s", "cpu_ms", "rebuilt");
+    printf("%-44s %8s %8s %8s %7s %9s %8s %8s %8s %7s %7s %9s %8s %7s\n", "kv", "NLL", "dNLL", "KL", "top1", "B/tok", "ratio",
+           "ratio_c", "dec_ms", "fit_s", "pf_s", "cpu_ms", "rebuilt", "KLmax");
     printf("%-44s %8.4f %8s %8s %7s %9.0f %8s %8s %8.1f %7s %7.2f %9.1f\n", "f16 exact", ref.nll, "", "", "",
            (double)ref.kb.total / ref.kb.n_tokens, "1.00", "", 1000 * ref.dec_s, "", ref.pf_s, 1000 * ref.dec_cpu_s);
     for (int k = 0; k < n_specs; k++) {
@@ -327,10 +358,11 @@ int main(int argc, char **argv) {
         double f16_row = (double)b->f16_equiv / b->n_tokens;
         char name[64];
         snprintf(name, sizeof name, "lowram:%s", specs[k]);
-        printf("%-44s %8.4f %+8.4f %8.5f %7.3f %9.0f %8.2f %8.2f %8.1f %7.2f %7.2f %9.1f %8.3f\n", name, o.nll,
+        printf("%-44s %8.4f %+8.4f %8.5f %7.3f %9.0f %8.2f %8.2f %8.1f %7.2f %7.2f %9.1f %8.3f %7.4f%s\n", name, o.nll,
                o.nll - ref.nll, o.kl, o.top1, (double)b->total / b->n_tokens, (double)b->f16_equiv / b->total,
                n_c > 0 ? f16_row * n_c / comp : 0, 1000 * o.dec_s, o.ls.seconds_fit, o.pf_s, 1000 * o.dec_cpu_s,
-               o.ls.rows_attended ? (double)o.ls.rows_rebuilt / (double)o.ls.rows_attended : 0.0);
+               o.ls.rows_attended ? (double)o.ls.rows_rebuilt / (double)o.ls.rows_attended : 0.0, o.kl_max,
+               o.reused ? " (imported)" : "");
         if (json || k == 0 || n_specs == 1)
             printf("    bytes: exact %llu coef %llu bases %llu pred %llu resid %llu lmk %llu meta %llu kcache %llu = %llu "
                    "(f16 %llu); rows exact %lld comp %lld evicted %lld; scratch %llu\n"

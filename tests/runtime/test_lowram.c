@@ -244,7 +244,7 @@ Test(lowram, byte_accounting_adds_up) {
     const int nv = hp->n_vocab;
     int32_t *ids = rt_story_ids(m, 340);
     /* kslots=2: the default 18 spare key-cache chunks would outweigh this tiny model's 340 rows */
-    rk_session *s = session(m, RK_DT_F16, "rank=24,window=64,coef=int8,budget=64,kslots=2");
+    rk_session *s = session(m, RK_DT_F16, "rank=24,window=64,coef=int8,budget=64,kslots=2,summ");
     rk_kv_bytes b;
     rk_session_kv_bytes(s, &b);
     cr_expect_eq(b.total, 0);
@@ -293,7 +293,7 @@ Test(lowram, byte_accounting_adds_up) {
             }
         }
     }
-    meta += (uint64_t)c->rope_filled * hp->n_rot * 4;
+    meta += ((uint64_t)c->n_ctx / 64 + 1 + 64) * hp->n_rot * 4; /* RoPE angles: a row per 64 positions + 64 rows */
     cr_expect_eq(b.coef, coef);
     cr_expect_eq(b.bases, bases);
     cr_expect_eq(b.predictors, pred);
@@ -808,9 +808,9 @@ Test(lowram, value_summaries_and_split_decode) {
     const int n_prompt = 1 + n_story + n_prefix;
     int32_t *ids = copy_prompt(m, n_story, n_prefix, n_dec);
     rk_session *ex = session(m, RK_DT_F16, NULL);
-    rk_session *vs = session(m, RK_DT_F16, "window=32,chunk=16,budget=48");
-    rk_session *cs = session(m, RK_DT_F16, "window=32,chunk=16,budget=48,csumm");
-    rk_session *sp = session(m, RK_DT_F16, "window=32,chunk=16,budget=48,threads=3");
+    rk_session *vs = session(m, RK_DT_F16, "window=32,chunk=16,budget=48,summ");
+    rk_session *cs = session(m, RK_DT_F16, "window=32,chunk=16,budget=48,csumm,summ");
+    rk_session *sp = session(m, RK_DT_F16, "window=32,chunk=16,budget=48,threads=3,summ");
     float *a = trace(ex, ids, n_prompt, n_dec, nv), *lv = trace(vs, ids, n_prompt, n_dec, nv);
     float *lc = trace(cs, ids, n_prompt, n_dec, nv), *ls = trace(sp, ids, n_prompt, n_dec, nv);
     const rk_kv_codec *c = codec(vs);
@@ -898,5 +898,37 @@ Test(lowram, value_rank_predictor) {
     cr_expect_gt(rt_max_abs_diff(ld, ll, n), 0.0, "vrank=12 did not change anything");
     free(a), free(ld), free(lh), free(ll), free(ids);
     rk_session_destroy(ex), rk_session_destroy(df), rk_session_destroy(vh), rk_session_destroy(vl);
+    rk_model_destroy(m);
+}
+
+/* The exported state does not depend on decode's selection knobs (budget, topp, dl0/dl1, ...):
+ * it imports into a session with other ones and decodes exactly as a fresh prefill under
+ * those knobs (lowram_study --reuse relies on it); a stored-state parameter still refuses. */
+Test(lowram, state_decodes_under_other_selection_settings) {
+    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    const int nv = rk_model_hparams(m)->n_vocab, n_p = 300, n_dec = 12;
+    int32_t *ids = rt_story_ids(m, n_p + n_dec + 1);
+    rk_session *a = session(m, RK_DT_F16, "rank=24,window=64,budget=64,kslots=2");
+    rk_session *b = session(m, RK_DT_F16, "rank=24,window=64,budget=96,topp=0.9,dl0=1,dl1=3,kslots=2");
+    rk_session *f = session(m, RK_DT_F16, "rank=24,window=64,budget=96,topp=0.9,dl0=1,dl1=3,kslots=2");
+    rk_session *x = session(m, RK_DT_F16, "rank=20,window=64,budget=64,kslots=2");
+    float *la = trace(a, ids, n_p, 0, nv), *lf = trace(f, ids, n_p, n_dec, nv);
+    rk_err e = {0};
+    void *blk;
+    size_t n;
+    cr_assert_eq(rk_session_kv_export(a, 0, n_p, &blk, &n, &e), RK_OK, "%s", e.msg);
+    cr_assert_eq(rk_session_kv_import(b, blk, n, &e), RK_OK, "%s", e.msg);
+    rk_status st = rk_session_kv_import(x, blk, n, &e);
+    cr_expect_eq(st, RK_E_MISMATCH, "%s", rk_status_name(st));
+    cr_expect(strstr(e.msg, "rank"), "%s", e.msg);
+    float *lb = malloc((size_t)nv * sizeof(float));
+    int diff = 0;
+    for (int i = 0; i < n_dec; i++) {
+        cr_assert_eq(rk_session_eval(b, &ids[n_p + i], 1, lb, false, &e), RK_OK, "%s", e.msg);
+        diff += memcmp(lb, lf + (size_t)(i + 1) * nv, (size_t)nv * sizeof(float)) != 0;
+    }
+    cr_expect_eq(diff, 0, "%d of %d steps differ from a fresh prefill with the same knobs", diff, n_dec);
+    free(blk), free(la), free(lf), free(lb), free(ids);
+    rk_session_destroy(a), rk_session_destroy(b), rk_session_destroy(f), rk_session_destroy(x);
     rk_model_destroy(m);
 }
