@@ -43,6 +43,8 @@ static const char *help =
     "  --kv-budget B KV bytes kept in memory (f16/f32/q8/lowram; 512M, or 25% of the plain KV at the longest\n"
     "                -p + -n); the rest spills to $TMPDIR and is read back: a line per run gives the\n"
     "                hit rate, bytes read back and stall time (docs/TIERS.md)\n"
+    "  --kv-host-budget B  --backend cuda, f16/f32 under --kv-budget: pinned host bytes for the cold\n"
+    "                layers (512M or 25%); the cold layers past it go to $TMPDIR (docs/GPU.md)\n"
     "  --json        one JSON object on stdout instead of a table\n";
 
 int cmd_bench(int argc, char **argv) {
@@ -98,6 +100,7 @@ int cmd_bench(int argc, char **argv) {
     for (int i = 0; i < n_lens; i++) max_len = lens[i] > max_len ? lens[i] : max_len;
     sp.n_ctx = max_len + o.n_predict + 1;
     sp.kv.budget = cli_kv_budget_share(&o, m, &sp.kv, sp.n_ctx);
+    sp.kv.host_budget = cli_kv_host_budget_share(&o, m, &sp.kv, sp.n_ctx);
     rk_err e = {0};
     rk_session *s = NULL;
     rk_status st = rk_session_create(m, &sp, &s, &e);
@@ -134,6 +137,7 @@ int cmd_bench(int argc, char **argv) {
             s = NULL;
             if ((rc = cli_kv_params(&o, kvs[ki], &sp.kv))) break;
             sp.kv.budget = cli_kv_budget_share(&o, m, &sp.kv, sp.n_ctx);
+            sp.kv.host_budget = cli_kv_host_budget_share(&o, m, &sp.kv, sp.n_ctx);
             if ((st = rk_session_create(m, &sp, &s, &e))) break;
         }
     for (int li = 0; li < n_lens && !st && !rc; li++)
