@@ -209,7 +209,8 @@ int cmd_bench(int argc, char **argv) {
                             printf(",\"kv_tier\":{\"backend\":\"%s\",\"budget\":%llu,\"resident_bytes\":%llu,"
                                    "\"spilled_bytes\":%llu,\"hits\":%llu,\"misses\":%llu,\"prefetched\":%llu,"
                                    "\"bytes_up\":%llu,\"bytes_down\":%llu,\"stall_s\":%.4f,\"host_bytes\":%llu,"
-                                   "\"disk_reads\":%llu,\"disk_bytes_read\":%llu,\"disk_bytes_written\":%llu}",
+                                   "\"disk_reads\":%llu,\"disk_bytes_read\":%llu,\"disk_bytes_written\":%llu,"
+                                   "\"dev_chunk_rows\":%d,\"dev_chunks\":%llu,\"dev_chunk_bytes\":%llu,\"bytes_dev\":%llu}",
                                    a1->backend, (unsigned long long)a1->budget, (unsigned long long)a1->resident_bytes,
                                    (unsigned long long)a1->spilled_bytes, (unsigned long long)(a1->hits - a0->hits),
                                    (unsigned long long)(a1->misses - a0->misses),
@@ -218,7 +219,9 @@ int cmd_bench(int argc, char **argv) {
                                    (unsigned long long)(a1->bytes_spilled - a0->bytes_spilled), a1->stall_s - a0->stall_s,
                                    (unsigned long long)a1->host_bytes, (unsigned long long)(a1->disk_reads - a0->disk_reads),
                                    (unsigned long long)(a1->disk_bytes_read - a0->disk_bytes_read),
-                                   (unsigned long long)(a1->disk_bytes_written - a0->disk_bytes_written));
+                                   (unsigned long long)(a1->disk_bytes_written - a0->disk_bytes_written),
+                                   (int)a1->dev_chunk_rows, (unsigned long long)a1->dev_chunks,
+                                   (unsigned long long)a1->dev_chunk_bytes, (unsigned long long)(a1->bytes_dev - a0->bytes_dev));
                         printf("}");
                     }
             printf("]}\n");
