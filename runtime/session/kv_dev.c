@@ -23,8 +23,10 @@
  *   the host block (a slot holding the layer is dropped).
  * With two or fewer cold layers the slots hold them for good and nothing moves after the
  * first pass. The disk step (host_budget): the cold layers share pinned frames, the others
- * live in the block store's spill file (devtier.n_pin below). What is not built:
- * chunk-granular device residency and, for LowRAM, moving only the selected chunks.
+ * live in the block store's spill file (devtier.n_pin below). Residency by chunk: the budget
+ * past the layers and the slots buys device frames for each cold layer's hot chunks (the
+ * sinks' and the newest; devtier.h below), from which slots are assembled device to device.
+ * What is not built: for LowRAM, moving only the selected chunks.
  * A budget below two layers (no room for the slots) takes the host tier (kv_tier.c) with
  * staged attention, as before. */
 #include <limits.h>
