@@ -45,7 +45,7 @@ static const struct {
 } k_accepts[] = {
 #define GEN_FLAGS " --model --n-predict --threads --ctx-size --batch-size --kv --backend --temp --top-k --top-p --min-p" \
                   " --repeat-penalty --repeat-last-n --seed --ridgefill --fill --tail --split --keep-share --verbose" \
-                  " --kv-budget" FILL_FLAGS ROPE_FLAGS " "
+                  " --kv-budget --kv-host-budget" FILL_FLAGS ROPE_FLAGS " "
 #define FILL_FLAGS " --obs --score-layers --score-skip --baseline --pool"
 #define ROPE_FLAGS " --ctx-overflow-ok --rope-scaling --rope-scale --rope-freq-base --yarn-orig-ctx --yarn-ext-factor" \
                    " --yarn-attn-factor --yarn-beta-fast --yarn-beta-slow"
@@ -54,7 +54,7 @@ static const struct {
     {"ask", GEN_FLAGS "--prompt --system --stop --verbose-prompt --no-ridgefill --no-cache --cache-level "},
     {"serve", GEN_FLAGS "--no-ridgefill --no-cache --cache-level "},
     {"bench", " --model --prompt --n-predict --threads --ctx-size --batch-size --kv --backend --ridgefill --fill --tail"
-              " --split --keep-share --json --verbose --kv-budget" FILL_FLAGS ROPE_FLAGS " "},
+              " --split --keep-share --json --verbose --kv-budget --kv-host-budget" FILL_FLAGS ROPE_FLAGS " "},
     {"tokenize", " --model --prompt --file --verbose "},
 #undef GEN_FLAGS
 #undef FILL_FLAGS
@@ -129,6 +129,29 @@ void cli_seed_note(const char *cmd, const cli_opts *o) {
                 o->seed_random ? "random; --seed N repeats a run" : "--seed");
 }
 
+/* --kv-host-budget is the pinned host tier under the device's KV (runtime/session/kv_dev.c):
+ * it means something only with --backend cuda, a --kv-budget, and f16 / f32 rows (one of
+ * bench's list); anywhere else it would be ignored, so it is refused with the reason. */
+static int host_budget_check(const char *cmd, const cli_opts *o) {
+    if (!o->kv_host_budget) return 0;
+    const char *why = NULL;
+    if (!o->backend || strcmp(o->backend, "cuda"))
+        why = "applies to --backend cuda only (the pinned host memory under the device's KV; on the CPU the KV is "
+              "in host memory already and --kv-budget alone spills it to $TMPDIR)";
+    else if (!o->kv_budget)
+        why = "needs --kv-budget (the device memory; the host budget holds the cold layers past it)";
+    if (!why && o->kv) {
+        char items[8][1200];
+        const int n = cli_kv_split(o->kv, items, 8);
+        bool plain = false;
+        for (int i = 0; i < n; i++) plain |= !strcmp(items[i], "f16") || !strcmp(items[i], "f32");
+        if (!plain) why = "applies to --kv f16 or f32 only (q8 and lowram keep their rows in host memory)";
+    }
+    if (!why) return 0;
+    fprintf(stderr, "ridgekv %s: --kv-host-budget %s\n", cmd, why);
+    return RK_EXIT_USAGE;
+}
+
 int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, int max_pos, int *n_pos,
               const char *cmd) {
     *n_pos = 0;
@@ -148,7 +171,7 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
                                          "--batch-size --temp --top-k --top-p --min-p --repeat-penalty "
                                          "--repeat-last-n --seed --kv --backend --system --ridgefill --fill --tail "
                                          "--split --keep-share --chat --json --verbose --stop --verbose-prompt "
-                                         "--kv-budget --no-cache --cache-level --no-ridgefill --obs --score-layers "
+                                         "--kv-budget --kv-host-budget --no-cache --cache-level --no-ridgefill --obs --score-layers "
                                          "--score-skip --baseline --pool --ctx-overflow-ok --rope-scaling --rope-scale "
                                          "--rope-freq-base --yarn-orig-ctx --yarn-ext-factor --yarn-attn-factor "
                                          "--yarn-beta-fast --yarn-beta-slow ";
@@ -249,17 +272,18 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
         else if (!strcmp(a, "--no-ridgefill")) o->no_ridgefill = 1;
         else if (!strcmp(a, "--no-cache")) o->no_cache = 1;
         else if (!strcmp(a, "--cache-level")) { NEED(); rc = parse_int(cmd, a, v, 0, 19, &o->cache_level); if (!rc && !o->cache_level) o->cache_level = -1; }
-        else if (!strcmp(a, "--kv-budget")) {
+        else if (!strcmp(a, "--kv-budget") || !strcmp(a, "--kv-host-budget")) {
             NEED();
             uint64_t b;
             const size_t lv = strlen(v);
             const bool pct = lv > 1 && v[lv - 1] == '%' && !strcmp(cmd, "bench");
             if (!pct && !cli_parse_size(v, &b)) {
-                fprintf(stderr, "ridgekv %s: --kv-budget expects a size such as 512M%s (got '%s')\n", cmd,
+                fprintf(stderr, "ridgekv %s: %s expects a size such as 512M%s (got '%s')\n", cmd, a,
                         !strcmp(cmd, "bench") ? " or a share such as 25%" : "", v);
                 return RK_EXIT_USAGE;
             }
-            o->kv_budget = v;
+            if (!strcmp(a, "--kv-budget")) o->kv_budget = v;
+            else o->kv_host_budget = v;
         }
         else if (!strncmp(a, "--rope-", 7) || !strncmp(a, "--yarn-", 7)) {
             NEED();
@@ -301,6 +325,8 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
 #undef NEED
         if (rc) return rc;
     }
+    const int hb = host_budget_check(cmd, o);
+    if (hb) return hb;
     /* the generating commands: a random seed unless one was given (eval, bench and the
      * fitters keep their fixed default: their runs must repeat) */
     if (!o->seed_given && (!strcmp(cmd, "run") || !strcmp(cmd, "chat") || !strcmp(cmd, "ask") ||

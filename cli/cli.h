@@ -56,6 +56,7 @@ typedef struct cli_opts {
     int no_cache;           /* --no-cache: no document KV cache (doc_cache_cli.c) */
     int cache_level;        /* --cache-level N: its zstd level (0: 1) */
     const char *kv_budget;  /* --kv-budget SIZE: KV bytes held in memory, the rest spilled */
+    const char *kv_host_budget; /* --kv-host-budget SIZE (cuda): pinned host bytes for the cold layers, the rest on disk */
 } cli_opts;
 
 /* Splits "--flag=value" into "--flag" "value" for every command (main.c calls it first);

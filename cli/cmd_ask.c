@@ -49,6 +49,8 @@ static const char *help =
     "      --no-cache          do not use the document KV cache (docs/TIERS.md; ridgekv cache)\n"
     "      --cache-level N     zstd level of the cached KV (1..19, default 1; 0: raw)\n"
     "      --kv-budget SIZE    KV kept in memory (f16/f32/q8/lowram, e.g. 512M); the rest spills to $TMPDIR\n"
+    "      --kv-host-budget SIZE  --backend cuda, f16/f32: pinned host memory for the KV past\n"
+    "                          --kv-budget; the rest spills to $TMPDIR\n"
     "  -v, --verbose           model and prompt details on stderr\n"
     "      --verbose-prompt    print the prompt as the model sees it and its tokens to stderr\n"
     "\n"

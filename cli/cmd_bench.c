@@ -43,6 +43,8 @@ static const char *help =
     "  --kv-budget B KV bytes kept in memory (f16/f32/q8/lowram; 512M, or 25% of the plain KV at the longest\n"
     "                -p + -n); the rest spills to $TMPDIR and is read back: a line per run gives the\n"
     "                hit rate, bytes read back and stall time (docs/TIERS.md)\n"
+    "  --kv-host-budget B  --backend cuda, f16/f32 under --kv-budget: pinned host bytes for the cold\n"
+    "                layers (512M or 25%); the cold layers past it go to $TMPDIR (docs/GPU.md)\n"
     "  --json        one JSON object on stdout instead of a table\n";
 
 int cmd_bench(int argc, char **argv) {
@@ -98,6 +100,7 @@ int cmd_bench(int argc, char **argv) {
     for (int i = 0; i < n_lens; i++) max_len = lens[i] > max_len ? lens[i] : max_len;
     sp.n_ctx = max_len + o.n_predict + 1;
     sp.kv.budget = cli_kv_budget_share(&o, m, &sp.kv, sp.n_ctx);
+    sp.kv.host_budget = cli_kv_host_budget_share(&o, m, &sp.kv, sp.n_ctx);
     rk_err e = {0};
     rk_session *s = NULL;
     rk_status st = rk_session_create(m, &sp, &s, &e);
@@ -134,6 +137,7 @@ int cmd_bench(int argc, char **argv) {
             s = NULL;
             if ((rc = cli_kv_params(&o, kvs[ki], &sp.kv))) break;
             sp.kv.budget = cli_kv_budget_share(&o, m, &sp.kv, sp.n_ctx);
+            sp.kv.host_budget = cli_kv_host_budget_share(&o, m, &sp.kv, sp.n_ctx);
             if ((st = rk_session_create(m, &sp, &s, &e))) break;
         }
     for (int li = 0; li < n_lens && !st && !rc; li++)
@@ -205,7 +209,8 @@ int cmd_bench(int argc, char **argv) {
                             printf(",\"kv_tier\":{\"backend\":\"%s\",\"budget\":%llu,\"resident_bytes\":%llu,"
                                    "\"spilled_bytes\":%llu,\"hits\":%llu,\"misses\":%llu,\"prefetched\":%llu,"
                                    "\"bytes_up\":%llu,\"bytes_down\":%llu,\"stall_s\":%.4f,\"host_bytes\":%llu,"
-                                   "\"disk_reads\":%llu,\"disk_bytes_read\":%llu,\"disk_bytes_written\":%llu}",
+                                   "\"disk_reads\":%llu,\"disk_bytes_read\":%llu,\"disk_bytes_written\":%llu,"
+                                   "\"dev_chunk_rows\":%d,\"dev_chunks\":%llu,\"dev_chunk_bytes\":%llu,\"bytes_dev\":%llu}",
                                    a1->backend, (unsigned long long)a1->budget, (unsigned long long)a1->resident_bytes,
                                    (unsigned long long)a1->spilled_bytes, (unsigned long long)(a1->hits - a0->hits),
                                    (unsigned long long)(a1->misses - a0->misses),
@@ -214,7 +219,9 @@ int cmd_bench(int argc, char **argv) {
                                    (unsigned long long)(a1->bytes_spilled - a0->bytes_spilled), a1->stall_s - a0->stall_s,
                                    (unsigned long long)a1->host_bytes, (unsigned long long)(a1->disk_reads - a0->disk_reads),
                                    (unsigned long long)(a1->disk_bytes_read - a0->disk_bytes_read),
-                                   (unsigned long long)(a1->disk_bytes_written - a0->disk_bytes_written));
+                                   (unsigned long long)(a1->disk_bytes_written - a0->disk_bytes_written),
+                                   (int)a1->dev_chunk_rows, (unsigned long long)a1->dev_chunks,
+                                   (unsigned long long)a1->dev_chunk_bytes, (unsigned long long)(a1->bytes_dev - a0->bytes_dev));
                         printf("}");
                     }
             printf("]}\n");

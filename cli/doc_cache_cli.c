@@ -189,6 +189,7 @@ bool cli_parse_size(const char *s, uint64_t *out) {
 void cli_kv_tier_params(const cli_opts *o, rk_kv_params *kv) {
     uint64_t b = 0;
     if (o->kv_budget && cli_parse_size(o->kv_budget, &b)) kv->budget = b ? b : 1;
+    if (o->kv_host_budget && cli_parse_size(o->kv_host_budget, &b)) kv->host_budget = b ? b : 1;
     const char *td = getenv("TMPDIR");
     kv->spill_dir = td && *td ? td : "/tmp";
     const char *nu = getenv("RIDGEKV_NO_URING");
@@ -204,15 +205,24 @@ void cli_kv_tier_params(const cli_opts *o, rk_kv_params *kv) {
     }
 }
 
-uint64_t cli_kv_budget_share(const cli_opts *o, const rk_model *m, const rk_kv_params *kv, int64_t n_tokens) {
-    const size_t n = o->kv_budget ? strlen(o->kv_budget) : 0;
-    if (!n || o->kv_budget[n - 1] != '%') return kv->budget;
-    const double share = strtod(o->kv_budget, NULL) / 100.0;
+/* A share "25%" of the plain KV of n_tokens; keep when spec is no share. */
+static uint64_t kv_share(const char *spec, const rk_model *m, const rk_kv_params *kv, int64_t n_tokens, uint64_t keep) {
+    const size_t n = spec ? strlen(spec) : 0;
+    if (!n || spec[n - 1] != '%') return keep;
+    const double share = strtod(spec, NULL) / 100.0;
     const rk_hparams *hp = rk_model_hparams(m);
     const double per_value = kv->kind == RK_KV_F32 ? 4.0 : kv->kind == RK_KV_Q8 ? 34.0 / 32.0 : 2.0;
     const double bytes = (double)n_tokens * 2.0 * hp->n_layer * hp->n_head_kv * hp->head_dim * per_value;
     const uint64_t b = (uint64_t)(share * bytes);
     return b ? b : 1;
+}
+
+uint64_t cli_kv_budget_share(const cli_opts *o, const rk_model *m, const rk_kv_params *kv, int64_t n_tokens) {
+    return kv_share(o->kv_budget, m, kv, n_tokens, kv->budget);
+}
+
+uint64_t cli_kv_host_budget_share(const cli_opts *o, const rk_model *m, const rk_kv_params *kv, int64_t n_tokens) {
+    return kv_share(o->kv_host_budget, m, kv, n_tokens, kv->host_budget);
 }
 
 void cli_kv_tier_line(const char *cmd, const rk_kv_tier_stats *a, const rk_kv_tier_stats *b) {

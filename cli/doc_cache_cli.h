@@ -45,10 +45,12 @@ bool cli_prefix_progress_fn(void *ud, int64_t done, int64_t total);
 
 int cmd_cache(int argc, char **argv);
 
-/* --kv-budget SIZE into kv (a share "25%" is bench's: of the plain KV of n_tokens when
+/* --kv-budget SIZE and --kv-host-budget SIZE into kv (a share "25%" is bench's: of the plain KV of n_tokens when
  * n_tokens > 0, else left 0), the spill directory ($TMPDIR, else /tmp), RIDGEKV_NO_URING. */
 void cli_kv_tier_params(const cli_opts *o, rk_kv_params *kv);
 uint64_t cli_kv_budget_share(const cli_opts *o, const rk_model *m, const rk_kv_params *kv, int64_t n_tokens);
+/* The same for --kv-host-budget (rk_kv_params.host_budget: the GPU KV tiers' pinned host bytes). */
+uint64_t cli_kv_host_budget_share(const cli_opts *o, const rk_model *m, const rk_kv_params *kv, int64_t n_tokens);
 /* One stderr line of the memory tiers' counters since *before (bench, -v). */
 void cli_kv_tier_line(const char *cmd, const rk_kv_tier_stats *before, const rk_kv_tier_stats *now);
 

@@ -4,7 +4,8 @@
  * a second stream while the instance's stream computes.
  * - lane_copy: an event recorded on the compute stream, the lane waits for it (the copy
  *   sees every op queued before it), then cudaMemcpyAsync on the lane. From and to
- *   pinned memory the copy is truly asynchronous (DMA beside the kernels).
+ *   pinned memory the copy is truly asynchronous (DMA beside the kernels). to_device with
+ *   src in another buffer of this instance is a device-to-device copy on the lane.
  * - lane_join: an event recorded on the lane, the compute stream waits for it (no host
  *   sync: the kernels queued next start when the copies are done).
  * - lane_sync: cudaStreamSynchronize of the lane.
@@ -80,6 +81,12 @@ rk_status rk_cuda_lane_copy(rk_backend *be, void *dst, const void *src, size_t b
                           bytes, dev);
     if (to_device && b->prepared)
         return rk_err_set(err, RK_E_INVALID_ARG, "cuda: lane copy: %p is a prepared weight (read-only)", dst);
+    /* to_device from another buffer of this backend: a device-to-device copy (kv_dev.c's chunk frames) */
+    const rk_cuda_block *sb = to_device ? rk_cuda_find_block(c, src) : NULL;
+    if (sb && bytes > sb->bytes - (size_t)((const char *)src - sb->p))
+        return rk_err_set(err, RK_E_INVALID_ARG, "cuda: lane copy: %zu bytes at %p run past their device buffer", bytes,
+                          src);
+    const cudaMemcpyKind kind = !to_device ? cudaMemcpyDeviceToHost : sb ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice;
     rk_status st = rk_cuda_no_capture(c, "lane copy", err);
     if (st == RK_OK) st = lane_init(c, err);
     if (st != RK_OK) return st;
@@ -87,7 +94,7 @@ rk_status rk_cuda_lane_copy(rk_backend *be, void *dst, const void *src, size_t b
     if (e == cudaSuccess) e = cudaEventRecord(c->ev_compute, c->stream);
     if (e == cudaSuccess) e = cudaStreamWaitEvent(c->lane, c->ev_compute, 0);
     if (e == cudaSuccess)
-        e = cudaMemcpyAsync(dst, src, bytes, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, c->lane);
+        e = cudaMemcpyAsync(dst, src, bytes, kind, c->lane);
     return e == cudaSuccess ? RK_OK : rk_cuda_fail(err, "lane copy", "cudaMemcpyAsync", e);
 }
 

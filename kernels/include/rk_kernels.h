@@ -384,8 +384,8 @@ rk_status rk_backend_step_end(rk_backend *be, bool run, rk_err *err);
  * Free it with rk_backend_host_free on the same instance, after rk_backend_lane_sync when
  * lane copies touched it.
  * lane_copy: queues a copy between a pinned host block and backend memory (to_device: host
- * src -> backend dst; else backend src -> host dst) on the copy lane (cuda: a second
- * stream). It starts after every op queued before it (it may read what they wrote) and
+ * src -> backend dst; else backend src -> host dst; to_device with src in backend memory of
+ * the same instance: a device-to-device copy) on the copy lane (cuda: a second stream). It starts after every op queued before it (it may read what they wrote) and
  * runs beside the ops queued after it; lane copies run in the order queued. A backend
  * without a lane copies at once (upload / download).
  * lane_join: every op queued after it waits for the lane copies queued before it (cuda: an

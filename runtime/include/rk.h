@@ -529,6 +529,12 @@ typedef struct rk_kv_tier_stats {
     /* devtier (host_budget): pinned host bytes held; the spill file's block reads / writes
      * and their raw bytes */
     uint64_t host_bytes, disk_reads, disk_writes, disk_bytes_read, disk_bytes_written;
+    /* devtier, residency by chunk: the device frames of dev_chunk_rows rows (K and V) the
+     * budget buys past the resident layers and the two slots (dev_chunk_bytes), the chunks
+     * they hold now (the sinks' chunk and the newest of each cold layer), and the bytes copied
+     * between them and the slots (device to device; not in bytes_read) */
+    int32_t dev_chunk_rows;
+    uint64_t dev_chunks, dev_chunk_bytes, bytes_dev;
 } rk_kv_tier_stats;
 void rk_session_kv_tier_stats(const rk_session *s, rk_kv_tier_stats *out);
 

@@ -23,8 +23,10 @@
  *   the host block (a slot holding the layer is dropped).
  * With two or fewer cold layers the slots hold them for good and nothing moves after the
  * first pass. The disk step (host_budget): the cold layers share pinned frames, the others
- * live in the block store's spill file (devtier.n_pin below). What is not built:
- * chunk-granular device residency and, for LowRAM, moving only the selected chunks.
+ * live in the block store's spill file (devtier.n_pin below). Residency by chunk: the budget
+ * past the layers and the slots buys device frames for each cold layer's hot chunks (the
+ * sinks' and the newest; devtier.h below), from which slots are assembled device to device.
+ * What is not built: for LowRAM, moving only the selected chunks.
  * A budget below two layers (no room for the slots) takes the host tier (kv_tier.c) with
  * staged attention, as before. */
 #include <limits.h>
@@ -65,6 +67,16 @@ typedef struct devtier {
     int64_t C;           /* rows per spill block */
     rk_bs *bs;           /* NULL: no disk step */
     char spill_dir[1024];
+    /* Residency by chunk: the budget past the resident layers and the two slots buys h
+     * device frames of C rows (K and V) per cold layer, which hold its hot chunks (the sinks'
+     * chunk 0 and the h - 1 newest). A slot is assembled from them (device to device) and
+     * from the host block (the rest); the host block keeps every row (written through), so
+     * a frame is only ever a copy. Frame f of layer l: chunk hch[l h + f] (-1 none), its rows
+     * [0, hrows[l h + f]) valid; hmap[l nch + k]: the frame of chunk k, -1 none. */
+    int h, nch;
+    uint8_t **hk, **hv;  /* (n_layer) cold layers with h > 0: h frames of C rows, device */
+    int *hch, *hmap;
+    int64_t *hrows;
 } devtier;
 
 static rk_view cache_view(const rk_kv *kv, uint32_t type, void *data, int64_t rows) {
@@ -88,6 +100,71 @@ static rk_status lane_sync(rk_kv *kv, rk_err *err) {
 }
 
 static bool cold(const devtier *c, int l) { return l >= c->n_res; }
+
+/* Whether chunk k of a layer holding n chunks is hot: the sinks' chunk or one of the h - 1 newest. */
+static bool hot_chunk(const devtier *c, int64_t n, int64_t k) { return k < n && (k == 0 || k >= n - (c->h - 1)); }
+
+static uint8_t *frame_k(const rk_kv *kv, const devtier *c, int l, int f) {
+    return c->hk[l] + (size_t)f * (size_t)c->C * kv->row_bytes;
+}
+static uint8_t *frame_v(const rk_kv *kv, const devtier *c, int l, int f) {
+    return c->hv[l] + (size_t)f * (size_t)c->C * kv->row_bytes;
+}
+
+/* Rows from r0 on of cold layer l are no longer valid in its frames (rewritten or cut). */
+static void hot_clamp(devtier *c, int l, int64_t r0) {
+    for (int f = 0; f < c->h; f++) {
+        const size_t i = (size_t)l * c->h + f;
+        const int64_t k0 = (int64_t)c->hch[i] * c->C;
+        if (c->hch[i] >= 0 && k0 + c->hrows[i] > r0) c->hrows[i] = r0 > k0 ? r0 - k0 : 0;
+    }
+}
+
+/* The frames of cold layer l follow its hot chunks at held[l] rows: a frame whose chunk went
+ * cold (or past held) is freed, each hot chunk without one gets a free one (no rows yet). */
+static void hot_assign(devtier *c, int l) {
+    if (!c->h) return;
+    const int64_t held = c->held[l], n = (held + c->C - 1) / c->C;
+    hot_clamp(c, l, held);
+    int *ch = c->hch + (size_t)l * c->h, *map = c->hmap + (size_t)l * c->nch;
+    for (int f = 0; f < c->h; f++)
+        if (ch[f] >= 0 && !hot_chunk(c, n, ch[f])) map[ch[f]] = -1, ch[f] = -1, c->hrows[(size_t)l * c->h + f] = 0;
+    for (int64_t k = 0; k < n; k = k ? k + 1 : (n - (c->h - 1) > 1 ? n - (c->h - 1) : 1)) {
+        if (!hot_chunk(c, n, k) || map[k] >= 0) continue;
+        for (int f = 0; f < c->h; f++)
+            if (ch[f] < 0) {
+                ch[f] = (int)k, map[k] = f, c->hrows[(size_t)l * c->h + f] = 0;
+                break;
+            }
+    }
+}
+
+/* Queues on the lane the copies that bring cold layer l's frames up to its held rows from
+ * slot s (which holds them: joined, or queued on the lane before these). */
+static rk_status hot_catch_up(rk_kv *kv, int l, int s, rk_err *err) {
+    devtier *c = kv->impl;
+    rk_status st = RK_OK;
+    for (int f = 0; f < c->h && !st; f++) {
+        const size_t i = (size_t)l * c->h + f;
+        if (c->hch[i] < 0) continue;
+        const int64_t k0 = (int64_t)c->hch[i] * c->C, end = c->held[l] < k0 + c->C ? c->held[l] : k0 + c->C;
+        const int64_t from = k0 + c->hrows[i];
+        if (from >= end) continue;
+        const size_t off = (size_t)(from - k0) * kv->row_bytes, bytes = (size_t)(end - from) * kv->row_bytes;
+        st = rk_backend_lane_copy(kv->be, frame_k(kv, c, l, f) + off, c->sk[s] + (size_t)from * kv->row_bytes, bytes, true,
+                                  err);
+        if (!st)
+            st = rk_backend_lane_copy(kv->be, frame_v(kv, c, l, f) + off, c->sv[s] + (size_t)from * kv->row_bytes, bytes,
+                                      true, err);
+        if (st) {
+            c->hrows[i] = 0;
+            break;
+        }
+        c->hrows[i] = end - k0;
+        c->st.bytes_dev += 2 * bytes;
+    }
+    return st;
+}
 
 static uint64_t bs_id(int l, int part, int64_t ch) { return ((uint64_t)(2 * l + part) << 32) | (uint64_t)ch; }
 
@@ -182,18 +259,48 @@ static void mark_dirty(devtier *c, int l, int64_t r0, int64_t r1) {
     if (r1 > c->d1[l]) c->d1[l] = r1;
 }
 
-/* Queues the upload of cold layer l's held rows into slot s on the lane. */
+/* Queues on the lane the rows [a, b) of cold layer l from its host block into slot s. */
+static rk_status slot_up(rk_kv *kv, int s, int l, int64_t a, int64_t b, bool *pinned, rk_err *err) {
+    devtier *c = kv->impl;
+    if (a >= b) return RK_OK;
+    rk_status st = *pinned ? RK_OK : pin(kv, l, err);
+    if (st) return st;
+    *pinned = true;
+    const size_t off = (size_t)a * kv->row_bytes, bytes = (size_t)(b - a) * kv->row_bytes;
+    st = rk_backend_lane_copy(kv->be, c->sk[s] + off, c->k[l] + off, bytes, true, err);
+    if (!st) st = rk_backend_lane_copy(kv->be, c->sv[s] + off, c->v[l] + off, bytes, true, err);
+    if (!st) c->st.bytes_read += 2 * bytes, c->st.bytes_read_stored += 2 * bytes;
+    return st;
+}
+
+/* Queues the assembly of cold layer l's held rows in slot s on the lane: the rows its device
+ * frames hold from there (device to device), the others (runs of them) up from its host
+ * block; then the frames of its hot chunks catch up from the slot. */
 static rk_status fill_slot(rk_kv *kv, int s, int l, bool ahead, rk_err *err) {
     devtier *c = kv->impl;
-    const size_t bytes = (size_t)c->held[l] * kv->row_bytes;
-    rk_status st = pin(kv, l, err);
-    if (st) return st;
-    st = rk_backend_lane_copy(kv->be, c->sk[s], c->k[l], bytes, true, err);
-    if (!st) st = rk_backend_lane_copy(kv->be, c->sv[s], c->v[l], bytes, true, err);
+    const int64_t held = c->held[l];
+    hot_assign(c, l);
+    c->last_use[l] = ++c->tick;
+    rk_status st = RK_OK;
+    bool pinned = false;
+    int64_t a = 0; /* the run of host rows [a, r) not queued yet */
+    for (int64_t k = 0; k * c->C < held && !st; k++) {
+        const int f = c->h ? c->hmap[(size_t)l * c->nch + k] : -1;
+        const int64_t k0 = k * c->C, in = f >= 0 ? c->hrows[(size_t)l * c->h + f] : 0;
+        const int64_t rows = held - k0 < c->C ? held - k0 : c->C, n = in < rows ? in : rows;
+        if (n <= 0) continue;
+        if ((st = slot_up(kv, s, l, a, k0, &pinned, err))) break;
+        const size_t off = (size_t)k0 * kv->row_bytes, bytes = (size_t)n * kv->row_bytes;
+        st = rk_backend_lane_copy(kv->be, c->sk[s] + off, frame_k(kv, c, l, f), bytes, true, err);
+        if (!st) st = rk_backend_lane_copy(kv->be, c->sv[s] + off, frame_v(kv, c, l, f), bytes, true, err);
+        if (!st) c->st.bytes_dev += 2 * bytes;
+        a = k0 + n;
+    }
+    if (!st) st = slot_up(kv, s, l, a, held, &pinned, err);
+    if (!st) st = hot_catch_up(kv, l, s, err);
     c->slot_layer[s] = st ? -1 : l; /* a failed copy leaves the slot unknown */
     c->slot_pending[s] = !st;
     c->slot_ahead[s] = ahead;
-    if (!st) c->st.bytes_read += 2 * bytes, c->st.bytes_read_stored += 2 * bytes;
     return st;
 }
 
@@ -246,8 +353,10 @@ static rk_status dt_append(rk_kv *kv, int l, int64_t pos0, const float *k, const
     a.src0.data = (void *)v;
     if ((st = rk_backend_run(kv->be, &a, err))) return st;
     if (pos0 + n > c->held[l] || pos0 < c->held[l]) c->held[l] = pos0 + n;
-    if (s >= 0) { /* the new rows down to the host block, after the CPY_ROWS */
-        if ((st = pin(kv, l, err))) {
+    if (s >= 0) { /* the new rows into the hot chunks' frames and down to the host block, after the CPY_ROWS */
+        hot_clamp(c, l, pos0);
+        hot_assign(c, l);
+        if ((st = hot_catch_up(kv, l, s, err)) || (st = pin(kv, l, err))) {
             c->slot_layer[s] = -1;
             return st;
         }
@@ -283,6 +392,7 @@ static void dt_truncate(rk_kv *kv, int64_t n) {
     rk_kv_rows_truncate(kv, n);
     for (int l = 0; l < kv->n_layer; l++)
         if (c->held[l] > n) c->held[l] = n;
+    for (int l = c->n_res; c->h && l < kv->n_layer; l++) hot_clamp(c, l, n);
     for (int l = 0; c->on_disk && l < kv->n_layer; l++)
         if (c->on_disk[l] > n) c->on_disk[l] = n;
 }
@@ -291,6 +401,7 @@ static void dt_reset(rk_kv *kv) {
     devtier *c = kv->impl;
     rk_kv_rows_reset(kv);
     for (int l = 0; l < kv->n_layer; l++) c->held[l] = 0, c->on_disk[l] = 0;
+    for (int l = c->n_res; c->h && l < kv->n_layer; l++) hot_clamp(c, l, 0);
 }
 
 /* Rows [row0, row0 + n) of layer l as stored, into tmp (host). */
@@ -314,6 +425,7 @@ static rk_status rows_in(rk_kv *kv, int l, bool values, int64_t row0, int64_t n,
     if (st) return st;
     memcpy((values ? c->v[l] : c->k[l]) + off, src, bytes);
     mark_dirty(c, l, row0, row0 + n);
+    if (c->h) hot_clamp(c, l, row0);
     for (int s = 0; s < 2; s++)
         if (c->slot_layer[s] == l) c->slot_layer[s] = -1, c->slot_pending[s] = false;
     return RK_OK;
@@ -383,11 +495,14 @@ static rk_status dt_import(rk_kv *kv, int64_t row0, int64_t n_rows, const uint8_
                           (long long)n_rows, (unsigned long long)want);
     const size_t len = (size_t)n_rows * kv->row_bytes;
     rk_status st = RK_OK;
-    for (int l = 0; l < kv->n_layer && !st; l++)
+    /* a layer's held rows first: a frame evicted to the spill file later in the loop writes
+     * out the rows it holds (with held still 0 after a reset it wrote none: the rows were lost) */
+    for (int l = 0; l < kv->n_layer && !st; l++) {
+        c->held[l] = row0 + n_rows;
         for (int part = 0; part < 2 && !st; part++)
             st = rows_in(kv, l, part, row0, n_rows, p + (size_t)(2 * l + part) * len, err);
+    }
     if (st) return st;
-    for (int l = 0; l < kv->n_layer; l++) c->held[l] = row0 + n_rows;
     kv->n_past = row0 + n_rows;
     return RK_OK;
 }
@@ -408,6 +523,8 @@ static void dt_destroy(rk_kv *kv) {
         }
     }
     for (int s = 0; s < 2; s++) rk_backend_free(kv->be, c->sk[s]), rk_backend_free(kv->be, c->sv[s]);
+    for (int l = 0; c->hk && c->hv && l < kv->n_layer; l++) rk_backend_free(kv->be, c->hk[l]), rk_backend_free(kv->be, c->hv[l]);
+    free(c->hk), free(c->hv), free(c->hch), free(c->hmap), free(c->hrows);
     free(c->k), free(c->v), free(c->held), free(c->fk), free(c->fv), free(c->frame_layer), free(c->layer_frame);
     free(c->last_use), free(c->d0), free(c->d1), free(c->on_disk), free(c);
     kv->impl = NULL;
@@ -418,6 +535,9 @@ static void dt_tier_stats(const rk_kv *kv, rk_kv_tier_stats *out) {
     *out = c->st;
     out->spilled_bytes = (uint64_t)c->n_cold * 2ull * (uint64_t)c->held[kv->n_layer - 1] * kv->row_bytes;
     out->host_bytes = (uint64_t)c->n_pin * 2ull * c->arr_bytes;
+    out->dev_chunks = 0;
+    for (int l = c->n_res; l < kv->n_layer; l++)
+        for (int f = 0; f < c->h; f++) out->dev_chunks += c->hch[(size_t)l * c->h + f] >= 0 && c->hrows[(size_t)l * c->h + f] > 0;
 }
 
 static const rk_kv_ops devtier_ops = {
@@ -458,9 +578,20 @@ rk_status rk_kv_dev_init(rk_kv *kv, uint32_t type, const rk_kv_params *p, rk_err
     c->type = type;
     kv->row_bytes = (size_t)kv->kv_dim * (type == RK_DT_F32 ? 4 : 2);
     c->arr_bytes = (size_t)kv->n_ctx * kv->row_bytes;
+    /* rows per chunk (a device frame, a spill block): about 256 KiB, at least 16 and at most
+     * an eighth of n_ctx (>= 16) */
+    c->C = (int64_t)((256u << 10) / kv->row_bytes);
+    if (c->C > kv->n_ctx / 8) c->C = kv->n_ctx / 8;
+    if (c->C < 16) c->C = 16;
+    c->nch = (int)((kv->n_ctx + c->C - 1) / c->C);
     const uint64_t fit = p->budget / layer_bytes(kv, type);
     c->n_res = fit >= (uint64_t)kv->n_layer ? kv->n_layer : (int)fit - 2;
     c->n_cold = kv->n_layer - c->n_res;
+    if (c->n_cold > 2) { /* what the budget leaves past the layers: chunk frames, as many per cold layer */
+        const uint64_t frame = 2ull * (uint64_t)c->C * kv->row_bytes, left = p->budget - fit * layer_bytes(kv, type);
+        const uint64_t h = left / ((uint64_t)c->n_cold * frame);
+        c->h = h > (uint64_t)c->nch ? c->nch : (int)h;
+    }
     c->slot_layer[0] = c->slot_layer[1] = -1;
     c->cur = -1;
     c->k = calloc((size_t)kv->n_layer, sizeof *c->k);
@@ -488,10 +619,6 @@ rk_status rk_kv_dev_init(rk_kv *kv, uint32_t type, const rk_kv_params *p, rk_err
         return rk_err_set(err, RK_E_NOMEM, "kv: out of memory");
     for (int l = 0; l < kv->n_layer; l++) c->layer_frame[l] = -1, c->d0[l] = INT64_MAX;
     for (int f = 0; f < c->n_pin; f++) c->frame_layer[f] = -1;
-    /* rows per spill block: about 256 KiB, at least 16 and at most an eighth of n_ctx (>= 16) */
-    c->C = (int64_t)((256u << 10) / kv->row_bytes);
-    if (c->C > kv->n_ctx / 8) c->C = kv->n_ctx / 8;
-    if (c->C < 16) c->C = 16;
     rk_status st = RK_OK;
     for (int f = 0; f < c->n_pin && !st; f++) {
         void *pk = NULL, *pv = NULL;
@@ -527,11 +654,29 @@ rk_status rk_kv_dev_init(rk_kv *kv, uint32_t type, const rk_kv_params *p, rk_err
         if (!(st = rk_backend_alloc(kv->be, c->arr_bytes, &pk, err))) c->sk[s] = pk;
         if (!st && !(st = rk_backend_alloc(kv->be, c->arr_bytes, &pv, err))) c->sv[s] = pv;
     }
+    if (!st && c->h) {
+        c->hk = calloc((size_t)kv->n_layer, sizeof *c->hk);
+        c->hv = calloc((size_t)kv->n_layer, sizeof *c->hv);
+        c->hch = malloc((size_t)kv->n_layer * (size_t)c->h * sizeof *c->hch);
+        c->hrows = calloc((size_t)kv->n_layer * (size_t)c->h, sizeof *c->hrows);
+        c->hmap = malloc((size_t)kv->n_layer * (size_t)c->nch * sizeof *c->hmap);
+        if (!c->hk || !c->hv || !c->hch || !c->hrows || !c->hmap) return rk_err_set(err, RK_E_NOMEM, "kv: out of memory");
+        memset(c->hch, 0xff, (size_t)kv->n_layer * (size_t)c->h * sizeof *c->hch);
+        memset(c->hmap, 0xff, (size_t)kv->n_layer * (size_t)c->nch * sizeof *c->hmap);
+        const size_t fb = (size_t)c->h * (size_t)c->C * kv->row_bytes;
+        for (int l = c->n_res; l < kv->n_layer && !st; l++) {
+            void *pk = NULL, *pv = NULL;
+            if (!(st = rk_backend_alloc(kv->be, fb, &pk, err))) c->hk[l] = pk;
+            if (!st && !(st = rk_backend_alloc(kv->be, fb, &pv, err))) c->hv[l] = pv;
+        }
+    }
     if (st) return st;
     if (c->n_cold == 1) c->slot_layer[1] = -2; /* one slot: never filled */
     c->st.on = true;
     c->st.budget = p->budget;
-    c->st.resident_bytes = (uint64_t)(c->n_res + (c->n_cold < 2 ? c->n_cold : 2)) * 2ull * c->arr_bytes;
+    c->st.dev_chunk_rows = (int32_t)c->C;
+    c->st.dev_chunk_bytes = (uint64_t)c->n_cold * (uint64_t)c->h * 2ull * (uint64_t)c->C * kv->row_bytes;
+    c->st.resident_bytes = (uint64_t)(c->n_res + (c->n_cold < 2 ? c->n_cold : 2)) * 2ull * c->arr_bytes + c->st.dev_chunk_bytes;
     c->st.chunk_rows = (int32_t)kv->n_ctx; /* a "chunk" here: one layer's K or V rows */
     snprintf(c->st.backend, sizeof c->st.backend, "%s-lane", kv->be->ops->name);
     return RK_OK;

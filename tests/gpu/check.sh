@@ -247,10 +247,10 @@ done
 # KV (host rows), with LowRAM (the fit on the host at the prompt's commit, every decode
 # attention the fused LR_ATTN on the device)
 parity_paths() {
-    local m=$1 ok=0 p name args
+    local m=$1 ok=0 p name args dev_args
     p="$(printf 'The cat sat on the mat and looked at the dog. %.0s' $(seq 1 58))"
-    for name in fill graphs q8 lowram lowram_int8 budget; do
-        args=()
+    for name in fill graphs q8 lowram lowram_int8 budget budget_chunks budget_disk; do
+        args=() dev_args=()
         case $name in
         fill) args=(--fill identity --split 1 --tail 512) ;;
         q8) args=(--kv q8) ;;
@@ -259,10 +259,18 @@ parity_paths() {
         # the GPU KV tiers: 4 MiB a layer at -c 4096 (kv_dim 256, f16 K and V), 9M buys two
         # layers: none resident, every layer through the two device slots and the copy lane
         budget) args=(--kv f16 -c 4096 --kv-budget 9M) ;;
+        # residency by chunk: 15M = 3 layers (1 resident, 2 slots) and 3 MiB of 512-row chunk
+        # frames, 2 per cold layer (the sinks' and the newest chunk: slots assembled from them
+        # device to device)
+        budget_chunks) args=(--kv f16 -c 4096 --kv-budget 15M) ;;
+        # the disk step: one pinned layer, the other cold layers in the spill file ($TMPDIR);
+        # --kv-host-budget is refused off cuda, so a dry run checks the budget part only
+        budget_disk) args=(--kv f16 -c 4096 --kv-budget 9M)
+            [ "$FILL_BE" = cuda ] && dev_args=(--kv-host-budget 4M) ;;
         esac
         "$BIN" run -m "$m" -p "$p" -n 24 --temp 0 --backend cpu -t "$JOBS" "${args[@]}" > "$OUT_DIR/paths.cpu.txt" || return 1
         env $([ $name = graphs ] && echo RIDGEKV_CUDA_GRAPHS=1) "$BIN" run -m "$m" -p "$p" -n 24 --temp 0 \
-            --backend "$FILL_BE" -t "$JOBS" "${args[@]}" > "$OUT_DIR/paths.dev.txt" || return 1
+            --backend "$FILL_BE" -t "$JOBS" "${args[@]}" "${dev_args[@]}" > "$OUT_DIR/paths.dev.txt" || return 1
         if cmp -s "$OUT_DIR/paths.cpu.txt" "$OUT_DIR/paths.dev.txt"; then
             echo "same greedy text with $name: $(basename "$m")"
         else

@@ -110,7 +110,7 @@ static void ds_host_free(rk_backend *be, void *p) {
 static void lane_run(devsim *d) {
     for (int i = 0; i < d->n_lane; i++) {
         struct ds_copy *c = &d->lane[i];
-        memcpy(c->to_device ? untag(c->dst) : c->dst, c->to_device ? c->src : untag(c->src), c->n);
+        memcpy(c->to_device ? untag(c->dst) : c->dst, c->to_device && !tagged(c->src) ? c->src : untag(c->src), c->n);
     }
     d->n_lane = 0;
 }
@@ -121,7 +121,7 @@ static rk_status ds_lane_copy(rk_backend *be, void *dst, const void *src, size_t
         d->broken = true;
         return rk_err_set(err, RK_E_UNSUPPORTED, "devsim: a lane copy while a step is recorded");
     }
-    if (to_device ? !tagged(dst) || tagged(src) : tagged(dst) || !tagged(src))
+    if (to_device ? !tagged(dst) : tagged(dst) || !tagged(src)) /* to_device: from host or device memory */
         return rk_err_set(err, RK_E_INVALID_ARG, "devsim: lane copy direction");
     if (d->n_lane == d->cap_lane) {
         d->cap_lane = d->cap_lane ? 2 * d->cap_lane : 64;
@@ -129,7 +129,8 @@ static rk_status ds_lane_copy(rk_backend *be, void *dst, const void *src, size_t
         cr_assert(d->lane);
     }
     d->lane[d->n_lane++] = (struct ds_copy){dst, src, n, to_device};
-    if (to_device) d->lane_up += n;
+    if (to_device && tagged(src)) d->lane_d2d += n;
+    else if (to_device) d->lane_up += n;
     else d->lane_down += n;
     if (!d->lane_defer) lane_run(d);
     return RK_OK;

@@ -37,7 +37,7 @@ typedef struct devsim {
         bool to_device;
     } *lane;
     int n_lane, cap_lane, n_host;
-    size_t lane_up, lane_down;
+    size_t lane_up, lane_down, lane_d2d; /* host to device, device to host, device to device */
     int n_joins;
 } devsim;
 

@@ -40,7 +40,8 @@ static rk_model *tier_model(int32_t *ids, int n, int *nv, int64_t *kvd) {
  * prefill, decode steps, a truncation and more decode; KV rows read back, the exported
  * block and an import agree too. The moves happen (bytes up and down, prefetched layers)
  * and the device holds exactly the resident layers and the two slots: the budgeted
- * session's backend memory is the plain one's less (n_layer - resident - 2) layers. */
+ * session's backend memory is the plain one's less (n_layer - resident - 2) layers (the
+ * budget leaves no room for chunk frames: kv_budget_chunks_on_device_match_plain has them). */
 Test(devsim, kv_budget_device_tiers_match_plain, .timeout = 120) {
     enum { N = 300, DEC = 8 };
     int32_t ids[N + DEC];
@@ -72,7 +73,7 @@ Test(devsim, kv_budget_device_tiers_match_plain, .timeout = 120) {
             p.n_threads = 1;
             p.shared_backend = bes[k];
             cr_assert_eq(rk_kv_params_parse(kv, &p.kv, &err), RK_OK, "%s", err.msg);
-            if (k == 2) p.kv.budget = (uint64_t)fit * layer + layer / 2;
+            if (k == 2) p.kv.budget = (uint64_t)fit * layer + 31; /* less than a chunk frame past the layers */
             cr_assert_eq(rk_session_create(m, &p, &ss[k], &err), RK_OK, "%s %s", kv, err.msg);
         }
         const int res = fit - 2;
@@ -244,6 +245,139 @@ Test(devsim, kv_budget_disk_step_matches_plain, .timeout = 120) {
             rk_session_destroy(s);
         }
         cr_expect(dt->n_alloc == 0 && dt->n_host == 0, "fault %d: blocks leaked", f);
+        rk_backend_destroy(&dt->be);
+    }
+    rmdir(dir);
+    free(la), free(lb), free(ra), free(rb);
+    rk_model_destroy(m);
+}
+
+/* Residency by chunk: the budget past the resident layer and the two slots buys chunk frames
+ * (64 rows of K and V here: n_ctx / 8) on the device for each cold layer, which hold its hot
+ * chunks (the sinks' chunk 0 and the newest); a slot is assembled from them (device to device)
+ * and from the pinned host block (the other chunks). A 4-layer model at n_ctx 512 with a
+ * budget of 3 layers and 7 frames less a byte: 1 resident layer, 3 cold ones with 2 frames
+ * each. Against the plain devsim session, bit for bit: a 100-row prefill in 48-row batches
+ * (2 chunks: both hot, so nothing goes up from the host), decode across the chunk boundary
+ * at 128 (from then on exactly chunk 1 goes up per slot fill), truncations into chunk 1 and
+ * into the sinks' chunk, more decode, rows read back, the exported block and an import. The
+ * device holds the resident layer, the two slots and the 6 frames, within the budget. Then
+ * with the disk step: 4 cold layers, 1 frame each (the sinks), one pinned host layer. */
+Test(devsim, kv_budget_chunks_on_device_match_plain, .timeout = 120) {
+    enum { NMAX = 320 };
+    int32_t ids[NMAX];
+    int nv;
+    int64_t kvd;
+    rk_model *m = tier_model(ids, NMAX, &nv, &kvd);
+    rk_err err = {0};
+    const int64_t n_ctx = 512, C = n_ctx / 8;
+    float *la = malloc((size_t)nv * sizeof(float)), *lb = malloc((size_t)nv * sizeof(float));
+    float *ra = malloc((size_t)NMAX * kvd * sizeof(float)), *rb = malloc((size_t)NMAX * kvd * sizeof(float));
+    char dir[] = "/tmp/rk-devchunk-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    for (int c = 0; c < 5; c++) {
+        const bool disk = c == 4, f32 = c & 1, defer = c & 2;
+        const size_t row = (size_t)kvd * (f32 ? 4 : 2);
+        const uint64_t layer = 2ull * (uint64_t)n_ctx * row, frame = 2ull * (uint64_t)C * row;
+        const int res = disk ? 0 : 1, n_cold = 4 - res, h = disk ? 1 : 2;
+        devsim *dp = devsim_create(), *dt = devsim_create();
+        dt->lane_defer = defer;
+        rk_session *ss[2] = {NULL, NULL};
+        for (int k = 0; k < 2; k++) {
+            rk_session_params p = rk_session_params_default();
+            p.n_ctx = n_ctx;
+            p.ctx_overflow_ok = true;
+            p.n_batch = 48;
+            p.n_threads = 1;
+            p.shared_backend = k ? &dt->be : &dp->be;
+            cr_assert_eq(rk_kv_params_parse(f32 ? "f32" : "f16", &p.kv, &err), RK_OK, "%s", err.msg);
+            if (k) {
+                p.kv.budget = (uint64_t)(res + 2) * layer + (uint64_t)(n_cold * h + 1) * frame - 1;
+                if (disk) p.kv.host_budget = layer, p.kv.spill_dir = dir;
+            }
+            cr_assert_eq(rk_session_create(m, &p, &ss[k], &err), RK_OK, "%s", err.msg);
+        }
+        rk_kv_tier_stats t0, t1;
+        rk_session_kv_tier_stats(ss[1], &t0);
+        cr_expect(t0.on && t0.dev_chunk_rows == C && t0.dev_chunk_bytes == (uint64_t)(n_cold * h) * frame,
+                  "case %d: chunk rows %d, frame bytes %llu", c, t0.dev_chunk_rows, (unsigned long long)t0.dev_chunk_bytes);
+        /* device bytes: the plain session's less the layers that are not there, plus the frames */
+        cr_expect_eq(dp->live + (size_t)(n_cold * h) * frame, dt->live + (size_t)(4 - res - 2) * layer,
+                     "case %d: device bytes %zu vs plain %zu", c, dt->live, dp->live);
+        cr_expect(t0.resident_bytes == (uint64_t)(res + 2) * layer + t0.dev_chunk_bytes && t0.resident_bytes <= t0.budget,
+                  "case %d: resident %llu of %llu", c, (unsigned long long)t0.resident_bytes, (unsigned long long)t0.budget);
+        int64_t at = 0;
+#define STEP(n_rows, what)                                                                                          \
+    do {                                                                                                            \
+        for (int k = 0; k < 2; k++)                                                                                 \
+            cr_assert_eq(rk_session_eval(ss[k], ids + at, n_rows, k ? lb : la, false, &err), RK_OK, "%s", err.msg); \
+        cr_expect(memcmp(la, lb, (size_t)nv * sizeof(float)) == 0, "case %d: %s at %lld: logits differ", c, what, \
+                  (long long)at);                                                                                   \
+        at += n_rows;                                                                                               \
+    } while (0)
+#define CUT(n)                                                                                     \
+    do {                                                                                           \
+        for (int k = 0; k < 2; k++) cr_assert_eq(rk_session_truncate(ss[k], n, &err), RK_OK, "%s", err.msg); \
+        at = n;                                                                                    \
+    } while (0)
+        if (!disk) {
+            STEP(100, "prefill");
+            rk_session_kv_tier_stats(ss[1], &t1);
+            /* two chunks held, both hot: every slot came from the frames, none from the host */
+            cr_expect(t1.bytes_read == 0 && t1.bytes_dev > 0 && t1.dev_chunks == (uint64_t)(n_cold * 2),
+                      "case %d: 2 hot chunks: up %llu, device %llu, %llu chunks", c, (unsigned long long)t1.bytes_read,
+                      (unsigned long long)t1.bytes_dev, (unsigned long long)t1.dev_chunks);
+            while (at < 140) STEP(1, "decode");
+            rk_session_kv_tier_stats(ss[1], &t0);
+            for (int i = 0; i < 10; i++) STEP(1, "decode");
+            rk_session_kv_tier_stats(ss[1], &t1);
+            /* 3 chunks: chunk 1 is cold now, and only its 64 rows go up, once per cold layer and step */
+            const uint64_t want = 10ull * (uint64_t)n_cold * 2ull * (uint64_t)C * row;
+            cr_expect(t1.bytes_read - t0.bytes_read == want, "case %d: up %llu over 10 steps (want %llu)", c,
+                      (unsigned long long)(t1.bytes_read - t0.bytes_read), (unsigned long long)want);
+            CUT(120); /* into chunk 1: the newest again, its frame empty */
+            for (int i = 0; i < 12; i++) STEP(1, "decode after a cut to 120");
+            CUT(60); /* into the sinks' chunk */
+            STEP(30, "prefill after a cut to 60");
+            for (int i = 0; i < 6; i++) STEP(1, "decode after a cut to 60");
+        } else {
+            STEP(300, "prefill");
+            for (int i = 0; i < 8; i++) STEP(1, "decode");
+            CUT(250);
+            for (int i = 0; i < 8; i++) STEP(1, "decode after a cut");
+        }
+#undef STEP
+#undef CUT
+        rk_session_kv_tier_stats(ss[1], &t1);
+        cr_expect(t1.bytes_read == dt->lane_up && t1.bytes_spilled == dt->lane_down && t1.bytes_dev == dt->lane_d2d,
+                  "case %d: counters vs the lane's bytes", c);
+        cr_expect(t1.dev_chunks > 0 && t1.dev_chunks <= (uint64_t)(n_cold * h), "case %d: %llu chunks on the device", c,
+                  (unsigned long long)t1.dev_chunks);
+        if (disk)
+            cr_expect(t1.host_bytes == layer && t1.disk_reads > 0 && t1.disk_writes > 0, "disk: host %llu, reads %llu",
+                      (unsigned long long)t1.host_bytes, (unsigned long long)t1.disk_reads);
+        for (int l = 0; l < 4; l += 3)
+            for (int part = 0; part < 2; part++) {
+                cr_assert_eq(rk_session_kv_rows(ss[0], l, part, false, 0, at, ra, &err), RK_OK, "%s", err.msg);
+                cr_assert_eq(rk_session_kv_rows(ss[1], l, part, false, 0, at, rb, &err), RK_OK, "%s", err.msg);
+                cr_expect(memcmp(ra, rb, (size_t)at * kvd * sizeof(float)) == 0, "case %d: layer %d rows differ", c, l);
+            }
+        void *ba = NULL, *bb = NULL;
+        size_t na = 0, nb = 0;
+        cr_assert_eq(rk_session_kv_export(ss[0], 0, at, &ba, &na, &err), RK_OK, "%s", err.msg);
+        cr_assert_eq(rk_session_kv_export(ss[1], 0, at, &bb, &nb, &err), RK_OK, "%s", err.msg);
+        cr_expect(na == nb && memcmp(ba, bb, na) == 0, "case %d: exported blocks differ", c);
+        rk_session_reset(ss[1]);
+        cr_assert_eq(rk_session_kv_import(ss[1], bb, nb, &err), RK_OK, "%s", err.msg);
+        for (int i = 0; i < 3; i++) {
+            cr_assert_eq(rk_session_eval(ss[0], ids + at + i, 1, la, false, &err), RK_OK, "%s", err.msg);
+            cr_assert_eq(rk_session_eval(ss[1], ids + at + i, 1, lb, false, &err), RK_OK, "%s", err.msg);
+            cr_expect(memcmp(la, lb, (size_t)nv * sizeof(float)) == 0, "case %d: step %d after import differs", c, i);
+        }
+        free(ba), free(bb);
+        for (int k = 0; k < 2; k++) rk_session_destroy(ss[k]);
+        cr_expect(dp->n_alloc == 0 && dt->n_alloc == 0 && dt->n_host == 0, "case %d: blocks leaked", c);
+        rk_backend_destroy(&dp->be);
         rk_backend_destroy(&dt->be);
     }
     rmdir(dir);
