@@ -50,6 +50,8 @@ static void print_json(const nll_opts *n, const ev_nll_result *r, const ev_nll_s
     ev_json_str(j, "kv", o->kv ? o->kv : "f16");
     ev_json_int(j, "split", split);
     ev_json_int(j, "tail", o->tail);
+    ev_json_num(j, "keep_share", o->keep_share); /* < 0: the map's */
+    ev_json_int(j, "band", o->band);
     ev_json_int(j, "len", p->len);
     ev_json_int(j, "windows", p->n_win);
     ev_json_int(j, "score", p->score);
