@@ -54,7 +54,7 @@ static const struct {
     {"ask", GEN_FLAGS "--prompt --system --stop --verbose-prompt --no-ridgefill --no-cache --cache-level "},
     {"serve", GEN_FLAGS "--no-ridgefill --no-cache --cache-level "},
     {"bench", " --model --prompt --n-predict --threads --ctx-size --batch-size --kv --backend --ridgefill --fill --tail"
-              " --split --keep-share --json --verbose --kv-budget --kv-host-budget" FILL_FLAGS ROPE_FLAGS " "},
+              " --split --keep-share --band --json --verbose --kv-budget --kv-host-budget" FILL_FLAGS ROPE_FLAGS " "},
     {"tokenize", " --model --prompt --file --verbose "},
 #undef GEN_FLAGS
 #undef FILL_FLAGS
@@ -172,7 +172,7 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
                                          "--repeat-last-n --seed --kv --backend --system --ridgefill --fill --tail "
                                          "--split --keep-share --chat --json --verbose --stop --verbose-prompt "
                                          "--kv-budget --kv-host-budget --no-cache --cache-level --no-ridgefill --obs --score-layers "
-                                         "--score-skip --baseline --pool --ctx-overflow-ok --rope-scaling --rope-scale "
+                                         "--score-skip --baseline --pool --band --ctx-overflow-ok --rope-scaling --rope-scale "
                                          "--rope-freq-base --yarn-orig-ctx --yarn-ext-factor --yarn-attn-factor "
                                          "--yarn-beta-fast --yarn-beta-slow ";
         char key[64];
@@ -269,6 +269,7 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
             rc = parse_int(cmd, a, v, 0, 256, &o->pool);
             if (!rc && o->pool == 0) o->pool = -1; /* the library's "no pooling" */
         }
+        else if (!strcmp(a, "--band")) { NEED(); rc = parse_int(cmd, a, v, 0, 1 << 24, &o->band); }
         else if (!strcmp(a, "--no-ridgefill")) o->no_ridgefill = 1;
         else if (!strcmp(a, "--no-cache")) o->no_cache = 1;
         else if (!strcmp(a, "--cache-level")) { NEED(); rc = parse_int(cmd, a, v, 0, 19, &o->cache_level); if (!rc && !o->cache_level) o->cache_level = -1; }
@@ -521,7 +522,7 @@ int cli_fill_params(const cli_opts *o, const rk_model *m, rk_ridge_maps **maps, 
     rk_fill_params fp = {.mode = RK_FILL_OFF, .tail = o->tail, .split = o->split,
                          .keep_share = o->keep_share > 0 ? o->keep_share : -1.0f, .obs = o->obs,
                          .score_layers = o->score_layers, .score_skip = o->score_skip, .pool = o->pool,
-                         .baseline = o->baseline};
+                         .baseline = o->baseline, .band = o->band};
     if (!mode_s) mode_s = o->ridgefill ? "speed" : "off";
     if (!rk_fill_mode_parse(mode_s, &fp.mode)) {
         fprintf(stderr, "ridgekv: --fill expects off, speed, quality, identity or plumb (got '%s')\n", mode_s);

@@ -39,6 +39,7 @@ static const char *help =
     "  --tail T      exact tail (default 2048)\n"
     "  --split S     split layer for --fill identity/plumb without maps\n"
     "  --keep-share X  quality mode: share of hard tokens kept exact (default: the map's)\n"
+    "  --band N      quality mode: the last N bulk rows kept exact out of that share (default 0)\n"
     "  -v            model and fill details on stderr\n"
     "  --kv-budget B KV bytes kept in memory (f16/f32/q8/lowram; 512M, or 25% of the plain KV at the longest\n"
     "                -p + -n); the rest spills to $TMPDIR and is read back: a line per run gives the\n"

@@ -45,6 +45,8 @@ static const char *help =
     "                    attention is subtracted (= obs; 0: none), scoring layers (3) below the\n"
     "                    split after skipping the ones right below it (2), max-pool radius (8;\n"
     "                    0: none), share of bulk rows kept exact (the map's, 0.1)\n"
+    "  --band N          quality mode: the last N bulk rows (nearest the tail) kept exact out\n"
+    "                    of that share, the rest by score (default 0: none)\n"
     "  --results FILE    resumable run: each paired trial is appended to FILE (JSON lines) as it\n"
     "                    ends; trials already there are not run again, and the tables cover every\n"
     "                    trial in the file. The file's header holds the settings (binary, model,\n"

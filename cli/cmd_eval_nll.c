@@ -27,6 +27,11 @@ static const char *help =
     "each mode's mean NLL on them is compared with off.\n"
     "CIs: percentile bootstrap over windows (--boot resamples, ratio of sums), 95%.\n"
     "\n"
+    "Variants: a --fill item may carry its own settings, MODE:share=X:band=N:tail=T (keep share,\n"
+    "recency band, exact tail; any subset), e.g. --fill off,quality,quality:share=0.2:band=256;\n"
+    "each is named by the item in the table and the JSON, and all run on the same windows\n"
+    "against the one off run.\n"
+    "\n"
     "Default files " EV_DEFAULT_FILES " (looked up in --corpus DIR,\n"
     "default $RIDGEKV_CORPUS or ../shared/corpus): held out from the calibration texts\n"
     "(calibrate on the Austen files). --tail defaults to 512 here.\n";
@@ -50,6 +55,8 @@ static void print_json(const nll_opts *n, const ev_nll_result *r, const ev_nll_s
     ev_json_str(j, "kv", o->kv ? o->kv : "f16");
     ev_json_int(j, "split", split);
     ev_json_int(j, "tail", o->tail);
+    ev_json_num(j, "keep_share", o->keep_share); /* < 0: the map's */
+    ev_json_int(j, "band", o->band);
     ev_json_int(j, "len", p->len);
     ev_json_int(j, "windows", p->n_win);
     ev_json_int(j, "score", p->score);
@@ -83,8 +90,8 @@ static void print_json(const nll_opts *n, const ev_nll_result *r, const ev_nll_s
                 all += x[k];
                 if (sh[k] - off[k] > n->thr) lr += x[k];
             }
-            ev_json_num(sa, rk_fill_mode_name(p->modes.mode[mi]), all);
-            ev_json_num(la, rk_fill_mode_name(p->modes.mode[mi]), lr);
+            ev_json_num(sa, ev_modes_label(&p->modes, mi), all);
+            ev_json_num(la, ev_modes_label(&p->modes, mi), lr);
         }
         json_object_object_add(wj, "nll_sum", sa);
         json_object_object_add(wj, "long_range_nll_sum", la);
@@ -94,7 +101,7 @@ static void print_json(const nll_opts *n, const ev_nll_result *r, const ev_nll_s
     json_object *ma = json_object_new_array();
     for (int mi = 0; mi < r->n_modes; mi++) {
         json_object *mj = json_object_new_object();
-        ev_json_str(mj, "mode", rk_fill_mode_name(p->modes.mode[mi]));
+        ev_json_str(mj, "mode", ev_modes_label(&p->modes, mi));
         ev_json_num(mj, "prefill_s_mean", r->prefill_s[mi] / (double)r->n_win);
         for (int si = 0; si < EV_SET_COUNT; si++) {
             json_object *sj = json_object_new_object();
@@ -121,11 +128,16 @@ static void print_table(const nll_opts *n, const ev_nll_result *r, const ev_nll_
            (long long)p->n_short, sm->mean_gain, n->thr, sm->n_long_range, sm->n_tok,
            100.0 * (double)sm->n_long_range / (double)sm->n_tok, 100 * n->top, sm->top_thr, sm->n_top);
     const char *heads[EV_SET_COUNT] = {"last", "gain>thr", "top"};
-    printf("%-9s", "mode");
+    int w = 9;
+    for (int mi = 0; mi < r->n_modes; mi++) {
+        const int l = (int)strlen(ev_modes_label(&p->modes, mi));
+        w = l > w ? l : w;
+    }
+    printf("%-*s", w, "mode");
     for (int si = 0; si < EV_SET_COUNT; si++) printf(" %9s-NLL %-28s", heads[si], " Δ vs off [95% CI]");
     printf(" %10s\n", "prefill s");
     for (int mi = 0; mi < r->n_modes; mi++) {
-        printf("%-9s", rk_fill_mode_name(p->modes.mode[mi]));
+        printf("%-*s", w, ev_modes_label(&p->modes, mi));
         for (int si = 0; si < EV_SET_COUNT; si++) {
             char cis[64] = "-";
             const ev_ci *ci = &sm->delta[si][mi];
@@ -201,6 +213,13 @@ int cmd_eval_nll(int argc, char **argv) {
         (rc = cli_open_session(&o, m, o.n_ctx > n.p.len ? o.n_ctx : (int)n.p.len, &s)) ||
         (rc = cli_ev_modes(&o, m, s, &maps, &n.p.modes, cmd)))
         goto done;
+    for (int mi = 1; mi < n.p.modes.n; mi++)
+        if ((n.p.modes.set[mi] & EV_SET_TAIL) && (n.p.modes.tail[mi] < n.p.score || n.p.modes.tail[mi] >= n.p.len)) {
+            fprintf(stderr, "ridgekv %s: %s: need --score (%lld) <= tail < --len (%lld)\n", cmd,
+                    ev_modes_label(&n.p.modes, mi), (long long)n.p.score, (long long)n.p.len);
+            rc = RK_EXIT_USAGE;
+            goto done;
+        }
     cli_ev_progress prog;
     cli_ev_progress_init(&prog, "eval nll: window");
     n.p.progress = cli_ev_progress_fn;

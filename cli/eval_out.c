@@ -35,12 +35,17 @@ int cli_ev_modes(const cli_opts *o, const rk_model *m, rk_session *s, rk_ridge_m
     }
     rk_err e = {0};
     ev_modes mo = {0};
-    if ((mo.n = ev_parse_modes(fill, mo.mode, EV_MAX_MODES, &e)) < 0) return cli_ev_fail(cmd, &e);
+    /* variants (quality:share=0.2, ...) only where each mode's results are keyed by label */
+    if (ev_parse_variants(fill, 512, &mo, &e)) return cli_ev_fail(cmd, &e);
+    if (ev_modes_have_variants(&mo) && strcmp(cmd, "eval nll")) {
+        fprintf(stderr, "ridgekv %s: --fill takes plain modes here (mode:key=value variants are for eval nll)\n", cmd);
+        return RK_EXIT_USAGE;
+    }
     int rc = cli_fill_params(o, m, maps, "off", &mo.fill);
     if (rc) return rc;
     for (int mi = mo.n - 1; mi >= 0; mi--) { /* every mode checked before the long run; ends on off */
-        rk_fill_params fp = mo.fill;
-        fp.mode = mo.mode[mi];
+        rk_fill_params fp;
+        ev_modes_params(&mo, mi, &fp);
         if (rk_session_set_fill(s, &fp, &e)) {
             cli_print_error(&e);
             return RK_EXIT_USAGE;

@@ -1,5 +1,6 @@
 /* Parsing of the eval flags (pure: errors go to rk_err, the CLI prints them). */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -149,4 +150,91 @@ int ev_parse_modes(const char *s, rk_fill_mode *modes, int max, rk_err *err) {
     for (int i = 0; i < c.n && n < max; i++)
         if (tmp[i] != RK_FILL_OFF) modes[n++] = tmp[i];
     return n;
+}
+
+typedef struct variant_ctx {
+    ev_modes *m;
+    int min_tail;
+    rk_err *err;
+} variant_ctx;
+
+static rk_status put_variant(const char *item, void *ud) {
+    variant_ctx *c = ud;
+    ev_modes *m = c->m;
+    char buf[64];
+    snprintf(buf, sizeof buf, "%s", item);
+    char *save = NULL, *name = strtok_r(buf, ":", &save);
+    rk_fill_mode mode;
+    if (!name || !rk_fill_mode_parse(name, &mode))
+        return rk_err_set(c->err, RK_E_INVALID_ARG, "--fill: '%s' is not off, speed, quality, identity or plumb "
+                                                     "(item '%s')", name ? name : "", item);
+    unsigned char set = 0;
+    float share = 0;
+    int32_t band = 0, tail = 0;
+    for (char *kv = strtok_r(NULL, ":", &save); kv; kv = strtok_r(NULL, ":", &save)) {
+        char *eq = strchr(kv, '=');
+        if (!eq) return rk_err_set(c->err, RK_E_INVALID_ARG, "--fill: '%s' in '%s' is not key=value", kv, item);
+        *eq = '\0';
+        const char *v = eq + 1;
+        double d;
+        long l;
+        rk_status st;
+        if (!strcmp(kv, "share")) {
+            if ((st = ev_parse_double(v, 0, 1, &d, "--fill share", c->err))) return st;
+            share = (float)d, set |= EV_SET_SHARE;
+        } else if (!strcmp(kv, "band")) {
+            if ((st = ev_parse_int(v, 0, 1 << 24, &l, "--fill band", c->err))) return st;
+            band = (int32_t)l, set |= EV_SET_BAND;
+        } else if (!strcmp(kv, "tail")) {
+            if ((st = ev_parse_int(v, c->min_tail, 1 << 24, &l, "--fill tail", c->err))) return st;
+            tail = (int32_t)l, set |= EV_SET_TAIL;
+        } else
+            return rk_err_set(c->err, RK_E_INVALID_ARG, "--fill: unknown setting '%s' in '%s' (share, band, tail)", kv,
+                              item);
+    }
+    if (mode == RK_FILL_OFF && set)
+        return rk_err_set(c->err, RK_E_INVALID_ARG, "--fill: off takes no settings (item '%s')", item);
+    if (mode == RK_FILL_OFF) return RK_OK; /* off is always first */
+    for (int i = 0; i < m->n; i++)
+        if (!strcmp(ev_modes_label(m, i), item)) return RK_OK; /* repeated items add nothing */
+    if (m->n == EV_MAX_MODES)
+        return rk_err_set(c->err, RK_E_INVALID_ARG, "--fill: at most %d modes with off (item '%s')", EV_MAX_MODES,
+                          item);
+    const int k = m->n++;
+    m->mode[k] = mode, m->set[k] = set, m->share[k] = share, m->band[k] = band, m->tail[k] = tail;
+    snprintf(m->label[k], sizeof m->label[k], "%s", set ? item : "");
+    return RK_OK;
+}
+
+rk_status ev_parse_variants(const char *s, int min_tail, ev_modes *out, rk_err *err) {
+    ev_modes m = out ? *out : (ev_modes){0};
+    m.n = 1, m.mode[0] = RK_FILL_OFF, m.set[0] = 0, m.label[0][0] = '\0';
+    variant_ctx c = {.m = &m, .min_tail = min_tail, .err = err};
+    bool bad = false;
+    rk_status st = each_item(s, put_variant, &c, &bad);
+    if (st) {
+        if (bad) rk_err_set(err, RK_E_INVALID_ARG, "--fill expects a comma list of modes (got '%.64s')", s);
+        return RK_E_INVALID_ARG;
+    }
+    *out = m;
+    return RK_OK;
+}
+
+void ev_modes_params(const ev_modes *m, int mi, rk_fill_params *out) {
+    rk_fill_params f = m->fill;
+    f.mode = m->mode[mi];
+    if (m->set[mi] & EV_SET_SHARE) f.keep_share = m->share[mi];
+    if (m->set[mi] & EV_SET_BAND) f.band = m->band[mi];
+    if (m->set[mi] & EV_SET_TAIL) f.tail = m->tail[mi];
+    *out = f;
+}
+
+const char *ev_modes_label(const ev_modes *m, int mi) {
+    return m->label[mi][0] ? m->label[mi] : rk_fill_mode_name(m->mode[mi]);
+}
+
+bool ev_modes_have_variants(const ev_modes *m) {
+    for (int i = 0; i < m->n; i++)
+        if (m->set[i]) return true;
+    return false;
 }

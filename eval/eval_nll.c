@@ -44,8 +44,8 @@ rk_status ev_nll_run(const rk_model *m, rk_session *s, const ev_corpus *c, const
         /* ids[0..len]: len evaluated tokens plus the target of the last row */
         ev_window_ids(c, r.wins[w], (size_t)len + 1, ids);
         for (int mi = 0; mi < n_modes; mi++) {
-            rk_fill_params fp = p->modes.fill;
-            fp.mode = p->modes.mode[mi];
+            rk_fill_params fp;
+            ev_modes_params(&p->modes, mi, &fp);
             if ((st = rk_session_set_fill(s, &fp, err))) goto fail;
             rk_session_reset(s);
             double t0 = rk_time_now();
@@ -53,7 +53,7 @@ rk_status ev_nll_run(const rk_model *m, rk_session *s, const ev_corpus *c, const
             r.prefill_s[mi] += rk_time_now() - t0;
             if (!ev_nll_rows(logits, hp->n_vocab, ids, row0, score, r.nll[mi] + (size_t)w * (size_t)score)) {
                 st = rk_err_set(err, RK_E_INTERNAL, "eval nll: a scored row came back filled (mode %s)",
-                                rk_fill_mode_name(fp.mode));
+                                ev_modes_label(&p->modes, mi));
                 goto fail;
             }
         }
@@ -71,13 +71,13 @@ rk_status ev_nll_run(const rk_model *m, rk_session *s, const ev_corpus *c, const
         }
         if (p->progress) {
             const char *path = c->docs[r.wins[w].doc].path, *slash = strrchr(path, '/');
-            char detail[160];
+            char detail[640];
             int dl = snprintf(detail, sizeof detail, "%s+%zu:", slash ? slash + 1 : path, r.wins[w].off);
             for (int mi = 1; mi < n_modes && dl > 0 && (size_t)dl < sizeof detail; mi++) {
                 double d = 0;
                 for (int64_t j = 0; j < score; j++)
                     d += r.nll[mi][(size_t)w * score + j] - r.nll[0][(size_t)w * score + j];
-                dl += snprintf(detail + dl, sizeof detail - (size_t)dl, " d%s %+.4f", rk_fill_mode_name(p->modes.mode[mi]),
+                dl += snprintf(detail + dl, sizeof detail - (size_t)dl, " d%s %+.4f", ev_modes_label(&p->modes, mi),
                                d / (double)score);
             }
             p->progress(p->progress_ud, w + 1, p->n_win, detail);

@@ -9,7 +9,7 @@
 
 #include "rk.h"
 
-#define EV_MAX_MODES 6
+#define EV_MAX_MODES 8
 #define EV_MAX_LIST 16
 #define EV_DEFAULT_FILES "doyle_sherlock_holmes_pg1661.txt,melville_moby_dick_pg2701.txt"
 
@@ -112,12 +112,30 @@ void ev_window_ids(const ev_corpus *c, ev_window w, size_t n, int32_t *out);
 typedef void (*ev_progress_fn)(void *ud, int64_t done, int64_t total, const char *detail);
 
 /* What every driver compares: modes[0] is off, each mode runs on the same inputs with
- * `fill` (maps, tail, split, keep share) and its own mode. */
+ * `fill` (maps, tail, split, keep share) and its own mode, and, for a variant (a --fill
+ * item such as quality:share=0.2:band=256:tail=1536), its own keep share, band or tail.
+ * Zero-initialised entries are plain modes named by rk_fill_mode_name. */
+enum { EV_SET_SHARE = 1, EV_SET_BAND = 2, EV_SET_TAIL = 4 };
 typedef struct ev_modes {
     rk_fill_mode mode[EV_MAX_MODES];
     int n;
     rk_fill_params fill;
+    unsigned char set[EV_MAX_MODES]; /* EV_SET_* bits: which of the three below apply */
+    float share[EV_MAX_MODES];
+    int32_t band[EV_MAX_MODES], tail[EV_MAX_MODES];
+    char label[EV_MAX_MODES][64];    /* the item as given ("" for a plain mode) */
 } ev_modes;
+/* Modes and variants from a --fill comma list: each item is a mode name, optionally
+ * followed by :share=X (0..1), :band=N (>= 0), :tail=N (>= min_tail); off first (added
+ * when missing; it takes no settings), repeated items dropped. Writes mode, n, set, share,
+ * band, tail and label of *out (fill untouched). RK_E_INVALID_ARG naming the item. */
+rk_status ev_parse_variants(const char *s, int min_tail, ev_modes *out, rk_err *err);
+/* Mode mi's fill parameters: fill with its mode and its variant's settings. */
+void ev_modes_params(const ev_modes *m, int mi, rk_fill_params *out);
+/* Mode mi's name in tables and JSON: its label, else the mode's name. */
+const char *ev_modes_label(const ev_modes *m, int mi);
+/* Whether any mode carries variant settings. */
+bool ev_modes_have_variants(const ev_modes *m);
 
 /* Passkey retrieval with the needle in the bulk region (see `ridgekv eval needle --help`). */
 struct ev_needle_result;

@@ -385,6 +385,9 @@ typedef struct rk_fill_params {
     int32_t baseline;          /* the rows just before the question whose attention (scaled to obs
                                   rows) is subtracted, so rows every query attends to (punctuation
                                   sinks) do not win (0: obs; < 0: none) */
+    int32_t band;              /* recency band: the last `band` bulk rows (those nearest the exact
+                                  tail) are kept exact out of the keep share, the rest of the share
+                                  goes by score (0: none; clipped to the share) */
     bool question_aware;       /* speed/identity/plumb: select as quality does (tests, studies) */
     bool keep_selection;       /* a later eval call does not re-score the kept bulk rows (below) */
 } rk_fill_params;

@@ -71,5 +71,10 @@ rk_status rk_select_score(rk_session *s, int l, const float *q, int64_t n_obs, i
 /* select.c: max-pools score (n) over `radius` rows either side, then marks in keep the
  * n_keep rows with the largest pooled score (ties: the earlier row); keep is not cleared. */
 rk_status rk_select_top(const float *score, int64_t n, int radius, int64_t n_keep, uint8_t *keep, rk_err *err);
+/* select.c: the selection of quality mode over n scored bulk rows: the last min(band,
+ * n_keep) rows (the recency band, nearest the exact tail) are marked, then the other
+ * n_keep - that of the rows before them by rk_select_top; keep is not cleared. */
+rk_status rk_select_rows(const float *score, int64_t n, int radius, int64_t n_keep, int64_t band, uint8_t *keep,
+                         rk_err *err);
 /* prefill.c: an eval call's rows through the model in chunks (what rk_session_eval runs). */
 rk_status rk_prefill_run(rk_session *s, const int32_t *ids, size_t n, float *logits, bool all_rows, rk_err *err);

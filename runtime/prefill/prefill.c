@@ -80,8 +80,6 @@ static rk_status run_layers(pass *q, int lo, int hi, float *x_split, rk_err *err
     return RK_OK;
 }
 
-/* After the early layers: scores the bulk rows by the question's attention at the layers
- * [q_lo, q_hi) and fills s->keep (sinks + the top keep_share of the other bulk rows). */
 /* Keeps the bulk rows' split stream (f16) and the baseline attention for re-scoring. */
 static rk_status keep_stream(pass *q, float *x_split, const float *base, int64_t r0, rk_err *err) {
     rk_session *s = q->s;
@@ -111,6 +109,9 @@ static rk_status keep_stream(pass *q, float *x_split, const float *base, int64_t
     return RK_OK;
 }
 
+/* After the early layers: scores the bulk rows by the question's attention at the layers
+ * [q_lo, q_hi) and fills s->keep (sinks + the keep_share of the other bulk rows: the
+ * recency band, then the top scores). */
 static rk_status select_rows(pass *q, float *x_split, rk_err *err) {
     rk_session *s = q->s;
     const rk_fill_params *f = &s->fill;
@@ -144,7 +145,7 @@ static rk_status select_rows(pass *q, float *x_split, rk_err *err) {
             score[j] = c > 0.0f ? c : 0.0f;
         }
     free(base);
-    if (!st) st = rk_select_top(score, n_sc, f->pool, n_keep, s->keep + (r0 - q->start), err);
+    if (!st) st = rk_select_rows(score, n_sc, f->pool, n_keep, f->band, s->keep + (r0 - q->start), err);
     free(score);
     return st;
 }
@@ -194,7 +195,7 @@ static rk_status rescore(pass *q, int split, rk_err *err) {
             const float c = score[j] - (float)q->q_n * s->xs_base[r0 - lo + j];
             score[j] = c > 0.0f ? c : 0.0f;
         }
-        st = rk_select_top(score, n_sc, f->pool, n_keep, nk + (r0 - lo), err);
+        st = rk_select_rows(score, n_sc, f->pool, n_keep, f->band, nk + (r0 - lo), err);
     }
     int64_t first = nb, changed = 0, recomputed = 0, refilled = 0;
     for (int64_t j = 0; j < nb && !st; j++)

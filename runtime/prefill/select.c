@@ -113,3 +113,13 @@ rk_status rk_select_top(const float *score, int64_t n, int radius, int64_t n_kee
     free(r);
     return RK_OK;
 }
+
+rk_status rk_select_rows(const float *score, int64_t n, int radius, int64_t n_keep, int64_t band, uint8_t *keep,
+                         rk_err *err) {
+    if (n <= 0 || n_keep <= 0) return RK_OK;
+    if (n_keep > n) n_keep = n;
+    /* the band is part of the share, so the number of exact rows (the cost) does not change */
+    const int64_t nb = band < 0 ? 0 : band > n_keep ? n_keep : band;
+    for (int64_t j = n - nb; j < n; j++) keep[j] = 1;
+    return rk_select_top(score, n - nb, radius, n_keep - nb, keep, err);
+}

@@ -166,6 +166,43 @@ Test(eval, flag_and_list_parsing) {
     cr_expect(strstr(e.msg, "--trials needs a value"), "%s", e.msg);
 }
 
+/* --fill variants: settings per item over the common ones, named by the item; off first
+ * and bare, repeats dropped, bad keys / values / off with settings refused by name. */
+Test(eval, fill_variants_parse_and_apply) {
+    ev_modes m = {.fill = {.keep_share = 0.1f, .tail = 1024, .band = 0}};
+    rk_err e = {0};
+    cr_assert_eq(ev_parse_variants("speed:tail=1536,quality,quality:share=0.2:band=256,quality", 512, &m, &e), RK_OK,
+                 "%s", e.msg);
+    cr_assert_eq(m.n, 4, "off added first, the repeated quality dropped");
+    cr_expect_str_eq(ev_modes_label(&m, 0), "off");
+    cr_expect_str_eq(ev_modes_label(&m, 1), "speed:tail=1536");
+    cr_expect_str_eq(ev_modes_label(&m, 2), "quality");
+    cr_expect_str_eq(ev_modes_label(&m, 3), "quality:share=0.2:band=256");
+    cr_expect(ev_modes_have_variants(&m));
+    rk_fill_params f;
+    ev_modes_params(&m, 1, &f);
+    cr_expect(f.mode == RK_FILL_SPEED && f.tail == 1536 && f.keep_share == 0.1f && f.band == 0);
+    ev_modes_params(&m, 2, &f);
+    cr_expect(f.mode == RK_FILL_QUALITY && f.tail == 1024 && f.keep_share == 0.1f && f.band == 0, "plain: the common");
+    ev_modes_params(&m, 3, &f);
+    cr_expect(f.mode == RK_FILL_QUALITY && f.tail == 1024 && fabsf(f.keep_share - 0.2f) < 1e-7f && f.band == 256);
+    ev_modes p = {0};
+    cr_assert_eq(ev_parse_variants("quality:share=0", 512, &p, &e), RK_OK, "%s", e.msg);
+    ev_modes_params(&p, 1, &f);
+    cr_expect(f.keep_share == 0.0f, "share 0 is a setting, not 'unset'");
+    cr_assert_eq(ev_parse_variants("speed,quality", 512, &p, &e), RK_OK);
+    cr_expect(!ev_modes_have_variants(&p) && p.n == 3);
+    const char *bad[] = {"quality:share=1.5", "quality:shares=0.2", "quality:band", "speed:tail=256", "off:tail=1024",
+                         "bogus:share=0.1", "quality:band=-1"};
+    const char *why[] = {"--fill share", "shares", "band", "--fill tail", "off takes no", "bogus", "--fill band"};
+    for (int i = 0; i < 7; i++) {
+        e = (rk_err){0};
+        cr_expect_eq(ev_parse_variants(bad[i], 512, &p, &e), RK_E_INVALID_ARG, "%s accepted", bad[i]);
+        cr_expect(strstr(e.msg, why[i]), "%s: %s", bad[i], e.msg);
+    }
+    cr_expect_eq(ev_parse_variants("speed,q1,q2,q3,q4,q5,q6,q7", 512, &p, &e), RK_E_INVALID_ARG);
+}
+
 Test(eval, bootstrap_of_a_constant_is_that_constant) {
     /* every resample of identical units has the same mean: a zero-width interval at it */
     double c[7] = {-1.25, -1.25, -1.25, -1.25, -1.25, -1.25, -1.25};
@@ -383,6 +420,34 @@ Test(eval, needle_nll_splice_take_kv_on_a_tiny_model) {
                       "%s: long-range window sum %g vs mean %g", mn[i], num(w0, key), num(mo, "long_range.nll"));
     }
     json_object_put(j);
+    done(&r);
+    /* a variant is the same run as its settings given as flags: same windows, same sums */
+    snprintf(args, sizeof args,
+             "eval nll -m '%s' --ctx-overflow-ok --split 2 --fill identity,identity:tail=768 --len 1024 --windows 1 "
+             "--short 128 --boot 10 --kv f32 --json", sp);
+    r = run(args);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    j = json_tokener_parse(r.out);
+    cr_assert(j, "%s", r.out);
+    snprintf(args, sizeof args,
+             "eval nll -m '%s' --ctx-overflow-ok --split 2 --fill identity --tail 768 --len 1024 --windows 1 "
+             "--short 128 --boot 10 --kv f32 --json", sp);
+    result r2 = run(args);
+    cr_assert_eq(r2.code, 0, "%s", r2.err);
+    json_object *j2 = json_tokener_parse(r2.out);
+    cr_assert(j2, "%s", r2.out);
+    w0 = json_object_array_get_idx(json_object_object_get(j, "window_list"), 0);
+    json_object *w2 = json_object_array_get_idx(json_object_object_get(j2, "window_list"), 0);
+    const double v = num(w0, "nll_sum.identity:tail=768"), v2 = num(w2, "nll_sum.identity"),
+                 d512 = num(w0, "nll_sum.identity");
+    cr_expect(fabs(v - v2) <= 1e-9 * fabs(v2), "variant %.9g vs flags %.9g", v, v2);
+    cr_expect(fabs(d512 - v) > 1e-6 * fabs(v), "tail 512 and 768 differ (%.9g vs %.9g): else the check shows nothing",
+              d512, v);
+    json_object_put(j), json_object_put(j2);
+    done(&r), done(&r2);
+    r = run("eval needle --split 2 --fill off,identity:tail=768 --lengths 1024 --trials 1");
+    cr_expect_eq(r.code, 2, "needle takes plain modes");
+    cr_expect(strstr(r.err, "variants"), "%s", r.err);
     done(&r);
     snprintf(args, sizeof args,
              "eval splice -m '%s' --ctx-overflow-ok --split 2 --fill identity --len 1024 --windows 1 --groups 1 --boot 10 --kv f32 --json",

@@ -322,3 +322,88 @@ Test(prefill, fill_kept_reports_the_last_selection) {
     rk_session_destroy(s);
     rk_model_destroy(m);
 }
+
+/* The recency band is part of the share: the last min(band, n_keep) rows are marked, the
+ * rest of the share goes by pooled score over the rows before them; the count never
+ * changes with the band. */
+Test(prefill, select_rows_band_comes_out_of_the_share) {
+    float sc[60] = {0};
+    for (int j = 0; j < 60; j++) sc[j] = 0.001f * (float)(j % 7);
+    sc[10] = 5.0f, sc[50] = 4.0f, sc[57] = 9.0f;
+    rk_err e = {0};
+    uint8_t keep[60] = {0}, ref[60] = {0};
+    /* band 0 is rk_select_top */
+    cr_assert_eq(rk_select_rows(sc, 60, 1, 7, 0, keep, &e), RK_OK);
+    cr_assert_eq(rk_select_top(sc, 60, 1, 7, ref, &e), RK_OK);
+    cr_expect(!memcmp(keep, ref, sizeof keep));
+    /* band 5 of 7: rows 55..59, then the two best of rows 0..54 without pooling (10, 50);
+     * row 57's score is inside the band, so it does not pull its pooled neighbours in */
+    memset(keep, 0, sizeof keep);
+    cr_assert_eq(rk_select_rows(sc, 60, 0, 7, 5, keep, &e), RK_OK);
+    int n = 0;
+    for (int j = 0; j < 60; j++) n += keep[j];
+    cr_expect(n == 7 && keep[10] && keep[50], "n %d", n);
+    for (int j = 55; j < 60; j++) cr_expect(keep[j], "row %d in the band", j);
+    /* pooling stops at the band: radius 2 over rows 0..54 must not see row 57 */
+    memset(keep, 0, sizeof keep);
+    cr_assert_eq(rk_select_rows(sc, 60, 2, 6, 5, keep, &e), RK_OK);
+    n = 0;
+    for (int j = 0; j < 55; j++) n += keep[j];
+    cr_expect(n == 1 && keep[8], "one row by score, the earliest of 10's pooled span (n %d)", n);
+    /* a band wider than the share: the share's rows are the last n_keep, nothing by score */
+    memset(keep, 0, sizeof keep);
+    cr_assert_eq(rk_select_rows(sc, 60, 1, 7, 40, keep, &e), RK_OK);
+    n = 0;
+    for (int j = 0; j < 60; j++) n += keep[j];
+    cr_expect(n == 7 && keep[53] && keep[59] && !keep[10] && !keep[52], "n %d", n);
+    /* nothing to keep: nothing marked, whatever the band */
+    memset(keep, 0, sizeof keep);
+    cr_assert_eq(rk_select_rows(sc, 60, 1, 0, 10, keep, &e), RK_OK);
+    n = 0;
+    for (int j = 0; j < 60; j++) n += keep[j];
+    cr_expect_eq(n, 0);
+}
+
+/* Through a session: with a band the last `band` bulk rows are exact, the total kept is
+ * the same as without it (the band does not change the cost), and the rows filled in
+ * every late layer match that count; a band past the share keeps only the last rows. */
+Test(prefill, band_keeps_the_rows_nearest_the_tail) {
+    rk_model *m = load_tiny(TB_ARCH_QWEN2);
+    const rk_hparams *hp = rk_model_hparams(m);
+    const size_t n = 200, nv = (size_t)hp->n_vocab;
+    const int split = 3, tail = 64;
+    const int64_t bulk = (int64_t)n - tail, n_keep = llround(0.25 * (double)(bulk - 4));
+    int32_t *ids = ids_for(m, n);
+    rk_session_params sp = rk_session_params_default();
+    sp.n_ctx = 512, sp.n_batch = 48, sp.n_threads = 1;
+    rk_session *s = NULL;
+    rk_err e = {0};
+    cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s", e.msg);
+    float *lg = malloc(nv * sizeof(float));
+    const int bands[] = {0, 16, 1000};
+    int64_t kept_near[3];
+    for (int i = 0; i < 3; i++) {
+        rk_fill_params fp = {.mode = RK_FILL_IDENTITY, .tail = tail, .split = split, .question_aware = true,
+                             .keep_share = 0.25f, .obs = 16, .score_layers = 2, .pool = 2, .band = bands[i]};
+        cr_assert_eq(rk_session_set_fill(s, &fp, &e), RK_OK, "%s", e.msg);
+        rk_session_reset(s);
+        const rk_session_counters c0 = *rk_session_get_counters(s); /* counters add up over calls */
+        cr_assert_eq(rk_session_eval(s, ids, n, lg, false, &e), RK_OK, "%s", e.msg);
+        cr_expect_eq(rk_session_fill_kept(s, 0, (int64_t)n), 4 + n_keep, "band %d: %lld kept", bands[i],
+                     (long long)rk_session_fill_kept(s, 0, (int64_t)n));
+        const rk_session_counters *c = rk_session_get_counters(s);
+        for (int l = split; l < hp->n_layer; l++)
+            cr_expect_eq(c->filled_rows[l] - c0.filled_rows[l], (uint64_t)(bulk - 4 - n_keep), "band %d layer %d",
+                         bands[i], l);
+        kept_near[i] = rk_session_fill_kept(s, bulk - 16, 16);
+        if (i == 2) {
+            cr_expect_eq(rk_session_fill_kept(s, bulk - n_keep, n_keep), n_keep, "the last n_keep bulk rows");
+            cr_expect_eq(rk_session_fill_kept(s, 4, bulk - n_keep - 4), 0, "no row by score");
+        }
+    }
+    cr_expect_eq(kept_near[1], 16, "band 16: the 16 rows before the tail are exact");
+    cr_expect_lt(kept_near[0], 16, "without the band the score does not keep all 16 (else the test shows nothing)");
+    free(lg), free(ids);
+    rk_session_destroy(s);
+    rk_model_destroy(m);
+}
