@@ -9,18 +9,10 @@
 
 #include "q8_ref.h"
 #include "rk_kernels.h"
+#include "cpu_backends.h"
 #include "tb.h"
 
-/* 0: cpu_ref, 1: cpu x1, 2: cpu x2, 3: cpu portable x2 */
-static rk_backend *make_be(int which) {
-    rk_backend *be = NULL;
-    rk_err err = {0};
-    rk_status st = which == 0   ? rk_backend_cpu_ref_create(&be, &err)
-                   : which == 3 ? rk_backend_cpu_portable_create(2, &be, &err)
-                                : rk_backend_cpu_create(which, &be, &err);
-    cr_assert_eq(st, RK_OK, "%s", err.msg);
-    return be;
-}
+static rk_backend *make_be(int which) { return cpu_backend(which); }
 
 #define FOR_EACH_BACKEND(be)                                                                       \
     for (int which_ = 0; which_ <= 3; which_++)                                                    \

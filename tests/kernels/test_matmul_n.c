@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "quant_rows.h"
+#include "cpu_backends.h"
 #include "tb.h"
 
 /* m rows of k elements of type, nb1 = row bytes (rand_row's blocks copied in) */
@@ -38,16 +39,7 @@ static rk_view sentinel_dst(int64_t n, int64_t m) {
 
 static size_t dst_bytes(const rk_view *d) { return (size_t)d->ne[1] * d->nb1; }
 
-/* 0: cpu_ref, 1: cpu x1, 2: cpu x2, 3: cpu portable x2 */
-static rk_backend *make_be(int which) {
-    rk_backend *be = NULL;
-    rk_err err = {0};
-    rk_status st = which == 0   ? rk_backend_cpu_ref_create(&be, &err)
-                   : which == 3 ? rk_backend_cpu_portable_create(2, &be, &err)
-                                : rk_backend_cpu_create(which, &be, &err);
-    cr_assert_eq(st, RK_OK, "%s", err.msg);
-    return be;
-}
+static rk_backend *make_be(int which) { return cpu_backend(which); }
 
 typedef struct set_case {
     const char *name;

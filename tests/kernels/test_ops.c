@@ -13,6 +13,7 @@
 
 #include "q8_ref.h"
 #include "rk_kernels.h"
+#include "cpu_backends.h"
 #include "tb.h"
 
 #define EPS2 3.552713678800501e-15 /* (2^-24)^2: one float32 rounding, squared */
@@ -442,14 +443,8 @@ static void build(const op_case *c, uint64_t seed, fixture *f) {
     }
 }
 
-/* 0: cpu_ref, 1: cpu x1, 2: cpu x2, 3: cpu portable x2 (no AVX2 kernels, ref row functions) */
 static rk_backend *make_be(int which) {
-    rk_backend *be = NULL;
-    rk_err err = {0};
-    rk_status st = which == 0   ? rk_backend_cpu_ref_create(&be, &err)
-                   : which == 3 ? rk_backend_cpu_portable_create(2, &be, &err)
-                                : rk_backend_cpu_create(which, &be, &err);
-    cr_assert_eq(st, RK_OK, "%s", err.msg);
+    rk_backend *be = cpu_backend(which);
     cr_assert_eq(be->n_threads, which == 0 ? 1 : which == 3 ? 2 : which);
     return be;
 }
