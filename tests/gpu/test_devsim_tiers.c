@@ -42,6 +42,28 @@ static rk_model *tier_model(int32_t *ids, int n, int *nv, int64_t *kvd) {
  * and the device holds exactly the resident layers and the two slots: the budgeted
  * session's backend memory is the plain one's less (n_layer - resident - 2) layers (the
  * budget leaves no room for chunk frames: kv_budget_chunks_on_device_match_plain has them). */
+/* The budgeted session s holds what ref holds: both parts of a first and a last layer's
+ * first n rows, and the block each exports; then s is reset and imports that block back. */
+static void expect_same_kv_then_reimport(rk_session *ref, rk_session *s, int64_t n, int64_t kvd, float *ra, float *rb,
+                                         const char *what) {
+    rk_err err = {0};
+    for (int l = 0; l < 4; l += 3)
+        for (int part = 0; part < 2; part++) {
+            cr_assert_eq(rk_session_kv_rows(ref, l, part, false, 0, n, ra, &err), RK_OK, "%s", err.msg);
+            cr_assert_eq(rk_session_kv_rows(s, l, part, false, 0, n, rb, &err), RK_OK, "%s", err.msg);
+            cr_expect(memcmp(ra, rb, (size_t)n * (size_t)kvd * sizeof(float)) == 0, "%s: layer %d part %d rows differ",
+                      what, l, part);
+        }
+    void *ba = NULL, *bb = NULL;
+    size_t na = 0, nb = 0;
+    cr_assert_eq(rk_session_kv_export(ref, 0, n, &ba, &na, &err), RK_OK, "%s", err.msg);
+    cr_assert_eq(rk_session_kv_export(s, 0, n, &bb, &nb, &err), RK_OK, "%s", err.msg);
+    cr_expect(na == nb && memcmp(ba, bb, na) == 0, "%s: exported blocks differ", what);
+    rk_session_reset(s);
+    cr_assert_eq(rk_session_kv_import(s, bb, nb, &err), RK_OK, "%s", err.msg);
+    free(ba), free(bb);
+}
+
 Test(devsim, kv_budget_device_tiers_match_plain, .timeout = 120) {
     enum { N = 300, DEC = 8 };
     int32_t ids[N + DEC];
@@ -111,25 +133,13 @@ Test(devsim, kv_budget_device_tiers_match_plain, .timeout = 120) {
                      (unsigned long long)t.resident_bytes);
         cr_expect(t.resident_bytes <= t.budget);
         cr_expect(dt->n_joins > 0, "no lane join");
-        /* rows read back (a cold and a resident layer) and the exported block */
-        for (int l = 0; l < 4; l += 3) {
-            cr_assert_eq(rk_session_kv_rows(ss[0], l, false, false, 0, N, ra, &err), RK_OK, "%s", err.msg);
-            cr_assert_eq(rk_session_kv_rows(ss[2], l, false, false, 0, N, rb, &err), RK_OK, "%s", err.msg);
-            cr_expect(memcmp(ra, rb, (size_t)N * kvd * sizeof(float)) == 0, "kv %s: layer %d rows differ", kv, l);
-        }
-        void *ba = NULL, *bb = NULL;
-        size_t na = 0, nb = 0;
-        cr_assert_eq(rk_session_kv_export(ss[0], 0, N, &ba, &na, &err), RK_OK, "%s", err.msg);
-        cr_assert_eq(rk_session_kv_export(ss[2], 0, N, &bb, &nb, &err), RK_OK, "%s", err.msg);
-        cr_expect(na == nb && memcmp(ba, bb, na) == 0, "kv %s: exported blocks differ", kv);
-        /* imported into the budgeted session after a reset: the next step as the cpu's */
-        rk_session_reset(ss[2]);
-        cr_assert_eq(rk_session_kv_import(ss[2], bb, nb, &err), RK_OK, "%s", err.msg);
+        /* rows read back (a cold and a resident layer), the exported block, and imported into
+         * the budgeted session after a reset: the next step as the cpu's */
+        expect_same_kv_then_reimport(ss[0], ss[2], N, kvd, ra, rb, kv);
         cr_assert_eq(rk_session_truncate(ss[0], N, &err), RK_OK, "%s", err.msg);
         cr_assert_eq(rk_session_eval(ss[0], ids + N, 1, la, false, &err), RK_OK, "%s", err.msg);
         cr_assert_eq(rk_session_eval(ss[2], ids + N, 1, lc, false, &err), RK_OK, "%s", err.msg);
         cr_expect(memcmp(la, lc, (size_t)nv * sizeof(float)) == 0, "kv %s fit %d: logits after import differ", kv, fit);
-        free(ba), free(bb);
         for (int k = 0; k < 3; k++) rk_session_destroy(ss[k]);
         cr_expect(dp->n_alloc == 0 && dt->n_alloc == 0 && dt->n_host == 0, "kv %s: blocks leaked", kv);
         rk_backend_destroy(&dp->be);
@@ -356,25 +366,14 @@ Test(devsim, kv_budget_chunks_on_device_match_plain, .timeout = 120) {
         if (disk)
             cr_expect(t1.host_bytes == layer && t1.disk_reads > 0 && t1.disk_writes > 0, "disk: host %llu, reads %llu",
                       (unsigned long long)t1.host_bytes, (unsigned long long)t1.disk_reads);
-        for (int l = 0; l < 4; l += 3)
-            for (int part = 0; part < 2; part++) {
-                cr_assert_eq(rk_session_kv_rows(ss[0], l, part, false, 0, at, ra, &err), RK_OK, "%s", err.msg);
-                cr_assert_eq(rk_session_kv_rows(ss[1], l, part, false, 0, at, rb, &err), RK_OK, "%s", err.msg);
-                cr_expect(memcmp(ra, rb, (size_t)at * kvd * sizeof(float)) == 0, "case %d: layer %d rows differ", c, l);
-            }
-        void *ba = NULL, *bb = NULL;
-        size_t na = 0, nb = 0;
-        cr_assert_eq(rk_session_kv_export(ss[0], 0, at, &ba, &na, &err), RK_OK, "%s", err.msg);
-        cr_assert_eq(rk_session_kv_export(ss[1], 0, at, &bb, &nb, &err), RK_OK, "%s", err.msg);
-        cr_expect(na == nb && memcmp(ba, bb, na) == 0, "case %d: exported blocks differ", c);
-        rk_session_reset(ss[1]);
-        cr_assert_eq(rk_session_kv_import(ss[1], bb, nb, &err), RK_OK, "%s", err.msg);
+        char what[32];
+        snprintf(what, sizeof what, "case %d", c);
+        expect_same_kv_then_reimport(ss[0], ss[1], at, kvd, ra, rb, what);
         for (int i = 0; i < 3; i++) {
             cr_assert_eq(rk_session_eval(ss[0], ids + at + i, 1, la, false, &err), RK_OK, "%s", err.msg);
             cr_assert_eq(rk_session_eval(ss[1], ids + at + i, 1, lb, false, &err), RK_OK, "%s", err.msg);
             cr_expect(memcmp(la, lb, (size_t)nv * sizeof(float)) == 0, "case %d: step %d after import differs", c, i);
         }
-        free(ba), free(bb);
         for (int k = 0; k < 2; k++) rk_session_destroy(ss[k]);
         cr_expect(dp->n_alloc == 0 && dt->n_alloc == 0 && dt->n_host == 0, "case %d: blocks leaked", c);
         rk_backend_destroy(&dp->be);
