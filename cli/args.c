@@ -544,7 +544,7 @@ int cli_fill_params(const cli_opts *o, const rk_model *m, rk_ridge_maps **maps, 
     }
     if (fp.mode != RK_FILL_OFF && o->verbose)
         fprintf(stderr, "ridgekv: ridgefill %s, split %d, tail %d%s%s\n", rk_fill_mode_name(fp.mode),
-                fp.maps ? rk_ridge_maps_split(fp.maps) : fp.split, fp.tail > 512 ? fp.tail : (fp.tail ? 512 : 2048),
+                fp.maps ? rk_ridge_maps_split(fp.maps) : fp.split, fp.tail ? fp.tail : rk_fill_default_tail(fp.mode),
                 fp.maps ? ", maps " : "", fp.maps ? o->ridgefill : "");
     *out = fp;
     return 0;

@@ -41,7 +41,7 @@ static const char *help =
     "  -r, --stop TEXT         stop the answer before TEXT (repeatable, up to 16)\n"
     "      --ridgefill MAPS    RidgeFill map file (from ridgekv calibrate): faster reading of long prompts\n"
     "      --fill MODE         off|speed|quality|identity|plumb (default: speed with maps, else off)\n"
-    "      --tail T            exact tail in tokens (default 2048, minimum 512)\n"
+    "      --tail T            exact tail in tokens (default 2048; 1536 with --fill speed; minimum 512)\n"
     "      --split S           split layer for --fill identity/plumb without maps\n"
     "      --keep-share X      quality mode: share of bulk rows kept exact, those the question\n"
     "                          attends to most (default: the map's, 0.1)\n"
@@ -73,9 +73,11 @@ static const char *help =
 static void accelerations(const cli_opts *o, const rk_ridge_maps *maps, const rk_session *s) {
     const char *mode = o->fill ? o->fill : o->ridgefill ? "speed" : "off";
     char fill[1200], kv[32];
+    rk_fill_mode fm = RK_FILL_OFF;
+    (void)rk_fill_mode_parse(mode, &fm);
     if (maps)
         snprintf(fill, sizeof fill, "ridgefill %s (maps %s, split %d, exact tail %d)", mode, o->ridgefill,
-                 rk_ridge_maps_split(maps), o->tail ? o->tail : 2048);
+                 rk_ridge_maps_split(maps), o->tail ? o->tail : rk_fill_default_tail(fm));
     else snprintf(fill, sizeof fill, "ridgefill %s (no maps)", mode);
     snprintf(kv, sizeof kv, "%.*s", o->kv ? (int)strcspn(o->kv, ":") : 3, o->kv ? o->kv : "f16");
     const char *lr = strcmp(kv, "lowram") ? "lowram off" : "lowram on (fitted on the prompt)";

@@ -36,7 +36,7 @@ static const char *help =
     "                KV bytes are counted after the decode steps, by part for lowram\n"
     "  --ridgefill MAPS  RidgeFill maps; --fill off,speed,quality compares modes in one run\n"
     "  --fill LIST   fill modes to run (default off); speedup is TTFT of the first mode / this mode\n"
-    "  --tail T      exact tail (default 2048)\n"
+    "  --tail T      exact tail (default 2048; 1536 for speed mode)\n"
     "  --split S     split layer for --fill identity/plumb without maps\n"
     "  --keep-share X  quality mode: share of hard tokens kept exact (default: the map's)\n"
     "  --band N      quality mode: the last N bulk rows kept exact out of that share (default 0)\n"

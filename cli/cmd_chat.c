@@ -35,7 +35,7 @@ static const char *help =
     "  -r, --stop TEXT         end an answer before TEXT (repeatable, up to 16)\n"
     "      --ridgefill MAPS    RidgeFill map file (from ridgekv calibrate): faster reading of long prompts\n"
     "      --fill MODE         off|speed|quality|identity|plumb (default: speed with maps, else off)\n"
-    "      --tail T            exact tail in tokens (default 2048, minimum 512)\n"
+    "      --tail T            exact tail in tokens (default 2048; 1536 with --fill speed; minimum 512)\n"
     "      --split S           split layer for --fill identity/plumb without maps\n"
     "      --keep-share X      quality mode: share of bulk rows kept exact, those the question\n"
     "                          attends to most (default: the map's, 0.1)\n"

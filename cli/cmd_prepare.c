@@ -236,8 +236,10 @@ int cli_auto_fill(cli_opts *o, const rk_model *m, const char *cmd) {
     }
     o->ridgefill = buf;
     o->fill = mode;
+    rk_fill_mode fm = RK_FILL_OFF;
+    (void)rk_fill_mode_parse(mode, &fm);
     fprintf(stderr, "ridgekv %s: RidgeFill %s for prompts over %d tokens (maps %s; --no-ridgefill: exact)\n", cmd, mode,
-            o->tail ? o->tail : 2048, buf);
+            o->tail ? o->tail : rk_fill_default_tail(fm), buf);
     return 0;
 }
 

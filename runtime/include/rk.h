@@ -351,6 +351,9 @@ typedef enum rk_fill_mode {
 const char *rk_fill_mode_name(rk_fill_mode m);
 /* Parses "off|speed|quality|identity|plumb"; false when unknown. */
 bool rk_fill_mode_parse(const char *s, rk_fill_mode *out);
+/* The exact tail a mode gets when rk_fill_params.tail is 0: 1536 for speed (the tail where
+ * its ΔNLL and TTFT targets both held, docs/RIDGEFILL.md), 2048 for every other mode. */
+int32_t rk_fill_default_tail(rk_fill_mode m);
 
 typedef struct rk_ridge_maps rk_ridge_maps;
 
@@ -364,7 +367,8 @@ int32_t rk_ridge_maps_split(const rk_ridge_maps *r);
 
 typedef struct rk_fill_params {
     rk_fill_mode mode;
-    int32_t tail;              /* exact tail T; 0: 2048 (the CLI refuses < 512; the library allows >= 1) */
+    int32_t tail;              /* exact tail T; 0: rk_fill_default_tail(mode) (the CLI refuses < 512;
+                                  the library allows >= 1) */
     int32_t split;             /* used by identity without maps; else the map's split */
     int32_t n_sink;            /* quality: first rows kept exact (0: 4) */
     float keep_share;          /* quality: share of bulk rows kept exact by score (<0: file default, 0.1) */

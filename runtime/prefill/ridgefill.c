@@ -22,6 +22,8 @@ bool rk_fill_mode_parse(const char *s, rk_fill_mode *out) {
     return false;
 }
 
+int32_t rk_fill_default_tail(rk_fill_mode m) { return m == RK_FILL_SPEED ? 1536 : 2048; }
+
 int32_t rk_ridge_maps_split(const rk_ridge_maps *r) { return r->split; }
 
 void rk_ridge_maps_destroy(rk_ridge_maps *r) {
@@ -127,7 +129,7 @@ rk_status rk_session_set_fill(rk_session *s, const rk_fill_params *p, rk_err *er
         return RK_OK;
     }
     if ((unsigned)f.mode > RK_FILL_PLUMB) return rk_err_set(err, RK_E_INVALID_ARG, "ridgefill: bad mode %d", (int)f.mode);
-    if (f.tail <= 0) f.tail = 2048; /* the CLI enforces SPEC's minimum of 512; tests go lower */
+    if (f.tail <= 0) f.tail = rk_fill_default_tail(f.mode); /* the CLI enforces SPEC's minimum of 512; tests go lower */
     if (f.n_sink <= 0) f.n_sink = 4;
     if (!f.maps && (f.mode == RK_FILL_SPEED || f.mode == RK_FILL_QUALITY))
         return rk_err_set(err, RK_E_INVALID_ARG, "ridgefill: --fill %s needs a map file (--ridgefill MAPS.gguf)",

@@ -435,3 +435,44 @@ Test(ridgefill, too_little_text_is_refused_before_the_forward) {
     free(ids);
     rk_model_destroy(m);
 }
+
+/* tail 0 means the mode's default: 1536 rows for speed, 2048 for the others. On an
+ * 1800-row prompt speed mode fills the first 1800 - 1536 rows of every late layer and
+ * quality mode fills none (the whole prompt is within its tail). */
+Test(ridgefill, default_tail_depends_on_the_mode) {
+    cr_expect_eq(rk_fill_default_tail(RK_FILL_SPEED), 1536);
+    cr_expect_eq(rk_fill_default_tail(RK_FILL_QUALITY), 2048);
+    cr_expect_eq(rk_fill_default_tail(RK_FILL_IDENTITY), 2048);
+    rk_model *m = load("models/stories260K/stories260K-f32.gguf");
+    char maps_buf[512];
+    const char *maps_path = calibrate_to(m, 2, RK_DT_F16, "rk_test_tail", maps_buf, sizeof maps_buf);
+    rk_err e = {0};
+    rk_ridge_maps *maps = NULL;
+    char warn[256];
+    cr_assert_eq(rk_ridge_maps_load(maps_path, m, &maps, warn, sizeof warn, &e), RK_OK, "%s", e.msg);
+    size_t n;
+    int32_t *ids = story_ids(m, 1800, &n);
+    const int L = rk_model_hparams(m)->n_layer;
+    rk_session_params sp = rk_session_params_default();
+    sp.n_ctx = 2048;
+    sp.ctx_overflow_ok = true; /* stories260K was trained on 512: only the row plan is checked */
+    sp.kv.kind = RK_KV_F32;
+    const rk_fill_mode modes[2] = {RK_FILL_SPEED, RK_FILL_QUALITY};
+    const uint64_t filled[2] = {1800 - 1536, 0};
+    for (int i = 0; i < 2; i++) {
+        rk_session *s = NULL;
+        cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s", e.msg);
+        rk_fill_params fp = {.mode = modes[i], .maps = maps};
+        cr_assert_eq(rk_session_set_fill(s, &fp, &e), RK_OK, "%s", e.msg);
+        cr_assert_eq(rk_session_eval(s, ids, n, NULL, false, &e), RK_OK, "%s", e.msg);
+        const rk_session_counters *c = rk_session_get_counters(s);
+        for (int l = 2; l < L; l++)
+            cr_expect_eq(c->filled_rows[l], filled[i], "%s, layer %d: %llu filled rows", rk_fill_mode_name(modes[i]), l,
+                         (unsigned long long)c->filled_rows[l]);
+        rk_session_destroy(s);
+    }
+    free(ids);
+    rk_ridge_maps_destroy(maps);
+    unlink(maps_path);
+    rk_model_destroy(m);
+}
