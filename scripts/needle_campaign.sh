@@ -1,0 +1,47 @@
+#!/bin/bash
+# The RidgeFill needle campaign of issue 10 (>= 200 paired trials, off vs quality), in pieces
+# that can go on across machines and sessions.
+#
+# `eval needle --results FILE` refuses a file written by another binary (its header holds
+# the binary's hash), and a build with CUDA is not reproducible (nvcc names its temporary
+# files by process id inside the objects). So the campaign binary is built here WITHOUT CUDA
+# from a fixed commit, which gives the same bytes on every Debian 12 machine with the same
+# compiler, and the results file lives in the repo (docs/data/), so a later session rebuilds
+# the binary, copies the file out and runs the missing trials.
+#
+# usage: scripts/needle_campaign.sh WORKDIR [BUDGET_SECONDS]
+#   WORKDIR  where the binary is built and the run happens (outside the repo; reused)
+#   BUDGET   stop starting new trials after this many seconds (default: no limit)
+# Then copy WORKDIR/needle.jsonl back over docs/data/needle-q-t2048-s11.jsonl and commit it.
+#
+# Needs the default model (`ridgekv pull`) and its maps (`ridgekv prepare`): the file's header
+# names the maps by hash; maps fitted on another machine must hash the same (the fit is
+# deterministic for a given binary and thread count) or the file is refused, naming it.
+set -euo pipefail
+COMMIT=84c51e2 # the campaign binary's commit (sha256 3c4517b6... of build/cli/ridgekv)
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+WORK=${1:?usage: scripts/needle_campaign.sh WORKDIR [BUDGET_SECONDS]}
+BUDGET=${2:-0}
+FILE=docs/data/needle-q-t2048-s11.jsonl
+CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/ridgekv
+MODEL=$CACHE/SmolLM2-135M-Instruct.Q4_1.gguf
+mkdir -p "$WORK"
+WORK=$(cd "$WORK" && pwd)
+if [ ! -x "$WORK/src/build/cli/ridgekv" ]; then
+    rm -rf "$WORK/src"
+    git -C "$REPO" worktree add -f --detach "$WORK/src" "$COMMIT" >/dev/null
+    (cd "$WORK/src" && meson setup build --buildtype=release -Dcuda=disabled -Dtests=false >/dev/null &&
+        ninja -C build cli/ridgekv >/dev/null)
+fi
+B=$WORK/src/build/cli/ridgekv
+MAPS=$(ls "$CACHE"/maps/llama-*.maps.gguf 2>/dev/null | head -1 || true)
+[ -f "$MODEL" ] || { echo "needle_campaign: no $MODEL (run: ridgekv pull)" >&2; exit 1; }
+[ -n "$MAPS" ] || { echo "needle_campaign: no maps in $CACHE/maps (run: ridgekv prepare)" >&2; exit 1; }
+[ -f "$WORK/needle.jsonl" ] || cp "$REPO/$FILE" "$WORK/needle.jsonl"
+# the binary reads its own hash from /proc/self/exe: run this copy, not another one
+ARGS=(eval needle -m "$MODEL" --corpus "$REPO/../shared/corpus" --ridgefill "$MAPS" --fill off,quality --tail 2048
+    --lengths 3072,4096,6144,8000 --depths 0.1,0.3,0.5,0.7,0.9 --trials 220 --seed 11 -t 2
+    --results "$WORK/needle.jsonl")
+[ "$BUDGET" != 0 ] && ARGS+=(--budget "$BUDGET")
+"$B" "${ARGS[@]}"
+echo "needle_campaign: copy $WORK/needle.jsonl to $REPO/$FILE and commit it" >&2
