@@ -189,6 +189,8 @@ void lr_residuals(const rk_kv_codec *c, const lr_group *g, const float *W, int l
  * tmp: kv_dim scratch. */
 void lr_append_row(rk_kv_codec *c, lr_group *g, int64_t p, const uint8_t *coef_row,
                    const float *cq, const uint8_t *const *res, float *tmp);
+/* Writes the open (partial) chunk's f16 means after a run of lr_append_row calls. */
+void lr_append_close(rk_kv_codec *c, lr_group *g);
 /* Compresses exact rows [c->comp_end, end) with the fitted basis and predictors. */
 rk_status lr_compress(rk_kv_codec *c, int64_t end, rk_err *err);
 /* Forgets stored rows at positions >= pos (the session was truncated to pos). */

@@ -244,7 +244,28 @@ void lr_stacked_key(const rk_kv_codec *c, const lr_group *g, int64_t p, float *x
 
 /* ---- appending one stored row ----------------------------------------------------
  * cq: its dequantised coefficients (r); res: per layer of the group and head, the
- * encoded residual row or NULL for none. Landmarks take the exact post-RoPE keys. */
+ * encoded residual row or NULL for none. Landmarks take the exact post-RoPE keys. The
+ * chunk's f16 means (coefficients, landmarks, bounds) are written from the open sums when
+ * the chunk fills or at lr_append_close, not at every row. */
+static void write_chunk_means(rk_kv_codec *c, lr_group *g) {
+    const int64_t C = c->p.chunk, ch = (g->n_rows - 1) / C;
+    const float inv = 1.0f / (float)(g->n_rows - ch * C);
+    for (int k = 0; k < g->r; k++) g->cmean[(size_t)ch * g->r + k] = rk_f32_to_f16(g->open_c[k] * inv);
+    for (int li = 0; li < g->n_l; li++) {
+        lr_layer *L = &c->ly[g->l0 + li];
+        for (int j = 0; j < c->kvd; j++) L->lmk[(size_t)ch * c->kvd + j] = rk_f32_to_f16(L->open_sum[j] * inv);
+        if (L->lmin)
+            for (int j = 0; j < c->kvd; j++) {
+                L->lmin[(size_t)ch * c->kvd + j] = rk_f32_to_f16(L->open_min[j]);
+                L->lmax[(size_t)ch * c->kvd + j] = rk_f32_to_f16(L->open_max[j]);
+            }
+    }
+}
+
+void lr_append_close(rk_kv_codec *c, lr_group *g) {
+    if (g->n_rows % c->p.chunk) write_chunk_means(c, g);
+}
+
 void lr_append_row(rk_kv_codec *c, lr_group *g, int64_t p, const uint8_t *coef_row,
                        const float *cq, const uint8_t *const *res, float *tmp) {
     const int64_t i = g->n_rows, C = c->p.chunk, ch = i / C;
@@ -252,10 +273,7 @@ void lr_append_row(rk_kv_codec *c, lr_group *g, int64_t p, const uint8_t *coef_r
     g->pos[i] = (int32_t)p;
     memcpy(g->coef + (size_t)i * g->coef_bytes, coef_row, g->coef_bytes);
     if (bit == 0) memset(g->open_c, 0, (size_t)g->r * sizeof(float));
-    for (int k = 0; k < g->r; k++) {
-        g->open_c[k] += cq[k];
-        g->cmean[(size_t)ch * g->r + k] = rk_f32_to_f16(g->open_c[k] / (float)(bit + 1));
-    }
+    for (int k = 0; k < g->r; k++) g->open_c[k] += cq[k];
     for (int li = 0; li < g->n_l; li++) {
         lr_layer *L = &c->ly[g->l0 + li];
         for (int h = 0; h < c->n_head_kv; h++) {
@@ -271,18 +289,14 @@ void lr_append_row(rk_kv_codec *c, lr_group *g, int64_t p, const uint8_t *coef_r
         lr_plain_row(c, g->l0 + li, false, p, tmp);
         if (bit == 0) memset(L->open_sum, 0, (size_t)c->kvd * sizeof(float));
         for (int j = 0; j < c->kvd; j++) L->open_sum[j] += tmp[j];
-        const float inv = 1.0f / (float)(bit + 1);
-        for (int j = 0; j < c->kvd; j++) L->lmk[(size_t)ch * c->kvd + j] = rk_f32_to_f16(L->open_sum[j] * inv);
-        if (L->lmin) {
+        if (L->lmin)
             for (int j = 0; j < c->kvd; j++) {
                 L->open_min[j] = bit == 0 || tmp[j] < L->open_min[j] ? tmp[j] : L->open_min[j];
                 L->open_max[j] = bit == 0 || tmp[j] > L->open_max[j] ? tmp[j] : L->open_max[j];
-                L->lmin[(size_t)ch * c->kvd + j] = rk_f32_to_f16(L->open_min[j]);
-                L->lmax[(size_t)ch * c->kvd + j] = rk_f32_to_f16(L->open_max[j]);
             }
-        }
     }
     g->n_rows++;
+    if (bit == C - 1) write_chunk_means(c, g);
 }
 
 /* Coefficients of the stacked key x (D, destroyed: centred) on group g's basis B (r, D). */
@@ -307,7 +321,8 @@ void lr_residuals(const rk_kv_codec *c, const lr_group *g, const float *W, int l
                   size_t e2_stride) {
     const lr_layer *L = &c->ly[g->l0 + li];
     const int kvd = c->kvd;
-    rk_linalg_matmul(n, kvd, g->r, cq, g->r, W + (size_t)li * g->r * kvd, kvd, vh, kvd);
+    /* rows of W past the value rank are 0: only the first lr_vr coefficients contribute */
+    rk_linalg_matmul(n, kvd, lr_vr(c, g), cq, g->r, W + (size_t)li * g->r * kvd, kvd, vh, kvd);
     for (int a = 0; a < n; a++) {
         float *va = v + (size_t)a * kvd;
         const float *ha = vh + (size_t)a * kvd;
@@ -356,6 +371,7 @@ static void compress_group(rk_kv_codec *c, lr_group *g, int64_t p0, int64_t p1, 
             lr_append_row(c, g, b0 + a, w->crow + (size_t)a * g->coef_bytes, w->cf + (size_t)a * g->r, w->res, w->v);
         }
     }
+    lr_append_close(c, g);
 }
 
 static void compress_worker(void *vp, int t, int nt) {
