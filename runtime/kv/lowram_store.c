@@ -166,7 +166,10 @@ void lr_encode_row(uint32_t type, float *v, int n, uint8_t *dst) {
         }
     } else if (type == RK_DT_Q4_0) { /* f16 scale, then n/2 bytes of two 4-bit values in -7..7 (+8) */
         float mx = 0;
-        for (int i = 0; i < n; i++) mx = fmaxf(mx, fabsf(v[i]));
+        for (int i = 0; i < n; i++) {
+            const float a = fabsf(v[i]);
+            mx = a > mx ? a : mx;
+        }
         f16w(dst, mx / 7.0f);
         const float sc = f16r(dst), inv = sc > 0 ? 1.0f / sc : 0;
         for (int i = 0; i < n; i += 2) {
@@ -178,7 +181,10 @@ void lr_encode_row(uint32_t type, float *v, int n, uint8_t *dst) {
         }
     } else { /* Q8: f16 scale, then n int8 */
         float mx = 0;
-        for (int i = 0; i < n; i++) mx = fmaxf(mx, fabsf(v[i]));
+        for (int i = 0; i < n; i++) {
+            const float a = fabsf(v[i]);
+            mx = a > mx ? a : mx;
+        }
         f16w(dst, mx / 127.0f);
         const float sc = f16r(dst), inv = sc > 0 ? 1.0f / sc : 0;
         int8_t *qv = (int8_t *)(dst + 2);

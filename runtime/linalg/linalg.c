@@ -510,7 +510,11 @@ void rk_linalg_gram_add_f32(int D, int n, const float *x, float *work, double *G
     float *xt = work, *y = work + (size_t)n * D;
     for (int a = 0; a < n; a++)
         for (int d = 0; d < D; d++) xt[(size_t)d * n + a] = x[(size_t)a * D + d];
-    rk_linalg_matmul(D, D, n, xt, n, x, D, y, D);
+    /* only the blocks on or above the diagonal: rows [i0, i0 + 16) from column i0 on */
+    for (int i0 = 0; i0 < D; i0 += 16) {
+        const int ni = D - i0 < 16 ? D - i0 : 16;
+        rk_linalg_matmul(ni, D - i0, n, xt + (size_t)i0 * n, n, x + i0, D, y + (size_t)i0 * D + i0, D);
+    }
     for (int i = 0; i < D; i++)
         for (int j = i; j < D; j++) G[(size_t)i * D + j] += y[(size_t)i * D + j];
 }
