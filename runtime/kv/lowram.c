@@ -138,6 +138,7 @@ rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err) {
         else if (x != floor(x)) return bad(err, "expected an integer", v);
         else *keys[k].i = (int32_t)x;
         if (!strcmp(tok, "sinks") && x == 0) q.n_sink = -1;
+        if (!strcmp(tok, "start") && x == 0) q.fit_min = -1; /* explicit 0: no threshold (0 is the default) */
         if (!strcmp(tok, "hyst") && x == 0) q.hyst = -1;
     }
     *p = q;
@@ -163,6 +164,15 @@ static rk_status resolve(rk_lowram_params *p, const rk_kv *hp, rk_err *err) {
     if (p->value_rank < 0) p->value_rank = 0;
     if (p->hyst == 0) p->hyst = d.hyst;
     if (p->kc_extra <= 0) p->kc_extra = d.kc_extra;
+    /* start: by default the measured decode crossover (LR_START_DEFAULT rows, docs/LOWRAM.md
+     * eighth session), capped at half the context so that a short context still compresses
+     * its second half; start=0 (stored as -1): no threshold */
+    if (p->fit_min == 0) {
+        const int64_t half = hp->n_ctx / 2;
+        p->fit_min = (int32_t)(half < LR_START_DEFAULT ? half : LR_START_DEFAULT);
+    } else if (p->fit_min < 0) {
+        p->fit_min = 0;
+    }
     if (p->kc_type == RK_DT_F32) p->kc_type = d.kc_type;
     if (p->kc_type != RK_DT_F16 && p->kc_type != RK_DT_Q8_0)
         return rk_err_set(err, RK_E_INVALID_ARG, "lowram: key-cache type %s (f16 or int8)", rk_dtype_name(p->kc_type));

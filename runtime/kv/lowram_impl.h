@@ -7,6 +7,10 @@
 #include "kv_impl.h"
 #include "rk_linalg.h"
 
+/* default start= (rows): below it every row stays exact, which decodes faster than the
+ * compressed form on the 2-core CPU (the crossover measured in docs/LOWRAM.md) */
+#define LR_START_DEFAULT 3072
+
 /* Stored row of compressed keys: the rank-r coefficients of one position, stacked over the
  * group's layers. Residual row: δ of one (layer, KV head) and position. */
 typedef struct lr_group {

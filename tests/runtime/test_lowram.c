@@ -139,6 +139,9 @@ static rk_session *session(const rk_model *m, uint32_t kv_type, const char *lowr
         sp.kv.kind = RK_KV_LOWRAM;
         cr_assert_eq(rk_lowram_parse(lowram, &sp.kv.lowram, &e), RK_OK, "%s", e.msg);
         sp.kv.lowram.exact_type = kv_type;
+        /* these 512-row sessions test the compressed form: no default start threshold (the
+         * default's resolution is tested in start_threshold_keeps_rows_exact) */
+        if (sp.kv.lowram.fit_min == 0) sp.kv.lowram.fit_min = -1;
     }
     rk_session *s = NULL;
     cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s", e.msg);
@@ -451,6 +454,19 @@ Test(lowram, start_threshold_keeps_rows_exact) {
     cr_expect(codec(s)->fitted, "not fitted after %d rows", n_prompt + n_dec);
     cr_expect_gt(codec(s)->comp_end, (int64_t)codec(s)->p.n_sink, "nothing compressed");
     cr_expect_lt(kl, 0.02, "KL after the fit %g", kl);
+    /* the default start: LR_START_DEFAULT rows, at most half the context; spec start=0: none */
+    const struct { const char *spec; int64_t n_ctx, want; } dflt[] = {
+        {"", 512, 256}, {"", 8192, LR_START_DEFAULT}, {"", 4096, 2048}, {"start=0", 8192, 0}, {"start=700", 512, 700}};
+    for (size_t i = 0; i < sizeof dflt / sizeof dflt[0]; i++) {
+        rk_session_params sp = rk_session_params_default();
+        sp.n_ctx = dflt[i].n_ctx, sp.n_threads = 1, sp.kv.kind = RK_KV_LOWRAM, sp.ctx_overflow_ok = true;
+        cr_assert_eq(rk_lowram_parse(dflt[i].spec, &sp.kv.lowram, &e), RK_OK, "%s", e.msg);
+        rk_session *d = NULL;
+        cr_assert_eq(rk_session_create(m, &sp, &d, &e), RK_OK, "%s", e.msg);
+        cr_expect_eq(codec(d)->p.fit_min, dflt[i].want, "'%s' at n_ctx %lld: start %d", dflt[i].spec,
+                     (long long)dflt[i].n_ctx, codec(d)->p.fit_min);
+        rk_session_destroy(d);
+    }
     free(a), free(l), free(lg), free(ids);
     rk_session_destroy(ex), rk_session_destroy(s);
     rk_model_destroy(m);
