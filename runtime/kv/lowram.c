@@ -463,11 +463,11 @@ static rk_status lowram_read(const rk_kv *kv, int l, bool values, bool pre_rope,
                 st = rk_err_set(err, RK_E_NOMEM, "lowram: out of memory reading rows");
                 break;
             }
-            if (values) lr_mat_f32(c, L->W, (size_t)c->kvd, 0, g->r, 0, c->kvd, M);
+            if (values) lr_mat_f32(c, L->W, (size_t)c->kvd, 0, lr_vr(c, g), 0, c->kvd, M);
             else lr_mat_f32(c, g->basis, (size_t)g->D, 0, g->r, L->li * c->kvd, c->kvd, M);
         }
         lr_coef_rows(c, g, j, 1, cf);
-        rk_linalg_matmul(1, c->kvd, g->r, cf, g->r, M, c->kvd, d, c->kvd);
+        rk_linalg_matmul(1, c->kvd, values ? lr_vr(c, g) : g->r, cf, g->r, M, c->kvd, d, c->kvd);
         if (!values) { /* K = RoPE(mean + (C·B)/s) */
             const size_t off = (size_t)L->li * c->kvd;
             for (int e = 0; e < c->kvd; e++) d[e] = d[e] * g->winv[off + e] + g->mean[off + e];
@@ -530,7 +530,7 @@ static void lowram_bytes(const rk_kv *kv, rk_kv_bytes *o) {
         o->meta += (uint64_t)g->n_rows * sizeof(int32_t);
         for (int li = 0; li < g->n_l; li++) {
             const lr_layer *L = &c->ly[g->l0 + li];
-            if (!c->p.values_exact) o->predictors += (uint64_t)g->r * c->kvd * elt + (uint64_t)c->kvd * sizeof(float);
+            if (!c->p.values_exact) o->predictors += (uint64_t)lr_vr(c, g) * c->kvd * elt + (uint64_t)c->kvd * sizeof(float);
             o->landmarks += n_ch * c->kvd * sizeof(uint16_t) + (uint64_t)c->kvd * sizeof(float);
             if (c->p.bound) o->landmarks += 2 * (n_ch * c->kvd * sizeof(uint16_t) + (uint64_t)c->kvd * sizeof(float));
             /* decode's value summaries, counted for every stored chunk as soon as decode would

@@ -70,7 +70,8 @@ bool lr_group_alloc(rk_kv_codec *c, lr_group *g) {
     for (int li = 0; li < g->n_l && ok; li++) {
         lr_layer *L = &c->ly[g->l0 + li];
         free(L->W), free(L->b);
-        L->W = calloc((size_t)g->r * c->kvd, c->wide ? 4 : 2); /* zero in f16 and f32 */
+        /* only the value-rank rows of the predictor are stored (the rows past them are 0) */
+        L->W = calloc((size_t)lr_vr(c, g) * c->kvd, c->wide ? 4 : 2);
         L->b = calloc((size_t)c->kvd, sizeof(float));
         L->vs_n = 0, L->vs_last = 0; /* a new W: summaries are rebuilt */
         if (!L->lmk) L->lmk = malloc((size_t)c->cap_chunks * c->kvd * sizeof(uint16_t));
@@ -266,7 +267,7 @@ static rk_status fit_predictor(rk_kv_codec *c, lr_group *g, const float *Cq, int
             }
             L->b[j] = (float)bj;
         }
-        lr_mat_store(c, L->W, (size_t)r * c->kvd, wp);
+        lr_mat_store(c, L->W, (size_t)rv * c->kvd, wp);
     }
     st = RK_OK;
 done:
@@ -344,7 +345,7 @@ static rk_status fit_group(fit_job *j, int gi) {
     const int64_t stride = (n_fit + c->p.max_fit_rows - 1) / c->p.max_fit_rows;
     if (!c->p.values_exact && (st = fit_predictor(c, g, Cq, n_fit, stride))) goto done;
     for (int li = 0; li < g->n_l; li++) /* the residuals see the stored (rounded) predictor */
-        lr_mat_f32(c, c->ly[g->l0 + li].W, (size_t)c->kvd, 0, r, 0, c->kvd, W + (size_t)li * r * c->kvd);
+        lr_mat_f32(c, c->ly[g->l0 + li].W, (size_t)c->kvd, 0, lr_vr(c, g), 0, c->kvd, W + (size_t)li * r * c->kvd);
     st = RK_E_NOMEM;
     /* residuals of the stored rows, 64 at a time, and R² over them */
     for (int64_t i = 0, k0 = 0; i < n_cand;) {

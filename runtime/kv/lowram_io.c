@@ -81,7 +81,7 @@ rk_status lr_export(const rk_kv_codec *c, rk_kv_buf *b, rk_err *err) {
         for (int li = 0; li < g->n_l; li++) {
             const lr_layer *L = &c->ly[g->l0 + li];
             const size_t kvd = (size_t)c->kvd;
-            rk_kv_put(b, L->W, r * kvd * elt(c));
+            rk_kv_put(b, L->W, (size_t)lr_vr(c, g) * kvd * elt(c));
             rk_kv_put(b, L->b, kvd * 4);
             rk_kv_put(b, L->lmk, nch * kvd * 2);
             rk_kv_put(b, L->open_sum, kvd * 4);
@@ -163,7 +163,7 @@ static rk_status import_fitted(rk_kv_codec *c, rk_kv_rd *r, rk_err *err) {
                            (unsigned long long)i, g->pos[i], (long long)sink, (long long)c->comp_end);
         for (int li = 0; li < g->n_l; li++) {
             lr_layer *L = &c->ly[g->l0 + li];
-            if (!take(r, L->W, R * kvd, elt(c)) || !take(r, L->b, kvd, 4) || !take(r, L->lmk, nch * kvd, 2) ||
+            if (!take(r, L->W, (uint64_t)lr_vr(c, g) * kvd, elt(c)) || !take(r, L->b, kvd, 4) || !take(r, L->lmk, nch * kvd, 2) ||
                 !take(r, L->open_sum, kvd, 4))
                 return BAD("lowram: payload ends inside layer %d", g->l0 + li);
             if (c->p.bound && (!take(r, L->lmin, nch * kvd, 2) || !take(r, L->lmax, nch * kvd, 2) ||

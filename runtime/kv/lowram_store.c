@@ -318,7 +318,7 @@ bool lr_working_copies(const rk_kv_codec *c, const lr_group *g, float **B, float
     if (!*B || !*W) return false;
     lr_mat_f32(c, g->basis, (size_t)g->D, 0, g->r, 0, g->D, *B);
     for (int li = 0; li < g->n_l; li++)
-        lr_mat_f32(c, c->ly[g->l0 + li].W, (size_t)c->kvd, 0, g->r, 0, c->kvd, *W + (size_t)li * g->r * c->kvd);
+        lr_mat_f32(c, c->ly[g->l0 + li].W, (size_t)c->kvd, 0, lr_vr(c, g), 0, c->kvd, *W + (size_t)li * g->r * c->kvd);
     return true;
 }
 
@@ -356,7 +356,7 @@ static void compress_group(rk_kv_codec *c, lr_group *g, int64_t p0, int64_t p1, 
     const size_t enc_row = (size_t)n_lh * c->res_bytes;
     lr_mat_f32(c, g->basis, (size_t)g->D, 0, g->r, 0, g->D, w->B);
     for (int li = 0; li < g->n_l; li++)
-        lr_mat_f32(c, c->ly[g->l0 + li].W, (size_t)c->kvd, 0, g->r, 0, c->kvd, w->W + (size_t)li * g->r * c->kvd);
+        lr_mat_f32(c, c->ly[g->l0 + li].W, (size_t)c->kvd, 0, lr_vr(c, g), 0, c->kvd, w->W + (size_t)li * g->r * c->kvd);
     for (int64_t b0 = p0; b0 < p1; b0 += LR_BLOCK) {
         const int nb = p1 - b0 < LR_BLOCK ? (int)(p1 - b0) : LR_BLOCK;
         int64_t pos[LR_BLOCK];
@@ -483,12 +483,13 @@ bool lr_vsum_update(rk_kv_codec *c, int l) {
     float *Wf = malloc(((size_t)r * kvd + (size_t)NB * r + (size_t)NB * kvd) * sizeof(float));
     if (!Wf) return false;
     float *cm = Wf + (size_t)r * kvd, *v = cm + (size_t)NB * r;
-    lr_mat_f32(c, L->W, (size_t)kvd, 0, r, 0, kvd, Wf);
+    const int rv = lr_vr(c, g);
+    lr_mat_f32(c, L->W, (size_t)kvd, 0, rv, 0, kvd, Wf);
     const rk_quant_fns *f16 = rk_quant_fast(RK_DT_F16);
     for (int64_t ch0 = from; ch0 < n_ch; ch0 += NB) {
         const int nb = n_ch - ch0 < NB ? (int)(n_ch - ch0) : NB;
         f16->to_f32(g->cmean + (size_t)ch0 * r, cm, (int64_t)nb * r);
-        rk_linalg_matmul(nb, kvd, r, cm, r, Wf, kvd, v, kvd);
+        rk_linalg_matmul(nb, kvd, rv, cm, r, Wf, kvd, v, kvd);
         for (int k = 0; k < nb; k++)
             for (int h = 0; h < c->n_head_kv; h++)
                 lr_encode_row(RK_DT_Q8_0, v + (size_t)k * kvd + (size_t)h * hd, hd,

@@ -174,8 +174,17 @@ static rk_status build(rk_lrdev *d, rk_err *err) {
             (st = dalloc(d, (size_t)c->n_head_kv * mb_h, &X->mask, err)) ||
             (st = dalloc(d, (size_t)c->n_head_kv * mb_h, &X->base, err)))
             return st;
-        if ((st = up(d, X->W, 0, L->W, r * kvd * 2, err)) || (st = up(d, X->b, 0, L->b, kvd * 4, err)))
+        /* the host stores the value-rank rows of W only; LR_ATTN reads r rows: the rest are 0 */
+        const size_t rv = (size_t)lr_vr(c, &c->g[L->grp]);
+        if ((st = up(d, X->W, 0, L->W, rv * kvd * 2, err)) || (st = up(d, X->b, 0, L->b, kvd * 4, err)))
             return st;
+        if (rv < r) {
+            void *z = calloc((r - rv) * kvd, 2);
+            if (!z) return rk_err_set(err, RK_E_NOMEM, "session: lowram device state");
+            st = up(d, X->W, rv * kvd * 2, z, (r - rv) * kvd * 2, err);
+            free(z);
+            if (st) return st;
+        }
         if (sink && ((st = up(d, X->sk, 0, c->sk[l], sink * c->xrow, err)) ||
                      (st = up(d, X->sv, 0, c->sv[l], sink * c->xrow, err))))
             return st;
