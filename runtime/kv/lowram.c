@@ -229,6 +229,7 @@ rk_status lr_codec_new(const rk_kv *kv, const rk_lowram_params *p, int n_threads
     rk_kv_codec *c = calloc(1, sizeof *c);
     if (!c) return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory");
     c->p = *p;
+    c->cmean_on = !p->no_summary; /* summary rows read the chunk means */
     c->n_layer = kv->n_layer, c->n_head = kv->n_head, c->n_head_kv = kv->n_head_kv, c->hd = kv->head_dim;
     c->kvd = kv->kv_dim, c->n_rot = kv->n_rot, c->rope_mode = kv->rope_mode;
     c->n_ctx = kv->n_ctx;
@@ -526,7 +527,7 @@ static void lowram_bytes(const rk_kv *kv, rk_kv_bytes *o) {
         o->coef += (uint64_t)g->n_rows * g->coef_bytes;
         const uint64_t elt = c->wide ? 4 : 2;
         o->bases += 3ull * g->D * sizeof(float) + (uint64_t)g->r * g->D * elt;
-        o->landmarks += n_ch * g->r * sizeof(uint16_t) + (uint64_t)g->r * sizeof(float);
+        o->landmarks += (c->cmean_on ? n_ch * g->r * sizeof(uint16_t) : 0) + (uint64_t)g->r * sizeof(float);
         o->meta += (uint64_t)g->n_rows * sizeof(int32_t);
         for (int li = 0; li < g->n_l; li++) {
             const lr_layer *L = &c->ly[g->l0 + li];

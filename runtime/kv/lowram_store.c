@@ -256,7 +256,8 @@ void lr_stacked_key(const rk_kv_codec *c, const lr_group *g, int64_t p, float *x
 static void write_chunk_means(rk_kv_codec *c, lr_group *g) {
     const int64_t C = c->p.chunk, ch = (g->n_rows - 1) / C;
     const float inv = 1.0f / (float)(g->n_rows - ch * C);
-    for (int k = 0; k < g->r; k++) g->cmean[(size_t)ch * g->r + k] = rk_f32_to_f16(g->open_c[k] * inv);
+    const float n = (float)(g->n_rows - ch * C);
+    for (int k = 0; c->cmean_on && k < g->r; k++) g->cmean[(size_t)ch * g->r + k] = rk_f32_to_f16(g->open_c[k] / n);
     for (int li = 0; li < g->n_l; li++) {
         lr_layer *L = &c->ly[g->l0 + li];
         for (int j = 0; j < c->kvd; j++) L->lmk[(size_t)ch * c->kvd + j] = rk_f32_to_f16(L->open_sum[j] * inv);
@@ -266,6 +267,32 @@ static void write_chunk_means(rk_kv_codec *c, lr_group *g) {
                 L->lmax[(size_t)ch * c->kvd + j] = rk_f32_to_f16(L->open_max[j]);
             }
     }
+}
+
+void lr_cmean_fill(const rk_kv_codec *c, const lr_group *g, uint16_t *dst) {
+    const int64_t C = c->p.chunk;
+    float *cf = malloc((size_t)g->r * sizeof(float)), *acc = malloc((size_t)g->r * sizeof(float));
+    if (!cf || !acc) { /* callers check nothing: leave zeros rather than garbage */
+        memset(dst, 0, (size_t)((g->n_rows + C - 1) / C) * g->r * sizeof(uint16_t));
+        free(cf), free(acc);
+        return;
+    }
+    for (int64_t ch = 0; ch * C < g->n_rows; ch++) {
+        const int64_t i0 = ch * C, n = g->n_rows - i0 < C ? g->n_rows - i0 : C;
+        memset(acc, 0, (size_t)g->r * sizeof(float));
+        for (int64_t i = i0; i < i0 + n; i++) {
+            lr_coef_rows(c, g, i, 1, cf);
+            for (int k = 0; k < g->r; k++) acc[k] += cf[k];
+        }
+        for (int k = 0; k < g->r; k++) dst[(size_t)ch * g->r + k] = rk_f32_to_f16(acc[k] / (float)n);
+    }
+    free(cf), free(acc);
+}
+
+void lr_cmean_need(rk_kv_codec *c) {
+    if (c->cmean_on) return;
+    for (int gi = 0; c->fitted && gi < c->n_group; gi++) lr_cmean_fill(c, &c->g[gi], c->g[gi].cmean);
+    c->cmean_on = true;
 }
 
 void lr_append_close(rk_kv_codec *c, lr_group *g) {
@@ -453,7 +480,7 @@ void lr_truncate(rk_kv_codec *c, int64_t pos) {
             }
             for (int j = 0; j < c->kvd; j++) L->lmk[(size_t)ch * c->kvd + j] = rk_f32_to_f16(L->open_sum[j] / (float)nb);
             if (li == 0)
-                for (int k = 0; k < g->r; k++) g->cmean[(size_t)ch * g->r + k] = rk_f32_to_f16(g->open_c[k] / (float)nb);
+                for (int k = 0; c->cmean_on && k < g->r; k++) g->cmean[(size_t)ch * g->r + k] = rk_f32_to_f16(g->open_c[k] / (float)nb);
         }
     }
     free(tmp), free(Bl);

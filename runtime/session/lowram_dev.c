@@ -126,6 +126,7 @@ static rk_status up(rk_lrdev *d, void *dst, size_t off, const void *src, size_t 
 /* Device buffers for the codec's current fit (ranks known), constants uploaded. */
 static rk_status build(rk_lrdev *d, rk_err *err) {
     rk_kv_codec *c = d->c;
+    lr_cmean_need(c); /* LR_ATTN sums the unselected chunks' mean coefficients */
     const size_t kvd = (size_t)c->kvd, C = (size_t)c->p.chunk, chunks = (size_t)c->cap_chunks, rows = (size_t)c->n_ctx;
     rk_status st;
     d->g = calloc((size_t)c->n_group, sizeof *d->g);

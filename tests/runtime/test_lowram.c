@@ -305,8 +305,26 @@ Test(lowram, byte_accounting_adds_up) {
     cr_expect_eq(b.meta, meta);
     cr_expect_lt(b.total, b.f16_equiv, "compressed KV should be smaller than f16: %llu vs %llu",
                  (unsigned long long)b.total, (unsigned long long)b.f16_equiv);
-    free(lg), free(ids);
-    rk_session_destroy(s);
+    /* without summary rows (the default) neither the chunk means nor the value summaries are
+     * kept or counted; rebuilt from the coefficient rows they equal the kept ones bit for bit */
+    rk_session *ns = session(m, RK_DT_F16, "rank=24,window=64,coef=int8,budget=64,kslots=2");
+    float *lg2 = trace(ns, ids, 300, 40, nv);
+    rk_kv_bytes b2;
+    rk_session_kv_bytes(ns, &b2);
+    uint64_t cm = 0, vs = 0;
+    for (int gi = 0; gi < c->n_group; gi++) {
+        const uint64_t n_ch = (uint64_t)(c->g[gi].n_rows + C - 1) / C;
+        cm += n_ch * 24 * 2, vs += c->g[gi].n_l * n_ch * hp->n_head_kv * (hp->head_dim + 2);
+        uint16_t *re = malloc(n_ch * 24 * 2);
+        lr_cmean_fill(c, &c->g[gi], re);
+        cr_expect(!memcmp(re, c->g[gi].cmean, n_ch * 24 * 2), "group %d: rebuilt chunk means differ", gi);
+        free(re);
+    }
+    cr_expect(!codec(ns)->cmean_on);
+    cr_expect_eq(b2.landmarks, lmk - cm - vs, "landmarks %llu, with summaries %llu", (unsigned long long)b2.landmarks,
+                 (unsigned long long)lmk);
+    free(lg), free(lg2), free(ids);
+    rk_session_destroy(s), rk_session_destroy(ns);
     rk_model_destroy(m);
 }
 
