@@ -230,16 +230,18 @@ LR_AI bool eig_vectors_impl(const rk_eig *e, int r, double *V) {
             for (int i = 0; i < n; i++) z[i] /= nz;
         }
     }
-    /* x = H_0 H_1 ... H_{n-3} z */
-    for (int k = 0; k < r; k++) {
-        double *x = V + (size_t)k * n;
+    /* x = H_0 H_1 ... H_{n-3} z, for blocks of 16 vectors at a time so that each reflector
+     * is read once per block, not once per vector (the same operations per vector) */
+    for (int k0 = 0; k0 < r; k0 += 16)
         for (int j = n - 3; j >= 0; j--) {
             if (e->beta[j] == 0) continue;
             const double *v = e->Hv + (size_t)j * n;
-            const double f = e->beta[j] * ddot(v, x + j + 1, n - j - 1);
-            for (int i = 0; i < n - j - 1; i++) x[j + 1 + i] -= f * v[i];
+            for (int k = k0; k < r && k < k0 + 16; k++) {
+                double *x = V + (size_t)k * n;
+                const double f = e->beta[j] * ddot(v, x + j + 1, n - j - 1);
+                for (int i = 0; i < n - j - 1; i++) x[j + 1 + i] -= f * v[i];
+            }
         }
-    }
     free(w);
     return true;
 }
