@@ -164,15 +164,7 @@ static rk_status resolve(rk_lowram_params *p, const rk_kv *hp, rk_err *err) {
     if (p->value_rank < 0) p->value_rank = 0;
     if (p->hyst == 0) p->hyst = d.hyst;
     if (p->kc_extra <= 0) p->kc_extra = d.kc_extra;
-    /* start: by default the measured decode crossover (LR_START_DEFAULT rows, docs/LOWRAM.md
-     * eighth session), capped at half the context so that a short context still compresses
-     * its second half; start=0 (stored as -1): no threshold */
-    if (p->fit_min == 0) {
-        const int64_t half = hp->n_ctx / 2;
-        p->fit_min = (int32_t)(half < LR_START_DEFAULT ? half : LR_START_DEFAULT);
-    } else if (p->fit_min < 0) {
-        p->fit_min = 0;
-    }
+    if (p->fit_min < 0) p->fit_min = 0; /* start=0 (stored as -1): no threshold; 0: the default, set at init */
     if (p->kc_type == RK_DT_F32) p->kc_type = d.kc_type;
     if (p->kc_type != RK_DT_F16 && p->kc_type != RK_DT_Q8_0)
         return rk_err_set(err, RK_E_INVALID_ARG, "lowram: key-cache type %s (f16 or int8)", rk_dtype_name(p->kc_type));
@@ -646,6 +638,13 @@ static const rk_kv_ops lowram_ops = {
 rk_status rk_kv_lowram_init(rk_kv *kv, const rk_model *m, const rk_lowram_params *pp, int n_threads, char *warning,
                             size_t warning_cap, rk_err *err) {
     rk_lowram_params p = *pp;
+    /* start: by default the measured decode crossover (LR_START_DEFAULT rows, docs/LOWRAM.md
+     * eighth session), at most half the model's trained context (a model made for short
+     * contexts, such as the test models of 512, compresses its second half) */
+    if (p.fit_min == 0) {
+        const int64_t half = rk_model_n_ctx_max(m) / 2;
+        p.fit_min = (int32_t)(half > 0 && half < LR_START_DEFAULT ? half : LR_START_DEFAULT);
+    }
     rk_status st = resolve(&p, kv, err);
     if (st) return st;
     rk_kv_codec *c = NULL;

@@ -472,9 +472,10 @@ Test(lowram, start_threshold_keeps_rows_exact) {
     cr_expect(codec(s)->fitted, "not fitted after %d rows", n_prompt + n_dec);
     cr_expect_gt(codec(s)->comp_end, (int64_t)codec(s)->p.n_sink, "nothing compressed");
     cr_expect_lt(kl, 0.02, "KL after the fit %g", kl);
-    /* the default start: LR_START_DEFAULT rows, at most half the context; spec start=0: none */
+    /* the default start: LR_START_DEFAULT rows, at most half the model's context (stories260K:
+     * 512), whatever the session's; spec start=0: none */
     const struct { const char *spec; int64_t n_ctx, want; } dflt[] = {
-        {"", 512, 256}, {"", 8192, LR_START_DEFAULT}, {"", 4096, 2048}, {"start=0", 8192, 0}, {"start=700", 512, 700}};
+        {"", 512, 256}, {"", 300, 256}, {"", 8192, 256}, {"start=0", 8192, 0}, {"start=700", 512, 700}};
     for (size_t i = 0; i < sizeof dflt / sizeof dflt[0]; i++) {
         rk_session_params sp = rk_session_params_default();
         sp.n_ctx = dflt[i].n_ctx, sp.n_threads = 1, sp.kv.kind = RK_KV_LOWRAM, sp.ctx_overflow_ok = true;
