@@ -131,6 +131,7 @@ int cmd_bench(int argc, char **argv) {
     if (n_kv <= 0) n_kv = 1, strcpy(kvs[0], rk_kv_kind_name(sp.kv.kind));
     static double pf_tps[32][8][8], dc_tps[32][8][8], ttft[32][8][8], rss[32][8][8];
     static rk_kv_bytes kvb[32][8][8];
+    static double fit_s[32][8][8]; /* lowram: seconds of the end-of-prefill fit (last repetition) */
     static rk_kv_tier_stats tier0[32][8][8], tier1[32][8][8]; /* the KV tiers' counters around the last rep */
     for (int ki = 0; ki < n_kv && !st && !rc; ki++) {
         if (ki > 0) { /* the KV policy is the session's: a new session per item */
@@ -173,6 +174,11 @@ int cmd_bench(int argc, char **argv) {
                             modes[mi], kvs[ki], r + 1, pf, dc);
             }
             rk_session_kv_bytes(s, &kvb[li][mi][ki]);
+            {
+                rk_lowram_stats ls;
+                rk_session_lowram_stats(s, &ls);
+                fit_s[li][mi][ki] = ls.seconds_fit;
+            }
             rss[li][mi][ki] = rss_now_mib();
         }
     }
@@ -243,12 +249,13 @@ int cmd_bench(int argc, char **argv) {
                         if (b->coef || b->bases)
                             printf("%9s KV bytes: exact %.2f MiB (%lld rows) + coef %.2f + bases %.2f + predictors %.2f + "
                                    "residuals %.2f + landmarks %.2f + meta %.2f + key cache %.2f = %.2f MiB (%lld rows "
-                                   "compressed, %lld evicted; scratch %.2f)\n",
+                                   "compressed, %lld evicted; scratch %.2f; fit %.2f s)\n",
                                    "", b->exact / 1048576.0, (long long)b->n_exact_rows, b->coef / 1048576.0,
                                    b->bases / 1048576.0, b->predictors / 1048576.0, b->residuals / 1048576.0,
                                    b->landmarks / 1048576.0, b->meta / 1048576.0, b->key_cache / 1048576.0,
                                    b->total / 1048576.0,
-                                   (long long)b->n_compressed_rows, (long long)b->n_evicted_rows, b->scratch / 1048576.0);
+                                   (long long)b->n_compressed_rows, (long long)b->n_evicted_rows, b->scratch / 1048576.0,
+                                   fit_s[li][mi][ki]);
                     }
             printf("peak RSS %.1f MiB\n", peak);
         }

@@ -133,8 +133,10 @@ typedef struct rk_lowram_params {
                              then compresses chunk by chunk, so the exact prompt never coexists with
                              its compressed form (0: fit at the end of the eval) */
     int32_t fit_min;      /* no fit (every row stays exact, attention is the backend's exact ATTN) until
-                             the context holds this many rows (0: as soon as a chunk leaves the window);
-                             below it LowRAM costs what f16 does */
+                             the context holds this many rows; below it LowRAM costs what f16 does.
+                             0: the default, 3072 rows (the decode crossover on the 2-core CPU), at most
+                             half the model's context (rk_model_n_ctx_max); < 0 (spec start=0): as
+                             soon as a chunk leaves the window */
     uint32_t kc_type;     /* decode's key cache: RK_DT_Q8_0 (default: int8, one f16 scale per row and head)
                              or RK_DT_F16; 0 (F32): the default */
     bool dense;           /* attend to every compressed row (for checking) */

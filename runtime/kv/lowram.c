@@ -138,6 +138,7 @@ rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err) {
         else if (x != floor(x)) return bad(err, "expected an integer", v);
         else *keys[k].i = (int32_t)x;
         if (!strcmp(tok, "sinks") && x == 0) q.n_sink = -1;
+        if (!strcmp(tok, "start") && x == 0) q.fit_min = -1; /* explicit 0: no threshold (0 is the default) */
         if (!strcmp(tok, "hyst") && x == 0) q.hyst = -1;
     }
     *p = q;
@@ -163,6 +164,7 @@ static rk_status resolve(rk_lowram_params *p, const rk_kv *hp, rk_err *err) {
     if (p->value_rank < 0) p->value_rank = 0;
     if (p->hyst == 0) p->hyst = d.hyst;
     if (p->kc_extra <= 0) p->kc_extra = d.kc_extra;
+    if (p->fit_min < 0) p->fit_min = 0; /* start=0 (stored as -1): no threshold; 0: the default, set at init */
     if (p->kc_type == RK_DT_F32) p->kc_type = d.kc_type;
     if (p->kc_type != RK_DT_F16 && p->kc_type != RK_DT_Q8_0)
         return rk_err_set(err, RK_E_INVALID_ARG, "lowram: key-cache type %s (f16 or int8)", rk_dtype_name(p->kc_type));
@@ -219,6 +221,7 @@ rk_status lr_codec_new(const rk_kv *kv, const rk_lowram_params *p, int n_threads
     rk_kv_codec *c = calloc(1, sizeof *c);
     if (!c) return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory");
     c->p = *p;
+    c->cmean_on = !p->no_summary; /* summary rows read the chunk means */
     c->n_layer = kv->n_layer, c->n_head = kv->n_head, c->n_head_kv = kv->n_head_kv, c->hd = kv->head_dim;
     c->kvd = kv->kv_dim, c->n_rot = kv->n_rot, c->rope_mode = kv->rope_mode;
     c->n_ctx = kv->n_ctx;
@@ -453,11 +456,11 @@ static rk_status lowram_read(const rk_kv *kv, int l, bool values, bool pre_rope,
                 st = rk_err_set(err, RK_E_NOMEM, "lowram: out of memory reading rows");
                 break;
             }
-            if (values) lr_mat_f32(c, L->W, (size_t)c->kvd, 0, g->r, 0, c->kvd, M);
+            if (values) lr_mat_f32(c, L->W, (size_t)c->kvd, 0, lr_vr(c, g), 0, c->kvd, M);
             else lr_mat_f32(c, g->basis, (size_t)g->D, 0, g->r, L->li * c->kvd, c->kvd, M);
         }
         lr_coef_rows(c, g, j, 1, cf);
-        rk_linalg_matmul(1, c->kvd, g->r, cf, g->r, M, c->kvd, d, c->kvd);
+        rk_linalg_matmul(1, c->kvd, values ? lr_vr(c, g) : g->r, cf, g->r, M, c->kvd, d, c->kvd);
         if (!values) { /* K = RoPE(mean + (C·B)/s) */
             const size_t off = (size_t)L->li * c->kvd;
             for (int e = 0; e < c->kvd; e++) d[e] = d[e] * g->winv[off + e] + g->mean[off + e];
@@ -516,11 +519,11 @@ static void lowram_bytes(const rk_kv *kv, rk_kv_bytes *o) {
         o->coef += (uint64_t)g->n_rows * g->coef_bytes;
         const uint64_t elt = c->wide ? 4 : 2;
         o->bases += 3ull * g->D * sizeof(float) + (uint64_t)g->r * g->D * elt;
-        o->landmarks += n_ch * g->r * sizeof(uint16_t) + (uint64_t)g->r * sizeof(float);
+        o->landmarks += (c->cmean_on ? n_ch * g->r * sizeof(uint16_t) : 0) + (uint64_t)g->r * sizeof(float);
         o->meta += (uint64_t)g->n_rows * sizeof(int32_t);
         for (int li = 0; li < g->n_l; li++) {
             const lr_layer *L = &c->ly[g->l0 + li];
-            if (!c->p.values_exact) o->predictors += (uint64_t)g->r * c->kvd * elt + (uint64_t)c->kvd * sizeof(float);
+            if (!c->p.values_exact) o->predictors += (uint64_t)lr_vr(c, g) * c->kvd * elt + (uint64_t)c->kvd * sizeof(float);
             o->landmarks += n_ch * c->kvd * sizeof(uint16_t) + (uint64_t)c->kvd * sizeof(float);
             if (c->p.bound) o->landmarks += 2 * (n_ch * c->kvd * sizeof(uint16_t) + (uint64_t)c->kvd * sizeof(float));
             /* decode's value summaries, counted for every stored chunk as soon as decode would
@@ -635,6 +638,13 @@ static const rk_kv_ops lowram_ops = {
 rk_status rk_kv_lowram_init(rk_kv *kv, const rk_model *m, const rk_lowram_params *pp, int n_threads, char *warning,
                             size_t warning_cap, rk_err *err) {
     rk_lowram_params p = *pp;
+    /* start: by default the measured decode crossover (LR_START_DEFAULT rows, docs/LOWRAM.md
+     * eighth session), at most half the model's trained context (a model made for short
+     * contexts, such as the test models of 512, compresses its second half) */
+    if (p.fit_min == 0) {
+        const int64_t half = rk_model_n_ctx_max(m) / 2;
+        p.fit_min = (int32_t)(half > 0 && half < LR_START_DEFAULT ? half : LR_START_DEFAULT);
+    }
     rk_status st = resolve(&p, kv, err);
     if (st) return st;
     rk_kv_codec *c = NULL;

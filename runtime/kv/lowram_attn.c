@@ -640,7 +640,7 @@ LR_AI void head_run(head_task *t) {
     if (!t->slot) lr_mat_f32(c, g->basis, (size_t)g->D, 0, g->r, off, hd, x->bsl);
     /* decode: W is applied row by row at the end (no f32 copy of it per step) */
     const bool fuse_w = t->use_c && t->sparse && t->ns < LR_VREBUILD_MIN && t->ns <= LR_WMAX;
-    if (t->use_c && !fuse_w) lr_mat_f32(c, L->W, (size_t)c->kvd, 0, g->r, t->h * hd, hd, x->wsl);
+    if (t->use_c && !fuse_w) lr_mat_f32(c, L->W, (size_t)c->kvd, 0, lr_vr(c, g), t->h * hd, hd, x->wsl);
     const bool split = t->n_part > 1 && t->vsum && t->sel;
     const int np = split ? t->n_part : 1, pt = split ? t->part : 0;
     if (pt == 0) plain_rows(t, 0, c->p.n_sink < last ? c->p.n_sink : last);

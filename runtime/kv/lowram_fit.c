@@ -70,7 +70,8 @@ bool lr_group_alloc(rk_kv_codec *c, lr_group *g) {
     for (int li = 0; li < g->n_l && ok; li++) {
         lr_layer *L = &c->ly[g->l0 + li];
         free(L->W), free(L->b);
-        L->W = calloc((size_t)g->r * c->kvd, c->wide ? 4 : 2); /* zero in f16 and f32 */
+        /* only the value-rank rows of the predictor are stored (the rows past them are 0) */
+        L->W = calloc((size_t)lr_vr(c, g) * c->kvd, c->wide ? 4 : 2);
         L->b = calloc((size_t)c->kvd, sizeof(float));
         L->vs_n = 0, L->vs_last = 0; /* a new W: summaries are rebuilt */
         if (!L->lmk) L->lmk = malloc((size_t)c->cap_chunks * c->kvd * sizeof(uint16_t));
@@ -126,19 +127,30 @@ static rk_status fit_basis(rk_kv_codec *c, lr_group *g, int64_t n_past) {
     double *G = calloc((size_t)D * D, sizeof(double)), *sum = calloc((size_t)D, sizeof(double));
     double *V = NULL;
     float *x = malloc((size_t)64 * D * sizeof(float)), *w = malloc((size_t)D * sizeof(float)), *bf = NULL;
+    float *sh = calloc((size_t)D, sizeof(float)), *gw = malloc(((size_t)64 * D + (size_t)D * D) * sizeof(float));
     rk_eig eg = {0};
     rk_status st = RK_E_NOMEM;
-    if (!G || !sum || !x || !w) goto done;
+    if (!G || !sum || !x || !w || !sh || !gw) goto done;
     dim_weights(c, g, w);
+    /* rows shifted by the mean of the first block, so that the f32 block sums of the Gram
+     * matrix see nearly centred data (the centring below then cancels little) */
     int64_t n_g = 0;
     for (int64_t p = c->p.n_sink; p < n_past;) {
         int nb = 0;
         for (; nb < 64 && p < n_past; nb++, p += stride) {
             float *xr = x + (size_t)nb * D;
             lr_stacked_key(c, g, p, xr);
-            for (int d = 0; d < D; d++) xr[d] *= w[d], sum[d] += xr[d];
+            for (int d = 0; d < D; d++) xr[d] *= w[d];
         }
-        rk_linalg_gram_add(D, nb, x, G);
+        if (n_g == 0)
+            for (int d = 0; d < D; d++) {
+                double m = 0;
+                for (int a = 0; a < nb; a++) m += x[(size_t)a * D + d];
+                sh[d] = (float)(m / nb);
+            }
+        for (int a = 0; a < nb; a++)
+            for (int d = 0; d < D; d++) sum[d] += x[(size_t)a * D + d] -= sh[d];
+        rk_linalg_gram_add_f32(D, nb, x, gw, G);
         n_g += nb;
     }
     for (int i = 0; i < D; i++) {
@@ -157,7 +169,7 @@ static rk_status fit_basis(rk_kv_codec *c, lr_group *g, int64_t n_past) {
     if (!rk_linalg_eig_vectors(&eg, g->r, V)) goto done;
     for (int d = 0; d < D; d++) {
         g->wdim[d] = w[d], g->winv[d] = 1.0f / w[d];
-        g->mean[d] = (float)(sum[d] / (double)n_g) / w[d];
+        g->mean[d] = (float)(sum[d] / (double)n_g + sh[d]) / w[d];
     }
     st = RK_E_NOMEM;
     if (!(bf = malloc((size_t)g->r * D * sizeof(float)))) goto done;
@@ -165,7 +177,7 @@ static rk_status fit_basis(rk_kv_codec *c, lr_group *g, int64_t n_past) {
     lr_mat_store(c, g->basis, (size_t)g->r * D, bf);
     st = RK_OK;
 done:
-    free(G), free(sum), free(V), free(x), free(w), free(bf);
+    free(G), free(sum), free(V), free(x), free(w), free(bf), free(sh), free(gw);
     rk_linalg_eig_free(&eg);
     return st;
 }
@@ -192,56 +204,57 @@ static rk_status file_basis(rk_kv_codec *c, lr_group *g, int gi) {
  * shrunk towards the file's predictor instead of towards 0. */
 static rk_status fit_predictor(rk_kv_codec *c, lr_group *g, const float *Cq, int64_t n_fit,
                                int64_t stride) {
-    const int r = g->r, m = g->n_l * c->kvd;
-    double *A = calloc((size_t)r * r, sizeof(double)), *B = calloc((size_t)r * m, sizeof(double));
+    /* value_rank: the predictor from the first rv coefficients only, so only the leading
+     * (rv, rv) block of CᵀC and the first rv rows of CᵀV are accumulated (rows rv.. of W
+     * are 0); the ridge λ still comes from the trace over all r coefficients */
+    const int r = g->r, rv = lr_vr(c, g), m = g->n_l * c->kvd;
+    double *A = calloc((size_t)rv * rv, sizeof(double)), *B = calloc((size_t)rv * m, sizeof(double));
     double *mc = calloc((size_t)r, sizeof(double)), *mv = calloc((size_t)m, sizeof(double));
-    float *cb = malloc((size_t)64 * r * sizeof(float)), *ct = malloc((size_t)64 * r * sizeof(float));
-    float *vb = malloc((size_t)64 * m * sizeof(float)), *t = malloc((size_t)r * m * sizeof(float));
+    double *sq = calloc((size_t)r, sizeof(double));
+    float *cb = malloc((size_t)64 * rv * sizeof(float)), *ct = malloc((size_t)64 * rv * sizeof(float));
+    float *vb = malloc((size_t)64 * m * sizeof(float)), *t = malloc((size_t)rv * m * sizeof(float));
     float *wp = malloc((size_t)r * c->kvd * sizeof(float)), *bp = malloc((size_t)c->kvd * sizeof(float));
     rk_status st = RK_E_NOMEM;
-    if (!A || !B || !mc || !mv || !cb || !ct || !vb || !t || !wp || !bp) goto done;
+    if (!A || !B || !mc || !mv || !sq || !cb || !ct || !vb || !t || !wp || !bp) goto done;
     int64_t n = 0;
     for (int64_t i = 0; i < n_fit;) {
         int nb = 0;
         for (; nb < 64 && i < n_fit; nb++, i += stride) {
-            memcpy(cb + (size_t)nb * r, Cq + (size_t)i * r, (size_t)r * sizeof(float));
+            const float *ci = Cq + (size_t)i * r;
+            memcpy(cb + (size_t)nb * rv, ci, (size_t)rv * sizeof(float));
+            for (int k = 0; k < r; k++) mc[k] += ci[k], sq[k] += (double)ci[k] * ci[k];
             for (int li = 0; li < g->n_l; li++)
                 lr_plain_row(c, g->l0 + li, true, c->p.n_sink + i, vb + (size_t)nb * m + (size_t)li * c->kvd);
         }
         for (int a = 0; a < nb; a++) {
-            for (int k = 0; k < r; k++) mc[k] += cb[(size_t)a * r + k], ct[(size_t)k * nb + a] = cb[(size_t)a * r + k];
+            for (int k = 0; k < rv; k++) ct[(size_t)k * nb + a] = cb[(size_t)a * rv + k];
             for (int j = 0; j < m; j++) mv[j] += vb[(size_t)a * m + j];
         }
-        rk_linalg_gram_add(r, nb, cb, A);
-        rk_linalg_matmul(r, m, nb, ct, nb, vb, m, t, m); /* (r, m) = Cbᵀ Vb */
-        for (size_t k = 0; k < (size_t)r * m; k++) B[k] += t[k];
+        rk_linalg_gram_add(rv, nb, cb, A);
+        rk_linalg_matmul(rv, m, nb, ct, nb, vb, m, t, m); /* (rv, m) = Cbᵀ Vb */
+        for (size_t k = 0; k < (size_t)rv * m; k++) B[k] += t[k];
         n += nb;
     }
     double tr = 0;
     for (int k = 0; k < r; k++) mc[k] /= (double)n;
     for (int j = 0; j < m; j++) mv[j] /= (double)n;
-    for (int i = 0; i < r; i++)
-        for (int j = i; j < r; j++) {
-            double v = A[(size_t)i * r + j] - (double)n * mc[i] * mc[j];
-            A[(size_t)i * r + j] = A[(size_t)j * r + i] = v;
+    for (int i = 0; i < rv; i++)
+        for (int j = i; j < rv; j++) {
+            double v = A[(size_t)i * rv + j] - (double)n * mc[i] * mc[j];
+            A[(size_t)i * rv + j] = A[(size_t)j * rv + i] = v;
         }
-    for (int i = 0; i < r; i++) tr += A[(size_t)i * r + i];
+    for (int i = 0; i < r; i++) tr += sq[i] - (double)n * mc[i] * mc[i];
     const double lam = c->p.lambda * (tr > 0 ? tr / r : 1.0);
-    for (int i = 0; i < r; i++) {
-        A[(size_t)i * r + i] += lam;
+    for (int i = 0; i < rv; i++) {
+        A[(size_t)i * rv + i] += lam;
         for (int j = 0; j < m; j++) B[(size_t)i * m + j] -= (double)n * mc[i] * mv[j];
     }
     if (c->pgguf)
         for (int li = 0; li < g->n_l; li++)
             if (lr_pred_value(c, g->l0 + li, r, wp, bp))
-                for (int i = 0; i < r; i++)
+                for (int i = 0; i < rv; i++)
                     for (int j = 0; j < c->kvd; j++) B[(size_t)i * m + li * c->kvd + j] += lam * wp[(size_t)i * c->kvd + j];
     st = RK_E_INTERNAL;
-    /* value_rank: the predictor from the first rv coefficients only (the leading block of A,
-     * the first rv rows of B; rows rv.. of W are 0) */
-    const int rv = lr_vr(c, g);
-    if (rv < r)
-        for (int i = 1; i < rv; i++) memmove(A + (size_t)i * rv, A + (size_t)i * r, (size_t)rv * sizeof(double));
     if (!rk_linalg_spd_solve(rv, A, B, m)) goto done;
     for (int li = 0; li < g->n_l; li++) {
         lr_layer *L = &c->ly[g->l0 + li];
@@ -254,24 +267,36 @@ static rk_status fit_predictor(rk_kv_codec *c, lr_group *g, const float *Cq, int
             }
             L->b[j] = (float)bj;
         }
-        lr_mat_store(c, L->W, (size_t)r * c->kvd, wp);
+        lr_mat_store(c, L->W, (size_t)rv * c->kvd, wp);
     }
     st = RK_OK;
 done:
-    free(A), free(B), free(mc), free(mv), free(cb), free(ct), free(vb), free(t), free(wp), free(bp);
+    free(A), free(B), free(mc), free(mv), free(sq), free(cb), free(ct), free(vb), free(t), free(wp), free(bp);
     return st;
 }
 
-static int cmp_desc(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x < y) - (x > y);
-}
-
-/* k-th largest of v (n), k >= 1 (sorts a copy). */
+/* k-th largest of v (n), k >= 1: quickselect on a copy (Hoare partition, middle pivot);
+ * the value equals that of a full sort. */
 static float kth_largest(const float *v, int64_t n, int64_t k, float *tmp) {
     memcpy(tmp, v, (size_t)n * sizeof(float));
-    qsort(tmp, (size_t)n, sizeof(float), cmp_desc);
-    return tmp[k - 1];
+    int64_t lo = 0, hi = n - 1;
+    const int64_t want = k - 1; /* index in decreasing order */
+    while (lo < hi) {
+        const float piv = tmp[lo + (hi - lo) / 2];
+        int64_t i = lo, j = hi;
+        while (i <= j) {
+            while (tmp[i] > piv) i++;
+            while (tmp[j] < piv) j--;
+            if (i <= j) {
+                const float t = tmp[i];
+                tmp[i++] = tmp[j], tmp[j--] = t;
+            }
+        }
+        if (want <= j) hi = j;
+        else if (want >= i) lo = i;
+        else return tmp[want];
+    }
+    return tmp[want];
 }
 
 static rk_status fit_group(fit_job *j, int gi) {
@@ -320,7 +345,7 @@ static rk_status fit_group(fit_job *j, int gi) {
     const int64_t stride = (n_fit + c->p.max_fit_rows - 1) / c->p.max_fit_rows;
     if (!c->p.values_exact && (st = fit_predictor(c, g, Cq, n_fit, stride))) goto done;
     for (int li = 0; li < g->n_l; li++) /* the residuals see the stored (rounded) predictor */
-        lr_mat_f32(c, c->ly[g->l0 + li].W, (size_t)c->kvd, 0, r, 0, c->kvd, W + (size_t)li * r * c->kvd);
+        lr_mat_f32(c, c->ly[g->l0 + li].W, (size_t)c->kvd, 0, lr_vr(c, g), 0, c->kvd, W + (size_t)li * r * c->kvd);
     st = RK_E_NOMEM;
     /* residuals of the stored rows, 64 at a time, and R² over them */
     for (int64_t i = 0, k0 = 0; i < n_cand;) {
@@ -393,6 +418,7 @@ static rk_status fit_group(fit_job *j, int gi) {
         lr_append_row(c, g, sink + i, ecoef + (size_t)k * g->coef_bytes, Cq + (size_t)i * r, res, v);
         k++;
     }
+    lr_append_close(c, g);
     st = RK_OK;
 done:
     free(Cq), free(x), free(ecoef), free(crow), free(eres), free(sel), free(e2), free(score), free(e2u), free(tmp);
@@ -438,7 +464,10 @@ static void mass_layer(mass_job *j, int l) {
             const int64_t pq = c->obs_pos[(size_t)l * W + o];
             if (pq >= n) continue;
             float *sc = S + (size_t)o * n, mx = -INFINITY;
-            for (int64_t p = 0; p <= pq; p++) mx = fmaxf(mx, sc[p] *= scale);
+            for (int64_t p = 0; p <= pq; p++) {
+                sc[p] *= scale;
+                mx = sc[p] > mx ? sc[p] : mx;
+            }
             double sum = 0;
             for (int64_t p = 0; p <= pq; p++) sum += sc[p] = expf(sc[p] - mx);
             const float inv = (float)(1.0 / sum);

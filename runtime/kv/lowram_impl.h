@@ -7,6 +7,10 @@
 #include "kv_impl.h"
 #include "rk_linalg.h"
 
+/* default start= (rows): below it every row stays exact, which decodes faster than the
+ * compressed form on the 2-core CPU (the crossover measured in docs/LOWRAM.md) */
+#define LR_START_DEFAULT 3072
+
 /* Stored row of compressed keys: the rank-r coefficients of one position, stacked over the
  * group's layers. Residual row: δ of one (layer, KV head) and position. */
 typedef struct lr_group {
@@ -109,6 +113,10 @@ struct rk_kv_codec {
     lr_group *g;          /* (n_group) */
     lr_layer *ly;         /* (n_layer) */
     bool fitted;
+    /* the chunks' f16 mean coefficients (lr_group.cmean) are kept: only the summary rows
+     * (summ, csumm) and the device op read them; off, they are neither written nor counted and
+     * lr_cmean_need rebuilds them from the coefficient rows (bit for bit) when a reader appears */
+    bool cmean_on;
     int64_t comp_end;     /* positions [n_sink, comp_end) are compressed or evicted */
     int64_t n_past;       /* committed rows (the session's n_past after the last commit) */
     int64_t n_evicted;
@@ -189,6 +197,13 @@ void lr_residuals(const rk_kv_codec *c, const lr_group *g, const float *W, int l
  * tmp: kv_dim scratch. */
 void lr_append_row(rk_kv_codec *c, lr_group *g, int64_t p, const uint8_t *coef_row,
                    const float *cq, const uint8_t *const *res, float *tmp);
+/* Chunk mean coefficients of group g, every stored chunk, into dst (n_ch, r) f16, from the
+ * coefficient rows (the same float sums as appending). */
+void lr_cmean_fill(const rk_kv_codec *c, const lr_group *g, uint16_t *dst);
+/* Turns cmean_on on, filling every fitted group's chunk means first. */
+void lr_cmean_need(rk_kv_codec *c);
+/* Writes the open (partial) chunk's f16 means after a run of lr_append_row calls. */
+void lr_append_close(rk_kv_codec *c, lr_group *g);
 /* Compresses exact rows [c->comp_end, end) with the fitted basis and predictors. */
 rk_status lr_compress(rk_kv_codec *c, int64_t end, rk_err *err);
 /* Forgets stored rows at positions >= pos (the session was truncated to pos). */

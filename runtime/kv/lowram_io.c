@@ -49,7 +49,6 @@ static void put_exact(const rk_kv_codec *c, rk_kv_buf *b, int64_t p0, int64_t p1
 }
 
 rk_status lr_export(const rk_kv_codec *c, rk_kv_buf *b, rk_err *err) {
-    (void)err;
     const int64_t n = c->n_past;
     rk_kv_put_u32(b, c->fitted);
     rk_kv_put_u64(b, (uint64_t)n), rk_kv_put_u64(b, (uint64_t)c->comp_end);
@@ -74,14 +73,22 @@ rk_status lr_export(const rk_kv_codec *c, rk_kv_buf *b, rk_err *err) {
         rk_kv_put_u64(b, (uint64_t)g->n_rows);
         rk_kv_put(b, g->mean, D * 4), rk_kv_put(b, g->wdim, D * 4), rk_kv_put(b, g->winv, D * 4);
         rk_kv_put(b, g->basis, r * D * elt(c));
-        rk_kv_put(b, g->cmean, nch * r * 2);
+        if (c->cmean_on) {
+            rk_kv_put(b, g->cmean, nch * r * 2);
+        } else { /* not kept: the block still carries them (rebuilt), so every reader can import it */
+            uint16_t *cm = malloc((nch ? nch : 1) * r * 2);
+            if (!cm) return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory exporting chunk means");
+            lr_cmean_fill(c, g, cm);
+            rk_kv_put(b, cm, nch * r * 2);
+            free(cm);
+        }
         rk_kv_put(b, g->open_c, r * 4);
         rk_kv_put(b, g->pos, (size_t)g->n_rows * 4);
         rk_kv_put(b, g->coef, (size_t)g->n_rows * g->coef_bytes);
         for (int li = 0; li < g->n_l; li++) {
             const lr_layer *L = &c->ly[g->l0 + li];
             const size_t kvd = (size_t)c->kvd;
-            rk_kv_put(b, L->W, r * kvd * elt(c));
+            rk_kv_put(b, L->W, (size_t)lr_vr(c, g) * kvd * elt(c));
             rk_kv_put(b, L->b, kvd * 4);
             rk_kv_put(b, L->lmk, nch * kvd * 2);
             rk_kv_put(b, L->open_sum, kvd * 4);
@@ -113,6 +120,12 @@ static bool take(rk_kv_rd *r, void *dst, uint64_t count, size_t size) {
     if (!p) return false;
     if (count) memcpy(dst, p, (size_t)(count * size));
     return true;
+}
+
+/* the chunk means: into dst when the codec keeps them, else read past (not resident) */
+static bool take_cmean(const rk_kv_codec *c, rk_kv_rd *r, uint16_t *dst, uint64_t count) {
+    if (c->cmean_on) return take(r, dst, count, 2);
+    return rk_kv_get_n(r, count, 2) != NULL || count == 0;
 }
 
 static bool take_exact(rk_kv_codec *c, rk_kv_rd *r, int64_t p0, int64_t p1) {
@@ -154,7 +167,7 @@ static rk_status import_fitted(rk_kv_codec *c, rk_kv_rd *r, rk_err *err) {
         g->n_rows = (int64_t)n_rows;
         const uint64_t D = (uint64_t)g->D, R = rank, nch = (uint64_t)n_chunks(c, g), kvd = (uint64_t)c->kvd;
         if (!take(r, g->mean, D, 4) || !take(r, g->wdim, D, 4) || !take(r, g->winv, D, 4) ||
-            !take(r, g->basis, R * D, elt(c)) || !take(r, g->cmean, nch * R, 2) || !take(r, g->open_c, R, 4) ||
+            !take(r, g->basis, R * D, elt(c)) || !take_cmean(c, r, g->cmean, nch * R) || !take(r, g->open_c, R, 4) ||
             !take(r, g->pos, n_rows, 4) || !take(r, g->coef, n_rows, g->coef_bytes))
             return BAD("lowram: payload ends inside group %d", gi);
         for (uint64_t i = 0; i < n_rows; i++) /* positions index the RoPE table: strictly increasing, compressed */
@@ -163,7 +176,7 @@ static rk_status import_fitted(rk_kv_codec *c, rk_kv_rd *r, rk_err *err) {
                            (unsigned long long)i, g->pos[i], (long long)sink, (long long)c->comp_end);
         for (int li = 0; li < g->n_l; li++) {
             lr_layer *L = &c->ly[g->l0 + li];
-            if (!take(r, L->W, R * kvd, elt(c)) || !take(r, L->b, kvd, 4) || !take(r, L->lmk, nch * kvd, 2) ||
+            if (!take(r, L->W, (uint64_t)lr_vr(c, g) * kvd, elt(c)) || !take(r, L->b, kvd, 4) || !take(r, L->lmk, nch * kvd, 2) ||
                 !take(r, L->open_sum, kvd, 4))
                 return BAD("lowram: payload ends inside layer %d", g->l0 + li);
             if (c->p.bound && (!take(r, L->lmin, nch * kvd, 2) || !take(r, L->lmax, nch * kvd, 2) ||

@@ -166,7 +166,10 @@ void lr_encode_row(uint32_t type, float *v, int n, uint8_t *dst) {
         }
     } else if (type == RK_DT_Q4_0) { /* f16 scale, then n/2 bytes of two 4-bit values in -7..7 (+8) */
         float mx = 0;
-        for (int i = 0; i < n; i++) mx = fmaxf(mx, fabsf(v[i]));
+        for (int i = 0; i < n; i++) {
+            const float a = fabsf(v[i]);
+            mx = a > mx ? a : mx;
+        }
         f16w(dst, mx / 7.0f);
         const float sc = f16r(dst), inv = sc > 0 ? 1.0f / sc : 0;
         for (int i = 0; i < n; i += 2) {
@@ -178,7 +181,10 @@ void lr_encode_row(uint32_t type, float *v, int n, uint8_t *dst) {
         }
     } else { /* Q8: f16 scale, then n int8 */
         float mx = 0;
-        for (int i = 0; i < n; i++) mx = fmaxf(mx, fabsf(v[i]));
+        for (int i = 0; i < n; i++) {
+            const float a = fabsf(v[i]);
+            mx = a > mx ? a : mx;
+        }
         f16w(dst, mx / 127.0f);
         const float sc = f16r(dst), inv = sc > 0 ? 1.0f / sc : 0;
         int8_t *qv = (int8_t *)(dst + 2);
@@ -244,7 +250,55 @@ void lr_stacked_key(const rk_kv_codec *c, const lr_group *g, int64_t p, float *x
 
 /* ---- appending one stored row ----------------------------------------------------
  * cq: its dequantised coefficients (r); res: per layer of the group and head, the
- * encoded residual row or NULL for none. Landmarks take the exact post-RoPE keys. */
+ * encoded residual row or NULL for none. Landmarks take the exact post-RoPE keys. The
+ * chunk's f16 means (coefficients, landmarks, bounds) are written from the open sums when
+ * the chunk fills or at lr_append_close, not at every row. */
+static void write_chunk_means(rk_kv_codec *c, lr_group *g) {
+    const int64_t C = c->p.chunk, ch = (g->n_rows - 1) / C;
+    const float inv = 1.0f / (float)(g->n_rows - ch * C);
+    const float n = (float)(g->n_rows - ch * C);
+    for (int k = 0; c->cmean_on && k < g->r; k++) g->cmean[(size_t)ch * g->r + k] = rk_f32_to_f16(g->open_c[k] / n);
+    for (int li = 0; li < g->n_l; li++) {
+        lr_layer *L = &c->ly[g->l0 + li];
+        for (int j = 0; j < c->kvd; j++) L->lmk[(size_t)ch * c->kvd + j] = rk_f32_to_f16(L->open_sum[j] * inv);
+        if (L->lmin)
+            for (int j = 0; j < c->kvd; j++) {
+                L->lmin[(size_t)ch * c->kvd + j] = rk_f32_to_f16(L->open_min[j]);
+                L->lmax[(size_t)ch * c->kvd + j] = rk_f32_to_f16(L->open_max[j]);
+            }
+    }
+}
+
+void lr_cmean_fill(const rk_kv_codec *c, const lr_group *g, uint16_t *dst) {
+    const int64_t C = c->p.chunk;
+    float *cf = malloc((size_t)g->r * sizeof(float)), *acc = malloc((size_t)g->r * sizeof(float));
+    if (!cf || !acc) { /* callers check nothing: leave zeros rather than garbage */
+        memset(dst, 0, (size_t)((g->n_rows + C - 1) / C) * g->r * sizeof(uint16_t));
+        free(cf), free(acc);
+        return;
+    }
+    for (int64_t ch = 0; ch * C < g->n_rows; ch++) {
+        const int64_t i0 = ch * C, n = g->n_rows - i0 < C ? g->n_rows - i0 : C;
+        memset(acc, 0, (size_t)g->r * sizeof(float));
+        for (int64_t i = i0; i < i0 + n; i++) {
+            lr_coef_rows(c, g, i, 1, cf);
+            for (int k = 0; k < g->r; k++) acc[k] += cf[k];
+        }
+        for (int k = 0; k < g->r; k++) dst[(size_t)ch * g->r + k] = rk_f32_to_f16(acc[k] / (float)n);
+    }
+    free(cf), free(acc);
+}
+
+void lr_cmean_need(rk_kv_codec *c) {
+    if (c->cmean_on) return;
+    for (int gi = 0; c->fitted && gi < c->n_group; gi++) lr_cmean_fill(c, &c->g[gi], c->g[gi].cmean);
+    c->cmean_on = true;
+}
+
+void lr_append_close(rk_kv_codec *c, lr_group *g) {
+    if (g->n_rows % c->p.chunk) write_chunk_means(c, g);
+}
+
 void lr_append_row(rk_kv_codec *c, lr_group *g, int64_t p, const uint8_t *coef_row,
                        const float *cq, const uint8_t *const *res, float *tmp) {
     const int64_t i = g->n_rows, C = c->p.chunk, ch = i / C;
@@ -252,10 +306,7 @@ void lr_append_row(rk_kv_codec *c, lr_group *g, int64_t p, const uint8_t *coef_r
     g->pos[i] = (int32_t)p;
     memcpy(g->coef + (size_t)i * g->coef_bytes, coef_row, g->coef_bytes);
     if (bit == 0) memset(g->open_c, 0, (size_t)g->r * sizeof(float));
-    for (int k = 0; k < g->r; k++) {
-        g->open_c[k] += cq[k];
-        g->cmean[(size_t)ch * g->r + k] = rk_f32_to_f16(g->open_c[k] / (float)(bit + 1));
-    }
+    for (int k = 0; k < g->r; k++) g->open_c[k] += cq[k];
     for (int li = 0; li < g->n_l; li++) {
         lr_layer *L = &c->ly[g->l0 + li];
         for (int h = 0; h < c->n_head_kv; h++) {
@@ -271,18 +322,14 @@ void lr_append_row(rk_kv_codec *c, lr_group *g, int64_t p, const uint8_t *coef_r
         lr_plain_row(c, g->l0 + li, false, p, tmp);
         if (bit == 0) memset(L->open_sum, 0, (size_t)c->kvd * sizeof(float));
         for (int j = 0; j < c->kvd; j++) L->open_sum[j] += tmp[j];
-        const float inv = 1.0f / (float)(bit + 1);
-        for (int j = 0; j < c->kvd; j++) L->lmk[(size_t)ch * c->kvd + j] = rk_f32_to_f16(L->open_sum[j] * inv);
-        if (L->lmin) {
+        if (L->lmin)
             for (int j = 0; j < c->kvd; j++) {
                 L->open_min[j] = bit == 0 || tmp[j] < L->open_min[j] ? tmp[j] : L->open_min[j];
                 L->open_max[j] = bit == 0 || tmp[j] > L->open_max[j] ? tmp[j] : L->open_max[j];
-                L->lmin[(size_t)ch * c->kvd + j] = rk_f32_to_f16(L->open_min[j]);
-                L->lmax[(size_t)ch * c->kvd + j] = rk_f32_to_f16(L->open_max[j]);
             }
-        }
     }
     g->n_rows++;
+    if (bit == C - 1) write_chunk_means(c, g);
 }
 
 /* Coefficients of the stacked key x (D, destroyed: centred) on group g's basis B (r, D). */
@@ -298,7 +345,7 @@ bool lr_working_copies(const rk_kv_codec *c, const lr_group *g, float **B, float
     if (!*B || !*W) return false;
     lr_mat_f32(c, g->basis, (size_t)g->D, 0, g->r, 0, g->D, *B);
     for (int li = 0; li < g->n_l; li++)
-        lr_mat_f32(c, c->ly[g->l0 + li].W, (size_t)c->kvd, 0, g->r, 0, c->kvd, *W + (size_t)li * g->r * c->kvd);
+        lr_mat_f32(c, c->ly[g->l0 + li].W, (size_t)c->kvd, 0, lr_vr(c, g), 0, c->kvd, *W + (size_t)li * g->r * c->kvd);
     return true;
 }
 
@@ -307,7 +354,8 @@ void lr_residuals(const rk_kv_codec *c, const lr_group *g, const float *W, int l
                   size_t e2_stride) {
     const lr_layer *L = &c->ly[g->l0 + li];
     const int kvd = c->kvd;
-    rk_linalg_matmul(n, kvd, g->r, cq, g->r, W + (size_t)li * g->r * kvd, kvd, vh, kvd);
+    /* rows of W past the value rank are 0: only the first lr_vr coefficients contribute */
+    rk_linalg_matmul(n, kvd, lr_vr(c, g), cq, g->r, W + (size_t)li * g->r * kvd, kvd, vh, kvd);
     for (int a = 0; a < n; a++) {
         float *va = v + (size_t)a * kvd;
         const float *ha = vh + (size_t)a * kvd;
@@ -335,7 +383,7 @@ static void compress_group(rk_kv_codec *c, lr_group *g, int64_t p0, int64_t p1, 
     const size_t enc_row = (size_t)n_lh * c->res_bytes;
     lr_mat_f32(c, g->basis, (size_t)g->D, 0, g->r, 0, g->D, w->B);
     for (int li = 0; li < g->n_l; li++)
-        lr_mat_f32(c, c->ly[g->l0 + li].W, (size_t)c->kvd, 0, g->r, 0, c->kvd, w->W + (size_t)li * g->r * c->kvd);
+        lr_mat_f32(c, c->ly[g->l0 + li].W, (size_t)c->kvd, 0, lr_vr(c, g), 0, c->kvd, w->W + (size_t)li * g->r * c->kvd);
     for (int64_t b0 = p0; b0 < p1; b0 += LR_BLOCK) {
         const int nb = p1 - b0 < LR_BLOCK ? (int)(p1 - b0) : LR_BLOCK;
         int64_t pos[LR_BLOCK];
@@ -356,6 +404,7 @@ static void compress_group(rk_kv_codec *c, lr_group *g, int64_t p0, int64_t p1, 
             lr_append_row(c, g, b0 + a, w->crow + (size_t)a * g->coef_bytes, w->cf + (size_t)a * g->r, w->res, w->v);
         }
     }
+    lr_append_close(c, g);
 }
 
 static void compress_worker(void *vp, int t, int nt) {
@@ -431,7 +480,7 @@ void lr_truncate(rk_kv_codec *c, int64_t pos) {
             }
             for (int j = 0; j < c->kvd; j++) L->lmk[(size_t)ch * c->kvd + j] = rk_f32_to_f16(L->open_sum[j] / (float)nb);
             if (li == 0)
-                for (int k = 0; k < g->r; k++) g->cmean[(size_t)ch * g->r + k] = rk_f32_to_f16(g->open_c[k] / (float)nb);
+                for (int k = 0; c->cmean_on && k < g->r; k++) g->cmean[(size_t)ch * g->r + k] = rk_f32_to_f16(g->open_c[k] / (float)nb);
         }
     }
     free(tmp), free(Bl);
@@ -461,12 +510,13 @@ bool lr_vsum_update(rk_kv_codec *c, int l) {
     float *Wf = malloc(((size_t)r * kvd + (size_t)NB * r + (size_t)NB * kvd) * sizeof(float));
     if (!Wf) return false;
     float *cm = Wf + (size_t)r * kvd, *v = cm + (size_t)NB * r;
-    lr_mat_f32(c, L->W, (size_t)kvd, 0, r, 0, kvd, Wf);
+    const int rv = lr_vr(c, g);
+    lr_mat_f32(c, L->W, (size_t)kvd, 0, rv, 0, kvd, Wf);
     const rk_quant_fns *f16 = rk_quant_fast(RK_DT_F16);
     for (int64_t ch0 = from; ch0 < n_ch; ch0 += NB) {
         const int nb = n_ch - ch0 < NB ? (int)(n_ch - ch0) : NB;
         f16->to_f32(g->cmean + (size_t)ch0 * r, cm, (int64_t)nb * r);
-        rk_linalg_matmul(nb, kvd, r, cm, r, Wf, kvd, v, kvd);
+        rk_linalg_matmul(nb, kvd, rv, cm, r, Wf, kvd, v, kvd);
         for (int k = 0; k < nb; k++)
             for (int h = 0; h < c->n_head_kv; h++)
                 lr_encode_row(RK_DT_Q8_0, v + (size_t)k * kvd + (size_t)h * hd, hd,

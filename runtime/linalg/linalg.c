@@ -9,6 +9,9 @@
 #ifdef RK_HAVE_BLAS
 #include <cblas.h>
 #endif
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#endif
 
 /* ---- symmetric eigensolver ------------------------------------------------------
  * A = Q T Qᵀ by Householder reflections (T tridiagonal: diagonal a, off-diagonal b),
@@ -193,7 +196,7 @@ bool rk_linalg_eig_values(rk_eig *e, int n, double *A) {
     return ok;
 }
 
-bool rk_linalg_eig_vectors(const rk_eig *e, int r, double *V) {
+LR_AI bool eig_vectors_impl(const rk_eig *e, int r, double *V) {
     const int n = e->n;
     double *w = malloc((size_t)5 * n * sizeof(double));
     if (!w) return false;
@@ -227,18 +230,36 @@ bool rk_linalg_eig_vectors(const rk_eig *e, int r, double *V) {
             for (int i = 0; i < n; i++) z[i] /= nz;
         }
     }
-    /* x = H_0 H_1 ... H_{n-3} z */
-    for (int k = 0; k < r; k++) {
-        double *x = V + (size_t)k * n;
+    /* x = H_0 H_1 ... H_{n-3} z, for blocks of 16 vectors at a time so that each reflector
+     * is read once per block, not once per vector (the same operations per vector) */
+    for (int k0 = 0; k0 < r; k0 += 16)
         for (int j = n - 3; j >= 0; j--) {
             if (e->beta[j] == 0) continue;
             const double *v = e->Hv + (size_t)j * n;
-            const double f = e->beta[j] * ddot(v, x + j + 1, n - j - 1);
-            for (int i = 0; i < n - j - 1; i++) x[j + 1 + i] -= f * v[i];
+            for (int k = k0; k < r && k < k0 + 16; k++) {
+                double *x = V + (size_t)k * n;
+                const double f = e->beta[j] * ddot(v, x + j + 1, n - j - 1);
+                for (int i = 0; i < n - j - 1; i++) x[j + 1 + i] -= f * v[i];
+            }
         }
-    }
     free(w);
     return true;
+}
+
+/* the inverse iteration's re-orthogonalisation and the back-transformation are dot
+ * products and updates over n: an AVX2 copy (no FMA contraction in ISO C: the same sums) */
+static bool eig_vectors_plain(const rk_eig *e, int r, double *V) { return eig_vectors_impl(e, r, V); }
+#ifdef LR_HAVE_AVX2_CLONES
+__attribute__((target("avx2,fma"))) static bool eig_vectors_avx2(const rk_eig *e, int r, double *V) {
+    return eig_vectors_impl(e, r, V);
+}
+#endif
+
+bool rk_linalg_eig_vectors(const rk_eig *e, int r, double *V) {
+#ifdef LR_HAVE_AVX2_CLONES
+    if (rk_cpu_has_avx2()) return eig_vectors_avx2(e, r, V);
+#endif
+    return eig_vectors_plain(e, r, V);
 }
 
 void rk_linalg_eig_free(rk_eig *e) {
@@ -403,13 +424,77 @@ static void matmul_plain(int64_t n, int m, int k, const float *x, int ldx, const
 __attribute__((target("avx2,fma"))) static void gram_avx2(int D, int64_t n, const float *x, double *G) {
     LR_GRAM_BODY
 }
+/* Register-blocked AVX2 products (FMA: the sums round differently from the plain loops, by
+ * float rounding). nt: 4 rows of x by 3 rows of B, 8 lanes of k per step, one horizontal sum
+ * per output. nn: 4 rows by 16 columns of y held over all of k (B read in 16-column panels). */
+__attribute__((target("avx2,fma"))) static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
 __attribute__((target("avx2,fma"))) static void matmul_nt_avx2(int64_t n, int m, int k, const float *x, int ldx,
                                                                const float *B, int ldb, float *y, int ldy) {
-    LR_MATMUL_NT_BODY
+    const int k8 = k & ~7;
+    for (int j0 = 0; j0 < m; j0 += 3) {
+        const int nj = m - j0 < 3 ? m - j0 : 3;
+        const float *b[3];
+        for (int u = 0; u < 3; u++) b[u] = B + (size_t)(j0 + (u < nj ? u : 0)) * ldb;
+        for (int64_t i0 = 0; i0 < n; i0 += 4) {
+            const int nr = n - i0 < 4 ? (int)(n - i0) : 4;
+            const float *xr[4];
+            for (int u = 0; u < 4; u++) xr[u] = x + (i0 + (u < nr ? u : 0)) * ldx;
+            __m256 acc[4][3];
+            for (int u = 0; u < 4; u++)
+                for (int v = 0; v < 3; v++) acc[u][v] = _mm256_setzero_ps();
+            for (int p = 0; p < k8; p += 8) {
+                const __m256 b0 = _mm256_loadu_ps(b[0] + p), b1 = _mm256_loadu_ps(b[1] + p), b2 = _mm256_loadu_ps(b[2] + p);
+                for (int u = 0; u < 4; u++) {
+                    const __m256 xv = _mm256_loadu_ps(xr[u] + p);
+                    acc[u][0] = _mm256_fmadd_ps(xv, b0, acc[u][0]);
+                    acc[u][1] = _mm256_fmadd_ps(xv, b1, acc[u][1]);
+                    acc[u][2] = _mm256_fmadd_ps(xv, b2, acc[u][2]);
+                }
+            }
+            for (int u = 0; u < nr; u++)
+                for (int v = 0; v < nj; v++) {
+                    float t = hsum8(acc[u][v]);
+                    for (int p = k8; p < k; p++) t += xr[u][p] * b[v][p];
+                    y[(i0 + u) * ldy + j0 + v] = t;
+                }
+        }
+    }
 }
 __attribute__((target("avx2,fma"))) static void matmul_avx2(int64_t n, int m, int k, const float *x, int ldx,
                                                             const float *B, int ldb, float *y, int ldy) {
-    LR_MATMUL_BODY
+    const int m16 = m & ~15;
+    for (int j0 = 0; j0 < m16; j0 += 16)
+        for (int64_t i0 = 0; i0 < n; i0 += 4) {
+            const int nr = n - i0 < 4 ? (int)(n - i0) : 4;
+            const float *xr[4];
+            for (int u = 0; u < 4; u++) xr[u] = x + (i0 + (u < nr ? u : 0)) * ldx;
+            __m256 a[4][2];
+            for (int u = 0; u < 4; u++) a[u][0] = a[u][1] = _mm256_setzero_ps();
+            const float *bp = B + j0;
+            for (int p = 0; p < k; p++, bp += ldb) {
+                const __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
+                for (int u = 0; u < 4; u++) {
+                    const __m256 xv = _mm256_broadcast_ss(xr[u] + p);
+                    a[u][0] = _mm256_fmadd_ps(xv, b0, a[u][0]);
+                    a[u][1] = _mm256_fmadd_ps(xv, b1, a[u][1]);
+                }
+            }
+            for (int u = 0; u < nr; u++) {
+                _mm256_storeu_ps(y + (i0 + u) * ldy + j0, a[u][0]);
+                _mm256_storeu_ps(y + (i0 + u) * ldy + j0 + 8, a[u][1]);
+            }
+        }
+    for (int64_t i = 0; i < n && m16 < m; i++)
+        for (int j = m16; j < m; j++) {
+            float t = 0;
+            for (int p = 0; p < k; p++) t += x[i * ldx + p] * B[(size_t)p * ldb + j];
+            y[i * ldy + j] = t;
+        }
 }
 #endif
 
@@ -421,6 +506,19 @@ void rk_linalg_gram_add(int D, int64_t n, const float *x, double *G) {
     }
 #endif
     gram_plain(D, n, x, G);
+}
+
+void rk_linalg_gram_add_f32(int D, int n, const float *x, float *work, double *G) {
+    float *xt = work, *y = work + (size_t)n * D;
+    for (int a = 0; a < n; a++)
+        for (int d = 0; d < D; d++) xt[(size_t)d * n + a] = x[(size_t)a * D + d];
+    /* only the blocks on or above the diagonal: rows [i0, i0 + 16) from column i0 on */
+    for (int i0 = 0; i0 < D; i0 += 16) {
+        const int ni = D - i0 < 16 ? D - i0 : 16;
+        rk_linalg_matmul(ni, D - i0, n, xt + (size_t)i0 * n, n, x + i0, D, y + (size_t)i0 * D + i0, D);
+    }
+    for (int i = 0; i < D; i++)
+        for (int j = i; j < D; j++) G[(size_t)i * D + j] += y[(size_t)i * D + j];
 }
 
 void rk_linalg_matmul(int64_t n, int m, int k, const float *x, int ldx, const float *B, int ldb, float *y, int ldy) {

@@ -126,6 +126,7 @@ static rk_status up(rk_lrdev *d, void *dst, size_t off, const void *src, size_t 
 /* Device buffers for the codec's current fit (ranks known), constants uploaded. */
 static rk_status build(rk_lrdev *d, rk_err *err) {
     rk_kv_codec *c = d->c;
+    lr_cmean_need(c); /* LR_ATTN sums the unselected chunks' mean coefficients */
     const size_t kvd = (size_t)c->kvd, C = (size_t)c->p.chunk, chunks = (size_t)c->cap_chunks, rows = (size_t)c->n_ctx;
     rk_status st;
     d->g = calloc((size_t)c->n_group, sizeof *d->g);
@@ -174,8 +175,17 @@ static rk_status build(rk_lrdev *d, rk_err *err) {
             (st = dalloc(d, (size_t)c->n_head_kv * mb_h, &X->mask, err)) ||
             (st = dalloc(d, (size_t)c->n_head_kv * mb_h, &X->base, err)))
             return st;
-        if ((st = up(d, X->W, 0, L->W, r * kvd * 2, err)) || (st = up(d, X->b, 0, L->b, kvd * 4, err)))
+        /* the host stores the value-rank rows of W only; LR_ATTN reads r rows: the rest are 0 */
+        const size_t rv = (size_t)lr_vr(c, &c->g[L->grp]);
+        if ((st = up(d, X->W, 0, L->W, rv * kvd * 2, err)) || (st = up(d, X->b, 0, L->b, kvd * 4, err)))
             return st;
+        if (rv < r) {
+            void *z = calloc((r - rv) * kvd, 2);
+            if (!z) return rk_err_set(err, RK_E_NOMEM, "session: lowram device state");
+            st = up(d, X->W, rv * kvd * 2, z, (r - rv) * kvd * 2, err);
+            free(z);
+            if (st) return st;
+        }
         if (sink && ((st = up(d, X->sk, 0, c->sk[l], sink * c->xrow, err)) ||
                      (st = up(d, X->sv, 0, c->sv[l], sink * c->xrow, err))))
             return st;

@@ -4,7 +4,7 @@
  *
  *   lowram_study [-m MODEL] -f TEXT [--prompt 2048] [--cont 256] [--skip 0] [-t 2]
  *                [--kv SPEC]... [--r2] [--json]
- * SPEC is the part after "lowram:" of --kv ("" for the defaults). Each SPEC runs on its
+ * SPEC is the part after "lowram:" of --kv ("" for the defaults; "kv=q8": a plain q8 cache). Each SPEC runs on its
  * own session after one exact run. --r2 prints the per-layer/head R² table of the first.
  * --reuse: each SPEC that needed a prefill exports its state after the prompt (up to 8), and
  * a later SPEC with the same stored-state parameters (decode knobs only differ) imports it,
@@ -130,7 +130,11 @@ static int run(const rk_model *m, const int32_t *ids, int n_prompt, int n_cont, 
     rk_err e = {0};
     float *lg = malloc((size_t)hp->n_vocab * sizeof(float));
     double *lp = malloc((size_t)hp->n_vocab * sizeof(double));
-    if (spec) {
+    /* "kv=q8" / "kv=f32": a plain cache of that type instead of LowRAM (the comparison at
+     * equal bytes) */
+    if (spec && !strncmp(spec, "kv=", 3)) {
+        if (rk_kv_params_parse(spec + 3, &sp.kv, &e)) goto fail;
+    } else if (spec) {
         sp.kv.kind = RK_KV_LOWRAM;
         sp.kv.lowram.n_threads = n_threads;
         if (rk_lowram_parse(spec, &sp.kv.lowram, &e)) goto fail;
@@ -139,7 +143,8 @@ static int run(const rk_model *m, const int32_t *ids, int n_prompt, int n_cont, 
     double t0 = rk_time_now();
     int done = 0;
     o->reused = false;
-    for (int k = 0; spec && k < g_n_blk && !o->reused; k++) /* a failed import leaves the session unchanged */
+    const bool lowram = spec && strncmp(spec, "kv=", 3);
+    for (int k = 0; lowram && k < g_n_blk && !o->reused; k++) /* a failed import leaves the session unchanged */
         if (rk_session_kv_import(s, g_blk[k], g_blk_n[k], &e) == RK_OK) {
             memcpy(lg, g_blk_lg[k], (size_t)hp->n_vocab * sizeof(float));
             done = n_prompt, o->reused = true;
@@ -150,7 +155,7 @@ static int run(const rk_model *m, const int32_t *ids, int n_prompt, int n_cont, 
         done += n;
     }
     double t1 = rk_time_now(), c1 = cpu_now();
-    if (spec && g_reuse && !o->reused && g_n_blk < MAX_BLK) {
+    if (lowram && g_reuse && !o->reused && g_n_blk < MAX_BLK) {
         const int k = g_n_blk++;
         if (rk_session_kv_export(s, 0, n_prompt, &g_blk[k], &g_blk_n[k], &e)) goto fail;
         g_blk_lg[k] = malloc((size_t)hp->n_vocab * sizeof(float));
@@ -357,7 +362,7 @@ int main(int argc, char **argv) {
         double comp = (double)(b->total - b->exact), n_c = (double)(b->n_compressed_rows + b->n_evicted_rows);
         double f16_row = (double)b->f16_equiv / b->n_tokens;
         char name[64];
-        snprintf(name, sizeof name, "lowram:%s", specs[k]);
+        snprintf(name, sizeof name, strncmp(specs[k], "kv=", 3) ? "lowram:%s" : "%s", specs[k]);
         printf("%-44s %8.4f %+8.4f %8.5f %7.3f %9.0f %8.2f %8.2f %8.1f %7.2f %7.2f %9.1f %8.3f %7.4f%s\n", name, o.nll,
                o.nll - ref.nll, o.kl, o.top1, (double)b->total / b->n_tokens, (double)b->f16_equiv / b->total,
                n_c > 0 ? f16_row * n_c / comp : 0, 1000 * o.dec_s, o.ls.seconds_fit, o.pf_s, 1000 * o.dec_cpu_s,

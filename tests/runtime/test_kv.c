@@ -25,6 +25,8 @@ static rk_session *mk(const rk_model *m, const char *kind, int n_batch) {
     sp.n_batch = n_batch;
     rk_err e = {0};
     cr_assert_eq(rk_kv_params_parse(kind, &sp.kv, &e), RK_OK, "%s", e.msg);
+    /* lowram: compress from the first chunk on (no default start threshold at 512 rows) */
+    if (sp.kv.kind == RK_KV_LOWRAM && sp.kv.lowram.fit_min == 0) sp.kv.lowram.fit_min = -1;
     rk_session *s = NULL;
     cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s: %s", kind, e.msg);
     return s;

@@ -139,6 +139,9 @@ static rk_session *session(const rk_model *m, uint32_t kv_type, const char *lowr
         sp.kv.kind = RK_KV_LOWRAM;
         cr_assert_eq(rk_lowram_parse(lowram, &sp.kv.lowram, &e), RK_OK, "%s", e.msg);
         sp.kv.lowram.exact_type = kv_type;
+        /* these 512-row sessions test the compressed form: no default start threshold (the
+         * default's resolution is tested in start_threshold_keeps_rows_exact) */
+        if (sp.kv.lowram.fit_min == 0) sp.kv.lowram.fit_min = -1;
     }
     rk_session *s = NULL;
     cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s", e.msg);
@@ -302,8 +305,26 @@ Test(lowram, byte_accounting_adds_up) {
     cr_expect_eq(b.meta, meta);
     cr_expect_lt(b.total, b.f16_equiv, "compressed KV should be smaller than f16: %llu vs %llu",
                  (unsigned long long)b.total, (unsigned long long)b.f16_equiv);
-    free(lg), free(ids);
-    rk_session_destroy(s);
+    /* without summary rows (the default) neither the chunk means nor the value summaries are
+     * kept or counted; rebuilt from the coefficient rows they equal the kept ones bit for bit */
+    rk_session *ns = session(m, RK_DT_F16, "rank=24,window=64,coef=int8,budget=64,kslots=2");
+    float *lg2 = trace(ns, ids, 300, 40, nv);
+    rk_kv_bytes b2;
+    rk_session_kv_bytes(ns, &b2);
+    uint64_t cm = 0, vs = 0;
+    for (int gi = 0; gi < c->n_group; gi++) {
+        const uint64_t n_ch = (uint64_t)(c->g[gi].n_rows + C - 1) / C;
+        cm += n_ch * 24 * 2, vs += c->g[gi].n_l * n_ch * hp->n_head_kv * (hp->head_dim + 2);
+        uint16_t *re = malloc(n_ch * 24 * 2);
+        lr_cmean_fill(c, &c->g[gi], re);
+        cr_expect(!memcmp(re, c->g[gi].cmean, n_ch * 24 * 2), "group %d: rebuilt chunk means differ", gi);
+        free(re);
+    }
+    cr_expect(!codec(ns)->cmean_on);
+    cr_expect_eq(b2.landmarks, lmk - cm - vs, "landmarks %llu, with summaries %llu", (unsigned long long)b2.landmarks,
+                 (unsigned long long)lmk);
+    free(lg), free(lg2), free(ids);
+    rk_session_destroy(s), rk_session_destroy(ns);
     rk_model_destroy(m);
 }
 
@@ -451,6 +472,20 @@ Test(lowram, start_threshold_keeps_rows_exact) {
     cr_expect(codec(s)->fitted, "not fitted after %d rows", n_prompt + n_dec);
     cr_expect_gt(codec(s)->comp_end, (int64_t)codec(s)->p.n_sink, "nothing compressed");
     cr_expect_lt(kl, 0.02, "KL after the fit %g", kl);
+    /* the default start: LR_START_DEFAULT rows, at most half the model's context (stories260K:
+     * 512), whatever the session's; spec start=0: none */
+    const struct { const char *spec; int64_t n_ctx, want; } dflt[] = {
+        {"", 512, 256}, {"", 300, 256}, {"", 8192, 256}, {"start=0", 8192, 0}, {"start=700", 512, 700}};
+    for (size_t i = 0; i < sizeof dflt / sizeof dflt[0]; i++) {
+        rk_session_params sp = rk_session_params_default();
+        sp.n_ctx = dflt[i].n_ctx, sp.n_threads = 1, sp.kv.kind = RK_KV_LOWRAM, sp.ctx_overflow_ok = true;
+        cr_assert_eq(rk_lowram_parse(dflt[i].spec, &sp.kv.lowram, &e), RK_OK, "%s", e.msg);
+        rk_session *d = NULL;
+        cr_assert_eq(rk_session_create(m, &sp, &d, &e), RK_OK, "%s", e.msg);
+        cr_expect_eq(codec(d)->p.fit_min, dflt[i].want, "'%s' at n_ctx %lld: start %d", dflt[i].spec,
+                     (long long)dflt[i].n_ctx, codec(d)->p.fit_min);
+        rk_session_destroy(d);
+    }
     free(a), free(l), free(lg), free(ids);
     rk_session_destroy(ex), rk_session_destroy(s);
     rk_model_destroy(m);
@@ -858,9 +893,9 @@ Test(lowram, value_summaries_and_split_decode) {
     rk_model_destroy(m);
 }
 
-/* vrank: the value predictor from the first value_rank coefficients only. Its other rows of
- * W are exactly 0 (so attention may sum value_rank coefficients per row, the device op that
- * sums all of them gives the same values), a vrank at or above the rank changes nothing bit
+/* vrank: the value predictor from the first value_rank coefficients only. Only those rows of
+ * W are stored (the predictor bytes count them; the device copy pads the rest with 0 for the
+ * op that sums all r), a vrank at or above the rank changes nothing bit
  * for bit, and decode stays within the default's bound of exact (KL < 0.02). */
 Test(lowram, value_rank_predictor) {
     rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
@@ -881,17 +916,18 @@ Test(lowram, value_rank_predictor) {
         const lr_group *g = &c->g[c->ly[l].grp];
         cr_assert_gt(g->r, 12, "layer %d: rank %d, the test needs more than vrank", l, g->r);
         cr_assert_eq(lr_vr(c, g), 12);
+        /* only the first 12 rows of W are stored, and they are mostly nonzero */
         const uint16_t *W = c->ly[l].W;
-        int nz_in = 0, nz_out = 0;
-        for (int k = 0; k < g->r; k++)
-            for (int j = 0; j < c->kvd; j++) {
-                const bool nz = rk_f16_to_f32(W[(size_t)k * c->kvd + j]) != 0.0f;
-                if (k < 12) nz_in += nz;
-                else nz_out += nz;
-            }
-        cr_expect_eq(nz_out, 0, "layer %d: %d nonzero predictor entries past vrank", l, nz_out);
+        int nz_in = 0;
+        for (int k = 0; k < 12; k++)
+            for (int j = 0; j < c->kvd; j++) nz_in += rk_f16_to_f32(W[(size_t)k * c->kvd + j]) != 0.0f;
         cr_expect_gt(nz_in, 12 * c->kvd / 2, "layer %d: the first 12 rows are mostly 0 (%d nonzero)", l, nz_in);
     }
+    /* the predictors' bytes: 12 f16 rows of W and the f32 bias per layer */
+    rk_kv_bytes kb;
+    rk_session_kv_bytes(vl, &kb);
+    cr_expect_eq(kb.predictors, (uint64_t)c->n_layer * ((uint64_t)12 * c->kvd * 2 + (uint64_t)c->kvd * 4),
+                 "predictor bytes %llu", (unsigned long long)kb.predictors);
     const double kd = rt_mean_kl(a, ld, n_dec + 1, nv), kl = rt_mean_kl(a, ll, n_dec + 1, nv);
     cr_log_info("decode KL default %.5f, vrank=12 %.5f (rank %d)", kd, kl, c->g[0].r);
     cr_expect_lt(kl, 0.02, "KL %g with vrank=12", kl);

@@ -26,6 +26,10 @@ void rk_linalg_eig_free(rk_eig *e);
 bool rk_linalg_spd_solve(int n, double *A, double *B, int m);
 /* G (D x D, upper triangle, row-major) += Σ_rows x xᵀ over n rows of x (n, D) f32. */
 void rk_linalg_gram_add(int D, int64_t n, const float *x, double *G);
+/* The same with the block's products summed in f32 by rk_linalg_matmul (then added to G in
+ * fp64): for n up to a few hundred rows of centred (or nearly centred) data. work: n·D + D·D
+ * floats. */
+void rk_linalg_gram_add_f32(int D, int n, const float *x, float *work, double *G);
 /* y (n, m) = x (n, k) B (k, m), f32, B row-major with row stride ldb; y may not alias. */
 void rk_linalg_matmul(int64_t n, int m, int k, const float *x, int ldx, const float *B, int ldb, float *y, int ldy);
 /* y (n, m) = x (n, k) Bᵀ with B (m, k) row-major, row stride ldb. */
