@@ -154,15 +154,21 @@ Test(ridgefill, plumb_equals_off) {
     rk_model_destroy(m);
 }
 
-Test(ridgefill, speed_mode_bulk_rows_skip_late_work_and_last_rows_stay_close) {
-    rk_model *m = load("models/stories260K/stories260K-f32.gguf");
-    char maps_buf[512];
-    const char *maps_path = calibrate_to(m, 2, RK_DT_F16, "rk_test_stories", maps_buf, sizeof maps_buf);
+/* Fits split-2 f16 maps of m to a fresh path (in path) and loads them; no warning expected. */
+static rk_ridge_maps *fit_and_load(const rk_model *m, const char *stem, char *path, size_t cap) {
+    calibrate_to(m, 2, RK_DT_F16, stem, path, cap);
     rk_err e = {0};
     rk_ridge_maps *maps = NULL;
     char warn[256];
-    cr_assert_eq(rk_ridge_maps_load(maps_path, m, &maps, warn, sizeof warn, &e), RK_OK, "%s", e.msg);
+    cr_assert_eq(rk_ridge_maps_load(path, m, &maps, warn, sizeof warn, &e), RK_OK, "%s", e.msg);
     cr_expect_str_empty(warn);
+    return maps;
+}
+
+Test(ridgefill, speed_mode_bulk_rows_skip_late_work_and_last_rows_stay_close) {
+    rk_model *m = load("models/stories260K/stories260K-f32.gguf");
+    char maps_path[512];
+    rk_ridge_maps *maps = fit_and_load(m, "rk_test_stories", maps_path, sizeof maps_path);
     size_t n;
     int32_t *ids = story_ids(m, 400, &n);
     const int tail = 100, split = 2, L = rk_model_hparams(m)->n_layer, nv = rk_model_hparams(m)->n_vocab;
@@ -444,12 +450,9 @@ Test(ridgefill, default_tail_depends_on_the_mode) {
     cr_expect_eq(rk_fill_default_tail(RK_FILL_QUALITY), 2048);
     cr_expect_eq(rk_fill_default_tail(RK_FILL_IDENTITY), 2048);
     rk_model *m = load("models/stories260K/stories260K-f32.gguf");
-    char maps_buf[512];
-    const char *maps_path = calibrate_to(m, 2, RK_DT_F16, "rk_test_tail", maps_buf, sizeof maps_buf);
+    char maps_path[512];
+    rk_ridge_maps *maps = fit_and_load(m, "rk_test_tail", maps_path, sizeof maps_path);
     rk_err e = {0};
-    rk_ridge_maps *maps = NULL;
-    char warn[256];
-    cr_assert_eq(rk_ridge_maps_load(maps_path, m, &maps, warn, sizeof warn, &e), RK_OK, "%s", e.msg);
     size_t n;
     int32_t *ids = story_ids(m, 1800, &n);
     const int L = rk_model_hparams(m)->n_layer;
