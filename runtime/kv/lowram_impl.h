@@ -199,9 +199,9 @@ void lr_append_row(rk_kv_codec *c, lr_group *g, int64_t p, const uint8_t *coef_r
                    const float *cq, const uint8_t *const *res, float *tmp);
 /* Chunk mean coefficients of group g, every stored chunk, into dst (n_ch, r) f16, from the
  * coefficient rows (the same float sums as appending). */
-void lr_cmean_fill(const rk_kv_codec *c, const lr_group *g, uint16_t *dst);
-/* Turns cmean_on on, filling every fitted group's chunk means first. */
-void lr_cmean_need(rk_kv_codec *c);
+rk_status lr_cmean_fill(const rk_kv_codec *c, const lr_group *g, uint16_t *dst, rk_err *err);
+/* Turns cmean_on on, filling every fitted group's chunk means first (RK_E_NOMEM: still off). */
+rk_status lr_cmean_need(rk_kv_codec *c, rk_err *err);
 /* Writes the open (partial) chunk's f16 means after a run of lr_append_row calls. */
 void lr_append_close(rk_kv_codec *c, lr_group *g);
 /* Compresses exact rows [c->comp_end, end) with the fitted basis and predictors. */

@@ -78,7 +78,11 @@ rk_status lr_export(const rk_kv_codec *c, rk_kv_buf *b, rk_err *err) {
         } else { /* not kept: the block still carries them (rebuilt), so every reader can import it */
             uint16_t *cm = malloc((nch ? nch : 1) * r * 2);
             if (!cm) return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory exporting chunk means");
-            lr_cmean_fill(c, g, cm);
+            rk_status st = lr_cmean_fill(c, g, cm, err);
+            if (st) {
+                free(cm);
+                return st;
+            }
             rk_kv_put(b, cm, nch * r * 2);
             free(cm);
         }

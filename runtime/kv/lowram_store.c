@@ -269,13 +269,12 @@ static void write_chunk_means(rk_kv_codec *c, lr_group *g) {
     }
 }
 
-void lr_cmean_fill(const rk_kv_codec *c, const lr_group *g, uint16_t *dst) {
+rk_status lr_cmean_fill(const rk_kv_codec *c, const lr_group *g, uint16_t *dst, rk_err *err) {
     const int64_t C = c->p.chunk;
     float *cf = malloc((size_t)g->r * sizeof(float)), *acc = malloc((size_t)g->r * sizeof(float));
-    if (!cf || !acc) { /* callers check nothing: leave zeros rather than garbage */
-        memset(dst, 0, (size_t)((g->n_rows + C - 1) / C) * g->r * sizeof(uint16_t));
+    if (!cf || !acc) {
         free(cf), free(acc);
-        return;
+        return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory rebuilding chunk mean coefficients");
     }
     for (int64_t ch = 0; ch * C < g->n_rows; ch++) {
         const int64_t i0 = ch * C, n = g->n_rows - i0 < C ? g->n_rows - i0 : C;
@@ -287,12 +286,17 @@ void lr_cmean_fill(const rk_kv_codec *c, const lr_group *g, uint16_t *dst) {
         for (int k = 0; k < g->r; k++) dst[(size_t)ch * g->r + k] = rk_f32_to_f16(acc[k] / (float)n);
     }
     free(cf), free(acc);
+    return RK_OK;
 }
 
-void lr_cmean_need(rk_kv_codec *c) {
-    if (c->cmean_on) return;
-    for (int gi = 0; c->fitted && gi < c->n_group; gi++) lr_cmean_fill(c, &c->g[gi], c->g[gi].cmean);
+rk_status lr_cmean_need(rk_kv_codec *c, rk_err *err) {
+    if (c->cmean_on) return RK_OK;
+    for (int gi = 0; c->fitted && gi < c->n_group; gi++) {
+        rk_status st = lr_cmean_fill(c, &c->g[gi], c->g[gi].cmean, err);
+        if (st) return st;
+    }
     c->cmean_on = true;
+    return RK_OK;
 }
 
 void lr_append_close(rk_kv_codec *c, lr_group *g) {

@@ -126,9 +126,9 @@ static rk_status up(rk_lrdev *d, void *dst, size_t off, const void *src, size_t 
 /* Device buffers for the codec's current fit (ranks known), constants uploaded. */
 static rk_status build(rk_lrdev *d, rk_err *err) {
     rk_kv_codec *c = d->c;
-    lr_cmean_need(c); /* LR_ATTN sums the unselected chunks' mean coefficients */
+    rk_status st = lr_cmean_need(c, err); /* LR_ATTN sums the unselected chunks' mean coefficients */
+    if (st) return st;
     const size_t kvd = (size_t)c->kvd, C = (size_t)c->p.chunk, chunks = (size_t)c->cap_chunks, rows = (size_t)c->n_ctx;
-    rk_status st;
     d->g = calloc((size_t)c->n_group, sizeof *d->g);
     d->ly = calloc((size_t)c->n_layer, sizeof *d->ly);
     if (!d->g || !d->ly) return rk_err_set(err, RK_E_NOMEM, "session: lowram device state");

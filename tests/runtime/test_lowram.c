@@ -316,7 +316,8 @@ Test(lowram, byte_accounting_adds_up) {
         const uint64_t n_ch = (uint64_t)(c->g[gi].n_rows + C - 1) / C;
         cm += n_ch * 24 * 2, vs += c->g[gi].n_l * n_ch * hp->n_head_kv * (hp->head_dim + 2);
         uint16_t *re = malloc(n_ch * 24 * 2);
-        lr_cmean_fill(c, &c->g[gi], re);
+        rk_err e = {0};
+        cr_assert_eq(lr_cmean_fill(c, &c->g[gi], re, &e), RK_OK, "%s", e.msg);
         cr_expect(!memcmp(re, c->g[gi].cmean, n_ch * 24 * 2), "group %d: rebuilt chunk means differ", gi);
         free(re);
     }
