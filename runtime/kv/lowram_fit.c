@@ -10,6 +10,7 @@
 #endif
 
 #include "lowram_impl.h"
+#include "lowram_simd.h"
 #include "rk_kernels.h"
 
 /* ---- the fit ------------------------------------------------------------------------ */
@@ -299,6 +300,17 @@ static float kth_largest(const float *v, int64_t n, int64_t k, float *tmp) {
     return tmp[want];
 }
 
+/* Σ x² in fp64 over eight independent chains (one chain was a serial add per element) */
+static double sumsq(const float *x, size_t n) {
+    double a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int u = 0; u < 8; u++) a[u] += (double)x[i + u] * x[i + u];
+    double t = 0;
+    for (; i < n; i++) t += (double)x[i] * x[i];
+    return t + ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+}
+
 static rk_status fit_group(fit_job *j, int gi) {
     rk_kv_codec *c = j->c;
     lr_group *g = &c->g[gi];
@@ -332,11 +344,11 @@ static rk_status fit_group(fit_job *j, int gi) {
         const int nb = n_fit - i0 < 64 ? (int)(n_fit - i0) : 64;
         for (int a = 0; a < nb; a++) lr_stacked_key(c, g, sink + i0 + a, x + (size_t)a * g->D);
         lr_project(g, B, nb, x, Cq + (size_t)i0 * r);
-        for (size_t d = 0; d < (size_t)nb * g->D; d++) e_tot += (double)x[d] * x[d];
+        e_tot += sumsq(x, (size_t)nb * g->D);
+        e_kept += sumsq(Cq + (size_t)i0 * r, (size_t)nb * r);
         for (int a = 0; a < nb; a++) {
             const int64_t i = i0 + a;
             float *cq = Cq + (size_t)i * r;
-            for (int d = 0; d < r; d++) e_kept += (double)cq[d] * cq[d];
             const bool stored = i < n_cand && (!keep || keep[i]);
             lr_encode_row(c->p.coef_type, cq, r, stored ? ecoef + (size_t)k++ * g->coef_bytes : crow);
         }
@@ -362,10 +374,8 @@ static rk_status fit_group(fit_job *j, int gi) {
                 lr_plain_row(c, g->l0 + li, true, pos[a], v);
                 for (int h = 0; h < nh; h++) {
                     double *t = sst + (size_t)(li * nh + h) * (c->hd + 1);
-                    for (int d = 0; d < c->hd; d++) {
-                        const double vd = v[h * c->hd + d];
-                        t[d] += vd, t[c->hd] += vd * vd;
-                    }
+                    for (int d = 0; d < c->hd; d++) t[d] += v[h * c->hd + d];
+                    t[c->hd] += sumsq(v + h * c->hd, (size_t)c->hd);
                 }
             }
             float *ek = e2 + (size_t)k0 * n_lh + (size_t)li * nh;
@@ -440,41 +450,58 @@ typedef struct mass_job {
     bool fail;
 } mass_job;
 
+/* Per KV head: the observed queries of its query heads (grp * n_obs rows, gathered) times
+ * the transposed keys (hd, n) in one product (6 x 16 tiles over k = hd; the old per-head
+ * dot products ran at a third of its speed on hd = 64), then per query the softmax over the
+ * keys it sees (8-lane exp where the CPU has AVX2) added into the row masses. */
 static void mass_layer(mass_job *j, int l) {
     rk_kv_codec *c = j->c;
     const int64_t n = j->n_past, sink = c->p.n_sink;
-    const int grp = c->n_head / c->n_head_kv, qd = c->n_head * c->hd, W = c->p.obs_window;
-    const int n_obs = c->obs_n[l] < W ? c->obs_n[l] : W;
-    float *K = malloc((size_t)n * c->kvd * sizeof(float)), *S = malloc((size_t)(n_obs ? n_obs : 1) * n * sizeof(float));
-    if (!K || !S) {
+    const int grp = c->n_head / c->n_head_kv, qd = c->n_head * c->hd, W = c->p.obs_window, hd = c->hd;
+    const int n_obs = c->obs_n[l] < W ? c->obs_n[l] : W, nq = grp * (n_obs ? n_obs : 1);
+    float *K = malloc((size_t)n * c->kvd * sizeof(float)), *Kt = malloc((size_t)n * hd * sizeof(float));
+    float *S = malloc((size_t)nq * n * sizeof(float)), *Q = malloc((size_t)nq * hd * sizeof(float));
+    if (!K || !Kt || !S || !Q) {
         j->fail = true;
-        free(K), free(S);
+        free(K), free(Kt), free(S), free(Q);
         return;
     }
     for (int64_t p = 0; p < n; p++) lr_plain_row(c, l, false, p, K + (size_t)p * c->kvd);
     float *ms = j->mass + (size_t)l * c->n_head_kv * (n - sink);
-    const float scale = 1.0f / sqrtf((float)c->hd);
-    for (int qh = 0; qh < c->n_head && n_obs > 0; qh++) {
-        const int h = qh / grp;
-        /* scores of every observed query against every key of its KV head: (n_obs, n) */
-        rk_linalg_matmul_nt(n_obs, (int)n, c->hd, c->obs_q + (size_t)l * W * qd + (size_t)qh * c->hd, qd, K + (size_t)h * c->hd,
-                     c->kvd, S, (int)n);
+    const float scale = 1.0f / sqrtf((float)hd);
+#ifdef LR_HAVE_ACC_AVX2
+    const bool avx2 = rk_cpu_has_avx2();
+#endif
+    for (int h = 0; h < c->n_head_kv && n_obs > 0; h++) {
+        for (int64_t p = 0; p < n; p++)
+            for (int d = 0; d < hd; d++) Kt[(size_t)d * n + p] = K[(size_t)p * c->kvd + (size_t)h * hd + d];
+        for (int g = 0; g < grp; g++)
+            for (int o = 0; o < n_obs; o++)
+                memcpy(Q + ((size_t)g * n_obs + o) * hd, c->obs_q + ((size_t)l * W + o) * qd + (size_t)(h * grp + g) * hd,
+                       (size_t)hd * sizeof(float));
+        /* scores of every observed query of the KV head against every key: (grp * n_obs, n) */
+        rk_linalg_matmul(nq, (int)n, hd, Q, hd, Kt, (int)n, S, (int)n);
         float *mh = ms + (size_t)h * (n - sink);
-        for (int o = 0; o < n_obs; o++) {
-            const int64_t pq = c->obs_pos[(size_t)l * W + o];
+        for (int q = 0; q < nq; q++) {
+            const int64_t pq = c->obs_pos[(size_t)l * W + q % n_obs];
             if (pq >= n) continue;
-            float *sc = S + (size_t)o * n, mx = -INFINITY;
-            for (int64_t p = 0; p <= pq; p++) {
+            float *sc = S + (size_t)q * n, mx = -INFINITY;
+            const int nv = (int)pq + 1;
+            for (int p = 0; p < nv; p++) {
                 sc[p] *= scale;
                 mx = sc[p] > mx ? sc[p] : mx;
             }
             double sum = 0;
-            for (int64_t p = 0; p <= pq; p++) sum += sc[p] = expf(sc[p] - mx);
+#ifdef LR_HAVE_ACC_AVX2
+            if (avx2) sum = exp_sum_avx2(sc, nv, mx);
+            else
+#endif
+                for (int p = 0; p < nv; p++) sum += sc[p] = expf(sc[p] - mx);
             const float inv = (float)(1.0 / sum);
-            for (int64_t p = sink; p <= pq; p++) mh[p - sink] += sc[p] * inv;
+            for (int64_t p = sink; p < nv; p++) mh[p - sink] += sc[p] * inv;
         }
     }
-    free(K), free(S);
+    free(K), free(Kt), free(S), free(Q);
 }
 
 static void mass_worker(void *vp, int t, int nt) {

@@ -1,5 +1,6 @@
-/* Vector helpers of LowRAM attention (lowram_attn.c only): dot/axpy loops the compiler
- * vectorises, the fused AVX2 accumulation over int8/f16/f32 rows and an 8-lane exp-sum. */
+/* Vector helpers of LowRAM attention (lowram_attn.c; the fit's attention mass in
+ * lowram_fit.c uses the exp-sum): dot/axpy loops the compiler vectorises, the fused AVX2
+ * accumulation over int8/f16/f32 rows and an 8-lane exp-sum. */
 #ifndef RK_LOWRAM_SIMD_H
 #define RK_LOWRAM_SIMD_H
 #include <math.h>
@@ -90,7 +91,7 @@ __attribute__((target("avx2,fma,f16c"))) static inline __m256 ld8(const uint8_t 
     if (ty == LR_R_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
     return _mm256_loadu_ps((const float *)p);
 }
-__attribute__((target("avx2,fma,f16c"))) static void acc_rows_avx2(float *acc, size_t ld, int ns, const float *w,
+__attribute__((target("avx2,fma,f16c"), unused)) static void acc_rows_avx2(float *acc, size_t ld, int ns, const float *w,
                                                                    size_t wk, size_t wj, const uint8_t *rows,
                                                                    size_t stride, int ty, int nb, int n) {
     const bool i8 = ty == LR_R_I8;

@@ -189,10 +189,13 @@ void lr_encode_row(uint32_t type, float *v, int n, uint8_t *dst) {
         const float sc = f16r(dst), inv = sc > 0 ? 1.0f / sc : 0;
         int8_t *qv = (int8_t *)(dst + 2);
         for (int i = 0; i < n; i++) {
-            long q = lrintf(v[i] * inv);
-            q = q > 127 ? 127 : q < -127 ? -127 : q;
+            /* lrintf's value without the libm call: clamped (NaN to -127, as lrintf's
+             * LONG_MIN clamps), then rounded to nearest even by adding and removing 1.5·2^23 */
+            float t = v[i] * inv;
+            t = t > 127.0f ? 127.0f : !(t >= -127.0f) ? -127.0f : t;
+            const float q = (t + 12582912.0f) - 12582912.0f;
             qv[i] = (int8_t)q;
-            v[i] = (float)q * sc;
+            v[i] = q * sc;
         }
     }
 }

@@ -467,18 +467,20 @@ __attribute__((target("avx2,fma"))) static void matmul_nt_avx2(int64_t n, int m,
 }
 __attribute__((target("avx2,fma"))) static void matmul_avx2(int64_t n, int m, int k, const float *x, int ldx,
                                                             const float *B, int ldb, float *y, int ldy) {
+    /* 6 rows by 16 columns: 12 accumulators, per k 2 loads of B and 6 broadcasts feed 12 FMAs;
+     * every output sums its k products in order, so the tile shape does not change a bit */
     const int m16 = m & ~15;
     for (int j0 = 0; j0 < m16; j0 += 16)
-        for (int64_t i0 = 0; i0 < n; i0 += 4) {
-            const int nr = n - i0 < 4 ? (int)(n - i0) : 4;
-            const float *xr[4];
-            for (int u = 0; u < 4; u++) xr[u] = x + (i0 + (u < nr ? u : 0)) * ldx;
-            __m256 a[4][2];
-            for (int u = 0; u < 4; u++) a[u][0] = a[u][1] = _mm256_setzero_ps();
+        for (int64_t i0 = 0; i0 < n; i0 += 6) {
+            const int nr = n - i0 < 6 ? (int)(n - i0) : 6;
+            const float *xr[6];
+            for (int u = 0; u < 6; u++) xr[u] = x + (i0 + (u < nr ? u : 0)) * ldx;
+            __m256 a[6][2];
+            for (int u = 0; u < 6; u++) a[u][0] = a[u][1] = _mm256_setzero_ps();
             const float *bp = B + j0;
             for (int p = 0; p < k; p++, bp += ldb) {
                 const __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
-                for (int u = 0; u < 4; u++) {
+                for (int u = 0; u < 6; u++) {
                     const __m256 xv = _mm256_broadcast_ss(xr[u] + p);
                     a[u][0] = _mm256_fmadd_ps(xv, b0, a[u][0]);
                     a[u][1] = _mm256_fmadd_ps(xv, b1, a[u][1]);
@@ -512,10 +514,11 @@ void rk_linalg_gram_add_f32(int D, int n, const float *x, float *work, double *G
     float *xt = work, *y = work + (size_t)n * D;
     for (int a = 0; a < n; a++)
         for (int d = 0; d < D; d++) xt[(size_t)d * n + a] = x[(size_t)a * D + d];
-    /* only the blocks on or above the diagonal: rows [i0, i0 + 16) from column i0 on */
-    for (int i0 = 0; i0 < D; i0 += 16) {
-        const int ni = D - i0 < 16 ? D - i0 : 16;
-        rk_linalg_matmul(ni, D - i0, n, xt + (size_t)i0 * n, n, x + i0, D, y + (size_t)i0 * D + i0, D);
+    /* only the blocks on or above the diagonal: rows [i0, i0 + 24) from column i0 rounded
+     * down to 16 on (whole 6 x 16 tiles of rk_linalg_matmul where D is a multiple of 16) */
+    for (int i0 = 0; i0 < D; i0 += 24) {
+        const int ni = D - i0 < 24 ? D - i0 : 24, j0 = i0 & ~15;
+        rk_linalg_matmul(ni, D - j0, n, xt + (size_t)i0 * n, n, x + j0, D, y + (size_t)i0 * D + j0, D);
     }
     for (int i = 0; i < D; i++)
         for (int j = i; j < D; j++) G[(size_t)i * D + j] += y[(size_t)i * D + j];
