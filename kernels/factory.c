@@ -1,11 +1,17 @@
-/* Backends by name. Compiled into rk_kernels_any, a library of its own, so
- * that only code which asks for "any" backend links the CUDA one (when the
- * build has it: meson defines RK_HAVE_CUDA for this file) and the base
- * kernels library never depends on CUDA. No registry, no weak symbols: the
- * choice is made at link time by which library a target uses. */
+/* Backends by name. Compiled into rk_kernels_any, a library of its own, so that
+ * the base kernels library never depends on CUDA. The CUDA backend is a module
+ * (libridgekv-cuda.so, kernels/meson.build) loaded with dlopen the first time a
+ * "cuda" backend is asked for: a CPU run never maps the CUDA runtime or cuBLAS.
+ * No registry, no weak symbols: one entry point looked up by name. */
+#include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "rk_kernels.h"
 
@@ -18,6 +24,58 @@ bool rk_backend_cuda_built(void) {
     return false;
 #endif
 }
+
+#if defined(RK_HAVE_CUDA)
+typedef rk_status (*cuda_create_fn)(int device, rk_backend **out, rk_err *err);
+static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
+static cuda_create_fn cuda_create;
+static char cuda_why[1024];
+
+/* dlopen one candidate; on failure keep the loader's reason for the error message. */
+static bool cuda_try(const char *path, bool must_exist) {
+    if (!path || !*path) return false;
+    if (!must_exist && access(path, F_OK) != 0) return false;
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *e = dlerror();
+        snprintf(cuda_why, sizeof cuda_why, "cuda: cannot load the CUDA backend module %s: %s", path,
+                 e ? e : "unknown dlopen error");
+        return true; /* found but unusable: report this one, look no further */
+    }
+    cuda_create = (cuda_create_fn)(uintptr_t)dlsym(h, "rk_backend_cuda_create");
+    if (!cuda_create) {
+        snprintf(cuda_why, sizeof cuda_why, "cuda: %s is not a ridgekv CUDA module (no rk_backend_cuda_create)", path);
+        dlclose(h);
+    }
+    return true;
+}
+
+/* RIDGEKV_CUDA_MODULE (a path), then beside the executable, the build tree, the install tree. */
+static void cuda_load(void) {
+    snprintf(cuda_why, sizeof cuda_why,
+             "cuda: the CUDA backend module " RK_CUDA_MODULE_NAME " was not found (looked beside the executable, in "
+             RK_CUDA_MODULE_BUILD " and " RK_CUDA_MODULE_INSTALL "; RIDGEKV_CUDA_MODULE=PATH names it)");
+    const char *env = getenv("RIDGEKV_CUDA_MODULE");
+    if (env && *env) {
+        cuda_try(env, true);
+        return;
+    }
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        char *slash = strrchr(exe, '/');
+        char beside[PATH_MAX + 64];
+        if (slash) {
+            *slash = '\0';
+            snprintf(beside, sizeof beside, "%s/%s", exe, RK_CUDA_MODULE_NAME);
+            if (cuda_try(beside, false)) return;
+        }
+    }
+    if (cuda_try(RK_CUDA_MODULE_BUILD, false)) return;
+    cuda_try(RK_CUDA_MODULE_INSTALL, false);
+}
+#endif
 
 /* "cuda" -> 0, "cuda:N" -> N; -1 for anything else that starts with "cuda". */
 static int cuda_device_of(const char *name) {
@@ -41,7 +99,9 @@ rk_status rk_backend_create_named(const char *name, int n_threads, rk_backend **
             return rk_err_set(err, RK_E_INVALID_ARG, "kernels: backend \"%s\": device (cuda or cuda:N, N 0..1023)",
                               name);
 #if defined(RK_HAVE_CUDA)
-        return rk_backend_cuda_create(dev, out, err);
+        pthread_once(&cuda_once, cuda_load);
+        if (!cuda_create) return rk_err_set(err, RK_E_UNSUPPORTED, "%s", cuda_why);
+        return cuda_create(dev, out, err);
 #else
         return rk_err_set(err, RK_E_UNSUPPORTED, "cuda: not built (configure with nvcc and cuBLAS)");
 #endif

@@ -297,7 +297,8 @@ rk_status rk_backend_cpu_create_with_pool(rk_pool *pool, rk_backend **out, rk_er
 rk_status rk_backend_cpu_portable_create(int n_threads, rk_backend **out, rk_err *err);
 /* CUDA backend on device `device` (kernels/cuda, built only with nvcc + cuBLAS:
  * link rk_kernels_cuda_dep, which defines RK_HAVE_CUDA=1, or reach it through
- * rk_backend_create_named and rk_kernels_any_dep). RK_E_UNSUPPORTED
+ * rk_backend_create_named and rk_kernels_any_dep, which load it from the module
+ * libridgekv-cuda.so on first use). RK_E_UNSUPPORTED
  * "cuda: no device (...)" when the machine has no usable GPU. RMSNORM, ROPE,
  * SILU_MUL, ADD, ADD_ROW and MATMUL (f32/f16/bf16 weights, cuBLAS) so far.
  * Views in device memory (rk_backend_alloc / rk_backend_prepare of this

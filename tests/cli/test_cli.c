@@ -360,3 +360,44 @@ Test(cli, backend_cuda_refused_before_any_work) {
     cr_expect(strstr(r.err, "--backend expects cpu, cpu_ref or cuda (got 'tpu')"), "%s", r.err);
     done(&r);
 }
+
+/* The CUDA backend is a module loaded on the first --backend cuda: a module that is not
+ * there, or a library that is not ours, is refused with its path and the reason; a CPU run
+ * never maps the CUDA runtime (it once cost ~140 MiB of RSS and most of the start-up). */
+Test(cli, cuda_module_loaded_on_demand) {
+    char sp[1024], a[2048];
+    snprintf(a, sizeof a, "run -m %s -p 'Once upon a time' -n 2 --temp 0 --backend cuda", stories(sp, sizeof sp));
+    result r = run("RIDGEKV_CUDA_MODULE=/nonexistent/libridgekv-cuda.so", a);
+    cr_expect_eq(r.code, 3, "%s", r.err);
+    cr_expect(strstr(r.err, "cuda: not built") ||
+                  (strstr(r.err, "cannot load the CUDA backend module /nonexistent/libridgekv-cuda.so") &&
+                   strstr(r.err, "No such file")),
+              "%s", r.err);
+    cr_expect_eq(r.out[0], '\0', "%s", r.out);
+    done(&r);
+    /* a real shared library without our entry point (libc is always there) */
+    const char *libc = access("/lib/x86_64-linux-gnu/libc.so.6", R_OK) == 0 ? "/lib/x86_64-linux-gnu/libc.so.6"
+                                                                         : "libc.so.6";
+    char env[256];
+    snprintf(env, sizeof env, "RIDGEKV_CUDA_MODULE=%s", libc);
+    r = run(env, a);
+    cr_expect_eq(r.code, 3, "%s", r.err);
+    cr_expect(strstr(r.err, "cuda: not built") || strstr(r.err, "is not a ridgekv CUDA module"), "%s", r.err);
+    done(&r);
+    /* a CPU run: no libcudart/libcublas among the process's mappings at exit */
+    snprintf(a, sizeof a, "run -m %s -p 'Once upon a time' -n 2 --temp 0", stories(sp, sizeof sp));
+    char dir[512];
+    cr_assert(tmp_dir(dir, sizeof dir));
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "LD_DEBUG=files '%s' %s >/dev/null 2>'%s/ld'", getenv("RK_BIN"), a, dir);
+    cr_assert_eq(system(cmd), 0);
+    char p[600];
+    snprintf(p, sizeof p, "%s/ld", dir);
+    size_t len = 0;
+    char *ld = tb_read_file(p, &len);
+    cr_assert(ld);
+    cr_expect(!strstr(ld, "libcublas") && !strstr(ld, "libcudart"), "a CPU run loaded CUDA libraries");
+    free(ld);
+    unlink(p);
+    rmdir(dir);
+}
