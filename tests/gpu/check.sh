@@ -133,7 +133,7 @@ build() {
     fi
     # only what this script runs (the other suites are CI's)
     local t=(cli/ridgekv tests/gpu/test_gpu_devsim tests/gpu/test_gpu_devsim_tiers)
-    [ "$CUDA_OPT" = -Dcuda=enabled ] && t+=(tests/kernels/test_kernels_cuda tests/gpu/gpu_bench)
+    [ "$CUDA_OPT" = -Dcuda=enabled ] && t+=(kernels/libridgekv-cuda.so tests/kernels/test_kernels_cuda tests/gpu/gpu_bench) # the module: --backend cuda
     ninja -C "$BUILD" -j "$JOBS" "${t[@]}"
 }
 if [ -n "$PREBUILT" ]; then
