@@ -1,4 +1,5 @@
 /* `ridgekv bench`: prefill and decode throughput, peak RSS and KV bytes per token. */
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -16,13 +17,38 @@ static double rss_now_mib(void) {
     return (double)res * (double)sysconf(_SC_PAGESIZE) / 1048576.0;
 }
 
+/* Peak RSS per run in one process: the kernel's high-water mark (VmHWM) is reset to the
+ * current RSS by writing 5 to /proc/self/clear_refs (Linux 4.0); freed heap goes back to the
+ * system first, so a run's peak holds what is resident during it (weights, its session)
+ * and not what an earlier run freed. False when the reset is refused: then no per-run peak. */
+static bool peak_reset(void) {
+    malloc_trim(0);
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (!f) return false;
+    const bool ok = fputs("5", f) >= 0;
+    return fclose(f) == 0 && ok;
+}
+
+static double peak_now_mib(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (double)kb / 1024.0;
+}
+
 static const char *help =
     "usage: ridgekv bench [-m MODEL] [-p 512,2048] [-n 64] [-t T] [-r REPS] [--kv f16,lowram[:opts]]\n"
     "                     [--ridgefill MAPS --fill off,speed,quality] [--json]\n"
     "\n"
     "For each prompt length: prefill that many tokens (TTFT, prefill tokens/s), then decode -n\n"
     "tokens one at a time (decode tokens/s). Token ids are fixed pseudo-random ids, so runs are\n"
-    "comparable. Reports the best of -r repetitions (default 2), peak RSS, and KV bytes per token.\n"
+    "comparable. Reports the best of -r repetitions (default 2), KV bytes per token, the RSS\n"
+    "after each run and its peak (the high-water mark reset before the run: weights, session\n"
+    "and scratch resident during it), and the process's peak.\n"
     "\n"
     "  -m FILE       GGUF model (default: the cached SmolLM2-135M-Instruct)\n"
     "  -p LIST       comma-separated prompt lengths (default 512,2048)\n"
@@ -129,7 +155,8 @@ int cmd_bench(int argc, char **argv) {
     static char kvs[8][1200];
     int n_kv = o.kv ? cli_kv_split(o.kv, kvs, 8) : 0;
     if (n_kv <= 0) n_kv = 1, strcpy(kvs[0], rk_kv_kind_name(sp.kv.kind));
-    static double pf_tps[32][8][8], dc_tps[32][8][8], ttft[32][8][8], rss[32][8][8];
+    static double pf_tps[32][8][8], dc_tps[32][8][8], ttft[32][8][8], rss[32][8][8], rpeak[32][8][8];
+    bool peaks = true; /* per-run peaks (peak_reset) */
     static rk_kv_bytes kvb[32][8][8];
     static double fit_s[32][8][8]; /* lowram: seconds of the end-of-prefill fit (last repetition) */
     static rk_kv_tier_stats tier0[32][8][8], tier1[32][8][8]; /* the KV tiers' counters around the last rep */
@@ -147,6 +174,7 @@ int cmd_bench(int argc, char **argv) {
             rk_session_reset(s);
             if ((rc = cli_setup_fill(&o, m, s, &maps, modes[mi])) || (rc = cli_setup_kv(&o, s, NULL))) break;
             double *pf_t = &pf_tps[li][mi][ki], *dc_t = &dc_tps[li][mi][ki], *tt = &ttft[li][mi][ki];
+            peaks = peak_reset() && peaks;
             *pf_t = *dc_t = 0;
             *tt = 1e30;
             for (int r = 0; r < reps && !st; r++) {
@@ -180,6 +208,7 @@ int cmd_bench(int argc, char **argv) {
                 fit_s[li][mi][ki] = ls.seconds_fit;
             }
             rss[li][mi][ki] = rss_now_mib();
+            rpeak[li][mi][ki] = peak_now_mib();
         }
     }
     if (st) {
@@ -199,13 +228,13 @@ int cmd_bench(int argc, char **argv) {
                     for (int ki = 0; ki < n_kv; ki++) {
                         const rk_kv_bytes *b = &kvb[li][mi][ki];
                         printf("%s{\"n_prompt\":%d,\"fill\":\"%s\",\"kv\":\"%s\",\"ttft_ms\":%.2f,\"prefill_tok_s\":%.2f,"
-                               "\"ttft_speedup\":%.3f,\"n_decode\":%d,\"decode_tok_s\":%.2f,\"rss_after_mib\":%.1f,"
+                               "\"ttft_speedup\":%.3f,\"n_decode\":%d,\"decode_tok_s\":%.2f,\"rss_after_mib\":%.1f,\"peak_rss_mib\":%.1f,"
                                "\"kv_bytes\":{\"total\":%llu,\"f16_equiv\":%llu,\"exact\":%llu,\"coef\":%llu,\"bases\":%llu,"
                                "\"predictors\":%llu,\"residuals\":%llu,\"landmarks\":%llu,\"meta\":%llu,\"key_cache\":%llu,\"scratch\":%llu,"
                                "\"n_tokens\":%lld,\"n_exact_rows\":%lld,\"n_compressed_rows\":%lld,\"n_evicted_rows\":%lld}",
                                li || mi || ki ? "," : "", lens[li], modes[mi], kvs[ki], 1000 * ttft[li][mi][ki],
                                pf_tps[li][mi][ki], ttft[li][0][ki] / ttft[li][mi][ki], o.n_predict, dc_tps[li][mi][ki],
-                               rss[li][mi][ki], (unsigned long long)b->total, (unsigned long long)b->f16_equiv,
+                               rss[li][mi][ki], peaks ? rpeak[li][mi][ki] : -1.0, (unsigned long long)b->total, (unsigned long long)b->f16_equiv,
                                (unsigned long long)b->exact, (unsigned long long)b->coef, (unsigned long long)b->bases,
                                (unsigned long long)b->predictors, (unsigned long long)b->residuals,
                                (unsigned long long)b->landmarks, (unsigned long long)b->meta,
@@ -235,17 +264,19 @@ int cmd_bench(int argc, char **argv) {
         } else {
             printf("model: %s (%s), weights %.1f MiB, threads %d\n", rk_model_name(m), hp->arch_name,
                    (double)rk_model_weight_bytes(m) / 1048576.0, nt);
-            printf("%9s %8s %-24s %10s %13s %8s %8s %12s %10s %7s %9s\n", "n_prompt", "fill", "kv", "TTFT ms",
-                   "prefill tok/s", "speedup", "n_decode", "decode tok/s", "KV B/tok", "vs f16", "RSS MiB");
+            printf("%9s %8s %-24s %10s %13s %8s %8s %12s %10s %7s %9s %9s\n", "n_prompt", "fill", "kv", "TTFT ms",
+                   "prefill tok/s", "speedup", "n_decode", "decode tok/s", "KV B/tok", "vs f16", "RSS MiB", "peak MiB");
             for (int li = 0; li < n_lens; li++)
                 for (int mi = 0; mi < n_modes; mi++)
                     for (int ki = 0; ki < n_kv; ki++) {
                         const rk_kv_bytes *b = &kvb[li][mi][ki];
-                        printf("%9d %8s %-24.24s %10.1f %13.1f %7.2fx %8d %12.1f %10.0f %6.2fx %9.1f\n", lens[li],
+                        char pk[32] = "-";
+                        if (peaks) snprintf(pk, sizeof pk, "%.1f", rpeak[li][mi][ki]);
+                        printf("%9d %8s %-24.24s %10.1f %13.1f %7.2fx %8d %12.1f %10.0f %6.2fx %9.1f %9s\n", lens[li],
                                modes[mi], kvs[ki], 1000 * ttft[li][mi][ki], pf_tps[li][mi][ki],
                                ttft[li][0][ki] / ttft[li][mi][ki], o.n_predict, dc_tps[li][mi][ki],
                                b->n_tokens ? (double)b->total / (double)b->n_tokens : 0.0,
-                               b->total ? (double)b->f16_equiv / (double)b->total : 0.0, rss[li][mi][ki]);
+                               b->total ? (double)b->f16_equiv / (double)b->total : 0.0, rss[li][mi][ki], pk);
                         if (b->coef || b->bases)
                             printf("%9s KV bytes: exact %.2f MiB (%lld rows) + coef %.2f + bases %.2f + predictors %.2f + "
                                    "residuals %.2f + landmarks %.2f + meta %.2f + key cache %.2f = %.2f MiB (%lld rows "
@@ -257,7 +288,7 @@ int cmd_bench(int argc, char **argv) {
                                    (long long)b->n_compressed_rows, (long long)b->n_evicted_rows, b->scratch / 1048576.0,
                                    fit_s[li][mi][ki]);
                     }
-            printf("peak RSS %.1f MiB\n", peak);
+            printf("peak RSS %.1f MiB (the process)%s\n", peak, peaks ? "" : "; per-run peaks: /proc/self/clear_refs refused");
         }
     }
     rk_ridge_maps_destroy(maps);

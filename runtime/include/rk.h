@@ -151,6 +151,8 @@ typedef struct rk_lowram_params {
     bool coef_summary;    /* ablation: decode sums unselected chunks' mean coefficients (r per chunk)
                              instead of their value-space summaries (head_dim per chunk) */
     bool no_cache;        /* ablation: no cache of rebuilt keys between decode steps */
+    bool row_attn;        /* ablation: long evals after the fit by the row-by-row dense path instead of
+                             rebuilding the layer's rows once for the backend's ATTN (lowram_dense.c) */
     bool bound;           /* select chunks by an upper bound of q·k (per-dim key min/max per chunk,
                              Quest-style; 2 more f16 rows per chunk) instead of q·mean */
     bool query_pca;       /* key basis by query-weighted logit error, not key energy (no gain measured) */

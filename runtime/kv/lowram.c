@@ -79,7 +79,8 @@ rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err) {
             else if (!strcmp(tok, "qpca")) q.query_pca = true;
             else if (!strcmp(tok, "bound")) q.bound = true;
             else if (!strcmp(tok, "nocache")) q.no_cache = true;
-            else return bad(err, "unknown flag (dense, mass, nomass, keys_only, summ, nosumm, csumm, qpca, bound, nocache)", tok);
+            else if (!strcmp(tok, "rowattn")) q.row_attn = true;
+            else return bad(err, "unknown flag (dense, mass, nomass, keys_only, summ, nosumm, csumm, qpca, bound, nocache, rowattn)", tok);
             continue;
         }
         *v++ = '\0';
@@ -209,6 +210,7 @@ void lr_codec_free(rk_kv_codec *c) {
         free(L->h);
     }
     if (c->x_hi) lr_exact_free(c);
+    lr_dense_free(c);
     free(c->xk), free(c->xv), free(c->x_hi);
     free(c->g), free(c->ly), free(c->freq), free(c->rope_hi), free(c->rope_lo), free(c->qsq), free(c->obs_q), free(c->obs_pos), free(c->obs_n);
     rk_gguf_destroy(c->pgguf);
@@ -366,7 +368,9 @@ static rk_status lowram_attend(rk_kv *kv, int l, const float *q, int64_t n_q, in
     if (pos0 + n_q > c->x_hi[l])
         return rk_err_set(err, RK_E_INTERNAL, "lowram: attention over rows up to %lld of layer %d holding %lld",
                           (long long)(pos0 + n_q), l, (long long)c->x_hi[l]);
-    if (c->fitted) return lr_attention(c, l, q, n_q, pos0, out, err);
+    if (c->fitted)
+        return lr_dense_wanted(c, l, n_q) ? lr_dense_attend(kv, c, l, q, n_q, pos0, out, err)
+                                           : lr_attention(c, l, q, n_q, pos0, out, err);
     /* prefill queries: second moments per KV-head dim for the key basis, and the last rows
      * for SnapKV / mass-weighted residuals */
     const int grp = c->n_head / c->n_head_kv, hd = c->hd;
@@ -383,6 +387,7 @@ static rk_status lowram_attend(rk_kv *kv, int l, const float *q, int64_t n_q, in
 
 static rk_status lowram_commit(rk_kv *kv, int64_t n, rk_err *err) {
     rk_kv_codec *c = kv->impl;
+    lr_dense_free(c); /* one eval's rebuilt rows */
     lr_rope_fill(c, n);
     rk_status st = RK_OK;
     const int64_t sink = c->p.n_sink, C = c->p.chunk;
@@ -414,6 +419,7 @@ static void lowram_reset(rk_kv *kv) {
     rk_kv_codec *c = kv->impl;
     lowram_truncate(kv, 0);
     lr_exact_free(c); /* a new prompt grows them again */
+    lr_dense_free(c);
 }
 
 /* Row p of layer l: stored index in the layer's group, or -1 (evicted). */

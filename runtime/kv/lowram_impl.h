@@ -166,7 +166,21 @@ struct rk_kv_codec {
     uint32_t n_calls;     /* attention calls, for the key cache's LRU */
     rk_lowram_stats stats;
     struct lr_tier *tier; /* lowram_tier.c: cold rows' pages under a KV budget (NULL: no budget) */
+    uint8_t *dk, *dv;     /* lowram_dense.c: one layer's rows rebuilt for a long eval, (d_cap, kv_dim) */
+    int64_t d_cap;
+    int64_t n_dense;      /* calls that took that path (tests) */
 };
+
+/* ---- lowram_dense.c ------------------------------------------------------------ */
+/* True when layer l's long eval of n_q rows takes the rebuild-once path: fitted, no
+ * eviction, not the rowattn ablation, n_q at least a few tens of rows. */
+bool lr_dense_wanted(const rk_kv_codec *c, int l, int64_t n_q);
+/* Attention of n_q query rows at pos0 over every row of layer l, the compressed ones
+ * rebuilt into c->dk / c->dv, by the backend's ATTN. */
+rk_status lr_dense_attend(const rk_kv *kv, rk_kv_codec *c, int l, const float *q, int64_t n_q, int64_t pos0,
+                          float *out, rk_err *err);
+/* Frees the rebuilt rows (after each eval: they never outlive it). */
+void lr_dense_free(rk_kv_codec *c);
 
 /* ---- lowram_fit.c -------------------------------------------------------------- */
 /* Fits basis and predictors on rows [n_sink, n_past), compresses [n_sink, n_past - window),

@@ -334,6 +334,16 @@ Test(cli, bench_kv_list_one_session_per_policy) {
     cr_expect_eq(total[0], 304 * 5 * 2 * 4 * 8 * 2, "f16");
     cr_expect_eq(total[1], 2 * total[0], "f32 rows are twice f16's");
     cr_expect(comp[0] == 0 && comp[1] == 0 && comp[2] > 0, "only LowRAM compresses: %lld", (long long)comp[2]);
+    /* per-run peaks: the high-water mark reset before each run, so each lies between the RSS
+     * after that run and the process's peak (-1 would mean the reset was refused) */
+    const double proc = json_object_get_double(json_object_object_get(j, "peak_rss_mib"));
+    for (int i = 0; i < 3; i++) {
+        json_object *it = json_object_array_get_idx(res, i);
+        const double pk = json_object_get_double(json_object_object_get(it, "peak_rss_mib")),
+                     after = json_object_get_double(json_object_object_get(it, "rss_after_mib"));
+        cr_expect(after > 0 && pk >= after - 0.1 && pk <= proc + 0.1, "run %d: after %.1f, peak %.1f, process %.1f", i,
+                  after, pk, proc);
+    }
     json_object_put(j);
     done(&r);
 }
