@@ -214,7 +214,13 @@ int cmd_bench(int argc, char **argv) {
     if (st) {
         cli_print_error(&e);
     } else if (!rc) {
+        /* the high-water mark was reset before each run: the process's peak is the largest
+         * of the runs' peaks and what the kernel holds now (the last run's and after) */
         double peak = (double)rk_peak_rss_bytes() / 1048576.0;
+        for (int li = 0; peaks && li < n_lens; li++)
+            for (int mi = 0; mi < n_modes; mi++)
+                for (int ki = 0; ki < n_kv; ki++)
+                    if (rpeak[li][mi][ki] > peak) peak = rpeak[li][mi][ki];
         int nt = o.n_threads > 0 ? o.n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
         if (o.json) {
             /* kv_type / kv_bytes_per_token: the plain cache of the first --kv item */
