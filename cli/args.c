@@ -442,16 +442,16 @@ int cli_session_params(const cli_opts *o, rk_session_params *p) {
     return 0;
 }
 
-/* ---- --kv f16|f32|q8|lowram[:opts] (a list for bench) ---------------------------- */
+/* ---- --kv f16|f32|q8|q4|lowram[:opts] (a list for bench) ---------------------------- */
 
 int cli_kv_split(const char *kv, char items[][1200], int max_items) {
     int n = 0;
     for (const char *s = kv; s && *s;) {
         const char *e = strchr(s, ',');
         size_t len = e ? (size_t)(e - s) : strlen(s);
-        /* a new item starts at f16, f32, q8 or lowram; other tokens continue the item before */
+        /* a new item starts at f16, f32, q8, q4 or lowram; other tokens continue the item before */
         const bool head = (len == 3 && (!strncmp(s, "f16", 3) || !strncmp(s, "f32", 3))) ||
-                          (len == 2 && !strncmp(s, "q8", 2)) || !strncmp(s, "lowram", 6);
+                          (len == 2 && (!strncmp(s, "q8", 2) || !strncmp(s, "q4", 2))) || !strncmp(s, "lowram", 6);
         const char *pred = strstr(s, "pred=");
         if (pred && (pred == s || (!strncmp(s, "lowram:", 7) && pred == s + 7))) len = strlen(s); /* the path takes the rest */
         if (head || n == 0) {
@@ -472,16 +472,16 @@ int cli_kv_check(const char *cmd, const char *kv) {
     char items[8][1200];
     int n = cli_kv_split(kv, items, 8);
     if (n < 1 || (n > 1 && strcmp(cmd, "bench"))) {
-        fprintf(stderr, "ridgekv %s: --kv expects f16, f32, q8 or lowram[:opts]%s (got '%s')\n", cmd,
+        fprintf(stderr, "ridgekv %s: --kv expects f16, f32, q8, q4 or lowram[:opts]%s (got '%s')\n", cmd,
                 strcmp(cmd, "bench") ? "" : " or a list of up to 8", kv);
         return RK_EXIT_USAGE;
     }
     for (int i = 0; i < n; i++) {
         const char *it = items[i];
         /* q8 is a policy of the API: the session says whether this build has it */
-        if (!strcmp(it, "f16") || !strcmp(it, "f32") || !strcmp(it, "q8")) continue;
+        if (!strcmp(it, "f16") || !strcmp(it, "f32") || !strcmp(it, "q8") || !strcmp(it, "q4")) continue;
         if (strncmp(it, "lowram", 6) || (it[6] && it[6] != ':')) {
-            fprintf(stderr, "ridgekv %s: --kv expects f16, f32, q8 or lowram[:opts] (got '%s')\n", cmd, it);
+            fprintf(stderr, "ridgekv %s: --kv expects f16, f32, q8, q4 or lowram[:opts] (got '%s')\n", cmd, it);
             return RK_EXIT_USAGE;
         }
         rk_lowram_params lp = rk_lowram_params_default();

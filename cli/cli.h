@@ -25,7 +25,7 @@ typedef struct cli_opts {
     int n_threads;          /* -t */
     int n_ctx;              /* -c */
     int n_batch;            /* -b */
-    const char *kv;         /* --kv f16|f32|q8|lowram[:opts] (bench: a list) */
+    const char *kv;         /* --kv f16|f32|q8|q4|lowram[:opts] (bench: a list) */
     const char *backend;    /* --backend cpu|cpu_ref|cuda */
     rk_sampler_params sp;
     int json;               /* --json */
@@ -79,7 +79,7 @@ int cli_setup_fill(const cli_opts *o, const rk_model *m, rk_session *s, rk_ridge
                    const char *mode_override);
 
 /* --kv: splits a list ("f16,lowram:rank=64,budget=256") into items (a new item starts at
- * f16, f32, q8 or lowram; pred=PATH takes the rest); returns the count or -1. */
+ * f16, f32, q8, q4 or lowram; pred=PATH takes the rest); returns the count or -1. */
 int cli_kv_split(const char *kv, char items[][1200], int max_items);
 /* Checks a --kv value (lists only for bench); prints the reason, returns RK_EXIT_USAGE. */
 int cli_kv_check(const char *cmd, const char *kv);

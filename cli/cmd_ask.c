@@ -29,7 +29,7 @@ static const char *help =
     "  -c, --ctx-size N        context size in tokens (default: the model's)\n"
     "  -b, --batch-size N      prefill chunk: progress and Ctrl-C act between chunks (default 512)\n"
     "  -t, --threads N         threads (default: all cores)\n"
-    "      --kv f16|f32|q8|lowram[:opts]  KV cache (default f16; lowram: compressed KV, docs/LOWRAM.md)\n"
+    "      --kv f16|f32|q8|q4|lowram[:opts]  KV cache (default f16; lowram: compressed KV, docs/LOWRAM.md)\n"
     "      --backend cpu|cpu_ref|cuda  kernels (cpu_ref: the scalar oracle, slow; cuda: CUDA builds)\n"
     "      --temp T            temperature (default 0 = greedy, so answers repeat)\n"
     "      --top-k K           (default 40; 0 = off)\n"

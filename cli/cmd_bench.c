@@ -58,7 +58,7 @@ static const char *help =
     "  -b N          prefill chunk (default 512)\n"
     "  -c N          context size (default: the model's; 0 = the model's)\n"
     "  --backend cpu|cpu_ref|cuda  kernels\n"
-    "  --kv LIST     KV caches to compare in one run: f16, f32, q8, lowram[:opts] (default f16);\n"
+    "  --kv LIST     KV caches to compare in one run: f16, f32, q8, q4, lowram[:opts] (default f16);\n"
     "                KV bytes are counted after the decode steps, by part for lowram\n"
     "  --ridgefill MAPS  RidgeFill maps; --fill off,speed,quality compares modes in one run\n"
     "  --fill LIST   fill modes to run (default off); speedup is TTFT of the first mode / this mode\n"

@@ -29,7 +29,7 @@ static const char *ppl_help =
     "  -c N          chunk size (default 512)\n"
     "  --chunks N    score at most N chunks (default: all)\n"
     "  -t N          threads (default: all cores)\n"
-    "  --kv POLICY   f16, f32, q8 or lowram[:opts] (default f16)\n"
+    "  --kv POLICY   f16, f32, q8, q4 or lowram[:opts] (default f16)\n"
     "  --ridgefill MAPS, --fill MODE  score with RidgeFill prefill (docs/RIDGEFILL.md)\n"
     "  --json        one JSON object on stdout\n";
 

@@ -19,7 +19,7 @@ static const char *help =
     "  -c, --ctx-size N        context size in tokens (default: the model's)\n"
     "  -b, --batch-size N      prefill chunk (default 512)\n"
     "  -t, --threads N         threads (default: all cores)\n"
-    "      --kv f16|f32|q8|lowram[:opts]  KV cache (default f16); lowram: compressed KV at decode\n"
+    "      --kv f16|f32|q8|q4|lowram[:opts]  KV cache (default f16); lowram: compressed KV at decode\n"
     "                          (opts: ratio=R,rank=r,budget=B,window=W,resid=S,dense,... see docs/LOWRAM.md)\n"
     "      --backend cpu|cpu_ref|cuda  kernels (cpu_ref: the scalar oracle, slow; cuda: CUDA builds)\n"
     "      --temp T            temperature (default 0.8; 0 = greedy)\n"

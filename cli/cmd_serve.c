@@ -30,7 +30,7 @@ static const char *help =
     "  -c, --ctx-size N        context size in tokens (default: the model's)\n"
     "  -b, --batch-size N      prefill chunk (default 512)\n"
     "  -t, --threads N         threads (default: all cores)\n"
-    "      --kv f16|f32|q8|lowram[:opts]  KV cache (default f16); a request's \"kv\" gets a session\n"
+    "      --kv f16|f32|q8|q4|lowram[:opts]  KV cache (default f16); a request's \"kv\" gets a session\n"
     "                          of its own with that policy\n"
     "      --backend cpu|cpu_ref|cuda  kernels\n"
     "      --ridgefill MAPS, --fill MODE, --tail T, --split S, --keep-share X  RidgeFill for every\n"

@@ -211,7 +211,7 @@ static uint64_t kv_share(const char *spec, const rk_model *m, const rk_kv_params
     if (!n || spec[n - 1] != '%') return keep;
     const double share = strtod(spec, NULL) / 100.0;
     const rk_hparams *hp = rk_model_hparams(m);
-    const double per_value = kv->kind == RK_KV_F32 ? 4.0 : kv->kind == RK_KV_Q8 ? 34.0 / 32.0 : 2.0;
+    const double per_value = kv->kind == RK_KV_F32 ? 4.0 : kv->kind == RK_KV_Q8 ? 34.0 / 32.0 : kv->kind == RK_KV_Q4 ? 18.0 / 32.0 : 2.0;
     const double bytes = (double)n_tokens * 2.0 * hp->n_layer * hp->n_head_kv * hp->head_dim * per_value;
     const uint64_t b = (uint64_t)(share * bytes);
     return b ? b : 1;

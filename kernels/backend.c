@@ -285,9 +285,11 @@ static bool is_f32(const rk_view *v) { return v->type == RK_DT_F32; }
 static bool is_cache_type(const rk_view *v) {
     return v->type == RK_DT_F32 || v->type == RK_DT_F16 || v->type == RK_DT_Q8_0;
 }
-/* q8_0 caches need whole blocks per head row */
+/* q8_0 / q4_0 caches need whole blocks per head row (ATTN dequantises tiles with the
+ * type's own decoder; only CPY_ROWS writes q8_0, q4_0 rows are quantised by their cache) */
 static bool attn_cache_ok(const rk_view *v, int head_dim) {
-    return v->type == RK_DT_F32 || v->type == RK_DT_F16 || (v->type == RK_DT_Q8_0 && head_dim % 32 == 0);
+    return v->type == RK_DT_F32 || v->type == RK_DT_F16 ||
+           ((v->type == RK_DT_Q8_0 || v->type == RK_DT_Q4_0) && head_dim % 32 == 0);
 }
 
 bool rk_cpu_supports_common(const rk_op_args *a, const rk_quant_fns *(*fns)(uint32_t)) {

@@ -181,8 +181,12 @@ rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err);
 
 /* ---- KV cache policy: chosen when the session is created ----------------------------
  * f16 / f32: plain rows; q8: int8 rows with one f16 scale per 32 values (llama.cpp's
- * q8_0 KV, the baseline LowRAM must beat at equal bytes); lowram: the codec above. */
-typedef enum rk_kv_kind { RK_KV_F16 = 0, RK_KV_F32, RK_KV_Q8, RK_KV_LOWRAM } rk_kv_kind;
+ * q8_0 KV, the baseline LowRAM must beat at equal bytes); q4: 4-bit codes with one f16
+ * scale per 32 values (llama.cpp's q4_0, 18 bytes per 32: 3.56x less than f16, the
+ * alternative at about LowRAM's bytes); lowram: the codec above. The values are those of
+ * KV blocks and document caches: new kinds go at the end. */
+typedef enum rk_kv_kind { RK_KV_F16 = 0, RK_KV_F32, RK_KV_Q8, RK_KV_LOWRAM, RK_KV_Q4 } rk_kv_kind;
+enum { RK_KV_KIND_LAST = RK_KV_Q4 };
 
 typedef struct rk_kv_params {
     rk_kv_kind kind;
@@ -211,8 +215,8 @@ typedef struct rk_kv_params {
 } rk_kv_params;
 
 rk_kv_params rk_kv_params_default(void); /* f16; lowram = rk_lowram_params_default() */
-const char *rk_kv_kind_name(rk_kv_kind k); /* "f16", "f32", "q8", "lowram" */
-/* Parses "f16", "f32", "q8" or "lowram[:opts]" (opts as rk_lowram_parse) into *out,
+const char *rk_kv_kind_name(rk_kv_kind k); /* "f16", "f32", "q8", "lowram", "q4" */
+/* Parses "f16", "f32", "q8", "q4" or "lowram[:opts]" (opts as rk_lowram_parse) into *out,
  * which is written only on success. RK_E_INVALID_ARG names what is wrong. */
 rk_status rk_kv_params_parse(const char *spec, rk_kv_params *out, rk_err *err);
 /* Writes the canonical spec of p ("f16", "lowram:rank=64,...") into buf (cap bytes). */

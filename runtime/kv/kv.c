@@ -12,7 +12,7 @@ rk_status rk_kv_create(const rk_model *m, const rk_kv_params *p, int64_t n_ctx, 
                        char *warning, size_t warning_cap, rk_kv **out, rk_err *err) {
     const rk_hparams *hp = rk_model_hparams(m);
     if (warning && warning_cap) warning[0] = '\0';
-    if ((unsigned)p->kind > RK_KV_LOWRAM)
+    if ((unsigned)p->kind > RK_KV_KIND_LAST)
         return rk_err_set(err, RK_E_INVALID_ARG, "kv: KV policy %d unknown", (int)p->kind);
     if (n_ctx <= 0) return rk_err_set(err, RK_E_INVALID_ARG, "kv: n_ctx %lld", (long long)n_ctx);
     rk_kv *kv = calloc(1, sizeof *kv);
@@ -48,6 +48,11 @@ rk_status rk_kv_create(const rk_model *m, const rk_kv_params *p, int64_t n_ctx, 
     case RK_KV_F16: st = p->budget ? rk_kv_tier_init(kv, RK_DT_F16, p, err) : rk_kv_plain_init(kv, RK_DT_F16, err); break;
     case RK_KV_F32: st = p->budget ? rk_kv_tier_init(kv, RK_DT_F32, p, err) : rk_kv_plain_init(kv, RK_DT_F32, err); break;
     case RK_KV_Q8: st = p->budget ? rk_kv_tier_init(kv, RK_DT_Q8_0, p, err) : rk_kv_q8_init(kv, err); break;
+    case RK_KV_Q4:
+        st = p->budget ? rk_err_set(err, RK_E_UNSUPPORTED,
+                                    "kv: q4 has no memory tiers (--kv-budget): use f16, f32, q8 or lowram with a budget")
+                       : rk_kv_q4_init(kv, err);
+        break;
     default:
         st = p->budget ? rk_kv_lowram_tier_init(kv, m, p, n_threads, warning, warning_cap, err)
                        : rk_kv_lowram_init(kv, m, &p->lowram, n_threads, warning, warning_cap, err);

@@ -2,7 +2,7 @@
  * fixed at creation (rk_session_params.kv); the layer loop appends every layer's post-RoPE
  * K and V rows and asks the cache to attend, whatever the cache stores:
  *   kv_plain.c  f16 / f32 rows; append and attention are the backend's CPY_ROWS and ATTN
- *   kv_q8.c     llama.cpp's q8_0 blocks (f16 scale + 32 int8 per 32 values); ATTN on the
+ *   kv_q8.c     llama.cpp's q8_0 / q4_0 blocks (f16 scale + 32 codes per 32 values); ATTN on the
  *               blocks when the backend takes them, else f32 ATTN over dequantised rows
  *   lowram*.c   the LowRAM codec: exact rows (sinks, window, rows of the current eval) in
  *               its own buffers, older rows only compressed
@@ -155,6 +155,7 @@ rk_status rk_kv_plain_init(rk_kv *kv, uint32_t type, rk_err *err);
 /* kv_tier.c: f16 / f32 / q8_0 rows under p->budget (rk_kv_params), the rest spilled. */
 rk_status rk_kv_tier_init(rk_kv *kv, uint32_t type, const rk_kv_params *p, rk_err *err);
 rk_status rk_kv_q8_init(rk_kv *kv, rk_err *err);
+rk_status rk_kv_q4_init(rk_kv *kv, rk_err *err);
 /* session/kv_dev.c: the GPU KV tiers, f16 / f32 rows under p->budget on a backend with its
  * own memory (whole layers resident, the others in pinned host blocks moved on the copy
  * lane). takes: such a backend and a budget of at least two layers (else the host tier). */
@@ -175,6 +176,15 @@ void rk_q8_dequantize(const uint8_t *src, int64_t n, float *dst);
 /* True when the q8 cache kv attends through the backend's own q8_0 ATTN (else: f32 ATTN
  * over dequantised rows). */
 bool rk_kv_q8_direct(const rk_kv *kv);
+/* q4_0 (llama.cpp's block_q4_0: f16 d, 16 bytes of codes; value j of a block in the low
+ * nibble of byte j, value j + 16 in the high one, x = (code - 8) d). Quantised as
+ * quantize_row_q4_0_ref: m = the value of largest magnitude, d = m / -8, code =
+ * min(15, trunc(x / d + 8.5)). */
+enum { RK_Q4_BLOCK = 32, RK_Q4_BLOCK_BYTES = 2 + RK_Q4_BLOCK / 2 };
+void rk_q4_quantize(const float *x, int64_t n, uint8_t *dst);
+void rk_q4_dequantize(const uint8_t *src, int64_t n, float *dst);
+/* True when a q8 or q4 cache attends through the backend's own ATTN on its blocks. */
+bool rk_kv_quant_direct(const rk_kv *kv);
 
 /* ---- kv_block.c ------------------------------------------------------------------------- */
 /* Block = header (magic "RKKV", version, policy kind and parameters, model fingerprint,

@@ -102,7 +102,7 @@ rk_status rk_session_create(const rk_model *m, const rk_session_params *pp, rk_s
     }
     if (p.n_batch <= 0) p.n_batch = 512;
     if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
-    if ((unsigned)p.kv.kind > RK_KV_LOWRAM)
+    if ((unsigned)p.kv.kind > RK_KV_KIND_LAST)
         return rk_err_set(err, RK_E_INVALID_ARG, "session: KV policy %d unknown", (int)p.kv.kind);
     rk_session *s = calloc(1, sizeof *s);
     if (!s) return rk_err_set(err, RK_E_NOMEM, "session: out of memory");
@@ -266,9 +266,9 @@ void rk_session_kv_tier_stats(const rk_session *s, rk_kv_tier_stats *out) {
 
 /* ---- KV policy and backend names ----------------------------------------------------- */
 
-static const char *const kv_names[] = {"f16", "f32", "q8", "lowram"};
+static const char *const kv_names[] = {"f16", "f32", "q8", "lowram", "q4"};
 
-const char *rk_kv_kind_name(rk_kv_kind k) { return (unsigned)k <= RK_KV_LOWRAM ? kv_names[k] : "unknown"; }
+const char *rk_kv_kind_name(rk_kv_kind k) { return (unsigned)k <= RK_KV_KIND_LAST ? kv_names[k] : "unknown"; }
 
 rk_kv_params rk_kv_params_default(void) {
     rk_kv_params p = {RK_KV_F16, rk_lowram_params_default(), 0, NULL, 0, 0, false, false, 0};
@@ -280,10 +280,10 @@ rk_status rk_kv_params_parse(const char *spec, rk_kv_params *out, rk_err *err) {
     if (!spec) spec = "";
     size_t n = strcspn(spec, ":");
     int k = -1;
-    for (int i = 0; i <= RK_KV_LOWRAM; i++)
+    for (int i = 0; i <= RK_KV_KIND_LAST; i++)
         if (strlen(kv_names[i]) == n && !strncmp(spec, kv_names[i], n)) k = i;
     if (k < 0 || (spec[n] == ':' && k != RK_KV_LOWRAM))
-        return rk_err_set(err, RK_E_INVALID_ARG, "kv: '%.64s' is not a KV policy (f16, f32, q8, lowram[:opts])", spec);
+        return rk_err_set(err, RK_E_INVALID_ARG, "kv: '%.64s' is not a KV policy (f16, f32, q8, q4, lowram[:opts])", spec);
     p.kind = (rk_kv_kind)k;
     if (spec[n] == ':') {
         rk_status st = rk_lowram_parse(spec + n + 1, &p.lowram, err);

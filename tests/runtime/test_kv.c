@@ -51,8 +51,8 @@ static rk_kv_codec *codec(const rk_session *s) {
 }
 
 /* The policies every generic test runs; LowRAM scaled to the tiny model (fits at 132 rows). */
-static const char *const POLICIES[] = {"f16", "f32", "q8", "lowram:window=64,chunk=16,budget=96"};
-enum { N_POLICIES = 4 };
+static const char *const POLICIES[] = {"f16", "f32", "q8", "lowram:window=64,chunk=16,budget=96", "q4"};
+enum { N_POLICIES = 5 };
 
 /* ---- plain caches ------------------------------------------------------------------- */
 
@@ -146,98 +146,155 @@ Test(kv, q8_blocks_are_llama_cpp_q8_0) {
     free(x), free(y), free(z), free(q);
 }
 
-/* A test policy: the f32 cache's own ops, except that appended rows pass through q8_0
- * first (quantise, dequantise). q8 must attend exactly like that. */
+/* Blocks are llama.cpp's block_q4_0: d = m / -8 with m the value of largest magnitude
+ * (so m itself is code 0, exact up to the f16 scale), code = min(15, trunc(x / d + 8.5)),
+ * value j in the low nibble of byte j and value j + 16 in the high one; the kernels' own
+ * Q4_0 decoder (written for weights) reads them identically. Every value is within |d|/2
+ * of x (|d| for x/d in [7.5, 8], clamped to code 15) plus 8 |d - d16| <= 8 |d| 2^-11. */
+Test(kv, q4_blocks_are_llama_cpp_q4_0) {
+    const int n = 32 * 64;
+    uint64_t rng = 5;
+    float *x = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float)), *z = malloc(n * sizeof(float));
+    uint8_t *q = malloc((size_t)n / 32 * 18);
+    for (int i = 0; i < n; i++) x[i] = tb_rand_normal(&rng) * (float)(1 + i / 32 % 5) * (i / 32 == 7 ? 0.0f : 1.0f);
+    /* block 2: m = -8 (d = 1 exactly); 7 -> code 15; 3.5 -> trunc(12.0) = 12; 8 -> clamped 15;
+     * values 16..31 in the high nibbles: x[80] = -2 -> code 6 */
+    for (int i = 64; i < 96; i++) x[i] = 0;
+    x[64] = -8.0f, x[65] = 7.0f, x[66] = 3.5f, x[67] = 7.9f, x[80] = -2.0f;
+    rk_q4_quantize(x, n, q);
+    rk_q4_dequantize(q, n, y);
+    rk_quant_ref(RK_DT_Q4_0)->to_f32(q, z, n);
+    cr_expect(same_bits(y, z, (size_t)n), "the kernels' q4_0 decoder reads the blocks differently");
+    const uint8_t *b2 = q + 2 * 18;
+    uint16_t d2;
+    memcpy(&d2, b2, 2);
+    cr_expect_eq(rk_f16_to_f32(d2), 1.0f);
+    cr_expect_eq(b2[2] & 15, 0);
+    cr_expect_eq(b2[3] & 15, 15);
+    cr_expect_eq(b2[4] & 15, 12);
+    cr_expect_eq(b2[5] & 15, 15);
+    cr_expect_eq(b2[2] >> 4, 6, "value 16 of block 2 (x[80] = -2) in the high nibble of byte 0");
+    cr_expect_eq(b2[3] >> 4, 8, "a zero is code 8");
+    const uint8_t *b7 = q + 7 * 18; /* an all-zero block: d = 0, every code 8 */
+    for (int j = 0; j < 16; j++) cr_expect_eq(b7[2 + j], 0x88);
+    for (int b = 0; b < n / 32; b++) {
+        float amax = 0, m = 0;
+        for (int j = 0; j < 32; j++)
+            if (fabsf(x[b * 32 + j]) > amax) amax = fabsf(x[b * 32 + j]), m = x[b * 32 + j];
+        const float d = m / -8.0f;
+        for (int j = 0; j < 32; j++) {
+            const int i = b * 32 + j;
+            const float bound = (d != 0 && x[i] / d >= 7.5f ? fabsf(d) : fabsf(d) / 2) + 8 * fabsf(d) * 0x1p-11f + 1e-7f;
+            cr_expect_leq(fabsf(x[i] - y[i]), bound, "block %d value %d: %g vs %g", b, j, (double)x[i], (double)y[i]);
+        }
+    }
+    free(x), free(y), free(z), free(q);
+}
+
+/* A test policy: the f32 cache's own ops, except that appended rows pass through q8_0 (or
+ * q4_0: g_round_type) first (quantise, dequantise). q8 / q4 must attend exactly like that. */
 static const rk_kv_ops *g_inner;
 static rk_kv_ops g_rounded;
+static uint32_t g_round_type = RK_DT_Q8_0;
+
+static void round_rows(uint32_t type, const float *x, int64_t m, uint8_t *q, float *y) {
+    if (type == RK_DT_Q4_0) rk_q4_quantize(x, m, q), rk_q4_dequantize(q, m, y);
+    else rk_q8_quantize(x, m, q), rk_q8_dequantize(q, m, y);
+}
 
 static rk_status rounded_append(rk_kv *kv, int l, int64_t pos0, const float *k, const float *v, int64_t n, rk_err *err) {
     const int64_t m = n * kv->kv_dim;
     float *t = malloc(2 * (size_t)m * sizeof(float));
     uint8_t *q = malloc((size_t)m / 32 * 34);
-    rk_q8_quantize(k, m, q), rk_q8_dequantize(q, m, t);
-    rk_q8_quantize(v, m, q), rk_q8_dequantize(q, m, t + m);
+    round_rows(g_round_type, k, m, q, t);
+    round_rows(g_round_type, v, m, q, t + m);
     rk_status st = g_inner->append(kv, l, pos0, t, t + m, n, err);
     free(t), free(q);
     return st;
 }
 
-static void install_rounded(rk_session *s) {
+static void install_rounded(rk_session *s, uint32_t type) {
     cr_assert_eq(s->kv->kind, RK_KV_F32);
+    g_round_type = type;
     g_inner = s->kv->ops;
     g_rounded = *g_inner;
     g_rounded.append = rounded_append;
     s->kv->ops = &g_rounded;
 }
 
-/* q8 = f32 attention over the q8_0-rounded rows, bit for bit (the fallback dequantises
- * into f32 and runs the same ATTN); a backend that attends on q8_0 itself accumulates in
- * another order: then within 1e-4 of the logits' scale. Bytes: 34 per 32 values, K and V,
- * every layer, as the layout says; 34/64 of f16. */
-Test(kv, q8_attends_like_f32_over_its_rows) {
+/* q8 / q4 = f32 attention over the rows rounded to their blocks, bit for bit (the fallback
+ * dequantises into f32 and runs the same ATTN); a backend that attends on the blocks itself
+ * accumulates in another order: then within 1e-4 of the logits' scale. Bytes: block_bytes
+ * per 32 values, K and V, every layer, as the layout says; block_bytes/64 of f16. */
+static void attends_like_f32(const char *kind, uint32_t type, unsigned block_bytes) {
     rk_model *m = rt_load_shared(STORIES);
     const rk_hparams *hp = rk_model_hparams(m);
     const int nv = hp->n_vocab, kvd = hp->n_head_kv * hp->head_dim;
     int32_t *ids = rt_story_ids(m, 340);
-    rk_session *q8 = mk(m, "q8", 100), *rf = mk(m, "f32", 100);
-    install_rounded(rf);
-    float *a = trace(q8, ids, 300, 40, nv), *b = trace(rf, ids, 300, 40, nv);
-    const bool direct = rk_kv_q8_direct(q8->kv);
-    if (direct) cr_expect_leq(rt_max_abs_diff(a, b, (size_t)41 * nv), 1e-4 * 20, "direct q8 ATTN");
-    else cr_expect(same_bits(a, b, (size_t)41 * nv), "q8 differs from f32 attention over q8 rows by %g",
+    rk_session *qs = mk(m, kind, 100), *rf = mk(m, "f32", 100);
+    install_rounded(rf, type);
+    float *a = trace(qs, ids, 300, 40, nv), *b = trace(rf, ids, 300, 40, nv);
+    const bool direct = rk_kv_quant_direct(qs->kv);
+    if (direct) cr_expect_leq(rt_max_abs_diff(a, b, (size_t)41 * nv), 1e-4 * 20, "direct %s ATTN", kind);
+    else cr_expect(same_bits(a, b, (size_t)41 * nv), "%s differs from f32 attention over its rounded rows by %g", kind,
                    rt_max_abs_diff(a, b, (size_t)41 * nv));
-    const uint64_t per_tok = 2ull * hp->n_layer * (uint64_t)(kvd / 32) * 34;
-    cr_expect_eq(rk_session_kv_bytes_per_token(q8), per_tok);
+    const uint64_t per_tok = 2ull * hp->n_layer * (uint64_t)(kvd / 32) * block_bytes;
+    cr_expect_eq(rk_session_kv_bytes_per_token(qs), per_tok);
     rk_kv_bytes kb;
-    rk_session_kv_bytes(q8, &kb);
+    rk_session_kv_bytes(qs, &kb);
     cr_expect_eq(kb.total, 340 * per_tok);
     cr_expect_eq(kb.exact, kb.total);
-    cr_expect_eq(kb.total * 64, kb.f16_equiv * 34, "q8 is 34/64 of f16 (%llu vs %llu)", (unsigned long long)kb.total,
-                 (unsigned long long)kb.f16_equiv);
+    cr_expect_eq(kb.total * 64, kb.f16_equiv * block_bytes, "%s is %u/64 of f16 (%llu vs %llu)", kind, block_bytes,
+                 (unsigned long long)kb.total, (unsigned long long)kb.f16_equiv);
     free(a), free(b), free(ids);
-    rk_session_destroy(q8), rk_session_destroy(rf);
+    rk_session_destroy(qs), rk_session_destroy(rf);
     rk_model_destroy(m);
 }
 
-/* RMS rounding error of q8_0 and of f16 over every K and V row a session holds. */
-static void rounding_rms(const rk_session *s, int n_rows, double *e_q8, double *e_16) {
+Test(kv, q8_attends_like_f32_over_its_rows) { attends_like_f32("q8", RK_DT_Q8_0, 34); }
+Test(kv, q4_attends_like_f32_over_its_rows) { attends_like_f32("q4", RK_DT_Q4_0, 18); }
+
+/* RMS rounding error of the blocks (type) and of f16 over every K and V row a session holds. */
+static void rounding_rms(const rk_session *s, uint32_t type, int n_rows, double *e_q, double *e_16) {
     const int kvd = s->kv->kv_dim;
     float *x = malloc((size_t)kvd * sizeof(float)), *y = malloc((size_t)kvd * sizeof(float));
     uint8_t *q = malloc((size_t)kvd / 32 * 34);
-    double s8 = 0, s16 = 0;
+    double sq = 0, s16 = 0;
     rk_err e = {0};
     for (int l = 0; l < s->kv->n_layer; l++)
         for (int v = 0; v < 2; v++)
             for (int r = 0; r < n_rows; r++) {
                 cr_assert_eq(rk_session_kv_rows(s, l, v, false, r, 1, x, &e), RK_OK, "%s", e.msg);
-                rk_q8_quantize(x, kvd, q), rk_q8_dequantize(q, kvd, y);
+                round_rows(type, x, kvd, q, y);
                 for (int i = 0; i < kvd; i++) {
-                    s8 += ((double)x[i] - y[i]) * ((double)x[i] - y[i]);
+                    sq += ((double)x[i] - y[i]) * ((double)x[i] - y[i]);
                     const double h = rk_f16_to_f32(rk_f32_to_f16(x[i]));
                     s16 += (x[i] - h) * (x[i] - h);
                 }
             }
-    *e_q8 = sqrt(s8), *e_16 = sqrt(s16);
+    *e_q = sqrt(sq), *e_16 = sqrt(s16);
     free(x), free(y), free(q);
 }
 
-/* q8 vs f32, with the f16 cache as the yardstick: both are small perturbations of the same
- * rows, so to first order the logit error grows with the rounding error. With ρ the ratio
- * of RMS rounding errors (q8 / f16) measured on this prompt's own rows: max |Δlogit| within
- * 3ρ of f16's, mean KL (second order) within 10ρ² of f16's; top-1 agreement >= 90%. A
- * scrambled q8 (wrong scale, wrong block) is orders of magnitude outside these. */
-Test(kv, q8_logits_within_the_int8_rounding_of_f32) {
+/* q8 / q4 vs f32, with the f16 cache as the yardstick: all are small perturbations of the
+ * same rows, so to first order the logit error grows with the rounding error. With ρ the
+ * ratio of RMS rounding errors (blocks / f16) measured on this prompt's own rows: max
+ * |Δlogit| within 3ρ of f16's, mean KL (second order) within 10ρ² of f16's; top-1 agreement
+ * at least min_agree of the steps. A scrambled q8 cache (wrong scale, wrong block) is orders
+ * of magnitude outside these; for q4 the bounds are loose (10ρ² x f16's KL is nats), so its
+ * layout is pinned by q4_blocks_are_llama_cpp_q4_0. */
+static void logits_within_rounding(const char *kind, uint32_t type, double rho_min, double min_agree) {
     rk_model *m = rt_load_shared(STORIES);
     const int nv = rk_model_hparams(m)->n_vocab, n_prompt = 300, n_dec = 40;
     int32_t *ids = rt_story_ids(m, n_prompt + n_dec);
-    rk_session *s32 = mk(m, "f32", 512), *s16 = mk(m, "f16", 512), *s8 = mk(m, "q8", 512);
+    rk_session *s32 = mk(m, "f32", 512), *s16 = mk(m, "f16", 512), *sq = mk(m, kind, 512);
     float *a = trace(s32, ids, n_prompt, n_dec, nv), *b = trace(s16, ids, n_prompt, n_dec, nv);
-    float *c = trace(s8, ids, n_prompt, n_dec, nv);
-    double e8, e16;
-    rounding_rms(s32, n_prompt + n_dec, &e8, &e16);
-    const double rho = e8 / e16, d16 = rt_max_abs_diff(a, b, (size_t)(n_dec + 1) * nv);
-    const double d8 = rt_max_abs_diff(a, c, (size_t)(n_dec + 1) * nv);
-    const double kl16 = rt_mean_kl(a, b, n_dec + 1, nv), kl8 = rt_mean_kl(a, c, n_dec + 1, nv);
+    float *c = trace(sq, ids, n_prompt, n_dec, nv);
+    double eq, e16;
+    rounding_rms(s32, type, n_prompt + n_dec, &eq, &e16);
+    const double rho = eq / e16, d16 = rt_max_abs_diff(a, b, (size_t)(n_dec + 1) * nv);
+    const double dq = rt_max_abs_diff(a, c, (size_t)(n_dec + 1) * nv);
+    const double kl16 = rt_mean_kl(a, b, n_dec + 1, nv), klq = rt_mean_kl(a, c, n_dec + 1, nv);
     int agree = 0;
     for (int r = 0; r <= n_dec; r++) {
         int ta = 0, tc = 0;
@@ -247,16 +304,23 @@ Test(kv, q8_logits_within_the_int8_rounding_of_f32) {
         }
         agree += ta == tc;
     }
-    cr_log_info("rho %.1f; max |dlogit| f16 %.3g q8 %.3g (%.1f rho); KL f16 %.3g q8 %.3g; top-1 %d/%d", rho, d16, d8,
-                d8 / (d16 * rho), kl16, kl8, agree, n_dec + 1);
-    cr_expect_gt(rho, 4.0, "int8 rounds coarser than f16 (rho %g)", rho);
-    cr_expect_leq(d8, 3 * rho * d16, "q8 max |dlogit| %g, f16 %g, rho %g", d8, d16, rho);
-    cr_expect_leq(kl8, 10 * rho * rho * kl16, "q8 KL %g, f16 %g, rho %g", kl8, kl16, rho);
-    cr_expect_geq(agree * 10, (n_dec + 1) * 9, "top-1 agreement %d of %d", agree, n_dec + 1);
+    cr_log_info("%s: rho %.1f; max |dlogit| f16 %.3g %s %.3g (%.2f rho); KL f16 %.3g %s %.3g (%.2f rho^2); top-1 %d/%d",
+                kind, rho, d16, kind, dq, dq / (d16 * rho), kl16, kind, klq, klq / (kl16 * rho * rho), agree, n_dec + 1);
+    cr_expect_gt(rho, rho_min, "%s rounds coarser than f16 (rho %g)", kind, rho);
+    cr_expect_leq(dq, 3 * rho * d16, "%s max |dlogit| %g, f16 %g, rho %g", kind, dq, d16, rho);
+    cr_expect_leq(klq, 10 * rho * rho * kl16, "%s KL %g, f16 %g, rho %g", kind, klq, kl16, rho);
+    cr_expect_geq(agree, min_agree * (n_dec + 1), "%s top-1 agreement %d of %d", kind, agree, n_dec + 1);
     free(a), free(b), free(c), free(ids);
-    rk_session_destroy(s32), rk_session_destroy(s16), rk_session_destroy(s8);
+    rk_session_destroy(s32), rk_session_destroy(s16), rk_session_destroy(sq);
     rk_model_destroy(m);
 }
+
+Test(kv, q8_logits_within_the_int8_rounding_of_f32) { logits_within_rounding("q8", RK_DT_Q8_0, 4.0, 0.9); }
+/* q4_0's step is max|x|/8 against q8_0's max|x|/127: about 16x q8's rounding error, so ρ
+ * above 16 x q8's floor of 4. stories260K (tiny heads, outlier-heavy rows) loses most of its
+ * top-1 agreement at that error (19 of 41 measured), so only the first-order bounds are
+ * asserted there; docs/KV.md has the default model's figures. */
+Test(kv, q4_logits_within_the_int4_rounding_of_f32) { logits_within_rounding("q4", RK_DT_Q4_0, 64.0, 0.0); }
 
 /* ---- truncate, reset ---------------------------------------------------------------------- */
 
@@ -711,10 +775,10 @@ Test(kv, splice_and_compare_through_the_interface) {
 }
 
 /* The direct path: with head_dim a multiple of 32 the cpu backend attends on the q8_0
- * blocks themselves (no dequantised copy). Same rows, same softmax, other summation order:
+ * (q4_0) blocks themselves (no dequantised copy). Same rows, same softmax, other summation order:
  * the logits agree with f32 attention over the q8-rounded rows to float rounding. A tiny
  * generated model (tests/tb), so no ../shared is needed. */
-Test(kv, q8_direct_attention_on_blocks) {
+static void direct_attention_on_blocks(const char *kind, uint32_t type) {
     char p[1024];
     tb_tiny_spec spec = {.arch = TB_ARCH_QWEN2, .n_layer = 2, .n_embd = 64, .n_head = 2, .n_head_kv = 1,
                          .head_dim = 32, .n_ctx_train = 512, .seed = 23};
@@ -727,16 +791,19 @@ Test(kv, q8_direct_attention_on_blocks) {
     int32_t ids[240];
     uint64_t st = 9;
     for (int i = 0; i < 240; i++) ids[i] = (int32_t)(tb_rand_u64(&st) % (uint64_t)nv);
-    rk_session *q8 = mk(m, "q8", 64), *rf = mk(m, "f32", 64);
-    cr_assert(rk_kv_q8_direct(q8->kv), "the cpu backend should attend on q8_0 K/V with head_dim 32");
-    install_rounded(rf);
+    rk_session *q8 = mk(m, kind, 64), *rf = mk(m, "f32", 64);
+    cr_assert(rk_kv_quant_direct(q8->kv), "the cpu backend should attend on %s K/V with head_dim 32", kind);
+    install_rounded(rf, type);
     float *a = trace(q8, ids, 200, 39, nv), *b = trace(rf, ids, 200, 39, nv);
     double scale = 0;
     for (size_t i = 0; i < (size_t)40 * nv; i++) scale = fmax(scale, fabs((double)b[i]));
     const double d = rt_max_abs_diff(a, b, (size_t)40 * nv);
     /* f32 sums of ~200 terms in another order: ~1e-6 relative; 1e-4 leaves room */
-    cr_expect(d <= 1e-4 * (scale > 1 ? scale : 1), "direct q8 ATTN differs by %g (logit scale %g)", d, scale);
+    cr_expect(d <= 1e-4 * (scale > 1 ? scale : 1), "direct %s ATTN differs by %g (logit scale %g)", kind, d, scale);
     free(a), free(b);
     rk_session_destroy(q8), rk_session_destroy(rf);
     rk_model_destroy(m);
 }
+
+Test(kv, q8_direct_attention_on_blocks) { direct_attention_on_blocks("q8", RK_DT_Q8_0); }
+Test(kv, q4_direct_attention_on_blocks) { direct_attention_on_blocks("q4", RK_DT_Q4_0); }

@@ -4,6 +4,7 @@
  * long second eval after the fit (a chat turn). */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
