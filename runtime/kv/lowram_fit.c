@@ -161,8 +161,17 @@ static rk_status fit_basis(rk_kv_codec *c, lr_group *g, int64_t n_past) {
             G[(size_t)i * D + j] = G[(size_t)j * D + i] = v;
         }
     }
+    /* the block buffers (gw: 4 D² bytes) go before the eigensolver's own D x D, and the Gram
+     * matrix (8 D²) once reduced (the solver destroys it; its Householder vectors are in
+     * eg): neither is then held beside the basis V, so each fitting thread peaks at 16 D²
+     * bytes instead of 20 D² + 8 r D */
+    free(gw), free(x);
+    gw = NULL, x = NULL;
     st = RK_E_INTERNAL;
-    if (!rk_linalg_eig_values(&eg, D, G)) goto done;
+    const bool eig_ok = rk_linalg_eig_values(&eg, D, G);
+    free(G);
+    G = NULL;
+    if (!eig_ok) goto done;
     g->r = choose_rank(c, g, eg.w, D);
     st = RK_E_NOMEM;
     if (!(V = malloc((size_t)g->r * D * sizeof(double))) || !lr_group_alloc(c, g)) goto done;
