@@ -969,3 +969,56 @@ Test(lowram, state_decodes_under_other_selection_settings) {
     rk_session_destroy(a), rk_session_destroy(b), rk_session_destroy(f), rk_session_destroy(x);
     rk_model_destroy(m);
 }
+
+/* The default pfit: an eval that passes LR_START_DEFAULT rows fits there and compresses as it
+ * streams, so the exact rows it holds never exceed that many plus one batch and the window
+ * (the chunk-aligned remainder of a batch boundary); `pfit=0` keeps the end-of-eval fit, whose
+ * exact rows reach the whole prompt; `pfit=1024,start=0` fits at 1024. A tiny generated model with a context of 8192 (no
+ * ../shared), one eval of 3600 rows in batches of 512. */
+static rk_session *long_session(const rk_model *m, const char *lowram) {
+    rk_session_params sp = rk_session_params_default();
+    sp.n_ctx = 4096;
+    sp.n_batch = 512;
+    sp.n_threads = 2;
+    sp.kv.kind = RK_KV_LOWRAM;
+    rk_err e = {0};
+    cr_assert_eq(rk_lowram_parse(lowram, &sp.kv.lowram, &e), RK_OK, "%s", e.msg);
+    rk_session *s = NULL;
+    cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s", e.msg);
+    return s;
+}
+
+Test(lowram, default_pfit_streams_long_evals) {
+    char p[1024];
+    tb_tiny_spec spec = {.arch = TB_ARCH_LLAMA, .n_layer = 2, .n_embd = 64, .n_head = 2, .n_head_kv = 1,
+                         .head_dim = 32, .n_ctx_train = 8192, .seed = 31};
+    cr_assert(tb_tiny_model(&spec, p, sizeof p), "%s", p);
+    rk_err e = {0};
+    rk_model *m = NULL;
+    cr_assert_eq(rk_model_load(p, &m, &e), RK_OK, "%s", e.msg);
+    remove(p);
+    const int n = 3600, nv = rk_model_hparams(m)->n_vocab;
+    int32_t *ids = malloc(n * sizeof *ids);
+    uint64_t st = 7;
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)(tb_rand_u64(&st) % (uint64_t)nv);
+    const char *specs[] = {"", "pfit=0", "pfit=1024,start=0"};
+    const int64_t want[] = {LR_START_DEFAULT, 0, 1024};
+    float *lg = malloc((size_t)nv * sizeof(float));
+    for (int i = 0; i < 3; i++) {
+        rk_session *s = long_session(m, specs[i]);
+        const rk_kv_codec *c = codec(s);
+        cr_expect_eq(c->p.prefill_fit, want[i], "\"%s\": pfit %d", specs[i], c->p.prefill_fit);
+        cr_assert_eq(rk_session_eval(s, ids, (size_t)n, lg, false, &e), RK_OK, "%s", e.msg);
+        cr_expect(c->fitted, "\"%s\": not fitted after %d rows", specs[i], n);
+        for (int v = 0; v < nv; v++) cr_assert(isfinite(lg[v]));
+        /* the fit waits for the start threshold too (here 3072: half the context is more) */
+        const int64_t at = want[i] > c->p.fit_min ? want[i] : c->p.fit_min;
+        const int64_t bound = want[i] ? at + 512 + c->p.window + c->p.chunk : n;
+        cr_log_info("\"%s\": exact rows held at most %lld (bound %lld)", specs[i], (long long)c->x_peak, (long long)bound);
+        if (want[i]) cr_expect_leq(c->x_peak, bound, "\"%s\": exact rows %lld", specs[i], (long long)c->x_peak);
+        else cr_expect_geq(c->x_peak, n, "\"%s\": exact rows %lld", specs[i], (long long)c->x_peak);
+        rk_session_destroy(s);
+    }
+    free(lg), free(ids);
+    rk_model_destroy(m);
+}
