@@ -29,16 +29,7 @@ static bool peak_reset(void) {
     return fclose(f) == 0 && ok;
 }
 
-static double peak_now_mib(void) {
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f) return 0;
-    char line[256];
-    unsigned long long kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "VmHWM: %llu kB", &kb) == 1) break;
-    fclose(f);
-    return (double)kb / 1024.0;
-}
+static double peak_now_mib(void) { return (double)rk_proc_kb_field("/proc/self/status", "VmHWM") / 1048576.0; }
 
 static const char *help =
     "usage: ridgekv bench [-m MODEL] [-p 512,2048] [-n 64] [-t T] [-r REPS] [--kv f16,lowram[:opts]]\n"

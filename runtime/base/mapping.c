@@ -70,14 +70,14 @@ static bool thp_offered(void) {
     return strstr(buf, "[always]") || strstr(buf, "[madvise]");
 }
 
-/* MemAvailable of /proc/meminfo in bytes; 0 when it cannot be read. */
-static uint64_t mem_available(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
+uint64_t rk_proc_kb_field(const char *path, const char *name) {
+    FILE *f = fopen(path, "r");
     if (!f) return 0;
     char line[256];
+    const size_t n = strlen(name);
     unsigned long long kb = 0;
     while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+        if (!strncmp(line, name, n) && line[n] == ':' && sscanf(line + n + 1, " %llu kB", &kb) == 1) break;
     fclose(f);
     return (uint64_t)kb * 1024;
 }
@@ -88,7 +88,7 @@ bool rk_mapping_huge_wanted(size_t len) {
     if (len < RK_HUGE_PAGE || !thp_offered()) return false;
     /* a private copy cannot be dropped under memory pressure the way mapped file pages can:
      * only when it takes at most half of what is available now */
-    const uint64_t avail = mem_available();
+    const uint64_t avail = rk_proc_kb_field("/proc/meminfo", "MemAvailable");
     return avail == 0 || (uint64_t)len <= avail / 2;
 }
 

@@ -163,3 +163,6 @@ static inline uint64_t rk_splitmix64(uint64_t *state) {
 }
 /* Peak resident set size of this process in bytes (0 if unknown). */
 uint64_t rk_peak_rss_bytes(void);
+/* The "NAME: N kB" line of a /proc file (/proc/meminfo's MemAvailable, /proc/self/status's
+ * VmHWM) in bytes; 0 when the file or the line cannot be read. */
+uint64_t rk_proc_kb_field(const char *path, const char *name);
