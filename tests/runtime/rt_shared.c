@@ -2,6 +2,7 @@
 #include "rt_shared.h"
 
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "tb.h"
@@ -49,4 +50,22 @@ double rt_mean_kl(const float *ref, const float *lg, int rows, int nv) {
         tot += kl;
     }
     return tot / rows;
+}
+
+rk_model *rt_tiny_loaded(const tb_tiny_spec *spec) {
+    char p[1024];
+    cr_assert(tb_tiny_model(spec, p, sizeof p), "%s", p);
+    rk_err e = {0};
+    rk_model *m = NULL;
+    cr_assert_eq(rk_model_load(p, &m, &e), RK_OK, "%s", e.msg);
+    remove(p);
+    return m;
+}
+
+int32_t *rt_random_ids(const rk_model *m, size_t n, uint64_t seed) {
+    int32_t *ids = malloc(n * sizeof *ids);
+    cr_assert(ids);
+    const uint64_t nv = (uint64_t)rk_model_hparams(m)->n_vocab;
+    for (size_t i = 0; i < n; i++) ids[i] = (int32_t)(tb_rand_u64(&seed) % nv);
+    return ids;
 }

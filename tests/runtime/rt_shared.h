@@ -5,7 +5,13 @@
 #include <stdint.h>
 
 #include "rk.h"
+#include "tb.h"
 
+/* A generated tiny model (tests/tb) written, loaded and its file removed (the mapping keeps
+ * it alive); no ../shared needed. The caller destroys it. */
+rk_model *rt_tiny_loaded(const tb_tiny_spec *spec);
+/* n pseudo-random token ids below the model's vocabulary (malloc'd). */
+int32_t *rt_random_ids(const rk_model *m, size_t n, uint64_t seed);
 /* Loads ../shared/<rel> (the caller destroys it). */
 rk_model *rt_load_shared(const char *rel);
 /* Token ids (BOS first) of the TinyStories sample, at least `want` of them (malloc'd). */

@@ -779,18 +779,11 @@ Test(kv, splice_and_compare_through_the_interface) {
  * the logits agree with f32 attention over the q8-rounded rows to float rounding. A tiny
  * generated model (tests/tb), so no ../shared is needed. */
 static void direct_attention_on_blocks(const char *kind, uint32_t type) {
-    char p[1024];
     tb_tiny_spec spec = {.arch = TB_ARCH_QWEN2, .n_layer = 2, .n_embd = 64, .n_head = 2, .n_head_kv = 1,
                          .head_dim = 32, .n_ctx_train = 512, .seed = 23};
-    cr_assert(tb_tiny_model(&spec, p, sizeof p), "%s", p);
-    rk_err e = {0};
-    rk_model *m = NULL;
-    cr_assert_eq(rk_model_load(p, &m, &e), RK_OK, "%s", e.msg);
-    remove(p);
+    rk_model *m = rt_tiny_loaded(&spec);
     const int nv = rk_model_hparams(m)->n_vocab;
-    int32_t ids[240];
-    uint64_t st = 9;
-    for (int i = 0; i < 240; i++) ids[i] = (int32_t)(tb_rand_u64(&st) % (uint64_t)nv);
+    int32_t *ids = rt_random_ids(m, 240, 9);
     rk_session *q8 = mk(m, kind, 64), *rf = mk(m, "f32", 64);
     cr_assert(rk_kv_quant_direct(q8->kv), "the cpu backend should attend on %s K/V with head_dim 32", kind);
     install_rounded(rf, type);
@@ -800,7 +793,7 @@ static void direct_attention_on_blocks(const char *kind, uint32_t type) {
     const double d = rt_max_abs_diff(a, b, (size_t)40 * nv);
     /* f32 sums of ~200 terms in another order: ~1e-6 relative; 1e-4 leaves room */
     cr_expect(d <= 1e-4 * (scale > 1 ? scale : 1), "direct %s ATTN differs by %g (logit scale %g)", kind, d, scale);
-    free(a), free(b);
+    free(a), free(b), free(ids);
     rk_session_destroy(q8), rk_session_destroy(rf);
     rk_model_destroy(m);
 }

@@ -989,18 +989,12 @@ static rk_session *long_session(const rk_model *m, const char *lowram) {
 }
 
 Test(lowram, default_pfit_streams_long_evals) {
-    char p[1024];
     tb_tiny_spec spec = {.arch = TB_ARCH_LLAMA, .n_layer = 2, .n_embd = 64, .n_head = 2, .n_head_kv = 1,
                          .head_dim = 32, .n_ctx_train = 8192, .seed = 31};
-    cr_assert(tb_tiny_model(&spec, p, sizeof p), "%s", p);
+    rk_model *m = rt_tiny_loaded(&spec);
     rk_err e = {0};
-    rk_model *m = NULL;
-    cr_assert_eq(rk_model_load(p, &m, &e), RK_OK, "%s", e.msg);
-    remove(p);
     const int n = 3600, nv = rk_model_hparams(m)->n_vocab;
-    int32_t *ids = malloc(n * sizeof *ids);
-    uint64_t st = 7;
-    for (int i = 0; i < n; i++) ids[i] = (int32_t)(tb_rand_u64(&st) % (uint64_t)nv);
+    int32_t *ids = rt_random_ids(m, n, 7);
     const char *specs[] = {"", "pfit=0", "pfit=1024,start=0"};
     const int64_t want[] = {LR_START_DEFAULT, 0, 1024};
     float *lg = malloc((size_t)nv * sizeof(float));

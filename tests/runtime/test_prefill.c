@@ -12,19 +12,14 @@
 #include "plan_impl.h"
 #include "rk.h"
 #include "rk_ext.h"
+#include "rt_shared.h"
 #include "tb.h"
 
 /* A 6-layer tiny model of the given architecture with a context of 512 (the file is
  * removed once mapped: the mapping keeps it alive). */
 static rk_model *load_tiny(tb_arch arch) {
-    char p[1024];
     tb_tiny_spec spec = {.arch = arch, .n_layer = 6, .n_ctx_train = 512, .seed = 5 + (uint64_t)arch};
-    cr_assert(tb_tiny_model(&spec, p, sizeof p), "%s", p);
-    rk_err e = {0};
-    rk_model *m = NULL;
-    cr_assert_eq(rk_model_load(p, &m, &e), RK_OK, "%s", e.msg);
-    remove(p);
-    return m;
+    return rt_tiny_loaded(&spec);
 }
 
 
