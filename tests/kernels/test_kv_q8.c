@@ -113,3 +113,50 @@ Test(q8_kv, attention_error_from_quantisation) {
     }
     free(k), free(v), free(q), free(want), free(got), free(deq), free(kq), free(vq);
 }
+
+/* ATTN on q4_0 K/V (llama.cpp's block_q4_0: the q4 KV cache of runtime/kv) on every CPU
+ * backend equals ATTN on f32 rows holding the same values (decoded by the reference Q4_0
+ * decoder): the values are identical, only the summation order may differ, so within
+ * 1e-5 relative (f32 sums of ~300 terms). Blocks are random codes under random f16 scales. */
+Test(q8_kv, attention_on_q4_0_blocks_equals_f32_rows) {
+    const int n_head = 4, n_kv = 2, hd = 64, n_q = 3;
+    const int64_t pos0 = 290, n_ctx = pos0 + n_q, kvd = (int64_t)n_kv * hd, qd = (int64_t)n_head * hd;
+    const size_t rb = (size_t)kvd / 32 * 18;
+    uint64_t s = 0x4a11;
+    uint8_t *kq = malloc((size_t)n_ctx * rb), *vq = malloc((size_t)n_ctx * rb);
+    float *k = malloc((size_t)(n_ctx * kvd) * 4), *v = malloc((size_t)(n_ctx * kvd) * 4);
+    float *q = malloc((size_t)(n_q * qd) * 4), *want = malloc((size_t)(n_q * qd) * 4);
+    float *got = malloc((size_t)(n_q * qd) * 4);
+    cr_assert(kq && vq && k && v && q && want && got);
+    for (int w = 0; w < 2; w++) {
+        uint8_t *b = w ? vq : kq;
+        for (size_t blk = 0; blk < (size_t)n_ctx * rb / 18; blk++) {
+            const uint16_t d = rk_f32_to_f16(0.05f + 0.3f * (float)(tb_rand_u64(&s) % 1000) / 1000.0f);
+            memcpy(b + blk * 18, &d, 2);
+            for (int j = 0; j < 16; j++) b[blk * 18 + 2 + j] = (uint8_t)tb_rand_u64(&s);
+        }
+        rk_quant_ref(RK_DT_Q4_0)->to_f32(b, w ? v : k, n_ctx * kvd);
+    }
+    for (int64_t i = 0; i < n_q * qd; i++) q[i] = tb_rand_normal(&s);
+    rk_op_args at = {.op = RK_OP_ATTN, .src0 = v2(RK_DT_F32, qd, n_q, q), .dst = v2(RK_DT_F32, qd, n_q, want),
+                     .src1 = v2(RK_DT_F32, kvd, n_ctx, k), .src2 = v2(RK_DT_F32, kvd, n_ctx, v)};
+    at.attn = (rk_attn_params){n_head, n_kv, hd, 1.0f / sqrtf((float)hd), pos0};
+    rk_backend *ref = make_be(0);
+    rk_err err = {0};
+    cr_assert_eq(rk_backend_run(ref, &at, &err), RK_OK, "%s", err.msg);
+    rk_backend_destroy(ref);
+    FOR_EACH_BACKEND(be) {
+        rk_op_args a4 = at;
+        a4.src1 = (rk_view){RK_DT_Q4_0, {kvd, n_ctx, 1, 1}, rb, kq};
+        a4.src2 = (rk_view){RK_DT_Q4_0, {kvd, n_ctx, 1, 1}, rb, vq};
+        a4.dst.data = got;
+        cr_assert_eq(rk_backend_run(be, &a4, &err), RK_OK, "%s: %s", be->ops->name, err.msg);
+        double worst = 0, scale = 0;
+        for (int64_t i = 0; i < n_q * qd; i++)
+            worst = fmax(worst, fabs((double)got[i] - want[i])), scale = fmax(scale, fabs((double)want[i]));
+        cr_expect_leq(worst, 1e-5 * scale, "%s: q4_0 ATTN differs from f32 rows by %g (scale %g)", be->ops->name,
+                      worst, scale);
+        cr_expect_gt(scale, 0.0);
+    }
+    free(kq), free(vq), free(k), free(v), free(q), free(want), free(got);
+}

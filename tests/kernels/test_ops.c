@@ -736,12 +736,12 @@ Test(status, unsupported_and_invalid) {
         float x[64] = {0}, y[64] = {0};
         uint8_t wq[4 * 34] = {0};
         rk_err err = {0};
-        /* ATTN on a q4_0 cache; on a q8_0 cache whose heads (16) are not whole blocks */
+        /* ATTN on a q4_1 cache; on a q8_0 cache whose heads (16) are not whole blocks */
         rk_op_args a = {.op = RK_OP_ATTN, .src0 = v2(RK_DT_F32, 32, 1, x), .dst = v2(RK_DT_F32, 32, 1, y),
-                        .src1 = {RK_DT_Q4_0, {32, 2, 1, 1}, 18, wq}, .src2 = {RK_DT_Q4_0, {32, 2, 1, 1}, 18, wq}};
+                        .src1 = {RK_DT_Q4_1, {32, 2, 1, 1}, 20, wq}, .src2 = {RK_DT_Q4_1, {32, 2, 1, 1}, 20, wq}};
         a.attn = (rk_attn_params){1, 1, 32, 1.0f, 0};
         cr_assert_eq(rk_backend_run(be, &a, &err), RK_E_UNSUPPORTED);
-        cr_assert(strstr(err.msg, "ATTN") && strstr(err.msg, "q4_0"), "%s", err.msg);
+        cr_assert(strstr(err.msg, "ATTN") && strstr(err.msg, "q4_1"), "%s", err.msg);
         a.src1 = a.src2 = (rk_view){RK_DT_Q8_0, {32, 2, 1, 1}, 34, wq};
         a.attn = (rk_attn_params){2, 2, 16, 1.0f, 0};
         cr_assert_eq(rk_backend_run(be, &a, &err), RK_E_UNSUPPORTED);
