@@ -122,7 +122,8 @@ rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err) {
             {"krank", 1, 1 << 20, NULL, &q.key_rank},       {"pfit", 0, 1 << 24, NULL, &q.prefill_fit},
             {"hyst", 0, 100, &q.hyst, NULL},            {"kslots", 1, 1 << 16, NULL, &q.kc_extra},
             {"start", 0, 1 << 24, NULL, &q.fit_min},      {"vrank", 0, 1 << 20, NULL, &q.value_rank},
-            {"spread", 0, 10, &q.spread, NULL},
+            {"spread", 0, 10, &q.spread, NULL},          {"coarse", 0, 1 << 16, NULL, &q.coarse},
+            {"ckeep", 1, 1 << 20, &q.coarse_keep, NULL},
             {"dl0", 0, 1 << 16, NULL, &q.dense_l0},       {"dl1", 0, 1 << 16, NULL, &q.dense_l1},
         };
         size_t k = 0;
@@ -164,6 +165,11 @@ static rk_status resolve(rk_lowram_params *p, const rk_kv *hp, rk_err *err) {
     if (p->value_rank < 0) p->value_rank = 0;
     if (p->hyst == 0) p->hyst = d.hyst;
     if (p->kc_extra <= 0) p->kc_extra = d.kc_extra;
+    if (p->coarse <= 1) p->coarse = 0;
+    if (!(p->coarse_keep >= 1)) p->coarse_keep = 4.0f;
+    if (p->coarse && (p->topp > 0 || p->bound))
+        return rk_err_set(err, RK_E_UNSUPPORTED, "lowram: coarse=%d selects by landmark under a fixed budget (not with %s)",
+                          p->coarse, p->topp > 0 ? "topp" : "bound");
     if (p->fit_min < 0) p->fit_min = 0; /* start=0 (stored as -1): no threshold; 0: the default, set at init */
     if (p->kc_type == RK_DT_F32) p->kc_type = d.kc_type;
     if (p->kc_type != RK_DT_F16 && p->kc_type != RK_DT_Q8_0)
@@ -204,7 +210,7 @@ void lr_codec_free(rk_kv_codec *c) {
     for (int l = 0; c->ly && l < c->n_layer; l++) {
         lr_layer *L = &c->ly[l];
         free(L->W), free(L->b), free(L->lmk), free(L->open_sum), free(L->lmin), free(L->lmax), free(L->open_min);
-        free(L->open_max), free(L->vsm);
+        free(L->open_max), free(L->vsm), free(L->clmk);
         for (int h = 0; L->h && h < c->n_head_kv; h++) free(L->h[h].res), free(L->h[h].mask), free(L->h[h].base);
         free(L->h);
     }
@@ -530,6 +536,10 @@ static void lowram_bytes(const rk_kv *kv, rk_kv_bytes *o) {
              * build them (they are built at its first step: an imported state counts the same) */
             if (!c->wide && !c->p.values_exact && !c->p.no_summary && !c->p.coef_summary && !c->p.dense)
                 o->landmarks += n_ch * c->n_head_kv * (2u + (uint64_t)c->hd);
+            /* two-level selection's coarse landmarks (per group and KV head an f16 scale and head_dim
+             * int8), likewise counted once decode would build them */
+            if (c->p.coarse > 1 && !c->p.dense)
+                o->landmarks += (n_ch + (uint64_t)c->p.coarse - 1) / (uint64_t)c->p.coarse * c->n_head_kv * (2u + (uint64_t)c->hd);
             for (int h = 0; h < c->n_head_kv; h++) {
                 o->residuals += (uint64_t)L->h[h].n_res * c->res_bytes;
                 o->meta += n_ch * (sizeof(uint32_t) + sizeof(int32_t)) + sizeof(float);
@@ -571,6 +581,8 @@ static void lowram_stats(const rk_kv *kv, rk_lowram_stats *o) {
     for (int t = 0; c->scr && t < c->n_threads; t++) {
         o->rows_rebuilt += c->scr[t].n_rebuilt;
         o->rows_attended += c->scr[t].n_attended;
+        o->lmk_scored += c->scr[t].n_lmk;
+        o->lmk_coarse += c->scr[t].n_clmk;
     }
 }
 

@@ -329,7 +329,80 @@ LR_AI float kth_largest(float *v, int64_t n, int64_t k) {
     return v[k];
 }
 
-/* Chunks whose landmark scores highest (max over the state rows), budget / chunk of them. */
+/* Landmark score of chunk ch for the selection: max over the state rows of q·landmark (with
+ * spread, plus its gain); the dot products go to t->qdot for the summaries. */
+LR_AI float chunk_score(const head_task *t, int64_t ch, int64_t n_ch, int np, const int *ia, const int *ib, float *u) {
+    const rk_kv_codec *c = t->c;
+    lr_scratch *x = t->x;
+    const lr_layer *L = &c->ly[t->l];
+    const int hd = c->hd;
+    float best = -INFINITY;
+    if (L->lmin) { /* max over keys in the box [min, max] of q·k: Σ_d max(q_d min_d, q_d max_d) */
+        const rk_quant_fns *f16 = rk_quant_fast(RK_DT_F16);
+        float *lo = x->kb, *hi = x->vb;
+        f16->to_f32(L->lmin + (size_t)ch * c->kvd + (size_t)t->h * hd, lo, hd);
+        f16->to_f32(L->lmax + (size_t)ch * c->kvd + (size_t)t->h * hd, hi, hd);
+        for (int j = 0; j < t->ns; j++) {
+            const float *qv = q_of(t, j);
+            float d = 0;
+            for (int e = 0; e < hd; e++) d += fmaxf(qv[e] * lo[e], qv[e] * hi[e]);
+            best = d > best ? d : best;
+        }
+        return best;
+    }
+    rk_quant_fast(RK_DT_F16)->to_f32(L->lmk + (size_t)ch * c->kvd + (size_t)t->h * hd, x->row, hd);
+    for (int j = 0; j < t->ns; j++) {
+        float d = dotf(q_of(t, j), x->row, hd);
+        if (np) d += spread_gain(t, np, ia, ib, x->row, u, j);
+        if (t->qdot) ((float *)t->qdot)[(size_t)j * n_ch + ch] = d; /* for the summaries */
+        best = d > best ? d : best;
+    }
+    return best;
+}
+
+/* Two-level candidates (coarse=G): scores the layer's coarse landmarks, keeps the best
+ * coarse_keep x n_sel / G groups (ties by index, as the chunks below) and marks their chunks
+ * in x->mark. Returns false (nothing marked) when the coarse landmarks are unavailable. */
+LR_AI bool coarse_mark(const head_task *t, int64_t n_ch, int64_t n_sel) {
+    const rk_kv_codec *c = t->c;
+    lr_scratch *x = t->x;
+    const lr_layer *L = &c->ly[t->l];
+    const int hd = c->hd, G = c->p.coarse;
+    if (!L->clmk) return false;
+    const int64_t n_cg = (n_ch + G - 1) / G;
+    int64_t keep = (int64_t)ceil((double)c->p.coarse_keep * (double)n_sel / G);
+    if (keep < (n_sel + G - 1) / G) keep = (n_sel + G - 1) / G;
+    if (keep > n_cg) keep = n_cg;
+    float *cs = x->ccs, *cs2 = x->ccs + c->cap_chunks;
+    const size_t crow = (size_t)c->n_head_kv * (2u + (size_t)hd);
+    for (int64_t k = 0; k < n_cg; k++) { /* int8 rows: the scale multiplies the dot product */
+        const uint8_t *rw = L->clmk + (size_t)k * crow + (size_t)t->h * (2u + (size_t)hd);
+        const int8_t *qv = (const int8_t *)(rw + 2);
+        for (int e = 0; e < hd; e++) x->row[e] = (float)qv[e];
+        float best = -INFINITY;
+        for (int j = 0; j < t->ns; j++) {
+            const float d = dotf(q_of(t, j), x->row, hd);
+            best = d > best ? d : best;
+        }
+        cs[k] = best * rk_f16_to_f32((uint16_t)(rw[0] | (rw[1] << 8)));
+    }
+    x->n_clmk += (uint64_t)n_cg;
+    memcpy(cs2, cs, (size_t)n_cg * sizeof(float));
+    const float th = kth_largest(cs2, n_cg, keep - 1);
+    memset(x->mark, 0, (size_t)n_ch);
+    int64_t n = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int64_t k = 0; k < n_cg && n < keep; k++)
+            if (pass ? cs[k] == th : cs[k] > th) {
+                for (int64_t ch = k * G; ch < (k + 1) * G && ch < n_ch; ch++) x->mark[ch] = 1;
+                n++;
+            }
+    return true;
+}
+
+/* Chunks whose landmark scores highest (max over the state rows), budget / chunk of them.
+ * With coarse=G only the chunks of the best coarse groups are scored (the others score
+ * -inf); keeping every group gives the one-level choice. */
 LR_AI int64_t select_chunks(const head_task *t, int64_t n_ch) {
     const rk_kv_codec *c = t->c;
     lr_scratch *x = t->x;
@@ -343,45 +416,39 @@ LR_AI int64_t select_chunks(const head_task *t, int64_t n_ch) {
         return n_ch;
     }
     const int np = c->p.spread > 0 && !L->lmin && hd <= LR_ROPE_MAX ? spread_prep(t, ia, ib) : 0;
-    const rk_quant_fns *f16 = rk_quant_fast(RK_DT_F16);
+    const bool two = c->p.coarse > 1 && !L->lmin && !t->qdot && coarse_mark(t, n_ch, n_sel);
+    int64_t m = 0; /* scored chunks, their scores compacted in csc2 */
     for (int64_t ch = 0; ch < n_ch; ch++) {
-        float best = -INFINITY;
-        if (L->lmin) { /* max over keys in the box [min, max] of q·k: Σ_d max(q_d min_d, q_d max_d) */
-            float *lo = x->kb, *hi = x->vb;
-            f16->to_f32(L->lmin + (size_t)ch * c->kvd + (size_t)t->h * hd, lo, hd);
-            f16->to_f32(L->lmax + (size_t)ch * c->kvd + (size_t)t->h * hd, hi, hd);
-            for (int j = 0; j < t->ns; j++) {
-                const float *qv = q_of(t, j);
-                float d = 0;
-                for (int e = 0; e < hd; e++) d += fmaxf(qv[e] * lo[e], qv[e] * hi[e]);
-                best = d > best ? d : best;
-            }
-        } else {
-            f16->to_f32(L->lmk + (size_t)ch * c->kvd + (size_t)t->h * hd, x->row, hd);
-            for (int j = 0; j < t->ns; j++) {
-                float d = dotf(q_of(t, j), x->row, hd);
-                if (np) d += spread_gain(t, np, ia, ib, x->row, u, j);
-                if (t->qdot) ((float *)t->qdot)[(size_t)j * n_ch + ch] = d; /* for the summaries */
-                best = d > best ? d : best;
-            }
+        if (two && !x->mark[ch]) {
+            x->csc[ch] = -INFINITY;
+            continue;
         }
-        x->csc[ch] = best;
+        x->csc2[m++] = x->csc[ch] = chunk_score(t, ch, n_ch, np, ia, ib, u);
     }
+    x->n_lmk += (uint64_t)m;
     /* hysteresis: chunks whose keys are cached (and still valid) score hyst nats higher */
     const lr_head *H = &L->h[t->h];
     if (c->p.hyst > 0 && !c->p.no_cache) {
         const float bonus = c->p.hyst * sqrtf((float)hd);
         const lr_group *g = &c->g[L->grp];
         for (int i = 0; i < H->n_kc; i++)
-            if (kc_valid(c, g, H, i, n_ch)) x->csc[H->kc_ch[i]] += bonus;
+            if (kc_valid(c, g, H, i, n_ch) && (!two || x->mark[H->kc_ch[i]])) x->csc[H->kc_ch[i]] += bonus;
+        m = 0;
+        for (int64_t ch = 0; ch < n_ch; ch++)
+            if (!two || x->mark[ch]) x->csc2[m++] = x->csc[ch];
     }
-    memcpy(x->csc2, x->csc, (size_t)n_ch * sizeof(float));
-    const float th = kth_largest(x->csc2, n_ch, n_sel - 1);
+    if (m <= n_sel) { /* every scored chunk */
+        int64_t n = 0;
+        for (int64_t ch = 0; ch < n_ch; ch++)
+            if (!two || x->mark[ch]) x->sel[n++] = (int32_t)ch;
+        return n;
+    }
+    const float th = kth_largest(x->csc2, m, n_sel - 1);
     int64_t n = 0;
     for (int64_t ch = 0; ch < n_ch && n < n_sel; ch++)
-        if (x->csc[ch] > th) x->sel[n++] = (int32_t)ch;
+        if (x->csc[ch] > th && (!two || x->mark[ch])) x->sel[n++] = (int32_t)ch;
     for (int64_t ch = 0; ch < n_ch && n < n_sel; ch++)
-        if (x->csc[ch] == th) x->sel[n++] = (int32_t)ch;
+        if (x->csc[ch] == th && (!two || x->mark[ch])) x->sel[n++] = (int32_t)ch;
     return n;
 }
 
@@ -812,9 +879,11 @@ static rk_status sparse_decode(rk_kv_codec *c, int layer, const float *q, int64_
     const bool vsum = !c->wide && !c->p.values_exact && !c->p.no_summary && !c->p.coef_summary && ns <= LR_WMAX &&
                       lr_vsum_update(c, layer);
     const size_t qd_head = (size_t)LR_SPARSE_MAX_Q * grp * (size_t)c->cap_chunks;
-    if (vsum && c->p.topp <= 0 && !c->p.bound && !c->dqd)
-        c->dqd = malloc((size_t)c->n_head_kv * qd_head * sizeof(float));
-    const bool qdot = vsum && c->p.topp <= 0 && !c->p.bound && c->dqd;
+    /* (two-level selection scores only some chunks: the summaries convert their own landmarks) */
+    const bool sel_dots = vsum && c->p.topp <= 0 && !c->p.bound && !c->p.coarse;
+    if (sel_dots && !c->dqd) c->dqd = malloc((size_t)c->n_head_kv * qd_head * sizeof(float));
+    const bool qdot = sel_dots && c->dqd;
+
     for (int h = 0; h < c->n_head_kv; h++) {
         head_task t = {c,    x,    layer, h, grp, ns, 0, pos0, q, out, true, !c->p.values_exact,
                        NULL, NULL, 0,  avx2, false, 0, 1,  NULL, NULL};
@@ -957,6 +1026,8 @@ static rk_status sparse_decode(rk_kv_codec *c, int layer, const float *q, int64_
 rk_status lr_attention(rk_kv_codec *c, int layer, const float *q, int64_t n_q, int64_t pos0, float *out, rk_err *err) {
     if (!c->scr) return rk_err_set(err, RK_E_INTERNAL, "lowram: attention before the scratch exists");
     const bool sparse = !c->p.dense && n_q <= LR_SPARSE_MAX_Q && !(layer >= c->p.dense_l0 && layer < c->p.dense_l1);
+    /* two-level selection: coarse landmarks up to the stored chunks (without them: one level) */
+    if (sparse && c->p.coarse > 1) (void)lr_coarse_update(c, layer);
     if (c->tier) { /* lowram_tier.c: rows under a budget (every chunk resident unless selective) */
         rk_status ts = lr_tier_begin(c, layer, sparse && c->keys_op, err);
         if (ts) return ts;

@@ -60,6 +60,12 @@ typedef struct lr_layer {
     int64_t vs_n;         /* chunks summarised (the last may be partial: vs_last rows, else 0) */
     int vs_last;
     uint32_t vs_epoch;    /* c->epoch when built */
+    /* two-level selection (coarse=G): per group of G chunks the row-weighted mean of their f16
+     * landmarks (int8 per KV head), built lazily by lr_coarse_update; the first cl_n groups are final (every
+     * chunk full), the last one is rebuilt while it may change */
+    uint8_t *clmk;        /* (cap_chunks / G + 1, n_head_kv, 2 + head_dim): f16 scale, int8 */
+    int64_t cl_n;
+    uint32_t cl_epoch;    /* c->epoch when built */
 } lr_layer;
 
 /* Per-thread attention scratch. */
@@ -79,7 +85,9 @@ typedef struct lr_scratch {
     float *pm;            /* (LR_SPARSE_MAX_Q * group, cap_chunks) top-p: estimated share per query head and chunk */
     struct lr_ord { float v; int32_t i; } *ord; /* (cap_chunks) chunks by decreasing share */
     float *spr;           /* (LR_SPARSE_MAX_Q * group + 2, head_dim) spread: pair weights, window |k|², per-chunk spread */
+    float *ccs;           /* (2, cap_chunks) two-level selection: coarse scores, their copy */
     uint64_t n_rebuilt, n_attended;
+    uint64_t n_lmk, n_clmk; /* landmarks scored by the selection: chunks, coarse groups */
 } lr_scratch;
 
 /* Per-thread compression work area (sized for the largest group). */
@@ -261,6 +269,9 @@ rk_status lr_attention(rk_kv_codec *c, int layer, const float *q, int64_t n_q, i
 /* Brings layer l's value summaries (L->vsm) up to its stored chunks; false on allocation
  * failure (decode then sums coefficients instead). */
 bool lr_vsum_update(rk_kv_codec *c, int l);
+/* Brings layer l's coarse landmarks (L->clmk, coarse=G) up to its stored chunks; false on
+ * allocation failure (the selection is then one level). */
+bool lr_coarse_update(rk_kv_codec *c, int l);
 /* ---- lowram_scratch.c ---------------------------------------------------------- */
 /* Allocates per-thread scratch once ranks are known. */
 rk_status lr_scratch_alloc(rk_kv_codec *c, rk_err *err);

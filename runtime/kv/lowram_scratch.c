@@ -79,7 +79,7 @@ void lr_scratch_free(rk_kv_codec *c) {
         lr_scratch *x = &c->scr[t];
         free(x->kb), free(x->vb), free(x->cf), free(x->sc), free(x->st_m), free(x->st_l), free(x->st_a);
         free(x->acc_v), free(x->acc_c), free(x->row), free(x->sel), free(x->csc), free(x->csc2), free(x->mark);
-        free(x->bias), free(x->bsl), free(x->wsl), free(x->pm), free(x->ord), free(x->spr);
+        free(x->bias), free(x->bsl), free(x->wsl), free(x->pm), free(x->ord), free(x->spr), free(x->ccs);
     }
     free(c->scr);
     c->scr = NULL;
@@ -121,14 +121,15 @@ rk_status lr_scratch_alloc(rk_kv_codec *c, rk_err *err) {
         x->wsl = malloc(R * hd * sizeof(float));
         x->pm = malloc((size_t)LR_SPARSE_MAX_Q * (size_t)(c->n_head / c->n_head_kv) * nch * sizeof(float));
         x->ord = malloc(nch * sizeof *x->ord);
+        x->ccs = malloc(2 * nch * sizeof(float));
         x->spr = malloc(((size_t)LR_SPARSE_MAX_Q * (size_t)(c->n_head / c->n_head_kv) + 2) * hd * sizeof(float));
-        if (!x->spr || !x->pm || !x->ord || !x->bsl || !x->wsl || !x->mark || !x->bias || !x->kb || !x->vb || !x->cf || !x->sc || !x->st_m || !x->st_l || !x->st_a || !x->acc_v || !x->acc_c ||
+        if (!x->ccs || !x->spr || !x->pm || !x->ord || !x->bsl || !x->wsl || !x->mark || !x->bias || !x->kb || !x->vb || !x->cf || !x->sc || !x->st_m || !x->st_l || !x->st_a || !x->acc_v || !x->acc_c ||
             !x->row || !x->sel || !x->csc || !x->csc2) {
             lr_scratch_free(c);
             return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory for scratch");
         }
     }
-    floats += (size_t)LR_SPARSE_MAX_Q * (size_t)(c->n_head / c->n_head_kv) * nch + 2 * nch +
+    floats += 2 * nch + (size_t)LR_SPARSE_MAX_Q * (size_t)(c->n_head / c->n_head_kv) * nch + 2 * nch +
               ((size_t)LR_SPARSE_MAX_Q * (size_t)(c->n_head / c->n_head_kv) + 2) * hd;
     size_t cw_bytes = 0;
     if (!cwork_alloc(c, &cw_bytes) || !kcache_alloc(c)) {
