@@ -489,6 +489,12 @@ static int cmp_ord(const void *a, const void *b) {
     const struct lr_ord *u = a, *v = b;
     return (u->v < v->v) - (u->v > v->v) ? (u->v < v->v) - (u->v > v->v) : (u->i > v->i) - (u->i < v->i);
 }
+static int cmp_vic(const void *a, const void *b) {
+    const struct lr_vic *u = a, *v = b;
+    if (u->v != v->v) return u->v < v->v ? -1 : 1;
+    if (u->used != v->used) return u->used < v->used ? -1 : 1;
+    return (u->k > v->k) - (u->k < v->k);
+}
 static int cmp_i32(const void *a, const void *b) {
     const int32_t u = *(const int32_t *)a, v = *(const int32_t *)b;
     return (u > v) - (u < v);
@@ -905,32 +911,40 @@ static rk_status sparse_decode(rk_kv_codec *c, int layer, const float *q, int64_
         lr_head *H = &c->ly[layer].h[h];
         int64_t rows = 0;
         int n_miss = 0;
-        /* first the hits (so that no chosen chunk is evicted by another one's miss) */
-        for (int64_t i = 0; i < n; i++) {
-            const int64_t ch = sel[i];
-            const int nb = g->n_rows - ch * C < C ? (int)(g->n_rows - ch * C) : C;
-            slot[i] = -1;
-            if (!c->p.no_cache)
-                for (int k = 0; k < H->n_kc; k++)
-                    if (H->kc_ch[k] == ch && H->kc_rows[k] == nb && H->kc_epoch[k] == c->epoch) {
-                        slot[i] = k, H->kc_used[k] = c->n_calls;
-                        break;
-                    }
+        /* first the hits (so that no chosen chunk is evicted by another one's miss), through a
+         * chunk -> slot map (c->kmap, -1 outside this block): O(chosen + slots), not their product;
+         * of two slots holding the same valid chunk the lower one, as a scan would find */
+        int32_t *kmap = c->kmap;
+        if (!c->p.no_cache) {
+            for (int k = H->n_kc - 1; k >= 0; k--)
+                if (kc_valid(c, g, H, k, n_ch)) kmap[H->kc_ch[k]] = k;
+            for (int64_t i = 0; i < n; i++)
+                if ((slot[i] = kmap[sel[i]]) >= 0) H->kc_used[slot[i]] = c->n_calls;
+            for (int k = 0; k < H->n_kc; k++)
+                if (H->kc_ch[k] >= 0 && H->kc_ch[k] < c->cap_chunks) kmap[H->kc_ch[k]] = -1;
+        } else {
+            for (int64_t i = 0; i < n; i++) slot[i] = -1;
         }
         /* then the misses, each over an empty or stale slot, else over the unchosen cached chunk
-         * of the lowest score now (x->csc: this head's scores from the selection) */
+         * of the lowest score now (x->csc: this head's scores from the selection); the victims
+         * in that order (score, then least recently used, then slot) sorted once */
+        int n_vic = 0, next = 0;
+        for (int64_t i = 0; i < n && !n_vic; i++) {
+            if (slot[i] >= 0) continue;
+            for (int k = 0; k < H->n_kc; k++) {
+                if (H->kc_used[k] == c->n_calls) continue;
+                const float v = c->p.topp > 0 || n >= n_ch || !kc_valid(c, g, H, k, n_ch) ? -INFINITY : x->csc[H->kc_ch[k]];
+                c->kvic[n_vic++] = (struct lr_vic){v, H->kc_used[k], k};
+            }
+            qsort(c->kvic, (size_t)n_vic, sizeof *c->kvic, cmp_vic);
+            if (!n_vic) n_vic = -1;
+        }
         for (int64_t i = 0; i < n; i++) {
             if (slot[i] >= 0) continue;
             const int64_t ch = sel[i];
             const int nb = g->n_rows - ch * C < C ? (int)(g->n_rows - ch * C) : C;
-            int s = -1;
-            float best = INFINITY;
-            for (int k = 0; k < H->n_kc; k++) {
-                if (H->kc_used[k] == c->n_calls) continue;
-                const float v = c->p.topp > 0 || n >= n_ch || !kc_valid(c, g, H, k, n_ch) ? -INFINITY : x->csc[H->kc_ch[k]];
-                if (s < 0 || v < best || (v == best && H->kc_used[k] < H->kc_used[s])) s = k, best = v;
-            }
-            if (s < 0) return rk_err_set(err, RK_E_INTERNAL, "lowram: no free key-cache slot (%d)", H->n_kc);
+            if (next >= n_vic) return rk_err_set(err, RK_E_INTERNAL, "lowram: no free key-cache slot (%d)", H->n_kc);
+            const int s = c->kvic[next++].k;
             H->kc_ch[s] = (int32_t)ch, H->kc_rows[s] = nb, H->kc_epoch[s] = c->epoch;
             lr_coef_rows(c, g, ch * C, nb, c->bcf + (size_t)rows * r);
             for (int k = 0; k < nb; k++) { /* the op reads row k's angles at table row bpos[k] = k */

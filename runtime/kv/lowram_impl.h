@@ -166,6 +166,8 @@ struct rk_kv_codec {
     float rope_base;
     int32_t *dsel, *dslot; /* (n_head_kv, cap_chunks) */
     int64_t *dn;          /* (n_head_kv) */
+    int32_t *kmap;        /* (cap_chunks) -1; a head's key-cache slot of each chunk while its hits are looked up */
+    struct lr_vic { float v; uint32_t used; int32_t k; } *kvic; /* (key-cache slots) miss victims in order */
     float *bcf, *bkb, *bmw; /* (max_sel * chunk, r_max), (max_sel * chunk, head_dim), (2, head_dim) */
     int32_t *bpos, *bmiss; /* (max_sel * chunk), (max_sel) slots rebuilt */
     float *dpo;           /* (n_head_kv * 4, LR_WMAX, head_dim + 2) split decode tasks' states */

@@ -83,6 +83,7 @@ void lr_scratch_free(rk_kv_codec *c) {
     }
     free(c->scr);
     c->scr = NULL;
+    free(c->kmap), free(c->kvic), c->kmap = NULL, c->kvic = NULL;
     free(c->dsel), free(c->dslot), free(c->dn), free(c->bcf), free(c->bkb), free(c->bmw), free(c->bpos), free(c->bmiss), free(c->bcs);
     c->dsel = c->dslot = NULL, c->dn = NULL, c->bcf = c->bkb = c->bmw = c->bcs = NULL, c->bpos = c->bmiss = NULL;
     free(c->dpo), c->dpo = NULL;
@@ -154,12 +155,15 @@ rk_status lr_scratch_alloc(rk_kv_codec *c, rk_err *err) {
         c->bpos = malloc(ms * C * sizeof(int32_t));
         c->bcs = malloc(ms * C * (size_t)(c->n_rot > 0 ? c->n_rot : 1) * sizeof(float));
         c->bmiss = malloc(ms * sizeof(int32_t));
-        if (!c->dsel || !c->dslot || !c->dn || !c->bcf || !c->bkb || !c->bmw || !c->bpos || !c->bmiss || !c->bcs) {
+        c->kmap = malloc(nch * sizeof(int32_t));
+        c->kvic = malloc((ms + (size_t)c->p.kc_extra) * sizeof *c->kvic);
+        for (size_t i = 0; c->kmap && i < nch; i++) c->kmap[i] = -1;
+        if (!c->kmap || !c->kvic || !c->dsel || !c->dslot || !c->dn || !c->bcf || !c->bkb || !c->bmw || !c->bpos || !c->bmiss || !c->bcs) {
             lr_scratch_free(c);
             return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory for scratch");
         }
         c->keys_op = true;
-        dec_bytes = hk * nch * (2 * sizeof(int32_t)) + hk * 8 + ms * C * (R + hd + 1 + (size_t)c->n_rot) * sizeof(float) + ms * 4 + 8 * hd;
+        dec_bytes = hk * nch * (2 * sizeof(int32_t)) + nch * sizeof(int32_t) + (ms + (size_t)c->p.kc_extra) * sizeof *c->kvic + hk * 8 + ms * C * (R + hd + 1 + (size_t)c->n_rot) * sizeof(float) + ms * 4 + 8 * hd;
     }
     c->scratch_bytes = (size_t)c->n_threads * (floats * sizeof(float) + nch * (sizeof(int32_t) + 1)) + cw_bytes + dec_bytes;
     return RK_OK;
