@@ -128,7 +128,7 @@ typedef struct rk_lowram_params {
                              to its selection score, so that selection churn rebuilds fewer keys
                              (0: default; < 0: off) */
     int32_t kc_extra;     /* decode's key cache holds budget / chunk + kc_extra chunks per (layer, KV head)
-                             (0: 18) */
+                             (0: 576 rows' worth, 576 / chunk: 18 chunks of 32 rows, 72 of 8) */
     int32_t coarse;       /* decode: two-level selection, coarse groups of this many chunks (landmark =
                              the row-weighted mean of their landmarks, built at decode); the best
                              coarse groups are kept and only their chunks' landmarks are scored

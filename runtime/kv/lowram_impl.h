@@ -10,6 +10,9 @@
 /* default start= (rows): below it every row stays exact, which decodes faster than the
  * compressed form on the 2-core CPU (the crossover measured in docs/LOWRAM.md) */
 #define LR_START_DEFAULT 3072
+/* default spare rows of decode's key cache per (layer, KV head) beyond the budget's chunks
+ * (kslots = this / chunk: 18 chunks of 32 rows) */
+#define LR_KC_SPARE_ROWS 576
 
 /* Stored row of compressed keys: the rank-r coefficients of one position, stacked over the
  * group's layers. Residual row: δ of one (layer, KV head) and position. */
