@@ -330,13 +330,29 @@ LR_AI float kth_largest(float *v, int64_t n, int64_t k) {
 }
 
 /* Landmark score of chunk ch for the selection: max over the state rows of q·landmark (with
- * spread, plus its gain); the dot products go to t->qdot for the summaries. */
-LR_AI float chunk_score(const head_task *t, int64_t ch, int64_t n_ch, int np, const int *ia, const int *ib, float *u) {
+ * spread, plus its gain); the dot products go to t->qdot for the summaries. qs: the state
+ * rows' queries when the AVX2 dots apply (t->avx2, head_dim % 8 == 0, ns <= LR_DOT_MAX, no
+ * spread), else NULL. */
+LR_AI float chunk_score(const head_task *t, int64_t ch, int64_t n_ch, int np, const int *ia, const int *ib, float *u,
+                        const float *const *qs) {
     const rk_kv_codec *c = t->c;
     lr_scratch *x = t->x;
     const lr_layer *L = &c->ly[t->l];
     const int hd = c->hd;
     float best = -INFINITY;
+#ifdef LR_HAVE_ACC_AVX2
+    if (qs && !L->lmin) {
+        float d[LR_DOT_MAX];
+        lmk_dots_avx2(qs, t->ns, (const uint8_t *)(L->lmk + (size_t)ch * c->kvd + (size_t)t->h * hd), LR_R_F16, hd, d);
+        for (int j = 0; j < t->ns; j++) {
+            if (t->qdot) ((float *)t->qdot)[(size_t)j * n_ch + ch] = d[j];
+            best = d[j] > best ? d[j] : best;
+        }
+        return best;
+    }
+#else
+    (void)qs;
+#endif
     if (L->lmin) { /* max over keys in the box [min, max] of q·k: Σ_d max(q_d min_d, q_d max_d) */
         const rk_quant_fns *f16 = rk_quant_fast(RK_DT_F16);
         float *lo = x->kb, *hi = x->vb;
@@ -360,6 +376,18 @@ LR_AI float chunk_score(const head_task *t, int64_t ch, int64_t n_ch, int np, co
     return best;
 }
 
+/* The state rows' query pointers for lmk_dots_avx2, or NULL where it does not apply. */
+LR_AI const float *const *dot_queries(const head_task *t, int np, const float **qs) {
+#ifdef LR_HAVE_ACC_AVX2
+    if (t->avx2 && t->c->hd % 8 == 0 && t->ns <= LR_DOT_MAX && !np) {
+        for (int j = 0; j < t->ns; j++) qs[j] = q_of(t, j);
+        return qs;
+    }
+#endif
+    (void)t, (void)np, (void)qs;
+    return NULL;
+}
+
 /* Two-level candidates (coarse=G): scores the layer's coarse landmarks, keeps the best
  * coarse_keep x n_sel / G groups (ties by index, as the chunks below) and marks their chunks
  * in x->mark. Returns false (nothing marked) when the coarse landmarks are unavailable. */
@@ -375,14 +403,25 @@ LR_AI bool coarse_mark(const head_task *t, int64_t n_ch, int64_t n_sel) {
     if (keep > n_cg) keep = n_cg;
     float *cs = x->ccs, *cs2 = x->ccs + c->cap_chunks;
     const size_t crow = (size_t)c->n_head_kv * (2u + (size_t)hd);
+    const float *qp[LR_WMAX];
+    const float *const *qs = dot_queries(t, 0, qp);
     for (int64_t k = 0; k < n_cg; k++) { /* int8 rows: the scale multiplies the dot product */
         const uint8_t *rw = L->clmk + (size_t)k * crow + (size_t)t->h * (2u + (size_t)hd);
-        const int8_t *qv = (const int8_t *)(rw + 2);
-        for (int e = 0; e < hd; e++) x->row[e] = (float)qv[e];
         float best = -INFINITY;
-        for (int j = 0; j < t->ns; j++) {
-            const float d = dotf(q_of(t, j), x->row, hd);
-            best = d > best ? d : best;
+#ifdef LR_HAVE_ACC_AVX2
+        if (qs) {
+            float d[LR_DOT_MAX];
+            lmk_dots_avx2(qs, t->ns, rw + 2, LR_R_I8, hd, d);
+            for (int j = 0; j < t->ns; j++) best = d[j] > best ? d[j] : best;
+        } else
+#endif
+        {
+            const int8_t *qv = (const int8_t *)(rw + 2);
+            for (int e = 0; e < hd; e++) x->row[e] = (float)qv[e];
+            for (int j = 0; j < t->ns; j++) {
+                const float d = dotf(q_of(t, j), x->row, hd);
+                best = d > best ? d : best;
+            }
         }
         cs[k] = best * rk_f16_to_f32((uint16_t)(rw[0] | (rw[1] << 8)));
     }
@@ -417,13 +456,15 @@ LR_AI int64_t select_chunks(const head_task *t, int64_t n_ch) {
     }
     const int np = c->p.spread > 0 && !L->lmin && hd <= LR_ROPE_MAX ? spread_prep(t, ia, ib) : 0;
     const bool two = c->p.coarse > 1 && !L->lmin && !t->qdot && coarse_mark(t, n_ch, n_sel);
+    const float *qp[LR_WMAX];
+    const float *const *qs = dot_queries(t, np, qp);
     int64_t m = 0; /* scored chunks, their scores compacted in csc2 */
     for (int64_t ch = 0; ch < n_ch; ch++) {
         if (two && !x->mark[ch]) {
             x->csc[ch] = -INFINITY;
             continue;
         }
-        x->csc2[m++] = x->csc[ch] = chunk_score(t, ch, n_ch, np, ia, ib, u);
+        x->csc2[m++] = x->csc[ch] = chunk_score(t, ch, n_ch, np, ia, ib, u, qs);
     }
     x->n_lmk += (uint64_t)m;
     /* hysteresis: chunks whose keys are cached (and still valid) score hyst nats higher */
