@@ -158,7 +158,7 @@ __attribute__((target("avx2,fma,f16c"), unused)) static void lmk_dots_avx2(const
 }
 /* sc[k] = exp(sc[k] - m) for k < n, returns their sum: Cephes' expf polynomial on 8 lanes
  * (relative error ~1e-7, the same class as libm's expf), arguments below -87.3 give 0. */
-__attribute__((target("avx2,fma"))) static float exp_sum_avx2(float *sc, int n, float m) {
+__attribute__((target("avx2,fma"), unused)) static float exp_sum_avx2(float *sc, int n, float m) {
     const __m256 lo = _mm256_set1_ps(-87.33654f), hi = _mm256_set1_ps(88.3762626647949f), mm = _mm256_set1_ps(m);
     const __m256 log2e = _mm256_set1_ps(1.44269504088896341f), c1 = _mm256_set1_ps(0.693359375f),
                  c2 = _mm256_set1_ps(-2.12194440e-4f), one = _mm256_set1_ps(1.0f);
