@@ -930,7 +930,6 @@ static rk_status sparse_decode(rk_kv_codec *c, int layer, const float *q, int64_
     const bool sel_dots = vsum && c->p.topp <= 0 && !c->p.bound && !c->p.coarse;
     if (sel_dots && !c->dqd) c->dqd = malloc((size_t)c->n_head_kv * qd_head * sizeof(float));
     const bool qdot = sel_dots && c->dqd;
-
     for (int h = 0; h < c->n_head_kv; h++) {
         head_task t = {c,    x,    layer, h, grp, ns, 0, pos0, q, out, true, !c->p.values_exact,
                        NULL, NULL, 0,  avx2, false, 0, 1,  NULL, NULL};
