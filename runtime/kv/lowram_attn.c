@@ -73,11 +73,11 @@ LR_AI void online_update(const head_task *t, int j, float *sc, int nv, float mx)
 LR_AI void scores(const head_task *t, const float *kb, int nb, int64_t kpos0, const float *bias) {
     const rk_kv_codec *c = t->c;
     lr_scratch *x = t->x;
-    const int hd = c->hd, C = c->p.chunk;
+    const int hd = c->hd;
     const float scale = 1.0f / sqrtf((float)hd);
     for (int j = 0; j < t->ns; j++) {
         const float *qv = q_of(t, j);
-        float *sc = x->sc + (size_t)j * C;
+        float *sc = x->sc + (size_t)j * c->sc_ld;
         int nv = nb;
         if (kpos0 >= 0) {
             const int64_t lim = t->pos0 + j / t->grp - kpos0 + 1; /* keys kpos0 + k, k < lim */
@@ -98,9 +98,8 @@ LR_AI void scores(const head_task *t, const float *kb, int nb, int64_t kpos0, co
 LR_AI void softmax_block(const head_task *t, int nb) {
     const rk_kv_codec *c = t->c;
     lr_scratch *x = t->x;
-    const int C = c->p.chunk;
     for (int j = 0; j < t->ns; j++) {
-        float *sc = x->sc + (size_t)j * C, mx = -INFINITY;
+        float *sc = x->sc + (size_t)j * c->sc_ld, mx = -INFINITY;
         for (int k = 0; k < nb; k++) mx = sc[k] > mx ? sc[k] : mx;
         if (mx == -INFINITY) {
             for (int k = 0; k < nb; k++) sc[k] = 0;
@@ -131,7 +130,7 @@ LR_AI void plain_rows(const head_task *t, int64_t p0, int64_t p1) {
         }
         scores(t, x->kb, nb, b0, NULL);
         for (int j = 0; j < t->ns; j++) {
-            const float *w = x->sc + (size_t)j * C;
+            const float *w = x->sc + (size_t)j * c->sc_ld;
             float *av = x->acc_v + (size_t)j * hd;
             for (int k = 0; k < nb; k++)
                 if (w[k] != 0) axpy(av, w[k], x->vb + (size_t)k * hd, hd);
@@ -228,11 +227,11 @@ LR_AI void comp_chunk(const head_task *t, int64_t ch, int kslot) {
     int64_t slot = H->base[ch];
 #ifdef LR_HAVE_ACC_AVX2
     if (i8 && t->avx2) {
-        acc_rows_avx2(x->acc_c, (size_t)c->r_max, t->ns, x->sc, 1, (size_t)C, g->coef + (size_t)r0 * g->coef_bytes,
+        acc_rows_avx2(x->acc_c, (size_t)c->r_max, t->ns, x->sc, 1, (size_t)c->sc_ld, g->coef + (size_t)r0 * g->coef_bytes,
                       g->coef_bytes, LR_R_I8, nb, rv);
         float w[LR_WMAX];
         for (int k = 0; k < nb; k++) {
-            for (int j = 0; j < t->ns; j++) x->st_a[j] += w[j] = x->sc[(size_t)j * C + k];
+            for (int j = 0; j < t->ns; j++) x->st_a[j] += w[j] = x->sc[(size_t)j * c->sc_ld + k];
             if ((mask >> k) & 1u) {
                 lr_res_row(c, H, slot++, x->row);
                 axpy_rows(x->acc_v, (size_t)hd, w, t->ns, x->row, hd);
@@ -249,7 +248,7 @@ LR_AI void comp_chunk(const head_task *t, int64_t ch, int kslot) {
             const float s = rk_f16_to_f32((uint16_t)(row[0] | (row[1] << 8)));
             bool any = false;
             for (int j = 0; j < t->ns; j++) {
-                const float a = x->sc[(size_t)j * C + k];
+                const float a = x->sc[(size_t)j * c->sc_ld + k];
                 x->st_a[j] += a;
                 w[j] = a * s;
                 any |= a != 0;
@@ -257,7 +256,7 @@ LR_AI void comp_chunk(const head_task *t, int64_t ch, int kslot) {
             if (any) axpy_rows_i8(x->acc_c, (size_t)c->r_max, w, t->ns, (const int8_t *)(row + 2), rv);
             if ((mask >> k) & 1u) {
                 lr_res_row(c, H, slot++, x->row);
-                for (int j = 0; j < t->ns; j++) w[j] = x->sc[(size_t)j * C + k];
+                for (int j = 0; j < t->ns; j++) w[j] = x->sc[(size_t)j * c->sc_ld + k];
                 axpy_rows(x->acc_v, (size_t)hd, w, t->ns, x->row, hd);
             }
         }
@@ -278,7 +277,7 @@ LR_AI void comp_chunk(const head_task *t, int64_t ch, int kslot) {
             }
         }
         for (int j = 0; j < t->ns; j++) {
-            const float *w = x->sc + (size_t)j * C;
+            const float *w = x->sc + (size_t)j * c->sc_ld;
             float *av = x->acc_v + (size_t)j * hd;
             for (int k = 0; k < nb; k++)
                 if (w[k] != 0) axpy(av, w[k], x->vb + (size_t)k * hd, hd);
@@ -290,7 +289,7 @@ LR_AI void comp_chunk(const head_task *t, int64_t ch, int kslot) {
         const bool has_res = (mask >> k) & 1u;
         if (has_res) lr_res_row(c, H, slot++, x->row);
         for (int j = 0; j < t->ns; j++) {
-            const float w = x->sc[(size_t)j * C + k];
+            const float w = x->sc[(size_t)j * c->sc_ld + k];
             if (t->use_c) axpy(x->acc_c + (size_t)j * c->r_max, w, x->cf + (size_t)k * r, rv);
             x->st_a[j] += w;
             if (has_res) axpy(x->acc_v + (size_t)j * hd, w, x->row, hd);
@@ -298,6 +297,46 @@ LR_AI void comp_chunk(const head_task *t, int64_t ch, int kslot) {
     }
     x->n_attended += (uint64_t)nb;
 }
+
+#ifdef LR_HAVE_ACC_AVX2
+/* Sparse decode with int8 coefficients on AVX2 (comp_chunk's fused path): cnt consecutive
+ * chunks sel[0..cnt) whose keys are in key-cache slots slot[], attended as one block of at
+ * most sc_ld rows (their coefficient rows are contiguous): one online-softmax update and one
+ * pass of the fused accumulation instead of one per chunk (fine chunks: chunk=8). */
+LR_AI void comp_run(const head_task *t, const int32_t *sel, const int32_t *slot, int cnt) {
+    const rk_kv_codec *c = t->c;
+    lr_scratch *x = t->x;
+    const lr_layer *L = &c->ly[t->l];
+    const lr_group *g = &c->g[L->grp];
+    const lr_head *H = &L->h[t->h];
+    const int hd = c->hd, C = c->p.chunk, rv = lr_vr(c, g);
+    int nb = 0;
+    for (int m = 0; m < cnt; m++) {
+        const int64_t r0 = (int64_t)sel[m] * C;
+        const int nbm = g->n_rows - r0 < C ? (int)(g->n_rows - r0) : C;
+        kc_load(c, H, slot[m], nbm, x->kb + (size_t)nb * hd);
+        nb += nbm;
+    }
+    scores(t, x->kb, nb, -1, NULL);
+    acc_rows_avx2(x->acc_c, (size_t)c->r_max, t->ns, x->sc, 1, (size_t)c->sc_ld,
+                  g->coef + (size_t)sel[0] * C * g->coef_bytes, g->coef_bytes, LR_R_I8, nb, rv);
+    float w[LR_WMAX];
+    for (int m = 0, k = 0; m < cnt; m++) {
+        const int64_t r0 = (int64_t)sel[m] * C;
+        const int nbm = g->n_rows - r0 < C ? (int)(g->n_rows - r0) : C;
+        const uint32_t mask = H->mask[sel[m]];
+        int64_t rs = H->base[sel[m]];
+        for (int kk = 0; kk < nbm; kk++, k++) {
+            for (int j = 0; j < t->ns; j++) x->st_a[j] += w[j] = x->sc[(size_t)j * c->sc_ld + k];
+            if ((mask >> kk) & 1u) {
+                lr_res_row(c, H, rs++, x->row);
+                axpy_rows(x->acc_v, (size_t)hd, w, t->ns, x->row, hd);
+            }
+        }
+    }
+    x->n_attended += (uint64_t)nb;
+}
+#endif
 
 /* Key-cache slot k of H holds the current keys of a chunk below n_ch. */
 LR_AI bool kc_valid(const rk_kv_codec *c, const lr_group *g, const lr_head *H, int k, int64_t n_ch) {
@@ -632,10 +671,10 @@ LR_AI void summaries(const head_task *t, int64_t n_ch) {
             }
             if (!live) continue;
             scores(t, x->kb, nb, -1, x->bias);
-            acc_rows_avx2(x->acc_c, (size_t)c->r_max, t->ns, x->sc, 1, (size_t)C,
+            acc_rows_avx2(x->acc_c, (size_t)c->r_max, t->ns, x->sc, 1, (size_t)c->sc_ld,
                           (const uint8_t *)(g->cmean + (size_t)ch0 * r), (size_t)r * 2, LR_R_F16, nb, lr_vr(c, g));
             for (int j = 0; j < t->ns; j++)
-                for (int k = 0; k < nb; k++) x->st_a[j] += x->sc[(size_t)j * C + k];
+                for (int k = 0; k < nb; k++) x->st_a[j] += x->sc[(size_t)j * c->sc_ld + k];
         }
         return;
     }
@@ -653,22 +692,22 @@ LR_AI void summaries(const head_task *t, int64_t n_ch) {
         scores(t, x->kb, nb, -1, x->bias);
 #ifdef LR_HAVE_ACC_AVX2
         if (t->use_c && t->avx2) {
-            acc_rows_avx2(x->acc_c, (size_t)c->r_max, t->ns, x->sc, 1, (size_t)C, (const uint8_t *)x->cf,
+            acc_rows_avx2(x->acc_c, (size_t)c->r_max, t->ns, x->sc, 1, (size_t)c->sc_ld, (const uint8_t *)x->cf,
                           (size_t)r * sizeof(float), LR_R_F32, nb, lr_vr(c, g));
             for (int j = 0; j < t->ns; j++)
-                for (int k = 0; k < nb; k++) x->st_a[j] += x->sc[(size_t)j * C + k];
+                for (int k = 0; k < nb; k++) x->st_a[j] += x->sc[(size_t)j * c->sc_ld + k];
             continue;
         }
 #endif
         for (int k = 0; k < nb; k++) {
             if (t->use_c && t->ns <= LR_WMAX) {
                 float w[LR_WMAX];
-                for (int j = 0; j < t->ns; j++) x->st_a[j] += w[j] = x->sc[(size_t)j * C + k];
+                for (int j = 0; j < t->ns; j++) x->st_a[j] += w[j] = x->sc[(size_t)j * c->sc_ld + k];
                 axpy_rows(x->acc_c, (size_t)c->r_max, w, t->ns, x->cf + (size_t)k * r, lr_vr(c, g));
                 continue;
             }
             for (int j = 0; j < t->ns; j++) {
-                const float w = x->sc[(size_t)j * C + k];
+                const float w = x->sc[(size_t)j * c->sc_ld + k];
                 if (t->use_c) axpy(x->acc_c + (size_t)j * c->r_max, w, x->cf + (size_t)k * r, lr_vr(c, g));
                 x->st_a[j] += w;
             }
@@ -707,7 +746,7 @@ LR_AI void vsummaries(const head_task *t, int64_t n_ch) {
         if (t->qdot) { /* the selection's landmark dot products */
             for (int j = 0; j < t->ns; j++) {
                 const float *qd = t->qdot + (size_t)j * n_ch + ch0;
-                float *sc = x->sc + (size_t)j * C;
+                float *sc = x->sc + (size_t)j * c->sc_ld;
                 for (int k = 0; k < nb; k++) sc[k] = qd[k] * scale + x->bias[k];
             }
             softmax_block(t, nb);
@@ -717,9 +756,9 @@ LR_AI void vsummaries(const head_task *t, int64_t n_ch) {
         const uint8_t *rows = vs + (size_t)ch0 * vrow;
 #ifdef LR_HAVE_ACC_AVX2
         if (t->avx2) {
-            acc_rows_avx2(x->acc_v, (size_t)hd, t->ns, x->sc, 1, (size_t)C, rows, vrow, LR_R_I8, nb, hd);
+            acc_rows_avx2(x->acc_v, (size_t)hd, t->ns, x->sc, 1, (size_t)c->sc_ld, rows, vrow, LR_R_I8, nb, hd);
             for (int j = 0; j < t->ns; j++)
-                for (int k = 0; k < nb; k++) x->st_a[j] += x->sc[(size_t)j * C + k];
+                for (int k = 0; k < nb; k++) x->st_a[j] += x->sc[(size_t)j * c->sc_ld + k];
             continue;
         }
 #endif
@@ -729,7 +768,7 @@ LR_AI void vsummaries(const head_task *t, int64_t n_ch) {
             const uint8_t *rw = rows + (size_t)k * vrow;
             const float sc = rk_f16_to_f32((uint16_t)(rw[0] | (rw[1] << 8)));
             for (int j = 0; j < t->ns; j++) {
-                const float a = x->sc[(size_t)j * C + k];
+                const float a = x->sc[(size_t)j * c->sc_ld + k];
                 x->st_a[j] += a;
                 w[j] = a * sc;
             }
@@ -762,7 +801,27 @@ LR_AI void head_run(head_task *t) {
     if (t->sparse) {
         const int32_t *sel = t->sel ? t->sel : x->sel;
         const int64_t n = t->sel ? t->n_sel : select_chunks(t, n_ch);
-        for (int64_t i = pt; i < n; i += np) comp_chunk(t, sel[i], t->slot ? t->slot[i] : -1);
+#ifdef LR_HAVE_ACC_AVX2
+        /* runs of consecutive chosen chunks as one block (comp_chunk's fused int8 path only) */
+        const bool runs = np == 1 && t->slot && t->avx2 && t->use_c && c->p.coef_type == RK_DT_Q8_0 &&
+                          t->ns <= LR_WMAX && t->ns < LR_VREBUILD_MIN && 2 * c->p.chunk <= c->sc_ld;
+#else
+        const bool runs = false;
+#endif
+        for (int64_t i = pt; i < n; i += np) {
+            int cnt = 1;
+            while (runs && i + cnt < n && sel[i + cnt] == sel[i] + cnt && (cnt + 1) * c->p.chunk <= c->sc_ld &&
+                   t->slot[i] >= 0 && t->slot[i + cnt] >= 0)
+                cnt++;
+#ifdef LR_HAVE_ACC_AVX2
+            if (cnt > 1) {
+                comp_run(t, sel + i, t->slot + i, cnt);
+                i += cnt - 1;
+                continue;
+            }
+#endif
+            comp_chunk(t, sel[i], t->slot ? t->slot[i] : -1);
+        }
         if (n < n_ch && !c->p.no_summary) {
             memset(x->mark, 0, (size_t)n_ch);
             for (int64_t i = 0; i < n; i++) x->mark[sel[i]] = 1;

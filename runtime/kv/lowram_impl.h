@@ -73,9 +73,9 @@ typedef struct lr_layer {
 
 /* Per-thread attention scratch. */
 typedef struct lr_scratch {
-    float *kb, *vb;       /* (chunk, head_dim) keys (rebuilt or plain), plain values */
+    float *kb, *vb;       /* (sc_ld, head_dim) keys (rebuilt or plain), plain values */
     float *cf;            /* (chunk, r_max) dequantised coefficients */
-    float *sc;            /* (tile * group, chunk) scores, then softmax weights */
+    float *sc;            /* (tile * group, sc_ld) scores, then softmax weights */
     float *st_m, *st_l, *st_a; /* (tile * group) running max, sum, compressed-row mass */
     float *acc_v;         /* (tile * group, head_dim) */
     float *acc_c;         /* (tile * group, r_max) Σ a·coef over compressed rows */
@@ -94,7 +94,7 @@ typedef struct lr_scratch {
 } lr_scratch;
 
 /* Per-thread compression work area (sized for the largest group). */
-enum { LR_BLOCK = 32 };  /* rows per batch of projection / prediction during compression */
+enum { LR_BLOCK = 32, LR_RUN = 32 }; /* LR_RUN: most rows of one decode block of consecutive chunks */  /* rows per batch of projection / prediction during compression */
 typedef struct lr_cwork {
     float *B, *W;         /* (r, D) basis, (n_l, r, kv_dim) predictors as f32 */
     float *x, *cf, *v, *vh, *e2; /* (LR_BLOCK, D | r | kv_dim | kv_dim | n_l * n_head_kv) */
@@ -119,6 +119,8 @@ struct rk_kv_codec {
     int64_t n_ctx, cap_chunks;
     size_t res_bytes;     /* bytes of one residual row (one head) */
     size_t kc_row;        /* bytes of one key-cache row (one head): f16 2·head_dim, int8 2 + head_dim */
+    int sc_ld;            /* row stride of lr_scratch.sc and rows of kb / vb: max(chunk, LR_RUN) (decode
+                           * attends runs of consecutive fine chunks as one block) */
     bool wide;            /* bases and predictors stored f32 (coef f32: the checking setup), else f16 */
     rk_backend *be;       /* borrowed: attention over exact rows before the fit, row conversion */
     lr_group *g;          /* (n_group) */

@@ -99,14 +99,16 @@ rk_status lr_scratch_alloc(rk_kv_codec *c, rk_err *err) {
     c->scr = calloc((size_t)c->n_threads, sizeof *c->scr);
     if (!c->scr) return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory for scratch");
     const size_t C = (size_t)c->p.chunk, hd = (size_t)c->hd, ns = (size_t)LR_TILE * (c->n_head / c->n_head_kv);
+    c->sc_ld = c->p.chunk < LR_RUN ? LR_RUN : c->p.chunk;
+    const size_t SL = (size_t)c->sc_ld;
     const size_t R = (size_t)c->r_max, nch = (size_t)c->cap_chunks;
-    size_t floats = 2 * C * hd + C * R + ns * C + 3 * ns + ns * hd + ns * R + hd + 2 * nch + C + 2 * R * hd;
+    size_t floats = 2 * SL * hd + C * R + ns * SL + 3 * ns + ns * hd + ns * R + hd + 2 * nch + C + 2 * R * hd;
     for (int t = 0; t < c->n_threads; t++) {
         lr_scratch *x = &c->scr[t];
-        x->kb = malloc(C * hd * sizeof(float));
-        x->vb = malloc(C * hd * sizeof(float));
+        x->kb = malloc(SL * hd * sizeof(float));
+        x->vb = malloc(SL * hd * sizeof(float));
         x->cf = malloc(C * R * sizeof(float));
-        x->sc = malloc(ns * C * sizeof(float));
+        x->sc = malloc(ns * SL * sizeof(float));
         x->st_m = malloc(ns * sizeof(float));
         x->st_l = malloc(ns * sizeof(float));
         x->st_a = malloc(ns * sizeof(float));
