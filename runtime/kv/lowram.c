@@ -542,7 +542,8 @@ static void lowram_bytes(const rk_kv *kv, rk_kv_bytes *o) {
             /* two-level selection's coarse landmarks (per group and KV head an f16 scale and head_dim
              * int8), likewise counted once decode would build them */
             if (c->p.coarse > 1 && !c->p.dense)
-                o->landmarks += (n_ch + (uint64_t)c->p.coarse - 1) / (uint64_t)c->p.coarse * c->n_head_kv * (2u + (uint64_t)c->hd);
+                o->landmarks += (n_ch + (uint64_t)c->p.coarse - 1) / (uint64_t)c->p.coarse * c->n_head_kv *
+                                (2u + (uint64_t)c->hd);
             for (int h = 0; h < c->n_head_kv; h++) {
                 o->residuals += (uint64_t)L->h[h].n_res * c->res_bytes;
                 o->meta += n_ch * (sizeof(uint32_t) + sizeof(int32_t)) + sizeof(float);

@@ -94,7 +94,8 @@ typedef struct lr_scratch {
 } lr_scratch;
 
 /* Per-thread compression work area (sized for the largest group). */
-enum { LR_BLOCK = 32, LR_RUN = 32 }; /* LR_RUN: most rows of one decode block of consecutive chunks */  /* rows per batch of projection / prediction during compression */
+enum { LR_BLOCK = 32 };  /* rows per batch of projection / prediction during compression */
+enum { LR_RUN = 32 };    /* most rows of one decode block of consecutive chosen chunks (comp_run) */
 typedef struct lr_cwork {
     float *B, *W;         /* (r, D) basis, (n_l, r, kv_dim) predictors as f32 */
     float *x, *cf, *v, *vh, *e2; /* (LR_BLOCK, D | r | kv_dim | kv_dim | n_l * n_head_kv) */
