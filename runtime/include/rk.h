@@ -128,7 +128,13 @@ typedef struct rk_lowram_params {
                              to its selection score, so that selection churn rebuilds fewer keys
                              (0: default; < 0: off) */
     int32_t kc_extra;     /* decode's key cache holds budget / chunk + kc_extra chunks per (layer, KV head)
-                             (0: 18) */
+                             (0: 576 rows' worth, 576 / chunk: 18 chunks of 32 rows, 72 of 8) */
+    int32_t coarse;       /* decode: two-level selection, coarse groups of this many chunks (landmark =
+                             the row-weighted mean of their landmarks, built at decode); the best
+                             coarse groups are kept and only their chunks' landmarks are scored
+                             (0 or 1: one level; fixed-budget selection only, not topp or bound) */
+    float coarse_keep;    /* with coarse: keep coarse_keep x (budget / chunk) / coarse groups, i.e. this
+                             multiple of the groups that would hold the budget (0: 4; at least 1) */
     int32_t prefill_fit;  /* a long eval fits once this many of its rows have passed every layer and
                              then compresses chunk by chunk, so the exact prompt never coexists with
                              its compressed form (0: the default, 3072 rows; < 0 (pfit=0): fit at the
@@ -175,7 +181,7 @@ typedef struct rk_lowram_params {
 rk_lowram_params rk_lowram_params_default(void);
 /* Parses "key=value,flag,..." (the part after "lowram:" of --kv) into *p, starting from
  * its current values. Keys: ratio, rank, energy, group, window, sinks, chunk, resid,
- * budget, topp, minch, krank, vrank, hyst, kslots, pfit, evict, obs, lambda, fitrows, threads, coef=f16|f32|int8, rtype=int8|int4|f16, exact=f16|f32,
+ * budget, topp, minch, krank, vrank, hyst, kslots, coarse, ckeep, pfit, evict, obs, lambda, fitrows, threads, coef=f16|f32|int8, rtype=int8|int4|f16, exact=f16|f32,
  * pred=FILE (must come last: the rest of the spec is the path); flags: dense, mass,
  * nomass, keys_only, nosumm, csumm, qpca, bound, nocache. */
 rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err);
@@ -519,6 +525,9 @@ typedef struct rk_lowram_stats {
     double seconds_compress;  /* later blocks, total */
     uint64_t rows_rebuilt;    /* key rows rebuilt by attention, all layers and heads */
     uint64_t rows_attended;   /* rows attended (plain + rebuilt), all layers and heads */
+    uint64_t lmk_scored;      /* chunk landmarks scored by decode's selection (per query step, layer and
+                                 KV head), all layers and heads */
+    uint64_t lmk_coarse;      /* coarse landmarks scored (coarse=) */
 } rk_lowram_stats;
 void rk_session_lowram_stats(const rk_session *s, rk_lowram_stats *out);
 

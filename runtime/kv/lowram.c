@@ -29,7 +29,7 @@ rk_lowram_params rk_lowram_params_default(void) {
     p.coef_type = RK_DT_Q8_0;
     p.resid_type = RK_DT_Q8_0;
     p.kc_type = RK_DT_Q8_0; /* int8 key cache: at the old f16 cache's bytes it holds 34 chunks, not 18 */
-    p.kc_extra = 18;
+    p.kc_extra = 0; /* resolved to LR_KC_SPARE_ROWS / chunk: 18 chunks at 32 rows */
     p.exact_type = RK_DT_F16;
     p.obs_window = 32;
     p.lambda = 1e-3f;
@@ -123,7 +123,8 @@ rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err) {
             {"krank", 1, 1 << 20, NULL, &q.key_rank},       {"pfit", 0, 1 << 24, NULL, &q.prefill_fit},
             {"hyst", 0, 100, &q.hyst, NULL},            {"kslots", 1, 1 << 16, NULL, &q.kc_extra},
             {"start", 0, 1 << 24, NULL, &q.fit_min},      {"vrank", 0, 1 << 20, NULL, &q.value_rank},
-            {"spread", 0, 10, &q.spread, NULL},
+            {"spread", 0, 10, &q.spread, NULL},          {"coarse", 0, 1 << 16, NULL, &q.coarse},
+            {"ckeep", 1, 1 << 20, &q.coarse_keep, NULL},
             {"dl0", 0, 1 << 16, NULL, &q.dense_l0},       {"dl1", 0, 1 << 16, NULL, &q.dense_l1},
         };
         size_t k = 0;
@@ -165,7 +166,15 @@ static rk_status resolve(rk_lowram_params *p, const rk_kv *hp, rk_err *err) {
     if (p->key_rank < 0) p->key_rank = 0;
     if (p->value_rank < 0) p->value_rank = 0;
     if (p->hyst == 0) p->hyst = d.hyst;
-    if (p->kc_extra <= 0) p->kc_extra = d.kc_extra;
+    /* spare key-cache slots sized in rows: finer chunks churn in smaller units but as many rows
+     * (docs/LOWRAM.md, tenth session: chunk 8 rebuilt 0.19 of the attended rows with 18 spare
+     * chunks, 0.10 with 72) */
+    if (p->kc_extra <= 0) p->kc_extra = (LR_KC_SPARE_ROWS + p->chunk - 1) / p->chunk;
+    if (p->coarse <= 1) p->coarse = 0;
+    if (!(p->coarse_keep >= 1)) p->coarse_keep = 4.0f;
+    if (p->coarse && (p->topp > 0 || p->bound))
+        return rk_err_set(err, RK_E_UNSUPPORTED, "lowram: coarse=%d selects by landmark under a fixed budget (not with %s)",
+                          p->coarse, p->topp > 0 ? "topp" : "bound");
     if (p->fit_min < 0) p->fit_min = 0; /* start=0 (stored as -1): no threshold; 0: the default, set at init */
     if (p->kc_type == RK_DT_F32) p->kc_type = d.kc_type;
     if (p->kc_type != RK_DT_F16 && p->kc_type != RK_DT_Q8_0)
@@ -206,7 +215,7 @@ void lr_codec_free(rk_kv_codec *c) {
     for (int l = 0; c->ly && l < c->n_layer; l++) {
         lr_layer *L = &c->ly[l];
         free(L->W), free(L->b), free(L->lmk), free(L->open_sum), free(L->lmin), free(L->lmax), free(L->open_min);
-        free(L->open_max), free(L->vsm);
+        free(L->open_max), free(L->vsm), free(L->clmk);
         for (int h = 0; L->h && h < c->n_head_kv; h++) free(L->h[h].res), free(L->h[h].mask), free(L->h[h].base);
         free(L->h);
     }
@@ -537,6 +546,11 @@ static void lowram_bytes(const rk_kv *kv, rk_kv_bytes *o) {
              * build them (they are built at its first step: an imported state counts the same) */
             if (!c->wide && !c->p.values_exact && !c->p.no_summary && !c->p.coef_summary && !c->p.dense)
                 o->landmarks += n_ch * c->n_head_kv * (2u + (uint64_t)c->hd);
+            /* two-level selection's coarse landmarks (per group and KV head an f16 scale and head_dim
+             * int8), likewise counted once decode would build them */
+            if (c->p.coarse > 1 && !c->p.dense)
+                o->landmarks += (n_ch + (uint64_t)c->p.coarse - 1) / (uint64_t)c->p.coarse * c->n_head_kv *
+                                (2u + (uint64_t)c->hd);
             for (int h = 0; h < c->n_head_kv; h++) {
                 o->residuals += (uint64_t)L->h[h].n_res * c->res_bytes;
                 o->meta += n_ch * (sizeof(uint32_t) + sizeof(int32_t)) + sizeof(float);
@@ -578,6 +592,8 @@ static void lowram_stats(const rk_kv *kv, rk_lowram_stats *o) {
     for (int t = 0; c->scr && t < c->n_threads; t++) {
         o->rows_rebuilt += c->scr[t].n_rebuilt;
         o->rows_attended += c->scr[t].n_attended;
+        o->lmk_scored += c->scr[t].n_lmk;
+        o->lmk_coarse += c->scr[t].n_clmk;
     }
 }
 

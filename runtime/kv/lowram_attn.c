@@ -73,11 +73,11 @@ LR_AI void online_update(const head_task *t, int j, float *sc, int nv, float mx)
 LR_AI void scores(const head_task *t, const float *kb, int nb, int64_t kpos0, const float *bias) {
     const rk_kv_codec *c = t->c;
     lr_scratch *x = t->x;
-    const int hd = c->hd, C = c->p.chunk;
+    const int hd = c->hd;
     const float scale = 1.0f / sqrtf((float)hd);
     for (int j = 0; j < t->ns; j++) {
         const float *qv = q_of(t, j);
-        float *sc = x->sc + (size_t)j * C;
+        float *sc = x->sc + (size_t)j * c->sc_ld;
         int nv = nb;
         if (kpos0 >= 0) {
             const int64_t lim = t->pos0 + j / t->grp - kpos0 + 1; /* keys kpos0 + k, k < lim */
@@ -98,9 +98,8 @@ LR_AI void scores(const head_task *t, const float *kb, int nb, int64_t kpos0, co
 LR_AI void softmax_block(const head_task *t, int nb) {
     const rk_kv_codec *c = t->c;
     lr_scratch *x = t->x;
-    const int C = c->p.chunk;
     for (int j = 0; j < t->ns; j++) {
-        float *sc = x->sc + (size_t)j * C, mx = -INFINITY;
+        float *sc = x->sc + (size_t)j * c->sc_ld, mx = -INFINITY;
         for (int k = 0; k < nb; k++) mx = sc[k] > mx ? sc[k] : mx;
         if (mx == -INFINITY) {
             for (int k = 0; k < nb; k++) sc[k] = 0;
@@ -131,7 +130,7 @@ LR_AI void plain_rows(const head_task *t, int64_t p0, int64_t p1) {
         }
         scores(t, x->kb, nb, b0, NULL);
         for (int j = 0; j < t->ns; j++) {
-            const float *w = x->sc + (size_t)j * C;
+            const float *w = x->sc + (size_t)j * c->sc_ld;
             float *av = x->acc_v + (size_t)j * hd;
             for (int k = 0; k < nb; k++)
                 if (w[k] != 0) axpy(av, w[k], x->vb + (size_t)k * hd, hd);
@@ -228,11 +227,11 @@ LR_AI void comp_chunk(const head_task *t, int64_t ch, int kslot) {
     int64_t slot = H->base[ch];
 #ifdef LR_HAVE_ACC_AVX2
     if (i8 && t->avx2) {
-        acc_rows_avx2(x->acc_c, (size_t)c->r_max, t->ns, x->sc, 1, (size_t)C, g->coef + (size_t)r0 * g->coef_bytes,
+        acc_rows_avx2(x->acc_c, (size_t)c->r_max, t->ns, x->sc, 1, (size_t)c->sc_ld, g->coef + (size_t)r0 * g->coef_bytes,
                       g->coef_bytes, LR_R_I8, nb, rv);
         float w[LR_WMAX];
         for (int k = 0; k < nb; k++) {
-            for (int j = 0; j < t->ns; j++) x->st_a[j] += w[j] = x->sc[(size_t)j * C + k];
+            for (int j = 0; j < t->ns; j++) x->st_a[j] += w[j] = x->sc[(size_t)j * c->sc_ld + k];
             if ((mask >> k) & 1u) {
                 lr_res_row(c, H, slot++, x->row);
                 axpy_rows(x->acc_v, (size_t)hd, w, t->ns, x->row, hd);
@@ -249,7 +248,7 @@ LR_AI void comp_chunk(const head_task *t, int64_t ch, int kslot) {
             const float s = rk_f16_to_f32((uint16_t)(row[0] | (row[1] << 8)));
             bool any = false;
             for (int j = 0; j < t->ns; j++) {
-                const float a = x->sc[(size_t)j * C + k];
+                const float a = x->sc[(size_t)j * c->sc_ld + k];
                 x->st_a[j] += a;
                 w[j] = a * s;
                 any |= a != 0;
@@ -257,7 +256,7 @@ LR_AI void comp_chunk(const head_task *t, int64_t ch, int kslot) {
             if (any) axpy_rows_i8(x->acc_c, (size_t)c->r_max, w, t->ns, (const int8_t *)(row + 2), rv);
             if ((mask >> k) & 1u) {
                 lr_res_row(c, H, slot++, x->row);
-                for (int j = 0; j < t->ns; j++) w[j] = x->sc[(size_t)j * C + k];
+                for (int j = 0; j < t->ns; j++) w[j] = x->sc[(size_t)j * c->sc_ld + k];
                 axpy_rows(x->acc_v, (size_t)hd, w, t->ns, x->row, hd);
             }
         }
@@ -278,7 +277,7 @@ LR_AI void comp_chunk(const head_task *t, int64_t ch, int kslot) {
             }
         }
         for (int j = 0; j < t->ns; j++) {
-            const float *w = x->sc + (size_t)j * C;
+            const float *w = x->sc + (size_t)j * c->sc_ld;
             float *av = x->acc_v + (size_t)j * hd;
             for (int k = 0; k < nb; k++)
                 if (w[k] != 0) axpy(av, w[k], x->vb + (size_t)k * hd, hd);
@@ -290,7 +289,7 @@ LR_AI void comp_chunk(const head_task *t, int64_t ch, int kslot) {
         const bool has_res = (mask >> k) & 1u;
         if (has_res) lr_res_row(c, H, slot++, x->row);
         for (int j = 0; j < t->ns; j++) {
-            const float w = x->sc[(size_t)j * C + k];
+            const float w = x->sc[(size_t)j * c->sc_ld + k];
             if (t->use_c) axpy(x->acc_c + (size_t)j * c->r_max, w, x->cf + (size_t)k * r, rv);
             x->st_a[j] += w;
             if (has_res) axpy(x->acc_v + (size_t)j * hd, w, x->row, hd);
@@ -298,6 +297,46 @@ LR_AI void comp_chunk(const head_task *t, int64_t ch, int kslot) {
     }
     x->n_attended += (uint64_t)nb;
 }
+
+#ifdef LR_HAVE_ACC_AVX2
+/* Sparse decode with int8 coefficients on AVX2 (comp_chunk's fused path): cnt consecutive
+ * chunks sel[0..cnt) whose keys are in key-cache slots slot[], attended as one block of at
+ * most sc_ld rows (their coefficient rows are contiguous): one online-softmax update and one
+ * pass of the fused accumulation instead of one per chunk (fine chunks: chunk=8). */
+LR_AI void comp_run(const head_task *t, const int32_t *sel, const int32_t *slot, int cnt) {
+    const rk_kv_codec *c = t->c;
+    lr_scratch *x = t->x;
+    const lr_layer *L = &c->ly[t->l];
+    const lr_group *g = &c->g[L->grp];
+    const lr_head *H = &L->h[t->h];
+    const int hd = c->hd, C = c->p.chunk, rv = lr_vr(c, g);
+    int nb = 0;
+    for (int m = 0; m < cnt; m++) {
+        const int64_t r0 = (int64_t)sel[m] * C;
+        const int nbm = g->n_rows - r0 < C ? (int)(g->n_rows - r0) : C;
+        kc_load(c, H, slot[m], nbm, x->kb + (size_t)nb * hd);
+        nb += nbm;
+    }
+    scores(t, x->kb, nb, -1, NULL);
+    acc_rows_avx2(x->acc_c, (size_t)c->r_max, t->ns, x->sc, 1, (size_t)c->sc_ld,
+                  g->coef + (size_t)sel[0] * C * g->coef_bytes, g->coef_bytes, LR_R_I8, nb, rv);
+    float w[LR_WMAX];
+    for (int m = 0, k = 0; m < cnt; m++) {
+        const int64_t r0 = (int64_t)sel[m] * C;
+        const int nbm = g->n_rows - r0 < C ? (int)(g->n_rows - r0) : C;
+        const uint32_t mask = H->mask[sel[m]];
+        int64_t rs = H->base[sel[m]];
+        for (int kk = 0; kk < nbm; kk++, k++) {
+            for (int j = 0; j < t->ns; j++) x->st_a[j] += w[j] = x->sc[(size_t)j * c->sc_ld + k];
+            if ((mask >> kk) & 1u) {
+                lr_res_row(c, H, rs++, x->row);
+                axpy_rows(x->acc_v, (size_t)hd, w, t->ns, x->row, hd);
+            }
+        }
+    }
+    x->n_attended += (uint64_t)nb;
+}
+#endif
 
 /* Key-cache slot k of H holds the current keys of a chunk below n_ch. */
 LR_AI bool kc_valid(const rk_kv_codec *c, const lr_group *g, const lr_head *H, int k, int64_t n_ch) {
@@ -329,7 +368,119 @@ LR_AI float kth_largest(float *v, int64_t n, int64_t k) {
     return v[k];
 }
 
-/* Chunks whose landmark scores highest (max over the state rows), budget / chunk of them. */
+/* Landmark score of chunk ch for the selection: max over the state rows of q·landmark (with
+ * spread, plus its gain); the dot products go to t->qdot for the summaries. qs: the state
+ * rows' queries when the AVX2 dots apply (t->avx2, head_dim % 8 == 0, ns <= LR_DOT_MAX, no
+ * spread), else NULL. */
+LR_AI float chunk_score(const head_task *t, int64_t ch, int64_t n_ch, int np, const int *ia, const int *ib, float *u,
+                        const float *const *qs) {
+    const rk_kv_codec *c = t->c;
+    lr_scratch *x = t->x;
+    const lr_layer *L = &c->ly[t->l];
+    const int hd = c->hd;
+    float best = -INFINITY;
+#ifdef LR_HAVE_ACC_AVX2
+    if (qs && !L->lmin) {
+        float d[LR_DOT_MAX];
+        lmk_dots_avx2(qs, t->ns, (const uint8_t *)(L->lmk + (size_t)ch * c->kvd + (size_t)t->h * hd), LR_R_F16, hd, d);
+        for (int j = 0; j < t->ns; j++) {
+            if (t->qdot) ((float *)t->qdot)[(size_t)j * n_ch + ch] = d[j];
+            best = d[j] > best ? d[j] : best;
+        }
+        return best;
+    }
+#else
+    (void)qs;
+#endif
+    if (L->lmin) { /* max over keys in the box [min, max] of q·k: Σ_d max(q_d min_d, q_d max_d) */
+        const rk_quant_fns *f16 = rk_quant_fast(RK_DT_F16);
+        float *lo = x->kb, *hi = x->vb;
+        f16->to_f32(L->lmin + (size_t)ch * c->kvd + (size_t)t->h * hd, lo, hd);
+        f16->to_f32(L->lmax + (size_t)ch * c->kvd + (size_t)t->h * hd, hi, hd);
+        for (int j = 0; j < t->ns; j++) {
+            const float *qv = q_of(t, j);
+            float d = 0;
+            for (int e = 0; e < hd; e++) d += fmaxf(qv[e] * lo[e], qv[e] * hi[e]);
+            best = d > best ? d : best;
+        }
+        return best;
+    }
+    rk_quant_fast(RK_DT_F16)->to_f32(L->lmk + (size_t)ch * c->kvd + (size_t)t->h * hd, x->row, hd);
+    for (int j = 0; j < t->ns; j++) {
+        float d = dotf(q_of(t, j), x->row, hd);
+        if (np) d += spread_gain(t, np, ia, ib, x->row, u, j);
+        if (t->qdot) ((float *)t->qdot)[(size_t)j * n_ch + ch] = d; /* for the summaries */
+        best = d > best ? d : best;
+    }
+    return best;
+}
+
+/* The state rows' query pointers for lmk_dots_avx2, or NULL where it does not apply. */
+LR_AI const float *const *dot_queries(const head_task *t, int np, const float **qs) {
+#ifdef LR_HAVE_ACC_AVX2
+    if (t->avx2 && t->c->hd % 8 == 0 && t->ns <= LR_DOT_MAX && !np) {
+        for (int j = 0; j < t->ns; j++) qs[j] = q_of(t, j);
+        return qs;
+    }
+#endif
+    (void)t, (void)np, (void)qs;
+    return NULL;
+}
+
+/* Two-level candidates (coarse=G): scores the layer's coarse landmarks, keeps the best
+ * coarse_keep x n_sel / G groups (ties by index, as the chunks below) and marks their chunks
+ * in x->mark. Returns false (nothing marked) when the coarse landmarks are unavailable. */
+LR_AI bool coarse_mark(const head_task *t, int64_t n_ch, int64_t n_sel) {
+    const rk_kv_codec *c = t->c;
+    lr_scratch *x = t->x;
+    const lr_layer *L = &c->ly[t->l];
+    const int hd = c->hd, G = c->p.coarse;
+    if (!L->clmk) return false;
+    const int64_t n_cg = (n_ch + G - 1) / G;
+    int64_t keep = (int64_t)ceil((double)c->p.coarse_keep * (double)n_sel / G);
+    if (keep < (n_sel + G - 1) / G) keep = (n_sel + G - 1) / G;
+    if (keep > n_cg) keep = n_cg;
+    float *cs = x->ccs, *cs2 = x->ccs + c->cap_chunks;
+    const size_t crow = (size_t)c->n_head_kv * (2u + (size_t)hd);
+    const float *qp[LR_WMAX];
+    const float *const *qs = dot_queries(t, 0, qp);
+    for (int64_t k = 0; k < n_cg; k++) { /* int8 rows: the scale multiplies the dot product */
+        const uint8_t *rw = L->clmk + (size_t)k * crow + (size_t)t->h * (2u + (size_t)hd);
+        float best = -INFINITY;
+#ifdef LR_HAVE_ACC_AVX2
+        if (qs) {
+            float d[LR_DOT_MAX];
+            lmk_dots_avx2(qs, t->ns, rw + 2, LR_R_I8, hd, d);
+            for (int j = 0; j < t->ns; j++) best = d[j] > best ? d[j] : best;
+        } else
+#endif
+        {
+            const int8_t *qv = (const int8_t *)(rw + 2);
+            for (int e = 0; e < hd; e++) x->row[e] = (float)qv[e];
+            for (int j = 0; j < t->ns; j++) {
+                const float d = dotf(q_of(t, j), x->row, hd);
+                best = d > best ? d : best;
+            }
+        }
+        cs[k] = best * rk_f16_to_f32((uint16_t)(rw[0] | (rw[1] << 8)));
+    }
+    x->n_clmk += (uint64_t)n_cg;
+    memcpy(cs2, cs, (size_t)n_cg * sizeof(float));
+    const float th = kth_largest(cs2, n_cg, keep - 1);
+    memset(x->mark, 0, (size_t)n_ch);
+    int64_t n = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int64_t k = 0; k < n_cg && n < keep; k++)
+            if (pass ? cs[k] == th : cs[k] > th) {
+                for (int64_t ch = k * G; ch < (k + 1) * G && ch < n_ch; ch++) x->mark[ch] = 1;
+                n++;
+            }
+    return true;
+}
+
+/* Chunks whose landmark scores highest (max over the state rows), budget / chunk of them.
+ * With coarse=G only the chunks of the best coarse groups are scored (the others score
+ * -inf); keeping every group gives the one-level choice. */
 LR_AI int64_t select_chunks(const head_task *t, int64_t n_ch) {
     const rk_kv_codec *c = t->c;
     lr_scratch *x = t->x;
@@ -343,45 +494,41 @@ LR_AI int64_t select_chunks(const head_task *t, int64_t n_ch) {
         return n_ch;
     }
     const int np = c->p.spread > 0 && !L->lmin && hd <= LR_ROPE_MAX ? spread_prep(t, ia, ib) : 0;
-    const rk_quant_fns *f16 = rk_quant_fast(RK_DT_F16);
+    const bool two = c->p.coarse > 1 && !L->lmin && !t->qdot && coarse_mark(t, n_ch, n_sel);
+    const float *qp[LR_WMAX];
+    const float *const *qs = dot_queries(t, np, qp);
+    int64_t m = 0; /* scored chunks, their scores compacted in csc2 */
     for (int64_t ch = 0; ch < n_ch; ch++) {
-        float best = -INFINITY;
-        if (L->lmin) { /* max over keys in the box [min, max] of q·k: Σ_d max(q_d min_d, q_d max_d) */
-            float *lo = x->kb, *hi = x->vb;
-            f16->to_f32(L->lmin + (size_t)ch * c->kvd + (size_t)t->h * hd, lo, hd);
-            f16->to_f32(L->lmax + (size_t)ch * c->kvd + (size_t)t->h * hd, hi, hd);
-            for (int j = 0; j < t->ns; j++) {
-                const float *qv = q_of(t, j);
-                float d = 0;
-                for (int e = 0; e < hd; e++) d += fmaxf(qv[e] * lo[e], qv[e] * hi[e]);
-                best = d > best ? d : best;
-            }
-        } else {
-            f16->to_f32(L->lmk + (size_t)ch * c->kvd + (size_t)t->h * hd, x->row, hd);
-            for (int j = 0; j < t->ns; j++) {
-                float d = dotf(q_of(t, j), x->row, hd);
-                if (np) d += spread_gain(t, np, ia, ib, x->row, u, j);
-                if (t->qdot) ((float *)t->qdot)[(size_t)j * n_ch + ch] = d; /* for the summaries */
-                best = d > best ? d : best;
-            }
+        if (two && !x->mark[ch]) {
+            x->csc[ch] = -INFINITY;
+            continue;
         }
-        x->csc[ch] = best;
+        x->csc2[m++] = x->csc[ch] = chunk_score(t, ch, n_ch, np, ia, ib, u, qs);
     }
+    x->n_lmk += (uint64_t)m;
     /* hysteresis: chunks whose keys are cached (and still valid) score hyst nats higher */
     const lr_head *H = &L->h[t->h];
     if (c->p.hyst > 0 && !c->p.no_cache) {
         const float bonus = c->p.hyst * sqrtf((float)hd);
         const lr_group *g = &c->g[L->grp];
         for (int i = 0; i < H->n_kc; i++)
-            if (kc_valid(c, g, H, i, n_ch)) x->csc[H->kc_ch[i]] += bonus;
+            if (kc_valid(c, g, H, i, n_ch) && (!two || x->mark[H->kc_ch[i]])) x->csc[H->kc_ch[i]] += bonus;
+        m = 0;
+        for (int64_t ch = 0; ch < n_ch; ch++)
+            if (!two || x->mark[ch]) x->csc2[m++] = x->csc[ch];
     }
-    memcpy(x->csc2, x->csc, (size_t)n_ch * sizeof(float));
-    const float th = kth_largest(x->csc2, n_ch, n_sel - 1);
+    if (m <= n_sel) { /* every scored chunk */
+        int64_t n = 0;
+        for (int64_t ch = 0; ch < n_ch; ch++)
+            if (!two || x->mark[ch]) x->sel[n++] = (int32_t)ch;
+        return n;
+    }
+    const float th = kth_largest(x->csc2, m, n_sel - 1);
     int64_t n = 0;
     for (int64_t ch = 0; ch < n_ch && n < n_sel; ch++)
-        if (x->csc[ch] > th) x->sel[n++] = (int32_t)ch;
+        if (x->csc[ch] > th && (!two || x->mark[ch])) x->sel[n++] = (int32_t)ch;
     for (int64_t ch = 0; ch < n_ch && n < n_sel; ch++)
-        if (x->csc[ch] == th) x->sel[n++] = (int32_t)ch;
+        if (x->csc[ch] == th && (!two || x->mark[ch])) x->sel[n++] = (int32_t)ch;
     return n;
 }
 
@@ -421,6 +568,12 @@ LR_AI void exact_lse(const head_task *t, int64_t last, float *lse) {
 static int cmp_ord(const void *a, const void *b) {
     const struct lr_ord *u = a, *v = b;
     return (u->v < v->v) - (u->v > v->v) ? (u->v < v->v) - (u->v > v->v) : (u->i > v->i) - (u->i < v->i);
+}
+static int cmp_vic(const void *a, const void *b) {
+    const struct lr_vic *u = a, *v = b;
+    if (u->v != v->v) return u->v < v->v ? -1 : 1;
+    if (u->used != v->used) return u->used < v->used ? -1 : 1;
+    return (u->k > v->k) - (u->k < v->k);
 }
 static int cmp_i32(const void *a, const void *b) {
     const int32_t u = *(const int32_t *)a, v = *(const int32_t *)b;
@@ -518,10 +671,10 @@ LR_AI void summaries(const head_task *t, int64_t n_ch) {
             }
             if (!live) continue;
             scores(t, x->kb, nb, -1, x->bias);
-            acc_rows_avx2(x->acc_c, (size_t)c->r_max, t->ns, x->sc, 1, (size_t)C,
+            acc_rows_avx2(x->acc_c, (size_t)c->r_max, t->ns, x->sc, 1, (size_t)c->sc_ld,
                           (const uint8_t *)(g->cmean + (size_t)ch0 * r), (size_t)r * 2, LR_R_F16, nb, lr_vr(c, g));
             for (int j = 0; j < t->ns; j++)
-                for (int k = 0; k < nb; k++) x->st_a[j] += x->sc[(size_t)j * C + k];
+                for (int k = 0; k < nb; k++) x->st_a[j] += x->sc[(size_t)j * c->sc_ld + k];
         }
         return;
     }
@@ -539,22 +692,22 @@ LR_AI void summaries(const head_task *t, int64_t n_ch) {
         scores(t, x->kb, nb, -1, x->bias);
 #ifdef LR_HAVE_ACC_AVX2
         if (t->use_c && t->avx2) {
-            acc_rows_avx2(x->acc_c, (size_t)c->r_max, t->ns, x->sc, 1, (size_t)C, (const uint8_t *)x->cf,
+            acc_rows_avx2(x->acc_c, (size_t)c->r_max, t->ns, x->sc, 1, (size_t)c->sc_ld, (const uint8_t *)x->cf,
                           (size_t)r * sizeof(float), LR_R_F32, nb, lr_vr(c, g));
             for (int j = 0; j < t->ns; j++)
-                for (int k = 0; k < nb; k++) x->st_a[j] += x->sc[(size_t)j * C + k];
+                for (int k = 0; k < nb; k++) x->st_a[j] += x->sc[(size_t)j * c->sc_ld + k];
             continue;
         }
 #endif
         for (int k = 0; k < nb; k++) {
             if (t->use_c && t->ns <= LR_WMAX) {
                 float w[LR_WMAX];
-                for (int j = 0; j < t->ns; j++) x->st_a[j] += w[j] = x->sc[(size_t)j * C + k];
+                for (int j = 0; j < t->ns; j++) x->st_a[j] += w[j] = x->sc[(size_t)j * c->sc_ld + k];
                 axpy_rows(x->acc_c, (size_t)c->r_max, w, t->ns, x->cf + (size_t)k * r, lr_vr(c, g));
                 continue;
             }
             for (int j = 0; j < t->ns; j++) {
-                const float w = x->sc[(size_t)j * C + k];
+                const float w = x->sc[(size_t)j * c->sc_ld + k];
                 if (t->use_c) axpy(x->acc_c + (size_t)j * c->r_max, w, x->cf + (size_t)k * r, lr_vr(c, g));
                 x->st_a[j] += w;
             }
@@ -593,7 +746,7 @@ LR_AI void vsummaries(const head_task *t, int64_t n_ch) {
         if (t->qdot) { /* the selection's landmark dot products */
             for (int j = 0; j < t->ns; j++) {
                 const float *qd = t->qdot + (size_t)j * n_ch + ch0;
-                float *sc = x->sc + (size_t)j * C;
+                float *sc = x->sc + (size_t)j * c->sc_ld;
                 for (int k = 0; k < nb; k++) sc[k] = qd[k] * scale + x->bias[k];
             }
             softmax_block(t, nb);
@@ -603,9 +756,9 @@ LR_AI void vsummaries(const head_task *t, int64_t n_ch) {
         const uint8_t *rows = vs + (size_t)ch0 * vrow;
 #ifdef LR_HAVE_ACC_AVX2
         if (t->avx2) {
-            acc_rows_avx2(x->acc_v, (size_t)hd, t->ns, x->sc, 1, (size_t)C, rows, vrow, LR_R_I8, nb, hd);
+            acc_rows_avx2(x->acc_v, (size_t)hd, t->ns, x->sc, 1, (size_t)c->sc_ld, rows, vrow, LR_R_I8, nb, hd);
             for (int j = 0; j < t->ns; j++)
-                for (int k = 0; k < nb; k++) x->st_a[j] += x->sc[(size_t)j * C + k];
+                for (int k = 0; k < nb; k++) x->st_a[j] += x->sc[(size_t)j * c->sc_ld + k];
             continue;
         }
 #endif
@@ -615,7 +768,7 @@ LR_AI void vsummaries(const head_task *t, int64_t n_ch) {
             const uint8_t *rw = rows + (size_t)k * vrow;
             const float sc = rk_f16_to_f32((uint16_t)(rw[0] | (rw[1] << 8)));
             for (int j = 0; j < t->ns; j++) {
-                const float a = x->sc[(size_t)j * C + k];
+                const float a = x->sc[(size_t)j * c->sc_ld + k];
                 x->st_a[j] += a;
                 w[j] = a * sc;
             }
@@ -648,7 +801,27 @@ LR_AI void head_run(head_task *t) {
     if (t->sparse) {
         const int32_t *sel = t->sel ? t->sel : x->sel;
         const int64_t n = t->sel ? t->n_sel : select_chunks(t, n_ch);
-        for (int64_t i = pt; i < n; i += np) comp_chunk(t, sel[i], t->slot ? t->slot[i] : -1);
+#ifdef LR_HAVE_ACC_AVX2
+        /* runs of consecutive chosen chunks as one block (comp_chunk's fused int8 path only) */
+        const bool runs = np == 1 && t->slot && t->avx2 && t->use_c && c->p.coef_type == RK_DT_Q8_0 &&
+                          t->ns <= LR_WMAX && t->ns < LR_VREBUILD_MIN && 2 * c->p.chunk <= c->sc_ld;
+#else
+        const bool runs = false;
+#endif
+        for (int64_t i = pt; i < n; i += np) {
+            int cnt = 1;
+            while (runs && i + cnt < n && sel[i + cnt] == sel[i] + cnt && (cnt + 1) * c->p.chunk <= c->sc_ld &&
+                   t->slot[i] >= 0 && t->slot[i + cnt] >= 0)
+                cnt++;
+#ifdef LR_HAVE_ACC_AVX2
+            if (cnt > 1) {
+                comp_run(t, sel + i, t->slot + i, cnt);
+                i += cnt - 1;
+                continue;
+            }
+#endif
+            comp_chunk(t, sel[i], t->slot ? t->slot[i] : -1);
+        }
         if (n < n_ch && !c->p.no_summary) {
             memset(x->mark, 0, (size_t)n_ch);
             for (int64_t i = 0; i < n; i++) x->mark[sel[i]] = 1;
@@ -812,9 +985,10 @@ static rk_status sparse_decode(rk_kv_codec *c, int layer, const float *q, int64_
     const bool vsum = !c->wide && !c->p.values_exact && !c->p.no_summary && !c->p.coef_summary && ns <= LR_WMAX &&
                       lr_vsum_update(c, layer);
     const size_t qd_head = (size_t)LR_SPARSE_MAX_Q * grp * (size_t)c->cap_chunks;
-    if (vsum && c->p.topp <= 0 && !c->p.bound && !c->dqd)
-        c->dqd = malloc((size_t)c->n_head_kv * qd_head * sizeof(float));
-    const bool qdot = vsum && c->p.topp <= 0 && !c->p.bound && c->dqd;
+    /* (two-level selection scores only some chunks: the summaries convert their own landmarks) */
+    const bool sel_dots = vsum && c->p.topp <= 0 && !c->p.bound && !c->p.coarse;
+    if (sel_dots && !c->dqd) c->dqd = malloc((size_t)c->n_head_kv * qd_head * sizeof(float));
+    const bool qdot = sel_dots && c->dqd;
     for (int h = 0; h < c->n_head_kv; h++) {
         head_task t = {c,    x,    layer, h, grp, ns, 0, pos0, q, out, true, !c->p.values_exact,
                        NULL, NULL, 0,  avx2, false, 0, 1,  NULL, NULL};
@@ -836,32 +1010,40 @@ static rk_status sparse_decode(rk_kv_codec *c, int layer, const float *q, int64_
         lr_head *H = &c->ly[layer].h[h];
         int64_t rows = 0;
         int n_miss = 0;
-        /* first the hits (so that no chosen chunk is evicted by another one's miss) */
-        for (int64_t i = 0; i < n; i++) {
-            const int64_t ch = sel[i];
-            const int nb = g->n_rows - ch * C < C ? (int)(g->n_rows - ch * C) : C;
-            slot[i] = -1;
-            if (!c->p.no_cache)
-                for (int k = 0; k < H->n_kc; k++)
-                    if (H->kc_ch[k] == ch && H->kc_rows[k] == nb && H->kc_epoch[k] == c->epoch) {
-                        slot[i] = k, H->kc_used[k] = c->n_calls;
-                        break;
-                    }
+        /* first the hits (so that no chosen chunk is evicted by another one's miss), through a
+         * chunk -> slot map (c->kmap, -1 outside this block): O(chosen + slots), not their product;
+         * of two slots holding the same valid chunk the lower one, as a scan would find */
+        int32_t *kmap = c->kmap;
+        if (!c->p.no_cache) {
+            for (int k = H->n_kc - 1; k >= 0; k--)
+                if (kc_valid(c, g, H, k, n_ch)) kmap[H->kc_ch[k]] = k;
+            for (int64_t i = 0; i < n; i++)
+                if ((slot[i] = kmap[sel[i]]) >= 0) H->kc_used[slot[i]] = c->n_calls;
+            for (int k = 0; k < H->n_kc; k++)
+                if (H->kc_ch[k] >= 0 && H->kc_ch[k] < c->cap_chunks) kmap[H->kc_ch[k]] = -1;
+        } else {
+            for (int64_t i = 0; i < n; i++) slot[i] = -1;
         }
         /* then the misses, each over an empty or stale slot, else over the unchosen cached chunk
-         * of the lowest score now (x->csc: this head's scores from the selection) */
+         * of the lowest score now (x->csc: this head's scores from the selection); the victims
+         * in that order (score, then least recently used, then slot) sorted once */
+        int n_vic = 0, next = 0;
+        for (int64_t i = 0; i < n && !n_vic; i++) {
+            if (slot[i] >= 0) continue;
+            for (int k = 0; k < H->n_kc; k++) {
+                if (H->kc_used[k] == c->n_calls) continue;
+                const float v = c->p.topp > 0 || n >= n_ch || !kc_valid(c, g, H, k, n_ch) ? -INFINITY : x->csc[H->kc_ch[k]];
+                c->kvic[n_vic++] = (struct lr_vic){v, H->kc_used[k], k};
+            }
+            qsort(c->kvic, (size_t)n_vic, sizeof *c->kvic, cmp_vic);
+            if (!n_vic) n_vic = -1;
+        }
         for (int64_t i = 0; i < n; i++) {
             if (slot[i] >= 0) continue;
             const int64_t ch = sel[i];
             const int nb = g->n_rows - ch * C < C ? (int)(g->n_rows - ch * C) : C;
-            int s = -1;
-            float best = INFINITY;
-            for (int k = 0; k < H->n_kc; k++) {
-                if (H->kc_used[k] == c->n_calls) continue;
-                const float v = c->p.topp > 0 || n >= n_ch || !kc_valid(c, g, H, k, n_ch) ? -INFINITY : x->csc[H->kc_ch[k]];
-                if (s < 0 || v < best || (v == best && H->kc_used[k] < H->kc_used[s])) s = k, best = v;
-            }
-            if (s < 0) return rk_err_set(err, RK_E_INTERNAL, "lowram: no free key-cache slot (%d)", H->n_kc);
+            if (next >= n_vic) return rk_err_set(err, RK_E_INTERNAL, "lowram: no free key-cache slot (%d)", H->n_kc);
+            const int s = c->kvic[next++].k;
             H->kc_ch[s] = (int32_t)ch, H->kc_rows[s] = nb, H->kc_epoch[s] = c->epoch;
             lr_coef_rows(c, g, ch * C, nb, c->bcf + (size_t)rows * r);
             for (int k = 0; k < nb; k++) { /* the op reads row k's angles at table row bpos[k] = k */
@@ -957,6 +1139,8 @@ static rk_status sparse_decode(rk_kv_codec *c, int layer, const float *q, int64_
 rk_status lr_attention(rk_kv_codec *c, int layer, const float *q, int64_t n_q, int64_t pos0, float *out, rk_err *err) {
     if (!c->scr) return rk_err_set(err, RK_E_INTERNAL, "lowram: attention before the scratch exists");
     const bool sparse = !c->p.dense && n_q <= LR_SPARSE_MAX_Q && !(layer >= c->p.dense_l0 && layer < c->p.dense_l1);
+    /* two-level selection: coarse landmarks up to the stored chunks (without them: one level) */
+    if (sparse && c->p.coarse > 1) (void)lr_coarse_update(c, layer);
     if (c->tier) { /* lowram_tier.c: rows under a budget (every chunk resident unless selective) */
         rk_status ts = lr_tier_begin(c, layer, sparse && c->keys_op, err);
         if (ts) return ts;

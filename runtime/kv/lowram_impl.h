@@ -10,6 +10,9 @@
 /* default start= (rows): below it every row stays exact, which decodes faster than the
  * compressed form on the 2-core CPU (the crossover measured in docs/LOWRAM.md) */
 #define LR_START_DEFAULT 3072
+/* default spare rows of decode's key cache per (layer, KV head) beyond the budget's chunks
+ * (kslots = this / chunk: 18 chunks of 32 rows) */
+#define LR_KC_SPARE_ROWS 576
 
 /* Stored row of compressed keys: the rank-r coefficients of one position, stacked over the
  * group's layers. Residual row: δ of one (layer, KV head) and position. */
@@ -60,13 +63,19 @@ typedef struct lr_layer {
     int64_t vs_n;         /* chunks summarised (the last may be partial: vs_last rows, else 0) */
     int vs_last;
     uint32_t vs_epoch;    /* c->epoch when built */
+    /* two-level selection (coarse=G): per group of G chunks the row-weighted mean of their f16
+     * landmarks (int8 per KV head), built lazily by lr_coarse_update; the first cl_n groups are final (every
+     * chunk full), the last one is rebuilt while it may change */
+    uint8_t *clmk;        /* (cap_chunks / G + 1, n_head_kv, 2 + head_dim): f16 scale, int8 */
+    int64_t cl_n;
+    uint32_t cl_epoch;    /* c->epoch when built */
 } lr_layer;
 
 /* Per-thread attention scratch. */
 typedef struct lr_scratch {
-    float *kb, *vb;       /* (chunk, head_dim) keys (rebuilt or plain), plain values */
+    float *kb, *vb;       /* (sc_ld, head_dim) keys (rebuilt or plain), plain values */
     float *cf;            /* (chunk, r_max) dequantised coefficients */
-    float *sc;            /* (tile * group, chunk) scores, then softmax weights */
+    float *sc;            /* (tile * group, sc_ld) scores, then softmax weights */
     float *st_m, *st_l, *st_a; /* (tile * group) running max, sum, compressed-row mass */
     float *acc_v;         /* (tile * group, head_dim) */
     float *acc_c;         /* (tile * group, r_max) Σ a·coef over compressed rows */
@@ -79,11 +88,14 @@ typedef struct lr_scratch {
     float *pm;            /* (LR_SPARSE_MAX_Q * group, cap_chunks) top-p: estimated share per query head and chunk */
     struct lr_ord { float v; int32_t i; } *ord; /* (cap_chunks) chunks by decreasing share */
     float *spr;           /* (LR_SPARSE_MAX_Q * group + 2, head_dim) spread: pair weights, window |k|², per-chunk spread */
+    float *ccs;           /* (2, cap_chunks) two-level selection: coarse scores, their copy */
     uint64_t n_rebuilt, n_attended;
+    uint64_t n_lmk, n_clmk; /* landmarks scored by the selection: chunks, coarse groups */
 } lr_scratch;
 
 /* Per-thread compression work area (sized for the largest group). */
 enum { LR_BLOCK = 32 };  /* rows per batch of projection / prediction during compression */
+enum { LR_RUN = 32 };    /* most rows of one decode block of consecutive chosen chunks (comp_run) */
 typedef struct lr_cwork {
     float *B, *W;         /* (r, D) basis, (n_l, r, kv_dim) predictors as f32 */
     float *x, *cf, *v, *vh, *e2; /* (LR_BLOCK, D | r | kv_dim | kv_dim | n_l * n_head_kv) */
@@ -108,6 +120,8 @@ struct rk_kv_codec {
     int64_t n_ctx, cap_chunks;
     size_t res_bytes;     /* bytes of one residual row (one head) */
     size_t kc_row;        /* bytes of one key-cache row (one head): f16 2·head_dim, int8 2 + head_dim */
+    int sc_ld;            /* row stride of lr_scratch.sc and rows of kb / vb: max(chunk, LR_RUN) (decode
+                           * attends runs of consecutive fine chunks as one block) */
     bool wide;            /* bases and predictors stored f32 (coef f32: the checking setup), else f16 */
     rk_backend *be;       /* borrowed: attention over exact rows before the fit, row conversion */
     lr_group *g;          /* (n_group) */
@@ -158,6 +172,8 @@ struct rk_kv_codec {
     float rope_base;
     int32_t *dsel, *dslot; /* (n_head_kv, cap_chunks) */
     int64_t *dn;          /* (n_head_kv) */
+    int32_t *kmap;        /* (cap_chunks) -1; a head's key-cache slot of each chunk while its hits are looked up */
+    struct lr_vic { float v; uint32_t used; int32_t k; } *kvic; /* (key-cache slots) miss victims in order */
     float *bcf, *bkb, *bmw; /* (max_sel * chunk, r_max), (max_sel * chunk, head_dim), (2, head_dim) */
     int32_t *bpos, *bmiss; /* (max_sel * chunk), (max_sel) slots rebuilt */
     float *dpo;           /* (n_head_kv * 4, LR_WMAX, head_dim + 2) split decode tasks' states */
@@ -275,6 +291,9 @@ rk_status lr_attention(rk_kv_codec *c, int layer, const float *q, int64_t n_q, i
 /* Brings layer l's value summaries (L->vsm) up to its stored chunks; false on allocation
  * failure (decode then sums coefficients instead). */
 bool lr_vsum_update(rk_kv_codec *c, int l);
+/* Brings layer l's coarse landmarks (L->clmk, coarse=G) up to its stored chunks; false on
+ * allocation failure (the selection is then one level). */
+bool lr_coarse_update(rk_kv_codec *c, int l);
 /* ---- lowram_scratch.c ---------------------------------------------------------- */
 /* Allocates per-thread scratch once ranks are known. */
 rk_status lr_scratch_alloc(rk_kv_codec *c, rk_err *err);

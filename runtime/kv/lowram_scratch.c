@@ -79,10 +79,11 @@ void lr_scratch_free(rk_kv_codec *c) {
         lr_scratch *x = &c->scr[t];
         free(x->kb), free(x->vb), free(x->cf), free(x->sc), free(x->st_m), free(x->st_l), free(x->st_a);
         free(x->acc_v), free(x->acc_c), free(x->row), free(x->sel), free(x->csc), free(x->csc2), free(x->mark);
-        free(x->bias), free(x->bsl), free(x->wsl), free(x->pm), free(x->ord), free(x->spr);
+        free(x->bias), free(x->bsl), free(x->wsl), free(x->pm), free(x->ord), free(x->spr), free(x->ccs);
     }
     free(c->scr);
     c->scr = NULL;
+    free(c->kmap), free(c->kvic), c->kmap = NULL, c->kvic = NULL;
     free(c->dsel), free(c->dslot), free(c->dn), free(c->bcf), free(c->bkb), free(c->bmw), free(c->bpos), free(c->bmiss), free(c->bcs);
     c->dsel = c->dslot = NULL, c->dn = NULL, c->bcf = c->bkb = c->bmw = c->bcs = NULL, c->bpos = c->bmiss = NULL;
     free(c->dpo), c->dpo = NULL;
@@ -98,14 +99,16 @@ rk_status lr_scratch_alloc(rk_kv_codec *c, rk_err *err) {
     c->scr = calloc((size_t)c->n_threads, sizeof *c->scr);
     if (!c->scr) return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory for scratch");
     const size_t C = (size_t)c->p.chunk, hd = (size_t)c->hd, ns = (size_t)LR_TILE * (c->n_head / c->n_head_kv);
+    c->sc_ld = c->p.chunk < LR_RUN ? LR_RUN : c->p.chunk;
+    const size_t SL = (size_t)c->sc_ld;
     const size_t R = (size_t)c->r_max, nch = (size_t)c->cap_chunks;
-    size_t floats = 2 * C * hd + C * R + ns * C + 3 * ns + ns * hd + ns * R + hd + 2 * nch + C + 2 * R * hd;
+    size_t floats = 2 * SL * hd + C * R + ns * SL + 3 * ns + ns * hd + ns * R + hd + 2 * nch + C + 2 * R * hd;
     for (int t = 0; t < c->n_threads; t++) {
         lr_scratch *x = &c->scr[t];
-        x->kb = malloc(C * hd * sizeof(float));
-        x->vb = malloc(C * hd * sizeof(float));
+        x->kb = malloc(SL * hd * sizeof(float));
+        x->vb = malloc(SL * hd * sizeof(float));
         x->cf = malloc(C * R * sizeof(float));
-        x->sc = malloc(ns * C * sizeof(float));
+        x->sc = malloc(ns * SL * sizeof(float));
         x->st_m = malloc(ns * sizeof(float));
         x->st_l = malloc(ns * sizeof(float));
         x->st_a = malloc(ns * sizeof(float));
@@ -121,14 +124,15 @@ rk_status lr_scratch_alloc(rk_kv_codec *c, rk_err *err) {
         x->wsl = malloc(R * hd * sizeof(float));
         x->pm = malloc((size_t)LR_SPARSE_MAX_Q * (size_t)(c->n_head / c->n_head_kv) * nch * sizeof(float));
         x->ord = malloc(nch * sizeof *x->ord);
+        x->ccs = malloc(2 * nch * sizeof(float));
         x->spr = malloc(((size_t)LR_SPARSE_MAX_Q * (size_t)(c->n_head / c->n_head_kv) + 2) * hd * sizeof(float));
-        if (!x->spr || !x->pm || !x->ord || !x->bsl || !x->wsl || !x->mark || !x->bias || !x->kb || !x->vb || !x->cf || !x->sc || !x->st_m || !x->st_l || !x->st_a || !x->acc_v || !x->acc_c ||
+        if (!x->ccs || !x->spr || !x->pm || !x->ord || !x->bsl || !x->wsl || !x->mark || !x->bias || !x->kb || !x->vb || !x->cf || !x->sc || !x->st_m || !x->st_l || !x->st_a || !x->acc_v || !x->acc_c ||
             !x->row || !x->sel || !x->csc || !x->csc2) {
             lr_scratch_free(c);
             return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory for scratch");
         }
     }
-    floats += (size_t)LR_SPARSE_MAX_Q * (size_t)(c->n_head / c->n_head_kv) * nch + 2 * nch +
+    floats += 2 * nch + (size_t)LR_SPARSE_MAX_Q * (size_t)(c->n_head / c->n_head_kv) * nch + 2 * nch +
               ((size_t)LR_SPARSE_MAX_Q * (size_t)(c->n_head / c->n_head_kv) + 2) * hd;
     size_t cw_bytes = 0;
     if (!cwork_alloc(c, &cw_bytes) || !kcache_alloc(c)) {
@@ -153,12 +157,15 @@ rk_status lr_scratch_alloc(rk_kv_codec *c, rk_err *err) {
         c->bpos = malloc(ms * C * sizeof(int32_t));
         c->bcs = malloc(ms * C * (size_t)(c->n_rot > 0 ? c->n_rot : 1) * sizeof(float));
         c->bmiss = malloc(ms * sizeof(int32_t));
-        if (!c->dsel || !c->dslot || !c->dn || !c->bcf || !c->bkb || !c->bmw || !c->bpos || !c->bmiss || !c->bcs) {
+        c->kmap = malloc(nch * sizeof(int32_t));
+        c->kvic = malloc((ms + (size_t)c->p.kc_extra) * sizeof *c->kvic);
+        for (size_t i = 0; c->kmap && i < nch; i++) c->kmap[i] = -1;
+        if (!c->kmap || !c->kvic || !c->dsel || !c->dslot || !c->dn || !c->bcf || !c->bkb || !c->bmw || !c->bpos || !c->bmiss || !c->bcs) {
             lr_scratch_free(c);
             return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory for scratch");
         }
         c->keys_op = true;
-        dec_bytes = hk * nch * (2 * sizeof(int32_t)) + hk * 8 + ms * C * (R + hd + 1 + (size_t)c->n_rot) * sizeof(float) + ms * 4 + 8 * hd;
+        dec_bytes = hk * nch * (2 * sizeof(int32_t)) + nch * sizeof(int32_t) + (ms + (size_t)c->p.kc_extra) * sizeof *c->kvic + hk * 8 + ms * C * (R + hd + 1 + (size_t)c->n_rot) * sizeof(float) + ms * 4 + 8 * hd;
     }
     c->scratch_bytes = (size_t)c->n_threads * (floats * sizeof(float) + nch * (sizeof(int32_t) + 1)) + cw_bytes + dec_bytes;
     return RK_OK;

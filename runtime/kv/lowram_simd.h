@@ -135,9 +135,30 @@ __attribute__((target("avx2,fma,f16c"), unused)) static void acc_rows_avx2(float
         }
     }
 }
+/* d[j] = q_j · k for ns <= LR_DOT_MAX query rows qs[j] (hd floats, hd % 8 == 0) and one
+ * landmark row k of hd f16 (LR_R_F16) or int8 (LR_R_I8, unscaled) values, summed as dotf
+ * sums (8 lanes, multiply then add, its final reduction): bit for bit dotf on the row as
+ * f32, with the row converted in registers and the query rows' chains interleaved (the
+ * selection's scoring was latency-bound on one chain at a time). */
+enum { LR_DOT_MAX = 12 };
+__attribute__((target("avx2,fma,f16c"), unused)) static void lmk_dots_avx2(const float *const *qs, int ns,
+                                                                         const uint8_t *k, int ty, int hd, float *d) {
+    __m256 acc[LR_DOT_MAX];
+    const size_t el = ty == LR_R_I8 ? 1 : 2;
+    for (int j = 0; j < ns; j++) acc[j] = _mm256_setzero_ps();
+    for (int i = 0; i < hd; i += 8) {
+        const __m256 kv = ld8(k + (size_t)i * el, ty);
+        for (int j = 0; j < ns; j++) acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(_mm256_loadu_ps(qs[j] + i), kv));
+    }
+    for (int j = 0; j < ns; j++) {
+        float a[8];
+        _mm256_storeu_ps(a, acc[j]);
+        d[j] = 0.0f + (((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7])));
+    }
+}
 /* sc[k] = exp(sc[k] - m) for k < n, returns their sum: Cephes' expf polynomial on 8 lanes
  * (relative error ~1e-7, the same class as libm's expf), arguments below -87.3 give 0. */
-__attribute__((target("avx2,fma"))) static float exp_sum_avx2(float *sc, int n, float m) {
+__attribute__((target("avx2,fma"), unused)) static float exp_sum_avx2(float *sc, int n, float m) {
     const __m256 lo = _mm256_set1_ps(-87.33654f), hi = _mm256_set1_ps(88.3762626647949f), mm = _mm256_set1_ps(m);
     const __m256 log2e = _mm256_set1_ps(1.44269504088896341f), c1 = _mm256_set1_ps(0.693359375f),
                  c2 = _mm256_set1_ps(-2.12194440e-4f), one = _mm256_set1_ps(1.0f);

@@ -533,3 +533,43 @@ bool lr_vsum_update(rk_kv_codec *c, int l) {
     L->vs_n = n_ch, L->vs_last = last;
     return true;
 }
+
+/* ---- coarse landmarks (two-level selection) -----------------------------------------
+ * Group k of G chunks: Σ rows_i · lmk_i / Σ rows_i over its chunks (the f16 landmarks as
+ * stored, so a state decodes the same whether the groups were built before or after an
+ * export), int8 with an f16 scale per KV head: the coarse score only chooses which chunks
+ * are scored. Groups whose chunks are all full never change until a truncation (epoch). */
+bool lr_coarse_update(rk_kv_codec *c, int l) {
+    lr_layer *L = &c->ly[l];
+    const lr_group *g = &c->g[L->grp];
+    const int C = c->p.chunk, G = c->p.coarse, kvd = c->kvd, hd = c->hd;
+    const int64_t n_ch = (g->n_rows + C - 1) / C, n_cg = (n_ch + G - 1) / G, n_final = g->n_rows / ((int64_t)C * G);
+    const size_t crow = (size_t)c->n_head_kv * (2u + (size_t)hd);
+    enum { NJ = 1024 }; /* stack buffers: no allocation per decode step */
+    if (hd > NJ) return false;
+    if (!L->clmk) {
+        L->clmk = malloc(((size_t)(c->cap_chunks / G) + 1) * crow);
+        if (!L->clmk) return false;
+        L->cl_n = 0, L->cl_epoch = c->epoch;
+    }
+    if (L->cl_epoch != c->epoch || L->cl_n > n_final) L->cl_n = 0, L->cl_epoch = c->epoch;
+    if (L->cl_n == n_cg) return true;
+    float s[NJ], t[NJ];
+    const rk_quant_fns *f16 = rk_quant_fast(RK_DT_F16);
+    for (int64_t k = L->cl_n; k < n_cg; k++)
+        for (int h = 0; h < c->n_head_kv; h++) {
+            memset(s, 0, (size_t)hd * sizeof(float));
+            int64_t rows = 0;
+            for (int64_t ch = k * G; ch < (k + 1) * G && ch < n_ch; ch++) {
+                const int64_t nb = g->n_rows - ch * C < C ? g->n_rows - ch * C : C;
+                f16->to_f32(L->lmk + (size_t)ch * kvd + (size_t)h * hd, t, hd);
+                for (int j = 0; j < hd; j++) s[j] += (float)nb * t[j];
+                rows += nb;
+            }
+            const float inv = 1.0f / (float)rows;
+            for (int j = 0; j < hd; j++) s[j] *= inv;
+            lr_encode_row(RK_DT_Q8_0, s, hd, L->clmk + (size_t)k * crow + (size_t)h * (2u + (size_t)hd));
+        }
+    L->cl_n = n_final; /* a partial last group is rebuilt next time */
+    return true;
+}

@@ -15,8 +15,8 @@
  *
  * The fused path takes an attention when the codec is fitted, the eval has at most
  * LR_SPARSE_MAX_Q rows and the options are the ones the op implements (int8 coefficients
- * and residuals, f16 exact rows and bases, the fixed-budget selection: topp 0, no bound,
- * krank, hyst, keys_only, dense, and no memory tier); otherwise the session's host staging
+ * and residuals, f16 exact rows and bases, the fixed-budget one-level selection: topp 0, no
+ * bound, no coarse, krank, hyst, keys_only, dense, and no memory tier); otherwise the session's host staging
  * runs the codec's own attention (correct, slower). In a fused step the K / V rows go to the
  * ring and to a small pending buffer on the device (no transfer inside the step); after the
  * step (rk_lrdev_flush, before the commit) one download brings every layer's rows to the
@@ -60,7 +60,8 @@ struct rk_lrdev {
 static bool params_ok(const rk_kv_codec *c) {
     const rk_lowram_params *p = &c->p;
     return !c->wide && p->coef_type == RK_DT_Q8_0 && p->resid_type == RK_DT_Q8_0 && c->exact_type == RK_DT_F16 &&
-           !(p->topp > 0) && !p->bound && (p->key_rank <= 0) && !(p->hyst > 0) && !p->values_exact && !p->dense &&
+           !(p->topp > 0) && !p->bound && p->coarse <= 1 && (p->key_rank <= 0) && !(p->hyst > 0) && !p->values_exact &&
+           !p->dense &&
            c->hd <= 128 && c->n_rot <= c->hd &&
            /* the op rounds its rebuilt keys as either key cache holds them (key_int8) */
            (p->kc_type == RK_DT_F16 || p->kc_type == RK_DT_Q8_0);

@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include "lowram_impl.h"
+#include "lowram_simd.h" /* lmk_dots_avx2 against dotf */
+#include "rk_kernels.h"
 #include "rk_fitters.h"
 #include "session_impl.h"
 #include "rk_io.h"
@@ -444,6 +446,111 @@ Test(lowram, int8_key_cache) {
     rk_model_destroy(m);
 }
 
+/* Two-level selection (coarse=G). (1) Keeping every coarse group scores every chunk's landmark
+ * and takes the same top budget / chunk chunks by the same scores and ties: the logits equal
+ * the one-level selection's bit for bit (and so do the landmarks scored). (2) Keeping 1.5x the
+ * groups that hold the budget scores at most that many groups' chunks per (step, layer, KV head)
+ * (9 groups of 4 chunks here, of 60+ chunks) and stays as close to exact as the one-level bound
+ * (KL < 0.02, decode_stays_close_to_exact); the logits differ from one level (the restriction
+ * acts). (3) The coarse landmarks are counted: per group and KV head an f16 scale + head_dim int8. */
+Test(lowram, two_level_selection) {
+    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    const rk_hparams *hp = rk_model_hparams(m);
+    const int nv = hp->n_vocab, n_story = 220, n_prefix = 100, n_dec = 40;
+    const int n_prompt = 1 + n_story + n_prefix;
+    int32_t *ids = copy_prompt(m, n_story, n_prefix, n_dec);
+    rk_session *ex = session(m, RK_DT_F16, NULL);
+    rk_session *one = session(m, RK_DT_F16, "window=64,budget=96,chunk=4");
+    rk_session *all = session(m, RK_DT_F16, "window=64,budget=96,chunk=4,coarse=4,ckeep=1000");
+    rk_session *two = session(m, RK_DT_F16, "window=64,budget=96,chunk=4,coarse=4,ckeep=1.5");
+    float *a = trace(ex, ids, n_prompt, n_dec, nv), *lo = trace(one, ids, n_prompt, n_dec, nv);
+    float *la = trace(all, ids, n_prompt, n_dec, nv), *lt = trace(two, ids, n_prompt, n_dec, nv);
+    const size_t n = (size_t)(n_dec + 1) * nv;
+    rk_lowram_stats so, sa, st;
+    rk_session_lowram_stats(one, &so), rk_session_lowram_stats(all, &sa), rk_session_lowram_stats(two, &st);
+    const double d_all = rt_max_abs_diff(lo, la, n), d_two = rt_max_abs_diff(lo, lt, n);
+    const double kl_one = rt_mean_kl(a, lo, n_dec + 1, nv), kl_two = rt_mean_kl(a, lt, n_dec + 1, nv);
+    const rk_kv_codec *c = codec(two);
+    const int64_t n_ch = (c->g[0].n_rows + 3) / 4, calls = (int64_t)n_dec * hp->n_layer * hp->n_head_kv;
+    cr_log_info("two-level: keep all differs by %g; ckeep=1.5: KL %.5f (one level %.5f), landmarks scored %llu "
+                "(one level %llu, coarse %llu), %lld chunks at the end",
+                d_all, kl_two, kl_one, (unsigned long long)st.lmk_scored, (unsigned long long)so.lmk_scored,
+                (unsigned long long)st.lmk_coarse, (long long)n_ch);
+    /* (1) */
+    cr_expect_eq(d_all, 0.0, "keeping every coarse group changed the logits by %g", d_all);
+    cr_expect_eq(sa.lmk_scored, so.lmk_scored);
+    cr_expect_eq(so.lmk_coarse, 0);
+    cr_expect_gt(sa.lmk_coarse, 0);
+    /* (2): budget 96 / chunk 4 = 24 chunks, held by 6 groups of 4; ckeep 1.5: 9 groups, 36 chunks */
+    cr_expect_gt(n_ch, 60);
+    cr_expect_geq(so.lmk_scored, (uint64_t)(calls * 60), "one level scored %llu", (unsigned long long)so.lmk_scored);
+    cr_expect_leq(st.lmk_scored, (uint64_t)(calls * 36), "two levels scored %llu", (unsigned long long)st.lmk_scored);
+    cr_expect_leq(st.lmk_coarse, (uint64_t)(calls * ((n_ch + 3) / 4)));
+    cr_expect_gt(d_two, 0.0, "ckeep=1.5 chose as one level does");
+    cr_expect_lt(kl_two, 0.02, "two-level KL %g", kl_two);
+    /* (3) */
+    rk_kv_bytes bo, bt;
+    rk_session_kv_bytes(one, &bo), rk_session_kv_bytes(two, &bt);
+    uint64_t cl = 0;
+    for (int gi = 0; gi < c->n_group; gi++)
+        cl += (uint64_t)c->g[gi].n_l * (uint64_t)((c->g[gi].n_rows + 15) / 16) * hp->n_head_kv * (hp->head_dim + 2);
+    cr_expect_eq(bt.landmarks, bo.landmarks + cl);
+    cr_expect_eq(bt.total, bo.total + cl);
+    /* coarse landmarks rank by the mean key: not with topp or bound (refused by name) */
+    rk_session_params sp = rk_session_params_default();
+    sp.kv.kind = RK_KV_LOWRAM;
+    rk_err e = {0};
+    rk_session *bad = NULL;
+    cr_assert_eq(rk_lowram_parse("coarse=4,topp=0.9", &sp.kv.lowram, &e), RK_OK, "%s", e.msg);
+    cr_expect_eq(rk_session_create(m, &sp, &bad, &e), RK_E_UNSUPPORTED);
+    cr_expect(strstr(e.msg, "coarse=4") && strstr(e.msg, "topp"), "%s", e.msg);
+    cr_expect_null(bad);
+    free(a), free(lo), free(la), free(lt), free(ids);
+    rk_session_destroy(ex), rk_session_destroy(one), rk_session_destroy(all), rk_session_destroy(two);
+    rk_model_destroy(m);
+}
+
+/* The selection's AVX2 landmark dots sum as dotf sums (8 lanes, multiply then add, the same
+ * reduction), so they equal dotf on the landmark converted to f32 bit for bit, for f16 and int8
+ * rows, 1..LR_DOT_MAX query rows and head dims 8..256 (any difference would be a reordering). */
+Test(lowram, landmark_dots_equal_dotf) {
+#ifdef LR_HAVE_ACC_AVX2
+    if (!rk_cpu_has_avx2()) cr_skip_test("no AVX2");
+    uint64_t st = 0x2545f4914f6cdd1dull;
+    float q[LR_DOT_MAX * 256], row[256], d[LR_DOT_MAX];
+    uint16_t h[256];
+    uint8_t i8[256];
+    int n_cmp = 0;
+    for (int hd = 8; hd <= 256; hd *= 2)
+        for (int ns = 1; ns <= LR_DOT_MAX; ns++) {
+            const float *qs[LR_DOT_MAX];
+            for (int i = 0; i < ns * hd; i++) {
+                st = st * 6364136223846793005ull + 1442695040888963407ull;
+                q[i] = (float)((int64_t)(st >> 33) % 20001 - 10000) * 1e-3f;
+            }
+            for (int j = 0; j < ns; j++) qs[j] = q + (size_t)j * hd;
+            for (int ty = 0; ty < 2; ty++) {
+                for (int e = 0; e < hd; e++) {
+                    st = st * 6364136223846793005ull + 1442695040888963407ull;
+                    const int v = (int)((st >> 40) % 255) - 127;
+                    i8[e] = (uint8_t)(int8_t)v;
+                    h[e] = rk_f32_to_f16((float)v * 0.0371f);
+                    row[e] = ty ? (float)v : rk_f16_to_f32(h[e]);
+                }
+                lmk_dots_avx2(qs, ns, ty ? i8 : (const uint8_t *)h, ty ? LR_R_I8 : LR_R_F16, hd, d);
+                for (int j = 0; j < ns; j++, n_cmp++) {
+                    const float ref = dotf(qs[j], row, hd);
+                    cr_expect(memcmp(&d[j], &ref, sizeof ref) == 0, "hd %d ns %d %s row %d: %.9g vs dotf %.9g", hd, ns,
+                              ty ? "int8" : "f16", j, (double)d[j], (double)ref);
+                }
+            }
+        }
+    cr_expect_eq(n_cmp, 6 * 2 * LR_DOT_MAX * (LR_DOT_MAX + 1) / 2);
+#else
+    cr_skip_test("no AVX2 build");
+#endif
+}
+
 /* start=N: no fit until the context holds N rows. Below it every row is exact and attention
  * is the backend's ATTN over the same f16 bits as a plain f16 cache: bit-identical logits;
  * the commit that reaches N fits and compresses (then decode stays close to exact). */
@@ -619,8 +726,12 @@ Test(lowram, spec_parsing) {
     cr_expect_eq(p.fit_min, 4096);
     cr_expect_eq(p.kc_type, RK_DT_Q8_0);
     cr_expect_eq(rk_lowram_params_default().kc_type, RK_DT_Q8_0);
-    const char *bad[] = {"ratio=0", "budget=x",    "chunk=64",     "coef=q4",   "nonsense",
-                         "resid=2", "evict=0.99",  "rank=1.5",     "start=-1",  "kcache=int4"};
+    p = rk_lowram_params_default();
+    cr_assert_eq(rk_lowram_parse("chunk=8,coarse=4,ckeep=2.5", &p, &e), RK_OK, "%s", e.msg);
+    cr_expect(p.chunk == 8 && p.coarse == 4 && p.coarse_keep == 2.5f);
+    cr_expect_eq(rk_lowram_params_default().coarse, 0);
+    const char *bad[] = {"ratio=0", "budget=x",    "chunk=64",     "coef=q4",   "nonsense",  "ckeep=0.5",
+                         "resid=2", "evict=0.99",  "rank=1.5",     "start=-1",  "kcache=int4", "coarse=1.5"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         rk_lowram_params q = rk_lowram_params_default();
         cr_expect_eq(rk_lowram_parse(bad[i], &q, &e), RK_E_INVALID_ARG, "'%s' accepted", bad[i]);

@@ -273,6 +273,31 @@ Test(tiers, lowram_budget_equals_memory) {
     tiny_close(&t);
 }
 
+/* Fine chunks with the two-level selection (chunk=8,coarse=4; decode attends runs of
+ * consecutive chunks as one block): the chunks a step selects are made resident before they are
+ * read, runs included, so the logits under a budget equal the in-memory run's bit for bit. */
+Test(tiers, lowram_fine_chunks_budget_equals_memory) {
+    tiny t;
+    tiny_open(&t, &LR);
+    const size_t n = 3000;
+    const int n_dec = 8;
+    int32_t *ids = rand_ids(n + (size_t)n_dec + 8, t.nv, 7);
+    rk_session *a = mk(&t, "lowram:chunk=8,coarse=4", 4096, 512, 0, 0);
+    float *la = trace(a, ids, n, n_dec, t.nv);
+    rk_kv_bytes kb;
+    rk_session_kv_bytes(a, &kb);
+    rk_session *b = mk(&t, "lowram:chunk=8,coarse=4", 4096, 512, (kb.coef + kb.residuals) / 4, 0);
+    float *lb = trace(b, ids, n, n_dec, t.nv);
+    cr_expect(!memcmp(la, lb, (size_t)(n_dec + 1) * (size_t)t.nv * sizeof(float)),
+              "lowram chunk=8,coarse=4: logits under the budget equal the in-memory run's bit for bit");
+    rk_kv_tier_stats st;
+    rk_session_kv_tier_stats(b, &st);
+    cr_expect(st.on && st.spilled_bytes > 0, "nothing spilled");
+    free(la), free(lb), free(ids);
+    rk_session_destroy(a), rk_session_destroy(b);
+    tiny_close(&t);
+}
+
 Test(tiers, lowram_budget_with_eviction_refused_spill_dir_checked) {
     tiny t;
     tiny_open(&t, &SMALL);
