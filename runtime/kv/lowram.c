@@ -668,11 +668,10 @@ rk_status rk_kv_lowram_init(rk_kv *kv, const rk_model *m, const rk_lowram_params
         const int64_t half = rk_model_n_ctx_max(m) / 2;
         p.fit_min = (int32_t)(half > 0 && half < LR_START_DEFAULT ? half : LR_START_DEFAULT);
     }
-    /* pfit: by default an eval that passes LR_START_DEFAULT rows fits there and compresses as
-     * it streams (docs/LOWRAM.md tenth session: the same KL as the end-of-eval fit at 8K, peak
-     * RSS below exact's instead of 1.44x); pfit=0 (stored as -1) fits at the eval's end */
-    if (p.prefill_fit == 0) p.prefill_fit = LR_START_DEFAULT;
-    else if (p.prefill_fit < 0) p.prefill_fit = 0;
+    /* pfit: off by default (the fit at the eval's end). Streaming at 3072 measured the same KL
+     * and a peak RSS below exact's instead of 1.44x it, but TTFT 1.30x exact's instead of 1.05x
+     * and decode 14 % slower (docs/LOWRAM.md tenth session): an option, not the default */
+    if (p.prefill_fit < 0) p.prefill_fit = 0; /* pfit=0 written out (stored as -1): the same */
     rk_status st = resolve(&p, kv, err);
     if (st) return st;
     rk_kv_codec *c = NULL;

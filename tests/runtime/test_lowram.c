@@ -1081,10 +1081,11 @@ Test(lowram, state_decodes_under_other_selection_settings) {
     rk_model_destroy(m);
 }
 
-/* The default pfit: an eval that passes LR_START_DEFAULT rows fits there and compresses as it
- * streams, so the exact rows it holds never exceed that many plus one batch and the window
- * (the chunk-aligned remainder of a batch boundary); `pfit=0` keeps the end-of-eval fit, whose
- * exact rows reach the whole prompt; `pfit=1024,start=0` fits at 1024. A tiny generated model with a context of 8192 (no
+/* pfit on a long eval: with `pfit=3072` an eval that passes 3072 rows fits there and
+ * compresses as it streams, so the exact rows it holds never exceed that many plus one batch
+ * and the window (the chunk-aligned remainder of a batch boundary); the default (and
+ * `pfit=0`) keeps the end-of-eval fit, whose exact rows reach the whole prompt;
+ * `pfit=1024,start=0` fits at 1024. A tiny generated model with a context of 8192 (no
  * ../shared), one eval of 3600 rows in batches of 512. */
 static rk_session *long_session(const rk_model *m, const char *lowram) {
     rk_session_params sp = rk_session_params_default();
@@ -1099,17 +1100,17 @@ static rk_session *long_session(const rk_model *m, const char *lowram) {
     return s;
 }
 
-Test(lowram, default_pfit_streams_long_evals) {
+Test(lowram, pfit_streams_long_evals) {
     tb_tiny_spec spec = {.arch = TB_ARCH_LLAMA, .n_layer = 2, .n_embd = 64, .n_head = 2, .n_head_kv = 1,
                          .head_dim = 32, .n_ctx_train = 8192, .seed = 31};
     rk_model *m = rt_tiny_loaded(&spec);
     rk_err e = {0};
     const int n = 3600, nv = rk_model_hparams(m)->n_vocab;
     int32_t *ids = rt_random_ids(m, n, 7);
-    const char *specs[] = {"", "pfit=0", "pfit=1024,start=0"};
-    const int64_t want[] = {LR_START_DEFAULT, 0, 1024};
+    const char *specs[] = {"pfit=3072", "", "pfit=0", "pfit=1024,start=0"};
+    const int64_t want[] = {3072, 0, 0, 1024};
     float *lg = malloc((size_t)nv * sizeof(float));
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         rk_session *s = long_session(m, specs[i]);
         const rk_kv_codec *c = codec(s);
         cr_expect_eq(c->p.prefill_fit, want[i], "\"%s\": pfit %d", specs[i], c->p.prefill_fit);
