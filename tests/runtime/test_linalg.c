@@ -1,5 +1,6 @@
-/* rk_linalg products (the fit's and the dense evals' GEMMs): against fp64 sums on shapes
- * with row, column and k remainders and strided operands; fp32 Gram blocks against fp64. */
+/* rk_linalg: products (the fit's and the dense evals' GEMMs) against fp64 sums on shapes
+ * with row, column and k remainders and strided operands; fp32 Gram blocks against fp64; the
+ * symmetric eigensolver, the rank-r error and Cholesky (moved here from test_lowram.c). */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -62,4 +63,114 @@ Test(linalg, f32_gram_matches_fp64) {
                           G[(size_t)i * D + j], G64[(size_t)i * D + j]);
         }
     free(x), free(work), free(G), free(G64);
+}
+
+/* ---- eigensolver ------------------------------------------------------------------- */
+
+/* Random symmetric matrices with a clustered spectrum: A V = V Λ and VᵀV = I to a few
+ * hundred ulps of ||A|| (Householder + QR + inverse iteration are backward stable). */
+Test(linalg, eigensolver_decomposes_symmetric_matrices) {
+    const int sizes[] = {1, 2, 3, 7, 40, 97};
+    uint64_t rng = 11;
+    for (size_t t = 0; t < sizeof sizes / sizeof sizes[0]; t++) {
+        const int n = sizes[t];
+        double *A = malloc((size_t)n * n * sizeof(double)), *A0 = malloc((size_t)n * n * sizeof(double));
+        double *w = malloc((size_t)n * sizeof(double)), *V = malloc((size_t)n * n * sizeof(double));
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j <= i; j++) {
+                double v = tb_rand_normal(&rng);
+                if (i == j) v += (i % 3 == 0) ? 5.0 : 0.0; /* repeated shifts: clusters */
+                A0[(size_t)i * n + j] = A0[(size_t)j * n + i] = v;
+            }
+        memcpy(A, A0, (size_t)n * n * sizeof(double));
+        cr_assert(rk_linalg_eigh(n, A, w, V), "n=%d", n);
+        double anorm = 0, res = 0, orth = 0;
+        for (int i = 0; i < n * n; i++) anorm = fmax(anorm, fabs(A0[i]));
+        for (int k = 0; k < n; k++) {
+            if (k) cr_expect(w[k] <= w[k - 1], "eigenvalues not decreasing at %d", k);
+            for (int i = 0; i < n; i++) {
+                double av = 0;
+                for (int j = 0; j < n; j++) av += A0[(size_t)i * n + j] * V[(size_t)k * n + j];
+                res = fmax(res, fabs(av - w[k] * V[(size_t)k * n + i]));
+            }
+            for (int l = 0; l <= k; l++) {
+                double d = 0;
+                for (int i = 0; i < n; i++) d += V[(size_t)k * n + i] * V[(size_t)l * n + i];
+                orth = fmax(orth, fabs(d - (k == l)));
+            }
+        }
+        cr_expect(res < 1e-10 * anorm * n, "n=%d: max |Av - λv| = %g", n, res);
+        cr_expect(orth < 1e-10 * n, "n=%d: max |VᵀV - I| = %g", n, orth);
+        free(A), free(A0), free(w), free(V);
+    }
+}
+
+/* Keys with a known low-rank structure plus noise: projecting the centred rows on the
+ * leading r eigenvectors of their Gram matrix leaves exactly Σ_{i>r} λ_i (Eckart–Young;
+ * the identity holds for any orthonormal eigenbasis, so only rounding separates them). */
+Test(linalg, rank_r_error_equals_discarded_eigenvalues) {
+    const int D = 48, n = 600;
+    uint64_t rng = 5;
+    float *x = malloc((size_t)n * D * sizeof(float));
+    double *G = calloc((size_t)D * D, sizeof(double)), mean[48] = {0};
+    double *w = malloc(D * sizeof(double)), *V = malloc((size_t)D * D * sizeof(double));
+    for (int i = 0; i < n; i++)
+        for (int d = 0; d < D; d++) {
+            double f0 = tb_rand_normal(&rng), f1 = tb_rand_normal(&rng);
+            x[(size_t)i * D + d] = (float)(3.0 + f0 * sin(d) * 4 + f1 * cos(0.3 * d) * 2 + 0.1 * tb_rand_normal(&rng));
+        }
+    for (int i = 0; i < n; i++)
+        for (int d = 0; d < D; d++) mean[d] += x[(size_t)i * D + d] / (double)n;
+    /* centred rows, Gram by the library's accumulator (upper triangle) */
+    float *xc = malloc((size_t)n * D * sizeof(float));
+    for (int i = 0; i < n * D; i++) xc[i] = (float)(x[i] - mean[i % D]);
+    rk_linalg_gram_add(D, n, xc, G);
+    for (int i = 0; i < D; i++)
+        for (int j = 0; j < i; j++) G[(size_t)i * D + j] = G[(size_t)j * D + i];
+    cr_assert(rk_linalg_eigh(D, G, w, V));
+    for (int r = 1; r <= D; r += 7) {
+        double err = 0, disc = 0;
+        for (int k = r; k < D; k++) disc += w[k];
+        for (int i = 0; i < n; i++) {
+            double rec[48] = {0};
+            for (int k = 0; k < r; k++) {
+                double c = 0;
+                for (int d = 0; d < D; d++) c += xc[(size_t)i * D + d] * V[(size_t)k * D + d];
+                for (int d = 0; d < D; d++) rec[d] += c * V[(size_t)k * D + d];
+            }
+            for (int d = 0; d < D; d++) err += (xc[(size_t)i * D + d] - rec[d]) * (xc[(size_t)i * D + d] - rec[d]);
+        }
+        /* f32 rows, fp64 sums: relative rounding ~1e-7 of the total energy */
+        double tot = 0;
+        for (int k = 0; k < D; k++) tot += w[k];
+        cr_expect(fabs(err - disc) < 1e-6 * tot, "r=%d: error %.9g vs discarded %.9g (total %g)", r, err, disc, tot);
+    }
+    free(x), free(xc), free(G), free(w), free(V);
+}
+
+/* Cholesky solve against a known solution. */
+Test(linalg, cholesky_solves_spd_systems) {
+    const int n = 30, m = 3;
+    uint64_t rng = 3;
+    double *M = malloc((size_t)n * n * sizeof(double)), *A = malloc((size_t)n * n * sizeof(double));
+    double X[30 * 3], B[30 * 3];
+    for (int i = 0; i < n * n; i++) M[i] = tb_rand_normal(&rng);
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) {
+            double v = i == j ? n : 0;
+            for (int k = 0; k < n; k++) v += M[(size_t)k * n + i] * M[(size_t)k * n + j];
+            A[(size_t)i * n + j] = v;
+        }
+    for (int i = 0; i < n * m; i++) X[i] = tb_rand_normal(&rng);
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < m; j++) {
+            double v = 0;
+            for (int k = 0; k < n; k++) v += A[(size_t)i * n + k] * X[k * m + j];
+            B[i * m + j] = v;
+        }
+    cr_assert(rk_linalg_spd_solve(n, A, B, m));
+    for (int i = 0; i < n * m; i++) cr_expect(fabs(B[i] - X[i]) < 1e-9, "x[%d] %g vs %g", i, B[i], X[i]);
+    for (int i = 0; i < n * n; i++) A[i] = -(i % (n + 1) == 0);
+    cr_expect(!rk_linalg_spd_solve(n, A, B, m), "a negative definite matrix must be refused");
+    free(M), free(A);
 }
