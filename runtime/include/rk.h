@@ -137,7 +137,8 @@ typedef struct rk_lowram_params {
                              multiple of the groups that would hold the budget (0: 4; at least 1) */
     int32_t prefill_fit;  /* a long eval fits once this many of its rows have passed every layer and
                              then compresses chunk by chunk, so the exact prompt never coexists with
-                             its compressed form (0, the default: fit at the end of the eval) */
+                             its compressed form (0, the default: fit at the end of the eval;
+                             pfit=3072 measured TTFT 1.30x exact's at 8K, docs/LOWRAM.md) */
     int32_t fit_min;      /* no fit (every row stays exact, attention is the backend's exact ATTN) until
                              the context holds this many rows; below it LowRAM costs what f16 does.
                              0: the default, 3072 rows (the decode crossover on the 2-core CPU), at most

@@ -173,9 +173,6 @@ enum { RK_Q8_BLOCK = 32, RK_Q8_BLOCK_BYTES = 2 + RK_Q8_BLOCK };
  * per block d = max|x| / 127 stored f16, q = round(x / d) (d from the unrounded scale). */
 void rk_q8_quantize(const float *x, int64_t n, uint8_t *dst);
 void rk_q8_dequantize(const uint8_t *src, int64_t n, float *dst);
-/* True when the q8 cache kv attends through the backend's own q8_0 ATTN (else: f32 ATTN
- * over dequantised rows). */
-bool rk_kv_q8_direct(const rk_kv *kv);
 /* q4_0 (llama.cpp's block_q4_0: f16 d, 16 bytes of codes; value j of a block in the low
  * nibble of byte j, value j + 16 in the high one, x = (code - 8) d). Quantised as
  * quantize_row_q4_0_ref: m = the value of largest magnitude, d = m / -8, code =
@@ -183,7 +180,8 @@ bool rk_kv_q8_direct(const rk_kv *kv);
 enum { RK_Q4_BLOCK = 32, RK_Q4_BLOCK_BYTES = 2 + RK_Q4_BLOCK / 2 };
 void rk_q4_quantize(const float *x, int64_t n, uint8_t *dst);
 void rk_q4_dequantize(const uint8_t *src, int64_t n, float *dst);
-/* True when a q8 or q4 cache attends through the backend's own ATTN on its blocks. */
+/* True when a q8 or q4 cache attends through the backend's own ATTN on its blocks (else: f32
+ * ATTN over dequantised rows). */
 bool rk_kv_quant_direct(const rk_kv *kv);
 
 /* ---- kv_block.c ------------------------------------------------------------------------- */

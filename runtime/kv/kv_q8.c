@@ -68,7 +68,6 @@ bool rk_kv_quant_direct(const rk_kv *kv) {
            ((const q8 *)kv->impl)->direct; /* not the tier's */
 }
 
-bool rk_kv_q8_direct(const rk_kv *kv) { return kv->kind == RK_KV_Q8 && rk_kv_quant_direct(kv); }
 
 static rk_view f32_view(const float *data, int64_t cols, int64_t rows) {
     rk_view v = {RK_DT_F32, {cols, rows, 1, 1}, (size_t)cols * sizeof(float), (void *)data};

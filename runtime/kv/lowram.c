@@ -141,7 +141,6 @@ rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err) {
         else *keys[k].i = (int32_t)x;
         if (!strcmp(tok, "sinks") && x == 0) q.n_sink = -1;
         if (!strcmp(tok, "start") && x == 0) q.fit_min = -1; /* explicit 0: no threshold (0 is the default) */
-        if (!strcmp(tok, "pfit") && x == 0) q.prefill_fit = -1; /* explicit 0: fit at the eval's end */
         if (!strcmp(tok, "hyst") && x == 0) q.hyst = -1;
     }
     *p = q;
@@ -668,10 +667,6 @@ rk_status rk_kv_lowram_init(rk_kv *kv, const rk_model *m, const rk_lowram_params
         const int64_t half = rk_model_n_ctx_max(m) / 2;
         p.fit_min = (int32_t)(half > 0 && half < LR_START_DEFAULT ? half : LR_START_DEFAULT);
     }
-    /* pfit: off by default (the fit at the eval's end). Streaming at 3072 measured the same KL
-     * and a peak RSS below exact's instead of 1.44x it, but TTFT 1.30x exact's instead of 1.05x
-     * and decode 14 % slower (docs/LOWRAM.md tenth session): an option, not the default */
-    if (p.prefill_fit < 0) p.prefill_fit = 0; /* pfit=0 written out (stored as -1): the same */
     rk_status st = resolve(&p, kv, err);
     if (st) return st;
     rk_kv_codec *c = NULL;
