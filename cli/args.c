@@ -501,10 +501,14 @@ int cli_kv_params(const cli_opts *o, const char *item, rk_kv_params *out) {
         cli_print_error(&e);
         return RK_EXIT_USAGE;
     }
-    if (o->n_threads > 0 && kp.lowram.n_threads == 0) kp.lowram.n_threads = o->n_threads;
-    cli_kv_tier_params(o, &kp);
+    cli_kv_apply(o, &kp);
     *out = kp;
     return 0;
+}
+
+void cli_kv_apply(const cli_opts *o, rk_kv_params *kp) {
+    if (o->n_threads > 0 && kp->lowram.n_threads == 0) kp->lowram.n_threads = o->n_threads;
+    cli_kv_tier_params(o, kp);
 }
 
 int cli_setup_kv(const cli_opts *o, rk_session *s, const char *item) {

@@ -86,6 +86,8 @@ int cli_kv_check(const char *cmd, const char *kv);
 /* Parses one --kv item into a KV policy (threads from -t); prints the reason and returns
  * RK_EXIT_USAGE when it is not one. */
 int cli_kv_params(const cli_opts *o, const char *item, rk_kv_params *out);
+/* The flags' part of a parsed policy: codec threads from -t, --kv-budget / --kv-host-budget. */
+void cli_kv_apply(const cli_opts *o, rk_kv_params *kp);
 /* The KV policy is fixed at session creation (cli_session_params); this prints the
  * session's warning, if any. Returns an exit code (0 on success). */
 int cli_setup_kv(const cli_opts *o, rk_session *s, const char *item);

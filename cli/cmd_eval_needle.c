@@ -1,6 +1,7 @@
 /* `ridgekv eval needle`: passkey retrieval with the needle inside the bulk region, every
- * fill mode on the same prompt (paired), McNemar against off (SPEC §2, line 1). The run
- * is the eval library's (ev_needle_run); this file parses flags and prints. */
+ * fill mode (or, with --kv-modes, every KV policy) on the same prompt (paired), McNemar
+ * against off or the first policy (SPEC §2, line 1). The run is the eval library's
+ * (ev_needle_run); this file parses flags, makes the sessions and prints. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,8 @@ static const char *help =
     "                          [--lengths 1024,2048] [--depths 0.1,0.3,0.5,0.7,0.9] [--trials 200]\n"
     "                          [--files F1,F2] [--corpus DIR] [--seed N] [-t T] [--json]\n"
     "                          [--results FILE.jsonl [--budget SECONDS]]\n"
+    "       ridgekv eval needle [-m MODEL] --kv-modes f16,lowram,lowram:budget=1024,q8,q4 [--tail 512]\n"
+    "                          [--lengths 4096,8192] [...the flags above but --fill, --ridgefill, --split, --kv]\n"
     "\n"
     "Passkey retrieval with the needle in the bulk region (rows with at least --tail prompt tokens\n"
     "after them, which RidgeFill fills). Each trial takes a random window of a corpus file as the\n"
@@ -25,11 +28,28 @@ static const char *help =
     "Reported per mode: accuracy (overall, per depth, per length), the discordant pairs against\n"
     "off (b: off right, mode wrong; c: off wrong, mode right), the exact two-sided McNemar p, and\n"
     "the mean prefill time.\n"
-    "\n"
+    "With --kv-modes the modes are KV cache policies instead, compared the same way: fill is off\n"
+    "for every one, each runs on a session of its own policy, and the first item is the reference\n"
+    "that b, c and p are against (as off is for fill modes).\n"
+    "\n";
+/* the options (a second string: C99 promises string literals of 4095 bytes only) */
+static const char *help_options =
     "  --ridgefill MAPS  map file from `ridgekv calibrate`\n"
     "  --fill LIST       modes to compare; off is always included (default off,speed,quality with\n"
     "                    maps; off,identity needs --split S)\n"
-    "  --tail T          exact tail (default 512 here; >= 512)\n"
+    "  --kv-modes LIST   KV policies to compare, each an item of --kv (f16, f32, q8, q4,\n"
+    "                    lowram[:opts]); the first is the reference. Items are separated by commas:\n"
+    "                    a new item starts at f16, f32, q8, q4 or lowram, any other comma-separated\n"
+    "                    token continues the lowram options before it (as bench's --kv list), so\n"
+    "                    f16,lowram:budget=1024,window=64,q8 is three policies. A repeated item runs\n"
+    "                    again as ITEM#2 (a null comparison: it must show b = c = 0). Refused with\n"
+    "                    --fill, --ridgefill, --split or --kv. LowRAM keeps the last 128 rows exact\n"
+    "                    (window) and compresses nothing below start=3072 prompt rows (at most half\n"
+    "                    the model's context): give lengths >= 4096 (issue 11's line: 8192 with\n"
+    "                    --trials 200 or more) for the needle to land in compressed rows, or\n"
+    "                    lowram:start=0 on short prompts\n"
+    "  --tail T          exact tail (default 512 here; >= 512); with --kv-modes, the needle still\n"
+    "                    has >= T prompt tokens after it (past LowRAM's window when T > 128)\n"
     "  --lengths LIST    prompt lengths in tokens (default 1024,2048)\n"
     "  --depths LIST     needle depths as fractions of the bulk region (default 0.1,0.3,0.5,0.7,0.9)\n"
     "  --trials N        total trials over lengths x depths (default 200)\n"
@@ -50,7 +70,8 @@ static const char *help =
     "  --results FILE    resumable run: each paired trial is appended to FILE (JSON lines) as it\n"
     "                    ends; trials already there are not run again, and the tables cover every\n"
     "                    trial in the file. The file's header holds the settings (binary, model,\n"
-    "                    maps, haystacks, flags); a file of other settings is refused naming them.\n"
+    "                    maps, haystacks, flags, KV modes); a file of other settings is refused\n"
+    "                    naming them.\n"
     "                    --trials may grow from run to run\n"
     "  --budget S        with --results: start no new trial once S seconds would be passed (its\n"
     "                    time is guessed from this run's trials, scaled by length^1.5)\n"
@@ -58,27 +79,38 @@ static const char *help =
 
 static void print_tables(const ev_needle_params *p, const ev_needle_result *r, const rk_model *m, const cli_opts *o,
                          int split) {
+    const ev_modes *mo = &p->modes;
     printf("eval needle: %s, %d trials (lengths", rk_model_name(m), r->n_trials);
     for (int i = 0; i < p->n_lens; i++) printf("%s%d", i ? "," : " ", p->lens[i]);
     printf(" x depths");
     for (int i = 0; i < p->n_depths; i++) printf("%s%.2g", i ? "," : " ", p->depths[i]);
-    printf("), tail %d, split %d, seed %llu%s%s\n", o->tail, split, (unsigned long long)p->seed,
-           o->ridgefill ? ", maps " : "", o->ridgefill ? o->ridgefill : "");
-    printf("%-9s %9s %9s %7s %7s %10s %11s\n", "mode", "correct", "accuracy", "b", "c", "McNemar p", "prefill s");
+    if (mo->by_kv)
+        printf("), tail %d, fill off, KV policies against %s, seed %llu\n", o->tail, ev_modes_label(mo, 0),
+               (unsigned long long)p->seed);
+    else
+        printf("), tail %d, split %d, seed %llu%s%s\n", o->tail, split, (unsigned long long)p->seed,
+               o->ridgefill ? ", maps " : "", o->ridgefill ? o->ridgefill : "");
+    int w = 9; /* the mode column: as wide as the longest label */
+    for (int mi = 0; mi < r->n_modes; mi++) {
+        const int l = (int)strlen(ev_modes_label(mo, mi));
+        w = l > w ? l : w;
+    }
+    printf("%-*s %9s %9s %7s %7s %10s %11s\n", w, "mode", "correct", "accuracy", "b", "c", "McNemar p", "prefill s");
     for (int mi = 0; mi < r->n_modes; mi++) {
         int k, b, c;
         ev_needle_count(r, mi, &k, &b, &c);
         char ks[32];
         snprintf(ks, sizeof ks, "%d/%d", k, r->n_trials);
-        const char *name = rk_fill_mode_name(p->modes.mode[mi]);
+        const char *name = ev_modes_label(mo, mi);
         if (mi == 0)
-            printf("%-9s %9s %9.3f %7s %7s %10s %11.3f\n", name, ks, (double)k / r->n_trials, "-", "-", "-",
+            printf("%-*s %9s %9.3f %7s %7s %10s %11.3f\n", w, name, ks, (double)k / r->n_trials, "-", "-", "-",
                    r->prefill_s[mi] / r->n_trials);
         else
-            printf("%-9s %9s %9.3f %7d %7d %10.3g %11.3f\n", name, ks, (double)k / r->n_trials, b, c,
+            printf("%-*s %9s %9.3f %7d %7d %10.3g %11.3f\n", w, name, ks, (double)k / r->n_trials, b, c,
                    ev_mcnemar_p(b, c), r->prefill_s[mi] / r->n_trials);
     }
-    printf("b: off right and mode wrong; c: off wrong and mode right (paired trials, same prompts)\n");
+    printf("b: %s right and mode wrong; c: %s wrong and mode right (paired trials, same prompts)\n",
+           ev_modes_label(mo, 0), ev_modes_label(mo, 0));
     for (int mi = 0; mi < r->n_modes; mi++) {
         int full = 0, any = 0, n = 0;
         for (int t = 0; t < r->n_trials; t++) {
@@ -90,13 +122,13 @@ static void print_tables(const ev_needle_params *p, const ev_needle_result *r, c
         }
         if (n)
             printf("%s: the selection kept the whole needle exact in %d of %d trials, part of it in %d\n",
-                   rk_fill_mode_name(p->modes.mode[mi]), full, n, any - full);
+                   ev_modes_label(mo, mi), full, n, any - full);
     }
     for (int pass = 0; pass < 2; pass++) {
         int n_cells = pass ? p->n_lens : p->n_depths;
         printf("\naccuracy by %s\n%-10s %6s", pass ? "length (tokens)" : "depth (fraction of the bulk region)",
                pass ? "length" : "depth", "n");
-        for (int mi = 0; mi < r->n_modes; mi++) printf(" %9s", rk_fill_mode_name(p->modes.mode[mi]));
+        for (int mi = 0; mi < r->n_modes; mi++) printf(" %9s", ev_modes_label(mo, mi)); /* %9s: at least 9 wide */
         printf("\n");
         for (int ci = 0; ci < n_cells; ci++) {
             int n = 0, k = 0;
@@ -105,7 +137,8 @@ static void print_tables(const ev_needle_params *p, const ev_needle_result *r, c
             else printf("%-10.2f %6d", p->depths[ci], n);
             for (int mi = 0; mi < r->n_modes; mi++) {
                 ev_needle_cell(r, mi, pass, ci, &n, &k);
-                printf(" %9.3f", n ? (double)k / n : NAN);
+                const int l = (int)strlen(ev_modes_label(mo, mi));
+                printf(" %*.3f", l > 9 ? l : 9, n ? (double)k / n : NAN);
             }
             printf("\n");
         }
@@ -116,7 +149,7 @@ static json_object *mode_json(const ev_needle_params *p, const ev_needle_result 
     json_object *j = json_object_new_object();
     int k, b, c;
     ev_needle_count(r, mi, &k, &b, &c);
-    ev_json_str(j, "mode", rk_fill_mode_name(p->modes.mode[mi]));
+    ev_json_str(j, "mode", ev_modes_label(&p->modes, mi));
     ev_json_int(j, "correct", k);
     ev_json_int(j, "n", r->n_trials);
     ev_json_num(j, "accuracy", (double)k / r->n_trials);
@@ -148,7 +181,12 @@ static void print_json(const ev_needle_params *p, const ev_needle_result *r, con
     ev_json_str(j, "command", "needle");
     ev_json_str(j, "model", rk_model_name(m));
     ev_json_str(j, "maps", o->ridgefill);
-    ev_json_str(j, "kv", o->kv ? o->kv : "f16");
+    if (p->modes.by_kv) {
+        json_object *kv = json_object_new_array();
+        for (int mi = 0; mi < p->modes.n; mi++) json_object_array_add(kv, json_object_new_string(ev_modes_label(&p->modes, mi)));
+        json_object_object_add(j, "kv_modes", kv);
+    } else
+        ev_json_str(j, "kv", o->kv ? o->kv : "f16");
     ev_json_int(j, "split", split);
     ev_json_int(j, "tail", o->tail);
     ev_json_int(j, "seed", (int64_t)p->seed);
@@ -175,7 +213,7 @@ static void print_json(const ev_needle_params *p, const ev_needle_result *r, con
             ev_json_str(an, "answer", r->answers + ((size_t)t * (size_t)r->n_modes + (size_t)mi) * EV_ANSWER_BYTES);
             json_object_object_add(an, "correct", json_object_new_boolean(r->correct[t * r->n_modes + mi]));
             if (r->kept[t * r->n_modes + mi] >= 0) ev_json_int(an, "needle_kept", r->kept[t * r->n_modes + mi]);
-            json_object_object_add(answers, rk_fill_mode_name(p->modes.mode[mi]), an);
+            json_object_object_add(answers, ev_modes_label(&p->modes, mi), an);
         }
         json_object_object_add(tj, "answers", answers);
         json_object_array_add(a, tj);
@@ -185,14 +223,38 @@ static void print_json(const ev_needle_params *p, const ev_needle_result *r, con
     ev_json_print(j, false);
 }
 
+/* --kv-modes LIST into p->modes (the flags that choose a fill or one KV policy refused). */
+static int parse_kv_modes(const char *list, const cli_opts *o, ev_modes *out) {
+    const char *cmd = "eval needle", *clash = o->fill ? "--fill" : o->ridgefill ? "--ridgefill" : o->split ? "--split"
+                                                     : o->kv ? "--kv" : NULL;
+    if (clash) {
+        fprintf(stderr, "ridgekv %s: --kv-modes compares KV policies with fill off for every one; %s does not go "
+                        "with it (compare fill modes with --fill, or put the policy in the --kv-modes list)\n", cmd, clash);
+        return RK_EXIT_USAGE;
+    }
+    static char items[EV_MAX_MODES + 1][1200]; /* one more than allowed: "too many" is told, not cut */
+    const int n = cli_kv_split(list, items, EV_MAX_MODES + 1);
+    if (n < 1) {
+        fprintf(stderr, "ridgekv %s: --kv-modes expects a comma list of at most %d KV policies (f16, f32, q8, q4, "
+                        "lowram[:opts]; got '%.200s')\n", cmd, EV_MAX_MODES, list);
+        return RK_EXIT_USAGE;
+    }
+    const char *ptr[EV_MAX_MODES + 1];
+    for (int i = 0; i < n; i++) ptr[i] = items[i];
+    rk_err e = {0};
+    if (ev_parse_kv_modes(ptr, n, out, &e)) return cli_ev_fail(cmd, &e);
+    return 0;
+}
+
 /* The flags into p (and o). */
 static int parse(int argc, char **argv, cli_opts *o, ev_needle_params *p, const char **files, const char **corpus,
                  const char **results) {
     const char *cmd = "eval needle", *f_depths = "0.1,0.3,0.5,0.7,0.9", *f_lens = "1024,2048", *f_trials = "200",
-               *f_gen = "16", *f_words = "4", *f_budget = "0";
+               *f_gen = "16", *f_words = "4", *f_budget = "0", *f_kv_modes = NULL;
     ev_flag flags[] = {{"--depths", &f_depths}, {"--lengths", &f_lens}, {"--trials", &f_trials},
                        {"--gen", &f_gen},       {"--files", files},     {"--corpus", corpus},
-                       {"--wordings", &f_words}, {"--results", results}, {"--budget", &f_budget}};
+                       {"--wordings", &f_words}, {"--results", results}, {"--budget", &f_budget},
+                       {"--kv-modes", &f_kv_modes}};
     char **av = NULL;
     int ac = 0, n_pos = 0;
     rk_err e = {0};
@@ -218,6 +280,7 @@ static int parse(int argc, char **argv, cli_opts *o, ev_needle_params *p, const 
     p->n_wordings = (int)words;
     p->seed = o->sp.seed;
     if (!o->tail) o->tail = 512;
+    if (f_kv_modes) return parse_kv_modes(f_kv_modes, o, &p->modes);
     if (!o->fill && !o->ridgefill && !o->split) {
         fprintf(stderr, "ridgekv %s: nothing to compare: give --ridgefill MAPS (or --split S with --fill "
                         "off,identity)\n", cmd);
@@ -226,10 +289,42 @@ static int parse(int argc, char **argv, cli_opts *o, ev_needle_params *p, const 
     return 0;
 }
 
+/* One session per KV mode, its policy with the flags' threads and tiers, all on one
+ * backend (one thread pool for the process); every mode checked to take fill off. */
+static int open_kv_sessions(const cli_opts *o, const rk_model *m, int n_ctx, const ev_modes *mo, rk_backend **be,
+                            rk_session **s) {
+    rk_session_params sp;
+    int rc = cli_session_params(o, &sp);
+    if (rc) return rc;
+    sp.n_ctx = n_ctx;
+    rk_err e = {0};
+    rk_status st = rk_backend_open(sp.backend, o->n_threads, be, &e);
+    if (st) {
+        cli_print_error(&e);
+        return cli_exit_code(st);
+    }
+    int mi = 0;
+    for (; mi < mo->n; mi++) {
+        sp.kv = mo->kv[mi];
+        cli_kv_apply(o, &sp.kv);
+        sp.shared_backend = *be;
+        if ((st = rk_session_create(m, &sp, &s[mi], &e))) break;
+        rk_fill_params fp;
+        ev_modes_params(mo, mi, &fp);
+        if ((st = rk_session_set_fill(s[mi], &fp, &e))) break;
+        const char *w = rk_session_warning(s[mi]);
+        if (w[0]) fprintf(stderr, "ridgekv: warning: %s: %s\n", ev_modes_label(mo, mi), w);
+    }
+    if (!st) return 0;
+    fprintf(stderr, "ridgekv eval needle: --kv-modes %s: %s\n", ev_modes_label(mo, mi), e.msg);
+    return st == RK_E_INVALID_ARG || st == RK_E_UNSUPPORTED ? RK_EXIT_USAGE : cli_exit_code(st);
+}
+
 int cmd_eval_needle(int argc, char **argv) {
     for (int i = 3; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             fputs(help, stdout);
+            fputs(help_options, stdout);
             return RK_EXIT_OK;
         }
     const char *cmd = "eval needle", *files = EV_DEFAULT_FILES, *corpus = NULL, *results = NULL;
@@ -239,7 +334,8 @@ int cmd_eval_needle(int argc, char **argv) {
     int rc = parse(argc, argv, &o, &p, &files, &corpus, &results);
     if (rc) return rc;
     rk_model *m = NULL;
-    rk_session *s = NULL;
+    rk_session *s[EV_MAX_MODES] = {0};
+    rk_backend *be = NULL;
     rk_ridge_maps *maps = NULL;
     ev_corpus c = {0};
     ev_needle_result r = {0};
@@ -261,15 +357,22 @@ int cmd_eval_needle(int argc, char **argv) {
         rc = RK_EXIT_USAGE;
         goto done;
     }
-    if ((rc = cli_open_session(&o, m, o.n_ctx ? o.n_ctx : n_ctx, &s)) || (rc = cli_ev_modes(&o, m, s, &maps, &p.modes, cmd)))
-        goto done;
+    if (p.modes.by_kv) {
+        if ((rc = open_kv_sessions(&o, m, o.n_ctx ? o.n_ctx : n_ctx, &p.modes, &be, s))) goto done;
+    } else {
+        if ((rc = cli_open_session(&o, m, o.n_ctx ? o.n_ctx : n_ctx, &s[0])) ||
+            (rc = cli_ev_modes(&o, m, s[0], &maps, &p.modes, cmd)))
+            goto done;
+        for (int mi = 1; mi < p.modes.n; mi++) s[mi] = s[0]; /* fill modes share the session */
+    }
     const int split = maps ? rk_ridge_maps_split(maps) : o.split;
     unsigned char *skip = NULL;
     if (results) { /* earlier trials from the file; this run adds the missing ones */
         char modes[128] = "";
-        for (int mi = 0; mi < p.modes.n; mi++)
+        if (p.modes.by_kv) snprintf(modes, sizeof modes, "off"); /* every KV mode's fill; policies: kv_modes */
+        for (int mi = 0; mi < p.modes.n && !p.modes.by_kv; mi++)
             snprintf(modes + strlen(modes), sizeof modes - strlen(modes), "%s%s", mi ? "," : "",
-                     rk_fill_mode_name(p.modes.mode[mi]));
+                     ev_modes_label(&p.modes, mi));
         json_object *set = cli_needle_settings(&o, m, &p, &c, modes, split);
         rc = cli_needle_log_open(&lg, results, set, &p.modes);
         json_object_put(set);
@@ -317,7 +420,9 @@ done:
     cli_needle_log_close(&lg);
     ev_needle_result_free(&r);
     ev_corpus_deinit(&c);
-    rk_session_destroy(s);
+    for (int mi = 0; mi < EV_MAX_MODES; mi++) /* fill modes share s[0] */
+        if (mi == 0 || (s[mi] && p.modes.by_kv)) rk_session_destroy(s[mi]);
+    rk_backend_close(be);
     rk_ridge_maps_destroy(maps);
     rk_model_destroy(m);
     return rc;

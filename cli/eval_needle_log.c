@@ -94,7 +94,12 @@ json_object *cli_needle_settings(const cli_opts *o, const rk_model *m, const ev_
         json_object_array_add(a, json_object_new_string(d));
     }
     json_object_object_add(j, "files", a);
-    ev_json_str(j, "kv", o->kv ? o->kv : "f16");
+    if (p->modes.by_kv) { /* the policies compared, as given (their defaults are the binary's) */
+        a = json_object_new_array();
+        for (int mi = 0; mi < p->modes.n; mi++) json_object_array_add(a, json_object_new_string(ev_modes_label(&p->modes, mi)));
+        json_object_object_add(j, "kv_modes", a);
+    } else
+        ev_json_str(j, "kv", o->kv ? o->kv : "f16");
     ev_json_str(j, "backend", o->backend ? o->backend : "cpu");
     ev_json_int(j, "threads", o->n_threads);
     ev_json_int(j, "batch", o->n_batch);
@@ -141,7 +146,7 @@ static int read_lines(cli_needle_log *lg, const char *path, FILE *f, json_object
                 rc = fail(path, "the first line is not a needle results header%s (line %ld)", "", no);
             } else if (strcmp(to_str(st), to_str(settings))) {
                 /* name what differs */
-                char what[512] = "";
+                char what[2048] = "";
                 json_object_object_foreach(settings, k, v) {
                     json_object *w = json_object_object_get(st, k);
                     if (!w || strcmp(to_str(w), to_str(v)))
@@ -163,8 +168,8 @@ static int read_lines(cli_needle_log *lg, const char *path, FILE *f, json_object
             rc = fail(path, "line %2$ld is not a trial record (no trial index or answers)%1$s", "", no);
         } else {
             for (int mi = 0; mi < mo->n && !rc; mi++)
-                if (!json_object_object_get(an, rk_fill_mode_name(mo->mode[mi])))
-                    rc = fail(path, "line %2$ld lacks the answer of mode %1$s", rk_fill_mode_name(mo->mode[mi]), no);
+                if (!json_object_object_get(an, ev_modes_label(mo, mi)))
+                    rc = fail(path, "line %2$ld lacks the answer of mode %1$s", ev_modes_label(mo, mi), no);
             for (int i = 0; i < lg->n && !rc; i++)
                 if (json_object_get_int64(json_object_object_get(lg->rec[i], "trial")) == t)
                     rc = fail(path, "line %2$ld repeats trial %1$s", json_object_get_string(tj), no);
@@ -273,7 +278,7 @@ rk_status cli_needle_log_append(void *ud, const ev_needle_result *r, int t, rk_e
         json_object_object_add(a, "correct", json_object_new_boolean(r->correct[i]));
         if (r->kept[i] >= 0) ev_json_int(a, "needle_kept", r->kept[i]);
         ev_json_num(a, "prefill_s", r->trial_prefill_s[i]);
-        json_object_object_add(an, rk_fill_mode_name(lg->modes.mode[mi]), a);
+        json_object_object_add(an, ev_modes_label(&lg->modes, mi), a);
     }
     json_object_object_add(j, "answers", an);
     const char *s = to_str(j);
@@ -312,12 +317,12 @@ int cli_needle_log_merge(cli_needle_log *lg, ev_needle_result *r) {
                                   "needle position differ)%1$s", "", t);
         json_object *an = json_object_object_get(j, "answers");
         for (int mi = 0; mi < r->n_modes; mi++) {
-            json_object *a = json_object_object_get(an, rk_fill_mode_name(lg->modes.mode[mi]));
+            json_object *a = json_object_object_get(an, ev_modes_label(&lg->modes, mi));
             const size_t k = (size_t)t * (size_t)r->n_modes + (size_t)mi;
             json_object *ok = json_object_object_get(a, "correct"), *txt = json_object_object_get(a, "answer");
             if (!ok || !json_object_is_type(ok, json_type_boolean))
                 return fail(lg->path, "trial %2$ld: mode %1$s has no correct: true/false",
-                            rk_fill_mode_name(lg->modes.mode[mi]), t);
+                            ev_modes_label(&lg->modes, mi), t);
             r->correct[k] = json_object_get_boolean(ok);
             snprintf(r->answers + k * EV_ANSWER_BYTES, EV_ANSWER_BYTES, "%s", txt ? json_object_get_string(txt) : "");
             r->kept[k] = json_object_object_get(a, "needle_kept") ? get_i(a, "needle_kept") : -1;

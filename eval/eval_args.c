@@ -238,3 +238,28 @@ bool ev_modes_have_variants(const ev_modes *m) {
         if (m->set[i]) return true;
     return false;
 }
+
+rk_status ev_parse_kv_modes(const char *const *items, int n_items, ev_modes *out, rk_err *err) {
+    if (n_items < 1) return rk_err_set(err, RK_E_INVALID_ARG, "--kv-modes expects a list of KV policies (none given)");
+    if (n_items > EV_MAX_MODES)
+        return rk_err_set(err, RK_E_INVALID_ARG, "--kv-modes: at most %d policies (got %d)", EV_MAX_MODES, n_items);
+    ev_modes m = *out;
+    m.n = 0, m.by_kv = true;
+    for (int i = 0; i < n_items; i++) {
+        const char *item = items[i];
+        rk_err e = {0};
+        if (strlen(item) >= EV_LABEL_BYTES - 4) /* room for "#k" */
+            return rk_err_set(err, RK_E_INVALID_ARG, "--kv-modes: item '%.48s...' is longer than %d bytes", item,
+                              EV_LABEL_BYTES - 5);
+        if (rk_kv_params_parse(item, &m.kv[i], &e))
+            return rk_err_set(err, RK_E_INVALID_ARG, "--kv-modes: item '%s': %s", item, e.msg);
+        int times = 1; /* a repeat is labelled ITEM#k: answers are keyed by label */
+        for (int j = 0; j < i; j++) times += !strcmp(items[j], item);
+        if (times > 1) snprintf(m.label[i], sizeof m.label[i], "%s#%d", item, times);
+        else snprintf(m.label[i], sizeof m.label[i], "%s", item);
+        m.mode[i] = RK_FILL_OFF, m.set[i] = 0, m.share[i] = 0, m.band[i] = 0, m.tail[i] = 0;
+        m.n++;
+    }
+    *out = m;
+    return RK_OK;
+}

@@ -1,5 +1,5 @@
 /* The needle driver: passkey retrieval with the needle inside the bulk region, every fill
- * mode on the same prompt (paired); answers through rk_generate (greedy). */
+ * mode or KV policy on the same prompt (paired); answers through rk_generate (greedy). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -175,7 +175,7 @@ static bool on_token(void *ud, int32_t tok, const char *text, size_t n) {
     return !strstr(a->text, a->key);
 }
 
-rk_status ev_needle_run(const rk_model *m, rk_session *s, const ev_corpus *c, const ev_needle_params *p,
+rk_status ev_needle_run(const rk_model *m, rk_session *const *s, const ev_corpus *c, const ev_needle_params *p,
                         ev_needle_result *out, rk_err *err) {
     ev_needle_result r;
     int32_t *pre = NULL, *suf = NULL, *prompt = NULL, *needle = NULL;
@@ -239,7 +239,7 @@ rk_status ev_needle_run(const rk_model *m, rk_session *s, const ev_corpus *c, co
             stopped = true;
         if (stopped) continue; /* the later trials that were done before are still built */
         const double t_trial = rk_time_now();
-        char keys[16], detail[160];
+        char keys[16], detail[400];
         snprintf(keys, sizeof keys, "%d", tr->key);
         int dl = snprintf(detail, sizeof detail, "len %d depth %.2f:", L, p->depths[di]);
         for (int mi = 0; mi < r.n_modes; mi++) {
@@ -253,18 +253,18 @@ rk_status ev_needle_run(const rk_model *m, rk_session *s, const ev_corpus *c, co
             gp.fill = &fp;
             gp.on_token = on_token;
             gp.token_ud = &a;
-            if ((st = rk_generate(m, s, prompt, (size_t)L, &gp, &g, err))) goto fail;
+            if ((st = rk_generate(m, s[mi], prompt, (size_t)L, &gp, &g, err))) goto fail;
             r.prefill_s[mi] += g.prefill_s;
             r.trial_prefill_s[t * r.n_modes + mi] = g.prefill_s;
             r.kept[t * r.n_modes + mi] = fp.mode == RK_FILL_QUALITY || fp.question_aware
-                                             ? rk_session_fill_kept(s, tr->needle_pos, tr->needle_len)
+                                             ? rk_session_fill_kept(s[mi], tr->needle_pos, tr->needle_len)
                                              : -1;
             rk_gen_result_deinit(&g);
             const bool ok = strstr(a.text, keys) != NULL;
             r.correct[t * r.n_modes + mi] = ok;
             memcpy(r.answers + ((size_t)t * (size_t)r.n_modes + (size_t)mi) * EV_ANSWER_BYTES, a.text, a.n + 1);
             if (dl > 0 && (size_t)dl < sizeof detail)
-                dl += snprintf(detail + dl, sizeof detail - (size_t)dl, " %s %s", rk_fill_mode_name(fp.mode),
+                dl += snprintf(detail + dl, sizeof detail - (size_t)dl, " %s %s", ev_modes_label(&p->modes, mi),
                                ok ? "ok" : "MISS");
         }
         r.done[t] = 1;

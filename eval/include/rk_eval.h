@@ -116,6 +116,7 @@ typedef void (*ev_progress_fn)(void *ud, int64_t done, int64_t total, const char
  * item such as quality:share=0.2:band=256:tail=1536), its own keep share, band or tail.
  * Zero-initialised entries are plain modes named by rk_fill_mode_name. */
 enum { EV_SET_SHARE = 1, EV_SET_BAND = 2, EV_SET_TAIL = 4 };
+#define EV_LABEL_BYTES 160
 typedef struct ev_modes {
     rk_fill_mode mode[EV_MAX_MODES];
     int n;
@@ -123,13 +124,25 @@ typedef struct ev_modes {
     unsigned char set[EV_MAX_MODES]; /* EV_SET_* bits: which of the three below apply */
     float share[EV_MAX_MODES];
     int32_t band[EV_MAX_MODES], tail[EV_MAX_MODES];
-    char label[EV_MAX_MODES][64];    /* the item as given ("" for a plain mode) */
+    char label[EV_MAX_MODES][EV_LABEL_BYTES]; /* the item as given ("" for a plain mode) */
+    /* KV policies compared instead of fill modes (ev_parse_kv_modes): every mode is off and
+     * runs on a session of its own policy kv[mi]; mode 0 is the reference. false: every mode
+     * runs on the caller's one session. */
+    bool by_kv;
+    rk_kv_params kv[EV_MAX_MODES];
 } ev_modes;
 /* Modes and variants from a --fill comma list: each item is a mode name, optionally
  * followed by :share=X (0..1), :band=N (>= 0), :tail=N (>= min_tail); off first (added
  * when missing; it takes no settings), repeated items dropped. Writes mode, n, set, share,
  * band, tail and label of *out (fill untouched). RK_E_INVALID_ARG naming the item. */
 rk_status ev_parse_variants(const char *s, int min_tail, ev_modes *out, rk_err *err);
+/* KV policies from the items of a --kv-modes list (split by the caller: lowram specs hold
+ * commas), each parsed by rk_kv_params_parse: n items give n modes, all fill off, by_kv set,
+ * label the item as given; the first is the reference. A repeated item runs again under the
+ * label ITEM#k (its k-th time): a null comparison, which must show no discordant pairs.
+ * Writes mode, n, set, label, by_kv and kv of *out (fill untouched). RK_E_INVALID_ARG
+ * naming the item (unknown policy, bad lowram option, too long) or too many items. */
+rk_status ev_parse_kv_modes(const char *const *items, int n_items, ev_modes *out, rk_err *err);
 /* Mode mi's fill parameters: fill with its mode and its variant's settings. */
 void ev_modes_params(const ev_modes *m, int mi, rk_fill_params *out);
 /* Mode mi's name in tables and JSON: its label, else the mode's name. */
@@ -196,12 +209,14 @@ void ev_needle_result_compact(ev_needle_result *r);
 /* Checks that every length leaves room for the needle before the exact tail (RK_E_INVALID_ARG
  * naming the length) and returns the context the run needs (longest length + gen). */
 rk_status ev_needle_plan(const rk_model *m, const ev_needle_params *p, int *n_ctx, rk_err *err);
-/* Runs the trials on s (a session of m with n_ctx from ev_needle_plan or more). */
-rk_status ev_needle_run(const rk_model *m, rk_session *s, const ev_corpus *c, const ev_needle_params *p,
+/* Runs the trials: mode mi on s[mi] (sessions of m with n_ctx from ev_needle_plan or more;
+ * borrowed, (modes.n)). Fill modes may share one session; KV modes (modes.by_kv) need one
+ * session of policy kv[mi] each. */
+rk_status ev_needle_run(const rk_model *m, rk_session *const *s, const ev_corpus *c, const ev_needle_params *p,
                         ev_needle_result *out, rk_err *err);
 void ev_needle_result_free(ev_needle_result *r);
-/* Correct answers of mode mi and its discordant pairs with off (mode 0): b = off right
- * and mi wrong, c = off wrong and mi right. */
+/* Correct answers of mode mi and its discordant pairs with mode 0 (off, or the reference
+ * KV policy): b = mode 0 right and mi wrong, c = mode 0 wrong and mi right. */
 void ev_needle_count(const ev_needle_result *r, int mi, int *k, int *b, int *c);
 /* Trials and correct answers of mode mi in cell `cell` of the lengths (by_length) or depths. */
 void ev_needle_cell(const ev_needle_result *r, int mi, bool by_length, int cell, int *n, int *k);
