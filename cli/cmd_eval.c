@@ -12,7 +12,8 @@ static const char *help =
     "usage: ridgekv eval ppl|needle|nll|splice [options]   (ridgekv eval MEASUREMENT --help)\n"
     "\n"
     "ppl: perplexity over a text file, as llama-perplexity computes it;\n"
-    "needle: passkey retrieval with the needle in the RidgeFill bulk region, modes paired (McNemar);\n"
+    "needle: passkey retrieval with the needle in the RidgeFill bulk region, fill modes or KV policies\n"
+    "        (--kv-modes) paired (McNemar);\n"
     "nll: ΔNLL on the last 512 tokens and on long-range tokens (LongPPL), bootstrap CIs;\n"
     "splice: share of the loss gap recovered by exact K or V per layer group, K/V error split.\n";
 
