@@ -232,7 +232,7 @@ static int parse_kv_modes(const char *list, const cli_opts *o, ev_modes *out) {
                         "with it (compare fill modes with --fill, or put the policy in the --kv-modes list)\n", cmd, clash);
         return RK_EXIT_USAGE;
     }
-    static char items[EV_MAX_MODES + 1][1200]; /* one more than allowed: "too many" is told, not cut */
+    char items[EV_MAX_MODES + 1][1200]; /* one more than allowed: "too many" is told, not cut */
     const int n = cli_kv_split(list, items, EV_MAX_MODES + 1);
     if (n < 1) {
         fprintf(stderr, "ridgekv %s: --kv-modes expects a comma list of at most %d KV policies (f16, f32, q8, q4, "
