@@ -34,6 +34,8 @@ typedef struct head_task {
     float *pout;
     const float *qdot;       /* sparse decode: q_j·landmark of every chunk from the selection
                               * ((ns, n_ch) rows), or NULL */
+    const float *pre;        /* sparse decode: every chunk's landmark score, computed over the
+                              * pool beforehand (score_worker), or NULL: select_chunks scores */
 } head_task;
 
 LR_AI const float *q_of(const head_task *t, int j) {
@@ -582,7 +584,7 @@ static void attn_worker(void *vp, int tid, int nt) {
         const int64_t tile = it / c->n_head_kv, i0 = tile * a->tile;
         const int64_t ni = a->n_q - i0 < a->tile ? a->n_q - i0 : a->tile;
         head_task t = {c, &c->scr[tid], a->l, (int)(it % c->n_head_kv), grp, (int)(ni * grp), i0, a->pos0 + i0,
-                       a->q, a->out, a->sparse, !c->p.values_exact, NULL, NULL, 0, a->avx2, false, 0, 1, NULL, NULL};
+                       a->q, a->out, a->sparse, !c->p.values_exact, NULL, NULL, 0, a->avx2, false, 0, 1, NULL, NULL, NULL};
 #ifdef LR_HAVE_AVX2_CLONES
         if (a->avx2) {
             head_run_avx2(&t);
@@ -617,7 +619,7 @@ static void dec_worker(void *vp, int tid, int nt) {
         const size_t o = (size_t)h * (size_t)c->cap_chunks;
         head_task t = {c, &c->scr[tid], a->l, h, grp, ns, 0, a->pos0, a->q, a->out, true,
                        !c->p.values_exact, c->dsel + o, c->dslot + o, c->dn[h], a->avx2, a->vsum, 0, 1, NULL,
-                       a->qdot ? a->qdot + (size_t)h * a->qd_head : NULL};
+                       a->qdot ? a->qdot + (size_t)h * a->qd_head : NULL, NULL};
         if (np > 1) t.part = it % np, t.n_part = np, t.pout = a->pout + (size_t)it * ns * (c->hd + 2);
 #ifdef LR_HAVE_AVX2_CLONES
         if (a->avx2) {
@@ -637,6 +639,69 @@ __attribute__((target("avx2,fma,f16c"))) static void select_avx2(head_task *t, i
     *n = t->c->p.topp > 0 ? select_topp(t, n_ch) : select_chunks(t, n_ch);
 }
 #endif
+
+/* Sparse decode, first phase: the landmark scores of every (KV head, share of its chunks)
+ * over the pool. Scoring is most of the selection, and as whole heads it would leave a thread
+ * idle (3 KV heads on 2 threads); the scores are the ones select_chunks would compute, so the
+ * choice does not depend on the split. */
+typedef struct score_job {
+    rk_kv_codec *c;
+    int l, grp, ns, n_part;
+    int64_t n_ch, pos0;
+    const float *q;
+    bool avx2;
+    float *qdot;          /* c->dqd (per head qd_head floats apart) or NULL */
+    size_t qd_head;
+} score_job;
+
+LR_AI void score_range(const head_task *t, int64_t a, int64_t b, int64_t n_ch, float *out) {
+    const float *qp[LR_WMAX];
+    const float *const *qs = dot_queries(t, 0, qp);
+    for (int64_t ch = a; ch < b; ch++) out[ch] = chunk_score(t, ch, n_ch, 0, NULL, NULL, NULL, qs);
+    t->x->n_lmk += (uint64_t)(b - a);
+}
+static void score_range_plain(const head_task *t, int64_t a, int64_t b, int64_t n_ch, float *out) {
+    score_range(t, a, b, n_ch, out);
+}
+#ifdef LR_HAVE_AVX2_CLONES
+__attribute__((target("avx2,fma,f16c"))) static void score_range_avx2(const head_task *t, int64_t a, int64_t b,
+                                                                       int64_t n_ch, float *out) {
+    score_range(t, a, b, n_ch, out);
+}
+#endif
+
+static void score_worker(void *vp, int tid, int nt) {
+    score_job *a = vp;
+    rk_kv_codec *c = a->c;
+    for (int it = tid; it < c->n_head_kv * a->n_part; it += nt) {
+        const int h = it / a->n_part, p = it % a->n_part;
+        head_task t = {c,    &c->scr[tid], a->l, h, a->grp, a->ns, 0, a->pos0, a->q, NULL, true, !c->p.values_exact,
+                       NULL, NULL,         0,    a->avx2, false, 0, 1, NULL, NULL, NULL};
+        t.qdot = a->qdot ? a->qdot + (size_t)h * a->qd_head : NULL;
+        const int64_t lo = a->n_ch * p / a->n_part, hi = a->n_ch * (p + 1) / a->n_part;
+        float *out = c->dcs + (size_t)h * (size_t)c->cap_chunks;
+#ifdef LR_HAVE_AVX2_CLONES
+        if (a->avx2) {
+            score_range_avx2(&t, lo, hi, a->n_ch, out);
+            continue;
+        }
+#endif
+        score_range_plain(&t, lo, hi, a->n_ch, out);
+    }
+}
+
+/* Tasks per KV head so that the tasks divide over the threads (at most 4; 1 when they
+ * already do or there are few chunks to share). */
+static int head_parts(int n_head_kv, int nthr, int64_t n_items, int64_t min_items) {
+    if (nthr <= 1 || n_head_kv % nthr == 0 || n_items < 2 * min_items) return 1;
+    int a = n_head_kv, b = nthr;
+    while (b) {
+        const int t = a % b;
+        a = b, b = t;
+    }
+    const int np = nthr / a;
+    return np > 4 ? 4 : np;
+}
 
 #ifdef LR_HAVE_AVX2_CLONES
 #include <immintrin.h>
@@ -682,10 +747,26 @@ static rk_status sparse_decode(rk_kv_codec *c, int layer, const float *q, int64_
     const bool sel_dots = vsum && c->p.topp <= 0 && !c->p.bound && !c->p.coarse;
     if (sel_dots && !c->dqd) c->dqd = malloc((size_t)c->n_head_kv * qd_head * sizeof(float));
     const bool qdot = sel_dots && c->dqd;
+    const int nthr = c->pool ? rk_pool_size(c->pool) : 1;
+    /* the one-level landmark scores over the pool first (top-p, two-level and spread score
+     * inside the selection, head by head) */
+    const int64_t n_sel = (c->p.budget + C - 1) / C;
+    bool pre = c->p.topp <= 0 && c->p.coarse <= 1 && c->p.spread <= 0 && n_sel < n_ch;
+    if (pre && !c->dcs) {
+        c->dcs = malloc((size_t)c->n_head_kv * (size_t)c->cap_chunks * sizeof(float));
+        if (c->dcs) c->scratch_bytes += (size_t)c->n_head_kv * (size_t)c->cap_chunks * sizeof(float);
+    }
+    if ((pre = pre && c->dcs)) {
+        score_job sj = {c,    layer, grp, ns, head_parts(c->n_head_kv, nthr, n_ch, 16), n_ch, pos0, q, avx2,
+                        qdot ? c->dqd : NULL, qd_head};
+        if (c->pool) rk_pool_run(c->pool, score_worker, &sj);
+        else score_worker(&sj, 0, 1);
+    }
     for (int h = 0; h < c->n_head_kv; h++) {
         head_task t = {c,    x,    layer, h, grp, ns, 0, pos0, q, out, true, !c->p.values_exact,
-                       NULL, NULL, 0,  avx2, false, 0, 1,  NULL, NULL};
+                       NULL, NULL, 0,  avx2, false, 0, 1,  NULL, NULL, NULL};
         t.qdot = qdot ? c->dqd + (size_t)h * qd_head : NULL;
+        t.pre = pre ? c->dcs + (size_t)h * (size_t)c->cap_chunks : NULL;
         int64_t n = 0;
 #ifdef LR_HAVE_AVX2_CLONES
         if (avx2) select_avx2(&t, n_ch, &n);
@@ -788,17 +869,7 @@ static rk_status sparse_decode(rk_kv_codec *c, int layer, const float *q, int64_
     (void)f16;
     /* with vsum, heads that do not divide over the threads are split into parts (3 KV heads
      * on 2 threads: 6 tasks), merged here */
-    int np = 1;
-    const int nthr = c->pool ? rk_pool_size(c->pool) : 1;
-    if (vsum && ns < LR_VREBUILD_MIN && nthr > 1 && c->n_head_kv % nthr) {
-        int a = c->n_head_kv, b = nthr;
-        while (b) {
-            const int t = a % b;
-            a = b, b = t;
-        }
-        np = nthr / a;
-        if (np > 4) np = 4;
-    }
+    int np = vsum && ns < LR_VREBUILD_MIN ? head_parts(c->n_head_kv, nthr, 1, 0) : 1;
     if (np > 1 && !c->dpo) c->dpo = malloc((size_t)c->n_head_kv * 4 * LR_WMAX * (hd + 2) * sizeof(float));
     if (!c->dpo) np = 1;
     dec_job d = {c, layer, q, n_q, pos0, out, avx2, vsum, np, c->dpo, qdot ? c->dqd : NULL, qd_head};

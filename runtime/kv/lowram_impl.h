@@ -178,6 +178,7 @@ struct rk_kv_codec {
     int32_t *bpos, *bmiss; /* (max_sel * chunk), (max_sel) slots rebuilt */
     float *dpo;           /* (n_head_kv * 4, LR_WMAX, head_dim + 2) split decode tasks' states */
     float *dqd;           /* (n_head_kv, LR_SPARSE_MAX_Q * grp, cap_chunks) selection's q·landmark */
+    float *dcs;           /* (n_head_kv, cap_chunks) sparse decode: landmark scores (score_worker) */
     uint32_t epoch;       /* bumped when stored rows change under the key cache (truncation) */
     uint32_t n_calls;     /* attention calls, for the key cache's LRU */
     rk_lowram_stats stats;
@@ -277,6 +278,10 @@ static inline void lr_rope_cs(const rk_kv_codec *c, int64_t p, float *cs) {
 void lr_plain_row(const rk_kv_codec *c, int l, bool values, int64_t p, float *dst);
 /* Rotates the kv_dim row x (n_head_kv heads) at position p: inverse = true un-rotates. */
 void lr_rope_row(const rk_kv_codec *c, float *x, int n_heads, int64_t p, bool inverse);
+/* One stored row of n values into f32: f32, f16, int8 (f16 scale, then n int8) or q4_0-style
+ * (RK_DT_Q4_0: f16 scale, then n/2 bytes, low nibble first, offset 8); each value one product
+ * q·scale, the AVX2 path bit for bit the scalar one. */
+void lr_decode_row(uint32_t type, const uint8_t *src, int n, float *dst);
 /* Dequantises n coefficient rows of group g starting at stored row i0 into dst (n, r). */
 void lr_coef_rows(const rk_kv_codec *c, const lr_group *g, int64_t i0, int64_t n, float *dst);
 /* Block [r0, r0+nr) x [c0, c0+nc) of a stored (basis or predictor) matrix with rows of ld

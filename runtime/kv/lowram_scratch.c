@@ -88,6 +88,7 @@ void lr_scratch_free(rk_kv_codec *c) {
     c->dsel = c->dslot = NULL, c->dn = NULL, c->bcf = c->bkb = c->bmw = c->bcs = NULL, c->bpos = c->bmiss = NULL;
     free(c->dpo), c->dpo = NULL;
     free(c->dqd), c->dqd = NULL;
+    free(c->dcs), c->dcs = NULL;
     c->keys_op = false;
     c->scratch_bytes = 0;
 }

@@ -161,7 +161,7 @@ LR_AI int64_t select_chunks(const head_task *t, int64_t n_ch) {
         return n_ch;
     }
     const int np = c->p.spread > 0 && !L->lmin && hd <= LR_ROPE_MAX ? spread_prep(t, ia, ib) : 0;
-    const bool two = c->p.coarse > 1 && !L->lmin && !t->qdot && coarse_mark(t, n_ch, n_sel);
+    const bool two = !t->pre && c->p.coarse > 1 && !L->lmin && !t->qdot && coarse_mark(t, n_ch, n_sel);
     const float *qp[LR_WMAX];
     const float *const *qs = dot_queries(t, np, qp);
     int64_t m = 0; /* scored chunks, their scores compacted in csc2 */
@@ -170,9 +170,9 @@ LR_AI int64_t select_chunks(const head_task *t, int64_t n_ch) {
             x->csc[ch] = -INFINITY;
             continue;
         }
-        x->csc2[m++] = x->csc[ch] = chunk_score(t, ch, n_ch, np, ia, ib, u, qs);
+        x->csc2[m++] = x->csc[ch] = t->pre ? t->pre[ch] : chunk_score(t, ch, n_ch, np, ia, ib, u, qs);
     }
-    x->n_lmk += (uint64_t)m;
+    if (!t->pre) x->n_lmk += (uint64_t)m; /* (score_worker counts its own) */
     /* hysteresis: chunks whose keys are cached (and still valid) score hyst nats higher */
     const lr_head *H = &L->h[t->h];
     if (c->p.hyst > 0 && !c->p.no_cache) {

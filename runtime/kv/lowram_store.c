@@ -200,7 +200,51 @@ void lr_encode_row(uint32_t type, float *v, int n, uint8_t *dst) {
     }
 }
 
-static void decode_row(uint32_t type, const uint8_t *src, int n, float *dst) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+/* int8 (q8: f16 scale, n values) and q4_0-style (f16 scale, n/2 bytes of two nibbles, low
+ * first, offset 8) rows into f32, 8 values a step; the products equal the scalar loop's
+ * (one rounding each). */
+__attribute__((target("avx2,fma,f16c"))) static void decode_q_avx2(bool q4, const uint8_t *src, int n, float *dst) {
+    const float sc = f16r(src);
+    const __m256 vs = _mm256_set1_ps(sc);
+    int i = 0;
+    if (q4) {
+        const __m128i lo4 = _mm_set1_epi8(15), e8 = _mm_set1_epi8(8);
+        for (; i + 32 <= n; i += 32) {
+            const __m128i b = _mm_loadu_si128((const __m128i *)(src + 2 + i / 2));
+            const __m128i lo = _mm_sub_epi8(_mm_and_si128(b, lo4), e8);
+            const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), lo4), e8);
+            const __m128i v0 = _mm_unpacklo_epi8(lo, hi), v1 = _mm_unpackhi_epi8(lo, hi); /* lo0 hi0 lo1 hi1 ... */
+            _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v0)), vs));
+            _mm256_storeu_ps(dst + i + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v0, 8))), vs));
+            _mm256_storeu_ps(dst + i + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v1)), vs));
+            _mm256_storeu_ps(dst + i + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v1, 8))), vs));
+        }
+        for (; i < n; i += 2) {
+            const uint8_t b = src[2 + i / 2];
+            dst[i] = (float)((int)(b & 15) - 8) * sc;
+            dst[i + 1] = (float)((int)(b >> 4) - 8) * sc;
+        }
+        return;
+    }
+    const int8_t *qv = (const int8_t *)(src + 2);
+    for (; i + 8 <= n; i += 8) {
+        const __m128i b = _mm_loadl_epi64((const __m128i *)(qv + i));
+        _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), vs));
+    }
+    for (; i < n; i++) dst[i] = (float)qv[i] * sc;
+}
+#define LR_HAVE_DECODE_AVX2 1
+#endif
+
+void lr_decode_row(uint32_t type, const uint8_t *src, int n, float *dst) {
+#ifdef LR_HAVE_DECODE_AVX2
+    if ((type == RK_DT_Q4_0 || (type != RK_DT_F32 && type != RK_DT_F16)) && rk_cpu_has_avx2()) {
+        decode_q_avx2(type == RK_DT_Q4_0, src, n, dst);
+        return;
+    }
+#endif
     if (type == RK_DT_F32) {
         memcpy(dst, src, (size_t)n * sizeof(float));
     } else if (type == RK_DT_F16) {
@@ -235,11 +279,11 @@ void lr_mat_store(const rk_kv_codec *c, void *m, size_t n, const float *src) {
 
 void lr_coef_rows(const rk_kv_codec *c, const lr_group *g, int64_t i0, int64_t n, float *dst) {
     for (int64_t i = 0; i < n; i++)
-        decode_row(c->p.coef_type, g->coef + (size_t)(i0 + i) * g->coef_bytes, g->r, dst + i * g->r);
+        lr_decode_row(c->p.coef_type, g->coef + (size_t)(i0 + i) * g->coef_bytes, g->r, dst + i * g->r);
 }
 
 void lr_res_row(const rk_kv_codec *c, const lr_head *h, int64_t j, float *dst) {
-    decode_row(c->p.resid_type, h->res + (size_t)j * c->res_bytes, c->hd, dst);
+    lr_decode_row(c->p.resid_type, h->res + (size_t)j * c->res_bytes, c->hd, dst);
 }
 
 /* Stacked pre-RoPE keys of group g at position p: x (D). */

@@ -783,6 +783,33 @@ Test(lowram, value_summaries_and_split_decode) {
     rk_model_destroy(m);
 }
 
+/* Sparse decode scores the landmarks of every (KV head, share of its chunks) over the pool
+ * before it chooses (score_worker): the choice, hence every logit, equals a one-thread
+ * decode's bit for bit (4 KV heads on 3 threads: 3 shares per head, 12 tasks), and so does
+ * the count of landmarks scored; a share scored twice, skipped or written to another head's
+ * scores would change the chosen chunks or the count. */
+Test(lowram, pooled_chunk_scores_choose_as_one_thread) {
+    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    const int nv = rk_model_hparams(m)->n_vocab, n_story = 220, n_prefix = 100, n_dec = 24;
+    const int n_prompt = 1 + n_story + n_prefix;
+    int32_t *ids = copy_prompt(m, n_story, n_prefix, n_dec);
+    rk_session *s1 = session(m, RK_DT_F16, "window=32,chunk=8,budget=48,threads=1");
+    rk_session *s3 = session(m, RK_DT_F16, "window=32,chunk=8,budget=48,threads=3");
+    float *a = trace(s1, ids, n_prompt, n_dec, nv), *b = trace(s3, ids, n_prompt, n_dec, nv);
+    cr_assert(codec(s1)->dcs && codec(s3)->dcs, "the pooled scores were not used");
+    rk_lowram_stats t1, t3;
+    rk_session_lowram_stats(s1, &t1);
+    rk_session_lowram_stats(s3, &t3);
+    cr_expect_gt(t1.lmk_scored, 0);
+    cr_expect_eq(t1.lmk_scored, t3.lmk_scored, "landmarks scored: %llu on 1 thread, %llu on 3",
+                 (unsigned long long)t1.lmk_scored, (unsigned long long)t3.lmk_scored);
+    const size_t n = (size_t)(n_dec + 1) * nv;
+    cr_expect_eq(memcmp(a, b, n * sizeof(float)), 0, "logits differ by up to %g", rt_max_abs_diff(a, b, n));
+    free(a), free(b), free(ids);
+    rk_session_destroy(s1), rk_session_destroy(s3);
+    rk_model_destroy(m);
+}
+
 /* vrank: the value predictor from the first value_rank coefficients only. Only those rows of
  * W are stored (the predictor bytes count them; the device copy pads the rest with 0 for the
  * op that sums all r), a vrank at or above the rank changes nothing bit

@@ -119,3 +119,31 @@ Test(lowram, lr_keys_op_matches_cpu_ref) {
     rk_backend_destroy(ref), rk_backend_destroy(cpu1), rk_backend_destroy(cpu2);
 }
 
+
+/* Stored rows into f32 (lr_decode_row: the AVX2 path where the CPU has it) against the
+ * format's definition written out here: int8 = q·scale, q4 = (nibble - 8)·scale with the
+ * low nibble first; one product per value, so equal bit for bit. Lengths around the 8- and
+ * 32-value steps (the tails take the scalar loop), every byte value, odd f16 scales. */
+Test(lowram, stored_rows_decode_to_their_definition) {
+    const int lens[] = {2, 8, 30, 32, 34, 64, 70, 180, 360};
+    uint8_t src[2 + 360];
+    float got[360];
+    for (int li = 0; li < (int)(sizeof lens / sizeof lens[0]); li++) {
+        const int n = lens[li];
+        for (int trial = 0; trial < 4; trial++) {
+            const uint16_t h = rk_f32_to_f16(0.0137f * (float)(trial + 1) * (trial & 1 ? -1.0f : 1.0f));
+            const float sc = rk_f16_to_f32(h);
+            src[0] = (uint8_t)(h & 255), src[1] = (uint8_t)(h >> 8);
+            for (int i = 0; i < 360; i++) src[2 + i] = (uint8_t)(i * 37 + trial * 101 + li);
+            lr_decode_row(RK_DT_Q8_0, src, n, got);
+            for (int i = 0; i < n; i++)
+                cr_assert_eq(got[i], (float)(int8_t)src[2 + i] * sc, "int8 n=%d i=%d: %g", n, i, (double)got[i]);
+            lr_decode_row(RK_DT_Q4_0, src, n, got);
+            for (int i = 0; i < n; i++) {
+                const uint8_t b = src[2 + i / 2];
+                const int q = (i & 1 ? b >> 4 : b & 15) - 8;
+                cr_assert_eq(got[i], (float)q * sc, "q4 n=%d i=%d: %g want %g", n, i, (double)got[i], (double)((float)q * sc));
+            }
+        }
+    }
+}
