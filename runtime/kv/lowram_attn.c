@@ -28,9 +28,9 @@ typedef struct head_task {
     int64_t n_sel;
     bool avx2;               /* the fused decode loops may use acc_rows_avx2 */
     bool vsum;               /* unselected chunks from the layer's value summaries (L->vsm) */
-    int part, n_part;        /* sparse decode with vsum: this task attends share `part` of
-                              * n_part (> 1) of the head's rows and writes its unnormalised
-                              * state to pout ((ns, head_dim + 2): Σ a·v, max, Σ a) */
+    int part, n_part;        /* sparse decode: this task attends share `part` of n_part (> 1)
+                              * of the head's rows and writes its unnormalised state to pout
+                              * ((ns, head_dim + 2): Σ a·v, max, Σ a) */
     float *pout;
     const float *qdot;       /* sparse decode: q_j·landmark of every chunk from the selection
                               * ((ns, n_ch) rows), or NULL */
@@ -489,7 +489,7 @@ LR_AI void head_run(head_task *t) {
     /* decode: W is applied row by row at the end (no f32 copy of it per step) */
     const bool fuse_w = t->use_c && t->sparse && t->ns < LR_VREBUILD_MIN && t->ns <= LR_WMAX;
     if (t->use_c && !fuse_w) lr_mat_f32(c, L->W, (size_t)c->kvd, 0, lr_vr(c, g), t->h * hd, hd, x->wsl);
-    const bool split = t->n_part > 1 && t->vsum && t->sel;
+    const bool split = t->n_part > 1 && t->sel;
     const int np = split ? t->n_part : 1, pt = split ? t->part : 0;
     if (pt == 0) plain_rows(t, 0, c->p.n_sink < last ? c->p.n_sink : last);
     const int64_t n_ch = (g->n_rows + c->p.chunk - 1) / c->p.chunk;
@@ -498,14 +498,16 @@ LR_AI void head_run(head_task *t) {
         const int64_t n = t->sel ? t->n_sel : select_chunks(t, n_ch);
 #ifdef LR_HAVE_ACC_AVX2
         /* runs of consecutive chosen chunks as one block (comp_chunk's fused int8 path only) */
-        const bool runs = np == 1 && t->slot && t->avx2 && t->use_c && c->p.coef_type == RK_DT_Q8_0 &&
+        const bool runs = t->slot && t->avx2 && t->use_c && c->p.coef_type == RK_DT_Q8_0 &&
                           t->ns <= LR_WMAX && t->ns < LR_VREBUILD_MIN && 2 * c->p.chunk <= c->sc_ld;
 #else
         const bool runs = false;
 #endif
-        for (int64_t i = pt; i < n; i += np) {
+        /* a split head: part pt attends its contiguous share of the chosen chunks */
+        const int64_t i_hi = n * (pt + 1) / np;
+        for (int64_t i = n * pt / np; i < i_hi; i++) {
             int cnt = 1;
-            while (runs && i + cnt < n && sel[i + cnt] == sel[i] + cnt && (cnt + 1) * c->p.chunk <= c->sc_ld &&
+            while (runs && i + cnt < i_hi && sel[i + cnt] == sel[i] + cnt && (cnt + 1) * c->p.chunk <= c->sc_ld &&
                    t->slot[i] >= 0 && t->slot[i + cnt] >= 0)
                 cnt++;
 #ifdef LR_HAVE_ACC_AVX2
@@ -520,8 +522,8 @@ LR_AI void head_run(head_task *t) {
         if (n < n_ch && !c->p.no_summary) {
             memset(x->mark, 0, (size_t)n_ch);
             for (int64_t i = 0; i < n; i++) x->mark[sel[i]] = 1;
-            if (t->vsum) vsummaries(t, n_ch);
-            else summaries(t, n_ch);
+            if (t->vsum) vsummaries(t, n_ch); /* (a split head's parts share its blocks) */
+            else if (pt == 0) summaries(t, n_ch);
         }
     } else {
         for (int64_t ch = 0; ch < n_ch; ch++) comp_chunk(t, ch, -1);
@@ -867,9 +869,9 @@ static rk_status sparse_decode(rk_kv_codec *c, int layer, const float *q, int64_
         x->n_rebuilt += (uint64_t)rows;
     }
     (void)f16;
-    /* with vsum, heads that do not divide over the threads are split into parts (3 KV heads
-     * on 2 threads: 6 tasks), merged here */
-    int np = vsum && ns < LR_VREBUILD_MIN ? head_parts(c->n_head_kv, nthr, 1, 0) : 1;
+    /* heads that do not divide over the threads are split into parts (3 KV heads on 2
+     * threads: 6 tasks, each a contiguous share of the head's chosen chunks), merged here */
+    int np = ns < LR_VREBUILD_MIN ? head_parts(c->n_head_kv, nthr, 1, 0) : 1;
     if (np > 1 && !c->dpo) c->dpo = malloc((size_t)c->n_head_kv * 4 * LR_WMAX * (hd + 2) * sizeof(float));
     if (!c->dpo) np = 1;
     dec_job d = {c, layer, q, n_q, pos0, out, avx2, vsum, np, c->dpo, qdot ? c->dqd : NULL, qd_head};
