@@ -101,20 +101,20 @@ bool rk_model_add_bos(const rk_model *m);
  * query_pca the basis minimises the expected logit error E[(q·Δk)²] instead of the key
  * error: keys are weighted per dimension by the prefill queries' second moments. */
 typedef struct rk_lowram_params {
-    float ratio;          /* rank from this target compression of compressed rows vs f16 (0: 4);
+    float ratio;          /* rank from this target compression of compressed rows vs f16 (0: 6);
                              used when rank == 0 and energy == 0 */
     int32_t rank;         /* basis rank per layer group (0: from energy or ratio; capped at the dim) */
     float energy;         /* rank keeping this share of centred key energy (0: unused) */
     int32_t group;        /* adjacent layers sharing a basis (0: 3) */
     int32_t window;       /* recent rows kept exact (0: 128) */
     int32_t n_sink;       /* first rows kept exact (0: 4; -1: none) */
-    int32_t chunk;        /* rows per landmark chunk and per compressed block (0: 32; 1..32) */
+    int32_t chunk;        /* rows per landmark chunk and per compressed block (0: 16; 1..32) */
     float resid_share;    /* share of compressed rows per (layer, KV head) with a residual
                              (< 0: 0.25; 0: none; 1: all) */
     bool resid_mass;      /* rank residuals by ||δ||² weighted by the attention mass the last
                              prompt queries give each row (default on; off: ||δ||² alone) */
     bool values_exact;    /* ablation "keys only": values stored exact (f16), no predictor */
-    int32_t budget;       /* compressed rows attended per query and (layer, KV head) (0: 512); with
+    int32_t budget;       /* compressed rows attended per query and (layer, KV head) (0: 640); with
                              topp the most rows one decode step may rebuild */
     float topp;           /* decode: per (layer, KV head) keep the best chunks until the estimated
                              attention mass left out (landmark scores against sinks + window +
@@ -128,7 +128,7 @@ typedef struct rk_lowram_params {
                              to its selection score, so that selection churn rebuilds fewer keys
                              (0: default; < 0: off) */
     int32_t kc_extra;     /* decode's key cache holds budget / chunk + kc_extra chunks per (layer, KV head)
-                             (0: 576 rows' worth, 576 / chunk: 18 chunks of 32 rows, 72 of 8) */
+                             (0: 576 rows' worth, 576 / chunk: 36 chunks of 16 rows, 72 of 8) */
     int32_t coarse;       /* decode: two-level selection, coarse groups of this many chunks (landmark =
                              the row-weighted mean of their landmarks, built at decode); the best
                              coarse groups are kept and only their chunks' landmarks are scored
@@ -166,8 +166,9 @@ typedef struct rk_lowram_params {
     uint32_t coef_type;   /* key coefficients: RK_DT_Q8_0 (default: int8, one f16 scale per row),
                              RK_DT_F16 or RK_DT_F32 (then bases and predictors are f32 too: the
                              checking setup); start from rk_lowram_params_default() (F32 is 0) */
-    uint32_t resid_type;  /* RK_DT_Q8_0 (int8 + f16 scale per row and head), RK_DT_Q4_0 (int4,
-                             same scale) or RK_DT_F16 */
+    uint32_t resid_type;  /* RK_DT_Q4_0 (int4, one f16 scale per row and head), RK_DT_Q8_0 (int8,
+                             same scale) or RK_DT_F16; RK_DT_F32 (the default): unset, int4, or int8
+                             in a session on a device backend (its fused decode op reads int8) */
     float evict;          /* share of compressed rows dropped at the fit by SnapKV scores (0..0.95) */
     int32_t obs_window;   /* last prompt queries observed for evict / resid_mass (0: 32) */
     float lambda;         /* predictor ridge strength relative to tr(CᵀC)/r (<= 0: 1e-3) */

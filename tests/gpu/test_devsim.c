@@ -376,10 +376,15 @@ Test(devsim, lowram_session_matches_cpu, .timeout = 120) {
      * (kcache=f16) or int8 rows with an f16 scale per row and head (kcache=int8, the
      * default: key_int8). An option the op lacks (bound) takes the host codec on a device:
      * the last spec checks that fallback against the CPU. */
-    const char *specs[] = {"lowram:window=32,budget=64,kcache=f16,summ", "lowram:window=48,budget=96,nosumm,evict=0.3,kcache=f16",
-                           "lowram:window=32,budget=64,summ", "lowram:window=48,budget=96,nosumm,evict=0.3",
-                           "lowram:window=32,budget=64,bound"};
-    const bool fused[] = {true, true, true, true, false};
+    /* The fused op reads int8 residuals (rtype=int8); unset, a session on a device takes
+     * int8 (the CPU int4): the last spec leaves it unset on devsim and names int8 on the CPU,
+     * so it matches and fuses only if the device session resolved it to int8. */
+    const char *specs[] = {"lowram:window=32,budget=64,kcache=f16,summ,rtype=int8",
+                           "lowram:window=48,budget=96,nosumm,evict=0.3,kcache=f16,rtype=int8",
+                           "lowram:window=32,budget=64,summ,rtype=int8", "lowram:window=48,budget=96,nosumm,evict=0.3,rtype=int8",
+                           "lowram:window=32,budget=64,bound,rtype=int8", "lowram:window=32,budget=64"};
+    const char *cpu_specs[] = {specs[0], specs[1], specs[2], specs[3], specs[4], "lowram:window=32,budget=64,rtype=int8"};
+    const bool fused[] = {true, true, true, true, false, true};
     for (size_t c = 0; c < sizeof specs / sizeof specs[0]; c++) {
         rk_backend *cpu = NULL;
         cr_assert_eq(rk_backend_cpu_create(1, &cpu, &err), RK_OK, "%s", err.msg);
@@ -392,7 +397,7 @@ Test(devsim, lowram_session_matches_cpu, .timeout = 120) {
             p.n_batch = 64;
             p.n_threads = 1;
             p.shared_backend = k ? &ds->be : cpu;
-            cr_assert_eq(rk_kv_params_parse(specs[c], &p.kv, &err), RK_OK, "%s", err.msg);
+            cr_assert_eq(rk_kv_params_parse(k ? specs[c] : cpu_specs[c], &p.kv, &err), RK_OK, "%s", err.msg);
             cr_assert_eq(rk_session_create(m, &p, &ss[k], &err), RK_OK, "%s: %s", specs[c], err.msg);
         }
         float *la = malloc((size_t)nv * sizeof(float)), *lb = malloc((size_t)nv * sizeof(float));

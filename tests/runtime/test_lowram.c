@@ -140,7 +140,7 @@ Test(lowram, byte_accounting_adds_up) {
     const int nv = hp->n_vocab;
     int32_t *ids = rt_story_ids(m, 340);
     /* kslots=2: the default 18 spare key-cache chunks would outweigh this tiny model's 340 rows */
-    rk_session *s = session(m, RK_DT_F16, "rank=24,window=64,coef=int8,budget=64,kslots=2,summ");
+    rk_session *s = session(m, RK_DT_F16, "rank=24,window=64,coef=int8,budget=64,kslots=2,summ,chunk=32,rtype=int8");
     rk_kv_bytes b;
     rk_session_kv_bytes(s, &b);
     cr_expect_eq(b.total, 0);
@@ -200,7 +200,7 @@ Test(lowram, byte_accounting_adds_up) {
                  (unsigned long long)b.total, (unsigned long long)b.f16_equiv);
     /* without summary rows (the default) neither the chunk means nor the value summaries are
      * kept or counted; rebuilt from the coefficient rows they equal the kept ones bit for bit */
-    rk_session *ns = session(m, RK_DT_F16, "rank=24,window=64,coef=int8,budget=64,kslots=2");
+    rk_session *ns = session(m, RK_DT_F16, "rank=24,window=64,coef=int8,budget=64,kslots=2,chunk=32,rtype=int8");
     float *lg2 = trace(ns, ids, 300, 40, nv);
     rk_kv_bytes b2;
     rk_session_kv_bytes(ns, &b2);
@@ -845,9 +845,9 @@ Test(lowram, value_rank_predictor) {
     const int n_prompt = 1 + n_story + n_prefix;
     int32_t *ids = copy_prompt(m, n_story, n_prefix, n_dec);
     rk_session *ex = session(m, RK_DT_F16, NULL);
-    rk_session *df = session(m, RK_DT_F16, "window=32,chunk=16,budget=48");
-    rk_session *vh = session(m, RK_DT_F16, "window=32,chunk=16,budget=48,vrank=100000");
-    rk_session *vl = session(m, RK_DT_F16, "window=32,chunk=16,budget=48,vrank=12");
+    rk_session *df = session(m, RK_DT_F16, "window=32,chunk=16,budget=48,ratio=4");
+    rk_session *vh = session(m, RK_DT_F16, "window=32,chunk=16,budget=48,vrank=100000,ratio=4");
+    rk_session *vl = session(m, RK_DT_F16, "window=32,chunk=16,budget=48,vrank=12,ratio=4");
     float *a = trace(ex, ids, n_prompt, n_dec, nv), *ld = trace(df, ids, n_prompt, n_dec, nv);
     float *lh = trace(vh, ids, n_prompt, n_dec, nv), *ll = trace(vl, ids, n_prompt, n_dec, nv);
     const size_t n = (size_t)(n_dec + 1) * nv;
