@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "rk_eval.h"
+#include "eval_test_util.h"
 #include "tb.h"
 
 /* ---- statistics ---------------------------------------------------------------- */
@@ -312,14 +313,7 @@ Test(eval, corpus_windows_in_range_and_disjoint) {
 
 typedef tb_result result;
 
-static result run(const char *args) {
-    const char *shared = tb_shared_dir();
-    char env[1024];
-    snprintf(env, sizeof env, "RIDGEKV_CORPUS='%s/corpus'", shared ? shared : ".");
-    result r = tb_run(env, args);
-    cr_assert(r.code != -2, "RK_BIN not set (meson sets it)");
-    return r;
-}
+static result run(const char *args) { return et_run(args); }
 
 static void done(result *r) { tb_result_free(r); }
 
@@ -331,15 +325,6 @@ static const char *need_model(char *buf, size_t cap) {
     return p;
 }
 
-static json_object *mode_obj(json_object *j, const char *name) {
-    json_object *modes = json_object_object_get(j, "modes");
-    for (size_t i = 0; i < json_object_array_length(modes); i++) {
-        json_object *m = json_object_array_get_idx(modes, i);
-        if (!strcmp(json_object_get_string(json_object_object_get(m, "mode")), name)) return m;
-    }
-    cr_assert_fail("mode %s missing", name);
-    return NULL;
-}
 
 static double num(json_object *o, const char *path) {
     char key[128];
@@ -389,7 +374,7 @@ Test(eval, needle_nll_splice_take_kv_on_a_tiny_model) {
     json_object *j = json_tokener_parse(r.out);
     cr_assert(j, "%s", r.out);
     cr_expect_str_eq(json_object_get_string(json_object_object_get(j, "kv")), "lowram:window=32");
-    json_object *pl = mode_obj(j, "plumb");
+    json_object *pl = et_mode_obj(j, "plumb");
     cr_expect_eq(num(pl, "b") + num(pl, "c"), 0, "plumb answers as off");
     json_object_put(j);
     done(&r);
@@ -400,14 +385,14 @@ Test(eval, needle_nll_splice_take_kv_on_a_tiny_model) {
     j = json_tokener_parse(r.out);
     cr_assert(j, "%s", r.out);
     cr_expect_str_eq(json_object_get_string(json_object_object_get(j, "kv")), "f32");
-    cr_expect(fabs(num(mode_obj(j, "plumb"), "last.delta.est")) < 1e-6, "f32 plumb vs off: %g",
-              num(mode_obj(j, "plumb"), "last.delta.est"));
+    cr_expect(fabs(num(et_mode_obj(j, "plumb"), "last.delta.est")) < 1e-6, "f32 plumb vs off: %g",
+              num(et_mode_obj(j, "plumb"), "last.delta.est"));
     /* the per-window sums (for pooling runs of other seeds) add up to the run's means */
     json_object *w0 = json_object_array_get_idx(json_object_object_get(j, "window_list"), 0);
     cr_assert(w0, "window_list[0]");
     const char *mn[2] = {"off", "plumb"};
     for (int i = 0; i < 2; i++) {
-        json_object *mo = mode_obj(j, mn[i]);
+        json_object *mo = et_mode_obj(j, mn[i]);
         char key[64];
         snprintf(key, sizeof key, "nll_sum.%s", mn[i]);
         cr_expect(fabs(num(w0, key) / num(j, "n_tokens") - num(mo, "last.nll")) < 1e-9 * (1 + num(mo, "last.nll")),
@@ -463,14 +448,6 @@ Test(eval, needle_nll_splice_take_kv_on_a_tiny_model) {
     done(&r);
 }
 
-static int count_lines(const char *path) {
-    FILE *f = fopen(path, "r");
-    if (!f) return -1;
-    int n = 0, ch;
-    while ((ch = fgetc(f)) != EOF) n += ch == '\n';
-    fclose(f);
-    return n;
-}
 
 static void append_text(const char *path, const char *text) {
     FILE *f = fopen(path, "a");
@@ -521,7 +498,7 @@ Test(eval, needle_results_file_resumes_to_the_same_answers) {
     r = run(args);
     cr_assert_eq(r.code, 0, "%s", r.err);
     done(&r);
-    cr_expect_eq(count_lines(path), 3, "header + 2 trials");
+    cr_expect_eq(et_count_lines(path), 3, "header + 2 trials");
     snprintf(args, sizeof args, base, sp, 4, res, "");
     r = run(args);
     cr_assert_eq(r.code, 0, "%s", r.err);
@@ -530,17 +507,17 @@ Test(eval, needle_results_file_resumes_to_the_same_answers) {
     cr_expect_str_eq(got, ref, "2 + 2 resumed trials are the 4 of one run");
     free(got);
     json_object *j = json_tokener_parse(r.out);
-    cr_expect_eq(num(mode_obj(j, "off"), "n"), 4);
+    cr_expect_eq(num(et_mode_obj(j, "off"), "n"), 4);
     json_object_put(j);
     done(&r);
-    cr_expect_eq(count_lines(path), 5);
+    cr_expect_eq(et_count_lines(path), 5);
     /* another seed: refused, naming it; the file is left alone */
     snprintf(args, sizeof args, base, sp, 4, res, "--seed 2");
     r = run(args);
     cr_expect_eq(r.code, 2);
     cr_expect(strstr(r.err, "other settings") && strstr(r.err, "seed"), "%s", r.err);
     done(&r);
-    cr_expect_eq(count_lines(path), 5);
+    cr_expect_eq(et_count_lines(path), 5);
     /* a killed run's half line: dropped, the run goes on from the whole lines */
     append_text(path, "{\"trial\":4,\"length\":10");
     snprintf(args, sizeof args, base, sp, 5, res, "");
@@ -549,7 +526,7 @@ Test(eval, needle_results_file_resumes_to_the_same_answers) {
     cr_expect(strstr(r.err, "cut short"), "%s", r.err);
     cr_expect(strstr(r.err, "5 trials (1 new in this run)"), "%s", r.err);
     done(&r);
-    cr_expect_eq(count_lines(path), 6);
+    cr_expect_eq(et_count_lines(path), 6);
     /* a whole line that is not a record: refused by line number, nothing appended */
     append_text(path, "not json\n");
     snprintf(args, sizeof args, base, sp, 6, res, "");
@@ -557,7 +534,7 @@ Test(eval, needle_results_file_resumes_to_the_same_answers) {
     cr_expect_eq(r.code, 2);
     cr_expect(strstr(r.err, "line 7"), "%s", r.err);
     done(&r);
-    cr_expect_eq(count_lines(path), 7);
+    cr_expect_eq(et_count_lines(path), 7);
     /* --budget: a new file, one trial (it takes longer than the budget), then it stops */
     char path2[1100], res2[1200];
     snprintf(path2, sizeof path2, "%s/budget.jsonl", dir);
@@ -567,7 +544,7 @@ Test(eval, needle_results_file_resumes_to_the_same_answers) {
     cr_assert_eq(r.code, 0, "%s", r.err);
     cr_expect(strstr(r.err, "1 trials (1 new in this run); the budget ran out"), "%s", r.err);
     done(&r);
-    cr_expect_eq(count_lines(path2), 2);
+    cr_expect_eq(et_count_lines(path2), 2);
     snprintf(args, sizeof args, base, sp, 4, "", "--budget 5");
     r = run(args);
     cr_expect_eq(r.code, 2, "--budget without --results");
@@ -588,7 +565,7 @@ Test(eval_model, needle_paired_and_plumb_equals_off, .timeout = 900) {
     cr_assert_eq(r.code, 0, "%s", r.err);
     json_object *j = json_tokener_parse(r.out);
     cr_assert(j, "not JSON: %s", r.out);
-    json_object *off = mode_obj(j, "off"), *id = mode_obj(j, "identity"), *pl = mode_obj(j, "plumb");
+    json_object *off = et_mode_obj(j, "off"), *id = et_mode_obj(j, "identity"), *pl = et_mode_obj(j, "plumb");
     cr_expect_eq(num(off, "n"), 4);
     /* paired arithmetic: correct(mode) - correct(off) = c - b */
     cr_expect_eq(num(id, "correct") - num(off, "correct"), num(id, "c") - num(id, "b"));
@@ -624,7 +601,7 @@ Test(eval_model, nll_plumb_zero_identity_positive, .timeout = 900) {
     cr_expect_eq(num(j, "n_tokens"), 2 * 512);
     cr_expect(num(j, "n_top") >= 100 && num(j, "n_top") <= 110, "top 10%% of 1024 tokens: %g", num(j, "n_top"));
     cr_expect(num(j, "mean_gain") > 0, "far context helps the exact model on average: %g", num(j, "mean_gain"));
-    json_object *off = mode_obj(j, "off"), *id = mode_obj(j, "identity"), *pl = mode_obj(j, "plumb");
+    json_object *off = et_mode_obj(j, "off"), *id = et_mode_obj(j, "identity"), *pl = et_mode_obj(j, "plumb");
     double nll_off = num(off, "last.nll");
     cr_expect(nll_off > 1 && nll_off < 8, "NLL of English text: %g", nll_off);
     cr_expect(fabs(num(pl, "last.delta.est")) < 2e-3, "plumb vs off: %g", num(pl, "last.delta.est"));

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "rk_eval.h"
+#include "eval_test_util.h"
 #include "tb.h"
 
 Test(eval_kv, list_items_parse_into_modes) {
@@ -48,14 +49,7 @@ Test(eval_kv, list_items_parse_into_modes) {
     cr_expect_eq(ev_parse_kv_modes(nine, 0, &m, &e), RK_E_INVALID_ARG, "an empty list");
 }
 
-static tb_result run(const char *args) {
-    const char *shared = tb_shared_dir();
-    char env[1024];
-    snprintf(env, sizeof env, "RIDGEKV_CORPUS='%s/corpus'", shared ? shared : ".");
-    tb_result r = tb_run(env, args);
-    cr_assert(r.code != -2, "RK_BIN not set (meson sets it)");
-    return r;
-}
+static tb_result run(const char *args) { return et_run(args); }
 
 /* Refused before any model is loaded: a flag that picks a fill mode or one policy, a bad item. */
 Test(eval_kv, flags_that_do_not_go_with_kv_modes) {
@@ -77,15 +71,6 @@ Test(eval_kv, flags_that_do_not_go_with_kv_modes) {
     tb_result_free(&r);
 }
 
-static json_object *mode_obj(json_object *j, const char *name) {
-    json_object *modes = json_object_object_get(j, "modes");
-    for (size_t i = 0; i < json_object_array_length(modes); i++) {
-        json_object *m = json_object_array_get_idx(modes, i);
-        if (!strcmp(json_object_get_string(json_object_object_get(m, "mode")), name)) return m;
-    }
-    cr_assert_fail("mode %s missing", name);
-    return NULL;
-}
 
 static int get_int(json_object *o, const char *k) {
     json_object *v = json_object_object_get(o, k);
@@ -125,12 +110,12 @@ Test(eval_kv, a_repeated_policy_answers_as_the_reference) {
     cr_assert_eq(json_object_array_length(kv), 4u);
     for (int i = 0; i < 4; i++) {
         cr_expect_str_eq(json_object_get_string(json_object_array_get_idx(kv, (size_t)i)), want[i]);
-        cr_expect_eq(get_int(mode_obj(j, want[i]), "n"), 4, "%s: every trial", want[i]);
+        cr_expect_eq(get_int(et_mode_obj(j, want[i]), "n"), 4, "%s: every trial", want[i]);
     }
-    json_object *twin = mode_obj(j, "f16#2");
+    json_object *twin = et_mode_obj(j, "f16#2");
     cr_expect(get_int(twin, "b") == 0 && get_int(twin, "c") == 0, "f16#2: b %d c %d", get_int(twin, "b"),
               get_int(twin, "c"));
-    cr_expect_eq(get_int(twin, "correct"), get_int(mode_obj(j, "f16"), "correct"));
+    cr_expect_eq(get_int(twin, "correct"), get_int(et_mode_obj(j, "f16"), "correct"));
     json_object *tr = json_object_object_get(j, "trial_results");
     cr_assert_eq(json_object_array_length(tr), 4u);
     int q4_differs = 0;
@@ -145,14 +130,6 @@ Test(eval_kv, a_repeated_policy_answers_as_the_reference) {
     tb_result_free(&r);
 }
 
-static int count_lines(const char *path) {
-    FILE *f = fopen(path, "r");
-    if (!f) return -1;
-    int n = 0, ch;
-    while ((ch = fgetc(f)) != EOF) n += ch == '\n';
-    fclose(f);
-    return n;
-}
 
 /* --results with --kv-modes: the header holds the policies; other ones are refused naming
  * kv_modes and the file is left alone; the same ones resume. */
@@ -167,13 +144,13 @@ Test(eval_kv, results_file_refuses_other_kv_modes) {
     tb_result r = run(args);
     cr_assert_eq(r.code, 0, "%s", r.err);
     tb_result_free(&r);
-    cr_expect_eq(count_lines(path), 2, "header + 1 trial");
+    cr_expect_eq(et_count_lines(path), 2, "header + 1 trial");
     snprintf(args, sizeof args, base, sp, "f16,q4", 2, path);
     r = run(args);
     cr_expect_eq(r.code, 2);
     cr_expect(strstr(r.err, "other settings") && strstr(r.err, "kv_modes") && strstr(r.err, "q4"), "%s", r.err);
     tb_result_free(&r);
-    cr_expect_eq(count_lines(path), 2, "nothing appended");
+    cr_expect_eq(et_count_lines(path), 2, "nothing appended");
     snprintf(args, sizeof args, base, sp, "f16,q8", 2, path);
     r = run(args);
     cr_assert_eq(r.code, 0, "%s", r.err);
@@ -185,6 +162,6 @@ Test(eval_kv, results_file_refuses_other_kv_modes) {
     answer(t0, "f16"), answer(t0, "q8"); /* the file's trial, keyed by the policies */
     json_object_put(j);
     tb_result_free(&r);
-    cr_expect_eq(count_lines(path), 3);
+    cr_expect_eq(et_count_lines(path), 3);
     unlink(path), rmdir(dir);
 }
