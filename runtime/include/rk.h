@@ -114,6 +114,16 @@ typedef struct rk_lowram_params {
     bool resid_mass;      /* rank residuals by ||δ||² weighted by the attention mass the last
                              prompt queries give each row (default on; off: ||δ||² alone) */
     bool values_exact;    /* ablation "keys only": values stored exact (f16), no predictor */
+    float mass_keep;      /* share of compressed rows per (layer, KV head) whose residual is kept
+                             whatever its ||δ||², chosen by the last prompt queries' attention mass
+                             max-pooled over mass_pool rows either side (the rows a question points
+                             at keep their values); part of resid_share, not added to it (0: none) */
+    int32_t mass_pool;    /* rows either side for mass_keep's and mass_pin's pooling (0: 8; -1: none) */
+    int32_t mass_pin;     /* sparse decode attends, per (layer, KV head), the mass_pin chunks holding the
+                             most pooled mass of the last prompt queries at the fit, whatever their
+                             landmark scores, inside the budget (at most 32; 0: none; -1, the
+                             default: 4, none in a session on a device backend, whose fused decode
+                             op selects by landmarks alone) */
     int32_t budget;       /* compressed rows attended per query and (layer, KV head) (0: 640); with
                              topp the most rows one decode step may rebuild */
     float topp;           /* decode: per (layer, KV head) keep the best chunks until the estimated

@@ -24,6 +24,10 @@ rk_lowram_params rk_lowram_params_default(void) {
     p.chunk = 16;
     p.resid_share = 0.25f;
     p.resid_mass = true;
+    /* the rows and chunks the question points at (twelfth session, docs/LOWRAM.md: the needle
+     * 0/4 -> 4/4 at 4K, KL and ΔNLL no worse at 8K) */
+    p.mass_keep = 0.1f;
+    p.mass_pin = -1; /* unset: 4 (resolve), none in a session on a device backend */
     p.budget = 640;
     p.no_summary = true; /* measured at 8K: summary rows of the unselected chunks cost KL (0.075 with, 0.065
                             without) and time (docs/LOWRAM.md, seventh session); `summ` turns them on */
@@ -127,7 +131,8 @@ rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err) {
             {"hyst", 0, 100, &q.hyst, NULL},            {"kslots", 1, 1 << 16, NULL, &q.kc_extra},
             {"start", 0, 1 << 24, NULL, &q.fit_min},      {"vrank", 0, 1 << 20, NULL, &q.value_rank},
             {"spread", 0, 10, &q.spread, NULL},          {"coarse", 0, 1 << 16, NULL, &q.coarse},
-            {"ckeep", 1, 1 << 20, &q.coarse_keep, NULL},
+            {"ckeep", 1, 1 << 20, &q.coarse_keep, NULL}, {"vkeep", 0, 1, &q.mass_keep, NULL},
+            {"vpool", 0, 4096, NULL, &q.mass_pool},        {"vpin", 0, 32, NULL, &q.mass_pin},
             {"dl0", 0, 1 << 16, NULL, &q.dense_l0},       {"dl1", 0, 1 << 16, NULL, &q.dense_l1},
         };
         size_t k = 0;
@@ -145,6 +150,7 @@ rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err) {
         if (!strcmp(tok, "sinks") && x == 0) q.n_sink = -1;
         if (!strcmp(tok, "start") && x == 0) q.fit_min = -1; /* explicit 0: no threshold (0 is the default) */
         if (!strcmp(tok, "hyst") && x == 0) q.hyst = -1;
+        if (!strcmp(tok, "vpool") && x == 0) q.mass_pool = -1;
     }
     *p = q;
     return RK_OK;
@@ -162,6 +168,11 @@ static rk_status resolve(rk_lowram_params *p, const rk_kv *hp, rk_err *err) {
     if (p->chunk > 32) return rk_err_set(err, RK_E_INVALID_ARG, "lowram: chunk %d above 32", p->chunk);
     if (p->resid_share < 0) p->resid_share = d.resid_share;
     if (p->resid_share > 1) return rk_err_set(err, RK_E_INVALID_ARG, "lowram: resid share %g above 1", (double)p->resid_share);
+    if (!(p->mass_keep >= 0 && p->mass_keep <= 1)) /* (more than resid_share: all of the residual rows) */
+        return rk_err_set(err, RK_E_INVALID_ARG, "lowram: vkeep %g outside [0, 1]", (double)p->mass_keep);
+    if (p->mass_pool == 0) p->mass_pool = 8; /* -1 (vpool=0) stays: no pooling */
+    if (p->mass_pin < 0) p->mass_pin = 4;
+    if (p->mass_pin > LR_PIN_MAX) return rk_err_set(err, RK_E_INVALID_ARG, "lowram: vpin %d above %d", p->mass_pin, LR_PIN_MAX);
     if (p->budget <= 0) p->budget = d.budget;
     if (!(p->topp >= 0 && p->topp <= 1)) return rk_err_set(err, RK_E_INVALID_ARG, "lowram: topp %g outside [0, 1]", (double)p->topp);
     if (p->min_chunks <= 0) p->min_chunks = 2;
@@ -283,7 +294,7 @@ rk_status lr_codec_new(const rk_kv *kv, const rk_lowram_params *p, int n_threads
             if (!L->h) goto nomem;
         }
     }
-    if (c->p.evict > 0 || c->p.resid_mass) {
+    if (c->p.evict > 0 || c->p.resid_mass || c->p.mass_keep > 0 || c->p.mass_pin > 0) {
         const size_t W = (size_t)c->p.obs_window, qd = (size_t)c->n_head * c->hd;
         c->obs_q = malloc((size_t)c->n_layer * W * qd * sizeof(float));
         c->obs_pos = malloc((size_t)c->n_layer * W * sizeof(int64_t));

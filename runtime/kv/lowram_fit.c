@@ -320,6 +320,53 @@ static double sumsq(const float *x, size_t n) {
     return t + ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
 }
 
+/* The rows the last prompt queries point at keep their residuals (mass_keep): the mass of
+ * one (layer, KV head), max-pooled over mass_pool rows either side (a fact's value tokens
+ * follow the words the question matches), ranked over the stored rows; the best m_keep get
+ * an infinite score, so the ||δ||² choice that follows takes them first. */
+static void mass_force(const rk_kv_codec *c, const float *ms, const uint8_t *keep, int64_t n_cand, int64_t n_keep,
+                       int64_t m_keep, float *score, float *tmp) {
+    const int64_t w = c->p.mass_pool > 0 ? c->p.mass_pool : 0;
+    float *pm = tmp + n_keep; /* tmp holds 2 n_keep floats */
+    for (int64_t k = 0, i = 0; i < n_cand; i++) {
+        if (keep && !keep[i]) continue;
+        float mx = ms[i];
+        for (int64_t d = i - w < 0 ? 0 : i - w; d <= i + w && d < n_cand; d++) mx = ms[d] > mx ? ms[d] : mx;
+        pm[k++] = mx;
+    }
+    const float th = kth_largest(pm, n_keep, m_keep, tmp);
+    int64_t n = 0;
+    for (int64_t k = 0; k < n_keep; k++)
+        if (pm[k] > th) score[k] = INFINITY, n++;
+    for (int64_t k = 0; k < n_keep && n < m_keep; k++)
+        if (pm[k] == th && score[k] != INFINITY) score[k] = INFINITY, n++;
+}
+
+/* The mass_pin chunks (stored index order) that hold the most pooled mass of one (layer, KV
+ * head): sparse decode attends them at every step (select_chunks), so a fact the question
+ * pointed at is read however its chunk's landmark scores for the token being written. */
+static void mass_pins(const rk_kv_codec *c, const float *ms, const uint8_t *keep, int64_t n_cand, int64_t n_keep,
+                      lr_head *H, float *tmp) {
+    const int64_t w = c->p.mass_pool > 0 ? c->p.mass_pool : 0, C = c->p.chunk, n_ch = (n_keep + C - 1) / C;
+    float *cm = tmp; /* (n_ch) best pooled mass of a row of the chunk */
+    for (int64_t ch = 0; ch < n_ch; ch++) cm[ch] = -1.0f;
+    for (int64_t k = 0, i = 0; i < n_cand; i++) {
+        if (keep && !keep[i]) continue;
+        float mx = ms[i];
+        for (int64_t d = i - w < 0 ? 0 : i - w; d <= i + w && d < n_cand; d++) mx = ms[d] > mx ? ms[d] : mx;
+        cm[k / C] = mx > cm[k / C] ? mx : cm[k / C];
+        k++;
+    }
+    const int n = c->p.mass_pin < n_ch ? c->p.mass_pin : (int)n_ch;
+    for (int p = 0; p < n; p++) { /* n <= 32: repeated arg-max */
+        int64_t b = 0;
+        for (int64_t ch = 1; ch < n_ch; ch++) b = cm[ch] > cm[b] ? ch : b;
+        H->pin[p] = (int32_t)b;
+        cm[b] = -INFINITY;
+    }
+    H->n_pin = n;
+}
+
 static rk_status fit_group(fit_job *j, int gi) {
     rk_kv_codec *c = j->c;
     lr_group *g = &c->g[gi];
@@ -337,7 +384,7 @@ static rk_status fit_group(fit_job *j, int gi) {
     uint8_t *ecoef = malloc(nk * g->coef_bytes), *crow = malloc(g->coef_bytes);
     uint8_t *eres = malloc(nk * n_lh * c->res_bytes), *sel = malloc(nk * n_lh);
     float *e2 = malloc(nk * n_lh * sizeof(float)), *score = malloc(nk * sizeof(float));
-    float *e2u = malloc(nk * sizeof(float)), *tmp = malloc(nk * sizeof(float));
+    float *e2u = malloc(nk * sizeof(float)), *tmp = malloc(2 * nk * sizeof(float));
     float *v = malloc((size_t)64 * c->kvd * sizeof(float)), *vh = malloc((size_t)64 * c->kvd * sizeof(float));
     float *cqb = malloc((size_t)64 * r * sizeof(float));
     const uint8_t **res = malloc((size_t)n_lh * sizeof *res);
@@ -397,13 +444,16 @@ static rk_status fit_group(fit_job *j, int gi) {
     }
     /* per (layer, head): the hardest share of rows by (optionally mass-weighted) ||δ||² */
     const int64_t k_keep = (int64_t)llround(c->p.resid_share * (double)n_keep);
+    int64_t m_keep = (int64_t)llround(c->p.mass_keep * (double)n_keep);
+    m_keep = m_keep < k_keep ? m_keep : k_keep;
     for (int q = 0; q < n_lh; q++) {
         const int l = g->l0 + q / nh;
         lr_head *H = &c->ly[l].h[q % nh];
         double *t = sst + (size_t)q * (c->hd + 1), tot = t[c->hd];
         for (int d = 0; d < c->hd; d++) tot -= t[d] * t[d] / (double)nk;
         H->r2 = tot > 0 ? (float)(1.0 - sse[q] / tot) : 0.0f;
-        const float *ms = j->mass && c->p.resid_mass ? j->mass + ((size_t)l * nh + q % nh) * n_fit : NULL;
+        const float *m_all = j->mass ? j->mass + ((size_t)l * nh + q % nh) * n_fit : NULL;
+        const float *ms = c->p.resid_mass ? m_all : NULL;
         double m_mean = 0;
         for (int64_t i = 0; ms && i < n_cand; i++) m_mean += ms[i];
         m_mean = m_mean > 0 ? m_mean / (double)n_cand : 1.0;
@@ -414,6 +464,9 @@ static rk_status fit_group(fit_job *j, int gi) {
             score[k] = ms ? e2u[k] * (float)(0.5 + 0.5 * ms[i] / m_mean) : e2u[k];
             k++;
         }
+        if (m_all && m_keep > 0) mass_force(c, m_all, keep, n_cand, n_keep, m_keep, score, tmp);
+        H->n_pin = 0;
+        if (m_all && c->p.mass_pin > 0) mass_pins(c, m_all, keep, n_cand, n_keep, H, tmp);
         if (k_keep <= 0) {
             H->tau = INFINITY;
             for (int64_t k = 0; k < n_keep; k++) sel[(size_t)k * n_lh + q] = 0;
@@ -567,7 +620,7 @@ rk_status lr_fit(rk_kv_codec *c, int64_t n_past, rk_err *err) {
     rk_status *gst = calloc((size_t)c->n_group, sizeof *gst);
     if (!gst) return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory");
     lr_rope_fill(c, n_past);
-    const bool want_mass = (c->p.evict > 0 || c->p.resid_mass) && c->obs_q;
+    const bool want_mass = (c->p.evict > 0 || c->p.resid_mass || c->p.mass_keep > 0 || c->p.mass_pin > 0) && c->obs_q;
     if (want_mass) {
         mass = calloc((size_t)c->n_layer * c->n_head_kv * n_fit, sizeof(float));
         mass_job mj = {c, n_past, mass, mass == NULL};

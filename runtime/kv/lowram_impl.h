@@ -32,6 +32,9 @@ typedef struct lr_group {
     uint8_t *coef;        /* (cap_rows, coef_bytes) */
 } lr_group;
 
+#define LR_PIN_MAX 32 /* most pinned chunks per (layer, KV head) */
+#define LR_PIN_TAG 0x534e4950u /* "PINS": the export's pinned-chunk trailer */
+
 typedef struct lr_head {
     float tau;            /* later blocks keep a residual when ||δ||² >= tau */
     float r2;             /* R² of V̂ on the fit rows */
@@ -45,6 +48,8 @@ typedef struct lr_head {
     uint8_t *res;         /* (cap_rows, res_bytes) in stored-row order */
     uint32_t *mask;       /* (cap_chunks) bit i: stored row chunk*C + i has a residual */
     int32_t *base;        /* (cap_chunks) residual slot of the chunk's first residual */
+    int n_pin;            /* chunks every sparse decode step attends (mass_pin: the ones the */
+    int32_t pin[LR_PIN_MAX]; /* last prompt queries pointed at when the fit ran), stored index order */
 } lr_head;
 
 typedef struct lr_layer {

@@ -111,6 +111,15 @@ rk_status lr_export(const rk_kv_codec *c, rk_kv_buf *b, rk_err *err) {
     }
     put_exact(c, b, 0, c->p.n_sink < n ? c->p.n_sink : n);
     put_exact(c, b, c->comp_end, n);
+    /* trailer: the pinned chunks of every (layer, KV head) (mass_pin), so an imported state
+     * decodes as the exported one did; states written before it end here and import unpinned */
+    rk_kv_put_u32(b, LR_PIN_TAG);
+    for (int l = 0; l < c->n_layer; l++)
+        for (int h = 0; h < c->n_head_kv; h++) {
+            const lr_head *H = &c->ly[l].h[h];
+            rk_kv_put_u32(b, (uint32_t)H->n_pin);
+            rk_kv_put(b, H->pin, (size_t)H->n_pin * 4);
+        }
     return RK_OK;
 }
 
@@ -213,6 +222,25 @@ static rk_status import_fitted(rk_kv_codec *c, rk_kv_rd *r, rk_err *err) {
     if (!take_exact(c, r, 0, sink < c->n_past ? sink : c->n_past)) return BAD("lowram: payload ends inside the sink rows");
     if (!take_exact(c, r, c->comp_end, c->n_past)) return BAD("lowram: payload ends inside the window rows");
     for (int l = 0; l < c->n_layer; l++) c->x_hi[l] = c->n_past;
+    /* the pinned chunks' trailer (absent in states exported before it: no pins) */
+    for (int l = 0; l < c->n_layer; l++)
+        for (int h = 0; h < c->n_head_kv; h++) c->ly[l].h[h].n_pin = 0;
+    if (r->off < r->n) {
+        if (rk_kv_get_u32(r) != LR_PIN_TAG || r->fail) return BAD("lowram: unknown data after the window rows");
+        for (int l = 0; l < c->n_layer; l++)
+            for (int h = 0; h < c->n_head_kv; h++) {
+                lr_head *H = &c->ly[l].h[h];
+                const uint32_t np = rk_kv_get_u32(r);
+                const int64_t nch = n_chunks(c, &c->g[c->ly[l].grp]);
+                if (r->fail || np > LR_PIN_MAX || !take(r, H->pin, np, 4))
+                    return BAD("lowram: pinned chunks of layer %d head %d: %u (at most %d) or truncated", l, h, np,
+                               LR_PIN_MAX);
+                for (uint32_t i = 0; i < np; i++)
+                    if (H->pin[i] < 0 || H->pin[i] >= nch)
+                        return BAD("lowram: layer %d head %d pins chunk %d of %lld", l, h, H->pin[i], (long long)nch);
+                H->n_pin = (int)np;
+            }
+    }
     c->fitted = true;
     rk_status st = lr_scratch_alloc(c, err);
     return st;

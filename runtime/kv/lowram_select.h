@@ -184,6 +184,17 @@ LR_AI int64_t select_chunks(const head_task *t, int64_t n_ch) {
         for (int64_t ch = 0; ch < n_ch; ch++)
             if (!two || x->mark[ch]) x->csc2[m++] = x->csc[ch];
     }
+    /* pinned chunks (mass_pin) first: they take their share of the budget whatever they score */
+    if (H->n_pin && !c->p.dense) {
+        m = 0;
+        for (int i = 0; i < H->n_pin; i++)
+            if (H->pin[i] < n_ch) x->csc[H->pin[i]] = INFINITY;
+        for (int64_t ch = 0; ch < n_ch; ch++)
+            if (!two || x->mark[ch] || x->csc[ch] == INFINITY) x->csc2[m++] = x->csc[ch];
+        if (two)
+            for (int i = 0; i < H->n_pin; i++)
+                if (H->pin[i] < n_ch) x->mark[H->pin[i]] = 1;
+    }
     if (m <= n_sel) { /* every scored chunk */
         int64_t n = 0;
         for (int64_t ch = 0; ch < n_ch; ch++)

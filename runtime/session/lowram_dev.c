@@ -61,7 +61,7 @@ static bool params_ok(const rk_kv_codec *c) {
     const rk_lowram_params *p = &c->p;
     return !c->wide && p->coef_type == RK_DT_Q8_0 && p->resid_type == RK_DT_Q8_0 && c->exact_type == RK_DT_F16 &&
            !(p->topp > 0) && !p->bound && p->coarse <= 1 && (p->key_rank <= 0) && !(p->hyst > 0) && !p->values_exact &&
-           !p->dense &&
+           !p->dense && p->mass_pin <= 0 && /* pinned chunks: the host path */
            c->hd <= 128 && c->n_rot <= c->hd &&
            /* the op rounds its rebuilt keys as either key cache holds them (key_int8) */
            (p->kc_type == RK_DT_F16 || p->kc_type == RK_DT_Q8_0);

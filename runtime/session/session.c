@@ -122,6 +122,9 @@ rk_status rk_session_create(const rk_model *m, const rk_session_params *pp, rk_s
      * int8 on a device, whose fused decode op reads int8 residuals */
     if (p.kv.kind == RK_KV_LOWRAM && p.kv.lowram.resid_type == RK_DT_F32)
         p.kv.lowram.resid_type = s->p.kv.lowram.resid_type = s->dev ? RK_DT_Q8_0 : RK_DT_Q4_0;
+    /* pinned chunks when unset: 4 on the CPU; none on a device, whose fused op selects by landmarks */
+    if (p.kv.kind == RK_KV_LOWRAM && p.kv.lowram.mass_pin < 0)
+        p.kv.lowram.mass_pin = s->p.kv.lowram.mass_pin = s->dev ? 0 : 4;
     int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim, qd = (int64_t)hp->n_head * hp->head_dim;
     /* the KV policy, fixed for the session's life */
     if ((st = rk_kv_create(m, &p.kv, s->n_ctx, s->be, p.n_threads, s->warning, sizeof s->warning, &s->kv, err)))

@@ -382,9 +382,17 @@ Test(devsim, lowram_session_matches_cpu, .timeout = 120) {
     const char *specs[] = {"lowram:window=32,budget=64,kcache=f16,summ,rtype=int8",
                            "lowram:window=48,budget=96,nosumm,evict=0.3,kcache=f16,rtype=int8",
                            "lowram:window=32,budget=64,summ,rtype=int8", "lowram:window=48,budget=96,nosumm,evict=0.3,rtype=int8",
-                           "lowram:window=32,budget=64,bound,rtype=int8", "lowram:window=32,budget=64"};
-    const char *cpu_specs[] = {specs[0], specs[1], specs[2], specs[3], specs[4], "lowram:window=32,budget=64,rtype=int8"};
-    const bool fused[] = {true, true, true, true, false, true};
+                           "lowram:window=32,budget=64,bound,rtype=int8", "lowram:window=32,budget=64",
+                           "lowram:window=32,budget=64,rtype=int8,vpin=4"};
+    /* pinned chunks unset are none on a device (its fused op selects by landmarks alone), 4 on
+     * the CPU: the CPU twins name vpin=0; an explicit vpin takes the host path on the device */
+    const char *cpu_specs[] = {"lowram:window=32,budget=64,kcache=f16,summ,rtype=int8,vpin=0",
+                               "lowram:window=48,budget=96,nosumm,evict=0.3,kcache=f16,rtype=int8,vpin=0",
+                               "lowram:window=32,budget=64,summ,rtype=int8,vpin=0",
+                               "lowram:window=48,budget=96,nosumm,evict=0.3,rtype=int8,vpin=0",
+                               "lowram:window=32,budget=64,bound,rtype=int8,vpin=0",
+                               "lowram:window=32,budget=64,rtype=int8,vpin=0", specs[6]};
+    const bool fused[] = {true, true, true, true, false, true, false};
     for (size_t c = 0; c < sizeof specs / sizeof specs[0]; c++) {
         rk_backend *cpu = NULL;
         cr_assert_eq(rk_backend_cpu_create(1, &cpu, &err), RK_OK, "%s", err.msg);
