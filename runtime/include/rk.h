@@ -168,6 +168,9 @@ typedef struct rk_lowram_params {
     bool coef_summary;    /* ablation: decode sums unselected chunks' mean coefficients (r per chunk)
                              instead of their value-space summaries (head_dim per chunk) */
     bool no_cache;        /* ablation: no cache of rebuilt keys between decode steps */
+    bool no_stage;        /* ablation: the eval that fits runs chunk-major and fits at its end, holding
+                             every layer's exact prompt at once (default: staged, each group of
+                             layers fitted and its exact rows given back as the prefill finishes it) */
     bool row_attn;        /* ablation: long evals after the fit by the row-by-row dense path instead of
                              rebuilding the layer's rows once for the backend's ATTN (lowram_dense.c) */
     bool bound;           /* select chunks by an upper bound of q·k (per-dim key min/max per chunk,

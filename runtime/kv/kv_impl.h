@@ -94,6 +94,15 @@ typedef struct rk_kv_ops {
     void (*destroy)(rk_kv *kv);
     /* The memory tiers' counters (kv_tier.c); NULL for the other policies (zeros). */
     void (*tier_stats)(const rk_kv *kv, rk_kv_tier_stats *out);
+    /* Staged prefill: for an eval that will end at n_past rows, the layer boundaries (at most
+     * max, increasing, each in (0, n_layer)) after which the policy wants layers_done; 0: run
+     * the eval chunk-major as usual. NULL: never. (LowRAM: the eval that fits compresses its
+     * layer groups as the prefill finishes them, so the exact prompt of every layer never
+     * coexists with its compressed form.) */
+    int (*stages)(const rk_kv *kv, int64_t n_past, int *ends, int max);
+    /* Staged prefill: every layer below l_end holds rows [0, n_past) of the eval that began at
+     * n_before; the policy may compress them now. On failure the eval fails (truncate). */
+    rk_status (*layers_done)(rk_kv *kv, int l_end, int64_t n_past, int64_t n_before, rk_err *err);
 } rk_kv_ops;
 
 struct rk_kv {

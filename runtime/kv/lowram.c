@@ -87,7 +87,8 @@ rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err) {
             else if (!strcmp(tok, "bound")) q.bound = true;
             else if (!strcmp(tok, "nocache")) q.no_cache = true;
             else if (!strcmp(tok, "rowattn")) q.row_attn = true;
-            else return bad(err, "unknown flag (dense, mass, nomass, keys_only, summ, nosumm, csumm, qpca, bound, nocache, rowattn)", tok);
+            else if (!strcmp(tok, "nostage")) q.no_stage = true;
+            else return bad(err, "unknown flag (dense, mass, nomass, keys_only, summ, nosumm, csumm, qpca, bound, nocache, rowattn, nostage)", tok);
             continue;
         }
         *v++ = '\0';
@@ -413,12 +414,9 @@ static rk_status lowram_commit(rk_kv *kv, int64_t n, rk_err *err) {
     lr_dense_free(c); /* one eval's rebuilt rows */
     lr_rope_fill(c, n);
     rk_status st = RK_OK;
-    const int64_t sink = c->p.n_sink, C = c->p.chunk;
+    const int64_t C = c->p.chunk;
     if (!c->fitted) {
-        /* enough rows to fit on, at least one chunk to compress, and past the start threshold */
-        if (n - sink - c->p.window >= C && n - sink >= 128 && n >= c->p.fit_min) {
-            if ((st = lr_fit(c, n, err))) return st; /* nothing dropped: every row is still exact */
-        }
+        if (lr_fit_due(c, n) && (st = lr_fit(c, n, err))) return st; /* nothing dropped: every row is still exact */
     } else {
         int64_t end = n - c->p.window;
         end = end > c->comp_end ? c->comp_end + (end - c->comp_end) / C * C : c->comp_end;
@@ -430,6 +428,7 @@ static rk_status lowram_commit(rk_kv *kv, int64_t n, rk_err *err) {
 
 static void lowram_truncate(rk_kv *kv, int64_t n) {
     rk_kv_codec *c = kv->impl;
+    if (!c->fitted) lr_prefit_undo(c); /* a staged eval that failed after its early fits */
     if (n < c->n_past || (c->fitted && n < c->comp_end)) { /* also rows compressed inside a failed eval */
         rewind_to(c, n);
         c->n_past = kv->n_past = n;
@@ -654,7 +653,26 @@ static void lowram_destroy(rk_kv *kv) {
     kv->impl = NULL;
 }
 
+/* Staged prefill of the eval that fits: one stage per n_threads layer groups, so the early
+ * fits run a group per thread as the end-of-eval fit does. Not with pfit or eviction (they
+ * choose rows across the whole prompt), nor on a device backend (the caller's check). */
+static int lowram_stages(const rk_kv *kv, int64_t n_past, int *ends, int max) {
+    const rk_kv_codec *c = kv->impl;
+    if (!lr_fit_due(c, n_past) || c->p.no_stage || c->p.prefill_fit > 0 || c->p.evict > 0 || c->x0 != 0 || c->n_group < 2)
+        return 0;
+    const int per = c->n_threads > 1 ? c->n_threads : 1;
+    int n = 0;
+    for (int gi = per; gi < c->n_group && n < max; gi += per) ends[n++] = c->g[gi].l0;
+    return n;
+}
+
+static rk_status lowram_layers_done(rk_kv *kv, int l_end, int64_t n_past, int64_t n_before, rk_err *err) {
+    return lr_prefit(kv->impl, l_end, n_past, n_before, err);
+}
+
 static const rk_kv_ops lowram_ops = {
+    .stages = lowram_stages,
+    .layers_done = lowram_layers_done,
     .name = "lowram",
     .append = lowram_append,
     .attend = lowram_attend,

@@ -7,6 +7,9 @@
 #include <string.h>
 #ifdef __GLIBC__
 #include <malloc.h>
+#include <stdint.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #endif
 
 #include "lowram_impl.h"
@@ -21,6 +24,7 @@ typedef struct fit_job {
     const float *mass;         /* (n_layer, n_head_kv, n_past - n_sink) or NULL */
     const uint8_t *keep;       /* (n_group, comp_new - n_sink) or NULL: keep all */
     rk_status *st;             /* (n_group) */
+    const uint8_t *todo;       /* (n_group) groups to fit, or NULL: all */
 } fit_job;
 
 /* Rank for a target ratio: bytes per compressed row and layer allowed by the ratio,
@@ -500,7 +504,9 @@ done:
 
 static void fit_worker(void *vp, int t, int nt) {
     fit_job *j = vp;
-    for (int gi = t; gi < j->c->n_group; gi += nt) j->st[gi] = fit_group(j, gi);
+    for (int gi = 0, k = 0; gi < j->c->n_group; gi++) /* the groups to fit, dealt out in turn */
+        if (!j->todo || j->todo[gi])
+            if (k++ % nt == t) j->st[gi] = fit_group(j, gi);
 }
 
 /* ---- attention mass of the observed queries (SnapKV) ------------------------------- */
@@ -509,6 +515,7 @@ typedef struct mass_job {
     rk_kv_codec *c;
     int64_t n_past;
     float *mass;   /* (n_layer, n_head_kv, n_past - n_sink) */
+    const uint8_t *todo_l; /* (n_layer) layers to do, or NULL: all */
     bool fail;
 } mass_job;
 
@@ -568,7 +575,8 @@ static void mass_layer(mass_job *j, int l) {
 
 static void mass_worker(void *vp, int t, int nt) {
     mass_job *j = vp;
-    for (int l = t; l < j->c->n_layer; l += nt) mass_layer(j, l);
+    for (int l = t; l < j->c->n_layer; l += nt)
+        if (!j->todo_l || j->todo_l[l]) mass_layer(j, l);
 }
 
 /* SnapKV keep set per group: max-pooled (±3 rows) mass summed over the group's layers and
@@ -610,21 +618,25 @@ static bool evict_plan(const rk_kv_codec *c, const float *mass, int64_t n_fit, i
     return true;
 }
 
-rk_status lr_fit(rk_kv_codec *c, int64_t n_past, rk_err *err) {
-    const double t0 = rk_time_now();
+/* Fits the groups marked in todo (NULL: all) on rows [sink, n_past): attention mass of
+ * their layers, then one group per task on the pool. Nothing is dropped. */
+static rk_status fit_groups(rk_kv_codec *c, int64_t n_past, const uint8_t *todo, rk_err *err) {
     const int64_t sink = c->p.n_sink, n_fit = n_past - sink;
     const int64_t comp_new = n_past - c->p.window, n_cand = comp_new - sink;
     rk_status st = RK_OK;
     float *mass = NULL;
-    uint8_t *keep = NULL;
+    uint8_t *keep = NULL, *todo_l = NULL;
     rk_status *gst = calloc((size_t)c->n_group, sizeof *gst);
     if (!gst) return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory");
     lr_rope_fill(c, n_past);
     const bool want_mass = (c->p.evict > 0 || c->p.resid_mass || c->p.mass_keep > 0 || c->p.mass_pin > 0) && c->obs_q;
     if (want_mass) {
         mass = calloc((size_t)c->n_layer * c->n_head_kv * n_fit, sizeof(float));
-        mass_job mj = {c, n_past, mass, mass == NULL};
-        if (mass) {
+        if (todo && (todo_l = calloc((size_t)c->n_layer, 1)))
+            for (int gi = 0; gi < c->n_group; gi++)
+                for (int li = 0; todo[gi] && li < c->g[gi].n_l; li++) todo_l[c->g[gi].l0 + li] = 1;
+        mass_job mj = {c, n_past, mass, todo_l, mass == NULL || (todo && !todo_l)};
+        if (!mj.fail) {
             if (c->pool) rk_pool_run(c->pool, mass_worker, &mj);
             else mass_worker(&mj, 0, 1);
         }
@@ -632,7 +644,7 @@ rk_status lr_fit(rk_kv_codec *c, int64_t n_past, rk_err *err) {
             st = rk_err_set(err, RK_E_NOMEM, "lowram: out of memory for attention mass");
             goto done;
         }
-        if (c->p.evict > 0) {
+        if (c->p.evict > 0) { /* (every group: lr_prefit does not run with eviction) */
             keep = malloc((size_t)c->n_group * n_cand);
             if (!keep || !evict_plan(c, mass, n_fit, n_cand, keep)) {
                 st = rk_err_set(err, RK_E_NOMEM, "lowram: out of memory for the eviction plan");
@@ -640,7 +652,7 @@ rk_status lr_fit(rk_kv_codec *c, int64_t n_past, rk_err *err) {
             }
         }
     }
-    fit_job j = {c, n_past, comp_new, mass, keep, gst};
+    fit_job j = {c, n_past, comp_new, mass, keep, gst, todo};
     if (c->pool) rk_pool_run(c->pool, fit_worker, &j);
     else fit_worker(&j, 0, 1);
     for (int gi = 0; gi < c->n_group; gi++)
@@ -650,9 +662,86 @@ rk_status lr_fit(rk_kv_codec *c, int64_t n_past, rk_err *err) {
                                                                    "solve or predictor file)", gi);
             goto done;
         }
+done:
+    free(gst), free(mass), free(keep), free(todo_l);
+    return st;
+}
+
+bool lr_fit_due(const rk_kv_codec *c, int64_t n) {
+    const int64_t sink = c->p.n_sink;
+    /* enough rows to fit on, at least one chunk to compress, and past the start threshold */
+    return !c->fitted && n - sink - c->p.window >= c->p.chunk && n - sink >= 128 && n >= c->p.fit_min;
+}
+
+/* Gives the pages of exact rows [p0, p1) of layer l back to the system (their contents are
+ * not read again: the group is compressed); whole pages inside the range only. */
+static void release_rows(const rk_kv_codec *c, int l, int64_t p0, int64_t p1) {
+#if defined(__linux__) && defined(MADV_DONTNEED)
+    if (p1 <= p0) return;
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    for (int v = 0; v < 2; v++) {
+        uintptr_t a = (uintptr_t)lr_exact_ptr(c, l, v, p0), b = (uintptr_t)lr_exact_ptr(c, l, v, p1 - 1) + c->xrow;
+        a = (a + pg - 1) & ~(pg - 1), b &= ~(pg - 1);
+        if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED); /* advice: on refusal the pages stay */
+    }
+#else
+    (void)c, (void)l, (void)p0, (void)p1;
+#endif
+}
+
+rk_status lr_prefit(rk_kv_codec *c, int l_end, int64_t n_past, int64_t n_before, rk_err *err) {
+    if (!lr_fit_due(c, n_past) || c->p.prefill_fit > 0 || c->p.evict > 0 || c->x0 != 0) return RK_OK;
+    uint8_t *todo = calloc((size_t)c->n_group, 1);
+    if (!todo) return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory");
+    int n_todo = 0;
+    for (int gi = 0; gi < c->n_group; gi++) {
+        const lr_group *g = &c->g[gi];
+        todo[gi] = !g->prefit && g->l0 + g->n_l <= l_end;
+        n_todo += todo[gi];
+    }
+    rk_status st = RK_OK;
+    for (int l = 0; l < l_end && n_todo; l++)
+        if (c->x_hi[l] != n_past) {
+            st = rk_err_set(err, RK_E_INVALID_ARG, "lowram: early fit below layer %d but layer %d holds %lld of %lld rows",
+                            l_end, l, (long long)c->x_hi[l], (long long)n_past);
+            break;
+        }
+    const double t0 = rk_time_now();
+    if (!st && n_todo) st = fit_groups(c, n_past, todo, err);
+    if (st || !n_todo) { /* (on failure the eval fails and truncates: lr_prefit_undo) */
+        free(todo);
+        return st;
+    }
+    const int64_t sink = c->p.n_sink, lo = n_before > sink ? n_before : sink, hi = n_past - c->p.window;
+    for (int gi = 0; gi < c->n_group; gi++)
+        if (todo[gi]) {
+            c->g[gi].prefit = true;
+            for (int li = 0; li < c->g[gi].n_l; li++) release_rows(c, c->g[gi].l0 + li, lo, hi);
+        }
+    c->prefit_s += rk_time_now() - t0;
+    free(todo);
+    return RK_OK;
+}
+
+void lr_prefit_undo(rk_kv_codec *c) {
+    bool any = false;
+    for (int gi = 0; gi < c->n_group; gi++) any |= c->g[gi].prefit, c->g[gi].prefit = false;
+    if (any && !c->fitted) lr_truncate(c, c->p.n_sink); /* their stored rows go; the exact rows were kept */
+    c->prefit_s = 0;
+}
+
+rk_status lr_fit(rk_kv_codec *c, int64_t n_past, rk_err *err) {
+    const double t0 = rk_time_now();
+    const int64_t sink = c->p.n_sink, n_cand = n_past - c->p.window - sink;
+    uint8_t *todo = calloc((size_t)c->n_group, 1);
+    if (!todo) return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory");
+    bool some = false;
+    for (int gi = 0; gi < c->n_group; gi++) todo[gi] = !c->g[gi].prefit, some |= c->g[gi].prefit;
+    rk_status st = fit_groups(c, n_past, some ? todo : NULL, err);
+    if (st) goto done;
     /* scratch before the exact copies go: after that there is no way back */
     if ((st = lr_scratch_alloc(c, err))) goto done;
-    c->comp_end = comp_new;
+    c->comp_end = n_past - c->p.window;
     if (!lr_exact_compact(c, true)) {
         c->comp_end = sink;
         lr_scratch_free(c);
@@ -660,10 +749,12 @@ rk_status lr_fit(rk_kv_codec *c, int64_t n_past, rk_err *err) {
         goto done;
     }
     c->fitted = true;
-    c->n_evicted = keep ? n_cand - c->g[0].n_rows : 0;
-    c->stats.seconds_fit = rk_time_now() - t0;
+    for (int gi = 0; gi < c->n_group; gi++) c->g[gi].prefit = false;
+    c->n_evicted = c->p.evict > 0 ? n_cand - c->g[0].n_rows : 0;
+    c->stats.seconds_fit = c->prefit_s + (rk_time_now() - t0);
+    c->prefit_s = 0;
 done:
-    free(gst), free(mass), free(keep);
+    free(todo);
 #ifdef __GLIBC__
     malloc_trim(0); /* the fit's transients (tens of MB at 8K) go back to the system, so RSS shows the compression */
 #endif

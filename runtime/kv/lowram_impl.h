@@ -28,6 +28,8 @@ typedef struct lr_group {
     double energy_total;  /* centred key energy (trace) of the fit rows */
     double energy_kept;   /* of which the r kept directions */
     int64_t n_rows;       /* stored rows */
+    bool prefit;          /* fitted and compressed early inside a layer-major eval (lr_prefit),
+                             before the codec as a whole is (c->fitted) */
     int32_t *pos;         /* (cap_rows) position of each stored row, increasing */
     uint8_t *coef;        /* (cap_rows, coef_bytes) */
 } lr_group;
@@ -132,6 +134,7 @@ struct rk_kv_codec {
     lr_group *g;          /* (n_group) */
     lr_layer *ly;         /* (n_layer) */
     bool fitted;
+    double prefit_s;      /* seconds of lr_prefit inside the eval that fits */
     /* the chunks' f16 mean coefficients (lr_group.cmean) are kept: only the summary rows
      * (summ, csumm) and the device op read them; off, they are neither written nor counted and
      * lr_cmean_need rebuilds them from the coefficient rows (bit for bit) when a reader appears */
@@ -209,6 +212,17 @@ void lr_dense_free(rk_kv_codec *c);
  * allocates the attention scratch, then drops the compressed rows' exact copies. On
  * failure nothing is dropped and the codec stays unfitted. */
 rk_status lr_fit(rk_kv_codec *c, int64_t n_past, rk_err *err);
+/* Inside a layer-major eval that will end at n_past rows and fit there (lr_fit_due): the
+ * groups whose layers all lie below l_end are fitted and compressed now, and the pages of
+ * their exact rows [max(sinks, n_before), n_past - window) are given back to the system, so
+ * the exact prompt of every layer never coexists with the compressed one. Rows from before
+ * the eval (< n_before) stay: a failed eval truncates back to them (lr_prefit_undo). lr_fit
+ * at the commit does the other groups and finishes. */
+rk_status lr_prefit(rk_kv_codec *c, int l_end, int64_t n_past, int64_t n_before, rk_err *err);
+/* The commit at n_past rows will fit (the conditions of lowram_commit) */
+bool lr_fit_due(const rk_kv_codec *c, int64_t n_past);
+/* Forgets groups fitted by lr_prefit of an eval that failed (the codec is not fitted) */
+void lr_prefit_undo(rk_kv_codec *c);
 /* (Re)allocates group g's arrays for its rank g->r (and its layers' and heads'); n_rows = 0. */
 bool lr_group_alloc(rk_kv_codec *c, lr_group *g);
 

@@ -15,6 +15,8 @@
  *             open_max (kv_dim); per KV head: f32 tau, r2; u64 n_res; res (n_res,
  *             res_bytes); u32 mask (n_ch); i32 base (n_ch)
  *             per layer exact K rows [0, sinks), V rows; then K rows [comp_end, n_past), V rows
+ *             then (optional: states written before the twelfth session end above) u32 "PINS",
+ *             per layer and KV head u32 n_pin (<= 32), i32 pin (n_pin) chunk indices < n_ch
  * n_ch = ceil(n_rows / chunk) of the layer's group. */
 #include <math.h>
 #include <stdlib.h>

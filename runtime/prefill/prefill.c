@@ -254,6 +254,38 @@ static rk_status rescore_run(pass *q, int split, rk_err *err) {
     return st;
 }
 
+/* Staged prefill (the KV policy asked for it, rk_kv_ops.stages): layers [0, ends[0]) over every
+ * chunk, then the policy's layers_done, then the next stage; the stream between stages is
+ * x_split, as in the layer-major fill phase. */
+static rk_status staged_run(pass *q, const int *ends, int n_end, rk_err *err) {
+    rk_session *s = q->s;
+    const rk_hparams *hp = &s->m->hp;
+    float *x_split = malloc(q->n * (size_t)hp->n_embd * sizeof(float));
+    if (!x_split)
+        return rk_err_set(err, RK_E_NOMEM, "prefill: no memory for the stream of %zu rows (staged prefill)", q->n);
+    rk_status st = RK_OK;
+    for (int i = 0, lo = 0; i <= n_end && !st; i++) {
+        const int hi = i < n_end ? ends[i] : hp->n_layer;
+        st = run_layers(q, lo, hi, x_split, err);
+        if (!st && i < n_end) st = s->kv->ops->layers_done(s->kv, hi, q->start + (int64_t)q->n, q->start, err);
+        lo = hi;
+    }
+    free(x_split);
+    return st;
+}
+
+/* The layer boundaries of a staged prefill, or 0: the policy has none for this eval, or the
+ * eval is not a plain one (fill, splice, a device backend, a single row) */
+static int stages(rk_session *s, const pass *q, int *ends, int max) {
+    if (s->fill.mode != RK_FILL_OFF || s->splice_src || s->dev || q->n < 2 || !s->kv->ops->stages ||
+        !s->kv->ops->layers_done)
+        return 0;
+    const int n = s->kv->ops->stages(s->kv, q->start + (int64_t)q->n, ends, max);
+    for (int i = 0; i < n; i++) /* increasing, inside (0, n_layer) */
+        if (ends[i] <= (i ? ends[i - 1] : 0) || ends[i] >= s->m->hp.n_layer) return 0;
+    return n;
+}
+
 rk_status rk_prefill_run(rk_session *s, const int32_t *ids, size_t n, float *logits, bool all_rows, rk_err *err) {
     const rk_hparams *hp = &s->m->hp;
     pass q = {.s = s, .ids = ids, .n = n, .start = s->n_past, .bulk_end = s->n_past, .logits = logits,
@@ -263,6 +295,9 @@ rk_status rk_prefill_run(rk_session *s, const int32_t *ids, size_t n, float *log
     if (q.bulk_end < q.start) q.bulk_end = q.start;
     const int split = rk_plan_split(s);
     if (can_rescore(s, &q, split)) return rescore_run(&q, split, err);
+    int ends[64];
+    const int n_st = stages(s, &q, ends, 64);
+    if (n_st > 0) return staged_run(&q, ends, n_st, err);
     if (!s->fill.layer_major || q.bulk_end == q.start || split <= 0 || split >= hp->n_layer)
         return run_layers(&q, 0, hp->n_layer, NULL, err);
     /* (n, n_embd) split stream of every row: the price of the layer-major phase */
