@@ -69,3 +69,16 @@ int32_t *rt_random_ids(const rk_model *m, size_t n, uint64_t seed) {
     for (size_t i = 0; i < n; i++) ids[i] = (int32_t)(tb_rand_u64(&seed) % nv);
     return ids;
 }
+
+rk_session *rt_lowram_session(const rk_model *m, const char *spec, int n_batch) {
+    rk_session_params sp = rk_session_params_default();
+    sp.n_ctx = 512;
+    sp.n_threads = 2;
+    if (n_batch > 0) sp.n_batch = n_batch;
+    sp.kv.kind = RK_KV_LOWRAM;
+    rk_err e = {0};
+    cr_assert_eq(rk_lowram_parse(spec, &sp.kv.lowram, &e), RK_OK, "%s", e.msg);
+    rk_session *s = NULL;
+    cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s", e.msg);
+    return s;
+}

@@ -20,3 +20,6 @@ int32_t *rt_story_ids(const rk_model *m, size_t want);
 double rt_max_abs_diff(const float *a, const float *b, size_t n);
 /* Mean KL(p_ref || p) over rows of two logit traces (rows x nv), softmax in double. */
 double rt_mean_kl(const float *ref, const float *lg, int rows, int nv);
+/* A 512-row session on 2 threads with the LowRAM policy of spec (rk_lowram_parse) and
+ * n_batch rows per prefill chunk (0: the default); asserts on failure. */
+rk_session *rt_lowram_session(const rk_model *m, const char *spec, int n_batch);

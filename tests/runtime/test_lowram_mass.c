@@ -11,18 +11,6 @@
 #include "rt_shared.h"
 #include "session_impl.h"
 
-static rk_session *lr_session(const rk_model *m, const char *spec) {
-    rk_session_params sp = rk_session_params_default();
-    sp.n_ctx = 512;
-    sp.n_threads = 2;
-    sp.kv.kind = RK_KV_LOWRAM;
-    rk_err e = {0};
-    cr_assert_eq(rk_lowram_parse(spec, &sp.kv.lowram, &e), RK_OK, "%s", e.msg);
-    rk_session *s = NULL;
-    cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s", e.msg);
-    return s;
-}
-
 /* Reference mass of (layer l, KV head h) over positions [sink, n) in double precision: for
  * each observed query of the head's group, the softmax of q·k / sqrt(hd) over the keys it
  * sees, added up; keys from a codec that has compressed nothing (exact rows). */
@@ -79,8 +67,8 @@ Test(lowram_mass, question_rows_get_residuals_and_pins) {
     rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
     const int n_p = 300;
     int32_t *ids = rt_story_ids(m, n_p);
-    rk_session *a = lr_session(m, "window=64,chunk=16,start=0,nomass,resid=0.1,vkeep=0.1,vpin=3,vpool=2");
-    rk_session *b = lr_session(m, "window=400,chunk=16,start=0,nomass,resid=0.1,vkeep=0.1,vpin=3,vpool=2");
+    rk_session *a = rt_lowram_session(m, "window=64,chunk=16,start=0,nomass,resid=0.1,vkeep=0.1,vpin=3,vpool=2", 0);
+    rk_session *b = rt_lowram_session(m, "window=400,chunk=16,start=0,nomass,resid=0.1,vkeep=0.1,vpin=3,vpool=2", 0);
     rk_err e = {0};
     cr_assert_eq(rk_session_eval(a, ids, n_p, NULL, false, &e), RK_OK, "%s", e.msg);
     cr_assert_eq(rk_session_eval(b, ids, n_p, NULL, false, &e), RK_OK, "%s", e.msg);
@@ -158,7 +146,7 @@ Test(lowram_mass, pinned_chunks_fill_the_budget_whatever_landmarks_score) {
                            "window=64,chunk=16,start=0,budget=32,vpin=2,spread=3"};
     float *lg[4];
     for (int k = 0; k < 4; k++) {
-        rk_session *s = lr_session(m, spec[k]);
+        rk_session *s = rt_lowram_session(m, spec[k], 0);
         lg[k] = decode(s, ids, n_p, n_dec, nv);
         rk_session_destroy(s);
     }

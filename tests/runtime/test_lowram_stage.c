@@ -12,19 +12,6 @@
 #include "rt_shared.h"
 #include "session_impl.h"
 
-static rk_session *st_session(const rk_model *m, const char *spec) {
-    rk_session_params sp = rk_session_params_default();
-    sp.n_ctx = 512;
-    sp.n_threads = 2;
-    sp.n_batch = 32;
-    sp.kv.kind = RK_KV_LOWRAM;
-    rk_err e = {0};
-    cr_assert_eq(rk_lowram_parse(spec, &sp.kv.lowram, &e), RK_OK, "%s", e.msg);
-    rk_session *s = NULL;
-    cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s", e.msg);
-    return s;
-}
-
 /* what the progress callback saw while layer 0's group was fitted early */
 typedef struct probe {
     rk_session *s;
@@ -76,8 +63,8 @@ Test(lowram_stage, staged_fit_equals_chunk_major_and_gives_pages_back) {
     rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
     const int nv = rk_model_hparams(m)->n_vocab, n0 = 100, n1 = 220, n_dec = 16;
     int32_t *ids = rt_story_ids(m, n0 + n1 + n_dec);
-    rk_session *a = st_session(m, "group=1,window=64,chunk=16,start=0");
-    rk_session *b = st_session(m, "group=1,window=64,chunk=16,start=0,nostage");
+    rk_session *a = rt_lowram_session(m, "group=1,window=64,chunk=16,start=0", 32);
+    rk_session *b = rt_lowram_session(m, "group=1,window=64,chunk=16,start=0,nostage", 32);
     rk_err e = {0};
     probe pr = {.s = a, .n_before = n0};
     for (int k = 0; k < 2; k++) {
@@ -115,8 +102,8 @@ Test(lowram_stage, cancelled_staged_eval_loses_nothing) {
     rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
     const int nv = rk_model_hparams(m)->n_vocab, n0 = 100, n1 = 220, n_dec = 12;
     int32_t *ids = rt_story_ids(m, n0 + n1 + n_dec);
-    rk_session *a = st_session(m, "group=1,window=64,chunk=16,start=0");
-    rk_session *b = st_session(m, "group=1,window=64,chunk=16,start=0");
+    rk_session *a = rt_lowram_session(m, "group=1,window=64,chunk=16,start=0", 32);
+    rk_session *b = rt_lowram_session(m, "group=1,window=64,chunk=16,start=0", 32);
     rk_err e = {0};
     cr_assert_eq(rk_session_eval(a, ids, n0, NULL, false, &e), RK_OK, "%s", e.msg);
     cr_assert_eq(rk_session_eval(b, ids, n0, NULL, false, &e), RK_OK, "%s", e.msg);
