@@ -52,6 +52,8 @@ typedef struct set_case {
 static const set_case sets[] = {
     /* Qwen2.5's Q4_K_M layer shapes, scaled down: Q/K Q4_K, V Q6_K (half the layers) */
     {"qkv q4_K q4_K q6_K", 3, {RK_DT_Q4_K, RK_DT_Q4_K, RK_DT_Q6_K}, {96, 16, 16}, 512},
+    /* RidgeFill's late-layer cache writers: K and V alone (Q4_K_M's V is Q6_K) */
+    {"kv q4_K q6_K", 2, {RK_DT_Q4_K, RK_DT_Q6_K}, {16, 16}, 512},
     {"gate/up q4_K q4_K", 2, {RK_DT_Q4_K, RK_DT_Q4_K}, {200, 200}, 256},
     /* SmolLM2's Q4_1 layers (integer decode, f32 prefill tiles) and a tied Q8_0 */
     {"qkv q4_1 q4_1 q8_0", 3, {RK_DT_Q4_1, RK_DT_Q4_1, RK_DT_Q8_0}, {72, 24, 24}, 576},
