@@ -150,6 +150,7 @@ int cmd_bench(int argc, char **argv) {
     bool peaks = true; /* per-run peaks (peak_reset) */
     static rk_kv_bytes kvb[32][8][8];
     static double fit_s[32][8][8]; /* lowram: seconds of the end-of-prefill fit (last repetition) */
+    static char full_s[32][8][8][96]; /* lowram: its full layers and their missed shares */
     static rk_kv_tier_stats tier0[32][8][8], tier1[32][8][8]; /* the KV tiers' counters around the last rep */
     for (int ki = 0; ki < n_kv && !st && !rc; ki++) {
         if (ki > 0) { /* the KV policy is the session's: a new session per item */
@@ -197,6 +198,10 @@ int cmd_bench(int argc, char **argv) {
                 rk_lowram_stats ls;
                 rk_session_lowram_stats(s, &ls);
                 fit_s[li][mi][ki] = ls.seconds_fit;
+                char *fs = full_s[li][mi][ki];
+                int fo = snprintf(fs, 96, "%s", ls.n_full ? "; full layers" : "");
+                for (int f = 0; f < ls.n_full && fo < 80; f++)
+                    fo += snprintf(fs + fo, (size_t)(96 - fo), " %d (%.2f)", ls.full_l[f], (double)ls.sel_miss[ls.full_l[f]]);
             }
             rss[li][mi][ki] = rss_now_mib();
             rpeak[li][mi][ki] = peak_now_mib();
@@ -277,13 +282,13 @@ int cmd_bench(int argc, char **argv) {
                         if (b->coef || b->bases)
                             printf("%9s KV bytes: exact %.2f MiB (%lld rows) + coef %.2f + bases %.2f + predictors %.2f + "
                                    "residuals %.2f + landmarks %.2f + meta %.2f + key cache %.2f = %.2f MiB (%lld rows "
-                                   "compressed, %lld evicted; scratch %.2f; fit %.2f s)\n",
+                                   "compressed, %lld evicted; scratch %.2f; fit %.2f s%s)\n",
                                    "", b->exact / 1048576.0, (long long)b->n_exact_rows, b->coef / 1048576.0,
                                    b->bases / 1048576.0, b->predictors / 1048576.0, b->residuals / 1048576.0,
                                    b->landmarks / 1048576.0, b->meta / 1048576.0, b->key_cache / 1048576.0,
                                    b->total / 1048576.0,
                                    (long long)b->n_compressed_rows, (long long)b->n_evicted_rows, b->scratch / 1048576.0,
-                                   fit_s[li][mi][ki]);
+                                   fit_s[li][mi][ki], full_s[li][mi][ki]);
                     }
             printf("peak RSS %.1f MiB (the process)%s\n", peak, peaks ? "" : "; per-run peaks: /proc/self/clear_refs refused");
         }

@@ -263,9 +263,16 @@ rk_status ev_needle_run(const rk_model *m, rk_session *const *s, const ev_corpus
             const bool ok = strstr(a.text, keys) != NULL;
             r.correct[t * r.n_modes + mi] = ok;
             memcpy(r.answers + ((size_t)t * (size_t)r.n_modes + (size_t)mi) * EV_ANSWER_BYTES, a.text, a.n + 1);
-            if (dl > 0 && (size_t)dl < sizeof detail)
+            if (dl > 0 && (size_t)dl < sizeof detail) {
                 dl += snprintf(detail + dl, sizeof detail - (size_t)dl, " %s %s", ev_modes_label(&p->modes, mi),
                                ok ? "ok" : "MISS");
+                rk_lowram_stats ls;
+                rk_session_lowram_stats(s[mi], &ls);
+                for (int f = 0; f < ls.n_full && dl > 0 && (size_t)dl < sizeof detail; f++) /* LowRAM's full layers */
+                    dl += snprintf(detail + dl, sizeof detail - (size_t)dl, "%s%d", f ? "," : " [full ", ls.full_l[f]);
+                if (ls.n_full && dl > 0 && (size_t)dl < sizeof detail)
+                    dl += snprintf(detail + dl, sizeof detail - (size_t)dl, "]");
+            }
         }
         r.done[t] = 1;
         const double took = rk_time_now() - t_trial, r_t = took / pow((double)L, 1.5);

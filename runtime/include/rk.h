@@ -163,6 +163,15 @@ typedef struct rk_lowram_params {
                              the landmark's; 0: off) */
     int32_t dense_l0, dense_l1; /* decode: layers [dense_l0, dense_l1) attend every compressed row
                              (per-layer attribution of the selection's loss; default none) */
+    int32_t early_l0, early_l1; /* decode: layers [early_l0, early_l1) select with early_budget rows
+                             instead of budget (the layers whose attention spreads widest; default none) */
+    int32_t early_budget; /* compressed rows those layers attend per query and KV head (0: budget) */
+    int32_t full_layers;  /* decode: at most this many layers attend every compressed chunk (their keys
+                             all in the key cache): those whose landmark selection missed the most of
+                             the last prompt queries' attention at the fit (stats.sel_miss), if
+                             at least full_min (-1, the default: 2; none in a session on a device
+                             backend; 0: none; at most 8) */
+    float full_min;       /* the least missed share that makes a layer full (0: 0.02) */
     bool no_summary;      /* unselected chunks are dropped, not one summary row each (the default since
                              the seventh session: the summaries cost KL at 8K; `summ` keeps them) */
     bool coef_summary;    /* ablation: decode sums unselected chunks' mean coefficients (r per chunk)
@@ -195,7 +204,8 @@ typedef struct rk_lowram_params {
 rk_lowram_params rk_lowram_params_default(void);
 /* Parses "key=value,flag,..." (the part after "lowram:" of --kv) into *p, starting from
  * its current values. Keys: ratio, rank, energy, group, window, sinks, chunk, resid,
- * budget, topp, minch, krank, vrank, hyst, kslots, coarse, ckeep, pfit, evict, obs, lambda, fitrows, threads, coef=f16|f32|int8, rtype=int8|int4|f16, exact=f16|f32,
+ * budget, topp, minch, krank, vrank, hyst, kslots, coarse, ckeep, pfit, evict, obs, lambda, fitrows, threads,
+ * start, spread, vkeep, vpool, vpin, dl0, dl1, el0, el1, ebudget, full, fullmin, kcache=int8|f16, coef=f16|f32|int8, rtype=int8|int4|f16, exact=f16|f32,
  * pred=FILE (must come last: the rest of the spec is the path); flags: dense, mass,
  * nomass, keys_only, nosumm, csumm, qpca, bound, nocache. */
 rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err);
@@ -542,6 +552,11 @@ typedef struct rk_lowram_stats {
     uint64_t lmk_scored;      /* chunk landmarks scored by decode's selection (per query step, layer and
                                  KV head), all layers and heads */
     uint64_t lmk_coarse;      /* coarse landmarks scored (coarse=) */
+    /* per layer (first 256): the share of the last prompt queries' attention that a budget-sized
+     * landmark selection of compressed chunks leaves out, mean over queries and KV heads,
+     * measured at the fit (-1: not measured); the layers made full by it (full_layers) */
+    float sel_miss[256];
+    int32_t n_full, full_l[8];
 } rk_lowram_stats;
 void rk_session_lowram_stats(const rk_session *s, rk_lowram_stats *out);
 

@@ -28,6 +28,7 @@ rk_lowram_params rk_lowram_params_default(void) {
      * 0/4 -> 4/4 at 4K, KL and ΔNLL no worse at 8K) */
     p.mass_keep = 0.1f;
     p.mass_pin = -1; /* unset: 4 (resolve), none in a session on a device backend */
+    p.full_layers = -1; /* unset: 2 (resolve), none on a device backend (fourteenth session, docs/LOWRAM.md) */
     p.budget = 640;
     p.no_summary = true; /* measured at 8K: summary rows of the unselected chunks cost KL (0.075 with, 0.065
                             without) and time (docs/LOWRAM.md, seventh session); `summ` turns them on */
@@ -135,6 +136,9 @@ rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err) {
             {"ckeep", 1, 1 << 20, &q.coarse_keep, NULL}, {"vkeep", 0, 1, &q.mass_keep, NULL},
             {"vpool", 0, 4096, NULL, &q.mass_pool},        {"vpin", 0, 32, NULL, &q.mass_pin},
             {"dl0", 0, 1 << 16, NULL, &q.dense_l0},       {"dl1", 0, 1 << 16, NULL, &q.dense_l1},
+            {"el0", 0, 1 << 16, NULL, &q.early_l0},       {"el1", 0, 1 << 16, NULL, &q.early_l1},
+            {"ebudget", 1, 1 << 24, NULL, &q.early_budget}, {"full", 0, LR_FULL_MAX, NULL, &q.full_layers},
+            {"fullmin", 0, 1, &q.full_min, NULL},
         };
         size_t k = 0;
         for (; k < sizeof keys / sizeof keys[0]; k++)
@@ -173,6 +177,10 @@ static rk_status resolve(rk_lowram_params *p, const rk_kv *hp, rk_err *err) {
         return rk_err_set(err, RK_E_INVALID_ARG, "lowram: vkeep %g outside [0, 1]", (double)p->mass_keep);
     if (p->mass_pool == 0) p->mass_pool = 8; /* -1 (vpool=0) stays: no pooling */
     if (p->mass_pin < 0) p->mass_pin = 4;
+    if (p->full_layers < 0) p->full_layers = 2;
+    if (p->full_layers > LR_FULL_MAX)
+        return rk_err_set(err, RK_E_INVALID_ARG, "lowram: full %d above %d", p->full_layers, LR_FULL_MAX);
+    if (!(p->full_min > 0)) p->full_min = 0.02f;
     if (p->mass_pin > LR_PIN_MAX) return rk_err_set(err, RK_E_INVALID_ARG, "lowram: vpin %d above %d", p->mass_pin, LR_PIN_MAX);
     if (p->budget <= 0) p->budget = d.budget;
     if (!(p->topp >= 0 && p->topp <= 1)) return rk_err_set(err, RK_E_INVALID_ARG, "lowram: topp %g outside [0, 1]", (double)p->topp);
@@ -247,6 +255,7 @@ rk_status lr_codec_new(const rk_kv *kv, const rk_lowram_params *p, int n_threads
     rk_kv_codec *c = calloc(1, sizeof *c);
     if (!c) return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory");
     c->p = *p;
+    for (int l = 0; l < 256; l++) c->stats.sel_miss[l] = -1.0f; /* not measured */
     c->cmean_on = !p->no_summary; /* summary rows read the chunk means */
     c->n_layer = kv->n_layer, c->n_head = kv->n_head, c->n_head_kv = kv->n_head_kv, c->hd = kv->head_dim;
     c->kvd = kv->kv_dim, c->n_rot = kv->n_rot, c->rope_mode = kv->rope_mode;
@@ -643,6 +652,9 @@ static rk_status lowram_import(rk_kv *kv, int64_t row0, int64_t n_rows, const ui
     c->pgguf = nc->pgguf, nc->pgguf = NULL;
     c->prank = nc->prank;
     c->stats = nc->stats;
+    c->stats.n_full = 0; /* the imported state's full layers (its trailer) */
+    for (int l = 0; l < c->n_layer; l++)
+        if (c->ly[l].full && c->stats.n_full < LR_FULL_MAX) c->stats.full_l[c->stats.n_full++] = l;
     lr_codec_free(nc);
     c->n_past = kv->n_past = n_rows;
     return RK_OK;

@@ -752,7 +752,7 @@ static rk_status sparse_decode(rk_kv_codec *c, int layer, const float *q, int64_
     const int nthr = c->pool ? rk_pool_size(c->pool) : 1;
     /* the one-level landmark scores over the pool first (top-p, two-level and spread score
      * inside the selection, head by head) */
-    const int64_t n_sel = (c->p.budget + C - 1) / C;
+    const int64_t n_sel = lr_n_sel(c, layer);
     bool pre = c->p.topp <= 0 && c->p.coarse <= 1 && c->p.spread <= 0 && n_sel < n_ch;
     if (pre && !c->dcs) {
         c->dcs = malloc((size_t)c->n_head_kv * (size_t)c->cap_chunks * sizeof(float));

@@ -515,9 +515,54 @@ typedef struct mass_job {
     rk_kv_codec *c;
     int64_t n_past;
     float *mass;   /* (n_layer, n_head_kv, n_past - n_sink) */
+    float *miss;   /* (n_layer) the selection's missed share (sel_miss), or NULL */
     const uint8_t *todo_l; /* (n_layer) layers to do, or NULL: all */
     bool fail;
 } mass_job;
+
+/* How much of the observed queries' attention decode's landmark selection leaves out, for
+ * one KV head (keys Kh: row p at Kh + p * kv_dim, post-RoPE; queries Q and their softmax
+ * weights S, rows g * n_obs + o). Per observed row o, as decode selects for one token: the
+ * n_sel chunks whose landmark (mean key) scores highest against any of the group's query
+ * heads; its miss is the weight of the other chunks, averaged over the group. (The miss
+ * less that of the best n_sel chunks by weight, the landmarks' error alone, chose layers
+ * that lost the needle: docs/LOWRAM.md, fourteenth session.) w: scratch of
+ * miss_scratch(n_ch, hd) floats; adds the misses into w[0] and their count into w[1]. */
+static size_t miss_scratch(int64_t n_ch, int hd) { return 2 + (size_t)n_ch * (3 + (size_t)hd); }
+static void miss_head(const rk_kv_codec *c, const float *Kh, const float *Q, const float *S, int64_t n, int nq,
+                      int n_obs, int l, int64_t n_ch, int64_t n_sel, float *w) {
+    const int hd = c->hd, grp = nq / n_obs;
+    const int64_t C = c->p.chunk, sink = c->p.n_sink;
+    float *sc = w + 2, *cm = sc + n_ch, *tmp = cm + n_ch, *lm = tmp + n_ch;
+    memset(lm, 0, (size_t)n_ch * hd * sizeof(float)); /* landmark sums (the mean's scale ranks alike) */
+    for (int64_t ch = 0; ch < n_ch; ch++)
+        for (int64_t p = sink + ch * C; p < sink + (ch + 1) * C; p++)
+            for (int d = 0; d < hd; d++) lm[(size_t)ch * hd + d] += Kh[(size_t)p * c->kvd + d];
+    for (int o = 0; o < n_obs; o++) {
+        const int64_t pq = c->obs_pos[(size_t)l * c->p.obs_window + o];
+        if (pq >= n) continue;
+        for (int64_t ch = 0; ch < n_ch; ch++) {
+            float best = -INFINITY;
+            double m = 0;
+            for (int g = 0; g < grp; g++) {
+                const float *qv = Q + ((size_t)g * n_obs + o) * hd, *lv = lm + (size_t)ch * hd;
+                const float *wr = S + ((size_t)g * n_obs + o) * n;
+                float dt = 0;
+                for (int d = 0; d < hd; d++) dt += qv[d] * lv[d];
+                best = dt > best ? dt : best;
+                for (int64_t p = sink + ch * C; p < sink + (ch + 1) * C && p <= pq; p++) m += wr[p];
+            }
+            sc[ch] = best;
+            cm[ch] = (float)(m / grp);
+        }
+        const float th = kth_largest(sc, n_ch, n_sel, tmp);
+        double lost = 0;
+        for (int64_t ch = 0; ch < n_ch; ch++)
+            if (sc[ch] < th) lost += cm[ch];
+        w[0] += (float)lost;
+        w[1] += 1.0f;
+    }
+}
 
 /* Per KV head: the observed queries of its query heads (grp * n_obs rows, gathered) times
  * the transposed keys (hd, n) in one product (6 x 16 tiles over k = hd; the old per-head
@@ -538,6 +583,16 @@ static void mass_layer(mass_job *j, int l) {
     for (int64_t p = 0; p < n; p++) lr_plain_row(c, l, false, p, K + (size_t)p * c->kvd);
     float *ms = j->mass + (size_t)l * c->n_head_kv * (n - sink);
     const float scale = 1.0f / sqrtf((float)hd);
+    /* the selection's miss: full chunks of the compressed range [sink, n - window) against
+     * the budget's chunk count (0 where the budget holds them all) */
+    const int64_t C = c->p.chunk, n_sel = (c->p.budget + C - 1) / C;
+    const int64_t n_ch = n - c->p.window > sink ? (n - c->p.window - sink) / C : 0;
+    float *miss = j->miss && n_ch > n_sel ? calloc(miss_scratch(n_ch, hd), sizeof(float)) : NULL;
+    if (j->miss && n_ch > n_sel && !miss) {
+        j->fail = true;
+        free(K), free(Kt), free(S), free(Q);
+        return;
+    }
 #ifdef LR_HAVE_ACC_AVX2
     const bool avx2 = rk_cpu_has_avx2();
 #endif
@@ -567,10 +622,12 @@ static void mass_layer(mass_job *j, int l) {
 #endif
                 for (int p = 0; p < nv; p++) sum += sc[p] = expf(sc[p] - mx);
             const float inv = (float)(1.0 / sum);
-            for (int64_t p = sink; p < nv; p++) mh[p - sink] += sc[p] * inv;
+            for (int64_t p = sink; p < nv; p++) mh[p - sink] += sc[p] *= inv; /* S: weights from here */
         }
+        if (miss && n_ch > n_sel) miss_head(c, K + (size_t)h * hd, Q, S, n, nq, n_obs, l, n_ch, n_sel, miss);
     }
-    free(K), free(Kt), free(S), free(Q);
+    if (j->miss) j->miss[l] = !miss ? 0.0f : miss[1] > 0 ? miss[0] / miss[1] : -1.0f;
+    free(K), free(Kt), free(S), free(Q), free(miss);
 }
 
 static void mass_worker(void *vp, int t, int nt) {
@@ -629,13 +686,15 @@ static rk_status fit_groups(rk_kv_codec *c, int64_t n_past, const uint8_t *todo,
     rk_status *gst = calloc((size_t)c->n_group, sizeof *gst);
     if (!gst) return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory");
     lr_rope_fill(c, n_past);
-    const bool want_mass = (c->p.evict > 0 || c->p.resid_mass || c->p.mass_keep > 0 || c->p.mass_pin > 0) && c->obs_q;
+    const bool want_miss = c->p.full_layers > 0 && c->n_layer <= 256;
+    const bool want_mass = (c->p.evict > 0 || c->p.resid_mass || c->p.mass_keep > 0 || c->p.mass_pin > 0 || want_miss) &&
+                           c->obs_q;
     if (want_mass) {
         mass = calloc((size_t)c->n_layer * c->n_head_kv * n_fit, sizeof(float));
         if (todo && (todo_l = calloc((size_t)c->n_layer, 1)))
             for (int gi = 0; gi < c->n_group; gi++)
                 for (int li = 0; todo[gi] && li < c->g[gi].n_l; li++) todo_l[c->g[gi].l0 + li] = 1;
-        mass_job mj = {c, n_past, mass, todo_l, mass == NULL || (todo && !todo_l)};
+        mass_job mj = {c, n_past, mass, want_miss ? c->stats.sel_miss : NULL, todo_l, mass == NULL || (todo && !todo_l)};
         if (!mj.fail) {
             if (c->pool) rk_pool_run(c->pool, mass_worker, &mj);
             else mass_worker(&mj, 0, 1);
@@ -665,6 +724,25 @@ static rk_status fit_groups(rk_kv_codec *c, int64_t n_past, const uint8_t *todo,
 done:
     free(gst), free(mass), free(keep), free(todo_l);
     return st;
+}
+
+/* The full layers: at most full_layers of them, by decreasing sel_miss, each at least
+ * full_min (ties: the lower layer). Layers not measured (sel_miss < 0) are never full. */
+void lr_choose_full(rk_kv_codec *c) {
+    rk_lowram_stats *S = &c->stats;
+    S->n_full = 0;
+    for (int l = 0; l < c->n_layer; l++) c->ly[l].full = false;
+    const int want = c->p.full_layers < LR_FULL_MAX ? c->p.full_layers : LR_FULL_MAX;
+    if (c->n_layer > 256 || !c->obs_q) return;
+    while (S->n_full < want) {
+        int best = -1;
+        for (int l = 0; l < c->n_layer; l++)
+            if (!c->ly[l].full && S->sel_miss[l] >= c->p.full_min && (best < 0 || S->sel_miss[l] > S->sel_miss[best]))
+                best = l;
+        if (best < 0) break;
+        c->ly[best].full = true;
+        S->full_l[S->n_full++] = best;
+    }
 }
 
 bool lr_fit_due(const rk_kv_codec *c, int64_t n) {
@@ -739,6 +817,7 @@ rk_status lr_fit(rk_kv_codec *c, int64_t n_past, rk_err *err) {
     for (int gi = 0; gi < c->n_group; gi++) todo[gi] = !c->g[gi].prefit, some |= c->g[gi].prefit;
     rk_status st = fit_groups(c, n_past, some ? todo : NULL, err);
     if (st) goto done;
+    lr_choose_full(c);
     /* scratch before the exact copies go: after that there is no way back */
     if ((st = lr_scratch_alloc(c, err))) goto done;
     c->comp_end = n_past - c->p.window;

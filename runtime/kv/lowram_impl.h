@@ -35,7 +35,9 @@ typedef struct lr_group {
 } lr_group;
 
 #define LR_PIN_MAX 32 /* most pinned chunks per (layer, KV head) */
+#define LR_FULL_MAX 8 /* most layers that attend every chunk (full_layers) */
 #define LR_PIN_TAG 0x534e4950u /* "PINS": the export's pinned-chunk trailer */
+#define LR_FULL_TAG 0x4c4c5546u /* "FULL": the export's full-layer trailer */
 
 typedef struct lr_head {
     float tau;            /* later blocks keep a residual when ||δ||² >= tau */
@@ -76,6 +78,7 @@ typedef struct lr_layer {
     uint8_t *clmk;        /* (cap_chunks / G + 1, n_head_kv, 2 + head_dim): f16 scale, int8 */
     int64_t cl_n;
     uint32_t cl_epoch;    /* c->epoch when built */
+    bool full;            /* sparse decode attends every chunk (full_layers, chosen at the fit) */
 } lr_layer;
 
 /* Per-thread attention scratch. */
@@ -212,6 +215,8 @@ void lr_dense_free(rk_kv_codec *c);
  * allocates the attention scratch, then drops the compressed rows' exact copies. On
  * failure nothing is dropped and the codec stays unfitted. */
 rk_status lr_fit(rk_kv_codec *c, int64_t n_past, rk_err *err);
+/* Marks the full layers (full_layers) from stats.sel_miss, measured by the fit. */
+void lr_choose_full(rk_kv_codec *c);
 /* Inside a layer-major eval that will end at n_past rows and fit there (lr_fit_due): the
  * groups whose layers all lie below l_end are fitted and compressed now, and the pages of
  * their exact rows [max(sinks, n_before), n_past - window) are given back to the system, so
@@ -261,6 +266,25 @@ void lr_truncate(rk_kv_codec *c, int64_t pos);
 /* Coefficients the value predictor uses (its rows past them are 0): value_rank, capped at r. */
 static inline int lr_vr(const rk_kv_codec *c, const lr_group *g) {
     return c->p.value_rank > 0 && c->p.value_rank < g->r ? c->p.value_rank : g->r;
+}
+
+/* Chunks sparse decode attends per query and KV head in layer l: every chunk in a full
+ * layer (full_layers), early_budget's in the range [el0, el1), budget's elsewhere; at most
+ * the context's (then its keys are all in the key cache). lr_n_sel_max: the most of any
+ * layer (the decode scratch's size). */
+static inline int64_t lr_n_sel(const rk_kv_codec *c, int l) {
+    if (c->ly && c->ly[l].full) return c->cap_chunks;
+    const int64_t b = c->p.early_budget > 0 && l >= c->p.early_l0 && l < c->p.early_l1 ? c->p.early_budget : c->p.budget;
+    const int64_t n = (b + c->p.chunk - 1) / c->p.chunk;
+    return n < c->cap_chunks ? n : c->cap_chunks;
+}
+static inline int64_t lr_n_sel_max(const rk_kv_codec *c) {
+    int64_t n = 0;
+    for (int l = 0; l < c->n_layer; l++) {
+        const int64_t k = lr_n_sel(c, l);
+        n = k > n ? k : n;
+    }
+    return n;
 }
 
 /* ---- exact rows (lowram_store.c) ----

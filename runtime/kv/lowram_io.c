@@ -17,6 +17,8 @@
  *             per layer exact K rows [0, sinks), V rows; then K rows [comp_end, n_past), V rows
  *             then (optional: states written before the twelfth session end above) u32 "PINS",
  *             per layer and KV head u32 n_pin (<= 32), i32 pin (n_pin) chunk indices < n_ch
+ *             then (optional: before the fourteenth session, none) u32 "FULL", u32 n_full
+ *             (<= 8), i32 layer (n_full) distinct, < n_layer: the layers that attend every chunk
  * n_ch = ceil(n_rows / chunk) of the layer's group. */
 #include <math.h>
 #include <stdlib.h>
@@ -122,6 +124,13 @@ rk_status lr_export(const rk_kv_codec *c, rk_kv_buf *b, rk_err *err) {
             rk_kv_put_u32(b, (uint32_t)H->n_pin);
             rk_kv_put(b, H->pin, (size_t)H->n_pin * 4);
         }
+    int32_t fl[LR_FULL_MAX];
+    uint32_t nf = 0;
+    for (int l = 0; l < c->n_layer; l++)
+        if (c->ly[l].full && nf < LR_FULL_MAX) fl[nf++] = l;
+    rk_kv_put_u32(b, LR_FULL_TAG);
+    rk_kv_put_u32(b, nf);
+    rk_kv_put(b, fl, (size_t)nf * 4);
     return RK_OK;
 }
 
@@ -242,6 +251,19 @@ static rk_status import_fitted(rk_kv_codec *c, rk_kv_rd *r, rk_err *err) {
                         return BAD("lowram: layer %d head %d pins chunk %d of %lld", l, h, H->pin[i], (long long)nch);
                 H->n_pin = (int)np;
             }
+    }
+    /* the full layers' trailer (absent before the fourteenth session: none) */
+    for (int l = 0; l < c->n_layer; l++) c->ly[l].full = false;
+    if (r->off < r->n) {
+        const uint32_t nf = rk_kv_get_u32(r) == LR_FULL_TAG ? rk_kv_get_u32(r) : UINT32_MAX;
+        if (r->fail || nf > LR_FULL_MAX) return BAD("lowram: full layers: a bad trailer (count %u, at most %d)", nf, LR_FULL_MAX);
+        for (uint32_t i = 0; i < nf; i++) {
+            const uint32_t l = rk_kv_get_u32(r);
+            if (r->fail || l >= (uint32_t)c->n_layer || c->ly[l].full)
+                return BAD("lowram: full layer %u of %d: out of range, repeated or truncated", l, c->n_layer);
+            c->ly[l].full = true;
+        }
+        if (r->off < r->n) return BAD("lowram: %zu bytes of unknown data after the full layers", r->n - r->off);
     }
     c->fitted = true;
     rk_status st = lr_scratch_alloc(c, err);

@@ -51,13 +51,13 @@ static void kcache_free(rk_kv_codec *c) {
         }
 }
 
-/* Decode's key cache: per (layer, KV head) room for the budget's chunks and 2 more. */
+/* Decode's key cache: per (layer, KV head) room for the layer's budget in chunks and kc_extra more. */
 static bool kcache_alloc(rk_kv_codec *c) {
     if (c->p.dense) return true;
-    const int n = (int)((c->p.budget + c->p.chunk - 1) / c->p.chunk) + c->p.kc_extra;
     const size_t rows = (size_t)c->p.chunk * c->kc_row;
     for (int l = 0; l < c->n_layer; l++)
         for (int h = 0; h < c->n_head_kv; h++) {
+            const int n = (int)lr_n_sel(c, l) + c->p.kc_extra;
             lr_head *H = &c->ly[l].h[h];
             H->kc_ch = malloc((size_t)n * sizeof(int32_t));
             H->kc_rows = malloc((size_t)n * sizeof(int32_t));
@@ -148,7 +148,7 @@ rk_status lr_scratch_alloc(rk_kv_codec *c, rk_err *err) {
                            .src1 = {c->wide ? RK_DT_F32 : RK_DT_F16, {1, 1}, 4, NULL}};
     if (!c->p.dense && c->be && !c->be->ops->mem_alloc && rk_backend_check_ops(c->be, &kop, 1, NULL) == RK_OK &&
         (!c->be->ops->supports || c->be->ops->supports(c->be, &pa))) {
-        const size_t hk = (size_t)c->n_head_kv, ms = (size_t)((c->p.budget + c->p.chunk - 1) / c->p.chunk);
+        const size_t hk = (size_t)c->n_head_kv, ms = (size_t)lr_n_sel_max(c);
         c->dsel = malloc(hk * nch * sizeof(int32_t));
         c->dslot = malloc(hk * nch * sizeof(int32_t));
         c->dn = calloc(hk, sizeof(int64_t));

@@ -155,7 +155,7 @@ LR_AI int64_t select_chunks(const head_task *t, int64_t n_ch) {
     const int hd = c->hd;
     int ia[LR_ROPE_MAX], ib[LR_ROPE_MAX];
     float u[LR_ROPE_MAX];
-    int64_t n_sel = (c->p.budget + c->p.chunk - 1) / c->p.chunk;
+    int64_t n_sel = lr_n_sel(c, t->l);
     if (n_sel >= n_ch) {
         for (int64_t i = 0; i < n_ch; i++) x->sel[i] = (int32_t)i;
         return n_ch;
@@ -269,7 +269,7 @@ LR_AI int64_t select_topp(const head_task *t, int64_t n_ch) {
     const lr_group *g = &c->g[L->grp];
     const int hd = c->hd, C = c->p.chunk, ns = t->ns;
     const float scale = 1.0f / sqrtf((float)hd);
-    const int64_t n_max = (c->p.budget + C - 1) / C, n_min = c->p.min_chunks < n_max ? c->p.min_chunks : n_max;
+    const int64_t n_max = lr_n_sel(c, t->l), n_min = c->p.min_chunks < n_max ? c->p.min_chunks : n_max;
     const rk_quant_fns *f16 = rk_quant_fast(RK_DT_F16);
     float *lse = x->st_l; /* reset by head_run later */
     exact_lse(t, t->pos0 + ns / t->grp, lse);

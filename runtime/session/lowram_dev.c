@@ -62,6 +62,7 @@ static bool params_ok(const rk_kv_codec *c) {
     return !c->wide && p->coef_type == RK_DT_Q8_0 && p->resid_type == RK_DT_Q8_0 && c->exact_type == RK_DT_F16 &&
            !(p->topp > 0) && !p->bound && p->coarse <= 1 && (p->key_rank <= 0) && !(p->hyst > 0) && !p->values_exact &&
            !p->dense && p->mass_pin <= 0 && /* pinned chunks: the host path */
+           !(p->early_budget > 0 && p->early_l0 < p->early_l1) && p->full_layers <= 0 && /* one budget per session */
            c->hd <= 128 && c->n_rot <= c->hd &&
            /* the op rounds its rebuilt keys as either key cache holds them (key_int8) */
            (p->kc_type == RK_DT_F16 || p->kc_type == RK_DT_Q8_0);
@@ -345,7 +346,7 @@ rk_status rk_lrdev_attend(rk_lrdev *d, int l, const float *q, int64_t n_q, int64
     const lrd_layer *X = &d->ly[l];
     const size_t kvd = (size_t)c->kvd, off = (size_t)L->li * kvd;
     rk_lr_attn_args A = {0};
-    A.chunk = c->p.chunk, A.r = g->r, A.n_sel = (int)((c->p.budget + c->p.chunk - 1) / c->p.chunk);
+    A.chunk = c->p.chunk, A.r = g->r, A.n_sel = (int)lr_n_sel(c, l);
     A.summaries = !c->p.no_summary;
     A.key_int8 = c->p.kc_type == RK_DT_Q8_0;
     A.n_rot = c->n_rot, A.rope_mode = c->rope_mode, A.freq = d->freq;

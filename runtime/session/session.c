@@ -125,6 +125,9 @@ rk_status rk_session_create(const rk_model *m, const rk_session_params *pp, rk_s
     /* pinned chunks when unset: 4 on the CPU; none on a device, whose fused op selects by landmarks */
     if (p.kv.kind == RK_KV_LOWRAM && p.kv.lowram.mass_pin < 0)
         p.kv.lowram.mass_pin = s->p.kv.lowram.mass_pin = s->dev ? 0 : 4;
+    /* full layers likewise: the fused op takes one chunk count for every layer */
+    if (p.kv.kind == RK_KV_LOWRAM && p.kv.lowram.full_layers < 0)
+        p.kv.lowram.full_layers = s->p.kv.lowram.full_layers = s->dev ? 0 : 2;
     int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim, qd = (int64_t)hp->n_head * hp->head_dim;
     /* the KV policy, fixed for the session's life */
     if ((st = rk_kv_create(m, &p.kv, s->n_ctx, s->be, p.n_threads, s->warning, sizeof s->warning, &s->kv, err)))

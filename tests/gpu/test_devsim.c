@@ -383,16 +383,18 @@ Test(devsim, lowram_session_matches_cpu, .timeout = 120) {
                            "lowram:window=48,budget=96,nosumm,evict=0.3,kcache=f16,rtype=int8",
                            "lowram:window=32,budget=64,summ,rtype=int8", "lowram:window=48,budget=96,nosumm,evict=0.3,rtype=int8",
                            "lowram:window=32,budget=64,bound,rtype=int8", "lowram:window=32,budget=64",
-                           "lowram:window=32,budget=64,rtype=int8,vpin=4"};
-    /* pinned chunks unset are none on a device (its fused op selects by landmarks alone), 4 on
-     * the CPU: the CPU twins name vpin=0; an explicit vpin takes the host path on the device */
-    const char *cpu_specs[] = {"lowram:window=32,budget=64,kcache=f16,summ,rtype=int8,vpin=0",
-                               "lowram:window=48,budget=96,nosumm,evict=0.3,kcache=f16,rtype=int8,vpin=0",
-                               "lowram:window=32,budget=64,summ,rtype=int8,vpin=0",
-                               "lowram:window=48,budget=96,nosumm,evict=0.3,rtype=int8,vpin=0",
-                               "lowram:window=32,budget=64,bound,rtype=int8,vpin=0",
-                               "lowram:window=32,budget=64,rtype=int8,vpin=0", specs[6]};
-    const bool fused[] = {true, true, true, true, false, true, false};
+                           "lowram:window=32,budget=64,rtype=int8,vpin=4,full=0",
+                           "lowram:window=32,budget=64,rtype=int8,vpin=0,full=1"};
+    /* pinned chunks and full layers unset are none on a device (its fused op selects by
+     * landmarks alone, one chunk count for every layer), 4 and 2 on the CPU: the CPU twins
+     * name vpin=0,full=0; an explicit vpin takes the host path on the device */
+    const char *cpu_specs[] = {"lowram:window=32,budget=64,kcache=f16,summ,rtype=int8,vpin=0,full=0",
+                               "lowram:window=48,budget=96,nosumm,evict=0.3,kcache=f16,rtype=int8,vpin=0,full=0",
+                               "lowram:window=32,budget=64,summ,rtype=int8,vpin=0,full=0",
+                               "lowram:window=48,budget=96,nosumm,evict=0.3,rtype=int8,vpin=0,full=0",
+                               "lowram:window=32,budget=64,bound,rtype=int8,vpin=0,full=0",
+                               "lowram:window=32,budget=64,rtype=int8,vpin=0,full=0", specs[6], specs[7]};
+    const bool fused[] = {true, true, true, true, false, true, false, false}; /* full layers: the host path */
     for (size_t c = 0; c < sizeof specs / sizeof specs[0]; c++) {
         rk_backend *cpu = NULL;
         cr_assert_eq(rk_backend_cpu_create(1, &cpu, &err), RK_OK, "%s", err.msg);

@@ -140,7 +140,7 @@ Test(lowram, byte_accounting_adds_up) {
     const int nv = hp->n_vocab;
     int32_t *ids = rt_story_ids(m, 340);
     /* kslots=2: the default 18 spare key-cache chunks would outweigh this tiny model's 340 rows */
-    rk_session *s = session(m, RK_DT_F16, "rank=24,window=64,coef=int8,budget=64,kslots=2,summ,chunk=32,rtype=int8");
+    rk_session *s = session(m, RK_DT_F16, "rank=24,window=64,coef=int8,budget=64,kslots=2,summ,chunk=32,rtype=int8,full=0");
     rk_kv_bytes b;
     rk_session_kv_bytes(s, &b);
     cr_expect_eq(b.total, 0);
@@ -313,9 +313,9 @@ Test(lowram, int8_key_cache) {
     const int n_prompt = 1 + n_story + n_prefix;
     int32_t *ids = copy_prompt(m, n_story, n_prefix, n_dec);
     rk_session *ex = session(m, RK_DT_F16, NULL);
-    rk_session *f = session(m, RK_DT_F16, "window=64,budget=96,chunk=16,kcache=f16,kslots=2");
-    rk_session *q = session(m, RK_DT_F16, "window=64,budget=96,chunk=16,kcache=int8,kslots=2");
-    rk_session *k = session(m, RK_DT_F16, "window=64,budget=96,chunk=16,kcache=int8,kslots=40");
+    rk_session *f = session(m, RK_DT_F16, "window=64,budget=96,chunk=16,kcache=f16,kslots=2,full=0");
+    rk_session *q = session(m, RK_DT_F16, "window=64,budget=96,chunk=16,kcache=int8,kslots=2,full=0");
+    rk_session *k = session(m, RK_DT_F16, "window=64,budget=96,chunk=16,kcache=int8,kslots=40,full=0");
     float *a = trace(ex, ids, n_prompt, n_dec, nv), *lf = trace(f, ids, n_prompt, n_dec, nv);
     float *lq = trace(q, ids, n_prompt, n_dec, nv), *lk = trace(k, ids, n_prompt, n_dec, nv);
     const double diff = rt_max_abs_diff(lq, lk, (size_t)(n_dec + 1) * nv);
@@ -351,9 +351,9 @@ Test(lowram, two_level_selection) {
     const int n_prompt = 1 + n_story + n_prefix;
     int32_t *ids = copy_prompt(m, n_story, n_prefix, n_dec);
     rk_session *ex = session(m, RK_DT_F16, NULL);
-    rk_session *one = session(m, RK_DT_F16, "window=64,budget=96,chunk=4");
-    rk_session *all = session(m, RK_DT_F16, "window=64,budget=96,chunk=4,coarse=4,ckeep=1000");
-    rk_session *two = session(m, RK_DT_F16, "window=64,budget=96,chunk=4,coarse=4,ckeep=1.5");
+    rk_session *one = session(m, RK_DT_F16, "window=64,budget=96,chunk=4,full=0");
+    rk_session *all = session(m, RK_DT_F16, "window=64,budget=96,chunk=4,coarse=4,ckeep=1000,full=0");
+    rk_session *two = session(m, RK_DT_F16, "window=64,budget=96,chunk=4,coarse=4,ckeep=1.5,full=0");
     float *a = trace(ex, ids, n_prompt, n_dec, nv), *lo = trace(one, ids, n_prompt, n_dec, nv);
     float *la = trace(all, ids, n_prompt, n_dec, nv), *lt = trace(two, ids, n_prompt, n_dec, nv);
     const size_t n = (size_t)(n_dec + 1) * nv;
@@ -642,7 +642,7 @@ Test(lowram, topp_selection) {
     rk_session *f16 = session(m, RK_DT_F16, NULL), *f32 = session(m, RK_DT_F32, NULL);
     rk_session *dn = session(m, RK_DT_F16, "window=64,chunk=16,dense");
     rk_session *all = session(m, RK_DT_F16, "window=64,chunk=16,topp=1,budget=100000");
-    rk_session *tp = session(m, RK_DT_F16, "window=64,chunk=16,topp=0.9,budget=96");
+    rk_session *tp = session(m, RK_DT_F16, "window=64,chunk=16,topp=0.9,budget=96,full=0");
     float *a16 = trace(f16, ids, n_prompt, n_dec, nv), *a32 = trace(f32, ids, n_prompt, n_dec, nv);
     float *ld = trace(dn, ids, n_prompt, n_dec, nv), *la = trace(all, ids, n_prompt, n_dec, nv);
     const size_t n = (size_t)(n_dec + 1) * nv;
@@ -885,10 +885,10 @@ Test(lowram, state_decodes_under_other_selection_settings) {
     rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
     const int nv = rk_model_hparams(m)->n_vocab, n_p = 300, n_dec = 12;
     int32_t *ids = rt_story_ids(m, n_p + n_dec + 1);
-    rk_session *a = session(m, RK_DT_F16, "rank=24,window=64,budget=64,kslots=2");
-    rk_session *b = session(m, RK_DT_F16, "rank=24,window=64,budget=96,topp=0.9,dl0=1,dl1=3,kslots=2");
-    rk_session *f = session(m, RK_DT_F16, "rank=24,window=64,budget=96,topp=0.9,dl0=1,dl1=3,kslots=2");
-    rk_session *x = session(m, RK_DT_F16, "rank=20,window=64,budget=64,kslots=2");
+    rk_session *a = session(m, RK_DT_F16, "rank=24,window=64,budget=64,kslots=2,full=0");
+    rk_session *b = session(m, RK_DT_F16, "rank=24,window=64,budget=96,topp=0.9,dl0=1,dl1=3,kslots=2,full=0");
+    rk_session *f = session(m, RK_DT_F16, "rank=24,window=64,budget=96,topp=0.9,dl0=1,dl1=3,kslots=2,full=0");
+    rk_session *x = session(m, RK_DT_F16, "rank=20,window=64,budget=64,kslots=2,full=0");
     float *la = trace(a, ids, n_p, 0, nv), *lf = trace(f, ids, n_p, n_dec, nv);
     rk_err e = {0};
     void *blk;

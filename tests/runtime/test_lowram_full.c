@@ -1,0 +1,223 @@
+/* LowRAM's full layers (full=N): the fit measures, per layer, the share of the last prompt
+ * queries' attention that a budget-sized landmark selection leaves out (stats.sel_miss),
+ * the N layers that lose most attend every chunk at decode, and an exported state carries
+ * them. stories260K from ../shared. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lowram_impl.h"
+#include "rk_kernels.h"
+#include "rt_shared.h"
+#include "session_impl.h"
+
+/* Reference miss of layer l in double precision: per KV head and observed row o, the
+ * landmarks (mean exact post-RoPE key of each full chunk of [sink, comp_end)) scored by the
+ * best of the group's queries, the n_sel best kept, and the softmax weight of the other
+ * chunks averaged over the group; the mean over heads and rows. Keys from the twin x that
+ * compressed nothing, queries from the fitted session f (the same prompt: the same queries).
+ * *tie: the smallest gap between the n_sel-th and the next score, relative to the scores'
+ * spread (a float ranking may differ from this one below about 1e-5). */
+static double ref_miss(const rk_kv_codec *f, const rk_kv_codec *x, int l, int64_t n, double *tie) {
+    const int hd = x->hd, grp = x->n_head / x->n_head_kv, W = x->p.obs_window, qd = x->n_head * hd;
+    const int64_t sink = x->p.n_sink, C = f->p.chunk, n_sel = (f->p.budget + C - 1) / C;
+    const int64_t n_ch = (f->comp_end - sink) / C;
+    const int n_obs = f->obs_n[l] < W ? f->obs_n[l] : W;
+    const rk_quant_fns *f16 = rk_quant_fast(RK_DT_F16);
+    float *K = malloc((size_t)n * hd * sizeof(float));
+    double *lm = calloc((size_t)n_ch * hd, sizeof(double)), *sc = malloc((size_t)n_ch * sizeof(double));
+    double *wt = malloc((size_t)n * sizeof(double)), *cm = calloc((size_t)n_ch, sizeof(double));
+    double *srt = malloc((size_t)n_ch * sizeof(double));
+    double total = 0;
+    int cnt = 0;
+    for (int h = 0; h < x->n_head_kv; h++) {
+        for (int64_t p = 0; p < n; p++)
+            f16->to_f32((const uint16_t *)lr_exact_ptr(x, l, false, p) + (size_t)h * hd, K + p * hd, hd);
+        memset(lm, 0, (size_t)n_ch * hd * sizeof(double));
+        for (int64_t ch = 0; ch < n_ch; ch++)
+            for (int64_t p = sink + ch * C; p < sink + (ch + 1) * C; p++)
+                for (int e = 0; e < hd; e++) lm[ch * hd + e] += K[p * hd + e] / (double)C;
+        for (int o = 0; o < n_obs; o++) {
+            const int64_t pq = f->obs_pos[(size_t)l * W + o];
+            if (pq >= n) continue;
+            for (int64_t ch = 0; ch < n_ch; ch++) sc[ch] = -INFINITY, cm[ch] = 0;
+            for (int g = 0; g < grp; g++) {
+                const float *q = f->obs_q + ((size_t)l * W + o) * qd + (size_t)(h * grp + g) * hd;
+                double mx = -INFINITY, sum = 0;
+                for (int64_t p = 0; p <= pq; p++) {
+                    double d = 0;
+                    for (int e = 0; e < hd; e++) d += (double)q[e] * K[p * hd + e];
+                    wt[p] = d / sqrt((double)hd);
+                    mx = wt[p] > mx ? wt[p] : mx;
+                }
+                for (int64_t p = 0; p <= pq; p++) sum += wt[p] = exp(wt[p] - mx);
+                for (int64_t ch = 0; ch < n_ch; ch++) {
+                    double d = 0;
+                    for (int e = 0; e < hd; e++) d += (double)q[e] * lm[ch * hd + e];
+                    sc[ch] = d > sc[ch] ? d : sc[ch];
+                    for (int64_t p = sink + ch * C; p < sink + (ch + 1) * C && p <= pq; p++) cm[ch] += wt[p] / sum / grp;
+                }
+            }
+            /* the n_sel-th best score by selection sort on a copy */
+            memcpy(srt, sc, (size_t)n_ch * sizeof(double));
+            double lo = INFINITY, hi = -INFINITY;
+            for (int64_t ch = 0; ch < n_ch; ch++) lo = sc[ch] < lo ? sc[ch] : lo, hi = sc[ch] > hi ? sc[ch] : hi;
+            for (int64_t k = 0; k <= n_sel && k < n_ch; k++)
+                for (int64_t j = k + 1; j < n_ch; j++)
+                    if (srt[j] > srt[k]) {
+                        const double t = srt[j];
+                        srt[j] = srt[k], srt[k] = t;
+                    }
+            const double th = srt[n_sel - 1], gap = (srt[n_sel - 1] - srt[n_sel]) / (hi - lo + 1e-30);
+            *tie = gap < *tie ? gap : *tie;
+            double out = 0;
+            for (int64_t ch = 0; ch < n_ch; ch++)
+                if (sc[ch] < th) out += cm[ch];
+            total += out;
+            cnt++;
+        }
+    }
+    free(K), free(lm), free(sc), free(wt), free(cm), free(srt);
+    return cnt ? total / cnt : -1;
+}
+
+/* The fit's sel_miss is the reference's within float rounding (1e-4 absolute on a share
+ * summed from at most 300 weights, each off by ~1e-7 relative), where no ranking sits on a
+ * near tie; the full layers are the full_layers largest, each at least full_min, and exactly
+ * those have ly[].full. */
+Test(lowram_full, sel_miss_and_the_full_layers) {
+    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    const int n_p = 300;
+    int32_t *ids = rt_story_ids(m, n_p);
+    rk_session *a = rt_lowram_session(m, "window=64,chunk=16,start=0,budget=32,full=2", 0);
+    rk_session *b = rt_lowram_session(m, "window=400,chunk=16,start=0,budget=32,full=2", 0);
+    rk_err e = {0};
+    cr_assert_eq(rk_session_eval(a, ids, n_p, NULL, false, &e), RK_OK, "%s", e.msg);
+    cr_assert_eq(rk_session_eval(b, ids, n_p, NULL, false, &e), RK_OK, "%s", e.msg);
+    const rk_kv_codec *ca = a->kv->impl, *cb = b->kv->impl;
+    cr_assert(ca->fitted && !cb->fitted, "the first session fits, its twin keeps every row exact");
+    rk_lowram_stats st;
+    rk_session_lowram_stats(a, &st);
+    double ref[64];
+    cr_assert_leq(ca->n_layer, 64);
+    int checked = 0;
+    for (int l = 0; l < ca->n_layer; l++) {
+        double tie = INFINITY;
+        ref[l] = ref_miss(ca, cb, l, n_p, &tie);
+        cr_log_info("layer %d: sel_miss %.5f, reference %.5f (closest tie %.2g)", l, (double)st.sel_miss[l], ref[l], tie);
+        cr_expect_gt(ref[l], 0.0, "layer %d: the budget of 2 chunks holds all the attention: the test cannot tell", l);
+        if (tie < 1e-4) continue;
+        cr_expect(fabs(st.sel_miss[l] - ref[l]) < 1e-4, "layer %d: sel_miss %.6f, reference %.6f", l,
+                  (double)st.sel_miss[l], ref[l]);
+        checked++;
+    }
+    cr_expect_geq(checked, ca->n_layer - 1, "only %d layers away from ties", checked);
+    /* the choice: the two largest (by the codec's own values), each >= full_min */
+    cr_expect_eq(st.n_full, 2, "%d full layers", st.n_full);
+    for (int f = 0; f < st.n_full; f++) {
+        const int lf = st.full_l[f];
+        cr_expect(ca->ly[lf].full, "layer %d listed but not full", lf);
+        cr_expect_geq(st.sel_miss[lf], ca->p.full_min);
+        for (int l = 0; l < ca->n_layer; l++)
+            if (!ca->ly[l].full)
+                cr_expect_geq(st.sel_miss[lf], st.sel_miss[l], "layer %d (%.5f) is full, layer %d (%.5f) is not", lf,
+                              (double)st.sel_miss[lf], l, (double)st.sel_miss[l]);
+    }
+    int n_flag = 0;
+    for (int l = 0; l < ca->n_layer; l++) n_flag += ca->ly[l].full;
+    cr_expect_eq(n_flag, st.n_full);
+    free(ids);
+    rk_session_destroy(a), rk_session_destroy(b);
+    rk_model_destroy(m);
+}
+
+/* Decode logits after a prefill and n_dec teacher-forced steps */
+static float *decode(rk_session *s, const int32_t *ids, int n_p, int n_dec, int nv) {
+    float *lg = malloc((size_t)n_dec * nv * sizeof(float));
+    rk_err e = {0};
+    cr_assert_eq(rk_session_eval(s, ids, (size_t)n_p, NULL, false, &e), RK_OK, "%s", e.msg);
+    for (int i = 0; i < n_dec; i++)
+        cr_assert_eq(rk_session_eval(s, &ids[n_p + i], 1, lg + (size_t)i * nv, false, &e), RK_OK, "%s", e.msg);
+    return lg;
+}
+
+/* A full layer attends every chunk: full=1 decodes bit for bit as full=0 with that layer's
+ * budget raised past the context (el0/el1/ebudget), and differs from full=0 alone (so the
+ * layer's selection mattered); fullmin=1 (no layer loses all) chooses none. */
+Test(lowram_full, a_full_layer_attends_every_chunk) {
+    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    const int nv = rk_model_hparams(m)->n_vocab, n_p = 300, n_dec = 12;
+    int32_t *ids = rt_story_ids(m, n_p + n_dec);
+    rk_session *f = rt_lowram_session(m, "window=64,chunk=16,start=0,budget=32,full=1", 0);
+    float *lf = decode(f, ids, n_p, n_dec, nv);
+    rk_lowram_stats st;
+    rk_session_lowram_stats(f, &st);
+    cr_assert_eq(st.n_full, 1);
+    const int L = st.full_l[0];
+    char spec[160];
+    snprintf(spec, sizeof spec, "window=64,chunk=16,start=0,budget=32,full=0,el0=%d,el1=%d,ebudget=100000", L, L + 1);
+    rk_session *e = rt_lowram_session(m, spec, 0), *z = rt_lowram_session(m, "window=64,chunk=16,start=0,budget=32,full=0", 0);
+    rk_session *h = rt_lowram_session(m, "window=64,chunk=16,start=0,budget=32,full=2,fullmin=1", 0);
+    float *le = decode(e, ids, n_p, n_dec, nv), *lz = decode(z, ids, n_p, n_dec, nv), *lh = decode(h, ids, n_p, n_dec, nv);
+    const size_t n = (size_t)n_dec * nv;
+    cr_log_info("full layer %d (miss %.4f): vs its budget raised %g, vs none %g", L, (double)st.sel_miss[L],
+                rt_max_abs_diff(lf, le, n), rt_max_abs_diff(lf, lz, n));
+    cr_expect_eq(rt_max_abs_diff(lf, le, n), 0.0, "full layer %d differs from the same layer's budget past the context", L);
+    cr_expect_gt(rt_max_abs_diff(lf, lz, n), 1e-4, "making layer %d full changed nothing", L);
+    /* the key cache: per (layer, KV head) the layer's chunks and kslots=36 spare ones, an f16
+     * scale + head_dim int8 per row and 16 bytes of tags per slot; every chunk of the context
+     * (n_ctx 512 / 16) in the full layer */
+    const rk_hparams *hp = rk_model_hparams(m);
+    const rk_kv_codec *cf = f->kv->impl;
+    cr_assert_eq(cf->cap_chunks, 512 / 16);
+    rk_kv_bytes kb;
+    rk_session_kv_bytes(f, &kb);
+    const uint64_t slot = 16ull * (hp->head_dim + 2) + 16;
+    cr_expect_eq(kb.key_cache, (uint64_t)hp->n_head_kv * slot * ((uint64_t)(hp->n_layer - 1) * (2 + 36) + (32 + 36)),
+                 "key cache %llu bytes", (unsigned long long)kb.key_cache);
+    rk_session_lowram_stats(h, &st);
+    cr_expect_eq(st.n_full, 0, "fullmin=1 chose %d layers", st.n_full);
+    cr_expect_eq(rt_max_abs_diff(lh, lz, n), 0.0, "no full layer, yet the logits differ from full=0");
+    free(lf), free(le), free(lz), free(lh), free(ids);
+    rk_session_destroy(f), rk_session_destroy(e), rk_session_destroy(z), rk_session_destroy(h);
+    rk_model_destroy(m);
+}
+
+/* An exported state carries its full layers: a session that would choose none (full=0)
+ * imports it, lists the exporter's, and decodes bit for bit as the exporter goes on. */
+Test(lowram_full, the_state_carries_its_full_layers) {
+    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    const int nv = rk_model_hparams(m)->n_vocab, n_p = 300, n_dec = 8;
+    int32_t *ids = rt_story_ids(m, n_p + n_dec);
+    rk_session *a = rt_lowram_session(m, "window=64,chunk=16,start=0,budget=32,full=2", 0);
+    rk_session *b = rt_lowram_session(m, "window=64,chunk=16,start=0,budget=32,full=0", 0);
+    rk_err e = {0};
+    cr_assert_eq(rk_session_eval(a, ids, n_p, NULL, false, &e), RK_OK, "%s", e.msg);
+    void *blk;
+    size_t n;
+    cr_assert_eq(rk_session_kv_export(a, 0, n_p, &blk, &n, &e), RK_OK, "%s", e.msg);
+    cr_assert_eq(rk_session_kv_import(b, blk, n, &e), RK_OK, "%s", e.msg);
+    rk_lowram_stats sa, sb;
+    rk_session_lowram_stats(a, &sa);
+    rk_session_lowram_stats(b, &sb);
+    cr_expect_eq(sb.n_full, sa.n_full);
+    for (int f = 0; f < sa.n_full; f++) { /* the same set (the importer lists them in layer order) */
+        bool found = false;
+        for (int k = 0; k < sb.n_full; k++) found |= sb.full_l[k] == sa.full_l[f];
+        cr_expect(found, "full layer %d of the exporter missing after the import", sa.full_l[f]);
+    }
+    float *la = malloc((size_t)nv * sizeof(float)), *lb = malloc((size_t)nv * sizeof(float));
+    int diff = 0;
+    for (int i = 0; i < n_dec; i++) {
+        cr_assert_eq(rk_session_eval(a, &ids[n_p + i], 1, la, false, &e), RK_OK, "%s", e.msg);
+        cr_assert_eq(rk_session_eval(b, &ids[n_p + i], 1, lb, false, &e), RK_OK, "%s", e.msg);
+        diff += memcmp(la, lb, (size_t)nv * sizeof(float)) != 0;
+    }
+    cr_expect_eq(diff, 0, "%d of %d steps differ after the import", diff, n_dec);
+    free(la), free(lb), free(ids);
+    rk_session_destroy(a), rk_session_destroy(b);
+    rk_model_destroy(m);
+    free(blk);
+}
