@@ -2,10 +2,15 @@
  * every weight type, no dequantised copy of the matrix. One warp per output
  * column j (weight row j); the row is cut into 32-element groups (a q8_0 /
  * q4_0 / q4_1 block, a q4_K sub-block, a q6_K quarter-half, 32 plain values)
- * that the lanes take in turn, so a warp streams its weight row once for all n
- * activation rows (up to 8, in 1 / 2 / 4 / 8 accumulators). f32 accumulation;
- * the lanes' partial sums are added with a butterfly at the end. Plain-float
- * rows of any length (tails masked). */
+ * that the warp takes one after another, lane e dequantising element e of the
+ * group: every load of the warp falls in one block (its scale a broadcast, its
+ * codes and the activations contiguous), so a warp streams its weight row once,
+ * coalesced, for all n activation rows (up to 8, in 1 / 2 / 4 / 8
+ * accumulators). (Until the first lent GPU, 2026-12-04, lane e walked group e
+ * element by element: 32 blocks per load instruction, 0.02-0.10 of the copy
+ * bandwidth on an H200, docs/GPU.md.) f32 accumulation; the lanes' partial sums
+ * are added with a butterfly at the end. Plain-float rows of any length (tails
+ * masked). */
 #include <type_traits>
 
 #include "cuda_dequant.cuh"
@@ -24,17 +29,12 @@ __global__ static __launch_bounds__(32 * GEMV_WARPS) void gemv_kernel(const uint
     float acc[N];
 #pragma unroll
     for (int t = 0; t < N; t++) acc[t] = 0.0f;
-    const int64_t n_groups = (k + 31) / 32;
-    for (int64_t g = lane; g < n_groups; g += 32) {
-        const int64_t i0 = g * 32;
-        const int len = k - i0 < 32 ? (int)(k - i0) : 32;
-#pragma unroll 8
-        for (int e = 0; e < len; e++) {
-            const float wv = rk_dq<T>(row, i0 + e);
+#pragma unroll 4
+    for (int64_t i = lane; i < k; i += 32) {
+        const float wv = rk_dq<T>(row, i);
 #pragma unroll
-            for (int t = 0; t < N; t++)
-                if (t < n) acc[t] = fmaf(wv, x[t * ldx + i0 + e], acc[t]);
-        }
+        for (int t = 0; t < N; t++)
+            if (t < n) acc[t] = fmaf(wv, x[t * ldx + i], acc[t]);
     }
 #pragma unroll
     for (int t = 0; t < N; t++) {

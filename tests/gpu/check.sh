@@ -67,7 +67,7 @@ if [ $DRY = 1 ]; then
 else
     BE=cuda BENCH_BE=cuda ARCHS=80,90 BUILD=${BUILD:-$ROOT/build-gpu-check}
     BENCH_P=8192,32000 BENCH_LAYERS=0 BENCH_N=64 CPU_P=512 SYN_LAYERS=4 SYN_VOCAB=4000 PARITY_S=260
-    FILL_BE=cuda LONG_P=100000 LONG_MIN_S=150
+    FILL_BE=cuda LONG_P=${LONG_P:-100000} LONG_MIN_S=${LONG_MIN_S:-150} # (env: a shorter check)
 fi
 BIN=$BUILD/cli/ridgekv
 
