@@ -651,10 +651,10 @@ static rk_status lowram_import(rk_kv *kv, int64_t row0, int64_t n_rows, const ui
     c->pmap = nc->pmap, nc->pmap = (rk_mapping){0};
     c->pgguf = nc->pgguf, nc->pgguf = NULL;
     c->prank = nc->prank;
+    const rk_lowram_stats imp = c->stats; /* the imported state's full layers (lr_import) */
     c->stats = nc->stats;
-    c->stats.n_full = 0; /* the imported state's full layers (its trailer) */
-    for (int l = 0; l < c->n_layer; l++)
-        if (c->ly[l].full && c->stats.n_full < LR_FULL_MAX) c->stats.full_l[c->stats.n_full++] = l;
+    c->stats.n_full = imp.n_full;
+    memcpy(c->stats.full_l, imp.full_l, sizeof imp.full_l);
     lr_codec_free(nc);
     c->n_past = kv->n_past = n_rows;
     return RK_OK;

@@ -18,7 +18,8 @@
  *             then (optional: states written before the twelfth session end above) u32 "PINS",
  *             per layer and KV head u32 n_pin (<= 32), i32 pin (n_pin) chunk indices < n_ch
  *             then (optional: before the fourteenth session, none) u32 "FULL", u32 n_full
- *             (<= 8), i32 layer (n_full) distinct, < n_layer: the layers that attend every chunk
+ *             (<= 8), i32 layer (n_full) distinct, < n_layer: the layers that attend every
+ *             chunk, most missed first
  * n_ch = ceil(n_rows / chunk) of the layer's group. */
 #include <math.h>
 #include <stdlib.h>
@@ -124,13 +125,10 @@ rk_status lr_export(const rk_kv_codec *c, rk_kv_buf *b, rk_err *err) {
             rk_kv_put_u32(b, (uint32_t)H->n_pin);
             rk_kv_put(b, H->pin, (size_t)H->n_pin * 4);
         }
-    int32_t fl[LR_FULL_MAX];
-    uint32_t nf = 0;
-    for (int l = 0; l < c->n_layer; l++)
-        if (c->ly[l].full && nf < LR_FULL_MAX) fl[nf++] = l;
+    /* the full layers, most missed first (an importer with a smaller full= takes the first) */
     rk_kv_put_u32(b, LR_FULL_TAG);
-    rk_kv_put_u32(b, nf);
-    rk_kv_put(b, fl, (size_t)nf * 4);
+    rk_kv_put_u32(b, (uint32_t)c->stats.n_full);
+    rk_kv_put(b, c->stats.full_l, (size_t)c->stats.n_full * 4);
     return RK_OK;
 }
 
@@ -252,16 +250,20 @@ static rk_status import_fitted(rk_kv_codec *c, rk_kv_rd *r, rk_err *err) {
                 H->n_pin = (int)np;
             }
     }
-    /* the full layers' trailer (absent before the fourteenth session: none) */
+    /* the full layers' trailer (absent before the fourteenth session: none), most missed
+     * first; this session takes the first full_layers of them (full=0: none) */
     for (int l = 0; l < c->n_layer; l++) c->ly[l].full = false;
+    c->stats.n_full = 0;
     if (r->off < r->n) {
         const uint32_t nf = rk_kv_get_u32(r) == LR_FULL_TAG ? rk_kv_get_u32(r) : UINT32_MAX;
         if (r->fail || nf > LR_FULL_MAX) return BAD("lowram: full layers: a bad trailer (count %u, at most %d)", nf, LR_FULL_MAX);
+        bool seen[256] = {false};
         for (uint32_t i = 0; i < nf; i++) {
             const uint32_t l = rk_kv_get_u32(r);
-            if (r->fail || l >= (uint32_t)c->n_layer || c->ly[l].full)
+            if (r->fail || l >= (uint32_t)c->n_layer || l >= 256 || seen[l])
                 return BAD("lowram: full layer %u of %d: out of range, repeated or truncated", l, c->n_layer);
-            c->ly[l].full = true;
+            seen[l] = true;
+            if ((int)i < c->p.full_layers) c->ly[l].full = true, c->stats.full_l[c->stats.n_full++] = (int32_t)l;
         }
         if (r->off < r->n) return BAD("lowram: %zu bytes of unknown data after the full layers", r->n - r->off);
     }
