@@ -82,3 +82,13 @@ rk_session *rt_lowram_session(const rk_model *m, const char *spec, int n_batch) 
     cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s", e.msg);
     return s;
 }
+
+float *rt_decode_trace(rk_session *s, const int32_t *ids, int n_p, int n_dec, int nv) {
+    float *lg = malloc((size_t)n_dec * nv * sizeof(float));
+    cr_assert(lg);
+    rk_err e = {0};
+    cr_assert_eq(rk_session_eval(s, ids, (size_t)n_p, NULL, false, &e), RK_OK, "%s", e.msg);
+    for (int i = 0; i < n_dec; i++)
+        cr_assert_eq(rk_session_eval(s, &ids[n_p + i], 1, lg + (size_t)i * nv, false, &e), RK_OK, "%s", e.msg);
+    return lg;
+}

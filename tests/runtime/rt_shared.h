@@ -23,3 +23,6 @@ double rt_mean_kl(const float *ref, const float *lg, int rows, int nv);
 /* A 512-row session on 2 threads with the LowRAM policy of spec (rk_lowram_parse) and
  * n_batch rows per prefill chunk (0: the default); asserts on failure. */
 rk_session *rt_lowram_session(const rk_model *m, const char *spec, int n_batch);
+/* Logits of n_dec teacher-forced decode steps (ids[n_p..n_p + n_dec)) after a prefill of
+ * ids[0..n_p), (n_dec, nv), malloc'd; asserts on failure. */
+float *rt_decode_trace(rk_session *s, const int32_t *ids, int n_p, int n_dec, int nv);

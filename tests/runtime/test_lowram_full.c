@@ -133,16 +133,6 @@ Test(lowram_full, sel_miss_and_the_full_layers) {
     rk_model_destroy(m);
 }
 
-/* Decode logits after a prefill and n_dec teacher-forced steps */
-static float *decode(rk_session *s, const int32_t *ids, int n_p, int n_dec, int nv) {
-    float *lg = malloc((size_t)n_dec * nv * sizeof(float));
-    rk_err e = {0};
-    cr_assert_eq(rk_session_eval(s, ids, (size_t)n_p, NULL, false, &e), RK_OK, "%s", e.msg);
-    for (int i = 0; i < n_dec; i++)
-        cr_assert_eq(rk_session_eval(s, &ids[n_p + i], 1, lg + (size_t)i * nv, false, &e), RK_OK, "%s", e.msg);
-    return lg;
-}
-
 /* A full layer attends every chunk: full=1 decodes bit for bit as full=0 with that layer's
  * budget raised past the context (el0/el1/ebudget), and differs from full=0 alone (so the
  * layer's selection mattered); fullmin=1 (no layer loses all) chooses none. */
@@ -151,7 +141,7 @@ Test(lowram_full, a_full_layer_attends_every_chunk) {
     const int nv = rk_model_hparams(m)->n_vocab, n_p = 300, n_dec = 12;
     int32_t *ids = rt_story_ids(m, n_p + n_dec);
     rk_session *f = rt_lowram_session(m, "window=64,chunk=16,start=0,budget=32,full=1", 0);
-    float *lf = decode(f, ids, n_p, n_dec, nv);
+    float *lf = rt_decode_trace(f, ids, n_p, n_dec, nv);
     rk_lowram_stats st;
     rk_session_lowram_stats(f, &st);
     cr_assert_eq(st.n_full, 1);
@@ -160,7 +150,7 @@ Test(lowram_full, a_full_layer_attends_every_chunk) {
     snprintf(spec, sizeof spec, "window=64,chunk=16,start=0,budget=32,full=0,el0=%d,el1=%d,ebudget=100000", L, L + 1);
     rk_session *e = rt_lowram_session(m, spec, 0), *z = rt_lowram_session(m, "window=64,chunk=16,start=0,budget=32,full=0", 0);
     rk_session *h = rt_lowram_session(m, "window=64,chunk=16,start=0,budget=32,full=2,fullmin=1", 0);
-    float *le = decode(e, ids, n_p, n_dec, nv), *lz = decode(z, ids, n_p, n_dec, nv), *lh = decode(h, ids, n_p, n_dec, nv);
+    float *le = rt_decode_trace(e, ids, n_p, n_dec, nv), *lz = rt_decode_trace(z, ids, n_p, n_dec, nv), *lh = rt_decode_trace(h, ids, n_p, n_dec, nv);
     const size_t n = (size_t)n_dec * nv;
     cr_log_info("full layer %d (miss %.4f): vs its budget raised %g, vs none %g", L, (double)st.sel_miss[L],
                 rt_max_abs_diff(lf, le, n), rt_max_abs_diff(lf, lz, n));

@@ -123,16 +123,6 @@ Test(lowram_mass, question_rows_get_residuals_and_pins) {
     rk_model_destroy(m);
 }
 
-/* Decode logits after a prefill and n_dec teacher-forced steps */
-static float *decode(rk_session *s, const int32_t *ids, int n_p, int n_dec, int nv) {
-    float *lg = malloc((size_t)n_dec * nv * sizeof(float));
-    rk_err e = {0};
-    cr_assert_eq(rk_session_eval(s, ids, (size_t)n_p, NULL, false, &e), RK_OK, "%s", e.msg);
-    for (int i = 0; i < n_dec; i++)
-        cr_assert_eq(rk_session_eval(s, &ids[n_p + i], 1, lg + (size_t)i * nv, false, &e), RK_OK, "%s", e.msg);
-    return lg;
-}
-
 /* A budget of exactly the pinned chunks attends the pins whatever the landmarks score:
  * changing the scores (spread) leaves every logit bit for bit, while without pins the same
  * change moves them (checked first, so the test can tell). */
@@ -147,7 +137,7 @@ Test(lowram_mass, pinned_chunks_fill_the_budget_whatever_landmarks_score) {
     float *lg[4];
     for (int k = 0; k < 4; k++) {
         rk_session *s = rt_lowram_session(m, spec[k], 0);
-        lg[k] = decode(s, ids, n_p, n_dec, nv);
+        lg[k] = rt_decode_trace(s, ids, n_p, n_dec, nv);
         rk_session_destroy(s);
     }
     const size_t n = (size_t)n_dec * nv;
