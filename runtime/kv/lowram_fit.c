@@ -694,7 +694,8 @@ static rk_status fit_groups(rk_kv_codec *c, int64_t n_past, const uint8_t *todo,
         if (todo && (todo_l = calloc((size_t)c->n_layer, 1)))
             for (int gi = 0; gi < c->n_group; gi++)
                 for (int li = 0; todo[gi] && li < c->g[gi].n_l; li++) todo_l[c->g[gi].l0 + li] = 1;
-        mass_job mj = {c, n_past, mass, want_miss ? c->stats.sel_miss : NULL, todo_l, mass == NULL || (todo && !todo_l)};
+        mass_job mj = {.c = c, .n_past = n_past, .mass = mass, .miss = want_miss ? c->stats.sel_miss : NULL,
+                       .todo_l = todo_l, .fail = mass == NULL || (todo && !todo_l)};
         if (!mj.fail) {
             if (c->pool) rk_pool_run(c->pool, mass_worker, &mj);
             else mass_worker(&mj, 0, 1);
