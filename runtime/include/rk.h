@@ -139,6 +139,8 @@ typedef struct rk_lowram_params {
                              (0: default; < 0: off) */
     int32_t kc_extra;     /* decode's key cache holds budget / chunk + kc_extra chunks per (layer, KV head)
                              (0: 576 rows' worth, 576 / chunk: 36 chunks of 16 rows, 72 of 8) */
+    int32_t key_batch;    /* decode: chunks one key-rebuild batch holds (0: the largest budgeted layer's
+                             choice, at least 64): a full layer's first step takes several batches */
     int32_t coarse;       /* decode: two-level selection, coarse groups of this many chunks (landmark =
                              the row-weighted mean of their landmarks, built at decode); the best
                              coarse groups are kept and only their chunks' landmarks are scored
@@ -205,7 +207,7 @@ rk_lowram_params rk_lowram_params_default(void);
 /* Parses "key=value,flag,..." (the part after "lowram:" of --kv) into *p, starting from
  * its current values. Keys: ratio, rank, energy, group, window, sinks, chunk, resid,
  * budget, topp, minch, krank, vrank, hyst, kslots, coarse, ckeep, pfit, evict, obs, lambda, fitrows, threads,
- * start, spread, vkeep, vpool, vpin, dl0, dl1, el0, el1, ebudget, full, fullmin, kcache=int8|f16, coef=f16|f32|int8, rtype=int8|int4|f16, exact=f16|f32,
+ * start, spread, vkeep, vpool, vpin, dl0, dl1, el0, el1, ebudget, full, fullmin, kbatch, kcache=int8|f16, coef=f16|f32|int8, rtype=int8|int4|f16, exact=f16|f32,
  * pred=FILE (must come last: the rest of the spec is the path); flags: dense, mass,
  * nomass, keys_only, nosumm, csumm, qpca, bound, nocache. */
 rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err);

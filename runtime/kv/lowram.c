@@ -138,7 +138,7 @@ rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err) {
             {"dl0", 0, 1 << 16, NULL, &q.dense_l0},       {"dl1", 0, 1 << 16, NULL, &q.dense_l1},
             {"el0", 0, 1 << 16, NULL, &q.early_l0},       {"el1", 0, 1 << 16, NULL, &q.early_l1},
             {"ebudget", 1, 1 << 24, NULL, &q.early_budget}, {"full", 0, LR_FULL_MAX, NULL, &q.full_layers},
-            {"fullmin", 0, 1, &q.full_min, NULL},
+            {"fullmin", 0, 1, &q.full_min, NULL}, {"kbatch", 1, 1 << 20, NULL, &q.key_batch},
         };
         size_t k = 0;
         for (; k < sizeof keys / sizeof keys[0]; k++)

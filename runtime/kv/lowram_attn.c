@@ -726,6 +726,40 @@ static void store_f16(const float *src, uint16_t *dst, int64_t n, bool avx2) {
     for (int64_t i = 0; i < n; i++) dst[i] = rk_f32_to_f16(src[i]);
 }
 
+/* One batch of sparse decode's key rebuild: the `rows` rows gathered in c->bcf / bcs / bpos
+ * for head h's n_miss key-cache slots (c->bmiss, in gathering order) run through the
+ * backend's RK_OP_LR_KEYS, then go into their slots (q8_0 or f16). */
+static rk_status keys_batch(rk_kv_codec *c, const lr_group *g, const lr_layer *L, int h, int kr, int r, int64_t rows,
+                            int n_miss, bool avx2, rk_err *err) {
+    const int hd = c->hd, C = c->p.chunk;
+    const lr_head *H = &L->h[h];
+    const size_t off = (size_t)L->li * c->kvd + (size_t)h * hd, el = c->wide ? 4 : 2;
+    memcpy(c->bmw, g->mean + off, (size_t)hd * sizeof(float));
+    memcpy(c->bmw + hd, g->winv + off, (size_t)hd * sizeof(float));
+    rk_op_args a = {.op = RK_OP_LR_KEYS,
+                    .dst = {RK_DT_F32, {hd, rows}, (size_t)hd * sizeof(float), c->bkb},
+                    .src0 = {RK_DT_F32, {kr, rows}, (size_t)r * sizeof(float), c->bcf},
+                    .src1 = {c->wide ? RK_DT_F32 : RK_DT_F16, {hd, kr}, (size_t)g->D * el, (uint8_t *)g->basis + off * el},
+                    .src2 = {RK_DT_F32, {hd, 2}, (size_t)hd * sizeof(float), c->bmw},
+                    .ids = c->bpos,
+                    .rope = {c->rope_mode, c->n_rot, c->rope_base, 0},
+                    .lr_rope_cs = c->bcs,
+                    .lr_rope_rows = rows};
+    rk_status st = rk_backend_run(c->be, &a, err);
+    if (st != RK_OK) return st;
+    int64_t r0 = 0;
+    for (int m = 0; m < n_miss; m++) {
+        const int s = c->bmiss[m], nb = H->kc_rows[s];
+        uint8_t *dst = H->kc + (size_t)s * C * c->kc_row;
+        if (c->p.kc_type == RK_DT_Q8_0)
+            for (int k = 0; k < nb; k++)
+                lr_encode_row(RK_DT_Q8_0, c->bkb + (size_t)(r0 + k) * hd, hd, dst + (size_t)k * c->kc_row);
+        else store_f16(c->bkb + (size_t)r0 * hd, (uint16_t *)dst, (int64_t)nb * hd, avx2);
+        r0 += nb;
+    }
+    return RK_OK;
+}
+
 /* Sparse decode (<= LR_SPARSE_MAX_Q query rows): per KV head, choose the chunks, find them
  * in the key cache or give them a slot, rebuild the missing ones in one RK_OP_LR_KEYS run
  * on the backend (its threads), then attend (heads over the codec's pool). */
@@ -814,11 +848,18 @@ static rk_status sparse_decode(rk_kv_codec *c, int layer, const float *q, int64_
             qsort(c->kvic, (size_t)n_vic, sizeof *c->kvic, cmp_vic);
             if (!n_vic) n_vic = -1;
         }
+        const int64_t cap = c->bch * C; /* a full layer's misses can take several batches */
         for (int64_t i = 0; i < n; i++) {
             if (slot[i] >= 0) continue;
             const int64_t ch = sel[i];
             const int nb = g->n_rows - ch * C < C ? (int)(g->n_rows - ch * C) : C;
             if (next >= n_vic) return rk_err_set(err, RK_E_INTERNAL, "lowram: no free key-cache slot (%d)", H->n_kc);
+            if (rows + nb > cap) {
+                rk_status st = keys_batch(c, g, L, h, kr, r, rows, n_miss, avx2, err);
+                if (st != RK_OK) return st;
+                x->n_rebuilt += (uint64_t)rows;
+                rows = 0, n_miss = 0;
+            }
             const int s = c->kvic[next++].k;
             H->kc_ch[s] = (int32_t)ch, H->kc_rows[s] = nb, H->kc_epoch[s] = c->epoch;
             lr_coef_rows(c, g, ch * C, nb, c->bcf + (size_t)rows * r);
@@ -841,31 +882,8 @@ static rk_status sparse_decode(rk_kv_codec *c, int layer, const float *q, int64_
             c->dn[h] = ++n;
         }
         if (!rows) continue;
-        const size_t off = (size_t)L->li * c->kvd + (size_t)h * hd, el = c->wide ? 4 : 2;
-        memcpy(c->bmw, g->mean + off, (size_t)hd * sizeof(float));
-        memcpy(c->bmw + hd, g->winv + off, (size_t)hd * sizeof(float));
-        rk_op_args a = {.op = RK_OP_LR_KEYS,
-                        .dst = {RK_DT_F32, {hd, rows}, (size_t)hd * sizeof(float), c->bkb},
-                        .src0 = {RK_DT_F32, {kr, rows}, (size_t)r * sizeof(float), c->bcf},
-                        .src1 = {c->wide ? RK_DT_F32 : RK_DT_F16, {hd, kr}, (size_t)g->D * el,
-                                 (uint8_t *)g->basis + off * el},
-                        .src2 = {RK_DT_F32, {hd, 2}, (size_t)hd * sizeof(float), c->bmw},
-                        .ids = c->bpos,
-                        .rope = {c->rope_mode, c->n_rot, c->rope_base, 0},
-                        .lr_rope_cs = c->bcs,
-                        .lr_rope_rows = rows};
-        rk_status st = rk_backend_run(c->be, &a, err);
+        rk_status st = keys_batch(c, g, L, h, kr, r, rows, n_miss, avx2, err);
         if (st != RK_OK) return st;
-        int64_t r0 = 0;
-        for (int m = 0; m < n_miss; m++) {
-            const int s = c->bmiss[m], nb = H->kc_rows[s];
-            uint8_t *dst = H->kc + (size_t)s * C * c->kc_row;
-            if (c->p.kc_type == RK_DT_Q8_0)
-                for (int k = 0; k < nb; k++)
-                    lr_encode_row(RK_DT_Q8_0, c->bkb + (size_t)(r0 + k) * hd, hd, dst + (size_t)k * c->kc_row);
-            else store_f16(c->bkb + (size_t)r0 * hd, (uint16_t *)dst, (int64_t)nb * hd, avx2);
-            r0 += nb;
-        }
         x->n_rebuilt += (uint64_t)rows;
     }
     (void)f16;

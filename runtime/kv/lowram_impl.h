@@ -185,8 +185,9 @@ struct rk_kv_codec {
     int64_t *dn;          /* (n_head_kv) */
     int32_t *kmap;        /* (cap_chunks) -1; a head's key-cache slot of each chunk while its hits are looked up */
     struct lr_vic { float v; uint32_t used; int32_t k; } *kvic; /* (key-cache slots) miss victims in order */
-    float *bcf, *bkb, *bmw; /* (max_sel * chunk, r_max), (max_sel * chunk, head_dim), (2, head_dim) */
-    int32_t *bpos, *bmiss; /* (max_sel * chunk), (max_sel) slots rebuilt */
+    int64_t bch;          /* chunks one LR_KEYS batch holds (lr_batch_chunks); a full layer's misses take several */
+    float *bcf, *bkb, *bmw; /* (bch * chunk, r_max), (bch * chunk, head_dim), (2, head_dim) */
+    int32_t *bpos, *bmiss; /* (bch * chunk), (bch) slots rebuilt */
     float *dpo;           /* (n_head_kv * 4, LR_WMAX, head_dim + 2) split decode tasks' states */
     float *dqd;           /* (n_head_kv, LR_SPARSE_MAX_Q * grp, cap_chunks) selection's q·landmark */
     float *dcs;           /* (n_head_kv, cap_chunks) sparse decode: landmark scores (score_worker) */
@@ -285,6 +286,21 @@ static inline int64_t lr_n_sel_max(const rk_kv_codec *c) {
         n = k > n ? k : n;
     }
     return n;
+}
+/* Chunks one key-rebuild batch of sparse decode holds: the most any budgeted (not full)
+ * layer chooses, at least LR_BATCH_MIN, at most the context's. A full layer's first step
+ * (every chunk missing) rebuilds in several batches, so the batch does not grow with the
+ * context. kbatch= (p.key_batch) sets it. */
+#define LR_BATCH_MIN 64
+static inline int64_t lr_batch_chunks(const rk_kv_codec *c) {
+    int64_t n = LR_BATCH_MIN;
+    if (c->p.key_batch > 0) return c->p.key_batch < c->cap_chunks ? c->p.key_batch : c->cap_chunks;
+    for (int l = 0; l < c->n_layer; l++) {
+        if (c->ly && c->ly[l].full) continue;
+        const int64_t k = lr_n_sel(c, l);
+        n = k > n ? k : n;
+    }
+    return n < c->cap_chunks ? n : c->cap_chunks;
 }
 
 /* ---- exact rows (lowram_store.c) ----

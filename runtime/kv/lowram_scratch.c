@@ -148,16 +148,17 @@ rk_status lr_scratch_alloc(rk_kv_codec *c, rk_err *err) {
                            .src1 = {c->wide ? RK_DT_F32 : RK_DT_F16, {1, 1}, 4, NULL}};
     if (!c->p.dense && c->be && !c->be->ops->mem_alloc && rk_backend_check_ops(c->be, &kop, 1, NULL) == RK_OK &&
         (!c->be->ops->supports || c->be->ops->supports(c->be, &pa))) {
-        const size_t hk = (size_t)c->n_head_kv, ms = (size_t)lr_n_sel_max(c);
+        const size_t hk = (size_t)c->n_head_kv, ms = (size_t)lr_n_sel_max(c), bs = (size_t)lr_batch_chunks(c);
+        c->bch = (int64_t)bs;
         c->dsel = malloc(hk * nch * sizeof(int32_t));
         c->dslot = malloc(hk * nch * sizeof(int32_t));
         c->dn = calloc(hk, sizeof(int64_t));
-        c->bcf = malloc(ms * C * R * sizeof(float));
-        c->bkb = malloc(ms * C * hd * sizeof(float));
+        c->bcf = malloc(bs * C * R * sizeof(float));
+        c->bkb = malloc(bs * C * hd * sizeof(float));
         c->bmw = malloc(2 * hd * sizeof(float));
-        c->bpos = malloc(ms * C * sizeof(int32_t));
-        c->bcs = malloc(ms * C * (size_t)(c->n_rot > 0 ? c->n_rot : 1) * sizeof(float));
-        c->bmiss = malloc(ms * sizeof(int32_t));
+        c->bpos = malloc(bs * C * sizeof(int32_t));
+        c->bcs = malloc(bs * C * (size_t)(c->n_rot > 0 ? c->n_rot : 1) * sizeof(float));
+        c->bmiss = malloc(bs * sizeof(int32_t));
         c->kmap = malloc(nch * sizeof(int32_t));
         c->kvic = malloc((ms + (size_t)c->p.kc_extra) * sizeof *c->kvic);
         for (size_t i = 0; c->kmap && i < nch; i++) c->kmap[i] = -1;
@@ -166,7 +167,7 @@ rk_status lr_scratch_alloc(rk_kv_codec *c, rk_err *err) {
             return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory for scratch");
         }
         c->keys_op = true;
-        dec_bytes = hk * nch * (2 * sizeof(int32_t)) + nch * sizeof(int32_t) + (ms + (size_t)c->p.kc_extra) * sizeof *c->kvic + hk * 8 + ms * C * (R + hd + 1 + (size_t)c->n_rot) * sizeof(float) + ms * 4 + 8 * hd;
+        dec_bytes = hk * nch * (2 * sizeof(int32_t)) + nch * sizeof(int32_t) + (ms + (size_t)c->p.kc_extra) * sizeof *c->kvic + hk * 8 + bs * C * (R + hd + 1 + (size_t)c->n_rot) * sizeof(float) + bs * 4 + 8 * hd;
     }
     c->scratch_bytes = (size_t)c->n_threads * (floats * sizeof(float) + nch * (sizeof(int32_t) + 1)) + cw_bytes + dec_bytes;
     return RK_OK;

@@ -175,6 +175,47 @@ Test(lowram_full, a_full_layer_attends_every_chunk) {
     rk_model_destroy(m);
 }
 
+/* A full layer's first decode step misses every chunk: its keys are rebuilt in batches of
+ * kbatch chunks (default: the largest budgeted layer's choice, at least 64), so the batch's
+ * work area does not grow with the context. Batches of 3 chunks (11 batches for the 32
+ * chunks of a 512-row context) decode bit for bit as one batch, rebuild the same rows, and
+ * the scratch shrinks by the (32 - 3) chunks' rows of coefficients, keys, angles, ids. */
+Test(lowram_full, a_full_layer_rebuilds_in_batches) {
+    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    const int nv = rk_model_hparams(m)->n_vocab, n_p = 300, n_dec = 12;
+    int32_t *ids = rt_story_ids(m, n_p + n_dec);
+    rk_session *one = rt_lowram_session(m, "window=64,chunk=16,start=0,budget=32,full=1,kbatch=32", 0);
+    rk_session *few = rt_lowram_session(m, "window=64,chunk=16,start=0,budget=32,full=1,kbatch=3", 0);
+    rk_session *def = rt_lowram_session(m, "window=64,chunk=16,start=0,budget=32,full=1", 0);
+    float *l1 = rt_decode_trace(one, ids, n_p, n_dec, nv), *l3 = rt_decode_trace(few, ids, n_p, n_dec, nv);
+    float *ld = rt_decode_trace(def, ids, n_p, n_dec, nv);
+    const size_t n = (size_t)n_dec * nv;
+    cr_expect_eq(rt_max_abs_diff(l1, l3, n), 0.0, "batches of 3 chunks decode otherwise than one batch");
+    cr_expect_eq(rt_max_abs_diff(l1, ld, n), 0.0, "the default batch decodes otherwise than one batch");
+    rk_lowram_stats s1, s3;
+    rk_session_lowram_stats(one, &s1), rk_session_lowram_stats(few, &s3);
+    cr_assert_eq(s1.n_full, 1);
+    cr_expect_eq(s3.n_full, 1);
+    cr_expect_eq(s3.full_l[0], s1.full_l[0]);
+    cr_expect_eq(s1.rows_rebuilt, s3.rows_rebuilt, "rebuilt %llu vs %llu rows", (unsigned long long)s1.rows_rebuilt,
+                 (unsigned long long)s3.rows_rebuilt);
+    /* the first step of the full layer alone rebuilds every compressed row of each KV head */
+    const rk_kv_codec *c1 = one->kv->impl, *c3 = few->kv->impl, *cd = def->kv->impl;
+    cr_expect_geq(s1.rows_rebuilt, (uint64_t)rk_model_hparams(m)->n_head_kv * (uint64_t)(n_p - 64 - 16));
+    cr_assert_eq(c1->cap_chunks, 32);
+    cr_expect_eq(c1->bch, 32);
+    cr_expect_eq(c3->bch, 3);
+    cr_expect_eq(cd->bch, 32, "default batch %lld", (long long)cd->bch);
+    const uint64_t per_chunk = 16ull * ((uint64_t)c1->r_max + (uint64_t)c1->hd + 1 + (uint64_t)c1->n_rot) * sizeof(float) + 4;
+    rk_kv_bytes b1, b3;
+    rk_session_kv_bytes(one, &b1), rk_session_kv_bytes(few, &b3);
+    cr_expect_eq(b1.scratch - b3.scratch, 29 * per_chunk, "scratch %llu vs %llu bytes", (unsigned long long)b1.scratch,
+                 (unsigned long long)b3.scratch);
+    free(l1), free(l3), free(ld), free(ids);
+    rk_session_destroy(one), rk_session_destroy(few), rk_session_destroy(def);
+    rk_model_destroy(m);
+}
+
 /* An exported state carries its full layers, most missed first: an importer with full=2
  * lists the exporter's in its order and decodes bit for bit as the exporter goes on; one
  * with full=1 takes the first only, one with full=0 none (and then decodes otherwise). */
