@@ -1,4 +1,7 @@
 #include <errno.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,6 +44,14 @@ int main(int argc, char **argv) {
     /* a closed stdout (| head) must be a write error the command reports (exit 5), not a
      * silent death by SIGPIPE (exit 141) */
     signal(SIGPIPE, SIG_IGN);
+#ifdef __GLIBC__
+    /* glibc raises its mmap threshold (up to 32 MiB) each time a large block is freed, so a
+     * second long prompt's buffers (LowRAM's stores, per-eval work areas) come from the heap
+     * and stay resident after free: a fixed 128 KiB threshold gives them back (second 8K
+     * prompt of one LowRAM session on SmolLM2: peak 224 instead of 308-371 MiB, exact f16
+     * 295; docs/LOWRAM.md, fifteenth session). MALLOC_MMAP_THRESHOLD_ in the environment wins. */
+    if (!getenv("MALLOC_MMAP_THRESHOLD_")) (void)mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+#endif
     char **orig = argv;
     argv = cli_expand_eq(&argc, argv);
     int rc = dispatch(argc, argv);

@@ -534,6 +534,15 @@ Test(lowram, truncate_and_replay) {
     cr_expect(isfinite(d) && d < 5.0, "replayed step differs by %g", d);
     /* (3) */
     rk_session_reset(s);
+    /* a reset gives back what the fit allocated (the stores, the decode work areas): the
+     * next prompt's exact rows do not sit on top of the last prompt's stores */
+    const rk_kv_codec *cr = codec(s);
+    cr_expect(!cr->fitted && !cr->scr && !cr->g[0].coef && !cr->ly[0].h[0].res && !cr->ly[0].lmk,
+              "the last fit's stores are still held after a reset");
+    rk_session_kv_bytes(s, &k1);
+    cr_expect_lt(k1.scratch, k0.scratch, "work areas %llu bytes after the reset, %llu before",
+                 (unsigned long long)k1.scratch, (unsigned long long)k0.scratch);
+    cr_expect_eq(k1.n_compressed_rows, 0);
     float *b = trace(s, ids, 300, 40, nv);
     cr_expect_eq(rt_max_abs_diff(a, b, (size_t)41 * nv), 0.0);
     free(a), free(b), free(lg), free(ids);
