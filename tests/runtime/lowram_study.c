@@ -10,6 +10,9 @@
  * a later SPEC with the same stored-state parameters (decode knobs only differ) imports it,
  * so a sweep over budget / topp / dl0,dl1 ... pays one LowRAM prefill per fit setting. */
 #include <math.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -260,6 +263,10 @@ int main(int argc, char **argv) {
     const char *model = NULL, *text = NULL, *specs[32];
     int n_specs = 0, n_prompt = 2048, n_cont = 256, skip = 0, n_threads = 2;
     bool r2 = false, json = false;
+#ifdef __GLIBC__
+    /* as ridgekv (cli/main.c): a fixed mmap threshold, so the --rss peaks are the CLI's */
+    if (!getenv("MALLOC_MMAP_THRESHOLD_")) (void)mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+#endif
     int needle = 0; /* trials per depth */
     bool rss = false; /* --rss: one session (the first --kv, or exact f16 with --kv f16), peak RSS */
     for (int i = 1; i < argc; i++) {
