@@ -226,21 +226,34 @@ static rk_status resolve(rk_lowram_params *p, const rk_kv *hp, rk_err *err) {
 
 /* ---- the codec's lifetime ------------------------------------------------------------- */
 
-void lr_codec_free(rk_kv_codec *c) {
-    if (!c) return;
+void lr_fit_release(rk_kv_codec *c) {
     lr_scratch_free(c);
     for (int gi = 0; c->g && gi < c->n_group; gi++) {
         lr_group *g = &c->g[gi];
         free(g->mean), free(g->wdim), free(g->winv), free(g->basis), free(g->pos), free(g->coef), free(g->cmean);
         free(g->open_c);
+        g->mean = g->wdim = g->winv = NULL, g->basis = NULL, g->pos = NULL, g->coef = NULL, g->cmean = NULL;
+        g->open_c = NULL, g->n_rows = 0;
     }
     for (int l = 0; c->ly && l < c->n_layer; l++) {
         lr_layer *L = &c->ly[l];
         free(L->W), free(L->b), free(L->lmk), free(L->open_sum), free(L->lmin), free(L->lmax), free(L->open_min);
         free(L->open_max), free(L->vsm), free(L->clmk);
-        for (int h = 0; L->h && h < c->n_head_kv; h++) free(L->h[h].res), free(L->h[h].mask), free(L->h[h].base);
-        free(L->h);
+        L->W = NULL, L->b = NULL, L->lmk = NULL, L->open_sum = NULL, L->lmin = L->lmax = NULL;
+        L->open_min = L->open_max = NULL, L->vsm = NULL, L->clmk = NULL;
+        L->vs_n = 0, L->vs_last = 0, L->cl_n = 0;
+        for (int h = 0; L->h && h < c->n_head_kv; h++) {
+            lr_head *H = &L->h[h];
+            free(H->res), free(H->mask), free(H->base);
+            H->res = NULL, H->mask = NULL, H->base = NULL, H->n_res = 0;
+        }
     }
+}
+
+void lr_codec_free(rk_kv_codec *c) {
+    if (!c) return;
+    lr_fit_release(c);
+    for (int l = 0; c->ly && l < c->n_layer; l++) free(c->ly[l].h);
     if (c->x_hi) lr_exact_free(c);
     lr_dense_free(c);
     free(c->xk), free(c->xv), free(c->x_hi);
@@ -451,36 +464,12 @@ static void lowram_truncate(rk_kv *kv, int64_t n) {
  * which grow until its own fit, sit on top of the last prompt's stores (second prompt of
  * 8000 tokens in one session on SmolLM2: peak 371 against 247 MiB for the first). The next
  * fit allocates them again (lr_group_alloc, lr_scratch_alloc). */
-static void fit_release(rk_kv_codec *c) {
-    lr_scratch_free(c);
-    for (int gi = 0; gi < c->n_group; gi++) {
-        lr_group *g = &c->g[gi];
-        free(g->mean), free(g->wdim), free(g->winv), free(g->basis), free(g->pos), free(g->coef), free(g->cmean);
-        free(g->open_c);
-        g->mean = g->wdim = g->winv = NULL, g->basis = NULL, g->pos = NULL, g->coef = NULL, g->cmean = NULL;
-        g->open_c = NULL, g->n_rows = 0;
-    }
-    for (int l = 0; l < c->n_layer; l++) {
-        lr_layer *L = &c->ly[l];
-        free(L->W), free(L->b), free(L->lmk), free(L->open_sum), free(L->lmin), free(L->lmax), free(L->open_min);
-        free(L->open_max), free(L->vsm), free(L->clmk);
-        L->W = NULL, L->b = NULL, L->lmk = NULL, L->open_sum = NULL, L->lmin = L->lmax = NULL;
-        L->open_min = L->open_max = NULL, L->vsm = NULL, L->clmk = NULL;
-        L->vs_n = 0, L->vs_last = 0, L->cl_n = 0;
-        for (int h = 0; L->h && h < c->n_head_kv; h++) {
-            lr_head *H = &L->h[h];
-            free(H->res), free(H->mask), free(H->base);
-            H->res = NULL, H->mask = NULL, H->base = NULL, H->n_res = 0;
-        }
-    }
-}
-
 static void lowram_reset(rk_kv *kv) {
     rk_kv_codec *c = kv->impl;
     lowram_truncate(kv, 0);
     lr_exact_free(c); /* a new prompt grows them again */
     lr_dense_free(c);
-    if (!c->fitted) fit_release(c);
+    if (!c->fitted) lr_fit_release(c);
 }
 
 /* Row p of layer l: stored index in the layer's group, or -1 (evicted). */

@@ -376,6 +376,8 @@ bool lr_pred_eig(const rk_kv_codec *c, int g, double *w);
 /* A codec for kv's shape with resolved parameters p, no pool and no predictor file (those
  * are the caller's to add). */
 rk_status lr_codec_new(const rk_kv *kv, const rk_lowram_params *p, int n_threads, rk_kv_codec **out, rk_err *err);
+/* Frees what a fit allocated (stores, work areas); a reset and lr_codec_free call it. */
+void lr_fit_release(rk_kv_codec *c);
 void lr_codec_free(rk_kv_codec *c);
 /* Every resolved parameter a state depends on, as block parameters. */
 int lr_params(const rk_kv_codec *c, rk_kv_param *out);
