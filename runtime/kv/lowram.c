@@ -37,7 +37,7 @@ rk_lowram_params rk_lowram_params_default(void) {
     p.coef_type = RK_DT_Q8_0;
     p.resid_type = RK_DT_F32; /* unset: int4 (resolve), int8 where a session runs the fused device op */
     p.kc_type = RK_DT_Q8_0; /* int8 key cache: at the old f16 cache's bytes it holds 34 chunks, not 18 */
-    p.kc_extra = 0; /* resolved to LR_KC_SPARE_ROWS / chunk: 36 chunks at 16 rows */
+    p.kc_extra = 0; /* unset: lr_kc_spare (36 chunks at 16 rows, more past about 8,300 compressed rows) */
     p.exact_type = RK_DT_F16;
     p.obs_window = 32;
     p.lambda = 1e-3f;
@@ -188,10 +188,9 @@ static rk_status resolve(rk_lowram_params *p, const rk_kv *hp, rk_err *err) {
     if (p->key_rank < 0) p->key_rank = 0;
     if (p->value_rank < 0) p->value_rank = 0;
     if (p->hyst == 0) p->hyst = d.hyst;
-    /* spare key-cache slots sized in rows: finer chunks churn in smaller units but as many rows
-     * (docs/LOWRAM.md, tenth session: chunk 8 rebuilt 0.19 of the attended rows with 18 spare
-     * chunks, 0.10 with 72) */
-    if (p->kc_extra <= 0) p->kc_extra = (LR_KC_SPARE_ROWS + p->chunk - 1) / p->chunk;
+    /* kc_extra <= 0: spare key-cache slots sized when the key cache is allocated, from the
+     * compressed rows then (lr_kc_spare) */
+    if (p->kc_extra < 0) p->kc_extra = 0;
     if (p->coarse <= 1) p->coarse = 0;
     if (!(p->coarse_keep >= 1)) p->coarse_keep = 4.0f;
     if (p->coarse && (p->topp > 0 || p->bound))

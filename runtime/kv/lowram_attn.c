@@ -157,6 +157,40 @@ LR_AI void kc_load(const rk_kv_codec *c, const lr_head *H, int s, int nb, float 
     }
 }
 
+#ifdef LR_HAVE_ACC_AVX2
+/* Whether the chunks of this task's key-cache slots can be scored by kc_scores. */
+LR_AI bool kc_direct(const head_task *t) {
+    return t->avx2 && t->c->p.kc_type == RK_DT_Q8_0 && t->ns >= 1 && t->ns <= LR_DOT_MAX && t->c->hd % 8 == 0;
+}
+/* Scores of chunks sel[0..cnt) from their int8 key-cache slots slot[] for every state row,
+ * straight from the codes (each row's scale applied to the dot product), then the
+ * online-softmax update: what kc_load + scores do, without the f32 copy of the keys and with
+ * the key row read once for every query head. */
+LR_AI int kc_scores(const head_task *t, const lr_head *H, const int32_t *sel, const int32_t *slot, int cnt) {
+    const rk_kv_codec *c = t->c;
+    lr_scratch *x = t->x;
+    const lr_group *g = &c->g[c->ly[t->l].grp];
+    const int C = c->p.chunk, hd = c->hd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const float *qs[LR_DOT_MAX];
+    float d[LR_DOT_MAX];
+    for (int j = 0; j < t->ns; j++) qs[j] = q_of(t, j);
+    int nb = 0;
+    for (int m = 0; m < cnt; m++) {
+        const int64_t r0 = (int64_t)sel[m] * C;
+        const int nbm = g->n_rows - r0 < C ? (int)(g->n_rows - r0) : C;
+        const uint8_t *src = H->kc + (size_t)slot[m] * C * c->kc_row;
+        for (int k = 0; k < nbm; k++, nb++, src += c->kc_row) {
+            const float s = rk_f16_to_f32((uint16_t)(src[0] | (src[1] << 8))) * scale;
+            kc_dots_avx2(qs, t->ns, (const int8_t *)(src + 2), hd, d);
+            for (int j = 0; j < t->ns; j++) x->sc[(size_t)j * c->sc_ld + nb] = d[j] * s;
+        }
+    }
+    softmax_block(t, nb);
+    return nb;
+}
+#endif
+
 /* Rebuilt post-RoPE keys of chunk ch into x->kb: from the key cache when it holds them
  * (sparse decode), else K = RoPE(mean + (C·B)/s), then cached over the least recently used
  * slot that this call has not used. */
@@ -223,8 +257,16 @@ LR_AI void comp_chunk(const head_task *t, int64_t ch, int kslot) {
      * int8 rows (the row's scale folded into the weights), every query head in one pass */
     const bool i8 = kslot >= 0 && t->use_c && c->p.coef_type == RK_DT_Q8_0 && t->ns <= LR_WMAX && t->ns < LR_VREBUILD_MIN;
     if (!i8) lr_coef_rows(c, g, r0, nb, x->cf);
-    chunk_keys(t, ch, nb, kslot);
-    scores(t, x->kb, nb, -1, NULL);
+#ifdef LR_HAVE_ACC_AVX2
+    if (kslot >= 0 && kc_direct(t)) {
+        const int32_t s1 = kslot, c1 = (int32_t)ch;
+        (void)kc_scores(t, H, &c1, &s1, 1);
+    } else
+#endif
+    {
+        chunk_keys(t, ch, nb, kslot);
+        scores(t, x->kb, nb, -1, NULL);
+    }
     const uint32_t mask = H->mask[ch];
     int64_t slot = H->base[ch];
 #ifdef LR_HAVE_ACC_AVX2
@@ -313,13 +355,17 @@ LR_AI void comp_run(const head_task *t, const int32_t *sel, const int32_t *slot,
     const lr_head *H = &L->h[t->h];
     const int hd = c->hd, C = c->p.chunk, rv = lr_vr(c, g);
     int nb = 0;
-    for (int m = 0; m < cnt; m++) {
-        const int64_t r0 = (int64_t)sel[m] * C;
-        const int nbm = g->n_rows - r0 < C ? (int)(g->n_rows - r0) : C;
-        kc_load(c, H, slot[m], nbm, x->kb + (size_t)nb * hd);
-        nb += nbm;
+    if (kc_direct(t)) {
+        nb = kc_scores(t, H, sel, slot, cnt);
+    } else {
+        for (int m = 0; m < cnt; m++) {
+            const int64_t r0 = (int64_t)sel[m] * C;
+            const int nbm = g->n_rows - r0 < C ? (int)(g->n_rows - r0) : C;
+            kc_load(c, H, slot[m], nbm, x->kb + (size_t)nb * hd);
+            nb += nbm;
+        }
+        scores(t, x->kb, nb, -1, NULL);
     }
-    scores(t, x->kb, nb, -1, NULL);
     acc_rows_avx2(x->acc_c, (size_t)c->r_max, t->ns, x->sc, 1, (size_t)c->sc_ld,
                   g->coef + (size_t)sel[0] * C * g->coef_bytes, g->coef_bytes, LR_R_I8, nb, rv);
     float w[LR_WMAX];

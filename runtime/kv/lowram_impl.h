@@ -13,6 +13,11 @@
 /* default spare rows of decode's key cache per (layer, KV head) beyond the budget's chunks
  * (kslots = this / chunk: 18 chunks of 32 rows) */
 #define LR_KC_SPARE_ROWS 576
+/* ... and at least one chunk in LR_KC_SPARE_DIV of the compressed ones: the selection's turnover
+ * from step to step grows with the chunks there are to choose from (fifteenth/sixteenth
+ * sessions, docs/LOWRAM.md: Qwen 1.5B at 15K rebuilt 0.079 of the attended rows with 36 spare
+ * chunks, 0.048 with 100) */
+#define LR_KC_SPARE_DIV 14
 
 /* Stored row of compressed keys: the rank-r coefficients of one position, stacked over the
  * group's layers. Residual row: δ of one (layer, KV head) and position. */
@@ -185,6 +190,7 @@ struct rk_kv_codec {
     int64_t *dn;          /* (n_head_kv) */
     int32_t *kmap;        /* (cap_chunks) -1; a head's key-cache slot of each chunk while its hits are looked up */
     struct lr_vic { float v; uint32_t used; int32_t k; } *kvic; /* (key-cache slots) miss victims in order */
+    int kc_spare;         /* key-cache slots per (layer, KV head) beyond the budget (lr_kc_spare, at allocation) */
     int64_t bch;          /* chunks one LR_KEYS batch holds (lr_batch_chunks); a full layer's misses take several */
     float *bcf, *bkb, *bmw; /* (bch * chunk, r_max), (bch * chunk, head_dim), (2, head_dim) */
     int32_t *bpos, *bmiss; /* (bch * chunk), (bch) slots rebuilt */
@@ -301,6 +307,18 @@ static inline int64_t lr_batch_chunks(const rk_kv_codec *c) {
         n = k > n ? k : n;
     }
     return n < c->cap_chunks ? n : c->cap_chunks;
+}
+
+/* Spare key-cache slots per (layer, KV head): kslots= (p.kc_extra) when set, else
+ * LR_KC_SPARE_ROWS rows' worth of chunks or one in LR_KC_SPARE_DIV of the compressed chunks
+ * now, whichever is more (results do not depend on it: a miss rebuilds the same keys). */
+static inline int lr_kc_spare(const rk_kv_codec *c) {
+    if (c->p.kc_extra > 0) return c->p.kc_extra;
+    int64_t rows = 0;
+    for (int gi = 0; gi < c->n_group; gi++) rows = c->g[gi].n_rows > rows ? c->g[gi].n_rows : rows;
+    const int64_t by_rows = (LR_KC_SPARE_ROWS + c->p.chunk - 1) / c->p.chunk;
+    const int64_t by_chunks = (rows + c->p.chunk - 1) / c->p.chunk / LR_KC_SPARE_DIV;
+    return (int)(by_chunks > by_rows ? by_chunks : by_rows);
 }
 
 /* ---- exact rows (lowram_store.c) ----

@@ -51,13 +51,13 @@ static void kcache_free(rk_kv_codec *c) {
         }
 }
 
-/* Decode's key cache: per (layer, KV head) room for the layer's budget in chunks and kc_extra more. */
+/* Decode's key cache: per (layer, KV head) room for the layer's budget in chunks and c->kc_spare more. */
 static bool kcache_alloc(rk_kv_codec *c) {
     if (c->p.dense) return true;
     const size_t rows = (size_t)c->p.chunk * c->kc_row;
     for (int l = 0; l < c->n_layer; l++)
         for (int h = 0; h < c->n_head_kv; h++) {
-            const int n = (int)lr_n_sel(c, l) + c->p.kc_extra;
+            const int n = (int)lr_n_sel(c, l) + c->kc_spare;
             lr_head *H = &c->ly[l].h[h];
             H->kc_ch = malloc((size_t)n * sizeof(int32_t));
             H->kc_rows = malloc((size_t)n * sizeof(int32_t));
@@ -136,6 +136,7 @@ rk_status lr_scratch_alloc(rk_kv_codec *c, rk_err *err) {
     floats += 2 * nch + (size_t)LR_SPARSE_MAX_Q * (size_t)(c->n_head / c->n_head_kv) * nch + 2 * nch +
               ((size_t)LR_SPARSE_MAX_Q * (size_t)(c->n_head / c->n_head_kv) + 2) * hd;
     size_t cw_bytes = 0;
+    c->kc_spare = lr_kc_spare(c);
     if (!cwork_alloc(c, &cw_bytes) || !kcache_alloc(c)) {
         lr_scratch_free(c);
         return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory for scratch");
@@ -160,14 +161,14 @@ rk_status lr_scratch_alloc(rk_kv_codec *c, rk_err *err) {
         c->bcs = malloc(bs * C * (size_t)(c->n_rot > 0 ? c->n_rot : 1) * sizeof(float));
         c->bmiss = malloc(bs * sizeof(int32_t));
         c->kmap = malloc(nch * sizeof(int32_t));
-        c->kvic = malloc((ms + (size_t)c->p.kc_extra) * sizeof *c->kvic);
+        c->kvic = malloc((ms + (size_t)c->kc_spare) * sizeof *c->kvic);
         for (size_t i = 0; c->kmap && i < nch; i++) c->kmap[i] = -1;
         if (!c->kmap || !c->kvic || !c->dsel || !c->dslot || !c->dn || !c->bcf || !c->bkb || !c->bmw || !c->bpos || !c->bmiss || !c->bcs) {
             lr_scratch_free(c);
             return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory for scratch");
         }
         c->keys_op = true;
-        dec_bytes = hk * nch * (2 * sizeof(int32_t)) + nch * sizeof(int32_t) + (ms + (size_t)c->p.kc_extra) * sizeof *c->kvic + hk * 8 + bs * C * (R + hd + 1 + (size_t)c->n_rot) * sizeof(float) + bs * 4 + 8 * hd;
+        dec_bytes = hk * nch * (2 * sizeof(int32_t)) + nch * sizeof(int32_t) + (ms + (size_t)c->kc_spare) * sizeof *c->kvic + hk * 8 + bs * C * (R + hd + 1 + (size_t)c->n_rot) * sizeof(float) + bs * 4 + 8 * hd;
     }
     c->scratch_bytes = (size_t)c->n_threads * (floats * sizeof(float) + nch * (sizeof(int32_t) + 1)) + cw_bytes + dec_bytes;
     return RK_OK;

@@ -156,6 +156,37 @@ __attribute__((target("avx2,fma,f16c"), unused)) static void lmk_dots_avx2(const
         d[j] = 0.0f + (((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7])));
     }
 }
+/* d[j] = q_j · k for NS query rows qs[j] (hd floats, hd % 8 == 0) and one int8 row k (its
+ * scale left to the caller), NS a constant at each call site so that the NS accumulators stay
+ * in registers: the key row is converted once in registers for every query row (decode's
+ * scores over the int8 key cache, without an f32 copy of the keys). */
+__attribute__((target("avx2,fma,f16c"), unused, always_inline)) static inline void kc_dots_n(const float *const *qs,
+                                                                                          const int8_t *k, int hd,
+                                                                                          float *d, const int NS) {
+    __m256 acc[LR_DOT_MAX];
+    for (int j = 0; j < NS; j++) acc[j] = _mm256_setzero_ps();
+    for (int i = 0; i < hd; i += 8) {
+        const __m256 kv = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(k + i))));
+        for (int j = 0; j < NS; j++) acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(qs[j] + i), kv, acc[j]);
+    }
+    for (int j = 0; j < NS; j++) {
+        const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[j]), _mm256_extractf128_ps(acc[j], 1));
+        const __m128 h2 = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        d[j] = _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2)));
+    }
+}
+/* kc_dots_n for 1 <= ns <= LR_DOT_MAX rows. */
+__attribute__((target("avx2,fma,f16c"), unused)) static void kc_dots_avx2(const float *const *qs, int ns,
+                                                                        const int8_t *k, int hd, float *d) {
+    switch (ns) {
+#define LR_KC_CASE(n)                                                                                                  \
+    case n: kc_dots_n(qs, k, hd, d, n); return;
+        LR_KC_CASE(1) LR_KC_CASE(2) LR_KC_CASE(3) LR_KC_CASE(4) LR_KC_CASE(5) LR_KC_CASE(6)
+        LR_KC_CASE(7) LR_KC_CASE(8) LR_KC_CASE(9) LR_KC_CASE(10) LR_KC_CASE(11) LR_KC_CASE(12)
+#undef LR_KC_CASE
+    default: return;
+    }
+}
 /* sc[k] = exp(sc[k] - m) for k < n, returns their sum: Cephes' expf polynomial on 8 lanes
  * (relative error ~1e-7, the same class as libm's expf), arguments below -87.3 give 0. */
 __attribute__((target("avx2,fma"), unused)) static float exp_sum_avx2(float *sc, int n, float m) {

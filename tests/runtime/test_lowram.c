@@ -442,6 +442,48 @@ Test(lowram, landmark_dots_equal_dotf) {
 #endif
 }
 
+/* kc_dots_avx2 (decode's scores over the int8 key cache) against the double-precision dot
+ * product of the same query and codes, for 1..LR_DOT_MAX query rows and head dims 8..256. It
+ * sums with FMAs in 8 lanes and a pairwise reduction: a float sum of hd products is within
+ * hd · 2^-24 · Σ|q_i k_i| of the exact one (each of at most hd roundings errs by at most
+ * 2^-24 of a partial sum no larger than Σ|q_i k_i|); the bound is that, and a dropped or
+ * repeated block of 8 (the kernel's step) breaks it by orders of magnitude. */
+Test(lowram, key_cache_dots_within_rounding) {
+#ifdef LR_HAVE_ACC_AVX2
+    if (!rk_cpu_has_avx2()) cr_skip_test("no AVX2");
+    uint64_t st = 0x9e3779b97f4a7c15ull;
+    float q[LR_DOT_MAX * 256], d[LR_DOT_MAX];
+    int8_t k[256];
+    int n_cmp = 0;
+    for (int hd = 8; hd <= 256; hd *= 2)
+        for (int ns = 1; ns <= LR_DOT_MAX; ns++) {
+            const float *qs[LR_DOT_MAX];
+            for (int i = 0; i < ns * hd; i++) {
+                st = st * 6364136223846793005ull + 1442695040888963407ull;
+                q[i] = (float)((int64_t)(st >> 33) % 20001 - 10000) * 1e-3f;
+            }
+            for (int e = 0; e < hd; e++) {
+                st = st * 6364136223846793005ull + 1442695040888963407ull;
+                k[e] = (int8_t)((int)((st >> 40) % 255) - 127);
+            }
+            for (int j = 0; j < ns; j++) qs[j] = q + (size_t)j * hd;
+            for (int j = 0; j < LR_DOT_MAX; j++) d[j] = NAN;
+            kc_dots_avx2(qs, ns, k, hd, d);
+            for (int j = 0; j < ns; j++, n_cmp++) {
+                double ref = 0, mag = 0;
+                for (int e = 0; e < hd; e++) ref += (double)qs[j][e] * k[e], mag += fabs((double)qs[j][e] * k[e]);
+                const double tol = hd * ldexp(1.0, -24) * mag;
+                cr_expect(fabs(d[j] - ref) <= tol, "hd %d ns %d row %d: %.9g vs %.9g (tol %.3g)", hd, ns, j, (double)d[j],
+                          ref, tol);
+            }
+            for (int j = ns; j < LR_DOT_MAX; j++) cr_expect(isnan(d[j]), "row %d written past ns %d", j, ns);
+        }
+    cr_expect_eq(n_cmp, 6 * LR_DOT_MAX * (LR_DOT_MAX + 1) / 2);
+#else
+    cr_skip_test("no AVX2 build");
+#endif
+}
+
 /* start=N: no fit until the context holds N rows. Below it every row is exact and attention
  * is the backend's ATTN over the same f16 bits as a plain f16 cache: bit-identical logits;
  * the commit that reaches N fits and compresses (then decode stays close to exact). */
