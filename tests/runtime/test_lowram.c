@@ -401,6 +401,16 @@ Test(lowram, two_level_selection) {
     rk_model_destroy(m);
 }
 
+/* ns query rows of hd values in [-10, 10] (steps of 1e-3) from the LCG state st, into q,
+ * and their row pointers into qs. */
+static inline void query_rows(uint64_t *st, float *q, int ns, int hd, const float **qs) {
+    for (int i = 0; i < ns * hd; i++) {
+        *st = *st * 6364136223846793005ull + 1442695040888963407ull;
+        q[i] = (float)((int64_t)(*st >> 33) % 20001 - 10000) * 1e-3f;
+    }
+    for (int j = 0; j < ns; j++) qs[j] = q + (size_t)j * hd;
+}
+
 /* The selection's AVX2 landmark dots sum as dotf sums (8 lanes, multiply then add, the same
  * reduction), so they equal dotf on the landmark converted to f32 bit for bit, for f16 and int8
  * rows, 1..LR_DOT_MAX query rows and head dims 8..256 (any difference would be a reordering). */
@@ -415,11 +425,7 @@ Test(lowram, landmark_dots_equal_dotf) {
     for (int hd = 8; hd <= 256; hd *= 2)
         for (int ns = 1; ns <= LR_DOT_MAX; ns++) {
             const float *qs[LR_DOT_MAX];
-            for (int i = 0; i < ns * hd; i++) {
-                st = st * 6364136223846793005ull + 1442695040888963407ull;
-                q[i] = (float)((int64_t)(st >> 33) % 20001 - 10000) * 1e-3f;
-            }
-            for (int j = 0; j < ns; j++) qs[j] = q + (size_t)j * hd;
+            query_rows(&st, q, ns, hd, qs);
             for (int ty = 0; ty < 2; ty++) {
                 for (int e = 0; e < hd; e++) {
                     st = st * 6364136223846793005ull + 1442695040888963407ull;
@@ -458,15 +464,11 @@ Test(lowram, key_cache_dots_within_rounding) {
     for (int hd = 8; hd <= 256; hd *= 2)
         for (int ns = 1; ns <= LR_DOT_MAX; ns++) {
             const float *qs[LR_DOT_MAX];
-            for (int i = 0; i < ns * hd; i++) {
-                st = st * 6364136223846793005ull + 1442695040888963407ull;
-                q[i] = (float)((int64_t)(st >> 33) % 20001 - 10000) * 1e-3f;
-            }
+            query_rows(&st, q, ns, hd, qs);
             for (int e = 0; e < hd; e++) {
                 st = st * 6364136223846793005ull + 1442695040888963407ull;
                 k[e] = (int8_t)((int)((st >> 40) % 255) - 127);
             }
-            for (int j = 0; j < ns; j++) qs[j] = q + (size_t)j * hd;
             for (int j = 0; j < LR_DOT_MAX; j++) d[j] = NAN;
             kc_dots_avx2(qs, ns, k, hd, d);
             for (int j = 0; j < ns; j++, n_cmp++) {
