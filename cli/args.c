@@ -527,7 +527,7 @@ int cli_fill_params(const cli_opts *o, const rk_model *m, rk_ridge_maps **maps, 
                          .keep_share = o->keep_share > 0 ? o->keep_share : -1.0f, .obs = o->obs,
                          .score_layers = o->score_layers, .score_skip = o->score_skip, .pool = o->pool,
                          .baseline = o->baseline, .band = o->band};
-    if (!mode_s) mode_s = o->ridgefill ? "speed" : "off";
+    if (!mode_s) mode_s = o->ridgefill ? CLI_DEFAULT_MAPS_FILL : "off";
     if (!rk_fill_mode_parse(mode_s, &fp.mode)) {
         fprintf(stderr, "ridgekv: --fill expects off, speed, quality, identity or plumb (got '%s')\n", mode_s);
         return RK_EXIT_USAGE;

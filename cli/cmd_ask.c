@@ -40,7 +40,7 @@ static const char *help =
     "      --seed S            sampling seed (default -1: random, printed with -v; N >= 0 repeats a run)\n"
     "  -r, --stop TEXT         stop the answer before TEXT (repeatable, up to 16)\n"
     "      --ridgefill MAPS    RidgeFill map file (from ridgekv calibrate): faster reading of long prompts\n"
-    "      --fill MODE         off|speed|quality|identity|plumb (default: speed with maps, else off)\n"
+    "      --fill MODE         off|speed|quality|identity|plumb (default: quality with maps, else off)\n"
     "      --tail T            exact tail in tokens (default 2048; 1536 with --fill speed; minimum 512)\n"
     "      --split S           split layer for --fill identity/plumb without maps\n"
     "      --keep-share X      quality mode: share of bulk rows kept exact, those the question\n"
@@ -71,7 +71,7 @@ static const char *help =
 
 /* One stderr line on what is in use. */
 static void accelerations(const cli_opts *o, const rk_ridge_maps *maps, const rk_session *s) {
-    const char *mode = o->fill ? o->fill : o->ridgefill ? "speed" : "off";
+    const char *mode = o->fill ? o->fill : o->ridgefill ? CLI_DEFAULT_MAPS_FILL : "off";
     char fill[1200], kv[32];
     rk_fill_mode fm = RK_FILL_OFF;
     (void)rk_fill_mode_parse(mode, &fm);

@@ -34,7 +34,7 @@ static const char *help =
     "      --seed S            sampling seed (default -1: random, printed with -v; N >= 0 repeats a chat)\n"
     "  -r, --stop TEXT         end an answer before TEXT (repeatable, up to 16)\n"
     "      --ridgefill MAPS    RidgeFill map file (from ridgekv calibrate): faster reading of long prompts\n"
-    "      --fill MODE         off|speed|quality|identity|plumb (default: speed with maps, else off)\n"
+    "      --fill MODE         off|speed|quality|identity|plumb (default: quality with maps, else off)\n"
     "      --tail T            exact tail in tokens (default 2048; 1536 with --fill speed; minimum 512)\n"
     "      --split S           split layer for --fill identity/plumb without maps\n"
     "      --keep-share X      quality mode: share of bulk rows kept exact, those the question\n"

@@ -120,7 +120,7 @@ static bool pick_fill(server *sv, const serve_req *r, rk_session *s, rk_fill_par
             snprintf(sv->req_maps_path, sizeof sv->req_maps_path, "%s", g->ridgefill);
         }
         fp.maps = sv->req_maps;
-        if (!g->fill) fp.mode = RK_FILL_SPEED;
+        if (!g->fill) (void)rk_fill_mode_parse(CLI_DEFAULT_MAPS_FILL, &fp.mode);
     }
     if (g->fill && !rk_fill_mode_parse(g->fill, &fp.mode)) {
         emit_errorf(sv, r->id, SERVE_INVALID_REQUEST,

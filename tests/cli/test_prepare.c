@@ -72,6 +72,12 @@ Test(prepare, fits_once_finds_by_fingerprint_refits_corrupt_and_ask_uses_it, .ti
     cr_expect(strstr(r.err, "RidgeFill quality for prompts over 2048 tokens") && strstr(r.err, maps), "%s", r.err);
     cr_expect(strstr(r.err, "ridgefill quality (maps "), "ask's accelerations line names the maps: %s", r.err);
     tb_result_free(&r);
+    /* maps named by the user without --fill: quality (CLI_DEFAULT_MAPS_FILL), not speed */
+    snprintf(args, sizeof args, "ask -m '%s' -n 4 --ridgefill '%s' --doc '%s' 'What did Lily have?'", sp, maps, doc);
+    r = run(cache, args);
+    cr_expect_eq(r.code, 0, "%s", r.err);
+    cr_expect(strstr(r.err, "ridgefill quality (maps ") && strstr(r.err, "exact tail 2048"), "%s", r.err);
+    tb_result_free(&r);
     snprintf(args, sizeof args, "ask -m '%s' -n 4 --no-ridgefill --doc '%s' 'What did Lily have?'", sp, doc);
     r = run(cache, args);
     cr_expect_eq(r.code, 0, "%s", r.err);
