@@ -65,8 +65,8 @@ static void key_extra(const cli_opts *o, char *buf, size_t cap) {
     const char *pp = o->kv ? strstr(o->kv, "pred=") : NULL;
     if (pp && rk_sha256_file(pp + 5, pred, &e)) snprintf(pred, sizeof pred, "unreadable");
     snprintf(buf, cap, "fill=%s;maps=%s;pred=%s;tail=%d;split=%d;keep=%g;batch=%d;backend=%s",
-             o->fill ? o->fill : o->ridgefill ? CLI_DEFAULT_MAPS_FILL : "off", maps, pred, o->tail, o->split, (double)o->keep_share,
-             o->n_batch ? o->n_batch : 512, o->backend ? o->backend : "cpu");
+             o->fill ? o->fill : o->ridgefill ? CLI_DEFAULT_MAPS_FILL : "off", maps, pred, o->tail, o->split,
+             (double)o->keep_share, o->n_batch ? o->n_batch : 512, o->backend ? o->backend : "cpu");
 }
 
 static void verbose_io(const char *cmd, const char *what, const rk_doc_cache *c, const char *key) {
