@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "progress.h"
 #include "rk_fitters.h"
 #include "rk_io.h"
 
@@ -144,12 +145,16 @@ static int text_tokens(const rk_model *m, const char *const *texts, int n_texts,
     return 0;
 }
 
+/* The forward pass's progress (cli_progress: a bar on a terminal, plain lines otherwise),
+ * then a line for the solve, which reports nothing until the file is written. */
 static bool on_progress(void *ud, int64_t done, int64_t total) {
-    const double *t0 = ud;
-    const double dt = rk_time_now() - *t0;
-    if (isatty(2))
-        fprintf(stderr, "\rprepare: %lld / %lld tokens  %.0f s ", (long long)done, (long long)total, dt);
-    return true;
+    cli_progress *p = ud;
+    const bool go = cli_progress_fn(p, done, total);
+    if (done >= total) {
+        cli_progress_end(p);
+        fprintf(stderr, "ridgekv prepare: forward pass done; solving the maps (held-out choice of lambda)\n");
+    }
+    return go;
 }
 
 int cli_prepare_maps(const rk_model *m, const char *const *texts, int n_texts, size_t max_tokens, int n_threads,
@@ -188,12 +193,13 @@ int cli_prepare_maps(const rk_model *m, const char *const *texts, int n_texts, s
         return RK_EXIT_USAGE;
     }
     double t0 = rk_time_now();
+    cli_progress pg;
+    cli_progress_begin(&pg, "prepare", "fit", "tokens", (int64_t)n, false);
     void *bytes = NULL;
     size_t n_bytes = 0;
     rk_calib_report rep;
     rk_err e = {0};
-    rk_status st = rk_calibrate(m, ids, n, &cp, on_progress, &t0, &bytes, &n_bytes, &rep, &e);
-    if (isatty(2)) fputc('\n', stderr);
+    rk_status st = rk_calibrate(m, ids, n, &cp, on_progress, &pg, &bytes, &n_bytes, &rep, &e);
     free(ids);
     if (st) {
         cli_print_error(&e);

@@ -45,6 +45,8 @@ Test(prepare, fits_once_finds_by_fingerprint_refits_corrupt_and_ask_uses_it, .ti
     tb_result r = run(cache, args);
     cr_assert_eq(r.code, 0, "%s", r.err);
     cr_expect(strstr(r.err, "wrote "), "%s", r.err);
+    /* progress of the forward pass (plain lines: stderr is not a terminal), then the solve */
+    cr_expect(strstr(r.err, "prepare: fit 6000/6000 tokens (100%)") && strstr(r.err, "solving the maps"), "%s", r.err);
     cr_assert(cached_maps(cache, maps, sizeof maps), "one map file in the cache");
     /* named by the model's fingerprint: the architecture leads */
     cr_expect(strstr(maps, "/maps/llama-"), "%s", maps);
