@@ -9,22 +9,37 @@
 # compiler, and the results file lives in the repo (docs/data/), so a later session rebuilds
 # the binary, copies the file out and runs the missing trials.
 #
-# usage: scripts/needle_campaign.sh WORKDIR [BUDGET_SECONDS]
-#   WORKDIR  where the binary is built and the run happens (outside the repo; reused)
+# usage: scripts/needle_campaign.sh [--qwen] WORKDIR [BUDGET_SECONDS]
+#   --qwen   the campaign on Qwen2.5-Coder-1.5B (issue 10 item 5; eighteenth session on):
+#            its own binary, seed and results file (docs/data/needle-q15-t2048-s18.jsonl)
+#   WORKDIR  where the binary is built and the run happens (outside the repo; reused; one per
+#            campaign)
 #   BUDGET   stop starting new trials after this many seconds (default: no limit)
-# Then copy WORKDIR/needle.jsonl back over docs/data/needle-q-t2048-s11.jsonl and commit it.
+# Then copy WORKDIR/needle.jsonl back over the campaign's file in docs/data/ and commit it.
 #
-# Needs the default model (`ridgekv pull`) and its maps (`ridgekv prepare`): the file's header
-# names the maps by hash; maps fitted on another machine must hash the same (the fit is
-# deterministic for a given binary and thread count) or the file is refused, naming it.
+# Needs the model (`ridgekv pull`, `ridgekv pull qwen2.5-coder-1.5b`) and its maps (`ridgekv
+# prepare [-m MODEL]`): the file's header names the maps by hash; maps fitted on another machine
+# must hash the same (the fit is deterministic for a given binary and thread count) or the file
+# is refused, naming it.
 set -euo pipefail
-COMMIT=84c51e2 # the campaign binary's commit (sha256 3c4517b6... of build/cli/ridgekv)
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-WORK=${1:?usage: scripts/needle_campaign.sh WORKDIR [BUDGET_SECONDS]}
-BUDGET=${2:-0}
-FILE=docs/data/needle-q-t2048-s11.jsonl
 CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/ridgekv
-MODEL=$CACHE/SmolLM2-135M-Instruct.Q4_1.gguf
+if [ "${1:-}" = --qwen ]; then
+    shift
+    COMMIT=6d69a18 # the Qwen campaign binary's commit
+    FILE=docs/data/needle-q15-t2048-s18.jsonl
+    MODEL=$CACHE/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
+    MAPGLOB=qwen2-
+    TRIALS=200 SEED=18
+else
+    COMMIT=84c51e2 # the campaign binary's commit (sha256 3c4517b6... of build/cli/ridgekv)
+    FILE=docs/data/needle-q-t2048-s11.jsonl
+    MODEL=$CACHE/SmolLM2-135M-Instruct.Q4_1.gguf
+    MAPGLOB=llama-
+    TRIALS=220 SEED=11
+fi
+WORK=${1:?usage: scripts/needle_campaign.sh [--qwen] WORKDIR [BUDGET_SECONDS]}
+BUDGET=${2:-0}
 mkdir -p "$WORK"
 WORK=$(cd "$WORK" && pwd)
 if [ ! -x "$WORK/src/build/cli/ridgekv" ]; then
@@ -34,14 +49,15 @@ if [ ! -x "$WORK/src/build/cli/ridgekv" ]; then
         ninja -C build cli/ridgekv >/dev/null)
 fi
 B=$WORK/src/build/cli/ridgekv
-MAPS=$(ls "$CACHE"/maps/llama-*.maps.gguf 2>/dev/null | head -1 || true)
-[ -f "$MODEL" ] || { echo "needle_campaign: no $MODEL (run: ridgekv pull)" >&2; exit 1; }
+MAPS=$(ls "$CACHE"/maps/$MAPGLOB*.maps.gguf 2>/dev/null | head -1 || true)
+[ -f "$MODEL" ] || { echo "needle_campaign: no $MODEL (run: ridgekv pull, or for --qwen: ridgekv pull qwen2.5-coder-1.5b)" >&2; exit 1; }
 [ -n "$MAPS" ] || { echo "needle_campaign: no maps in $CACHE/maps (run: ridgekv prepare)" >&2; exit 1; }
-[ -f "$WORK/needle.jsonl" ] || cp "$REPO/$FILE" "$WORK/needle.jsonl"
+# a campaign whose file is not in the repo yet starts empty
+[ -f "$WORK/needle.jsonl" ] || [ ! -f "$REPO/$FILE" ] || cp "$REPO/$FILE" "$WORK/needle.jsonl"
 # the binary reads its own hash from /proc/self/exe: run this copy, not another one
 ARGS=(eval needle -m "$MODEL" --corpus "$REPO/../shared/corpus" --ridgefill "$MAPS" --fill off,quality --tail 2048
-    --lengths 3072,4096,6144,8000 --depths 0.1,0.3,0.5,0.7,0.9 --trials 220 --seed 11 -t 2
+    --lengths 3072,4096,6144,8000 --depths 0.1,0.3,0.5,0.7,0.9 --trials "$TRIALS" --seed "$SEED" -t 2
     --results "$WORK/needle.jsonl")
 [ "$BUDGET" != 0 ] && ARGS+=(--budget "$BUDGET")
 "$B" "${ARGS[@]}"
-echo "needle_campaign: copy $WORK/needle.jsonl to $REPO/$FILE and commit it" >&2
+[ -f "$WORK/needle.jsonl" ] && echo "needle_campaign: copy $WORK/needle.jsonl to $REPO/$FILE and commit it" >&2
