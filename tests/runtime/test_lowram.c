@@ -1,6 +1,6 @@
 /* LowRAM: the value predictor, dense == exact at full rank, byte accounting, predictor-file
  * refusal, decode KL on stories260K, selection, pfit. (The LR_KEYS op: test_lowram_op.c; the
- * eigensolver and Cholesky: test_linalg.c.) */
+ * AVX2 dots: test_lowram_dots.c; the eigensolver and Cholesky: test_linalg.c.) */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include "lowram_impl.h"
-#include "lowram_simd.h" /* lmk_dots_avx2 against dotf */
 #include "rk_kernels.h"
 #include "rk_fitters.h"
 #include "session_impl.h"
@@ -399,91 +398,6 @@ Test(lowram, two_level_selection) {
     free(a), free(lo), free(la), free(lt), free(ids);
     rk_session_destroy(ex), rk_session_destroy(one), rk_session_destroy(all), rk_session_destroy(two);
     rk_model_destroy(m);
-}
-
-/* ns query rows of hd values in [-10, 10] (steps of 1e-3) from the LCG state st, into q,
- * and their row pointers into qs. */
-static inline void query_rows(uint64_t *st, float *q, int ns, int hd, const float **qs) {
-    for (int i = 0; i < ns * hd; i++) {
-        *st = *st * 6364136223846793005ull + 1442695040888963407ull;
-        q[i] = (float)((int64_t)(*st >> 33) % 20001 - 10000) * 1e-3f;
-    }
-    for (int j = 0; j < ns; j++) qs[j] = q + (size_t)j * hd;
-}
-
-/* The selection's AVX2 landmark dots sum as dotf sums (8 lanes, multiply then add, the same
- * reduction), so they equal dotf on the landmark converted to f32 bit for bit, for f16 and int8
- * rows, 1..LR_DOT_MAX query rows and head dims 8..256 (any difference would be a reordering). */
-Test(lowram, landmark_dots_equal_dotf) {
-#ifdef LR_HAVE_ACC_AVX2
-    if (!rk_cpu_has_avx2()) cr_skip_test("no AVX2");
-    uint64_t st = 0x2545f4914f6cdd1dull;
-    float q[LR_DOT_MAX * 256], row[256], d[LR_DOT_MAX];
-    uint16_t h[256];
-    uint8_t i8[256];
-    int n_cmp = 0;
-    for (int hd = 8; hd <= 256; hd *= 2)
-        for (int ns = 1; ns <= LR_DOT_MAX; ns++) {
-            const float *qs[LR_DOT_MAX];
-            query_rows(&st, q, ns, hd, qs);
-            for (int ty = 0; ty < 2; ty++) {
-                for (int e = 0; e < hd; e++) {
-                    st = st * 6364136223846793005ull + 1442695040888963407ull;
-                    const int v = (int)((st >> 40) % 255) - 127;
-                    i8[e] = (uint8_t)(int8_t)v;
-                    h[e] = rk_f32_to_f16((float)v * 0.0371f);
-                    row[e] = ty ? (float)v : rk_f16_to_f32(h[e]);
-                }
-                lmk_dots_avx2(qs, ns, ty ? i8 : (const uint8_t *)h, ty ? LR_R_I8 : LR_R_F16, hd, d);
-                for (int j = 0; j < ns; j++, n_cmp++) {
-                    const float ref = dotf(qs[j], row, hd);
-                    cr_expect(memcmp(&d[j], &ref, sizeof ref) == 0, "hd %d ns %d %s row %d: %.9g vs dotf %.9g", hd, ns,
-                              ty ? "int8" : "f16", j, (double)d[j], (double)ref);
-                }
-            }
-        }
-    cr_expect_eq(n_cmp, 6 * 2 * LR_DOT_MAX * (LR_DOT_MAX + 1) / 2);
-#else
-    cr_skip_test("no AVX2 build");
-#endif
-}
-
-/* kc_dots_avx2 (decode's scores over the int8 key cache) against the double-precision dot
- * product of the same query and codes, for 1..LR_DOT_MAX query rows and head dims 8..256. It
- * sums with FMAs in 8 lanes and a pairwise reduction: a float sum of hd products is within
- * hd · 2^-24 · Σ|q_i k_i| of the exact one (each of at most hd roundings errs by at most
- * 2^-24 of a partial sum no larger than Σ|q_i k_i|); the bound is that, and a dropped or
- * repeated block of 8 (the kernel's step) breaks it by orders of magnitude. */
-Test(lowram, key_cache_dots_within_rounding) {
-#ifdef LR_HAVE_ACC_AVX2
-    if (!rk_cpu_has_avx2()) cr_skip_test("no AVX2");
-    uint64_t st = 0x9e3779b97f4a7c15ull;
-    float q[LR_DOT_MAX * 256], d[LR_DOT_MAX];
-    int8_t k[256];
-    int n_cmp = 0;
-    for (int hd = 8; hd <= 256; hd *= 2)
-        for (int ns = 1; ns <= LR_DOT_MAX; ns++) {
-            const float *qs[LR_DOT_MAX];
-            query_rows(&st, q, ns, hd, qs);
-            for (int e = 0; e < hd; e++) {
-                st = st * 6364136223846793005ull + 1442695040888963407ull;
-                k[e] = (int8_t)((int)((st >> 40) % 255) - 127);
-            }
-            for (int j = 0; j < LR_DOT_MAX; j++) d[j] = NAN;
-            kc_dots_avx2(qs, ns, k, hd, d);
-            for (int j = 0; j < ns; j++, n_cmp++) {
-                double ref = 0, mag = 0;
-                for (int e = 0; e < hd; e++) ref += (double)qs[j][e] * k[e], mag += fabs((double)qs[j][e] * k[e]);
-                const double tol = hd * ldexp(1.0, -24) * mag;
-                cr_expect(fabs(d[j] - ref) <= tol, "hd %d ns %d row %d: %.9g vs %.9g (tol %.3g)", hd, ns, j, (double)d[j],
-                          ref, tol);
-            }
-            for (int j = ns; j < LR_DOT_MAX; j++) cr_expect(isnan(d[j]), "row %d written past ns %d", j, ns);
-        }
-    cr_expect_eq(n_cmp, 6 * LR_DOT_MAX * (LR_DOT_MAX + 1) / 2);
-#else
-    cr_skip_test("no AVX2 build");
-#endif
 }
 
 /* start=N: no fit until the context holds N rows. Below it every row is exact and attention
