@@ -12,7 +12,7 @@
 static const char *help =
     "usage: ridgekv eval needle [-m MODEL] [--ridgefill MAPS] [--fill off,speed,quality] [--tail 512]\n"
     "                          [--lengths 1024,2048] [--depths 0.1,0.3,0.5,0.7,0.9] [--trials 200]\n"
-    "                          [--files F1,F2] [--corpus DIR] [--seed N] [-t T] [--json]\n"
+    "                          [--files F1,F2] [--corpus DIR] [--seed N] [--distractors N] [-t T] [--json]\n"
     "                          [--results FILE.jsonl [--budget SECONDS]]\n"
     "       ridgekv eval needle [-m MODEL] --kv-modes f16,lowram,lowram:budget=1024,q8,q4 [--tail 512]\n"
     "                          [--lengths 4096,8192] [...the flags above but --fill, --ridgefill, --split, --kv]\n"
@@ -59,6 +59,10 @@ static const char *help_options =
     "  --wordings N      cycle over N wordings of the needle sentence and its question (1-4,\n"
     "                    default 4; 1: only the passkey wording above); trial t uses wording\n"
     "                    (t / cells) % N, so every length x depth cell sees each wording\n"
+    "  --distractors N   also insert N (0-3) sentences of the other wordings, each with a key of\n"
+    "                    its own, at random depths of the bulk region away from the needle: the\n"
+    "                    model must retrieve the fact asked for among similar ones. An answer\n"
+    "                    with a distractor's key counts as wrong (lured; counted per mode)\n"
     "  --seed N          haystack windows, depths and keys (default 1)\n"
     "  --obs N, --baseline N, --score-layers N, --score-skip N, --pool R, --keep-share X:\n"
     "                    quality mode's question rows (32), baseline rows before them whose\n"
@@ -111,6 +115,15 @@ static void print_tables(const ev_needle_params *p, const ev_needle_result *r, c
     }
     printf("b: %s right and mode wrong; c: %s wrong and mode right (paired trials, same prompts)\n",
            ev_modes_label(mo, 0), ev_modes_label(mo, 0));
+    if (p->n_distractors > 0) {
+        printf("%d distractors per prompt; answers with a distractor's key (lured):", p->n_distractors);
+        for (int mi = 0; mi < r->n_modes; mi++) {
+            int n = 0;
+            for (int t = 0; t < r->n_trials; t++) n += r->lured[t * r->n_modes + mi];
+            printf("%s %s %d", mi ? "," : "", ev_modes_label(mo, mi), n);
+        }
+        printf("\n");
+    }
     for (int mi = 0; mi < r->n_modes; mi++) {
         int full = 0, any = 0, n = 0;
         for (int t = 0; t < r->n_trials; t++) {
@@ -157,6 +170,11 @@ static json_object *mode_json(const ev_needle_params *p, const ev_needle_result 
     ev_json_int(j, "c", c);
     ev_json_num(j, "p_mcnemar", ev_mcnemar_p(b, c));
     ev_json_num(j, "prefill_s_mean", r->prefill_s[mi] / r->n_trials);
+    if (p->n_distractors > 0) {
+        int n = 0;
+        for (int t = 0; t < r->n_trials; t++) n += r->lured[t * r->n_modes + mi];
+        ev_json_int(j, "lured", n);
+    }
     for (int pass = 0; pass < 2; pass++) {
         json_object *arr = json_object_new_array();
         for (int ci = 0; ci < (pass ? p->n_lens : p->n_depths); ci++) {
@@ -190,6 +208,7 @@ static void print_json(const ev_needle_params *p, const ev_needle_result *r, con
     ev_json_int(j, "split", split);
     ev_json_int(j, "tail", o->tail);
     ev_json_int(j, "seed", (int64_t)p->seed);
+    ev_json_int(j, "distractors", p->n_distractors);
     ev_json_int(j, "trials", r->n_trials);
     ev_json_lens_depths(j, p);
     json_object *a = json_object_new_array();
@@ -208,10 +227,12 @@ static void print_json(const ev_needle_params *p, const ev_needle_result *r, con
         ev_json_int(tj, "key", tr->key);
         ev_json_str(tj, "file", c->docs[tr->doc].path);
         ev_json_int(tj, "offset", (int64_t)tr->off);
+        if (tr->n_distr) json_object_object_add(tj, "distractors", cli_needle_distractors_json(tr));
         for (int mi = 0; mi < r->n_modes; mi++) {
             json_object *an = json_object_new_object();
             ev_json_str(an, "answer", r->answers + ((size_t)t * (size_t)r->n_modes + (size_t)mi) * EV_ANSWER_BYTES);
             json_object_object_add(an, "correct", json_object_new_boolean(r->correct[t * r->n_modes + mi]));
+            if (tr->n_distr) json_object_object_add(an, "lured", json_object_new_boolean(r->lured[t * r->n_modes + mi]));
             if (r->kept[t * r->n_modes + mi] >= 0) ev_json_int(an, "needle_kept", r->kept[t * r->n_modes + mi]);
             json_object_object_add(answers, ev_modes_label(&p->modes, mi), an);
         }
@@ -250,11 +271,11 @@ static int parse_kv_modes(const char *list, const cli_opts *o, ev_modes *out) {
 static int parse(int argc, char **argv, cli_opts *o, ev_needle_params *p, const char **files, const char **corpus,
                  const char **results) {
     const char *cmd = "eval needle", *f_depths = "0.1,0.3,0.5,0.7,0.9", *f_lens = "1024,2048", *f_trials = "200",
-               *f_gen = "16", *f_words = "4", *f_budget = "0", *f_kv_modes = NULL;
+               *f_gen = "16", *f_words = "4", *f_budget = "0", *f_kv_modes = NULL, *f_distr = "0";
     ev_flag flags[] = {{"--depths", &f_depths}, {"--lengths", &f_lens}, {"--trials", &f_trials},
                        {"--gen", &f_gen},       {"--files", files},     {"--corpus", corpus},
                        {"--wordings", &f_words}, {"--results", results}, {"--budget", &f_budget},
-                       {"--kv-modes", &f_kv_modes}};
+                       {"--kv-modes", &f_kv_modes}, {"--distractors", &f_distr}};
     char **av = NULL;
     int ac = 0, n_pos = 0;
     rk_err e = {0};
@@ -264,11 +285,12 @@ static int parse(int argc, char **argv, cli_opts *o, ev_needle_params *p, const 
     int rc = cli_parse(ac, av, 3, o, pos, 0, &n_pos, cmd);
     free(av);
     if (rc) return rc;
-    long trials, gen, words;
+    long trials, gen, words, distr;
     if (ev_parse_doubles(f_depths, 0.0, 1.0, p->depths, EV_MAX_LIST, &p->n_depths, "--depths", &e) ||
         ev_parse_ints(f_lens, 64, 1 << 20, p->lens, EV_MAX_LIST, &p->n_lens, "--lengths", &e) ||
         ev_parse_int(f_trials, 1, 1000000, &trials, "--trials", &e) || ev_parse_int(f_gen, 1, 256, &gen, "--gen", &e) ||
         ev_parse_int(f_words, 1, EV_NEEDLE_WORDINGS, &words, "--wordings", &e) ||
+        ev_parse_int(f_distr, 0, EV_NEEDLE_WORDINGS - 1, &distr, "--distractors", &e) ||
         ev_parse_double(f_budget, 0.0, 1e9, &p->budget_s, "--budget", &e))
         return cli_ev_fail(cmd, &e);
     if (p->budget_s > 0 && !*results) {
@@ -278,6 +300,7 @@ static int parse(int argc, char **argv, cli_opts *o, ev_needle_params *p, const 
     p->n_trials = (int)trials;
     p->gen = (int)gen;
     p->n_wordings = (int)words;
+    p->n_distractors = (int)distr;
     p->seed = o->sp.seed;
     if (!o->tail) o->tail = 512;
     if (f_kv_modes) return parse_kv_modes(f_kv_modes, o, &p->modes);

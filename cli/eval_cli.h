@@ -56,6 +56,8 @@ json_object *cli_needle_settings(const cli_opts *o, const rk_model *m, const ev_
 int cli_needle_log_open(cli_needle_log *lg, const char *path, json_object *settings, const ev_modes *mo);
 /* ev_needle_params.on_trial: appends trial t of r. */
 rk_status cli_needle_log_append(void *ud, const ev_needle_result *r, int t, rk_err *err);
+/* The distractors of trial tr as a JSON array of {key, wording, pos, len}. */
+json_object *cli_needle_distractors_json(const ev_needle_trial *tr);
 /* The file's trials into r (done[t] set) after checking each against the prompt this run
  * built for it; prints why not and returns an exit code. */
 int cli_needle_log_merge(cli_needle_log *lg, ev_needle_result *r);

@@ -86,6 +86,7 @@ json_object *cli_needle_settings(const cli_opts *o, const rk_model *m, const ev_
     ev_json_int(j, "gen", p->gen);
     ev_json_int(j, "seed", (int64_t)p->seed);
     ev_json_int(j, "wordings", p->n_wordings);
+    if (p->n_distractors > 0) ev_json_int(j, "distractors", p->n_distractors); /* absent: 0 (older files) */
     json_object *a = json_object_new_array();
     for (int i = 0; i < c->n_docs; i++) { /* the haystacks by name, length and token hash */
         char d[300];
@@ -271,11 +272,13 @@ rk_status cli_needle_log_append(void *ud, const ev_needle_result *r, int t, rk_e
     ev_json_int(j, "needle_pos", tr->needle_pos);
     ev_json_int(j, "needle_len", tr->needle_len);
     ev_json_int(j, "bulk_end", tr->bulk_end);
+    if (tr->n_distr) json_object_object_add(j, "distractors", cli_needle_distractors_json(tr));
     for (int mi = 0; mi < r->n_modes; mi++) {
         json_object *a = json_object_new_object();
         const size_t i = (size_t)t * (size_t)r->n_modes + (size_t)mi;
         ev_json_str(a, "answer", r->answers + i * EV_ANSWER_BYTES);
         json_object_object_add(a, "correct", json_object_new_boolean(r->correct[i]));
+        if (tr->n_distr) json_object_object_add(a, "lured", json_object_new_boolean(r->lured[i]));
         if (r->kept[i] >= 0) ev_json_int(a, "needle_kept", r->kept[i]);
         ev_json_num(a, "prefill_s", r->trial_prefill_s[i]);
         json_object_object_add(an, ev_modes_label(&lg->modes, mi), a);
@@ -295,9 +298,34 @@ rk_status cli_needle_log_append(void *ud, const ev_needle_result *r, int t, rk_e
     return st;
 }
 
+json_object *cli_needle_distractors_json(const ev_needle_trial *tr) {
+    json_object *a = json_object_new_array();
+    for (int d = 0; d < tr->n_distr; d++) {
+        json_object *o = json_object_new_object();
+        ev_json_int(o, "key", tr->dkey[d]);
+        ev_json_int(o, "wording", tr->dwording[d]);
+        ev_json_int(o, "pos", tr->dpos[d]);
+        ev_json_int(o, "len", tr->dlen[d]);
+        json_object_array_add(a, o);
+    }
+    return a;
+}
+
 static int64_t get_i(json_object *o, const char *k) {
     json_object *v = json_object_object_get(o, k);
     return v ? json_object_get_int64(v) : -1;
+}
+
+/* The record's distractors are the ones this run builds for the trial (keys and positions). */
+static bool same_distractors(json_object *j, const ev_needle_trial *tr) {
+    json_object *a = json_object_object_get(j, "distractors");
+    const size_t n = a && json_object_is_type(a, json_type_array) ? json_object_array_length(a) : 0;
+    if (n != (size_t)tr->n_distr) return false;
+    for (int d = 0; d < tr->n_distr; d++) {
+        json_object *o = json_object_array_get_idx(a, (size_t)d);
+        if (get_i(o, "key") != tr->dkey[d] || get_i(o, "pos") != tr->dpos[d]) return false;
+    }
+    return true;
 }
 
 int cli_needle_log_merge(cli_needle_log *lg, ev_needle_result *r) {
@@ -312,7 +340,7 @@ int cli_needle_log_merge(cli_needle_log *lg, ev_needle_result *r) {
         if (get_i(j, "key") != tr->key || get_i(j, "offset") != (int64_t)tr->off ||
             get_i(j, "needle_pos") != tr->needle_pos || get_i(j, "wording") != tr->wording ||
             get_i(j, "length") != lg->params->lens[tr->len_i] ||
-            strcmp(file, base_name(lg->corpus->docs[tr->doc].path)))
+            strcmp(file, base_name(lg->corpus->docs[tr->doc].path)) || !same_distractors(j, tr))
             return fail(lg->path, "trial %2$ld was made from another prompt than this run builds (key, haystack or "
                                   "needle position differ)%1$s", "", t);
         json_object *an = json_object_object_get(j, "answers");
@@ -324,6 +352,8 @@ int cli_needle_log_merge(cli_needle_log *lg, ev_needle_result *r) {
                 return fail(lg->path, "trial %2$ld: mode %1$s has no correct: true/false",
                             ev_modes_label(&lg->modes, mi), t);
             r->correct[k] = json_object_get_boolean(ok);
+            json_object *lu = json_object_object_get(a, "lured");
+            r->lured[k] = lu && json_object_get_boolean(lu);
             snprintf(r->answers + k * EV_ANSWER_BYTES, EV_ANSWER_BYTES, "%s", txt ? json_object_get_string(txt) : "");
             r->kept[k] = json_object_object_get(a, "needle_kept") ? get_i(a, "needle_kept") : -1;
             json_object *ps = json_object_object_get(a, "prefill_s");

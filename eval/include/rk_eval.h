@@ -160,6 +160,16 @@ typedef struct ev_needle_params {
     int gen;                  /* greedy answer tokens */
     uint64_t seed;
     int n_wordings;           /* needle sentence / question wordings cycled over (0: 1; at most EV_NEEDLE_WORDINGS) */
+    /* Distractors: sentences of the other wordings (the one after the question's first), each
+     * with a key of its own, at random depths of the bulk region away from the needle (0..
+     * EV_NEEDLE_WORDINGS - 1; 0 draws nothing more from the random stream, so its trials are
+     * those of a run without them). An answer that holds a distractor's key is "lured" and not
+     * correct. */
+    int n_distractors;
+    /* Called with each trial's prompt once it is built (before a skipped trial is passed
+     * over); NULL: not called. For tests and dumps. */
+    void (*on_prompt)(void *ud, int t, const int32_t *ids, size_t n);
+    void *prompt_ud;
     ev_modes modes;
     ev_progress_fn progress;
     void *progress_ud;
@@ -186,6 +196,9 @@ typedef struct ev_needle_trial {
     int64_t needle_pos, bulk_end;
     int doc;
     size_t off;
+    int n_distr;                                   /* distractors in the prompt */
+    int dkey[EV_NEEDLE_WORDINGS - 1], dwording[EV_NEEDLE_WORDINGS - 1];
+    int64_t dpos[EV_NEEDLE_WORDINGS - 1], dlen[EV_NEEDLE_WORDINGS - 1]; /* prompt position, tokens */
 } ev_needle_trial;
 
 #define EV_ANSWER_BYTES 256
@@ -193,6 +206,7 @@ typedef struct ev_needle_result {
     int n_trials, n_modes;
     ev_needle_trial *trials;   /* (n_trials) */
     unsigned char *correct;    /* (n_trials, n_modes) */
+    unsigned char *lured;      /* (n_trials, n_modes) 1: the answer holds a distractor's key */
     char *answers;             /* (n_trials, n_modes, EV_ANSWER_BYTES) NUL-terminated */
     int64_t *kept;             /* (n_trials, n_modes) needle tokens kept exact by the question-aware
                                   selection (quality mode), -1 for modes without one */
