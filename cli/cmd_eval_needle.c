@@ -117,11 +117,8 @@ static void print_tables(const ev_needle_params *p, const ev_needle_result *r, c
            ev_modes_label(mo, 0), ev_modes_label(mo, 0));
     if (p->n_distractors > 0) {
         printf("%d distractors per prompt; answers with a distractor's key (lured):", p->n_distractors);
-        for (int mi = 0; mi < r->n_modes; mi++) {
-            int n = 0;
-            for (int t = 0; t < r->n_trials; t++) n += r->lured[t * r->n_modes + mi];
-            printf("%s %s %d", mi ? "," : "", ev_modes_label(mo, mi), n);
-        }
+        for (int mi = 0; mi < r->n_modes; mi++)
+            printf("%s %s %d", mi ? "," : "", ev_modes_label(mo, mi), ev_needle_lured(r, mi));
         printf("\n");
     }
     for (int mi = 0; mi < r->n_modes; mi++) {
@@ -170,11 +167,7 @@ static json_object *mode_json(const ev_needle_params *p, const ev_needle_result 
     ev_json_int(j, "c", c);
     ev_json_num(j, "p_mcnemar", ev_mcnemar_p(b, c));
     ev_json_num(j, "prefill_s_mean", r->prefill_s[mi] / r->n_trials);
-    if (p->n_distractors > 0) {
-        int n = 0;
-        for (int t = 0; t < r->n_trials; t++) n += r->lured[t * r->n_modes + mi];
-        ev_json_int(j, "lured", n);
-    }
+    if (p->n_distractors > 0) ev_json_int(j, "lured", ev_needle_lured(r, mi));
     for (int pass = 0; pass < 2; pass++) {
         json_object *arr = json_object_new_array();
         for (int ci = 0; ci < (pass ? p->n_lens : p->n_depths); ci++) {

@@ -98,7 +98,7 @@ rk_status ev_needle_plan(const rk_model *m, const ev_needle_params *p, int *n_ct
             const int L = p->lens[i];
             if ((long)L - tail - (long)n_pre - (long)n_needle - 8 < 0 || L < (int)(n_pre + n_suf + n_needle) + 8)
                 st = rk_err_set(err, RK_E_INVALID_ARG,
-                                "length %d leaves no room for the needle (%zu tokens) before the exact tail of %d (chat "
+                                "length %d leaves no room for the needle and distractors (%zu tokens) before the exact tail of %d (chat "
                                 "prefix %zu, question %zu tokens)",
                                 L, n_needle, tail, n_pre, n_suf);
             max_len = L > max_len ? L : max_len;
@@ -172,6 +172,12 @@ void ev_needle_count(const ev_needle_result *r, int mi, int *k, int *b, int *c) 
         *b += x0 && !x;
         *c += !x0 && x;
     }
+}
+
+int ev_needle_lured(const ev_needle_result *r, int mi) {
+    int n = 0;
+    for (int t = 0; t < r->n_trials; t++) n += r->lured[t * r->n_modes + mi];
+    return n;
 }
 
 void ev_needle_cell(const ev_needle_result *r, int mi, bool by_length, int cell, int *n, int *k) {

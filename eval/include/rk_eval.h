@@ -232,6 +232,8 @@ void ev_needle_result_free(ev_needle_result *r);
 /* Correct answers of mode mi and its discordant pairs with mode 0 (off, or the reference
  * KV policy): b = mode 0 right and mi wrong, c = mode 0 wrong and mi right. */
 void ev_needle_count(const ev_needle_result *r, int mi, int *k, int *b, int *c);
+/* Answers of mode mi that hold a distractor's key. */
+int ev_needle_lured(const ev_needle_result *r, int mi);
 /* Trials and correct answers of mode mi in cell `cell` of the lengths (by_length) or depths. */
 void ev_needle_cell(const ev_needle_result *r, int mi, bool by_length, int cell, int *n, int *k);
 
