@@ -46,7 +46,7 @@ static const struct {
 #define GEN_FLAGS " --model --n-predict --threads --ctx-size --batch-size --kv --backend --temp --top-k --top-p --min-p" \
                   " --repeat-penalty --repeat-last-n --seed --ridgefill --fill --tail --split --keep-share --verbose" \
                   " --kv-budget --kv-host-budget" FILL_FLAGS ROPE_FLAGS " "
-#define FILL_FLAGS " --obs --score-layers --score-skip --baseline --pool"
+#define FILL_FLAGS " --obs --score-layers --score-skip --baseline --pool --fill-group"
 #define ROPE_FLAGS " --ctx-overflow-ok --rope-scaling --rope-scale --rope-freq-base --yarn-orig-ctx --yarn-ext-factor" \
                    " --yarn-attn-factor --yarn-beta-fast --yarn-beta-slow"
     {"run", GEN_FLAGS "--prompt --file --chat --system --stop --verbose-prompt "},
@@ -172,7 +172,7 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
                                          "--repeat-last-n --seed --kv --backend --system --ridgefill --fill --tail "
                                          "--split --keep-share --chat --json --verbose --stop --verbose-prompt "
                                          "--kv-budget --kv-host-budget --no-cache --cache-level --no-ridgefill --obs --score-layers "
-                                         "--score-skip --baseline --pool --band --ctx-overflow-ok --rope-scaling --rope-scale "
+                                         "--score-skip --baseline --pool --band --fill-group --ctx-overflow-ok --rope-scaling --rope-scale "
                                          "--rope-freq-base --yarn-orig-ctx --yarn-ext-factor --yarn-attn-factor "
                                          "--yarn-beta-fast --yarn-beta-slow ";
         char key[64];
@@ -270,6 +270,7 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
             if (!rc && o->pool == 0) o->pool = -1; /* the library's "no pooling" */
         }
         else if (!strcmp(a, "--band")) { NEED(); rc = parse_int(cmd, a, v, 0, 1 << 24, &o->band); }
+        else if (!strcmp(a, "--fill-group")) { NEED(); rc = parse_int(cmd, a, v, 0, 4096, &o->fill_group); }
         else if (!strcmp(a, "--no-ridgefill")) o->no_ridgefill = 1;
         else if (!strcmp(a, "--no-cache")) o->no_cache = 1;
         else if (!strcmp(a, "--cache-level")) { NEED(); rc = parse_int(cmd, a, v, 0, 19, &o->cache_level); if (!rc && !o->cache_level) o->cache_level = -1; }
@@ -526,8 +527,24 @@ int cli_fill_params(const cli_opts *o, const rk_model *m, rk_ridge_maps **maps, 
     rk_fill_params fp = {.mode = RK_FILL_OFF, .tail = o->tail, .split = o->split,
                          .keep_share = o->keep_share > 0 ? o->keep_share : -1.0f, .obs = o->obs,
                          .score_layers = o->score_layers, .score_skip = o->score_skip, .pool = o->pool,
-                         .baseline = o->baseline, .band = o->band};
+                         .baseline = o->baseline, .band = o->band, .group = o->fill_group};
     if (!mode_s) mode_s = o->ridgefill ? CLI_DEFAULT_MAPS_FILL : "off";
+    /* MODE:group=G (bench lists compare grouping in one run) */
+    char mbuf[64];
+    const char *colon = strchr(mode_s, ':');
+    if (colon) {
+        long g = -1;
+        char *end = NULL;
+        if (!strncmp(colon + 1, "group=", 6)) g = strtol(colon + 7, &end, 10);
+        if (g < 0 || g > 4096 || !end || *end || (size_t)(colon - mode_s) >= sizeof mbuf) {
+            fprintf(stderr, "ridgekv: --fill item '%s': the only setting here is group=G (0..4096)\n", mode_s);
+            return RK_EXIT_USAGE;
+        }
+        memcpy(mbuf, mode_s, (size_t)(colon - mode_s));
+        mbuf[colon - mode_s] = '\0';
+        fp.group = (int32_t)g;
+        mode_s = mbuf;
+    }
     if (!rk_fill_mode_parse(mode_s, &fp.mode)) {
         fprintf(stderr, "ridgekv: --fill expects off, speed, quality, identity or plumb (got '%s')\n", mode_s);
         return RK_EXIT_USAGE;

@@ -45,6 +45,7 @@ typedef struct cli_opts {
     int baseline;           /* --baseline N: rows before the question subtracted (0: obs, -1: none) */
     int pool;               /* --pool R: max-pool radius of the scores (0: 8, -1: none) */
     int band;               /* --band N: last bulk rows kept exact out of the keep share (0: none) */
+    int fill_group;         /* --fill-group G: late-layer attention to filled rows in runs of G (0: off) */
     int no_ridgefill;       /* --no-ridgefill: no maps found by fingerprint are used */
     rk_rope_override rope;  /* --rope-scaling, --rope-scale, --yarn-*, --rope-freq-base (valid when rope_set) */
     int rope_set;

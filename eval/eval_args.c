@@ -170,7 +170,7 @@ static rk_status put_variant(const char *item, void *ud) {
                                                      "(item '%s')", name ? name : "", item);
     unsigned char set = 0;
     float share = 0;
-    int32_t band = 0, tail = 0;
+    int32_t band = 0, tail = 0, group = 0;
     for (char *kv = strtok_r(NULL, ":", &save); kv; kv = strtok_r(NULL, ":", &save)) {
         char *eq = strchr(kv, '=');
         if (!eq) return rk_err_set(c->err, RK_E_INVALID_ARG, "--fill: '%s' in '%s' is not key=value", kv, item);
@@ -188,8 +188,11 @@ static rk_status put_variant(const char *item, void *ud) {
         } else if (!strcmp(kv, "tail")) {
             if ((st = ev_parse_int(v, c->min_tail, 1 << 24, &l, "--fill tail", c->err))) return st;
             tail = (int32_t)l, set |= EV_SET_TAIL;
+        } else if (!strcmp(kv, "group")) {
+            if ((st = ev_parse_int(v, 0, 4096, &l, "--fill group", c->err))) return st;
+            group = (int32_t)l, set |= EV_SET_GROUP;
         } else
-            return rk_err_set(c->err, RK_E_INVALID_ARG, "--fill: unknown setting '%s' in '%s' (share, band, tail)", kv,
+            return rk_err_set(c->err, RK_E_INVALID_ARG, "--fill: unknown setting '%s' in '%s' (share, band, tail, group)", kv,
                               item);
     }
     if (mode == RK_FILL_OFF && set)
@@ -201,7 +204,7 @@ static rk_status put_variant(const char *item, void *ud) {
         return rk_err_set(c->err, RK_E_INVALID_ARG, "--fill: at most %d modes with off (item '%s')", EV_MAX_MODES,
                           item);
     const int k = m->n++;
-    m->mode[k] = mode, m->set[k] = set, m->share[k] = share, m->band[k] = band, m->tail[k] = tail;
+    m->mode[k] = mode, m->set[k] = set, m->share[k] = share, m->band[k] = band, m->tail[k] = tail, m->group[k] = group;
     snprintf(m->label[k], sizeof m->label[k], "%s", set ? item : "");
     return RK_OK;
 }
@@ -226,6 +229,7 @@ void ev_modes_params(const ev_modes *m, int mi, rk_fill_params *out) {
     if (m->set[mi] & EV_SET_SHARE) f.keep_share = m->share[mi];
     if (m->set[mi] & EV_SET_BAND) f.band = m->band[mi];
     if (m->set[mi] & EV_SET_TAIL) f.tail = m->tail[mi];
+    if (m->set[mi] & EV_SET_GROUP) f.group = m->group[mi];
     *out = f;
 }
 
@@ -257,7 +261,7 @@ rk_status ev_parse_kv_modes(const char *const *items, int n_items, ev_modes *out
         for (int j = 0; j < i; j++) times += !strcmp(items[j], item);
         if (times > 1) snprintf(m.label[i], sizeof m.label[i], "%s#%d", item, times);
         else snprintf(m.label[i], sizeof m.label[i], "%s", item);
-        m.mode[i] = RK_FILL_OFF, m.set[i] = 0, m.share[i] = 0, m.band[i] = 0, m.tail[i] = 0;
+        m.mode[i] = RK_FILL_OFF, m.set[i] = 0, m.share[i] = 0, m.band[i] = 0, m.tail[i] = 0, m.group[i] = 0;
         m.n++;
     }
     *out = m;

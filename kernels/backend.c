@@ -97,7 +97,18 @@ static rk_status check_attn(const char *on, const rk_op_args *a, rk_err *err) {
         !rk_heads_of(&a->src2, p->n_head_kv, p->head_dim, &v))
         BAD("kernels: %s: K/V cache views are not {%d, n_ctx} or {%d, %d, n_ctx}", on,
             p->n_head_kv * p->head_dim, p->head_dim, p->n_head_kv);
-    if (p->pos0 > INT64_MAX - q.n_tok || p->pos0 + q.n_tok > k.n_tok || p->pos0 + q.n_tok > v.n_tok)
+    if (a->attn_kv_pos) { /* positioned rows: n_kv of them, positions non-decreasing and >= 0 */
+        if (a->attn_n_kv < 0 || a->attn_n_kv > k.n_tok || a->attn_n_kv > v.n_tok)
+            BAD("kernels: %s: n_kv %lld positioned rows vs K %lld, V %lld", on, (long long)a->attn_n_kv,
+                (long long)k.n_tok, (long long)v.n_tok);
+        for (int64_t j = 0; j < a->attn_n_kv; j++)
+            if (a->attn_kv_pos[j] < 0 || (j && a->attn_kv_pos[j] < a->attn_kv_pos[j - 1]))
+                BAD("kernels: %s: kv_pos[%lld] = %d is not non-decreasing from 0", on, (long long)j, a->attn_kv_pos[j]);
+        for (int64_t j = 0; a->attn_kv_bias && j < a->attn_n_kv; j++)
+            if (!isfinite(a->attn_kv_bias[j])) BAD("kernels: %s: kv_bias[%lld] not finite", on, (long long)j);
+    } else if (a->attn_kv_bias) {
+        BAD("kernels: %s: kv_bias without kv_pos", on);
+    } else if (p->pos0 > INT64_MAX - q.n_tok || p->pos0 + q.n_tok > k.n_tok || p->pos0 + q.n_tok > v.n_tok)
         BAD("kernels: %s: cache rows (>= pos0 + n_q = %lld vs K %lld, V %lld)", on,
             (long long)(p->pos0 + q.n_tok), (long long)k.n_tok, (long long)v.n_tok);
     if (q.n_tok > 0 && (!q.data || !k.data || !v.data || !d.data)) BAD("kernels: %s: NULL data", on);

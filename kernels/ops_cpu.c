@@ -595,6 +595,7 @@ typedef struct attn_ctx {
     rk_heads q, k, v, o;
     int group, qb_rows, n_qb, n_chunks;
     int64_t chunk_keys, R; /* R = qb_rows * n_head rows per task */
+    int64_t n_kv;          /* key rows: pos0 + n_q, or attn.n_kv with positioned rows */
     size_t part_floats;    /* per task: R x (2 + head_dim) */
 } attn_ctx;
 
@@ -639,6 +640,19 @@ static const float *kv_tile(const attn_ctx *x, const rk_heads *h, uint32_t type,
     return buf;
 }
 
+/* Keys visible to a query at position pos: all keys < pos + 1, or with positioned rows the
+ * count of rows whose position is <= pos (binary search; kv_pos non-decreasing). */
+static int64_t attn_visible(const rk_op_args *a, int64_t n_kv, int64_t pos) {
+    if (!a->attn_kv_pos) return pos + 1 < n_kv ? pos + 1 : n_kv;
+    int64_t lo = 0, hi = n_kv;
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (a->attn_kv_pos[mid] <= pos) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
 static void attn_tasks(void *vp, int64_t i0, int64_t i1, int tid) {
     const attn_ctx *x = vp;
     const rk_op_args *a = x->a;
@@ -667,7 +681,8 @@ static void attn_tasks(void *vp, int64_t i0, int64_t i1, int tid) {
                 L[r] = 0;
             }
         int64_t kbeg = chunk * x->chunk_keys, kend = kbeg + x->chunk_keys;
-        if (kend > pos0 + t1) kend = pos0 + t1; /* the block's last query sees keys < pos0 + t1 */
+        const int64_t vis = attn_visible(a, x->n_kv, pos0 + t1 - 1); /* the block's last query */
+        if (kend > vis) kend = vis;
         for (int64_t j0 = kbeg; j0 < kend; j0 += RK_ATTN_KT) {
             int64_t kt = kend - j0 < RK_ATTN_KT ? kend - j0 : RK_ATTN_KT, ldk, ldv;
             const float *kp = kv_tile(x, &x->k, a->src1.type, j0, kt, kb, &ldk);
@@ -676,10 +691,13 @@ static void attn_tasks(void *vp, int64_t i0, int64_t i1, int tid) {
                 kn->gemm_nt(nr, kt, hd, qs + hk * RG * hd, hd, kp + hk * hd, ldk, sc, RK_ATTN_KT);
                 for (int64_t rr = 0; rr < nr; rr++) {
                     int64_t r = hk * RG + rr;
-                    int64_t lim = pos0 + t0 + rr / g + 1 - j0; /* causal: keys < pos + 1 */
+                    int64_t lim = (a->attn_kv_pos ? attn_visible(a, x->n_kv, pos0 + t0 + rr / g)
+                                                  : pos0 + t0 + rr / g + 1) - j0; /* causal */
                     if (lim <= 0) continue;
                     if (lim > kt) lim = kt;
                     float *s = sc + rr * RK_ATTN_KT, mx = -INFINITY;
+                    if (a->attn_kv_bias)
+                        for (int64_t j = 0; j < lim; j++) s[j] += a->attn_kv_bias[j0 + j];
                     for (int64_t j = 0; j < lim; j++) mx = s[j] > mx ? s[j] : mx;
                     float m_new = mx > M[r] ? mx : M[r];
                     float alpha = M[r] == -INFINITY ? 0.0f : expf(M[r] - m_new);
@@ -744,8 +762,9 @@ static rk_status cpu_attn(rk_backend *be, const rk_op_args *a, rk_err *err) {
     rk_heads_of(&a->src1, p->n_head_kv, p->head_dim, &x.k);
     rk_heads_of(&a->src2, p->n_head_kv, p->head_dim, &x.v);
     rk_heads_of(&a->dst, p->n_head, p->head_dim, &x.o);
-    int64_t n_q = x.q.n_tok, n_kv = p->pos0 + n_q;
+    int64_t n_q = x.q.n_tok, n_kv = a->attn_kv_pos ? a->attn_n_kv : p->pos0 + n_q;
     if (n_q == 0) return RK_OK;
+    x.n_kv = n_kv;
     /* about RK_ATTN_ROWS query vectors per KV head share each tile */
     x.qb_rows = x.group >= RK_ATTN_ROWS ? 1 : RK_ATTN_ROWS / x.group;
     if (x.qb_rows > n_q) x.qb_rows = (int)n_q;

@@ -109,7 +109,7 @@ static rk_status ref_attn(rk_backend *be, const rk_op_args *a, rk_err *err) {
     rk_heads_of(&a->src1, p->n_head_kv, p->head_dim, &k);
     rk_heads_of(&a->src2, p->n_head_kv, p->head_dim, &v);
     rk_heads_of(&a->dst, p->n_head, p->head_dim, &o);
-    int64_t n_kv = p->pos0 + q.n_tok, hd = p->head_dim;
+    int64_t n_kv = a->attn_kv_pos ? a->attn_n_kv : p->pos0 + q.n_tok, hd = p->head_dim;
     int group = p->n_head / p->n_head_kv;
     /* f32, f16 and q8_0 head rows all go through the reference dequantiser */
     const rk_quant_fns *kq = rk_quant_ref(a->src1.type), *vq = rk_quant_ref(a->src2.type);
@@ -124,6 +124,8 @@ static rk_status ref_attn(rk_backend *be, const rk_op_args *a, rk_err *err) {
     }
     for (int64_t t = 0; t < q.n_tok; t++) {
         int64_t nk = p->pos0 + t + 1;
+        if (a->attn_kv_pos)
+            for (nk = 0; nk < n_kv && a->attn_kv_pos[nk] <= p->pos0 + t;) nk++;
         for (int h = 0; h < p->n_head; h++) {
             int hk = h / group;
             const float *qr = (const float *)(q.data + t * q.tok_nb + h * q.head_nb);
@@ -132,7 +134,7 @@ static rk_status ref_attn(rk_backend *be, const rk_op_args *a, rk_err *err) {
                 kq->to_f32(k.data + j * k.tok_nb + hk * k.head_nb, row, hd);
                 double s = 0;
                 for (int64_t d = 0; d < hd; d++) s += (double)qr[d] * row[d];
-                sc[j] = s * p->scale;
+                sc[j] = s * p->scale + (a->attn_kv_bias ? a->attn_kv_bias[j] : 0.0);
                 if (sc[j] > mx) mx = sc[j];
             }
             double sum = 0;

@@ -115,7 +115,7 @@ typedef void (*ev_progress_fn)(void *ud, int64_t done, int64_t total, const char
  * `fill` (maps, tail, split, keep share) and its own mode, and, for a variant (a --fill
  * item such as quality:share=0.2:band=256:tail=1536), its own keep share, band or tail.
  * Zero-initialised entries are plain modes named by rk_fill_mode_name. */
-enum { EV_SET_SHARE = 1, EV_SET_BAND = 2, EV_SET_TAIL = 4 };
+enum { EV_SET_SHARE = 1, EV_SET_BAND = 2, EV_SET_TAIL = 4, EV_SET_GROUP = 8 };
 #define EV_LABEL_BYTES 160
 typedef struct ev_modes {
     rk_fill_mode mode[EV_MAX_MODES];
@@ -123,7 +123,7 @@ typedef struct ev_modes {
     rk_fill_params fill;
     unsigned char set[EV_MAX_MODES]; /* EV_SET_* bits: which of the three below apply */
     float share[EV_MAX_MODES];
-    int32_t band[EV_MAX_MODES], tail[EV_MAX_MODES];
+    int32_t band[EV_MAX_MODES], tail[EV_MAX_MODES], group[EV_MAX_MODES];
     char label[EV_MAX_MODES][EV_LABEL_BYTES]; /* the item as given ("" for a plain mode) */
     /* KV policies compared instead of fill modes (ev_parse_kv_modes): every mode is off and
      * runs on a session of its own policy kv[mi]; mode 0 is the reference. false: every mode
@@ -132,9 +132,10 @@ typedef struct ev_modes {
     rk_kv_params kv[EV_MAX_MODES];
 } ev_modes;
 /* Modes and variants from a --fill comma list: each item is a mode name, optionally
- * followed by :share=X (0..1), :band=N (>= 0), :tail=N (>= min_tail); off first (added
+ * followed by :share=X (0..1), :band=N (>= 0), :tail=N (>= min_tail), :group=G (0..4096,
+ * rk_fill_params.group); off first (added
  * when missing; it takes no settings), repeated items dropped. Writes mode, n, set, share,
- * band, tail and label of *out (fill untouched). RK_E_INVALID_ARG naming the item. */
+ * band, tail, group and label of *out (fill untouched). RK_E_INVALID_ARG naming the item. */
 rk_status ev_parse_variants(const char *s, int min_tail, ev_modes *out, rk_err *err);
 /* KV policies from the items of a --kv-modes list (split by the caller: lowram specs hold
  * commas), each parsed by rk_kv_params_parse: n items give n modes, all fill off, by_kv set,

@@ -233,6 +233,15 @@ typedef struct rk_op_args {
     float eps;                     /* RMSNORM */
     rk_rope_params rope;
     rk_attn_params attn;
+    /* ATTN, optional (NULL: the cache as above): the attn_n_kv rows of src1/src2 sit at
+     * positions attn_kv_pos[j] (non-decreasing, host memory), and query row i sees the rows
+     * with attn_kv_pos[j] <= pos0 + i; attn_kv_bias (NULL: 0) is added to row j's scaled
+     * score. A row standing for c rows with the same key and value takes bias log c
+     * (RidgeFill's grouped filled rows, runtime/session/fill_group.c). Host backends only
+     * (CUDA's supports() refuses it). */
+    const int32_t *attn_kv_pos;
+    const float *attn_kv_bias;
+    int64_t attn_n_kv;
     const float *lr_rope_cs;       /* LR_KEYS: host table or NULL */
     int64_t lr_rope_rows;
     const rk_lr_attn_args *lr;     /* LR_ATTN (host struct; its pointers are backend memory) */

@@ -435,6 +435,11 @@ typedef struct rk_fill_params {
                                   goes by score (0: none; clipped to the share) */
     bool question_aware;       /* speed/identity/plumb: select as quality does (tests, studies) */
     bool keep_selection;       /* a later eval call does not re-score the kept bulk rows (below) */
+    int32_t group;             /* grouped attention (0: off): in a prefill from row 0 on a host backend,
+                                  late layers' exact rows attend to each run of up to `group`
+                                  consecutive filled rows as one row (mean K, mean V, score bias
+                                  log count): less attention work, the cache itself unchanged
+                                  (decode reads every filled row); 1: the same path, no grouping */
 } rk_fill_params;
 
 /* Applies to the following rk_session_eval calls. */

@@ -286,7 +286,19 @@ static int stages(rk_session *s, const pass *q, int *ends, int max) {
     return n;
 }
 
+static rk_status prefill_run(rk_session *s, const int32_t *ids, size_t n, float *logits, bool all_rows, rk_err *err);
+
+/* An eval call; with fill grouping (rk_fill_params.group) its late layers attend to the
+ * grouped list that runtime/session/fill_group.c builds during the call. */
 rk_status rk_prefill_run(rk_session *s, const int32_t *ids, size_t n, float *logits, bool all_rows, rk_err *err) {
+    rk_status st = RK_OK;
+    if (s->fill.group > 0 && n > 1) st = rk_fill_group_begin(s, s->n_past, rk_plan_split(s), err);
+    if (!st) st = prefill_run(s, ids, n, logits, all_rows, err);
+    rk_fill_group_end(s);
+    return st;
+}
+
+static rk_status prefill_run(rk_session *s, const int32_t *ids, size_t n, float *logits, bool all_rows, rk_err *err) {
     const rk_hparams *hp = &s->m->hp;
     pass q = {.s = s, .ids = ids, .n = n, .start = s->n_past, .bulk_end = s->n_past, .logits = logits,
               .all_rows = all_rows, .total_work = (double)n * hp->n_layer};

@@ -131,6 +131,8 @@ rk_status rk_session_set_fill(rk_session *s, const rk_fill_params *p, rk_err *er
     if ((unsigned)f.mode > RK_FILL_PLUMB) return rk_err_set(err, RK_E_INVALID_ARG, "ridgefill: bad mode %d", (int)f.mode);
     if (f.tail <= 0) f.tail = rk_fill_default_tail(f.mode); /* the CLI enforces SPEC's minimum of 512; tests go lower */
     if (f.n_sink <= 0) f.n_sink = 4;
+    if (f.group < 0 || f.group > 4096)
+        return rk_err_set(err, RK_E_INVALID_ARG, "ridgefill: group %d out of range (0: off, 1..4096 rows)", f.group);
     if (!f.maps && (f.mode == RK_FILL_SPEED || f.mode == RK_FILL_QUALITY))
         return rk_err_set(err, RK_E_INVALID_ARG, "ridgefill: --fill %s needs a map file (--ridgefill MAPS.gguf)",
                           rk_fill_mode_name(f.mode));

@@ -152,6 +152,7 @@ static rk_status keep_queries(rk_session *s, const rk_chunk_plan *p, int l, rk_e
 
 /* causal GQA attention of n_q query rows at pos0.. over the layer's cache, whatever it stores */
 static rk_status attention(rk_session *s, int l, float *q, int64_t n_q, int64_t pos0, float *out, rk_err *err) {
+    if (rk_fill_group_on(s, l)) return rk_fill_group_attend(s, l, q, n_q, pos0, out, err); /* fill_group.c */
     if (!s->kv_host) return s->kv->ops->attend(s->kv, l, q, n_q, pos0, out, err);
     if (s->lrdev) { /* LowRAM on the device: the fused op where it applies (lowram_dev.c) */
         if (rk_lrdev_takes(s->lrdev, n_q, pos0)) {
@@ -195,6 +196,7 @@ static rk_status cache_writers(rk_session *s, const rk_chunk_plan *p, int l, boo
     if (hp->has_qk_norm && (st = rmsnorm(s, s->k, s->k, L->k_norm, n * hp->n_head_kv, err))) return st;
     if (late && (st = rk_plan_predict_kv(s, p, l, s->xs, s->k, s->v, err))) return st; /* K/V maps */
     if ((st = rope(s, s->k, n, hp->n_head_kv, pos0, err)) ||
+        (rk_fill_group_on(s, l) && (st = rk_fill_group_append(s, p, l, late, err))) ||
         (st = kv_append(s, l, pos0, n, err)))
         return st;
     return RK_OK;

@@ -80,7 +80,25 @@ struct rk_session {
     bool splice_k, splice_v;
     char warning[512];    /* rk_session_warning */
     struct rk_lrdev *lrdev; /* --kv lowram on a device backend: the codec's decode state there (lowram_dev.c) */
+    struct rk_fill_group *fg; /* grouped filled rows of the running fill prefill, or NULL (fill_group.c) */
 };
+
+/* fill_group.c: RidgeFill's grouped attention (rk_fill_params.group > 0). During one
+ * prefill call from row 0 with fill on a host backend, the late layers' exact rows attend
+ * to a per-layer list instead of the cache: every exact row's K/V as the cache holds it
+ * (f16), and every run of up to `group` consecutive filled rows of a chunk (never the first
+ * n_sink positions) as one row, the run's mean K and mean V with score bias log(count): the
+ * attention c identical rows would get. begin: NULL (*s->fg) unless it applies. append:
+ * after RoPE, the chunk's rows (plan p; rows in p->fill_idx are filled when filled is true).
+ * attend: as the cache's attention. end: frees it. */
+typedef struct rk_fill_group rk_fill_group;
+struct rk_chunk_plan;
+rk_status rk_fill_group_begin(rk_session *s, int64_t start, int split, rk_err *err);
+bool rk_fill_group_on(const rk_session *s, int l);
+rk_status rk_fill_group_append(rk_session *s, const struct rk_chunk_plan *p, int l, bool filled, rk_err *err);
+rk_status rk_fill_group_attend(rk_session *s, int l, const float *q, int64_t n_q, int64_t pos0, float *out,
+                               rk_err *err);
+void rk_fill_group_end(rk_session *s);
 
 /* lowram_dev.c: LowRAM's decode-time state in device memory and the fused LR_ATTN over it.
  * create: NULL (*out) for other policies. changed: after a commit (rows_dropped false) or a

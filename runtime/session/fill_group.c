@@ -1,0 +1,132 @@
+/* RidgeFill's grouped attention (rk_fill_params.group; docs/RIDGEFILL.md, twentieth
+ * session). Filled rows carry predicted K/V that say *that* there is text, not which
+ * words: in the late layers of a fill prefill, the exact rows (the tail, the kept bulk
+ * rows, the sinks) pay them attention mostly as background. Here each run of up to G
+ * consecutive filled rows of a chunk enters the late layers' attention as one row: the
+ * run's mean K (after RoPE) and mean V, with score bias log(count), which is exactly the
+ * attention that count copies of that row would get. The cache keeps every filled row's
+ * own K/V (decode and later calls read them); only this call's late-layer attention reads
+ * the grouped list, so its cost over the filled region falls by about G. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../prefill/plan_impl.h"
+#include "session_impl.h"
+
+typedef struct fg_layer {
+    uint16_t *k, *v; /* (cap, kv_dim) f16, as the cache stores rows */
+    int32_t *pos;    /* (cap) position of the row, or of the group's last row */
+    float *bias;     /* (cap) 0, or log(count) */
+    int64_t n, cap;
+} fg_layer;
+
+struct rk_fill_group {
+    int split, n_layer, group, n_sink;
+    int64_t kvd;
+    float *mk, *mv; /* (kv_dim) a group's sums */
+    fg_layer *ly;   /* (n_layer - split) */
+};
+
+void rk_fill_group_end(rk_session *s) {
+    rk_fill_group *g = s->fg;
+    if (!g) return;
+    for (int i = 0; g->ly && i < g->n_layer - g->split; i++) {
+        free(g->ly[i].k), free(g->ly[i].v), free(g->ly[i].pos), free(g->ly[i].bias);
+    }
+    free(g->ly), free(g->mk), free(g->mv), free(g);
+    s->fg = NULL;
+}
+
+rk_status rk_fill_group_begin(rk_session *s, int64_t start, int split, rk_err *err) {
+    rk_fill_group_end(s);
+    const rk_hparams *hp = &s->m->hp;
+    if (s->fill.mode == RK_FILL_OFF || s->fill.group <= 0 || start != 0 || s->dev || split <= 0 ||
+        split >= hp->n_layer || s->splice_src)
+        return RK_OK;
+    rk_fill_group *g = calloc(1, sizeof *g);
+    if (!g) return rk_err_set(err, RK_E_NOMEM, "fill group: no memory");
+    g->split = split, g->n_layer = hp->n_layer, g->group = s->fill.group, g->n_sink = s->fill.n_sink;
+    g->kvd = (int64_t)hp->n_head_kv * hp->head_dim;
+    g->ly = calloc((size_t)(hp->n_layer - split), sizeof *g->ly);
+    g->mk = malloc((size_t)g->kvd * sizeof(float));
+    g->mv = malloc((size_t)g->kvd * sizeof(float));
+    s->fg = g;
+    if (!g->ly || !g->mk || !g->mv) {
+        rk_fill_group_end(s);
+        return rk_err_set(err, RK_E_NOMEM, "fill group: no memory");
+    }
+    return RK_OK;
+}
+
+bool rk_fill_group_on(const rk_session *s, int l) { return s->fg && l >= s->fg->split; }
+
+static rk_status reserve(fg_layer *L, int64_t kvd, int64_t need, rk_err *err) {
+    if (need <= L->cap) return RK_OK;
+    int64_t cap = L->cap ? L->cap : 1024;
+    while (cap < need) cap *= 2;
+    uint16_t *k = realloc(L->k, (size_t)(cap * kvd) * sizeof *k);
+    if (k) L->k = k;
+    uint16_t *v = k ? realloc(L->v, (size_t)(cap * kvd) * sizeof *v) : NULL;
+    if (v) L->v = v;
+    int32_t *pos = v ? realloc(L->pos, (size_t)cap * sizeof *pos) : NULL;
+    if (pos) L->pos = pos;
+    float *bias = pos ? realloc(L->bias, (size_t)cap * sizeof *bias) : NULL;
+    if (!bias) return rk_err_set(err, RK_E_NOMEM, "fill group: no memory for %lld rows", (long long)cap);
+    L->bias = bias;
+    L->cap = cap;
+    return RK_OK;
+}
+
+static void put(fg_layer *L, int64_t kvd, const float *k, const float *v, int64_t pos, float bias) {
+    for (int64_t e = 0; e < kvd; e++) {
+        L->k[L->n * kvd + e] = rk_f32_to_f16(k[e]);
+        L->v[L->n * kvd + e] = rk_f32_to_f16(v[e]);
+    }
+    L->pos[L->n] = (int32_t)pos, L->bias[L->n] = bias;
+    L->n++;
+}
+
+rk_status rk_fill_group_append(rk_session *s, const rk_chunk_plan *p, int l, bool filled, rk_err *err) {
+    rk_fill_group *g = s->fg;
+    fg_layer *L = &g->ly[l - g->split];
+    const int64_t kvd = g->kvd, n = p->n, nf = filled ? p->n_fill : 0;
+    rk_status st = reserve(L, kvd, L->n + n, err);
+    if (st) return st;
+    int64_t f = 0; /* next entry of fill_idx */
+    for (int64_t i = 0; i < n;) {
+        const int64_t pos = p->pos0 + i;
+        if (f >= nf || p->fill_idx[f] != i || pos < g->n_sink || g->group == 1) {
+            if (f < nf && p->fill_idx[f] == i) f++;
+            put(L, kvd, s->k + i * kvd, s->v + i * kvd, pos, 0.0f);
+            i++;
+            continue;
+        }
+        /* a run of consecutive filled rows, at most `group` of them */
+        int64_t c = 0;
+        for (int64_t e = 0; e < kvd; e++) g->mk[e] = g->mv[e] = 0.0f;
+        while (i < n && f < nf && p->fill_idx[f] == i && c < g->group) {
+            for (int64_t e = 0; e < kvd; e++) g->mk[e] += s->k[i * kvd + e], g->mv[e] += s->v[i * kvd + e];
+            c++, f++, i++;
+        }
+        const float inv = 1.0f / (float)c;
+        for (int64_t e = 0; e < kvd; e++) g->mk[e] *= inv, g->mv[e] *= inv;
+        put(L, kvd, g->mk, g->mv, p->pos0 + i - 1, logf((float)c));
+    }
+    return RK_OK;
+}
+
+rk_status rk_fill_group_attend(rk_session *s, int l, const float *q, int64_t n_q, int64_t pos0, float *out,
+                               rk_err *err) {
+    const rk_hparams *hp = &s->m->hp;
+    const fg_layer *L = &s->fg->ly[l - s->fg->split];
+    const int64_t qd = (int64_t)hp->n_head * hp->head_dim;
+    rk_op_args a = {.op = RK_OP_ATTN};
+    a.src0 = (rk_view){RK_DT_F32, {qd, n_q, 1, 1}, (size_t)qd * sizeof(float), (void *)q};
+    a.dst = (rk_view){RK_DT_F32, {qd, n_q, 1, 1}, (size_t)qd * sizeof(float), out};
+    a.src1 = (rk_view){RK_DT_F16, {s->fg->kvd, L->n, 1, 1}, (size_t)s->fg->kvd * sizeof(uint16_t), L->k};
+    a.src2 = (rk_view){RK_DT_F16, {s->fg->kvd, L->n, 1, 1}, (size_t)s->fg->kvd * sizeof(uint16_t), L->v};
+    a.attn = (rk_attn_params){hp->n_head, hp->n_head_kv, hp->head_dim, 1.0f / sqrtf((float)hp->head_dim), pos0};
+    a.attn_kv_pos = L->pos, a.attn_kv_bias = L->bias, a.attn_n_kv = L->n;
+    return rk_backend_run(s->be, &a, err);
+}
