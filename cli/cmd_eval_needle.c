@@ -71,6 +71,8 @@ static const char *help_options =
     "                    0: none), share of bulk rows kept exact (the map's, 0.1)\n"
     "  --band N          quality mode: the last N bulk rows (nearest the tail) kept exact out\n"
     "                    of that share, the rest by score (default 0: none)\n"
+    "  --fill-group G    every fill mode's late layers attend to each run of up to G filled rows\n"
+    "                    as one row (mean K/V, bias log count; default 0: off)\n"
     "  --results FILE    resumable run: each paired trial is appended to FILE (JSON lines) as it\n"
     "                    ends; trials already there are not run again, and the tables cover every\n"
     "                    trial in the file. The file's header holds the settings (binary, model,\n"
@@ -202,6 +204,7 @@ static void print_json(const ev_needle_params *p, const ev_needle_result *r, con
     ev_json_int(j, "tail", o->tail);
     ev_json_int(j, "seed", (int64_t)p->seed);
     ev_json_int(j, "distractors", p->n_distractors);
+    ev_json_int(j, "fill_group", p->modes.fill.group);
     ev_json_int(j, "trials", r->n_trials);
     ev_json_lens_depths(j, p);
     json_object *a = json_object_new_array();

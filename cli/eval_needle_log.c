@@ -82,6 +82,7 @@ json_object *cli_needle_settings(const cli_opts *o, const rk_model *m, const ev_
     ev_json_int(j, "score_skip", f->score_skip);
     ev_json_int(j, "pool", f->pool);
     if (f->band) ev_json_int(j, "band", f->band);
+    if (f->group) ev_json_int(j, "fill_group", f->group); /* absent: 0 (older files) */
     ev_json_lens_depths(j, p);
     ev_json_int(j, "gen", p->gen);
     ev_json_int(j, "seed", (int64_t)p->seed);
