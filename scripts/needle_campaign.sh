@@ -9,9 +9,11 @@
 # compiler, and the results file lives in the repo (docs/data/), so a later session rebuilds
 # the binary, copies the file out and runs the missing trials.
 #
-# usage: scripts/needle_campaign.sh [--qwen] WORKDIR [BUDGET_SECONDS]
+# usage: scripts/needle_campaign.sh [--qwen|--group] WORKDIR [BUDGET_SECONDS]
 #   --qwen   the campaign on Qwen2.5-Coder-1.5B (issue 10 item 5; eighteenth session on):
 #            its own binary, seed and results file (docs/data/needle-q15-t2048-s18.jsonl)
+#   --group  grouped attention to filled rows (--fill-group 16, twenty-first session on),
+#            SmolLM2, one distractor fact per prompt: docs/data/needle-g16-d1-s21.jsonl
 #   WORKDIR  where the binary is built and the run happens (outside the repo; reused; one per
 #            campaign)
 #   BUDGET   stop starting new trials after this many seconds (default: no limit)
@@ -22,6 +24,7 @@
 # must hash the same (the fit is deterministic for a given binary and thread count) or the file
 # is refused, naming it.
 set -euo pipefail
+EXTRA=()
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/ridgekv
 if [ "${1:-}" = --qwen ]; then
@@ -31,6 +34,13 @@ if [ "${1:-}" = --qwen ]; then
     MODEL=$CACHE/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
     MAPGLOB=qwen2-
     TRIALS=200 SEED=18
+elif [ "${1:-}" = --group ]; then
+    shift
+    COMMIT=d9cc927 # the grouped campaign binary's commit
+    FILE=docs/data/needle-g16-d1-s21.jsonl
+    MODEL=$CACHE/SmolLM2-135M-Instruct.Q4_1.gguf
+    MAPGLOB=llama-
+    TRIALS=200 SEED=21 EXTRA=(--fill-group 16 --distractors 1)
 else
     COMMIT=84c51e2 # the campaign binary's commit (sha256 3c4517b6... of build/cli/ridgekv)
     FILE=docs/data/needle-q-t2048-s11.jsonl
@@ -38,7 +48,7 @@ else
     MAPGLOB=llama-
     TRIALS=220 SEED=11
 fi
-WORK=${1:?usage: scripts/needle_campaign.sh [--qwen] WORKDIR [BUDGET_SECONDS]}
+WORK=${1:?usage: scripts/needle_campaign.sh [--qwen|--group] WORKDIR [BUDGET_SECONDS]}
 BUDGET=${2:-0}
 mkdir -p "$WORK"
 WORK=$(cd "$WORK" && pwd)
@@ -57,7 +67,7 @@ MAPS=$(ls "$CACHE"/maps/$MAPGLOB*.maps.gguf 2>/dev/null | head -1 || true)
 # the binary reads its own hash from /proc/self/exe: run this copy, not another one
 ARGS=(eval needle -m "$MODEL" --corpus "$REPO/../shared/corpus" --ridgefill "$MAPS" --fill off,quality --tail 2048
     --lengths 3072,4096,6144,8000 --depths 0.1,0.3,0.5,0.7,0.9 --trials "$TRIALS" --seed "$SEED" -t 2
-    --results "$WORK/needle.jsonl")
+    --results "$WORK/needle.jsonl" "${EXTRA[@]}")
 [ "$BUDGET" != 0 ] && ARGS+=(--budget "$BUDGET")
 "$B" "${ARGS[@]}"
 [ -f "$WORK/needle.jsonl" ] && echo "needle_campaign: copy $WORK/needle.jsonl to $REPO/$FILE and commit it" >&2
