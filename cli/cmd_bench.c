@@ -269,7 +269,10 @@ int cmd_bench(int argc, char **argv) {
         } else {
             printf("model: %s (%s), weights %.1f MiB, threads %d\n", rk_model_name(m), hp->arch_name,
                    (double)rk_model_weight_bytes(m) / 1048576.0, nt);
-            printf("%9s %8s %-24s %10s %13s %8s %8s %12s %10s %7s %9s %9s\n", "n_prompt", "fill", "kv", "TTFT ms",
+            int fw = 8; /* the fill column fits the longest mode ("quality:group=16") */
+            for (int mi = 0; mi < n_modes; mi++)
+                if ((int)strlen(modes[mi]) > fw) fw = (int)strlen(modes[mi]);
+            printf("%9s %*s %-24s %10s %13s %8s %8s %12s %10s %7s %9s %9s\n", "n_prompt", fw, "fill", "kv", "TTFT ms",
                    "prefill tok/s", "speedup", "n_decode", "decode tok/s", "KV B/tok", "vs f16", "RSS MiB", "peak MiB");
             for (int li = 0; li < n_lens; li++)
                 for (int mi = 0; mi < n_modes; mi++)
@@ -277,8 +280,8 @@ int cmd_bench(int argc, char **argv) {
                         const rk_kv_bytes *b = &kvb[li][mi][ki];
                         char pk[32] = "-";
                         if (peaks) snprintf(pk, sizeof pk, "%.1f", rpeak[li][mi][ki]);
-                        printf("%9d %8s %-24.24s %10.1f %13.1f %7.2fx %8d %12.1f %10.0f %6.2fx %9.1f %9s\n", lens[li],
-                               modes[mi], kvs[ki], 1000 * ttft[li][mi][ki], pf_tps[li][mi][ki],
+                        printf("%9d %*s %-24.24s %10.1f %13.1f %7.2fx %8d %12.1f %10.0f %6.2fx %9.1f %9s\n", lens[li],
+                               fw, modes[mi], kvs[ki], 1000 * ttft[li][mi][ki], pf_tps[li][mi][ki],
                                ttft[li][0][ki] / ttft[li][mi][ki], o.n_predict, dc_tps[li][mi][ki],
                                b->n_tokens ? (double)b->total / (double)b->n_tokens : 0.0,
                                b->total ? (double)b->f16_equiv / (double)b->total : 0.0, rss[li][mi][ki], pk);
