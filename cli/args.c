@@ -270,7 +270,11 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
             if (!rc && o->pool == 0) o->pool = -1; /* the library's "no pooling" */
         }
         else if (!strcmp(a, "--band")) { NEED(); rc = parse_int(cmd, a, v, 0, 1 << 24, &o->band); }
-        else if (!strcmp(a, "--fill-group")) { NEED(); rc = parse_int(cmd, a, v, 0, 4096, &o->fill_group); }
+        else if (!strcmp(a, "--fill-group")) {
+            NEED();
+            rc = parse_int(cmd, a, v, 0, 4096, &o->fill_group);
+            if (!rc && o->fill_group == 0) o->fill_group = -1; /* off, not the default */
+        }
         else if (!strcmp(a, "--no-ridgefill")) o->no_ridgefill = 1;
         else if (!strcmp(a, "--no-cache")) o->no_cache = 1;
         else if (!strcmp(a, "--cache-level")) { NEED(); rc = parse_int(cmd, a, v, 0, 19, &o->cache_level); if (!rc && !o->cache_level) o->cache_level = -1; }
@@ -520,6 +524,11 @@ int cli_setup_kv(const cli_opts *o, rk_session *s, const char *item) {
     return 0;
 }
 
+int cli_fill_group(const cli_opts *o, rk_fill_mode mode) {
+    if (o->fill_group) return o->fill_group > 0 ? o->fill_group : 0;
+    return mode == RK_FILL_QUALITY || mode == RK_FILL_SPEED ? CLI_DEFAULT_FILL_GROUP : 0;
+}
+
 int cli_fill_params(const cli_opts *o, const rk_model *m, rk_ridge_maps **maps, const char *mode_override,
                     rk_fill_params *out) {
     rk_err e = {0};
@@ -527,7 +536,7 @@ int cli_fill_params(const cli_opts *o, const rk_model *m, rk_ridge_maps **maps, 
     rk_fill_params fp = {.mode = RK_FILL_OFF, .tail = o->tail, .split = o->split,
                          .keep_share = o->keep_share > 0 ? o->keep_share : -1.0f, .obs = o->obs,
                          .score_layers = o->score_layers, .score_skip = o->score_skip, .pool = o->pool,
-                         .baseline = o->baseline, .band = o->band, .group = o->fill_group};
+                         .baseline = o->baseline, .band = o->band, .group = -1};
     if (!mode_s) mode_s = o->ridgefill ? CLI_DEFAULT_MAPS_FILL : "off";
     /* MODE:group=G (bench lists compare grouping in one run) */
     char mbuf[64];
@@ -549,6 +558,7 @@ int cli_fill_params(const cli_opts *o, const rk_model *m, rk_ridge_maps **maps, 
         fprintf(stderr, "ridgekv: --fill expects off, speed, quality, identity or plumb (got '%s')\n", mode_s);
         return RK_EXIT_USAGE;
     }
+    if (fp.group < 0) fp.group = cli_fill_group(o, fp.mode);
     if (o->ridgefill && !*maps) {
         char warn[512];
         rk_status st = rk_ridge_maps_load(o->ridgefill, m, maps, warn, sizeof warn, &e);
@@ -564,9 +574,9 @@ int cli_fill_params(const cli_opts *o, const rk_model *m, rk_ridge_maps **maps, 
         return RK_EXIT_USAGE;
     }
     if (fp.mode != RK_FILL_OFF && o->verbose)
-        fprintf(stderr, "ridgekv: ridgefill %s, split %d, tail %d%s%s\n", rk_fill_mode_name(fp.mode),
+        fprintf(stderr, "ridgekv: ridgefill %s, split %d, tail %d, group %d%s%s\n", rk_fill_mode_name(fp.mode),
                 fp.maps ? rk_ridge_maps_split(fp.maps) : fp.split, fp.tail ? fp.tail : rk_fill_default_tail(fp.mode),
-                fp.maps ? ", maps " : "", fp.maps ? o->ridgefill : "");
+                fp.group, fp.maps ? ", maps " : "", fp.maps ? o->ridgefill : "");
     *out = fp;
     return 0;
 }

@@ -45,7 +45,8 @@ typedef struct cli_opts {
     int baseline;           /* --baseline N: rows before the question subtracted (0: obs, -1: none) */
     int pool;               /* --pool R: max-pool radius of the scores (0: 8, -1: none) */
     int band;               /* --band N: last bulk rows kept exact out of the keep share (0: none) */
-    int fill_group;         /* --fill-group G: late-layer attention to filled rows in runs of G (0: off) */
+    int fill_group;         /* --fill-group G: late-layer attention to filled rows in runs of G (0: the
+                             * default, CLI_DEFAULT_FILL_GROUP; -1: off, from --fill-group 0) */
     int no_ridgefill;       /* --no-ridgefill: no maps found by fingerprint are used */
     rk_rope_override rope;  /* --rope-scaling, --rope-scale, --yarn-*, --rope-freq-base (valid when rope_set) */
     int rope_set;
@@ -138,6 +139,12 @@ int cmd_prepare(int argc, char **argv);
  * --fill: quality, the mode that keeps the answers (docs/RIDGEFILL.md: needle 143/220 against
  * exact's 137/220, ΔNLL +0.005; speed mode found 0/24 needles). */
 #define CLI_DEFAULT_MAPS_FILL "quality"
+/* The group of quality and speed modes without --fill-group (or MODE:group=G): late layers
+ * attend to each run of up to this many filled rows as one row (docs/RIDGEFILL.md,
+ * twentieth and twenty-first sessions). 0: ungrouped. Identity and plumb stay ungrouped. */
+#define CLI_DEFAULT_FILL_GROUP 16
+/* The group cli_fill_params uses for mode: --fill-group, else the default above. */
+int cli_fill_group(const cli_opts *o, rk_fill_mode mode);
 /* Tokens of calibration text `prepare` (and `pull --prepare`) fits on by default. */
 #define CLI_PREPARE_TOKENS 32768
 /* <cache>/maps/<arch>-<tokenizer hash>-<weights hash>-<quant hash>.maps.gguf; -1 without a cache dir. */

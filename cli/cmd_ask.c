@@ -45,6 +45,8 @@ static const char *help =
     "      --split S           split layer for --fill identity/plumb without maps\n"
     "      --keep-share X      quality mode: share of bulk rows kept exact, those the question\n"
     "                          attends to most (default: the map's, 0.1)\n"
+    "      --fill-group G      quality/speed: late layers attend to each run of up to G filled\n"
+    "                          rows as one row (default 16; 0: every row)\n"
     "      --no-ridgefill      exact prefill even when `ridgekv prepare` left maps in the cache\n"
     "      --no-cache          do not use the document KV cache (docs/TIERS.md; ridgekv cache)\n"
     "      --cache-level N     zstd level of the cached KV (1..19, default 1; 0: raw)\n"
@@ -75,9 +77,11 @@ static void accelerations(const cli_opts *o, const rk_ridge_maps *maps, const rk
     char fill[1200], kv[32];
     rk_fill_mode fm = RK_FILL_OFF;
     (void)rk_fill_mode_parse(mode, &fm);
+    char grp[40] = "";
+    if (cli_fill_group(o, fm) > 0) snprintf(grp, sizeof grp, ", filled rows in groups of %d", cli_fill_group(o, fm));
     if (maps)
-        snprintf(fill, sizeof fill, "ridgefill %s (maps %s, split %d, exact tail %d)", mode, o->ridgefill,
-                 rk_ridge_maps_split(maps), o->tail ? o->tail : rk_fill_default_tail(fm));
+        snprintf(fill, sizeof fill, "ridgefill %s (maps %s, split %d, exact tail %d%s)", mode, o->ridgefill,
+                 rk_ridge_maps_split(maps), o->tail ? o->tail : rk_fill_default_tail(fm), grp);
     else snprintf(fill, sizeof fill, "ridgefill %s (no maps)", mode);
     snprintf(kv, sizeof kv, "%.*s", o->kv ? (int)strcspn(o->kv, ":") : 3, o->kv ? o->kv : "f16");
     const char *lr = strcmp(kv, "lowram") ? "lowram off" : "lowram on (fitted on the prompt)";

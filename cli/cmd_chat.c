@@ -39,6 +39,8 @@ static const char *help =
     "      --split S           split layer for --fill identity/plumb without maps\n"
     "      --keep-share X      quality mode: share of bulk rows kept exact, those the question\n"
     "                          attends to most (default: the map's, 0.1)\n"
+    "      --fill-group G      quality/speed: late layers attend to each run of up to G filled\n"
+    "                          rows as one row (default 16; 0: every row)\n"
     "      --no-ridgefill      exact prefill even when `ridgekv prepare` left maps in the cache\n"
     "  -v, --verbose           model details at the start, timings after each answer (stderr)\n"
     "      --verbose-prompt    print each turn's prompt as the model sees it and its tokens (stderr)\n"

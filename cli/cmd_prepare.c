@@ -244,8 +244,10 @@ int cli_auto_fill(cli_opts *o, const rk_model *m, const char *cmd) {
     o->fill = mode;
     rk_fill_mode fm = RK_FILL_OFF;
     (void)rk_fill_mode_parse(mode, &fm);
-    fprintf(stderr, "ridgekv %s: RidgeFill %s for prompts over %d tokens (maps %s; --no-ridgefill: exact)\n", cmd, mode,
-            o->tail ? o->tail : rk_fill_default_tail(fm), buf);
+    char grp[48] = "";
+    if (cli_fill_group(o, fm) > 0) snprintf(grp, sizeof grp, ", filled rows in groups of %d", cli_fill_group(o, fm));
+    fprintf(stderr, "ridgekv %s: RidgeFill %s for prompts over %d tokens (maps %s%s; --no-ridgefill: exact)\n", cmd,
+            mode, o->tail ? o->tail : rk_fill_default_tail(fm), buf, grp);
     return 0;
 }
 

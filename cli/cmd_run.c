@@ -36,6 +36,8 @@ static const char *help =
     "      --split S           split layer for --fill identity/plumb without maps\n"
     "      --keep-share X      quality mode: share of bulk rows kept exact, those the question\n"
     "                          attends to most (default: the map's, 0.1)\n"
+    "      --fill-group G      quality/speed: late layers attend to each run of up to G filled\n"
+    "                          rows as one row (default 16; 0: every row)\n"
     "  -v, --verbose           print model and timing details to stderr\n"
     "      --verbose-prompt    print the prompt as the model sees it and its tokens to stderr\n"
     "\n"

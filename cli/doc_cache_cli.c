@@ -64,9 +64,18 @@ static void key_extra(const cli_opts *o, char *buf, size_t cap) {
     if (o->ridgefill && rk_sha256_file(o->ridgefill, maps, &e)) snprintf(maps, sizeof maps, "unreadable");
     const char *pp = o->kv ? strstr(o->kv, "pred=") : NULL;
     if (pp && rk_sha256_file(pp + 5, pred, &e)) snprintf(pred, sizeof pred, "unreadable");
-    snprintf(buf, cap, "fill=%s;maps=%s;pred=%s;tail=%d;split=%d;keep=%g;batch=%d;backend=%s",
-             o->fill ? o->fill : o->ridgefill ? CLI_DEFAULT_MAPS_FILL : "off", maps, pred, o->tail, o->split,
-             (double)o->keep_share, o->n_batch ? o->n_batch : 512, o->backend ? o->backend : "cpu");
+    const char *fill = o->fill ? o->fill : o->ridgefill ? CLI_DEFAULT_MAPS_FILL : "off";
+    int n = snprintf(buf, cap, "fill=%s;maps=%s;pred=%s;tail=%d;split=%d;keep=%g;batch=%d;backend=%s", fill, maps, pred,
+                     o->tail, o->split, (double)o->keep_share, o->n_batch ? o->n_batch : 512,
+                     o->backend ? o->backend : "cpu");
+    /* quality mode's other settings and the grouping change the late layers' rows too; named
+     * only when set, so that the keys of earlier caches stay as they were */
+    rk_fill_mode fm = RK_FILL_OFF;
+    (void)rk_fill_mode_parse(fill, &fm);
+    const int v[7] = {cli_fill_group(o, fm), o->band, o->obs, o->pool, o->score_layers, o->score_skip, o->baseline};
+    static const char *const name[7] = {"group", "band", "obs", "pool", "slayers", "sskip", "baseline"};
+    for (int i = 0; i < 7 && fm != RK_FILL_OFF && n > 0 && (size_t)n < cap; i++)
+        if (v[i]) n += snprintf(buf + n, cap - (size_t)n, ";%s=%d", name[i], v[i]);
 }
 
 static void verbose_io(const char *cmd, const char *what, const rk_doc_cache *c, const char *key) {

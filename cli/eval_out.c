@@ -43,6 +43,11 @@ int cli_ev_modes(const cli_opts *o, const rk_model *m, rk_session *s, rk_ridge_m
     }
     int rc = cli_fill_params(o, m, maps, "off", &mo.fill);
     if (rc) return rc;
+    /* each mode's grouping: --fill-group or the default of its mode (cli_fill_group), unless
+     * its item set one; the header records the group of quality and speed modes */
+    mo.fill.group = cli_fill_group(o, RK_FILL_QUALITY);
+    for (int mi = 0; mi < mo.n; mi++)
+        if (!(mo.set[mi] & EV_SET_GROUP)) mo.set[mi] |= EV_SET_GROUP, mo.group[mi] = cli_fill_group(o, mo.mode[mi]);
     for (int mi = mo.n - 1; mi >= 0; mi--) { /* every mode checked before the long run; ends on off */
         rk_fill_params fp;
         ev_modes_params(&mo, mi, &fp);

@@ -128,6 +128,7 @@ static bool pick_fill(server *sv, const serve_req *r, rk_session *s, rk_fill_par
         return false;
     }
     if (g->tail) fp.tail = g->tail;
+    fp.group = cli_fill_group(sv->o, fp.mode); /* the mode's grouping (--fill-group or its default) */
     if (rk_session_set_fill(s, &fp, &e)) {
         emit_errorf(sv, r->id, SERVE_INVALID_REQUEST, "field 'fill': %s", e.msg);
         return false;

@@ -79,6 +79,21 @@ Test(prepare, fits_once_finds_by_fingerprint_refits_corrupt_and_ask_uses_it, .ti
     r = run(cache, args);
     cr_expect_eq(r.code, 0, "%s", r.err);
     cr_expect(strstr(r.err, "ridgefill quality (maps ") && strstr(r.err, "exact tail 2048"), "%s", r.err);
+    /* quality mode groups filled rows by default (CLI_DEFAULT_FILL_GROUP, 16); --fill-group 0
+     * turns it off, --fill-group G sets it, and -v's fill line says which */
+    cr_expect(strstr(r.err, "filled rows in groups of 16"), "%s", r.err);
+    tb_result_free(&r);
+    snprintf(args, sizeof args, "ask -m '%s' -n 4 -v --ridgefill '%s' --fill-group 0 --doc '%s' 'What did Lily have?'",
+             sp, maps, doc);
+    r = run(cache, args);
+    cr_expect_eq(r.code, 0, "%s", r.err);
+    cr_expect(!strstr(r.err, "filled rows in groups") && strstr(r.err, "tail 2048, group 0,"), "%s", r.err);
+    tb_result_free(&r);
+    snprintf(args, sizeof args, "ask -m '%s' -n 4 -v --ridgefill '%s' --fill-group 8 --doc '%s' 'What did Lily have?'",
+             sp, maps, doc);
+    r = run(cache, args);
+    cr_expect_eq(r.code, 0, "%s", r.err);
+    cr_expect(strstr(r.err, "filled rows in groups of 8") && strstr(r.err, "tail 2048, group 8,"), "%s", r.err);
     tb_result_free(&r);
     snprintf(args, sizeof args, "ask -m '%s' -n 4 --no-ridgefill --doc '%s' 'What did Lily have?'", sp, doc);
     r = run(cache, args);
