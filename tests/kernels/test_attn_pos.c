@@ -88,6 +88,17 @@ Test(attn_pos, grouped_rows_equal_the_identical_rows_they_stand_for) {
     }
 }
 
+/* ATTN of one 2-dim query row at pos0 over four f32 key/value rows (one head) */
+static rk_op_args attn4(float *q, float *o, float *kf, float *vf, int64_t pos0) {
+    rk_op_args a = {.op = RK_OP_ATTN};
+    a.src0 = (rk_view){RK_DT_F32, {2, 1, 1, 1}, 8, q};
+    a.dst = (rk_view){RK_DT_F32, {2, 1, 1, 1}, 8, o};
+    a.src1 = (rk_view){RK_DT_F32, {2, 4, 1, 1}, 8, kf};
+    a.src2 = (rk_view){RK_DT_F32, {2, 4, 1, 1}, 8, vf};
+    a.attn = (rk_attn_params){1, 1, 2, 1.0f, pos0};
+    return a;
+}
+
 Test(attn_pos, causal_cut_follows_the_positions) {
     /* keys at positions 0, 3, 3, 7; a query at position 5 sees the first three only, one at 2 only the first */
     float q[2] = {0.4f, -1.1f}, o[2] = {0};
@@ -95,12 +106,7 @@ Test(attn_pos, causal_cut_follows_the_positions) {
     int32_t pos[4] = {0, 3, 3, 7};
     for (int which = 0; which <= 3; which++) {
         rk_backend *be = cpu_backend(which);
-        rk_op_args a = {.op = RK_OP_ATTN};
-        a.src0 = (rk_view){RK_DT_F32, {2, 1, 1, 1}, 8, q};
-        a.dst = (rk_view){RK_DT_F32, {2, 1, 1, 1}, 8, o};
-        a.src1 = (rk_view){RK_DT_F32, {2, 4, 1, 1}, 8, kf};
-        a.src2 = (rk_view){RK_DT_F32, {2, 4, 1, 1}, 8, vf};
-        a.attn = (rk_attn_params){1, 1, 2, 1.0f, 5};
+        rk_op_args a = attn4(q, o, kf, vf, 5);
         a.attn_kv_pos = pos, a.attn_n_kv = 4;
         rk_err err = {0};
         cr_assert_eq(rk_backend_run(be, &a, &err), RK_OK, "%s", err.msg);
@@ -121,12 +127,7 @@ Test(attn_pos, malformed_lists_refused) {
     float q[2] = {0}, o[2], kf[8] = {0}, vf[8] = {0}, bias[4] = {0, 0, NAN, 0};
     int32_t down[4] = {0, 3, 2, 7}, up[4] = {0, 1, 2, 3};
     rk_backend *be = cpu_backend(1);
-    rk_op_args a = {.op = RK_OP_ATTN};
-    a.src0 = (rk_view){RK_DT_F32, {2, 1, 1, 1}, 8, q};
-    a.dst = (rk_view){RK_DT_F32, {2, 1, 1, 1}, 8, o};
-    a.src1 = (rk_view){RK_DT_F32, {2, 4, 1, 1}, 8, kf};
-    a.src2 = (rk_view){RK_DT_F32, {2, 4, 1, 1}, 8, vf};
-    a.attn = (rk_attn_params){1, 1, 2, 1.0f, 9};
+    rk_op_args a = attn4(q, o, kf, vf, 9);
     rk_err err = {0};
     a.attn_kv_pos = down, a.attn_n_kv = 4;
     cr_assert_eq(rk_backend_run(be, &a, &err), RK_E_INVALID_ARG);

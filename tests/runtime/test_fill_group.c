@@ -13,30 +13,8 @@
 
 #include "rk.h"
 #include "rk_ext.h"
+#include "rt_shared.h"
 #include "tb.h"
-
-static rk_model *load(void) {
-    char p[1024];
-    if (!tb_shared_path(p, sizeof p, "models/stories260K/stories260K-f32.gguf")) cr_skip_test("%s", p);
-    rk_err e = {0};
-    rk_model *m = NULL;
-    cr_assert_eq(rk_model_load(p, &m, &e), RK_OK, "%s", e.msg);
-    return m;
-}
-
-static int32_t *story_ids(const rk_model *m, size_t want) {
-    char p[1024];
-    if (!tb_shared_path(p, sizeof p, "golden/perplexity/tinystories_sample_clean.txt")) cr_skip_test("%s", p);
-    size_t len, n;
-    char *txt = tb_read_file(p, &len);
-    cr_assert(txt);
-    rk_err e = {0};
-    int32_t *ids;
-    cr_assert_eq(rk_model_tokenize(m, txt, len, true, false, &ids, &n, &e), RK_OK, "%s", e.msg);
-    free(txt);
-    cr_assert(n >= want, "only %zu tokens", n);
-    return ids;
-}
 
 /* A session (f16 cache, 64-row chunks) after one eval of ids[0, n0) and, when n1 > n0, a
  * second of ids[n0, n1); logits of the last call's rows in *lg. */
@@ -62,10 +40,10 @@ static double max_diff(const float *a, const float *b, size_t from, size_t to) {
 }
 
 Test(fill_group, group_one_equals_the_plain_path_and_larger_groups_keep_the_cache) {
-    rk_model *m = load();
+    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
     const size_t n = 400, tail = 96, nv = (size_t)rk_model_hparams(m)->n_vocab;
     const int L = rk_model_hparams(m)->n_layer, kvd = rk_model_hparams(m)->n_head_kv * rk_model_hparams(m)->head_dim;
-    int32_t *ids = story_ids(m, n);
+    int32_t *ids = rt_story_ids(m, n);
     /* identity: filled rows' late inputs are their split stream (no maps needed), so their
      * K/V do not depend on any attention after the split */
     rk_fill_params f0 = {.mode = RK_FILL_IDENTITY, .tail = (int32_t)tail, .split = 2}, f1 = f0, f8 = f0;
@@ -93,9 +71,9 @@ Test(fill_group, group_one_equals_the_plain_path_and_larger_groups_keep_the_cach
 }
 
 Test(fill_group, only_a_call_from_row_zero_groups) {
-    rk_model *m = load();
+    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
     const size_t n0 = 64, n = 400, nv = (size_t)rk_model_hparams(m)->n_vocab;
-    int32_t *ids = story_ids(m, n);
+    int32_t *ids = rt_story_ids(m, n);
     rk_fill_params f0 = {.mode = RK_FILL_IDENTITY, .tail = 96, .split = 2}, f8 = f0;
     f8.group = 8;
     float *a, *b;
@@ -108,7 +86,7 @@ Test(fill_group, only_a_call_from_row_zero_groups) {
 }
 
 Test(fill_group, out_of_range_group_refused) {
-    rk_model *m = load();
+    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
     rk_session_params sp = rk_session_params_default();
     sp.n_ctx = 128;
     rk_err e = {0};
