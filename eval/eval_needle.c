@@ -337,8 +337,8 @@ rk_status ev_needle_run(const rk_model *m, rk_session *const *s, const ev_corpus
         char detail[400];
         int dl = snprintf(detail, sizeof detail, "len %d depth %.2f:", L, p->depths[di]);
         for (int mi = 0; mi < r.n_modes; mi++) {
-            rk_fill_params fp = p->modes.fill;
-            fp.mode = p->modes.mode[mi];
+            rk_fill_params fp;
+            ev_modes_params(&p->modes, mi, &fp); /* the mode and its own settings (grouping) */
             answer a = {.n_keys = 1 + tr->n_distr};
             snprintf(a.keys[0], sizeof a.keys[0], "%d", tr->key);
             for (int j = 0; j < tr->n_distr; j++) snprintf(a.keys[1 + j], sizeof a.keys[1 + j], "%d", tr->dkey[j]);
