@@ -132,9 +132,10 @@ int cmd_prepare(int argc, char **argv);
 /* ---- RidgeFill maps without a manual step (cmd_prepare.c) ---------------------------- */
 /* The fill mode ask / chat / serve use with maps found in the cache (prompts longer than
  * the tail; shorter ones are exact anyway): the mode that met issue 10's targets, else off.
- * None has been shown to meet them yet (docs/RIDGEFILL.md), so found maps are announced and
- * used with --fill quality|speed only. */
-#define CLI_DEFAULT_LONG_FILL "off"
+ * Quality mode with grouped attention (CLI_DEFAULT_FILL_GROUP) since the twenty-first
+ * session: needle, ΔNLL and TTFT lines in docs/RIDGEFILL.md. --no-ridgefill or --fill off:
+ * exact prefill. */
+#define CLI_DEFAULT_LONG_FILL "quality"
 /* The fill mode when the user names maps (--ridgefill, a request's "ridgefill") without a
  * --fill: quality, the mode that keeps the answers (docs/RIDGEFILL.md: needle 143/220 against
  * exact's 137/220, ΔNLL +0.005; speed mode found 0/24 needles). */

@@ -234,10 +234,12 @@ int cli_auto_fill(cli_opts *o, const rk_model *m, const char *cmd) {
     if (cli_maps_cache_path(m, buf, cap) != 0 || stat(buf, &sb) != 0) return 0;
     const char *mode = o->fill ? o->fill : CLI_DEFAULT_LONG_FILL;
     if (!strcmp(mode, "off")) {
-        fprintf(stderr,
-                "ridgekv %s: RidgeFill maps found for this model, not used by default (exact prefill; "
-                "--fill quality uses them, docs/RIDGEFILL.md)\n",
-                cmd);
+        if (o->fill) fprintf(stderr, "ridgekv %s: RidgeFill off (--fill off): exact prefill\n", cmd);
+        else
+            fprintf(stderr,
+                    "ridgekv %s: RidgeFill maps found for this model, not used by default (exact prefill; "
+                    "--fill quality uses them, docs/RIDGEFILL.md)\n",
+                    cmd);
         return 0;
     }
     o->ridgefill = buf;

@@ -65,8 +65,16 @@ Test(prepare, fits_once_finds_by_fingerprint_refits_corrupt_and_ask_uses_it, .ti
     snprintf(args, sizeof args, "ask -m '%s' -n 4 --doc '%s' 'What did Lily have?'", sp, doc);
     r = run(cache, args);
     cr_expect_eq(r.code, 0, "%s", r.err);
-    /* the default for long prompts is exact until a mode meets the targets (cli.h) */
-    cr_expect(strstr(r.err, "RidgeFill maps found for this model, not used by default"), "%s", r.err);
+    /* the default for long prompts is quality mode, grouped (CLI_DEFAULT_LONG_FILL, cli.h) */
+    cr_expect(strstr(r.err, "RidgeFill quality for prompts over 2048 tokens") && strstr(r.err, maps) &&
+                  strstr(r.err, "filled rows in groups of 16"),
+              "%s", r.err);
+    tb_result_free(&r);
+    /* --fill off: exact, and said so */
+    snprintf(args, sizeof args, "ask -m '%s' -n 4 --fill off --doc '%s' 'What did Lily have?'", sp, doc);
+    r = run(cache, args);
+    cr_expect_eq(r.code, 0, "%s", r.err);
+    cr_expect(strstr(r.err, "RidgeFill off (--fill off)") && strstr(r.err, "ridgefill off"), "%s", r.err);
     tb_result_free(&r);
     snprintf(args, sizeof args, "ask -m '%s' -n 4 --fill quality --doc '%s' 'What did Lily have?'", sp, doc);
     r = run(cache, args);
