@@ -78,13 +78,20 @@ static rk_status reserve(fg_layer *L, int64_t kvd, int64_t need, rk_err *err) {
     return RK_OK;
 }
 
-static void put(fg_layer *L, int64_t kvd, const float *k, const float *v, int64_t pos, float bias) {
-    for (int64_t e = 0; e < kvd; e++) {
-        L->k[L->n * kvd + e] = rk_f32_to_f16(k[e]);
-        L->v[L->n * kvd + e] = rk_f32_to_f16(v[e]);
-    }
-    L->pos[L->n] = (int32_t)pos, L->bias[L->n] = bias;
-    L->n++;
+/* n consecutive rows of f32 K and V (n_kv positions pos0..) onto the list as f16, through
+ * the backend's CPY_ROWS as the plain cache writes its rows, with bias b */
+static rk_status put(rk_session *s, fg_layer *L, int64_t kvd, const float *k, const float *v, int64_t n, int64_t pos0,
+                     float b, rk_err *err) {
+    rk_op_args a = {.op = RK_OP_CPY_ROWS, .dst_row0 = L->n};
+    a.dst = (rk_view){RK_DT_F16, {kvd, L->cap, 1, 1}, (size_t)kvd * sizeof(uint16_t), L->k};
+    a.src0 = (rk_view){RK_DT_F32, {kvd, n, 1, 1}, (size_t)kvd * sizeof(float), (void *)k};
+    rk_status st = rk_backend_run(s->be, &a, err);
+    a.dst.data = L->v, a.src0.data = (void *)v;
+    if (!st) st = rk_backend_run(s->be, &a, err);
+    if (st) return st;
+    for (int64_t i = 0; i < n; i++) L->pos[L->n + i] = (int32_t)(pos0 + i), L->bias[L->n + i] = b;
+    L->n += n;
+    return RK_OK;
 }
 
 rk_status rk_fill_group_append(rk_session *s, const rk_chunk_plan *p, int l, bool filled, rk_err *err) {
@@ -92,28 +99,29 @@ rk_status rk_fill_group_append(rk_session *s, const rk_chunk_plan *p, int l, boo
     fg_layer *L = &g->ly[l - g->split];
     const int64_t kvd = g->kvd, n = p->n, nf = filled ? p->n_fill : 0;
     rk_status st = reserve(L, kvd, L->n + n, err);
-    if (st) return st;
     int64_t f = 0; /* next entry of fill_idx */
-    for (int64_t i = 0; i < n;) {
-        const int64_t pos = p->pos0 + i;
-        if (f >= nf || p->fill_idx[f] != i || pos < g->n_sink || g->group == 1) {
-            if (f < nf && p->fill_idx[f] == i) f++;
-            put(L, kvd, s->k + i * kvd, s->v + i * kvd, pos, 0.0f);
-            i++;
-            continue;
+    for (int64_t i = 0; i < n && !st;) {
+        /* a run of rows that stay as they are: exact rows, and filled ones not grouped */
+        int64_t e = i;
+        for (; e < n; e++) {
+            const bool fill = f < nf && p->fill_idx[f] == e;
+            if (fill && p->pos0 + e >= g->n_sink && g->group > 1) break;
+            f += fill;
         }
-        /* a run of consecutive filled rows, at most `group` of them */
+        if (e > i && (st = put(s, L, kvd, s->k + i * kvd, s->v + i * kvd, e - i, p->pos0 + i, 0.0f, err))) break;
+        if ((i = e) >= n) break;
+        /* a run of consecutive filled rows, at most `group` of them, as their mean */
         int64_t c = 0;
-        for (int64_t e = 0; e < kvd; e++) g->mk[e] = g->mv[e] = 0.0f;
+        for (int64_t d = 0; d < kvd; d++) g->mk[d] = g->mv[d] = 0.0f;
         while (i < n && f < nf && p->fill_idx[f] == i && c < g->group) {
-            for (int64_t e = 0; e < kvd; e++) g->mk[e] += s->k[i * kvd + e], g->mv[e] += s->v[i * kvd + e];
+            for (int64_t d = 0; d < kvd; d++) g->mk[d] += s->k[i * kvd + d], g->mv[d] += s->v[i * kvd + d];
             c++, f++, i++;
         }
         const float inv = 1.0f / (float)c;
-        for (int64_t e = 0; e < kvd; e++) g->mk[e] *= inv, g->mv[e] *= inv;
-        put(L, kvd, g->mk, g->mv, p->pos0 + i - 1, logf((float)c));
+        for (int64_t d = 0; d < kvd; d++) g->mk[d] *= inv, g->mv[d] *= inv;
+        st = put(s, L, kvd, g->mk, g->mv, 1, p->pos0 + i - 1, logf((float)c), err);
     }
-    return RK_OK;
+    return st;
 }
 
 rk_status rk_fill_group_attend(rk_session *s, int l, const float *q, int64_t n_q, int64_t pos0, float *out,
