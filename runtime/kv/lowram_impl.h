@@ -166,7 +166,7 @@ struct rk_kv_codec {
      * of a table per position, plus LR_ROPE_LO rows */
     float *rope_hi, *rope_lo; /* (n_ctx / LR_ROPE_LO + 1, n_rot), (LR_ROPE_LO, n_rot) */
     int64_t rope_filled;  /* positions the state has reached (kept for the export format) */
-    float *bcs;           /* (max_sel * chunk, n_rot) sparse decode: the rebuilt rows' cos, sin */
+    float *bcs;           /* per KV head (bch * chunk, n_rot) sparse decode: the rebuilt rows' cos, sin */
     /* observed queries (post-RoPE) of the last obs_window rows of each layer */
     double *qsq;          /* (n_layer, kv_dim) Σ q² of prefill queries per KV-head dim, pairs averaged */
     float *obs_q;         /* (n_layer, obs_window, n_head * head_dim) ring */
@@ -188,12 +188,15 @@ struct rk_kv_codec {
     float rope_base;
     int32_t *dsel, *dslot; /* (n_head_kv, cap_chunks) */
     int64_t *dn;          /* (n_head_kv) */
-    int32_t *kmap;        /* (cap_chunks) -1; a head's key-cache slot of each chunk while its hits are looked up */
-    struct lr_vic { float v; uint32_t used; int32_t k; } *kvic; /* (key-cache slots) miss victims in order */
+    int32_t *kmap;        /* (n_threads, cap_chunks) -1; a head's key-cache slot of each chunk while its hits are looked up */
+    struct lr_vic { float v; uint32_t used; int32_t k; } *kvic; /* (n_head_kv, kvic_cap) miss victims in order */
+    size_t kvic_cap;
+    struct lr_hq { int64_t rows, next_i; int n_miss, next, n_vic, slot_err; } *dhq; /* (n_head_kv) a step's
+                          * state per head between choosing (over the pool) and rebuilding (backend) */
     int kc_spare;         /* key-cache slots per (layer, KV head) beyond the budget (lr_kc_spare, at allocation) */
     int64_t bch;          /* chunks one LR_KEYS batch holds (lr_batch_chunks); a full layer's misses take several */
-    float *bcf, *bkb, *bmw; /* (bch * chunk, r_max), (bch * chunk, head_dim), (2, head_dim) */
-    int32_t *bpos, *bmiss; /* (bch * chunk), (bch) slots rebuilt */
+    float *bcf, *bkb, *bmw; /* per KV head (bch * chunk, r_max), (bch * chunk, head_dim); (2, head_dim) */
+    int32_t *bpos, *bmiss; /* per KV head (bch * chunk), (bch) slots rebuilt */
     float *dpo;           /* (n_head_kv * 4, LR_WMAX, head_dim + 2) split decode tasks' states */
     float *dqd;           /* (n_head_kv, LR_SPARSE_MAX_Q * grp, cap_chunks) selection's q·landmark */
     float *dcs;           /* (n_head_kv, cap_chunks) sparse decode: landmark scores (score_worker) */

@@ -83,7 +83,7 @@ void lr_scratch_free(rk_kv_codec *c) {
     }
     free(c->scr);
     c->scr = NULL;
-    free(c->kmap), free(c->kvic), c->kmap = NULL, c->kvic = NULL;
+    free(c->kmap), free(c->kvic), free(c->dhq), c->kmap = NULL, c->kvic = NULL, c->dhq = NULL;
     free(c->dsel), free(c->dslot), free(c->dn), free(c->bcf), free(c->bkb), free(c->bmw), free(c->bpos), free(c->bmiss), free(c->bcs);
     c->dsel = c->dslot = NULL, c->dn = NULL, c->bcf = c->bkb = c->bmw = c->bcs = NULL, c->bpos = c->bmiss = NULL;
     free(c->dpo), c->dpo = NULL;
@@ -154,21 +154,29 @@ rk_status lr_scratch_alloc(rk_kv_codec *c, rk_err *err) {
         c->dsel = malloc(hk * nch * sizeof(int32_t));
         c->dslot = malloc(hk * nch * sizeof(int32_t));
         c->dn = calloc(hk, sizeof(int64_t));
-        c->bcf = malloc(bs * C * R * sizeof(float));
-        c->bkb = malloc(bs * C * hd * sizeof(float));
+        /* one batch area per KV head (the heads choose and gather over the pool), one chunk
+         * -> slot map per thread */
+        const size_t nt = (size_t)c->n_threads, vc = ms + (size_t)c->kc_spare;
+        c->bcf = malloc(hk * bs * C * R * sizeof(float));
+        c->bkb = malloc(hk * bs * C * hd * sizeof(float));
         c->bmw = malloc(2 * hd * sizeof(float));
-        c->bpos = malloc(bs * C * sizeof(int32_t));
-        c->bcs = malloc(bs * C * (size_t)(c->n_rot > 0 ? c->n_rot : 1) * sizeof(float));
-        c->bmiss = malloc(bs * sizeof(int32_t));
-        c->kmap = malloc(nch * sizeof(int32_t));
-        c->kvic = malloc((ms + (size_t)c->kc_spare) * sizeof *c->kvic);
-        for (size_t i = 0; c->kmap && i < nch; i++) c->kmap[i] = -1;
-        if (!c->kmap || !c->kvic || !c->dsel || !c->dslot || !c->dn || !c->bcf || !c->bkb || !c->bmw || !c->bpos || !c->bmiss || !c->bcs) {
+        c->bpos = malloc(hk * bs * C * sizeof(int32_t));
+        c->bcs = malloc(hk * bs * C * (size_t)(c->n_rot > 0 ? c->n_rot : 1) * sizeof(float));
+        c->bmiss = malloc(hk * bs * sizeof(int32_t));
+        c->kmap = malloc(nt * nch * sizeof(int32_t));
+        c->kvic_cap = vc;
+        c->kvic = malloc(hk * vc * sizeof *c->kvic);
+        c->dhq = calloc(hk, sizeof *c->dhq);
+        for (size_t i = 0; c->kmap && i < nt * nch; i++) c->kmap[i] = -1;
+        if (!c->kmap || !c->kvic || !c->dhq || !c->dsel || !c->dslot || !c->dn || !c->bcf || !c->bkb || !c->bmw || !c->bpos ||
+            !c->bmiss || !c->bcs) {
             lr_scratch_free(c);
             return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory for scratch");
         }
         c->keys_op = true;
-        dec_bytes = hk * nch * (2 * sizeof(int32_t)) + nch * sizeof(int32_t) + (ms + (size_t)c->kc_spare) * sizeof *c->kvic + hk * 8 + bs * C * (R + hd + 1 + (size_t)c->n_rot) * sizeof(float) + bs * 4 + 8 * hd;
+        dec_bytes = hk * nch * (2 * sizeof(int32_t)) + nt * nch * sizeof(int32_t) + hk * vc * sizeof *c->kvic +
+                    hk * (8 + sizeof *c->dhq) + hk * bs * C * (R + hd + 1 + (size_t)c->n_rot) * sizeof(float) + hk * bs * 4 +
+                    8 * hd;
     }
     c->scratch_bytes = (size_t)c->n_threads * (floats * sizeof(float) + nch * (sizeof(int32_t) + 1)) + cw_bytes + dec_bytes;
     return RK_OK;

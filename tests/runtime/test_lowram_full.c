@@ -179,7 +179,8 @@ Test(lowram_full, a_full_layer_attends_every_chunk) {
  * kbatch chunks (default: the largest budgeted layer's choice, at least 64), so the batch's
  * work area does not grow with the context. Batches of 3 chunks (11 batches for the 32
  * chunks of a 512-row context) decode bit for bit as one batch, rebuild the same rows, and
- * the scratch shrinks by the (32 - 3) chunks' rows of coefficients, keys, angles, ids. */
+ * the scratch shrinks by the (32 - 3) chunks' rows of coefficients, keys, angles, ids of
+ * every KV head (each head has a batch area of its own). */
 Test(lowram_full, a_full_layer_rebuilds_in_batches) {
     rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
     const int nv = rk_model_hparams(m)->n_vocab, n_p = 300, n_dec = 12;
@@ -209,7 +210,7 @@ Test(lowram_full, a_full_layer_rebuilds_in_batches) {
     const uint64_t per_chunk = 16ull * ((uint64_t)c1->r_max + (uint64_t)c1->hd + 1 + (uint64_t)c1->n_rot) * sizeof(float) + 4;
     rk_kv_bytes b1, b3;
     rk_session_kv_bytes(one, &b1), rk_session_kv_bytes(few, &b3);
-    cr_expect_eq(b1.scratch - b3.scratch, 29 * per_chunk, "scratch %llu vs %llu bytes", (unsigned long long)b1.scratch,
+    cr_expect_eq(b1.scratch - b3.scratch, 29 * per_chunk * (uint64_t)rk_model_hparams(m)->n_head_kv, "scratch %llu vs %llu bytes", (unsigned long long)b1.scratch,
                  (unsigned long long)b3.scratch);
     free(l1), free(l3), free(ld), free(ids);
     rk_session_destroy(one), rk_session_destroy(few), rk_session_destroy(def);
