@@ -444,6 +444,8 @@ int cli_session_params(const cli_opts *o, rk_session_params *p) {
     if (o->kv && cli_kv_split(o->kv, items, 8) >= 1 && cli_kv_params(o, items[0], &p->kv)) return RK_EXIT_USAGE;
     if (o->backend) rk_backend_kind_parse(o->backend, &p->backend);
     p->ctx_overflow_ok = o->ctx_overflow_ok != 0;
+    const char *g = getenv("RIDGEKV_CUDA_GRAPHS"); /* docs/GPU.md: recorded decode steps */
+    p->cuda_graphs = g && *g && strcmp(g, "0") != 0;
     return 0;
 }
 

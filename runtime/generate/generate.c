@@ -30,9 +30,8 @@ void rk_gen_result_deinit(rk_gen_result *r) {
 }
 
 static uint64_t filled_rows(const rk_session *s, int n_layer) {
-    const rk_session_counters *c = rk_session_get_counters(s);
-    uint64_t n = 0;
-    for (int l = 0; l < n_layer && l < 256; l++) n += c->filled_rows[l];
+    uint64_t n = 0, f;
+    for (int l = 0; l < n_layer; l++) rk_session_layer_rows(s, l, NULL, &f), n += f;
     return n;
 }
 

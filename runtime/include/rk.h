@@ -278,6 +278,9 @@ typedef struct rk_session_params {
     rk_backend_kind backend;
     rk_backend *shared_backend; /* borrowed (outlives the session); NULL: own backend of `backend` kind */
     bool ctx_overflow_ok; /* accept n_ctx past what the model was trained for (rk_session_warning says so) */
+    bool cuda_graphs;     /* run each decode step as one recorded unit where the backend records steps
+                             (CUDA graphs) and the KV policy allows it (f16 / f32 without a budget);
+                             default false: opt-in while they have only run on a simulated device */
 } rk_session_params;
 
 rk_session_params rk_session_params_default(void);
@@ -447,16 +450,18 @@ rk_status rk_session_set_fill(rk_session *s, const rk_fill_params *p, rk_err *er
 
 /* Work counters since the session was created (tests and eval use them). */
 typedef struct rk_session_counters {
-    uint64_t exact_rows[256];  /* rows that ran Q/attention/O/MLP, per layer (first 256) */
-    uint64_t filled_rows[256]; /* rows whose K/V came from a predicted input, per layer */
-    /* decode steps run as one recorded unit (RIDGEKV_CUDA_GRAPHS=1 on a backend that records
-     * steps: CUDA graphs), and those whose recording failed and ran again unrecorded */
+    /* decode steps run as one recorded unit (rk_session_params.cuda_graphs on a backend that
+     * records steps: CUDA graphs), and those whose recording failed and ran again unrecorded */
     uint64_t graph_steps, graph_fallbacks;
     /* --kv lowram on a device backend: attention calls of the fused device op (LR_ATTN) and of
      * the codec on the host (prefill, options the op lacks) */
     uint64_t lowram_dev_attn, lowram_host_attn;
 } rk_session_counters;
 const rk_session_counters *rk_session_get_counters(const rk_session *s);
+/* Rows of layer `layer` since the session was created: *exact those that ran
+ * Q/attention/O/MLP, *filled those whose K/V came from a predicted input (either pointer may
+ * be NULL). A layer outside [0, n_layer) gives zeros. */
+void rk_session_layer_rows(const rk_session *s, int layer, uint64_t *exact, uint64_t *filled);
 /* Of rows [row0, row0 + n), how many the last question-aware selection kept exact (sinks
  * included; rows outside its bulk region are not counted); -1 when no eval call of this
  * session has made a selection. Eval uses it to say whether a needle was kept. */

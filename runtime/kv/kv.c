@@ -8,12 +8,25 @@
 #include "kv_impl.h"
 #include "model_impl.h"
 
-rk_status rk_kv_create(const rk_model *m, const rk_kv_params *p, int64_t n_ctx, rk_backend *be, int n_threads,
+rk_status rk_kv_create(const rk_model *m, const rk_kv_params *pp, int64_t n_ctx, rk_backend *be, int n_threads,
                        char *warning, size_t warning_cap, rk_kv **out, rk_err *err) {
     const rk_hparams *hp = rk_model_hparams(m);
     if (warning && warning_cap) warning[0] = '\0';
-    if ((unsigned)p->kind > RK_KV_KIND_LAST)
-        return rk_err_set(err, RK_E_INVALID_ARG, "kv: KV policy %d unknown", (int)p->kind);
+    if ((unsigned)pp->kind > RK_KV_KIND_LAST)
+        return rk_err_set(err, RK_E_INVALID_ARG, "kv: KV policy %d unknown", (int)pp->kind);
+    /* a backend with its own memory (cuda): host caches go behind kv_stage.c */
+    const bool dev = be && be->ops->mem_alloc;
+    rk_kv_params q = *pp;
+    const rk_kv_params *p = &q;
+    if (q.kind == RK_KV_LOWRAM) {
+        /* LowRAM's residuals when unset: int4 on the CPU (fewer bytes at the same KL,
+         * docs/LOWRAM.md), int8 on a device, whose fused decode op reads int8 residuals */
+        if (q.lowram.resid_type == RK_DT_F32) q.lowram.resid_type = dev ? RK_DT_Q8_0 : RK_DT_Q4_0;
+        /* pinned chunks when unset: 4 on the CPU; none on a device, whose fused op selects by landmarks */
+        if (q.lowram.mass_pin < 0) q.lowram.mass_pin = dev ? 0 : 4;
+        /* full layers likewise: the fused op takes one chunk count for every layer */
+        if (q.lowram.full_layers < 0) q.lowram.full_layers = dev ? 0 : 2;
+    }
     if (n_ctx <= 0) return rk_err_set(err, RK_E_INVALID_ARG, "kv: n_ctx %lld", (long long)n_ctx);
     rk_kv *kv = calloc(1, sizeof *kv);
     if (!kv) return rk_err_set(err, RK_E_NOMEM, "kv: out of memory");
@@ -39,7 +52,7 @@ rk_status rk_kv_create(const rk_model *m, const rk_kv_params *p, int64_t n_ctx, 
         rk_kv_destroy(kv);
         return st;
     }
-    const uint32_t dt = p->kind == RK_KV_F32 ? RK_DT_F32 : RK_DT_F16; /* GPU KV tiers (session/kv_dev.c) */
+    const uint32_t dt = p->kind == RK_KV_F32 ? RK_DT_F32 : RK_DT_F16; /* GPU KV tiers (kv_dev.c) */
     if ((p->kind == RK_KV_F16 || p->kind == RK_KV_F32) && rk_kv_dev_takes(kv, dt, p)) {
         st = rk_kv_dev_init(kv, dt, p, err);
         goto made;
@@ -59,6 +72,7 @@ rk_status rk_kv_create(const rk_model *m, const rk_kv_params *p, int64_t n_ctx, 
         break;
     }
 made:
+    if (!st && dev && kv->ops->mem == RK_KV_MEM_HOST) st = rk_kv_stage_wrap(&kv, p->kind == RK_KV_LOWRAM, err);
     if (st) {
         rk_kv_destroy(kv);
         return st;

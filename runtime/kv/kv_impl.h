@@ -1,11 +1,17 @@
 /* Internal: rk_kv, the one KV-cache interface. The session holds one rk_kv, its policy
  * fixed at creation (rk_session_params.kv); the layer loop appends every layer's post-RoPE
- * K and V rows and asks the cache to attend, whatever the cache stores:
+ * K and V rows and asks the cache to attend, whatever the cache stores, and never asks which
+ * policy it holds: what differs between caches is in the capability fields of rk_kv_ops.
  *   kv_plain.c  f16 / f32 rows; append and attention are the backend's CPY_ROWS and ATTN
  *   kv_q8.c     llama.cpp's q8_0 / q4_0 blocks (f16 scale + 32 codes per 32 values); ATTN on the
  *               blocks when the backend takes them, else f32 ATTN over dequantised rows
+ *   kv_tier.c   f16 / f32 / q8_0 rows in host memory under a budget, the rest spilled
+ *   kv_dev.c    f16 / f32 rows on a backend with its own memory under a budget (GPU KV tiers)
  *   lowram*.c   the LowRAM codec: exact rows (sinks, window, rows of the current eval) in
  *               its own buffers, older rows only compressed
+ *   kv_stage.c  a host-memory cache behind a backend with its own memory: the host<->device
+ *               staging of K, V, q and the attention output; with LowRAM, its fused device
+ *               decode attention (lowram_dev.c)
  *   kv.c        creation, the codec thread pool, RoPE undo, byte buffers
  *   kv_block.c  export / import blocks: header, checksum, every check before any change
  * Rows are (kv_dim = n_head_kv * head_dim) wide; keys are stored post-RoPE. */
@@ -50,8 +56,26 @@ typedef struct rk_kv_param {
 enum { RK_KV_MAX_PARAMS = 32 };
 
 /* ---- the interface -------------------------------------------------------------------- */
+/* Where the rows that append takes and attention reads live (k, v, q, out of the ops). */
+typedef enum rk_kv_mem {
+    RK_KV_MEM_HOST,    /* host memory: the cache runs on the host (its own code, or a host backend) */
+    RK_KV_MEM_BACKEND, /* the backend's activation buffers (device memory on a backend with its own;
+                        * host memory on a CPU backend) */
+} rk_kv_mem;
+
 typedef struct rk_kv_ops {
     const char *name;
+    /* ---- capabilities and residency: what a caller asks instead of the policy's name ---- */
+    rk_kv_mem mem;   /* where append / attend take their rows; rk_kv_create hands a session on a
+                      * backend with its own memory only RK_KV_MEM_BACKEND caches (a host cache
+                      * goes behind kv_stage.c, which moves the rows) */
+    bool writable;   /* held rows can be rewritten in place: an append at pos0 below the held rows
+                      * replaces rows [pos0, pos0 + n) and keeps the rows after them (the
+                      * re-scoring prefill rewrites kept rows so). False: compressed or tiered
+                      * rows (write may still take some rows, or answer RK_E_UNSUPPORTED) */
+    bool recordable; /* a decode step's append and attend are backend ops on fixed buffers, with no
+                      * host work and no transfer: the step can run as one recorded unit (CUDA
+                      * graphs, rk_backend_step_begin) */
     /* Stores post-RoPE keys k and values v, (n, kv_dim) f32, of layer l at positions
      * pos0..pos0+n-1. pos0 is at most the rows the layer holds (rows from pos0 on are
      * replaced). Layers fill independently: a layer-major prefill appends all rows of
@@ -103,7 +127,17 @@ typedef struct rk_kv_ops {
     /* Staged prefill: every layer below l_end holds rows [0, n_past) of the eval that began at
      * n_before; the policy may compress them now. On failure the eval fails (truncate). */
     rk_status (*layers_done)(rk_kv *kv, int l_end, int64_t n_past, int64_t n_before, rk_err *err);
+    /* End of an eval's layer passes, before commit: rows the cache kept aside during the eval
+     * (a fused device step's K / V, kv_stage.c) reach its store. NULL: nothing kept aside.
+     * On failure the eval fails (truncate). */
+    rk_status (*flush)(rk_kv *kv, rk_err *err);
 } rk_kv_ops;
+
+/* Attention calls of a cache with a fused device path (LowRAM behind kv_stage.c): those
+ * the fused op ran, and those staged through host memory; zeros for other caches. */
+typedef struct rk_kv_counters {
+    uint64_t fused_attn, staged_attn;
+} rk_kv_counters;
 
 struct rk_kv {
     const rk_kv_ops *ops;
@@ -116,13 +150,17 @@ struct rk_kv {
     int64_t n_past;     /* committed rows: set by commit, truncate, reset, import_rows */
     size_t row_bytes;   /* one stored K (or V) row of one layer (LowRAM: an exact row) */
     rk_backend *be;     /* borrowed, the session's: attention and row conversion run on it */
+    rk_kv_counters counters;
     void *impl;
 };
 
 /* ---- kv.c ------------------------------------------------------------------------------ */
 /* Creates the cache of policy p for model m (borrowed, outlives the cache) with room for
- * n_ctx rows. n_threads: the session's (LowRAM's pool). warning (cap bytes): a note such as
- * a predictor file fitted on another quantisation, "" otherwise. */
+ * n_ctx rows, on backend be (borrowed): LowRAM's unset options take the values for that
+ * backend, and on a backend with its own memory the cache returned always takes its rows
+ * there (ops->mem RK_KV_MEM_BACKEND: a host cache comes behind kv_stage.c). n_threads: the
+ * session's (LowRAM's pool). warning (cap bytes): a note such as a predictor file fitted on
+ * another quantisation, "" otherwise. */
 rk_status rk_kv_create(const rk_model *m, const rk_kv_params *p, int64_t n_ctx, rk_backend *be, int n_threads,
                        char *warning, size_t warning_cap, rk_kv **out, rk_err *err);
 void rk_kv_destroy(rk_kv *kv); /* accepts NULL and half-built caches */
@@ -165,7 +203,7 @@ rk_status rk_kv_plain_init(rk_kv *kv, uint32_t type, rk_err *err);
 rk_status rk_kv_tier_init(rk_kv *kv, uint32_t type, const rk_kv_params *p, rk_err *err);
 rk_status rk_kv_q8_init(rk_kv *kv, rk_err *err);
 rk_status rk_kv_q4_init(rk_kv *kv, rk_err *err);
-/* session/kv_dev.c: the GPU KV tiers, f16 / f32 rows under p->budget on a backend with its
+/* kv_dev.c: the GPU KV tiers, f16 / f32 rows under p->budget on a backend with its
  * own memory (whole layers resident, the others in pinned host blocks moved on the copy
  * lane). takes: such a backend and a budget of at least two layers (else the host tier). */
 bool rk_kv_dev_takes(const rk_kv *kv, uint32_t type, const rk_kv_params *p);
@@ -175,6 +213,29 @@ rk_status rk_kv_lowram_tier_init(rk_kv *kv, const rk_model *m, const rk_kv_param
                                  size_t warning_cap, rk_err *err);
 rk_status rk_kv_lowram_init(rk_kv *kv, const rk_model *m, const rk_lowram_params *p, int n_threads, char *warning,
                             size_t warning_cap, rk_err *err);
+
+/* kv_stage.c: puts the host-memory cache *kv (ops->mem RK_KV_MEM_HOST) behind its backend's
+ * own memory: *kv becomes a cache of RK_KV_MEM_BACKEND that downloads K, V and q, runs the
+ * inner cache on the host and uploads the attention output; everything else goes to the
+ * inner cache unchanged. lowram: the inner cache is LowRAM's, whose decode steps take the
+ * fused device op where it applies (lowram_dev.c). On failure *kv is unchanged. */
+rk_status rk_kv_stage_wrap(rk_kv **kv, bool lowram, rk_err *err);
+
+/* lowram_dev.c: LowRAM's decode-time state in device memory and the fused LR_ATTN over it,
+ * for the LowRAM cache kv (borrowed, outlives it) on kv->be. changed: after a commit
+ * (rows_dropped false) or a truncation / reset / import (true). takes: the fused path can
+ * run this attention (codec fitted, options the op has, at most 4 rows). append: a fused
+ * step's K / V rows (device memory) into the device ring and a pending buffer; flush (after
+ * the step, before the commit): one download of them appended to kv. attend: the fused op,
+ * q / out device memory. */
+typedef struct rk_lrdev rk_lrdev;
+rk_status rk_lrdev_create(rk_kv *kv, rk_lrdev **out, rk_err *err);
+void rk_lrdev_destroy(rk_lrdev *d);
+void rk_lrdev_changed(rk_lrdev *d, bool rows_dropped);
+bool rk_lrdev_takes(const rk_lrdev *d, int64_t n_q, int64_t pos0);
+rk_status rk_lrdev_append(rk_lrdev *d, int l, int64_t pos0, const float *k, const float *v, int64_t n, rk_err *err);
+rk_status rk_lrdev_flush(rk_lrdev *d, rk_err *err);
+rk_status rk_lrdev_attend(rk_lrdev *d, int l, const float *q, int64_t n_q, int64_t pos0, float *out, rk_err *err);
 
 /* ---- kv_q8.c: the q8_0 block (llama.cpp's block_q8_0) --------------------------------- */
 enum { RK_Q8_BLOCK = 32, RK_Q8_BLOCK_BYTES = 2 + RK_Q8_BLOCK };

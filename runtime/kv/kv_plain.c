@@ -158,6 +158,9 @@ static void plain_destroy(rk_kv *kv) {
 
 static const rk_kv_ops plain_ops = {
     .name = "plain",
+    .mem = RK_KV_MEM_BACKEND,
+    .writable = true,
+    .recordable = true,
     .append = plain_append,
     .attend = plain_attend,
     .commit = rk_kv_rows_commit,

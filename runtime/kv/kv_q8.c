@@ -193,7 +193,7 @@ static void q8_destroy(rk_kv *kv) {
 /* the same functions under each type's name ("q8", "q4": errors and KV blocks say which) */
 #define QUANT_OPS(nm)                                                                               \
     {                                                                                               \
-        .name = nm, .append = q8_append, .attend = q8_attend, .commit = rk_kv_rows_commit,          \
+        .name = nm, .mem = RK_KV_MEM_HOST, .writable = true, .recordable = false, .append = q8_append, .attend = q8_attend, .commit = rk_kv_rows_commit,          \
         .truncate = rk_kv_rows_truncate, .reset = rk_kv_rows_reset, .read = q8_read, .write = q8_write, \
         .bytes = q8_bytes, .stats = NULL, .params = q8_params, .export_rows = q8_export,            \
         .import_rows = q8_import, .destroy = q8_destroy,                                            \

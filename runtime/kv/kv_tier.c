@@ -485,6 +485,9 @@ static void tier_destroy(rk_kv *kv) {
 
 static const rk_kv_ops tier_ops = {
     .name = "tier",
+    .mem = RK_KV_MEM_HOST,
+    .writable = false,
+    .recordable = false,
     .append = tier_append,
     .attend = tier_attend,
     .commit = rk_kv_rows_commit,

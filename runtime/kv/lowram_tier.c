@@ -896,6 +896,9 @@ static void w_tier_stats(const rk_kv *kv, rk_kv_tier_stats *o) {
 
 static const rk_kv_ops tier_ops = {
     .name = "lowram",
+    .mem = RK_KV_MEM_HOST,
+    .writable = false,
+    .recordable = false,
     .append = w_append,
     .attend = w_attend,
     .commit = w_commit,

@@ -163,7 +163,7 @@ static bool can_rescore(const rk_session *s, const pass *q, int split) {
     return s->xs_keep && f->question_aware && f->layer_major && !f->keep_selection && f->mode != RK_FILL_OFF &&
            q->bulk_end == q->start && q->n >= 2 && split > 0 && split < s->m->hp.n_layer && split == s->xs_split &&
            s->keep && s->keep_lo == s->xs_lo && s->keep_hi == s->xs_hi && s->xs_hi > s->xs_lo &&
-           s->p.kv.kind != RK_KV_LOWRAM && !s->p.kv.budget && !s->splice_src;
+           s->kv->ops->writable && !s->splice_src;
 }
 
 /* The kept rows again, for this call's question: score them by its last obs rows (queries

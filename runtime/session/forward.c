@@ -150,34 +150,16 @@ static rk_status keep_queries(rk_session *s, const rk_chunk_plan *p, int l, rk_e
                                (size_t)((r1 - r0) * qd) * sizeof(float), err);
 }
 
-/* causal GQA attention of n_q query rows at pos0.. over the layer's cache, whatever it stores */
+/* causal GQA attention of n_q query rows at pos0.. over the layer's cache, whatever it
+ * stores and wherever (q and out are the session's buffers: the cache does any staging) */
 static rk_status attention(rk_session *s, int l, float *q, int64_t n_q, int64_t pos0, float *out, rk_err *err) {
     if (rk_fill_group_on(s, l)) return rk_fill_group_attend(s, l, q, n_q, pos0, out, err); /* fill_group.c */
-    if (!s->kv_host) return s->kv->ops->attend(s->kv, l, q, n_q, pos0, out, err);
-    if (s->lrdev) { /* LowRAM on the device: the fused op where it applies (lowram_dev.c) */
-        if (rk_lrdev_takes(s->lrdev, n_q, pos0)) {
-            s->counters.lowram_dev_attn++;
-            return rk_lrdev_attend(s->lrdev, l, q, n_q, pos0, out, err);
-        }
-        s->counters.lowram_host_attn++;
-    }
-    /* a host-memory policy behind device buffers: q down, the output up */
-    const size_t bytes = (size_t)(n_q * s->m->hp.n_head * s->m->hp.head_dim) * sizeof(float);
-    rk_status st = rk_backend_download(s->be, s->hq, q, bytes, err);
-    if (!st) st = s->kv->ops->attend(s->kv, l, s->hq, n_q, pos0, s->ho, err);
-    return st ? st : rk_backend_upload(s->be, out, s->ho, bytes, err);
+    return s->kv->ops->attend(s->kv, l, q, n_q, pos0, out, err);
 }
 
-/* The cache write of layer l: n rows of k and v (post-RoPE); a host-memory policy on a
- * device session gets host copies. */
+/* The cache write of layer l: n rows of k and v (post-RoPE), from the session's buffers. */
 static rk_status kv_append(rk_session *s, int l, int64_t pos0, int64_t n, rk_err *err) {
-    if (!s->kv_host) return s->kv->ops->append(s->kv, l, pos0, s->k, s->v, n, err);
-    /* LowRAM's fused step: rows stay on the device until rk_lrdev_flush (no transfer here) */
-    if (s->lrdev && rk_lrdev_takes(s->lrdev, n, pos0)) return rk_lrdev_append(s->lrdev, l, pos0, s->k, s->v, n, err);
-    const size_t bytes = (size_t)(n * s->m->hp.n_head_kv * s->m->hp.head_dim) * sizeof(float);
-    rk_status st = rk_backend_download(s->be, s->hk, s->k, bytes, err);
-    if (!st) st = rk_backend_download(s->be, s->hv, s->v, bytes, err);
-    return st ? st : s->kv->ops->append(s->kv, l, pos0, s->hk, s->hv, n, err);
+    return s->kv->ops->append(s->kv, l, pos0, s->k, s->v, n, err);
 }
 
 /* The cache writers of layer l for all n rows of the chunk, from their input x: attention
@@ -262,8 +244,8 @@ static rk_status output_head(rk_session *s, const rk_chunk_plan *p, bool compact
                 return st;
         return RK_OK;
     }
-    if (s->capturing) { /* a recorded step: it runs now, before the download waits for it */
-        s->capturing = false;
+    if (s->graphs.capturing) { /* a recorded step: it runs now, before the download waits for it */
+        s->graphs.capturing = false;
         if ((st = rk_backend_step_end(s->be, true, err))) return st;
     }
     if (s->dev) /* the one host sync of a step: the wanted logits rows */
@@ -281,38 +263,55 @@ static rk_status output_head(rk_session *s, const rk_chunk_plan *p, bool compact
 static rk_status forward_chunk(rk_session *s, const rk_chunk_plan *p, const int32_t *ids, float *logits,
                                bool all_rows, rk_err *err);
 
+rk_status rk_forward_init(rk_session *s, rk_err *err) {
+    s->graphs.on = s->p.cuda_graphs && s->dev && s->be->ops->step_begin && s->kv->ops->recordable;
+    if (!s->graphs.on) return RK_OK;
+    s->graphs.saved_rows = malloc((size_t)s->m->hp.n_layer * 2 * sizeof(uint64_t));
+    if (!s->graphs.saved_rows) return rk_err_set(err, RK_E_NOMEM, "forward: out of memory");
+    return RK_OK;
+}
+
+void rk_forward_deinit(rk_session *s) {
+    free(s->graphs.saved_rows);
+    s->graphs.saved_rows = NULL;
+}
+
 /* A decode step as one recorded unit (CUDA graphs): recorded, then run by output_head
  * before its download. When the recording breaks (an op that needs the host while the
  * stream records, a refused instantiation) nothing of the step ran: it runs again
  * unrecorded, with the counters as they were; three failures in a row turn graphs off for
- * the session. Decode steps only: one row, every layer, no fill, a plain device cache. */
+ * the session. Decode steps only: one row, every layer, no fill, a cache whose step can be
+ * recorded (rk_kv_ops.recordable). */
 rk_status rk_forward_chunk(rk_session *s, const rk_chunk_plan *p, const int32_t *ids, float *logits, bool all_rows,
                            rk_err *err) {
-    if (!s->graphs || p->n != 1 || p->layer_lo != 0 || p->layer_hi != s->m->hp.n_layer || p->n_fill > 0 || !logits ||
+    if (!s->graphs.on || p->n != 1 || p->layer_lo != 0 || p->layer_hi != s->m->hp.n_layer || p->n_fill > 0 || !logits ||
         s->tap)
         return forward_chunk(s, p, ids, logits, all_rows, err);
     const rk_session_counters saved = s->counters;
+    const size_t rows_bytes = (size_t)s->m->hp.n_layer * 2 * sizeof(uint64_t);
+    memcpy(s->graphs.saved_rows, s->layer_rows, rows_bytes);
     rk_err rec = {0};
     rk_status st = rk_backend_step_begin(s->be, &rec);
     if (st == RK_OK) {
-        s->capturing = true;
+        s->graphs.capturing = true;
         st = forward_chunk(s, p, ids, logits, all_rows, &rec);
-        if (s->capturing) { /* stopped before output_head ended the recording */
-            s->capturing = false;
+        if (s->graphs.capturing) { /* stopped before output_head ended the recording */
+            s->graphs.capturing = false;
             rk_backend_step_end(s->be, false, NULL);
             if (st == RK_OK) st = rk_err_set(&rec, RK_E_INTERNAL, "forward: a recorded step without its end");
         }
     }
     if (st == RK_OK) {
         s->counters.graph_steps++;
-        s->graph_fail_run = 0;
+        s->graphs.fail_run = 0;
         return RK_OK;
     }
     s->counters = saved;
+    memcpy(s->layer_rows, s->graphs.saved_rows, rows_bytes);
     s->counters.graph_fallbacks++;
-    if (++s->graph_fail_run >= 3) {
-        s->graphs = false;
-        snprintf(s->warning, sizeof s->warning, "recorded decode steps (RIDGEKV_CUDA_GRAPHS) turned off after 3 failures: %.300s",
+    if (++s->graphs.fail_run >= 3) {
+        s->graphs.on = false;
+        snprintf(s->warning, sizeof s->warning, "recorded decode steps (cuda_graphs) turned off after 3 failures: %.300s",
                  rec.msg);
     }
     return forward_chunk(s, p, ids, logits, all_rows, err);
@@ -358,13 +357,13 @@ static rk_status forward_chunk(rk_session *s, const rk_chunk_plan *p, const int3
             }
             if ((st = rk_plan_late_inputs(s, p, l, s->x, compacted, s->xs, s->xin, err))) return st;
             src = s->xin;
-            if (l < 256) s->counters.filled_rows[l] += (uint64_t)p->n_fill;
+            s->layer_rows[2 * l + 1] += (uint64_t)p->n_fill;
         }
         /* before the split every row is exact and reads the h the cache writers leave */
         const bool with_q = !late && !compacted;
         if ((st = cache_writers(s, p, l, late, with_q, src, pos0, n, err))) return st;
         const int64_t ne = compacted ? p->n_ex : n;
-        if (l < 256) s->counters.exact_rows[l] += (uint64_t)ne;
+        s->layer_rows[2 * l] += (uint64_t)ne;
         if (ne == 0) continue;
         /* (a device backend goes through xin: the cache writers are done with it) */
         if (compacted && (st = gather_in_place(s, s->h, p->ex_idx, p->n_ex, d, s->xin, err))) return st;

@@ -8,7 +8,7 @@
 #include "plan_impl.h"
 
 rk_session_params rk_session_params_default(void) {
-    rk_session_params p = {0, 0, 512, rk_kv_params_default(), RK_BACKEND_CPU, NULL, false};
+    rk_session_params p = {0, 0, 512, rk_kv_params_default(), RK_BACKEND_CPU, NULL, false, false};
     return p;
 }
 
@@ -69,14 +69,14 @@ static void act_free(rk_session *s, void *p) {
 
 void rk_session_destroy(rk_session *s) {
     if (!s) return;
-    rk_lrdev_destroy(s->lrdev);
     rk_kv_destroy(s->kv);
     free(s->tokens);
     float *acts[] = {s->x, s->xin, s->xs, s->h, s->q, s->k, s->v, s->t, s->gate, s->up, s->logits};
     for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++) act_free(s, acts[i]);
     free(s->ex_idx), free(s->fill_idx), free(s->keep), free(s->xs_keep), free(s->xs_base);
-    free(s->hk), free(s->hv), free(s->hq), free(s->ho);
     free(s->w_layers);
+    free(s->layer_rows);
+    rk_forward_deinit(s);
     if (s->own_be) rk_backend_destroy(s->be);
     free(s);
 }
@@ -102,8 +102,6 @@ rk_status rk_session_create(const rk_model *m, const rk_session_params *pp, rk_s
     }
     if (p.n_batch <= 0) p.n_batch = 512;
     if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
-    if ((unsigned)p.kv.kind > RK_KV_KIND_LAST)
-        return rk_err_set(err, RK_E_INVALID_ARG, "session: KV policy %d unknown", (int)p.kv.kind);
     rk_session *s = calloc(1, sizeof *s);
     if (!s) return rk_err_set(err, RK_E_NOMEM, "session: out of memory");
     s->m = m;
@@ -118,22 +116,11 @@ rk_status rk_session_create(const rk_model *m, const rk_session_params *pp, rk_s
     }
     if ((st = prepare_weights(s, err))) goto fail;
     s->dev = s->be->ops->mem_alloc != NULL;
-    /* LowRAM's residuals when unset: int4 on the CPU (fewer bytes at the same KL, docs/LOWRAM.md),
-     * int8 on a device, whose fused decode op reads int8 residuals */
-    if (p.kv.kind == RK_KV_LOWRAM && p.kv.lowram.resid_type == RK_DT_F32)
-        p.kv.lowram.resid_type = s->p.kv.lowram.resid_type = s->dev ? RK_DT_Q8_0 : RK_DT_Q4_0;
-    /* pinned chunks when unset: 4 on the CPU; none on a device, whose fused op selects by landmarks */
-    if (p.kv.kind == RK_KV_LOWRAM && p.kv.lowram.mass_pin < 0)
-        p.kv.lowram.mass_pin = s->p.kv.lowram.mass_pin = s->dev ? 0 : 4;
-    /* full layers likewise: the fused op takes one chunk count for every layer */
-    if (p.kv.kind == RK_KV_LOWRAM && p.kv.lowram.full_layers < 0)
-        p.kv.lowram.full_layers = s->p.kv.lowram.full_layers = s->dev ? 0 : 2;
     int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim, qd = (int64_t)hp->n_head * hp->head_dim;
-    /* the KV policy, fixed for the session's life */
+    /* the KV policy, fixed for the session's life; on a dev backend it takes its rows in
+     * device memory, whatever it stores (kv/kv_stage.c stages a host cache) */
     if ((st = rk_kv_create(m, &p.kv, s->n_ctx, s->be, p.n_threads, s->warning, sizeof s->warning, &s->kv, err)))
         goto fail;
-    /* LowRAM on a device backend: the fused decode attention over a device copy of the codec's state */
-    if (s->dev && (st = rk_lrdev_create(s, &s->lrdev, err))) goto fail;
     if (p.n_ctx > n_ctx_max) { /* ctx_overflow_ok: said once, beside any warning of the KV policy */
         size_t w = strlen(s->warning);
         snprintf(s->warning + w, sizeof s->warning - w,
@@ -160,19 +147,9 @@ rk_status rk_session_create(const rk_model *m, const rk_session_params *pp, rk_s
     if (!s->tokens || !s->x || !s->xin || !s->xs || !s->ex_idx || !s->fill_idx || !s->h || !s->q ||
         !s->k || !s->v || !s->t || !s->gate || !s->up || !s->logits)
         goto nomem;
-    /* the plain caches live in backend memory (kv_plain.c); q8 and the tiers keep host rows */
-    s->kv_host = s->dev && strcmp(s->kv->ops->name, "plain") != 0 && strcmp(s->kv->ops->name, "devtier") != 0;
-    /* recorded decode steps: opt-in while they have only run on a simulated device */
-    const char *g = getenv("RIDGEKV_CUDA_GRAPHS");
-    s->graphs = g && *g && strcmp(g, "0") != 0 && s->dev && !s->kv_host && s->be->ops->step_begin &&
-                strcmp(s->kv->ops->name, "plain") == 0; /* devtier moves rows between steps' ops: not recorded */
-    if (s->kv_host) {
-        s->hk = malloc(nb * (size_t)kvd * sizeof(float));
-        s->hv = malloc(nb * (size_t)kvd * sizeof(float));
-        s->hq = malloc(nb * (size_t)qd * sizeof(float));
-        s->ho = malloc(nb * (size_t)qd * sizeof(float));
-        if (!s->hk || !s->hv || !s->hq || !s->ho) goto nomem;
-    }
+    s->layer_rows = calloc((size_t)hp->n_layer * 2, sizeof(uint64_t));
+    if (!s->layer_rows) goto nomem;
+    if ((st = rk_forward_init(s, err))) goto fail; /* recorded decode steps */
     *out = s;
     return RK_OK;
 nomem:
@@ -192,7 +169,6 @@ static void drop_stream(rk_session *s, int64_t n) {
 
 void rk_session_reset(rk_session *s) {
     s->kv->ops->reset(s->kv);
-    rk_lrdev_changed(s->lrdev, true);
     s->n_past = 0;
     drop_stream(s, 0);
 }
@@ -211,7 +187,6 @@ rk_status rk_session_truncate(rk_session *s, int64_t n, rk_err *err) {
         return rk_err_set(err, RK_E_INVALID_ARG, "session: cannot truncate to %lld (have %lld tokens)",
                           (long long)n, (long long)s->n_past);
     s->kv->ops->truncate(s->kv, n);
-    rk_lrdev_changed(s->lrdev, true);
     s->n_past = n;
     drop_stream(s, n);
     return RK_OK;
@@ -232,10 +207,12 @@ rk_status rk_session_eval(rk_session *s, const int32_t *ids, size_t n, float *lo
     const int64_t start = s->n_past;
     memcpy(s->tokens + start, ids, n * sizeof(int32_t));
     rk_status st = rk_prefill_run(s, ids, n, logits, all_rows, err);
-    if (!st) st = rk_lrdev_flush(s->lrdev, err); /* a fused LowRAM step's rows to the host codec */
+    /* rows the cache kept aside during the eval reach its store (a fused device step's) */
+    if (!st && s->kv->ops->flush) st = s->kv->ops->flush(s->kv, err);
     /* the cache commits the rows (LowRAM fits or compresses), or forgets the ones appended */
     if (!st) st = s->kv->ops->commit(s->kv, start + (int64_t)n, err);
-    rk_lrdev_changed(s->lrdev, st != RK_OK);
+    s->counters.lowram_dev_attn = s->kv->counters.fused_attn;
+    s->counters.lowram_host_attn = s->kv->counters.staged_attn;
     if (st) {
         s->kv->ops->truncate(s->kv, start);
         return st; /* n_past still says start */
@@ -250,6 +227,12 @@ void rk_session_set_tap(rk_session *s, rk_tap_fn fn, void *ud) {
 }
 
 const rk_session_counters *rk_session_get_counters(const rk_session *s) { return &s->counters; }
+
+void rk_session_layer_rows(const rk_session *s, int layer, uint64_t *exact, uint64_t *filled) {
+    const bool in = layer >= 0 && layer < s->m->hp.n_layer;
+    if (exact) *exact = in ? s->layer_rows[2 * layer] : 0;
+    if (filled) *filled = in ? s->layer_rows[2 * layer + 1] : 0;
+}
 
 rk_status rk_session_kv_rows(const rk_session *s, int layer, bool values, bool pre_rope, int64_t row0, int64_t n,
                              float *dst, rk_err *err) {
@@ -274,39 +257,7 @@ void rk_session_kv_tier_stats(const rk_session *s, rk_kv_tier_stats *out) {
     if (s->kv->ops->tier_stats) s->kv->ops->tier_stats(s->kv, out);
 }
 
-/* ---- KV policy and backend names ----------------------------------------------------- */
-
-static const char *const kv_names[] = {"f16", "f32", "q8", "lowram", "q4"};
-
-const char *rk_kv_kind_name(rk_kv_kind k) { return (unsigned)k <= RK_KV_KIND_LAST ? kv_names[k] : "unknown"; }
-
-rk_kv_params rk_kv_params_default(void) {
-    rk_kv_params p = {RK_KV_F16, rk_lowram_params_default(), 0, NULL, 0, 0, false, false, 0};
-    return p;
-}
-
-rk_status rk_kv_params_parse(const char *spec, rk_kv_params *out, rk_err *err) {
-    rk_kv_params p = rk_kv_params_default();
-    if (!spec) spec = "";
-    size_t n = strcspn(spec, ":");
-    int k = -1;
-    for (int i = 0; i <= RK_KV_KIND_LAST; i++)
-        if (strlen(kv_names[i]) == n && !strncmp(spec, kv_names[i], n)) k = i;
-    if (k < 0 || (spec[n] == ':' && k != RK_KV_LOWRAM))
-        return rk_err_set(err, RK_E_INVALID_ARG, "kv: '%.64s' is not a KV policy (f16, f32, q8, q4, lowram[:opts])", spec);
-    p.kind = (rk_kv_kind)k;
-    if (spec[n] == ':') {
-        rk_status st = rk_lowram_parse(spec + n + 1, &p.lowram, err);
-        if (st) return st;
-    }
-    *out = p;
-    return RK_OK;
-}
-
-void rk_kv_params_format(const rk_kv_params *p, char *buf, size_t cap) {
-    if (!cap) return;
-    snprintf(buf, cap, "%s", rk_kv_kind_name(p->kind));
-}
+/* ---- backend names ------------------------------------------------------------------- */
 
 static const char *const backend_names[] = {"cpu", "cpu_ref", "cuda"};
 
@@ -333,7 +284,6 @@ rk_status rk_session_kv_export(const rk_session *s, int64_t row0, int64_t row1, 
 
 rk_status rk_session_kv_import(rk_session *s, const void *blk, size_t n, rk_err *err) {
     rk_status st = rk_kv_block_import(s->kv, s->m, blk, n, s->tokens, err);
-    rk_lrdev_changed(s->lrdev, true);
     if (st) return st;
     s->n_past = s->kv->n_past;
     return RK_OK;

@@ -20,23 +20,28 @@ struct rk_ridge_maps {
                             K then V) instead of its input */
 };
 
+/* forward.c's recorded decode steps (rk_forward_init; rk_forward_chunk) */
+typedef struct rk_fwd_graphs {
+    bool on;              /* asked for (rk_session_params.cuda_graphs) and possible for this session */
+    bool capturing;       /* inside a recorded step: output_head ends it before the download */
+    int fail_run;         /* consecutive failed recordings: 3 turn graphs off */
+    uint64_t *saved_rows; /* (n_layer, 2) the session's layer_rows before the step being recorded */
+} rk_fwd_graphs;
+
 struct rk_session {
     const rk_model *m;
     rk_backend *be;
     bool own_be;          /* false: borrowed from rk_session_params.shared_backend */
     bool dev;             /* the backend has its own memory (cuda): activations below live there, only the
-                           * logits come back (rk_backend_download); fill, taps and LowRAM need host rows */
+                           * logits come back (rk_backend_download); fill and taps need host rows */
     rk_session_params p;
     /* the model's weights as this backend prepared them (once, at creation: uploaded for
      * CUDA; the same views on the CPU) */
     rk_layer *w_layers;   /* (n_layer) */
     rk_view w_tok_embd, w_output_norm, w_output;
     int64_t n_ctx, n_past;
-    rk_kv *kv;            /* the KV cache of the policy p.kv (kv/kv_impl.h) */
-    bool kv_host;         /* dev, and the policy keeps its rows in host memory (q8, tiers): the layer loop
-                           * hands it host copies of K, V and q (downloads) and uploads its output */
-    float *hk, *hv;       /* kv_host: (n_batch, kv_dim) host copies of k, v */
-    float *hq, *ho;       /* kv_host: (n_batch, q_dim) host copies of q and of the attention output */
+    rk_kv *kv;            /* the KV cache of the policy p.kv, reached only through its ops (kv/kv_impl.h);
+                           * on a dev backend it takes k, v, q and the attention output in device memory */
     int32_t *tokens;      /* (n_ctx) token ids of rows [0, n_past) */
     /* scratch for one chunk of n_batch rows */
     float *x;             /* (n_batch, n_embd) residual stream */
@@ -70,16 +75,13 @@ struct rk_session {
     int32_t xs_split;
     rk_fill_rescore_stats rescore;
     rk_session_counters counters;
-    /* recorded decode steps (RIDGEKV_CUDA_GRAPHS=1, a backend with step_begin; forward.c) */
-    bool graphs;          /* wanted and possible for this session */
-    bool capturing;       /* inside a recorded step: output_head ends it before the download */
-    int graph_fail_run;   /* consecutive failed recordings: 3 turn graphs off */
+    uint64_t *layer_rows; /* (n_layer, 2) rows that ran exact, rows filled, per layer (rk_session_layer_rows) */
+    rk_fwd_graphs graphs;
     /* eval splice: copy exact K/V of layers [lo, hi) over the bulk rows before the tail */
     const rk_session *splice_src;
     int splice_lo, splice_hi;
     bool splice_k, splice_v;
     char warning[512];    /* rk_session_warning */
-    struct rk_lrdev *lrdev; /* --kv lowram on a device backend: the codec's decode state there (lowram_dev.c) */
     struct rk_fill_group *fg; /* grouped filled rows of the running fill prefill, or NULL (fill_group.c) */
 };
 
@@ -100,22 +102,11 @@ rk_status rk_fill_group_attend(rk_session *s, int l, const float *q, int64_t n_q
                                rk_err *err);
 void rk_fill_group_end(rk_session *s);
 
-/* lowram_dev.c: LowRAM's decode-time state in device memory and the fused LR_ATTN over it.
- * create: NULL (*out) for other policies. changed: after a commit (rows_dropped false) or a
- * truncation / reset / import (true). takes: the fused path can run this attention (codec
- * fitted, options the op has, at most 4 rows). append: a fused step's K / V rows (device
- * memory) into the device ring and a pending buffer; flush (after the step, before the
- * commit): one download of them into the host codec. attend: the fused op, q / out device
- * memory. */
-typedef struct rk_lrdev rk_lrdev;
-rk_status rk_lrdev_create(rk_session *s, rk_lrdev **out, rk_err *err);
-void rk_lrdev_destroy(rk_lrdev *d);
-void rk_lrdev_changed(rk_lrdev *d, bool rows_dropped);
-bool rk_lrdev_takes(const rk_lrdev *d, int64_t n_q, int64_t pos0);
-rk_status rk_lrdev_append(rk_lrdev *d, int l, int64_t pos0, const float *k, const float *v, int64_t n, rk_err *err);
-rk_status rk_lrdev_flush(rk_lrdev *d, rk_err *err);
-rk_status rk_lrdev_attend(rk_lrdev *d, int l, const float *q, int64_t n_q, int64_t pos0, float *out, rk_err *err);
 
+/* forward.c: the recorded decode steps when p.cuda_graphs asks for them, the backend records
+ * steps and the cache's steps can be recorded (rk_kv_ops.recordable); deinit frees them. */
+rk_status rk_forward_init(rk_session *s, rk_err *err);
+void rk_forward_deinit(rk_session *s);
 
 /* forward.c: one pass of a prefill plan (runtime/prefill/plan_impl.h) over its chunk:
  * layers [layer_lo, layer_hi) for rows pos0.. (KV rows written at their positions;

@@ -247,7 +247,13 @@ const char *model_path(char *buf, size_t cap) {
 }
 
 rk_session *session_on(const rk_model *m, rk_backend *be, const char *kv, rk_err *err, rk_status *st) {
+    return session_on_graphs(m, be, kv, false, err, st);
+}
+
+rk_session *session_on_graphs(const rk_model *m, rk_backend *be, const char *kv, bool cuda_graphs, rk_err *err,
+                              rk_status *st) {
     rk_session_params p = rk_session_params_default();
+    p.cuda_graphs = cuda_graphs;
     p.n_ctx = 128;
     p.ctx_overflow_ok = true; /* the generated model (no ../shared) was trained on 64: the twins compare, not the text */
     p.n_batch = 16; /* several prefill chunks */

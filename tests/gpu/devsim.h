@@ -46,5 +46,8 @@ devsim *devsim_create(void);
 const char *model_path(char *buf, size_t cap);
 /* a session on backend be (n_ctx 128, 16-row batches, 1 thread) with the KV spec kv */
 rk_session *session_on(const rk_model *m, rk_backend *be, const char *kv, rk_err *err, rk_status *st);
+/* The same with rk_session_params.cuda_graphs (recorded decode steps) as given. */
+rk_session *session_on_graphs(const rk_model *m, rk_backend *be, const char *kv, bool cuda_graphs, rk_err *err,
+                              rk_status *st);
 rk_model *load_tiny(tb_tiny_spec sp);
 #endif

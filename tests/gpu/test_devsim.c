@@ -26,6 +26,7 @@
 #include "rk_io.h"
 #include "rk_kernels.h"
 #include "tb.h"
+#include "tb_counters.h"
 
 #include "devsim.h"
 
@@ -230,8 +231,8 @@ Test(devsim, fill_session_matches_cpu_bit_for_bit, .timeout = 120) {
         cr_assert_eq(rk_session_eval(b, ids, N, lb, true, &err), RK_OK, "%s: %s", cases[c].name, err.msg);
         cr_expect(memcmp(la, lb, (size_t)N * nv * sizeof(float)) == 0, "%s: prefill logits differ", cases[c].name);
         /* the fill did happen: bulk rows filled at every late layer, the tail exact */
-        const rk_session_counters *ca = rk_session_get_counters(a), *cb = rk_session_get_counters(b);
-        cr_expect(memcmp(ca, cb, sizeof *ca) == 0, "%s: work counters differ", cases[c].name);
+        const tb_counters cnt_a = tb_counters_get(a, L), cnt_b = tb_counters_get(b, L), *cb = &cnt_b;
+        cr_expect(tb_counters_eq(&cnt_a, &cnt_b), "%s: work counters differ", cases[c].name);
         if (cases[c].mode != RK_FILL_PLUMB) {
             cr_expect_gt(cb->filled_rows[L - 1], 0, "%s: no row was filled", cases[c].name);
             int n_nan = 0; /* filled rows have no logits (quality keeps the sinks and its selection) */
@@ -469,9 +470,9 @@ Test(devsim, lowram_session_matches_cpu, .timeout = 120) {
     rk_model_destroy(m);
 }
 
-/* ---- recorded decode steps (RIDGEKV_CUDA_GRAPHS) ------------------------------------ */
+/* ---- recorded decode steps (rk_session_params.cuda_graphs) ---------------------------- */
 
-/* With RIDGEKV_CUDA_GRAPHS=1 each decode step is recorded and run as one unit by the
+/* With cuda_graphs each decode step is recorded and run as one unit by the
  * backend (devsim keeps the ops and runs them at step_end, as a CUDA graph launch would):
  * the logits stay the cpu session's bit for bit, prefill chunks are never recorded, and a
  * recording that breaks (every 4th here) runs again unrecorded with the same result. A
@@ -497,9 +498,7 @@ Test(devsim, recorded_decode_steps_match_cpu_bit_for_bit) {
         rk_status st;
         rk_session *a = session_on(m, cpu, kvs[k], &err, &st);
         cr_assert_eq(st, RK_OK, "%s", err.msg);
-        setenv("RIDGEKV_CUDA_GRAPHS", "1", 1);
-        rk_session *b = session_on(m, &ds->be, kvs[k], &err, &st);
-        unsetenv("RIDGEKV_CUDA_GRAPHS");
+        rk_session *b = session_on_graphs(m, &ds->be, kvs[k], true, &err, &st);
         cr_assert_eq(st, RK_OK, "%s", err.msg);
         cr_assert_eq(rk_session_eval(a, ids, P, la, false, &err), RK_OK, "%s", err.msg);
         cr_assert_eq(rk_session_eval(b, ids, P, lb, false, &err), RK_OK, "%s", err.msg);
@@ -518,7 +517,9 @@ Test(devsim, recorded_decode_steps_match_cpu_bit_for_bit) {
             cr_expect_eq(c->graph_steps, DEC - DEC / 4, "kv %s: %llu recorded steps", kvs[k],
                          (unsigned long long)c->graph_steps);
             cr_expect_eq((int)c->graph_steps, ds->n_ran);
-            cr_expect(memcmp(rk_session_get_counters(a)->exact_rows, c->exact_rows, sizeof c->exact_rows) == 0,
+            const int nl = rk_model_hparams(m)->n_layer;
+            const tb_counters cnt_a = tb_counters_get(a, nl), cnt_b = tb_counters_get(b, nl);
+            cr_expect(memcmp(cnt_a.exact_rows, cnt_b.exact_rows, sizeof cnt_a.exact_rows) == 0,
                       "kv %s: a rerun step counted twice", kvs[k]);
         } else {
             cr_expect_eq(ds->n_steps, 0, "kv q8: recorded");

@@ -14,6 +14,7 @@
 #include "rk_ext.h"
 #include "rt_shared.h"
 #include "tb.h"
+#include "tb_counters.h"
 
 /* A 6-layer tiny model of the given architecture with a context of 512 (the file is
  * removed once mapped: the mapping keeps it alive). */
@@ -34,7 +35,7 @@ static int32_t *ids_for(const rk_model *m, size_t n) {
 
 /* All-rows logits of n ids (row i predicts after ids[i]), in chunks of n_batch. */
 static float *run(const rk_model *m, const int32_t *ids, size_t n, int n_batch, const rk_fill_params *fp,
-                  rk_session_counters *cnt) {
+                  tb_counters *cnt) {
     rk_session_params sp = rk_session_params_default();
     sp.n_ctx = 512;
     sp.n_batch = n_batch;
@@ -50,7 +51,7 @@ static float *run(const rk_model *m, const int32_t *ids, size_t n, int n_batch, 
     /* one decode step after the prompt: it reads every cache row the prefill wrote */
     int32_t next = ids[0];
     cr_assert_eq(rk_session_eval(s, &next, 1, lg + n * nv, false, &e), RK_OK, "%s", e.msg);
-    if (cnt) *cnt = *rk_session_get_counters(s);
+    if (cnt) *cnt = tb_counters_get(s, rk_model_hparams(m)->n_layer);
     rk_session_destroy(s);
     return lg;
 }
@@ -76,7 +77,7 @@ Test(prefill, layer_major_equals_chunk_major) {
     const rk_fill_mode modes[] = {RK_FILL_IDENTITY, RK_FILL_PLUMB};
     for (int mi = 0; mi < 2; mi++) {
         rk_fill_params fp = {.mode = modes[mi], .tail = 64, .split = 2};
-        rk_session_counters c1, c2;
+        tb_counters c1, c2;
         float *a = run(m, ids, n, 48, &fp, &c1);
         fp.layer_major = true;
         float *b = run(m, ids, n, 48, &fp, &c2);
@@ -102,7 +103,7 @@ Test(prefill, row_plan_counts_and_plumb_oracle) {
     const size_t n = 200, nv = (size_t)hp->n_vocab, all = (n + 1) * nv;
     const int split = 2, tail = 64;
     int32_t *ids = ids_for(m, n);
-    rk_session_counters c;
+    tb_counters c;
     rk_fill_params fp = {.mode = RK_FILL_IDENTITY, .tail = tail, .split = split, .layer_major = true};
     float *fi = run(m, ids, n, 32, &fp, &c);
     for (int l = 0; l < hp->n_layer; l++) {
@@ -268,7 +269,7 @@ Test(prefill, question_aware_row_counts_and_share_one_is_exact) {
         rk_fill_params fp = {.mode = RK_FILL_IDENTITY, .tail = tail, .split = split, .question_aware = true,
                              .keep_share = shares[si], .obs = 16, .score_layers = 2, .pool = 2,
                              .keep_selection = true};
-        rk_session_counters c;
+        tb_counters c;
         float *lg = run(m, ids, n, 48, &fp, &c);
         const uint64_t kept = 4 + (uint64_t)llround((double)shares[si] * (double)(bulk - 4));
         for (int l = 0; l < hp->n_layer; l++) {
@@ -382,11 +383,11 @@ Test(prefill, band_keeps_the_rows_nearest_the_tail) {
                              .keep_share = 0.25f, .obs = 16, .score_layers = 2, .pool = 2, .band = bands[i]};
         cr_assert_eq(rk_session_set_fill(s, &fp, &e), RK_OK, "%s", e.msg);
         rk_session_reset(s);
-        const rk_session_counters c0 = *rk_session_get_counters(s); /* counters add up over calls */
+        const tb_counters c0 = tb_counters_get(s, hp->n_layer); /* counters add up over calls */
         cr_assert_eq(rk_session_eval(s, ids, n, lg, false, &e), RK_OK, "%s", e.msg);
         cr_expect_eq(rk_session_fill_kept(s, 0, (int64_t)n), 4 + n_keep, "band %d: %lld kept", bands[i],
                      (long long)rk_session_fill_kept(s, 0, (int64_t)n));
-        const rk_session_counters *c = rk_session_get_counters(s);
+        const tb_counters cnt = tb_counters_get(s, hp->n_layer), *c = &cnt;
         for (int l = split; l < hp->n_layer; l++)
             cr_expect_eq(c->filled_rows[l] - c0.filled_rows[l], (uint64_t)(bulk - 4 - n_keep), "band %d layer %d",
                          bands[i], l);

@@ -10,6 +10,7 @@
 #include "rk_fitters.h"
 #include "rk_io.h"
 #include "tb.h"
+#include "tb_counters.h"
 
 /* ---- the solve -------------------------------------------------------------- */
 
@@ -122,7 +123,7 @@ static const char *calibrate_kv_to(const rk_model *m, int split, const char *ste
 }
 
 static float *eval_logits(const rk_model *m, const int32_t *ids, size_t n, const rk_fill_params *fp,
-                          rk_session_counters *cnt) {
+                          tb_counters *cnt) {
     rk_session_params sp = rk_session_params_default();
     sp.n_ctx = 512;
     sp.kv.kind = RK_KV_F32;
@@ -134,7 +135,7 @@ static float *eval_logits(const rk_model *m, const int32_t *ids, size_t n, const
     int nv = rk_model_hparams(m)->n_vocab;
     float *lg = malloc(n * (size_t)nv * sizeof(float));
     cr_assert_eq(rk_session_eval(s, ids, n, lg, true, &e), RK_OK, "%s", e.msg);
-    if (cnt) *cnt = *rk_session_get_counters(s);
+    if (cnt) *cnt = tb_counters_get(s, rk_model_hparams(m)->n_layer);
     rk_session_destroy(s);
     return lg;
 }
@@ -173,7 +174,7 @@ Test(ridgefill, speed_mode_bulk_rows_skip_late_work_and_last_rows_stay_close) {
     int32_t *ids = story_ids(m, 400, &n);
     const int tail = 100, split = 2, L = rk_model_hparams(m)->n_layer, nv = rk_model_hparams(m)->n_vocab;
     rk_fill_params fp = {.mode = RK_FILL_SPEED, .tail = tail, .maps = maps};
-    rk_session_counters c;
+    tb_counters c;
     float *off = eval_logits(m, ids, n, NULL, NULL), *sp = eval_logits(m, ids, n, &fp, &c);
     const uint64_t bulk = n - tail;
     for (int l = 0; l < L; l++) {
@@ -382,7 +383,7 @@ Test(ridgefill, kv_maps_fill_the_cache_closer_than_input_maps) {
     rk_fill_params fa = {.mode = RK_FILL_SPEED, .tail = tail, .maps = ma}, fb = fa;
     fb.maps = mb;
     rk_session *ex = eval_session(m, ids, n, NULL), *sa = eval_session(m, ids, n, &fa), *sb = eval_session(m, ids, n, &fb);
-    const rk_session_counters *ca = rk_session_get_counters(sa), *cb = rk_session_get_counters(sb);
+    const tb_counters cnt_a = tb_counters_get(sa, L), cnt_b = tb_counters_get(sb, L), *ca = &cnt_a, *cb = &cnt_b;
     double ea = 0, eb = 0, ref = 0;
     for (int l = 0; l < L; l++) {
         cr_expect_eq(ca->filled_rows[l], cb->filled_rows[l], "layer %d: same row plan", l);
@@ -468,7 +469,7 @@ Test(ridgefill, default_tail_depends_on_the_mode) {
         rk_fill_params fp = {.mode = modes[i], .maps = maps};
         cr_assert_eq(rk_session_set_fill(s, &fp, &e), RK_OK, "%s", e.msg);
         cr_assert_eq(rk_session_eval(s, ids, n, NULL, false, &e), RK_OK, "%s", e.msg);
-        const rk_session_counters *c = rk_session_get_counters(s);
+        const tb_counters cnt = tb_counters_get(s, L), *c = &cnt;
         for (int l = 2; l < L; l++)
             cr_expect_eq(c->filled_rows[l], filled[i], "%s, layer %d: %llu filled rows", rk_fill_mode_name(modes[i]), l,
                          (unsigned long long)c->filled_rows[l]);

@@ -16,7 +16,7 @@
  * The fused path takes an attention when the codec is fitted, the eval has at most
  * LR_SPARSE_MAX_Q rows and the options are the ones the op implements (int8 coefficients
  * and residuals, f16 exact rows and bases, the fixed-budget one-level selection: topp 0, no
- * bound, no coarse, krank, hyst, keys_only, dense, and no memory tier); otherwise the session's host staging
+ * bound, no coarse, krank, hyst, keys_only, dense, and no memory tier); otherwise the host staging of kv_stage.c
  * runs the codec's own attention (correct, slower). In a fused step the K / V rows go to the
  * ring and to a small pending buffer on the device (no transfer inside the step); after the
  * step (rk_lrdev_flush, before the commit) one download brings every layer's rows to the
@@ -26,7 +26,6 @@
 #include <string.h>
 
 #include "lowram_impl.h"
-#include "session_impl.h"
 
 typedef struct lrd_group {
     int r;
@@ -41,7 +40,7 @@ typedef struct lrd_layer {
 } lrd_layer;
 
 struct rk_lrdev {
-    rk_session *s;
+    rk_kv *kv;           /* the LowRAM cache (borrowed) */
     rk_kv_codec *c;
     rk_backend *be;
     bool ok_params;      /* the codec's options are the op's */
@@ -88,12 +87,11 @@ static void free_state(rk_lrdev *d) {
     d->built = false;
 }
 
-rk_status rk_lrdev_create(rk_session *s, rk_lrdev **out, rk_err *err) {
+rk_status rk_lrdev_create(rk_kv *kv, rk_lrdev **out, rk_err *err) {
     *out = NULL;
-    if (strcmp(s->kv->ops->name, "lowram") != 0) return RK_OK;
     rk_lrdev *d = calloc(1, sizeof *d);
-    if (!d) return rk_err_set(err, RK_E_NOMEM, "session: lowram device state");
-    d->s = s, d->c = s->kv->impl, d->be = s->be, d->dirty = true;
+    if (!d) return rk_err_set(err, RK_E_NOMEM, "lowram: device state");
+    d->kv = kv, d->c = kv->impl, d->be = kv->be, d->dirty = true;
     d->ok_params = params_ok(d->c);
     d->x_cap = d->c->p.window + 2 * (int64_t)d->c->p.chunk + 2 * LR_SPARSE_MAX_Q;
     *out = d;
@@ -133,13 +131,13 @@ static rk_status build(rk_lrdev *d, rk_err *err) {
     const size_t kvd = (size_t)c->kvd, C = (size_t)c->p.chunk, chunks = (size_t)c->cap_chunks, rows = (size_t)c->n_ctx;
     d->g = calloc((size_t)c->n_group, sizeof *d->g);
     d->ly = calloc((size_t)c->n_layer, sizeof *d->ly);
-    if (!d->g || !d->ly) return rk_err_set(err, RK_E_NOMEM, "session: lowram device state");
+    if (!d->g || !d->ly) return rk_err_set(err, RK_E_NOMEM, "lowram: device state");
     const size_t pend_f = (size_t)c->n_layer * 2 * LR_SPARSE_MAX_Q * kvd;
     if (!d->pend) {
         d->hpend = malloc(pend_f * sizeof(float));
         d->pend_pos = calloc((size_t)c->n_layer, sizeof(int64_t));
         d->pend_n = calloc((size_t)c->n_layer, sizeof(int64_t));
-        if (!d->hpend || !d->pend_pos || !d->pend_n) return rk_err_set(err, RK_E_NOMEM, "session: lowram device state");
+        if (!d->hpend || !d->pend_pos || !d->pend_n) return rk_err_set(err, RK_E_NOMEM, "lowram: device state");
         if ((st = dalloc(d, pend_f * sizeof(float), &d->pend, err))) return st;
     }
     if (!d->freq) {
@@ -166,7 +164,7 @@ static rk_status build(rk_lrdev *d, rk_err *err) {
         lrd_layer *X = &d->ly[l];
         const size_t r = (size_t)c->g[L->grp].r;
         X->up_res = calloc((size_t)c->n_head_kv, sizeof(int64_t));
-        if (!X->up_res) return rk_err_set(err, RK_E_NOMEM, "session: lowram device state");
+        if (!X->up_res) return rk_err_set(err, RK_E_NOMEM, "lowram: device state");
         const size_t res_h = rows * c->res_bytes, mb_h = chunks * 4;
         if ((st = dalloc(d, r * kvd * 2, &X->W, err)) || (st = dalloc(d, kvd * 4, &X->b, err)) ||
             (st = dalloc(d, chunks * kvd * 2, &X->lmk, err)) || (st = dalloc(d, (sink ? sink : 1) * kvd * 2, &X->sk, err)) ||
@@ -183,7 +181,7 @@ static rk_status build(rk_lrdev *d, rk_err *err) {
             return st;
         if (rv < r) {
             void *z = calloc((r - rv) * kvd, 2);
-            if (!z) return rk_err_set(err, RK_E_NOMEM, "session: lowram device state");
+            if (!z) return rk_err_set(err, RK_E_NOMEM, "lowram: device state");
             st = up(d, X->W, rv * kvd * 2, z, (r - rv) * kvd * 2, err);
             free(z);
             if (st) return st;
@@ -208,7 +206,7 @@ static rk_status sync_rows(rk_lrdev *d, rk_err *err) {
         const lr_group *g = &c->g[i];
         lrd_group *G = &d->g[i];
         const int64_t r0 = G->up_rows, r1 = g->n_rows;
-        if (r1 < r0) return rk_err_set(err, RK_E_INTERNAL, "session: lowram device copy ahead of the codec");
+        if (r1 < r0) return rk_err_set(err, RK_E_INTERNAL, "lowram: device copy ahead of the codec");
         if (r1 == r0) continue;
         const int64_t ch0 = r0 / C, ch1 = (r1 + C - 1) / C; /* the partial chunk of r0 again */
         const size_t r = (size_t)g->r;
@@ -329,7 +327,7 @@ rk_status rk_lrdev_flush(rk_lrdev *d, rk_err *err) {
     for (int l = 0; !st && l < c->n_layer; l++) {
         if (!d->pend_n[l]) continue;
         const float *k = d->hpend + (size_t)l * 2 * LR_SPARSE_MAX_Q * kvd, *v = k + LR_SPARSE_MAX_Q * kvd;
-        st = d->s->kv->ops->append(d->s->kv, l, d->pend_pos[l], k, v, d->pend_n[l], err);
+        st = d->kv->ops->append(d->kv, l, d->pend_pos[l], k, v, d->pend_n[l], err);
         d->pend_n[l] = 0;
     }
     for (int l = 0; l < c->n_layer; l++) d->pend_n[l] = 0;

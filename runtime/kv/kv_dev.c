@@ -542,6 +542,9 @@ static void dt_tier_stats(const rk_kv *kv, rk_kv_tier_stats *out) {
 
 static const rk_kv_ops devtier_ops = {
     .name = "devtier",
+    .mem = RK_KV_MEM_BACKEND,
+    .writable = false,
+    .recordable = false, /* rows move between a step's ops on the copy lane */
     .append = dt_append,
     .attend = dt_attend,
     .commit = rk_kv_rows_commit,
