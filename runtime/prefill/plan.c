@@ -14,7 +14,7 @@ static rk_view act(float *data, int64_t cols, int64_t rows) {
  * of this call keeps exact (sinks and the rows the question attends to, select.c). */
 static bool row_is_filled(const rk_session *s, int64_t pos, int64_t bulk_end) {
     if (pos >= bulk_end) return false;
-    if (s->selecting && pos >= s->keep_lo && pos < s->keep_hi) return !s->keep[pos - s->keep_lo];
+    if (s->pf->selecting && pos >= s->pf->keep_lo && pos < s->pf->keep_hi) return !s->pf->keep[pos - s->pf->keep_lo];
     return true;
 }
 

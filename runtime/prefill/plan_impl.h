@@ -7,6 +7,52 @@
 
 #include "session_impl.h"
 
+/* The prefill module's state in a session (rk_session.pf): rk_prefill_init makes it with the
+ * session, rk_prefill_deinit frees it, rk_prefill_forget drops what rows [n, ...) fed. */
+typedef struct rk_prefill_state {
+    /* question-aware selection of the last eval call that made one (select.c):
+     * keep[pos - keep_lo] for bulk rows [keep_lo, keep_hi) says the row stays exact in late
+     * layers; selecting says whether the running eval call uses it (plan.c) */
+    uint8_t *keep;
+    int64_t keep_lo, keep_hi;
+    bool selecting;
+    /* the split stream of that call's bulk rows [xs_lo, xs_hi) as f16 (n_embd a row) and what
+     * the text rows before its question paid each of them (per query row, 0 before the
+     * sinks' end): a later call re-scores them by its own question (prefill.c) */
+    uint16_t *xs_keep;
+    float *xs_base;
+    int64_t xs_lo, xs_hi;
+    int32_t xs_split;
+    rk_fill_rescore_stats rescore;
+    /* eval splice (ridgefill.c): copy exact K/V of layers [lo, hi) over the bulk rows before the tail */
+    const rk_session *splice_src;
+    int splice_lo, splice_hi;
+    bool splice_k, splice_v;
+    struct rk_fill_group *fg; /* grouped filled rows of the running fill prefill, or NULL (fill_group.c) */
+} rk_prefill_state;
+rk_status rk_prefill_init(rk_session *s, rk_err *err);
+void rk_prefill_deinit(rk_session *s);
+/* Rows from n on left the session (truncate, reset): the kept stream goes if it reaches them. */
+void rk_prefill_forget(rk_session *s, int64_t n);
+
+/* fill_group.c: RidgeFill's grouped attention (rk_fill_params.group > 0). During one
+ * prefill call from row 0 with fill on a host backend, the late layers' exact rows attend
+ * to a per-layer list instead of the cache: every exact row's K/V as the cache holds it
+ * (f16), and every run of up to `group` consecutive filled rows of a chunk (never the first
+ * n_sink positions) as one row, the run's mean K and mean V with score bias log(count): the
+ * attention c identical rows would get. begin: none (s->pf->fg NULL) unless it applies. append:
+ * after RoPE, the chunk's rows (plan p; rows in p->fill_idx are filled when filled is true).
+ * attend: as the cache's attention. end: frees it. */
+typedef struct rk_fill_group rk_fill_group;
+struct rk_chunk_plan;
+rk_status rk_fill_group_begin(rk_session *s, int64_t start, int split, rk_err *err);
+bool rk_fill_group_on(const rk_session *s, int l);
+rk_status rk_fill_group_append(rk_session *s, const struct rk_chunk_plan *p, int l, bool filled, rk_err *err);
+rk_status rk_fill_group_attend(rk_session *s, int l, const float *q, int64_t n_q, int64_t pos0, float *out,
+                               rk_err *err);
+void rk_fill_group_end(rk_session *s);
+
+
 /* Where the late-layer input of a filled row comes from (SPEC §2). */
 typedef enum rk_fill_src {
     RK_SRC_RIDGE,     /* x̂_l = W_l x_S + b_l (W_S = I) */

@@ -34,7 +34,7 @@ static size_t chunk_len(const pass *q, size_t done) {
 
 /* eval splice: exact K/V of layers [lo, hi) over the bulk rows before any tail row reads them */
 static rk_status splice(rk_session *s, int64_t start, int64_t bulk_end, rk_err *err) {
-    return rk_session_splice_rows(s, s->splice_src, s->splice_lo, s->splice_hi, s->splice_k, s->splice_v, start,
+    return rk_session_splice_rows(s, s->pf->splice_src, s->pf->splice_lo, s->pf->splice_hi, s->pf->splice_k, s->pf->splice_v, start,
                                   bulk_end, err);
 }
 
@@ -58,7 +58,7 @@ static rk_status run_layers(pass *q, int lo, int hi, float *x_split, rk_err *err
         const size_t c = chunk_len(q, done);
         const int64_t pos = q->start + (int64_t)done;
         rk_status st;
-        if (hi == hp->n_layer && s->splice_src && pos == q->bulk_end && q->bulk_end > q->start &&
+        if (hi == hp->n_layer && s->pf->splice_src && pos == q->bulk_end && q->bulk_end > q->start &&
             (st = splice(s, q->start, q->bulk_end, err)))
             return st;
         rk_chunk_plan p;
@@ -84,44 +84,44 @@ static rk_status run_layers(pass *q, int lo, int hi, float *x_split, rk_err *err
 static rk_status keep_stream(pass *q, float *x_split, const float *base, int64_t r0, rk_err *err) {
     rk_session *s = q->s;
     const int64_t nb = q->bulk_end - q->start, d = s->m->hp.n_embd;
-    free(s->xs_keep), free(s->xs_base);
+    free(s->pf->xs_keep), free(s->pf->xs_base);
     if (s->fill.keep_selection) { /* no re-scoring: nothing kept, the stream stays f32 */
-        s->xs_keep = NULL, s->xs_base = NULL, s->xs_lo = s->xs_hi = 0;
+        s->pf->xs_keep = NULL, s->pf->xs_base = NULL, s->pf->xs_lo = s->pf->xs_hi = 0;
         return RK_OK;
     }
-    s->xs_keep = malloc((size_t)(nb * d) * sizeof(uint16_t));
-    s->xs_base = calloc((size_t)nb, sizeof(float));
-    s->xs_lo = s->xs_hi = 0;
-    if (!s->xs_keep || !s->xs_base) {
-        free(s->xs_keep), free(s->xs_base);
-        s->xs_keep = NULL, s->xs_base = NULL;
+    s->pf->xs_keep = malloc((size_t)(nb * d) * sizeof(uint16_t));
+    s->pf->xs_base = calloc((size_t)nb, sizeof(float));
+    s->pf->xs_lo = s->pf->xs_hi = 0;
+    if (!s->pf->xs_keep || !s->pf->xs_base) {
+        free(s->pf->xs_keep), free(s->pf->xs_base);
+        s->pf->xs_keep = NULL, s->pf->xs_base = NULL;
         return rk_err_set(err, RK_E_NOMEM, "prefill: no memory to keep the split stream of %lld rows", (long long)nb);
     }
     /* the late layers of this call read the rounded stream too, so that rows a later
      * question recomputes or refills from the kept copy match rows it leaves alone */
     for (int64_t i = 0; i < nb * d; i++) {
-        s->xs_keep[i] = rk_f32_to_f16(x_split[i]);
-        x_split[i] = rk_f16_to_f32(s->xs_keep[i]);
+        s->pf->xs_keep[i] = rk_f32_to_f16(x_split[i]);
+        x_split[i] = rk_f16_to_f32(s->pf->xs_keep[i]);
     }
     if (base && q->n_base > 0)
-        for (int64_t j = r0; j < q->bulk_end; j++) s->xs_base[j - q->start] = base[j - r0] / (float)q->n_base;
-    s->xs_lo = q->start, s->xs_hi = q->bulk_end, s->xs_split = rk_plan_split(s);
+        for (int64_t j = r0; j < q->bulk_end; j++) s->pf->xs_base[j - q->start] = base[j - r0] / (float)q->n_base;
+    s->pf->xs_lo = q->start, s->pf->xs_hi = q->bulk_end, s->pf->xs_split = rk_plan_split(s);
     return RK_OK;
 }
 
 /* After the early layers: scores the bulk rows by the question's attention at the layers
- * [q_lo, q_hi) and fills s->keep (sinks + the keep_share of the other bulk rows: the
+ * [q_lo, q_hi) and fills s->pf->keep (sinks + the keep_share of the other bulk rows: the
  * recency band, then the top scores). */
 static rk_status select_rows(pass *q, float *x_split, rk_err *err) {
     rk_session *s = q->s;
     const rk_fill_params *f = &s->fill;
     const int64_t nb = q->bulk_end - q->start;
-    free(s->keep);
-    s->keep = calloc((size_t)nb, 1);
-    if (!s->keep) return rk_err_set(err, RK_E_NOMEM, "prefill: no memory for the selection of %lld rows", (long long)nb);
-    s->keep_lo = q->start, s->keep_hi = q->bulk_end;
+    free(s->pf->keep);
+    s->pf->keep = calloc((size_t)nb, 1);
+    if (!s->pf->keep) return rk_err_set(err, RK_E_NOMEM, "prefill: no memory for the selection of %lld rows", (long long)nb);
+    s->pf->keep_lo = q->start, s->pf->keep_hi = q->bulk_end;
     int64_t r0 = q->start;
-    for (; r0 < q->bulk_end && r0 < f->n_sink; r0++) s->keep[r0 - q->start] = 1;
+    for (; r0 < q->bulk_end && r0 < f->n_sink; r0++) s->pf->keep[r0 - q->start] = 1;
     const int64_t n_sc = q->bulk_end - r0;
     const int64_t n_keep = (int64_t)llround((double)f->keep_share * (double)n_sc);
     if (n_sc <= 0 || n_keep <= 0) return keep_stream(q, x_split, NULL, r0, err);
@@ -145,7 +145,7 @@ static rk_status select_rows(pass *q, float *x_split, rk_err *err) {
             score[j] = c > 0.0f ? c : 0.0f;
         }
     free(base);
-    if (!st) st = rk_select_rows(score, n_sc, f->pool, n_keep, f->band, s->keep + (r0 - q->start), err);
+    if (!st) st = rk_select_rows(score, n_sc, f->pool, n_keep, f->band, s->pf->keep + (r0 - q->start), err);
     free(score);
     return st;
 }
@@ -155,15 +155,15 @@ static rk_status select_rows(pass *q, float *x_split, rk_err *err) {
  * is not a decode step, the cache can take rewritten rows. */
 static bool can_rescore(const rk_session *s, const pass *q, int split) {
     const rk_fill_params *f = &s->fill;
-    if (s->xs_keep && s->xs_hi > q->start) { /* truncated below the kept rows: the stream is stale */
+    if (s->pf->xs_keep && s->pf->xs_hi > q->start) { /* truncated below the kept rows: the stream is stale */
         rk_session *w = (rk_session *)s;
-        free(w->xs_keep), free(w->xs_base);
-        w->xs_keep = NULL, w->xs_base = NULL, w->xs_lo = w->xs_hi = 0;
+        free(w->pf->xs_keep), free(w->pf->xs_base);
+        w->pf->xs_keep = NULL, w->pf->xs_base = NULL, w->pf->xs_lo = w->pf->xs_hi = 0;
     }
-    return s->xs_keep && f->question_aware && f->layer_major && !f->keep_selection && f->mode != RK_FILL_OFF &&
-           q->bulk_end == q->start && q->n >= 2 && split > 0 && split < s->m->hp.n_layer && split == s->xs_split &&
-           s->keep && s->keep_lo == s->xs_lo && s->keep_hi == s->xs_hi && s->xs_hi > s->xs_lo &&
-           s->kv->ops->writable && !s->splice_src;
+    return s->pf->xs_keep && f->question_aware && f->layer_major && !f->keep_selection && f->mode != RK_FILL_OFF &&
+           q->bulk_end == q->start && q->n >= 2 && split > 0 && split < s->m->hp.n_layer && split == s->pf->xs_split &&
+           s->pf->keep && s->pf->keep_lo == s->pf->xs_lo && s->pf->keep_hi == s->pf->xs_hi && s->pf->xs_hi > s->pf->xs_lo &&
+           s->kv->ops->writable && !s->pf->splice_src;
 }
 
 /* The kept rows again, for this call's question: score them by its last obs rows (queries
@@ -175,7 +175,7 @@ static rk_status rescore(pass *q, int split, rk_err *err) {
     rk_session *s = q->s;
     const rk_fill_params *f = &s->fill;
     const rk_hparams *hp = &s->m->hp;
-    const int64_t d = hp->n_embd, lo = s->xs_lo, hi = s->xs_hi, nb = hi - lo;
+    const int64_t d = hp->n_embd, lo = s->pf->xs_lo, hi = s->pf->xs_hi, nb = hi - lo;
     const double t0 = rk_time_now();
     int64_t r0 = lo < f->n_sink ? f->n_sink : lo;
     if (r0 > hi) r0 = hi;
@@ -192,40 +192,40 @@ static rk_status rescore(pass *q, int split, rk_err *err) {
                              err);
     if (!st && n_sc > 0 && n_keep > 0) {
         for (int64_t j = 0; j < n_sc; j++) {
-            const float c = score[j] - (float)q->q_n * s->xs_base[r0 - lo + j];
+            const float c = score[j] - (float)q->q_n * s->pf->xs_base[r0 - lo + j];
             score[j] = c > 0.0f ? c : 0.0f;
         }
         st = rk_select_rows(score, n_sc, f->pool, n_keep, f->band, nk + (r0 - lo), err);
     }
     int64_t first = nb, changed = 0, recomputed = 0, refilled = 0;
     for (int64_t j = 0; j < nb && !st; j++)
-        if (nk[j] != s->keep[j]) {
+        if (nk[j] != s->pf->keep[j]) {
             changed++;
             if (first == nb) first = j;
         }
-    /* the old selection, then the new one in its place (plan.c reads s->keep) */
-    uint8_t *old = s->keep;
-    if (!st) s->keep = nk, nk = old;
-    s->selecting = !st;
+    /* the old selection, then the new one in its place (plan.c reads s->pf->keep) */
+    uint8_t *old = s->pf->keep;
+    if (!st) s->pf->keep = nk, nk = old;
+    s->pf->selecting = !st;
     for (int64_t j = first; j < nb && !st;) {
-        if (!s->keep[j] && !nk[j]) { /* filled before and after, prefix irrelevant: its K/V stand */
+        if (!s->pf->keep[j] && !nk[j]) { /* filled before and after, prefix irrelevant: its K/V stand */
             j++;
             continue;
         }
         int64_t c = 0;
-        while (j + c < nb && c < s->p.n_batch && (s->keep[j + c] || nk[j + c])) c++;
-        for (int64_t i = 0; i < c * d; i++) xin[i] = rk_f16_to_f32(s->xs_keep[(j * d) + i]);
-        for (int64_t i = 0; i < c; i++) s->keep[j + i] ? recomputed++ : refilled++;
+        while (j + c < nb && c < s->p.n_batch && (s->pf->keep[j + c] || nk[j + c])) c++;
+        for (int64_t i = 0; i < c * d; i++) xin[i] = rk_f16_to_f32(s->pf->xs_keep[(j * d) + i]);
+        for (int64_t i = 0; i < c; i++) s->pf->keep[j + i] ? recomputed++ : refilled++;
         rk_chunk_plan p;
         rk_plan_chunk(s, lo + j, c, hi, split, hp->n_layer, &p);
         p.x_in = xin;
         st = rk_forward_chunk(s, &p, s->tokens + lo + j, NULL, false, err);
         j += c;
     }
-    s->selecting = false;
+    s->pf->selecting = false;
     free(nk), free(score), free(xin);
     if (st) return rk_err_wrap(err, "prefill: re-scoring %lld kept rows for the question", (long long)nb);
-    s->rescore = (rk_fill_rescore_stats){s->rescore.calls + 1, n_sc, changed, recomputed, refilled,
+    s->pf->rescore = (rk_fill_rescore_stats){s->pf->rescore.calls + 1, n_sc, changed, recomputed, refilled,
                                          rk_time_now() - t0};
     return RK_OK;
 }
@@ -277,7 +277,7 @@ static rk_status staged_run(pass *q, const int *ends, int n_end, rk_err *err) {
 /* The layer boundaries of a staged prefill, or 0: the policy has none for this eval, or the
  * eval is not a plain one (fill, splice, a device backend, a single row) */
 static int stages(rk_session *s, const pass *q, int *ends, int max) {
-    if (s->fill.mode != RK_FILL_OFF || s->splice_src || s->dev || q->n < 2 || !s->kv->ops->stages ||
+    if (s->fill.mode != RK_FILL_OFF || s->pf->splice_src || s->dev || q->n < 2 || !s->kv->ops->stages ||
         !s->kv->ops->layers_done)
         return 0;
     const int n = s->kv->ops->stages(s->kv, q->start + (int64_t)q->n, ends, max);
@@ -289,7 +289,7 @@ static int stages(rk_session *s, const pass *q, int *ends, int max) {
 static rk_status prefill_run(rk_session *s, const int32_t *ids, size_t n, float *logits, bool all_rows, rk_err *err);
 
 /* An eval call; with fill grouping (rk_fill_params.group) its late layers attend to the
- * grouped list that runtime/session/fill_group.c builds during the call. */
+ * grouped list that fill_group.c builds during the call. */
 rk_status rk_prefill_run(rk_session *s, const int32_t *ids, size_t n, float *logits, bool all_rows, rk_err *err) {
     rk_status st = RK_OK;
     if (s->fill.group > 0 && n > 1) st = rk_fill_group_begin(s, s->n_past, rk_plan_split(s), err);
@@ -332,29 +332,50 @@ static rk_status prefill_run(rk_session *s, const int32_t *ids, size_t n, float 
     }
     if (!st) st = run_layers(&q, 0, split, x_split, err);
     if (!st && q.q_keep) st = select_rows(&q, x_split, err);
-    s->selecting = !st && q.q_keep;
+    s->pf->selecting = !st && q.q_keep;
     if (!st) st = run_layers(&q, split, hp->n_layer, x_split, err);
-    s->selecting = false; /* the selection stays readable: rk_session_fill_kept */
+    s->pf->selecting = false; /* the selection stays readable: rk_session_fill_kept */
     free(q.q_keep);
     free(x_split);
     return st;
 }
 
+rk_status rk_prefill_init(rk_session *s, rk_err *err) {
+    s->pf = calloc(1, sizeof *s->pf);
+    return s->pf ? RK_OK : rk_err_set(err, RK_E_NOMEM, "prefill: out of memory");
+}
+
+void rk_prefill_deinit(rk_session *s) {
+    if (!s->pf) return;
+    rk_fill_group_end(s);
+    free(s->pf->keep), free(s->pf->xs_keep), free(s->pf->xs_base);
+    free(s->pf);
+    s->pf = NULL;
+}
+
+/* The kept split stream is stale once its rows leave the session. */
+void rk_prefill_forget(rk_session *s, int64_t n) {
+    rk_prefill_state *f = s->pf;
+    if (!f->xs_keep || n >= f->xs_hi) return;
+    free(f->xs_keep), free(f->xs_base);
+    f->xs_keep = NULL, f->xs_base = NULL, f->xs_lo = f->xs_hi = 0;
+}
+
 int64_t rk_session_fill_kept(const rk_session *s, int64_t row0, int64_t n) {
-    if (!s->keep) return -1;
+    if (!s->pf->keep) return -1;
     int64_t k = 0;
-    for (int64_t r = row0 < s->keep_lo ? s->keep_lo : row0; r < row0 + n && r < s->keep_hi; r++) k += s->keep[r - s->keep_lo];
+    for (int64_t r = row0 < s->pf->keep_lo ? s->pf->keep_lo : row0; r < row0 + n && r < s->pf->keep_hi; r++) k += s->pf->keep[r - s->pf->keep_lo];
     return k;
 }
 
-void rk_session_fill_rescore_stats(const rk_session *s, rk_fill_rescore_stats *out) { *out = s->rescore; }
+void rk_session_fill_rescore_stats(const rk_session *s, rk_fill_rescore_stats *out) { *out = s->pf->rescore; }
 
 bool rk_session_fill_stream(const rk_session *s, rk_fill_stream *out) {
     memset(out, 0, sizeof *out);
-    if (!s->xs_keep || !s->keep || s->keep_lo != s->xs_lo || s->keep_hi != s->xs_hi || s->xs_hi > s->n_past)
+    if (!s->pf->xs_keep || !s->pf->keep || s->pf->keep_lo != s->pf->xs_lo || s->pf->keep_hi != s->pf->xs_hi || s->pf->xs_hi > s->n_past)
         return false;
-    *out = (rk_fill_stream){s->xs_lo, s->xs_hi - s->xs_lo, (int32_t)s->m->hp.n_embd, s->xs_split, s->xs_keep,
-                            s->xs_base, s->keep};
+    *out = (rk_fill_stream){s->pf->xs_lo, s->pf->xs_hi - s->pf->xs_lo, (int32_t)s->m->hp.n_embd, s->pf->xs_split, s->pf->xs_keep,
+                            s->pf->xs_base, s->pf->keep};
     return true;
 }
 
@@ -377,10 +398,10 @@ rk_status rk_session_fill_stream_set(rk_session *s, const rk_fill_stream *in, rk
     memcpy(x, in->x, (size_t)(in->n * d) * sizeof(uint16_t));
     memcpy(b, in->base, (size_t)in->n * sizeof(float));
     memcpy(k, in->keep, (size_t)in->n);
-    free(s->xs_keep), free(s->xs_base), free(s->keep);
-    s->xs_keep = x, s->xs_base = b, s->keep = k;
-    s->xs_lo = s->keep_lo = in->row0;
-    s->xs_hi = s->keep_hi = in->row0 + in->n;
-    s->xs_split = in->split;
+    free(s->pf->xs_keep), free(s->pf->xs_base), free(s->pf->keep);
+    s->pf->xs_keep = x, s->pf->xs_base = b, s->pf->keep = k;
+    s->pf->xs_lo = s->pf->keep_lo = in->row0;
+    s->pf->xs_hi = s->pf->keep_hi = in->row0 + in->n;
+    s->pf->xs_split = in->split;
     return RK_OK;
 }

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "plan_impl.h"
 #include "ridgefill_impl.h"
 
 static const char *const mode_names[] = {"off", "speed", "quality", "identity", "plumb"};
@@ -173,15 +174,15 @@ rk_status rk_session_set_splice(rk_session *s, const rk_session *exact, int lo, 
         return rk_err_set(err, RK_E_INVALID_ARG, "splice: the exact session must share model, KV policy and n_ctx");
     if (lo < 0 || hi > s->m->hp.n_layer || lo >= hi)
         return rk_err_set(err, RK_E_INVALID_ARG, "splice: layer range [%d, %d) outside 0..%d", lo, hi, s->m->hp.n_layer);
-    s->splice_src = exact;
-    s->splice_lo = lo;
-    s->splice_hi = hi;
-    s->splice_k = keys;
-    s->splice_v = values;
+    s->pf->splice_src = exact;
+    s->pf->splice_lo = lo;
+    s->pf->splice_hi = hi;
+    s->pf->splice_k = keys;
+    s->pf->splice_v = values;
     return RK_OK;
 }
 
-void rk_session_clear_splice(rk_session *s) { s->splice_src = NULL; }
+void rk_session_clear_splice(rk_session *s) { s->pf->splice_src = NULL; }
 
 /* Rows go through the KV interface as f32 (read from src, written into s), a tile of
  * n_batch rows at a time in the session's K scratch (free between layers' cache writers). */

@@ -73,7 +73,8 @@ void rk_session_destroy(rk_session *s) {
     free(s->tokens);
     float *acts[] = {s->x, s->xin, s->xs, s->h, s->q, s->k, s->v, s->t, s->gate, s->up, s->logits};
     for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++) act_free(s, acts[i]);
-    free(s->ex_idx), free(s->fill_idx), free(s->keep), free(s->xs_keep), free(s->xs_base);
+    free(s->ex_idx), free(s->fill_idx);
+    rk_prefill_deinit(s);
     free(s->w_layers);
     free(s->layer_rows);
     rk_forward_deinit(s);
@@ -149,7 +150,7 @@ rk_status rk_session_create(const rk_model *m, const rk_session_params *pp, rk_s
         goto nomem;
     s->layer_rows = calloc((size_t)hp->n_layer * 2, sizeof(uint64_t));
     if (!s->layer_rows) goto nomem;
-    if ((st = rk_forward_init(s, err))) goto fail; /* recorded decode steps */
+    if ((st = rk_forward_init(s, err)) || (st = rk_prefill_init(s, err))) goto fail; /* recorded decode steps; fill state */
     *out = s;
     return RK_OK;
 nomem:
@@ -160,17 +161,10 @@ fail:
     return st;
 }
 
-/* The kept split stream (prefill.c) is stale once its rows leave the session. */
-static void drop_stream(rk_session *s, int64_t n) {
-    if (!s->xs_keep || n >= s->xs_hi) return;
-    free(s->xs_keep), free(s->xs_base);
-    s->xs_keep = NULL, s->xs_base = NULL, s->xs_lo = s->xs_hi = 0;
-}
-
 void rk_session_reset(rk_session *s) {
     s->kv->ops->reset(s->kv);
     s->n_past = 0;
-    drop_stream(s, 0);
+    rk_prefill_forget(s, 0);
 }
 int64_t rk_session_n_past(const rk_session *s) { return s->n_past; }
 int64_t rk_session_n_ctx(const rk_session *s) { return s->n_ctx; }
@@ -188,7 +182,7 @@ rk_status rk_session_truncate(rk_session *s, int64_t n, rk_err *err) {
                           (long long)n, (long long)s->n_past);
     s->kv->ops->truncate(s->kv, n);
     s->n_past = n;
-    drop_stream(s, n);
+    rk_prefill_forget(s, n);
     return RK_OK;
 }
 
@@ -209,7 +203,7 @@ rk_status rk_session_eval(rk_session *s, const int32_t *ids, size_t n, float *lo
     rk_status st = rk_prefill_run(s, ids, n, logits, all_rows, err);
     /* rows the cache kept aside during the eval reach its store (a fused device step's) */
     if (!st && s->kv->ops->flush) st = s->kv->ops->flush(s->kv, err);
-    /* the cache commits the rows (LowRAM fits or compresses), or forgets the ones appended */
+    /* the cache commits the rows (a compressing cache fits or compresses), or forgets the ones appended */
     if (!st) st = s->kv->ops->commit(s->kv, start + (int64_t)n, err);
     s->counters.lowram_dev_attn = s->kv->counters.fused_attn;
     s->counters.lowram_host_attn = s->kv->counters.staged_attn;

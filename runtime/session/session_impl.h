@@ -60,48 +60,13 @@ struct rk_session {
     rk_tap_fn tap;
     void *tap_ud;
     rk_fill_params fill;
-    /* question-aware selection of the last eval call that made one (prefill/select.c):
-     * keep[pos - keep_lo] for bulk rows [keep_lo, keep_hi) says the row stays exact in late
-     * layers; selecting says whether the running eval call uses it */
-    uint8_t *keep;
-    int64_t keep_lo, keep_hi;
-    bool selecting;
-    /* the split stream of that call's bulk rows [xs_lo, xs_hi) as f16 (n_embd a row) and what
-     * the text rows before its question paid each of them (per query row, 0 before the
-     * sinks' end): a later call re-scores them by its own question (prefill/prefill.c) */
-    uint16_t *xs_keep;
-    float *xs_base;
-    int64_t xs_lo, xs_hi;
-    int32_t xs_split;
-    rk_fill_rescore_stats rescore;
     rk_session_counters counters;
     uint64_t *layer_rows; /* (n_layer, 2) rows that ran exact, rows filled, per layer (rk_session_layer_rows) */
     rk_fwd_graphs graphs;
-    /* eval splice: copy exact K/V of layers [lo, hi) over the bulk rows before the tail */
-    const rk_session *splice_src;
-    int splice_lo, splice_hi;
-    bool splice_k, splice_v;
     char warning[512];    /* rk_session_warning */
-    struct rk_fill_group *fg; /* grouped filled rows of the running fill prefill, or NULL (fill_group.c) */
+    struct rk_prefill_state *pf; /* the prefill module's: selection, kept stream, splice, fill groups
+                                  * (prefill/plan_impl.h) */
 };
-
-/* fill_group.c: RidgeFill's grouped attention (rk_fill_params.group > 0). During one
- * prefill call from row 0 with fill on a host backend, the late layers' exact rows attend
- * to a per-layer list instead of the cache: every exact row's K/V as the cache holds it
- * (f16), and every run of up to `group` consecutive filled rows of a chunk (never the first
- * n_sink positions) as one row, the run's mean K and mean V with score bias log(count): the
- * attention c identical rows would get. begin: NULL (*s->fg) unless it applies. append:
- * after RoPE, the chunk's rows (plan p; rows in p->fill_idx are filled when filled is true).
- * attend: as the cache's attention. end: frees it. */
-typedef struct rk_fill_group rk_fill_group;
-struct rk_chunk_plan;
-rk_status rk_fill_group_begin(rk_session *s, int64_t start, int split, rk_err *err);
-bool rk_fill_group_on(const rk_session *s, int l);
-rk_status rk_fill_group_append(rk_session *s, const struct rk_chunk_plan *p, int l, bool filled, rk_err *err);
-rk_status rk_fill_group_attend(rk_session *s, int l, const float *q, int64_t n_q, int64_t pos0, float *out,
-                               rk_err *err);
-void rk_fill_group_end(rk_session *s);
-
 
 /* forward.c: the recorded decode steps when p.cuda_graphs asks for them, the backend records
  * steps and the cache's steps can be recorded (rk_kv_ops.recordable); deinit frees them. */
@@ -116,7 +81,7 @@ rk_status rk_forward_chunk(rk_session *s, const struct rk_chunk_plan *p, const i
                            bool all_rows, rk_err *err);
 
 /* Row moves of the prefill plan (forward.c), rows of d floats ld* apart, n <= 0 a no-op.
- * On a host backend plain copies; on a backend with its own memory (cuda) backend ops on
+ * On a host backend memmove / memcpy; on a backend with its own memory (cuda) backend ops on
  * its buffers (GET_ROWS of f32 rows, SCATTER_ROWS, CPY_ROWS), queued on its stream.
  * gather: dst[i] = src[idx[i]] (idx increasing; in place only on a host backend);
  * scatter: dst[idx[i]] = src[i] (idx distinct; dst and src apart); copy: dst[i] = src[i]. */

@@ -11,8 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../prefill/plan_impl.h"
-#include "session_impl.h"
+#include "plan_impl.h"
 
 typedef struct fg_layer {
     uint16_t *k, *v; /* (cap, kv_dim) f16, as the cache stores rows */
@@ -29,20 +28,20 @@ struct rk_fill_group {
 };
 
 void rk_fill_group_end(rk_session *s) {
-    rk_fill_group *g = s->fg;
+    rk_fill_group *g = s->pf->fg;
     if (!g) return;
     for (int i = 0; g->ly && i < g->n_layer - g->split; i++) {
         free(g->ly[i].k), free(g->ly[i].v), free(g->ly[i].pos), free(g->ly[i].bias);
     }
     free(g->ly), free(g->mk), free(g->mv), free(g);
-    s->fg = NULL;
+    s->pf->fg = NULL;
 }
 
 rk_status rk_fill_group_begin(rk_session *s, int64_t start, int split, rk_err *err) {
     rk_fill_group_end(s);
     const rk_hparams *hp = &s->m->hp;
     if (s->fill.mode == RK_FILL_OFF || s->fill.group <= 0 || start != 0 || s->dev || split <= 0 ||
-        split >= hp->n_layer || s->splice_src)
+        split >= hp->n_layer || s->pf->splice_src)
         return RK_OK;
     rk_fill_group *g = calloc(1, sizeof *g);
     if (!g) return rk_err_set(err, RK_E_NOMEM, "fill group: no memory");
@@ -51,7 +50,7 @@ rk_status rk_fill_group_begin(rk_session *s, int64_t start, int split, rk_err *e
     g->ly = calloc((size_t)(hp->n_layer - split), sizeof *g->ly);
     g->mk = malloc((size_t)g->kvd * sizeof(float));
     g->mv = malloc((size_t)g->kvd * sizeof(float));
-    s->fg = g;
+    s->pf->fg = g;
     if (!g->ly || !g->mk || !g->mv) {
         rk_fill_group_end(s);
         return rk_err_set(err, RK_E_NOMEM, "fill group: no memory");
@@ -59,7 +58,7 @@ rk_status rk_fill_group_begin(rk_session *s, int64_t start, int split, rk_err *e
     return RK_OK;
 }
 
-bool rk_fill_group_on(const rk_session *s, int l) { return s->fg && l >= s->fg->split; }
+bool rk_fill_group_on(const rk_session *s, int l) { return s->pf->fg && l >= s->pf->fg->split; }
 
 static rk_status reserve(fg_layer *L, int64_t kvd, int64_t need, rk_err *err) {
     if (need <= L->cap) return RK_OK;
@@ -95,7 +94,7 @@ static rk_status put(rk_session *s, fg_layer *L, int64_t kvd, const float *k, co
 }
 
 rk_status rk_fill_group_append(rk_session *s, const rk_chunk_plan *p, int l, bool filled, rk_err *err) {
-    rk_fill_group *g = s->fg;
+    rk_fill_group *g = s->pf->fg;
     fg_layer *L = &g->ly[l - g->split];
     const int64_t kvd = g->kvd, n = p->n, nf = filled ? p->n_fill : 0;
     rk_status st = reserve(L, kvd, L->n + n, err);
@@ -127,13 +126,13 @@ rk_status rk_fill_group_append(rk_session *s, const rk_chunk_plan *p, int l, boo
 rk_status rk_fill_group_attend(rk_session *s, int l, const float *q, int64_t n_q, int64_t pos0, float *out,
                                rk_err *err) {
     const rk_hparams *hp = &s->m->hp;
-    const fg_layer *L = &s->fg->ly[l - s->fg->split];
+    const fg_layer *L = &s->pf->fg->ly[l - s->pf->fg->split];
     const int64_t qd = (int64_t)hp->n_head * hp->head_dim;
     rk_op_args a = {.op = RK_OP_ATTN};
     a.src0 = (rk_view){RK_DT_F32, {qd, n_q, 1, 1}, (size_t)qd * sizeof(float), (void *)q};
     a.dst = (rk_view){RK_DT_F32, {qd, n_q, 1, 1}, (size_t)qd * sizeof(float), out};
-    a.src1 = (rk_view){RK_DT_F16, {s->fg->kvd, L->n, 1, 1}, (size_t)s->fg->kvd * sizeof(uint16_t), L->k};
-    a.src2 = (rk_view){RK_DT_F16, {s->fg->kvd, L->n, 1, 1}, (size_t)s->fg->kvd * sizeof(uint16_t), L->v};
+    a.src1 = (rk_view){RK_DT_F16, {s->pf->fg->kvd, L->n, 1, 1}, (size_t)s->pf->fg->kvd * sizeof(uint16_t), L->k};
+    a.src2 = (rk_view){RK_DT_F16, {s->pf->fg->kvd, L->n, 1, 1}, (size_t)s->pf->fg->kvd * sizeof(uint16_t), L->v};
     a.attn = (rk_attn_params){hp->n_head, hp->n_head_kv, hp->head_dim, 1.0f / sqrtf((float)hp->head_dim), pos0};
     a.attn_kv_pos = L->pos, a.attn_kv_bias = L->bias, a.attn_n_kv = L->n;
     return rk_backend_run(s->be, &a, err);
