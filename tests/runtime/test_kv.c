@@ -800,3 +800,67 @@ static void direct_attention_on_blocks(const char *kind, uint32_t type) {
 
 Test(kv, q8_direct_attention_on_blocks) { direct_attention_on_blocks("q8", RK_DT_Q8_0); }
 Test(kv, q4_direct_attention_on_blocks) { direct_attention_on_blocks("q4", RK_DT_Q4_0); }
+
+/* ---- capabilities ------------------------------------------------------------------- */
+
+/* What the layer loop and the prefill ask the cache instead of its policy, on a CPU backend:
+ * plain rows are the backend's, rewritable and recordable; q8 / q4 blocks are host rows
+ * rewritten in place; LowRAM's compressed rows and a budgeted tier cannot be rewritten; no
+ * host cache records a step, and none keeps rows aside (no flush). */
+Test(kv, capabilities_by_policy) {
+    rk_model *m = rt_load_shared(STORIES);
+    const struct {
+        const char *kind;
+        uint64_t budget;
+        rk_kv_mem mem;
+        bool writable, recordable;
+    } cases[] = {
+        {"f16", 0, RK_KV_MEM_BACKEND, true, true},   {"f32", 0, RK_KV_MEM_BACKEND, true, true},
+        {"q8", 0, RK_KV_MEM_HOST, true, false},      {"q4", 0, RK_KV_MEM_HOST, true, false},
+        {POLICIES[3], 0, RK_KV_MEM_HOST, false, false}, {"f16", 1 << 20, RK_KV_MEM_HOST, false, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        rk_session_params sp = rk_session_params_default();
+        sp.n_ctx = 512;
+        sp.n_threads = 1;
+        rk_err e = {0};
+        cr_assert_eq(rk_kv_params_parse(cases[i].kind, &sp.kv, &e), RK_OK, "%s", e.msg);
+        sp.kv.budget = cases[i].budget;
+        rk_session *s = NULL;
+        cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s: %s", cases[i].kind, e.msg);
+        const rk_kv_ops *o = s->kv->ops;
+        cr_expect_eq(o->mem, cases[i].mem, "%s budget %llu: mem", cases[i].kind, (unsigned long long)cases[i].budget);
+        cr_expect_eq(o->writable, cases[i].writable, "%s budget %llu: writable", cases[i].kind,
+                     (unsigned long long)cases[i].budget);
+        cr_expect_eq(o->recordable, cases[i].recordable, "%s: recordable", cases[i].kind);
+        cr_expect_null(o->flush, "%s: flush", cases[i].kind);
+        cr_expect(!s->graphs.on, "%s: recorded steps are opt-in and need a backend that records", cases[i].kind);
+        rk_session_destroy(s);
+    }
+    rk_model_destroy(m);
+}
+
+/* Rows per layer: n_layer entries, each eval row counted once per layer (no fill: every row
+ * exact), zeros outside [0, n_layer). */
+Test(kv, layer_rows_are_counted_for_every_layer) {
+    rk_model *m = rt_load_shared(STORIES);
+    const int L = rk_model_hparams(m)->n_layer, nv = rk_model_hparams(m)->n_vocab;
+    rk_session *s = mk(m, "f32", 16);
+    int32_t ids[40];
+    for (int i = 0; i < 40; i++) ids[i] = 1 + i % (nv - 1);
+    float *lg = trace(s, ids, 37, 3, nv);
+    for (int l = 0; l < L; l++) {
+        uint64_t ex = 0, fi = 1;
+        rk_session_layer_rows(s, l, &ex, &fi);
+        cr_expect_eq(ex, 40, "layer %d: %llu exact rows", l, (unsigned long long)ex);
+        cr_expect_eq(fi, 0, "layer %d: %llu filled rows", l, (unsigned long long)fi);
+    }
+    uint64_t ex = 7, fi = 7;
+    rk_session_layer_rows(s, L, &ex, &fi);
+    cr_expect(ex == 0 && fi == 0, "past the last layer: zeros");
+    rk_session_layer_rows(s, -1, &ex, NULL);
+    cr_expect_eq(ex, 0);
+    free(lg);
+    rk_session_destroy(s);
+    rk_model_destroy(m);
+}
