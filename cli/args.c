@@ -129,7 +129,7 @@ void cli_seed_note(const char *cmd, const cli_opts *o) {
                 o->seed_random ? "random; --seed N repeats a run" : "--seed");
 }
 
-/* --kv-host-budget is the pinned host tier under the device's KV (runtime/session/kv_dev.c):
+/* --kv-host-budget is the pinned host tier under the device's KV (runtime/kv/kv_dev.c):
  * it means something only with --backend cuda, a --kv-budget, and f16 / f32 rows (one of
  * bench's list); anywhere else it would be ignored, so it is refused with the reason. */
 static int host_budget_check(const char *cmd, const cli_opts *o) {

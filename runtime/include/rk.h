@@ -241,7 +241,7 @@ typedef struct rk_kv_params {
      * true: budget covers the codec's whole state (docs/TIERS.md, "How the budget is counted"). */
     bool budget_whole;
     /* The GPU KV tiers (a backend with memory of its own, f16 / f32 under budget:
-     * runtime/session/kv_dev.c): pinned host bytes for the cold layers' rows. 0: every cold
+     * runtime/kv/kv_dev.c): pinned host bytes for the cold layers' rows. 0: every cold
      * layer pinned. Else the cold layers past it go on to a spill file in spill_dir (the
      * block store; spill_backend, spill_buffered apply) and are read back when used. */
     uint64_t host_budget;

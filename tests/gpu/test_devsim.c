@@ -8,7 +8,7 @@
  * ridge-map GEMMs, the layer-major split stream, the question-aware selection) on
  * backend memory with the cpu session's logits bit for bit, and refuse what still
  * needs host rows (the eval splice) with a reason. --kv lowram runs its decode attention
- * as the fused LR_ATTN over a device copy of the codec's state (runtime/session/lowram_dev.c)
+ * as the fused LR_ATTN over a device copy of the codec's state (runtime/kv/lowram_dev.c)
  * and gives the cpu lowram session's logits within a stated tolerance. */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -327,7 +327,7 @@ Test(devsim, host_kv_policies_match_cpu_bit_for_bit, .timeout = 120) {
     rk_model_destroy(m);
 }
 
-/* ---- GPU KV tiers (runtime/session/kv_dev.c) ------------------------------------------- */
+/* ---- GPU KV tiers (runtime/kv/kv_dev.c) ------------------------------------------- */
 
 /* A backend without the entries (cpu) serves the same calls: zeroed 64-byte aligned heap
  * blocks, lane copies as synchronous upload / download, join and sync no-ops. */

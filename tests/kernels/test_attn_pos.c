@@ -1,5 +1,5 @@
 /* ATTN over positioned rows (rk_op_args.attn_kv_pos / attn_kv_bias, RidgeFill's grouped
- * filled rows, runtime/session/fill_group.c): a row standing for c identical rows with
+ * filled rows, runtime/prefill/fill_group.c): a row standing for c identical rows with
  * bias log c gives exactly the attention of the c rows, so the positioned list of a cache
  * whose runs of rows are identical must equal plain attention over the whole cache (to
  * float rounding: the same f16 rows, the sums in another order); the causal cut follows

@@ -376,7 +376,7 @@ int main(int argc, char *argv[]) {
     return result;
 }
 
-/* The copy lane and pinned host blocks (GPU KV tiers, runtime/session/kv_dev.c): a lane
+/* The copy lane and pinned host blocks (GPU KV tiers, runtime/kv/kv_dev.c): a lane
  * copy starts after the ops queued before it and a join makes the ops after it wait; values
  * are copied exactly. 64 MiB each way (large enough that a missing wait would show: the
  * ADD after the join reads the uploaded values, the copy down after the ADD sees its

@@ -1,4 +1,4 @@
-/* RidgeFill's grouped attention (rk_fill_params.group, runtime/session/fill_group.c) on
+/* RidgeFill's grouped attention (rk_fill_params.group, runtime/prefill/fill_group.c) on
  * stories260K: group 1 runs the positioned-list path without grouping and must give the
  * logits of the plain path (the same f16 rows, the same sums in another order); a larger
  * group changes the tail's logits (the filled runs enter as their means: how close it
