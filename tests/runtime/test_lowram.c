@@ -625,8 +625,8 @@ Test(lowram, topp_selection) {
     for (int i = 0; i < n_dec; i++) {
         cr_assert_eq(rk_session_eval(tp, &ids[n_prompt + i], 1, lt + (size_t)(i + 1) * nv, false, &e), RK_OK, "%s",
                      e.msg);
-        cr_assert(c->keys_op);
-        for (int h = 0; h < c->n_head_kv; h++) lo = c->dn[h] < lo ? c->dn[h] : lo, hi = c->dn[h] > hi ? c->dn[h] : hi;
+        cr_assert(c->dec.keys_op);
+        for (int h = 0; h < c->n_head_kv; h++) lo = c->dec.n_sel[h] < lo ? c->dec.n_sel[h] : lo, hi = c->dec.n_sel[h] > hi ? c->dec.n_sel[h] : hi;
     }
     const double kl = rt_mean_kl(a16, lt, n_dec + 1, nv);
     cr_log_info("topp=0.9: KL %.5f, chunks per (layer, head) %lld..%lld of %lld", kl, (long long)lo, (long long)hi,
@@ -738,7 +738,7 @@ Test(lowram, value_summaries_and_split_decode) {
     cr_log_info("KL value summaries %.5f, coefficient summaries %.5f", kv, kc);
     cr_expect_leq(fabs(kv - kc), 0.1 * kc + 1e-4, "KL %g (value summaries) vs %g (csumm)", kv, kc);
     cr_expect_gt(kc, 1e-5, "the summaries should matter here (budget 48 of %lld rows)", (long long)c->g[0].n_rows);
-    cr_assert(codec(sp)->dpo, "the split decode did not run (4 KV heads on 3 threads)");
+    cr_assert(codec(sp)->dec.parts, "the split decode did not run (4 KV heads on 3 threads)");
     const size_t n = (size_t)(n_dec + 1) * nv;
     double range = 0;
     for (size_t i = 0; i < n; i++) range = fmax(range, fabs(lv[i]));
@@ -794,8 +794,8 @@ Test(lowram, pooled_chunk_scores_choose_as_one_thread) {
     }
     cr_log_info("3 threads vs 1: %d decode steps compared before a new chunk", steps);
     cr_expect_geq(steps, 3, "only %d steps before the first compression: lengthen the prompt", steps);
-    cr_assert(codec(s[0])->dcs && codec(s[1])->dcs, "the pooled scores were not used");
-    cr_assert(codec(s[1])->dpo, "the heads' attention was not split (4 KV heads on 3 threads)");
+    cr_assert(codec(s[0])->dec.score && codec(s[1])->dec.score, "the pooled scores were not used");
+    cr_assert(codec(s[1])->dec.parts, "the heads' attention was not split (4 KV heads on 3 threads)");
     free(lg[0]), free(lg[1]), free(ids);
     rk_session_destroy(s[0]), rk_session_destroy(s[1]);
     rk_model_destroy(m);
