@@ -9,12 +9,13 @@
 
 /* Head h's batch area of sparse decode's key rebuild (per head, so that the heads gather over
  * the pool): coefficient rows, cos/sin rows, table rows, output rows, slots rebuilt. */
-static float *hb_cf(const rk_kv_codec *c, int h) { return c->dec.bcf + (size_t)h * (size_t)(c->dec.bch * c->p.chunk) * (size_t)c->r_max; }
-static float *hb_kb(const rk_kv_codec *c, int h) { return c->dec.bkb + (size_t)h * (size_t)(c->dec.bch * c->p.chunk) * (size_t)c->hd; }
+static size_t hb_rows(const rk_kv_codec *c) { return (size_t)(c->dec.bch * c->p.chunk); }
+static float *hb_cf(const rk_kv_codec *c, int h) { return c->dec.bcf + (size_t)h * hb_rows(c) * (size_t)c->r_max; }
+static float *hb_kb(const rk_kv_codec *c, int h) { return c->dec.bkb + (size_t)h * hb_rows(c) * (size_t)c->hd; }
 static float *hb_cs(const rk_kv_codec *c, int h) {
-    return c->dec.bcs + (size_t)h * (size_t)(c->dec.bch * c->p.chunk) * (size_t)(c->n_rot > 0 ? c->n_rot : 1);
+    return c->dec.bcs + (size_t)h * hb_rows(c) * (size_t)(c->n_rot > 0 ? c->n_rot : 1);
 }
-static int32_t *hb_pos(const rk_kv_codec *c, int h) { return c->dec.bpos + (size_t)h * (size_t)(c->dec.bch * c->p.chunk); }
+static int32_t *hb_pos(const rk_kv_codec *c, int h) { return c->dec.bpos + (size_t)h * hb_rows(c); }
 static int32_t *hb_miss(const rk_kv_codec *c, int h) { return c->dec.bmiss + (size_t)h * (size_t)c->dec.bch; }
 
 /* n floats into f16 (round to nearest even, as rk_f32_to_f16) */

@@ -84,8 +84,10 @@ void lr_scratch_free(rk_kv_codec *c) {
     free(c->scr);
     c->scr = NULL;
     free(c->dec.kmap), free(c->dec.vic), free(c->dec.hq), c->dec.kmap = NULL, c->dec.vic = NULL, c->dec.hq = NULL;
-    free(c->dec.sel), free(c->dec.slot), free(c->dec.n_sel), free(c->dec.bcf), free(c->dec.bkb), free(c->dec.bmw), free(c->dec.bpos), free(c->dec.bmiss), free(c->dec.bcs);
-    c->dec.sel = c->dec.slot = NULL, c->dec.n_sel = NULL, c->dec.bcf = c->dec.bkb = c->dec.bmw = c->dec.bcs = NULL, c->dec.bpos = c->dec.bmiss = NULL;
+    free(c->dec.sel), free(c->dec.slot), free(c->dec.n_sel), free(c->dec.bcf), free(c->dec.bkb), free(c->dec.bmw);
+    free(c->dec.bpos), free(c->dec.bmiss), free(c->dec.bcs);
+    c->dec.sel = c->dec.slot = NULL, c->dec.n_sel = NULL, c->dec.bcf = c->dec.bkb = c->dec.bmw = c->dec.bcs = NULL;
+    c->dec.bpos = c->dec.bmiss = NULL;
     free(c->dec.parts), c->dec.parts = NULL;
     free(c->dec.qdot), c->dec.qdot = NULL;
     free(c->dec.score), c->dec.score = NULL;
