@@ -2,7 +2,7 @@
  * tasks over the pool. Decode (sparse) runs in phases: the landmark scores of every chunk,
  * the per-head choice and key rebuild (lowram_keys.c), then attention; longer evals and
  * dense mode attend every chunk in query tiles. The tasks' code is built per ISA
- * (lowram_task.h) and chosen here after rk_cpu_has_avx2(). */
+ * (lowram_task.h) and chosen here after rk_cpu_has_avx2() (c->isa_base: the baseline). */
 #include <stdlib.h>
 
 #include "lowram_task.h"
@@ -130,7 +130,7 @@ static rk_status sparse_decode(rk_kv_codec *c, int layer, const float *q, int64_
     const lr_group *g = &c->g[c->ly[layer].grp];
     const int grp = c->n_head / c->n_head_kv, C = c->p.chunk, hd = c->hd;
     const int64_t n_ch = (g->n_rows + C - 1) / C;
-    const bool avx2 = rk_cpu_has_avx2();
+    const bool avx2 = !c->isa_base && rk_cpu_has_avx2();
     /* unselected chunks in value space (the summaries are built once per chunk), scored with
      * the selection's landmark dot products */
     const int ns = (int)(n_q * grp);
@@ -209,7 +209,8 @@ rk_status lr_attention(rk_kv_codec *c, int layer, const float *q, int64_t n_q, i
         if (c->tier) lr_tier_end(c, layer);
         return st;
     }
-    attn_job a = {c, layer, q, n_q, pos0, 0, sparse ? LR_SPARSE_MAX_Q : LR_TILE, out, sparse, rk_cpu_has_avx2()};
+    attn_job a = {c, layer, q, n_q, pos0, 0, sparse ? LR_SPARSE_MAX_Q : LR_TILE, out, sparse,
+                  !c->isa_base && rk_cpu_has_avx2()};
     c->n_calls++;
     a.n_tiles = (n_q + a.tile - 1) / a.tile;
     /* decode stays on the caller's thread: a second pool spinning next to the backend's

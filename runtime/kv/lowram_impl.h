@@ -205,6 +205,7 @@ struct rk_kv_codec {
     lr_cwork *cw;         /* (n_threads), built after the fit */
     size_t scratch_bytes;
     lr_decode dec;        /* sparse decode's per-step state (lowram_keys.c, lowram_attn.c) */
+    bool isa_base;        /* attention by the baseline build of its phases even on an AVX2 CPU (tests) */
     int kc_spare;         /* key-cache slots per (layer, KV head) beyond the budget (lr_kc_spare, at allocation) */
     float rope_base;
     uint32_t epoch;       /* bumped when stored rows change under the key cache (truncation) */

@@ -641,6 +641,39 @@ Test(lowram, topp_selection) {
     rk_model_destroy(m);
 }
 
+/* The baseline build of the attention phases (lowram_task.h: lr_head_run, lr_select_*,
+ * lr_score_range, the summaries; what a CPU without AVX2 runs) against the AVX2 build, on
+ * sparse decode with summary rows and int8 and f16 key caches, and on dense mode. The two
+ * differ only in float rounding (FMAs, the exp polynomial, the int8 key rows' scale applied
+ * after the dot product): bound, as for the lossless codec, twice the f16-vs-f32 plain cache
+ * distance + 1e-4; a wrong choice of chunks or a dropped block would exceed it. */
+Test(lowram, baseline_build_matches_avx2) {
+    if (!rk_cpu_has_avx2()) cr_skip_test("no AVX2: the baseline build is the only one");
+    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    const int nv = rk_model_hparams(m)->n_vocab, n_story = 220, n_prefix = 100, n_dec = 20;
+    const int n_prompt = 1 + n_story + n_prefix;
+    int32_t *ids = copy_prompt(m, n_story, n_prefix, n_dec);
+    rk_session *f16 = session(m, RK_DT_F16, NULL), *f32 = session(m, RK_DT_F32, NULL);
+    float *a16 = trace(f16, ids, n_prompt, n_dec, nv), *a32 = trace(f32, ids, n_prompt, n_dec, nv);
+    const size_t n = (size_t)(n_dec + 1) * nv;
+    const double cache = rt_max_abs_diff(a16, a32, n);
+    const char *opts[] = {"window=64,chunk=16,budget=96,summ", "window=64,chunk=8,budget=64,summ,kcache=f16",
+                          "window=64,chunk=16,budget=96,coarse=2", "window=64,chunk=16,dense"};
+    for (size_t i = 0; i < sizeof opts / sizeof *opts; i++) {
+        rk_session *va = session(m, RK_DT_F16, opts[i]), *vb = session(m, RK_DT_F16, opts[i]);
+        codec(vb)->isa_base = true;
+        float *la = trace(va, ids, n_prompt, n_dec, nv), *lb = trace(vb, ids, n_prompt, n_dec, nv);
+        const double d = rt_max_abs_diff(la, lb, n);
+        cr_log_info("%s: baseline vs AVX2 %.3g (f16 vs f32 cache %.3g)", opts[i], d, cache);
+        cr_expect_leq(d, 2 * cache + 1e-4, "%s: baseline vs AVX2 %g (cache distance %g)", opts[i], d, cache);
+        free(la), free(lb);
+        rk_session_destroy(va), rk_session_destroy(vb);
+    }
+    free(a16), free(a32), free(ids);
+    rk_session_destroy(f16), rk_session_destroy(f32);
+    rk_model_destroy(m);
+}
+
 static bool cancel_after_250(void *ud, int64_t done, int64_t total) {
     (void)ud, (void)total;
     return done < 250;
