@@ -5,18 +5,12 @@
 #include <string.h>
 
 #include "ops_impl.h"
+#include "rk_simd.h"
 
 /* Lanes [0, r) set: mask for a partial 8-float load or store, 0 < r < 8. */
 static inline __m256i tail_mask(int64_t r) {
     static const int32_t m[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
     return _mm256_loadu_si256((const __m256i *)(m + 8 - r));
-}
-
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
 }
 
 /* {hsum(a), hsum(b), hsum(c), hsum(d)} */
@@ -31,19 +25,7 @@ static inline __m128 hsum8x4(__m256 a, __m256 b, __m256 c, __m256 d) {
  * (max/min put x second so a NaN passes through). */
 static inline __m256 exp8(__m256 x) {
     const __m256 hi = _mm256_set1_ps(88.7228391f), lo = _mm256_set1_ps(-86.5f);
-    __m256 xc = _mm256_min_ps(hi, _mm256_max_ps(lo, x));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    __m256 r2 = _mm256_mul_ps(r, r);
-    __m256 y = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256 n, y = rk_simd_exp8_poly(_mm256_min_ps(hi, _mm256_max_ps(lo, x)), &n);
     /* 2^n as 2^(n-1) * 2: n reaches 128 near the top of the range */
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(126)), 23);
     y = _mm256_mul_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), _mm256_set1_ps(2.0f));
@@ -67,7 +49,7 @@ static float avx2_dot(const float *a, const float *b, int64_t n) {
         __m256i m = tail_mask(n - i);
         s1 = _mm256_fmadd_ps(_mm256_maskload_ps(a + i, m), _mm256_maskload_ps(b + i, m), s1);
     }
-    return hsum8(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    return rk_simd_hsum8(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
 }
 
 /* 3x4 block of dot products over k: x rows x[0..2] against w rows w[0..3].
@@ -206,9 +188,9 @@ static float avx2_exp_sub(float *s, int64_t n, float m) {
         __m256 e = exp8(_mm256_sub_ps(_mm256_maskload_ps(s + i, mk), mv));
         e = _mm256_and_ps(e, _mm256_castsi256_ps(mk));
         _mm256_maskstore_ps(s + i, mk, e);
-        tail = hsum8(e);
+        tail = rk_simd_hsum8(e);
     }
-    return hsum8(sum) + tail;
+    return rk_simd_hsum8(sum) + tail;
 }
 
 static void avx2_pv(float *acc, float alpha, const float *p, const float *v, int64_t ldv,

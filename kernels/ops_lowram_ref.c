@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "ops_impl.h"
+#include "rk_simd.h" /* rk_simd_dot8: the order of LowRAM's dot products */
 
 static double basis_at(const rk_view *b, int64_t j, int64_t d) {
     const char *row = (const char *)b->data + (size_t)j * b->nb1;
@@ -58,17 +59,6 @@ static float lr_h2f(const void *p, size_t i) {
     return rk_f16_to_f32(h);
 }
 
-/* dot of n floats with 8 partial sums, as the codec's dotf */
-static float lr_dot8(const float *a, const float *b, int n) {
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int u = 0; u < 8; u++) acc[u] += a[i + u] * b[i + u];
-    float t = 0;
-    for (; i < n; i++) t += a[i] * b[i];
-    return t + ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-}
-
 typedef struct lr_ref_state {
     int ns, hd, r, C;
     float *m, *l, *a, *acc_v, *acc_c, *sc; /* (ns), (ns), (ns), (ns, hd), (ns, r), (ns, C) */
@@ -83,7 +73,7 @@ static void lr_ref_scores(lr_ref_state *s, const float *qs, const float *kb, int
         const int nv = vis ? vis[j] : nb;
         float mx = -INFINITY;
         for (int k = 0; k < nv; k++) {
-            sc[k] = lr_dot8(qs + (size_t)j * s->hd, kb + (size_t)k * s->hd, s->hd) * scale + (bias ? bias[k] : 0.0f);
+            sc[k] = rk_simd_dot8(qs + (size_t)j * s->hd, kb + (size_t)k * s->hd, s->hd) * scale + (bias ? bias[k] : 0.0f);
             mx = sc[k] > mx ? sc[k] : mx;
         }
         for (int k = nv; k < nb; k++) sc[k] = 0;
@@ -166,7 +156,7 @@ rk_status rk_ref_lr_attn(rk_backend *be, const rk_op_args *a, rk_err *err) {
             for (int d = 0; d < hd; d++) row[d] = lr_h2f(L->lmk, (size_t)ch * kvd + (size_t)h * hd + d);
             float best = -INFINITY;
             for (int j = 0; j < ns; j++) {
-                const float d = lr_dot8(qs + (size_t)j * hd, row, hd);
+                const float d = rk_simd_dot8(qs + (size_t)j * hd, row, hd);
                 best = d > best ? d : best;
             }
             csc[ch] = best;

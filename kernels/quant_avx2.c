@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "quant_impl.h"
+#include "rk_simd.h"
 
 #ifdef __clang__
 #pragma STDC FP_CONTRACT OFF
@@ -32,12 +33,6 @@ static inline void pf(const uint8_t *p) {
     _mm_prefetch((const char *)((uintptr_t)p + RK_PF_DIST), _MM_HINT_T0);
 }
 
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 /* Two f16 at p (p[0..1], p[2..3]) -> [a, b, a, b, ...]. moveldup/movehdup then
  * broadcast a or b: one load, one conversion, no scalar round trip. */
@@ -83,7 +78,7 @@ float rk_quant_avx2_f32_dot(const void *w, const float *x, int64_t n) {
     }
     for (; i + 8 <= n; i += 8)
         acc0 = _mm256_fmadd_ps(ld_f32x8(a + 4 * i), _mm256_loadu_ps(x + i), acc0);
-    float s = hsum8(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
+    float s = rk_simd_hsum8(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
     for (; i < n; i++) {
         float v;
         memcpy(&v, a + 4 * i, 4);
@@ -128,7 +123,7 @@ float rk_quant_avx2_f16_dot(const void *w, const float *x, int64_t n) {
     }
     for (; i + 8 <= n; i += 8)
         acc0 = _mm256_fmadd_ps(ld_f16x8(p + 2 * i), _mm256_loadu_ps(x + i), acc0);
-    float s = hsum8(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
+    float s = rk_simd_hsum8(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
     for (; i < n; i++) s += f16_scalar(p + 2 * i) * x[i];
     return s;
 }
@@ -164,7 +159,7 @@ float rk_quant_avx2_bf16_dot(const void *w, const float *x, int64_t n) {
     }
     for (; i + 8 <= n; i += 8)
         acc0 = _mm256_fmadd_ps(ld_bf16x8(p + 2 * i), _mm256_loadu_ps(x + i), acc0);
-    float s = hsum8(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
+    float s = rk_simd_hsum8(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
     for (; i < n; i++) {
         uint16_t h;
         memcpy(&h, p + 2 * i, 2);
@@ -208,7 +203,7 @@ float rk_quant_avx2_q8_0_dot(const void *w, const float *x, int64_t n) {
                                acc1);
     }
     if (i < nb) acc0 = _mm256_fmadd_ps(_mm256_moveldup_ps(ld_f16x2(p)), q8_0_block(p, x), acc0);
-    return hsum8(_mm256_add_ps(acc0, acc1));
+    return rk_simd_hsum8(_mm256_add_ps(acc0, acc1));
 }
 
 /* ---- q4_0 ----------------------------------------------------------------
@@ -259,7 +254,7 @@ float rk_quant_avx2_q4_0_dot(const void *w, const float *x, int64_t n) {
                                acc1);
     }
     if (i < nb) acc0 = _mm256_fmadd_ps(_mm256_moveldup_ps(ld_f16x2(p)), q4_0_block(p, x), acc0);
-    return hsum8(_mm256_add_ps(acc0, acc1));
+    return rk_simd_hsum8(_mm256_add_ps(acc0, acc1));
 }
 
 /* ---- q4_1 ---------------------------------------------------------------- */
@@ -302,7 +297,7 @@ float rk_quant_avx2_q4_1_dot(const void *w, const float *x, int64_t n) {
         q4_1_block(p + 2 * bs, x + 2 * RK_QK4_1, acc);
     }
     for (; i < nb; i++, p += bs, x += RK_QK4_1) q4_1_block(p, x, acc);
-    return hsum8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    return rk_simd_hsum8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
 }
 
 /* ---- q4_K ----------------------------------------------------------------
@@ -376,7 +371,7 @@ float rk_quant_avx2_q4_K_dot(const void *w, const float *x, int64_t n) {
             }
         }
     }
-    return hsum8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    return rk_simd_hsum8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
 }
 
 /* ---- q6_K ----------------------------------------------------------------
@@ -450,5 +445,5 @@ float rk_quant_avx2_q6_K_dot(const void *w, const float *x, int64_t n) {
             }
         }
     }
-    return hsum8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    return rk_simd_hsum8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
 }

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "quant_impl.h"
+#include "rk_simd.h"
 
 #ifdef __clang__
 #pragma STDC FP_CONTRACT OFF
@@ -37,12 +38,6 @@ static inline __attribute__((always_inline)) void pf(const uint8_t *p) {
 #endif
 }
 
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 static inline int32_t hsum8i(__m256i v) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -188,7 +183,7 @@ RK_AI void q8_0_rows(const uint8_t *p, const uint8_t *xq, size_t ys, int64_t n, 
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * y->d), _mm256_cvtepi32_ps(s), acc[r]);
         }
     }
-    FOR_R out[r] = hsum8(acc[r]);
+    FOR_R out[r] = rk_simd_hsum8(acc[r]);
 }
 
 /* Q4_1: w = q d + m, so sum w x = d dx sum(q y) + m dx sum(y). */
@@ -207,7 +202,7 @@ RK_AI void q4_1_rows(const uint8_t *p, const uint8_t *xq, size_t ys, int64_t n, 
             summ[r] += mw * (y->d * (float)y->sum);
         }
     }
-    FOR_R out[r] = hsum8(acc[r]) + summ[r];
+    FOR_R out[r] = rk_simd_hsum8(acc[r]) + summ[r];
 }
 
 /* The 8 scales and 8 mins of a q4_K block as bytes (see quant_avx2.c). */
@@ -263,7 +258,7 @@ RK_AI void q4_K_rows(const uint8_t *p, const uint8_t *xq, size_t ys, int64_t n, 
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(y->d * dw), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
         }
     }
-    FOR_R out[r] = hsum8(acc[r]) - hsum4(accm[r]);
+    FOR_R out[r] = rk_simd_hsum8(acc[r]) - hsum4(accm[r]);
 }
 
 /* Per block: dx * d * (sum_e sc[e/16] q_e y_e - 32 sum_k sc_k bsums_k), q the
@@ -316,7 +311,7 @@ RK_AI void q6_K_rows(const uint8_t *p, const uint8_t *xq, size_t ys, int64_t n, 
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(y->d * dw), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
         }
     }
-    FOR_R out[r] = hsum8(acc[r]);
+    FOR_R out[r] = rk_simd_hsum8(acc[r]);
 }
 
 /* ---- W weight rows against one activation row (decode) --------------------
@@ -357,7 +352,7 @@ RK_AI void q4_1_w(const uint8_t *p, size_t ws, const uint8_t *xq, int64_t n, int
             accm[r] = _mm256_add_ps(accm[r], pm);
         }
     }
-    FOR_W out[r] = hsum8(acc[r]) + _mm_cvtss_f32(_mm_movehdup_ps(_mm256_castps256_ps128(accm[r])));
+    FOR_W out[r] = rk_simd_hsum8(acc[r]) + _mm_cvtss_f32(_mm_movehdup_ps(_mm256_castps256_ps128(accm[r])));
 }
 
 void rk_qavx2_q4_1_dot_2w(const void *w, size_t ws, const void *xq, int64_t n, float *out) { q4_1_w(w, ws, xq, n, 2, out); }

@@ -593,7 +593,7 @@ static void mass_layer(mass_job *j, int l) {
         free(K), free(Kt), free(S), free(Q);
         return;
     }
-#ifdef LR_HAVE_ACC_AVX2
+#ifdef RK_HAVE_AVX2
     const bool avx2 = rk_cpu_has_avx2();
 #endif
     for (int h = 0; h < c->n_head_kv && n_obs > 0; h++) {
@@ -616,8 +616,8 @@ static void mass_layer(mass_job *j, int l) {
                 mx = sc[p] > mx ? sc[p] : mx;
             }
             double sum = 0;
-#ifdef LR_HAVE_ACC_AVX2
-            if (avx2) sum = exp_sum_avx2(sc, nv, mx);
+#ifdef RK_HAVE_AVX2
+            if (avx2) sum = lr_exp_sum_avx2(sc, nv, mx);
             else
 #endif
                 for (int p = 0; p < nv; p++) sum += sc[p] = expf(sc[p] - mx);

@@ -1,6 +1,7 @@
 /* Internal: LowRAM codec state shared by lowram.c (the rk_kv ops: append, attend, commit,
  * truncate, bytes), lowram_fit.c (the fit), lowram_store.c (row formats, exact rows,
- * compression, truncation), lowram_attn.c (attention over the compressed cache),
+ * compression, truncation), lowram_attn.c and the units under lowram_task.h (attention over
+ * the compressed cache),
  * lowram_scratch.c (its work areas), lowram_io.c (export / import of the whole state) and lowram_file.c (predictor files);
  * the eigensolver and solves are runtime/linalg. */
 #pragma once
@@ -126,6 +127,28 @@ enum { LR_VREBUILD_MIN = 24 };
 /* most state rows (query rows x query heads per KV head) of the fused decode loops */
 enum { LR_WMAX = 64 };
 
+/* Sparse decode's state between its phases (lowram_attn.c: scores, choice, key rebuild,
+ * attention): chunks chosen per KV head, their key-cache slots, and the batch of rows the
+ * LR_KEYS op rebuilds (coefficients, positions, output; mean and 1/s rows). Allocated with the
+ * scratch (lowram_scratch.c) when the backend runs RK_OP_LR_KEYS on host memory (keys_op). */
+typedef struct lr_decode {
+    bool keys_op;
+    int32_t *sel, *slot;  /* (n_head_kv, cap_chunks) */
+    int64_t *n_sel;       /* (n_head_kv) */
+    int32_t *kmap;        /* (n_threads, cap_chunks) -1; a head's key-cache slot of each chunk while its hits are looked up */
+    struct lr_vic { float v; uint32_t used; int32_t k; } *vic; /* (n_head_kv, vic_cap) miss victims in order */
+    size_t vic_cap;
+    struct lr_hq { int64_t rows, next_i; int n_miss, next, n_vic, slot_err; } *hq; /* (n_head_kv) a step's
+                          * state per head between choosing (over the pool) and rebuilding (backend) */
+    int64_t bch;          /* chunks one LR_KEYS batch holds (lr_batch_chunks); a full layer's misses take several */
+    float *bcf, *bkb, *bmw; /* per KV head (bch * chunk, r_max), (bch * chunk, head_dim); (2, head_dim) */
+    float *bcs;           /* per KV head (bch * chunk, n_rot) the rebuilt rows' cos, sin */
+    int32_t *bpos, *bmiss; /* per KV head (bch * chunk), (bch) slots rebuilt */
+    float *parts;         /* (n_head_kv * 4, LR_WMAX, head_dim + 2) split decode tasks' states */
+    float *qdot;          /* (n_head_kv, LR_SPARSE_MAX_Q * grp, cap_chunks) selection's q·landmark */
+    float *score;         /* (n_head_kv, cap_chunks) landmark scores (the first phase) */
+} lr_decode;
+
 typedef struct rk_kv_codec rk_kv_codec;
 typedef struct lr_tier lr_tier;
 struct rk_kv_codec {
@@ -166,7 +189,6 @@ struct rk_kv_codec {
      * of a table per position, plus LR_ROPE_LO rows */
     float *rope_hi, *rope_lo; /* (n_ctx / LR_ROPE_LO + 1, n_rot), (LR_ROPE_LO, n_rot) */
     int64_t rope_filled;  /* positions the state has reached (kept for the export format) */
-    float *bcs;           /* per KV head (bch * chunk, n_rot) sparse decode: the rebuilt rows' cos, sin */
     /* observed queries (post-RoPE) of the last obs_window rows of each layer */
     double *qsq;          /* (n_layer, kv_dim) Σ q² of prefill queries per KV-head dim, pairs averaged */
     float *obs_q;         /* (n_layer, obs_window, n_head * head_dim) ring */
@@ -182,24 +204,10 @@ struct rk_kv_codec {
     lr_scratch *scr;      /* (n_threads), built after the fit */
     lr_cwork *cw;         /* (n_threads), built after the fit */
     size_t scratch_bytes;
-    /* sparse decode: chunks chosen per KV head, their key-cache slots, and the batch of
-     * rows the LR_KEYS op rebuilds (coefficients, positions, output; mean and 1/s rows) */
-    bool keys_op;         /* the backend runs RK_OP_LR_KEYS on host memory */
-    float rope_base;
-    int32_t *dsel, *dslot; /* (n_head_kv, cap_chunks) */
-    int64_t *dn;          /* (n_head_kv) */
-    int32_t *kmap;        /* (n_threads, cap_chunks) -1; a head's key-cache slot of each chunk while its hits are looked up */
-    struct lr_vic { float v; uint32_t used; int32_t k; } *kvic; /* (n_head_kv, kvic_cap) miss victims in order */
-    size_t kvic_cap;
-    struct lr_hq { int64_t rows, next_i; int n_miss, next, n_vic, slot_err; } *dhq; /* (n_head_kv) a step's
-                          * state per head between choosing (over the pool) and rebuilding (backend) */
+    lr_decode dec;        /* sparse decode's per-step state (lowram_keys.c, lowram_attn.c) */
+    bool isa_base;        /* attention by the baseline build of its phases even on an AVX2 CPU (tests) */
     int kc_spare;         /* key-cache slots per (layer, KV head) beyond the budget (lr_kc_spare, at allocation) */
-    int64_t bch;          /* chunks one LR_KEYS batch holds (lr_batch_chunks); a full layer's misses take several */
-    float *bcf, *bkb, *bmw; /* per KV head (bch * chunk, r_max), (bch * chunk, head_dim); (2, head_dim) */
-    int32_t *bpos, *bmiss; /* per KV head (bch * chunk), (bch) slots rebuilt */
-    float *dpo;           /* (n_head_kv * 4, LR_WMAX, head_dim + 2) split decode tasks' states */
-    float *dqd;           /* (n_head_kv, LR_SPARSE_MAX_Q * grp, cap_chunks) selection's q·landmark */
-    float *dcs;           /* (n_head_kv, cap_chunks) sparse decode: landmark scores (score_worker) */
+    float rope_base;
     uint32_t epoch;       /* bumped when stored rows change under the key cache (truncation) */
     uint32_t n_calls;     /* attention calls, for the key cache's LRU */
     rk_lowram_stats stats;
@@ -371,7 +379,7 @@ void lr_mat_store(const rk_kv_codec *c, void *m, size_t n, const float *src);
 /* Dequantises residual slot j of (layer, head) into dst (head_dim). */
 void lr_res_row(const rk_kv_codec *c, const lr_head *h, int64_t j, float *dst);
 
-/* ---- lowram_attn.c ------------------------------------------------------------- */
+/* ---- lowram_attn.c (lowram_task.h: its phases) ---------------------------------- */
 rk_status lr_attention(rk_kv_codec *c, int layer, const float *q, int64_t n_q, int64_t pos0, float *out, rk_err *err);
 /* Brings layer l's value summaries (L->vsm) up to its stored chunks; false on allocation
  * failure (decode then sums coefficients instead). */

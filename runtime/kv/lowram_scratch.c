@@ -83,13 +83,15 @@ void lr_scratch_free(rk_kv_codec *c) {
     }
     free(c->scr);
     c->scr = NULL;
-    free(c->kmap), free(c->kvic), free(c->dhq), c->kmap = NULL, c->kvic = NULL, c->dhq = NULL;
-    free(c->dsel), free(c->dslot), free(c->dn), free(c->bcf), free(c->bkb), free(c->bmw), free(c->bpos), free(c->bmiss), free(c->bcs);
-    c->dsel = c->dslot = NULL, c->dn = NULL, c->bcf = c->bkb = c->bmw = c->bcs = NULL, c->bpos = c->bmiss = NULL;
-    free(c->dpo), c->dpo = NULL;
-    free(c->dqd), c->dqd = NULL;
-    free(c->dcs), c->dcs = NULL;
-    c->keys_op = false;
+    free(c->dec.kmap), free(c->dec.vic), free(c->dec.hq), c->dec.kmap = NULL, c->dec.vic = NULL, c->dec.hq = NULL;
+    free(c->dec.sel), free(c->dec.slot), free(c->dec.n_sel), free(c->dec.bcf), free(c->dec.bkb), free(c->dec.bmw);
+    free(c->dec.bpos), free(c->dec.bmiss), free(c->dec.bcs);
+    c->dec.sel = c->dec.slot = NULL, c->dec.n_sel = NULL, c->dec.bcf = c->dec.bkb = c->dec.bmw = c->dec.bcs = NULL;
+    c->dec.bpos = c->dec.bmiss = NULL;
+    free(c->dec.parts), c->dec.parts = NULL;
+    free(c->dec.qdot), c->dec.qdot = NULL;
+    free(c->dec.score), c->dec.score = NULL;
+    c->dec.keys_op = false;
     c->scratch_bytes = 0;
 }
 
@@ -150,32 +152,32 @@ rk_status lr_scratch_alloc(rk_kv_codec *c, rk_err *err) {
     if (!c->p.dense && c->be && !c->be->ops->mem_alloc && rk_backend_check_ops(c->be, &kop, 1, NULL) == RK_OK &&
         (!c->be->ops->supports || c->be->ops->supports(c->be, &pa))) {
         const size_t hk = (size_t)c->n_head_kv, ms = (size_t)lr_n_sel_max(c), bs = (size_t)lr_batch_chunks(c);
-        c->bch = (int64_t)bs;
-        c->dsel = malloc(hk * nch * sizeof(int32_t));
-        c->dslot = malloc(hk * nch * sizeof(int32_t));
-        c->dn = calloc(hk, sizeof(int64_t));
+        c->dec.bch = (int64_t)bs;
+        c->dec.sel = malloc(hk * nch * sizeof(int32_t));
+        c->dec.slot = malloc(hk * nch * sizeof(int32_t));
+        c->dec.n_sel = calloc(hk, sizeof(int64_t));
         /* one batch area per KV head (the heads choose and gather over the pool), one chunk
          * -> slot map per thread */
         const size_t nt = (size_t)c->n_threads, vc = ms + (size_t)c->kc_spare;
-        c->bcf = malloc(hk * bs * C * R * sizeof(float));
-        c->bkb = malloc(hk * bs * C * hd * sizeof(float));
-        c->bmw = malloc(2 * hd * sizeof(float));
-        c->bpos = malloc(hk * bs * C * sizeof(int32_t));
-        c->bcs = malloc(hk * bs * C * (size_t)(c->n_rot > 0 ? c->n_rot : 1) * sizeof(float));
-        c->bmiss = malloc(hk * bs * sizeof(int32_t));
-        c->kmap = malloc(nt * nch * sizeof(int32_t));
-        c->kvic_cap = vc;
-        c->kvic = malloc(hk * vc * sizeof *c->kvic);
-        c->dhq = calloc(hk, sizeof *c->dhq);
-        for (size_t i = 0; c->kmap && i < nt * nch; i++) c->kmap[i] = -1;
-        if (!c->kmap || !c->kvic || !c->dhq || !c->dsel || !c->dslot || !c->dn || !c->bcf || !c->bkb || !c->bmw || !c->bpos ||
-            !c->bmiss || !c->bcs) {
+        c->dec.bcf = malloc(hk * bs * C * R * sizeof(float));
+        c->dec.bkb = malloc(hk * bs * C * hd * sizeof(float));
+        c->dec.bmw = malloc(2 * hd * sizeof(float));
+        c->dec.bpos = malloc(hk * bs * C * sizeof(int32_t));
+        c->dec.bcs = malloc(hk * bs * C * (size_t)(c->n_rot > 0 ? c->n_rot : 1) * sizeof(float));
+        c->dec.bmiss = malloc(hk * bs * sizeof(int32_t));
+        c->dec.kmap = malloc(nt * nch * sizeof(int32_t));
+        c->dec.vic_cap = vc;
+        c->dec.vic = malloc(hk * vc * sizeof *c->dec.vic);
+        c->dec.hq = calloc(hk, sizeof *c->dec.hq);
+        for (size_t i = 0; c->dec.kmap && i < nt * nch; i++) c->dec.kmap[i] = -1;
+        if (!c->dec.kmap || !c->dec.vic || !c->dec.hq || !c->dec.sel || !c->dec.slot || !c->dec.n_sel || !c->dec.bcf || !c->dec.bkb || !c->dec.bmw || !c->dec.bpos ||
+            !c->dec.bmiss || !c->dec.bcs) {
             lr_scratch_free(c);
             return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory for scratch");
         }
-        c->keys_op = true;
-        dec_bytes = hk * nch * (2 * sizeof(int32_t)) + nt * nch * sizeof(int32_t) + hk * vc * sizeof *c->kvic +
-                    hk * (8 + sizeof *c->dhq) + hk * bs * C * (R + hd + 1 + (size_t)c->n_rot) * sizeof(float) + hk * bs * 4 +
+        c->dec.keys_op = true;
+        dec_bytes = hk * nch * (2 * sizeof(int32_t)) + nt * nch * sizeof(int32_t) + hk * vc * sizeof *c->dec.vic +
+                    hk * (8 + sizeof *c->dec.hq) + hk * bs * C * (R + hd + 1 + (size_t)c->n_rot) * sizeof(float) + hk * bs * 4 +
                     8 * hd;
     }
     c->scratch_bytes = (size_t)c->n_threads * (floats * sizeof(float) + nch * (sizeof(int32_t) + 1)) + cw_bytes + dec_bytes;

@@ -1,6 +1,9 @@
-/* Vector helpers of LowRAM attention (lowram_attn.c; the fit's attention mass in
- * lowram_fit.c uses the exp-sum): dot/axpy loops the compiler vectorises, the fused AVX2
- * accumulation over int8/f16/f32 rows and an 8-lane exp-sum. */
+/* Vector helpers of LowRAM attention (lowram_task.h and the phases under it; the fit's
+ * attention mass in lowram_fit.c uses the exp-sum through lr_exp_sum_avx2): axpy loops the
+ * compiler vectorises, and in translation units compiled for AVX2/FMA/F16C (the AVX2 builds
+ * of the phases, lowram_avx2.c) the fused accumulation over int8/f16/f32 rows, the
+ * landmark and key-cache dots and an 8-lane exp-sum. The dot product and the exp polynomial
+ * are the kernels' (rk_simd.h). */
 #ifndef RK_LOWRAM_SIMD_H
 #define RK_LOWRAM_SIMD_H
 #include <math.h>
@@ -8,17 +11,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define LR_AI static inline __attribute__((always_inline))
+#include "rk_simd.h"
 
-LR_AI float dotf(const float *restrict a, const float *restrict b, int n) {
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int u = 0; u < 8; u++) acc[u] += a[i + u] * b[i + u];
-    float t = 0;
-    for (; i < n; i++) t += a[i] * b[i];
-    return t + ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-}
+#define LR_AI static inline __attribute__((always_inline))
 
 LR_AI void axpy(float *restrict y, float a, const float *restrict x, int n) {
     for (int i = 0; i < n; i++) y[i] += a * x[i];
@@ -82,18 +77,17 @@ LR_AI void axpy_rows_i8(float *acc, size_t ld, const float *w, int ns, const int
  * rows + k·stride: int8 rows (i8: an f16 scale s_k, then n codes) or f16 rows (s_k = 1);
  * w(k, j) = w[k·wk + j·wj]. The fused decode loops: rows are read once for every query
  * head, 16 columns × up to 4 heads of accumulators stay in registers over 32 rows. */
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define LR_HAVE_ACC_AVX2 1
 enum { LR_R_I8, LR_R_F16, LR_R_F32 };
-__attribute__((target("avx2,fma,f16c"))) static inline __m256 ld8(const uint8_t *p, int ty) {
+LR_AI __m256 ld8(const uint8_t *p, int ty) {
     if (ty == LR_R_I8) return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
     if (ty == LR_R_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
     return _mm256_loadu_ps((const float *)p);
 }
-__attribute__((target("avx2,fma,f16c"), unused)) static void acc_rows_avx2(float *acc, size_t ld, int ns, const float *w,
-                                                                   size_t wk, size_t wj, const uint8_t *rows,
-                                                                   size_t stride, int ty, int nb, int n) {
+__attribute__((unused)) static void acc_rows_avx2(float *acc, size_t ld, int ns, const float *w, size_t wk, size_t wj,
+                                                  const uint8_t *rows, size_t stride, int ty, int nb, int n) {
     const bool i8 = ty == LR_R_I8;
     const size_t el = i8 ? 1 : ty == LR_R_F16 ? 2 : 4, hdr = i8 ? 2 : 0;
     float ws[32 * 4];
@@ -136,13 +130,13 @@ __attribute__((target("avx2,fma,f16c"), unused)) static void acc_rows_avx2(float
     }
 }
 /* d[j] = q_j · k for ns <= LR_DOT_MAX query rows qs[j] (hd floats, hd % 8 == 0) and one
- * landmark row k of hd f16 (LR_R_F16) or int8 (LR_R_I8, unscaled) values, summed as dotf
- * sums (8 lanes, multiply then add, its final reduction): bit for bit dotf on the row as
- * f32, with the row converted in registers and the query rows' chains interleaved (the
+ * landmark row k of hd f16 (LR_R_F16) or int8 (LR_R_I8, unscaled) values, summed as
+ * rk_simd_dot8 sums (8 lanes, multiply then add, its final reduction): bit for bit
+ * rk_simd_dot8 on the row as f32, with the row converted in registers and the query rows' chains interleaved (the
  * selection's scoring was latency-bound on one chain at a time). */
 enum { LR_DOT_MAX = 12 };
-__attribute__((target("avx2,fma,f16c"), unused)) static void lmk_dots_avx2(const float *const *qs, int ns,
-                                                                         const uint8_t *k, int ty, int hd, float *d) {
+__attribute__((unused)) static void lmk_dots_avx2(const float *const *qs, int ns, const uint8_t *k, int ty, int hd,
+                                                  float *d) {
     __m256 acc[LR_DOT_MAX];
     const size_t el = ty == LR_R_I8 ? 1 : 2;
     for (int j = 0; j < ns; j++) acc[j] = _mm256_setzero_ps();
@@ -160,24 +154,17 @@ __attribute__((target("avx2,fma,f16c"), unused)) static void lmk_dots_avx2(const
  * scale left to the caller), NS a constant at each call site so that the NS accumulators stay
  * in registers: the key row is converted once in registers for every query row (decode's
  * scores over the int8 key cache, without an f32 copy of the keys). */
-__attribute__((target("avx2,fma,f16c"), unused, always_inline)) static inline void kc_dots_n(const float *const *qs,
-                                                                                          const int8_t *k, int hd,
-                                                                                          float *d, const int NS) {
+LR_AI void kc_dots_n(const float *const *qs, const int8_t *k, int hd, float *d, const int NS) {
     __m256 acc[LR_DOT_MAX];
     for (int j = 0; j < NS; j++) acc[j] = _mm256_setzero_ps();
     for (int i = 0; i < hd; i += 8) {
         const __m256 kv = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(k + i))));
         for (int j = 0; j < NS; j++) acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(qs[j] + i), kv, acc[j]);
     }
-    for (int j = 0; j < NS; j++) {
-        const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[j]), _mm256_extractf128_ps(acc[j], 1));
-        const __m128 h2 = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        d[j] = _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2)));
-    }
+    for (int j = 0; j < NS; j++) d[j] = rk_simd_hsum8(acc[j]);
 }
 /* kc_dots_n for 1 <= ns <= LR_DOT_MAX rows. */
-__attribute__((target("avx2,fma,f16c"), unused)) static void kc_dots_avx2(const float *const *qs, int ns,
-                                                                        const int8_t *k, int hd, float *d) {
+__attribute__((unused)) static void kc_dots_avx2(const float *const *qs, int ns, const int8_t *k, int hd, float *d) {
     switch (ns) {
 #define LR_KC_CASE(n)                                                                                                  \
     case n: kc_dots_n(qs, k, hd, d, n); return;
@@ -188,27 +175,16 @@ __attribute__((target("avx2,fma,f16c"), unused)) static void kc_dots_avx2(const 
     }
 }
 /* sc[k] = exp(sc[k] - m) for k < n, returns their sum: Cephes' expf polynomial on 8 lanes
- * (relative error ~1e-7, the same class as libm's expf), arguments below -87.3 give 0. */
-__attribute__((target("avx2,fma"), unused)) static float exp_sum_avx2(float *sc, int n, float m) {
+ * (rk_simd_exp8_poly; relative error ~1e-7, the same class as libm's expf), arguments below
+ * -87.3 give 0. */
+__attribute__((unused)) static float exp_sum_avx2(float *sc, int n, float m) {
     const __m256 lo = _mm256_set1_ps(-87.33654f), hi = _mm256_set1_ps(88.3762626647949f), mm = _mm256_set1_ps(m);
-    const __m256 log2e = _mm256_set1_ps(1.44269504088896341f), c1 = _mm256_set1_ps(0.693359375f),
-                 c2 = _mm256_set1_ps(-2.12194440e-4f), one = _mm256_set1_ps(1.0f);
     __m256 acc = _mm256_setzero_ps();
     int k = 0;
     for (; k + 8 <= n; k += 8) {
-        __m256 x = _mm256_sub_ps(_mm256_loadu_ps(sc + k), mm);
+        const __m256 x = _mm256_sub_ps(_mm256_loadu_ps(sc + k), mm);
         const __m256 z = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-        x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
-        const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        x = _mm256_fnmadd_ps(fx, c1, x);
-        x = _mm256_fnmadd_ps(fx, c2, x);
-        __m256 y = _mm256_set1_ps(1.9875691500E-4f);
-        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
-        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
-        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
-        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
-        y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
-        y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, one));
+        __m256 fx, y = rk_simd_exp8_poly(_mm256_min_ps(_mm256_max_ps(x, lo), hi), &fx);
         const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
         y = _mm256_andnot_ps(z, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
         _mm256_storeu_ps(sc + k, y);
@@ -221,5 +197,11 @@ __attribute__((target("avx2,fma"), unused)) static float exp_sum_avx2(float *sc,
     return sum;
 }
 #endif
+
+/* Out of line, in lowram_avx2.c (compiled for AVX2/FMA/F16C; call after rk_cpu_has_avx2()):
+ * exp_sum_avx2 for callers compiled for the baseline (the fit's attention mass), and n floats
+ * into f16 rounded to nearest even as rk_f32_to_f16 (the key cache's f16 slots). */
+float lr_exp_sum_avx2(float *sc, int n, float m);
+void lr_store_f16_avx2(const float *src, uint16_t *dst, int64_t n);
 
 #endif

@@ -625,8 +625,8 @@ Test(lowram, topp_selection) {
     for (int i = 0; i < n_dec; i++) {
         cr_assert_eq(rk_session_eval(tp, &ids[n_prompt + i], 1, lt + (size_t)(i + 1) * nv, false, &e), RK_OK, "%s",
                      e.msg);
-        cr_assert(c->keys_op);
-        for (int h = 0; h < c->n_head_kv; h++) lo = c->dn[h] < lo ? c->dn[h] : lo, hi = c->dn[h] > hi ? c->dn[h] : hi;
+        cr_assert(c->dec.keys_op);
+        for (int h = 0; h < c->n_head_kv; h++) lo = c->dec.n_sel[h] < lo ? c->dec.n_sel[h] : lo, hi = c->dec.n_sel[h] > hi ? c->dec.n_sel[h] : hi;
     }
     const double kl = rt_mean_kl(a16, lt, n_dec + 1, nv);
     cr_log_info("topp=0.9: KL %.5f, chunks per (layer, head) %lld..%lld of %lld", kl, (long long)lo, (long long)hi,
@@ -638,6 +638,39 @@ Test(lowram, topp_selection) {
     free(a16), free(a32), free(ld), free(la), free(lt), free(ids);
     rk_session_destroy(f16), rk_session_destroy(f32), rk_session_destroy(dn), rk_session_destroy(all);
     rk_session_destroy(tp);
+    rk_model_destroy(m);
+}
+
+/* The baseline build of the attention phases (lowram_task.h: lr_head_run, lr_select_*,
+ * lr_score_range, the summaries; what a CPU without AVX2 runs) against the AVX2 build, on
+ * sparse decode with summary rows and int8 and f16 key caches, and on dense mode. The two
+ * differ only in float rounding (FMAs, the exp polynomial, the int8 key rows' scale applied
+ * after the dot product): bound, as for the lossless codec, twice the f16-vs-f32 plain cache
+ * distance + 1e-4; a wrong choice of chunks or a dropped block would exceed it. */
+Test(lowram, baseline_build_matches_avx2) {
+    if (!rk_cpu_has_avx2()) cr_skip_test("no AVX2: the baseline build is the only one");
+    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    const int nv = rk_model_hparams(m)->n_vocab, n_story = 220, n_prefix = 100, n_dec = 20;
+    const int n_prompt = 1 + n_story + n_prefix;
+    int32_t *ids = copy_prompt(m, n_story, n_prefix, n_dec);
+    rk_session *f16 = session(m, RK_DT_F16, NULL), *f32 = session(m, RK_DT_F32, NULL);
+    float *a16 = trace(f16, ids, n_prompt, n_dec, nv), *a32 = trace(f32, ids, n_prompt, n_dec, nv);
+    const size_t n = (size_t)(n_dec + 1) * nv;
+    const double cache = rt_max_abs_diff(a16, a32, n);
+    const char *opts[] = {"window=64,chunk=16,budget=96,summ", "window=64,chunk=8,budget=64,summ,kcache=f16",
+                          "window=64,chunk=16,budget=96,coarse=2", "window=64,chunk=16,dense"};
+    for (size_t i = 0; i < sizeof opts / sizeof *opts; i++) {
+        rk_session *va = session(m, RK_DT_F16, opts[i]), *vb = session(m, RK_DT_F16, opts[i]);
+        codec(vb)->isa_base = true;
+        float *la = trace(va, ids, n_prompt, n_dec, nv), *lb = trace(vb, ids, n_prompt, n_dec, nv);
+        const double d = rt_max_abs_diff(la, lb, n);
+        cr_log_info("%s: baseline vs AVX2 %.3g (f16 vs f32 cache %.3g)", opts[i], d, cache);
+        cr_expect_leq(d, 2 * cache + 1e-4, "%s: baseline vs AVX2 %g (cache distance %g)", opts[i], d, cache);
+        free(la), free(lb);
+        rk_session_destroy(va), rk_session_destroy(vb);
+    }
+    free(a16), free(a32), free(ids);
+    rk_session_destroy(f16), rk_session_destroy(f32);
     rk_model_destroy(m);
 }
 
@@ -738,7 +771,7 @@ Test(lowram, value_summaries_and_split_decode) {
     cr_log_info("KL value summaries %.5f, coefficient summaries %.5f", kv, kc);
     cr_expect_leq(fabs(kv - kc), 0.1 * kc + 1e-4, "KL %g (value summaries) vs %g (csumm)", kv, kc);
     cr_expect_gt(kc, 1e-5, "the summaries should matter here (budget 48 of %lld rows)", (long long)c->g[0].n_rows);
-    cr_assert(codec(sp)->dpo, "the split decode did not run (4 KV heads on 3 threads)");
+    cr_assert(codec(sp)->dec.parts, "the split decode did not run (4 KV heads on 3 threads)");
     const size_t n = (size_t)(n_dec + 1) * nv;
     double range = 0;
     for (size_t i = 0; i < n; i++) range = fmax(range, fabs(lv[i]));
@@ -794,8 +827,8 @@ Test(lowram, pooled_chunk_scores_choose_as_one_thread) {
     }
     cr_log_info("3 threads vs 1: %d decode steps compared before a new chunk", steps);
     cr_expect_geq(steps, 3, "only %d steps before the first compression: lengthen the prompt", steps);
-    cr_assert(codec(s[0])->dcs && codec(s[1])->dcs, "the pooled scores were not used");
-    cr_assert(codec(s[1])->dpo, "the heads' attention was not split (4 KV heads on 3 threads)");
+    cr_assert(codec(s[0])->dec.score && codec(s[1])->dec.score, "the pooled scores were not used");
+    cr_assert(codec(s[1])->dec.parts, "the heads' attention was not split (4 KV heads on 3 threads)");
     free(lg[0]), free(lg[1]), free(ids);
     rk_session_destroy(s[0]), rk_session_destroy(s[1]);
     rk_model_destroy(m);

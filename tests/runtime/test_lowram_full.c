@@ -204,9 +204,9 @@ Test(lowram_full, a_full_layer_rebuilds_in_batches) {
     const rk_kv_codec *c1 = one->kv->impl, *c3 = few->kv->impl, *cd = def->kv->impl;
     cr_expect_geq(s1.rows_rebuilt, (uint64_t)rk_model_hparams(m)->n_head_kv * (uint64_t)(n_p - 64 - 16));
     cr_assert_eq(c1->cap_chunks, 32);
-    cr_expect_eq(c1->bch, 32);
-    cr_expect_eq(c3->bch, 3);
-    cr_expect_eq(cd->bch, 32, "default batch %lld", (long long)cd->bch);
+    cr_expect_eq(c1->dec.bch, 32);
+    cr_expect_eq(c3->dec.bch, 3);
+    cr_expect_eq(cd->dec.bch, 32, "default batch %lld", (long long)cd->dec.bch);
     const uint64_t per_chunk = 16ull * ((uint64_t)c1->r_max + (uint64_t)c1->hd + 1 + (uint64_t)c1->n_rot) * sizeof(float) + 4;
     rk_kv_bytes b1, b3;
     rk_session_kv_bytes(one, &b1), rk_session_kv_bytes(few, &b3);

@@ -1,15 +1,60 @@
-/* Included by lowram_attn.c only (after head_task, q_of and the key-cache loaders): decode's
- * chunk selection. Landmark scores (one level, or two with coarse=G: only the best groups'
- * chunks scored), the top budget/chunk chunks, or top-p over the estimated attention mass
- * (topp), and the key-cache slot checks they rely on. Always-inline like the rest of the
- * attention, so the AVX2 clones of head_run carry it. */
-#pragma once
+/* LowRAM decode's chunk selection (built per ISA, lowram_task.h): landmark scores (one
+ * level, or two with coarse=G: only the best groups' chunks scored; with spread, the chunks'
+ * spread correction), the top budget/chunk chunks, or top-p over the estimated attention
+ * mass (topp); and the one-level scores of a range of chunks that sparse decode computes over
+ * the pool before the per-head choice. */
+#include <stdlib.h>
 
-/* Key-cache slot k of H holds the current keys of a chunk below n_ch. */
-LR_AI bool kc_valid(const rk_kv_codec *c, const lr_group *g, const lr_head *H, int k, int64_t n_ch) {
-    const int64_t ch = H->kc_ch[k], C = c->p.chunk;
-    if (ch < 0 || ch >= n_ch || H->kc_epoch[k] != c->epoch) return false;
-    return H->kc_rows[k] == (g->n_rows - ch * C < C ? g->n_rows - ch * C : C);
+#include "lowram_task.h"
+
+/* spread: the landmark k̄ underestimates a chunk's mass (exp(q·k̄) <= mean exp(q·k)); with
+ * q·k Gaussian over the chunk's rows the log-mass gains Var(q·k) / 2hd. Per RoPE pair p (the
+ * rotation spreads a far chunk's pairs over every angle, so each pair's spread is taken as
+ * isotropic): Var(q·k) ~ Σ_p |q_p|² (E|k_p|² - |k̄_p|²) / 2, E|k_p|² from the exact window rows
+ * (a pair's norm does not depend on its position). Prepares per state row the pair weights
+ * |q_p|² · f (f = 1/2 for a pair, 1 for an unrotated dim) in spr and the window's E|k_p|²
+ * after them; returns the number of pairs (0: no exact rows to estimate from). */
+LR_AI int spread_prep(const head_task *t, int *ia, int *ib) {
+    const rk_kv_codec *c = t->c;
+    lr_scratch *x = t->x;
+    const int hd = c->hd, half = c->n_rot / 2;
+    int np = 0;
+    for (int i = 0; i < half; i++)
+        ia[np] = c->rope_mode == RK_ROPE_NEOX ? i : 2 * i, ib[np++] = c->rope_mode == RK_ROPE_NEOX ? i + half : 2 * i + 1;
+    for (int d = c->n_rot; d < hd; d++) ia[np] = ib[np] = d, np++;
+    const int64_t last = t->pos0 + t->ns / t->grp;
+    float *M = x->spr + (size_t)t->ns * np;
+    for (int p = 0; p < np; p++) M[p] = 0;
+    if (last <= c->comp_end) return 0;
+    for (int64_t pos = c->comp_end; pos < last; pos++) {
+        const uint8_t *kr = lr_exact_ptr(c, t->l, false, pos);
+        if (c->exact_type == RK_DT_F32) memcpy(x->row, (const float *)kr + (size_t)t->h * hd, (size_t)hd * sizeof(float));
+        else rk_quant_fast(RK_DT_F16)->to_f32((const uint16_t *)kr + (size_t)t->h * hd, x->row, hd);
+        for (int p = 0; p < np; p++) M[p] += x->row[ia[p]] * x->row[ia[p]] + (ia[p] != ib[p] ? x->row[ib[p]] * x->row[ib[p]] : 0);
+    }
+    for (int p = 0; p < np; p++) M[p] /= (float)(last - c->comp_end);
+    for (int j = 0; j < t->ns; j++) {
+        const float *qv = q_of(t, j);
+        for (int p = 0; p < np; p++)
+            x->spr[(size_t)j * np + p] = ia[p] != ib[p] ? 0.5f * (qv[ia[p]] * qv[ia[p]] + qv[ib[p]] * qv[ib[p]]) : qv[ia[p]] * qv[ia[p]];
+    }
+    return np;
+}
+
+/* The raw-dot-product units a chunk with landmark row lm gains for state row j (see spread_prep):
+ * sqrt(hd) times min(4, spread · Var / 2hd) nats. u: np floats of scratch, filled at j == 0. */
+LR_AI float spread_gain(const head_task *t, int np, const int *ia, const int *ib, const float *lm, float *u, int j) {
+    const rk_kv_codec *c = t->c;
+    const float *M = t->x->spr + (size_t)t->ns * np, *w = t->x->spr + (size_t)j * np;
+    if (j == 0)
+        for (int p = 0; p < np; p++) {
+            const float l2 = lm[ia[p]] * lm[ia[p]] + (ia[p] != ib[p] ? lm[ib[p]] * lm[ib[p]] : 0);
+            u[p] = M[p] > l2 ? M[p] - l2 : 0.0f;
+        }
+    float v = 0;
+    for (int p = 0; p < np; p++) v += w[p] * u[p];
+    const float g = c->p.spread * v / (2.0f * (float)c->hd);
+    return sqrtf((float)c->hd) * (g < 4.0f ? g : 4.0f);
 }
 
 /* The k-th largest (k from 0) of v[0..n), as v sorted in decreasing order would hold it at k:
@@ -37,8 +82,8 @@ LR_AI float kth_largest(float *v, int64_t n, int64_t k) {
 
 /* Landmark score of chunk ch for the selection: max over the state rows of q·landmark (with
  * spread, plus its gain); the dot products go to t->qdot for the summaries. qs: the state
- * rows' queries when the AVX2 dots apply (t->avx2, head_dim % 8 == 0, ns <= LR_DOT_MAX, no
- * spread), else NULL. */
+ * rows' queries when the AVX2 dots apply (the AVX2 build, head_dim % 8 == 0, ns <=
+ * LR_DOT_MAX, no spread), else NULL. */
 LR_AI float chunk_score(const head_task *t, int64_t ch, int64_t n_ch, int np, const int *ia, const int *ib, float *u,
                         const float *const *qs) {
     const rk_kv_codec *c = t->c;
@@ -46,7 +91,7 @@ LR_AI float chunk_score(const head_task *t, int64_t ch, int64_t n_ch, int np, co
     const lr_layer *L = &c->ly[t->l];
     const int hd = c->hd;
     float best = -INFINITY;
-#ifdef LR_HAVE_ACC_AVX2
+#ifdef LR_ISA_AVX2
     if (qs && !L->lmin) {
         float d[LR_DOT_MAX];
         lmk_dots_avx2(qs, t->ns, (const uint8_t *)(L->lmk + (size_t)ch * c->kvd + (size_t)t->h * hd), LR_R_F16, hd, d);
@@ -74,7 +119,7 @@ LR_AI float chunk_score(const head_task *t, int64_t ch, int64_t n_ch, int np, co
     }
     rk_quant_fast(RK_DT_F16)->to_f32(L->lmk + (size_t)ch * c->kvd + (size_t)t->h * hd, x->row, hd);
     for (int j = 0; j < t->ns; j++) {
-        float d = dotf(q_of(t, j), x->row, hd);
+        float d = rk_simd_dot8(q_of(t, j), x->row, hd);
         if (np) d += spread_gain(t, np, ia, ib, x->row, u, j);
         if (t->qdot) ((float *)t->qdot)[(size_t)j * n_ch + ch] = d; /* for the summaries */
         best = d > best ? d : best;
@@ -84,8 +129,8 @@ LR_AI float chunk_score(const head_task *t, int64_t ch, int64_t n_ch, int np, co
 
 /* The state rows' query pointers for lmk_dots_avx2, or NULL where it does not apply. */
 LR_AI const float *const *dot_queries(const head_task *t, int np, const float **qs) {
-#ifdef LR_HAVE_ACC_AVX2
-    if (t->avx2 && t->c->hd % 8 == 0 && t->ns <= LR_DOT_MAX && !np) {
+#ifdef LR_ISA_AVX2
+    if (t->c->hd % 8 == 0 && t->ns <= LR_DOT_MAX && !np) {
         for (int j = 0; j < t->ns; j++) qs[j] = q_of(t, j);
         return qs;
     }
@@ -111,10 +156,11 @@ LR_AI bool coarse_mark(const head_task *t, int64_t n_ch, int64_t n_sel) {
     const size_t crow = (size_t)c->n_head_kv * (2u + (size_t)hd);
     const float *qp[LR_WMAX];
     const float *const *qs = dot_queries(t, 0, qp);
+    (void)qs; /* (the baseline build has no AVX2 dots) */
     for (int64_t k = 0; k < n_cg; k++) { /* int8 rows: the scale multiplies the dot product */
         const uint8_t *rw = L->clmk + (size_t)k * crow + (size_t)t->h * (2u + (size_t)hd);
         float best = -INFINITY;
-#ifdef LR_HAVE_ACC_AVX2
+#ifdef LR_ISA_AVX2
         if (qs) {
             float d[LR_DOT_MAX];
             lmk_dots_avx2(qs, t->ns, rw + 2, LR_R_I8, hd, d);
@@ -125,7 +171,7 @@ LR_AI bool coarse_mark(const head_task *t, int64_t n_ch, int64_t n_sel) {
             const int8_t *qv = (const int8_t *)(rw + 2);
             for (int e = 0; e < hd; e++) x->row[e] = (float)qv[e];
             for (int j = 0; j < t->ns; j++) {
-                const float d = dotf(q_of(t, j), x->row, hd);
+                const float d = rk_simd_dot8(q_of(t, j), x->row, hd);
                 best = d > best ? d : best;
             }
         }
@@ -218,7 +264,7 @@ LR_AI void exact_lse(const head_task *t, int64_t last, float *lse) {
     const int hd = c->hd, C = c->p.chunk;
     const float scale = 1.0f / sqrtf((float)hd);
     const rk_quant_fns *f16 = rk_quant_fast(RK_DT_F16);
-    float *m = x->st_m, *l = x->st_a; /* reset by head_run later */
+    float *m = x->st_m, *l = x->st_a; /* reset by lr_head_run later */
     for (int j = 0; j < t->ns; j++) m[j] = -INFINITY, l[j] = 0;
     const int64_t ranges[2][2] = {{0, c->p.n_sink < last ? c->p.n_sink : last}, {c->comp_end, last}};
     for (int rg = 0; rg < 2; rg++)
@@ -234,7 +280,7 @@ LR_AI void exact_lse(const head_task *t, int64_t last, float *lse) {
             for (int j = 0; j < t->ns; j++) {
                 const float *qv = q_of(t, j);
                 for (int k = 0; k < nb; k++) {
-                    const float sc = dotf(qv, x->kb + (size_t)k * hd, hd) * scale;
+                    const float sc = rk_simd_dot8(qv, x->kb + (size_t)k * hd, hd) * scale;
                     if (sc > m[j]) l[j] = l[j] * expf(m[j] - sc) + 1.0f, m[j] = sc;
                     else l[j] += expf(sc - m[j]);
                 }
@@ -246,12 +292,6 @@ LR_AI void exact_lse(const head_task *t, int64_t last, float *lse) {
 static int cmp_ord(const void *a, const void *b) {
     const struct lr_ord *u = a, *v = b;
     return (u->v < v->v) - (u->v > v->v) ? (u->v < v->v) - (u->v > v->v) : (u->i > v->i) - (u->i < v->i);
-}
-static int cmp_vic(const void *a, const void *b) {
-    const struct lr_vic *u = a, *v = b;
-    if (u->v != v->v) return u->v < v->v ? -1 : 1;
-    if (u->used != v->used) return u->used < v->used ? -1 : 1;
-    return (u->k > v->k) - (u->k < v->k);
 }
 static int cmp_i32(const void *a, const void *b) {
     const int32_t u = *(const int32_t *)a, v = *(const int32_t *)b;
@@ -271,7 +311,7 @@ LR_AI int64_t select_topp(const head_task *t, int64_t n_ch) {
     const float scale = 1.0f / sqrtf((float)hd);
     const int64_t n_max = lr_n_sel(c, t->l), n_min = c->p.min_chunks < n_max ? c->p.min_chunks : n_max;
     const rk_quant_fns *f16 = rk_quant_fast(RK_DT_F16);
-    float *lse = x->st_l; /* reset by head_run later */
+    float *lse = x->st_l; /* reset by lr_head_run later */
     exact_lse(t, t->pos0 + ns / t->grp, lse);
     float *drop = x->st_m;
     for (int64_t ch = 0; ch < n_ch; ch++) {
@@ -290,7 +330,7 @@ LR_AI int64_t select_topp(const head_task *t, int64_t n_ch) {
             continue;
         }
         f16->to_f32(L->lmk + (size_t)ch * c->kvd + (size_t)t->h * hd, x->row, hd);
-        for (int j = 0; j < ns; j++) x->pm[(size_t)j * n_ch + ch] = dotf(q_of(t, j), x->row, hd) * scale + bias;
+        for (int j = 0; j < ns; j++) x->pm[(size_t)j * n_ch + ch] = rk_simd_dot8(q_of(t, j), x->row, hd) * scale + bias;
     }
     for (int64_t ch = 0; ch < n_ch; ch++) x->ord[ch] = (struct lr_ord){0.0f, (int32_t)ch};
     for (int j = 0; j < ns; j++) {
@@ -323,4 +363,14 @@ LR_AI int64_t select_topp(const head_task *t, int64_t n_ch) {
     }
     qsort(x->sel, (size_t)n, sizeof *x->sel, cmp_i32);
     return n;
+}
+
+int64_t LR_ISA(lr_select_chunks)(const head_task *t, int64_t n_ch) { return select_chunks(t, n_ch); }
+int64_t LR_ISA(lr_select_topp)(const head_task *t, int64_t n_ch) { return select_topp(t, n_ch); }
+
+void LR_ISA(lr_score_range)(const head_task *t, int64_t a, int64_t b, int64_t n_ch, float *out) {
+    const float *qp[LR_WMAX];
+    const float *const *qs = dot_queries(t, 0, qp);
+    for (int64_t ch = a; ch < b; ch++) out[ch] = chunk_score(t, ch, n_ch, 0, NULL, NULL, NULL, qs);
+    t->x->n_lmk += (uint64_t)(b - a);
 }
