@@ -14,7 +14,7 @@ const char *rk_version_string(void) { return RK_VERSION_STRING; }
 
 /* ---- the table machinery -------------------------------------------------------------- */
 
-typedef enum { S_F32, S_I32, S_BOOL, S_DTYPE, S_PATH } slot_type;
+typedef enum { S_F32, S_I32, S_U64, S_BOOL, S_DTYPE, S_PATH } slot_type;
 enum {
     F_NEG = 1,       /* a flag that clears the field ("nomass" clears resid_mass) */
     F_ZERO_NONE = 2, /* an explicit 0 is stored as -1: the field's 0 means "the default" */
@@ -29,6 +29,7 @@ typedef struct {
 
 #define LOW(field) offsetof(rk_lowram_params, field)
 #define FIL(field) offsetof(rk_fill_params, field)
+#define KVP(field) offsetof(rk_kv_params, field)
 
 /* choice word -> dtype */
 static bool dtype_word(const char *w, uint32_t *t) {
@@ -95,6 +96,7 @@ static rk_status set_by_key(const char *what, const rk_param_key *keys, const sl
                           integer ? "an integer" : "a number", k->lo, k->hi, value);
     const bool none = (sl->flags & F_ZERO_NONE) && x == 0;
     if (sl->type == S_F32) *(float *)field = none ? -1.0f : (float)x;
+    else if (sl->type == S_U64) *(uint64_t *)field = (uint64_t)x;
     else *(int32_t *)field = none ? -1 : (int32_t)x;
     return RK_OK;
 }
@@ -374,4 +376,37 @@ rk_status rk_fill_params_set(rk_fill_params *p, const char *key, const char *val
 const rk_param_key *rk_fill_params_keys(size_t *n) {
     if (n) *n = sizeof fill_keys / sizeof fill_keys[0];
     return fill_keys;
+}
+
+/* ---- memory tiers ----------------------------------------------------------------------- */
+
+static const rk_param_key kv_keys[] = {
+    INT("budget", 0, 1125899906842624.0, "bytes of K/V rows kept in memory; the rest spills (default 0: all in "
+                                         "memory)"),
+    INT("host_budget", 0, 1125899906842624.0, "device backends: pinned host bytes for the cold layers' rows, the "
+                                              "rest in the spill file (default 0: every cold layer pinned)"),
+    INT("spill_level", 0, 22, "zstd level of spilled chunks (default 0: raw frames)"),
+    INT("spill_backend", 0, 2, "spill file I/O: 0 io_uring when usable (default), 1 io_uring, 2 pread/pwrite threads"),
+    FLAG("spill_buffered", "the spill file without O_DIRECT (reads may come from the page cache)"),
+    FLAG("budget_whole", "a LowRAM budget covers the codec's whole state, not only the chunk rows that can move "
+                         "(docs/TIERS.md)"),
+};
+
+static const slot kv_slots[] = {
+    {KVP(budget), S_U64, 0, 0},
+    {KVP(host_budget), S_U64, 0, 0},
+    {KVP(spill_level), S_I32, 0, 0},
+    {KVP(spill_backend), S_I32, 0, 0},
+    {KVP(spill_buffered), S_BOOL, 0, 0},
+    {KVP(budget_whole), S_BOOL, 0, 0},
+};
+_Static_assert(sizeof kv_keys / sizeof kv_keys[0] == sizeof kv_slots / sizeof kv_slots[0], "one slot per KV key");
+
+rk_status rk_kv_params_set(rk_kv_params *p, const char *key, const char *value, rk_err *err) {
+    return set_by_key("kv", kv_keys, kv_slots, sizeof kv_keys / sizeof kv_keys[0], p, key, value, err);
+}
+
+const rk_param_key *rk_kv_params_keys(size_t *n) {
+    if (n) *n = sizeof kv_keys / sizeof kv_keys[0];
+    return kv_keys;
 }

@@ -17,12 +17,13 @@
  * rk_backend_cuda_module) may be called from any thread.
  *
  * Ownership: what a create / load / open call returns is owned by the caller and freed with
- * the matching destroy / close, which accepts NULL. A returned `const` pointer (names,
- * hparams, warnings, token ids) is borrowed from the object it came from and lives as long
- * as the comment at its declaration says (at most as long as that object). Memory a call
- * documents as malloc'd is freed by the caller with free(). Pointers a caller passes in
- * params are borrowed for the call, unless the field says for how long (the session
- * borrows its model, its shared backend and the ridge maps of its fill params). */
+ * the matching destroy / close, which accepts NULL. A returned `const` pointer (hparams,
+ * warnings, token ids, counters) is borrowed from the object it came from and lives as
+ * long as that object, or less where its declaration says so. The *_name functions return
+ * strings in static storage. Memory a call documents as malloc'd is the caller's, freed
+ * with free(). Pointers a caller passes in are borrowed for the call, unless the
+ * declaration says for how long (a session borrows its model, its shared backend and the
+ * ridge maps of its fill params; a conversation its model and session). */
 #pragma once
 #include "rk_base.h"
 
@@ -89,6 +90,7 @@ RK_API rk_model_params rk_model_params_default(void);
 RK_API rk_status rk_model_load_with(const char *path, const rk_model_params *p, rk_model **out, rk_err *err);
 RK_API rk_status rk_model_load(const char *path, rk_model **out, rk_err *err);
 RK_API void rk_model_destroy(rk_model *m);
+/* Borrowed, lives as long as m. */
 RK_API const rk_hparams *rk_model_hparams(const rk_model *m);
 /* Changes to the model's RoPE before sessions are created (llama.cpp's flags); a field left
  * at its "keep" value keeps the model's. */
@@ -166,22 +168,16 @@ enum { RK_KV_KIND_LAST = RK_KV_Q4 };
 typedef struct rk_kv_params {
     rk_kv_kind kind;
     rk_lowram_params lowram;  /* used when kind == RK_KV_LOWRAM */
-    /* Memory tiers (runtime/kv/kv_tier.c, docs/TIERS.md), f16 / f32 / q8 only: at most
-     * budget bytes of K/V rows stay in memory (the sink chunk and the recent window
-     * always do); the other chunks spill (raw frames; zstd with spill_level) to an unlinked file in
-     * spill_dir (NULL: /tmp) and are read back when attention needs them. 0: all in
-     * memory. Results are bit-identical to the all-in-memory cache. Not part of the
-     * policy's spec (rk_kv_params_format) or of its KV blocks. */
+    /* Memory tiers (docs/TIERS.md), f16 / f32 / q8 / lowram: at most budget bytes of K/V
+     * rows stay in memory (the sink chunk and the recent window always do); the other
+     * chunks spill to an unlinked file in spill_dir (NULL: /tmp) and are read back when
+     * attention needs them. 0: all in memory. Results are bit-identical to the
+     * all-in-memory cache. Not part of the policy's spec (rk_kv_params_format) or of its KV
+     * blocks. How the spill file is written and how a LowRAM budget is counted are research
+     * settings (rk_kv_params_set, rk_experimental.h). */
     uint64_t budget;
     const char *spill_dir;    /* borrowed for rk_session_create */
-    int32_t spill_level;      /* zstd level of spilled chunks; <= 0: raw frames (the default: zstd does not pay there) */
-    int32_t spill_backend;    /* 0: io_uring when usable, 1: io_uring, 2: pread/pwrite threads */
-    bool spill_buffered;      /* the spill file without O_DIRECT (reads may come from the page cache) */
-    /* lowram: false (default): budget bounds the chunk data that can move (coefficient and
-     * residual rows of complete chunks); the per-step state (landmarks, bounds, bases,
-     * predictors, exact window, key cache) stays resident on top, reported as fixed_bytes.
-     * true: budget covers the codec's whole state (docs/TIERS.md, "How the budget is counted"). */
-    bool budget_whole;
+    RK_KV_RESEARCH_FIELDS
     /* The GPU KV tiers (a backend with memory of its own, f16 / f32 under budget:
      * runtime/session/kv_dev.c): pinned host bytes for the cold layers' rows. 0: every cold
      * layer pinned. Else the cold layers past it go on to a spill file in spill_dir (the

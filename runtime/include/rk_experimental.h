@@ -42,6 +42,11 @@ RK_API rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *
 RK_API rk_status rk_fill_params_set(rk_fill_params *p, const char *key, const char *value, rk_err *err);
 RK_API const rk_param_key *rk_fill_params_keys(size_t *n);
 
+/* The same for the memory tiers' research settings (rk_kv_params: spill file, budget
+ * accounting; the stable keys "budget" (bytes) and "host_budget" too). */
+RK_API rk_status rk_kv_params_set(rk_kv_params *p, const char *key, const char *value, rk_err *err);
+RK_API const rk_param_key *rk_kv_params_keys(size_t *n);
+
 /* ---- LowRAM diagnostics ---------------------------------------------------------- */
 /* What the last fit found (zeros before it). */
 typedef struct rk_lowram_stats {

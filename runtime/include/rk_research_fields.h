@@ -1,9 +1,9 @@
 /* The storage of the research settings inside rk.h's parameter structs, which callers hold
  * by value (so the fields must be part of the struct: the idiom of CPython's PyObject_HEAD).
  * Not API: a field's name, type, place and meaning may change in any release. Set them by
- * key with rk_lowram_params_set / rk_fill_params_set (rk_experimental.h), which check
- * bounds; the key tables there (rk_lowram_params_keys, rk_fill_params_keys) say what each
- * does and what its 0 means. The key is in brackets. */
+ * key with rk_lowram_params_set, rk_fill_params_set and rk_kv_params_set (rk_experimental.h),
+ * which check bounds; the key tables there (rk_lowram_params_keys, rk_fill_params_keys,
+ * rk_kv_params_keys) say what each does and what its 0 means. The key is in brackets. */
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
@@ -76,3 +76,10 @@
     int32_t baseline;      /* [baseline] rows before the question subtracted (-1: none) */     \
     int32_t band;          /* [band] last bulk rows kept out of the keep share */              \
     int32_t group;         /* [group] late layers attend runs of filled rows as one row */
+
+/* rk_kv_params: the memory tiers' spill file and budget accounting */
+#define RK_KV_RESEARCH_FIELDS                                                                  \
+    int32_t spill_level;   /* [spill_level] zstd level of spilled chunks (<= 0: raw frames) */ \
+    int32_t spill_backend; /* [spill_backend] 0: io_uring when usable, 1: io_uring, 2: threads */ \
+    bool spill_buffered;   /* [spill_buffered] spill file without O_DIRECT */                  \
+    bool budget_whole;     /* [budget_whole] a LowRAM budget covers the codec's whole state */

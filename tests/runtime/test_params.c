@@ -57,7 +57,7 @@ static void check_table(const char *what, const rk_param_key *keys, size_t n, vo
                 cr_expect_eq(set(p, k->key, v, &e), RK_E_INVALID_ARG, "%s=%s accepted", k->key, v);
                 char want[64];
                 snprintf(want, sizeof want, "%s=", k->key);
-                cr_expect(strstr(e.msg, want) && strstr(e.msg, "[") && strstr(e.msg, v), "%s", e.msg);
+                cr_expect(strstr(e.msg, want) && strstr(e.msg, "[") && strstr(e.msg, v), "%s (%s)", e.msg, v);
                 cr_expect_eq(memcmp(p, q, size), 0, "%s=%s changed the params", k->key, v);
             }
             cr_expect_eq(set(p, k->key, "x", &e), RK_E_INVALID_ARG, "%s=x", k->key);
@@ -97,6 +97,7 @@ static void check_table(const char *what, const rk_param_key *keys, size_t n, vo
 
 static rk_status lowram_set(void *p, const char *k, const char *v, rk_err *e) { return rk_lowram_params_set(p, k, v, e); }
 static rk_status fill_set(void *p, const char *k, const char *v, rk_err *e) { return rk_fill_params_set(p, k, v, e); }
+static rk_status kv_set(void *p, const char *k, const char *v, rk_err *e) { return rk_kv_params_set(p, k, v, e); }
 
 Test(params, every_key_at_and_past_its_bounds) {
     size_t n = 0;
@@ -106,6 +107,14 @@ Test(params, every_key_at_and_past_its_bounds) {
     rk_fill_params fp = rk_fill_params_default();
     k = rk_fill_params_keys(&n);
     check_table("ridgefill", k, n, &fp, sizeof fp, fill_set);
+    rk_kv_params kp = rk_kv_params_default();
+    k = rk_kv_params_keys(&n);
+    check_table("kv", k, n, &kp, sizeof kp, kv_set);
+    rk_err e = {0};
+    cr_assert_eq(rk_kv_params_set(&kp, "budget", "536870912", &e), RK_OK, "%s", e.msg);
+    cr_assert_eq(rk_kv_params_set(&kp, "spill_level", "3", &e), RK_OK, "%s", e.msg);
+    cr_assert_eq(rk_kv_params_set(&kp, "budget_whole", NULL, &e), RK_OK, "%s", e.msg);
+    cr_expect(kp.budget == 536870912u && kp.spill_level == 3 && kp.budget_whole);
 }
 
 /* The keys land in their fields, with the table's conventions: a negated flag, "0 means none"
