@@ -26,6 +26,7 @@
  * ridge maps of its fill params; a conversation its model and session). */
 #pragma once
 #include "rk_base.h"
+#include "rk_research_fields.h"
 
 /* ---- version ---------------------------------------------------------------- */
 #define RK_VERSION_MAJOR 0
@@ -123,12 +124,12 @@ RK_API const struct rk_gguf *rk_model_gguf(const rk_model *m);
 /* *ids is malloc'd (caller frees). add_special adds BOS when the vocab asks for it;
  * parse_special turns special-token text (<|im_start|>) into its id. */
 RK_API rk_status rk_model_tokenize(const rk_model *m, const char *text, size_t len, bool add_special,
-                            bool parse_special, int32_t **ids, size_t *n_ids, rk_err *err);
+                                   bool parse_special, int32_t **ids, size_t *n_ids, rk_err *err);
 /* Bytes of one token as a streaming printer shows them; returns the length and writes
  * buf only when that fits in cap (no NUL). Special tokens give "" unless render_special.
  * A piece may end inside a UTF-8 character: buffer before printing. */
 RK_API size_t rk_model_token_piece(const rk_model *m, int32_t id, bool render_special, char *buf,
-                            size_t cap);
+                                   size_t cap);
 RK_API bool rk_model_token_is_eog(const rk_model *m, int32_t id);
 RK_API int32_t rk_model_token_bos(const rk_model *m);
 /* True when the vocab asks for BOS at the start of a sequence (tokenizer.ggml.add_bos_token). */
@@ -145,7 +146,6 @@ RK_API bool rk_model_add_bos(const rk_model *m);
  * Start from rk_lowram_params_default(). The fields below are the stable choices; the
  * struct also stores research settings (rk_research_fields.h), which are set by key with
  * rk_lowram_params_set (rk_experimental.h), bounds checked. */
-#include "rk_research_fields.h"
 typedef struct rk_lowram_params {
     float ratio;          /* target compression of the compressed rows against f16 (default 6; 0: the
                              default): sets the basis rank */
@@ -230,14 +230,14 @@ typedef struct rk_session rk_session;
 
 /* The session borrows m, which must outlive it. */
 RK_API rk_status rk_session_create(const rk_model *m, const rk_session_params *p, rk_session **out,
-                            rk_err *err);
+                                   rk_err *err);
 RK_API void rk_session_destroy(rk_session *s);
 /* Appends n tokens at the current position and runs them through the model in chunks.
  * logits: NULL, or n_vocab floats for the last token (all_rows false), or n * n_vocab
  * floats, row i predicting the token after ids[i] (all_rows true).
  * RK_E_CONTEXT (nothing changed) when the tokens do not fit the context. */
 RK_API rk_status rk_session_eval(rk_session *s, const int32_t *ids, size_t n, float *logits,
-                          bool all_rows, rk_err *err);
+                                 bool all_rows, rk_err *err);
 RK_API void rk_session_reset(rk_session *s);
 RK_API int64_t rk_session_n_past(const rk_session *s);
 RK_API int64_t rk_session_n_ctx(const rk_session *s);
@@ -258,7 +258,8 @@ RK_API const int32_t *rk_session_tokens(const rk_session *s);
  * row range, the token ids of those rows, a checksum) and the policy's own encoding
  * (plain rows, q8 blocks, or LowRAM's compressed rows). For the document cache, chat's
  * /save and the spill tier. */
-RK_API rk_status rk_session_kv_export(const rk_session *s, int64_t row0, int64_t row1, void **blk, size_t *n, rk_err *err);
+RK_API rk_status rk_session_kv_export(const rk_session *s, int64_t row0, int64_t row1, void **blk, size_t *n,
+                                      rk_err *err);
 /* Appends the rows of a block made by rk_session_kv_export (same model, same KV policy)
  * at n_past, which must equal the block's row0; the block's token ids become the
  * session's. A truncated, corrupt or foreign block gives RK_E_FORMAT / RK_E_MISMATCH
@@ -282,7 +283,7 @@ RK_API rk_sampler_params rk_sampler_params_default(void);
 
 typedef struct rk_sampler rk_sampler;
 RK_API rk_status rk_sampler_create(const rk_sampler_params *p, int32_t n_vocab, rk_sampler **out,
-                            rk_err *err);
+                                   rk_err *err);
 RK_API void rk_sampler_destroy(rk_sampler *s);
 /* Picks a token from logits (modified in place by the penalty). history: earlier ids. */
 RK_API int32_t rk_sampler_sample(rk_sampler *s, float *logits, const int32_t *history, size_t n_history);
@@ -307,7 +308,7 @@ RK_API const char *rk_chat_family_name(rk_chat_family f);
  * assistant turn for generation. The text contains special-token markup: tokenize
  * it with parse_special = true. */
 RK_API rk_status rk_chat_format(rk_chat_family f, const rk_chat_msg *msgs, size_t n, bool add_assistant,
-                         char **out, rk_err *err);
+                                char **out, rk_err *err);
 /* The system prompt the model's template inserts when a conversation does not start with
  * one ("" when it inserts none): Qwen2.5 "You are Qwen, created by Alibaba Cloud. You are a
  * helpful assistant.", SmolLM2 "You are a helpful AI assistant named SmolLM, trained by
@@ -317,7 +318,7 @@ RK_API const char *rk_model_chat_default_system(const rk_model *m);
 /* rk_chat_format with the model's family and rules: the default system prompt goes first
  * when msgs (n > 0) does not start with a system message, as the template does. */
 RK_API rk_status rk_model_chat_format(const rk_model *m, const rk_chat_msg *msgs, size_t n, bool add_assistant,
-                               char **out, rk_err *err);
+                                      char **out, rk_err *err);
 
 /* ---- RidgeFill (SPEC §2) ------------------------------------------------------
  * Layers below the split run exactly for every prompt row. For a bulk row (a prompt
@@ -346,7 +347,7 @@ typedef struct rk_ridge_maps rk_ridge_maps;
  * model is refused (RK_E_MISMATCH naming both); the same weights in another
  * quantisation give RK_OK with a note in warning (empty when none). */
 RK_API rk_status rk_ridge_maps_load(const char *path, const rk_model *m, rk_ridge_maps **out,
-                             char *warning, size_t warning_cap, rk_err *err);
+                                    char *warning, size_t warning_cap, rk_err *err);
 RK_API void rk_ridge_maps_destroy(rk_ridge_maps *r);
 RK_API int32_t rk_ridge_maps_split(const rk_ridge_maps *r);
 
