@@ -10,6 +10,7 @@
 #include "cli.h"
 #include "doc_cache_cli.h"
 #include "rk_io.h"
+#include "rk_experimental.h"
 
 static int parse_int(const char *cmd, const char *flag, const char *s, int lo, int hi, int *out) {
     char *end;
@@ -413,7 +414,10 @@ int cli_load_model(const cli_opts *o, rk_model **m) {
     const char *path = cli_model_path(o, buf, sizeof buf);
     if (!path) return o->model ? RK_EXIT_MODEL : RK_EXIT_NO_MODEL;
     rk_err e = {0};
-    rk_status st = rk_model_load(path, m, &e);
+    rk_model_params mp = rk_model_params_default();
+    const char *hp = getenv("RIDGEKV_HUGEPAGES"); /* 0: the plain file mapping (docs/USAGE.md) */
+    if (hp && !strcmp(hp, "0")) mp.huge_pages = false;
+    rk_status st = rk_model_load_with(path, &mp, m, &e);
     if (st) {
         cli_print_error(&e);
         return st == RK_E_NOMEM ? RK_EXIT_ERROR : RK_EXIT_MODEL;
@@ -475,6 +479,25 @@ int cli_kv_split(const char *kv, char items[][1200], int max_items) {
     return n;
 }
 
+/* The LowRAM settings table (rk_lowram_params_keys), as --kv lowram:help shows it. */
+static void cli_lowram_keys(FILE *f) {
+    size_t n = 0;
+    const rk_param_key *k = rk_lowram_params_keys(&n);
+    fprintf(f, "--kv lowram:KEY=VALUE,FLAG,...  (pred=FILE last). Stable: ratio, threads, pred; the other keys\n"
+               "are research settings that may change in any release.\n");
+    for (size_t i = 0; i < n; i++) {
+        char form[96];
+        switch (k[i].kind) {
+        case RK_PARAM_NUMBER: snprintf(form, sizeof form, "%s=X  [%g, %g]", k[i].key, k[i].lo, k[i].hi); break;
+        case RK_PARAM_INTEGER: snprintf(form, sizeof form, "%s=N  [%.0f, %.0f]", k[i].key, k[i].lo, k[i].hi); break;
+        case RK_PARAM_FLAG: snprintf(form, sizeof form, "%s", k[i].key); break;
+        case RK_PARAM_CHOICE: snprintf(form, sizeof form, "%s=%s", k[i].key, k[i].choices); break;
+        case RK_PARAM_PATH: snprintf(form, sizeof form, "%s=FILE", k[i].key); break;
+        }
+        fprintf(f, "  %-28s %s\n", form, k[i].help);
+    }
+}
+
 int cli_kv_check(const char *cmd, const char *kv) {
     char items[8][1200];
     int n = cli_kv_split(kv, items, 8);
@@ -491,10 +514,15 @@ int cli_kv_check(const char *cmd, const char *kv) {
             fprintf(stderr, "ridgekv %s: --kv expects f16, f32, q8, q4 or lowram[:opts] (got '%s')\n", cmd, it);
             return RK_EXIT_USAGE;
         }
+        if (!strcmp(it, "lowram:help")) {
+            cli_lowram_keys(stdout);
+            fflush(stdout);
+            exit(ferror(stdout) ? RK_EXIT_IO : RK_EXIT_OK);
+        }
         rk_lowram_params lp = rk_lowram_params_default();
         rk_err e = {0};
         if (rk_lowram_parse(it[6] ? it + 7 : "", &lp, &e)) {
-            fprintf(stderr, "ridgekv %s: --kv %s: %s\n", cmd, it, e.msg);
+            fprintf(stderr, "ridgekv %s: --kv %s: %s (--kv lowram:help lists the keys)\n", cmd, it, e.msg);
             return RK_EXIT_USAGE;
         }
     }

@@ -13,6 +13,7 @@
 #include "doc_cache_cli.h"
 #include "lineedit.h"
 #include "progress.h"
+#include "rk_experimental.h"
 
 static const char *help =
     "usage: ridgekv ask [-m MODEL] --doc FILE [--doc FILE ...] [options] QUESTION...\n"

@@ -6,6 +6,7 @@
 
 #include "cli_gen.h"
 #include "doc_cache_cli.h"
+#include "rk_experimental.h"
 
 /* Resident set now (MiB), from /proc/self/statm; 0 when unreadable. */
 static double rss_now_mib(void) {

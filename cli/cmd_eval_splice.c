@@ -9,6 +9,7 @@
 
 #include "cli_gen.h"
 #include "eval_cli.h"
+#include "rk_experimental.h"
 
 static const char *help =
     "usage: ridgekv eval splice [-m MODEL] --ridgefill MAPS [--fill speed] [--tail 512] [--len 2048]\n"

@@ -100,7 +100,9 @@ int cmd_info(int argc, char **argv) {
 
     rk_model *m = NULL;
     rk_err me = {0};
-    if (rk_model_load(path, &m, &me) == RK_OK && o.rope_set && rk_model_set_rope(m, &o.rope, &me)) {
+    rk_model_params mp = rk_model_params_default();
+    mp.huge_pages = false; /* no decode here: the plain mapping, no copy */
+    if (rk_model_load_with(path, &mp, &m, &me) == RK_OK && o.rope_set && rk_model_set_rope(m, &o.rope, &me)) {
         cli_print_error(&me);
         rk_model_destroy(m);
         return RK_EXIT_USAGE;

@@ -52,6 +52,15 @@ int main(int argc, char **argv) {
      * 295; docs/LOWRAM.md, fifteenth session). MALLOC_MMAP_THRESHOLD_ in the environment wins. */
     if (!getenv("MALLOC_MMAP_THRESHOLD_")) (void)mallopt(M_MMAP_THRESHOLD, 128 * 1024);
 #endif
+    /* the library reads no environment: the CLI hands it the CUDA module's path */
+    const char *cuda_module = getenv("RIDGEKV_CUDA_MODULE");
+    if (cuda_module && *cuda_module) {
+        rk_err e = {0};
+        if (rk_backend_cuda_module(cuda_module, &e)) {
+            cli_print_error(&e);
+            return RK_EXIT_USAGE;
+        }
+    }
     char **orig = argv;
     argv = cli_expand_eq(&argc, argv);
     int rc = dispatch(argc, argv);

@@ -27,8 +27,12 @@ bool rk_backend_cuda_built(void) {
 
 #if defined(RK_HAVE_CUDA)
 typedef rk_status (*cuda_create_fn)(int device, rk_backend **out, rk_err *err);
-static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
+/* The module is process state by nature (dlopen): loaded once, under this lock, from the
+ * file rk_backend_cuda_module named or from the default places. */
+static pthread_mutex_t cuda_lock = PTHREAD_MUTEX_INITIALIZER;
+static bool cuda_tried;
 static cuda_create_fn cuda_create;
+static char cuda_path[PATH_MAX]; /* named by rk_backend_cuda_module; "" : the default places */
 static char cuda_why[1024];
 
 /* dlopen one candidate; on failure keep the loader's reason for the error message. */
@@ -50,14 +54,15 @@ static bool cuda_try(const char *path, bool must_exist) {
     return true;
 }
 
-/* RIDGEKV_CUDA_MODULE (a path), then beside the executable, the build tree, the install tree. */
+/* The named file, else beside the executable, the build tree, the install tree. Called
+ * under cuda_lock, once. */
 static void cuda_load(void) {
+    cuda_tried = true;
     snprintf(cuda_why, sizeof cuda_why,
              "cuda: the CUDA backend module " RK_CUDA_MODULE_NAME " was not found (looked beside the executable, in "
-             RK_CUDA_MODULE_BUILD " and " RK_CUDA_MODULE_INSTALL "; RIDGEKV_CUDA_MODULE=PATH names it)");
-    const char *env = getenv("RIDGEKV_CUDA_MODULE");
-    if (env && *env) {
-        cuda_try(env, true);
+             RK_CUDA_MODULE_BUILD " and " RK_CUDA_MODULE_INSTALL "; rk_backend_cuda_module names another file)");
+    if (cuda_path[0]) {
+        cuda_try(cuda_path, true);
         return;
     }
     char exe[PATH_MAX];
@@ -76,6 +81,25 @@ static void cuda_load(void) {
     cuda_try(RK_CUDA_MODULE_INSTALL, false);
 }
 #endif
+
+rk_status rk_backend_cuda_module(const char *path, rk_err *err) {
+    if (!path || !*path) return rk_err_set(err, RK_E_INVALID_ARG, "kernels: cuda module: empty path");
+    if (strlen(path) >= PATH_MAX)
+        return rk_err_set(err, RK_E_INVALID_ARG, "kernels: cuda module path longer than %d bytes", PATH_MAX - 1);
+#if defined(RK_HAVE_CUDA)
+    rk_status st = RK_OK;
+    pthread_mutex_lock(&cuda_lock);
+    if (cuda_tried && strcmp(path, cuda_path))
+        st = rk_err_set(err, RK_E_INVALID_ARG, "kernels: the CUDA backend module was already looked up (%s); "
+                        "name the file before the first cuda backend", cuda_path[0] ? cuda_path : "default places");
+    else
+        snprintf(cuda_path, sizeof cuda_path, "%s", path);
+    pthread_mutex_unlock(&cuda_lock);
+    return st;
+#else
+    return RK_OK; /* nothing to load: a cuda backend gives "cuda: not built" */
+#endif
+}
 
 /* "cuda" -> 0, "cuda:N" -> N; -1 for anything else that starts with "cuda". */
 static int cuda_device_of(const char *name) {
@@ -99,9 +123,12 @@ rk_status rk_backend_create_named(const char *name, int n_threads, rk_backend **
             return rk_err_set(err, RK_E_INVALID_ARG, "kernels: backend \"%s\": device (cuda or cuda:N, N 0..1023)",
                               name);
 #if defined(RK_HAVE_CUDA)
-        pthread_once(&cuda_once, cuda_load);
-        if (!cuda_create) return rk_err_set(err, RK_E_UNSUPPORTED, "%s", cuda_why);
-        return cuda_create(dev, out, err);
+        pthread_mutex_lock(&cuda_lock);
+        if (!cuda_tried) cuda_load();
+        cuda_create_fn create = cuda_create;
+        if (!create) rk_err_set(err, RK_E_UNSUPPORTED, "%s", cuda_why);
+        pthread_mutex_unlock(&cuda_lock);
+        return create ? create(dev, out, err) : RK_E_UNSUPPORTED;
 #else
         return rk_err_set(err, RK_E_UNSUPPORTED, "cuda: not built (configure with nvcc and cuBLAS)");
 #endif

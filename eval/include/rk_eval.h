@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "rk.h"
+#include "rk_experimental.h"
 
 #define EV_MAX_MODES 8
 #define EV_MAX_LIST 16

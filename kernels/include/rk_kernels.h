@@ -325,6 +325,11 @@ void rk_backend_destroy(rk_backend *be); /* accepts NULL */
  * "cuda: not built (configure with nvcc and cuBLAS)" in a build without CUDA,
  * "cuda: no device (...)" without a usable GPU. */
 rk_status rk_backend_create_named(const char *name, int n_threads, rk_backend **out, rk_err *err);
+/* Names the CUDA backend module file (libridgekv-cuda.so) that the first "cuda" backend of
+ * the process loads, instead of looking beside the executable, in the build tree and in the
+ * install tree. The module is loaded once per process: RK_E_INVALID_ARG when it was already
+ * looked up from another file. path is copied. A build without CUDA accepts any path. */
+RK_API rk_status rk_backend_cuda_module(const char *path, rk_err *err);
 /* True when this build can create "cuda" backends (whether a GPU is present is
  * only known by trying). Also in rk_kernels_any. */
 bool rk_backend_cuda_built(void);

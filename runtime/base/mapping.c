@@ -83,8 +83,6 @@ uint64_t rk_proc_kb_field(const char *path, const char *name) {
 }
 
 bool rk_mapping_huge_wanted(size_t len) {
-    const char *env = getenv("RIDGEKV_HUGEPAGES");
-    if (env && strcmp(env, "0") == 0) return false;
     if (len < RK_HUGE_PAGE || !thp_offered()) return false;
     /* a private copy cannot be dropped under memory pressure the way mapped file pages can:
      * only when it takes at most half of what is available now */

@@ -2,7 +2,7 @@
  * the eval drivers, tests) need beyond rk.h. Same rules as rk.h: opaque types, rk_status
  * returns, nothing prints, reads the environment or exits. */
 #pragma once
-#include "rk.h"
+#include "rk_experimental.h"
 #include "rk_gguf.h"
 
 /* Called with the input of layer l (l = n_layer: the final residual, before the output

@@ -1,4 +1,5 @@
-/* LowRAM: asymmetric KV compression (SPEC §3): parameters, the session hooks called by
+/* LowRAM: asymmetric KV compression (SPEC §3): the parameters' resolution against the
+ * model (their defaults and key table are in runtime/params.c), the session hooks called by
  * forward.c, byte accounting and the codec's lifetime. The fit lives in lowram_fit.c,
  * attention in lowram_attn.c, the eigensolver in lowram_linalg.c, files in lowram_file.c. */
 #include <errno.h>
@@ -10,156 +11,6 @@
 
 #include "lowram_impl.h"
 #include "rk_kernels.h"
-
-rk_lowram_params rk_lowram_params_default(void) {
-    rk_lowram_params p;
-    memset(&p, 0, sizeof p);
-    /* ratio 6, 16-row chunks, budget 640, int4 residuals: measured at 8K on two texts against
-     * the earlier ratio 4 / chunk 32 / budget 512 / int8 (eleventh session, docs/LOWRAM.md):
-     * 4.3x fewer bytes than f16 instead of 3.1x, lower KL on both, decode at the same speed */
-    p.ratio = 6.0f;
-    p.group = 3;
-    p.window = 128;
-    p.n_sink = 4;
-    p.chunk = 16;
-    p.resid_share = 0.25f;
-    p.resid_mass = true;
-    /* the rows and chunks the question points at (twelfth session, docs/LOWRAM.md: the needle
-     * 0/4 -> 4/4 at 4K, KL and ΔNLL no worse at 8K) */
-    p.mass_keep = 0.1f;
-    p.mass_pin = -1; /* unset: 4 (resolve), none in a session on a device backend */
-    p.full_layers = -1; /* unset: 2 (resolve), none on a device backend (fourteenth session, docs/LOWRAM.md) */
-    p.budget = 640;
-    p.no_summary = true; /* measured at 8K: summary rows of the unselected chunks cost KL (0.075 with, 0.065
-                            without) and time (docs/LOWRAM.md, seventh session); `summ` turns them on */
-    p.value_rank = 128; /* measured: the same KL / ΔNLL as all 360 at 2K and 8K, decode 1.16x (docs/LOWRAM.md) */
-    p.hyst = -1; /* off until measured (see docs/LOWRAM.md) */
-    p.coef_type = RK_DT_Q8_0;
-    p.resid_type = RK_DT_F32; /* unset: int4 (resolve), int8 where a session runs the fused device op */
-    p.kc_type = RK_DT_Q8_0; /* int8 key cache: at the old f16 cache's bytes it holds 34 chunks, not 18 */
-    p.kc_extra = 0; /* unset: lr_kc_spare (36 chunks at 16 rows, more past about 8,300 compressed rows) */
-    p.exact_type = RK_DT_F16;
-    p.obs_window = 32;
-    p.lambda = 1e-3f;
-    p.max_fit_rows = 4096;
-    return p;
-}
-
-static rk_status bad(rk_err *err, const char *what, const char *tok) {
-    return rk_err_set(err, RK_E_INVALID_ARG, "lowram: %s (got '%s')", what, tok);
-}
-
-static bool num(const char *v, double lo, double hi, double *out) {
-    char *end;
-    errno = 0;
-    double x = strtod(v, &end);
-    if (errno || end == v || *end || !(x >= lo && x <= hi)) return false;
-    *out = x;
-    return true;
-}
-
-rk_status rk_lowram_parse(const char *spec, rk_lowram_params *p, rk_err *err) {
-    rk_lowram_params q = *p;
-    char tok[1200];
-    for (const char *s = spec ? spec : ""; *s;) {
-        if (!strncmp(s, "pred=", 5)) {
-            if (strlen(s + 5) >= sizeof q.predictor || !s[5]) return bad(err, "pred= needs a path under 1024 bytes", s);
-            strcpy(q.predictor, s + 5);
-            break;
-        }
-        const char *e = strchr(s, ',');
-        size_t n = e ? (size_t)(e - s) : strlen(s);
-        if (n >= sizeof tok) return bad(err, "option too long", s);
-        memcpy(tok, s, n);
-        tok[n] = '\0';
-        s = e ? e + 1 : s + n;
-        if (!n) continue;
-        char *v = strchr(tok, '=');
-        double x;
-        if (!v) {
-            if (!strcmp(tok, "dense")) q.dense = true;
-            else if (!strcmp(tok, "mass")) q.resid_mass = true;
-            else if (!strcmp(tok, "nomass")) q.resid_mass = false;
-            else if (!strcmp(tok, "keys_only")) q.values_exact = true;
-            else if (!strcmp(tok, "nosumm")) q.no_summary = true;
-            else if (!strcmp(tok, "summ")) q.no_summary = false;
-            else if (!strcmp(tok, "csumm")) q.coef_summary = true;
-            else if (!strcmp(tok, "qpca")) q.query_pca = true;
-            else if (!strcmp(tok, "bound")) q.bound = true;
-            else if (!strcmp(tok, "nocache")) q.no_cache = true;
-            else if (!strcmp(tok, "rowattn")) q.row_attn = true;
-            else if (!strcmp(tok, "nostage")) q.no_stage = true;
-            else return bad(err, "unknown flag (dense, mass, nomass, keys_only, summ, nosumm, csumm, qpca, bound, nocache, rowattn, nostage)", tok);
-            continue;
-        }
-        *v++ = '\0';
-        if (!strcmp(tok, "exact")) {
-            if (!strcmp(v, "f16")) q.exact_type = RK_DT_F16;
-            else if (!strcmp(v, "f32")) q.exact_type = RK_DT_F32;
-            else return bad(err, "exact= expects f16 or f32", v);
-            continue;
-        }
-        if (!strcmp(tok, "kcache")) {
-            if (!strcmp(v, "f16")) q.kc_type = RK_DT_F16;
-            else if (!strcmp(v, "int8")) q.kc_type = RK_DT_Q8_0;
-            else return bad(err, "kcache= expects f16 or int8", v);
-            continue;
-        }
-        if (!strcmp(tok, "coef") || !strcmp(tok, "rtype")) {
-            uint32_t t;
-            if (!strcmp(v, "f16")) t = RK_DT_F16;
-            else if (!strcmp(v, "f32") && !strcmp(tok, "coef")) t = RK_DT_F32;
-            else if (!strcmp(v, "int8")) t = RK_DT_Q8_0;
-            else if (!strcmp(v, "int4") && !strcmp(tok, "rtype")) t = RK_DT_Q4_0;
-            else return bad(err, "coef= expects f16, f32 or int8; rtype= int8, int4 or f16", v);
-            *(!strcmp(tok, "coef") ? &q.coef_type : &q.resid_type) = t;
-            continue;
-        }
-        struct {
-            const char *k;
-            double lo, hi;
-            float *f;
-            int32_t *i;
-        } keys[] = {
-            {"ratio", 1, 1000, &q.ratio, NULL},          {"rank", 1, 1 << 20, NULL, &q.rank},
-            {"energy", 0.01, 1, &q.energy, NULL},        {"group", 1, 4096, NULL, &q.group},
-            {"window", 1, 1 << 24, NULL, &q.window},     {"sinks", 0, 1 << 16, NULL, &q.n_sink},
-            {"chunk", 1, 32, NULL, &q.chunk},            {"resid", 0, 1, &q.resid_share, NULL},
-            {"budget", 1, 1 << 24, NULL, &q.budget},     {"evict", 0, 0.95, &q.evict, NULL},
-            {"obs", 1, 4096, NULL, &q.obs_window},       {"lambda", 1e-9, 1e6, &q.lambda, NULL},
-            {"fitrows", 16, 1 << 24, NULL, &q.max_fit_rows}, {"threads", 1, 1024, NULL, &q.n_threads},
-            {"topp", 0, 1, &q.topp, NULL},               {"minch", 1, 1 << 20, NULL, &q.min_chunks},
-            {"krank", 1, 1 << 20, NULL, &q.key_rank},       {"pfit", 0, 1 << 24, NULL, &q.prefill_fit},
-            {"hyst", 0, 100, &q.hyst, NULL},            {"kslots", 1, 1 << 16, NULL, &q.kc_extra},
-            {"start", 0, 1 << 24, NULL, &q.fit_min},      {"vrank", 0, 1 << 20, NULL, &q.value_rank},
-            {"spread", 0, 10, &q.spread, NULL},          {"coarse", 0, 1 << 16, NULL, &q.coarse},
-            {"ckeep", 1, 1 << 20, &q.coarse_keep, NULL}, {"vkeep", 0, 1, &q.mass_keep, NULL},
-            {"vpool", 0, 4096, NULL, &q.mass_pool},        {"vpin", 0, 32, NULL, &q.mass_pin},
-            {"dl0", 0, 1 << 16, NULL, &q.dense_l0},       {"dl1", 0, 1 << 16, NULL, &q.dense_l1},
-            {"el0", 0, 1 << 16, NULL, &q.early_l0},       {"el1", 0, 1 << 16, NULL, &q.early_l1},
-            {"ebudget", 1, 1 << 24, NULL, &q.early_budget}, {"full", 0, LR_FULL_MAX, NULL, &q.full_layers},
-            {"fullmin", 0, 1, &q.full_min, NULL}, {"kbatch", 1, 1 << 20, NULL, &q.key_batch},
-        };
-        size_t k = 0;
-        for (; k < sizeof keys / sizeof keys[0]; k++)
-            if (!strcmp(tok, keys[k].k)) break;
-        if (k == sizeof keys / sizeof keys[0]) return bad(err, "unknown option", tok);
-        if (!num(v, keys[k].lo, keys[k].hi, &x)) {
-            char what[96];
-            snprintf(what, sizeof what, "%.16s= expects a number in [%.10g, %.10g]", tok, keys[k].lo, keys[k].hi);
-            return bad(err, what, v);
-        }
-        if (keys[k].f) *keys[k].f = (float)x;
-        else if (x != floor(x)) return bad(err, "expected an integer", v);
-        else *keys[k].i = (int32_t)x;
-        if (!strcmp(tok, "sinks") && x == 0) q.n_sink = -1;
-        if (!strcmp(tok, "start") && x == 0) q.fit_min = -1; /* explicit 0: no threshold (0 is the default) */
-        if (!strcmp(tok, "hyst") && x == 0) q.hyst = -1;
-        if (!strcmp(tok, "vpool") && x == 0) q.mass_pool = -1;
-    }
-    *p = q;
-    return RK_OK;
-}
 
 /* Fills defaults for zero fields and checks ranges against the model. */
 static rk_status resolve(rk_lowram_params *p, const rk_kv *hp, rk_err *err) {
@@ -203,7 +54,7 @@ static rk_status resolve(rk_lowram_params *p, const rk_kv *hp, rk_err *err) {
     if (p->hyst < 0) p->hyst = 0; /* resolved: 0 is off */
     if (p->coef_type != RK_DT_F16 && p->coef_type != RK_DT_F32 && p->coef_type != RK_DT_Q8_0)
         return rk_err_set(err, RK_E_INVALID_ARG, "lowram: coefficient type %s (f16, f32 or int8)", rk_dtype_name(p->coef_type));
-    if (p->resid_type == RK_DT_F32) p->resid_type = RK_DT_Q4_0; /* unset: int4, measured (eleventh session) */
+    if (p->resid_type == RK_DT_F32) p->resid_type = RK_DT_Q4_0; /* unset: int4 (docs/LOWRAM.md) */
     if (p->resid_type != RK_DT_Q8_0 && p->resid_type != RK_DT_Q4_0 && p->resid_type != RK_DT_F16)
         return rk_err_set(err, RK_E_INVALID_ARG, "lowram: residual type %s (int8, int4 or f16)", rk_dtype_name(p->resid_type));
     if (p->resid_type == RK_DT_Q4_0 && hp->head_dim % 2)
@@ -257,6 +108,7 @@ void lr_codec_free(rk_kv_codec *c) {
     lr_dense_free(c);
     free(c->xk), free(c->xv), free(c->x_hi);
     free(c->g), free(c->ly), free(c->freq), free(c->rope_hi), free(c->rope_lo), free(c->qsq), free(c->obs_q), free(c->obs_pos), free(c->obs_n);
+    free(c->sel_miss), free(c->r2);
     rk_gguf_destroy(c->pgguf);
     rk_mapping_close(&c->pmap);
     if (c->own_pool) rk_pool_destroy(c->pool);
@@ -267,7 +119,6 @@ rk_status lr_codec_new(const rk_kv *kv, const rk_lowram_params *p, int n_threads
     rk_kv_codec *c = calloc(1, sizeof *c);
     if (!c) return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory");
     c->p = *p;
-    for (int l = 0; l < 256; l++) c->stats.sel_miss[l] = -1.0f; /* not measured */
     c->cmean_on = !p->no_summary; /* summary rows read the chunk means */
     c->n_layer = kv->n_layer, c->n_head = kv->n_head, c->n_head_kv = kv->n_head_kv, c->hd = kv->head_dim;
     c->kvd = kv->kv_dim, c->n_rot = kv->n_rot, c->rope_mode = kv->rope_mode;
@@ -293,7 +144,12 @@ rk_status lr_codec_new(const rk_kv *kv, const rk_lowram_params *p, int n_threads
     c->xk = calloc((size_t)c->n_layer, sizeof *c->xk);
     c->xv = calloc((size_t)c->n_layer, sizeof *c->xv);
     c->x_hi = calloc((size_t)c->n_layer, sizeof *c->x_hi);
-    if (!c->g || !c->ly || !c->freq || !c->rope_hi || !c->rope_lo || !c->qsq || !c->xk || !c->xv || !c->x_hi) goto nomem;
+    c->sel_miss = malloc((size_t)c->n_layer * sizeof(float));
+    c->r2 = calloc((size_t)c->n_layer * c->n_head_kv, sizeof(float));
+    if (!c->g || !c->ly || !c->freq || !c->rope_hi || !c->rope_lo || !c->qsq || !c->xk || !c->xv || !c->x_hi ||
+        !c->sel_miss || !c->r2)
+        goto nomem;
+    for (int l = 0; l < c->n_layer; l++) c->sel_miss[l] = -1.0f; /* not measured */
     for (int i = 0; i < c->n_rot / 2; i++) c->freq[i] = pow((double)kv->rope_base, -2.0 * i / c->n_rot);
     for (int64_t k = 0; k <= c->n_ctx / LR_ROPE_LO || k < LR_ROPE_LO; k++)
         for (int i = 0; i < c->n_rot / 2; i++) {
@@ -606,11 +462,14 @@ static void lowram_bytes(const rk_kv *kv, rk_kv_bytes *o) {
 }
 
 static void lowram_stats(const rk_kv *kv, rk_lowram_stats *o) {
-    const rk_kv_codec *c = kv->impl;
+    rk_kv_codec *c = kv->impl; /* r2 is written here: the caller holds the session */
     memset(o, 0, sizeof *o);
     *o = c->stats;
     o->fitted = c->fitted;
+    o->n_layer = c->n_layer, o->n_head_kv = c->n_head_kv;
+    o->sel_miss = c->sel_miss;
     if (!c->fitted) return;
+    o->value_r2 = c->r2;
     o->n_group = c->n_group;
     o->rank_min = 1 << 30;
     double et = 0, ek = 0, r2 = 0;
@@ -625,7 +484,7 @@ static void lowram_stats(const rk_kv *kv, rk_lowram_stats *o) {
         for (int h = 0; h < c->n_head_kv; h++) {
             r2 += c->ly[l].h[h].r2;
             o->n_resid_rows += c->ly[l].h[h].n_res;
-            if (l < 256 && h < 8) o->value_r2[l][h] = c->ly[l].h[h].r2;
+            c->r2[(size_t)l * c->n_head_kv + h] = c->ly[l].h[h].r2;
         }
     o->value_r2_mean = r2 / ((double)c->n_layer * c->n_head_kv);
     for (int t = 0; c->scr && t < c->n_threads; t++) {
@@ -671,6 +530,7 @@ static rk_status lowram_import(rk_kv *kv, int64_t row0, int64_t n_rows, const ui
     c->prank = nc->prank;
     const rk_lowram_stats imp = c->stats; /* the imported state's full layers (lr_import) */
     c->stats = nc->stats;
+    memcpy(c->sel_miss, nc->sel_miss, (size_t)c->n_layer * sizeof(float));
     c->stats.n_full = imp.n_full;
     memcpy(c->stats.full_l, imp.full_l, sizeof imp.full_l);
     lr_codec_free(nc);
@@ -725,8 +585,8 @@ static const rk_kv_ops lowram_ops = {
 rk_status rk_kv_lowram_init(rk_kv *kv, const rk_model *m, const rk_lowram_params *pp, int n_threads, char *warning,
                             size_t warning_cap, rk_err *err) {
     rk_lowram_params p = *pp;
-    /* start: by default the measured decode crossover (LR_START_DEFAULT rows, docs/LOWRAM.md
-     * eighth session), at most half the model's trained context (a model made for short
+    /* start: by default the decode crossover (LR_START_DEFAULT rows, docs/LOWRAM.md), at
+     * most half the model's trained context (a model made for short
      * contexts, such as the test models of 512, compresses its second half) */
     if (p.fit_min == 0) {
         const int64_t half = rk_model_n_ctx_max(m) / 2;

@@ -686,7 +686,7 @@ static rk_status fit_groups(rk_kv_codec *c, int64_t n_past, const uint8_t *todo,
     rk_status *gst = calloc((size_t)c->n_group, sizeof *gst);
     if (!gst) return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory");
     lr_rope_fill(c, n_past);
-    const bool want_miss = c->p.full_layers > 0 && c->n_layer <= 256;
+    const bool want_miss = c->p.full_layers > 0;
     const bool want_mass = (c->p.evict > 0 || c->p.resid_mass || c->p.mass_keep > 0 || c->p.mass_pin > 0 || want_miss) &&
                            c->obs_q;
     if (want_mass) {
@@ -694,7 +694,7 @@ static rk_status fit_groups(rk_kv_codec *c, int64_t n_past, const uint8_t *todo,
         if (todo && (todo_l = calloc((size_t)c->n_layer, 1)))
             for (int gi = 0; gi < c->n_group; gi++)
                 for (int li = 0; todo[gi] && li < c->g[gi].n_l; li++) todo_l[c->g[gi].l0 + li] = 1;
-        mass_job mj = {.c = c, .n_past = n_past, .mass = mass, .miss = want_miss ? c->stats.sel_miss : NULL,
+        mass_job mj = {.c = c, .n_past = n_past, .mass = mass, .miss = want_miss ? c->sel_miss : NULL,
                        .todo_l = todo_l, .fail = mass == NULL || (todo && !todo_l)};
         if (!mj.fail) {
             if (c->pool) rk_pool_run(c->pool, mass_worker, &mj);
@@ -734,11 +734,11 @@ void lr_choose_full(rk_kv_codec *c) {
     S->n_full = 0;
     for (int l = 0; l < c->n_layer; l++) c->ly[l].full = false;
     const int want = c->p.full_layers < LR_FULL_MAX ? c->p.full_layers : LR_FULL_MAX;
-    if (c->n_layer > 256 || !c->obs_q) return;
+    if (!c->obs_q) return;
     while (S->n_full < want) {
         int best = -1;
         for (int l = 0; l < c->n_layer; l++)
-            if (!c->ly[l].full && S->sel_miss[l] >= c->p.full_min && (best < 0 || S->sel_miss[l] > S->sel_miss[best]))
+            if (!c->ly[l].full && c->sel_miss[l] >= c->p.full_min && (best < 0 || c->sel_miss[l] > c->sel_miss[best]))
                 best = l;
         if (best < 0) break;
         c->ly[best].full = true;

@@ -210,7 +210,9 @@ struct rk_kv_codec {
     float rope_base;
     uint32_t epoch;       /* bumped when stored rows change under the key cache (truncation) */
     uint32_t n_calls;     /* attention calls, for the key cache's LRU */
-    rk_lowram_stats stats;
+    rk_lowram_stats stats; /* its value_r2 and sel_miss pointers stay NULL: the arrays are below */
+    float *sel_miss;      /* (n_layer) the fit's missed share per layer (-1: not measured) */
+    float *r2;            /* (n_layer, n_head_kv) the predictors' R², filled when stats are read */
     struct lr_tier *tier; /* lowram_tier.c: cold rows' pages under a KV budget (NULL: no budget) */
     uint8_t *dk, *dv;     /* lowram_dense.c: one layer's rows rebuilt for a long eval, (d_cap, kv_dim) */
     int64_t d_cap;

@@ -186,10 +186,16 @@ static rk_status bind_all(rk_model *m, rk_err *err) {
     return RK_OK;
 }
 
-rk_status rk_model_load(const char *path, rk_model **out, rk_err *err) {
+rk_model_params rk_model_params_default(void) { return (rk_model_params){.huge_pages = true}; }
+
+rk_status rk_model_load(const char *path, rk_model **out, rk_err *err) { return rk_model_load_with(path, NULL, out, err); }
+
+rk_status rk_model_load_with(const char *path, const rk_model_params *p, rk_model **out, rk_err *err) {
+    const rk_model_params mp = p ? *p : rk_model_params_default();
     rk_model *m = calloc(1, sizeof *m);
     if (!m) return rk_err_set(err, RK_E_NOMEM, "model: out of memory");
-    rk_status st = rk_mapping_open_huge(path, &m->map, err); /* weights on huge pages (decode bandwidth) */
+    /* weights on huge pages: decode streams them with fewer TLB misses */
+    rk_status st = mp.huge_pages ? rk_mapping_open_huge(path, &m->map, err) : rk_mapping_open(path, &m->map, err);
     if (st) goto fail;
     if ((st = rk_gguf_parse(m->map.data, m->map.len, &m->gguf, err))) goto fail;
     if ((st = read_hparams(m, err))) goto fail;

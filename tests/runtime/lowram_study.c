@@ -27,7 +27,9 @@ typedef struct run_out {
     double kl_max;            /* the largest per-step KL */
     bool reused;              /* --reuse: the prompt's state was imported (pf_s: the import) */
     rk_kv_bytes kb;
-    rk_lowram_stats ls;
+    rk_lowram_stats ls;       /* value_r2 and sel_miss: NULL, copied into r2 and miss */
+    float r2[1024][64];       /* (layer, KV head) the predictors' R², copied before the session goes */
+    float miss[1024];
 } run_out;
 
 static double *g_ref_lp;   /* (cont, n_vocab) exact log-probs */
@@ -196,6 +198,12 @@ static int run(const rk_model *m, const int32_t *ids, int n_prompt, int n_cont, 
     o->dec_cpu_s = (c2 - c1) / (n_cont > 1 ? n_cont - 1 : 1);
     rk_session_kv_bytes(s, &o->kb);
     rk_session_lowram_stats(s, &o->ls);
+    for (int l = 0; l < o->ls.n_layer && l < 1024; l++) {
+        for (int h = 0; o->ls.value_r2 && h < o->ls.n_head_kv && h < 64; h++)
+            o->r2[l][h] = o->ls.value_r2[(size_t)l * o->ls.n_head_kv + h];
+        o->miss[l] = o->ls.sel_miss ? o->ls.sel_miss[l] : -1.0f;
+    }
+    o->ls.value_r2 = NULL, o->ls.sel_miss = NULL; /* borrowed from s: gone with it */
     rk_session_destroy(s);
     free(lg), free(lp);
     return 0;
@@ -391,9 +399,9 @@ int main(int argc, char **argv) {
                    o.ls.seconds_compress);
         if (r2 && k == 0) {
             printf("    value R² per layer (KV heads):");
-            for (int l = 0; l < hp->n_layer && l < 256; l++) {
+            for (int l = 0; l < hp->n_layer && l < 1024; l++) {
                 printf("%s%2d:", l % 6 ? "  " : "\n     ", l);
-                for (int h = 0; h < hp->n_head_kv && h < 8; h++) printf(" %.2f", (double)o.ls.value_r2[l][h]);
+                for (int h = 0; h < hp->n_head_kv && h < 64; h++) printf(" %.2f", (double)o.r2[l][h]);
             }
             printf("\n");
         }

@@ -6,6 +6,7 @@
 
 #include "rk.h"
 #include "tb.h"
+#include "rk_experimental.h"
 
 /* A generated tiny model (tests/tb) written, loaded and its file removed (the mapping keeps
  * it alive); no ../shared needed. The caller destroys it. */

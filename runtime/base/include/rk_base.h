@@ -5,6 +5,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Marks a declaration of the library's API: exported from a shared build of it (which
+ * compiles everything else with -fvisibility=hidden), a plain declaration otherwise. */
+#if defined(_WIN32)
+#define RK_API
+#else
+#define RK_API __attribute__((visibility("default")))
+#endif
+
 /* ---- status ---------------------------------------------------------- */
 typedef enum rk_status {
     RK_OK = 0,
@@ -41,13 +49,13 @@ typedef struct rk_err {
 
 /* Records "<module>: <what> <where> (<expected> vs <got>)" in *err (may be NULL)
  * and returns code. Never fails. */
-rk_status rk_err_set(rk_err *err, rk_status code, const char *fmt, ...)
+RK_API rk_status rk_err_set(rk_err *err, rk_status code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Prefixes an existing message with more context ("loading X: <old msg>"). */
-rk_status rk_err_wrap(rk_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void rk_err_clear(rk_err *err);
+RK_API rk_status rk_err_wrap(rk_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+RK_API void rk_err_clear(rk_err *err);
 /* Stable name such as "RK_E_GGUF_MAGIC". */
-const char *rk_status_name(rk_status s);
+RK_API const char *rk_status_name(rk_status s);
 
 /* Checked arithmetic for sizes read from files. Return false on overflow. */
 /* Little-endian fields of the on-disk formats: n bytes of v at d, and back. */
@@ -88,16 +96,16 @@ typedef struct rk_dtype_traits {
 } rk_dtype_traits;
 
 /* NULL for type ids we do not know. */
-const rk_dtype_traits *rk_dtype_get(uint32_t type);
+RK_API const rk_dtype_traits *rk_dtype_get(uint32_t type);
 /* Name for any id ("type 17" style text is not returned; unknown -> "unknown"). */
-const char *rk_dtype_name(uint32_t type);
+RK_API const char *rk_dtype_name(uint32_t type);
 /* Bytes of a row of n elements; false if n is not a multiple of the block or overflows. */
-bool rk_dtype_row_bytes(uint32_t type, uint64_t n, uint64_t *out);
+RK_API bool rk_dtype_row_bytes(uint32_t type, uint64_t n, uint64_t *out);
 
 /* ---- half floats ----------------------------------------------------- */
 /* IEEE binary16 <-> binary32, round to nearest even; exact for every half value. */
-float rk_f16_to_f32(uint16_t h);
-uint16_t rk_f32_to_f16(float x);
+RK_API float rk_f16_to_f32(uint16_t h);
+RK_API uint16_t rk_f32_to_f16(float x);
 static inline float rk_bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
     float f;
@@ -118,24 +126,23 @@ typedef struct rk_mapping {
 } rk_mapping;
 
 /* Maps the whole file read-only. Out-param written only on success. */
-rk_status rk_mapping_open(const char *path, rk_mapping *out, rk_err *err);
-void rk_mapping_close(rk_mapping *m); /* accepts a zeroed or closed mapping */
+RK_API rk_status rk_mapping_open(const char *path, rk_mapping *out, rk_err *err);
+RK_API void rk_mapping_close(rk_mapping *m); /* accepts a zeroed or closed mapping */
 /* Like rk_mapping_open, but for a file of at least 2 MiB, when the kernel offers
- * transparent huge pages (madvise or always) and RIDGEKV_HUGEPAGES is not "0": the
- * bytes are read into private anonymous memory on 2 MiB-aligned huge pages
- * (same RSS as a fully touched mapping; the page cache copy is reclaimable).
- * Streaming model weights from huge pages avoids a TLB miss per 4 KiB and lets
- * the prefetchers run across pages: decode GEMV bandwidth +12-30% here
- * (docs/BENCH.md). Otherwise (or when no such memory can be had) a plain mapping.
- * Closed with rk_mapping_close. */
-rk_status rk_mapping_open_huge(const char *path, rk_mapping *out, rk_err *err);
+ * transparent huge pages (madvise or always) and at most half of the available memory
+ * would hold it: the bytes are read into private anonymous memory on 2 MiB-aligned huge
+ * pages (same RSS as a fully touched mapping; the page cache copy is reclaimable).
+ * Streaming model weights from huge pages avoids a TLB miss per 4 KiB and lets the
+ * prefetchers run across pages (decode GEMV bandwidth, docs/BENCH.md). Otherwise (or
+ * when no such memory can be had) a plain mapping. Closed with rk_mapping_close. */
+RK_API rk_status rk_mapping_open_huge(const char *path, rk_mapping *out, rk_err *err);
 /* Whether rk_mapping_open_huge would copy a file of len bytes. */
-bool rk_mapping_huge_wanted(size_t len);
+RK_API bool rk_mapping_huge_wanted(size_t len);
 /* Bytes of m that sit on huge pages now (AnonHugePages + FilePmdMapped of the memory
  * areas in /proc/self/smaps that overlap m, at most m->len: exact for a mapping of its own,
  * as rk_mapping_open_huge makes); 0 when that cannot be read. rk_mapping_open_huge uses
  * it to retry a copy that came out on 4 KiB pages with MADV_COLLAPSE. */
-size_t rk_mapping_huge_bytes(const rk_mapping *m);
+RK_API size_t rk_mapping_huge_bytes(const rk_mapping *m);
 
 /* ---- bump arena ------------------------------------------------------ */
 typedef struct rk_arena {
@@ -144,14 +151,14 @@ typedef struct rk_arena {
     size_t used;
 } rk_arena;
 
-rk_status rk_arena_init(rk_arena *a, size_t cap, rk_err *err);
-void rk_arena_deinit(rk_arena *a);
+RK_API rk_status rk_arena_init(rk_arena *a, size_t cap, rk_err *err);
+RK_API void rk_arena_deinit(rk_arena *a);
 /* 64-byte aligned; NULL when full (no growth: sizes are planned up front). */
-void *rk_arena_alloc(rk_arena *a, size_t bytes);
-void rk_arena_reset(rk_arena *a);
+RK_API void *rk_arena_alloc(rk_arena *a, size_t bytes);
+RK_API void rk_arena_reset(rk_arena *a);
 
 /* ---- misc ------------------------------------------------------------- */
-double rk_time_now(void); /* monotonic seconds */
+RK_API double rk_time_now(void); /* monotonic seconds */
 
 /* splitmix64: the one deterministic generator (sampler, eval drivers, tests). Advances
  * *state and returns the next 64 random bits. */
@@ -162,7 +169,7 @@ static inline uint64_t rk_splitmix64(uint64_t *state) {
     return z ^ (z >> 31);
 }
 /* Peak resident set size of this process in bytes (0 if unknown). */
-uint64_t rk_peak_rss_bytes(void);
+RK_API uint64_t rk_peak_rss_bytes(void);
 /* The "NAME: N kB" line of a /proc file (/proc/meminfo's MemAvailable, /proc/self/status's
  * VmHWM) in bytes; 0 when the file or the line cannot be read. */
-uint64_t rk_proc_kb_field(const char *path, const char *name);
+RK_API uint64_t rk_proc_kb_field(const char *path, const char *name);
