@@ -53,6 +53,12 @@ static rk_status add_kv(text *t, const rk_session *s, rk_err *err) {
     add(t, ";kv=%s", rk_kv_kind_name(s->kv->kind));
     for (int i = 0; i < n && i < RK_KV_MAX_PARAMS; i++) add(t, ",%.16s=%a", prm[i].name, prm[i].value);
     const rk_lowram_params *lp = &s->p.kv.lowram;
+    /* LowRAM settings of the fit that its blocks do not record: the state saved after the
+     * documents' prefill depends on them too */
+    if (s->kv->kind == RK_KV_LOWRAM)
+        add(t, ";lowram=fitmin=%d,vkeep=%a,vpool=%d,vpin=%d,full=%d,fullmin=%a,nostage=%d", (int)lp->fit_min,
+            (double)lp->mass_keep, (int)lp->mass_pool, (int)lp->mass_pin, (int)lp->full_layers, (double)lp->full_min,
+            (int)lp->no_stage);
     if (s->kv->kind == RK_KV_LOWRAM && lp->predictor[0]) {
         char pred[65];
         rk_err e = {0};
