@@ -442,6 +442,7 @@ int cli_session_params(const cli_opts *o, rk_session_params *p) {
     if (o->n_batch) p->n_batch = o->n_batch;
     char items[8][1200];
     if (o->kv && cli_kv_split(o->kv, items, 8) >= 1 && cli_kv_params(o, items[0], &p->kv)) return RK_EXIT_USAGE;
+    if (!o->kv) cli_kv_apply(o, &p->kv); /* the default policy takes --kv-budget and the tier settings too */
     if (o->backend) rk_backend_kind_parse(o->backend, &p->backend);
     p->ctx_overflow_ok = o->ctx_overflow_ok != 0;
     return 0;
