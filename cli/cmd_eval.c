@@ -85,6 +85,7 @@ static int eval_ppl(int argc, char **argv) {
     }
     rk_model *m = NULL;
     rk_session *s = NULL;
+    rk_ridge_maps *maps = NULL;
     int32_t *ids = NULL;
     rk_status st = RK_OK;
     if ((rc = cli_load_model(&o, &m))) {
@@ -104,6 +105,7 @@ static int eval_ppl(int argc, char **argv) {
     if ((rc = cli_session_params(&o, &sp))) goto done;
     sp.n_ctx = o.n_ctx;
     if ((st = rk_session_create(m, &sp, &s, &e))) goto fail;
+    if ((rc = cli_setup_fill(&o, m, s, &maps, NULL))) goto done; /* --ridgefill / --fill; else exact */
     ppl_progress pr = {o.json != 0, o.n_ctx, rk_time_now()};
     ev_ppl_result r = {0};
     if ((st = ev_ppl_run(m, s, ids, n_ids, &pp, ppl_progress_fn, &pr, &r, &e))) goto fail;
@@ -122,6 +124,7 @@ done:
     free(ids);
     free(text);
     rk_session_destroy(s);
+    rk_ridge_maps_destroy(maps);
     rk_model_destroy(m);
     return rc;
 }
