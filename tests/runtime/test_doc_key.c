@@ -95,7 +95,14 @@ Test(doc_key, equal_settings_equal_keys_any_change_another_key) {
     cr_expect_str_neq(la, lb, "the LowRAM rank (a parameter of its blocks)");
     key_of(l3, k_ids, 8, lb);
     cr_expect_str_eq(la, lb, "decode's budget does not change the stored state");
-    rk_session *ss[] = {s1, s2, s3, s4, l1, l2, l3};
+    /* a memory budget spills rows, bit-identical to the rows in memory: the same entry */
+    rk_session_params bp = rk_session_params_default();
+    bp.n_ctx = 256, bp.n_threads = 1, bp.n_batch = 64, bp.kv.budget = 4096;
+    rk_session *s5 = NULL;
+    cr_assert_eq(rk_session_create(t.m, &bp, &s5, &e), RK_OK, "%s", e.msg);
+    key_of(s5, k_ids, 8, b);
+    cr_expect_str_eq(a, b, "the budget does not change the rows");
+    rk_session *ss[] = {s1, s2, s3, s4, s5, l1, l2, l3};
     for (size_t i = 0; i < sizeof ss / sizeof *ss; i++) rk_session_destroy(ss[i]);
 
     /* the same weights with RoPE scaled: other rows */
