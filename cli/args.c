@@ -446,6 +446,7 @@ int cli_session_params(const cli_opts *o, rk_session_params *p) {
     if (o->n_batch) p->n_batch = o->n_batch;
     char items[8][1200];
     if (o->kv && cli_kv_split(o->kv, items, 8) >= 1 && cli_kv_params(o, items[0], &p->kv)) return RK_EXIT_USAGE;
+    if (!o->kv) cli_kv_apply(o, &p->kv); /* the default policy takes --kv-budget and the tier settings too */
     if (o->backend) rk_backend_kind_parse(o->backend, &p->backend);
     p->ctx_overflow_ok = o->ctx_overflow_ok != 0;
     const char *g = getenv("RIDGEKV_CUDA_GRAPHS"); /* docs/GPU.md: recorded decode steps */
@@ -556,18 +557,28 @@ int cli_setup_kv(const cli_opts *o, rk_session *s, const char *item) {
 
 int cli_fill_group(const cli_opts *o, rk_fill_mode mode) {
     if (o->fill_group) return o->fill_group > 0 ? o->fill_group : 0;
-    return mode == RK_FILL_QUALITY || mode == RK_FILL_SPEED ? CLI_DEFAULT_FILL_GROUP : 0;
+    return rk_fill_default_group(mode);
 }
+
+const char *cli_default_fill_name(void) { return rk_fill_mode_name(rk_fill_params_default().mode); }
 
 int cli_fill_params(const cli_opts *o, const rk_model *m, rk_ridge_maps **maps, const char *mode_override,
                     rk_fill_params *out) {
     rk_err e = {0};
     const char *mode_s = mode_override ? mode_override : o->fill;
-    rk_fill_params fp = {.mode = RK_FILL_OFF, .tail = o->tail, .split = o->split,
-                         .keep_share = o->keep_share > 0 ? o->keep_share : -1.0f, .obs = o->obs,
-                         .score_layers = o->score_layers, .score_skip = o->score_skip, .pool = o->pool,
-                         .baseline = o->baseline, .band = o->band, .group = -1};
-    if (!mode_s) mode_s = o->ridgefill ? CLI_DEFAULT_MAPS_FILL : "off";
+    /* the library's defaults, the flags over them */
+    rk_fill_params fp = rk_fill_params_default();
+    fp.mode = RK_FILL_OFF, fp.group = -1;
+    if (o->tail) fp.tail = o->tail;
+    if (o->split) fp.split = o->split;
+    if (o->keep_share > 0) fp.keep_share = o->keep_share;
+    if (o->obs) fp.obs = o->obs;
+    if (o->score_layers) fp.score_layers = o->score_layers;
+    if (o->score_skip) fp.score_skip = o->score_skip;
+    if (o->pool) fp.pool = o->pool;
+    if (o->baseline) fp.baseline = o->baseline;
+    if (o->band) fp.band = o->band;
+    if (!mode_s) mode_s = o->ridgefill ? cli_default_fill_name() : "off";
     /* MODE:group=G (bench lists compare grouping in one run) */
     char mbuf[64];
     const char *colon = strchr(mode_s, ':');

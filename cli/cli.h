@@ -46,7 +46,7 @@ typedef struct cli_opts {
     int pool;               /* --pool R: max-pool radius of the scores (0: 8, -1: none) */
     int band;               /* --band N: last bulk rows kept exact out of the keep share (0: none) */
     int fill_group;         /* --fill-group G: late-layer attention to filled rows in runs of G (0: the
-                             * default, CLI_DEFAULT_FILL_GROUP; -1: off, from --fill-group 0) */
+                             * mode's default, rk_fill_default_group; -1: off, from --fill-group 0) */
     int no_ridgefill;       /* --no-ridgefill: no maps found by fingerprint are used */
     rk_rope_override rope;  /* --rope-scaling, --rope-scale, --yarn-*, --rope-freq-base (valid when rope_set) */
     int rope_set;
@@ -130,22 +130,15 @@ int cmd_calibrate(int argc, char **argv);
 int cmd_prepare(int argc, char **argv);
 
 /* ---- RidgeFill maps without a manual step (cmd_prepare.c) ---------------------------- */
-/* The fill mode ask / chat / serve use with maps found in the cache (prompts longer than
- * the tail; shorter ones are exact anyway): the mode that met issue 10's targets, else off.
- * Quality mode with grouped attention (CLI_DEFAULT_FILL_GROUP) since the twenty-first
- * session: needle, ΔNLL and TTFT lines in docs/RIDGEFILL.md. --no-ridgefill or --fill off:
- * exact prefill. */
-#define CLI_DEFAULT_LONG_FILL "quality"
-/* The fill mode when the user names maps (--ridgefill, a request's "ridgefill") without a
- * --fill: quality, the mode that keeps the answers (docs/RIDGEFILL.md: needle 143/220 against
- * exact's 137/220, ΔNLL +0.005; speed mode found 0/24 needles). */
-#define CLI_DEFAULT_MAPS_FILL "quality"
-/* The group of quality and speed modes without --fill-group (or MODE:group=G): late layers
- * attend to each run of up to this many filled rows as one row (docs/RIDGEFILL.md,
- * twentieth and twenty-first sessions). 0: ungrouped. Identity and plumb stay ungrouped. */
-#define CLI_DEFAULT_FILL_GROUP 16
-/* The group cli_fill_params uses for mode: --fill-group, else the default above. */
+/* The fill of ask / chat / serve (maps found in the cache, or named without --fill) is
+ * the library's rk_fill_params_default(): quality mode, grouped attention (needle, ΔNLL
+ * and TTFT lines in docs/RIDGEFILL.md). --no-ridgefill or --fill off: exact prefill. Other
+ * commands prefill exactly unless --fill / --ridgefill say otherwise. */
+/* The group cli_fill_params uses for mode: --fill-group (-1: off), else
+ * rk_fill_default_group(mode). */
 int cli_fill_group(const cli_opts *o, rk_fill_mode mode);
+/* The fill mode's name for --ridgefill without --fill: rk_fill_params_default()'s. */
+const char *cli_default_fill_name(void);
 /* Tokens of calibration text `prepare` (and `pull --prepare`) fits on by default. */
 #define CLI_PREPARE_TOKENS 32768
 /* <cache>/maps/<arch>-<tokenizer hash>-<weights hash>-<quant hash>.maps.gguf; -1 without a cache dir. */
@@ -158,8 +151,7 @@ int cli_prepare_maps(const rk_model *m, const char *const *texts, int n_texts, s
                      bool force);
 /* ask / chat / serve, before cli_setup_fill / cli_fill_params: with --no-ridgefill turns
  * fill off; without --ridgefill uses the cached maps of m (o->ridgefill then points into a
- * static buffer) in
- * CLI_DEFAULT_LONG_FILL mode (or --fill). Says on stderr what it uses. Returns an exit code. */
+ * static buffer) in the default mode (cli_default_fill_name) or --fill's. Says on stderr what it uses. Returns an exit code. */
 int cli_auto_fill(cli_opts *o, const rk_model *m, const char *cmd);
 int cmd_calibrate_lowram(int argc, char **argv); /* calibrate --lowram (cmd_calibrate_lowram.c) */
 int cmd_serve(int argc, char **argv);

@@ -74,7 +74,7 @@ static const char *help =
 
 /* One stderr line on what is in use. */
 static void accelerations(const cli_opts *o, const rk_ridge_maps *maps, const rk_session *s) {
-    const char *mode = o->fill ? o->fill : o->ridgefill ? CLI_DEFAULT_MAPS_FILL : "off";
+    const char *mode = o->fill ? o->fill : o->ridgefill ? cli_default_fill_name() : "off";
     char fill[1200], kv[32];
     rk_fill_mode fm = RK_FILL_OFF;
     (void)rk_fill_mode_parse(mode, &fm);
@@ -147,7 +147,7 @@ int cmd_ask(int argc, char **argv) {
     int n_docs = 0;
     const char *question = NULL;
     char *joined = NULL;
-    cli_opts o = {.n_predict = 256, .sp = rk_sampler_params_default()};
+    cli_opts o = {.n_predict = rk_gen_params_default().max_tokens, .sp = rk_sampler_params_default()};
     o.sp.temp = 0.0f;
     int rc = parse(argc, argv, &o, d, &n_docs, &question, &joined);
     if (rc) {

@@ -1,5 +1,4 @@
-/* `ridgekv eval ppl`: perplexity by llama-perplexity's procedure, so numbers compare. */
-#include <math.h>
+/* `ridgekv eval`: the measurements' flags and output; ppl here (its driver: eval/eval_ppl.c). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,6 +32,19 @@ static const char *ppl_help =
     "  --kv POLICY   f16, f32, q8, q4 or lowram[:opts] (default f16)\n"
     "  --ridgefill MAPS, --fill MODE  score with RidgeFill prefill (docs/RIDGEFILL.md)\n"
     "  --json        one JSON object on stdout\n";
+
+typedef struct ppl_progress {
+    bool quiet; /* --json: stdout's one object only */
+    int n_ctx;
+    double t0;
+} ppl_progress;
+
+static void ppl_progress_fn(void *ud, int64_t done, int64_t total, double running_ppl) {
+    const ppl_progress *p = ud;
+    if (!p->quiet)
+        fprintf(stderr, "eval ppl: chunk %lld/%lld  running ppl %.4f  (%.1f tok/s)\n", (long long)done, (long long)total,
+                running_ppl, (double)(done * p->n_ctx) / (rk_time_now() - p->t0));
+}
 
 static int eval_ppl(int argc, char **argv) {
     int max_chunks = 0;
@@ -71,87 +83,48 @@ static int eval_ppl(int argc, char **argv) {
         cli_print_error(&e);
         return RK_EXIT_IO;
     }
-    if (len > 0 && text[len - 1] == '\n') text[--len] = '\0';
     rk_model *m = NULL;
     rk_session *s = NULL;
+    rk_ridge_maps *maps = NULL;
     int32_t *ids = NULL;
-    float *logits = NULL;
     rk_status st = RK_OK;
     if ((rc = cli_load_model(&o, &m))) {
         free(text);
         return rc;
     }
-    const rk_hparams *hp = rk_model_hparams(m);
     size_t n_ids = 0;
-    if ((st = rk_model_tokenize(m, text, len, true, false, &ids, &n_ids, &e))) goto fail;
-    int c = o.n_ctx;
-    int64_t n_chunk = (int64_t)n_ids / c;
-    if (max_chunks && n_chunk > max_chunks) n_chunk = max_chunks;
-    if (n_chunk < 1) {
-        fprintf(stderr, "ridgekv eval ppl: %s has %zu tokens, fewer than one chunk of %d\n", o.prompt_file, n_ids, c);
+    if ((st = ev_ppl_tokenize(m, text, len, &ids, &n_ids, &e))) goto fail;
+    const ev_ppl_params pp = {.n_ctx = o.n_ctx, .max_chunks = max_chunks};
+    if (ev_ppl_n_chunks(n_ids, &pp) < 1) {
+        fprintf(stderr, "ridgekv eval ppl: %s has %zu tokens, fewer than one chunk of %d\n", o.prompt_file, n_ids,
+                o.n_ctx);
         rc = RK_EXIT_USAGE;
         goto done;
     }
     rk_session_params sp;
     if ((rc = cli_session_params(&o, &sp))) goto done;
-    sp.n_ctx = c;
+    sp.n_ctx = o.n_ctx;
     if ((st = rk_session_create(m, &sp, &s, &e))) goto fail;
-    /* Only the second half of a chunk is scored: the first half is evaluated without logits
-     * and the second in pieces of PPL_PIECE rows, so memory stays PPL_PIECE x n_vocab floats
-     * (a 16K chunk of a 152K-vocab model would otherwise keep 10 GB of logits). */
-    enum { PPL_PIECE = 512 };
-    logits = malloc((size_t)PPL_PIECE * (size_t)hp->n_vocab * sizeof(float));
-    if (!logits) {
-        st = rk_err_set(&e, RK_E_NOMEM, "eval: out of memory for %d x %d logits", PPL_PIECE, hp->n_vocab);
-        goto fail;
-    }
-    double nll = 0, nll2 = 0;
-    int64_t count = 0;
-    double t0 = rk_time_now();
-    for (int64_t ch = 0; ch < n_chunk; ch++) {
-        int32_t *chunk = ids + ch * c;
-        int32_t saved = chunk[0];
-        if (rk_model_add_bos(m) && rk_model_token_bos(m) >= 0) chunk[0] = rk_model_token_bos(m); /* as llama-perplexity */
-        rk_session_reset(s);
-        const int half = c / 2;
-        st = rk_session_eval(s, chunk, (size_t)half, NULL, false, &e);
-        for (int p0 = half; !st && p0 < c - 1; p0 += PPL_PIECE) {
-            const int p1 = p0 + PPL_PIECE < c - 1 ? p0 + PPL_PIECE : c - 1; /* row c-1 has no next token */
-            st = rk_session_eval(s, chunk + p0, (size_t)(p1 - p0), logits, true, &e);
-            for (int j = p0; !st && j < p1; j++) {
-                const double l = ev_nll_row(logits + (size_t)(j - p0) * (size_t)hp->n_vocab, hp->n_vocab, chunk[j + 1]);
-                nll += l;
-                nll2 += l * l;
-                count++;
-            }
-        }
-        chunk[0] = saved;
-        if (st) goto fail;
-        if (!o.json)
-            fprintf(stderr, "eval ppl: chunk %lld/%lld  running ppl %.4f  (%.1f tok/s)\n", (long long)ch + 1,
-                    (long long)n_chunk, exp(nll / (double)count),
-                    (double)((ch + 1) * c) / (rk_time_now() - t0));
-    }
-    double mean = nll / (double)count;
-    double var = nll2 / (double)count - mean * mean;
-    double ppl = exp(mean);
-    double ppl_err = ppl * sqrt(var > 0 ? var / (double)(count - 1 > 0 ? count - 1 : 1) : 0);
+    if ((rc = cli_setup_fill(&o, m, s, &maps, NULL))) goto done; /* --ridgefill / --fill; else exact */
+    ppl_progress pr = {o.json != 0, o.n_ctx, rk_time_now()};
+    ev_ppl_result r = {0};
+    if ((st = ev_ppl_run(m, s, ids, n_ids, &pp, ppl_progress_fn, &pr, &r, &e))) goto fail;
     if (o.json)
         printf("{\"file\":\"%s\",\"n_ctx\":%d,\"chunks\":%lld,\"tokens_scored\":%lld,\"nll\":%.6f,\"ppl\":%.6f,\"ppl_err\":%.6f}\n",
-               o.prompt_file, c, (long long)n_chunk, (long long)count, mean, ppl, ppl_err);
+               o.prompt_file, o.n_ctx, (long long)r.n_chunk, (long long)r.n_scored, r.nll, r.ppl, r.ppl_err);
     else
-        printf("PPL = %.4f +/- %.5f  (%lld chunks of %d, %lld tokens scored, mean NLL %.6f)\n", ppl, ppl_err,
-               (long long)n_chunk, c, (long long)count, mean);
+        printf("PPL = %.4f +/- %.5f  (%lld chunks of %d, %lld tokens scored, mean NLL %.6f)\n", r.ppl, r.ppl_err,
+               (long long)r.n_chunk, o.n_ctx, (long long)r.n_scored, r.nll);
     rc = RK_EXIT_OK;
     goto done;
 fail:
     cli_print_error(&e);
     rc = cli_exit_code(st);
 done:
-    free(logits);
     free(ids);
     free(text);
     rk_session_destroy(s);
+    rk_ridge_maps_destroy(maps);
     rk_model_destroy(m);
     return rc;
 }

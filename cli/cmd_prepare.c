@@ -232,7 +232,7 @@ int cli_auto_fill(cli_opts *o, const rk_model *m, const char *cmd) {
     if (o->ridgefill) return 0; /* the user's maps: cli_fill_params says what it uses with -v */
     struct stat sb;
     if (cli_maps_cache_path(m, buf, cap) != 0 || stat(buf, &sb) != 0) return 0;
-    const char *mode = o->fill ? o->fill : CLI_DEFAULT_LONG_FILL;
+    const char *mode = o->fill ? o->fill : cli_default_fill_name();
     if (!strcmp(mode, "off")) {
         if (o->fill) fprintf(stderr, "ridgekv %s: RidgeFill off (--fill off): exact prefill\n", cmd);
         else

@@ -154,7 +154,7 @@ int cmd_serve(int argc, char **argv) {
             rest[n_rest++] = argv[i];
         }
     }
-    cli_opts o = {.n_predict = 256, .sp = rk_sampler_params_default()};
+    cli_opts o = {.n_predict = rk_gen_params_default().max_tokens, .sp = rk_sampler_params_default()};
     int n_pos;
     rc = cli_parse(n_rest, rest, 2, &o, NULL, 0, &n_pos, "serve");
     free(rest);

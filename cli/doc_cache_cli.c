@@ -45,39 +45,6 @@ static size_t common(const int32_t *a, size_t na, const int32_t *b, size_t nb) {
     return i;
 }
 
-/* Prompt ids of the same documents with a probe question. */
-static rk_status probe(const rk_model *m, rk_session *s, const char *system, const rk_doc *docs, size_t n_docs,
-                       const char *q, int32_t **ids, size_t *n, rk_err *err) {
-    rk_conv_params cp = {.n_answer = 1, .room_div = 4};
-    rk_conv *c = NULL;
-    rk_status st = rk_conv_create(m, s, &cp, &c, err);
-    if (!st) st = rk_conv_add_ask(c, system, docs, n_docs, q, err);
-    if (!st) st = rk_conv_prompt(c, ids, n, err);
-    rk_conv_destroy(c);
-    return st;
-}
-
-/* What else the KV rows depend on: fill, maps and predictor contents, chunk, backend. */
-static void key_extra(const cli_opts *o, char *buf, size_t cap) {
-    char maps[65] = "-", pred[65] = "-";
-    rk_err e = {0};
-    if (o->ridgefill && rk_sha256_file(o->ridgefill, maps, &e)) snprintf(maps, sizeof maps, "unreadable");
-    const char *pp = o->kv ? strstr(o->kv, "pred=") : NULL;
-    if (pp && rk_sha256_file(pp + 5, pred, &e)) snprintf(pred, sizeof pred, "unreadable");
-    const char *fill = o->fill ? o->fill : o->ridgefill ? CLI_DEFAULT_MAPS_FILL : "off";
-    int n = snprintf(buf, cap, "fill=%s;maps=%s;pred=%s;tail=%d;split=%d;keep=%g;batch=%d;backend=%s", fill, maps, pred,
-                     o->tail, o->split, (double)o->keep_share, o->n_batch ? o->n_batch : 512,
-                     o->backend ? o->backend : "cpu");
-    /* quality mode's other settings and the grouping change the late layers' rows too; named
-     * only when set, so that the keys of earlier caches stay as they were */
-    rk_fill_mode fm = RK_FILL_OFF;
-    (void)rk_fill_mode_parse(fill, &fm);
-    const int v[7] = {cli_fill_group(o, fm), o->band, o->obs, o->pool, o->score_layers, o->score_skip, o->baseline};
-    static const char *const name[7] = {"group", "band", "obs", "pool", "slayers", "sskip", "baseline"};
-    for (int i = 0; i < 7 && fm != RK_FILL_OFF && n > 0 && (size_t)n < cap; i++)
-        if (v[i]) n += snprintf(buf + n, cap - (size_t)n, ";%s=%d", name[i], v[i]);
-}
-
 static void verbose_io(const char *cmd, const char *what, const rk_doc_cache *c, const char *key) {
     rk_doc_cache_stats st;
     rk_doc_cache_last(c, &st);
@@ -96,17 +63,10 @@ rk_status cli_doc_prefix(const cli_opts *o, const char *cmd, rk_doc_cache *c, co
                          const char *system, const rk_doc *docs, size_t n_docs, const int32_t *ids, size_t n_ids,
                          rk_progress_fn progress, void *ud, cli_prefix *out, rk_err *err) {
     memset(out, 0, sizeof *out);
-    int32_t *a = NULL, *b = NULL;
-    size_t na = 0, nb = 0;
-    rk_status st = probe(m, s, system, docs, n_docs, "x", &a, &na, err);
-    if (!st) st = probe(m, s, system, docs, n_docs, "7", &b, &nb, err);
-    /* the prefix both probes share, which the question's prompt must start with too */
-    size_t p = st ? 0 : common(a, na, b, nb);
-    if (!st && common(ids, n_ids, a, na) < p) p = 0;
-    free(a);
-    free(b);
+    size_t p = 0;
+    rk_status st = rk_doc_ask_prefix(m, s, system, docs, n_docs, ids, n_ids, &p, err);
     if (st) return st;
-    if (p < 1 || p >= n_ids) return RK_OK;
+    if (p < 1) return RK_OK;
     out->n_prefix = (int64_t)p;
     if (o->verbose)
         fprintf(stderr, "ridgekv %s: the documents are the first %zu prompt tokens: read (or loaded) apart from the "
@@ -117,14 +77,16 @@ rk_status cli_doc_prefix(const cli_opts *o, const char *cmd, rk_doc_cache *c, co
         snprintf(label + l, sizeof label - l, "%s%s", i ? ", " : "", docs[i].name ? docs[i].name : "(unnamed)");
     }
     char key[65] = "";
-    rk_kv_params kvp = rk_kv_params_default();
-    rk_session_params sp;
-    if (!cli_session_params(o, &sp)) kvp = sp.kv;
     const double t0 = rk_time_now();
     if (c) {
-        char extra[512];
-        key_extra(o, extra, sizeof extra);
-        rk_doc_cache_key(m, &kvp, extra, ids, p, key);
+        /* the key of the rows as this session computes them: its KV policy, fill and maps */
+        rk_err e = {0};
+        if (rk_doc_cache_session_key(s, ids, p, key, &e)) {
+            fprintf(stderr, "ridgekv %s: document cache not used: %s\n", cmd, e.msg);
+            c = NULL;
+        }
+    }
+    if (c) {
         int64_t n = 0;
         rk_err e = {0};
         rk_status ls = rk_doc_cache_load(c, key, s, &n, &e);
@@ -158,7 +120,7 @@ rk_status cli_doc_prefix(const cli_opts *o, const char *cmd, rk_doc_cache *c, co
     out->read_s = rk_time_now() - t0;
     if (c) {
         rk_err e = {0};
-        if (rk_doc_cache_save(c, key, m, &kvp, s, (int64_t)p, label, &e))
+        if (rk_doc_cache_save(c, key, m, NULL, s, (int64_t)p, label, &e))
             fprintf(stderr, "ridgekv %s: %s; the answer does not depend on it\n", cmd, e.msg);
         else if (o->verbose) verbose_io(cmd, "saved", c, key);
         if (rk_doc_stream_save(c, key, s, &e)) fprintf(stderr, "ridgekv %s: %s; the answer does not depend on it\n", cmd, e.msg);

@@ -22,8 +22,8 @@ typedef struct cli_prefix {
     uint64_t filled;  /* (row, layer) pairs the prefix's prefill filled (RidgeFill) */
 } cli_prefix;
 
-/* The documents form a prefix of the prompt ids (what two probe questions share): that
- * prefix is loaded from the cache (stderr: "reused cached KV for <doc> (N tokens)") or
+/* The documents form a prefix of the prompt ids (rk_doc_ask_prefix), keyed by the
+ * session's own settings (rk_doc_cache_session_key): that prefix is loaded from the cache (stderr: "reused cached KV for <doc> (N tokens)") or
  * read by its own prefill (progress through progress/ud with (done, n_ids) and saved;
  * the question is then read by the caller's generate, which keeps these rows. A bad
  * entry is reported, removed and read again; a failed save is reported; neither stops

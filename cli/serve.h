@@ -122,7 +122,7 @@ void serve_deinit(server *sv);
 /* The generation of a complete / chat / ask request on session s (reset first): the one
  * path of JSONL and HTTP serving. *conv, *ids: made here, freed by the caller; *what names
  * the step that failed (may stay NULL); *t_call when the engine was called. */
-rk_status serve_run_gen(server *sv, const serve_req *r, rk_session *s, const rk_fill_params *fp, const rk_gen_params *gp, rk_conv **conv,
+rk_status serve_run_gen(server *sv, const serve_req *r, rk_session *s, const rk_gen_params *gp, rk_conv **conv,
                         int32_t **ids, size_t *n_ids, rk_gen_result *res, const char **what, double *t_call,
                         rk_err *e);
 

@@ -283,7 +283,7 @@ static rk_status run_locked(server *sv, const serve_req *r, rk_gen_params *gp, r
     double t_call = 0;
     pthread_mutex_lock(&g_engine);
     rk_status st = rk_session_set_fill(sv->s, &sv->fill, e);
-    if (!st) st = serve_run_gen(sv, r, sv->s, &sv->fill, gp, &conv, &ids, &n_ids, res, &what, &t_call, e);
+    if (!st) st = serve_run_gen(sv, r, sv->s, gp, &conv, &ids, &n_ids, res, &what, &t_call, e);
     pthread_mutex_unlock(&g_engine);
     rk_conv_destroy(conv);
     free(ids);

@@ -120,7 +120,7 @@ static bool pick_fill(server *sv, const serve_req *r, rk_session *s, rk_fill_par
             snprintf(sv->req_maps_path, sizeof sv->req_maps_path, "%s", g->ridgefill);
         }
         fp.maps = sv->req_maps;
-        if (!g->fill) (void)rk_fill_mode_parse(CLI_DEFAULT_MAPS_FILL, &fp.mode);
+        if (!g->fill) fp.mode = rk_fill_params_default().mode;
     }
     if (g->fill && !rk_fill_mode_parse(g->fill, &fp.mode)) {
         emit_errorf(sv, r->id, SERVE_INVALID_REQUEST,
@@ -200,9 +200,9 @@ static rk_status build_conv(server *sv, const serve_req *r, rk_session *s, rk_co
     return st;
 }
 
-/* ask: the documents are read apart from the question, through the document cache when
- * the request runs on the server's session with the server's fill (doc_cache_cli.c). */
-static rk_status ask_prefix(server *sv, const serve_req *r, rk_session *s, const rk_fill_params *fp, rk_conv *conv,
+/* ask: the documents are read apart from the question, through the document cache, keyed
+ * by the settings of the session the request runs on (its KV policy and fill). */
+static rk_status ask_prefix(server *sv, const serve_req *r, rk_session *s, rk_conv *conv,
                             rk_err *e) {
     int32_t *ids = NULL;
     size_t n = 0;
@@ -210,20 +210,15 @@ static rk_status ask_prefix(server *sv, const serve_req *r, rk_session *s, const
     rk_doc *docs = st ? NULL : calloc(r->n_docs + 1, sizeof *docs);
     if (!st && !docs) st = rk_err_set(e, RK_E_NOMEM, "out of memory for the documents");
     for (size_t i = 0; !st && i < r->n_docs; i++) docs[i] = (rk_doc){r->docs[i].name, r->docs[i].text, strlen(r->docs[i].text)};
-    const rk_fill_params *f0 = &sv->fill;
-    const bool own = s == sv->s && fp->mode == f0->mode && fp->tail == f0->tail && fp->split == f0->split &&
-                     fp->n_sink == f0->n_sink && fp->keep_share == f0->keep_share && fp->maps == f0->maps &&
-                     fp->layer_major == f0->layer_major;
     cli_prefix pre;
-    if (!st) st = cli_doc_prefix(sv->o, "serve", own ? sv->cache : NULL, sv->m, s, r->system, docs, r->n_docs, ids, n, NULL,
+    if (!st) st = cli_doc_prefix(sv->o, "serve", sv->cache, sv->m, s, r->system, docs, r->n_docs, ids, n, NULL,
                                  NULL, &pre, e);
     free(docs);
     free(ids);
     return st;
 }
 
-rk_status serve_run_gen(server *sv, const serve_req *r, rk_session *s, const rk_fill_params *fp,
-                        const rk_gen_params *gp, rk_conv **conv,
+rk_status serve_run_gen(server *sv, const serve_req *r, rk_session *s, const rk_gen_params *gp, rk_conv **conv,
                         int32_t **ids, size_t *n_ids, rk_gen_result *res, const char **what, double *t_call,
                         rk_err *e) {
     rk_status st;
@@ -238,7 +233,7 @@ rk_status serve_run_gen(server *sv, const serve_req *r, rk_session *s, const rk_
         }
     } else {
         st = build_conv(sv, r, s, conv, e);
-        if (!st && r->op == SERVE_OP_ASK && sv->o) st = ask_prefix(sv, r, s, fp, *conv, e);
+        if (!st && r->op == SERVE_OP_ASK && sv->o) st = ask_prefix(sv, r, s, *conv, e);
         *t_call = rk_time_now();
         if (!st) st = rk_conv_generate(*conv, gp, res, e);
     }
@@ -267,7 +262,7 @@ static void op_generate(server *sv, const serve_req *r, double t_req) {
     if (g->stream) gp.on_token = on_token, gp.token_ud = &ctx;
     const char *what = NULL;
     double t_call = 0;
-    st = serve_run_gen(sv, r, s, &fp, &gp, &conv, &ids, &n_ids, &res, &what, &t_call, &e);
+    st = serve_run_gen(sv, r, s, &gp, &conv, &ids, &n_ids, &res, &what, &t_call, &e);
     const double t_before = t_call - t_req; /* reading, parsing, tokenizing: part of the TTFT */
     if (sv->write_failed) goto done;
     if (st == RK_E_CONTEXT)

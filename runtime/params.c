@@ -361,14 +361,6 @@ static const slot fill_slots[] = {
 _Static_assert(sizeof fill_keys / sizeof fill_keys[0] == sizeof fill_slots / sizeof fill_slots[0],
                "one slot per RidgeFill key");
 
-rk_fill_params rk_fill_params_default(void) {
-    rk_fill_params p;
-    memset(&p, 0, sizeof p);
-    p.mode = RK_FILL_OFF;
-    p.keep_share = -1.0f;
-    return p;
-}
-
 rk_status rk_fill_params_set(rk_fill_params *p, const char *key, const char *value, rk_err *err) {
     return set_by_key("ridgefill", fill_keys, fill_slots, sizeof fill_keys / sizeof fill_keys[0], p, key, value, err);
 }

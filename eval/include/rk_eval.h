@@ -1,5 +1,5 @@
-/* ridgekv eval library: the measurement drivers of `ridgekv eval needle|nll|splice`
- * (SPEC §2, "three measurement lines") over the public API, and their statistics as
+/* ridgekv eval library: the measurement drivers of `ridgekv eval ppl|needle|nll|splice`
+ * (SPEC §2, "three measurement lines", and perplexity) over the public API, and their statistics as
  * pure functions. Like the runtime it never prints, reads the environment or exits:
  * drivers report progress through a callback and return results the CLI formats. */
 #pragma once
@@ -303,3 +303,33 @@ typedef struct ev_splice_result {
 rk_status ev_splice_run(const rk_model *m, rk_session *ex, rk_session *fs, const ev_corpus *c,
                         const ev_splice_params *p, ev_splice_result *out, rk_err *err);
 void ev_splice_result_free(ev_splice_result *r);
+
+/* ---- perplexity (eval ppl): llama-perplexity's procedure, so numbers compare ----------
+ * The text's tokens (ev_ppl_tokenize) are cut into chunks of n_ctx; each chunk starts from
+ * an empty KV cache with its first token replaced by BOS (when the vocab uses BOS), and
+ * tokens n_ctx/2 .. n_ctx-1 of each chunk are scored (row n_ctx-1 has no next token: the
+ * last scored row is n_ctx-2). */
+typedef struct ev_ppl_params {
+    int32_t n_ctx;        /* chunk size (at least 4) */
+    int64_t max_chunks;   /* at most this many chunks (0: every whole chunk) */
+} ev_ppl_params;
+
+typedef struct ev_ppl_result {
+    int64_t n_chunk;      /* chunks scored */
+    int64_t n_scored;     /* tokens scored */
+    double nll;           /* mean NLL over them */
+    double ppl, ppl_err;  /* exp(nll) and its standard error, ppl * sd(NLL) / sqrt(n_scored - 1) */
+} ev_ppl_result;
+
+/* After each chunk: chunks done of total, and the perplexity so far. */
+typedef void (*ev_ppl_progress_fn)(void *ud, int64_t done, int64_t total, double running_ppl);
+
+/* The text as llama-perplexity tokenizes it: one trailing newline dropped, BOS first when
+ * the vocab asks for it (*ids malloc'd). */
+rk_status ev_ppl_tokenize(const rk_model *m, const char *text, size_t len, int32_t **ids, size_t *n, rk_err *err);
+/* The chunks ev_ppl_run scores over n_ids tokens (0: fewer than one chunk). */
+int64_t ev_ppl_n_chunks(size_t n_ids, const ev_ppl_params *p);
+/* s: a session of m with n_ctx >= p->n_ctx (its fill and KV policy apply); ids is not
+ * changed. RK_E_INVALID_ARG for n_ctx < 4 or fewer tokens than one chunk. */
+rk_status ev_ppl_run(const rk_model *m, rk_session *s, const int32_t *ids, size_t n_ids, const ev_ppl_params *p,
+                     ev_ppl_progress_fn progress, void *ud, ev_ppl_result *out, rk_err *err);

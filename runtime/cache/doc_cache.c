@@ -17,6 +17,7 @@
 
 #include "rk_cache.h"
 #include "rk_io.h"
+#include "session_impl.h"
 
 static void drop_stream(const rk_doc_cache *c, const char *key);
 
@@ -272,6 +273,8 @@ rk_status rk_doc_cache_save(rk_doc_cache *c, const char *key, const rk_model *m,
     char path[4096], tmp[4200];
     rk_status st = entry_path(c, key, path, sizeof path, err);
     if (st) return st;
+    if (!m) m = s->m;
+    if (!kv) kv = &s->p.kv;
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     const double t0 = rk_time_now();
     void *blk = NULL;

@@ -343,6 +343,10 @@ RK_API bool rk_fill_mode_parse(const char *s, rk_fill_mode *out);
 /* The exact tail a mode gets when rk_fill_params.tail is 0: 1536 for speed (the tail where
  * its ΔNLL and TTFT targets both held, docs/RIDGEFILL.md), 2048 for every other mode. */
 RK_API int32_t rk_fill_default_tail(rk_fill_mode m);
+/* The group (rk_fill_params.group) a mode gets by default: 16 for speed and quality (late
+ * layers attend to runs of up to 16 filled rows as one row; docs/RIDGEFILL.md), 0
+ * (ungrouped) for identity and plumb. */
+RK_API int32_t rk_fill_default_group(rk_fill_mode m);
 
 typedef struct rk_ridge_maps rk_ridge_maps;
 
@@ -365,6 +369,11 @@ typedef struct rk_fill_params {
                                   file's default, else 0.1) */
     RK_FILL_RESEARCH_FIELDS
 } rk_fill_params;
+/* The product's fill (what ridgekv ask, chat and serve use with maps): quality mode, the
+ * mode's default tail, grouped attention in runs of rk_fill_default_group(RK_FILL_QUALITY),
+ * keep_share from the map file (-1), every other field 0 (its documented default). maps is
+ * NULL: set it (speed and quality need maps), or set mode to RK_FILL_OFF. A session never
+ * given rk_session_set_fill prefills exactly (RK_FILL_OFF). */
 RK_API rk_fill_params rk_fill_params_default(void);
 
 /* Applies to the following rk_session_eval calls. */

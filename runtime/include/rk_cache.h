@@ -14,6 +14,7 @@
 #pragma once
 #include "rk.h"
 #include "rk_blockstore.h"
+#include "rk_gen.h"
 
 typedef struct rk_doc_cache rk_doc_cache;
 
@@ -35,13 +36,29 @@ const char *rk_doc_cache_dir(const rk_doc_cache *c);
  * predictor file hashes, chunk size, backend) and the exact token ids. */
 void rk_doc_cache_key(const rk_model *m, const rk_kv_params *kv, const char *extra, const int32_t *tokens, size_t n,
                       char key[65]);
+/* The key of rows [0, n) of s holding tokens: rk_doc_cache_key with everything else the
+ * rows depend on read from the session itself: its model (fingerprint, RoPE in effect),
+ * its KV policy with the parameters its KV blocks record (and a LowRAM predictor file's
+ * contents), its backend and prefill chunk, and its fill (rk_session_set_fill: mode and
+ * every setting, the map file's contents by SHA-256). Call it with the settings the rows
+ * are (or will be) computed under. RK_E_IO when the predictor file cannot be read. */
+rk_status rk_doc_cache_session_key(const rk_session *s, const int32_t *tokens, size_t n, char key[65], rk_err *err);
+
+/* Where the documents end in an ask prompt: ids is rk_conv_prompt after rk_conv_add_ask
+ * (system, docs, question) on an empty conversation of m. The prompt up to where the
+ * question starts (its text through "Question:") is built and tokenized once; *n_prefix
+ * is how many leading ids it shares with ids (a token the question's first characters
+ * merge with differs and is left out), so rows [0, *n_prefix) depend on the documents
+ * alone and can be cached. 0 when there are none. s (a session of m) is only borrowed. */
+rk_status rk_doc_ask_prefix(const rk_model *m, rk_session *s, const char *system, const rk_doc *docs, size_t n_docs,
+                            const int32_t *ids, size_t n_ids, size_t *n_prefix, rk_err *err);
 
 /* Loads entry key into s (reset first) and sets *n_tokens: rows [0, n) now hold it.
  * RK_E_NOT_FOUND: no such entry. Any other error: the entry was bad (message says why)
  * and is removed; s is left reset. */
 rk_status rk_doc_cache_load(rk_doc_cache *c, const char *key, rk_session *s, int64_t *n_tokens, rk_err *err);
-/* Saves rows [0, n) of s (a session of m with KV policy kv; n <= n_past; LowRAM: n =
- * n_past) as entry key, atomically; label names the documents (shown by ls). Then removes
+/* Saves rows [0, n) of s (a session of m with KV policy kv; NULL: the session's own; n <=
+ * n_past; LowRAM: n = n_past) as entry key, atomically; label names the documents (shown by ls). Then removes
  * LRU entries past the cap. On failure (disk full, short write, ...) nothing is left
  * behind and the error says why. */
 rk_status rk_doc_cache_save(rk_doc_cache *c, const char *key, const rk_model *m, const rk_kv_params *kv,

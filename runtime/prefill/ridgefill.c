@@ -24,6 +24,12 @@ bool rk_fill_mode_parse(const char *s, rk_fill_mode *out) {
 }
 
 int32_t rk_fill_default_tail(rk_fill_mode m) { return m == RK_FILL_SPEED ? 1536 : 2048; }
+int32_t rk_fill_default_group(rk_fill_mode m) { return m == RK_FILL_QUALITY || m == RK_FILL_SPEED ? 16 : 0; }
+
+rk_fill_params rk_fill_params_default(void) {
+    rk_fill_params p = {.mode = RK_FILL_QUALITY, .keep_share = -1.0f, .group = rk_fill_default_group(RK_FILL_QUALITY)};
+    return p;
+}
 
 int32_t rk_ridge_maps_split(const rk_ridge_maps *r) { return r->split; }
 

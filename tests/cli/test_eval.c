@@ -360,6 +360,75 @@ Test(eval, usage_errors) {
     done(&r);
 }
 
+/* eval ppl's driver (eval/eval_ppl.c) against the double-precision reference forward:
+ * chunks from an empty cache, BOS in front of each, the second half scored. */
+Test(eval, ppl_matches_the_reference_forward) {
+    char path[512];
+    const tb_tiny_spec spec = {.arch = TB_ARCH_QWEN2, .vocab = TB_VOCAB_GPT2, .add_bos = true, .n_ctx_train = 64, .seed = 11};
+    cr_assert(tb_tiny_model(&spec, path, sizeof path), "%s", path);
+    rk_model *m = NULL;
+    rk_err e = {0};
+    cr_assert_eq(rk_model_load(path, &m, &e), RK_OK, "%s", e.msg);
+    cr_assert(rk_model_add_bos(m) && rk_model_token_bos(m) >= 0);
+    enum { C = 24, N = 3 * C + 5 };
+    int32_t ids[N];
+    uint64_t seed = 7;
+    for (int i = 0; i < N; i++) ids[i] = (int32_t)(tb_rand_u64(&seed) % 250) + 3;
+    int32_t keep[N];
+    memcpy(keep, ids, sizeof ids);
+    rk_session_params sp = rk_session_params_default();
+    sp.n_ctx = C;
+    sp.n_threads = 1;
+    sp.kv.kind = RK_KV_F32; /* f16 rows would add their rounding to the comparison */
+    rk_session *s = NULL;
+    cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s", e.msg);
+    const ev_ppl_params pp = {.n_ctx = C, .max_chunks = 2};
+    cr_expect_eq(ev_ppl_n_chunks(N, &pp), 2);
+    cr_expect_eq(ev_ppl_n_chunks(N, &(ev_ppl_params){.n_ctx = C}), 3);
+    cr_expect_eq(ev_ppl_n_chunks(C - 1, &pp), 0);
+    ev_ppl_result r = {0};
+    cr_assert_eq(ev_ppl_run(m, s, ids, N, &pp, NULL, NULL, &r, &e), RK_OK, "%s", e.msg);
+    cr_expect(!memcmp(ids, keep, sizeof ids), "the ids are not changed");
+    /* rows C/2 .. C-2 of each chunk predict tokens C/2+1 .. C-1 */
+    cr_expect_eq(r.n_chunk, 2);
+    cr_expect_eq(r.n_scored, 2 * (C - 1 - C / 2));
+    double sum = 0, sum2 = 0;
+    for (int ch = 0; ch < 2; ch++) {
+        int32_t chunk[C];
+        memcpy(chunk, ids + ch * C, sizeof chunk);
+        chunk[0] = rk_model_token_bos(m);
+        int32_t nv = 0;
+        char why[256];
+        float *ref = tb_ref_logits(path, chunk, C, &nv, why, sizeof why);
+        cr_assert(ref, "%s", why);
+        for (int j = C / 2; j < C - 1; j++) {
+            const double l = ev_nll_row(ref + (size_t)j * (size_t)nv, nv, chunk[j + 1]);
+            sum += l, sum2 += l * l;
+        }
+        free(ref);
+    }
+    const double n = (double)r.n_scored, mean = sum / n;
+    /* f32 forward and KV against f64 on a 2-layer model: logits agree to ~1e-5, NLLs likewise */
+    cr_expect(fabs(r.nll - mean) < 2e-5, "mean NLL %.8f, reference %.8f", r.nll, mean);
+    cr_expect(fabs(r.ppl - exp(mean)) < 2e-5 * exp(mean), "ppl %.6f, reference %.6f", r.ppl, exp(mean));
+    const double sd = sqrt((sum2 / n - mean * mean) / (n - 1));
+    cr_expect(fabs(r.ppl_err - exp(mean) * sd) < 1e-3 * exp(mean) * sd + 1e-9, "ppl_err %.6f, reference %.6f",
+              r.ppl_err, exp(mean) * sd);
+    /* fewer tokens than one chunk, a chunk under 4 tokens: refused */
+    cr_expect_eq(ev_ppl_run(m, s, ids, C - 1, &pp, NULL, NULL, &r, &e), RK_E_INVALID_ARG);
+    cr_expect_eq(ev_ppl_run(m, s, ids, N, &(ev_ppl_params){.n_ctx = 3}, NULL, NULL, &r, &e), RK_E_INVALID_ARG);
+    /* one trailing newline is dropped before tokenizing, BOS first */
+    int32_t *a = NULL, *b = NULL;
+    size_t na = 0, nb = 0;
+    cr_assert_eq(ev_ppl_tokenize(m, "the cat\n", 8, &a, &na, &e), RK_OK, "%s", e.msg);
+    cr_assert_eq(rk_model_tokenize(m, "the cat", 7, true, false, &b, &nb, &e), RK_OK, "%s", e.msg);
+    cr_expect(na == nb && !memcmp(a, b, na * sizeof *a) && a[0] == rk_model_token_bos(m));
+    free(a), free(b);
+    rk_session_destroy(s);
+    rk_model_destroy(m);
+    unlink(path);
+}
+
 /* The commands take --kv like every other (the session's policy): short runs on the tiny
  * stories260K model (suite cli). */
 Test(eval, needle_nll_splice_take_kv_on_a_tiny_model) {

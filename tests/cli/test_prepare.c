@@ -65,7 +65,7 @@ Test(prepare, fits_once_finds_by_fingerprint_refits_corrupt_and_ask_uses_it, .ti
     snprintf(args, sizeof args, "ask -m '%s' -n 4 --doc '%s' 'What did Lily have?'", sp, doc);
     r = run(cache, args);
     cr_expect_eq(r.code, 0, "%s", r.err);
-    /* the default for long prompts is quality mode, grouped (CLI_DEFAULT_LONG_FILL, cli.h) */
+    /* the default for long prompts is quality mode, grouped (rk_fill_params_default) */
     cr_expect(strstr(r.err, "RidgeFill quality for prompts over 2048 tokens") && strstr(r.err, maps) &&
                   strstr(r.err, "filled rows in groups of 16"),
               "%s", r.err);
@@ -82,12 +82,12 @@ Test(prepare, fits_once_finds_by_fingerprint_refits_corrupt_and_ask_uses_it, .ti
     cr_expect(strstr(r.err, "RidgeFill quality for prompts over 2048 tokens") && strstr(r.err, maps), "%s", r.err);
     cr_expect(strstr(r.err, "ridgefill quality (maps "), "ask's accelerations line names the maps: %s", r.err);
     tb_result_free(&r);
-    /* maps named by the user without --fill: quality (CLI_DEFAULT_MAPS_FILL), not speed */
+    /* maps named by the user without --fill: quality (rk_fill_params_default), not speed */
     snprintf(args, sizeof args, "ask -m '%s' -n 4 --ridgefill '%s' --doc '%s' 'What did Lily have?'", sp, maps, doc);
     r = run(cache, args);
     cr_expect_eq(r.code, 0, "%s", r.err);
     cr_expect(strstr(r.err, "ridgefill quality (maps ") && strstr(r.err, "exact tail 2048"), "%s", r.err);
-    /* quality mode groups filled rows by default (CLI_DEFAULT_FILL_GROUP, 16); --fill-group 0
+    /* quality mode groups filled rows by default (rk_fill_default_group: 16); --fill-group 0
      * turns it off, --fill-group G sets it, and -v's fill line says which */
     cr_expect(strstr(r.err, "filled rows in groups of 16"), "%s", r.err);
     tb_result_free(&r);

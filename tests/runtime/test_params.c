@@ -153,7 +153,8 @@ Test(params, keys_set_their_fields) {
     cr_expect(kp.kind == RK_KV_LOWRAM && kp.lowram.budget == 512 && kp.lowram.dense);
 
     rk_fill_params f = rk_fill_params_default();
-    cr_expect_eq(f.mode, RK_FILL_OFF);
+    cr_expect_eq(f.mode, RK_FILL_QUALITY, "the product's fill");
+    cr_expect_eq(f.group, rk_fill_default_group(RK_FILL_QUALITY));
     cr_expect_lt(f.keep_share, 0.0f, "the map file's share unless set");
     cr_assert_eq(rk_fill_params_set(&f, "score_skip", "0", &e), RK_OK, "%s", e.msg);
     cr_assert_eq(rk_fill_params_set(&f, "obs", "16", &e), RK_OK, "%s", e.msg);
