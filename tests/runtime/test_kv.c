@@ -2,7 +2,8 @@
  * table. Plain caches against llama.cpp's goldens; q8's block layout, bytes and its error
  * bound from the int8 rounding; truncate / reset against fresh sessions; export -> import
  * round trips; refused blocks leave the session unchanged; RoPE undone by kv_rows; splice
- * and compare through the interface. Tiny trained models from ../shared (skip without). */
+ * and compare through the interface. A generated model of stories260K's shape (random
+ * weights, tests/tb); the goldens test (kv_shared) reads the trained one from ../shared. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>

@@ -1,6 +1,8 @@
 /* LowRAM: the value predictor, dense == exact at full rank, byte accounting, predictor-file
- * refusal, decode KL on stories260K, selection, pfit. (The LR_KEYS op: test_lowram_op.c; the
- * AVX2 dots: test_lowram_dots.c; the eigensolver and Cholesky: test_linalg.c.) */
+ * refusal, selection, pfit on a generated model of stories260K's shape; the decode KL bounds
+ * (lowram_shared) on the trained stories260K from ../shared. (The LR_KEYS op:
+ * test_lowram_op.c; the AVX2 dots: test_lowram_dots.c; the eigensolver and Cholesky:
+ * test_linalg.c.) */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
