@@ -4,7 +4,7 @@
  * rk_gen_text with the request's stop strings (or "</s>"): the output must be well-formed,
  * and for well-formed input it must be the input up to the first stop string to complete.
  * Build: cli/serve_req.c + cli/serve_text.c + runtime/generate/gen_text.c + this file,
- * json-c, -Icli -Iruntime/generate -Iruntime/include -Iruntime/base/include (neither
+ * json-c, -Icli -Iruntime/generate -Iruntime/include -Ibase/include (neither
  * calls the model). */
 #include <stdint.h>
 #include <stdlib.h>

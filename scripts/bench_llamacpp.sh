@@ -35,8 +35,8 @@ if [ "${1:-}" = "--gemv" ]; then
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
   cc -O2 -std=c11 -mavx2 -mfma -mf16c -DRK_HAVE_AVX2=1 -I"$src/kernels" -I"$src/kernels/include" \
-    -I"$src/runtime/base/include" "$src/scripts/bench_gemv.c" "$bd/kernels/librk_kernels.a" \
-    "$bd/kernels/librk_kernels_avx2.a" "$bd/runtime/base/librk_base.a" -lm -lpthread -o "$tmp/gemv"
+    -I"$src/base/include" "$src/scripts/bench_gemv.c" "$bd/kernels/librk_kernels.a" \
+    "$bd/kernels/librk_kernels_avx2.a" "$bd/base/librk_base.a" -lm -lpthread -o "$tmp/gemv"
   # type ids: 3 Q4_1, 12 Q4_K, 14 Q6_K
   for a in "12 1536 2048" "14 1536 2048" "3 576 4096"; do "$tmp/gemv" $a 1 300 0; done
   for r in 1 2; do
@@ -94,8 +94,8 @@ int main(int argc,char**argv){
 }
 EOF
   cc -O2 -std=c11 -mavx2 -mfma -mf16c -DRK_HAVE_AVX2=1 -I"$src/kernels" -I"$src/kernels/include" \
-    -I"$src/runtime/base/include" "$tmp/mb.c" "$bd/kernels/librk_kernels.a" "$bd/kernels/librk_kernels_avx2.a" \
-    "$bd/runtime/base/librk_base.a" -lm -lpthread -o "$tmp/mb"
+    -I"$src/base/include" "$tmp/mb.c" "$bd/kernels/librk_kernels.a" "$bd/kernels/librk_kernels_avx2.a" \
+    "$bd/base/librk_base.a" -lm -lpthread -o "$tmp/mb"
   # type ids: 2 Q4_0, 3 Q4_1, 8 Q8_0, 12 Q4_K, 14 Q6_K; k m n: Qwen2.5-1.5B and SmolLM2-135M shapes
   for a in "12 1536 8960" "14 8960 1536" "12 1536 1536" "14 1536 8960" "3 576 1536" "3 1536 576" "8 576 1536" "2 576 1536"; do
     "$tmp/mb" $a 64

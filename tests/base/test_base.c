@@ -1,4 +1,4 @@
-/* runtime/base: error messages (formatting, wrapping, truncation), status names, dtype
+/* base: error messages (formatting, wrapping, truncation), status names, dtype
  * traits against the block layouts, row bytes with overflow, f16/bf16 conversion,
  * read-only mapping, the bump arena and checked arithmetic. */
 #include <criterion/criterion.h>

@@ -521,7 +521,7 @@ static void check_known(const known *k, const char *path) {
     free(bytes);
 }
 
-Test(gguf_real, known_shared_files) {
+Test(gguf_real_shared, known_shared_files) {
     char buf[1024];
     int found = 0;
     for (size_t i = 0; i < sizeof known_files / sizeof known_files[0]; i++) {
@@ -533,7 +533,7 @@ Test(gguf_real, known_shared_files) {
     if (!found) cr_skip_test("no shared GGUF files: %s", buf);
 }
 
-Test(gguf_real, stories260K_values) {
+Test(gguf_real_shared, stories260K_values) {
     char buf[1024];
     const char *path = tb_shared_path(buf, sizeof buf, "models/stories260K/stories260K-f32.gguf");
     if (!path) cr_skip_test("%s", buf);
@@ -566,7 +566,7 @@ Test(gguf_real, stories260K_values) {
 }
 
 /* Every real GGUF under the shared dirs parses, even ones not in the table above. */
-Test(gguf_real, every_shared_gguf_parses) {
+Test(gguf_real_shared, every_shared_gguf_parses) {
     const char *dir = tb_shared_dir();
     if (!dir) cr_skip_test("../shared not found (RK_SHARED_DIR unset or missing)");
     const char *pats[] = {"models/*/*.gguf", "golden/models/*.gguf", "golden/tokenizer/*.gguf"};
@@ -595,7 +595,7 @@ Test(gguf_real, every_shared_gguf_parses) {
     cr_assert_geq(n, 3);
 }
 
-Test(gguf_real, default_model) {
+Test(gguf_real_shared, default_model) {
     char buf[1024];
     const char *path = tb_default_model(buf, sizeof buf);
     if (!path) cr_skip_test("default model not in the cache (run `ridgekv pull`)");
@@ -631,7 +631,7 @@ Test(gguf_real, default_model) {
 }
 
 /* rk_gguf_arr_str is an O(1) index lookup: a tokenizer calls it for every token. */
-Test(gguf_real, arr_str_is_constant_time) {
+Test(gguf_real_shared, arr_str_is_constant_time) {
     char buf[1024];
     const char *path = tb_shared_path(buf, sizeof buf, "golden/tokenizer/ggml-vocab-gpt-2.gguf");
     if (!path) cr_skip_test("%s", buf);

@@ -443,7 +443,7 @@ Test(gguf_fuzzish, random_flips_small_file) {
     free(full);
 }
 
-Test(gguf_fuzzish, random_flips_real_header) {
+Test(gguf_fuzzish_shared, random_flips_real_header) {
     char buf[1024];
     const char *path = tb_shared_path(buf, sizeof buf, "models/stories260K/stories260K-f32.gguf");
     if (!path) cr_skip_test("%s", buf);

@@ -529,16 +529,16 @@ static uint64_t check_twin(const char *name) {
 }
 
 #define BIT(t) (1ull << (t))
-Test(quant, twin_q8_0) {
+Test(quant_shared, twin_q8_0) {
     cr_assert_eq(check_twin("qwen2-tiny-q8_0"), BIT(RK_DT_Q8_0) | BIT(RK_DT_F32));
 }
-Test(quant, twin_q4_0) {
+Test(quant_shared, twin_q4_0) {
     cr_assert_eq(check_twin("llama-tiny-q4_0"), BIT(RK_DT_Q4_0) | BIT(RK_DT_Q6_K) | BIT(RK_DT_F32));
 }
-Test(quant, twin_q4_1) {
+Test(quant_shared, twin_q4_1) {
     cr_assert_eq(check_twin("llama-tiny-q4_1"), BIT(RK_DT_Q4_1) | BIT(RK_DT_Q6_K) | BIT(RK_DT_F32));
 }
-Test(quant, twin_q4_k_m) {
+Test(quant_shared, twin_q4_k_m) {
     cr_assert_eq(check_twin("llama-tiny-q4_k_m"),
                  BIT(RK_DT_Q4_K) | BIT(RK_DT_Q6_K) | BIT(RK_DT_F32));
 }

@@ -62,6 +62,11 @@ rk_model *rt_tiny_loaded(const tb_tiny_spec *spec) {
     return m;
 }
 
+rk_model *rt_stories_like(uint64_t seed) {
+    const tb_tiny_spec spec = tb_tiny_stories_spec(seed);
+    return rt_tiny_loaded(&spec);
+}
+
 int32_t *rt_random_ids(const rk_model *m, size_t n, uint64_t seed) {
     int32_t *ids = malloc(n * sizeof *ids);
     cr_assert(ids);

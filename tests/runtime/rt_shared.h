@@ -11,6 +11,10 @@
 /* A generated tiny model (tests/tb) written, loaded and its file removed (the mapping keeps
  * it alive); no ../shared needed. The caller destroys it. */
 rk_model *rt_tiny_loaded(const tb_tiny_spec *spec);
+/* A generated model of stories260K's shape (tb_tiny_stories_spec: llama, 5 layers, n_embd 64,
+ * 8 heads, 4 KV heads of 8 dims, n_ff 172, 512 rows of context, f32) with random weights
+ * drawn from seed: the fixture of the suites whose assertions hold for any weights. */
+rk_model *rt_stories_like(uint64_t seed);
 /* n pseudo-random token ids below the model's vocabulary (malloc'd). */
 int32_t *rt_random_ids(const rk_model *m, size_t n, uint64_t seed);
 /* Loads ../shared/<rel> (the caller destroys it). */

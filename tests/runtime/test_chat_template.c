@@ -243,11 +243,11 @@ static void real_model(const char *file, const char *want_default) {
     rk_model_destroy(m);
 }
 
-Test(chat_template, real_smollm2_template) {
+Test(chat_template_shared, real_smollm2_template) {
     real_model("SmolLM2-135M-Instruct.Q4_1.gguf", "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
 }
 
-Test(chat_template, real_qwen25_template) {
+Test(chat_template_shared, real_qwen25_template) {
     real_model("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
                "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
 }

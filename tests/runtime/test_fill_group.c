@@ -40,10 +40,10 @@ static double max_diff(const float *a, const float *b, size_t from, size_t to) {
 }
 
 Test(fill_group, group_one_equals_the_plain_path_and_larger_groups_keep_the_cache) {
-    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    rk_model *m = rt_stories_like(1);
     const size_t n = 400, tail = 96, nv = (size_t)rk_model_hparams(m)->n_vocab;
     const int L = rk_model_hparams(m)->n_layer, kvd = rk_model_hparams(m)->n_head_kv * rk_model_hparams(m)->head_dim;
-    int32_t *ids = rt_story_ids(m, n);
+    int32_t *ids = rt_random_ids(m, (size_t)(n), 11);
     /* identity: filled rows' late inputs are their split stream (no maps needed), so their
      * K/V do not depend on any attention after the split */
     rk_fill_params f0 = {.mode = RK_FILL_IDENTITY, .tail = (int32_t)tail, .split = 2}, f1 = f0, f8 = f0;
@@ -71,9 +71,9 @@ Test(fill_group, group_one_equals_the_plain_path_and_larger_groups_keep_the_cach
 }
 
 Test(fill_group, only_a_call_from_row_zero_groups) {
-    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    rk_model *m = rt_stories_like(1);
     const size_t n0 = 64, n = 400, nv = (size_t)rk_model_hparams(m)->n_vocab;
-    int32_t *ids = rt_story_ids(m, n);
+    int32_t *ids = rt_random_ids(m, (size_t)(n), 11);
     rk_fill_params f0 = {.mode = RK_FILL_IDENTITY, .tail = 96, .split = 2}, f8 = f0;
     f8.group = 8;
     float *a, *b;
@@ -86,7 +86,7 @@ Test(fill_group, only_a_call_from_row_zero_groups) {
 }
 
 Test(fill_group, out_of_range_group_refused) {
-    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    rk_model *m = rt_stories_like(1);
     rk_session_params sp = rk_session_params_default();
     sp.n_ctx = 128;
     rk_err e = {0};

@@ -2,7 +2,8 @@
  * table. Plain caches against llama.cpp's goldens; q8's block layout, bytes and its error
  * bound from the int8 rounding; truncate / reset against fresh sessions; export -> import
  * round trips; refused blocks leave the session unchanged; RoPE undone by kv_rows; splice
- * and compare through the interface. Tiny trained models from ../shared (skip without). */
+ * and compare through the interface. A generated model of stories260K's shape (random
+ * weights, tests/tb); the goldens test (kv_shared) reads the trained one from ../shared. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -75,7 +76,7 @@ static int32_t *read_ids(const char *path, size_t *n) {
 /* f32 and f16 caches through the interface against llama.cpp's logits of story_long (every
  * row): f32 within tier A (1e-3 max, 1e-4 mean), f16 within tier B (0.15 / 0.01), the tiers
  * of golden/README.md §5 that test_golden uses for the same caches. */
-Test(kv, plain_caches_match_llama_cpp) {
+Test(kv_shared, plain_caches_match_llama_cpp) {
     rk_model *m = rt_load_shared(STORIES);
     char ip[1024], lp[1024];
     if (!tb_shared_path(ip, sizeof ip, "golden/logits/stories260K/story_long.ids.txt") ||
@@ -227,10 +228,10 @@ static void install_rounded(rk_session *s, uint32_t type) {
  * accumulates in another order: then within 1e-4 of the logits' scale. Bytes: block_bytes
  * per 32 values, K and V, every layer, as the layout says; block_bytes/64 of f16. */
 static void attends_like_f32(const char *kind, uint32_t type, unsigned block_bytes) {
-    rk_model *m = rt_load_shared(STORIES);
+    rk_model *m = rt_stories_like(1);
     const rk_hparams *hp = rk_model_hparams(m);
     const int nv = hp->n_vocab, kvd = hp->n_head_kv * hp->head_dim;
-    int32_t *ids = rt_story_ids(m, 340);
+    int32_t *ids = rt_random_ids(m, (size_t)(340), 11);
     rk_session *qs = mk(m, kind, 100), *rf = mk(m, "f32", 100);
     install_rounded(rf, type);
     float *a = trace(qs, ids, 300, 40, nv), *b = trace(rf, ids, 300, 40, nv);
@@ -284,9 +285,9 @@ static void rounding_rms(const rk_session *s, uint32_t type, int n_rows, double 
  * of magnitude outside these; for q4 the bounds are loose (10ρ² x f16's KL is nats), so its
  * layout is pinned by q4_blocks_are_llama_cpp_q4_0. */
 static void logits_within_rounding(const char *kind, uint32_t type, double rho_min, double min_agree) {
-    rk_model *m = rt_load_shared(STORIES);
+    rk_model *m = rt_stories_like(1);
     const int nv = rk_model_hparams(m)->n_vocab, n_prompt = 300, n_dec = 40;
-    int32_t *ids = rt_story_ids(m, n_prompt + n_dec);
+    int32_t *ids = rt_random_ids(m, (size_t)(n_prompt + n_dec), 11);
     rk_session *s32 = mk(m, "f32", 512), *s16 = mk(m, "f16", 512), *sq = mk(m, kind, 512);
     float *a = trace(s32, ids, n_prompt, n_dec, nv), *b = trace(s16, ids, n_prompt, n_dec, nv);
     float *c = trace(sq, ids, n_prompt, n_dec, nv);
@@ -331,9 +332,9 @@ Test(kv, q4_logits_within_the_int4_rounding_of_f32) { logits_within_rounding("q4
  * fitted codec, with no block compressed between the cut and the end, replays the same
  * decode steps exactly. */
 Test(kv, truncate_then_reeval_equals_fresh) {
-    rk_model *m = rt_load_shared(STORIES);
+    rk_model *m = rt_stories_like(1);
     const int nv = rk_model_hparams(m)->n_vocab;
-    int32_t *ids = rt_story_ids(m, 340);
+    int32_t *ids = rt_random_ids(m, (size_t)(340), 11);
     rk_err e = {0};
     for (int pi = 0; pi < N_POLICIES; pi++) {
         const bool lowram = pi == 3;
@@ -388,9 +389,9 @@ Test(kv, truncate_then_reeval_equals_fresh) {
 
 /* After a reset every policy starts over: no bytes, and the same logits as a fresh session. */
 Test(kv, reset_equals_fresh) {
-    rk_model *m = rt_load_shared(STORIES);
+    rk_model *m = rt_stories_like(1);
     const int nv = rk_model_hparams(m)->n_vocab;
-    int32_t *ids = rt_story_ids(m, 340);
+    int32_t *ids = rt_random_ids(m, (size_t)(340), 11);
     for (int pi = 0; pi < N_POLICIES; pi++) {
         rk_session *s = mk(m, POLICIES[pi], 100), *f = mk(m, POLICIES[pi], 100);
         free(trace(s, ids + 20, 300, 10, nv));
@@ -420,9 +421,9 @@ Test(kv, reset_equals_fresh) {
  * its whole state only (fitted here: 300 rows, plus 20 decode steps that compressed a
  * block) and refuses a partial range by name. */
 Test(kv, export_import_round_trip) {
-    rk_model *m = rt_load_shared(STORIES);
+    rk_model *m = rt_stories_like(1);
     const int nv = rk_model_hparams(m)->n_vocab;
-    int32_t *ids = rt_story_ids(m, 340);
+    int32_t *ids = rt_random_ids(m, (size_t)(340), 11);
     rk_err e = {0};
     for (int pi = 0; pi < N_POLICIES; pi++) {
         const bool lowram = pi == 3;
@@ -525,9 +526,9 @@ static void expect_refused(const rk_model *m, const char *policy, const refusal 
 }
 
 Test(kv, bad_blocks_are_refused_and_leave_the_session_unchanged) {
-    rk_model *m = rt_load_shared(STORIES), *other = rt_load_shared("models/aidreams260K/aidreams260K-f32.gguf");
+    rk_model *m = rt_stories_like(1), *other = rt_stories_like(2);
     const int nv = rk_model_hparams(m)->n_vocab;
-    int32_t *ids = rt_story_ids(m, 340);
+    int32_t *ids = rt_random_ids(m, (size_t)(340), 11);
     rk_err e = {0};
     for (int pi = 0; pi < N_POLICIES; pi++) {
         const bool lowram = pi == 3;
@@ -618,9 +619,9 @@ Test(kv, bad_blocks_are_refused_and_leave_the_session_unchanged) {
  * the payload's first 64 bytes (state and the first group's header: counts, rank, rows),
  * a quarter its first 4 KiB, half anywhere. */
 Test(kv, mutated_lowram_payloads_never_break_the_codec) {
-    rk_model *m = rt_load_shared(STORIES);
+    rk_model *m = rt_stories_like(1);
     const int nv = rk_model_hparams(m)->n_vocab;
-    int32_t *ids = rt_story_ids(m, 210);
+    int32_t *ids = rt_random_ids(m, (size_t)(210), 11);
     const char *specs[] = {"lowram:window=64,chunk=16,budget=96", "lowram:window=64,chunk=16,budget=96,bound"};
     float *lg = malloc((size_t)nv * sizeof(float));
     uint64_t rng = 77;
@@ -704,10 +705,10 @@ static void tap(void *ud, int layer, const float *x, int64_t n, int64_t pos0) {
  * block rounding (d/2 + the f16 scale, with d <= max|k| / 127, as in the layout test);
  * LowRAM lossless (full rank, f32 coefficients) to fp32 rounding, compressed rows included. */
 Test(kv, kv_rows_undo_rope_to_the_k_projection) {
-    rk_model *m = rt_load_shared(STORIES);
+    rk_model *m = rt_stories_like(1);
     const rk_hparams *hp = rk_model_hparams(m);
     const int kvd = hp->n_head_kv * hp->head_dim, n_rows = 300, layer = 3;
-    int32_t *ids = rt_story_ids(m, n_rows);
+    int32_t *ids = rt_random_ids(m, (size_t)(n_rows), 11);
     const char *pol[] = {"f32", "q8", "lowram:rank=100000,coef=f32,resid=1,rtype=f16,exact=f32,window=64,chunk=16"};
     for (int pi = 0; pi < 3; pi++) {
         rk_session *s = mk(m, pol[pi], 100);
@@ -743,9 +744,9 @@ Test(kv, kv_rows_undo_rope_to_the_k_projection) {
  * them: afterwards rows [0, bulk_end) of every layer equal the exact session's (compare
  * gives 0), while without the splice the late layers differ. f16 and q8. */
 Test(kv, splice_and_compare_through_the_interface) {
-    rk_model *m = rt_load_shared(STORIES);
+    rk_model *m = rt_stories_like(1);
     const int nv = rk_model_hparams(m)->n_vocab, n = 200, bulk_end = 150;
-    int32_t *ids = rt_story_ids(m, n);
+    int32_t *ids = rt_random_ids(m, (size_t)(n), 11);
     const char *pol[] = {"f16", "q8"};
     for (int pi = 0; pi < 2; pi++) {
         rk_session *ex = mk(m, pol[pi], 50), *sp = mk(m, pol[pi], 50), *fl = mk(m, pol[pi], 50);

@@ -1,6 +1,8 @@
 /* LowRAM: the value predictor, dense == exact at full rank, byte accounting, predictor-file
- * refusal, decode KL on stories260K, selection, pfit. (The LR_KEYS op: test_lowram_op.c; the
- * AVX2 dots: test_lowram_dots.c; the eigensolver and Cholesky: test_linalg.c.) */
+ * refusal, selection, pfit on a generated model of stories260K's shape; the decode KL bounds
+ * (lowram_shared) on the trained stories260K from ../shared. (The LR_KEYS op:
+ * test_lowram_op.c; the AVX2 dots: test_lowram_dots.c; the eigensolver and Cholesky:
+ * test_linalg.c.) */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -62,9 +64,9 @@ static float *trace(rk_session *s, const int32_t *ids, int n_prompt, int n_dec, 
  * class of error as the f16 cache itself. Bound: the lowram logits stay within twice the
  * distance between the f16 and f32 plain caches (plus 1e-4 for rounding of order 1e-5). */
 Test(lowram, dense_full_rank_all_residuals_equals_exact) {
-    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    rk_model *m = rt_stories_like(1);
     const int nv = rk_model_hparams(m)->n_vocab, n_prompt = 300, n_dec = 24;
-    int32_t *ids = rt_story_ids(m, n_prompt + n_dec);
+    int32_t *ids = rt_random_ids(m, (size_t)(n_prompt + n_dec), 11);
     rk_session *s16 = session(m, RK_DT_F16, NULL), *s32 = session(m, RK_DT_F32, NULL);
     rk_session *lr = session(m, RK_DT_F16, "rank=100000,resid=1,rtype=f16,coef=f32,dense,window=64");
     float *a = trace(s16, ids, n_prompt, n_dec, nv), *b = trace(s32, ids, n_prompt, n_dec, nv);
@@ -88,7 +90,7 @@ Test(lowram, dense_full_rank_all_residuals_equals_exact) {
  * key rows of its layer: at full rank the ridge fit (λ tiny) predicts it with R² = 1 and
  * every stored residual is zero up to fp32 rounding. */
 Test(lowram, linear_values_are_predicted_with_zero_residual) {
-    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    rk_model *m = rt_stories_like(1);
     const rk_hparams *hp = rk_model_hparams(m);
     rk_session *s = session(m, RK_DT_F32, "rank=100000,coef=f32,window=32,lambda=1e-9");
     rk_kv_codec *c = codec(s);
@@ -134,10 +136,10 @@ Test(lowram, linear_values_are_predicted_with_zero_residual) {
 /* Byte accounting: the parts sum to the total, and each part matches a count made from the
  * codec's own arrays (rows, ranks, residual masks walked bit by bit). */
 Test(lowram, byte_accounting_adds_up) {
-    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    rk_model *m = rt_stories_like(1);
     const rk_hparams *hp = rk_model_hparams(m);
     const int nv = hp->n_vocab;
-    int32_t *ids = rt_story_ids(m, 340);
+    int32_t *ids = rt_random_ids(m, (size_t)(340), 11);
     /* kslots=2: the default 18 spare key-cache chunks would outweigh this tiny model's 340 rows */
     rk_session *s = session(m, RK_DT_F16, "rank=24,window=64,coef=int8,budget=64,kslots=2,summ,chunk=32,rtype=int8,full=0");
     rk_kv_bytes b;
@@ -221,10 +223,9 @@ Test(lowram, byte_accounting_adds_up) {
     rk_model_destroy(m);
 }
 
-/* Prompt = a story, then the same story again: predicting the second copy leans on the
- * first, which lies in the compressed rows (induction heads copy from far context). */
-static int32_t *copy_prompt(const rk_model *m, int n_story, int n_prefix, int n_dec) {
-    int32_t *ids = rt_story_ids(m, (size_t)n_story + 1);
+/* Prompt = ids[0], a story, then the same story again (takes ids): predicting the second copy
+ * leans on the first, which lies in the compressed rows (induction heads copy from far context). */
+static int32_t *copy_of(int32_t *ids, int n_story, int n_prefix, int n_dec) {
     int32_t *out = malloc((size_t)(1 + n_story + n_prefix + n_dec) * sizeof(int32_t));
     out[0] = ids[0];
     memcpy(out + 1, ids + 1, (size_t)n_story * sizeof(int32_t));
@@ -233,13 +234,23 @@ static int32_t *copy_prompt(const rk_model *m, int n_story, int n_prefix, int n_
     return out;
 }
 
+/* The copy prompt over the TinyStories sample (../shared), for the trained model. */
+static int32_t *copy_prompt(const rk_model *m, int n_story, int n_prefix, int n_dec) {
+    return copy_of(rt_story_ids(m, (size_t)n_story + 1), n_story, n_prefix, n_dec);
+}
+
+/* The same layout over pseudo-random ids (for a generated model: no story to copy). */
+static int32_t *copy_prompt_random(const rk_model *m, int n_story, int n_prefix, int n_dec) {
+    return copy_of(rt_random_ids(m, (size_t)n_story + 1, 11), n_story, n_prefix, n_dec);
+}
+
 /* Decode with the default codec (scaled to the tiny model) stays close to exact while
  * copying from compressed rows. Bound: mean KL(exact || lowram) under 0.02 nats per token
  * (at most ~2% perplexity) and top-1 agreement of at least 90%. For scale: the f16 cache's
  * own rounding costs ~1e-6 here, and this small model leans on far context so little that
  * keeping only 5% of the compressed rows costs ~0.006 (logged below); a codec that
  * scrambled keys or values would be far above 0.02. SmolLM2 numbers: docs/LOWRAM.md. */
-Test(lowram, decode_stays_close_to_exact) {
+Test(lowram_shared, decode_stays_close_to_exact) {
     rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
     const int nv = rk_model_hparams(m)->n_vocab, n_story = 220, n_prefix = 100, n_dec = 60;
     const int n_prompt = 1 + n_story + n_prefix;
@@ -274,7 +285,7 @@ Test(lowram, decode_stays_close_to_exact) {
 /* The decode key cache changes what is rebuilt, never a result: more slots (kslots) give the
  * same logits bit for bit with fewer rebuilt rows. hyst (sticky selection) rebuilds fewer rows
  * than the default and stays as close to exact as the default's bound. */
-Test(lowram, key_cache_slots_and_hysteresis) {
+Test(lowram_shared, key_cache_slots_and_hysteresis) {
     rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
     const int nv = rk_model_hparams(m)->n_vocab, n_story = 220, n_prefix = 100, n_dec = 40;
     const int n_prompt = 1 + n_story + n_prefix;
@@ -305,7 +316,7 @@ Test(lowram, key_cache_slots_and_hysteresis) {
  * miss give the same keys (a miss decodes what it stored), so the cache's size still never
  * changes a result (kslots: bit-identical logits); its bytes are (2 + hd) / (2 hd) of f16's
  * per row; and decode stays close to exact (the bound of decode_stays_close_to_exact). */
-Test(lowram, int8_key_cache) {
+Test(lowram_shared, int8_key_cache) {
     rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
     const rk_hparams *hp = rk_model_hparams(m);
     const int nv = hp->n_vocab, n_story = 220, n_prefix = 100, n_dec = 40;
@@ -343,7 +354,7 @@ Test(lowram, int8_key_cache) {
  * (9 groups of 4 chunks here, of 60+ chunks) and stays as close to exact as the one-level bound
  * (KL < 0.02, decode_stays_close_to_exact); the logits differ from one level (the restriction
  * acts). (3) The coarse landmarks are counted: per group and KV head an f16 scale + head_dim int8. */
-Test(lowram, two_level_selection) {
+Test(lowram_shared, two_level_selection) {
     rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
     const rk_hparams *hp = rk_model_hparams(m);
     const int nv = hp->n_vocab, n_story = 220, n_prefix = 100, n_dec = 40;
@@ -403,7 +414,7 @@ Test(lowram, two_level_selection) {
 /* start=N: no fit until the context holds N rows. Below it every row is exact and attention
  * is the backend's ATTN over the same f16 bits as a plain f16 cache: bit-identical logits;
  * the commit that reaches N fits and compresses (then decode stays close to exact). */
-Test(lowram, start_threshold_keeps_rows_exact) {
+Test(lowram_shared, start_threshold_keeps_rows_exact) {
     rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
     const int nv = rk_model_hparams(m)->n_vocab, n_story = 220, n_prefix = 100, n_dec = 40;
     const int n_prompt = 1 + n_story + n_prefix, start = n_prompt + 19;
@@ -453,7 +464,7 @@ Test(lowram, start_threshold_keeps_rows_exact) {
  * the first run's logits to within twice the f16/f32 cache distance; wrong bookkeeping
  * (masks, slots, positions) would be far off. (2) A cut inside the exact window keeps the
  * stored rows. (3) A reset refits: the same logits again, bit for bit. */
-Test(lowram, truncate_and_replay) {
+Test(lowram_shared, truncate_and_replay) {
     rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
     const int nv = rk_model_hparams(m)->n_vocab;
     int32_t *ids = rt_story_ids(m, 400);
@@ -511,7 +522,7 @@ Test(lowram, truncate_and_replay) {
 /* ---- predictor files ------------------------------------------------------------------ */
 
 static const char *write_predictor(const rk_model *m, char *path, size_t cap) {
-    int32_t *ids = rt_story_ids(m, 1200);
+    int32_t *ids = rt_random_ids(m, (size_t)(1200), 11);
     rk_lowram_calib_params cp = {.group = 3, .seg_len = 400, .stride = 1, .n_threads = 2};
     void *bytes = NULL;
     size_t n = 0;
@@ -525,8 +536,8 @@ static const char *write_predictor(const rk_model *m, char *path, size_t cap) {
 
 /* The predictor file comes with the KV policy at session creation. */
 Test(lowram, predictor_file_for_another_model_is_refused) {
-    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
-    rk_model *other = rt_load_shared("models/aidreams260K/aidreams260K-f32.gguf");
+    rk_model *m = rt_stories_like(1);
+    rk_model *other = rt_stories_like(2);
     char path[1024];
     write_predictor(m, path, sizeof path);
     rk_session_params sp = rk_session_params_default();
@@ -543,7 +554,7 @@ Test(lowram, predictor_file_for_another_model_is_refused) {
     cr_expect_null(so, "no session on failure");
     /* the right model takes it, and decodes with the file's basis */
     cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s", e.msg);
-    int32_t *ids = rt_story_ids(m, 320);
+    int32_t *ids = rt_random_ids(m, (size_t)(320), 11);
     float *lg = trace(s, ids, 300, 4, rk_model_hparams(m)->n_vocab);
     rk_lowram_stats ls;
     rk_session_lowram_stats(s, &ls);
@@ -555,14 +566,15 @@ Test(lowram, predictor_file_for_another_model_is_refused) {
     cr_expect(strstr(e.msg, "group"), "%s", e.msg);
     /* a file of another kind (the model itself) is not a predictor file */
     char mp[1024];
-    tb_shared_path(mp, sizeof mp, "models/stories260K/stories260K-f32.gguf");
+    const tb_tiny_spec ms = tb_tiny_stories_spec(1);
+    cr_assert(tb_tiny_model(&ms, mp, sizeof mp), "%s", mp);
     snprintf(lp->predictor, sizeof lp->predictor, "%s", mp);
     lp->group = 3;
     st = rk_session_create(m, &sp, &sx, &e);
     cr_expect_eq(st, RK_E_MISMATCH, "%s", e.msg);
     cr_expect(strstr(e.msg, "not a predictor file"), "%s", e.msg);
     cr_expect_null(sx);
-    remove(path);
+    remove(path), remove(mp);
     free(lg), free(ids);
     rk_session_destroy(s), rk_session_destroy(so);
     rk_model_destroy(m), rk_model_destroy(other);
@@ -601,7 +613,7 @@ Test(lowram, spec_parsing) {
  * the f16-vs-f32 plain cache distance + 1e-4, as for the lossless codec). (2) topp=0.9 on the
  * copy prompt stays within the same KL bound as the fixed budget (0.02) while choosing, per
  * (layer, head), a count between min_chunks and budget / chunk that varies (not a fixed k). */
-Test(lowram, topp_selection) {
+Test(lowram_shared, topp_selection) {
     rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
     const int nv = rk_model_hparams(m)->n_vocab, n_story = 220, n_prefix = 100, n_dec = 30;
     const int n_prompt = 1 + n_story + n_prefix;
@@ -684,7 +696,7 @@ static bool cancel_after_250(void *ud, int64_t done, int64_t total) {
  * without pfit), the logits after it and through decode stay within the decode bound of
  * decode_stays_close_to_exact (KL 0.02 against exact), and a failed eval's compressed rows are
  * forgotten (a cancelled eval, then the same prompt: bit-identical logits). */
-Test(lowram, prefill_compression_inside_one_eval) {
+Test(lowram_shared, prefill_compression_inside_one_eval) {
     rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
     const int nv = rk_model_hparams(m)->n_vocab, n_story = 220, n_prefix = 100, n_dec = 20;
     const int n_prompt = 1 + n_story + n_prefix;
@@ -727,11 +739,11 @@ Test(lowram, prefill_compression_inside_one_eval) {
  * 3 codec threads for 4 KV heads each head's rows are split over tasks and merged: the
  * logits equal the unsplit decode's to float rounding (1e-3 of the logit range). */
 Test(lowram, value_summaries_and_split_decode) {
-    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    rk_model *m = rt_stories_like(1);
     const rk_hparams *hp = rk_model_hparams(m);
     const int nv = hp->n_vocab, n_story = 220, n_prefix = 100, n_dec = 24, hd = hp->head_dim;
     const int n_prompt = 1 + n_story + n_prefix;
-    int32_t *ids = copy_prompt(m, n_story, n_prefix, n_dec);
+    int32_t *ids = copy_prompt_random(m, n_story, n_prefix, n_dec);
     rk_session *ex = session(m, RK_DT_F16, NULL);
     rk_session *vs = session(m, RK_DT_F16, "window=32,chunk=16,budget=48,summ");
     rk_session *cs = session(m, RK_DT_F16, "window=32,chunk=16,budget=48,csumm,summ");
@@ -793,10 +805,10 @@ Test(lowram, value_summaries_and_split_decode) {
  * skipped or written to another head's scores would change the choice or the count; a share
  * attended twice or not at all would move the logits by far more than rounding. */
 Test(lowram, pooled_chunk_scores_choose_as_one_thread) {
-    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    rk_model *m = rt_stories_like(1);
     const int nv = rk_model_hparams(m)->n_vocab, n_story = 220, n_prefix = 100, n_dec = 24;
     const int n_prompt = 1 + n_story + n_prefix;
-    int32_t *ids = copy_prompt(m, n_story, n_prefix, n_dec);
+    int32_t *ids = copy_prompt_random(m, n_story, n_prefix, n_dec);
     rk_session *s[2] = {session(m, RK_DT_F16, "window=32,chunk=8,budget=48,threads=1"),
                         session(m, RK_DT_F16, "window=32,chunk=8,budget=48,threads=3")};
     float *lg[2] = {malloc((size_t)nv * sizeof(float)), malloc((size_t)nv * sizeof(float))};
@@ -838,7 +850,7 @@ Test(lowram, pooled_chunk_scores_choose_as_one_thread) {
  * W are stored (the predictor bytes count them; the device copy pads the rest with 0 for the
  * op that sums all r), a vrank at or above the rank changes nothing bit
  * for bit, and decode stays within the default's bound of exact (KL < 0.02). */
-Test(lowram, value_rank_predictor) {
+Test(lowram_shared, value_rank_predictor) {
     rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
     const rk_hparams *hp = rk_model_hparams(m);
     const int nv = hp->n_vocab, n_story = 220, n_prefix = 100, n_dec = 24;
@@ -882,9 +894,9 @@ Test(lowram, value_rank_predictor) {
  * it imports into a session with other ones and decodes exactly as a fresh prefill under
  * those knobs (lowram_study --reuse relies on it); a stored-state parameter still refuses. */
 Test(lowram, state_decodes_under_other_selection_settings) {
-    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    rk_model *m = rt_stories_like(1);
     const int nv = rk_model_hparams(m)->n_vocab, n_p = 300, n_dec = 12;
-    int32_t *ids = rt_story_ids(m, n_p + n_dec + 1);
+    int32_t *ids = rt_random_ids(m, (size_t)(n_p + n_dec + 1), 11);
     rk_session *a = session(m, RK_DT_F16, "rank=24,window=64,budget=64,kslots=2,full=0");
     rk_session *b = session(m, RK_DT_F16, "rank=24,window=64,budget=96,topp=0.9,dl0=1,dl1=3,kslots=2,full=0");
     rk_session *f = session(m, RK_DT_F16, "rank=24,window=64,budget=96,topp=0.9,dl0=1,dl1=3,kslots=2,full=0");

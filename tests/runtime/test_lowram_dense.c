@@ -58,10 +58,12 @@ static double range(const float *a, size_t n) {
  * RoPE angle, a row at the wrong position: each more than 1e-2 of the range when tried by
  * hand on this path). With f16 rows the rebuilt K and V are rounded to f16 as the exact
  * rows are: bound 2e-3 of the range (f16's 2^-11 relative step through the same layers). */
-static void compare(const char *spec, uint32_t type, int n_batch, const int *cut, int n_cut, double tol) {
-    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+static void compare_on(bool trained, const char *spec, uint32_t type, int n_batch, const int *cut, int n_cut,
+                       double tol) {
+    rk_model *m = trained ? rt_load_shared("models/stories260K/stories260K-f32.gguf") : rt_stories_like(1);
     const int nv = rk_model_hparams(m)->n_vocab;
-    int32_t *ids = rt_story_ids(m, (size_t)cut[n_cut - 1]);
+    int32_t *ids =
+        trained ? rt_story_ids(m, (size_t)cut[n_cut - 1]) : rt_random_ids(m, (size_t)cut[n_cut - 1], 11);
     char row[256];
     snprintf(row, sizeof row, "%s,rowattn", spec);
     rk_session *a = session(m, type, spec, n_batch), *b = session(m, type, row, n_batch);
@@ -79,11 +81,22 @@ static void compare(const char *spec, uint32_t type, int n_batch, const int *cut
     rk_model_destroy(m);
 }
 
+/* On a generated model of stories260K's shape (random weights). */
+static void compare(const char *spec, uint32_t type, int n_batch, const int *cut, int n_cut, double tol) {
+    compare_on(false, spec, type, n_batch, cut, n_cut, tol);
+}
+
 /* A prompt fed in batches of 64 with pfit=128: every batch after the fit attends compressed rows. */
 Test(lowram_dense, pfit_prompt_matches_row_path) {
     const int cut[] = {448};
     compare("window=32,chunk=16,pfit=128", RK_DT_F32, 64, cut, 1, 1e-4);
-    compare("window=32,chunk=16,pfit=128", RK_DT_F16, 64, cut, 1, 2e-3);
+}
+
+/* The same with f16 rows, on the trained model: its layers carry the f16 rounding through at
+ * about the step itself (random weights amplify it: 3.3e-3 of the range measured there). */
+Test(lowram_dense_shared, pfit_prompt_f16_rows_match_row_path) {
+    const int cut[] = {448};
+    compare_on(true, "window=32,chunk=16,pfit=128", RK_DT_F16, 64, cut, 1, 2e-3);
 }
 
 /* Fit at the end of a 256-row prompt, then a 96-row turn and a 100-row turn. */
@@ -95,9 +108,9 @@ Test(lowram_dense, long_turn_after_fit_matches_row_path) {
 
 /* Positions the path cannot take as contiguous (eviction) keep the row-by-row path. */
 Test(lowram_dense, eviction_keeps_row_path) {
-    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    rk_model *m = rt_stories_like(1);
     const int nv = rk_model_hparams(m)->n_vocab, cut[] = {256, 352};
-    int32_t *ids = rt_story_ids(m, 352);
+    int32_t *ids = rt_random_ids(m, (size_t)(352), 11);
     rk_session *s = session(m, RK_DT_F32, "window=32,chunk=16,evict=0.3", 512);
     float *lg = evals(s, ids, cut, 2, nv);
     const rk_kv_codec *c = codec(s);

@@ -88,9 +88,9 @@ static double ref_miss(const rk_kv_codec *f, const rk_kv_codec *x, int l, int64_
  * near tie; the full layers are the full_layers largest, each at least full_min, and exactly
  * those have ly[].full. */
 Test(lowram_full, sel_miss_and_the_full_layers) {
-    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    rk_model *m = rt_stories_like(1);
     const int n_p = 300;
-    int32_t *ids = rt_story_ids(m, n_p);
+    int32_t *ids = rt_random_ids(m, (size_t)(n_p), 11);
     rk_session *a = rt_lowram_session(m, "window=64,chunk=16,start=0,budget=32,full=2", 0);
     rk_session *b = rt_lowram_session(m, "window=400,chunk=16,start=0,budget=32,full=2", 0);
     rk_err e = {0};
@@ -137,9 +137,9 @@ Test(lowram_full, sel_miss_and_the_full_layers) {
  * budget raised past the context (el0/el1/ebudget), and differs from full=0 alone (so the
  * layer's selection mattered); fullmin=1 (no layer loses all) chooses none. */
 Test(lowram_full, a_full_layer_attends_every_chunk) {
-    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    rk_model *m = rt_stories_like(1);
     const int nv = rk_model_hparams(m)->n_vocab, n_p = 300, n_dec = 12;
-    int32_t *ids = rt_story_ids(m, n_p + n_dec);
+    int32_t *ids = rt_random_ids(m, (size_t)(n_p + n_dec), 11);
     rk_session *f = rt_lowram_session(m, "window=64,chunk=16,start=0,budget=32,full=1", 0);
     float *lf = rt_decode_trace(f, ids, n_p, n_dec, nv);
     rk_lowram_stats st;
@@ -182,9 +182,9 @@ Test(lowram_full, a_full_layer_attends_every_chunk) {
  * the scratch shrinks by the (32 - 3) chunks' rows of coefficients, keys, angles, ids of
  * every KV head (each head has a batch area of its own). */
 Test(lowram_full, a_full_layer_rebuilds_in_batches) {
-    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    rk_model *m = rt_stories_like(1);
     const int nv = rk_model_hparams(m)->n_vocab, n_p = 300, n_dec = 12;
-    int32_t *ids = rt_story_ids(m, n_p + n_dec);
+    int32_t *ids = rt_random_ids(m, (size_t)(n_p + n_dec), 11);
     rk_session *one = rt_lowram_session(m, "window=64,chunk=16,start=0,budget=32,full=1,kbatch=32", 0);
     rk_session *few = rt_lowram_session(m, "window=64,chunk=16,start=0,budget=32,full=1,kbatch=3", 0);
     rk_session *def = rt_lowram_session(m, "window=64,chunk=16,start=0,budget=32,full=1", 0);
@@ -221,9 +221,9 @@ Test(lowram_full, a_full_layer_rebuilds_in_batches) {
  * lists the exporter's in its order and decodes bit for bit as the exporter goes on; one
  * with full=1 takes the first only, one with full=0 none (and then decodes otherwise). */
 Test(lowram_full, the_state_carries_its_full_layers) {
-    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    rk_model *m = rt_stories_like(1);
     const int nv = rk_model_hparams(m)->n_vocab, n_p = 300, n_dec = 8;
-    int32_t *ids = rt_story_ids(m, n_p + n_dec);
+    int32_t *ids = rt_random_ids(m, (size_t)(n_p + n_dec), 11);
     rk_session *a = rt_lowram_session(m, "window=64,chunk=16,start=0,budget=32,full=2", 0);
     rk_session *im[3] = {rt_lowram_session(m, "window=64,chunk=16,start=0,budget=32,full=2", 0),
                          rt_lowram_session(m, "window=64,chunk=16,start=0,budget=32,full=1", 0),

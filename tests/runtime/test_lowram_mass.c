@@ -64,9 +64,9 @@ static double kth(const double *v, int64_t n, int64_t k) {
  * (float against double sums). Without the forced choice the residual rows follow ||δ||²,
  * and without pins none are set: either fails. */
 Test(lowram_mass, question_rows_get_residuals_and_pins) {
-    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    rk_model *m = rt_stories_like(1);
     const int n_p = 300;
-    int32_t *ids = rt_story_ids(m, n_p);
+    int32_t *ids = rt_random_ids(m, (size_t)(n_p), 11);
     rk_session *a = rt_lowram_session(m, "window=64,chunk=16,start=0,nomass,resid=0.1,vkeep=0.1,vpin=3,vpool=2", 0);
     rk_session *b = rt_lowram_session(m, "window=400,chunk=16,start=0,nomass,resid=0.1,vkeep=0.1,vpin=3,vpool=2", 0);
     rk_err e = {0};
@@ -126,7 +126,7 @@ Test(lowram_mass, question_rows_get_residuals_and_pins) {
 /* A budget of exactly the pinned chunks attends the pins whatever the landmarks score:
  * changing the scores (spread) leaves every logit bit for bit, while without pins the same
  * change moves them (checked first, so the test can tell). */
-Test(lowram_mass, pinned_chunks_fill_the_budget_whatever_landmarks_score) {
+Test(lowram_mass_shared, pinned_chunks_fill_the_budget_whatever_landmarks_score) {
     rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
     const int nv = rk_model_hparams(m)->n_vocab, n_p = 300, n_dec = 12;
     int32_t *ids = rt_story_ids(m, n_p + n_dec);

@@ -60,9 +60,9 @@ static float *steps(rk_session *s, const int32_t *ids, int n_dec, int nv) {
  * early and the pages of its compressed rows were not resident. A first eval of 100 rows
  * (below the fit) then one of 220 that fits: the 100 earlier rows are never given back. */
 Test(lowram_stage, staged_fit_equals_chunk_major_and_gives_pages_back) {
-    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    rk_model *m = rt_stories_like(1);
     const int nv = rk_model_hparams(m)->n_vocab, n0 = 100, n1 = 220, n_dec = 16;
-    int32_t *ids = rt_story_ids(m, n0 + n1 + n_dec);
+    int32_t *ids = rt_random_ids(m, (size_t)(n0 + n1 + n_dec), 11);
     rk_session *a = rt_lowram_session(m, "group=1,window=64,chunk=16,start=0", 32);
     rk_session *b = rt_lowram_session(m, "group=1,window=64,chunk=16,start=0,nostage", 32);
     rk_err e = {0};
@@ -99,9 +99,9 @@ Test(lowram_stage, staged_fit_equals_chunk_major_and_gives_pages_back) {
  * its 100 rows (unfitted, exact), and the same eval again gives the logits of a session that
  * was never cancelled, bit for bit. */
 Test(lowram_stage, cancelled_staged_eval_loses_nothing) {
-    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    rk_model *m = rt_stories_like(1);
     const int nv = rk_model_hparams(m)->n_vocab, n0 = 100, n1 = 220, n_dec = 12;
-    int32_t *ids = rt_story_ids(m, n0 + n1 + n_dec);
+    int32_t *ids = rt_random_ids(m, (size_t)(n0 + n1 + n_dec), 11);
     rk_session *a = rt_lowram_session(m, "group=1,window=64,chunk=16,start=0", 32);
     rk_session *b = rt_lowram_session(m, "group=1,window=64,chunk=16,start=0", 32);
     rk_err e = {0};

@@ -219,9 +219,9 @@ static void run_vectors(const char *name) {
     vocab_close(&v);
 }
 
-Test(tokenizer, vectors_gpt2) { run_vectors("ggml-vocab-gpt-2.gguf"); }
-Test(tokenizer, vectors_starcoder) { run_vectors("ggml-vocab-starcoder.gguf"); }
-Test(tokenizer, vectors_llama_spm) { run_vectors("ggml-vocab-llama-spm.gguf"); }
+Test(tokenizer_shared, vectors_gpt2) { run_vectors("ggml-vocab-gpt-2.gguf"); }
+Test(tokenizer_shared, vectors_starcoder) { run_vectors("ggml-vocab-starcoder.gguf"); }
+Test(tokenizer_shared, vectors_llama_spm) { run_vectors("ggml-vocab-llama-spm.gguf"); }
 
 /* ---- 2. trained-model vocab goldens -------------------------------------- */
 
@@ -283,11 +283,11 @@ static void run_model_goldens(const char *model) {
     vocab_close(&v);
 }
 
-Test(tokenizer, golden_stories260K) { run_model_goldens("stories260K"); }
-Test(tokenizer, golden_aidreams260K) { run_model_goldens("aidreams260K"); }
+Test(tokenizer_shared, golden_stories260K) { run_model_goldens("stories260K"); }
+Test(tokenizer_shared, golden_aidreams260K) { run_model_goldens("aidreams260K"); }
 
 /* The whole perplexity text (minus its final newline) with BOS: 1822 ids. */
-Test(tokenizer, golden_perplexity_text) {
+Test(tokenizer_shared, golden_perplexity_text) {
     char path[1024];
     vocab v;
     vocab_open_shared(&v, "models/stories260K/stories260K-f32.gguf");
@@ -378,19 +378,19 @@ static void round_trip_shared(const char *rel, const char *label) {
     vocab_close(&v);
 }
 
-Test(tokenizer, round_trip_gpt2, .timeout = 120) {
+Test(tokenizer_shared, round_trip_gpt2, .timeout = 120) {
     round_trip_shared("golden/tokenizer/ggml-vocab-gpt-2.gguf", "gpt-2");
 }
-Test(tokenizer, round_trip_starcoder, .timeout = 120) {
+Test(tokenizer_shared, round_trip_starcoder, .timeout = 120) {
     round_trip_shared("golden/tokenizer/ggml-vocab-starcoder.gguf", "starcoder");
 }
-Test(tokenizer, round_trip_llama_spm, .timeout = 120) {
+Test(tokenizer_shared, round_trip_llama_spm, .timeout = 120) {
     round_trip_shared("golden/tokenizer/ggml-vocab-llama-spm.gguf", "llama-spm");
 }
-Test(tokenizer, round_trip_stories260K, .timeout = 120) {
+Test(tokenizer_shared, round_trip_stories260K, .timeout = 120) {
     round_trip_shared("models/stories260K/stories260K-f32.gguf", "stories260K");
 }
-Test(tokenizer, round_trip_default_model, .timeout = 120) {
+Test(tokenizer_shared, round_trip_default_model, .timeout = 120) {
     char path[1024];
     vocab v;
     if (!tb_default_model(path, sizeof path)) cr_skip_test("default model not in the cache");
@@ -402,7 +402,7 @@ Test(tokenizer, round_trip_default_model, .timeout = 120) {
 
 /* ---- 4. special tokens of the default model ------------------------------ */
 
-Test(tokenizer, default_model_special) {
+Test(tokenizer_shared, default_model_special) {
     char path[1024];
     vocab v;
     if (!tb_default_model(path, sizeof path)) cr_skip_test("default model not in the cache");
@@ -516,16 +516,16 @@ static void malformed_shared(const char *rel, const char *label) {
     vocab_close(&v);
 }
 
-Test(tokenizer, malformed_gpt2, .timeout = 60) {
+Test(tokenizer_shared, malformed_gpt2, .timeout = 60) {
     malformed_shared("golden/tokenizer/ggml-vocab-gpt-2.gguf", "gpt-2");
 }
-Test(tokenizer, malformed_starcoder, .timeout = 60) {
+Test(tokenizer_shared, malformed_starcoder, .timeout = 60) {
     malformed_shared("golden/tokenizer/ggml-vocab-starcoder.gguf", "starcoder");
 }
-Test(tokenizer, malformed_llama_spm, .timeout = 60) {
+Test(tokenizer_shared, malformed_llama_spm, .timeout = 60) {
     malformed_shared("golden/tokenizer/ggml-vocab-llama-spm.gguf", "llama-spm");
 }
-Test(tokenizer, malformed_stories260K, .timeout = 60) {
+Test(tokenizer_shared, malformed_stories260K, .timeout = 60) {
     malformed_shared("models/stories260K/stories260K-f32.gguf", "stories260K");
 }
 
@@ -635,7 +635,7 @@ Test(tokenizer, utf8_stream) {
 }
 
 /* The fingerprint goes into model fingerprints: it must not drift. */
-Test(tokenizer, hash_pinned) {
+Test(tokenizer_shared, hash_pinned) {
     vocab v;
     vocab_open_shared(&v, "models/stories260K/stories260K-f32.gguf");
     cr_expect_eq(rk_tokenizer_hash(v.t), 0x09a86c68d3398539ull, "%016llx",

@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 const char *tb_shared_dir(void) {
+    const char *no = getenv("RK_NO_SHARED");
+    if (no && *no && strcmp(no, "0") != 0) return NULL;
     const char *d = getenv("RK_SHARED_DIR");
     struct stat st;
     if (!d || stat(d, &st) != 0 || !S_ISDIR(st.st_mode)) return NULL;
@@ -18,7 +20,7 @@ const char *tb_shared_dir(void) {
 const char *tb_shared_path(char *buf, size_t cap, const char *rel) {
     const char *d = tb_shared_dir();
     if (!d) {
-        snprintf(buf, cap, "../shared not found (RK_SHARED_DIR unset or missing)");
+        snprintf(buf, cap, "../shared not found (RK_SHARED_DIR unset or missing, or RK_NO_SHARED set)");
         return NULL;
     }
     snprintf(buf, cap, "%s/%s", d, rel);
@@ -58,6 +60,8 @@ void *tb_read_file(const char *path, size_t *len) {
 }
 
 const char *tb_default_model(char *buf, size_t cap) {
+    const char *no = getenv("RK_NO_SHARED");
+    if (no && *no && strcmp(no, "0") != 0) return NULL;
     const char *env = getenv("RIDGEKV_MODEL");
     if (env && *env) {
         snprintf(buf, cap, "%s", env);

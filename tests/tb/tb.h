@@ -4,7 +4,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Directory of ../shared (RK_SHARED_DIR, set by meson), or NULL when it is absent. */
+/* Directory of ../shared (RK_SHARED_DIR, set by meson), or NULL when it is absent or
+ * RK_NO_SHARED is set (scripts/test.sh runs the unit suite so: it needs nothing outside
+ * the checkout). */
 const char *tb_shared_dir(void);
 /* Joins the shared dir and a relative path into buf; returns NULL (and leaves a
  * reason in buf) when the shared dir or the file is missing. */
@@ -12,7 +14,7 @@ const char *tb_shared_path(char *buf, size_t cap, const char *rel);
 /* Reads a whole file into a malloc'd buffer; NULL on failure. */
 void *tb_read_file(const char *path, size_t *len);
 /* The default model in the cache (RIDGEKV_MODEL or ${XDG_CACHE_HOME:-~/.cache}/ridgekv/...),
- * NULL when absent. */
+ * NULL when absent or RK_NO_SHARED is set. */
 const char *tb_default_model(char *buf, size_t cap);
 /* Deterministic pseudo-random numbers (splitmix64). */
 uint64_t tb_rand_u64(uint64_t *state);
@@ -103,6 +105,10 @@ typedef struct tb_tiny_spec {
 extern const char *const tb_gpt2_merges[TB_GPT2_N_MERGES];
 extern const char *const tb_spm_pieces[TB_SPM_N_PIECES];
 
+/* stories260K's shape (llama, 5 layers, n_embd 64, 8 heads, 4 KV heads of 8 dims, n_ff 172,
+ * context 512, untied f32 matrices) with the SPM vocab and random weights from seed: the
+ * shape the runtime suites were written for, without ../shared. */
+tb_tiny_spec tb_tiny_stories_spec(uint64_t seed);
 /* The spec with every 0 replaced by its default (see the fields). */
 tb_tiny_spec tb_tiny_spec_resolve(const tb_tiny_spec *spec);
 /* Tokens in the spec's vocab. */

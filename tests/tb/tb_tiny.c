@@ -39,6 +39,11 @@ static const char chatml_template[] =
     "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
     "{% endif %}";
 
+tb_tiny_spec tb_tiny_stories_spec(uint64_t seed) {
+    return (tb_tiny_spec){.arch = TB_ARCH_LLAMA, .n_layer = 5, .n_embd = 64, .n_head = 8, .n_head_kv = 4,
+                          .n_ff = 172, .n_ctx_train = 512, .untied = true, .vocab = TB_VOCAB_SPM, .seed = seed};
+}
+
 tb_tiny_spec tb_tiny_spec_resolve(const tb_tiny_spec *in) {
     tb_tiny_spec s = *in;
     if (!s.n_layer) s.n_layer = 2;
