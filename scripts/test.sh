@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 # the layering (base <- {formats, kernels, io} <- linalg <- runtime <- fitters <- eval <- cli), no include cycles
 python3 scripts/check_layers.py
+# every repo path and ridgekv flag the docs name exists; the docs name no work session (docs/*.md < 3000 lines)
+python3 scripts/check_paths.py --docs-only
 if [ -d build-asan ]; then meson setup --reconfigure build-asan >/dev/null; else
   meson setup build-asan -Db_sanitize=address,undefined -Db_lundef=false --buildtype=debugoptimized; fi
 meson test -C build-asan --suite unit --print-errorlogs --num-processes 2 --wrapper "$PWD/scripts/sanitizer_wrap.sh"
