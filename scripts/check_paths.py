@@ -53,9 +53,18 @@ FLAG = re.compile(r'(?<![\w-])--[a-z][a-z0-9]*(?:-[a-z0-9]+)*')
 
 
 def tracked_files():
-    out = subprocess.run(['git', '-C', ROOT, 'ls-files', '--cached', '--others', '--exclude-standard'],
-                         capture_output=True, text=True, check=True).stdout.split('\n')
-    return [f for f in out if f and os.path.exists(os.path.join(ROOT, f))]
+    """The repository's files: git's list (tracked and not ignored), else a walk that skips
+    build trees and hidden folders."""
+    try:
+        out = subprocess.run(['git', '-C', ROOT, 'ls-files', '--cached', '--others', '--exclude-standard'],
+                             capture_output=True, text=True, check=True).stdout.split('\n')
+        return [f for f in out if f and os.path.exists(os.path.join(ROOT, f))]
+    except (OSError, subprocess.CalledProcessError):
+        res = []
+        for d, dirs, fs in os.walk(ROOT):
+            dirs[:] = [x for x in dirs if not x.startswith(('.', 'build')) or x == '.ci']
+            res += [os.path.relpath(os.path.join(d, f), ROOT) for f in fs]
+        return res
 
 
 def comments(path, text):
