@@ -6,18 +6,18 @@
 # the binary's hash), and a build with CUDA is not reproducible (nvcc names its temporary
 # files by process id inside the objects). So the campaign binary is built here WITHOUT CUDA
 # from a fixed commit, which gives the same bytes on every Debian 12 machine with the same
-# compiler, and the results file lives in the repo (docs/data/), so a later session rebuilds
+# compiler, and the results file lives in the repo (scripts/data/), so a later session rebuilds
 # the binary, copies the file out and runs the missing trials.
 #
 # usage: scripts/needle_campaign.sh [--qwen|--group] WORKDIR [BUDGET_SECONDS]
 #   --qwen   the campaign on Qwen2.5-Coder-1.5B (issue 10 item 5; eighteenth session on):
-#            its own binary, seed and results file (docs/data/needle-q15-t2048-s18.jsonl)
+#            its own binary, seed and results file (scripts/data/needle-q15-t2048-s18.jsonl)
 #   --group  grouped attention to filled rows (--fill-group 16, twenty-first session on),
-#            SmolLM2, one distractor fact per prompt: docs/data/needle-g16-d1-s21.jsonl
+#            SmolLM2, one distractor fact per prompt: scripts/data/needle-g16-d1-s21.jsonl
 #   WORKDIR  where the binary is built and the run happens (outside the repo; reused; one per
 #            campaign)
 #   BUDGET   stop starting new trials after this many seconds (default: no limit)
-# Then copy WORKDIR/needle.jsonl back over the campaign's file in docs/data/ and commit it.
+# Then copy WORKDIR/needle.jsonl back over the campaign's file in scripts/data/ and commit it.
 #
 # Needs the model (`ridgekv pull`, `ridgekv pull qwen2.5-coder-1.5b`) and its maps (`ridgekv
 # prepare [-m MODEL]`): the file's header names the maps by hash; maps fitted on another machine
@@ -30,20 +30,20 @@ CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/ridgekv
 if [ "${1:-}" = --qwen ]; then
     shift
     COMMIT=6d69a18 # the Qwen campaign binary's commit
-    FILE=docs/data/needle-q15-t2048-s18.jsonl
+    FILE=scripts/data/needle-q15-t2048-s18.jsonl
     MODEL=$CACHE/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
     MAPGLOB=qwen2-
     TRIALS=200 SEED=18
 elif [ "${1:-}" = --group ]; then
     shift
     COMMIT=d9cc927 # the grouped campaign binary's commit
-    FILE=docs/data/needle-g16-d1-s21.jsonl
+    FILE=scripts/data/needle-g16-d1-s21.jsonl
     MODEL=$CACHE/SmolLM2-135M-Instruct.Q4_1.gguf
     MAPGLOB=llama-
     TRIALS=200 SEED=21 EXTRA=(--fill-group 16 --distractors 1)
 else
     COMMIT=84c51e2 # the campaign binary's commit (sha256 3c4517b6... of build/cli/ridgekv)
-    FILE=docs/data/needle-q-t2048-s11.jsonl
+    FILE=scripts/data/needle-q-t2048-s11.jsonl
     MODEL=$CACHE/SmolLM2-135M-Instruct.Q4_1.gguf
     MAPGLOB=llama-
     TRIALS=220 SEED=11

@@ -9,6 +9,9 @@ bash scripts/deps.sh
 # the layering (base <- {formats, kernels, io} <- linalg <- runtime <- fitters <- eval <- cli), no include cycles
 python3 scripts/check_layers.py
 bash scripts/check_format.sh
+# every repo path and ridgekv flag the docs and code comments name exists; the docs name no work
+# session (docs/*.md < 3000 lines)
+python3 scripts/check_paths.py
 if [ -d build-asan ]; then meson setup --reconfigure build-asan >/dev/null; else
   meson setup build-asan -Db_sanitize=address,undefined -Db_lundef=false --buildtype=debugoptimized; fi
 ninja -C build-asan
