@@ -49,7 +49,7 @@ int main(int argc, char **argv) {
      * second long prompt's buffers (LowRAM's stores, per-eval work areas) come from the heap
      * and stay resident after free: a fixed 128 KiB threshold gives them back (second 8K
      * prompt of one LowRAM session on SmolLM2: peak 224 instead of 308-371 MiB, exact f16
-     * 295; docs/LOWRAM.md, fifteenth session). MALLOC_MMAP_THRESHOLD_ in the environment wins. */
+     * 295).  MALLOC_MMAP_THRESHOLD_ in the environment wins. */
     if (!getenv("MALLOC_MMAP_THRESHOLD_")) (void)mallopt(M_MMAP_THRESHOLD, 128 * 1024);
 #endif
     /* the library reads no environment: the CLI hands it the CUDA module's path */

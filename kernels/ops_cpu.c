@@ -382,7 +382,7 @@ static rk_status matmul_set(cpu_impl *c, mm_ctx *x, rk_err *err) {
          * 8-bit blocks, then every output is an integer dot of a weight row with it. Prefill
          * takes it only for the 256-element K-quant blocks: with 32-element blocks (Q4_0,
          * Q4_1, Q8_0) the per-block scale work made the integer tiles slower than
-         * dequantised f32 tiles (docs/BENCH.md). */
+         * dequantised f32 tiles (docs/PERFORMANCE.md). */
         p->qd = p->q && c->qdot ? c->qdot(p->w.type) : NULL;
         if (p->qd && (x->k % p->qd->act_block || (!decode && (p->qd->act_block != RK_QK_K_ELTS || !p->qd->dot_x4))))
             p->qd = NULL;

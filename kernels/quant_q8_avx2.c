@@ -29,7 +29,7 @@
 #endif
 
 /* always_inline: as a plain static inline void function, GCC 12 took pf for const
- * (__builtin_prefetch has no side effects) and deleted its calls (docs/BENCH.md). */
+ * (__builtin_prefetch has no side effects) and deleted its calls (docs/PERFORMANCE.md). */
 static inline __attribute__((always_inline)) void pf(const uint8_t *p) {
 #if RK_PF_DIST > 0
     _mm_prefetch((const char *)((uintptr_t)p + RK_PF_DIST), _MM_HINT_T0);

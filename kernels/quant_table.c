@@ -85,7 +85,7 @@ const rk_quant_fns *rk_quant_fast(uint32_t type) {
 
 static const rk_qdot_fns qref_fns[RK_DT_BF16 + 1] = RK_QDOT_TABLE(rk_qref, RK_NO_X4, NULL);
 #ifdef RK_HAVE_AVX2
-/* dot_2w only for Q4_1: for Q4_K and Q6_K a two-row kernel was no faster (docs/BENCH.md) */
+/* dot_2w only for Q4_1: for Q4_K and Q6_K a two-row kernel was no faster (docs/PERFORMANCE.md) */
 static const rk_qdot_fns qavx2_fns[RK_DT_BF16 + 1] = RK_QDOT_TABLE(rk_qavx2, RK_X4, rk_qavx2_q4_1_dot_2w);
 #endif
 

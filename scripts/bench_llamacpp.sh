@@ -184,8 +184,7 @@ cc -O3 -march=native -pthread -o "$tmp/membw" "$tmp/membw.c"
 # CPU probe: THREADS threads each run 8-bit multiply-adds (maddubs/madd, the K-quant dots'
 # instructions) for ~0.2 s on registers, then ~0.2 s over a 3 MiB buffer of their own
 # (past a 512 KiB L2, inside the shared L3: the in-cache GEMV's footprint); prints the
-# slowest thread's G multiply-adds/s and GB/s. On the shared VM of docs/BENCH.md (fifth
-# session) the machine's speed moved by up to 1.5x between runs: printed beside each round.
+# slowest thread's G multiply-adds/s and GB/s. On a shared VM the machine's speed moved by up to 1.5x between runs: printed beside each round.
 cat > "$tmp/probe.c" <<'EOF'
 #include <immintrin.h>
 #include <pthread.h>

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The figures of docs/TIERS.md in one run (issue 9's targets), default model, 2 threads:
+# The figures of docs/TIERS.md in one run, default model, 2 threads:
 #  1. second-question TTFT: `ask` twice on the same N-token document (the first reads and
 #     saves its KV, the second loads it through O_DIRECT, so from disk, not the page cache);
 #  2. decode under --kv-budget 25% vs all in memory at N tokens (bench, alternated A B A B);

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fails (exit 1) on an edge of the layering crossed downwards-up, or any cycle.
 
-Layers (STYLE.md): base <- {formats, kernels, io} <- {synth, linalg} <- runtime <- fitters
+Layers (the project's style guide): base <- {formats, kernels, io} <- {synth, linalg} <- runtime <- fitters
 <- eval <- cli.
 
 Includes (from the sources): a module may include its own headers, and from a module below

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer GGUF target with clang and runs it for a bounded time.
 #   scripts/fuzz.sh [SECONDS] [extra libFuzzer flags...]     (default 60 s)
-# Seeds (made by fuzz/gguf_seeds with our writer): small valid copies of
+# Seeds (made by fuzz/gguf_seeds.c with our writer): small valid copies of
 # ../shared/models/*/*.gguf and ../shared/golden/models/*.gguf when present (every
 # key kept, tensors cut to a block or two), plus synthetic files with every value
 # type and every tensor type. New corpus entries go to build-fuzz/corpus/gguf,

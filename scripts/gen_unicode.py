@@ -9,7 +9,7 @@ general category, with unassigned Cn kept apart from the other C* classes).
 Consecutive code points with the same class form one range; the table holds each
 range's first code point and class packed as (first << 8) | class, sorted, so a
 lookup is a binary search for the last range starting at or before the code point.
-The class numbering must match enum rk_ucat in runtime/tokenizer_impl.h.
+The class numbering must match enum rk_ucat in runtime/tokenizer/tokenizer_impl.h.
 """
 import sys
 import unicodedata

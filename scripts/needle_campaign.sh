@@ -1,5 +1,5 @@
 #!/bin/bash
-# The RidgeFill needle campaign of issue 10 (>= 200 paired trials, off vs quality), in pieces
+# The RidgeFill needle campaign (>= 200 paired trials, off vs quality), in pieces
 # that can go on across machines and sessions.
 #
 # `eval needle --results FILE` refuses a file written by another binary (its header holds
@@ -10,9 +10,9 @@
 # the binary, copies the file out and runs the missing trials.
 #
 # usage: scripts/needle_campaign.sh [--qwen|--group] WORKDIR [BUDGET_SECONDS]
-#   --qwen   the campaign on Qwen2.5-Coder-1.5B (issue 10 item 5; eighteenth session on):
+#   --qwen   the campaign on Qwen2.5-Coder-1.5B:
 #            its own binary, seed and results file (scripts/data/needle-q15-t2048-s18.jsonl)
-#   --group  grouped attention to filled rows (--fill-group 16, twenty-first session on),
+#   --group  grouped attention to filled rows (--fill-group 16),
 #            SmolLM2, one distractor fact per prompt: scripts/data/needle-g16-d1-s21.jsonl
 #   WORKDIR  where the binary is built and the run happens (outside the repo; reused; one per
 #            campaign)

@@ -133,7 +133,7 @@ RK_API void rk_mapping_close(rk_mapping *m); /* accepts a zeroed or closed mappi
  * would hold it: the bytes are read into private anonymous memory on 2 MiB-aligned huge
  * pages (same RSS as a fully touched mapping; the page cache copy is reclaimable).
  * Streaming model weights from huge pages avoids a TLB miss per 4 KiB and lets the
- * prefetchers run across pages (decode GEMV bandwidth, docs/BENCH.md). Otherwise (or
+ * prefetchers run across pages (decode GEMV bandwidth, docs/PERFORMANCE.md). Otherwise (or
  * when no such memory can be had) a plain mapping. Closed with rk_mapping_close. */
 RK_API rk_status rk_mapping_open_huge(const char *path, rk_mapping *out, rk_err *err);
 /* Whether rk_mapping_open_huge would copy a file of len bytes. */

@@ -1,6 +1,6 @@
 /* Pinned host blocks and the copy lane of a CUDA backend instance (rk_kernels.h
  * rk_backend_host_alloc .. rk_backend_lane_sync): the GPU KV tiers
- * (runtime/session/kv_dev.c) keep cold rows in page-locked host memory and move them on
+ * (runtime/kv/kv_dev.c) keep cold rows in page-locked host memory and move them on
  * a second stream while the instance's stream computes.
  * - lane_copy: an event recorded on the compute stream, the lane waits for it (the copy
  *   sees every op queued before it), then cudaMemcpyAsync on the lane. From and to

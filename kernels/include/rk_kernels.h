@@ -237,7 +237,7 @@ typedef struct rk_op_args {
      * positions attn_kv_pos[j] (non-decreasing, host memory), and query row i sees the rows
      * with attn_kv_pos[j] <= pos0 + i; attn_kv_bias (NULL: 0) is added to row j's scaled
      * score. A row standing for c rows with the same key and value takes bias log c
-     * (RidgeFill's grouped filled rows, runtime/session/fill_group.c). Host backends only
+     * (RidgeFill's grouped filled rows, runtime/prefill/fill_group.c). Host backends only
      * (CUDA's supports() refuses it). */
     const int32_t *attn_kv_pos;
     const float *attn_kv_bias;

@@ -1,6 +1,6 @@
 /* The kept split stream of a cached document (rk_cache.h): <dir>/<key>.rkxs beside the
  * document cache's <key>.rkkv, so that a new question re-scores the document's bulk rows
- * (issue 10 item 4). Little-endian:
+ * Little-endian:
  *     0 "RKXS"  4 u32 version (1)  8 char key[64]  72 i64 row0  80 i64 n  88 u32 n_embd
  *    92 u32 split  96 u64 n_tokens of the entry (header 104 bytes)
  *   then n * n_embd f16 (the stream), n f32 (baseline attention), n u8 (the selection),

@@ -2,7 +2,7 @@
  * kept on disk between runs, keyed by what the rows depend on, so that the next question
  * on the same documents loads them and reads only the question.
  *
- * An entry is one block-store file <dir>/<key>.rkkv (io/rk_blockstore.h: zstd frames,
+ * An entry is one block-store file <dir>/<key>.rkkv (io/include/rk_blockstore.h: zstd frames,
  * XXH64 checked): frame 0 the entry's header (format, version, tokens, label, model,
  * KV policy), frames 1.. the rk_session_kv_export block of rows [0, n) in pieces. Written
  * to <key>.rkkv.tmp.<pid>, fsynced, renamed, then the directory fsynced: a reader never

@@ -1,4 +1,4 @@
-/* GPU KV tiers (issue 14 item 3; docs/GPU.md "KV tiers on the device"): f16 / f32 rows
+/* GPU KV tiers (docs/GPU.md "KV tiers on the device"): f16 / f32 rows
  * under --kv-budget on a backend with memory of its own (cuda).
  *
  * Every layer's K and V are (n_ctx, kv_dim) arrays, as in the plain cache. The budget buys
@@ -25,7 +25,7 @@
  * first pass. The disk step (host_budget): the cold layers share pinned frames, the others
  * live in the block store's spill file (devtier.n_pin below). Residency by chunk: the budget
  * past the layers and the slots buys device frames for each cold layer's hot chunks (the
- * sinks' and the newest; devtier.h below), from which slots are assembled device to device.
+ * sinks' and the newest; the devtier struct below), from which slots are assembled device to device.
  * What is not built: for LowRAM, moving only the selected chunks.
  * A budget below two layers (no room for the slots) takes the host tier (kv_tier.c) with
  * staged attention, as before. */

@@ -5,7 +5,7 @@
  * rows, here anonymous mappings, cut into chunks of R = 256 rows. A chunk's pages are
  * either present or released (madvise DONTNEED of the pages wholly inside it: the memory
  * really goes back) while a zstd frame of the chunk sits in the block store
- * (io/rk_blockstore.h; an unlinked file in spill_dir, so nothing is left behind).
+ * (io/include/rk_blockstore.h; an unlinked file in spill_dir, so nothing is left behind).
  * - Hot chunks never spill: the first (attention sinks) and the last two of each layer
  *   (the recent window, the chunk being filled).
  * - When a chunk leaves the window it is decided once: kept in memory while the budget

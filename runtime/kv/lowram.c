@@ -1,7 +1,7 @@
 /* LowRAM: asymmetric KV compression (SPEC §3): the parameters' resolution against the
  * model (their defaults and key table are in runtime/params.c), the session hooks called by
  * forward.c, byte accounting and the codec's lifetime. The fit lives in lowram_fit.c,
- * attention in lowram_attn.c, the eigensolver in lowram_linalg.c, files in lowram_file.c. */
+ * attention in lowram_attn.c, the eigensolver in runtime/linalg/linalg.c, files in lowram_file.c. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>

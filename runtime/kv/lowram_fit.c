@@ -526,7 +526,7 @@ typedef struct mass_job {
  * n_sel chunks whose landmark (mean key) scores highest against any of the group's query
  * heads; its miss is the weight of the other chunks, averaged over the group. (The miss
  * less that of the best n_sel chunks by weight, the landmarks' error alone, chose layers
- * that lost the needle: docs/LOWRAM.md, fourteenth session.) w: scratch of
+ * that lost the needle.) w: scratch of
  * miss_scratch(n_ch, hd) floats; adds the misses into w[0] and their count into w[1]. */
 static size_t miss_scratch(int64_t n_ch, int hd) { return 2 + (size_t)n_ch * (3 + (size_t)hd); }
 static void miss_head(const rk_kv_codec *c, const float *Kh, const float *Q, const float *S, int64_t n, int nq,

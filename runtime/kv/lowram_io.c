@@ -15,9 +15,9 @@
  *             open_max (kv_dim); per KV head: f32 tau, r2; u64 n_res; res (n_res,
  *             res_bytes); u32 mask (n_ch); i32 base (n_ch)
  *             per layer exact K rows [0, sinks), V rows; then K rows [comp_end, n_past), V rows
- *             then (optional: states written before the twelfth session end above) u32 "PINS",
+ *             then (optional: older states end above) u32 "PINS",
  *             per layer and KV head u32 n_pin (<= 32), i32 pin (n_pin) chunk indices < n_ch
- *             then (optional: before the fourteenth session, none) u32 "FULL", u32 n_full
+ *             then (optional: older states have none) u32 "FULL", u32 n_full
  *             (<= 8), i32 layer (n_full) distinct, < n_layer: the layers that attend every
  *             chunk, most missed first
  * n_ch = ceil(n_rows / chunk) of the layer's group. */
@@ -250,7 +250,7 @@ static rk_status import_fitted(rk_kv_codec *c, rk_kv_rd *r, rk_err *err) {
                 H->n_pin = (int)np;
             }
     }
-    /* the full layers' trailer (absent before the fourteenth session: none), most missed
+    /* the full layers' trailer (absent in older states: none), most missed
      * first; this session takes the first full_layers of them (full=0: none) */
     for (int l = 0; l < c->n_layer; l++) c->ly[l].full = false;
     c->stats.n_full = 0;

@@ -1,5 +1,5 @@
 /* RidgeFill: map files (load, checks) and the session's fill settings. The filled
- * forward itself lives in forward.c; fitting lives in calibrate.c. */
+ * forward itself lives in forward.c; fitting lives in fitters/ridge_calibrate.c. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

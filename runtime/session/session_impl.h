@@ -1,4 +1,4 @@
-/* Internal: session state shared by forward.c, ridgefill.c and calibrate.c. */
+/* Internal: session state shared by runtime/prefill/ (forward.c, ridgefill.c) and fitters/ridge_calibrate.c. */
 #pragma once
 #include "kv_impl.h"
 #include "model_impl.h"

@@ -1,6 +1,6 @@
 /* ridgekv ask and the document KV cache, end to end on stories260K: the second question
  * on the same document reuses the cached KV and answers the same; `ridgekv cache`
- * ls / rm / gc / path; and every fault of issue 9 item 4, each detected, the documents
+ * ls / rm / gc / path; and every cache fault, each detected, the documents
  * read again, the same greedy answer as without any cache, nothing of the user's lost:
  * short write, ENOSPC, EIO, a corrupt byte, a truncated file, another format version, an
  * entry of another model and of another KV policy, kill -9 during the save, an unusable
@@ -431,7 +431,7 @@ static tb_result chat_run(const fixture *f, const char *input) {
     return r;
 }
 
-/* Issue 9 item 3, chat's /save: the conversation's KV goes beside the messages (FILE.kv,
+/* Chat's /save: the conversation's KV goes beside the messages (FILE.kv,
  * rk_conv_save); a later chat that /loads it prefills only the new turn, and answers as
  * one that reads the whole conversation again (the .kv removed). */
 Test(cache, chat_save_then_load_prefills_only_the_new_turn) {

@@ -1,4 +1,4 @@
-/* --kv-host-budget (issue 14 item 3: the GPU KV tiers' pinned host bytes), in-process on
+/* --kv-host-budget (the GPU KV tiers' pinned host bytes), in-process on
  * cli/args.c and cli/doc_cache_cli.c: the size reaches rk_kv_params.host_budget beside
  * --kv-budget's budget; bench's share "25%" is a share of the plain KV like --kv-budget's;
  * every use where it would mean nothing (another backend, no --kv-budget, only q8 / lowram,

@@ -1,4 +1,4 @@
-/* The first hour of a llama.cpp user (issue 13, items 2-7), end to end on the binary:
+/* The first hour of a llama.cpp user, end to end on the binary:
  * progress lines with an ETA, answers capped by the answer room with a cut marker,
  * history recalling whole messages (pty), one prompt for CLI and JSONL ask, one
  * system-first rule, SIGPIPE -> exit 5, --flag=value, unquoted questions, seeds, refused

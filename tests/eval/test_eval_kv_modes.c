@@ -1,4 +1,4 @@
-/* `ridgekv eval needle --kv-modes` (issue 11's needle line for KV policies): the list's
+/* `ridgekv eval needle --kv-modes` (the needle line for KV policies): the list's
  * parsing in the eval library, the flags it refuses, a paired run on the tiny stories260K
  * model (a repeated policy answers as the reference, another policy does not), and the
  * results file's header refusing a file of other KV modes (suite cli). */

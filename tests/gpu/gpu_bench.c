@@ -1,4 +1,4 @@
-/* gpu_bench: the ceilings and the two ratios of issue 14's targets, in one run on a
+/* gpu_bench: the ceilings and the GPU targets' two ratios, in one run on a
  * lent GPU (tests/gpu/check.sh calls it; not a test):
  *   - the device-to-device copy bandwidth (cudaMemcpy of 2 GiB; bytes read + written),
  *   - the cuBLAS bf16 GEMM rate (8192^3, random data, fp32 accumulation),

@@ -149,7 +149,7 @@ static op_case cases[] = {
     {"cpy_rows f16 odd width", RK_OP_CPY_ROWS, RK_DT_F16, 3, 13, 4, 0, 0, 0, 1, 0, 0, F_SPECIAL, 0},
     {"cpy_rows q8_0 at row 7 (specials: NaN blocks)", RK_OP_CPY_ROWS, RK_DT_Q8_0, 5, 192, 16, 0, 0, 0, 7, 0, 0, F_SPECIAL, 0},
     {"cpy_rows q8_0 600 rows (threads)", RK_OP_CPY_ROWS, RK_DT_Q8_0, 600, 64, 700, 0, 0, 0, 50, 0, 0, 0, 0},
-    /* device scale (issue 14): split-K attention (few query/head pairs over many keys;
+    /* device scale: split-K attention (few query/head pairs over many keys;
      * the decodes at pos 3000 above split too), tiny heads, the weight shapes of a 1.5B model */
     AT("attn chunked prefill 16 at pos 1200 gqa 8/2 f16 (split-K)", RK_DT_F16, 16, 8, 2, 64, 1200, 0),
     AT("attn decode NaN key at pos 1500 f32 (split-K)", RK_DT_F32, 1, 8, 2, 64, 1500, F_NAN),
@@ -163,7 +163,7 @@ static op_case cases[] = {
     GR("get_rows q6_K 1536", RK_DT_Q6_K, 40, 1536, 300, B_ELT),
     {"cpy_rows q8_0 128 rows of 256 at row 1000", RK_OP_CPY_ROWS, RK_DT_Q8_0, 128, 256, 1200, 0, 0, 0, 1000, 0, 0,
      F_SPECIAL, 0},
-    /* RidgeFill's row moves (issue 14): exact copies; rows not named keep their values */
+    /* RidgeFill's row moves: exact copies; rows not named keep their values */
     {"scatter_rows 7 of 20 x 96", RK_OP_SCATTER_ROWS, RK_DT_F32, 7, 96, 20, 0, 0, 0, 0, 0, 0, 0, 0},
     {"scatter_rows 300 of 512 x 1536 strided specials", RK_OP_SCATTER_ROWS, RK_DT_F32, 300, 1536, 512, 0, 0, 0, 0, 0,
      0, F_PAD | F_SPECIAL, 0},

@@ -1,4 +1,4 @@
-/* Re-scoring kept bulk rows for a new question (issue 10 item 4; prefill.c, cache/doc_stream.c):
+/* Re-scoring kept bulk rows for a new question (prefill.c, cache/doc_stream.c):
  * a document evaluated alone, then a question; the question re-selects the document's
  * exact rows. The answer logits must not depend on how the document got into the session
  * (fresh, after another question, or from the document cache with its stream file), and

@@ -1,4 +1,4 @@
-/* The sampler (runtime/sampler.c) against the math: greedy argmax with ties to the lowest
+/* The sampler (runtime/generate/sampler.c) against the math: greedy argmax with ties to the lowest
  * id, top-k = 1 as greedy, seeded reproducibility, empirical frequencies of a known softmax
  * within a binomial 5-sigma bound, the exact candidate sets of top-p and min-p, and the
  * repetition penalty as llama.cpp applies it. */

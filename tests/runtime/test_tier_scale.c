@@ -1,4 +1,4 @@
-/* Issue 9 item 5, the scale test: a tiny generated model with n_ctx 131072 is prefilled
+/* The scale test: a tiny generated model with n_ctx 131072 is prefilled
  * for real (every token through the model, in pieces of 4096 tokens: a chunked prefill,
  * each piece committed to the cache, as `ridgekv run` does with -b 4096) to RK_SCALE_TOKENS
  * tokens, once with the plain f16 cache all in memory and once under a budget of 1/32 of

@@ -1,7 +1,7 @@
 /* Memory tiers (runtime/kv/kv_tier.c): f16 / f32 / q8 caches under a byte budget give
  * bit-identical logits to the all-in-memory caches (prefill, decode, truncate into spilled
  * chunks, export / import both ways, kv_rows), keep at most the budget in memory, and count
- * what they read back; io_uring and the thread pool alike (the scale test of issue 9
+ * what they read back; io_uring and the thread pool alike (the scale test
  * item 5 is test_tier_scale.c), and the document KV cache at the library level (save, load, a bad entry, list, remove, gc). */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -163,7 +163,7 @@ static const tb_tiny_spec LR = {.arch = TB_ARCH_LLAMA, .n_layer = 4, .n_embd = 2
 
 /* No Criterion .timeout here or below: meson's per-binary timeout (tests/runtime/meson.build) bounds a
  * hang, and two Criterion timeouts in one binary leak 48 bytes inside Criterion (LeakSanitizer). */
-/* the parameters this test's shares were written for (the defaults before the eleventh session:
+/* the parameters this test's shares were written for (older defaults:
  * with ratio 6 and int4 residuals the fixed parts outweigh this tiny model's moving rows) */
 #define LR_OLD "lowram:ratio=4,chunk=32,budget=512,rtype=int8"
 Test(tiers, lowram_budget_equals_memory) {

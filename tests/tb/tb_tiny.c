@@ -1,5 +1,5 @@
 /* Tiny random-weight GGUF models for runtime tests (see tb.h). The loader's needs, from
- * runtime/model.c and runtime/tokenizer*.c: general.architecture; <arch>.embedding_length,
+ * runtime/model/model.c and runtime/tokenizer/: general.architecture; <arch>.embedding_length,
  * block_count, feed_forward_length, attention.head_count (required), head_count_kv,
  * key_length, value_length, context_length, rope.dimension_count, rope.freq_base,
  * attention.layer_norm_rms_epsilon (optional); tensors token_embd [d, n_vocab],
