@@ -7,16 +7,11 @@
  * bytes, 128 nibble bytes; q6_K = 128 ql + 64 qh + 16 int8 scales + f16 d;
  * q8_K = f32 d + 256 int8 + 16 int16 bsums. */
 static const rk_dtype_traits traits[] = {
-    [RK_DT_F32] = {"f32", 1, 4, true},
-    [RK_DT_F16] = {"f16", 1, 2, true},
-    [RK_DT_Q4_0] = {"q4_0", 32, 18, true},
-    [RK_DT_Q4_1] = {"q4_1", 32, 20, true},
-    [RK_DT_Q8_0] = {"q8_0", 32, 34, true},
-    [RK_DT_Q8_1] = {"q8_1", 32, 36, false},
-    [RK_DT_Q4_K] = {"q4_K", 256, 144, true},
-    [RK_DT_Q6_K] = {"q6_K", 256, 210, true},
-    [RK_DT_Q8_K] = {"q8_K", 256, 292, false},
-    [RK_DT_BF16] = {"bf16", 1, 2, true},
+    [RK_DT_F32] = {"f32", 1, 4, true},        [RK_DT_F16] = {"f16", 1, 2, true},
+    [RK_DT_Q4_0] = {"q4_0", 32, 18, true},    [RK_DT_Q4_1] = {"q4_1", 32, 20, true},
+    [RK_DT_Q8_0] = {"q8_0", 32, 34, true},    [RK_DT_Q8_1] = {"q8_1", 32, 36, false},
+    [RK_DT_Q4_K] = {"q4_K", 256, 144, true},  [RK_DT_Q6_K] = {"q6_K", 256, 210, true},
+    [RK_DT_Q8_K] = {"q8_K", 256, 292, false}, [RK_DT_BF16] = {"bf16", 1, 2, true},
 };
 
 const rk_dtype_traits *rk_dtype_get(uint32_t type) {
@@ -66,10 +61,10 @@ uint16_t rk_f32_to_f16(float x) {
     memcpy(&u, &x, 4);
     uint32_t sign = (u >> 16) & 0x8000u;
     uint32_t abs = u & 0x7fffffffu;
-    if (abs > 0x7f800000u) return (uint16_t)(sign | 0x7e00u); /* NaN */
+    if (abs > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);  /* NaN */
     if (abs >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* overflow -> inf */
-    if (abs < 0x38800000u) { /* result is subnormal or zero */
-        if (abs < 0x33000000u) return (uint16_t)sign; /* below half the smallest subnormal */
+    if (abs < 0x38800000u) {                                   /* result is subnormal or zero */
+        if (abs < 0x33000000u) return (uint16_t)sign;          /* below half the smallest subnormal */
         uint32_t e = abs >> 23;
         uint32_t m = (abs & 0x7fffffu) | 0x800000u;
         uint32_t shift = 126 - e; /* 14..24 */

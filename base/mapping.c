@@ -15,8 +15,9 @@
 /* Opens path read-only and checks it is a regular file. */
 static rk_status open_regular(const char *path, int *fd_out, size_t *len, rk_err *err) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return rk_err_set(err, errno == ENOENT ? RK_E_NOT_FOUND : RK_E_IO,
-                                  "file: cannot open %s (%s)", path, strerror(errno));
+    if (fd < 0)
+        return rk_err_set(err, errno == ENOENT ? RK_E_NOT_FOUND : RK_E_IO, "file: cannot open %s (%s)", path,
+                          strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;
@@ -119,8 +120,8 @@ rk_status rk_mapping_open_huge(const char *path, rk_mapping *out, rk_err *err) {
             munmap(a, mlen);
             close(fd);
             return e ? rk_err_set(err, RK_E_IO, "file: cannot read %s at byte %zu (%s)", path, off, strerror(e))
-                     : rk_err_set(err, RK_E_IO, "file: %s ended at byte %zu of %zu while being read (truncated?)",
-                                  path, off, len);
+                     : rk_err_set(err, RK_E_IO, "file: %s ended at byte %zu of %zu while being read (truncated?)", path,
+                                  off, len);
         }
         off += (size_t)got;
     }
@@ -152,7 +153,8 @@ size_t rk_mapping_huge_bytes(const rk_mapping *m) {
             in = a < hi && b > lo;
             continue;
         }
-        if (in && (sscanf(line, "AnonHugePages: %llu kB", &kb) == 1 || sscanf(line, "FilePmdMapped: %llu kB", &kb) == 1))
+        if (in &&
+            (sscanf(line, "AnonHugePages: %llu kB", &kb) == 1 || sscanf(line, "FilePmdMapped: %llu kB", &kb) == 1))
             total += kb * 1024;
     }
     fclose(f);

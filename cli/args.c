@@ -29,8 +29,8 @@ static int parse_float(const char *cmd, const char *flag, const char *s, float l
     errno = 0;
     float v = strtof(s, &end);
     if (errno || end == s || *end || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "ridgekv %s: %s expects a number in [%g, %g] (got '%s')\n", cmd, flag,
-                (double)lo, (double)hi, s);
+        fprintf(stderr, "ridgekv %s: %s expects a number in [%g, %g] (got '%s')\n", cmd, flag, (double)lo, (double)hi,
+                s);
         return RK_EXIT_USAGE;
     }
     *out = v;
@@ -44,12 +44,14 @@ static const struct {
     const char *cmd;
     const char *flags;
 } k_accepts[] = {
-#define GEN_FLAGS " --model --n-predict --threads --ctx-size --batch-size --kv --backend --temp --top-k --top-p --min-p" \
-                  " --repeat-penalty --repeat-last-n --seed --ridgefill --fill --tail --split --keep-share --verbose" \
-                  " --kv-budget --kv-host-budget" FILL_FLAGS ROPE_FLAGS " "
+#define GEN_FLAGS                                                                                          \
+    " --model --n-predict --threads --ctx-size --batch-size --kv --backend --temp --top-k --top-p --min-p" \
+    " --repeat-penalty --repeat-last-n --seed --ridgefill --fill --tail --split --keep-share --verbose"    \
+    " --kv-budget --kv-host-budget" FILL_FLAGS ROPE_FLAGS " "
 #define FILL_FLAGS " --obs --score-layers --score-skip --baseline --pool --fill-group"
-#define ROPE_FLAGS " --ctx-overflow-ok --rope-scaling --rope-scale --rope-freq-base --yarn-orig-ctx --yarn-ext-factor" \
-                   " --yarn-attn-factor --yarn-beta-fast --yarn-beta-slow"
+#define ROPE_FLAGS                                                                                      \
+    " --ctx-overflow-ok --rope-scaling --rope-scale --rope-freq-base --yarn-orig-ctx --yarn-ext-factor" \
+    " --yarn-attn-factor --yarn-beta-fast --yarn-beta-slow"
     {"run", GEN_FLAGS "--prompt --file --chat --system --stop --verbose-prompt "},
     {"chat", GEN_FLAGS "--system --stop --verbose-prompt --no-ridgefill "},
     {"ask", GEN_FLAGS "--prompt --system --stop --verbose-prompt --no-ridgefill --no-cache --cache-level "},
@@ -73,8 +75,8 @@ static bool accepts(const char *cmd, const char *lng) {
 
 /* Values that are text: "--x=y" after one of these is the value, not a flag. */
 static bool takes_text(const char *a) {
-    static const char *const t[] = {"-p", "--prompt", "-f", "--file", "--system", "--stop", "-r", "--doc", "-o",
-                                    "--output", "-m", "--model", "--text"};
+    static const char *const t[] = {"-p",    "--prompt", "-f",       "--file", "--system", "--stop", "-r",
+                                    "--doc", "-o",       "--output", "-m",     "--model",  "--text"};
     for (size_t i = 0; i < sizeof t / sizeof *t; i++)
         if (!strcmp(a, t[i])) return true;
     return false;
@@ -161,21 +163,22 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         int rc = 0;
         /* the long name of a known flag, for the per-command check */
-        static const char *const shorts[][2] = {{"-m", "--model"}, {"-p", "--prompt"}, {"-f", "--file"},
-                                                {"-o", "--output"}, {"-n", "--n-predict"}, {"-t", "--threads"},
+        static const char *const shorts[][2] = {{"-m", "--model"},    {"-p", "--prompt"},     {"-f", "--file"},
+                                                {"-o", "--output"},   {"-n", "--n-predict"},  {"-t", "--threads"},
                                                 {"-c", "--ctx-size"}, {"-b", "--batch-size"}, {"-v", "--verbose"},
                                                 {"-r", "--stop"}};
         const char *lng = a;
         for (size_t k = 0; k < sizeof shorts / sizeof *shorts; k++)
             if (!strcmp(a, shorts[k][0])) lng = shorts[k][1];
-        static const char *const known = " --model --prompt --file --output --n-predict --threads --ctx-size "
-                                         "--batch-size --temp --top-k --top-p --min-p --repeat-penalty "
-                                         "--repeat-last-n --seed --kv --backend --system --ridgefill --fill --tail "
-                                         "--split --keep-share --chat --json --verbose --stop --verbose-prompt "
-                                         "--kv-budget --kv-host-budget --no-cache --cache-level --no-ridgefill --obs --score-layers "
-                                         "--score-skip --baseline --pool --band --fill-group --ctx-overflow-ok --rope-scaling --rope-scale "
-                                         "--rope-freq-base --yarn-orig-ctx --yarn-ext-factor --yarn-attn-factor "
-                                         "--yarn-beta-fast --yarn-beta-slow ";
+        static const char *const known =
+            " --model --prompt --file --output --n-predict --threads --ctx-size "
+            "--batch-size --temp --top-k --top-p --min-p --repeat-penalty "
+            "--repeat-last-n --seed --kv --backend --system --ridgefill --fill --tail "
+            "--split --keep-share --chat --json --verbose --stop --verbose-prompt "
+            "--kv-budget --kv-host-budget --no-cache --cache-level --no-ridgefill --obs --score-layers "
+            "--score-skip --baseline --pool --band --fill-group --ctx-overflow-ok --rope-scaling --rope-scale "
+            "--rope-freq-base --yarn-orig-ctx --yarn-ext-factor --yarn-attn-factor "
+            "--yarn-beta-fast --yarn-beta-slow ";
         char key[64];
         snprintf(key, sizeof key, " %.60s ", lng);
         if (a[0] == '-' && a[1] == '-' && strstr(known, key) && !accepts(cmd, lng)) {
@@ -186,29 +189,58 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
             fprintf(stderr, "ridgekv %s: %s does not apply to %s (see ridgekv %s --help)\n", cmd, a, cmd, cmd);
             return RK_EXIT_USAGE;
         }
-#define NEED()                                                                      \
-    do {                                                                            \
-        if (!v) {                                                                   \
-            fprintf(stderr, "ridgekv %s: %s needs a value\n", cmd, a);              \
-            return RK_EXIT_USAGE;                                                   \
-        }                                                                           \
-        i++;                                                                        \
+#define NEED()                                                         \
+    do {                                                               \
+        if (!v) {                                                      \
+            fprintf(stderr, "ridgekv %s: %s needs a value\n", cmd, a); \
+            return RK_EXIT_USAGE;                                      \
+        }                                                              \
+        i++;                                                           \
     } while (0)
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) { NEED(); o->model = v; }
-        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { NEED(); o->prompt = v; o->prompt_list = v; }
-        else if (!strcmp(a, "-f") || !strcmp(a, "--file")) { NEED(); o->prompt_file = v; }
-        else if (!strcmp(a, "-o") || !strcmp(a, "--output")) { NEED(); o->out = v; }
-        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) { NEED(); rc = parse_int(cmd, a, v, -1, 1 << 24, &o->n_predict); }
-        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { NEED(); rc = parse_int(cmd, a, v, 1, 1024, &o->n_threads); }
-        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) { NEED(); rc = parse_int(cmd, a, v, 0, 1 << 24, &o->n_ctx); }
-        else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) { NEED(); rc = parse_int(cmd, a, v, 1, 1 << 16, &o->n_batch); }
-        else if (!strcmp(a, "--temp")) { NEED(); rc = parse_float(cmd, a, v, 0.0f, 100.0f, &o->sp.temp); }
-        else if (!strcmp(a, "--top-k")) { NEED(); rc = parse_int(cmd, a, v, 0, 1 << 24, &o->sp.top_k); }
-        else if (!strcmp(a, "--top-p")) { NEED(); rc = parse_float(cmd, a, v, 0.0f, 1.0f, &o->sp.top_p); }
-        else if (!strcmp(a, "--min-p")) { NEED(); rc = parse_float(cmd, a, v, 0.0f, 1.0f, &o->sp.min_p); }
-        else if (!strcmp(a, "--repeat-penalty")) { NEED(); rc = parse_float(cmd, a, v, 0.01f, 100.0f, &o->sp.repeat_penalty); }
-        else if (!strcmp(a, "--repeat-last-n")) { NEED(); rc = parse_int(cmd, a, v, 0, 1 << 24, &o->sp.repeat_last_n); }
-        else if (!strcmp(a, "--seed")) {
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            NEED();
+            o->model = v;
+        } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
+            NEED();
+            o->prompt = v;
+            o->prompt_list = v;
+        } else if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
+            NEED();
+            o->prompt_file = v;
+        } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
+            NEED();
+            o->out = v;
+        } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
+            NEED();
+            rc = parse_int(cmd, a, v, -1, 1 << 24, &o->n_predict);
+        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+            NEED();
+            rc = parse_int(cmd, a, v, 1, 1024, &o->n_threads);
+        } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
+            NEED();
+            rc = parse_int(cmd, a, v, 0, 1 << 24, &o->n_ctx);
+        } else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) {
+            NEED();
+            rc = parse_int(cmd, a, v, 1, 1 << 16, &o->n_batch);
+        } else if (!strcmp(a, "--temp")) {
+            NEED();
+            rc = parse_float(cmd, a, v, 0.0f, 100.0f, &o->sp.temp);
+        } else if (!strcmp(a, "--top-k")) {
+            NEED();
+            rc = parse_int(cmd, a, v, 0, 1 << 24, &o->sp.top_k);
+        } else if (!strcmp(a, "--top-p")) {
+            NEED();
+            rc = parse_float(cmd, a, v, 0.0f, 1.0f, &o->sp.top_p);
+        } else if (!strcmp(a, "--min-p")) {
+            NEED();
+            rc = parse_float(cmd, a, v, 0.0f, 1.0f, &o->sp.min_p);
+        } else if (!strcmp(a, "--repeat-penalty")) {
+            NEED();
+            rc = parse_float(cmd, a, v, 0.01f, 100.0f, &o->sp.repeat_penalty);
+        } else if (!strcmp(a, "--repeat-last-n")) {
+            NEED();
+            rc = parse_int(cmd, a, v, 0, 1 << 24, &o->sp.repeat_last_n);
+        } else if (!strcmp(a, "--seed")) {
             NEED();
             char *end;
             errno = 0;
@@ -218,14 +250,14 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
             }
             unsigned long long s = strtoull(v, &end, 10);
             if (errno || end == v || *end || v[0] == '-') {
-                fprintf(stderr, "ridgekv %s: --seed expects a non-negative integer, or -1 for a random one (got '%s')\n",
-                        cmd, v);
+                fprintf(stderr,
+                        "ridgekv %s: --seed expects a non-negative integer, or -1 for a random one (got '%s')\n", cmd,
+                        v);
                 return RK_EXIT_USAGE;
             }
             o->sp.seed = s;
             o->seed_given = true;
-        }
-        else if (!strcmp(a, "--stop") || !strcmp(a, "-r")) {
+        } else if (!strcmp(a, "--stop") || !strcmp(a, "-r")) {
             NEED();
             if (!*v) {
                 fprintf(stderr, "ridgekv %s: %s expects a non-empty string\n", cmd, a);
@@ -236,13 +268,11 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
                 return RK_EXIT_USAGE;
             }
             o->stop[o->n_stop++] = v;
-        }
-        else if (!strcmp(a, "--kv")) {
+        } else if (!strcmp(a, "--kv")) {
             NEED();
             if ((rc = cli_kv_check(cmd, v))) return rc;
             o->kv = v;
-        }
-        else if (!strcmp(a, "--backend")) {
+        } else if (!strcmp(a, "--backend")) {
             NEED();
             rk_backend_kind bk;
             if (!rk_backend_kind_parse(v, &bk)) {
@@ -250,36 +280,53 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
                 return RK_EXIT_USAGE;
             }
             o->backend = v;
-        }
-        else if (!strcmp(a, "--system")) { NEED(); o->system = v; }
-        else if (!strcmp(a, "--ridgefill")) { NEED(); o->ridgefill = v; }
-        else if (!strcmp(a, "--fill")) { NEED(); o->fill = v; }
-        else if (!strcmp(a, "--tail")) { NEED(); rc = parse_int(cmd, a, v, 512, 1 << 24, &o->tail); }
-        else if (!strcmp(a, "--split")) { NEED(); rc = parse_int(cmd, a, v, 1, 4096, &o->split); }
-        else if (!strcmp(a, "--keep-share")) { NEED(); rc = parse_float(cmd, a, v, 0.0f, 1.0f, &o->keep_share); }
-        else if (!strcmp(a, "--obs")) { NEED(); rc = parse_int(cmd, a, v, 1, 4096, &o->obs); }
-        else if (!strcmp(a, "--score-layers")) { NEED(); rc = parse_int(cmd, a, v, 1, 256, &o->score_layers); }
-        else if (!strcmp(a, "--score-skip") || !strcmp(a, "--baseline")) {
+        } else if (!strcmp(a, "--system")) {
+            NEED();
+            o->system = v;
+        } else if (!strcmp(a, "--ridgefill")) {
+            NEED();
+            o->ridgefill = v;
+        } else if (!strcmp(a, "--fill")) {
+            NEED();
+            o->fill = v;
+        } else if (!strcmp(a, "--tail")) {
+            NEED();
+            rc = parse_int(cmd, a, v, 512, 1 << 24, &o->tail);
+        } else if (!strcmp(a, "--split")) {
+            NEED();
+            rc = parse_int(cmd, a, v, 1, 4096, &o->split);
+        } else if (!strcmp(a, "--keep-share")) {
+            NEED();
+            rc = parse_float(cmd, a, v, 0.0f, 1.0f, &o->keep_share);
+        } else if (!strcmp(a, "--obs")) {
+            NEED();
+            rc = parse_int(cmd, a, v, 1, 4096, &o->obs);
+        } else if (!strcmp(a, "--score-layers")) {
+            NEED();
+            rc = parse_int(cmd, a, v, 1, 256, &o->score_layers);
+        } else if (!strcmp(a, "--score-skip") || !strcmp(a, "--baseline")) {
             NEED();
             int *dst = !strcmp(a, "--baseline") ? &o->baseline : &o->score_skip;
             rc = parse_int(cmd, a, v, 0, 4096, dst);
             if (!rc && *dst == 0) *dst = -1; /* the library's "none" */
-        }
-        else if (!strcmp(a, "--pool")) {
+        } else if (!strcmp(a, "--pool")) {
             NEED();
             rc = parse_int(cmd, a, v, 0, 256, &o->pool);
             if (!rc && o->pool == 0) o->pool = -1; /* the library's "no pooling" */
-        }
-        else if (!strcmp(a, "--band")) { NEED(); rc = parse_int(cmd, a, v, 0, 1 << 24, &o->band); }
-        else if (!strcmp(a, "--fill-group")) {
+        } else if (!strcmp(a, "--band")) {
+            NEED();
+            rc = parse_int(cmd, a, v, 0, 1 << 24, &o->band);
+        } else if (!strcmp(a, "--fill-group")) {
             NEED();
             rc = parse_int(cmd, a, v, 0, 4096, &o->fill_group);
             if (!rc && o->fill_group == 0) o->fill_group = -1; /* off, not the default */
-        }
-        else if (!strcmp(a, "--no-ridgefill")) o->no_ridgefill = 1;
+        } else if (!strcmp(a, "--no-ridgefill")) o->no_ridgefill = 1;
         else if (!strcmp(a, "--no-cache")) o->no_cache = 1;
-        else if (!strcmp(a, "--cache-level")) { NEED(); rc = parse_int(cmd, a, v, 0, 19, &o->cache_level); if (!rc && !o->cache_level) o->cache_level = -1; }
-        else if (!strcmp(a, "--kv-budget") || !strcmp(a, "--kv-host-budget")) {
+        else if (!strcmp(a, "--cache-level")) {
+            NEED();
+            rc = parse_int(cmd, a, v, 0, 19, &o->cache_level);
+            if (!rc && !o->cache_level) o->cache_level = -1;
+        } else if (!strcmp(a, "--kv-budget") || !strcmp(a, "--kv-host-budget")) {
             NEED();
             uint64_t b;
             const size_t lv = strlen(v);
@@ -291,8 +338,7 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
             }
             if (!strcmp(a, "--kv-budget")) o->kv_budget = v;
             else o->kv_host_budget = v;
-        }
-        else if (!strncmp(a, "--rope-", 7) || !strncmp(a, "--yarn-", 7)) {
+        } else if (!strncmp(a, "--rope-", 7) || !strncmp(a, "--yarn-", 7)) {
             NEED();
             if (!o->rope_set) o->rope = rk_rope_override_default(), o->rope_set = 1;
             rk_rope_override *r = &o->rope;
@@ -301,8 +347,7 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
                     fprintf(stderr, "ridgekv %s: --rope-scaling expects none, linear or yarn (got '%s')\n", cmd, v);
                     return RK_EXIT_USAGE;
                 }
-            }
-            else if (!strcmp(a, "--rope-scale")) rc = parse_float(cmd, a, v, 1.0f, 1024.0f, &r->factor);
+            } else if (!strcmp(a, "--rope-scale")) rc = parse_float(cmd, a, v, 1.0f, 1024.0f, &r->factor);
             else if (!strcmp(a, "--rope-freq-base")) rc = parse_float(cmd, a, v, 1.0f, 1e12f, &r->freq_base);
             else if (!strcmp(a, "--yarn-orig-ctx")) rc = parse_int(cmd, a, v, 1, 1 << 24, &r->orig_ctx);
             else if (!strcmp(a, "--yarn-ext-factor")) rc = parse_float(cmd, a, v, 0.0f, 1.0f, &r->ext_factor);
@@ -313,8 +358,7 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
                 fprintf(stderr, "ridgekv %s: unknown option '%s' (see ridgekv %s --help)\n", cmd, a, cmd);
                 return RK_EXIT_USAGE;
             }
-        }
-        else if (!strcmp(a, "--ctx-overflow-ok")) o->ctx_overflow_ok = 1;
+        } else if (!strcmp(a, "--ctx-overflow-ok")) o->ctx_overflow_ok = 1;
         else if (!strcmp(a, "--chat")) o->chat = 1;
         else if (!strcmp(a, "--json")) o->json = 1;
         else if (!strcmp(a, "--verbose-prompt")) o->verbose_prompt = 1;
@@ -336,8 +380,8 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
     if (hb) return hb;
     /* the generating commands: a random seed unless one was given (eval, bench and the
      * fitters keep their fixed default: their runs must repeat) */
-    if (!o->seed_given && (!strcmp(cmd, "run") || !strcmp(cmd, "chat") || !strcmp(cmd, "ask") ||
-                           !strcmp(cmd, "serve"))) {
+    if (!o->seed_given &&
+        (!strcmp(cmd, "run") || !strcmp(cmd, "chat") || !strcmp(cmd, "ask") || !strcmp(cmd, "serve"))) {
         o->sp.seed = random_seed();
         o->seed_random = true;
     }
@@ -386,7 +430,8 @@ const char *cli_model_path(const cli_opts *o, char *buf, size_t cap) {
     if (stat(buf, &st) != 0) {
         fprintf(stderr,
                 "ridgekv: no -m given and the default model is not in the cache (%s).\n"
-                "Fetch it with `ridgekv pull`, or pass -m FILE.gguf.\n", buf);
+                "Fetch it with `ridgekv pull`, or pass -m FILE.gguf.\n",
+                buf);
         return NULL;
     }
     return buf;
@@ -398,10 +443,11 @@ int cli_exit_code(rk_status st) {
     case RK_E_CONTEXT: return RK_EXIT_CONTEXT;
     case RK_E_IO: return RK_EXIT_IO;
     case RK_E_INVALID_ARG: return RK_EXIT_USAGE;
-    case RK_E_NOT_FOUND: case RK_E_UNSUPPORTED: case RK_E_MISMATCH: case RK_E_CHECKSUM:
-        return RK_EXIT_MODEL;
-    default:
-        return st >= RK_E_GGUF_MAGIC && st <= RK_E_GGUF_BLOCK ? RK_EXIT_MODEL : RK_EXIT_ERROR;
+    case RK_E_NOT_FOUND:
+    case RK_E_UNSUPPORTED:
+    case RK_E_MISMATCH:
+    case RK_E_CHECKSUM: return RK_EXIT_MODEL;
+    default: return st >= RK_E_GGUF_MAGIC && st <= RK_E_GGUF_BLOCK ? RK_EXIT_MODEL : RK_EXIT_ERROR;
     }
 }
 
@@ -465,7 +511,8 @@ int cli_kv_split(const char *kv, char items[][1200], int max_items) {
         const bool head = (len == 3 && (!strncmp(s, "f16", 3) || !strncmp(s, "f32", 3))) ||
                           (len == 2 && (!strncmp(s, "q8", 2) || !strncmp(s, "q4", 2))) || !strncmp(s, "lowram", 6);
         const char *pred = strstr(s, "pred=");
-        if (pred && (pred == s || (!strncmp(s, "lowram:", 7) && pred == s + 7))) len = strlen(s); /* the path takes the rest */
+        if (pred && (pred == s || (!strncmp(s, "lowram:", 7) && pred == s + 7)))
+            len = strlen(s); /* the path takes the rest */
         if (head || n == 0) {
             if (n == max_items) return -1;
             items[n++][0] = '\0';

@@ -37,8 +37,10 @@ int cli_docs_read(cli_doc *d, int n_docs) {
             return RK_EXIT_IO;
         }
         if (memchr(d[i].text, 0, d[i].len)) {
-            fprintf(stderr, "ridgekv ask: document %s is not a text file (it contains NUL bytes); "
-                            "ask reads .txt and .md files\n", d[i].path);
+            fprintf(stderr,
+                    "ridgekv ask: document %s is not a text file (it contains NUL bytes); "
+                    "ask reads .txt and .md files\n",
+                    d[i].path);
             return RK_EXIT_IO;
         }
         if (cli_text_clean("ask", d[i].path, &d[i].text, &d[i].len)) {
@@ -59,8 +61,7 @@ void cli_docs_free(cli_doc *d, int n_docs) {
     for (int i = 0; i < n_docs; i++) free(d[i].text);
 }
 
-void cli_docs_too_long(const rk_model *m, const cli_doc *d, int n_docs, int64_t n_prompt, int64_t room,
-                       int64_t n_ctx) {
+void cli_docs_too_long(const rk_model *m, const cli_doc *d, int n_docs, int64_t n_prompt, int64_t room, int64_t n_ctx) {
     const int n_ctx_train = (int)rk_model_n_ctx_max(m); /* with RoPE scaling: orig x factor */
     int64_t n_doc_total = 0, n_doc_bytes = 0;
     fprintf(stderr, "ridgekv ask: the documents do not fit the context:\n");
@@ -83,10 +84,13 @@ void cli_docs_too_long(const rk_model *m, const cli_doc *d, int n_docs, int64_t 
             (long long)n_ctx);
     if (cut >= n_doc_total) {
         if (n_ctx < n_ctx_train)
-            fprintf(stderr, "Even without documents the rest leaves no room for them: raise -c (up to the model's %d) "
-                            "or lower -n.\n", n_ctx_train);
-        else fprintf(stderr, "Even without documents the rest leaves no room for them: lower -n or shorten the "
-                             "question and system prompt.\n");
+            fprintf(stderr,
+                    "Even without documents the rest leaves no room for them: raise -c (up to the model's %d) "
+                    "or lower -n.\n",
+                    n_ctx_train);
+        else
+            fprintf(stderr, "Even without documents the rest leaves no room for them: lower -n or shorten the "
+                            "question and system prompt.\n");
         return;
     }
     fprintf(stderr, "Cut at least %lld tokens from the documents", (long long)cut);

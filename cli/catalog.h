@@ -17,7 +17,7 @@ typedef struct cli_model_entry {
     int context;            /* trained context (tokens) */
     const char *context_note;
     const char *licence;
-    const char *assembly;   /* the rule, in words */
+    const char *assembly; /* the rule, in words */
 } cli_model_entry;
 
 extern const cli_model_entry cli_catalog[];

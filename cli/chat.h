@@ -12,7 +12,7 @@ typedef struct chat {
     rk_ridge_maps *maps;
     rk_conv *conv;
     bool interactive;
-    bool drop_told;      /* the drop notice of the turn in progress was printed */
+    bool drop_told; /* the drop notice of the turn in progress was printed */
     int64_t last_prefill_n, last_decode_n;
     double last_prefill_s, last_decode_s;
 } chat;

@@ -48,7 +48,8 @@ static void stats(const chat *c) {
 static void save(const chat *c, const char *path) {
     rk_err e = {0};
     bool kv = false;
-    if (rk_conv_save(c->conv, path, &kv, &e)) fprintf(stderr, "ridgekv chat: cannot save the conversation: %s\n", e.msg);
+    if (rk_conv_save(c->conv, path, &kv, &e))
+        fprintf(stderr, "ridgekv chat: cannot save the conversation: %s\n", e.msg);
     else if (c->interactive)
         fprintf(stderr, "[saved %zu messages%s to %s]\n", rk_conv_n_messages(c->conv), kv ? " and the KV cache" : "",
                 path);

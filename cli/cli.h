@@ -7,59 +7,60 @@
 /* Exit codes (docs/USAGE.md lists them; keep both in sync). */
 enum {
     RK_EXIT_OK = 0,
-    RK_EXIT_ERROR = 1,      /* runtime failure not covered below */
-    RK_EXIT_USAGE = 2,      /* bad flag or argument */
-    RK_EXIT_MODEL = 3,      /* model file missing, corrupt or unsupported */
-    RK_EXIT_CONTEXT = 4,    /* prompt does not fit the context */
-    RK_EXIT_IO = 5,         /* reading an input or writing an output failed */
-    RK_EXIT_NO_MODEL = 6,   /* no default model in the cache / cannot be fetched */
+    RK_EXIT_ERROR = 1,    /* runtime failure not covered below */
+    RK_EXIT_USAGE = 2,    /* bad flag or argument */
+    RK_EXIT_MODEL = 3,    /* model file missing, corrupt or unsupported */
+    RK_EXIT_CONTEXT = 4,  /* prompt does not fit the context */
+    RK_EXIT_IO = 5,       /* reading an input or writing an output failed */
+    RK_EXIT_NO_MODEL = 6, /* no default model in the cache / cannot be fetched */
 };
 
 #define CLI_MAX_STOP 16
 
 typedef struct cli_opts {
-    const char *model;      /* -m; NULL: default model in the cache */
-    const char *prompt;     /* -p */
-    const char *prompt_file;/* -f */
-    int n_predict;          /* -n */
-    int n_threads;          /* -t */
-    int n_ctx;              /* -c */
-    int n_batch;            /* -b */
-    const char *kv;         /* --kv f16|f32|q8|q4|lowram[:opts] (bench: a list) */
-    const char *backend;    /* --backend cpu|cpu_ref|cuda */
+    const char *model;       /* -m; NULL: default model in the cache */
+    const char *prompt;      /* -p */
+    const char *prompt_file; /* -f */
+    int n_predict;           /* -n */
+    int n_threads;           /* -t */
+    int n_ctx;               /* -c */
+    int n_batch;             /* -b */
+    const char *kv;          /* --kv f16|f32|q8|q4|lowram[:opts] (bench: a list) */
+    const char *backend;     /* --backend cpu|cpu_ref|cuda */
     rk_sampler_params sp;
-    int json;               /* --json */
-    int verbose;            /* -v */
-    int chat;               /* --chat: wrap the prompt in the model's chat template */
-    const char *system;     /* --system */
-    const char *prompt_list;/* bench -p 512,2048 */
-    const char *out;        /* -o */
-    const char *ridgefill;  /* --ridgefill MAPS.gguf */
-    const char *fill;       /* --fill off|speed|quality|identity|plumb (list for bench) */
-    int tail;               /* --tail T */
-    int split;              /* --split S */
-    float keep_share;       /* --keep-share X (quality mode; <0: the map file's) */
-    int obs;                /* --obs N: quality mode's question rows (0: 32) */
-    int score_layers;       /* --score-layers N: layers below the split that score (0: 3) */
-    int score_skip;         /* --score-skip N: layers right below the split not scoring (0: 2, -1: none) */
-    int baseline;           /* --baseline N: rows before the question subtracted (0: obs, -1: none) */
-    int pool;               /* --pool R: max-pool radius of the scores (0: 8, -1: none) */
-    int band;               /* --band N: last bulk rows kept exact out of the keep share (0: none) */
-    int fill_group;         /* --fill-group G: late-layer attention to filled rows in runs of G (0: the
+    int json;                /* --json */
+    int verbose;             /* -v */
+    int chat;                /* --chat: wrap the prompt in the model's chat template */
+    const char *system;      /* --system */
+    const char *prompt_list; /* bench -p 512,2048 */
+    const char *out;         /* -o */
+    const char *ridgefill;   /* --ridgefill MAPS.gguf */
+    const char *fill;        /* --fill off|speed|quality|identity|plumb (list for bench) */
+    int tail;                /* --tail T */
+    int split;               /* --split S */
+    float keep_share;        /* --keep-share X (quality mode; <0: the map file's) */
+    int obs;                 /* --obs N: quality mode's question rows (0: 32) */
+    int score_layers;        /* --score-layers N: layers below the split that score (0: 3) */
+    int score_skip;          /* --score-skip N: layers right below the split not scoring (0: 2, -1: none) */
+    int baseline;            /* --baseline N: rows before the question subtracted (0: obs, -1: none) */
+    int pool;                /* --pool R: max-pool radius of the scores (0: 8, -1: none) */
+    int band;                /* --band N: last bulk rows kept exact out of the keep share (0: none) */
+    int fill_group;          /* --fill-group G: late-layer attention to filled rows in runs of G (0: the
                              * mode's default, rk_fill_default_group; -1: off, from --fill-group 0) */
-    int no_ridgefill;       /* --no-ridgefill: no maps found by fingerprint are used */
-    rk_rope_override rope;  /* --rope-scaling, --rope-scale, --yarn-*, --rope-freq-base (valid when rope_set) */
+    int no_ridgefill;        /* --no-ridgefill: no maps found by fingerprint are used */
+    rk_rope_override rope;   /* --rope-scaling, --rope-scale, --yarn-*, --rope-freq-base (valid when rope_set) */
     int rope_set;
-    int ctx_overflow_ok;    /* --ctx-overflow-ok: a context past the model's, with a warning */
-    bool seed_given;        /* --seed N with N >= 0: reproducible; else a random seed (seed_random) */
-    bool seed_random;       /* the seed was drawn at random (printed with -v) */
-    int verbose_prompt;     /* --verbose-prompt: the rendered prompt and its tokens on stderr */
-    int n_stop;             /* --stop / -r (repeatable) */
+    int ctx_overflow_ok; /* --ctx-overflow-ok: a context past the model's, with a warning */
+    bool seed_given;     /* --seed N with N >= 0: reproducible; else a random seed (seed_random) */
+    bool seed_random;    /* the seed was drawn at random (printed with -v) */
+    int verbose_prompt;  /* --verbose-prompt: the rendered prompt and its tokens on stderr */
+    int n_stop;          /* --stop / -r (repeatable) */
     const char *stop[CLI_MAX_STOP];
-    int no_cache;           /* --no-cache: no document KV cache (doc_cache_cli.c) */
-    int cache_level;        /* --cache-level N: its zstd level (0: 1) */
-    const char *kv_budget;  /* --kv-budget SIZE: KV bytes held in memory, the rest spilled */
-    const char *kv_host_budget; /* --kv-host-budget SIZE (cuda): pinned host bytes for the cold layers, the rest on disk */
+    int no_cache;          /* --no-cache: no document KV cache (doc_cache_cli.c) */
+    int cache_level;       /* --cache-level N: its zstd level (0: 1) */
+    const char *kv_budget; /* --kv-budget SIZE: KV bytes held in memory, the rest spilled */
+    const char
+        *kv_host_budget; /* --kv-host-budget SIZE (cuda): pinned host bytes for the cold layers, the rest on disk */
 } cli_opts;
 
 /* Splits "--flag=value" into "--flag" "value" for every command (main.c calls it first);
@@ -96,8 +97,8 @@ int cli_setup_kv(const cli_opts *o, rk_session *s, const char *item);
 
 /* Parses the common flags from argv[first..]; positional arguments are collected into
  * pos (up to max_pos). Returns 0, or RK_EXIT_USAGE after printing the reason. */
-int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, int max_pos,
-              int *n_pos, const char *cmd);
+int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, int max_pos, int *n_pos,
+              const char *cmd);
 /* The model path to use: -m (a file, or a catalogue name such as qwen2.5-coder-1.5b, found
  * in the cache), $RIDGEKV_MODEL, or the default model in the cache.
  * Prints a helpful message and returns NULL when there is none. */

@@ -15,10 +15,10 @@ int cli_open_session(const cli_opts *o, const rk_model *m, int n_ctx, rk_session
 /* Generated text to a FILE as it comes (rk_gen_params.on_token with this as token_ud). */
 typedef struct cli_sink {
     FILE *f;
-    bool sigint_stops;   /* a pending Ctrl-C stops the generation */
-    size_t n;            /* bytes written */
-    bool failed;         /* a write failed (closed pipe, full disk): the generation stopped */
-    int err;             /* its errno */
+    bool sigint_stops; /* a pending Ctrl-C stops the generation */
+    size_t n;          /* bytes written */
+    bool failed;       /* a write failed (closed pipe, full disk): the generation stopped */
+    int err;           /* its errno */
 } cli_sink;
 bool cli_sink_token(void *ud, int32_t token, const char *text, size_t n);
 /* Writes what the callbacks did not: text held back at the end. */

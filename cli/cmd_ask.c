@@ -201,7 +201,8 @@ int cmd_ask(int argc, char **argv) {
     /* the documents first (from the document cache when it holds them), then the question */
     cli_prefix pre = {0};
     rk_doc_cache *dc = o.no_cache ? NULL : cli_doc_cache_open(&o, "ask");
-    st = cli_doc_prefix(&o, "ask", dc, m, s, o.system, docs, (size_t)n_docs, ids, n_ids, cli_progress_fn, &pr, &pre, &e);
+    st =
+        cli_doc_prefix(&o, "ask", dc, m, s, o.system, docs, (size_t)n_docs, ids, n_ids, cli_progress_fn, &pr, &pre, &e);
     rk_doc_cache_close(dc);
     cli_prefix_progress rest = {cli_progress_fn, &pr, pre.n_prefix, 0};
     gp.progress = cli_prefix_progress_fn;
@@ -227,16 +228,19 @@ int cmd_ask(int argc, char **argv) {
     if (stopped) fprintf(stderr, "ridgekv ask: answer stopped (Ctrl-C)\n");
     if (r.stop == RK_STOP_CONTEXT)
         fprintf(stderr, "ridgekv ask: context full (%lld tokens); the answer is cut\n", (long long)n_ctx);
-    fprintf(stderr, "ridgekv ask: read %lld tokens in %.2f s (%.1f tok/s); time to first token %.2f s; "
-                    "answer %lld tokens in %.2f s (%.1f tok/s)\n",
+    fprintf(stderr,
+            "ridgekv ask: read %lld tokens in %.2f s (%.1f tok/s); time to first token %.2f s; "
+            "answer %lld tokens in %.2f s (%.1f tok/s)\n",
             (long long)r.n_prefill, r.prefill_s, r.prefill_tok_s, r.ttft_s >= 0 ? r.ttft_s : r.prefill_s,
             (long long)r.n_gen, r.decode_s, r.decode_tok_s);
     rk_fill_rescore_stats rs;
     rk_session_fill_rescore_stats(s, &rs);
     if (rs.calls > 0) /* quality mode: the question chose the documents' exact rows again (prefill.c) */
-        fprintf(stderr, "ridgekv ask: re-scored %lld document rows for the question: %lld changed, %lld recomputed "
-                        "exactly, %lld refilled, in %.2f s\n",
-                (long long)rs.scored, (long long)rs.changed, (long long)rs.recomputed, (long long)rs.refilled, rs.seconds);
+        fprintf(stderr,
+                "ridgekv ask: re-scored %lld document rows for the question: %lld changed, %lld recomputed "
+                "exactly, %lld refilled, in %.2f s\n",
+                (long long)rs.scored, (long long)rs.changed, (long long)rs.recomputed, (long long)rs.refilled,
+                rs.seconds);
     if (o.verbose) cli_gen_verbose("ask", s, &o, &r);
     rc = stopped ? 130 : RK_EXIT_OK;
     goto done;

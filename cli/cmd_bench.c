@@ -153,7 +153,7 @@ int cmd_bench(int argc, char **argv) {
     static double pf_tps[32][8][8], dc_tps[32][8][8], ttft[32][8][8], rss[32][8][8], rpeak[32][8][8];
     bool peaks = true; /* per-run peaks (peak_reset) */
     static rk_kv_bytes kvb[32][8][8];
-    static double fit_s[32][8][8]; /* lowram: seconds of the end-of-prefill fit (last repetition) */
+    static double fit_s[32][8][8];    /* lowram: seconds of the end-of-prefill fit (last repetition) */
     static char full_s[32][8][8][96]; /* lowram: its full layers and their missed shares */
     static rk_kv_tier_stats tier0[32][8][8], tier1[32][8][8]; /* the KV tiers' counters around the last rep */
     for (int ki = 0; ki < n_kv && !st && !rc; ki++) {
@@ -165,51 +165,52 @@ int cmd_bench(int argc, char **argv) {
             sp.kv.host_budget = cli_kv_host_budget_share(&o, m, &sp.kv, sp.n_ctx);
             if ((st = rk_session_create(m, &sp, &s, &e))) break;
         }
-    for (int li = 0; li < n_lens && !st && !rc; li++)
-        for (int mi = 0; mi < n_modes && !st && !rc; mi++) {
-            rk_session_reset(s);
-            if ((rc = cli_setup_fill(&o, m, s, &maps, modes[mi])) || (rc = cli_setup_kv(&o, s, NULL))) break;
-            double *pf_t = &pf_tps[li][mi][ki], *dc_t = &dc_tps[li][mi][ki], *tt = &ttft[li][mi][ki];
-            peaks = peak_reset() && peaks;
-            *pf_t = *dc_t = 0;
-            *tt = 1e30;
-            for (int r = 0; r < reps && !st; r++) {
-                /* one more token than decode steps: the first comes from the prefill's logits,
+        for (int li = 0; li < n_lens && !st && !rc; li++)
+            for (int mi = 0; mi < n_modes && !st && !rc; mi++) {
+                rk_session_reset(s);
+                if ((rc = cli_setup_fill(&o, m, s, &maps, modes[mi])) || (rc = cli_setup_kv(&o, s, NULL))) break;
+                double *pf_t = &pf_tps[li][mi][ki], *dc_t = &dc_tps[li][mi][ki], *tt = &ttft[li][mi][ki];
+                peaks = peak_reset() && peaks;
+                *pf_t = *dc_t = 0;
+                *tt = 1e30;
+                for (int r = 0; r < reps && !st; r++) {
+                    /* one more token than decode steps: the first comes from the prefill's logits,
                  * so -n steps are -n evals; greedy through end-of-text tokens */
-                rk_gen_params gp = rk_gen_params_default();
-                gp.sampler.temp = 0;
-                gp.max_tokens = o.n_predict + 1;
-                gp.ignore_eog = true;
-                rk_gen_result g = {0};
-                rk_kv_tier_stats t0, t1;
-                rk_session_kv_tier_stats(s, &t0);
-                if ((st = rk_generate(m, s, ids, (size_t)lens[li], &gp, &g, &e))) break;
-                rk_session_kv_tier_stats(s, &t1);
-                cli_kv_tier_line("bench", &t0, &t1); /* stderr, also with --json */
-                tier0[li][mi][ki] = t0, tier1[li][mi][ki] = t1;
-                const double pf_s = g.prefill_s, dc_s = g.decode_s;
-                rk_gen_result_deinit(&g);
-                if (pf_s < *tt) *tt = pf_s;
-                double pf = lens[li] / pf_s, dc = o.n_predict > 0 ? o.n_predict / dc_s : 0;
-                if (pf > *pf_t) *pf_t = pf;
-                if (dc > *dc_t) *dc_t = dc;
-                if (!o.json)
-                    fprintf(stderr, "bench: p=%d fill=%s kv=%s rep %d: prefill %.1f tok/s, decode %.1f tok/s\n", lens[li],
-                            modes[mi], kvs[ki], r + 1, pf, dc);
+                    rk_gen_params gp = rk_gen_params_default();
+                    gp.sampler.temp = 0;
+                    gp.max_tokens = o.n_predict + 1;
+                    gp.ignore_eog = true;
+                    rk_gen_result g = {0};
+                    rk_kv_tier_stats t0, t1;
+                    rk_session_kv_tier_stats(s, &t0);
+                    if ((st = rk_generate(m, s, ids, (size_t)lens[li], &gp, &g, &e))) break;
+                    rk_session_kv_tier_stats(s, &t1);
+                    cli_kv_tier_line("bench", &t0, &t1); /* stderr, also with --json */
+                    tier0[li][mi][ki] = t0, tier1[li][mi][ki] = t1;
+                    const double pf_s = g.prefill_s, dc_s = g.decode_s;
+                    rk_gen_result_deinit(&g);
+                    if (pf_s < *tt) *tt = pf_s;
+                    double pf = lens[li] / pf_s, dc = o.n_predict > 0 ? o.n_predict / dc_s : 0;
+                    if (pf > *pf_t) *pf_t = pf;
+                    if (dc > *dc_t) *dc_t = dc;
+                    if (!o.json)
+                        fprintf(stderr, "bench: p=%d fill=%s kv=%s rep %d: prefill %.1f tok/s, decode %.1f tok/s\n",
+                                lens[li], modes[mi], kvs[ki], r + 1, pf, dc);
+                }
+                rk_session_kv_bytes(s, &kvb[li][mi][ki]);
+                {
+                    rk_lowram_stats ls;
+                    rk_session_lowram_stats(s, &ls);
+                    fit_s[li][mi][ki] = ls.seconds_fit;
+                    char *fs = full_s[li][mi][ki];
+                    int fo = snprintf(fs, 96, "%s", ls.n_full ? "; full layers" : "");
+                    for (int f = 0; f < ls.n_full && fo < 80; f++)
+                        fo += snprintf(fs + fo, (size_t)(96 - fo), " %d (%.2f)", ls.full_l[f],
+                                       (double)ls.sel_miss[ls.full_l[f]]);
+                }
+                rss[li][mi][ki] = rss_now_mib();
+                rpeak[li][mi][ki] = peak_now_mib();
             }
-            rk_session_kv_bytes(s, &kvb[li][mi][ki]);
-            {
-                rk_lowram_stats ls;
-                rk_session_lowram_stats(s, &ls);
-                fit_s[li][mi][ki] = ls.seconds_fit;
-                char *fs = full_s[li][mi][ki];
-                int fo = snprintf(fs, 96, "%s", ls.n_full ? "; full layers" : "");
-                for (int f = 0; f < ls.n_full && fo < 80; f++)
-                    fo += snprintf(fs + fo, (size_t)(96 - fo), " %d (%.2f)", ls.full_l[f], (double)ls.sel_miss[ls.full_l[f]]);
-            }
-            rss[li][mi][ki] = rss_now_mib();
-            rpeak[li][mi][ki] = peak_now_mib();
-        }
     }
     if (st) {
         cli_print_error(&e);
@@ -227,43 +228,48 @@ int cmd_bench(int argc, char **argv) {
             const bool f32 = !strcmp(kvs[0], "f32");
             printf("{\"model\":\"%s\",\"arch\":\"%s\",\"weights_bytes\":%llu,\"threads\":%d,\"kv_type\":\"%s\","
                    "\"kv_bytes_per_token\":%llu,\"peak_rss_mib\":%.1f,\"reps\":%d,\"results\":[",
-                   rk_model_name(m), hp->arch_name, (unsigned long long)rk_model_weight_bytes(m), nt, f32 ? "f32" : "f16",
-                   2ull * hp->n_layer * hp->n_head_kv * hp->head_dim * (f32 ? 4 : 2), peak, reps);
+                   rk_model_name(m), hp->arch_name, (unsigned long long)rk_model_weight_bytes(m), nt,
+                   f32 ? "f32" : "f16", 2ull * hp->n_layer * hp->n_head_kv * hp->head_dim * (f32 ? 4 : 2), peak, reps);
             for (int li = 0; li < n_lens; li++)
                 for (int mi = 0; mi < n_modes; mi++)
                     for (int ki = 0; ki < n_kv; ki++) {
                         const rk_kv_bytes *b = &kvb[li][mi][ki];
-                        printf("%s{\"n_prompt\":%d,\"fill\":\"%s\",\"kv\":\"%s\",\"ttft_ms\":%.2f,\"prefill_tok_s\":%.2f,"
-                               "\"ttft_speedup\":%.3f,\"n_decode\":%d,\"decode_tok_s\":%.2f,\"rss_after_mib\":%.1f,\"peak_rss_mib\":%.1f,"
-                               "\"kv_bytes\":{\"total\":%llu,\"f16_equiv\":%llu,\"exact\":%llu,\"coef\":%llu,\"bases\":%llu,"
-                               "\"predictors\":%llu,\"residuals\":%llu,\"landmarks\":%llu,\"meta\":%llu,\"key_cache\":%llu,\"scratch\":%llu,"
-                               "\"n_tokens\":%lld,\"n_exact_rows\":%lld,\"n_compressed_rows\":%lld,\"n_evicted_rows\":%lld}",
-                               li || mi || ki ? "," : "", lens[li], modes[mi], kvs[ki], 1000 * ttft[li][mi][ki],
-                               pf_tps[li][mi][ki], ttft[li][0][ki] / ttft[li][mi][ki], o.n_predict, dc_tps[li][mi][ki],
-                               rss[li][mi][ki], peaks ? rpeak[li][mi][ki] : -1.0, (unsigned long long)b->total, (unsigned long long)b->f16_equiv,
-                               (unsigned long long)b->exact, (unsigned long long)b->coef, (unsigned long long)b->bases,
-                               (unsigned long long)b->predictors, (unsigned long long)b->residuals,
-                               (unsigned long long)b->landmarks, (unsigned long long)b->meta,
-                               (unsigned long long)b->key_cache, (unsigned long long)b->scratch, (long long)b->n_tokens, (long long)b->n_exact_rows,
-                               (long long)b->n_compressed_rows, (long long)b->n_evicted_rows);
+                        printf(
+                            "%s{\"n_prompt\":%d,\"fill\":\"%s\",\"kv\":\"%s\",\"ttft_ms\":%.2f,\"prefill_tok_s\":%.2f,"
+                            "\"ttft_speedup\":%.3f,\"n_decode\":%d,\"decode_tok_s\":%.2f,\"rss_after_mib\":%.1f,\"peak_rss_mib\":%.1f,"
+                            "\"kv_bytes\":{\"total\":%llu,\"f16_equiv\":%llu,\"exact\":%llu,\"coef\":%llu,\"bases\":%llu,"
+                            "\"predictors\":%llu,\"residuals\":%llu,\"landmarks\":%llu,\"meta\":%llu,\"key_cache\":%llu,\"scratch\":%llu,"
+                            "\"n_tokens\":%lld,\"n_exact_rows\":%lld,\"n_compressed_rows\":%lld,\"n_evicted_rows\":%lld}",
+                            li || mi || ki ? "," : "", lens[li], modes[mi], kvs[ki], 1000 * ttft[li][mi][ki],
+                            pf_tps[li][mi][ki], ttft[li][0][ki] / ttft[li][mi][ki], o.n_predict, dc_tps[li][mi][ki],
+                            rss[li][mi][ki], peaks ? rpeak[li][mi][ki] : -1.0, (unsigned long long)b->total,
+                            (unsigned long long)b->f16_equiv, (unsigned long long)b->exact, (unsigned long long)b->coef,
+                            (unsigned long long)b->bases, (unsigned long long)b->predictors,
+                            (unsigned long long)b->residuals, (unsigned long long)b->landmarks,
+                            (unsigned long long)b->meta, (unsigned long long)b->key_cache,
+                            (unsigned long long)b->scratch, (long long)b->n_tokens, (long long)b->n_exact_rows,
+                            (long long)b->n_compressed_rows, (long long)b->n_evicted_rows);
                         const rk_kv_tier_stats *a0 = &tier0[li][mi][ki], *a1 = &tier1[li][mi][ki];
                         if (a1->on) /* the last rep's moves (--kv-budget), inside the result object */
-                            printf(",\"kv_tier\":{\"backend\":\"%s\",\"budget\":%llu,\"resident_bytes\":%llu,"
-                                   "\"spilled_bytes\":%llu,\"hits\":%llu,\"misses\":%llu,\"prefetched\":%llu,"
-                                   "\"bytes_up\":%llu,\"bytes_down\":%llu,\"stall_s\":%.4f,\"host_bytes\":%llu,"
-                                   "\"disk_reads\":%llu,\"disk_bytes_read\":%llu,\"disk_bytes_written\":%llu,"
-                                   "\"dev_chunk_rows\":%d,\"dev_chunks\":%llu,\"dev_chunk_bytes\":%llu,\"bytes_dev\":%llu}",
-                                   a1->backend, (unsigned long long)a1->budget, (unsigned long long)a1->resident_bytes,
-                                   (unsigned long long)a1->spilled_bytes, (unsigned long long)(a1->hits - a0->hits),
-                                   (unsigned long long)(a1->misses - a0->misses),
-                                   (unsigned long long)(a1->prefetched - a0->prefetched),
-                                   (unsigned long long)(a1->bytes_read - a0->bytes_read),
-                                   (unsigned long long)(a1->bytes_spilled - a0->bytes_spilled), a1->stall_s - a0->stall_s,
-                                   (unsigned long long)a1->host_bytes, (unsigned long long)(a1->disk_reads - a0->disk_reads),
-                                   (unsigned long long)(a1->disk_bytes_read - a0->disk_bytes_read),
-                                   (unsigned long long)(a1->disk_bytes_written - a0->disk_bytes_written),
-                                   (int)a1->dev_chunk_rows, (unsigned long long)a1->dev_chunks,
-                                   (unsigned long long)a1->dev_chunk_bytes, (unsigned long long)(a1->bytes_dev - a0->bytes_dev));
+                            printf(
+                                ",\"kv_tier\":{\"backend\":\"%s\",\"budget\":%llu,\"resident_bytes\":%llu,"
+                                "\"spilled_bytes\":%llu,\"hits\":%llu,\"misses\":%llu,\"prefetched\":%llu,"
+                                "\"bytes_up\":%llu,\"bytes_down\":%llu,\"stall_s\":%.4f,\"host_bytes\":%llu,"
+                                "\"disk_reads\":%llu,\"disk_bytes_read\":%llu,\"disk_bytes_written\":%llu,"
+                                "\"dev_chunk_rows\":%d,\"dev_chunks\":%llu,\"dev_chunk_bytes\":%llu,\"bytes_dev\":%llu}",
+                                a1->backend, (unsigned long long)a1->budget, (unsigned long long)a1->resident_bytes,
+                                (unsigned long long)a1->spilled_bytes, (unsigned long long)(a1->hits - a0->hits),
+                                (unsigned long long)(a1->misses - a0->misses),
+                                (unsigned long long)(a1->prefetched - a0->prefetched),
+                                (unsigned long long)(a1->bytes_read - a0->bytes_read),
+                                (unsigned long long)(a1->bytes_spilled - a0->bytes_spilled), a1->stall_s - a0->stall_s,
+                                (unsigned long long)a1->host_bytes,
+                                (unsigned long long)(a1->disk_reads - a0->disk_reads),
+                                (unsigned long long)(a1->disk_bytes_read - a0->disk_bytes_read),
+                                (unsigned long long)(a1->disk_bytes_written - a0->disk_bytes_written),
+                                (int)a1->dev_chunk_rows, (unsigned long long)a1->dev_chunks,
+                                (unsigned long long)a1->dev_chunk_bytes,
+                                (unsigned long long)(a1->bytes_dev - a0->bytes_dev));
                         printf("}");
                     }
             printf("]}\n");
@@ -287,17 +293,18 @@ int cmd_bench(int argc, char **argv) {
                                b->n_tokens ? (double)b->total / (double)b->n_tokens : 0.0,
                                b->total ? (double)b->f16_equiv / (double)b->total : 0.0, rss[li][mi][ki], pk);
                         if (b->coef || b->bases)
-                            printf("%9s KV bytes: exact %.2f MiB (%lld rows) + coef %.2f + bases %.2f + predictors %.2f + "
-                                   "residuals %.2f + landmarks %.2f + meta %.2f + key cache %.2f = %.2f MiB (%lld rows "
-                                   "compressed, %lld evicted; scratch %.2f; fit %.2f s%s)\n",
-                                   "", b->exact / 1048576.0, (long long)b->n_exact_rows, b->coef / 1048576.0,
-                                   b->bases / 1048576.0, b->predictors / 1048576.0, b->residuals / 1048576.0,
-                                   b->landmarks / 1048576.0, b->meta / 1048576.0, b->key_cache / 1048576.0,
-                                   b->total / 1048576.0,
-                                   (long long)b->n_compressed_rows, (long long)b->n_evicted_rows, b->scratch / 1048576.0,
-                                   fit_s[li][mi][ki], full_s[li][mi][ki]);
+                            printf(
+                                "%9s KV bytes: exact %.2f MiB (%lld rows) + coef %.2f + bases %.2f + predictors %.2f + "
+                                "residuals %.2f + landmarks %.2f + meta %.2f + key cache %.2f = %.2f MiB (%lld rows "
+                                "compressed, %lld evicted; scratch %.2f; fit %.2f s%s)\n",
+                                "", b->exact / 1048576.0, (long long)b->n_exact_rows, b->coef / 1048576.0,
+                                b->bases / 1048576.0, b->predictors / 1048576.0, b->residuals / 1048576.0,
+                                b->landmarks / 1048576.0, b->meta / 1048576.0, b->key_cache / 1048576.0,
+                                b->total / 1048576.0, (long long)b->n_compressed_rows, (long long)b->n_evicted_rows,
+                                b->scratch / 1048576.0, fit_s[li][mi][ki], full_s[li][mi][ki]);
                     }
-            printf("peak RSS %.1f MiB (the process)%s\n", peak, peaks ? "" : "; per-run peaks: /proc/self/clear_refs refused");
+            printf("peak RSS %.1f MiB (the process)%s\n", peak,
+                   peaks ? "" : "; per-run peaks: /proc/self/clear_refs refused");
         }
     }
     rk_ridge_maps_destroy(maps);

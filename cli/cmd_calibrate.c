@@ -80,8 +80,8 @@ int cmd_calibrate(int argc, char **argv) {
             }
             continue;
         }
-        bool ours = !strcmp(a, "--text") || !strcmp(a, "--lambda") || !strcmp(a, "--stride") ||
-                    !strcmp(a, "--dtype") || !strcmp(a, "--max-tokens") || !strcmp(a, "--seg-len");
+        bool ours = !strcmp(a, "--text") || !strcmp(a, "--lambda") || !strcmp(a, "--stride") || !strcmp(a, "--dtype") ||
+                    !strcmp(a, "--max-tokens") || !strcmp(a, "--seg-len");
         if (!ours) {
             av[ac++] = argv[i];
             continue;
@@ -94,23 +94,39 @@ int cmd_calibrate(int argc, char **argv) {
         i++;
         char *end = NULL;
         if (!strcmp(a, "--text")) {
-            if (n_texts == 64) { fprintf(stderr, "ridgekv calibrate: at most 64 --text files\n"); rc = RK_EXIT_USAGE; break; }
+            if (n_texts == 64) {
+                fprintf(stderr, "ridgekv calibrate: at most 64 --text files\n");
+                rc = RK_EXIT_USAGE;
+                break;
+            }
             texts[n_texts++] = v;
         } else if (!strcmp(a, "--lambda")) {
             if (strcmp(v, "auto")) {
                 lambda = strtof(v, &end);
-                if (*end || !(lambda >= 0)) { fprintf(stderr, "ridgekv calibrate: --lambda expects auto or a number >= 0\n"); rc = RK_EXIT_USAGE; break; }
+                if (*end || !(lambda >= 0)) {
+                    fprintf(stderr, "ridgekv calibrate: --lambda expects auto or a number >= 0\n");
+                    rc = RK_EXIT_USAGE;
+                    break;
+                }
             }
         } else if (!strcmp(a, "--dtype")) {
             if (!strcmp(v, "f16")) dtype = RK_DT_F16;
             else if (!strcmp(v, "bf16")) dtype = RK_DT_BF16;
             else if (!strcmp(v, "int8")) dtype = RK_DT_Q8_0;
             else if (!strcmp(v, "f32")) dtype = RK_DT_F32;
-            else { fprintf(stderr, "ridgekv calibrate: --dtype expects f16, bf16, int8 or f32 (got '%s')\n", v); rc = RK_EXIT_USAGE; break; }
+            else {
+                fprintf(stderr, "ridgekv calibrate: --dtype expects f16, bf16, int8 or f32 (got '%s')\n", v);
+                rc = RK_EXIT_USAGE;
+                break;
+            }
         } else {
             long x = strtol(v, &end, 10);
             int *dst = !strcmp(a, "--stride") ? &stride : !strcmp(a, "--max-tokens") ? &max_tokens : &seg_len;
-            if (*end || x < 1 || x > (1L << 30)) { fprintf(stderr, "ridgekv calibrate: %s expects a positive integer\n", a); rc = RK_EXIT_USAGE; break; }
+            if (*end || x < 1 || x > (1L << 30)) {
+                fprintf(stderr, "ridgekv calibrate: %s expects a positive integer\n", a);
+                rc = RK_EXIT_USAGE;
+                break;
+            }
             *dst = (int)x;
         }
     }
@@ -134,12 +150,17 @@ int cmd_calibrate(int argc, char **argv) {
         rk_model_destroy(m);
         return rc;
     }
-    rk_calib_params cp = {.split = o.split ? o.split : (int)(0.4 * hp->n_layer + 0.5), .stride = stride,
-                          .seg_len = seg_len, .lambda = lambda, .dtype = dtype, .keep_share = o.keep_share,
-                          .n_threads = o.n_threads, .normalized_space = normalized_space,
+    rk_calib_params cp = {.split = o.split ? o.split : (int)(0.4 * hp->n_layer + 0.5),
+                          .stride = stride,
+                          .seg_len = seg_len,
+                          .lambda = lambda,
+                          .dtype = dtype,
+                          .keep_share = o.keep_share,
+                          .n_threads = o.n_threads,
+                          .normalized_space = normalized_space,
                           .target_kv = target_kv};
-    fprintf(stderr, "calibrate: %s, %zu tokens, split %d of %d layers, stride %d, dtype %s, lambda %s\n", rk_model_name(m),
-            n_all, cp.split, hp->n_layer, stride, dtype == RK_DT_Q8_0 ? "int8" : rk_dtype_name(dtype),
+    fprintf(stderr, "calibrate: %s, %zu tokens, split %d of %d layers, stride %d, dtype %s, lambda %s\n",
+            rk_model_name(m), n_all, cp.split, hp->n_layer, stride, dtype == RK_DT_Q8_0 ? "int8" : rk_dtype_name(dtype),
             lambda < 0 ? "auto" : "given");
     prog pr = {rk_time_now(), rk_time_now(), isatty(2) != 0};
     void *bytes = NULL;
@@ -172,8 +193,9 @@ int cmd_calibrate(int argc, char **argv) {
     printf("held-out relative error ||Y-Ŷ||²/||Y-Ȳ||² per late layer (fitted vs identity):\n");
     for (int l = cp.split + 1; l < hp->n_layer && l - cp.split - 1 < 256; l++)
         if (target_kv) printf("  layer %3d  K/V fitted %.4f\n", l, (double)rep.heldout_rel_err[l - cp.split - 1]);
-        else printf("  layer %3d  fitted %.4f  identity %.4f\n", l, (double)rep.heldout_rel_err[l - cp.split - 1],
-                    (double)rep.identity_rel_err[l - cp.split - 1]);
+        else
+            printf("  layer %3d  fitted %.4f  identity %.4f\n", l, (double)rep.heldout_rel_err[l - cp.split - 1],
+                   (double)rep.identity_rel_err[l - cp.split - 1]);
     rk_model_destroy(m);
     return RK_EXIT_OK;
 }

@@ -69,8 +69,11 @@ int cmd_calibrate_lowram(int argc, char **argv) {
         }
         char *end;
         long x = strtol(v, &end, 10);
-        int *dst = !strcmp(a, "--group") ? &group : !strcmp(a, "--rank") ? &rank : !strcmp(a, "--stride") ? &stride
-                   : !strcmp(a, "--max-tokens") ? &max_tokens : &seg_len;
+        int *dst = !strcmp(a, "--group")        ? &group
+                   : !strcmp(a, "--rank")       ? &rank
+                   : !strcmp(a, "--stride")     ? &stride
+                   : !strcmp(a, "--max-tokens") ? &max_tokens
+                                                : &seg_len;
         if (*end || x < 1 || x > (1L << 30)) {
             fprintf(stderr, "ridgekv calibrate: %s expects a positive integer (got '%s')\n", a, v);
             rc = RK_EXIT_USAGE;
@@ -97,8 +100,8 @@ int cmd_calibrate_lowram(int argc, char **argv) {
         rk_model_destroy(m);
         return rc;
     }
-    rk_lowram_calib_params cp = {.group = group, .rank = rank, .seg_len = seg_len, .stride = stride,
-                                 .n_threads = o.n_threads};
+    rk_lowram_calib_params cp = {
+        .group = group, .rank = rank, .seg_len = seg_len, .stride = stride, .n_threads = o.n_threads};
     fprintf(stderr, "calibrate --lowram: %s, %zu tokens, groups of %d layers, rank %d, stride %d\n", rk_model_name(m),
             n_all, group, rank, stride);
     double t0 = rk_time_now();

@@ -74,8 +74,9 @@ static void tell_dropped(chat *c) {
     const rk_conv_fit f = rk_conv_last_fit(c->conv);
     if (!f.n_dropped || c->drop_told) return;
     char m[320];
-    snprintf(m, sizeof m, "context full: %lld tokens + %lld answer room > %lld; dropped the oldest %d exchange%s and "
-                          "re-read the rest (%lld tokens)",
+    snprintf(m, sizeof m,
+             "context full: %lld tokens + %lld answer room > %lld; dropped the oldest %d exchange%s and "
+             "re-read the rest (%lld tokens)",
              (long long)f.n_before, (long long)f.n_room, (long long)f.n_ctx, f.n_dropped, f.n_dropped == 1 ? "" : "s",
              (long long)f.n_prompt);
     chat_notice(c, m);
@@ -113,8 +114,10 @@ static int turn(chat *c, const char *user) {
     const rk_conv_fit f = rk_conv_last_fit(c->conv);
     if (st == RK_E_CONTEXT && f.too_long) {
         char m[256];
-        snprintf(m, sizeof m, "this message does not fit: %lld tokens with the system prompt and template, context "
-                              "%lld tokens; it was not sent", (long long)f.n_prompt, (long long)f.n_ctx);
+        snprintf(m, sizeof m,
+                 "this message does not fit: %lld tokens with the system prompt and template, context "
+                 "%lld tokens; it was not sent",
+                 (long long)f.n_prompt, (long long)f.n_ctx);
         chat_notice(c, m);
         rk_conv_pop(c->conv);
         return 0;
@@ -144,8 +147,9 @@ static int turn(chat *c, const char *user) {
     if (r.stop == RK_STOP_CONTEXT)
         chat_notice(c, "context full: the answer was cut by the context; the next turn drops the oldest exchanges");
     if (c->o.verbose)
-        fprintf(stderr, "ridgekv chat: read %lld tokens in %.2f s (%.1f tok/s), wrote %lld tokens (%.1f tok/s), "
-                        "%lld/%lld in context\n",
+        fprintf(stderr,
+                "ridgekv chat: read %lld tokens in %.2f s (%.1f tok/s), wrote %lld tokens (%.1f tok/s), "
+                "%lld/%lld in context\n",
                 (long long)r.n_prefill, r.prefill_s, r.prefill_tok_s, (long long)r.n_gen, r.decode_tok_s,
                 (long long)rk_session_n_past(c->s), (long long)rk_session_n_ctx(c->s));
     if (c->o.verbose) cli_gen_verbose("chat", c->s, &c->o, &r);
@@ -215,8 +219,9 @@ static int check_system(chat *c) {
     }
     const int64_t room = rk_conv_answer_room(c->conv), n_ctx = rk_session_n_ctx(c->s);
     if ((int64_t)n + room > n_ctx) {
-        fprintf(stderr, "ridgekv chat: the system prompt is %zu tokens; with %lld tokens of answer room it does not "
-                        "fit the context of %lld (shorten it, lower -n or raise -c)\n",
+        fprintf(stderr,
+                "ridgekv chat: the system prompt is %zu tokens; with %lld tokens of answer room it does not "
+                "fit the context of %lld (shorten it, lower -n or raise -c)\n",
                 n, (long long)room, (long long)n_ctx);
         return RK_EXIT_CONTEXT;
     }
@@ -234,9 +239,15 @@ int cmd_chat(int argc, char **argv) {
     int n_pos, rc = cli_parse(argc, argv, 2, &c.o, pos, 1, &n_pos, "chat");
     if (rc) return rc;
     if (n_pos || c.o.prompt || c.o.prompt_file || c.o.out || c.o.chat || c.o.json) {
-        fprintf(stderr, "ridgekv chat: %s does not apply to chat: type your messages at the prompt or pipe them "
-                        "to stdin (see ridgekv chat --help)\n",
-                n_pos ? pos[0] : c.o.prompt ? "-p" : c.o.prompt_file ? "-f" : c.o.out ? "-o" : c.o.chat ? "--chat" : "--json");
+        fprintf(stderr,
+                "ridgekv chat: %s does not apply to chat: type your messages at the prompt or pipe them "
+                "to stdin (see ridgekv chat --help)\n",
+                n_pos             ? pos[0]
+                : c.o.prompt      ? "-p"
+                : c.o.prompt_file ? "-f"
+                : c.o.out         ? "-o"
+                : c.o.chat        ? "--chat"
+                                  : "--json");
         return RK_EXIT_USAGE;
     }
     c.interactive = isatty(STDIN_FILENO) && isatty(STDOUT_FILENO);

@@ -42,8 +42,8 @@ typedef struct ppl_progress {
 static void ppl_progress_fn(void *ud, int64_t done, int64_t total, double running_ppl) {
     const ppl_progress *p = ud;
     if (!p->quiet)
-        fprintf(stderr, "eval ppl: chunk %lld/%lld  running ppl %.4f  (%.1f tok/s)\n", (long long)done, (long long)total,
-                running_ppl, (double)(done * p->n_ctx) / (rk_time_now() - p->t0));
+        fprintf(stderr, "eval ppl: chunk %lld/%lld  running ppl %.4f  (%.1f tok/s)\n", (long long)done,
+                (long long)total, running_ppl, (double)(done * p->n_ctx) / (rk_time_now() - p->t0));
 }
 
 static int eval_ppl(int argc, char **argv) {
@@ -110,8 +110,9 @@ static int eval_ppl(int argc, char **argv) {
     ev_ppl_result r = {0};
     if ((st = ev_ppl_run(m, s, ids, n_ids, &pp, ppl_progress_fn, &pr, &r, &e))) goto fail;
     if (o.json)
-        printf("{\"file\":\"%s\",\"n_ctx\":%d,\"chunks\":%lld,\"tokens_scored\":%lld,\"nll\":%.6f,\"ppl\":%.6f,\"ppl_err\":%.6f}\n",
-               o.prompt_file, o.n_ctx, (long long)r.n_chunk, (long long)r.n_scored, r.nll, r.ppl, r.ppl_err);
+        printf(
+            "{\"file\":\"%s\",\"n_ctx\":%d,\"chunks\":%lld,\"tokens_scored\":%lld,\"nll\":%.6f,\"ppl\":%.6f,\"ppl_err\":%.6f}\n",
+            o.prompt_file, o.n_ctx, (long long)r.n_chunk, (long long)r.n_scored, r.nll, r.ppl, r.ppl_err);
     else
         printf("PPL = %.4f +/- %.5f  (%lld chunks of %d, %lld tokens scored, mean NLL %.6f)\n", r.ppl, r.ppl_err,
                (long long)r.n_chunk, o.n_ctx, (long long)r.n_scored, r.nll);

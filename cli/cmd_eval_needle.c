@@ -196,10 +196,10 @@ static void print_json(const ev_needle_params *p, const ev_needle_result *r, con
     ev_json_str(j, "maps", o->ridgefill);
     if (p->modes.by_kv) {
         json_object *kv = json_object_new_array();
-        for (int mi = 0; mi < p->modes.n; mi++) json_object_array_add(kv, json_object_new_string(ev_modes_label(&p->modes, mi)));
+        for (int mi = 0; mi < p->modes.n; mi++)
+            json_object_array_add(kv, json_object_new_string(ev_modes_label(&p->modes, mi)));
         json_object_object_add(j, "kv_modes", kv);
-    } else
-        ev_json_str(j, "kv", o->kv ? o->kv : "f16");
+    } else ev_json_str(j, "kv", o->kv ? o->kv : "f16");
     ev_json_int(j, "split", split);
     ev_json_int(j, "tail", o->tail);
     ev_json_int(j, "seed", (int64_t)p->seed);
@@ -228,7 +228,8 @@ static void print_json(const ev_needle_params *p, const ev_needle_result *r, con
             json_object *an = json_object_new_object();
             ev_json_str(an, "answer", r->answers + ((size_t)t * (size_t)r->n_modes + (size_t)mi) * EV_ANSWER_BYTES);
             json_object_object_add(an, "correct", json_object_new_boolean(r->correct[t * r->n_modes + mi]));
-            if (tr->n_distr) json_object_object_add(an, "lured", json_object_new_boolean(r->lured[t * r->n_modes + mi]));
+            if (tr->n_distr)
+                json_object_object_add(an, "lured", json_object_new_boolean(r->lured[t * r->n_modes + mi]));
             if (r->kept[t * r->n_modes + mi] >= 0) ev_json_int(an, "needle_kept", r->kept[t * r->n_modes + mi]);
             json_object_object_add(answers, ev_modes_label(&p->modes, mi), an);
         }
@@ -242,18 +243,25 @@ static void print_json(const ev_needle_params *p, const ev_needle_result *r, con
 
 /* --kv-modes LIST into p->modes (the flags that choose a fill or one KV policy refused). */
 static int parse_kv_modes(const char *list, const cli_opts *o, ev_modes *out) {
-    const char *cmd = "eval needle", *clash = o->fill ? "--fill" : o->ridgefill ? "--ridgefill" : o->split ? "--split"
-                                                     : o->kv ? "--kv" : NULL;
+    const char *cmd = "eval needle", *clash = o->fill        ? "--fill"
+                                              : o->ridgefill ? "--ridgefill"
+                                              : o->split     ? "--split"
+                                              : o->kv        ? "--kv"
+                                                             : NULL;
     if (clash) {
-        fprintf(stderr, "ridgekv %s: --kv-modes compares KV policies with fill off for every one; %s does not go "
-                        "with it (compare fill modes with --fill, or put the policy in the --kv-modes list)\n", cmd, clash);
+        fprintf(stderr,
+                "ridgekv %s: --kv-modes compares KV policies with fill off for every one; %s does not go "
+                "with it (compare fill modes with --fill, or put the policy in the --kv-modes list)\n",
+                cmd, clash);
         return RK_EXIT_USAGE;
     }
     char items[EV_MAX_MODES + 1][1200]; /* one more than allowed: "too many" is told, not cut */
     const int n = cli_kv_split(list, items, EV_MAX_MODES + 1);
     if (n < 1) {
-        fprintf(stderr, "ridgekv %s: --kv-modes expects a comma list of at most %d KV policies (f16, f32, q8, q4, "
-                        "lowram[:opts]; got '%.200s')\n", cmd, EV_MAX_MODES, list);
+        fprintf(stderr,
+                "ridgekv %s: --kv-modes expects a comma list of at most %d KV policies (f16, f32, q8, q4, "
+                "lowram[:opts]; got '%.200s')\n",
+                cmd, EV_MAX_MODES, list);
         return RK_EXIT_USAGE;
     }
     const char *ptr[EV_MAX_MODES + 1];
@@ -268,9 +276,9 @@ static int parse(int argc, char **argv, cli_opts *o, ev_needle_params *p, const 
                  const char **results) {
     const char *cmd = "eval needle", *f_depths = "0.1,0.3,0.5,0.7,0.9", *f_lens = "1024,2048", *f_trials = "200",
                *f_gen = "16", *f_words = "4", *f_budget = "0", *f_kv_modes = NULL, *f_distr = "0";
-    ev_flag flags[] = {{"--depths", &f_depths}, {"--lengths", &f_lens}, {"--trials", &f_trials},
-                       {"--gen", &f_gen},       {"--files", files},     {"--corpus", corpus},
-                       {"--wordings", &f_words}, {"--results", results}, {"--budget", &f_budget},
+    ev_flag flags[] = {{"--depths", &f_depths},     {"--lengths", &f_lens},     {"--trials", &f_trials},
+                       {"--gen", &f_gen},           {"--files", files},         {"--corpus", corpus},
+                       {"--wordings", &f_words},    {"--results", results},     {"--budget", &f_budget},
                        {"--kv-modes", &f_kv_modes}, {"--distractors", &f_distr}};
     char **av = NULL;
     int ac = 0, n_pos = 0;
@@ -290,7 +298,8 @@ static int parse(int argc, char **argv, cli_opts *o, ev_needle_params *p, const 
         ev_parse_double(f_budget, 0.0, 1e9, &p->budget_s, "--budget", &e))
         return cli_ev_fail(cmd, &e);
     if (p->budget_s > 0 && !*results) {
-        fprintf(stderr, "ridgekv %s: --budget needs --results FILE (the trials past it are run later from there)\n", cmd);
+        fprintf(stderr, "ridgekv %s: --budget needs --results FILE (the trials past it are run later from there)\n",
+                cmd);
         return RK_EXIT_USAGE;
     }
     p->n_trials = (int)trials;
@@ -301,8 +310,10 @@ static int parse(int argc, char **argv, cli_opts *o, ev_needle_params *p, const 
     if (!o->tail) o->tail = 512;
     if (f_kv_modes) return parse_kv_modes(f_kv_modes, o, &p->modes);
     if (!o->fill && !o->ridgefill && !o->split) {
-        fprintf(stderr, "ridgekv %s: nothing to compare: give --ridgefill MAPS (or --split S with --fill "
-                        "off,identity)\n", cmd);
+        fprintf(stderr,
+                "ridgekv %s: nothing to compare: give --ridgefill MAPS (or --split S with --fill "
+                "off,identity)\n",
+                cmd);
         return RK_EXIT_USAGE;
     }
     return 0;

@@ -152,9 +152,9 @@ static void print_table(const nll_opts *n, const ev_nll_result *r, const ev_nll_
 static int parse(int argc, char **argv, cli_opts *o, nll_opts *n) {
     const char *cmd = "eval nll", *f_len = "2048", *f_win = "8", *f_score = "512", *f_short = "256", *f_thr = "0.5",
                *f_top = "0.1", *f_boot = "1000";
-    ev_flag flags[] = {{"--len", &f_len},     {"--windows", &f_win}, {"--score", &f_score},
+    ev_flag flags[] = {{"--len", &f_len},     {"--windows", &f_win},        {"--score", &f_score},
                        {"--short", &f_short}, {"--gain-threshold", &f_thr}, {"--top", &f_top},
-                       {"--boot", &f_boot},   {"--files", &n->files}, {"--corpus", &n->corpus}};
+                       {"--boot", &f_boot},   {"--files", &n->files},       {"--corpus", &n->corpus}};
     char **av = NULL;
     int ac = 0, n_pos = 0;
     rk_err e = {0};
@@ -164,23 +164,26 @@ static int parse(int argc, char **argv, cli_opts *o, nll_opts *n) {
     free(av);
     if (rc) return rc;
     long len, n_win, score, n_short;
-    if (ev_parse_int(f_len, 16, 1 << 20, &len, "--len", &e) || ev_parse_int(f_win, 1, 100000, &n_win, "--windows", &e) ||
+    if (ev_parse_int(f_len, 16, 1 << 20, &len, "--len", &e) ||
+        ev_parse_int(f_win, 1, 100000, &n_win, "--windows", &e) ||
         ev_parse_int(f_score, 1, 1 << 20, &score, "--score", &e) ||
         ev_parse_int(f_short, 0, 1 << 20, &n_short, "--short", &e) ||
         ev_parse_double(f_thr, -100, 100, &n->thr, "--gain-threshold", &e) ||
-        ev_parse_double(f_top, 0.001, 1, &n->top, "--top", &e) || ev_parse_int(f_boot, 0, 1000000, &n->boot, "--boot", &e))
+        ev_parse_double(f_top, 0.001, 1, &n->top, "--top", &e) ||
+        ev_parse_int(f_boot, 0, 1000000, &n->boot, "--boot", &e))
         return cli_ev_fail(cmd, &e);
     n->p.len = len, n->p.n_win = (int)n_win, n->p.score = score, n->p.n_short = n_short, n->p.seed = o->sp.seed;
     if (!o->tail) o->tail = 512;
     if (score > o->tail || len - o->tail < 1 || n_short + score + 1 > len) {
-        fprintf(stderr, "ridgekv %s: need --score (%ld) <= --tail (%d) < --len (%ld) and --short + --score < --len "
-                        "(the scored rows must be exact tail rows and there must be bulk rows to fill)\n",
+        fprintf(stderr,
+                "ridgekv %s: need --score (%ld) <= --tail (%d) < --len (%ld) and --short + --score < --len "
+                "(the scored rows must be exact tail rows and there must be bulk rows to fill)\n",
                 cmd, score, o->tail, len);
         return RK_EXIT_USAGE;
     }
     if (!o->fill && !o->ridgefill && !o->split) {
-        fprintf(stderr, "ridgekv %s: nothing to compare: give --ridgefill MAPS (or --split S with --fill off,identity)\n",
-                cmd);
+        fprintf(stderr,
+                "ridgekv %s: nothing to compare: give --ridgefill MAPS (or --split S with --fill off,identity)\n", cmd);
         return RK_EXIT_USAGE;
     }
     return 0;
@@ -208,8 +211,8 @@ int cmd_eval_nll(int argc, char **argv) {
     rk_status st = RK_OK;
     if ((rc = cli_load_model(&o, &m))) return rc;
     if (n.p.len > rk_model_n_ctx_max(m))
-        fprintf(stderr, "ridgekv %s: warning: --len %lld exceeds the model's context %lld\n", cmd,
-                (long long)n.p.len, (long long)rk_model_n_ctx_max(m));
+        fprintf(stderr, "ridgekv %s: warning: --len %lld exceeds the model's context %lld\n", cmd, (long long)n.p.len,
+                (long long)rk_model_n_ctx_max(m));
     if ((rc = cli_ev_corpus(&c, m, n.files, cli_ev_corpus_dir(n.corpus), cmd)) ||
         (rc = cli_open_session(&o, m, o.n_ctx > n.p.len ? o.n_ctx : (int)n.p.len, &s)) ||
         (rc = cli_ev_modes(&o, m, s, &maps, &n.p.modes, cmd)))

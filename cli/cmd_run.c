@@ -130,7 +130,8 @@ int cmd_run(int argc, char **argv) {
     if ((rc = cli_sink_check("run", &out))) goto done;
     if (r.stop == RK_STOP_CONTEXT)
         fprintf(stderr, "ridgekv run: context full (%lld tokens); stopping\n", (long long)rk_session_n_ctx(s));
-    fprintf(stderr, "ridgekv: prompt %lld tokens in %.2f s (%.1f tok/s, TTFT %.0f ms), generated %lld tokens (%.1f tok/s)\n",
+    fprintf(stderr,
+            "ridgekv: prompt %lld tokens in %.2f s (%.1f tok/s, TTFT %.0f ms), generated %lld tokens (%.1f tok/s)\n",
             (long long)r.n_prompt, r.prefill_s, r.prefill_tok_s, 1000.0 * (r.ttft_s >= 0 ? r.ttft_s : r.prefill_s),
             (long long)r.n_gen, r.decode_tok_s);
     if (o.verbose) cli_gen_verbose("run", s, &o, &r);

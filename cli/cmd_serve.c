@@ -55,9 +55,9 @@ static const char *help =
 typedef struct line_reader {
     int fd;
     bool eof;
-    size_t pos, len;        /* unread bytes buf[pos..len) */
+    size_t pos, len; /* unread bytes buf[pos..len) */
     char buf[1 << 16];
-    serve_buf line;         /* the current line, at most max_line bytes */
+    serve_buf line; /* the current line, at most max_line bytes */
     size_t max_line;
 } line_reader;
 
@@ -160,7 +160,8 @@ int cmd_serve(int argc, char **argv) {
     free(rest);
     if (rc) return rc;
     if (jsonl == (http != NULL)) {
-        fprintf(stderr, "ridgekv serve: pass --jsonl (JSON lines on stdin/stdout) or --http [ADDR:]PORT, one of them\n");
+        fprintf(stderr,
+                "ridgekv serve: pass --jsonl (JSON lines on stdin/stdout) or --http [ADDR:]PORT, one of them\n");
         return RK_EXIT_USAGE;
     }
     char http_addr[64] = "127.0.0.1";
@@ -170,7 +171,8 @@ int cmd_serve(int argc, char **argv) {
         char *end;
         errno = 0;
         long pv = strtol(ps, &end, 10);
-        if (errno || end == ps || *end || pv < 0 || pv > 65535 || (colon && (size_t)(colon - http) >= sizeof http_addr)) {
+        if (errno || end == ps || *end || pv < 0 || pv > 65535 ||
+            (colon && (size_t)(colon - http) >= sizeof http_addr)) {
             fprintf(stderr, "ridgekv serve: --http expects [ADDR:]PORT with a port in [0, 65535] (got '%s')\n", http);
             return RK_EXIT_USAGE;
         }
@@ -231,8 +233,8 @@ int cmd_serve(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     char too_long[96];
     snprintf(too_long, sizeof too_long, "line too long: more than %zu bytes (see --max-line)", max_line);
-    fprintf(stderr, "ridgekv serve: %s (%s, %d layers, ctx %lld) ready for JSON lines on stdin\n",
-            rk_model_name(sv.m), sv.hp->arch_name, sv.hp->n_layer, (long long)rk_session_n_ctx(sv.s));
+    fprintf(stderr, "ridgekv serve: %s (%s, %d layers, ctx %lld) ready for JSON lines on stdin\n", rk_model_name(sv.m),
+            sv.hp->arch_name, sv.hp->n_layer, (long long)rk_session_n_ctx(sv.s));
     for (;;) {
         int k = reader_next(rd);
         if (k == LINE_EOF) break;
@@ -241,10 +243,8 @@ int cmd_serve(int argc, char **argv) {
             rc = RK_EXIT_IO;
             break;
         }
-        if (k == LINE_TOO_LONG)
-            serve_emit_error(&sv, NULL, SERVE_LINE_TOO_LONG, too_long);
-        else if (!blank(rd->line.p, rd->line.n))
-            serve_handle_line(&sv, rd->line.p, rd->line.n);
+        if (k == LINE_TOO_LONG) serve_emit_error(&sv, NULL, SERVE_LINE_TOO_LONG, too_long);
+        else if (!blank(rd->line.p, rd->line.n)) serve_handle_line(&sv, rd->line.p, rd->line.n);
         if (sv.write_failed) {
             fprintf(stderr, "ridgekv serve: writing to stdout failed: %s; stopping\n", strerror(sv.write_errno));
             rc = RK_EXIT_IO;

@@ -69,8 +69,10 @@ rk_status cli_doc_prefix(const cli_opts *o, const char *cmd, rk_doc_cache *c, co
     if (p < 1) return RK_OK;
     out->n_prefix = (int64_t)p;
     if (o->verbose)
-        fprintf(stderr, "ridgekv %s: the documents are the first %zu prompt tokens: read (or loaded) apart from the "
-                        "question\n", cmd, p);
+        fprintf(stderr,
+                "ridgekv %s: the documents are the first %zu prompt tokens: read (or loaded) apart from the "
+                "question\n",
+                cmd, p);
     char label[256] = "";
     for (size_t i = 0; i < n_docs; i++) {
         const size_t l = strlen(label);
@@ -95,7 +97,8 @@ rk_status cli_doc_prefix(const cli_opts *o, const char *cmd, rk_doc_cache *c, co
             out->read_s = rk_time_now() - t0;
             if (progress) progress(ud, (int64_t)p, (int64_t)n_ids);
             fprintf(stderr, "ridgekv %s: reused cached KV for %s (%lld tokens)\n", cmd, label, (long long)n);
-            if (rk_doc_stream_load(c, key, s, &e) && e.code != RK_E_NOT_FOUND) fprintf(stderr, "ridgekv %s: %s\n", cmd, e.msg);
+            if (rk_doc_stream_load(c, key, s, &e) && e.code != RK_E_NOT_FOUND)
+                fprintf(stderr, "ridgekv %s: %s\n", cmd, e.msg);
             if (o->verbose) verbose_io(cmd, "loaded", c, key);
             return RK_OK;
         }
@@ -123,7 +126,8 @@ rk_status cli_doc_prefix(const cli_opts *o, const char *cmd, rk_doc_cache *c, co
         if (rk_doc_cache_save(c, key, m, NULL, s, (int64_t)p, label, &e))
             fprintf(stderr, "ridgekv %s: %s; the answer does not depend on it\n", cmd, e.msg);
         else if (o->verbose) verbose_io(cmd, "saved", c, key);
-        if (rk_doc_stream_save(c, key, s, &e)) fprintf(stderr, "ridgekv %s: %s; the answer does not depend on it\n", cmd, e.msg);
+        if (rk_doc_stream_save(c, key, s, &e))
+            fprintf(stderr, "ridgekv %s: %s; the answer does not depend on it\n", cmd, e.msg);
     }
     return RK_OK;
 }
@@ -181,7 +185,10 @@ static uint64_t kv_share(const char *spec, const rk_model *m, const rk_kv_params
     if (!n || spec[n - 1] != '%') return keep;
     const double share = strtod(spec, NULL) / 100.0;
     const rk_hparams *hp = rk_model_hparams(m);
-    const double per_value = kv->kind == RK_KV_F32 ? 4.0 : kv->kind == RK_KV_Q8 ? 34.0 / 32.0 : kv->kind == RK_KV_Q4 ? 18.0 / 32.0 : 2.0;
+    const double per_value = kv->kind == RK_KV_F32  ? 4.0
+                             : kv->kind == RK_KV_Q8 ? 34.0 / 32.0
+                             : kv->kind == RK_KV_Q4 ? 18.0 / 32.0
+                                                    : 2.0;
     const double bytes = (double)n_tokens * 2.0 * hp->n_layer * hp->n_head_kv * hp->head_dim * per_value;
     const uint64_t b = (uint64_t)(share * bytes);
     return b ? b : 1;
@@ -198,23 +205,27 @@ uint64_t cli_kv_host_budget_share(const cli_opts *o, const rk_model *m, const rk
 void cli_kv_tier_line(const char *cmd, const rk_kv_tier_stats *a, const rk_kv_tier_stats *b) {
     if (!b->on) return;
     const uint64_t hits = b->hits - a->hits, miss = b->misses - a->misses;
-    fprintf(stderr,
-            "%s: kv tier: budget %.1f MiB, resident %.1f MiB, spilled %.1f MiB; chunk reads: hit rate %.1f%% (%llu of %llu), "
-            "%llu read ahead; read back %.1f MB (%.1f MB stored); stall %.3f s; %s%s\n",
-            cmd, b->budget / 1048576.0, b->resident_bytes / 1048576.0, b->spilled_bytes / 1048576.0,
-            hits + miss ? 100.0 * (double)hits / (double)(hits + miss) : 100.0, (unsigned long long)hits,
-            (unsigned long long)(hits + miss), (unsigned long long)(b->prefetched - a->prefetched),
-            (double)(b->bytes_read - a->bytes_read) / 1e6, (double)(b->bytes_read_stored - a->bytes_read_stored) / 1e6,
-            b->stall_s - a->stall_s, b->backend, b->spill_errors ? " (spills failed: kept in memory)" : "");
+    fprintf(
+        stderr,
+        "%s: kv tier: budget %.1f MiB, resident %.1f MiB, spilled %.1f MiB; chunk reads: hit rate %.1f%% (%llu of %llu), "
+        "%llu read ahead; read back %.1f MB (%.1f MB stored); stall %.3f s; %s%s\n",
+        cmd, b->budget / 1048576.0, b->resident_bytes / 1048576.0, b->spilled_bytes / 1048576.0,
+        hits + miss ? 100.0 * (double)hits / (double)(hits + miss) : 100.0, (unsigned long long)hits,
+        (unsigned long long)(hits + miss), (unsigned long long)(b->prefetched - a->prefetched),
+        (double)(b->bytes_read - a->bytes_read) / 1e6, (double)(b->bytes_read_stored - a->bytes_read_stored) / 1e6,
+        b->stall_s - a->stall_s, b->backend, b->spill_errors ? " (spills failed: kept in memory)" : "");
     if (b->fixed_bytes)
-        fprintf(stderr, "%s: kv tier: lowram: of the resident bytes %.1f MiB never move (per-step state: landmarks, "
+        fprintf(stderr,
+                "%s: kv tier: lowram: of the resident bytes %.1f MiB never move (per-step state: landmarks, "
                 "bounds, bases, predictors, exact window, key cache); the movable rows resident: %.1f MiB now, "
-                "%.1f MiB at most in decode (before a release)\n", cmd, b->fixed_bytes / 1048576.0,
+                "%.1f MiB at most in decode (before a release)\n",
+                cmd, b->fixed_bytes / 1048576.0,
                 (b->resident_bytes > b->fixed_bytes ? b->resident_bytes - b->fixed_bytes : 0) / 1048576.0,
                 b->budget_peak / 1048576.0);
     const uint64_t sel = b->sel_chunks - a->sel_chunks, rep = b->sel_repeat - a->sel_repeat;
     if (sel)
-        fprintf(stderr, "%s: kv tier: lowram selection: %.1f%% of the chunks decode selected were selected by the same "
-                "(layer, head) the step before (%llu of %llu)\n", cmd, 100.0 * (double)rep / (double)sel,
-                (unsigned long long)rep, (unsigned long long)sel);
+        fprintf(stderr,
+                "%s: kv tier: lowram selection: %.1f%% of the chunks decode selected were selected by the same "
+                "(layer, head) the step before (%llu of %llu)\n",
+                cmd, 100.0 * (double)rep / (double)sel, (unsigned long long)rep, (unsigned long long)sel);
 }

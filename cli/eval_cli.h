@@ -39,9 +39,9 @@ void cli_ev_progress_fn(void *ud, int64_t done, int64_t total, const char *detai
 typedef struct cli_needle_log {
     const char *path;
     int fd;
-    json_object **rec;   /* (n) the trial records read from the file */
-    int n, max_trial;    /* max_trial: the largest trial index read (-1: none) */
-    int appended;        /* trials this run wrote */
+    json_object **rec; /* (n) the trial records read from the file */
+    int n, max_trial;  /* max_trial: the largest trial index read (-1: none) */
+    int appended;      /* trials this run wrote */
     ev_modes modes;
     const ev_needle_params *params; /* set by the caller before the run (lengths, depths) */
     const ev_corpus *corpus;        /* likewise: file names of the trials */

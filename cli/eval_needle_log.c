@@ -98,10 +98,10 @@ json_object *cli_needle_settings(const cli_opts *o, const rk_model *m, const ev_
     json_object_object_add(j, "files", a);
     if (p->modes.by_kv) { /* the policies compared, as given (their defaults are the binary's) */
         a = json_object_new_array();
-        for (int mi = 0; mi < p->modes.n; mi++) json_object_array_add(a, json_object_new_string(ev_modes_label(&p->modes, mi)));
+        for (int mi = 0; mi < p->modes.n; mi++)
+            json_object_array_add(a, json_object_new_string(ev_modes_label(&p->modes, mi)));
         json_object_object_add(j, "kv_modes", a);
-    } else
-        ev_json_str(j, "kv", o->kv ? o->kv : "f16");
+    } else ev_json_str(j, "kv", o->kv ? o->kv : "f16");
     ev_json_str(j, "backend", o->backend ? o->backend : "cpu");
     ev_json_int(j, "threads", o->n_threads);
     ev_json_int(j, "batch", o->n_batch);
@@ -131,9 +131,12 @@ static int read_lines(cli_needle_log *lg, const char *path, FILE *f, json_object
         no++;
         const bool whole = line[len - 1] == '\n';
         if (!whole) { /* a killed run's half line (every record ends with its newline): dropped */
-            fprintf(stderr, "ridgekv eval needle: results file %s: line %ld is cut short (an interrupted run); "
-                            "dropping it\n", path, no);
-            if (ftruncate(fileno(f), good)) rc = fail(path, "cannot cut the torn line: %s (line %ld)", strerror(errno), no);
+            fprintf(stderr,
+                    "ridgekv eval needle: results file %s: line %ld is cut short (an interrupted run); "
+                    "dropping it\n",
+                    path, no);
+            if (ftruncate(fileno(f), good))
+                rc = fail(path, "cannot cut the torn line: %s (line %ld)", strerror(errno), no);
             break;
         }
         json_object *j = json_tokener_parse(line);
@@ -157,7 +160,8 @@ static int read_lines(cli_needle_log *lg, const char *path, FILE *f, json_object
                 }
                 fprintf(stderr,
                         "ridgekv eval needle: results file %s was written with other settings: %s; use another "
-                        "file or the same binary, maps and flags\n", path, what[0] ? what : "(extra keys)");
+                        "file or the same binary, maps and flags\n",
+                        path, what[0] ? what : "(extra keys)");
                 rc = RK_EXIT_USAGE;
             }
             json_object_put(j);
@@ -206,14 +210,14 @@ static int write_all(cli_needle_log *lg, const char *s, rk_err *err) {
         if (w < 0 && errno == EINTR) continue;
         if (w <= 0) {
             const int e = errno;
-            if (before >= 0 && ftruncate(lg->fd, before)) { /* keep the file whole lines */ }
+            if (before >= 0 && ftruncate(lg->fd, before)) { /* keep the file whole lines */
+            }
             return rk_err_set(err, RK_E_IO, "results file %s: cannot append: %s (the trials before are kept)", lg->path,
                               w < 0 ? strerror(e) : "short write");
         }
         done += (size_t)w;
     }
-    if (fsync(lg->fd))
-        return rk_err_set(err, RK_E_IO, "results file %s: fsync: %s", lg->path, strerror(errno));
+    if (fsync(lg->fd)) return rk_err_set(err, RK_E_IO, "results file %s: fsync: %s", lg->path, strerror(errno));
     return RK_OK;
 }
 
@@ -342,8 +346,10 @@ int cli_needle_log_merge(cli_needle_log *lg, ev_needle_result *r) {
             get_i(j, "needle_pos") != tr->needle_pos || get_i(j, "wording") != tr->wording ||
             get_i(j, "length") != lg->params->lens[tr->len_i] ||
             strcmp(file, base_name(lg->corpus->docs[tr->doc].path)) || !same_distractors(j, tr))
-            return fail(lg->path, "trial %2$ld was made from another prompt than this run builds (key, haystack or "
-                                  "needle position differ)%1$s", "", t);
+            return fail(lg->path,
+                        "trial %2$ld was made from another prompt than this run builds (key, haystack or "
+                        "needle position differ)%1$s",
+                        "", t);
         json_object *an = json_object_object_get(j, "answers");
         for (int mi = 0; mi < r->n_modes; mi++) {
             json_object *a = json_object_object_get(an, ev_modes_label(&lg->modes, mi));

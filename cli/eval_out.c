@@ -29,8 +29,8 @@ int cli_ev_modes(const cli_opts *o, const rk_model *m, rk_session *s, rk_ridge_m
                  const char *cmd) {
     const char *fill = o->fill ? o->fill : o->ridgefill ? "off,speed,quality" : o->split ? "off,identity" : NULL;
     if (!fill) {
-        fprintf(stderr, "ridgekv %s: nothing to compare: give --ridgefill MAPS (or --split S with --fill off,identity)\n",
-                cmd);
+        fprintf(stderr,
+                "ridgekv %s: nothing to compare: give --ridgefill MAPS (or --split S with --fill off,identity)\n", cmd);
         return RK_EXIT_USAGE;
     }
     rk_err e = {0};
@@ -90,7 +90,9 @@ void ev_json_str(json_object *o, const char *key, const char *v) {
     json_object_object_add(o, key, v ? json_object_new_string(v) : NULL);
 }
 
-void ev_json_int(json_object *o, const char *key, int64_t v) { json_object_object_add(o, key, json_object_new_int64(v)); }
+void ev_json_int(json_object *o, const char *key, int64_t v) {
+    json_object_object_add(o, key, json_object_new_int64(v));
+}
 
 void ev_json_print(json_object *o, bool pretty) {
     int flags = JSON_C_TO_STRING_NOSLASHESCAPE | (pretty ? JSON_C_TO_STRING_PRETTY : JSON_C_TO_STRING_PLAIN);

@@ -124,7 +124,8 @@ int cli_text_clean(const char *cmd, const char *path, char **text, size_t *len) 
     }
     fprintf(stderr, "ridgekv %s: warning: %s is not UTF-8 (byte 0x%02X at offset %zu); %s\n", cmd, path,
             (unsigned char)t[bad], bad,
-            multibyte ? "each byte that is not UTF-8 was replaced by U+FFFD" : "read it as Latin-1 (converted to UTF-8)");
+            multibyte ? "each byte that is not UTF-8 was replaced by U+FFFD"
+                      : "read it as Latin-1 (converted to UTF-8)");
     free(t);
     *text = out;
     *len = out_len;
@@ -134,8 +135,7 @@ int cli_text_clean(const char *cmd, const char *path, char **text, size_t *len) 
 bool cli_cut_marker(const char *cmd, const cli_opts *o, const rk_gen_result *r, int64_t cap, bool tty) {
     if (r->stop != RK_STOP_LENGTH || r->n_gen == 0 || cap <= 0 || r->n_gen < cap) return false;
     char why[160];
-    if (o->n_predict >= 0 && cap >= o->n_predict)
-        snprintf(why, sizeof why, "-n %d tokens reached", o->n_predict);
+    if (o->n_predict >= 0 && cap >= o->n_predict) snprintf(why, sizeof why, "-n %d tokens reached", o->n_predict);
     else
         snprintf(why, sizeof why, "the answer room of %lld tokens is used up (raise -c for longer answers)",
                  (long long)cap);
@@ -170,8 +170,9 @@ void cli_kv_summary(const rk_session *s, const char *kv_flag, char *buf, size_t 
 void cli_gen_verbose(const char *cmd, const rk_session *s, const cli_opts *o, const rk_gen_result *r) {
     char kv[160];
     cli_kv_summary(s, o->kv, kv, sizeof kv);
-    fprintf(stderr, "ridgekv %s: prefill %lld of %lld prompt tokens in %.3f s; filled %llu (row, layer) pairs; "
-                    "%lld tokens generated (%s); KV %s\n",
+    fprintf(stderr,
+            "ridgekv %s: prefill %lld of %lld prompt tokens in %.3f s; filled %llu (row, layer) pairs; "
+            "%lld tokens generated (%s); KV %s\n",
             cmd, (long long)r->n_prefill, (long long)r->n_prompt, r->prefill_s, (unsigned long long)r->filled_rows,
             (long long)r->n_gen, rk_stop_reason_name(r->stop), kv);
 }

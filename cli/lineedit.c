@@ -127,8 +127,8 @@ static int le_getc(EditLine *el, wchar_t *wc) {
         int r = wait_byte(STDIN_FILENO, &b);
         if (r <= 0) return r;
         size_t n = mbrtowc(wc, (const char *)&b, 1, &st);
-        if (n == (size_t)-2) continue;   /* inside a character */
-        if (n == (size_t)-1) {           /* not valid here: drop the byte */
+        if (n == (size_t)-2) continue; /* inside a character */
+        if (n == (size_t)-1) {         /* not valid here: drop the byte */
             memset(&st, 0, sizeof st);
             continue;
         }

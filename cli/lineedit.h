@@ -7,10 +7,10 @@
 typedef struct cli_lineedit cli_lineedit;
 
 typedef enum cli_le_result {
-    CLI_LE_LINE,       /* *line holds one line without its newline */
-    CLI_LE_EOF,        /* Ctrl-D on an empty line, or the end of piped input */
-    CLI_LE_INTERRUPT,  /* Ctrl-C while reading; *had_text says whether a line was being typed */
-    CLI_LE_ERROR,      /* read error or out of memory */
+    CLI_LE_LINE,      /* *line holds one line without its newline */
+    CLI_LE_EOF,       /* Ctrl-D on an empty line, or the end of piped input */
+    CLI_LE_INTERRUPT, /* Ctrl-C while reading; *had_text says whether a line was being typed */
+    CLI_LE_ERROR,     /* read error or out of memory */
 } cli_le_result;
 
 /* interactive: stdin and stdout are terminals, so prompts are shown and libedit (when

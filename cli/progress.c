@@ -78,8 +78,8 @@ void cli_eta_coef(const cli_eta *e, double *alpha, double *beta) {
             double ta = (e->s1y * e->s22 - e->s2y * e->s12) / det;
             double tb = (e->s2y * e->s11 - e->s1y * e->s12) / det;
             if (ta >= 0 && tb >= 0) a = ta, b = tb;
-            else if (tb < 0) a = e->s1y / e->s11, b = 0;       /* no growth seen: linear */
-            else a = 0, b = e->s22 > 0 ? e->s2y / e->s22 : 0;  /* all of it grows */
+            else if (tb < 0) a = e->s1y / e->s11, b = 0;      /* no growth seen: linear */
+            else a = 0, b = e->s22 > 0 ? e->s2y / e->s22 : 0; /* all of it grows */
         }
     }
     *alpha = a > 0 ? a : 0;
@@ -133,8 +133,7 @@ static void draw(cli_progress *p, int64_t done, double now) {
         fprintf(stderr, "ridgekv %s: %s 0/%lld %s (0%%)\n", p->cmd, p->verb, (long long)p->total, p->unit);
     } else {
         fprintf(stderr, "ridgekv %s: %s %lld/%lld %s (%d%%), %.1f %s/s, elapsed %.1f s, ETA %s\n", p->cmd, p->verb,
-                (long long)done, (long long)p->total, p->unit, pct, rate, p->unit[0] == 't' ? "tok" : p->unit, dt,
-                eta);
+                (long long)done, (long long)p->total, p->unit, pct, rate, p->unit[0] == 't' ? "tok" : p->unit, dt, eta);
     }
     fflush(stderr);
     p->last = now;
@@ -142,8 +141,8 @@ static void draw(cli_progress *p, int64_t done, double now) {
 
 void cli_progress_begin(cli_progress *p, const char *cmd, const char *verb, const char *unit, int64_t total,
                         bool attention) {
-    *p = (cli_progress){.cmd = cmd, .verb = verb, .unit = unit, .tty = isatty(STDERR_FILENO), .total = total,
-                        .every = 2.0};
+    *p = (cli_progress){
+        .cmd = cmd, .verb = verb, .unit = unit, .tty = isatty(STDERR_FILENO), .total = total, .every = 2.0};
     const char *ev = getenv("RIDGEKV_PROGRESS_EVERY");
     if (ev && *ev) {
         char *end;

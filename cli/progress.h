@@ -20,12 +20,12 @@ typedef struct cli_eta {
     int64_t pos0;      /* position of unit 0 (rows already in the cache) */
     int64_t last_done; /* units done at the last observation */
     double last_t;
-    int n_obs;         /* steps observed */
+    int n_obs; /* steps observed */
     /* normal equations over the steps used (x1 = units, x2 = position sum, y = seconds) */
     double s11, s12, s22, s1y, s2y;
-    double first[3];   /* the first step's x1, x2, y (left out once three others exist) */
-    double kappa;      /* prior beta / alpha from the model's shape (0: none); see cli_eta_prior */
-    int n_used;        /* steps in the sums */
+    double first[3]; /* the first step's x1, x2, y (left out once three others exist) */
+    double kappa;    /* prior beta / alpha from the model's shape (0: none); see cli_eta_prior */
+    int n_used;      /* steps in the sums */
 } cli_eta;
 
 /* Starts at done = 0 at time t. */
@@ -48,9 +48,9 @@ void cli_eta_coef(const cli_eta *e, double *alpha, double *beta);
 
 /* ---- the display ------------------------------------------------------------------------ */
 typedef struct cli_progress {
-    const char *cmd;   /* "ask": plain lines read "ridgekv ask: read ..." */
-    const char *verb;  /* "read", "fit", "download", ... */
-    const char *unit;  /* "tokens", "bytes", "windows", ... */
+    const char *cmd;  /* "ask": plain lines read "ridgekv ask: read ..." */
+    const char *verb; /* "read", "fit", "download", ... */
+    const char *unit; /* "tokens", "bytes", "windows", ... */
     bool tty;
     double t0, last, every; /* every: seconds between plain lines (RIDGEKV_PROGRESS_EVERY, default 2) */
     int64_t total;

@@ -16,13 +16,13 @@
 /* Error codes as they appear in `error` events ("code": serve_code_name()). */
 typedef enum serve_code {
     SERVE_OK = 0,
-    SERVE_BAD_JSON,          /* the line is not one JSON value */
-    SERVE_INVALID_REQUEST,   /* not an object, or a field missing / of the wrong type or range */
+    SERVE_BAD_JSON,        /* the line is not one JSON value */
+    SERVE_INVALID_REQUEST, /* not an object, or a field missing / of the wrong type or range */
     SERVE_UNKNOWN_OP,
     SERVE_LINE_TOO_LONG,
     SERVE_INVALID_UTF8,
-    SERVE_CONTEXT_OVERFLOW,  /* the prompt does not fit the context */
-    SERVE_INTERNAL,          /* the engine failed; the server keeps going */
+    SERVE_CONTEXT_OVERFLOW, /* the prompt does not fit the context */
+    SERVE_INTERNAL,         /* the engine failed; the server keeps going */
     SERVE_CODE_COUNT
 } serve_code;
 
@@ -30,41 +30,41 @@ const char *serve_code_name(serve_code c);
 
 typedef enum serve_op { SERVE_OP_COMPLETE, SERVE_OP_CHAT, SERVE_OP_ASK, SERVE_OP_TOKENIZE, SERVE_OP_INFO } serve_op;
 
-#define SERVE_JSON_DEPTH 32         /* nesting a request may use; deeper lines are bad_json */
+#define SERVE_JSON_DEPTH 32 /* nesting a request may use; deeper lines are bad_json */
 #define SERVE_MAX_STOP 16
 #define SERVE_MAX_STOP_BYTES 256
 #define SERVE_MAX_TOKENS_LIMIT (1 << 24)
 
 /* Generation parameters of one request. The server's defaults come from the command line. */
 typedef struct serve_gen {
-    int max_tokens;                        /* -1: until end of text or a full context */
+    int max_tokens; /* -1: until end of text or a full context */
     rk_sampler_params sp;
     bool stream;
     int n_stop;
-    const char *stop[SERVE_MAX_STOP];      /* borrowed from the request's JSON */
+    const char *stop[SERVE_MAX_STOP]; /* borrowed from the request's JSON */
     size_t stop_len[SERVE_MAX_STOP];
-    const char *kv;                        /* "kv": a KV policy spec; NULL: the server's */
-    const char *fill;                      /* "fill": a fill mode; NULL: the server's */
-    const char *ridgefill;                 /* "ridgefill": a map file; NULL: the server's */
-    int tail;                              /* "tail": exact tail; 0: the server's */
+    const char *kv;        /* "kv": a KV policy spec; NULL: the server's */
+    const char *fill;      /* "fill": a fill mode; NULL: the server's */
+    const char *ridgefill; /* "ridgefill": a map file; NULL: the server's */
+    int tail;              /* "tail": exact tail; 0: the server's */
 } serve_gen;
 
 typedef struct serve_doc {
-    const char *name;                      /* NULL when the doc is a bare string */
+    const char *name; /* NULL when the doc is a bare string */
     const char *text;
 } serve_doc;
 
 /* One parsed request. Every string points into root and lives until serve_req_deinit. */
 typedef struct serve_req {
     json_object *root;
-    json_object *id;        /* borrowed from root; NULL when missing or unusable (reported as null) */
+    json_object *id; /* borrowed from root; NULL when missing or unusable (reported as null) */
     serve_op op;
-    const char *text;       /* complete: prompt, tokenize: text */
+    const char *text; /* complete: prompt, tokenize: text */
     size_t text_len;
     bool add_special, parse_special, pieces;
-    rk_chat_msg *msgs;      /* chat (malloc'd array) */
+    rk_chat_msg *msgs; /* chat (malloc'd array) */
     size_t n_msgs;
-    serve_doc *docs;        /* ask (malloc'd array) */
+    serve_doc *docs; /* ask (malloc'd array) */
     size_t n_docs;
     const char *question, *system;
     serve_gen gen;
@@ -73,8 +73,8 @@ typedef struct serve_req {
 /* Parses and validates one line (without its '\n'). On SERVE_OK *r is complete; otherwise
  * msg holds the reason (naming the field) and r->id the request's id when it could be read.
  * Either way the caller releases r with serve_req_deinit. Never aborts on any input. */
-serve_code serve_req_parse(const char *line, size_t len, const serve_gen *defaults, serve_req *r,
-                           char *msg, size_t cap);
+serve_code serve_req_parse(const char *line, size_t len, const serve_gen *defaults, serve_req *r, char *msg,
+                           size_t cap);
 /* Accepts a zeroed or half-built request. */
 void serve_req_deinit(serve_req *r);
 
@@ -96,22 +96,22 @@ bool serve_utf8_sanitize(serve_buf *out, const char *p, size_t n);
 typedef struct server {
     rk_model *m;
     const rk_hparams *hp;
-    rk_session_params sp;   /* of every session: the server's -c, -t, -b, --backend */
-    rk_session *s;          /* the server's session, with its KV policy */
-    char kv[1200];          /* --kv (or "f16") */
-    rk_session *alt;        /* the session of the last request that asked for another policy */
+    rk_session_params sp; /* of every session: the server's -c, -t, -b, --backend */
+    rk_session *s;        /* the server's session, with its KV policy */
+    char kv[1200];        /* --kv (or "f16") */
+    rk_session *alt;      /* the session of the last request that asked for another policy */
     char alt_kv[1200];
-    rk_fill_params fill;    /* --ridgefill / --fill / --tail / --split */
-    rk_ridge_maps *maps;    /* --ridgefill */
-    rk_ridge_maps *req_maps;/* the last request's "ridgefill" */
+    rk_fill_params fill;     /* --ridgefill / --fill / --tail / --split */
+    rk_ridge_maps *maps;     /* --ridgefill */
+    rk_ridge_maps *req_maps; /* the last request's "ridgefill" */
     char req_maps_path[4096];
     serve_buf piece;
     serve_gen defaults;
     bool verbose;
     bool write_failed;
     int write_errno;
-    const struct cli_opts *o;    /* the server's flags (the document cache's key) */
-    struct rk_doc_cache *cache;  /* ask's document KV cache; NULL: --no-cache or unusable */
+    const struct cli_opts *o;   /* the server's flags (the document cache's key) */
+    struct rk_doc_cache *cache; /* ask's document KV cache; NULL: --no-cache or unusable */
 } server;
 
 /* Runs one request line: exactly one terminal event (done or error). */
@@ -123,8 +123,7 @@ void serve_deinit(server *sv);
  * path of JSONL and HTTP serving. *conv, *ids: made here, freed by the caller; *what names
  * the step that failed (may stay NULL); *t_call when the engine was called. */
 rk_status serve_run_gen(server *sv, const serve_req *r, rk_session *s, const rk_gen_params *gp, rk_conv **conv,
-                        int32_t **ids, size_t *n_ids, rk_gen_result *res, const char **what, double *t_call,
-                        rk_err *e);
+                        int32_t **ids, size_t *n_ids, rk_gen_result *res, const char **what, double *t_call, rk_err *e);
 
 /* ---- HTTP (serve_http.c; built with libmicrohttpd, RK_HAVE_MHD) ------------------------- */
 /* Serves the OpenAI-compatible endpoints on addr:port until SIGINT / SIGTERM, one request

@@ -73,7 +73,7 @@ static enum MHD_Result send_error(struct MHD_Connection *c, unsigned status, con
 
 /* ---- request -> serve_req ------------------------------------------------------------ */
 typedef struct http_req {
-    serve_req r;            /* root owns every string */
+    serve_req r; /* root owns every string */
     bool chat;
     char id[48];
     long long created;
@@ -139,7 +139,8 @@ static unsigned parse_body(const server *sv, const char *body, size_t n, bool ch
         r->text_len = (size_t)json_object_get_string_len(v);
     }
     if ((json_object_object_get_ex(root, "max_completion_tokens", &v) ||
-         json_object_object_get_ex(root, "max_tokens", &v)) && !json_object_is_type(v, json_type_null)) {
+         json_object_object_get_ex(root, "max_tokens", &v)) &&
+        !json_object_is_type(v, json_type_null)) {
         int64_t k = json_object_get_int64(v);
         if (!json_object_is_type(v, json_type_int) || k < 1 || k > SERVE_MAX_TOKENS_LIMIT)
             return snprintf(msg, cap, "'max_tokens' must be an integer in [1, %d]", SERVE_MAX_TOKENS_LIMIT), 400;
@@ -178,14 +179,15 @@ static unsigned parse_body(const server *sv, const char *body, size_t n, bool ch
             size_t sl = json_object_is_type(s, json_type_string) ? (size_t)json_object_get_string_len(s) : 0;
             if (sl == 0 || sl > SERVE_MAX_STOP_BYTES)
                 return snprintf(msg, cap, "'stop' must be a string or an array of 1..%d byte strings",
-                                SERVE_MAX_STOP_BYTES), 400;
+                                SERVE_MAX_STOP_BYTES),
+                       400;
             r->gen.stop[r->gen.n_stop] = json_object_get_string(s);
             r->gen.stop_len[r->gen.n_stop++] = sl;
         }
     }
     h->created = (long long)time(NULL);
-    snprintf(h->id, sizeof h->id, "%s-%llu", chat ? "chatcmpl" : "cmpl", __atomic_add_fetch(&g_req_counter, 1,
-                                                                                              __ATOMIC_RELAXED));
+    snprintf(h->id, sizeof h->id, "%s-%llu", chat ? "chatcmpl" : "cmpl",
+             __atomic_add_fetch(&g_req_counter, 1, __ATOMIC_RELAXED));
     return 0;
 }
 
@@ -198,9 +200,9 @@ static json_object *choice_obj(const http_req *h, bool chunk, const char *text, 
                                bool first) {
     json_object *o = json_object_new_object(), *choices = json_object_new_array(), *c = json_object_new_object();
     json_object_object_add(o, "id", json_object_new_string(h->id));
-    json_object_object_add(o, "object", json_object_new_string(h->chat ? (chunk ? "chat.completion.chunk"
-                                                                                : "chat.completion")
-                                                                       : "text_completion"));
+    json_object_object_add(
+        o, "object",
+        json_object_new_string(h->chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion"));
     json_object_object_add(o, "created", json_object_new_int64(h->created));
     json_object_object_add(o, "model", json_object_new_string(h->model));
     json_object_object_add(c, "index", json_object_new_int(0));
@@ -230,8 +232,8 @@ static json_object *usage_obj(const rk_gen_result *res) {
 typedef struct stream_job {
     server *sv;
     http_req h;
-    int fd;          /* the pipe's write end */
-    bool gone;       /* the client went away (a write failed) */
+    int fd;    /* the pipe's write end */
+    bool gone; /* the client went away (a write failed) */
     bool first;
 } stream_job;
 
@@ -248,8 +250,8 @@ static bool write_all(int fd, const char *p, size_t n) {
 
 static bool sse(stream_job *j, json_object *o) {
     const char *s = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE);
-    bool ok = !j->gone && write_all(j->fd, "data: ", 6) && write_all(j->fd, s, strlen(s)) &&
-              write_all(j->fd, "\n\n", 2);
+    bool ok =
+        !j->gone && write_all(j->fd, "data: ", 6) && write_all(j->fd, s, strlen(s)) && write_all(j->fd, "\n\n", 2);
     json_object_put(o);
     if (!ok) j->gone = true;
     return ok;
@@ -291,9 +293,7 @@ static rk_status run_locked(server *sv, const serve_req *r, rk_gen_params *gp, r
     return st;
 }
 
-static unsigned status_of(rk_status st) {
-    return st == RK_E_CONTEXT || st == RK_E_INVALID_ARG ? 400 : 500;
-}
+static unsigned status_of(rk_status st) { return st == RK_E_CONTEXT || st == RK_E_INVALID_ARG ? 400 : 500; }
 
 static void *stream_main(void *arg) {
     stream_job *j = arg;
@@ -306,8 +306,8 @@ static void *stream_main(void *arg) {
     if (st) {
         json_object *o = json_object_new_object(), *er = json_object_new_object();
         json_object_object_add(er, "message", json_object_new_string(e.msg));
-        json_object_object_add(er, "type", json_object_new_string(st == RK_E_CONTEXT ? "context_length_exceeded"
-                                                                                      : "server_error"));
+        json_object_object_add(er, "type",
+                               json_object_new_string(st == RK_E_CONTEXT ? "context_length_exceeded" : "server_error"));
         json_object_object_add(er, "code", json_object_new_int((int)status_of(st)));
         json_object_object_add(o, "error", er);
         sse(j, o);
@@ -376,8 +376,11 @@ static enum MHD_Result generate(server *sv, struct MHD_Connection *c, http_conn 
     rk_status st = run_locked(sv, &h.r, &gp, &res, &e);
     enum MHD_Result ret;
     if (st) {
-        ret = send_error(c, status_of(st), st == RK_E_CONTEXT ? "context_length_exceeded"
-                                           : st == RK_E_INVALID_ARG ? "invalid_request_error" : "server_error", e.msg);
+        ret = send_error(c, status_of(st),
+                         st == RK_E_CONTEXT       ? "context_length_exceeded"
+                         : st == RK_E_INVALID_ARG ? "invalid_request_error"
+                                                  : "server_error",
+                         e.msg);
     } else {
         json_object *o = choice_obj(&h, false, res.text, res.n_text, finish_reason(res.stop), true);
         json_object_object_add(o, "usage", usage_obj(&res));
@@ -463,9 +466,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **state, enum MH
     *state = NULL;
 }
 
-static bool loopback(const char *addr) {
-    return !strcmp(addr, "localhost") || !strncmp(addr, "127.", 4);
-}
+static bool loopback(const char *addr) { return !strcmp(addr, "localhost") || !strncmp(addr, "127.", 4); }
 
 int serve_http(server *sv, const char *addr, int port, size_t max_body) {
     struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
@@ -476,8 +477,10 @@ int serve_http(server *sv, const char *addr, int port, size_t max_body) {
         return RK_EXIT_USAGE;
     }
     if (!loopback(addr))
-        fprintf(stderr, "ridgekv serve: warning: listening on %s: reachable from other machines, with no "
-                        "authentication\n", addr);
+        fprintf(stderr,
+                "ridgekv serve: warning: listening on %s: reachable from other machines, with no "
+                "authentication\n",
+                addr);
     /* the signals that end the server are taken by sigwait below, in no other thread */
     sigset_t set;
     sigemptyset(&set);
@@ -486,16 +489,18 @@ int serve_http(server *sv, const char *addr, int port, size_t max_body) {
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     http_server hs = {sv, max_body};
     struct MHD_Daemon *d = MHD_start_daemon(
-        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ITC | MHD_USE_ERROR_LOG, 0, NULL, NULL, handle,
-        &hs, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sin, MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ITC | MHD_USE_ERROR_LOG, 0, NULL,
+        NULL, handle, &hs, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sin, MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)64, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600, MHD_OPTION_END);
     if (!d) {
-        fprintf(stderr, "ridgekv serve: cannot listen on %s:%d: %s\n", addr, port, strerror(errno ? errno : EADDRINUSE));
+        fprintf(stderr, "ridgekv serve: cannot listen on %s:%d: %s\n", addr, port,
+                strerror(errno ? errno : EADDRINUSE));
         return RK_EXIT_IO;
     }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
-    fprintf(stderr, "ridgekv serve: %s (%s, ctx %lld) listening on http://%s:%u (OpenAI-compatible; one request at "
-                    "a time)\n",
+    fprintf(stderr,
+            "ridgekv serve: %s (%s, ctx %lld) listening on http://%s:%u (OpenAI-compatible; one request at "
+            "a time)\n",
             rk_model_name(sv->m), sv->hp->arch_name, (long long)rk_session_n_ctx(sv->s), addr,
             info ? info->port : (unsigned)port);
     fflush(stderr);

@@ -67,7 +67,9 @@ static json_object *num(double v, int decimals) {
 }
 
 static serve_code status_code(rk_status st) {
-    return st == RK_E_CONTEXT ? SERVE_CONTEXT_OVERFLOW : st == RK_E_INVALID_ARG ? SERVE_INVALID_REQUEST : SERVE_INTERNAL;
+    return st == RK_E_CONTEXT       ? SERVE_CONTEXT_OVERFLOW
+           : st == RK_E_INVALID_ARG ? SERVE_INVALID_REQUEST
+                                    : SERVE_INTERNAL;
 }
 
 /* ---- session and fill of a request -------------------------------------------------- */
@@ -113,8 +115,8 @@ static bool pick_fill(server *sv, const serve_req *r, rk_session *s, rk_fill_par
             char warn[512];
             rk_status st = rk_ridge_maps_load(g->ridgefill, sv->m, &sv->req_maps, warn, sizeof warn, &e);
             if (st) {
-                emit_errorf(sv, r->id, st == RK_E_NOMEM ? SERVE_INTERNAL : SERVE_INVALID_REQUEST, "field 'ridgefill': %s",
-                            e.msg);
+                emit_errorf(sv, r->id, st == RK_E_NOMEM ? SERVE_INTERNAL : SERVE_INVALID_REQUEST,
+                            "field 'ridgefill': %s", e.msg);
                 return false;
             }
             snprintf(sv->req_maps_path, sizeof sv->req_maps_path, "%s", g->ridgefill);
@@ -159,8 +161,8 @@ static void emit_done(server *sv, const serve_req *r, rk_session *s, const rk_fi
     json_object_object_add(ev, "finish_reason", json_object_new_string(rk_stop_reason_name(res->stop)));
     /* the text not yet sent: all of it without streaming, else what was held back at the end */
     if (!r->gen.stream || res->n_text > res->n_streamed)
-        json_object_object_add(ev, "text", json_object_new_string_len(res->text + res->n_streamed,
-                                                                       (int)(res->n_text - res->n_streamed)));
+        json_object_object_add(
+            ev, "text", json_object_new_string_len(res->text + res->n_streamed, (int)(res->n_text - res->n_streamed)));
     json_object *usage = json_object_new_object();
     json_object_object_add(usage, "prompt_tokens", json_object_new_int64(res->n_prompt));
     json_object_object_add(usage, "completion_tokens", json_object_new_int64(res->n_gen));
@@ -176,7 +178,8 @@ static void emit_done(server *sv, const serve_req *r, rk_session *s, const rk_fi
     json_object_object_add(ev, "filled_rows", json_object_new_int64((int64_t)res->filled_rows));
     emit(sv, ev);
     if (sv->verbose)
-        fprintf(stderr, "ridgekv serve: prompt %lld tokens (%.0f tok/s), generated %lld (%.1f tok/s), %s, kv %s, fill %s\n",
+        fprintf(stderr,
+                "ridgekv serve: prompt %lld tokens (%.0f tok/s), generated %lld (%.1f tok/s), %s, kv %s, fill %s\n",
                 (long long)res->n_prompt, res->prefill_tok_s, (long long)res->n_gen, res->decode_tok_s,
                 rk_stop_reason_name(res->stop), s == sv->s ? sv->kv : sv->alt_kv, rk_fill_mode_name(fp->mode));
 }
@@ -194,7 +197,8 @@ static rk_status build_conv(server *sv, const serve_req *r, rk_session *s, rk_co
     }
     rk_doc *docs = calloc(r->n_docs + 1, sizeof *docs);
     if (!docs) return rk_err_set(e, RK_E_NOMEM, "out of memory for the documents");
-    for (size_t i = 0; i < r->n_docs; i++) docs[i] = (rk_doc){r->docs[i].name, r->docs[i].text, strlen(r->docs[i].text)};
+    for (size_t i = 0; i < r->n_docs; i++)
+        docs[i] = (rk_doc){r->docs[i].name, r->docs[i].text, strlen(r->docs[i].text)};
     st = rk_conv_add_ask(*conv, r->system, docs, r->n_docs, r->question, e);
     free(docs);
     return st;
@@ -202,17 +206,18 @@ static rk_status build_conv(server *sv, const serve_req *r, rk_session *s, rk_co
 
 /* ask: the documents are read apart from the question, through the document cache, keyed
  * by the settings of the session the request runs on (its KV policy and fill). */
-static rk_status ask_prefix(server *sv, const serve_req *r, rk_session *s, rk_conv *conv,
-                            rk_err *e) {
+static rk_status ask_prefix(server *sv, const serve_req *r, rk_session *s, rk_conv *conv, rk_err *e) {
     int32_t *ids = NULL;
     size_t n = 0;
     rk_status st = rk_conv_prompt(conv, &ids, &n, e);
     rk_doc *docs = st ? NULL : calloc(r->n_docs + 1, sizeof *docs);
     if (!st && !docs) st = rk_err_set(e, RK_E_NOMEM, "out of memory for the documents");
-    for (size_t i = 0; !st && i < r->n_docs; i++) docs[i] = (rk_doc){r->docs[i].name, r->docs[i].text, strlen(r->docs[i].text)};
+    for (size_t i = 0; !st && i < r->n_docs; i++)
+        docs[i] = (rk_doc){r->docs[i].name, r->docs[i].text, strlen(r->docs[i].text)};
     cli_prefix pre;
-    if (!st) st = cli_doc_prefix(sv->o, "serve", sv->cache, sv->m, s, r->system, docs, r->n_docs, ids, n, NULL,
-                                 NULL, &pre, e);
+    if (!st)
+        st = cli_doc_prefix(sv->o, "serve", sv->cache, sv->m, s, r->system, docs, r->n_docs, ids, n, NULL, NULL, &pre,
+                            e);
     free(docs);
     free(ids);
     return st;
@@ -266,14 +271,15 @@ static void op_generate(server *sv, const serve_req *r, double t_req) {
     const double t_before = t_call - t_req; /* reading, parsing, tokenizing: part of the TTFT */
     if (sv->write_failed) goto done;
     if (st == RK_E_CONTEXT)
-        emit_errorf(sv, r->id, SERVE_CONTEXT_OVERFLOW, "%s (shorten the prompt, or start the server with a larger -c, "
-                                                       "up to the model's %lld)", e.msg, (long long)rk_model_n_ctx_max(sv->m));
+        emit_errorf(sv, r->id, SERVE_CONTEXT_OVERFLOW,
+                    "%s (shorten the prompt, or start the server with a larger -c, "
+                    "up to the model's %lld)",
+                    e.msg, (long long)rk_model_n_ctx_max(sv->m));
     else if (st) {
         /* the library's messages already start with "generate: "; other steps are named */
         int named = what && strcmp(what, "generate") != 0;
         emit_errorf(sv, r->id, status_code(st), "%s%s%s", named ? what : "", named ? ": " : "", e.msg);
-    }
-    else emit_done(sv, r, s, &fp, &res, t_before > 0 ? t_before : 0);
+    } else emit_done(sv, r, s, &fp, &res, t_before > 0 ? t_before : 0);
 done:
     rk_gen_result_deinit(&res);
     rk_conv_destroy(conv);

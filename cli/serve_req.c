@@ -21,9 +21,7 @@ static const char *const code_names[SERVE_CODE_COUNT] = {
     [SERVE_INTERNAL] = "internal",
 };
 
-const char *serve_code_name(serve_code c) {
-    return (unsigned)c < SERVE_CODE_COUNT ? code_names[c] : "internal";
-}
+const char *serve_code_name(serve_code c) { return (unsigned)c < SERVE_CODE_COUNT ? code_names[c] : "internal"; }
 
 static const char *const op_names[] = {
     [SERVE_OP_COMPLETE] = "complete", [SERVE_OP_CHAT] = "chat", [SERVE_OP_ASK] = "ask",
@@ -71,8 +69,8 @@ static json_object *member(json_object *obj, const char *key) {
     return json_object_object_get_ex(obj, key, &v) ? v : NULL;
 }
 
-static serve_code get_str(ctx *c, json_object *obj, const char *key, const char *path, bool required,
-                          const char **out, size_t *out_len) {
+static serve_code get_str(ctx *c, json_object *obj, const char *key, const char *path, bool required, const char **out,
+                          size_t *out_len) {
     json_object *v = member(obj, key);
     if (!v) {
         if (required) return fail(c, SERVE_INVALID_REQUEST, "missing field '%s' (a string)", path);
@@ -227,8 +225,9 @@ static serve_code parse_chat(ctx *c, json_object *o, serve_req *r) {
         if ((rc = get_str(c, m, "role", path, true, &r->msgs[i].role, NULL))) return rc;
         if (strcmp(r->msgs[i].role, "system") && strcmp(r->msgs[i].role, "user") &&
             strcmp(r->msgs[i].role, "assistant"))
-            return fail(c, SERVE_INVALID_REQUEST, "field '%s' must be \"system\", \"user\" or \"assistant\" (got \"%.*s\")",
-                        path, clip(r->msgs[i].role, strlen(r->msgs[i].role), 32), r->msgs[i].role);
+            return fail(c, SERVE_INVALID_REQUEST,
+                        "field '%s' must be \"system\", \"user\" or \"assistant\" (got \"%.*s\")", path,
+                        clip(r->msgs[i].role, strlen(r->msgs[i].role), 32), r->msgs[i].role);
         snprintf(path, sizeof path, "messages[%zu].content", i);
         if ((rc = get_str(c, m, "content", path, true, &r->msgs[i].content, NULL))) return rc;
     }
@@ -290,8 +289,7 @@ static serve_code take_id(ctx *c, serve_req *r) {
             return fail(c, SERVE_INVALID_REQUEST, "field 'id' is outside the 64-bit integer range (use a string)");
         break;
     }
-    default:
-        return fail(c, SERVE_INVALID_REQUEST, "field 'id' must be a string or a number (got %s)", type_name(id));
+    default: return fail(c, SERVE_INVALID_REQUEST, "field 'id' must be a string or a number (got %s)", type_name(id));
     }
     r->id = id;
     return SERVE_OK;
@@ -343,8 +341,7 @@ serve_code serve_req_parse(const char *line, size_t len, const serve_gen *defaul
     if (je != json_tokener_success)
         return fail(&c, SERVE_BAD_JSON, "malformed JSON at byte %zu: %s", end, json_tokener_error_desc(je));
     if (!json_ok) return fail(&c, SERVE_BAD_JSON, "malformed JSON: unexpected text after the value at byte %zu", trail);
-    if (!is_obj)
-        return fail(&c, SERVE_INVALID_REQUEST, "a request must be a JSON object (got %s)", type_name(r->root));
+    if (!is_obj) return fail(&c, SERVE_INVALID_REQUEST, "a request must be a JSON object (got %s)", type_name(r->root));
 
     serve_code rc;
     if ((rc = take_id(&c, r))) return rc;
@@ -378,8 +375,7 @@ serve_code serve_req_parse(const char *line, size_t len, const serve_gen *defaul
         if ((rc = get_bool(&c, o, "add_special", &r->add_special))) return rc;
         if ((rc = get_bool(&c, o, "parse_special", &r->parse_special))) return rc;
         return get_bool(&c, o, "pieces", &r->pieces);
-    case SERVE_OP_INFO:
-        return SERVE_OK;
+    case SERVE_OP_INFO: return SERVE_OK;
     }
     return fail(&c, SERVE_INTERNAL, "op %d not handled", (int)r->op);
 }

@@ -141,8 +141,10 @@ int ev_parse_modes(const char *s, rk_fill_mode *modes, int max, rk_err *err) {
     mode_ctx c = {.modes = tmp, .max = 8};
     bool bad = false;
     if (max < 2 || each_item(s, put_mode, &c, &bad)) {
-        rk_err_set(err, RK_E_INVALID_ARG, "--fill expects a comma list of off, speed, quality, identity, plumb "
-                                          "(got '%.64s')", s);
+        rk_err_set(err, RK_E_INVALID_ARG,
+                   "--fill expects a comma list of off, speed, quality, identity, plumb "
+                   "(got '%.64s')",
+                   s);
         return -1;
     }
     int n = 0;
@@ -166,8 +168,10 @@ static rk_status put_variant(const char *item, void *ud) {
     char *save = NULL, *name = strtok_r(buf, ":", &save);
     rk_fill_mode mode;
     if (!name || !rk_fill_mode_parse(name, &mode))
-        return rk_err_set(c->err, RK_E_INVALID_ARG, "--fill: '%s' is not off, speed, quality, identity or plumb "
-                                                     "(item '%s')", name ? name : "", item);
+        return rk_err_set(c->err, RK_E_INVALID_ARG,
+                          "--fill: '%s' is not off, speed, quality, identity or plumb "
+                          "(item '%s')",
+                          name ? name : "", item);
     unsigned char set = 0;
     float share = 0;
     int32_t band = 0, tail = 0, group = 0;
@@ -192,8 +196,8 @@ static rk_status put_variant(const char *item, void *ud) {
             if ((st = ev_parse_int(v, 0, 4096, &l, "--fill group", c->err))) return st;
             group = (int32_t)l, set |= EV_SET_GROUP;
         } else
-            return rk_err_set(c->err, RK_E_INVALID_ARG, "--fill: unknown setting '%s' in '%s' (share, band, tail, group)", kv,
-                              item);
+            return rk_err_set(c->err, RK_E_INVALID_ARG,
+                              "--fill: unknown setting '%s' in '%s' (share, band, tail, group)", kv, item);
     }
     if (mode == RK_FILL_OFF && set)
         return rk_err_set(c->err, RK_E_INVALID_ARG, "--fill: off takes no settings (item '%s')", item);

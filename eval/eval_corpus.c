@@ -37,7 +37,8 @@ rk_status ev_corpus_load(ev_corpus *c, const rk_model *m, const char *files, con
         name[len] = '\0';
         p = comma ? comma + 1 : p + len;
         snprintf(path, sizeof path, "%s", name);
-        if (!file_exists(path) && !strchr(name, '/') && corpus_dir) snprintf(path, sizeof path, "%s/%s", corpus_dir, name);
+        if (!file_exists(path) && !strchr(name, '/') && corpus_dir)
+            snprintf(path, sizeof path, "%s/%s", corpus_dir, name);
         char *text = NULL;
         size_t n_text = 0;
         if ((st = rk_io_read_file(path, &text, &n_text, err))) {

@@ -63,7 +63,9 @@ static int n_wordings(const ev_needle_params *p) {
 }
 
 static int n_distractors(const ev_needle_params *p) {
-    return p->n_distractors <= 0 ? 0 : p->n_distractors > EV_NEEDLE_WORDINGS - 1 ? EV_NEEDLE_WORDINGS - 1 : p->n_distractors;
+    return p->n_distractors <= 0                       ? 0
+           : p->n_distractors > EV_NEEDLE_WORDINGS - 1 ? EV_NEEDLE_WORDINGS - 1
+                                                       : p->n_distractors;
 }
 
 /* Tokens of the distractor sentences that go with wording w (the other wordings, from the
@@ -97,10 +99,11 @@ rk_status ev_needle_plan(const rk_model *m, const ev_needle_params *p, int *n_ct
         for (int i = 0; !st && i < p->n_lens; i++) {
             const int L = p->lens[i];
             if ((long)L - tail - (long)n_pre - (long)n_needle - 8 < 0 || L < (int)(n_pre + n_suf + n_needle) + 8)
-                st = rk_err_set(err, RK_E_INVALID_ARG,
-                                "length %d leaves no room for the needle and distractors (%zu tokens) before the exact tail of %d (chat "
-                                "prefix %zu, question %zu tokens)",
-                                L, n_needle, tail, n_pre, n_suf);
+                st = rk_err_set(
+                    err, RK_E_INVALID_ARG,
+                    "length %d leaves no room for the needle and distractors (%zu tokens) before the exact tail of %d (chat "
+                    "prefix %zu, question %zu tokens)",
+                    L, n_needle, tail, n_pre, n_suf);
             max_len = L > max_len ? L : max_len;
         }
         free(pre);
@@ -293,7 +296,8 @@ rk_status ev_needle_run(const rk_model *m, rk_session *const *s, const ev_corpus
         const size_t n_hay = (size_t)L - n_pre - n_suf - n_needle - n_dall;
         ev_window w;
         if (!ev_corpus_pick(c, n_hay, 1, &rng, &w)) {
-            st = rk_err_set(err, RK_E_INVALID_ARG, "eval needle: no corpus file holds %zu tokens for a haystack", n_hay);
+            st =
+                rk_err_set(err, RK_E_INVALID_ARG, "eval needle: no corpus file holds %zu tokens for a haystack", n_hay);
             goto fail;
         }
         tr->doc = w.doc;
@@ -318,7 +322,8 @@ rk_status ev_needle_run(const rk_model *m, rk_session *const *s, const ev_corpus
         int64_t prev = 0;
         memcpy(prompt + at, pre, n_pre * sizeof *prompt), at += n_pre;
         for (int i = 0; i < n_ins; i++) {
-            memcpy(prompt + at, hay + prev, (size_t)(ins[i].at - prev) * sizeof *prompt), at += (size_t)(ins[i].at - prev);
+            memcpy(prompt + at, hay + prev, (size_t)(ins[i].at - prev) * sizeof *prompt),
+                at += (size_t)(ins[i].at - prev);
             if (ins[i].who < 0) tr->needle_pos = (int64_t)at;
             else tr->dpos[ins[i].who] = (int64_t)at;
             memcpy(prompt + at, ins[i].ids, ins[i].n * sizeof *prompt), at += ins[i].n;
@@ -362,7 +367,9 @@ rk_status ev_needle_run(const rk_model *m, rk_session *const *s, const ev_corpus
             memcpy(r.answers + ((size_t)t * (size_t)r.n_modes + (size_t)mi) * EV_ANSWER_BYTES, a.text, a.n + 1);
             if (dl > 0 && (size_t)dl < sizeof detail) {
                 dl += snprintf(detail + dl, sizeof detail - (size_t)dl, " %s %s", ev_modes_label(&p->modes, mi),
-                               ok ? "ok" : lured ? "LURED" : "MISS");
+                               ok      ? "ok"
+                               : lured ? "LURED"
+                                       : "MISS");
                 rk_lowram_stats ls;
                 rk_session_lowram_stats(s[mi], &ls);
                 for (int f = 0; f < ls.n_full && dl > 0 && (size_t)dl < sizeof detail; f++) /* LowRAM's full layers */

@@ -14,8 +14,8 @@ void ev_nll_result_free(ev_nll_result *r) {
     memset(r, 0, sizeof *r);
 }
 
-rk_status ev_nll_run(const rk_model *m, rk_session *s, const ev_corpus *c, const ev_nll_params *p,
-                     ev_nll_result *out, rk_err *err) {
+rk_status ev_nll_run(const rk_model *m, rk_session *s, const ev_corpus *c, const ev_nll_params *p, ev_nll_result *out,
+                     rk_err *err) {
     const rk_hparams *hp = rk_model_hparams(m);
     const int64_t len = p->len, score = p->score, n_short = p->n_short;
     const int n_modes = p->modes.n, bos = c->bos >= 0 ? 1 : 0;
@@ -112,7 +112,7 @@ rk_status ev_nll_summarize(const ev_nll_result *r, double thr, double top, int n
     sm.top_thr = ev_top_threshold(gain, n_tok, top);
     const double *const *nll = (const double *const *)r->nll;
     for (int si = 0; si < EV_SET_COUNT; si++) {
-        size_t k = si == EV_SET_LAST        ? ev_gain_select(gain, n_tok, -INFINITY, false, sel)
+        size_t k = si == EV_SET_LAST         ? ev_gain_select(gain, n_tok, -INFINITY, false, sel)
                    : si == EV_SET_LONG_RANGE ? ev_gain_select(gain, n_tok, thr, true, sel)
                                              : ev_gain_select(gain, n_tok, sm.top_thr, false, sel);
         if (si == EV_SET_LONG_RANGE) sm.n_long_range = k;

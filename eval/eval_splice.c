@@ -56,8 +56,11 @@ rk_status ev_splice_run(const rk_model *m, rk_session *ex, rk_session *fs, const
     for (int g = 0; g < n_groups; g++)
         for (int kv = 0; kv < 2; kv++)
             r->var[r->n_var++] = (ev_splice_variant){split + (int)(g * r->n_late / n_groups),
-                                                     split + (int)((g + 1) * r->n_late / n_groups), kv == 0, kv == 1,
-                                                     false, NULL};
+                                                     split + (int)((g + 1) * r->n_late / n_groups),
+                                                     kv == 0,
+                                                     kv == 1,
+                                                     false,
+                                                     NULL};
     for (int kv = 0; kv < 3; kv++)
         r->var[r->n_var++] = (ev_splice_variant){split, hp->n_layer, kv != 1, kv != 0, true, NULL};
     const size_t nv = (size_t)hp->n_vocab;

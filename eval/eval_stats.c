@@ -28,8 +28,7 @@ double ev_nll_row(const float *row, int32_t n_vocab, int32_t target) {
     return log(sum) + mx - (double)row[target];
 }
 
-bool ev_nll_rows(const float *logits, int32_t n_vocab, const int32_t *ids, int64_t row0, int64_t n_rows,
-                 double *out) {
+bool ev_nll_rows(const float *logits, int32_t n_vocab, const int32_t *ids, int64_t row0, int64_t n_rows, double *out) {
     for (int64_t j = 0; j < n_rows; j++) {
         out[j] = ev_nll_row(logits + (size_t)(row0 + j) * (size_t)n_vocab, n_vocab, ids[row0 + j + 1]);
         if (isnan(out[j])) return false;
@@ -111,8 +110,8 @@ double ev_top_threshold(const double *gain, size_t n, double share) {
     return t;
 }
 
-void ev_set_sums(const unsigned char *sel, const double *const *nll, int n_modes, int n_win, int64_t score,
-                 double *den, double *const *sum, double *const *num) {
+void ev_set_sums(const unsigned char *sel, const double *const *nll, int n_modes, int n_win, int64_t score, double *den,
+                 double *const *sum, double *const *num) {
     for (int w = 0; w < n_win; w++)
         for (int64_t j = 0; j < score; j++) {
             size_t k = (size_t)w * (size_t)score + (size_t)j;

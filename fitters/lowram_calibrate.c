@@ -13,10 +13,10 @@
 
 typedef struct calib_group {
     int64_t n;
-    double *sx;   /* (D) */
-    double *xx;   /* (D, D) upper triangle */
-    double *sv;   /* (m) m = n_l * kv_dim */
-    double *xv;   /* (D, m) */
+    double *sx; /* (D) */
+    double *xx; /* (D, D) upper triangle */
+    double *sv; /* (m) m = n_l * kv_dim */
+    double *xv; /* (D, m) */
 } calib_group;
 
 rk_status rk_lowram_calibrate(const rk_model *m, const int32_t *ids, size_t n_ids, const rk_lowram_calib_params *pp,

@@ -12,13 +12,13 @@
 /* Raw fp64 moments of one set of rows (training or held-out). */
 typedef struct moments {
     int64_t n;
-    double *xx;   /* (d, d) Σ x xᵀ */
-    double *x;    /* (d) Σ x */
-    double *xy;   /* (n_late, d, d) Σ x y_lᵀ */
-    double *y;    /* (n_late, d) Σ y_l */
-    double *yy;   /* (n_late) Σ ||y_l||² */
-    double *xdy;  /* (n_late) Σ x·y_l  (identity baseline) */
-    double xxt;   /* Σ ||x||² */
+    double *xx;  /* (d, d) Σ x xᵀ */
+    double *x;   /* (d) Σ x */
+    double *xy;  /* (n_late, d, d) Σ x y_lᵀ */
+    double *y;   /* (n_late, d) Σ y_l */
+    double *yy;  /* (n_late) Σ ||y_l||² */
+    double *xdy; /* (n_late) Σ x·y_l  (identity baseline) */
+    double xxt;  /* Σ ||x||² */
 } moments;
 
 typedef struct calib {
@@ -27,19 +27,19 @@ typedef struct calib {
     int64_t row_counter;
     moments tr, ho;
     /* chunk buffers: sampled rows of X, and which set each went to */
-    double *xc;       /* (n_batch, d) */
-    double *yc;       /* (n_batch, d) */
-    int32_t *rows;    /* (n_batch) chunk row index of each sample */
-    bool *heldout;    /* (n_batch) */
+    double *xc;    /* (n_batch, d) */
+    double *yc;    /* (n_batch, d) */
+    int32_t *rows; /* (n_batch) chunk row index of each sample */
+    bool *heldout; /* (n_batch) */
     int n_s;
     /* probe rows for the token score table: X and Y at probe layers, plus token ids */
-    float *probe_x;   /* (cap, d) */
-    float *probe_y;   /* (cap, n_probe, d) */
+    float *probe_x; /* (cap, d) */
+    float *probe_y; /* (cap, n_probe, d) */
     int32_t *probe_id;
     int64_t *probe_slot; /* (n_batch) probe row of each sample of the chunk, or -1 */
     int64_t n_probe_rows, probe_cap;
     int probe_layers[3], n_probe;
-    bool normalized;  /* fit rmsnorm(x_S) -> rmsnorm(x_l): the space the cache writers see */
+    bool normalized; /* fit rmsnorm(x_S) -> rmsnorm(x_l): the space the cache writers see */
     float eps;
     const int32_t *chunk_ids; /* ids of the segment being run */
     int64_t seg_pos0;
@@ -54,7 +54,7 @@ typedef struct calib {
     int64_t *seg_pos; /* (seg_cap) their positions */
     bool *seg_ho;     /* (seg_cap) held out? */
     int seg_n, seg_cap;
-    float *kvrow;     /* (seg_cap, d) */
+    float *kvrow; /* (seg_cap, d) */
 } calib;
 
 static void moments_free(moments *mo) {
@@ -118,7 +118,8 @@ static rk_status accum_kv(calib *c, rk_err *err) {
         memset(c->kvrow, 0, (size_t)c->seg_n * d * sizeof(float));
         for (int i = 0; i < c->seg_n; i++) {
             rk_status st = rk_session_kv_rows(c->s, l, false, true, c->seg_pos[i], 1, c->kvrow + (size_t)i * d, err);
-            if (!st) st = rk_session_kv_rows(c->s, l, true, false, c->seg_pos[i], 1, c->kvrow + (size_t)i * d + c->kvd, err);
+            if (!st)
+                st = rk_session_kv_rows(c->s, l, true, false, c->seg_pos[i], 1, c->kvrow + (size_t)i * d + c->kvd, err);
             if (st) return rk_err_wrap(err, "calibrate: K/V targets of layer %d", l);
         }
         accum_y(c, li, c->seg_n, c->seg_x, c->seg_ho, c->kvrow, NULL);
@@ -166,7 +167,8 @@ static void tap(void *ud, int layer, const float *x, int64_t n, int64_t pos0) {
             moments *mo = set ? &c->ho : &c->tr;
             int k = 0;
             for (int i = 0; i < c->n_s; i++)
-                if (c->heldout[i] == (set == 1)) memcpy(c->yc + (size_t)k++ * d, c->xc + (size_t)i * d, (size_t)d * sizeof(double));
+                if (c->heldout[i] == (set == 1))
+                    memcpy(c->yc + (size_t)k++ * d, c->xc + (size_t)i * d, (size_t)d * sizeof(double));
             if (k) rk_linalg_dgemm_atb_acc(d, d, k, c->yc, c->yc, mo->xx);
         }
         return;
@@ -189,7 +191,8 @@ static void centre(int d, const double *s_ab, const double *s_a, const double *s
                    const double *mu_b, double n, double *out) {
     for (int i = 0; i < d; i++)
         for (int j = 0; j < d; j++)
-            out[(size_t)i * d + j] = s_ab[(size_t)i * d + j] - s_a[i] * mu_b[j] - mu_a[i] * s_b[j] + n * mu_a[i] * mu_b[j];
+            out[(size_t)i * d + j] =
+                s_ab[(size_t)i * d + j] - s_a[i] * mu_b[j] - mu_a[i] * s_b[j] + n * mu_a[i] * mu_b[j];
 }
 
 static void moments_add(moments *dst, const moments *src, int d, int n_late) {
@@ -219,7 +222,8 @@ static bool fit(const moments *mo, int d, int n_late, double lambda_rel, double 
     if (!tmp) return false;
     for (int l = 0; l < n_late; l++) {
         centre(d, mo->xy + (size_t)l * d * d, mo->x, mo->y + (size_t)l * d, mu_x, mu_y + (size_t)l * d, n, tmp);
-        for (int i = 0; i < d; i++) memcpy(W + (size_t)i * n_late * d + (size_t)l * d, tmp + (size_t)i * d, (size_t)d * sizeof(double));
+        for (int i = 0; i < d; i++)
+            memcpy(W + (size_t)i * n_late * d + (size_t)l * d, tmp + (size_t)i * d, (size_t)d * sizeof(double));
     }
     free(tmp);
     if (!rk_linalg_cholesky(d, A)) return false;
@@ -228,8 +232,8 @@ static bool fit(const moments *mo, int d, int n_late, double lambda_rel, double 
 }
 
 /* Held-out relative error per late layer of the fit (W, means from training). */
-static bool heldout_err(const moments *ho, int d, int n_late, const double *W, const double *mu_x,
-                        const double *mu_y, float *rel, float *rel_identity) {
+static bool heldout_err(const moments *ho, int d, int n_late, const double *W, const double *mu_x, const double *mu_y,
+                        float *rel, float *rel_identity) {
     const double nh = (double)ho->n;
     double *sxx = malloc((size_t)d * d * sizeof(double));
     double *sxy = malloc((size_t)d * d * sizeof(double));
@@ -269,8 +273,9 @@ static rk_status add_map(rk_gguf_writer *w, int l, int d, int n_out, int n_late,
                          uint32_t dtype, const double *bias, rk_err *err) {
     uint64_t row_bytes;
     if (!rk_dtype_row_bytes(dtype, (uint64_t)d, &row_bytes))
-        return rk_err_set(err, RK_E_UNSUPPORTED, "calibrate: map dtype %s needs n_embd %d to be a multiple of its block",
-                          rk_dtype_name(dtype), d);
+        return rk_err_set(err, RK_E_UNSUPPORTED,
+                          "calibrate: map dtype %s needs n_embd %d to be a multiple of its block", rk_dtype_name(dtype),
+                          d);
     unsigned char *buf = malloc((size_t)row_bytes * n_out);
     float *row = malloc((size_t)d * sizeof(float));
     if (!buf || !row) {
@@ -369,7 +374,8 @@ rk_status rk_calibrate(const rk_model *m, const int32_t *ids, size_t n_ids, cons
     if (p.split < 1 || p.split > hp->n_layer - 2)
         return rk_err_set(err, RK_E_INVALID_ARG, "calibrate: split %d outside 1..%d", p.split, hp->n_layer - 2);
     if (p.dtype != RK_DT_F16 && p.dtype != RK_DT_BF16 && p.dtype != RK_DT_Q8_0 && p.dtype != RK_DT_F32)
-        return rk_err_set(err, RK_E_UNSUPPORTED, "calibrate: map dtype %s (use f16, bf16, int8 or f32)", rk_dtype_name(p.dtype));
+        return rk_err_set(err, RK_E_UNSUPPORTED, "calibrate: map dtype %s (use f16, bf16, int8 or f32)",
+                          rk_dtype_name(p.dtype));
     if (p.seg_len > hp->n_ctx_train) p.seg_len = hp->n_ctx_train;
     if (n_ids < (size_t)p.stride * 16)
         return rk_err_set(err, RK_E_INVALID_ARG, "calibrate: %zu tokens is too little text (need at least %d)", n_ids,
@@ -409,8 +415,9 @@ rk_status rk_calibrate(const rk_model *m, const int32_t *ids, size_t n_ids, cons
     c.kvd = hp->n_head_kv * hp->head_dim;
     if (c.target_kv && (c.normalized || 2 * c.kvd > d))
         return rk_err_set(err, RK_E_UNSUPPORTED,
-                          c.normalized ? "calibrate: K/V targets are fitted in the raw space only (drop --normalized-space)"
-                                       : "calibrate: K/V targets need 2 kv_dim (%d) <= n_embd (%d)",
+                          c.normalized
+                              ? "calibrate: K/V targets are fitted in the raw space only (drop --normalized-space)"
+                              : "calibrate: K/V targets need 2 kv_dim (%d) <= n_embd (%d)",
                           2 * c.kvd, d);
     rk_session *s = NULL;
     int32_t *seg = NULL;
@@ -429,9 +436,11 @@ rk_status rk_calibrate(const rk_model *m, const int32_t *ids, size_t n_ids, cons
     c.probe_cap = (int64_t)(n_ids / (size_t)p.stride) + 1;
     if (c.probe_cap > 16384) c.probe_cap = 16384;
     c.n_probe = n_late >= 3 ? 3 : n_late;
-    for (int i = 0; i < c.n_probe; i++) c.probe_layers[i] = p.split + 1 + (int)((double)(i + 1) * n_late / (c.n_probe + 1));
+    for (int i = 0; i < c.n_probe; i++)
+        c.probe_layers[i] = p.split + 1 + (int)((double)(i + 1) * n_late / (c.n_probe + 1));
     if (!moments_alloc(&c.tr, d, n_late) || !moments_alloc(&c.ho, d, n_late) ||
-        !(c.xc = malloc(nb * d * sizeof(double))) || !(c.yc = malloc(2 * (nb > (size_t)c.seg_cap ? nb : (size_t)c.seg_cap) * d * sizeof(double))) ||
+        !(c.xc = malloc(nb * d * sizeof(double))) ||
+        !(c.yc = malloc(2 * (nb > (size_t)c.seg_cap ? nb : (size_t)c.seg_cap) * d * sizeof(double))) ||
         !(c.rows = malloc(nb * sizeof(int32_t))) || !(c.heldout = malloc(nb * sizeof(bool))) ||
         !(c.probe_slot = malloc(nb * sizeof(int64_t))) ||
         !(c.probe_x = malloc((size_t)c.probe_cap * d * sizeof(float))) ||
@@ -442,7 +451,8 @@ rk_status rk_calibrate(const rk_model *m, const int32_t *ids, size_t n_ids, cons
                          !(c.seg_x = malloc((size_t)c.seg_cap * d * sizeof(double))) ||
                          !(c.seg_pos = malloc((size_t)c.seg_cap * sizeof(int64_t))) ||
                          !(c.seg_ho = malloc((size_t)c.seg_cap * sizeof(bool)))))) {
-        st = rk_err_set(err, RK_E_NOMEM, "calibrate: out of memory for the accumulators (n_embd %d, %d late layers)", d, n_late);
+        st = rk_err_set(err, RK_E_NOMEM, "calibrate: out of memory for the accumulators (n_embd %d, %d late layers)", d,
+                        n_late);
         goto fail;
     }
     rk_session_set_tap(s, tap, &c);
@@ -470,9 +480,10 @@ rk_status rk_calibrate(const rk_model *m, const int32_t *ids, size_t n_ids, cons
     report.n_rows = c.tr.n + c.ho.n;
     report.n_heldout = c.ho.n;
     if (c.tr.n < 2 * d || c.ho.n < 8) {
-        st = rk_err_set(err, RK_E_INVALID_ARG,
-                        "calibrate: %lld sampled rows is too few for n_embd %d (need %d): give more text or a smaller --stride",
-                        (long long)report.n_rows, d, 2 * d);
+        st = rk_err_set(
+            err, RK_E_INVALID_ARG,
+            "calibrate: %lld sampled rows is too few for n_embd %d (need %d): give more text or a smaller --stride",
+            (long long)report.n_rows, d, 2 * d);
         goto fail;
     }
     /* ---- λ on held-out rows, then the final fit on every row ---- */
@@ -567,9 +578,10 @@ rk_status rk_calibrate(const rk_model *m, const int32_t *ids, size_t n_ids, cons
     int64_t ne1[1] = {hp->n_vocab}, ne101[1] = {101}, nel[1] = {n_rep};
     if ((!c.target_kv && (st = rk_gguf_writer_add_tensor(w, "ridge.token_score", RK_DT_F32, 1, ne1, score,
                                                          (uint64_t)hp->n_vocab * sizeof(float), err))) ||
-        (!c.target_kv &&
-         (st = rk_gguf_writer_add_tensor(w, "ridge.score_quantiles", RK_DT_F32, 1, ne101, quant, 101 * sizeof(float), err))) ||
-        (st = rk_gguf_writer_add_tensor(w, "ridge.heldout_rel_err", RK_DT_F32, 1, nel, rel, (uint64_t)n_rep * sizeof(float), err)) ||
+        (!c.target_kv && (st = rk_gguf_writer_add_tensor(w, "ridge.score_quantiles", RK_DT_F32, 1, ne101, quant,
+                                                         101 * sizeof(float), err))) ||
+        (st = rk_gguf_writer_add_tensor(w, "ridge.heldout_rel_err", RK_DT_F32, 1, nel, rel,
+                                        (uint64_t)n_rep * sizeof(float), err)) ||
         (st = rk_gguf_writer_finish(w, bytes, n_bytes, err)))
         goto fail;
     if (rep) *rep = report;

@@ -14,11 +14,15 @@ typedef struct wide {
 
 static bool is_int_type(uint32_t t) {
     switch (t) {
-    case RK_GGUF_U8: case RK_GGUF_I8: case RK_GGUF_U16: case RK_GGUF_I16: case RK_GGUF_U32:
-    case RK_GGUF_I32: case RK_GGUF_U64: case RK_GGUF_I64:
-        return true;
-    default:
-        return false;
+    case RK_GGUF_U8:
+    case RK_GGUF_I8:
+    case RK_GGUF_U16:
+    case RK_GGUF_I16:
+    case RK_GGUF_U32:
+    case RK_GGUF_I32:
+    case RK_GGUF_U64:
+    case RK_GGUF_I64: return true;
+    default: return false;
     }
 }
 
@@ -28,10 +32,30 @@ static wide load_int(uint32_t t, const uint8_t *p) {
     switch (t) {
     case RK_GGUF_U8: w.u = p[0]; return w;
     case RK_GGUF_I8: w.i = (int8_t)p[0]; break;
-    case RK_GGUF_U16: { uint16_t v; memcpy(&v, p, 2); w.u = v; return w; }
-    case RK_GGUF_I16: { int16_t v; memcpy(&v, p, 2); w.i = v; break; }
-    case RK_GGUF_U32: { uint32_t v; memcpy(&v, p, 4); w.u = v; return w; }
-    case RK_GGUF_I32: { int32_t v; memcpy(&v, p, 4); w.i = v; break; }
+    case RK_GGUF_U16: {
+        uint16_t v;
+        memcpy(&v, p, 2);
+        w.u = v;
+        return w;
+    }
+    case RK_GGUF_I16: {
+        int16_t v;
+        memcpy(&v, p, 2);
+        w.i = v;
+        break;
+    }
+    case RK_GGUF_U32: {
+        uint32_t v;
+        memcpy(&v, p, 4);
+        w.u = v;
+        return w;
+    }
+    case RK_GGUF_I32: {
+        int32_t v;
+        memcpy(&v, p, 4);
+        w.i = v;
+        break;
+    }
     case RK_GGUF_U64: memcpy(&w.u, p, 8); return w;
     default: memcpy(&w.i, p, 8); break; /* I64 */
     }
@@ -57,8 +81,7 @@ static double load_num(uint32_t t, const uint8_t *p) {
 }
 
 static rk_status find(const rk_gguf *g, const char *key, const rk_gguf_kv **kv, rk_err *err) {
-    if (!g || !key)
-        return rk_err_set(err, RK_E_INVALID_ARG, "gguf: get needs a parsed file and a key");
+    if (!g || !key) return rk_err_set(err, RK_E_INVALID_ARG, "gguf: get needs a parsed file and a key");
     *kv = rk_gguf_find_kv(g, key);
     if (!*kv) return rk_err_set(err, RK_E_NOT_FOUND, "gguf: key '%s' not found", key);
     return RK_OK;
@@ -69,8 +92,8 @@ static rk_status wrong_type(const rk_gguf_kv *kv, const char *want, rk_err *err)
     if (kv->type == RK_GGUF_ARRAY)
         return rk_err_set(err, RK_E_GGUF_TYPE, "gguf: key%s is an array of %s (expected %s)",
                           rk_gguf_fmt_name(nb, kv->key), rk_gguf_type_name(kv->arr_type), want);
-    return rk_err_set(err, RK_E_GGUF_TYPE, "gguf: key%s is %s (expected %s)",
-                      rk_gguf_fmt_name(nb, kv->key), rk_gguf_type_name(kv->type), want);
+    return rk_err_set(err, RK_E_GGUF_TYPE, "gguf: key%s is %s (expected %s)", rk_gguf_fmt_name(nb, kv->key),
+                      rk_gguf_type_name(kv->type), want);
 }
 
 static rk_status get_int(const rk_gguf *g, const char *key, wide *w, rk_err *err) {
@@ -84,10 +107,9 @@ static rk_status get_int(const rk_gguf *g, const char *key, wide *w, rk_err *err
 
 static rk_status no_fit(const char *key, wide w, const char *to, rk_err *err) {
     if (w.neg)
-        return rk_err_set(err, RK_E_GGUF_TYPE, "gguf: key '%s' value %lld does not fit %s", key,
-                          (long long)w.i, to);
-    return rk_err_set(err, RK_E_GGUF_TYPE, "gguf: key '%s' value %llu does not fit %s", key,
-                      (unsigned long long)w.u, to);
+        return rk_err_set(err, RK_E_GGUF_TYPE, "gguf: key '%s' value %lld does not fit %s", key, (long long)w.i, to);
+    return rk_err_set(err, RK_E_GGUF_TYPE, "gguf: key '%s' value %llu does not fit %s", key, (unsigned long long)w.u,
+                      to);
 }
 
 rk_status rk_gguf_get_u32(const rk_gguf *g, const char *key, uint32_t *out, rk_err *err) {
@@ -153,17 +175,15 @@ static rk_status check_elem(const rk_gguf_kv *kv, uint64_t i, rk_err *err) {
     char nb[RK_GGUF_NAME_BUF];
     if (!kv) return rk_err_set(err, RK_E_INVALID_ARG, "gguf: array access needs a kv");
     if (kv->type != RK_GGUF_ARRAY)
-        return rk_err_set(err, RK_E_GGUF_TYPE, "gguf: key%s is %s (expected an array)",
-                          rk_gguf_fmt_name(nb, kv->key), rk_gguf_type_name(kv->type));
+        return rk_err_set(err, RK_E_GGUF_TYPE, "gguf: key%s is %s (expected an array)", rk_gguf_fmt_name(nb, kv->key),
+                          rk_gguf_type_name(kv->type));
     if (i >= kv->n)
         return rk_err_set(err, RK_E_INVALID_ARG, "gguf: key%s index %llu out of range (n %llu)",
-                          rk_gguf_fmt_name(nb, kv->key), (unsigned long long)i,
-                          (unsigned long long)kv->n);
+                          rk_gguf_fmt_name(nb, kv->key), (unsigned long long)i, (unsigned long long)kv->n);
     return RK_OK;
 }
 
-rk_status rk_gguf_arr_str(const rk_gguf *g, const rk_gguf_kv *kv, uint64_t i, rk_str *out,
-                          rk_err *err) {
+rk_status rk_gguf_arr_str(const rk_gguf *g, const rk_gguf_kv *kv, uint64_t i, rk_str *out, rk_err *err) {
     rk_status st = check_elem(kv, i, err);
     if (st) return st;
     /* kv must be one of g's own entries: the index of its strings lives in g. */
@@ -201,14 +221,12 @@ rk_status rk_gguf_arr_i64(const rk_gguf_kv *kv, uint64_t i, int64_t *out, rk_err
     char nb[RK_GGUF_NAME_BUF];
     uint32_t t = kv->arr_type;
     if (!is_int_type(t))
-        return rk_err_set(err, RK_E_GGUF_TYPE,
-                          "gguf: key%s is an array of %s (expected integers)",
+        return rk_err_set(err, RK_E_GGUF_TYPE, "gguf: key%s is an array of %s (expected integers)",
                           rk_gguf_fmt_name(nb, kv->key), rk_gguf_type_name(t));
     wide w = load_int(t, kv->data + i * rk_gguf_type_size(t));
     if (!w.neg && w.u > (uint64_t)INT64_MAX)
         return rk_err_set(err, RK_E_GGUF_TYPE, "gguf: key%s element %llu = %llu does not fit i64",
-                          rk_gguf_fmt_name(nb, kv->key), (unsigned long long)i,
-                          (unsigned long long)w.u);
+                          rk_gguf_fmt_name(nb, kv->key), (unsigned long long)i, (unsigned long long)w.u);
     *out = w.neg ? w.i : (int64_t)w.u;
     return RK_OK;
 }

@@ -23,9 +23,7 @@ static inline uint32_t rk_gguf_type_size(uint32_t t) {
     return t < RK_GGUF_TYPE_COUNT ? size[t] : 0;
 }
 
-static inline bool rk_gguf_is_pow2(uint64_t a) {
-    return a != 0 && (a & (a - 1)) == 0;
-}
+static inline bool rk_gguf_is_pow2(uint64_t a) { return a != 0 && (a & (a - 1)) == 0; }
 
 /* Parsed file: the reader fills it (gguf_read.c), the getters read it (gguf_get.c). */
 struct rk_gguf {

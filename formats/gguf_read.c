@@ -24,10 +24,9 @@ static const rk_str no_name = {NULL, 0};
 
 const char *rk_gguf_type_name(uint32_t t) {
     static const char *const names[RK_GGUF_TYPE_COUNT] = {
-        [RK_GGUF_U8] = "u8",    [RK_GGUF_I8] = "i8",         [RK_GGUF_U16] = "u16",
-        [RK_GGUF_I16] = "i16",  [RK_GGUF_U32] = "u32",       [RK_GGUF_I32] = "i32",
-        [RK_GGUF_F32] = "f32",  [RK_GGUF_BOOL] = "bool",     [RK_GGUF_STRING] = "string",
-        [RK_GGUF_ARRAY] = "array", [RK_GGUF_U64] = "u64",    [RK_GGUF_I64] = "i64",
+        [RK_GGUF_U8] = "u8",         [RK_GGUF_I8] = "i8",       [RK_GGUF_U16] = "u16", [RK_GGUF_I16] = "i16",
+        [RK_GGUF_U32] = "u32",       [RK_GGUF_I32] = "i32",     [RK_GGUF_F32] = "f32", [RK_GGUF_BOOL] = "bool",
+        [RK_GGUF_STRING] = "string", [RK_GGUF_ARRAY] = "array", [RK_GGUF_U64] = "u64", [RK_GGUF_I64] = "i64",
         [RK_GGUF_F64] = "f64",
     };
     return t < RK_GGUF_TYPE_COUNT ? names[t] : "unknown";
@@ -81,16 +80,14 @@ static uint64_t sat_add(uint64_t a, uint64_t b) {
 
 /* ---- cursor ----------------------------------------------------------- */
 
-static size_t left(const cur *c) {
-    return c->len - c->pos;
-}
+static size_t left(const cur *c) { return c->len - c->pos; }
 
 static rk_status need(cur *c, size_t n, const char *what, rk_str who) {
     if (n <= left(c)) return RK_OK;
     char nb[RK_GGUF_NAME_BUF];
     return rk_err_set(c->err, RK_E_GGUF_TRUNCATED,
-                      "gguf: truncated at offset %zu reading %s%s (need %zu bytes, %zu left)",
-                      c->pos, what, rk_gguf_fmt_name(nb, who), n, left(c));
+                      "gguf: truncated at offset %zu reading %s%s (need %zu bytes, %zu left)", c->pos, what,
+                      rk_gguf_fmt_name(nb, who), n, left(c));
 }
 
 static rk_status rd_u32(cur *c, uint32_t *v, const char *what, rk_str who) {
@@ -118,8 +115,8 @@ static rk_status rd_str(cur *c, rk_str *s, const char *what, rk_str who) {
     if (n > left(c)) {
         char nb[RK_GGUF_NAME_BUF];
         return rk_err_set(c->err, RK_E_GGUF_COUNT,
-                          "gguf: %s%s at offset %zu has length %llu but only %zu bytes are left",
-                          what, rk_gguf_fmt_name(nb, who), at, (unsigned long long)n, left(c));
+                          "gguf: %s%s at offset %zu has length %llu but only %zu bytes are left", what,
+                          rk_gguf_fmt_name(nb, who), at, (unsigned long long)n, left(c));
     }
     s->ptr = (const char *)(c->b + c->pos);
     s->len = n;
@@ -138,8 +135,8 @@ static uint64_t *table_new(uint64_t n, uint64_t *mask) {
 
 /* Slot holding name s, or the empty slot where it would go. Entries are indexes
  * into base (element size stride, rk_str at name_off) plus one. */
-static uint64_t table_probe(const uint64_t *slots, uint64_t mask, const void *base, size_t stride,
-                            size_t name_off, const char *p, uint64_t n) {
+static uint64_t table_probe(const uint64_t *slots, uint64_t mask, const void *base, size_t stride, size_t name_off,
+                            const char *p, uint64_t n) {
     uint64_t i = hash_bytes(p, n) & mask;
     for (;;) {
         uint64_t e = slots[i];
@@ -158,9 +155,7 @@ static rk_status str_pool_reserve(rk_gguf *g, uint64_t more, rk_err *err) {
     uint64_t cap = g->cap_str ? g->cap_str : 64;
     while (cap < want) cap *= 2;
     uint64_t *p = realloc(g->str_off, (size_t)cap * sizeof *p);
-    if (!p)
-        return rk_err_set(err, RK_E_NOMEM, "gguf: out of memory indexing %llu strings",
-                          (unsigned long long)want);
+    if (!p) return rk_err_set(err, RK_E_NOMEM, "gguf: out of memory indexing %llu strings", (unsigned long long)want);
     g->str_off = p;
     g->cap_str = cap;
     return RK_OK;
@@ -191,8 +186,7 @@ static rk_status parse_str_array(rk_gguf *g, cur *c, uint64_t ki) {
             return rk_err_set(c->err, RK_E_GGUF_COUNT,
                               "gguf: key%s: string %llu at offset %zu has length %llu but only "
                               "%zu bytes are left",
-                              rk_gguf_fmt_name(nb, kv->key), (unsigned long long)i, at,
-                              (unsigned long long)n, left(c));
+                              rk_gguf_fmt_name(nb, kv->key), (unsigned long long)i, at, (unsigned long long)n, left(c));
         g->str_off[g->n_str++] = at;
         c->pos += (size_t)n;
     }
@@ -229,9 +223,9 @@ static rk_status parse_value(rk_gguf *g, cur *c, uint64_t ki) {
     at = c->pos;
     if ((st = rd_u32(c, &et, "array element type of key", kv->key))) return st;
     if (et >= RK_GGUF_TYPE_COUNT || et == RK_GGUF_ARRAY)
-        return rk_err_set(c->err, RK_E_GGUF_TYPE,
-                          "gguf: key%s has %s array element type %u at offset %zu", rk_gguf_fmt_name(nb, kv->key),
-                          et == RK_GGUF_ARRAY ? "unsupported (nested)" : "unknown", et, at);
+        return rk_err_set(c->err, RK_E_GGUF_TYPE, "gguf: key%s has %s array element type %u at offset %zu",
+                          rk_gguf_fmt_name(nb, kv->key), et == RK_GGUF_ARRAY ? "unsupported (nested)" : "unknown", et,
+                          at);
     if ((st = rd_u64(c, &kv->n, "array length of key", kv->key))) return st;
     kv->arr_type = et;
     kv->data = c->b + c->pos;
@@ -241,8 +235,8 @@ static rk_status parse_value(rk_gguf *g, cur *c, uint64_t ki) {
         return rk_err_set(c->err, RK_E_GGUF_COUNT,
                           "gguf: key%s: array of %llu %s at offset %zu needs more than the %zu "
                           "bytes left",
-                          rk_gguf_fmt_name(nb, kv->key), (unsigned long long)kv->n, rk_gguf_type_name(et),
-                          c->pos, left(c));
+                          rk_gguf_fmt_name(nb, kv->key), (unsigned long long)kv->n, rk_gguf_type_name(et), c->pos,
+                          left(c));
     c->pos += (size_t)(kv->n * size);
     return RK_OK;
 }
@@ -255,11 +249,10 @@ static rk_status parse_kvs(rk_gguf *g, cur *c) {
         snprintf(what, sizeof what, "key #%llu", (unsigned long long)i);
         rk_status st = rd_str(c, &kv->key, what, no_name);
         if (st) return st;
-        uint64_t s = table_probe(g->kv_slots, g->kv_mask, g->kv, sizeof *kv,
-                                 offsetof(rk_gguf_kv, key), kv->key.ptr, kv->key.len);
+        uint64_t s = table_probe(g->kv_slots, g->kv_mask, g->kv, sizeof *kv, offsetof(rk_gguf_kv, key), kv->key.ptr,
+                                 kv->key.len);
         if (g->kv_slots[s])
-            return rk_err_set(c->err, RK_E_GGUF_DUPLICATE,
-                              "gguf: duplicate key%s (entries #%llu and #%llu)",
+            return rk_err_set(c->err, RK_E_GGUF_DUPLICATE, "gguf: duplicate key%s (entries #%llu and #%llu)",
                               rk_gguf_fmt_name(nb, kv->key), (unsigned long long)(g->kv_slots[s] - 1),
                               (unsigned long long)i);
         g->kv_slots[s] = i + 1;
@@ -273,13 +266,12 @@ static rk_status read_alignment(rk_gguf *g, rk_err *err) {
     const rk_gguf_kv *kv = rk_gguf_find_kv(g, RK_GGUF_ALIGNMENT_KEY);
     if (!kv) return RK_OK;
     if (kv->type != RK_GGUF_U32)
-        return rk_err_set(err, RK_E_GGUF_ALIGN, "gguf: key '%s' has type %s (expected u32)",
-                          RK_GGUF_ALIGNMENT_KEY, rk_gguf_type_name(kv->type));
+        return rk_err_set(err, RK_E_GGUF_ALIGN, "gguf: key '%s' has type %s (expected u32)", RK_GGUF_ALIGNMENT_KEY,
+                          rk_gguf_type_name(kv->type));
     uint32_t a;
     memcpy(&a, kv->data, 4);
     if (!rk_gguf_is_pow2(a))
-        return rk_err_set(err, RK_E_GGUF_ALIGN,
-                          "gguf: key '%s' is %u (expected a nonzero power of two)",
+        return rk_err_set(err, RK_E_GGUF_ALIGN, "gguf: key '%s' is %u (expected a nonzero power of two)",
                           RK_GGUF_ALIGNMENT_KEY, a);
     g->alignment = a;
     return RK_OK;
@@ -294,18 +286,16 @@ static rk_status check_shape(rk_gguf_tensor *t, const uint64_t *ne, rk_err *err)
     uint64_t nel = 1;
     for (uint32_t d = 0; d < t->n_dims; d++) {
         if (ne[d] == 0 || ne[d] > (uint64_t)INT64_MAX)
-            return rk_err_set(err, RK_E_GGUF_DIM, "gguf: tensor%s ne[%u] = %lld (expected > 0)",
-                              nm, d, (long long)ne[d]);
+            return rk_err_set(err, RK_E_GGUF_DIM, "gguf: tensor%s ne[%u] = %lld (expected > 0)", nm, d,
+                              (long long)ne[d]);
         if (!rk_mul_u64(nel, ne[d], &nel) || nel > (uint64_t)INT64_MAX)
-            return rk_err_set(err, RK_E_GGUF_DIM,
-                              "gguf: tensor%s element count overflows at ne[%u] = %llu", nm, d,
+            return rk_err_set(err, RK_E_GGUF_DIM, "gguf: tensor%s element count overflows at ne[%u] = %llu", nm, d,
                               (unsigned long long)ne[d]);
         t->ne[d] = (int64_t)ne[d];
     }
     const rk_dtype_traits *tr = rk_dtype_get(t->type);
     if (!tr)
-        return rk_err_set(err, RK_E_GGUF_TYPE,
-                          "gguf: tensor%s has unsupported tensor type %u (%s)", nm, t->type,
+        return rk_err_set(err, RK_E_GGUF_TYPE, "gguf: tensor%s has unsupported tensor type %u (%s)", nm, t->type,
                           ggml_type_hint(t->type));
     if (ne[0] % tr->blck_size)
         return rk_err_set(err, RK_E_GGUF_BLOCK,
@@ -314,8 +304,8 @@ static rk_status check_shape(rk_gguf_tensor *t, const uint64_t *ne, rk_err *err)
                           nm, (unsigned long long)ne[0], tr->name, tr->blck_size);
     uint64_t row;
     if (!rk_dtype_row_bytes(t->type, ne[0], &row) || !rk_mul_u64(row, nel / ne[0], &t->n_bytes))
-        return rk_err_set(err, RK_E_GGUF_DIM, "gguf: tensor%s byte size overflows (%s, %llu elements)",
-                          nm, tr->name, (unsigned long long)nel);
+        return rk_err_set(err, RK_E_GGUF_DIM, "gguf: tensor%s byte size overflows (%s, %llu elements)", nm, tr->name,
+                          (unsigned long long)nel);
     return RK_OK;
 }
 
@@ -326,11 +316,10 @@ static rk_status parse_tensor(rk_gguf *g, cur *c, uint64_t i) {
     snprintf(what, sizeof what, "name of tensor #%llu", (unsigned long long)i);
     rk_status st = rd_str(c, &t->name, what, no_name);
     if (st) return st;
-    uint64_t s = table_probe(g->t_slots, g->t_mask, g->tensors, sizeof *t,
-                             offsetof(rk_gguf_tensor, name), t->name.ptr, t->name.len);
+    uint64_t s = table_probe(g->t_slots, g->t_mask, g->tensors, sizeof *t, offsetof(rk_gguf_tensor, name), t->name.ptr,
+                             t->name.len);
     if (g->t_slots[s])
-        return rk_err_set(c->err, RK_E_GGUF_DUPLICATE,
-                          "gguf: duplicate tensor%s (tensors #%llu and #%llu)",
+        return rk_err_set(c->err, RK_E_GGUF_DUPLICATE, "gguf: duplicate tensor%s (tensors #%llu and #%llu)",
                           rk_gguf_fmt_name(nb, t->name), (unsigned long long)(g->t_slots[s] - 1),
                           (unsigned long long)i);
     g->t_slots[s] = i + 1;
@@ -346,8 +335,7 @@ static rk_status parse_tensor(rk_gguf *g, cur *c, uint64_t i) {
     if ((st = rd_u64(c, &t->offset, "data offset of tensor", t->name))) return st;
     if ((st = check_shape(t, ne, c->err))) return st;
     if (t->offset % g->alignment)
-        return rk_err_set(c->err, RK_E_GGUF_ALIGN,
-                          "gguf: tensor%s offset %llu is not a multiple of the alignment %u",
+        return rk_err_set(c->err, RK_E_GGUF_ALIGN, "gguf: tensor%s offset %llu is not a multiple of the alignment %u",
                           rk_gguf_fmt_name(nb, t->name), (unsigned long long)t->offset, g->alignment);
     return RK_OK;
 }
@@ -357,11 +345,9 @@ static rk_status check_bounds(rk_gguf *g, rk_err *err) {
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         rk_gguf_tensor *t = &g->tensors[i];
         uint64_t len = g->len;
-        if (g->data_offset > len || t->offset > len - g->data_offset ||
-            t->n_bytes > len - g->data_offset - t->offset) {
+        if (g->data_offset > len || t->offset > len - g->data_offset || t->n_bytes > len - g->data_offset - t->offset) {
             uint64_t a = sat_add(g->data_offset, t->offset);
-            return rk_err_set(err, RK_E_GGUF_BOUNDS,
-                              "gguf: tensor%s data [%llu, %llu) past end of file (len %zu)",
+            return rk_err_set(err, RK_E_GGUF_BOUNDS, "gguf: tensor%s data [%llu, %llu) past end of file (len %zu)",
                               rk_gguf_fmt_name(nb, t->name), (unsigned long long)a,
                               (unsigned long long)sat_add(a, t->n_bytes), g->len);
         }
@@ -426,9 +412,8 @@ static rk_status parse_header(rk_gguf *g, cur *c) {
                           "re-convert the model with a current llama.cpp to get GGUF v3");
     if (g->version != 2 && g->version != 3) {
         uint32_t sw = __builtin_bswap32(g->version);
-        return rk_err_set(c->err, RK_E_GGUF_VERSION,
-                          "gguf: unsupported GGUF version %u (expected 2 or 3)%s", g->version,
-                          (sw >= 1 && sw <= 3) ? "; this looks like a big-endian file" : "");
+        return rk_err_set(c->err, RK_E_GGUF_VERSION, "gguf: unsupported GGUF version %u (expected 2 or 3)%s",
+                          g->version, (sw >= 1 && sw <= 3) ? "; this looks like a big-endian file" : "");
     }
     if ((st = rd_u64(c, &g->n_tensors, "tensor count", no_name))) return st;
     if ((st = rd_u64(c, &g->n_kv, "key/value count", no_name))) return st;
@@ -443,8 +428,7 @@ static rk_status parse_header(rk_gguf *g, cur *c) {
         return rk_err_set(c->err, RK_E_GGUF_COUNT,
                           "gguf: n_tensors %llu cannot fit in the %zu bytes after offset %zu "
                           "with %llu keys (absurd count or truncated file)",
-                          (unsigned long long)g->n_tensors, left(c), c->pos,
-                          (unsigned long long)g->n_kv);
+                          (unsigned long long)g->n_tensors, left(c), c->pos, (unsigned long long)g->n_kv);
     return RK_OK;
 }
 
@@ -503,38 +487,26 @@ void rk_gguf_destroy(rk_gguf *g) {
 
 /* ---- accessors ------------------------------------------------------------ */
 
-uint32_t rk_gguf_version(const rk_gguf *g) {
-    return g ? g->version : 0;
-}
-uint32_t rk_gguf_alignment(const rk_gguf *g) {
-    return g ? g->alignment : 0;
-}
-uint64_t rk_gguf_data_offset(const rk_gguf *g) {
-    return g ? g->data_offset : 0;
-}
-uint64_t rk_gguf_n_kv(const rk_gguf *g) {
-    return g ? g->n_kv : 0;
-}
-uint64_t rk_gguf_n_tensors(const rk_gguf *g) {
-    return g ? g->n_tensors : 0;
-}
-const rk_gguf_kv *rk_gguf_kv_at(const rk_gguf *g, uint64_t i) {
-    return g && i < g->n_kv ? &g->kv[i] : NULL;
-}
+uint32_t rk_gguf_version(const rk_gguf *g) { return g ? g->version : 0; }
+uint32_t rk_gguf_alignment(const rk_gguf *g) { return g ? g->alignment : 0; }
+uint64_t rk_gguf_data_offset(const rk_gguf *g) { return g ? g->data_offset : 0; }
+uint64_t rk_gguf_n_kv(const rk_gguf *g) { return g ? g->n_kv : 0; }
+uint64_t rk_gguf_n_tensors(const rk_gguf *g) { return g ? g->n_tensors : 0; }
+const rk_gguf_kv *rk_gguf_kv_at(const rk_gguf *g, uint64_t i) { return g && i < g->n_kv ? &g->kv[i] : NULL; }
 const rk_gguf_tensor *rk_gguf_tensor_at(const rk_gguf *g, uint64_t i) {
     return g && i < g->n_tensors ? &g->tensors[i] : NULL;
 }
 
 const rk_gguf_kv *rk_gguf_find_kv(const rk_gguf *g, const char *key) {
     if (!g || !key) return NULL;
-    uint64_t s = table_probe(g->kv_slots, g->kv_mask, g->kv, sizeof *g->kv,
-                             offsetof(rk_gguf_kv, key), key, strlen(key));
+    uint64_t s =
+        table_probe(g->kv_slots, g->kv_mask, g->kv, sizeof *g->kv, offsetof(rk_gguf_kv, key), key, strlen(key));
     return g->kv_slots[s] ? &g->kv[g->kv_slots[s] - 1] : NULL;
 }
 
 const rk_gguf_tensor *rk_gguf_find_tensor(const rk_gguf *g, const char *name) {
     if (!g || !name) return NULL;
-    uint64_t s = table_probe(g->t_slots, g->t_mask, g->tensors, sizeof *g->tensors,
-                             offsetof(rk_gguf_tensor, name), name, strlen(name));
+    uint64_t s = table_probe(g->t_slots, g->t_mask, g->tensors, sizeof *g->tensors, offsetof(rk_gguf_tensor, name),
+                             name, strlen(name));
     return g->t_slots[s] ? &g->tensors[g->t_slots[s] - 1] : NULL;
 }

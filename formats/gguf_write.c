@@ -49,13 +49,9 @@ static void *grow(void *p, uint64_t *cap, uint64_t want, size_t elem) {
 
 /* ---- key/values ------------------------------------------------------------ */
 
-static rk_str cstr(const char *s) {
-    return (rk_str){s, s ? strlen(s) : 0};
-}
+static rk_str cstr(const char *s) { return (rk_str){s, s ? strlen(s) : 0}; }
 
-static bool is_alignment_key(rk_str k) {
-    return k.ptr && rk_str_eq(k, RK_GGUF_ALIGNMENT_KEY);
-}
+static bool is_alignment_key(rk_str k) { return k.ptr && rk_str_eq(k, RK_GGUF_ALIGNMENT_KEY); }
 
 static bool key_exists(const rk_gguf_writer *w, rk_str key) {
     for (uint64_t i = 0; i < w->n_kv; i++)
@@ -66,22 +62,18 @@ static bool key_exists(const rk_gguf_writer *w, rk_str key) {
 }
 
 /* Validates the key and reserves room for it plus value_bytes. */
-static rk_status kv_begin(rk_gguf_writer *w, rk_str key, uint32_t type, uint64_t value_bytes,
-                          rk_err *err) {
+static rk_status kv_begin(rk_gguf_writer *w, rk_str key, uint32_t type, uint64_t value_bytes, rk_err *err) {
     char nb[RK_GGUF_NAME_BUF];
-    if (!w || !key.ptr)
-        return rk_err_set(err, RK_E_INVALID_ARG, "gguf writer: set needs a writer and a key");
+    if (!w || !key.ptr) return rk_err_set(err, RK_E_INVALID_ARG, "gguf writer: set needs a writer and a key");
     if (is_alignment_key(key) && type != RK_GGUF_U32)
-        return rk_err_set(err, RK_E_GGUF_ALIGN, "gguf writer: key '%s' must be u32 (got %s)",
-                          RK_GGUF_ALIGNMENT_KEY, rk_gguf_type_name(type));
+        return rk_err_set(err, RK_E_GGUF_ALIGN, "gguf writer: key '%s' must be u32 (got %s)", RK_GGUF_ALIGNMENT_KEY,
+                          rk_gguf_type_name(type));
     if (key_exists(w, key))
-        return rk_err_set(err, RK_E_GGUF_DUPLICATE, "gguf writer: duplicate key%s",
-                          rk_gguf_fmt_name(nb, key));
+        return rk_err_set(err, RK_E_GGUF_DUPLICATE, "gguf writer: duplicate key%s", rk_gguf_fmt_name(nb, key));
     uint64_t need = 8 + 4, total;
     if (!rk_add_u64(need, key.len, &need) || !rk_add_u64(need, value_bytes, &need) ||
         !rk_add_u64(w->kvs_len, need, &total))
-        return rk_err_set(err, RK_E_GGUF_COUNT, "gguf writer: key%s value too large",
-                          rk_gguf_fmt_name(nb, key));
+        return rk_err_set(err, RK_E_GGUF_COUNT, "gguf writer: key%s value too large", rk_gguf_fmt_name(nb, key));
     uint8_t *kvs = grow(w->kvs, &w->kvs_cap, total, 1);
     if (!kvs) goto nomem;
     w->kvs = kvs;
@@ -90,8 +82,7 @@ static rk_status kv_begin(rk_gguf_writer *w, rk_str key, uint32_t type, uint64_t
     w->keys = keys;
     return RK_OK;
 nomem:
-    return rk_err_set(err, RK_E_NOMEM, "gguf writer: out of memory adding key%s",
-                      rk_gguf_fmt_name(nb, key));
+    return rk_err_set(err, RK_E_NOMEM, "gguf writer: out of memory adding key%s", rk_gguf_fmt_name(nb, key));
 }
 
 /* Only after kv_begin reserved the space. */
@@ -100,13 +91,9 @@ static void put(rk_gguf_writer *w, const void *p, uint64_t n) {
     w->kvs_len += n;
 }
 
-static void put_u32(rk_gguf_writer *w, uint32_t v) {
-    put(w, &v, 4);
-}
+static void put_u32(rk_gguf_writer *w, uint32_t v) { put(w, &v, 4); }
 
-static void put_u64(rk_gguf_writer *w, uint64_t v) {
-    put(w, &v, 8);
-}
+static void put_u64(rk_gguf_writer *w, uint64_t v) { put(w, &v, 8); }
 
 static void put_key(rk_gguf_writer *w, rk_str key, uint32_t type) {
     put_u64(w, key.len);
@@ -115,8 +102,7 @@ static void put_key(rk_gguf_writer *w, rk_str key, uint32_t type) {
     put_u32(w, type);
 }
 
-static rk_status set_scalar(rk_gguf_writer *w, const char *key, uint32_t type, const void *v,
-                            rk_err *err) {
+static rk_status set_scalar(rk_gguf_writer *w, const char *key, uint32_t type, const void *v, rk_err *err) {
     uint32_t size = rk_gguf_type_size(type);
     rk_status st = kv_begin(w, cstr(key), type, size, err);
     if (st) return st;
@@ -156,9 +142,7 @@ rk_status rk_gguf_writer_set_bool(rk_gguf_writer *w, const char *key, bool v, rk
 }
 
 rk_status rk_gguf_writer_set_str(rk_gguf_writer *w, const char *key, const char *v, rk_err *err) {
-    if (!v)
-        return rk_err_set(err, RK_E_INVALID_ARG, "gguf writer: key '%s' has a NULL string",
-                          key ? key : "(null)");
+    if (!v) return rk_err_set(err, RK_E_INVALID_ARG, "gguf writer: key '%s' has a NULL string", key ? key : "(null)");
     uint64_t n = strlen(v);
     rk_status st = kv_begin(w, cstr(key), RK_GGUF_STRING, 8 + n, err);
     if (st) return st;
@@ -168,8 +152,8 @@ rk_status rk_gguf_writer_set_str(rk_gguf_writer *w, const char *key, const char 
     return RK_OK;
 }
 
-rk_status rk_gguf_writer_set_arr(rk_gguf_writer *w, const char *key, uint32_t elem_type,
-                                 const void *data, uint64_t n, rk_err *err) {
+rk_status rk_gguf_writer_set_arr(rk_gguf_writer *w, const char *key, uint32_t elem_type, const void *data, uint64_t n,
+                                 rk_err *err) {
     const char *k = key ? key : "(null)";
     uint32_t size = rk_gguf_type_size(elem_type);
     if (!size)
@@ -177,12 +161,11 @@ rk_status rk_gguf_writer_set_arr(rk_gguf_writer *w, const char *key, uint32_t el
                           "gguf writer: key '%s' array element type %u (%s) is not a fixed-size "
                           "type",
                           k, elem_type, rk_gguf_type_name(elem_type));
-    if (!data && n)
-        return rk_err_set(err, RK_E_INVALID_ARG, "gguf writer: key '%s' has NULL array data", k);
+    if (!data && n) return rk_err_set(err, RK_E_INVALID_ARG, "gguf writer: key '%s' has NULL array data", k);
     uint64_t bytes;
     if (!rk_mul_u64(n, size, &bytes) || !rk_add_u64(bytes, 12, &bytes))
-        return rk_err_set(err, RK_E_GGUF_COUNT, "gguf writer: key '%s' array of %llu is too large",
-                          k, (unsigned long long)n);
+        return rk_err_set(err, RK_E_GGUF_COUNT, "gguf writer: key '%s' array of %llu is too large", k,
+                          (unsigned long long)n);
     rk_status st = kv_begin(w, cstr(key), RK_GGUF_ARRAY, bytes, err);
     if (st) return st;
     put_key(w, cstr(key), RK_GGUF_ARRAY);
@@ -192,16 +175,15 @@ rk_status rk_gguf_writer_set_arr(rk_gguf_writer *w, const char *key, uint32_t el
     return RK_OK;
 }
 
-rk_status rk_gguf_writer_set_arr_str(rk_gguf_writer *w, const char *key,
-                                     const char *const *strs, uint64_t n, rk_err *err) {
+rk_status rk_gguf_writer_set_arr_str(rk_gguf_writer *w, const char *key, const char *const *strs, uint64_t n,
+                                     rk_err *err) {
     const char *k = key ? key : "(null)";
-    if (!strs && n)
-        return rk_err_set(err, RK_E_INVALID_ARG, "gguf writer: key '%s' has NULL array data", k);
+    if (!strs && n) return rk_err_set(err, RK_E_INVALID_ARG, "gguf writer: key '%s' has NULL array data", k);
     uint64_t bytes = 12;
     for (uint64_t i = 0; i < n; i++) {
         if (!strs[i])
-            return rk_err_set(err, RK_E_INVALID_ARG, "gguf writer: key '%s' string %llu is NULL",
-                              k, (unsigned long long)i);
+            return rk_err_set(err, RK_E_INVALID_ARG, "gguf writer: key '%s' string %llu is NULL", k,
+                              (unsigned long long)i);
         if (!rk_add_u64(bytes, 8 + (uint64_t)strlen(strs[i]), &bytes))
             return rk_err_set(err, RK_E_GGUF_COUNT, "gguf writer: key '%s' strings too large", k);
     }
@@ -240,16 +222,14 @@ rk_status rk_gguf_writer_set_kv(rk_gguf_writer *w, const rk_gguf_kv *kv, rk_err 
     } else if (kv->type != RK_GGUF_ARRAY && rk_gguf_type_size(kv->type)) {
         bytes = rk_gguf_type_size(kv->type);
     } else {
-        return rk_err_set(err, RK_E_GGUF_TYPE, "gguf writer: key%s has type %s / %s",
-                          rk_gguf_fmt_name(nb, kv->key), rk_gguf_type_name(kv->type),
-                          rk_gguf_type_name(kv->arr_type));
+        return rk_err_set(err, RK_E_GGUF_TYPE, "gguf writer: key%s has type %s / %s", rk_gguf_fmt_name(nb, kv->key),
+                          rk_gguf_type_name(kv->type), rk_gguf_type_name(kv->arr_type));
     }
     if (is_alignment_key(kv->key) && kv->type == RK_GGUF_U32) {
         uint32_t a;
         memcpy(&a, kv->data, 4);
         if (a != w->alignment)
-            return rk_err_set(err, RK_E_GGUF_ALIGN,
-                              "gguf writer: key '%s' = %u differs from the writer's alignment %u",
+            return rk_err_set(err, RK_E_GGUF_ALIGN, "gguf writer: key '%s' = %u differs from the writer's alignment %u",
                               RK_GGUF_ALIGNMENT_KEY, a, w->alignment);
         if (key_exists(w, kv->key)) return RK_OK; /* written by create */
     }
@@ -267,62 +247,56 @@ rk_status rk_gguf_writer_set_kv(rk_gguf_writer *w, const rk_gguf_kv *kv, rk_err 
 
 /* ---- tensors ----------------------------------------------------------------- */
 
-static rk_status tensor_bytes(const char *name, uint32_t type, uint32_t n_dims, const int64_t *ne,
-                              uint64_t *out, rk_err *err) {
+static rk_status tensor_bytes(const char *name, uint32_t type, uint32_t n_dims, const int64_t *ne, uint64_t *out,
+                              rk_err *err) {
     if (n_dims < 1 || n_dims > RK_GGUF_MAX_DIMS || !ne)
-        return rk_err_set(err, RK_E_GGUF_DIM, "gguf writer: tensor '%s' n_dims %u (expected 1..%u)",
-                          name, n_dims, RK_GGUF_MAX_DIMS);
+        return rk_err_set(err, RK_E_GGUF_DIM, "gguf writer: tensor '%s' n_dims %u (expected 1..%u)", name, n_dims,
+                          RK_GGUF_MAX_DIMS);
     uint64_t nel = 1;
     for (uint32_t d = 0; d < n_dims; d++) {
         if (ne[d] <= 0)
-            return rk_err_set(err, RK_E_GGUF_DIM, "gguf writer: tensor '%s' ne[%u] = %lld (expected > 0)",
-                              name, d, (long long)ne[d]);
+            return rk_err_set(err, RK_E_GGUF_DIM, "gguf writer: tensor '%s' ne[%u] = %lld (expected > 0)", name, d,
+                              (long long)ne[d]);
         if (!rk_mul_u64(nel, (uint64_t)ne[d], &nel) || nel > (uint64_t)INT64_MAX)
-            return rk_err_set(err, RK_E_GGUF_DIM, "gguf writer: tensor '%s' element count overflows",
-                              name);
+            return rk_err_set(err, RK_E_GGUF_DIM, "gguf writer: tensor '%s' element count overflows", name);
     }
     const rk_dtype_traits *tr = rk_dtype_get(type);
-    if (!tr)
-        return rk_err_set(err, RK_E_GGUF_TYPE, "gguf writer: tensor '%s' has unknown type %u",
-                          name, type);
+    if (!tr) return rk_err_set(err, RK_E_GGUF_TYPE, "gguf writer: tensor '%s' has unknown type %u", name, type);
     if ((uint64_t)ne[0] % tr->blck_size)
         return rk_err_set(err, RK_E_GGUF_BLOCK,
                           "gguf writer: tensor '%s' row length %lld is not a multiple of the %s "
                           "block size %u",
                           name, (long long)ne[0], tr->name, tr->blck_size);
     uint64_t row;
-    if (!rk_dtype_row_bytes(type, (uint64_t)ne[0], &row) ||
-        !rk_mul_u64(row, nel / (uint64_t)ne[0], out))
+    if (!rk_dtype_row_bytes(type, (uint64_t)ne[0], &row) || !rk_mul_u64(row, nel / (uint64_t)ne[0], out))
         return rk_err_set(err, RK_E_GGUF_DIM, "gguf writer: tensor '%s' byte size overflows", name);
     return RK_OK;
 }
 
-rk_status rk_gguf_writer_add_tensor(rk_gguf_writer *w, const char *name, uint32_t type,
-                                    uint32_t n_dims, const int64_t *ne, const void *data,
-                                    uint64_t n_bytes, rk_err *err) {
-    if (!w || !name)
-        return rk_err_set(err, RK_E_INVALID_ARG, "gguf writer: add_tensor needs a writer and a name");
+rk_status rk_gguf_writer_add_tensor(rk_gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
+                                    const int64_t *ne, const void *data, uint64_t n_bytes, rk_err *err) {
+    if (!w || !name) return rk_err_set(err, RK_E_INVALID_ARG, "gguf writer: add_tensor needs a writer and a name");
     uint64_t want = 0;
     rk_status st = tensor_bytes(name, type, n_dims, ne, &want, err);
     if (st) return st;
     if (n_bytes != want)
-        return rk_err_set(err, RK_E_INVALID_ARG,
-                          "gguf writer: tensor '%s' has %llu bytes (expected %llu for %s)", name,
-                          (unsigned long long)n_bytes, (unsigned long long)want,
-                          rk_dtype_name(type));
-    if (!data)
-        return rk_err_set(err, RK_E_INVALID_ARG, "gguf writer: tensor '%s' has NULL data", name);
+        return rk_err_set(err, RK_E_INVALID_ARG, "gguf writer: tensor '%s' has %llu bytes (expected %llu for %s)", name,
+                          (unsigned long long)n_bytes, (unsigned long long)want, rk_dtype_name(type));
+    if (!data) return rk_err_set(err, RK_E_INVALID_ARG, "gguf writer: tensor '%s' has NULL data", name);
     size_t n = strlen(name);
     for (uint64_t i = 0; i < w->n_t; i++)
         if (w->t[i].name_len == n && memcmp(w->t[i].name, name, n) == 0)
-            return rk_err_set(err, RK_E_GGUF_DUPLICATE, "gguf writer: duplicate tensor '%s'",
-                              name);
+            return rk_err_set(err, RK_E_GGUF_DUPLICATE, "gguf writer: duplicate tensor '%s'", name);
     if (n_bytes > SIZE_MAX) goto nomem;
     wtensor *t = grow(w->t, &w->cap_t, w->n_t + 1, sizeof *t);
     if (!t) goto nomem;
     w->t = t;
-    wtensor nt = {.name = malloc(n + 1), .name_len = n, .type = type, .n_dims = n_dims,
-                  .data = malloc((size_t)n_bytes), .n_bytes = n_bytes};
+    wtensor nt = {.name = malloc(n + 1),
+                  .name_len = n,
+                  .type = type,
+                  .n_dims = n_dims,
+                  .data = malloc((size_t)n_bytes),
+                  .n_bytes = n_bytes};
     if (!nt.name || !nt.data) {
         free(nt.name);
         free(nt.data);
@@ -334,8 +308,8 @@ rk_status rk_gguf_writer_add_tensor(rk_gguf_writer *w, const char *name, uint32_
     w->t[w->n_t++] = nt;
     return RK_OK;
 nomem:
-    return rk_err_set(err, RK_E_NOMEM, "gguf writer: out of memory adding tensor '%s' (%llu bytes)",
-                      name, (unsigned long long)n_bytes);
+    return rk_err_set(err, RK_E_NOMEM, "gguf writer: out of memory adding tensor '%s' (%llu bytes)", name,
+                      (unsigned long long)n_bytes);
 }
 
 /* ---- create / finish --------------------------------------------------------- */
@@ -349,8 +323,7 @@ rk_status rk_gguf_writer_create(uint32_t alignment, rk_gguf_writer **out, rk_err
     }
     if (alignment == 0) alignment = RK_GGUF_DEFAULT_ALIGNMENT;
     if (!rk_gguf_is_pow2(alignment)) {
-        st = rk_err_set(err, RK_E_GGUF_ALIGN,
-                        "gguf writer: alignment %u is not a power of two", alignment);
+        st = rk_err_set(err, RK_E_GGUF_ALIGN, "gguf writer: alignment %u is not a power of two", alignment);
         goto fail;
     }
     w = calloc(1, sizeof *w);
@@ -406,14 +379,11 @@ rk_status rk_gguf_writer_finish(rk_gguf_writer *w, void **bytes, size_t *len, rk
              rk_add_u64(data, t->n_bytes, &data) && align_up(data, a, &data);
     }
     uint64_t data_start = head;
-    ok = ok && (!w->n_t || align_up(head, a, &data_start)) &&
-         rk_add_u64(data_start, data, &total) && total <= SIZE_MAX;
-    if (!ok)
-        return rk_err_set(err, RK_E_GGUF_COUNT, "gguf writer: file size overflows");
+    ok = ok && (!w->n_t || align_up(head, a, &data_start)) && rk_add_u64(data_start, data, &total) && total <= SIZE_MAX;
+    if (!ok) return rk_err_set(err, RK_E_GGUF_COUNT, "gguf writer: file size overflows");
     uint8_t *buf = calloc((size_t)total ? (size_t)total : 1, 1); /* zeroed padding */
     if (!buf)
-        return rk_err_set(err, RK_E_NOMEM, "gguf writer: out of memory for %llu bytes",
-                          (unsigned long long)total);
+        return rk_err_set(err, RK_E_NOMEM, "gguf writer: out of memory for %llu bytes", (unsigned long long)total);
     uint8_t *p = emit(buf, "GGUF", 4);
     uint32_t version = 3;
     p = emit(p, &version, 4);

@@ -62,7 +62,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (c == SERVE_OK) {
         check(r.op <= SERVE_OP_INFO);
         check(r.gen.n_stop >= 0 && r.gen.n_stop <= SERVE_MAX_STOP);
-        for (int i = 0; i < r.gen.n_stop; i++) check(r.gen.stop_len[i] > 0 && r.gen.stop_len[i] <= SERVE_MAX_STOP_BYTES);
+        for (int i = 0; i < r.gen.n_stop; i++)
+            check(r.gen.stop_len[i] > 0 && r.gen.stop_len[i] <= SERVE_MAX_STOP_BYTES);
         if (r.op == SERVE_OP_CHAT) check(r.n_msgs > 0 && r.msgs[0].role && r.msgs[0].content);
     }
     serve_gen g = {.n_stop = 1, .stop = {"</s>"}, .stop_len = {4}};

@@ -46,14 +46,12 @@ static void *slurp(const char *path, size_t *len) {
 }
 
 /* Adds a tensor of the given type and n_dims with a tiny shape; data is a byte ramp. */
-static rk_status add_small(rk_gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
-                           rk_err *err) {
+static rk_status add_small(rk_gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims, rk_err *err) {
     const rk_dtype_traits *tr = rk_dtype_get(type);
     if (!tr) return rk_err_set(err, RK_E_GGUF_TYPE, "unknown type %u", type);
     int64_t ne[4] = {tr->blck_size == 1 ? 4 : tr->blck_size, 2, 1, 1};
     uint64_t rows = n_dims > 1 ? 2 : 1, row;
-    if (!rk_dtype_row_bytes(type, (uint64_t)ne[0], &row))
-        return rk_err_set(err, RK_E_GGUF_DIM, "row size");
+    if (!rk_dtype_row_bytes(type, (uint64_t)ne[0], &row)) return rk_err_set(err, RK_E_GGUF_DIM, "row size");
     uint8_t *data = malloc((size_t)(row * rows));
     if (!data) return rk_err_set(err, RK_E_NOMEM, "out of memory");
     for (uint64_t i = 0; i < row * rows; i++) data[i] = (uint8_t)(i * 13 + 1);
@@ -75,16 +73,13 @@ static int seed_model(const char *dir, const char *path) {
         rk_err_set(&err, RK_E_IO, "cannot read the file");
         goto fail;
     }
-    if (rk_gguf_parse(bytes, len, &g, &err) ||
-        rk_gguf_writer_create(rk_gguf_alignment(g), &w, &err))
-        goto fail;
+    if (rk_gguf_parse(bytes, len, &g, &err) || rk_gguf_writer_create(rk_gguf_alignment(g), &w, &err)) goto fail;
     for (uint64_t i = 0; i < rk_gguf_n_kv(g); i++)
         if (rk_gguf_writer_set_kv(w, rk_gguf_kv_at(g, i), &err)) goto fail;
     for (uint64_t i = 0; i < rk_gguf_n_tensors(g); i++) {
         const rk_gguf_tensor *t = rk_gguf_tensor_at(g, i);
         char name[256];
-        snprintf(name, sizeof name, "%.*s", (int)(t->name.len < 255 ? t->name.len : 255),
-                 t->name.ptr);
+        snprintf(name, sizeof name, "%.*s", (int)(t->name.len < 255 ? t->name.len : 255), t->name.ptr);
         if (add_small(w, name, t->type, t->n_dims, &err)) goto fail;
     }
     char out[512];
@@ -106,21 +101,16 @@ static int seed_synthetic(const char *dir) {
     static const int16_t i16[] = {-3, 4};
     static const double f64[] = {0.5, -2.0};
     static const char *const strs[] = {"<s>", "", "a b"};
-    static const uint32_t types[] = {RK_DT_F32, RK_DT_F16, RK_DT_BF16, RK_DT_Q8_0,
+    static const uint32_t types[] = {RK_DT_F32,  RK_DT_F16,  RK_DT_BF16, RK_DT_Q8_0,
                                      RK_DT_Q4_0, RK_DT_Q4_1, RK_DT_Q4_K, RK_DT_Q6_K};
-    if (rk_gguf_writer_create(32, &w, &err) ||
-        rk_gguf_writer_set_u32(w, "k.u32", 7, &err) ||
-        rk_gguf_writer_set_i32(w, "k.i32", -7, &err) ||
-        rk_gguf_writer_set_u64(w, "k.u64", 1ull << 40, &err) ||
-        rk_gguf_writer_set_f32(w, "k.f32", 1.5f, &err) ||
-        rk_gguf_writer_set_f64(w, "k.f64", -0.25, &err) ||
-        rk_gguf_writer_set_bool(w, "k.bool", true, &err) ||
-        rk_gguf_writer_set_str(w, "k.str", "hello", &err) ||
+    if (rk_gguf_writer_create(32, &w, &err) || rk_gguf_writer_set_u32(w, "k.u32", 7, &err) ||
+        rk_gguf_writer_set_i32(w, "k.i32", -7, &err) || rk_gguf_writer_set_u64(w, "k.u64", 1ull << 40, &err) ||
+        rk_gguf_writer_set_f32(w, "k.f32", 1.5f, &err) || rk_gguf_writer_set_f64(w, "k.f64", -0.25, &err) ||
+        rk_gguf_writer_set_bool(w, "k.bool", true, &err) || rk_gguf_writer_set_str(w, "k.str", "hello", &err) ||
         rk_gguf_writer_set_arr(w, "a.u8", RK_GGUF_U8, "\1\2\3", 3, &err) ||
         rk_gguf_writer_set_arr(w, "a.i16", RK_GGUF_I16, i16, 2, &err) ||
         rk_gguf_writer_set_arr(w, "a.f64", RK_GGUF_F64, f64, 2, &err) ||
-        rk_gguf_writer_set_arr_str(w, "a.str", strs, 3, &err) ||
-        add_small(w, "t.f32", RK_DT_F32, 1, &err) ||
+        rk_gguf_writer_set_arr_str(w, "a.str", strs, 3, &err) || add_small(w, "t.f32", RK_DT_F32, 1, &err) ||
         rk_gguf_writer_create(64, &w2, &err))
         goto fail;
     for (uint32_t i = 0; i < sizeof types / sizeof types[0]; i++) {

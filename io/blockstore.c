@@ -62,8 +62,8 @@ struct rk_bs {
     /* io_uring */
     struct io_uring ring;
     bool ring_ok, fixed_bufs, fixed_file;
-    bool batch;          /* rk_bs_batch: prepared SQEs wait for one io_uring_submit */
-    int unsubmitted;     /* SQEs prepared, not yet submitted */
+    bool batch;      /* rk_bs_batch: prepared SQEs wait for one io_uring_submit */
+    int unsubmitted; /* SQEs prepared, not yet submitted */
     /* thread pool */
     pthread_t *th;
     int n_th;
@@ -106,8 +106,8 @@ rk_status rk_bs_fault_parse(const char *spec, rk_bs_fault *out, rk_err *err) {
             *out = f;
             return RK_OK;
         }
-    return rk_err_set(err, RK_E_INVALID_ARG, "io: fault '%s' unknown (short_write, enospc, eio, corrupt, kill [@N|@all])",
-                      spec);
+    return rk_err_set(err, RK_E_INVALID_ARG,
+                      "io: fault '%s' unknown (short_write, enospc, eio, corrupt, kill [@N|@all])", spec);
 }
 
 /* ---- index: open addressing on the block id ---------------------------------------- */
@@ -331,7 +331,8 @@ static void complete(rk_bs *bs, int si, int64_t res, rk_bs_done *d) {
         uint32_t codec;
         rk_status st = parse_header(s->buf, &id, &raw, &stored, &codec, d->msg, sizeof d->msg);
         if (s->corrupt) s->buf[!st && stored ? HDR + stored / 2 : 20] ^= 0x5a; /* the payload (else the header) */
-        if (s->corrupt && st == RK_OK && !stored) st = parse_header(s->buf, &id, &raw, &stored, &codec, d->msg, sizeof d->msg);
+        if (s->corrupt && st == RK_OK && !stored)
+            st = parse_header(s->buf, &id, &raw, &stored, &codec, d->msg, sizeof d->msg);
         if (!st && (id != s->id || raw != s->raw || round_up(HDR + stored) != s->frame)) {
             st = RK_E_FORMAT;
             snprintf(d->msg, sizeof d->msg, "io: frame read for block %llu holds block %llu (%llu bytes)",
@@ -371,7 +372,8 @@ static void complete(rk_bs *bs, int si, int64_t res, rk_bs_done *d) {
             char t[sizeof d->msg];
             memcpy(t, d->msg, sizeof t);
             int w = snprintf(d->msg, sizeof d->msg, "io: block %llu: ", (unsigned long long)s->id);
-            if (w > 0 && (size_t)w < sizeof d->msg) snprintf(d->msg + w, sizeof d->msg - (size_t)w, "%.*s", (int)(sizeof d->msg - (size_t)w - 1), t);
+            if (w > 0 && (size_t)w < sizeof d->msg)
+                snprintf(d->msg + w, sizeof d->msg - (size_t)w, "%.*s", (int)(sizeof d->msg - (size_t)w - 1), t);
         }
         d->status = st;
     }
@@ -486,9 +488,9 @@ rk_status rk_bs_put(rk_bs *bs, uint64_t id, const void *data, size_t len, void *
     slot *s = &bs->slots[si];
     const double t0 = rk_time_now();
     /* level < 0: raw frames (no compression attempt: KV rows barely shrink, docs/TIERS.md) */
-    size_t stored = bs->p.zstd_level < 0 ? len
-                                         : ZSTD_compressCCtx(bs->cctx, s->buf + HDR, bs->slot_cap - HDR, data, len,
-                                                             bs->p.zstd_level);
+    size_t stored = bs->p.zstd_level < 0
+                        ? len
+                        : ZSTD_compressCCtx(bs->cctx, s->buf + HDR, bs->slot_cap - HDR, data, len, bs->p.zstd_level);
     uint32_t codec = 1;
     if (ZSTD_isError(stored) || stored >= len) {
         memcpy(s->buf + HDR, data, len);
@@ -505,7 +507,8 @@ rk_status rk_bs_put(rk_bs *bs, uint64_t id, const void *data, size_t len, void *
     rk_le_put(h + 48, XXH64(h, 48, 0), 8);
     const uint64_t frame = round_up(HDR + stored);
     memset(s->buf + HDR + stored, 0, (size_t)(frame - HDR - stored));
-    *s = (slot){.buf = s->buf, .busy = true, .is_put = true, .id = id, .off = bs->end, .frame = frame, .raw = len, .ud = ud};
+    *s = (slot){
+        .buf = s->buf, .busy = true, .is_put = true, .id = id, .off = bs->end, .frame = frame, .raw = len, .ud = ud};
     bs->end += frame;
     bs->st.raw_written += len, bs->st.stored_written += frame;
     const int64_t nth = bs->n_puts++;
@@ -553,8 +556,18 @@ static rk_status get_impl(rk_bs *bs, uint64_t id, void *dst, size_t cap, const r
     if (si < 0) return err ? err->code : RK_E_INTERNAL;
     slot *s = &bs->slots[si];
     const int64_t nth = bs->n_gets++;
-    *s = (slot){.buf = s->buf, .busy = true, .is_put = false, .id = id, .off = ent.off, .frame = ent.frame,
-                .raw = ent.raw, .ud = ud, .dst = dst, .cap = cap, .iov = iov, .n_iov = n_iov,
+    *s = (slot){.buf = s->buf,
+                .busy = true,
+                .is_put = false,
+                .id = id,
+                .off = ent.off,
+                .frame = ent.frame,
+                .raw = ent.raw,
+                .ud = ud,
+                .dst = dst,
+                .cap = cap,
+                .iov = iov,
+                .n_iov = n_iov,
                 .corrupt = fault_now(bs, RK_BS_FAULT_CORRUPT, nth)};
     if (fault_now(bs, RK_BS_FAULT_EIO, nth)) {
         rk_bs_done d;
@@ -590,7 +603,8 @@ rk_status rk_bs_get_sync(rk_bs *bs, uint64_t id, void *dst, size_t cap, size_t *
 }
 
 rk_status rk_bs_sync(rk_bs *bs, rk_err *err) {
-    if (fsync(bs->fd) != 0) return rk_err_set(err, RK_E_IO, "io: fsync of the block store failed (%s)", strerror(errno));
+    if (fsync(bs->fd) != 0)
+        return rk_err_set(err, RK_E_IO, "io: fsync of the block store failed (%s)", strerror(errno));
     return RK_OK;
 }
 
@@ -644,8 +658,12 @@ static rk_status scan(rk_bs *bs, const char *path, rk_err *err) {
         ssize_t r;
         do r = pread(bs->fd, h, ALIGN, (off_t)off);
         while (r < 0 && errno == EINTR);
-        if (r < 0) return rk_err_set(err, RK_E_IO, "io: read of %s at %llu failed (%s)", path, (unsigned long long)off, strerror(errno));
-        if (r < HDR) return rk_err_set(err, RK_E_FORMAT, "io: %s is truncated (a frame header at %llu)", path, (unsigned long long)off);
+        if (r < 0)
+            return rk_err_set(err, RK_E_IO, "io: read of %s at %llu failed (%s)", path, (unsigned long long)off,
+                              strerror(errno));
+        if (r < HDR)
+            return rk_err_set(err, RK_E_FORMAT, "io: %s is truncated (a frame header at %llu)", path,
+                              (unsigned long long)off);
         uint64_t id, raw, stored;
         uint32_t codec;
         char msg[160];
@@ -653,9 +671,9 @@ static rk_status scan(rk_bs *bs, const char *path, rk_err *err) {
             return rk_err_set(err, RK_E_FORMAT, "io: %s at %llu: %s", path, (unsigned long long)off, msg);
         const uint64_t frame = round_up(HDR + stored);
         if (frame > size - off)
-            return rk_err_set(err, RK_E_FORMAT, "io: %s is truncated (block %llu needs %llu bytes at %llu, the file has %llu)",
-                              path, (unsigned long long)id, (unsigned long long)frame, (unsigned long long)off,
-                              (unsigned long long)size);
+            return rk_err_set(
+                err, RK_E_FORMAT, "io: %s is truncated (block %llu needs %llu bytes at %llu, the file has %llu)", path,
+                (unsigned long long)id, (unsigned long long)frame, (unsigned long long)off, (unsigned long long)size);
         if (!insert(bs, id, off, frame, raw)) return rk_err_set(err, RK_E_NOMEM, "io: out of memory indexing %s", path);
         if (raw > bs->p.max_block) bs->p.max_block = (size_t)raw; /* buffers grown below */
         off += frame;

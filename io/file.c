@@ -10,8 +10,9 @@
 
 rk_status rk_io_read_file(const char *path, char **data, size_t *len, rk_err *err) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return rk_err_set(err, errno == ENOENT ? RK_E_NOT_FOUND : RK_E_IO,
-                                  "io: cannot open %s (%s)", path, strerror(errno));
+    if (fd < 0)
+        return rk_err_set(err, errno == ENOENT ? RK_E_NOT_FOUND : RK_E_IO, "io: cannot open %s (%s)", path,
+                          strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
@@ -58,8 +59,8 @@ rk_status rk_io_write_file_atomic(const char *path, const void *data, size_t len
             int e = r < 0 ? errno : ENOSPC;
             close(fd);
             unlink(tmp);
-            return rk_err_set(err, RK_E_IO, "io: write to %s failed after %zu of %zu bytes (%s)",
-                              tmp, done, len, strerror(e));
+            return rk_err_set(err, RK_E_IO, "io: write to %s failed after %zu of %zu bytes (%s)", tmp, done, len,
+                              strerror(e));
         }
         done += (size_t)r;
     }

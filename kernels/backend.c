@@ -9,17 +9,23 @@
 #include "ops_impl.h"
 
 static const char *const op_names[RK_OP_COUNT] = {
-    [RK_OP_GET_ROWS] = "GET_ROWS", [RK_OP_MATMUL] = "MATMUL",     [RK_OP_RMSNORM] = "RMSNORM",
-    [RK_OP_ROPE] = "ROPE",         [RK_OP_ATTN] = "ATTN",         [RK_OP_SILU_MUL] = "SILU_MUL",
-    [RK_OP_ADD] = "ADD",           [RK_OP_ADD_ROW] = "ADD_ROW",   [RK_OP_CPY_ROWS] = "CPY_ROWS",
-    [RK_OP_LR_KEYS] = "LR_KEYS",   [RK_OP_SCATTER_ROWS] = "SCATTER_ROWS", [RK_OP_LR_ATTN] = "LR_ATTN",
+    [RK_OP_GET_ROWS] = "GET_ROWS",
+    [RK_OP_MATMUL] = "MATMUL",
+    [RK_OP_RMSNORM] = "RMSNORM",
+    [RK_OP_ROPE] = "ROPE",
+    [RK_OP_ATTN] = "ATTN",
+    [RK_OP_SILU_MUL] = "SILU_MUL",
+    [RK_OP_ADD] = "ADD",
+    [RK_OP_ADD_ROW] = "ADD_ROW",
+    [RK_OP_CPY_ROWS] = "CPY_ROWS",
+    [RK_OP_LR_KEYS] = "LR_KEYS",
+    [RK_OP_SCATTER_ROWS] = "SCATTER_ROWS",
+    [RK_OP_LR_ATTN] = "LR_ATTN",
     [RK_OP_MATMUL_N] = "MATMUL_N",
 };
 _Static_assert(RK_OP_COUNT == 13, "op count changed: name the new op");
 
-const char *rk_op_name(rk_op op) {
-    return (unsigned)op < RK_OP_COUNT ? op_names[op] : "UNKNOWN_OP";
-}
+const char *rk_op_name(rk_op op) { return (unsigned)op < RK_OP_COUNT ? op_names[op] : "UNKNOWN_OP"; }
 
 void rk_backend_destroy(rk_backend *be) {
     if (!be) return;
@@ -59,44 +65,42 @@ static rk_status check_view(const char *op, const char *name, const rk_view *v, 
     if (t->blck_size == 1 && v->nb1 % t->type_size)
         BAD("kernels: %s: %s nb1 %zu not a multiple of the element size %u", op, name, v->nb1, t->type_size);
     if (rk_view_rows(v) > 1 && v->nb1 < row_bytes)
-        BAD("kernels: %s: %s nb1 too small (>= %llu vs %zu)", op, name, (unsigned long long)row_bytes,
-            v->nb1);
+        BAD("kernels: %s: %s nb1 too small (>= %llu vs %zu)", op, name, (unsigned long long)row_bytes, v->nb1);
     if (!v->data && v->ne[0] > 0 && rk_view_rows(v) > 0) BAD("kernels: %s: %s data is NULL", op, name);
     return RK_OK;
 }
 
-static rk_status same_shape(const char *op, const char *na, const rk_view *a, const char *nb,
-                            const rk_view *b, rk_err *err) {
+static rk_status same_shape(const char *op, const char *na, const rk_view *a, const char *nb, const rk_view *b,
+                            rk_err *err) {
     if (a->ne[0] != b->ne[0] || rk_view_rows(a) != rk_view_rows(b))
         BAD("kernels: %s: %s shape (%lld x %lld) vs %s (%lld x %lld)", op, na, (long long)rk_view_rows(a),
             (long long)a->ne[0], nb, (long long)rk_view_rows(b), (long long)b->ne[0]);
     return RK_OK;
 }
 
-#define TRY(x)                                                                                     \
-    do {                                                                                           \
-        rk_status st_ = (x);                                                                       \
-        if (st_ != RK_OK) return st_;                                                              \
+#define TRY(x)                        \
+    do {                              \
+        rk_status st_ = (x);          \
+        if (st_ != RK_OK) return st_; \
     } while (0)
 
 static rk_status check_attn(const char *on, const rk_op_args *a, rk_err *err) {
     const rk_attn_params *p = &a->attn;
     if (p->n_head <= 0 || p->n_head_kv <= 0 || p->head_dim <= 0 || p->n_head % p->n_head_kv)
-        BAD("kernels: %s: heads %d / kv heads %d / head_dim %d (n_head a positive multiple of n_head_kv)",
-            on, p->n_head, p->n_head_kv, p->head_dim);
+        BAD("kernels: %s: heads %d / kv heads %d / head_dim %d (n_head a positive multiple of n_head_kv)", on,
+            p->n_head, p->n_head_kv, p->head_dim);
     if (p->pos0 < 0) BAD("kernels: %s: pos0 %lld negative", on, (long long)p->pos0);
     if (!isfinite(p->scale)) BAD("kernels: %s: scale not finite", on);
     rk_heads q, k, v, d;
     if (!rk_heads_of(&a->src0, p->n_head, p->head_dim, &q))
-        BAD("kernels: %s: q view is neither {%d, n} nor {%d, %d, n} (ne[0] %lld)", on,
-            p->n_head * p->head_dim, p->head_dim, p->n_head, (long long)a->src0.ne[0]);
+        BAD("kernels: %s: q view is neither {%d, n} nor {%d, %d, n} (ne[0] %lld)", on, p->n_head * p->head_dim,
+            p->head_dim, p->n_head, (long long)a->src0.ne[0]);
     if (!rk_heads_of(&a->dst, p->n_head, p->head_dim, &d) || d.n_tok != q.n_tok)
-        BAD("kernels: %s: dst view does not match q (%lld tokens of %d x %d)", on, (long long)q.n_tok,
-            p->n_head, p->head_dim);
-    if (!rk_heads_of(&a->src1, p->n_head_kv, p->head_dim, &k) ||
-        !rk_heads_of(&a->src2, p->n_head_kv, p->head_dim, &v))
-        BAD("kernels: %s: K/V cache views are not {%d, n_ctx} or {%d, %d, n_ctx}", on,
-            p->n_head_kv * p->head_dim, p->head_dim, p->n_head_kv);
+        BAD("kernels: %s: dst view does not match q (%lld tokens of %d x %d)", on, (long long)q.n_tok, p->n_head,
+            p->head_dim);
+    if (!rk_heads_of(&a->src1, p->n_head_kv, p->head_dim, &k) || !rk_heads_of(&a->src2, p->n_head_kv, p->head_dim, &v))
+        BAD("kernels: %s: K/V cache views are not {%d, n_ctx} or {%d, %d, n_ctx}", on, p->n_head_kv * p->head_dim,
+            p->head_dim, p->n_head_kv);
     if (a->attn_kv_pos) { /* positioned rows: n_kv of them, positions non-decreasing and >= 0 */
         if (a->attn_n_kv < 0 || a->attn_n_kv > k.n_tok || a->attn_n_kv > v.n_tok)
             BAD("kernels: %s: n_kv %lld positioned rows vs K %lld, V %lld", on, (long long)a->attn_n_kv,
@@ -109,8 +113,8 @@ static rk_status check_attn(const char *on, const rk_op_args *a, rk_err *err) {
     } else if (a->attn_kv_bias) {
         BAD("kernels: %s: kv_bias without kv_pos", on);
     } else if (p->pos0 > INT64_MAX - q.n_tok || p->pos0 + q.n_tok > k.n_tok || p->pos0 + q.n_tok > v.n_tok)
-        BAD("kernels: %s: cache rows (>= pos0 + n_q = %lld vs K %lld, V %lld)", on,
-            (long long)(p->pos0 + q.n_tok), (long long)k.n_tok, (long long)v.n_tok);
+        BAD("kernels: %s: cache rows (>= pos0 + n_q = %lld vs K %lld, V %lld)", on, (long long)(p->pos0 + q.n_tok),
+            (long long)k.n_tok, (long long)v.n_tok);
     if (q.n_tok > 0 && (!q.data || !k.data || !v.data || !d.data)) BAD("kernels: %s: NULL data", on);
     return RK_OK;
 }
@@ -137,8 +141,7 @@ rk_status rk_op_check(const rk_op_args *a, rk_err *err) {
         if (n > 0 && !a->ids) BAD("kernels: %s: ids is NULL", on);
         for (int64_t i = 0; i < n; i++)
             if (a->ids[i] < 0 || a->ids[i] >= vocab)
-                BAD("kernels: %s: id %d at %lld out of range (< %lld)", on, a->ids[i], (long long)i,
-                    (long long)vocab);
+                BAD("kernels: %s: id %d at %lld out of range (< %lld)", on, a->ids[i], (long long)i, (long long)vocab);
         return RK_OK;
     }
     case RK_OP_MATMUL:
@@ -173,8 +176,7 @@ rk_status rk_op_check(const rk_op_args *a, rk_err *err) {
         if (p->pos0 < 0) BAD("kernels: %s: pos0 %lld negative", on, (long long)p->pos0);
         return RK_OK;
     }
-    case RK_OP_ATTN:
-        return check_attn(on, a, err);
+    case RK_OP_ATTN: return check_attn(on, a, err);
     case RK_OP_SILU_MUL:
         TRY(check_view(on, "src0", &a->src0, err));
         TRY(check_view(on, "src1", &a->src1, err));
@@ -223,7 +225,8 @@ rk_status rk_op_check(const rk_op_args *a, rk_err *err) {
         if (!(p->freq_base > 0) || !isfinite(p->freq_base)) BAD("kernels: %s: freq_base %g", on, (double)p->freq_base);
         if (n > 0 && (!a->ids || !a->src0.data || !a->src1.data || !a->src2.data || !a->dst.data))
             BAD("kernels: %s: NULL data or ids", on);
-        if (a->lr_rope_cs && a->lr_rope_rows < 0) BAD("kernels: %s: rope table rows %lld", on, (long long)a->lr_rope_rows);
+        if (a->lr_rope_cs && a->lr_rope_rows < 0)
+            BAD("kernels: %s: rope table rows %lld", on, (long long)a->lr_rope_rows);
         for (int64_t i = 0; i < n; i++)
             if (a->ids[i] < 0 || (a->lr_rope_cs && a->ids[i] >= a->lr_rope_rows))
                 BAD("kernels: %s: position %d at %lld out of range (0..%lld)", on, a->ids[i], (long long)i,
@@ -271,7 +274,8 @@ rk_status rk_op_check(const rk_op_args *a, rk_err *err) {
             BAD("kernels: %s: RoPE n_rot %d mode %d", on, L->n_rot, L->rope_mode);
         if (!a->src0.data || !a->dst.data || !L->freq || !L->xk || !L->xv || !L->mean || !L->winv || !L->W || !L->b ||
             (L->n_sink && (!L->sk || !L->sv)) ||
-            (L->n_rows && (!L->pos || !L->coef || !L->basis || !L->lmk || !L->cmean || !L->res || !L->mask || !L->base)))
+            (L->n_rows &&
+             (!L->pos || !L->coef || !L->basis || !L->lmk || !L->cmean || !L->res || !L->mask || !L->base)))
             BAD("kernels: %s: NULL data", on);
         return RK_OK;
     }
@@ -286,8 +290,7 @@ rk_status rk_op_check(const rk_op_args *a, rk_err *err) {
             if (st != RK_OK) return rk_err_set(err, st, "kernels: %s: weight %d: %s", on, i, e.msg);
         }
         return RK_OK;
-    case RK_OP_COUNT:
-        break;
+    case RK_OP_COUNT: break;
     }
     BAD("kernels: op %d out of range", (int)a->op);
 }
@@ -311,29 +314,21 @@ bool rk_cpu_supports_common(const rk_op_args *a, const rk_quant_fns *(*fns)(uint
     case RK_OP_MATMUL:
         /* the GEMM path dequantises, the GEMV path dots: both are needed */
         return is_f32(&a->dst) && is_f32(&a->src1) &&
-               (is_f32(&a->src0) ||
-                (fns(a->src0.type) && fns(a->src0.type)->to_f32 && fns(a->src0.type)->dot));
-    case RK_OP_RMSNORM:
-        return is_f32(&a->dst) && is_f32(&a->src0) && (!a->src1.data || is_f32(&a->src1));
-    case RK_OP_ROPE:
-        return is_f32(&a->src0) && (!a->dst.data || is_f32(&a->dst)) && a->src0.ne[0] % 2 == 0;
+               (is_f32(&a->src0) || (fns(a->src0.type) && fns(a->src0.type)->to_f32 && fns(a->src0.type)->dot));
+    case RK_OP_RMSNORM: return is_f32(&a->dst) && is_f32(&a->src0) && (!a->src1.data || is_f32(&a->src1));
+    case RK_OP_ROPE: return is_f32(&a->src0) && (!a->dst.data || is_f32(&a->dst)) && a->src0.ne[0] % 2 == 0;
     case RK_OP_ATTN:
         return is_f32(&a->dst) && is_f32(&a->src0) && attn_cache_ok(&a->src1, a->attn.head_dim) &&
                attn_cache_ok(&a->src2, a->attn.head_dim);
-    case RK_OP_SILU_MUL:
-        return is_f32(&a->dst) && is_f32(&a->src0) && is_f32(&a->src1);
+    case RK_OP_SILU_MUL: return is_f32(&a->dst) && is_f32(&a->src0) && is_f32(&a->src1);
     case RK_OP_ADD:
-    case RK_OP_ADD_ROW:
-        return is_f32(&a->dst) && is_f32(&a->src0);
-    case RK_OP_CPY_ROWS:
-        return is_f32(&a->src0) && is_cache_type(&a->dst);
+    case RK_OP_ADD_ROW: return is_f32(&a->dst) && is_f32(&a->src0);
+    case RK_OP_CPY_ROWS: return is_f32(&a->src0) && is_cache_type(&a->dst);
     case RK_OP_LR_KEYS:
         return is_f32(&a->dst) && is_f32(&a->src0) && (is_f32(&a->src1) || a->src1.type == RK_DT_F16) &&
                is_f32(&a->src2);
-    case RK_OP_SCATTER_ROWS:
-        return is_f32(&a->dst) && is_f32(&a->src0);
-    case RK_OP_LR_ATTN:
-        return is_f32(&a->dst) && is_f32(&a->src0);
+    case RK_OP_SCATTER_ROWS: return is_f32(&a->dst) && is_f32(&a->src0);
+    case RK_OP_LR_ATTN: return is_f32(&a->dst) && is_f32(&a->src0);
     case RK_OP_MATMUL_N:
         if (!a->mm || a->mm->n_w < 1 || a->mm->n_w > RK_MATMUL_N_MAX) return false;
         for (int i = 0; i < a->mm->n_w; i++) {
@@ -341,8 +336,7 @@ bool rk_cpu_supports_common(const rk_op_args *a, const rk_quant_fns *(*fns)(uint
             if (!rk_cpu_supports_common(&p, fns)) return false;
         }
         return true;
-    case RK_OP_COUNT:
-        break;
+    case RK_OP_COUNT: break;
     }
     return false;
 }
@@ -387,8 +381,8 @@ rk_status rk_backend_run(rk_backend *be, const rk_op_args *a, rk_err *err) {
     if (!be || !be->ops) return rk_err_set(err, RK_E_INVALID_ARG, "kernels: NULL backend");
     if (!a) return rk_err_set(err, RK_E_INVALID_ARG, "kernels: %s: NULL op args", be->ops->name);
     if ((unsigned)a->op >= RK_OP_COUNT)
-        return rk_err_set(err, RK_E_INVALID_ARG, "kernels: %s: op %d out of range (< %d)", be->ops->name,
-                          (int)a->op, RK_OP_COUNT);
+        return rk_err_set(err, RK_E_INVALID_ARG, "kernels: %s: op %d out of range (< %d)", be->ops->name, (int)a->op,
+                          RK_OP_COUNT);
     const char *on = op_names[a->op];
     if (a->op == RK_OP_MATMUL_N) { /* the shapes first (mm is read below), then the parts */
         rk_status st = rk_op_check(a, err);
@@ -404,16 +398,16 @@ rk_status rk_backend_run(rk_backend *be, const rk_op_args *a, rk_err *err) {
     if (!be->ops->op[a->op])
         return rk_err_set(err, RK_E_UNSUPPORTED, "kernels: %s: %s not implemented", be->ops->name, on);
     if (be->ops->supports && !be->ops->supports(be, a)) {
-        const rk_view *w = a->op == RK_OP_CPY_ROWS ? &a->dst
-                           : a->op == RK_OP_ATTN   ? &a->src1
+        const rk_view *w = a->op == RK_OP_CPY_ROWS   ? &a->dst
+                           : a->op == RK_OP_ATTN     ? &a->src1
                            : a->op == RK_OP_MATMUL_N ? &a->mm->w[0]
-                                                   : &a->src0;
+                                                     : &a->src0;
         return rk_err_set(err, RK_E_UNSUPPORTED,
                           "kernels: %s: %s unsupported for %s (dst %s, src0 %s, src1 %s, src2 %s; "
                           "ne[0] %lld, n_rot %d)",
                           be->ops->name, on, rk_dtype_name(w->type), rk_dtype_name(a->dst.type),
-                          rk_dtype_name(a->src0.type), rk_dtype_name(a->src1.type),
-                          rk_dtype_name(a->src2.type), (long long)a->src0.ne[0], a->rope.n_rot);
+                          rk_dtype_name(a->src0.type), rk_dtype_name(a->src1.type), rk_dtype_name(a->src2.type),
+                          (long long)a->src0.ne[0], a->rope.n_rot);
     }
     rk_status st = rk_op_check(a, err);
     if (st != RK_OK) return st;
@@ -441,8 +435,7 @@ rk_status rk_backend_check_ops(const rk_backend *be, const rk_op *ops, int n, rk
  * just below the aligned address. */
 static rk_status host_alloc(const char *be_name, size_t bytes, void **out, rk_err *err) {
     const size_t extra = 64 + sizeof(void *);
-    if (bytes > SIZE_MAX - extra)
-        return rk_err_set(err, RK_E_NOMEM, "kernels: %s: alloc of %zu bytes", be_name, bytes);
+    if (bytes > SIZE_MAX - extra) return rk_err_set(err, RK_E_NOMEM, "kernels: %s: alloc of %zu bytes", be_name, bytes);
     char *raw = calloc(1, bytes + extra);
     if (!raw) return rk_err_set(err, RK_E_NOMEM, "kernels: %s: alloc of %zu bytes", be_name, bytes);
     uintptr_t at = ((uintptr_t)raw + sizeof(void *) + 63) & ~(uintptr_t)63;
@@ -477,10 +470,8 @@ rk_status rk_backend_alloc(rk_backend *be, size_t bytes, void **out, rk_err *err
 
 void rk_backend_free(rk_backend *be, void *p) {
     if (!be || !be->ops || !p) return;
-    if (be->ops->mem_free)
-        be->ops->mem_free(be, p);
-    else
-        host_free(p);
+    if (be->ops->mem_free) be->ops->mem_free(be, p);
+    else host_free(p);
 }
 
 rk_status rk_backend_upload(rk_backend *be, void *dst, const void *src, size_t bytes, rk_err *err) {
@@ -528,10 +519,8 @@ rk_status rk_backend_host_alloc(rk_backend *be, size_t bytes, void **out, rk_err
 
 void rk_backend_host_free(rk_backend *be, void *p) {
     if (!be || !be->ops || !p) return;
-    if (be->ops->host_free)
-        be->ops->host_free(be, p);
-    else
-        host_free(p);
+    if (be->ops->host_free) be->ops->host_free(be, p);
+    else host_free(p);
 }
 
 rk_status rk_backend_lane_copy(rk_backend *be, void *dst, const void *src, size_t bytes, bool to_device, rk_err *err) {
@@ -552,6 +541,4 @@ rk_status rk_backend_lane_sync(rk_backend *be, rk_err *err) {
     return be->ops->lane_sync ? be->ops->lane_sync(be, err) : RK_OK;
 }
 
-rk_pool *rk_backend_pool(rk_backend *be) {
-    return be && be->ops && be->ops->pool ? be->ops->pool(be) : NULL;
-}
+rk_pool *rk_backend_pool(rk_backend *be) { return be && be->ops && be->ops->pool ? be->ops->pool(be) : NULL; }

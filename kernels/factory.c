@@ -59,8 +59,9 @@ static bool cuda_try(const char *path, bool must_exist) {
 static void cuda_load(void) {
     cuda_tried = true;
     snprintf(cuda_why, sizeof cuda_why,
-             "cuda: the CUDA backend module " RK_CUDA_MODULE_NAME " was not found (looked beside the executable, in "
-             RK_CUDA_MODULE_BUILD " and " RK_CUDA_MODULE_INSTALL "; rk_backend_cuda_module names another file)");
+             "cuda: the CUDA backend module " RK_CUDA_MODULE_NAME
+             " was not found (looked beside the executable, in " RK_CUDA_MODULE_BUILD " and " RK_CUDA_MODULE_INSTALL
+             "; rk_backend_cuda_module names another file)");
     if (cuda_path[0]) {
         cuda_try(cuda_path, true);
         return;
@@ -90,10 +91,11 @@ rk_status rk_backend_cuda_module(const char *path, rk_err *err) {
     rk_status st = RK_OK;
     pthread_mutex_lock(&cuda_lock);
     if (cuda_tried && strcmp(path, cuda_path))
-        st = rk_err_set(err, RK_E_INVALID_ARG, "kernels: the CUDA backend module was already looked up (%s); "
-                        "name the file before the first cuda backend", cuda_path[0] ? cuda_path : "default places");
-    else
-        snprintf(cuda_path, sizeof cuda_path, "%s", path);
+        st = rk_err_set(err, RK_E_INVALID_ARG,
+                        "kernels: the CUDA backend module was already looked up (%s); "
+                        "name the file before the first cuda backend",
+                        cuda_path[0] ? cuda_path : "default places");
+    else snprintf(cuda_path, sizeof cuda_path, "%s", path);
     pthread_mutex_unlock(&cuda_lock);
     return st;
 #else

@@ -35,7 +35,7 @@
 
 typedef struct cpu_impl {
     rk_pool *pool;
-    bool own_pool;      /* false: borrowed (rk_backend_cpu_create_with_pool) */
+    bool own_pool; /* false: borrowed (rk_backend_cpu_create_with_pool) */
     int n_threads;
     const rk_cpu_kern *k;
     const rk_quant_fns *(*quant)(uint32_t);
@@ -44,9 +44,9 @@ typedef struct cpu_impl {
     /* OpenBLAS sgemm for the f32 tiles; only without AVX2: our 3x4 AVX2 kernel
      * measured 80 GFLOP/s per core against OpenBLAS 0.3.21's 30 on this box. */
     bool use_blas;
-    float **tls;        /* [n_threads] per-thread scratch of tls_floats */
+    float **tls; /* [n_threads] per-thread scratch of tls_floats */
     size_t tls_floats;
-    float *shared;      /* shared_floats, partial attention states */
+    float *shared; /* shared_floats, partial attention states */
     size_t shared_floats;
 } cpu_impl;
 
@@ -56,8 +56,8 @@ static float gen_dot(const float *a, const float *b, int64_t n) {
     for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
     return s;
 }
-static void gen_gemm_nt(int64_t n, int64_t m, int64_t k, const float *x, int64_t ldx, const float *w,
-                        int64_t ldw, float *y, int64_t ldy) {
+static void gen_gemm_nt(int64_t n, int64_t m, int64_t k, const float *x, int64_t ldx, const float *w, int64_t ldw,
+                        float *y, int64_t ldy) {
     for (int64_t i = 0; i < n; i++)
         for (int64_t j = 0; j < m; j++) y[i * ldy + j] = gen_dot(x + i * ldx, w + j * ldw, k);
 }
@@ -82,8 +82,7 @@ static float gen_exp_sub(float *s, int64_t n, float m) {
     for (int64_t i = 0; i < n; i++) sum += (s[i] = expf(s[i] - m));
     return sum;
 }
-static void gen_pv(float *acc, float alpha, const float *p, const float *v, int64_t ldv, int64_t n,
-                   int64_t hd) {
+static void gen_pv(float *acc, float alpha, const float *p, const float *v, int64_t ldv, int64_t n, int64_t hd) {
     for (int64_t d = 0; d < hd; d++) acc[d] *= alpha;
     for (int64_t j = 0; j < n; j++)
         for (int64_t d = 0; d < hd; d++) acc[d] += p[j] * v[j * ldv + d];
@@ -193,10 +192,8 @@ static void get_rows_range(void *vp, int64_t i0, int64_t i1, int tid) {
     for (int64_t i = i0; i < i1; i++) {
         const char *src = (const char *)a->src0.data + (size_t)a->ids[i] * a->src0.nb1;
         float *out = rk_row_f32(&a->dst, i);
-        if (a->src0.type == RK_DT_F32)
-            memcpy(out, src, (size_t)d * sizeof(float));
-        else
-            x->q->to_f32(src, out, d);
+        if (a->src0.type == RK_DT_F32) memcpy(out, src, (size_t)d * sizeof(float));
+        else x->q->to_f32(src, out, d);
     }
 }
 
@@ -243,7 +240,8 @@ static void part_gemv(const mm_ctx *x, const mm_part *p, int64_t j0, int64_t j1)
         }
         for (; j < j1; j++) {
             const void *w = (const char *)p->w.data + (size_t)j * p->w.nb1;
-            for (int64_t t = 0; t < x->n; t++) rk_row_f32(&p->dst, t)[j] = p->qd->dot(w, p->xq + (size_t)t * p->xq_row, x->k);
+            for (int64_t t = 0; t < x->n; t++)
+                rk_row_f32(&p->dst, t)[j] = p->qd->dot(w, p->xq + (size_t)t * p->xq_row, x->k);
         }
         return;
     }
@@ -277,7 +275,8 @@ static void part_q_tiles(const mm_ctx *x, const mm_part *p, int64_t t0, int64_t 
         for (; t < x->n; t++) {
             const uint8_t *xt = p->xq + (size_t)t * p->xq_row;
             float *y = rk_row_f32(&p->dst, t);
-            for (int64_t j = j0; j < j1; j++) y[j] = p->qd->dot((const char *)p->w.data + (size_t)j * p->w.nb1, xt, x->k);
+            for (int64_t j = j0; j < j1; j++)
+                y[j] = p->qd->dot((const char *)p->w.data + (size_t)j * p->w.nb1, xt, x->k);
         }
     }
 }
@@ -290,10 +289,8 @@ static void set_range(void *vp, int64_t u0, int64_t u1, int tid) {
         const mm_part *p = &x->p[i];
         int64_t lo = u0 > p->off ? u0 : p->off, hi = u1 < p->off + p->n_units ? u1 : p->off + p->n_units;
         if (lo >= hi) continue;
-        if (x->gemv)
-            part_gemv(x, p, lo - p->off, hi - p->off);
-        else
-            part_q_tiles(x, p, lo - p->off, hi - p->off);
+        if (x->gemv) part_gemv(x, p, lo - p->off, hi - p->off);
+        else part_q_tiles(x, p, lo - p->off, hi - p->off);
     }
 }
 
@@ -301,7 +298,8 @@ static void set_range(void *vp, int64_t u0, int64_t u1, int tid) {
 static void quant_rows(void *vp, int64_t r0, int64_t r1, int tid) {
     (void)tid;
     const mm_ctx *x = vp;
-    for (int64_t t = r0; t < r1; t++) x->cur->qd->quant_act(rk_row_f32(x->x, t), x->cur->xq + (size_t)t * x->cur->xq_row, x->k);
+    for (int64_t t = r0; t < r1; t++)
+        x->cur->qd->quant_act(rk_row_f32(x->x, t), x->cur->xq + (size_t)t * x->cur->xq_row, x->k);
 }
 
 /* Prefill: a tile of mb weight rows of the current part is dequantised into this thread's
@@ -330,8 +328,8 @@ static void gemm_tiles(void *vp, int64_t t0, int64_t t1, int tid) {
         float *y = (float *)p->dst.data + j0;
 #if defined(RK_HAVE_BLAS)
         if (x->c->use_blas) {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)x->n, (int)mb, (int)x->k, 1.0f, xs,
-                        (int)ldx, w, (int)ldw, 0.0f, y, (int)ldy);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)x->n, (int)mb, (int)x->k, 1.0f, xs, (int)ldx, w,
+                        (int)ldw, 0.0f, y, (int)ldy);
             continue;
         }
 #endif
@@ -470,7 +468,7 @@ static void silu_mul_range(void *vp, int64_t r0, int64_t r1, int tid) {
     const rows_ctx *x = vp;
     for (int64_t r = r0; r < r1; r++)
         x->c->k->silu_mul(rk_row_f32(&x->a->dst, r), rk_row_f32(&x->a->src0, r), rk_row_f32(&x->a->src1, r),
-                       x->a->dst.ne[0]);
+                          x->a->dst.ne[0]);
 }
 
 static void add_range(void *vp, int64_t r0, int64_t r1, int tid) {
@@ -488,12 +486,9 @@ static void cpy_rows_range(void *vp, int64_t r0, int64_t r1, int tid) {
     int64_t d = a->src0.ne[0];
     for (int64_t r = r0; r < r1; r++) {
         char *dst = (char *)a->dst.data + (size_t)(a->dst_row0 + r) * a->dst.nb1;
-        if (a->dst.type == RK_DT_F16)
-            x->c->k->f32_to_f16(rk_row_f32(&a->src0, r), (uint16_t *)dst, d);
-        else if (a->dst.type == RK_DT_Q8_0)
-            rk_quant_q8_0_from_f32(rk_row_f32(&a->src0, r), dst, d);
-        else
-            memmove(dst, rk_row_f32(&a->src0, r), (size_t)d * sizeof(float));
+        if (a->dst.type == RK_DT_F16) x->c->k->f32_to_f16(rk_row_f32(&a->src0, r), (uint16_t *)dst, d);
+        else if (a->dst.type == RK_DT_Q8_0) rk_quant_q8_0_from_f32(rk_row_f32(&a->src0, r), dst, d);
+        else memmove(dst, rk_row_f32(&a->src0, r), (size_t)d * sizeof(float));
     }
 }
 
@@ -601,23 +596,20 @@ typedef struct attn_ctx {
 
 /* Per-thread scratch (floats): qs, acc (R, hd); s (qb_rows*group, KT); kb, vb (KT, kv_dim); M, L (R). */
 static size_t attn_tls_floats(const attn_ctx *x, int64_t hd, int64_t kv_dim) {
-    return (size_t)(2 * x->R * hd + (int64_t)x->qb_rows * x->group * RK_ATTN_KT + 2 * RK_ATTN_KT * kv_dim +
-                    2 * x->R + 16);
+    return (size_t)(2 * x->R * hd + (int64_t)x->qb_rows * x->group * RK_ATTN_KT + 2 * RK_ATTN_KT * kv_dim + 2 * x->R +
+                    16);
 }
 
 /* n elements of a cache row (f32, f16 or q8_0: whole blocks) to f32. */
 static void kv_to_f32(const attn_ctx *x, uint32_t type, const char *src, float *dst, int64_t n) {
-    if (type == RK_DT_F32)
-        memcpy(dst, src, (size_t)n * sizeof(float));
-    else if (type == RK_DT_F16)
-        x->c->k->f16_to_f32((const uint16_t *)src, dst, n);
-    else
-        x->c->quant(type)->to_f32(src, dst, n);
+    if (type == RK_DT_F32) memcpy(dst, src, (size_t)n * sizeof(float));
+    else if (type == RK_DT_F16) x->c->k->f16_to_f32((const uint16_t *)src, dst, n);
+    else x->c->quant(type)->to_f32(src, dst, n);
 }
 
 /* Keys j0..j0+kt of every KV head as f32 rows *ld floats apart (head hk at + hk*hd). */
-static const float *kv_tile(const attn_ctx *x, const rk_heads *h, uint32_t type, int64_t j0, int64_t kt,
-                            float *buf, int64_t *ld) {
+static const float *kv_tile(const attn_ctx *x, const rk_heads *h, uint32_t type, int64_t j0, int64_t kt, float *buf,
+                            int64_t *ld) {
     const char *base = h->data + (size_t)j0 * h->tok_nb;
     int64_t hd = x->a->attn.head_dim, n_kv = x->a->attn.n_head_kv, kv_dim = n_kv * hd;
     if (type == RK_DT_F32 && h->head_nb == (size_t)hd * sizeof(float)) {
@@ -626,7 +618,7 @@ static const float *kv_tile(const attn_ctx *x, const rk_heads *h, uint32_t type,
     }
     uint64_t hb = 0;
     rk_dtype_row_bytes(type, (uint64_t)hd, &hb); /* whole blocks: checked by supports() */
-    bool adjacent = h->head_nb == (size_t)hb;     /* heads packed: a token's row at once */
+    bool adjacent = h->head_nb == (size_t)hb;    /* heads packed: a token's row at once */
     for (int64_t j = 0; j < kt; j++) {
         const char *row = base + (size_t)j * h->tok_nb;
         if (adjacent) {
@@ -660,11 +652,11 @@ static void attn_tasks(void *vp, int64_t i0, int64_t i1, int tid) {
     const int64_t hd = a->attn.head_dim, pos0 = a->attn.pos0, R = x->R, g = x->group;
     const int n_kv = a->attn.n_head_kv;
     const int64_t RG = (int64_t)x->qb_rows * g; /* rows per KV head */
-    float *qs = x->c->tls[tid];                  /* (R, hd) scaled queries */
-    float *acc = qs + R * hd;                    /* (R, hd) */
-    float *sc = acc + R * hd;                    /* (RG, KT) scores, then probabilities */
-    float *kb = sc + RG * RK_ATTN_KT;            /* (KT, kv_dim) */
-    float *vb = kb + RK_ATTN_KT * n_kv * hd;     /* (KT, kv_dim) */
+    float *qs = x->c->tls[tid];                 /* (R, hd) scaled queries */
+    float *acc = qs + R * hd;                   /* (R, hd) */
+    float *sc = acc + R * hd;                   /* (RG, KT) scores, then probabilities */
+    float *kb = sc + RG * RK_ATTN_KT;           /* (KT, kv_dim) */
+    float *vb = kb + RK_ATTN_KT * n_kv * hd;    /* (KT, kv_dim) */
     float *M = vb + RK_ATTN_KT * n_kv * hd, *L = M + R;
     for (int64_t task = i0; task < i1; task++) {
         int64_t chunk = task % x->n_chunks, qb = task / x->n_chunks;
@@ -691,8 +683,9 @@ static void attn_tasks(void *vp, int64_t i0, int64_t i1, int tid) {
                 kn->gemm_nt(nr, kt, hd, qs + hk * RG * hd, hd, kp + hk * hd, ldk, sc, RK_ATTN_KT);
                 for (int64_t rr = 0; rr < nr; rr++) {
                     int64_t r = hk * RG + rr;
-                    int64_t lim = (a->attn_kv_pos ? attn_visible(a, x->n_kv, pos0 + t0 + rr / g)
-                                                  : pos0 + t0 + rr / g + 1) - j0; /* causal */
+                    int64_t lim =
+                        (a->attn_kv_pos ? attn_visible(a, x->n_kv, pos0 + t0 + rr / g) : pos0 + t0 + rr / g + 1) -
+                        j0; /* causal */
                     if (lim <= 0) continue;
                     if (lim > kt) lim = kt;
                     float *s = sc + rr * RK_ATTN_KT, mx = -INFINITY;
@@ -712,8 +705,8 @@ static void attn_tasks(void *vp, int64_t i0, int64_t i1, int tid) {
             for (int64_t rr = 0; rr < nr; rr++) {
                 int64_t r = hk * RG + rr, t = t0 + rr / g, h = hk * g + rr % g;
                 if (x->n_chunks == 1) {
-                    kn->scale_mul((float *)(x->o.data + t * x->o.tok_nb + h * x->o.head_nb), acc + r * hd,
-                                  1.0f / L[r], NULL, hd);
+                    kn->scale_mul((float *)(x->o.data + t * x->o.tok_nb + h * x->o.head_nb), acc + r * hd, 1.0f / L[r],
+                                  NULL, hd);
                 } else {
                     float *part = x->c->shared + (size_t)task * x->part_floats + r * (2 + hd); /* M, L, acc */
                     part[0] = M[r];

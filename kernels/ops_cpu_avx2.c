@@ -43,8 +43,7 @@ static float avx2_dot(const float *a, const float *b, int64_t n) {
         s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
         s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
     }
-    for (; i + 8 <= n; i += 8)
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
     if (i < n) {
         __m256i m = tail_mask(n - i);
         s1 = _mm256_fmadd_ps(_mm256_maskload_ps(a + i, m), _mm256_maskload_ps(b + i, m), s1);
@@ -56,31 +55,31 @@ static float avx2_dot(const float *a, const float *b, int64_t n) {
  * 12 accumulators + 3 x vectors + 1 w vector = the 16 ymm registers; per 8
  * elements 7 loads feed 12 FMAs. Rows/columns past the edge point at valid
  * memory (the caller clamps); only the nr x nc valid part is stored. */
-static void gemm_nt_3x4(int64_t k, const float *const x[3], const float *const w[4], float *y,
-                        int64_t ldy, int nr, int nc) {
+static void gemm_nt_3x4(int64_t k, const float *const x[3], const float *const w[4], float *y, int64_t ldy, int nr,
+                        int nc) {
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c03 = c00;
     __m256 c10 = c00, c11 = c00, c12 = c00, c13 = c00;
     __m256 c20 = c00, c21 = c00, c22 = c00, c23 = c00;
     const float *x0 = x[0], *x1 = x[1], *x2 = x[2];
     const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
-#define RK_STEP(LOAD)                                                                              \
-    do {                                                                                           \
-        __m256 a0 = LOAD(x0), a1 = LOAD(x1), a2 = LOAD(x2), b = LOAD(w0);                         \
-        c00 = _mm256_fmadd_ps(a0, b, c00);                                                         \
-        c10 = _mm256_fmadd_ps(a1, b, c10);                                                         \
-        c20 = _mm256_fmadd_ps(a2, b, c20);                                                         \
-        b = LOAD(w1);                                                                              \
-        c01 = _mm256_fmadd_ps(a0, b, c01);                                                         \
-        c11 = _mm256_fmadd_ps(a1, b, c11);                                                         \
-        c21 = _mm256_fmadd_ps(a2, b, c21);                                                         \
-        b = LOAD(w2);                                                                              \
-        c02 = _mm256_fmadd_ps(a0, b, c02);                                                         \
-        c12 = _mm256_fmadd_ps(a1, b, c12);                                                         \
-        c22 = _mm256_fmadd_ps(a2, b, c22);                                                         \
-        b = LOAD(w3);                                                                              \
-        c03 = _mm256_fmadd_ps(a0, b, c03);                                                         \
-        c13 = _mm256_fmadd_ps(a1, b, c13);                                                         \
-        c23 = _mm256_fmadd_ps(a2, b, c23);                                                         \
+#define RK_STEP(LOAD)                                                     \
+    do {                                                                  \
+        __m256 a0 = LOAD(x0), a1 = LOAD(x1), a2 = LOAD(x2), b = LOAD(w0); \
+        c00 = _mm256_fmadd_ps(a0, b, c00);                                \
+        c10 = _mm256_fmadd_ps(a1, b, c10);                                \
+        c20 = _mm256_fmadd_ps(a2, b, c20);                                \
+        b = LOAD(w1);                                                     \
+        c01 = _mm256_fmadd_ps(a0, b, c01);                                \
+        c11 = _mm256_fmadd_ps(a1, b, c11);                                \
+        c21 = _mm256_fmadd_ps(a2, b, c21);                                \
+        b = LOAD(w2);                                                     \
+        c02 = _mm256_fmadd_ps(a0, b, c02);                                \
+        c12 = _mm256_fmadd_ps(a1, b, c12);                                \
+        c22 = _mm256_fmadd_ps(a2, b, c22);                                \
+        b = LOAD(w3);                                                     \
+        c03 = _mm256_fmadd_ps(a0, b, c03);                                \
+        c13 = _mm256_fmadd_ps(a1, b, c13);                                \
+        c23 = _mm256_fmadd_ps(a2, b, c23);                                \
     } while (0)
     int64_t p = 0;
 #define RK_LD(ptr) _mm256_loadu_ps((ptr) + p)
@@ -105,8 +104,8 @@ static void gemm_nt_3x4(int64_t k, const float *const x[3], const float *const w
     }
 }
 
-static void avx2_gemm_nt(int64_t n, int64_t m, int64_t k, const float *x, int64_t ldx,
-                         const float *w, int64_t ldw, float *y, int64_t ldy) {
+static void avx2_gemm_nt(int64_t n, int64_t m, int64_t k, const float *x, int64_t ldx, const float *w, int64_t ldw,
+                         float *y, int64_t ldy) {
     /* x rows in blocks of 3 stay in L1 while the weight tile (sized by the
      * caller to sit in L2) streams past them. */
     for (int64_t i = 0; i < n; i += 3) {
@@ -124,30 +123,25 @@ static void avx2_gemm_nt(int64_t n, int64_t m, int64_t k, const float *x, int64_
 
 static void avx2_f16_to_f32(const uint16_t *src, float *dst, int64_t n) {
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
     for (; i < n; i++) dst[i] = rk_f16_to_f32(src[i]);
 }
 
 static void avx2_f32_to_f16(const float *src, uint16_t *dst, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
-        _mm_storeu_si128((__m128i *)(dst + i),
-                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+        _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
     for (; i < n; i++) dst[i] = rk_f32_to_f16(src[i]);
 }
 
-static float avx2_sumsq(const float *x, int64_t n) {
-    return avx2_dot(x, x, n);
-}
+static float avx2_sumsq(const float *x, int64_t n) { return avx2_dot(x, x, n); }
 
 static void avx2_scale_mul(float *dst, const float *x, float s, const float *w, int64_t n) {
     __m256 sv = _mm256_set1_ps(s);
     int64_t i = 0;
     if (w) {
         for (; i + 8 <= n; i += 8)
-            _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), sv),
-                                                    _mm256_loadu_ps(w + i)));
+            _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), sv), _mm256_loadu_ps(w + i)));
         for (; i < n; i++) dst[i] = x[i] * s * w[i];
     } else {
         for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), sv));
@@ -193,8 +187,7 @@ static float avx2_exp_sub(float *s, int64_t n, float m) {
     return rk_simd_hsum8(sum) + tail;
 }
 
-static void avx2_pv(float *acc, float alpha, const float *p, const float *v, int64_t ldv,
-                    int64_t n, int64_t hd) {
+static void avx2_pv(float *acc, float alpha, const float *p, const float *v, int64_t ldv, int64_t n, int64_t hd) {
     const __m256 al = _mm256_set1_ps(alpha);
     int64_t d = 0;
     /* 64 columns = 8 accumulators held across the key loop */
@@ -210,8 +203,7 @@ static void avx2_pv(float *acc, float alpha, const float *p, const float *v, int
     }
     for (; d + 8 <= hd; d += 8) {
         __m256 a = _mm256_mul_ps(_mm256_loadu_ps(acc + d), al);
-        for (int64_t j = 0; j < n; j++)
-            a = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v + j * ldv + d), a);
+        for (int64_t j = 0; j < n; j++) a = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v + j * ldv + d), a);
         _mm256_storeu_ps(acc + d, a);
     }
     for (; d < hd; d++) {

@@ -6,16 +6,10 @@
 
 /* ---- views ----------------------------------------------------------- */
 /* Outer dims left at 0 read as 1, so {d, n} initialisers are 2-D views. */
-static inline int64_t rk_view_dim(const rk_view *v, int i) {
-    return i >= 2 && v->ne[i] == 0 ? 1 : v->ne[i];
-}
+static inline int64_t rk_view_dim(const rk_view *v, int i) { return i >= 2 && v->ne[i] == 0 ? 1 : v->ne[i]; }
 /* Rows of ne[0] elements: ne[1]*ne[2]*ne[3]; row r at data + r*nb1. */
-static inline int64_t rk_view_rows(const rk_view *v) {
-    return v->ne[1] * rk_view_dim(v, 2) * rk_view_dim(v, 3);
-}
-static inline float *rk_row_f32(const rk_view *v, int64_t r) {
-    return (float *)((char *)v->data + (size_t)r * v->nb1);
-}
+static inline int64_t rk_view_rows(const rk_view *v) { return v->ne[1] * rk_view_dim(v, 2) * rk_view_dim(v, 3); }
+static inline float *rk_row_f32(const rk_view *v, int64_t r) { return (float *)((char *)v->data + (size_t)r * v->nb1); }
 
 /* A (tokens, heads, head_dim) tensor (q, K/V cache, attention output) given
  * either as 2-D {heads*head_dim, tokens} (token rows nb1 apart) or as 3-D
@@ -43,8 +37,8 @@ typedef struct rk_cpu_kern {
     const char *name;
     float (*dot)(const float *a, const float *b, int64_t n);
     /* y[i*ldy + j] = sum_p x[i*ldx + p] * w[j*ldw + p], i < n, j < m, p < k */
-    void (*gemm_nt)(int64_t n, int64_t m, int64_t k, const float *x, int64_t ldx,
-                    const float *w, int64_t ldw, float *y, int64_t ldy);
+    void (*gemm_nt)(int64_t n, int64_t m, int64_t k, const float *x, int64_t ldx, const float *w, int64_t ldw, float *y,
+                    int64_t ldy);
     void (*f16_to_f32)(const uint16_t *src, float *dst, int64_t n);
     void (*f32_to_f16)(const float *src, uint16_t *dst, int64_t n);
     float (*sumsq)(const float *x, int64_t n);
@@ -56,8 +50,7 @@ typedef struct rk_cpu_kern {
     /* s[i] = exp(s[i] - m); returns the sum */
     float (*exp_sub)(float *s, int64_t n, float m);
     /* acc[d] = acc[d]*alpha + sum_j p[j] * v[j*ldv + d], j < n, d < hd */
-    void (*pv)(float *acc, float alpha, const float *p, const float *v, int64_t ldv, int64_t n,
-               int64_t hd);
+    void (*pv)(float *acc, float alpha, const float *p, const float *v, int64_t ldv, int64_t n, int64_t hd);
 } rk_cpu_kern;
 
 #if defined(RK_HAVE_AVX2)

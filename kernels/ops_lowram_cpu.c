@@ -59,9 +59,9 @@ __attribute__((target("avx2,fma,f16c"))) static void lrk_gemm_avx2(int64_t n, in
 typedef struct lrk_ctx {
     const rk_op_args *a;
     const rk_cpu_kern *k;
-    const float *bt;   /* (hd, r) */
+    const float *bt; /* (hd, r) */
     const double *freq;
-    bool direct;       /* lrk_gemm_avx2 on the stored basis rows (bt unused) */
+    bool direct; /* lrk_gemm_avx2 on the stored basis rows (bt unused) */
 } lrk_ctx;
 
 static void lrk_range(void *vp, int64_t i0, int64_t i1, int tid) {

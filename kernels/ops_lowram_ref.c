@@ -73,7 +73,8 @@ static void lr_ref_scores(lr_ref_state *s, const float *qs, const float *kb, int
         const int nv = vis ? vis[j] : nb;
         float mx = -INFINITY;
         for (int k = 0; k < nv; k++) {
-            sc[k] = rk_simd_dot8(qs + (size_t)j * s->hd, kb + (size_t)k * s->hd, s->hd) * scale + (bias ? bias[k] : 0.0f);
+            sc[k] =
+                rk_simd_dot8(qs + (size_t)j * s->hd, kb + (size_t)k * s->hd, s->hd) * scale + (bias ? bias[k] : 0.0f);
             mx = sc[k] > mx ? sc[k] : mx;
         }
         for (int k = nv; k < nb; k++) sc[k] = 0;
@@ -183,13 +184,16 @@ rk_status rk_ref_lr_attn(rk_backend *be, const rk_op_args *a, rk_err *err) {
                 for (int d = 0; d < hd; d++) {
                     double acc = 0;
                     for (int t = 0; t < r; t++)
-                        acc += (double)cf[(size_t)k * r + t] * lr_h2f(L->basis, (size_t)t * L->ldb + (size_t)h * hd + d);
+                        acc +=
+                            (double)cf[(size_t)k * r + t] * lr_h2f(L->basis, (size_t)t * L->ldb + (size_t)h * hd + d);
                     kr[d] = (float)acc * L->winv[h * hd + d] + L->mean[h * hd + d];
                 }
                 const double p = (double)L->pos[r0 + k];
                 for (int e = 0; e < half; e++) {
-                    const int i0 = L->rope_mode == RK_ROPE_NEOX ? e : 2 * e, i1 = L->rope_mode == RK_ROPE_NEOX ? e + half : 2 * e + 1;
-                    const float co = (float)cos(p * L->freq[e]), si = (float)sin(p * L->freq[e]), x0 = kr[i0], x1 = kr[i1];
+                    const int i0 = L->rope_mode == RK_ROPE_NEOX ? e : 2 * e,
+                              i1 = L->rope_mode == RK_ROPE_NEOX ? e + half : 2 * e + 1;
+                    const float co = (float)cos(p * L->freq[e]), si = (float)sin(p * L->freq[e]), x0 = kr[i0],
+                                x1 = kr[i1];
                     kr[i0] = x0 * co - x1 * si;
                     kr[i1] = x0 * si + x1 * co;
                 }
@@ -230,7 +234,8 @@ rk_status rk_ref_lr_attn(rk_backend *be, const rk_op_args *a, rk_err *err) {
                 for (; nb < C && ch < n_ch; ch++) {
                     if (mark[ch]) continue;
                     const int64_t rows = L->n_rows - ch * C < C ? L->n_rows - ch * C : C;
-                    for (int d = 0; d < hd; d++) kb[(size_t)nb * hd + d] = lr_h2f(L->lmk, (size_t)ch * kvd + (size_t)h * hd + d);
+                    for (int d = 0; d < hd; d++)
+                        kb[(size_t)nb * hd + d] = lr_h2f(L->lmk, (size_t)ch * kvd + (size_t)h * hd + d);
                     for (int t = 0; t < r; t++) cf[(size_t)nb * r + t] = lr_h2f(L->cmean, (size_t)ch * r + t);
                     bias[nb++] = logf((float)rows);
                 }

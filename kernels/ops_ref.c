@@ -190,10 +190,8 @@ static rk_status ref_cpy_rows(rk_backend *be, const rk_op_args *a, rk_err *err) 
             continue;
         }
         for (int64_t i = 0; i < d; i++) {
-            if (a->dst.type == RK_DT_F16)
-                ((uint16_t *)y)[i] = rk_f32_to_f16(x[i]);
-            else
-                ((float *)y)[i] = x[i];
+            if (a->dst.type == RK_DT_F16) ((uint16_t *)y)[i] = rk_f32_to_f16(x[i]);
+            else ((float *)y)[i] = x[i];
         }
     }
     return RK_OK;

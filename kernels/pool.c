@@ -63,10 +63,8 @@ static bool spin_gen(const atomic_uint *v, unsigned old, unsigned *seen) {
         if ((it & 255u) == 255u) {
             sched_yield(); /* lets a descheduled peer run when threads outnumber cores */
             double t = rk_time_now();
-            if (it == 255u)
-                t0 = t;
-            else if (t - t0 > RK_POOL_SPIN_S)
-                return false;
+            if (it == 255u) t0 = t;
+            else if (t - t0 > RK_POOL_SPIN_S) return false;
         }
     }
 }
@@ -79,10 +77,8 @@ static bool spin_zero(const atomic_int *v) {
         if ((it & 255u) == 255u) {
             sched_yield(); /* lets a descheduled peer run when threads outnumber cores */
             double t = rk_time_now();
-            if (it == 255u)
-                t0 = t;
-            else if (t - t0 > RK_POOL_SPIN_S)
-                return false;
+            if (it == 255u) t0 = t;
+            else if (t - t0 > RK_POOL_SPIN_S) return false;
         }
     }
 }
@@ -135,8 +131,7 @@ void rk_pool_destroy(rk_pool *p) {
 
 rk_status rk_pool_create(int n_threads, rk_pool **out, rk_err *err) {
     if (!out || n_threads < 1 || n_threads > 1024)
-        return rk_err_set(err, RK_E_INVALID_ARG, "kernels: pool size %d (expected 1..1024)",
-                          n_threads);
+        return rk_err_set(err, RK_E_INVALID_ARG, "kernels: pool size %d (expected 1..1024)", n_threads);
     rk_status st = RK_OK;
     size_t sz = (sizeof(rk_pool) + 63) & ~(size_t)63;
     rk_pool *p = aligned_alloc(64, sz);
@@ -166,8 +161,7 @@ rk_status rk_pool_create(int n_threads, rk_pool **out, rk_err *err) {
         }
         for (int i = 1; i < n_threads; i++) {
             p->workers[i - 1] = (rk_pool_worker){p, i};
-            if ((rc = pthread_create(&p->threads[i - 1], NULL, worker_main, &p->workers[i - 1])) != 0)
-                goto fail;
+            if ((rc = pthread_create(&p->threads[i - 1], NULL, worker_main, &p->workers[i - 1])) != 0) goto fail;
             p->n_started++;
         }
     }
@@ -175,8 +169,7 @@ rk_status rk_pool_create(int n_threads, rk_pool **out, rk_err *err) {
     return RK_OK;
 fail:
     st = rk_err_set(err, rc == ENOMEM || rc == EAGAIN ? RK_E_NOMEM : RK_E_INTERNAL,
-                    "kernels: pool of %d threads: %s (thread %d)", n_threads, strerror(rc),
-                    p->n_started + 1);
+                    "kernels: pool of %d threads: %s (thread %d)", n_threads, strerror(rc), p->n_started + 1);
     rk_pool_destroy(p);
     return st;
 }

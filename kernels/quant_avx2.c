@@ -29,9 +29,7 @@
  * (30 MB) 10-25% slower. Prefetches never fault; the address is formed as an
  * integer because it may lie past the end of the row. */
 #define RK_PF_DIST 2048
-static inline void pf(const uint8_t *p) {
-    _mm_prefetch((const char *)((uintptr_t)p + RK_PF_DIST), _MM_HINT_T0);
-}
+static inline void pf(const uint8_t *p) { _mm_prefetch((const char *)((uintptr_t)p + RK_PF_DIST), _MM_HINT_T0); }
 
 
 /* Two f16 at p (p[0..1], p[2..3]) -> [a, b, a, b, ...]. moveldup/movehdup then
@@ -50,19 +48,13 @@ static inline __m256i ld_i8x8(const uint8_t *p) {
     return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p));
 }
 
-static inline __m256 cvt(__m256i v) {
-    return _mm256_cvtepi32_ps(v);
-}
+static inline __m256 cvt(__m256i v) { return _mm256_cvtepi32_ps(v); }
 
 /* ---- f32 ---------------------------------------------------------------- */
 
-static inline __m256 ld_f32x8(const uint8_t *p) {
-    return _mm256_loadu_ps((const float *)(const void *)p);
-}
+static inline __m256 ld_f32x8(const uint8_t *p) { return _mm256_loadu_ps((const float *)(const void *)p); }
 
-void rk_quant_avx2_f32_to_f32(const void *src, float *dst, int64_t n) {
-    memcpy(dst, src, (size_t)n * sizeof(float));
-}
+void rk_quant_avx2_f32_to_f32(const void *src, float *dst, int64_t n) { memcpy(dst, src, (size_t)n * sizeof(float)); }
 
 float rk_quant_avx2_f32_dot(const void *w, const float *x, int64_t n) {
     const uint8_t *a = w; /* any alignment: loadu and memcpy */
@@ -76,8 +68,7 @@ float rk_quant_avx2_f32_dot(const void *w, const float *x, int64_t n) {
         acc2 = _mm256_fmadd_ps(ld_f32x8(a + 4 * i + 64), _mm256_loadu_ps(x + i + 16), acc2);
         acc3 = _mm256_fmadd_ps(ld_f32x8(a + 4 * i + 96), _mm256_loadu_ps(x + i + 24), acc3);
     }
-    for (; i + 8 <= n; i += 8)
-        acc0 = _mm256_fmadd_ps(ld_f32x8(a + 4 * i), _mm256_loadu_ps(x + i), acc0);
+    for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(ld_f32x8(a + 4 * i), _mm256_loadu_ps(x + i), acc0);
     float s = rk_simd_hsum8(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
     for (; i < n; i++) {
         float v;
@@ -121,8 +112,7 @@ float rk_quant_avx2_f16_dot(const void *w, const float *x, int64_t n) {
         acc2 = _mm256_fmadd_ps(ld_f16x8(p + 2 * i + 32), _mm256_loadu_ps(x + i + 16), acc2);
         acc3 = _mm256_fmadd_ps(ld_f16x8(p + 2 * i + 48), _mm256_loadu_ps(x + i + 24), acc3);
     }
-    for (; i + 8 <= n; i += 8)
-        acc0 = _mm256_fmadd_ps(ld_f16x8(p + 2 * i), _mm256_loadu_ps(x + i), acc0);
+    for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(ld_f16x8(p + 2 * i), _mm256_loadu_ps(x + i), acc0);
     float s = rk_simd_hsum8(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
     for (; i < n; i++) s += f16_scalar(p + 2 * i) * x[i];
     return s;
@@ -157,8 +147,7 @@ float rk_quant_avx2_bf16_dot(const void *w, const float *x, int64_t n) {
         acc2 = _mm256_fmadd_ps(ld_bf16x8(p + 2 * i + 32), _mm256_loadu_ps(x + i + 16), acc2);
         acc3 = _mm256_fmadd_ps(ld_bf16x8(p + 2 * i + 48), _mm256_loadu_ps(x + i + 24), acc3);
     }
-    for (; i + 8 <= n; i += 8)
-        acc0 = _mm256_fmadd_ps(ld_bf16x8(p + 2 * i), _mm256_loadu_ps(x + i), acc0);
+    for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(ld_bf16x8(p + 2 * i), _mm256_loadu_ps(x + i), acc0);
     float s = rk_simd_hsum8(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
     for (; i < n; i++) {
         uint16_t h;
@@ -175,8 +164,7 @@ void rk_quant_avx2_q8_0_to_f32(const void *src, float *dst, int64_t n) {
     for (int64_t i = 0; i < n / RK_QK8_0; i++, p += sizeof(rk_block_q8_0), dst += RK_QK8_0) {
         const __m256 d = _mm256_moveldup_ps(ld_f16x2(p)); /* d and qs[0..1]: low half = d */
         const uint8_t *qs = p + offsetof(rk_block_q8_0, qs);
-        for (int k = 0; k < 4; k++)
-            _mm256_storeu_ps(dst + 8 * k, _mm256_mul_ps(cvt(ld_i8x8(qs + 8 * k)), d));
+        for (int k = 0; k < 4; k++) _mm256_storeu_ps(dst + 8 * k, _mm256_mul_ps(cvt(ld_i8x8(qs + 8 * k)), d));
     }
 }
 
@@ -199,8 +187,7 @@ float rk_quant_avx2_q8_0_dot(const void *w, const float *x, int64_t n) {
     for (; i + 2 <= nb; i += 2, p += 2 * bs, x += 2 * RK_QK8_0) {
         pf(p);
         acc0 = _mm256_fmadd_ps(_mm256_moveldup_ps(ld_f16x2(p)), q8_0_block(p, x), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_moveldup_ps(ld_f16x2(p + bs)), q8_0_block(p + bs, x + 32),
-                               acc1);
+        acc1 = _mm256_fmadd_ps(_mm256_moveldup_ps(ld_f16x2(p + bs)), q8_0_block(p + bs, x + 32), acc1);
     }
     if (i < nb) acc0 = _mm256_fmadd_ps(_mm256_moveldup_ps(ld_f16x2(p)), q8_0_block(p, x), acc0);
     return rk_simd_hsum8(_mm256_add_ps(acc0, acc1));
@@ -226,8 +213,7 @@ void rk_quant_avx2_q4_0_to_f32(const void *src, float *dst, int64_t n) {
         const __m256 d = _mm256_moveldup_ps(ld_f16x2(p));
         __m256i q[4];
         q4_unpack(p + offsetof(rk_block_q4_0, qs), q);
-        for (int k = 0; k < 4; k++)
-            _mm256_storeu_ps(dst + 8 * k, _mm256_mul_ps(cvt(_mm256_sub_epi32(q[k], eight)), d));
+        for (int k = 0; k < 4; k++) _mm256_storeu_ps(dst + 8 * k, _mm256_mul_ps(cvt(_mm256_sub_epi32(q[k], eight)), d));
     }
 }
 
@@ -250,8 +236,7 @@ float rk_quant_avx2_q4_0_dot(const void *w, const float *x, int64_t n) {
     for (; i + 2 <= nb; i += 2, p += 2 * bs, x += 2 * RK_QK4_0) {
         pf(p);
         acc0 = _mm256_fmadd_ps(_mm256_moveldup_ps(ld_f16x2(p)), q4_0_block(p, x), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_moveldup_ps(ld_f16x2(p + bs)), q4_0_block(p + bs, x + 32),
-                               acc1);
+        acc1 = _mm256_fmadd_ps(_mm256_moveldup_ps(ld_f16x2(p + bs)), q4_0_block(p + bs, x + 32), acc1);
     }
     if (i < nb) acc0 = _mm256_fmadd_ps(_mm256_moveldup_ps(ld_f16x2(p)), q4_0_block(p, x), acc0);
     return rk_simd_hsum8(_mm256_add_ps(acc0, acc1));
@@ -279,8 +264,7 @@ static inline void q4_1_block(const uint8_t *p, const float *x, __m256 acc[4]) {
     __m256i q[4];
     q4_unpack(p + offsetof(rk_block_q4_1, qs), q);
     for (int k = 0; k < 4; k++)
-        acc[k] = _mm256_fmadd_ps(_mm256_fmadd_ps(cvt(q[k]), d, m), _mm256_loadu_ps(x + 8 * k),
-                                 acc[k]);
+        acc[k] = _mm256_fmadd_ps(_mm256_fmadd_ps(cvt(q[k]), d, m), _mm256_loadu_ps(x + 8 * k), acc[k]);
 }
 
 float rk_quant_avx2_q4_1_dot(const void *w, const float *x, int64_t n) {
@@ -364,10 +348,8 @@ float rk_quant_avx2_q4_K_dot(const void *w, const float *x, int64_t n) {
             for (int k = 0; k < 4; k++) {
                 const __m256i b = ld_u8x8(qs + 8 * k);
                 const __m256 lo = cvt(_mm256_and_si256(b, m4)), hi = cvt(_mm256_srli_epi32(b, 4));
-                acc[k] = _mm256_fmadd_ps(_mm256_fmsub_ps(lo, d1, m1), _mm256_loadu_ps(x + 8 * k),
-                                         acc[k]);
-                acc[k] = _mm256_fmadd_ps(_mm256_fmsub_ps(hi, d2, m2),
-                                         _mm256_loadu_ps(x + 32 + 8 * k), acc[k]);
+                acc[k] = _mm256_fmadd_ps(_mm256_fmsub_ps(lo, d1, m1), _mm256_loadu_ps(x + 8 * k), acc[k]);
+                acc[k] = _mm256_fmadd_ps(_mm256_fmsub_ps(hi, d2, m2), _mm256_loadu_ps(x + 32 + 8 * k), acc[k]);
             }
         }
     }
@@ -382,11 +364,9 @@ static inline void q6_unpack(const uint8_t *ql, const uint8_t *qh, __m256i q[4])
     const __m256i m30 = _mm256_set1_epi32(0x30), c32 = _mm256_set1_epi32(32);
     const __m256i a = ld_u8x8(ql), b = ld_u8x8(ql + 32), h = ld_u8x8(qh);
     q[0] = _mm256_or_si256(_mm256_and_si256(a, m4), _mm256_slli_epi32(_mm256_and_si256(h, m3), 4));
-    q[1] = _mm256_or_si256(_mm256_and_si256(b, m4),
-                           _mm256_and_si256(_mm256_slli_epi32(h, 2), m30));
+    q[1] = _mm256_or_si256(_mm256_and_si256(b, m4), _mm256_and_si256(_mm256_slli_epi32(h, 2), m30));
     q[2] = _mm256_or_si256(_mm256_srli_epi32(a, 4), _mm256_and_si256(h, m30));
-    q[3] = _mm256_or_si256(_mm256_srli_epi32(b, 4),
-                           _mm256_and_si256(_mm256_srli_epi32(h, 2), m30));
+    q[3] = _mm256_or_si256(_mm256_srli_epi32(b, 4), _mm256_and_si256(_mm256_srli_epi32(h, 2), m30));
     for (int k = 0; k < 4; k++) q[k] = _mm256_sub_epi32(q[k], c32);
 }
 
@@ -439,8 +419,7 @@ float rk_quant_avx2_q6_K_dot(const void *w, const float *x, int64_t n) {
                     const float *xk = x + 32 * k + l;
                     __m256 t = _mm256_mul_ps(cvt(q0[k]), _mm256_loadu_ps(xk));
                     t = _mm256_fmadd_ps(cvt(q1[k]), _mm256_loadu_ps(xk + 8), t);
-                    acc[k] = _mm256_fmadd_ps(_mm256_broadcast_ss(&D[8 * h + l / 16 + 2 * k]), t,
-                                             acc[k]);
+                    acc[k] = _mm256_fmadd_ps(_mm256_broadcast_ss(&D[8 * h + l / 16 + 2 * k]), t, acc[k]);
                 }
             }
         }

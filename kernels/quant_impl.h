@@ -11,19 +11,19 @@
 #define RK_QK_K 256
 
 typedef struct rk_block_q4_0 {
-    uint16_t d;                   /* f16 scale */
-    uint8_t qs[RK_QK4_0 / 2];     /* element j: low nibble of qs[j]; j+16: high nibble */
-} rk_block_q4_0;                  /* w = (q - 8) * d */
+    uint16_t d;               /* f16 scale */
+    uint8_t qs[RK_QK4_0 / 2]; /* element j: low nibble of qs[j]; j+16: high nibble */
+} rk_block_q4_0;              /* w = (q - 8) * d */
 
 typedef struct rk_block_q4_1 {
-    uint16_t d, m;                /* f16 scale and minimum */
-    uint8_t qs[RK_QK4_1 / 2];     /* nibbles as in q4_0 */
-} rk_block_q4_1;                  /* w = q * d + m */
+    uint16_t d, m;            /* f16 scale and minimum */
+    uint8_t qs[RK_QK4_1 / 2]; /* nibbles as in q4_0 */
+} rk_block_q4_1;              /* w = q * d + m */
 
 typedef struct rk_block_q8_0 {
     uint16_t d;
     int8_t qs[RK_QK8_0];
-} rk_block_q8_0;                  /* w = q * d */
+} rk_block_q8_0; /* w = q * d */
 
 /* 8 sub-blocks of 32. scales[12] packs eight 6-bit scales and eight 6-bit mins:
  * j < 4: sc = scales[j] & 63, m = scales[j+4] & 63;
@@ -89,10 +89,10 @@ RK_QUANT_DECL_ALL(rk_quant_avx2)
 
 /* ---- 8-bit activation blocks (rk_qdot_fns) ------------------------------ */
 typedef struct rk_act_q8_32 {
-    float d;       /* amax / 127; NaN when the block held a NaN or +-Inf */
-    int32_t sum;   /* sum of qs */
+    float d;     /* amax / 127; NaN when the block held a NaN or +-Inf */
+    int32_t sum; /* sum of qs */
     int8_t qs[32];
-} rk_act_q8_32;    /* x ~ d * q */
+} rk_act_q8_32; /* x ~ d * q */
 
 typedef struct rk_act_q8_K {
     float d;

@@ -25,7 +25,7 @@
 
 #define RK_ACT_TINY 1e-30f /* as quant_q8_ref.c */
 #ifndef RK_PF_DIST
-#define RK_PF_DIST 2048    /* as quant_avx2.c: the weight stream, read once */
+#define RK_PF_DIST 2048 /* as quant_avx2.c: the weight stream, read once */
 #endif
 
 /* always_inline: as a plain static inline void function, GCC 12 took pf for const
@@ -52,9 +52,7 @@ static inline float f16(const uint8_t *p) {
     return _cvtsh_ss(h);
 }
 
-static inline __m256i ldu(const void *p) {
-    return _mm256_loadu_si256((const __m256i *)p);
-}
+static inline __m256i ldu(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
 
 /* ---- quantisers ---------------------------------------------------------- */
 
@@ -149,9 +147,7 @@ void rk_qavx2_act_q8_K(const float *x, void *dst, int64_t n) {
 
 /* |a| as u8 and b with a's sign: their maddubs is sum a_i b_i for s8 a (any
  * value) and s8 b in [-127, 127]. */
-RK_AI __m256i madd1(__m256i p16) {
-    return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
-}
+RK_AI __m256i madd1(__m256i p16) { return _mm256_madd_epi16(p16, _mm256_set1_epi16(1)); }
 
 static inline float hsum4(__m128 m) {
     m = _mm_add_ps(m, _mm_movehl_ps(m, m));
@@ -355,17 +351,17 @@ RK_AI void q4_1_w(const uint8_t *p, size_t ws, const uint8_t *xq, int64_t n, int
     FOR_W out[r] = rk_simd_hsum8(acc[r]) + _mm_cvtss_f32(_mm_movehdup_ps(_mm256_castps256_ps128(accm[r])));
 }
 
-void rk_qavx2_q4_1_dot_2w(const void *w, size_t ws, const void *xq, int64_t n, float *out) { q4_1_w(w, ws, xq, n, 2, out); }
+void rk_qavx2_q4_1_dot_2w(const void *w, size_t ws, const void *xq, int64_t n, float *out) {
+    q4_1_w(w, ws, xq, n, 2, out);
+}
 
-#define RK_QDOT_PAIR(t, call1, call4)                                                      \
-    float rk_qavx2_##t##_dot(const void *w, const void *xq, int64_t n) {                   \
-        float o[1];                                                                        \
-        call1;                                                                             \
-        return o[0];                                                                       \
-    }                                                                                      \
-    void rk_qavx2_##t##_dot_x4(const void *w, const void *xq, size_t ys, int64_t n, float *o) { \
-        call4;                                                                             \
-    }
+#define RK_QDOT_PAIR(t, call1, call4)                                    \
+    float rk_qavx2_##t##_dot(const void *w, const void *xq, int64_t n) { \
+        float o[1];                                                      \
+        call1;                                                           \
+        return o[0];                                                     \
+    }                                                                    \
+    void rk_qavx2_##t##_dot_x4(const void *w, const void *xq, size_t ys, int64_t n, float *o) { call4; }
 
 RK_QDOT_PAIR(q8_0, q8_0_rows(w, xq, 0, n, 1, o, false), q8_0_rows(w, xq, ys, n, 4, o, false))
 RK_QDOT_PAIR(q4_0, q8_0_rows(w, xq, 0, n, 1, o, true), q8_0_rows(w, xq, ys, n, 4, o, true))

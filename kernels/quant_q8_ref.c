@@ -145,7 +145,8 @@ float rk_qref_q6_K_dot(const void *w, const void *xq, int64_t n) {
             const uint8_t *l4 = ql + 64 * h, *hb = qh + 32 * h;
             for (int l = 0; l < 32; l++) {
                 const int q[4] = {(l4[l] & 15) | ((hb[l] & 3) << 4), (l4[l + 32] & 15) | (((hb[l] >> 2) & 3) << 4),
-                                  (l4[l] >> 4) | (((hb[l] >> 4) & 3) << 4), (l4[l + 32] >> 4) | (((hb[l] >> 6) & 3) << 4)};
+                                  (l4[l] >> 4) | (((hb[l] >> 4) & 3) << 4),
+                                  (l4[l + 32] >> 4) | (((hb[l] >> 6) & 3) << 4)};
                 for (int k = 0; k < 4; k++) {
                     const int e = 128 * h + 32 * k + l;
                     sub[e / 16] += (q[k] - 32) * y->qs[e];

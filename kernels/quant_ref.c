@@ -94,9 +94,7 @@ static void blk_q6_K(const uint8_t *b, float *y) {
 
 /* ---- rows ------------------------------------------------------------ */
 
-void rk_quant_ref_f32_to_f32(const void *src, float *dst, int64_t n) {
-    memcpy(dst, src, (size_t)n * sizeof(float));
-}
+void rk_quant_ref_f32_to_f32(const void *src, float *dst, int64_t n) { memcpy(dst, src, (size_t)n * sizeof(float)); }
 
 float rk_quant_ref_f32_dot(const void *w, const float *x, int64_t n) {
     const uint8_t *p = w;
@@ -134,20 +132,20 @@ float rk_quant_ref_bf16_dot(const void *w, const float *x, int64_t n) {
 }
 
 /* Block types: dequantise one block into tmp, then accumulate in double. */
-#define RK_REF_BLOCK_ROW(t, QK, BYTES)                                         \
-    void rk_quant_ref_##t##_to_f32(const void *src, float *dst, int64_t n) {   \
-        const uint8_t *p = src;                                                \
-        for (int64_t i = 0; i < n / (QK); i++) blk_##t(p + i * (BYTES), dst + i * (QK)); \
-    }                                                                          \
-    float rk_quant_ref_##t##_dot(const void *w, const float *x, int64_t n) {   \
-        const uint8_t *p = w;                                                  \
-        float tmp[QK];                                                         \
-        double acc = 0.0;                                                      \
-        for (int64_t i = 0; i < n / (QK); i++) {                               \
-            blk_##t(p + i * (BYTES), tmp);                                     \
+#define RK_REF_BLOCK_ROW(t, QK, BYTES)                                                      \
+    void rk_quant_ref_##t##_to_f32(const void *src, float *dst, int64_t n) {                \
+        const uint8_t *p = src;                                                             \
+        for (int64_t i = 0; i < n / (QK); i++) blk_##t(p + i * (BYTES), dst + i * (QK));    \
+    }                                                                                       \
+    float rk_quant_ref_##t##_dot(const void *w, const float *x, int64_t n) {                \
+        const uint8_t *p = w;                                                               \
+        float tmp[QK];                                                                      \
+        double acc = 0.0;                                                                   \
+        for (int64_t i = 0; i < n / (QK); i++) {                                            \
+            blk_##t(p + i * (BYTES), tmp);                                                  \
             for (int j = 0; j < (QK); j++) acc += (double)tmp[j] * (double)x[i * (QK) + j]; \
-        }                                                                      \
-        return (float)acc;                                                     \
+        }                                                                                   \
+        return (float)acc;                                                                  \
     }
 
 RK_REF_BLOCK_ROW(q4_0, RK_QK4_0, sizeof(rk_block_q4_0))

@@ -7,17 +7,14 @@
 #include <cpuid.h>
 #endif
 
-#define RK_QUANT_ROW(prefix, t) {prefix##_##t##_to_f32, prefix##_##t##_dot}
-#define RK_QUANT_TABLE(prefix)                     \
-    {                                              \
-        [RK_DT_F32] = RK_QUANT_ROW(prefix, f32),   \
-        [RK_DT_F16] = RK_QUANT_ROW(prefix, f16),   \
-        [RK_DT_Q4_0] = RK_QUANT_ROW(prefix, q4_0), \
-        [RK_DT_Q4_1] = RK_QUANT_ROW(prefix, q4_1), \
-        [RK_DT_Q8_0] = RK_QUANT_ROW(prefix, q8_0), \
-        [RK_DT_Q4_K] = RK_QUANT_ROW(prefix, q4_K), \
-        [RK_DT_Q6_K] = RK_QUANT_ROW(prefix, q6_K), \
-        [RK_DT_BF16] = RK_QUANT_ROW(prefix, bf16), \
+#define RK_QUANT_ROW(prefix, t) \
+    { prefix##_##t##_to_f32, prefix##_##t##_dot }
+#define RK_QUANT_TABLE(prefix)                                                                \
+    {                                                                                         \
+        [RK_DT_F32] = RK_QUANT_ROW(prefix, f32), [RK_DT_F16] = RK_QUANT_ROW(prefix, f16),     \
+        [RK_DT_Q4_0] = RK_QUANT_ROW(prefix, q4_0), [RK_DT_Q4_1] = RK_QUANT_ROW(prefix, q4_1), \
+        [RK_DT_Q8_0] = RK_QUANT_ROW(prefix, q8_0), [RK_DT_Q4_K] = RK_QUANT_ROW(prefix, q4_K), \
+        [RK_DT_Q6_K] = RK_QUANT_ROW(prefix, q6_K), [RK_DT_BF16] = RK_QUANT_ROW(prefix, bf16), \
     }
 
 /* Unlisted ids (Q8_1, Q8_K: never weights) stay {NULL, NULL}. */
@@ -31,9 +28,7 @@ static const rk_quant_fns *lookup(const rk_quant_fns *tab, uint32_t type) {
     return &tab[type];
 }
 
-const rk_quant_fns *rk_quant_ref(uint32_t type) {
-    return lookup(ref_fns, type);
-}
+const rk_quant_fns *rk_quant_ref(uint32_t type) { return lookup(ref_fns, type); }
 
 static bool probe_avx2(void) {
 #ifdef RK_HAVE_AVX2
@@ -70,15 +65,18 @@ const rk_quant_fns *rk_quant_fast(uint32_t type) {
 }
 
 /* ---- integer dot products against 8-bit activations ---------------------- */
-#define RK_QDOT_ROW(pre, t, blk, x4, w2) {blk, blk == 32 ? sizeof(rk_act_q8_32) : sizeof(rk_act_q8_K), \
-        blk == 32 ? pre##_act_q8_32 : pre##_act_q8_K, pre##_##t##_dot, x4, w2}
-#define RK_QDOT_TABLE(pre, x4, w2q4_1)                                         \
-    {                                                                          \
-        [RK_DT_Q4_0] = RK_QDOT_ROW(pre, q4_0, 32, x4(pre, q4_0), NULL),          \
-        [RK_DT_Q4_1] = RK_QDOT_ROW(pre, q4_1, 32, x4(pre, q4_1), w2q4_1),        \
-        [RK_DT_Q8_0] = RK_QDOT_ROW(pre, q8_0, 32, x4(pre, q8_0), NULL),          \
-        [RK_DT_Q4_K] = RK_QDOT_ROW(pre, q4_K, RK_QK_K, x4(pre, q4_K), NULL),     \
-        [RK_DT_Q6_K] = RK_QDOT_ROW(pre, q6_K, RK_QK_K, x4(pre, q6_K), NULL),     \
+#define RK_QDOT_ROW(pre, t, blk, x4, w2)                                                                           \
+    {                                                                                                              \
+        blk, blk == 32 ? sizeof(rk_act_q8_32) : sizeof(rk_act_q8_K), blk == 32 ? pre##_act_q8_32 : pre##_act_q8_K, \
+            pre##_##t##_dot, x4, w2                                                                                \
+    }
+#define RK_QDOT_TABLE(pre, x4, w2q4_1)                                       \
+    {                                                                        \
+        [RK_DT_Q4_0] = RK_QDOT_ROW(pre, q4_0, 32, x4(pre, q4_0), NULL),      \
+        [RK_DT_Q4_1] = RK_QDOT_ROW(pre, q4_1, 32, x4(pre, q4_1), w2q4_1),    \
+        [RK_DT_Q8_0] = RK_QDOT_ROW(pre, q8_0, 32, x4(pre, q8_0), NULL),      \
+        [RK_DT_Q4_K] = RK_QDOT_ROW(pre, q4_K, RK_QK_K, x4(pre, q4_K), NULL), \
+        [RK_DT_Q6_K] = RK_QDOT_ROW(pre, q6_K, RK_QK_K, x4(pre, q6_K), NULL), \
     }
 #define RK_NO_X4(pre, t) NULL
 #define RK_X4(pre, t) pre##_##t##_dot_x4
@@ -94,9 +92,7 @@ static const rk_qdot_fns *qlookup(const rk_qdot_fns *tab, uint32_t type) {
     return &tab[type];
 }
 
-const rk_qdot_fns *rk_qdot_ref(uint32_t type) {
-    return qlookup(qref_fns, type);
-}
+const rk_qdot_fns *rk_qdot_ref(uint32_t type) { return qlookup(qref_fns, type); }
 
 const rk_qdot_fns *rk_qdot_fast(uint32_t type) {
 #ifdef RK_HAVE_AVX2

@@ -21,10 +21,10 @@ enum {
 };
 
 typedef struct {
-    size_t off;      /* of the field in its struct */
+    size_t off; /* of the field in its struct */
     slot_type type;
     int flags;
-    size_t cap;      /* S_PATH: bytes of the field */
+    size_t cap; /* S_PATH: bytes of the field */
 } slot;
 
 #define LOW(field) offsetof(rk_lowram_params, field)
@@ -33,8 +33,10 @@ typedef struct {
 
 /* choice word -> dtype */
 static bool dtype_word(const char *w, uint32_t *t) {
-    static const struct { const char *w; uint32_t t; } words[] = {
-        {"f32", RK_DT_F32}, {"f16", RK_DT_F16}, {"int8", RK_DT_Q8_0}, {"int4", RK_DT_Q4_0}};
+    static const struct {
+        const char *w;
+        uint32_t t;
+    } words[] = {{"f32", RK_DT_F32}, {"f16", RK_DT_F16}, {"int8", RK_DT_Q8_0}, {"int4", RK_DT_Q4_0}};
     for (size_t i = 0; i < sizeof words / sizeof words[0]; i++)
         if (!strcmp(w, words[i].w)) return *t = words[i].t, true;
     return false;
@@ -66,17 +68,19 @@ static rk_status set_by_key(const char *what, const rk_param_key *keys, const sl
         bool on;
         if (!value || !strcmp(value, "1")) on = true;
         else if (!strcmp(value, "0")) on = false;
-        else return rk_err_set(err, RK_E_INVALID_ARG, "%s: %s is a flag: '%s' alone, %s=1 or %s=0 (got '%.64s')", what,
-                               k->key, k->key, k->key, k->key, value);
+        else
+            return rk_err_set(err, RK_E_INVALID_ARG, "%s: %s is a flag: '%s' alone, %s=1 or %s=0 (got '%.64s')", what,
+                              k->key, k->key, k->key, k->key, value);
         *(bool *)field = (sl->flags & F_NEG) ? !on : on;
         return RK_OK;
     }
-    if (!value || !*value) return rk_err_set(err, RK_E_INVALID_ARG, "%s: %s needs a value (%s=...)", what, k->key, k->key);
+    if (!value || !*value)
+        return rk_err_set(err, RK_E_INVALID_ARG, "%s: %s needs a value (%s=...)", what, k->key, k->key);
     if (k->kind == RK_PARAM_CHOICE) {
         uint32_t t;
         if (!choice_has(k->choices, value) || !dtype_word(value, &t))
-            return rk_err_set(err, RK_E_INVALID_ARG, "%s: %s= expects one of %s (got '%.64s')", what, k->key, k->choices,
-                              value);
+            return rk_err_set(err, RK_E_INVALID_ARG, "%s: %s= expects one of %s (got '%.64s')", what, k->key,
+                              k->choices, value);
         *(uint32_t *)field = t;
         return RK_OK;
     }
@@ -103,17 +107,23 @@ static rk_status set_by_key(const char *what, const rk_param_key *keys, const sl
 
 /* ---- LowRAM --------------------------------------------------------------------------- */
 
-#define NUM(k, lo, hi, h) {k, RK_PARAM_NUMBER, lo, hi, NULL, h}
-#define INT(k, lo, hi, h) {k, RK_PARAM_INTEGER, lo, hi, NULL, h}
-#define FLAG(k, h) {k, RK_PARAM_FLAG, 0, 1, NULL, h}
-#define CHOICE(k, c, h) {k, RK_PARAM_CHOICE, 0, 0, c, h}
+#define NUM(k, lo, hi, h) \
+    { k, RK_PARAM_NUMBER, lo, hi, NULL, h }
+#define INT(k, lo, hi, h) \
+    { k, RK_PARAM_INTEGER, lo, hi, NULL, h }
+#define FLAG(k, h) \
+    { k, RK_PARAM_FLAG, 0, 1, NULL, h }
+#define CHOICE(k, c, h) \
+    { k, RK_PARAM_CHOICE, 0, 0, c, h }
 
 static const rk_param_key lowram_keys[] = {
-    NUM("ratio", 1, 1000, "target compression of the compressed rows against f16; sets the basis rank when "
-                          "rank and energy are unset (default 6)"),
+    NUM("ratio", 1, 1000,
+        "target compression of the compressed rows against f16; sets the basis rank when "
+        "rank and energy are unset (default 6)"),
     INT("threads", 1, 1024, "codec threads (default: the session's)"),
-    {"pred", RK_PARAM_PATH, 0, 0, NULL, "predictor file from `ridgekv calibrate --lowram`: offline key bases "
-                                        "and value predictors (default: fitted on the prompt); last in a spec"},
+    {"pred", RK_PARAM_PATH, 0, 0, NULL,
+     "predictor file from `ridgekv calibrate --lowram`: offline key bases "
+     "and value predictors (default: fitted on the prompt); last in a spec"},
     /* key basis */
     INT("rank", 1, 1 << 20, "basis rank per layer group, capped at the key dim (default: from energy or ratio)"),
     NUM("energy", 0.01, 1, "rank keeping this share of the centred key energy (default: unused)"),
@@ -126,52 +136,64 @@ static const rk_param_key lowram_keys[] = {
     INT("window", 1, 1 << 24, "recent rows kept exact (default 128)"),
     INT("sinks", 0, 1 << 16, "first rows kept exact (default 4; 0: none)"),
     INT("chunk", 1, 32, "rows per landmark chunk and per compressed block (default 16)"),
-    INT("pfit", 0, 1 << 24, "a long eval fits once this many of its rows have passed every layer, then "
-                            "compresses chunk by chunk, so the exact prompt never coexists with its compressed "
-                            "form (default 0: fit at the end of the eval)"),
-    INT("start", 0, 1 << 24, "no fit until the context holds this many rows; below it every row stays exact "
-                             "(default 3072, at most half the model's context; 0: as soon as a chunk leaves "
-                             "the window)"),
+    INT("pfit", 0, 1 << 24,
+        "a long eval fits once this many of its rows have passed every layer, then "
+        "compresses chunk by chunk, so the exact prompt never coexists with its compressed "
+        "form (default 0: fit at the end of the eval)"),
+    INT("start", 0, 1 << 24,
+        "no fit until the context holds this many rows; below it every row stays exact "
+        "(default 3072, at most half the model's context; 0: as soon as a chunk leaves "
+        "the window)"),
     FLAG("nostage", "the fitting eval runs chunk-major and fits at its end, holding every layer's exact rows at "
                     "once (default: each layer group fitted and its exact rows freed as the prefill passes it)"),
     FLAG("rowattn", "long evals after the fit attend row by row instead of rebuilding each layer's rows once for "
                     "the backend's attention"),
     CHOICE("exact", "f16|f32", "exact rows (sinks, window, rows not yet compressed): f16 (default) or f32"),
-    CHOICE("coef", "int8|f16|f32", "key coefficients: int8 with one f16 scale per row (default), f16, or f32 "
-                                   "(bases and predictors then f32 too)"),
+    CHOICE("coef", "int8|f16|f32",
+           "key coefficients: int8 with one f16 scale per row (default), f16, or f32 "
+           "(bases and predictors then f32 too)"),
     /* value residuals */
     NUM("resid", 0, 1, "share of compressed rows per (layer, KV head) that keep a value residual (default 0.25)"),
-    CHOICE("rtype", "int4|int8|f16", "residuals: int4 with one f16 scale per row and head (default on the CPU), "
-                                     "int8 (default on a device backend) or f16"),
+    CHOICE("rtype", "int4|int8|f16",
+           "residuals: int4 with one f16 scale per row and head (default on the CPU), "
+           "int8 (default on a device backend) or f16"),
     FLAG("mass", "rank residuals by ||d||^2 weighted by the attention the last prompt queries give each row "
                  "(default)"),
     FLAG("nomass", "rank residuals by ||d||^2 alone"),
-    NUM("vkeep", 0, 1, "share of compressed rows per (layer, KV head) that keep their residual because the last "
-                       "prompt queries' pooled attention points at them; part of resid (default 0.1)"),
+    NUM("vkeep", 0, 1,
+        "share of compressed rows per (layer, KV head) that keep their residual because the last "
+        "prompt queries' pooled attention points at them; part of resid (default 0.1)"),
     INT("vpool", 0, 4096, "rows either side over which vkeep and vpin max-pool attention (default 8; 0: none)"),
     INT("obs", 1, 4096, "last prompt queries observed for evict, mass and vkeep (default 32)"),
     NUM("evict", 0, 0.95, "share of compressed rows dropped at the fit by SnapKV scores (default 0)"),
     FLAG("keys_only", "values stored exact (f16), no value predictor: only keys are compressed"),
     INT("vrank", 0, 1 << 20, "coefficients the value predictor reads (default 128; 0: all)"),
     /* decode selection */
-    INT("budget", 1, 1 << 24, "compressed rows attended per query and (layer, KV head) (default 640); with topp "
-                              "the most rows one decode step may rebuild"),
-    NUM("topp", 0, 1, "per (layer, KV head) keep the best chunks until the estimated attention mass left out is "
-                      "at most 1 - topp for every query head (default 0: a fixed budget)"),
+    INT("budget", 1, 1 << 24,
+        "compressed rows attended per query and (layer, KV head) (default 640); with topp "
+        "the most rows one decode step may rebuild"),
+    NUM("topp", 0, 1,
+        "per (layer, KV head) keep the best chunks until the estimated attention mass left out is "
+        "at most 1 - topp for every query head (default 0: a fixed budget)"),
     INT("minch", 1, 1 << 20, "with topp: at least this many chunks (default 2)"),
-    INT("vpin", 0, 32, "chunks per (layer, KV head) holding the most pooled attention of the last prompt queries, "
-                       "attended whatever their landmark scores, inside the budget (default 4; 0 on a device "
-                       "backend)"),
+    INT("vpin", 0, 32,
+        "chunks per (layer, KV head) holding the most pooled attention of the last prompt queries, "
+        "attended whatever their landmark scores, inside the budget (default 4; 0 on a device "
+        "backend)"),
     FLAG("bound", "select chunks by an upper bound of q.k (per-dim key min/max per chunk; 2 more f16 rows per "
                   "chunk) instead of q.mean"),
-    INT("coarse", 0, 1 << 16, "two-level selection: coarse groups of this many chunks scored first (default 0: "
-                              "one level; fixed budget only, not with topp or bound)"),
-    NUM("ckeep", 1, 1 << 20, "with coarse: the coarse groups kept, as a multiple of those that would hold the "
-                             "budget (default 4)"),
-    NUM("spread", 0, 10, "a chunk's score adds this times the log-mass its keys' spread adds to the landmark's "
-                         "(default 0: off)"),
-    NUM("hyst", 0, 100, "nats added to the score of a chunk whose keys are in the key cache, so that selection "
-                        "churn rebuilds fewer keys (default and 0: off)"),
+    INT("coarse", 0, 1 << 16,
+        "two-level selection: coarse groups of this many chunks scored first (default 0: "
+        "one level; fixed budget only, not with topp or bound)"),
+    NUM("ckeep", 1, 1 << 20,
+        "with coarse: the coarse groups kept, as a multiple of those that would hold the "
+        "budget (default 4)"),
+    NUM("spread", 0, 10,
+        "a chunk's score adds this times the log-mass its keys' spread adds to the landmark's "
+        "(default 0: off)"),
+    NUM("hyst", 0, 100,
+        "nats added to the score of a chunk whose keys are in the key cache, so that selection "
+        "churn rebuilds fewer keys (default and 0: off)"),
     FLAG("summ", "unselected chunks enter attention as one summary row each (mean key, mean value, size)"),
     FLAG("nosumm", "unselected chunks are left out (default)"),
     FLAG("csumm", "summary rows from mean coefficients (r per chunk) instead of value-space means"),
@@ -181,18 +203,22 @@ static const rk_param_key lowram_keys[] = {
     INT("el0", 0, 1 << 16, "first layer of [el0, el1), which select with ebudget rows (default none)"),
     INT("el1", 0, 1 << 16, "end of [el0, el1)"),
     INT("ebudget", 1, 1 << 24, "rows layers [el0, el1) attend per query and KV head (default: budget)"),
-    INT("full", 0, 8, "at most this many layers attend every chunk: those whose landmark selection missed the "
-                      "most of the last prompt queries' attention at the fit, at least fullmin (default 2; 0 on "
-                      "a device backend)"),
+    INT("full", 0, 8,
+        "at most this many layers attend every chunk: those whose landmark selection missed the "
+        "most of the last prompt queries' attention at the fit, at least fullmin (default 2; 0 on "
+        "a device backend)"),
     NUM("fullmin", 0, 1, "the least missed share that makes a layer full (default 0.02)"),
     /* decode key cache */
     INT("krank", 1, 1 << 20, "decode rebuilds keys from the first krank coefficients (default: all)"),
-    CHOICE("kcache", "int8|f16", "decode's cache of rebuilt keys: int8 with one f16 scale per row and head "
-                                 "(default) or f16"),
-    INT("kslots", 1, 1 << 16, "key-cache chunks per (layer, KV head) beyond budget / chunk (default: 576 rows' "
-                              "worth, more for long contexts)"),
-    INT("kbatch", 1, 1 << 20, "chunks one key-rebuild batch holds (default: the largest budgeted layer's choice, "
-                              "at least 64)"),
+    CHOICE("kcache", "int8|f16",
+           "decode's cache of rebuilt keys: int8 with one f16 scale per row and head "
+           "(default) or f16"),
+    INT("kslots", 1, 1 << 16,
+        "key-cache chunks per (layer, KV head) beyond budget / chunk (default: 576 rows' "
+        "worth, more for long contexts)"),
+    INT("kbatch", 1, 1 << 20,
+        "chunks one key-rebuild batch holds (default: the largest budgeted layer's choice, "
+        "at least 64)"),
     FLAG("nocache", "no cache of rebuilt keys between decode steps"),
 };
 
@@ -266,13 +292,13 @@ rk_lowram_params rk_lowram_params_default(void) {
     p.chunk = 16;
     p.resid_share = 0.25f;
     p.resid_mass = true;
-    p.mass_keep = 0.1f;     /* the rows the question points at keep their values */
-    p.mass_pin = -1;        /* 4, or none in a session on a device backend (its fused op selects by landmarks) */
-    p.full_layers = -1;     /* 2, or none in a session on a device backend */
+    p.mass_keep = 0.1f; /* the rows the question points at keep their values */
+    p.mass_pin = -1;    /* 4, or none in a session on a device backend (its fused op selects by landmarks) */
+    p.full_layers = -1; /* 2, or none in a session on a device backend */
     p.budget = 640;
-    p.no_summary = true;    /* summary rows of unselected chunks cost KL and time at 8K */
-    p.value_rank = 128;     /* the KL of all coefficients at a fraction of the attention work */
-    p.hyst = -1;            /* off */
+    p.no_summary = true; /* summary rows of unselected chunks cost KL and time at 8K */
+    p.value_rank = 128;  /* the KL of all coefficients at a fraction of the attention work */
+    p.hyst = -1;         /* off */
     p.coef_type = RK_DT_Q8_0;
     p.resid_type = RK_DT_F32; /* F32: int4, or int8 in a session on a device backend (its fused op reads int8) */
     p.kc_type = RK_DT_Q8_0;   /* int8 key cache: twice the chunks of an f16 one in the same bytes */
@@ -335,11 +361,13 @@ static const rk_param_key fill_keys[] = {
     INT("score_layers", 1, 4096, "layers below the split whose attention scores (default 3)"),
     INT("score_skip", 0, 4096, "layers right below the split left out of scoring (default 2; 0: none)"),
     INT("pool", 0, 4096, "rows either side over which scores are max-pooled (default 8; 0: none)"),
-    INT("baseline", 0, 1 << 20, "rows just before the question whose attention is subtracted, so rows every "
-                                "query attends do not win (default: obs; 0: none)"),
+    INT("baseline", 0, 1 << 20,
+        "rows just before the question whose attention is subtracted, so rows every "
+        "query attends do not win (default: obs; 0: none)"),
     INT("band", 0, 1 << 24, "the last bulk rows (nearest the tail) kept exact out of the keep share (default 0)"),
-    INT("group", 0, 4096, "late layers' exact rows attend each run of up to this many filled rows as one row "
-                          "(mean K, mean V) in a prefill from row 0 on a host backend (default 0: off)"),
+    INT("group", 0, 4096,
+        "late layers' exact rows attend each run of up to this many filled rows as one row "
+        "(mean K, mean V) in a prefill from row 0 on a host backend (default 0: off)"),
 };
 
 static const slot fill_slots[] = {
@@ -373,10 +401,12 @@ const rk_param_key *rk_fill_params_keys(size_t *n) {
 /* ---- memory tiers ----------------------------------------------------------------------- */
 
 static const rk_param_key kv_keys[] = {
-    INT("budget", 0, 1125899906842624.0, "bytes of K/V rows kept in memory; the rest spills (default 0: all in "
-                                         "memory)"),
-    INT("host_budget", 0, 1125899906842624.0, "device backends: pinned host bytes for the cold layers' rows, the "
-                                              "rest in the spill file (default 0: every cold layer pinned)"),
+    INT("budget", 0, 1125899906842624.0,
+        "bytes of K/V rows kept in memory; the rest spills (default 0: all in "
+        "memory)"),
+    INT("host_budget", 0, 1125899906842624.0,
+        "device backends: pinned host bytes for the cold layers' rows, the "
+        "rest in the spill file (default 0: every cold layer pinned)"),
     INT("spill_level", 0, 22, "zstd level of spilled chunks (default 0: raw frames)"),
     INT("spill_backend", 0, 2, "spill file I/O: 0 io_uring when usable (default), 1 io_uring, 2 pread/pwrite threads"),
     FLAG("spill_buffered", "the spill file without O_DIRECT (reads may come from the page cache)"),
@@ -385,12 +415,8 @@ static const rk_param_key kv_keys[] = {
 };
 
 static const slot kv_slots[] = {
-    {KVP(budget), S_U64, 0, 0},
-    {KVP(host_budget), S_U64, 0, 0},
-    {KVP(spill_level), S_I32, 0, 0},
-    {KVP(spill_backend), S_I32, 0, 0},
-    {KVP(spill_buffered), S_BOOL, 0, 0},
-    {KVP(budget_whole), S_BOOL, 0, 0},
+    {KVP(budget), S_U64, 0, 0},        {KVP(host_budget), S_U64, 0, 0},     {KVP(spill_level), S_I32, 0, 0},
+    {KVP(spill_backend), S_I32, 0, 0}, {KVP(spill_buffered), S_BOOL, 0, 0}, {KVP(budget_whole), S_BOOL, 0, 0},
 };
 _Static_assert(sizeof kv_keys / sizeof kv_keys[0] == sizeof kv_slots / sizeof kv_slots[0], "one slot per KV key");
 

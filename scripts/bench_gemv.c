@@ -61,10 +61,8 @@ int main(int argc, char **argv) {
     const uint16_t h = rk_f32_to_f16(0.01f); /* finite block scales */
     for (size_t b = 0; b < rb * m / tr->type_size; b++) {
         uint8_t *q = w + b * tr->type_size;
-        if (type == RK_DT_Q6_K)
-            memcpy(q + 208, &h, 2);
-        else
-            memcpy(q, &h, 2), memcpy(q + 2, &h, 2);
+        if (type == RK_DT_Q6_K) memcpy(q + 208, &h, 2);
+        else memcpy(q, &h, 2), memcpy(q + 2, &h, 2);
     }
     float *x = malloc(sizeof(float) * (size_t)k);
     y = malloc(sizeof(float) * (size_t)m);
@@ -83,6 +81,9 @@ int main(int argc, char **argv) {
         if (t < best) best = t;
     }
     printf("%s k %lld m %lld, %d thread(s), %s: %.1f GB/s\n", rk_dtype_name(type), (long long)k, (long long)m, nt,
-           nt == 1 ? "in cache" : huge ? "huge pages" : "4 KiB pages", (double)(rb * m) / best / 1e9);
+           nt == 1 ? "in cache"
+           : huge  ? "huge pages"
+                   : "4 KiB pages",
+           (double)(rb * m) / best / 1e9);
     return 0;
 }

@@ -3,7 +3,7 @@
 set -euo pipefail
 pkgs=(build-essential meson ninja-build pkg-config python3 python3-pip python3-jinja2 xz-utils ca-certificates
       libcriterion-dev liburing-dev libzstd-dev libxxhash-dev libjson-c-dev libedit-dev libopenblas-dev
-      libmicrohttpd-dev curl
+      libmicrohttpd-dev curl clang-format
       jargon-text)  # jargon-text: the calibration text of `ridgekv prepare` (public domain)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -31,15 +31,14 @@ static const struct {
     const char *name;
     uint32_t type;
 } type_names[] = {
-    {"f32", RK_DT_F32},   {"f16", RK_DT_F16},   {"bf16", RK_DT_BF16}, {"q8_0", RK_DT_Q8_0}, {"q4_0", RK_DT_Q4_0},
+    {"f32", RK_DT_F32},   {"f16", RK_DT_F16},   {"bf16", RK_DT_BF16}, {"q8_0", RK_DT_Q8_0},   {"q4_0", RK_DT_Q4_0},
     {"q4_1", RK_DT_Q4_1}, {"q4_k", RK_DT_Q4_K}, {"q6_k", RK_DT_Q6_K}, {"q4_k_m", RK_DT_Q4_K},
 };
 
 /* llama.cpp's use_more_bits: the first and last eighth of the layers and every third in between. */
 static bool more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
 
-bool rk_synth_tensor_type(const char *type, const char *tensor, int layer, int n_layer, int64_t ne0,
-                          uint32_t *out) {
+bool rk_synth_tensor_type(const char *type, const char *tensor, int layer, int n_layer, int64_t ne0, uint32_t *out) {
     int k = -1;
     for (size_t i = 0; i < sizeof type_names / sizeof type_names[0]; i++)
         if (type && !strcmp(type, type_names[i].name)) k = (int)i;
@@ -86,10 +85,10 @@ static void rand_bytes(uint8_t *p, size_t n, uint64_t *s) {
 }
 
 /* Standard deviations of the dequantised codes per unit scale. */
-#define SD_U4 4.6098 /* uniform 0..15 */
+#define SD_U4 4.6098    /* uniform 0..15 */
 #define SD_U4_15 4.3205 /* uniform -7..7 */
-#define SD_U6 18.473 /* uniform 0..63 */
-#define SD_I8 73.9   /* uniform -128..127 */
+#define SD_U6 18.473    /* uniform 0..63 */
+#define SD_I8 73.9      /* uniform -128..127 */
 
 /* n elements (whole blocks) of type with mean ~0 and standard deviation sd. */
 static void fill(uint32_t type, uint8_t *p, int64_t n, float sd, float mean, uint64_t *s) {
@@ -177,7 +176,8 @@ static rk_status add_vocab(rk_gguf_writer *w, int64_t n, rk_err *err) {
     }
     const char *fixed[] = {"<unk>", "<s>", "</s>"};
     const int32_t fixed_type[] = {2, 3, 3};
-    const char *punct = "\xe2\x96\x81" "0123456789.,!?'\"-:;()";
+    const char *punct = "\xe2\x96\x81"
+                        "0123456789.,!?'\"-:;()";
     int64_t i = 0, word = 0;
     char buf[32];
     for (; i < n; i++) {
@@ -273,10 +273,10 @@ static rk_status build_tensors(gen *g, const rk_synth_shape *sh, int64_t n_vocab
         return st;
     for (int l = 0; l < g->n_layer; l++) {
         char nm[96];
-#define T(suffix, ne0, ne1, sd, mean)                                                              \
-    do {                                                                                           \
-        snprintf(nm, sizeof nm, "blk.%d.%s", l, suffix);                                           \
-        if ((st = tensor(g, nm, l, ne0, ne1, sd, mean))) return st;                                \
+#define T(suffix, ne0, ne1, sd, mean)                               \
+    do {                                                            \
+        snprintf(nm, sizeof nm, "blk.%d.%s", l, suffix);            \
+        if ((st = tensor(g, nm, l, ne0, ne1, sd, mean))) return st; \
     } while (0)
         T("attn_norm.weight", d, 0, 0.05f, 1.0f);
         T("attn_q.weight", d, qd, 1.0f / sqrtf((float)d), 0.0f);
@@ -301,21 +301,20 @@ static rk_status build_tensors(gen *g, const rk_synth_shape *sh, int64_t n_vocab
     return RK_OK;
 }
 
-static rk_status meta(rk_gguf_writer *w, const rk_synth_shape *sh, const rk_synth_params *p, int n_layer,
-                      rk_err *err) {
+static rk_status meta(rk_gguf_writer *w, const rk_synth_shape *sh, const rk_synth_params *p, int n_layer, rk_err *err) {
     char key[96], name[160];
     const char *a = sh->arch;
     rk_status st;
     snprintf(name, sizeof name, "synthetic %s %s seed %llu", sh->name, p->type, (unsigned long long)p->seed);
-#define U32(k, v)                                                                                  \
-    do {                                                                                           \
-        snprintf(key, sizeof key, "%s.%s", a, k);                                                  \
-        if ((st = rk_gguf_writer_set_u32(w, key, (uint32_t)(v), err))) return st;                  \
+#define U32(k, v)                                                                 \
+    do {                                                                          \
+        snprintf(key, sizeof key, "%s.%s", a, k);                                 \
+        if ((st = rk_gguf_writer_set_u32(w, key, (uint32_t)(v), err))) return st; \
     } while (0)
-#define F32(k, v)                                                                                  \
-    do {                                                                                           \
-        snprintf(key, sizeof key, "%s.%s", a, k);                                                  \
-        if ((st = rk_gguf_writer_set_f32(w, key, v, err))) return st;                              \
+#define F32(k, v)                                                     \
+    do {                                                              \
+        snprintf(key, sizeof key, "%s.%s", a, k);                     \
+        if ((st = rk_gguf_writer_set_f32(w, key, v, err))) return st; \
     } while (0)
     if ((st = rk_gguf_writer_set_str(w, "general.architecture", a, err)) ||
         (st = rk_gguf_writer_set_str(w, "general.name", name, err)) ||
@@ -358,13 +357,14 @@ rk_status rk_synth_build(const rk_synth_params *p, void **bytes, size_t *len, rk
                           RK_SYNTH_MIN_VOCAB, 1 << 24);
     int n_layer = p->n_layer ? p->n_layer : sh->n_layer;
     if (n_layer < 1 || n_layer > sh->n_layer)
-        return rk_err_set(err, RK_E_INVALID_ARG, "synth: layers %d out of range (1 .. %d for %s)", n_layer,
-                          sh->n_layer, sh->name);
+        return rk_err_set(err, RK_E_INVALID_ARG, "synth: layers %d out of range (1 .. %d for %s)", n_layer, sh->n_layer,
+                          sh->name);
     rk_gguf_writer *w = NULL;
     rk_status st = rk_gguf_writer_create(32, &w, err);
     if (st) return st;
     gen g = {w, p, n_layer, err};
-    if (!(st = meta(w, sh, p, n_layer, err)) && !(st = add_vocab(w, n_vocab, err)) && !(st = build_tensors(&g, sh, n_vocab)))
+    if (!(st = meta(w, sh, p, n_layer, err)) && !(st = add_vocab(w, n_vocab, err)) &&
+        !(st = build_tensors(&g, sh, n_vocab)))
         st = rk_gguf_writer_finish(w, bytes, len, err);
     rk_gguf_writer_destroy(w);
     return st;

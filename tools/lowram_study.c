@@ -24,16 +24,16 @@
 
 typedef struct run_out {
     double nll, kl, top1, dec_s, dec_cpu_s, pf_s; /* dec_cpu_s: process CPU time per step */
-    double kl_max;            /* the largest per-step KL */
-    bool reused;              /* --reuse: the prompt's state was imported (pf_s: the import) */
+    double kl_max;                                /* the largest per-step KL */
+    bool reused;                                  /* --reuse: the prompt's state was imported (pf_s: the import) */
     rk_kv_bytes kb;
-    rk_lowram_stats ls;       /* value_r2 and sel_miss: NULL, copied into r2 and miss */
-    float r2[1024][64];       /* (layer, KV head) the predictors' R², copied before the session goes */
+    rk_lowram_stats ls; /* value_r2 and sel_miss: NULL, copied into r2 and miss */
+    float r2[1024][64]; /* (layer, KV head) the predictors' R², copied before the session goes */
     float miss[1024];
 } run_out;
 
-static double *g_ref_lp;   /* (cont, n_vocab) exact log-probs */
-static int g_slices;       /* prompt eval slice (0: one call) */
+static double *g_ref_lp; /* (cont, n_vocab) exact log-probs */
+static int g_slices;     /* prompt eval slice (0: one call) */
 /* --reuse: LowRAM states after the prompt (and the prompt's last logits); a later SPEC whose
  * stored-state parameters match one imports it instead of a prefill of its own (decode-only
  * knobs: budget, topp, minch, krank, dense, dl0/dl1, nosumm, nocache, ...) */
@@ -85,8 +85,9 @@ static void r2_compare(const rk_model *m, rk_session *s, int n) {
     double *Wl = malloc((size_t)kvd * kvd * sizeof(double)), *bl = malloc((size_t)kvd * sizeof(double));
     float *row = malloc((size_t)kvd * sizeof(float));
     double sum_a = 0, sum_b = 0;
-    printf("value R² (in-sample, %lld rows) per layer, mean over KV heads: own head keys (d_h) / all layer keys (kv_dim)\n",
-           (long long)N);
+    printf(
+        "value R² (in-sample, %lld rows) per layer, mean over KV heads: own head keys (d_h) / all layer keys (kv_dim)\n",
+        (long long)N);
     for (int l = 0; l < hp->n_layer; l++) {
         for (int64_t p = 0; p < N; p++) {
             if (rk_session_kv_rows(s, l, false, true, sink + p, 1, row, NULL)) return;
@@ -99,7 +100,8 @@ static void r2_compare(const rk_model *m, rk_session *s, int n) {
         const bool fb = rk_ridge_fit_rows(kvd, kvd, N, K, V, 1e-3, Wl, bl);
         for (int h = 0; h < hp->n_head_kv; h++) {
             for (int64_t p = 0; p < N; p++)
-                for (int j = 0; j < hd; j++) Kh[p * hd + j] = K[p * kvd + h * hd + j], Vh[p * hd + j] = V[p * kvd + h * hd + j];
+                for (int j = 0; j < hd; j++)
+                    Kh[p * hd + j] = K[p * kvd + h * hd + j], Vh[p * hd + j] = V[p * kvd + h * hd + j];
             for (int pass = 0; pass < 2; pass++) {
                 const int din = pass ? kvd : hd, ldw = pass ? kvd : hd, col = pass ? h * hd : 0;
                 const double *X = pass ? K : Kh, *Wp = pass ? Wl : W, *bp = pass ? bl + h * hd : b;
@@ -217,8 +219,8 @@ fail:
 /* Passkey retrieval: filler text with "The pass key is NNNNN. Remember it. NNNNN is the
  * pass key." at a depth, then "What is the pass key? The pass key is"; greedy decode of 8
  * tokens must contain the digits. Returns 1 when found, 0 when not, -1 on error. */
-static int needle_trial(const rk_model *m, const int32_t *filler, int n_fill, double depth, unsigned key,
-                        int n_threads, const char *spec) {
+static int needle_trial(const rk_model *m, const int32_t *filler, int n_fill, double depth, unsigned key, int n_threads,
+                        const char *spec) {
     const rk_hparams *hp = rk_model_hparams(m);
     char needle[160], ask[] = "\nWhat is the pass key? The pass key is";
     snprintf(needle, sizeof needle, " The pass key is %u. Remember it. %u is the pass key. ", key, key);
@@ -275,7 +277,7 @@ int main(int argc, char **argv) {
     /* as ridgekv (cli/main.c): a fixed mmap threshold, so the --rss peaks are the CLI's */
     if (!getenv("MALLOC_MMAP_THRESHOLD_")) (void)mallopt(M_MMAP_THRESHOLD, 128 * 1024);
 #endif
-    int needle = 0; /* trials per depth */
+    int needle = 0;   /* trials per depth */
     bool rss = false; /* --rss: one session (the first --kv, or exact f16 with --kv f16), peak RSS */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
@@ -301,7 +303,8 @@ int main(int argc, char **argv) {
     char mb[1024];
     if (!model) model = tb_default_model(mb, sizeof mb);
     if (!model || !text || n_prompt < 1 || n_cont < 1) {
-        fprintf(stderr, "usage: lowram_study [-m MODEL] -f TEXT [--prompt N] [--cont M] [--skip K] [-t T] [--kv SPEC]...\n");
+        fprintf(stderr,
+                "usage: lowram_study [-m MODEL] -f TEXT [--prompt N] [--cont M] [--skip K] [-t T] [--kv SPEC]...\n");
         return 2;
     }
     if (!n_specs) specs[n_specs++] = "";
@@ -366,8 +369,8 @@ int main(int argc, char **argv) {
     if (run(m, w, n_prompt, n_cont, n_threads, NULL, true, &ref)) return 1;
     printf("model %s, prompt %d tokens (+%d skipped), continuation %d, threads %d\n", rk_model_name(m), n_prompt, skip,
            n_cont, n_threads);
-    printf("%-44s %8s %8s %8s %7s %9s %8s %8s %8s %7s %7s %9s %8s %7s\n", "kv", "NLL", "dNLL", "KL", "top1", "B/tok", "ratio",
-           "ratio_c", "dec_ms", "fit_s", "pf_s", "cpu_ms", "rebuilt", "KLmax");
+    printf("%-44s %8s %8s %8s %7s %9s %8s %8s %8s %7s %7s %9s %8s %7s\n", "kv", "NLL", "dNLL", "KL", "top1", "B/tok",
+           "ratio", "ratio_c", "dec_ms", "fit_s", "pf_s", "cpu_ms", "rebuilt", "KLmax");
     printf("%-44s %8.4f %8s %8s %7s %9.0f %8s %8s %8.1f %7s %7.2f %9.1f\n", "f16 exact", ref.nll, "", "", "",
            (double)ref.kb.total / ref.kb.n_tokens, "1.00", "", 1000 * ref.dec_s, "", ref.pf_s, 1000 * ref.dec_cpu_s);
     for (int k = 0; k < n_specs; k++) {
@@ -384,19 +387,19 @@ int main(int argc, char **argv) {
                o.ls.rows_attended ? (double)o.ls.rows_rebuilt / (double)o.ls.rows_attended : 0.0, o.kl_max,
                o.reused ? " (imported)" : "");
         if (json || k == 0 || n_specs == 1)
-            printf("    bytes: exact %llu coef %llu bases %llu pred %llu resid %llu lmk %llu meta %llu kcache %llu = %llu "
-                   "(f16 %llu); rows exact %lld comp %lld evicted %lld; scratch %llu\n"
-                   "    rank %d..%d, key energy lost %.4f, value R² mean %.3f, resid rows %lld, rebuilt/attended %.2f, "
-                   "compress %.3f s\n",
-                   (unsigned long long)b->exact, (unsigned long long)b->coef, (unsigned long long)b->bases,
-                   (unsigned long long)b->predictors, (unsigned long long)b->residuals, (unsigned long long)b->landmarks,
-                   (unsigned long long)b->meta, (unsigned long long)b->key_cache, (unsigned long long)b->total,
-                   (unsigned long long)b->f16_equiv,
-                   (long long)b->n_exact_rows, (long long)b->n_compressed_rows, (long long)b->n_evicted_rows,
-                   (unsigned long long)b->scratch, o.ls.rank_min, o.ls.rank_max, o.ls.key_rel_err, o.ls.value_r2_mean,
-                   (long long)o.ls.n_resid_rows,
-                   o.ls.rows_attended ? (double)o.ls.rows_rebuilt / (double)o.ls.rows_attended : 0.0,
-                   o.ls.seconds_compress);
+            printf(
+                "    bytes: exact %llu coef %llu bases %llu pred %llu resid %llu lmk %llu meta %llu kcache %llu = %llu "
+                "(f16 %llu); rows exact %lld comp %lld evicted %lld; scratch %llu\n"
+                "    rank %d..%d, key energy lost %.4f, value R² mean %.3f, resid rows %lld, rebuilt/attended %.2f, "
+                "compress %.3f s\n",
+                (unsigned long long)b->exact, (unsigned long long)b->coef, (unsigned long long)b->bases,
+                (unsigned long long)b->predictors, (unsigned long long)b->residuals, (unsigned long long)b->landmarks,
+                (unsigned long long)b->meta, (unsigned long long)b->key_cache, (unsigned long long)b->total,
+                (unsigned long long)b->f16_equiv, (long long)b->n_exact_rows, (long long)b->n_compressed_rows,
+                (long long)b->n_evicted_rows, (unsigned long long)b->scratch, o.ls.rank_min, o.ls.rank_max,
+                o.ls.key_rel_err, o.ls.value_r2_mean, (long long)o.ls.n_resid_rows,
+                o.ls.rows_attended ? (double)o.ls.rows_rebuilt / (double)o.ls.rows_attended : 0.0,
+                o.ls.seconds_compress);
         if (r2 && k == 0) {
             printf("    value R² per layer (KV heads):");
             for (int l = 0; l < hp->n_layer && l < 1024; l++) {

@@ -16,29 +16,29 @@
 /* ---- status ---------------------------------------------------------- */
 typedef enum rk_status {
     RK_OK = 0,
-    RK_E_INVALID_ARG,   /* caller passed something impossible */
+    RK_E_INVALID_ARG, /* caller passed something impossible */
     RK_E_NOMEM,
-    RK_E_IO,            /* open/read/write/mmap failed (errno text in message) */
-    RK_E_NOT_FOUND,     /* missing key, tensor, file */
-    RK_E_UNSUPPORTED,   /* architecture, tensor type, feature we do not handle */
-    RK_E_CONTEXT,       /* prompt or request does not fit the context */
-    RK_E_CHECKSUM,      /* hash mismatch */
-    RK_E_MISMATCH,      /* file made for another model */
+    RK_E_IO,          /* open/read/write/mmap failed (errno text in message) */
+    RK_E_NOT_FOUND,   /* missing key, tensor, file */
+    RK_E_UNSUPPORTED, /* architecture, tensor type, feature we do not handle */
+    RK_E_CONTEXT,     /* prompt or request does not fit the context */
+    RK_E_CHECKSUM,    /* hash mismatch */
+    RK_E_MISMATCH,    /* file made for another model */
     /* GGUF failure classes: one each, so tests and tools can tell them apart */
     RK_E_GGUF_MAGIC,
     RK_E_GGUF_VERSION,
     RK_E_GGUF_TRUNCATED,
-    RK_E_GGUF_COUNT,      /* absurd kv / tensor / array / string counts */
-    RK_E_GGUF_DUPLICATE,  /* duplicate key or tensor name */
-    RK_E_GGUF_TYPE,       /* unknown value type or tensor type */
-    RK_E_GGUF_ALIGN,      /* bad alignment value or misaligned tensor offset */
-    RK_E_GGUF_OVERLAP,    /* two tensors share bytes */
-    RK_E_GGUF_BOUNDS,     /* tensor data past the end of the file */
-    RK_E_GGUF_DIM,        /* bad n_dims, non-positive or overflowing dimension */
-    RK_E_GGUF_BLOCK,      /* row length not a multiple of the type's block */
-    RK_E_INTERNAL,        /* broken invariant: a bug, reported instead of aborting */
-    RK_E_CANCELLED,       /* a callback asked to stop */
-    RK_E_FORMAT,          /* a block or record of ours that is truncated, corrupt or of another version */
+    RK_E_GGUF_COUNT,     /* absurd kv / tensor / array / string counts */
+    RK_E_GGUF_DUPLICATE, /* duplicate key or tensor name */
+    RK_E_GGUF_TYPE,      /* unknown value type or tensor type */
+    RK_E_GGUF_ALIGN,     /* bad alignment value or misaligned tensor offset */
+    RK_E_GGUF_OVERLAP,   /* two tensors share bytes */
+    RK_E_GGUF_BOUNDS,    /* tensor data past the end of the file */
+    RK_E_GGUF_DIM,       /* bad n_dims, non-positive or overflowing dimension */
+    RK_E_GGUF_BLOCK,     /* row length not a multiple of the type's block */
+    RK_E_INTERNAL,       /* broken invariant: a bug, reported instead of aborting */
+    RK_E_CANCELLED,      /* a callback asked to stop */
+    RK_E_FORMAT,         /* a block or record of ours that is truncated, corrupt or of another version */
     RK_STATUS_COUNT
 } rk_status;
 
@@ -49,8 +49,7 @@ typedef struct rk_err {
 
 /* Records "<module>: <what> <where> (<expected> vs <got>)" in *err (may be NULL)
  * and returns code. Never fails. */
-RK_API rk_status rk_err_set(rk_err *err, rk_status code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+RK_API rk_status rk_err_set(rk_err *err, rk_status code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Prefixes an existing message with more context ("loading X: <old msg>"). */
 RK_API rk_status rk_err_wrap(rk_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 RK_API void rk_err_clear(rk_err *err);
@@ -67,12 +66,8 @@ static inline uint64_t rk_le_get(const uint8_t *d, int n) {
     for (int i = 0; i < n; i++) v |= (uint64_t)d[i] << (8 * i);
     return v;
 }
-static inline bool rk_mul_u64(uint64_t a, uint64_t b, uint64_t *out) {
-    return !__builtin_mul_overflow(a, b, out);
-}
-static inline bool rk_add_u64(uint64_t a, uint64_t b, uint64_t *out) {
-    return !__builtin_add_overflow(a, b, out);
-}
+static inline bool rk_mul_u64(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_mul_overflow(a, b, out); }
+static inline bool rk_add_u64(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_add_overflow(a, b, out); }
 
 /* ---- dtypes (numbering = GGML's, as stored in GGUF) ------------------ */
 typedef enum rk_dtype {
@@ -89,10 +84,10 @@ typedef enum rk_dtype {
 } rk_dtype;
 
 typedef struct rk_dtype_traits {
-    const char *name;     /* "q4_K" style, as llama.cpp prints */
-    uint32_t blck_size;   /* elements per block (1 for plain floats) */
-    uint32_t type_size;   /* bytes per block */
-    bool weight_ok;       /* accepted as a tensor type in model files */
+    const char *name;   /* "q4_K" style, as llama.cpp prints */
+    uint32_t blck_size; /* elements per block (1 for plain floats) */
+    uint32_t type_size; /* bytes per block */
+    bool weight_ok;     /* accepted as a tensor type in model files */
 } rk_dtype_traits;
 
 /* NULL for type ids we do not know. */

@@ -24,8 +24,7 @@ uint64_t ev_rand_below(uint64_t *state, uint64_t n);
 double ev_nll_row(const float *row, int32_t n_vocab, int32_t target);
 /* out[j] = NLL of ids[row0 + j + 1] under logits row row0 + j, j < n_rows (logits hold
  * (rows, n_vocab) from an all_rows eval of ids). false when a row is NaN (filled). */
-bool ev_nll_rows(const float *logits, int32_t n_vocab, const int32_t *ids, int64_t row0, int64_t n_rows,
-                 double *out);
+bool ev_nll_rows(const float *logits, int32_t n_vocab, const int32_t *ids, int64_t row0, int64_t n_rows, double *out);
 /* Exact two-sided McNemar p-value from the discordant counts b and c:
  * min(1, 2 P(X <= min(b, c))) with X ~ Binomial(b + c, 1/2); 1 when b + c = 0. */
 double ev_mcnemar_p(int64_t b, int64_t c);
@@ -51,8 +50,8 @@ double ev_top_threshold(const double *gain, size_t n, double share);
 /* Per-window sums over a token set: for window w (score tokens each), den[w] counts the
  * selected tokens, sum[m][w] adds mode m's NLL over them and num[m][w] its difference to
  * mode 0 (off). Arrays are (n_win) and zeroed by the caller; nll[m] is (n_win, score). */
-void ev_set_sums(const unsigned char *sel, const double *const *nll, int n_modes, int n_win, int64_t score,
-                 double *den, double *const *sum, double *const *num);
+void ev_set_sums(const unsigned char *sel, const double *const *nll, int n_modes, int n_win, int64_t score, double *den,
+                 double *const *sum, double *const *num);
 
 /* ---- parsing of the eval flags (pure: the CLI prints the messages) -------------------- */
 /* Comma lists; RK_E_INVALID_ARG naming flag for a malformed list or a value outside [lo, hi]. */
@@ -77,14 +76,14 @@ rk_status ev_take_flags(int argc, char **argv, const ev_flag *flags, int n_flags
 /* ---- corpus ------------------------------------------------------------------------------- */
 typedef struct ev_doc {
     char *path;
-    int32_t *ids;  /* (n) whole file, tokenized without BOS */
+    int32_t *ids; /* (n) whole file, tokenized without BOS */
     size_t n;
 } ev_doc;
 
 typedef struct ev_corpus {
     ev_doc *docs;
     int n_docs;
-    int32_t bos;   /* prepended to every window when the vocab asks for BOS; else -1 */
+    int32_t bos; /* prepended to every window when the vocab asks for BOS; else -1 */
 } ev_corpus;
 
 /* Tokenizes each file of the comma list. A name without '/' that does not exist as given
@@ -95,7 +94,7 @@ void ev_corpus_deinit(ev_corpus *c);
 
 typedef struct ev_window {
     int doc;
-    size_t off;    /* first token of the document used */
+    size_t off; /* first token of the document used */
 } ev_window;
 /* Picks n_win windows of n tokens each at random (documents weighted by their number of
  * possible starts), rejecting overlaps within a document when it can. false when no
@@ -158,9 +157,9 @@ typedef struct ev_needle_params {
     double depths[EV_MAX_LIST];
     int n_depths;
     int n_trials;
-    int gen;                  /* greedy answer tokens */
+    int gen; /* greedy answer tokens */
     uint64_t seed;
-    int n_wordings;           /* needle sentence / question wordings cycled over (0: 1; at most EV_NEEDLE_WORDINGS) */
+    int n_wordings; /* needle sentence / question wordings cycled over (0: 1; at most EV_NEEDLE_WORDINGS) */
     /* Distractors: sentences of the other wordings (the one after the question's first), each
      * with a key of its own, at random depths of the bulk region away from the needle (0..
      * EV_NEEDLE_WORDINGS - 1; 0 draws nothing more from the random stream, so its trials are
@@ -190,14 +189,14 @@ typedef struct ev_needle_params {
 #define EV_NEEDLE_WORDINGS 4
 
 typedef struct ev_needle_trial {
-    int len_i, depth_i;       /* cell: lens[len_i] x depths[depth_i] */
+    int len_i, depth_i; /* cell: lens[len_i] x depths[depth_i] */
     int key;
-    int wording;              /* index of the needle / question wording */
-    int64_t needle_len;       /* tokens of the needle sentence */
+    int wording;        /* index of the needle / question wording */
+    int64_t needle_len; /* tokens of the needle sentence */
     int64_t needle_pos, bulk_end;
     int doc;
     size_t off;
-    int n_distr;                                   /* distractors in the prompt */
+    int n_distr; /* distractors in the prompt */
     int dkey[EV_NEEDLE_WORDINGS - 1], dwording[EV_NEEDLE_WORDINGS - 1];
     int64_t dpos[EV_NEEDLE_WORDINGS - 1], dlen[EV_NEEDLE_WORDINGS - 1]; /* prompt position, tokens */
 } ev_needle_trial;
@@ -205,15 +204,15 @@ typedef struct ev_needle_trial {
 #define EV_ANSWER_BYTES 256
 typedef struct ev_needle_result {
     int n_trials, n_modes;
-    ev_needle_trial *trials;   /* (n_trials) */
-    unsigned char *correct;    /* (n_trials, n_modes) */
-    unsigned char *lured;      /* (n_trials, n_modes) 1: the answer holds a distractor's key */
-    char *answers;             /* (n_trials, n_modes, EV_ANSWER_BYTES) NUL-terminated */
-    int64_t *kept;             /* (n_trials, n_modes) needle tokens kept exact by the question-aware
+    ev_needle_trial *trials; /* (n_trials) */
+    unsigned char *correct;  /* (n_trials, n_modes) */
+    unsigned char *lured;    /* (n_trials, n_modes) 1: the answer holds a distractor's key */
+    char *answers;           /* (n_trials, n_modes, EV_ANSWER_BYTES) NUL-terminated */
+    int64_t *kept;           /* (n_trials, n_modes) needle tokens kept exact by the question-aware
                                   selection (quality mode), -1 for modes without one */
     double prefill_s[EV_MAX_MODES];
-    double *trial_prefill_s;   /* (n_trials, n_modes) seconds */
-    unsigned char *done;       /* (n_trials) 1: ran (or was filled in by the caller) */
+    double *trial_prefill_s; /* (n_trials, n_modes) seconds */
+    unsigned char *done;     /* (n_trials) 1: ran (or was filled in by the caller) */
 } ev_needle_result;
 
 /* Allocates r for n_trials x n_modes (everything zero, kept -1, nothing done). */
@@ -251,23 +250,23 @@ typedef struct ev_nll_params {
 typedef struct ev_nll_result {
     int n_win, n_modes;
     int64_t score;
-    ev_window *wins;               /* (n_win) */
-    double *nll[EV_MAX_MODES];     /* (n_win, score) per scored token */
-    double *nll_short;             /* (n_win, score): the exact model with a short prefix */
+    ev_window *wins;           /* (n_win) */
+    double *nll[EV_MAX_MODES]; /* (n_win, score) per scored token */
+    double *nll_short;         /* (n_win, score): the exact model with a short prefix */
     double prefill_s[EV_MAX_MODES];
 } ev_nll_result;
 
 /* s: a session of m with n_ctx >= len. */
-rk_status ev_nll_run(const rk_model *m, rk_session *s, const ev_corpus *c, const ev_nll_params *p,
-                     ev_nll_result *out, rk_err *err);
+rk_status ev_nll_run(const rk_model *m, rk_session *s, const ev_corpus *c, const ev_nll_params *p, ev_nll_result *out,
+                     rk_err *err);
 void ev_nll_result_free(ev_nll_result *r);
 
 enum { EV_SET_LAST, EV_SET_LONG_RANGE, EV_SET_TOP, EV_SET_COUNT };
 typedef struct ev_nll_summary {
     size_t n_tok, n_long_range, n_top;
     double top_thr, mean_gain;
-    double mean[EV_SET_COUNT][EV_MAX_MODES];   /* mean NLL over the set */
-    ev_ci delta[EV_SET_COUNT][EV_MAX_MODES];   /* mean ΔNLL vs off, bootstrap over windows */
+    double mean[EV_SET_COUNT][EV_MAX_MODES]; /* mean NLL over the set */
+    ev_ci delta[EV_SET_COUNT][EV_MAX_MODES]; /* mean ΔNLL vs off, bootstrap over windows */
 } ev_nll_summary;
 /* The three token sets (all scored, gain > thr, top `top` share by gain) and their CIs. */
 rk_status ev_nll_summarize(const ev_nll_result *r, double thr, double top, int n_boot, uint64_t seed,
@@ -278,24 +277,24 @@ typedef struct ev_splice_params {
     int64_t len, score;
     int n_win, n_groups;
     uint64_t seed;
-    rk_fill_params fill;      /* the filled run's mode and maps */
+    rk_fill_params fill; /* the filled run's mode and maps */
     ev_progress_fn progress;
     void *progress_ud;
 } ev_splice_params;
 
 typedef struct ev_splice_variant {
-    int lo, hi;               /* layers [lo, hi) */
+    int lo, hi; /* layers [lo, hi) */
     bool k, v;
-    bool all;                 /* every late layer */
-    double *delta;            /* (n_win) ΔNLL of the spliced run vs off */
+    bool all;      /* every late layer */
+    double *delta; /* (n_win) ΔNLL of the spliced run vs off */
 } ev_splice_variant;
 
 typedef struct ev_splice_result {
     int n_win, split, n_late, n_var;
     int64_t bulk_end;
-    double *d_fill;                    /* (n_win) ΔNLL of the filled run vs off */
+    double *d_fill; /* (n_win) ΔNLL of the filled run vs off */
     ev_splice_variant var[2 * 64 + 3];
-    rk_kv_error *kerr, *verr;          /* (n_late) per late layer, pooled over windows */
+    rk_kv_error *kerr, *verr; /* (n_late) per late layer, pooled over windows */
 } ev_splice_result;
 
 /* ex and fs: two sessions of m (same KV policy, n_ctx >= len): the exact run and the
@@ -310,15 +309,15 @@ void ev_splice_result_free(ev_splice_result *r);
  * tokens n_ctx/2 .. n_ctx-1 of each chunk are scored (row n_ctx-1 has no next token: the
  * last scored row is n_ctx-2). */
 typedef struct ev_ppl_params {
-    int32_t n_ctx;        /* chunk size (at least 4) */
-    int64_t max_chunks;   /* at most this many chunks (0: every whole chunk) */
+    int32_t n_ctx;      /* chunk size (at least 4) */
+    int64_t max_chunks; /* at most this many chunks (0: every whole chunk) */
 } ev_ppl_params;
 
 typedef struct ev_ppl_result {
-    int64_t n_chunk;      /* chunks scored */
-    int64_t n_scored;     /* tokens scored */
-    double nll;           /* mean NLL over them */
-    double ppl, ppl_err;  /* exp(nll) and its standard error, ppl * sd(NLL) / sqrt(n_scored - 1) */
+    int64_t n_chunk;     /* chunks scored */
+    int64_t n_scored;    /* tokens scored */
+    double nll;          /* mean NLL over them */
+    double ppl, ppl_err; /* exp(nll) and its standard error, ppl * sd(NLL) / sqrt(n_scored - 1) */
 } ev_ppl_result;
 
 /* After each chunk: chunks done of total, and the perplexity so far. */

@@ -30,20 +30,20 @@ typedef struct rk_str {
 
 typedef struct rk_gguf_kv {
     rk_str key;
-    uint32_t type;        /* rk_gguf_type */
-    uint32_t arr_type;    /* element type when type == ARRAY */
-    uint64_t n;           /* array length (1 for scalars) */
-    const uint8_t *data;  /* first byte of the value (after the array header) */
+    uint32_t type;       /* rk_gguf_type */
+    uint32_t arr_type;   /* element type when type == ARRAY */
+    uint64_t n;          /* array length (1 for scalars) */
+    const uint8_t *data; /* first byte of the value (after the array header) */
 } rk_gguf_kv;
 
 typedef struct rk_gguf_tensor {
     rk_str name;
-    uint32_t n_dims;      /* 1..4 */
-    int64_t ne[4];        /* ne[0] = row length (innermost); unused dims = 1 */
-    uint32_t type;        /* rk_dtype */
-    uint64_t offset;      /* relative to the data section */
+    uint32_t n_dims; /* 1..4 */
+    int64_t ne[4];   /* ne[0] = row length (innermost); unused dims = 1 */
+    uint32_t type;   /* rk_dtype */
+    uint64_t offset; /* relative to the data section */
     uint64_t n_bytes;
-    const void *data;     /* view into the bytes */
+    const void *data; /* view into the bytes */
 } rk_gguf_tensor;
 
 typedef struct rk_gguf rk_gguf;
@@ -76,8 +76,7 @@ rk_status rk_gguf_get_bool(const rk_gguf *g, const char *key, bool *out, rk_err 
 rk_status rk_gguf_get_str(const rk_gguf *g, const char *key, rk_str *out, rk_err *err);
 /* Array element access. kv must be an ARRAY; index < kv->n. For fixed-size element
  * types, *out gets the value converted; for strings, the view. */
-rk_status rk_gguf_arr_str(const rk_gguf *g, const rk_gguf_kv *kv, uint64_t i, rk_str *out,
-                          rk_err *err);
+rk_status rk_gguf_arr_str(const rk_gguf *g, const rk_gguf_kv *kv, uint64_t i, rk_str *out, rk_err *err);
 rk_status rk_gguf_arr_f32(const rk_gguf_kv *kv, uint64_t i, float *out, rk_err *err);
 rk_status rk_gguf_arr_i64(const rk_gguf_kv *kv, uint64_t i, int64_t *out, rk_err *err);
 
@@ -103,17 +102,16 @@ rk_status rk_gguf_writer_set_f64(rk_gguf_writer *w, const char *key, double v, r
 rk_status rk_gguf_writer_set_bool(rk_gguf_writer *w, const char *key, bool v, rk_err *err);
 rk_status rk_gguf_writer_set_str(rk_gguf_writer *w, const char *key, const char *v, rk_err *err);
 /* Array of fixed-size elements (elem_type not STRING/ARRAY); data holds n elements. */
-rk_status rk_gguf_writer_set_arr(rk_gguf_writer *w, const char *key, uint32_t elem_type,
-                                 const void *data, uint64_t n, rk_err *err);
-rk_status rk_gguf_writer_set_arr_str(rk_gguf_writer *w, const char *key,
-                                     const char *const *strs, uint64_t n, rk_err *err);
+rk_status rk_gguf_writer_set_arr(rk_gguf_writer *w, const char *key, uint32_t elem_type, const void *data, uint64_t n,
+                                 rk_err *err);
+rk_status rk_gguf_writer_set_arr_str(rk_gguf_writer *w, const char *key, const char *const *strs, uint64_t n,
+                                     rk_err *err);
 /* Copies a key/value from a parsed file, any type (string arrays too); kv must come
  * from rk_gguf_parse. A general.alignment equal to the writer's is accepted (and not
  * written twice); a different one is refused. */
 rk_status rk_gguf_writer_set_kv(rk_gguf_writer *w, const rk_gguf_kv *kv, rk_err *err);
 /* ne[0] is the row length; n_bytes must equal the size implied by type and ne. */
-rk_status rk_gguf_writer_add_tensor(rk_gguf_writer *w, const char *name, uint32_t type,
-                                    uint32_t n_dims, const int64_t *ne, const void *data,
-                                    uint64_t n_bytes, rk_err *err);
+rk_status rk_gguf_writer_add_tensor(rk_gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
+                                    const int64_t *ne, const void *data, uint64_t n_bytes, rk_err *err);
 /* Serialises; *bytes is malloc'd and owned by the caller. */
 rk_status rk_gguf_writer_finish(rk_gguf_writer *w, void **bytes, size_t *len, rk_err *err);

@@ -106,7 +106,7 @@ rk_status rk_bs_sync(rk_bs *bs, rk_err *err);
 
 typedef struct rk_bs_stats {
     uint64_t puts, gets, raw_written, stored_written, raw_read, stored_read;
-    double wait_s;      /* time spent blocked in rk_bs_wait */
+    double wait_s; /* time spent blocked in rk_bs_wait */
     double compress_s, decompress_s;
 } rk_bs_stats;
 void rk_bs_get_stats(const rk_bs *bs, rk_bs_stats *out);

@@ -35,7 +35,7 @@ struct rk_cuda {
     rk_backend be;
     rk_backend_ops ops;
     int device;
-    int n_sm; /* multiprocessors: sizes the split-K of attention */
+    int n_sm;            /* multiprocessors: sizes the split-K of attention */
     cudaStream_t stream; /* every copy and kernel of the instance, in order */
     bool stream_ok;
     cublasHandle_t blas;
@@ -48,9 +48,9 @@ struct rk_cuda {
     int n_weights, cap_weights;
     /* recorded steps (graph.cu): the stream is capturing between step_begin and step_end */
     bool capturing, capture_bad;
-    char capture_why[96];  /* the first call that broke the capture */
-    cudaGraphExec_t exec;  /* the last step's executable graph, updated in place when it can be */
-    char *pinned;          /* pinned host arena for the ids of recorded ops (their copies read it at launch) */
+    char capture_why[96]; /* the first call that broke the capture */
+    cudaGraphExec_t exec; /* the last step's executable graph, updated in place when it can be */
+    char *pinned;         /* pinned host arena for the ids of recorded ops (their copies read it at launch) */
     size_t pinned_cap, pinned_used;
     uint64_t n_launch, n_update, n_instantiate, n_failed;
     /* the copy lane (lane.cu): a second stream, made on first use, and its two events */
@@ -99,14 +99,14 @@ const void *rk_cuda_host_src(rk_cuda *c, const void *src, size_t bytes);
  * for its result. Two host views with the same data share one staged copy (in
  * place ops). */
 typedef struct rk_cuda_arg {
-    const rk_view *v;   /* NULL or v->data NULL: absent (no RMSNORM weight) */
+    const rk_view *v; /* NULL or v->data NULL: absent (no RMSNORM weight) */
     bool in, out;
     /* resolved */
-    char *dev;          /* row 0 on the device */
-    int64_t ld;         /* elements of v->type between rows */
+    char *dev;  /* row 0 on the device */
+    int64_t ld; /* elements of v->type between rows */
     bool staged;
-    int alias;          /* staged copy shared with arg[alias], or -1 */
-    size_t off;         /* staged copy in scratch */
+    int alias;  /* staged copy shared with arg[alias], or -1 */
+    size_t off; /* staged copy in scratch */
 } rk_cuda_arg;
 
 static inline rk_cuda_arg rk_cuda_arg_of(const rk_view *v, bool in, bool out) {
@@ -124,12 +124,12 @@ rk_status rk_cuda_args_end(rk_cuda *c, const char *on, const rk_cuda_arg *arg, i
 
 /* ---- launchers (kernels/cuda/<op>.cu) -------------------------------------- */
 /* Row-major arrays with row strides in elements (ld*), rows of d floats. */
-cudaError_t rk_cuda_rmsnorm(const float *x, int64_t ldx, const float *w, float *y, int64_t ldy, int64_t rows,
-                            int64_t d, float eps, cudaStream_t s);
+cudaError_t rk_cuda_rmsnorm(const float *x, int64_t ldx, const float *w, float *y, int64_t ldy, int64_t rows, int64_t d,
+                            float eps, cudaStream_t s);
 /* x -> y (y may be x): rows = n_tok * n_head head rows of hd; row r is token
  * r / n_head at pos0 + token; dims past n_rot copied when y is not x. */
-cudaError_t rk_cuda_rope(const float *x, int64_t ldx, float *y, int64_t ldy, int64_t rows, int64_t n_head,
-                         int64_t hd, const rk_rope_params *rope, cudaStream_t s);
+cudaError_t rk_cuda_rope(const float *x, int64_t ldx, float *y, int64_t ldy, int64_t rows, int64_t n_head, int64_t hd,
+                         const rk_rope_params *rope, cudaStream_t s);
 cudaError_t rk_cuda_silu_mul(const float *a, int64_t lda, const float *b, int64_t ldb, float *y, int64_t ldy,
                              int64_t rows, int64_t d, cudaStream_t s);
 /* y[r][i] += a[bcast ? i : r*lda + i] */
@@ -184,8 +184,7 @@ cudaError_t rk_cuda_lr_attn(const rk_op_args *a, const float *q, int64_t ldq, fl
 cudaError_t rk_cuda_gemv(const void *w, uint32_t type, size_t nbw, const float *x, int64_t ldx, float *y, int64_t ldy,
                          int64_t n, int64_t m, int64_t k, cudaStream_t s);
 /* m rows of k (nbw bytes apart) of any weight type -> dense f16, or bf16 when type is bf16 */
-cudaError_t rk_cuda_to_half(const void *w, uint32_t type, size_t nbw, void *out, int64_t m, int64_t k,
-                            cudaStream_t s);
+cudaError_t rk_cuda_to_half(const void *w, uint32_t type, size_t nbw, void *out, int64_t m, int64_t k, cudaStream_t s);
 cudaError_t rk_cuda_act_to_half(const float *x, int64_t ldx, void *out, bool bf16, int64_t rows, int64_t k,
                                 cudaStream_t s);
 

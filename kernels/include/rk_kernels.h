@@ -62,7 +62,7 @@ bool rk_cpu_has_avx2(void);
 typedef struct rk_view {
     uint32_t type;
     int64_t ne[4];
-    size_t nb1;      /* bytes between rows */
+    size_t nb1; /* bytes between rows */
     void *data;
 } rk_view;
 
@@ -87,19 +87,19 @@ typedef struct rk_view {
  *   strides; ids (host memory, n entries) distinct and < rows of dst; rows of dst not
  *   named keep their values; dst must not overlap src0. */
 typedef enum rk_op {
-    RK_OP_GET_ROWS,  /* dst (n, d) f32 = dequant rows ids[] of src0 (vocab, d) any dtype */
-    RK_OP_MATMUL,    /* dst (n, m) f32 = src1 (n, k) f32 x src0^T, src0 (m rows of k) any dtype */
-    RK_OP_RMSNORM,   /* dst (rows, d) = src0 / sqrt(mean(src0^2) + eps) * src1 (d) ; in place ok */
-    RK_OP_ROPE,      /* in place on src0 (n, n_head, head_dim) f32, position pos0 + i for row i */
-    RK_OP_ATTN,      /* causal attention over a KV cache; see rk_attn_params */
-    RK_OP_SILU_MUL,  /* dst = silu(src0) * src1, elementwise; in place ok */
-    RK_OP_ADD,       /* dst += src0, elementwise */
-    RK_OP_ADD_ROW,   /* dst (n, d) += src0 (d), a bias row broadcast */
-    RK_OP_CPY_ROWS,  /* dst rows (f32, f16, q8_0) at dst_row0.. = src0 f32 rows (converted) */
-    RK_OP_LR_KEYS,   /* LowRAM: post-RoPE keys of one KV head rebuilt from coefficients; see below */
+    RK_OP_GET_ROWS,     /* dst (n, d) f32 = dequant rows ids[] of src0 (vocab, d) any dtype */
+    RK_OP_MATMUL,       /* dst (n, m) f32 = src1 (n, k) f32 x src0^T, src0 (m rows of k) any dtype */
+    RK_OP_RMSNORM,      /* dst (rows, d) = src0 / sqrt(mean(src0^2) + eps) * src1 (d) ; in place ok */
+    RK_OP_ROPE,         /* in place on src0 (n, n_head, head_dim) f32, position pos0 + i for row i */
+    RK_OP_ATTN,         /* causal attention over a KV cache; see rk_attn_params */
+    RK_OP_SILU_MUL,     /* dst = silu(src0) * src1, elementwise; in place ok */
+    RK_OP_ADD,          /* dst += src0, elementwise */
+    RK_OP_ADD_ROW,      /* dst (n, d) += src0 (d), a bias row broadcast */
+    RK_OP_CPY_ROWS,     /* dst rows (f32, f16, q8_0) at dst_row0.. = src0 f32 rows (converted) */
+    RK_OP_LR_KEYS,      /* LowRAM: post-RoPE keys of one KV head rebuilt from coefficients; see below */
     RK_OP_SCATTER_ROWS, /* dst row ids[i] = src0 row i (f32 rows), i < rows of src0; see below */
-    RK_OP_LR_ATTN,   /* LowRAM decode: selection + key rebuild + sparse attention, fused; see below */
-    RK_OP_MATMUL_N,  /* dst_i = src1 x w_i^T for up to RK_MATMUL_N_MAX weights of one input; see below */
+    RK_OP_LR_ATTN,      /* LowRAM decode: selection + key rebuild + sparse attention, fused; see below */
+    RK_OP_MATMUL_N,     /* dst_i = src1 x w_i^T for up to RK_MATMUL_N_MAX weights of one input; see below */
     RK_OP_COUNT
 } rk_op;
 _Static_assert(RK_OP_COUNT == 13, "op count changed: update every backend table and op-case table");
@@ -110,20 +110,20 @@ typedef enum rk_rope_mode {
 } rk_rope_mode;
 
 typedef struct rk_rope_params {
-    int mode;          /* rk_rope_mode */
-    int n_rot;         /* rotated dims per head (<= head_dim, even) */
-    float freq_base;   /* theta_i = pos * freq_base^(-2i/n_rot) */
+    int mode;        /* rk_rope_mode */
+    int n_rot;       /* rotated dims per head (<= head_dim, even) */
+    float freq_base; /* theta_i = pos * freq_base^(-2i/n_rot) */
     int64_t pos0;
     /* RoPE scaling, as llama.cpp's ggml_rope_ext (zero-initialised: none). Pair i's angle is
      * pos * freq_base^(-2i/n_rot) * (freq_scale * (1 - r_i) + r_i), r_i = ramp_i * ext_factor,
      * ramp_i = 1 - clamp((i - lo) / max(0.001, hi - lo), 0, 1), [lo, hi] the YaRN correction
      * dims of (n_ctx_orig, beta_fast, beta_slow); cos and sin are multiplied by
      * rk_rope_mscale(). Linear scaling: freq_scale = 1/factor, ext_factor 0. */
-    float freq_scale;  /* 1/factor; 0 reads as 1 */
-    float ext_factor;  /* YaRN extrapolation mix (1 for YaRN, 0 for none/linear) */
-    float attn_factor; /* multiplies the magnitude; 0 reads as 1 */
+    float freq_scale;           /* 1/factor; 0 reads as 1 */
+    float ext_factor;           /* YaRN extrapolation mix (1 for YaRN, 0 for none/linear) */
+    float attn_factor;          /* multiplies the magnitude; 0 reads as 1 */
     float beta_fast, beta_slow; /* YaRN ramp ends in rotations (llama.cpp: 32, 1) */
-    int n_ctx_orig;    /* the context the model was trained on (YaRN only) */
+    int n_ctx_orig;             /* the context the model was trained on (YaRN only) */
 } rk_rope_params;
 
 /* The angle per position of each rotated pair: freq[i], i < n_rot/2, in double (every
@@ -143,7 +143,7 @@ void rk_rope_yarn_corr_dims(const rk_rope_params *p, double dims[2]);
  * n_q x n_kv score matrix: tiles with an online softmax. */
 typedef struct rk_attn_params {
     int n_head, n_head_kv, head_dim;
-    float scale;       /* usually 1/sqrt(head_dim) */
+    float scale; /* usually 1/sqrt(head_dim) */
     int64_t pos0;
 } rk_attn_params;
 
@@ -181,31 +181,31 @@ typedef struct rk_attn_params {
 /* most state rows (n_q x query heads per KV head) of one LR_ATTN call */
 #define RK_LR_ATTN_MAX_STATE 256
 typedef struct rk_lr_attn_args {
-    int chunk;             /* rows per chunk (1..32) */
-    int r;                 /* coefficients per stored row */
-    int n_sel;             /* chunks attended exactly per KV head */
+    int chunk; /* rows per chunk (1..32) */
+    int r;     /* coefficients per stored row */
+    int n_sel; /* chunks attended exactly per KV head */
     bool summaries;
-    bool key_int8;         /* rebuilt keys rounded as the int8 key cache (kcache=int8), else f16 */
-    int n_rot, rope_mode;  /* RoPE of the rebuilt keys; freq (n_rot/2) angle per position */
+    bool key_int8;        /* rebuilt keys rounded as the int8 key cache (kcache=int8), else f16 */
+    int n_rot, rope_mode; /* RoPE of the rebuilt keys; freq (n_rot/2) angle per position */
     const double *freq;
-    int64_t n_sink;        /* exact sink rows (positions 0..n_sink-1) in sk / sv */
-    int64_t x_lo, x_cap;   /* exact positions [x_lo, pos0 + n_q) in xk / xv at row p % x_cap */
-    int64_t n_rows;        /* compressed stored rows */
+    int64_t n_sink;                /* exact sink rows (positions 0..n_sink-1) in sk / sv */
+    int64_t x_lo, x_cap;           /* exact positions [x_lo, pos0 + n_q) in xk / xv at row p % x_cap */
+    int64_t n_rows;                /* compressed stored rows */
     const void *sk, *sv, *xk, *xv; /* f16 rows of kv_dim = n_head_kv * head_dim */
-    const int32_t *pos;    /* (n_rows) stored position of each row */
-    const uint8_t *coef;   /* (n_rows) rows of coef_bytes: f16 scale, then r int8 codes */
+    const int32_t *pos;            /* (n_rows) stored position of each row */
+    const uint8_t *coef;           /* (n_rows) rows of coef_bytes: f16 scale, then r int8 codes */
     size_t coef_bytes;
     const uint16_t *basis; /* (r rows, ldb apart) f16: column h*head_dim + d is head h's dim d */
     int64_t ldb;
     const float *mean, *winv; /* (kv_dim) this layer's slices */
-    const uint16_t *lmk;   /* (chunks, kv_dim) f16 landmarks */
-    const uint16_t *cmean; /* (chunks, r) f16 mean coefficients */
-    const uint16_t *W;     /* (r, kv_dim) f16 value predictor */
-    const float *b;        /* (kv_dim) */
-    const uint8_t *res;    /* head h: res + h*res_hstride bytes, slots of res_bytes: f16 scale, head_dim int8 */
+    const uint16_t *lmk;      /* (chunks, kv_dim) f16 landmarks */
+    const uint16_t *cmean;    /* (chunks, r) f16 mean coefficients */
+    const uint16_t *W;        /* (r, kv_dim) f16 value predictor */
+    const float *b;           /* (kv_dim) */
+    const uint8_t *res;       /* head h: res + h*res_hstride bytes, slots of res_bytes: f16 scale, head_dim int8 */
     size_t res_bytes, res_hstride;
-    const uint32_t *mask;  /* head h: mask + h*mb_hstride, (chunks) bit k: row k has a residual */
-    const int32_t *base;   /* head h: base + h*mb_hstride, (chunks) residual slot of the chunk's first */
+    const uint32_t *mask; /* head h: mask + h*mb_hstride, (chunks) bit k: row k has a residual */
+    const int32_t *base;  /* head h: base + h*mb_hstride, (chunks) residual slot of the chunk's first */
     int64_t mb_hstride;
 } rk_lr_attn_args;
 
@@ -242,10 +242,10 @@ typedef struct rk_op_args {
     const int32_t *attn_kv_pos;
     const float *attn_kv_bias;
     int64_t attn_n_kv;
-    const float *lr_rope_cs;       /* LR_KEYS: host table or NULL */
+    const float *lr_rope_cs; /* LR_KEYS: host table or NULL */
     int64_t lr_rope_rows;
-    const rk_lr_attn_args *lr;     /* LR_ATTN (host struct; its pointers are backend memory) */
-    const rk_matmul_n_args *mm;    /* MATMUL_N (host struct) */
+    const rk_lr_attn_args *lr;  /* LR_ATTN (host struct; its pointers are backend memory) */
+    const rk_matmul_n_args *mm; /* MATMUL_N (host struct) */
 } rk_op_args;
 
 typedef struct rk_backend rk_backend;
@@ -254,7 +254,7 @@ typedef rk_status (*rk_op_fn)(rk_backend *be, const rk_op_args *a, rk_err *err);
 
 typedef struct rk_backend_ops {
     const char *name;
-    rk_op_fn op[RK_OP_COUNT];   /* NULL = unsupported */
+    rk_op_fn op[RK_OP_COUNT]; /* NULL = unsupported */
     /* dtype / shape limits; false -> the caller must fall back or fail */
     bool (*supports)(const rk_backend *be, const rk_op_args *a);
     void (*destroy)(rk_backend *be);
@@ -287,7 +287,7 @@ typedef struct rk_backend_ops {
 struct rk_backend {
     const rk_backend_ops *ops;
     int n_threads;
-    void *impl;                 /* backend-owned state: pool, workspaces, handles */
+    void *impl; /* backend-owned state: pool, workspaces, handles */
 };
 
 /* n_threads <= 0: all online cores. */

@@ -81,8 +81,16 @@ void rk_doc_cache_key(const rk_model *m, const rk_kv_params *kv, const char *ext
     rk_model_fingerprint(m, &fp);
     uint8_t b[8 * 10 + 16] = {0};
     memcpy(b, fp.arch, 16);
-    const int64_t d[10] = {fp.n_layer, fp.n_embd, fp.n_head, fp.n_head_kv, fp.head_dim, fp.n_ff, fp.n_vocab,
-                           (int64_t)fp.tokenizer_hash, (int64_t)fp.weights_hash, (int64_t)fp.quant_hash};
+    const int64_t d[10] = {fp.n_layer,
+                           fp.n_embd,
+                           fp.n_head,
+                           fp.n_head_kv,
+                           fp.head_dim,
+                           fp.n_ff,
+                           fp.n_vocab,
+                           (int64_t)fp.tokenizer_hash,
+                           (int64_t)fp.weights_hash,
+                           (int64_t)fp.quant_hash};
     for (int i = 0; i < 10; i++) rk_le_put(b + 16 + 8 * i, (uint64_t)d[i], 8);
     rk_sha256_update(&h, b, sizeof b);
     char spec[2048];

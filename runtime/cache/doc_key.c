@@ -74,8 +74,9 @@ static void add_fill(text *t, const rk_session *s) {
     const rk_fill_params *f = &s->fill;
     add(t, ";fill=%s", rk_fill_mode_name(f->mode));
     if (f->mode == RK_FILL_OFF) return;
-    add(t, ",tail=%d,split=%d,sink=%d,keep=%a,obs=%d,slayers=%d,sskip=%d,pool=%d,baseline=%d,band=%d,qa=%d,"
-           "keepsel=%d,group=%d,lmajor=%d",
+    add(t,
+        ",tail=%d,split=%d,sink=%d,keep=%a,obs=%d,slayers=%d,sskip=%d,pool=%d,baseline=%d,band=%d,qa=%d,"
+        "keepsel=%d,group=%d,lmajor=%d",
         (int)f->tail, (int)f->split, (int)f->n_sink, (double)f->keep_share, (int)f->obs, (int)f->score_layers,
         (int)f->score_skip, (int)f->pool, (int)f->baseline, (int)f->band, (int)f->question_aware,
         (int)f->keep_selection, (int)f->group, (int)f->layer_major);

@@ -75,7 +75,8 @@ rk_status rk_doc_stream_save(rk_doc_cache *c, const char *key, const rk_session 
     if (!st) st = write_all(fd, h, HEAD, tmp, err);
     if (!st) st = write_all(fd, body, nbody, tmp, err);
     if (!st) st = write_all(fd, dig, 32, tmp, err);
-    if (!st && fsync(fd) != 0) st = rk_err_set(err, RK_E_IO, "document stream: cannot sync %s (%s)", tmp, strerror(errno));
+    if (!st && fsync(fd) != 0)
+        st = rk_err_set(err, RK_E_IO, "document stream: cannot sync %s (%s)", tmp, strerror(errno));
     if (fd >= 0 && close(fd) != 0 && !st)
         st = rk_err_set(err, RK_E_IO, "document stream: cannot close %s (%s)", tmp, strerror(errno));
     free(body);
@@ -155,8 +156,8 @@ rk_status rk_doc_stream_load(rk_doc_cache *c, const char *key, rk_session *s, rk
     st = read_checked(path, key, &b, &n, msg, sizeof msg);
     if (st == RK_E_NOT_FOUND) return rk_err_set(err, st, "document stream: no stream for entry %.12s", key);
     if (!st && rk_le_get(b + 96, 8) != (uint64_t)rk_session_n_past(s)) {
-        snprintf(msg, sizeof msg, "written for %llu tokens, the session holds %lld", (unsigned long long)rk_le_get(b + 96, 8),
-                 (long long)rk_session_n_past(s));
+        snprintf(msg, sizeof msg, "written for %llu tokens, the session holds %lld",
+                 (unsigned long long)rk_le_get(b + 96, 8), (long long)rk_session_n_past(s));
         st = RK_E_FORMAT;
     }
     if (st) {
@@ -180,7 +181,8 @@ rk_status rk_doc_stream_load(rk_doc_cache *c, const char *key, rk_session *s, rk
         memcpy(&base[j], &u, 4);
     }
     p += 4 * rows;
-    const rk_fill_stream fs = {(int64_t)rk_le_get(b + 72, 8), rows, (int32_t)d, (int32_t)rk_le_get(b + 92, 4), x, base, p};
+    const rk_fill_stream fs = {
+        (int64_t)rk_le_get(b + 72, 8), rows, (int32_t)d, (int32_t)rk_le_get(b + 92, 4), x, base, p};
     st = rk_session_fill_stream_set(s, &fs, err);
     free(b), free(x), free(base);
     if (st) return rk_err_wrap(err, "document stream: entry %.12s", key);

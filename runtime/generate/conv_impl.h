@@ -12,12 +12,12 @@ bool rk_ids_reserve(rk_ids *v, size_t n);
 bool rk_ids_append(rk_ids *v, const int32_t *x, size_t n);
 
 typedef struct rk_conv_msg {
-    const char *role;  /* static string (rk_conv_role) */
-    char *content;     /* owned, NUL-terminated */
+    const char *role; /* static string (rk_conv_role) */
+    char *content;    /* owned, NUL-terminated */
     size_t len;
-    int32_t *ids;      /* the tokens standing for the content (owned); valid when have_ids */
+    int32_t *ids; /* the tokens standing for the content (owned); valid when have_ids */
     size_t n_ids;
-    bool have_ids;     /* tokenized, or the model's own answer tokens */
+    bool have_ids; /* tokenized, or the model's own answer tokens */
 } rk_conv_msg;
 
 struct rk_conv {
@@ -27,7 +27,7 @@ struct rk_conv {
     rk_chat_family fam;
     rk_conv_msg *msgs;
     size_t n_msgs, cap_msgs;
-    rk_ids kv;         /* the tokens in the cache as this conversation put them (kv.n == n_past
+    rk_ids kv; /* the tokens in the cache as this conversation put them (kv.n == n_past
                           while nobody else used the session) */
     rk_conv_fit fit;
 };

@@ -158,8 +158,9 @@ rk_status rk_conv_load(rk_conv *c, const char *path, bool *kv_loaded, rk_err *er
     json_tokener_free(tok);
     rk_conv_msg *msgs = NULL;
     size_t n = 0;
-    if (!root) st = rk_err_set(err, RK_E_INVALID_ARG, "conv: %s is not JSON (%s)", path,
-                               jerr == json_tokener_success ? "empty" : json_tokener_error_desc(jerr));
+    if (!root)
+        st = rk_err_set(err, RK_E_INVALID_ARG, "conv: %s is not JSON (%s)", path,
+                        jerr == json_tokener_success ? "empty" : json_tokener_error_desc(jerr));
     else st = parse_messages(root, path, &msgs, &n, err);
     if (!st) {
         rk_conv_msgs_free(c->msgs, c->n_msgs);

@@ -37,8 +37,7 @@ const char *rk_conv_role(const char *r) {
     return NULL;
 }
 
-rk_status rk_conv_create(const rk_model *m, rk_session *s, const rk_conv_params *p, rk_conv **out,
-                         rk_err *err) {
+rk_status rk_conv_create(const rk_model *m, rk_session *s, const rk_conv_params *p, rk_conv **out, rk_err *err) {
     if (!m || !s || !out) return rk_err_set(err, RK_E_INVALID_ARG, "conv: needs a model and a session");
     rk_conv *c = calloc(1, sizeof *c);
     if (!c) return rk_err_set(err, RK_E_NOMEM, "conv: out of memory");
@@ -67,11 +66,15 @@ void rk_conv_destroy(rk_conv *c) {
 
 rk_status rk_conv_check(size_t i, const char *role, const char *content, size_t len, rk_err *err) {
     if (!rk_conv_role(role))
-        return rk_err_set(err, RK_E_INVALID_ARG, "conv: message %zu has role '%.32s' (expected system, user or "
-                                                 "assistant)", i, role ? role : "(null)");
+        return rk_err_set(err, RK_E_INVALID_ARG,
+                          "conv: message %zu has role '%.32s' (expected system, user or "
+                          "assistant)",
+                          i, role ? role : "(null)");
     if (!strcmp(role, "system") && i != 0)
-        return rk_err_set(err, RK_E_INVALID_ARG, "conv: message %zu is a system message; only the first message may "
-                                                 "be one", i);
+        return rk_err_set(err, RK_E_INVALID_ARG,
+                          "conv: message %zu is a system message; only the first message may "
+                          "be one",
+                          i);
     if (!content || memchr(content, 0, len))
         return rk_err_set(err, RK_E_INVALID_ARG, "conv: message %zu contains a NUL character", i);
     return RK_OK;
@@ -174,8 +177,8 @@ static bool cat_lf(char **b, size_t *len, size_t *cap, const char *s, size_t n) 
     return true;
 }
 
-rk_status rk_conv_add_ask(rk_conv *c, const char *system, const rk_doc *docs, size_t n_docs,
-                          const char *question, rk_err *err) {
+rk_status rk_conv_add_ask(rk_conv *c, const char *system, const rk_doc *docs, size_t n_docs, const char *question,
+                          rk_err *err) {
     if (!question) return rk_err_set(err, RK_E_INVALID_ARG, "conv: ask needs a question");
     if (system && c->n_msgs)
         return rk_err_set(err, RK_E_INVALID_ARG, "conv: a system prompt for ask in a conversation that has messages");
@@ -185,8 +188,9 @@ rk_status rk_conv_add_ask(rk_conv *c, const char *system, const rk_doc *docs, si
     for (size_t i = 0; ok && i < n_docs; i++) {
         const char *nm = docs[i].name;
         if (n_docs == 1) snprintf(head, sizeof head, "Document%s%.500s\n\"\"\"\n", nm ? ": " : "", nm ? nm : "");
-        else snprintf(head, sizeof head, "Document %zu of %zu%s%.500s\n\"\"\"\n", i + 1, n_docs, nm ? ": " : "",
-                      nm ? nm : "");
+        else
+            snprintf(head, sizeof head, "Document %zu of %zu%s%.500s\n\"\"\"\n", i + 1, n_docs, nm ? ": " : "",
+                     nm ? nm : "");
         size_t tl = docs[i].len;
         while (tl && (docs[i].text[tl - 1] == '\n' || docs[i].text[tl - 1] == '\r')) tl--;
         ok = cat(&b, &len, &cap, head, strlen(head)) && cat_lf(&b, &len, &cap, docs[i].text, tl) &&
@@ -195,8 +199,8 @@ rk_status rk_conv_add_ask(rk_conv *c, const char *system, const rk_doc *docs, si
     ok = ok && cat(&b, &len, &cap, "Question: ", 10) && cat_lf(&b, &len, &cap, question, strlen(question));
     rk_status st = ok ? RK_OK : rk_err_set(err, RK_E_NOMEM, "conv: out of memory for the documents");
     const bool add_sys = !c->n_msgs;
-    if (!st && add_sys) st = rk_conv_add(c, "system", system ? system : RK_ASK_SYSTEM,
-                                         strlen(system ? system : RK_ASK_SYSTEM), err);
+    if (!st && add_sys)
+        st = rk_conv_add(c, "system", system ? system : RK_ASK_SYSTEM, strlen(system ? system : RK_ASK_SYSTEM), err);
     if (!st && (st = rk_conv_add(c, "user", b, len, err)) && add_sys) rk_conv_pop(c);
     free(b);
     return st;
@@ -233,7 +237,8 @@ rk_status rk_conv_build(rk_conv *c, rk_ids *out, rk_err *err) {
         snprintf(marks + 24 * i, 24, "%c%zu%c", MARK_OPEN, i, MARK_CLOSE);
         cm[i] = (rk_chat_msg){c->msgs[i].role, marks + 24 * i};
     }
-    if ((st = rk_model_chat_format(c->m, cm, c->n_msgs, true, &text, err))) goto done; /* the template's default system too */
+    if ((st = rk_model_chat_format(c->m, cm, c->n_msgs, true, &text, err)))
+        goto done; /* the template's default system too */
     const char *at = text;
     bool first = true;
     for (;;) {

@@ -14,12 +14,12 @@ int rk_utf8_char(const unsigned char *p, size_t n) {
         len = 2;
     } else if (c >= 0xe0 && c <= 0xef) {
         len = 3;
-        if (c == 0xe0) lo = 0xa0;       /* overlong */
-        else if (c == 0xed) hi = 0x9f;  /* surrogates */
+        if (c == 0xe0) lo = 0xa0;      /* overlong */
+        else if (c == 0xed) hi = 0x9f; /* surrogates */
     } else if (c >= 0xf0 && c <= 0xf4) {
         len = 4;
-        if (c == 0xf0) lo = 0x90;       /* overlong */
-        else if (c == 0xf4) hi = 0x8f;  /* above U+10FFFF */
+        if (c == 0xf0) lo = 0x90;      /* overlong */
+        else if (c == 0xf4) hi = 0x8f; /* above U+10FFFF */
     } else {
         return -1; /* continuation byte, overlong lead C0/C1, or F5..FF */
     }
@@ -94,9 +94,7 @@ size_t rk_gen_utf8_sanitize(rk_gen_buf *out, const char *p, size_t n, bool final
     return i;
 }
 
-static size_t stop_len(const rk_gen_text *t, int k) {
-    return t->stop_len ? t->stop_len[k] : strlen(t->stop[k]);
-}
+static size_t stop_len(const rk_gen_text *t, int k) { return t->stop_len ? t->stop_len[k] : strlen(t->stop[k]); }
 
 bool rk_gen_text_push(rk_gen_text *t, const char *p, size_t n) {
     if (t->stopped) return true;

@@ -7,8 +7,8 @@
 #include "gen_impl.h"
 
 static const char *const stop_names[] = {
-    [RK_STOP_LENGTH] = "length", [RK_STOP_EOG] = "eog", [RK_STOP_STRING] = "stop",
-    [RK_STOP_CONTEXT] = "context", [RK_STOP_CANCELLED] = "cancelled",
+    [RK_STOP_LENGTH] = "length",       [RK_STOP_EOG] = "eog", [RK_STOP_STRING] = "stop", [RK_STOP_CONTEXT] = "context",
+    [RK_STOP_CANCELLED] = "cancelled",
 };
 
 const char *rk_stop_reason_name(rk_stop_reason r) {
@@ -50,8 +50,8 @@ static rk_status piece(const rk_model *m, int32_t tok, char **buf, size_t *cap, 
     return RK_OK;
 }
 
-rk_status rk_generate(const rk_model *m, rk_session *s, const int32_t *prompt, size_t n_prompt,
-                      const rk_gen_params *p, rk_gen_result *out, rk_err *err) {
+rk_status rk_generate(const rk_model *m, rk_session *s, const int32_t *prompt, size_t n_prompt, const rk_gen_params *p,
+                      rk_gen_result *out, rk_err *err) {
     const double t0 = rk_time_now();
     const rk_hparams *hp = rk_model_hparams(m);
     const int64_t n_ctx = rk_session_n_ctx(s), n_past = rk_session_n_past(s);
@@ -83,7 +83,8 @@ rk_status rk_generate(const rk_model *m, rk_session *s, const int32_t *prompt, s
     int32_t *hist = malloc((n_prompt + (size_t)max_gen + 1) * sizeof *hist); /* prompt, then generated */
     /* text: room for typical pieces of up to 4096 tokens; longer answers grow it (amortised) */
     const size_t text_cap = (size_t)(max_gen < 4096 ? max_gen : 4096) * 8 + 64;
-    if (!pbuf || !logits || !hist || !rk_gen_buf_reserve(&txt.raw, text_cap) || !rk_gen_buf_reserve(&txt.out, text_cap)) {
+    if (!pbuf || !logits || !hist || !rk_gen_buf_reserve(&txt.raw, text_cap) ||
+        !rk_gen_buf_reserve(&txt.out, text_cap)) {
         st = rk_err_set(err, RK_E_NOMEM, "generate: out of memory for %lld tokens", (long long)(n_prompt + max_gen));
         goto fail;
     }

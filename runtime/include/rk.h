@@ -52,11 +52,11 @@ typedef enum rk_rope_scaling_type {
 } rk_rope_scaling_type;
 
 typedef struct rk_rope_scaling {
-    int32_t type;         /* rk_rope_scaling_type */
-    float factor;         /* context multiplier: rope freq_scale = 1/factor (1 when none) */
-    int32_t orig_ctx;     /* context of the unscaled model (YaRN's n_ctx_orig) */
-    float ext_factor;     /* YaRN extrapolation mix: 1 for YaRN, 0 otherwise */
-    float attn_factor;    /* magnitude multiplier (1) */
+    int32_t type;               /* rk_rope_scaling_type */
+    float factor;               /* context multiplier: rope freq_scale = 1/factor (1 when none) */
+    int32_t orig_ctx;           /* context of the unscaled model (YaRN's n_ctx_orig) */
+    float ext_factor;           /* YaRN extrapolation mix: 1 for YaRN, 0 otherwise */
+    float attn_factor;          /* magnitude multiplier (1) */
     float beta_fast, beta_slow; /* YaRN ramp ends (32, 1) */
 } rk_rope_scaling;
 
@@ -65,13 +65,13 @@ typedef struct rk_hparams {
     char arch_name[16];
     int32_t n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff;
     int32_t n_ctx_train;
-    int32_t n_rot;        /* rotated dims per head */
-    int32_t rope_mode;    /* rk_rope_mode */
+    int32_t n_rot;     /* rotated dims per head */
+    int32_t rope_mode; /* rk_rope_mode */
     float rope_base;
     float rms_eps;
-    bool tied_output;     /* logits use token_embd */
-    bool has_qkv_bias;    /* qwen2 */
-    bool has_qk_norm;     /* qwen3 */
+    bool tied_output;             /* logits use token_embd */
+    bool has_qkv_bias;            /* qwen2 */
+    bool has_qk_norm;             /* qwen3 */
     rk_rope_scaling rope_scaling; /* in effect: the GGUF's <arch>.rope.scaling.*, or rk_model_set_rope's */
 } rk_hparams;
 
@@ -79,7 +79,7 @@ typedef struct rk_model rk_model;
 
 /* How a model file is brought into memory. */
 typedef struct rk_model_params {
-    bool huge_pages;   /* copy the weights onto transparent huge pages when the kernel offers them
+    bool huge_pages; /* copy the weights onto transparent huge pages when the kernel offers them
                           and the copy takes at most half the available memory (faster decode:
                           fewer TLB misses); false: always a plain read-only mapping (default true) */
 } rk_model_params;
@@ -96,12 +96,12 @@ RK_API const rk_hparams *rk_model_hparams(const rk_model *m);
 /* Changes to the model's RoPE before sessions are created (llama.cpp's flags); a field left
  * at its "keep" value keeps the model's. */
 typedef struct rk_rope_override {
-    int32_t type;         /* rk_rope_scaling_type; -1: keep (with factor set: linear if none) */
-    float factor;         /* --rope-scale; 0: keep */
-    int32_t orig_ctx;     /* --yarn-orig-ctx; 0: keep (the GGUF's, else its context_length) */
-    float freq_base;      /* --rope-freq-base; 0: keep */
-    float ext_factor;     /* --yarn-ext-factor; < 0: 1 for YaRN, 0 otherwise */
-    float attn_factor;    /* --yarn-attn-factor; 0: keep */
+    int32_t type;               /* rk_rope_scaling_type; -1: keep (with factor set: linear if none) */
+    float factor;               /* --rope-scale; 0: keep */
+    int32_t orig_ctx;           /* --yarn-orig-ctx; 0: keep (the GGUF's, else its context_length) */
+    float freq_base;            /* --rope-freq-base; 0: keep */
+    float ext_factor;           /* --yarn-ext-factor; < 0: 1 for YaRN, 0 otherwise */
+    float attn_factor;          /* --yarn-attn-factor; 0: keep */
     float beta_fast, beta_slow; /* --yarn-beta-fast / --yarn-beta-slow; 0: keep */
 } rk_rope_override;
 RK_API rk_rope_override rk_rope_override_default(void);
@@ -128,8 +128,7 @@ RK_API rk_status rk_model_tokenize(const rk_model *m, const char *text, size_t l
 /* Bytes of one token as a streaming printer shows them; returns the length and writes
  * buf only when that fits in cap (no NUL). Special tokens give "" unless render_special.
  * A piece may end inside a UTF-8 character: buffer before printing. */
-RK_API size_t rk_model_token_piece(const rk_model *m, int32_t id, bool render_special, char *buf,
-                                   size_t cap);
+RK_API size_t rk_model_token_piece(const rk_model *m, int32_t id, bool render_special, char *buf, size_t cap);
 RK_API bool rk_model_token_is_eog(const rk_model *m, int32_t id);
 RK_API int32_t rk_model_token_bos(const rk_model *m);
 /* True when the vocab asks for BOS at the start of a sequence (tokenizer.ggml.add_bos_token). */
@@ -167,7 +166,7 @@ enum { RK_KV_KIND_LAST = RK_KV_Q4 };
 
 typedef struct rk_kv_params {
     rk_kv_kind kind;
-    rk_lowram_params lowram;  /* used when kind == RK_KV_LOWRAM */
+    rk_lowram_params lowram; /* used when kind == RK_KV_LOWRAM */
     /* Memory tiers (docs/TIERS.md), f16 / f32 / q8 / lowram: at most budget bytes of K/V
      * rows stay in memory (the sink chunk and the recent window always do); the other
      * chunks spill to an unlinked file in spill_dir (NULL: /tmp) and are read back when
@@ -176,7 +175,7 @@ typedef struct rk_kv_params {
      * blocks. How the spill file is written and how a LowRAM budget is counted are research
      * settings (rk_kv_params_set, rk_experimental.h). */
     uint64_t budget;
-    const char *spill_dir;    /* borrowed for rk_session_create */
+    const char *spill_dir; /* borrowed for rk_session_create */
     RK_KV_RESEARCH_FIELDS
     /* The GPU KV tiers (a backend with memory of its own, f16 / f32 under budget:
      * runtime/kv/kv_dev.c): pinned host bytes for the cold layers' rows. 0: every cold
@@ -185,7 +184,7 @@ typedef struct rk_kv_params {
     uint64_t host_budget;
 } rk_kv_params;
 
-RK_API rk_kv_params rk_kv_params_default(void); /* f16; lowram = rk_lowram_params_default() */
+RK_API rk_kv_params rk_kv_params_default(void);   /* f16; lowram = rk_lowram_params_default() */
 RK_API const char *rk_kv_kind_name(rk_kv_kind k); /* "f16", "f32", "q8", "lowram", "q4" */
 /* Parses "f16", "f32", "q8", "q4" or "lowram[:opts]" (opts: ratio=R, threads=N, pred=FILE and
  * the research keys of rk_lowram_params_set, comma-separated, pred last) into *out,
@@ -214,15 +213,15 @@ RK_API void rk_backend_close(rk_backend *be); /* accepts NULL */
 RK_API rk_status rk_backend_cuda_module(const char *path, rk_err *err);
 
 typedef struct rk_session_params {
-    int32_t n_ctx;        /* 0: the model's training context; above rk_model_n_ctx_max: RK_E_CONTEXT
+    int32_t n_ctx;     /* 0: the model's training context; above rk_model_n_ctx_max: RK_E_CONTEXT
                              unless ctx_overflow_ok */
-    int32_t n_threads;    /* 0: all cores */
-    int32_t n_batch;      /* prefill chunk in tokens; 0: 512 */
-    rk_kv_params kv;      /* KV policy, fixed for the session's life (default f16) */
+    int32_t n_threads; /* 0: all cores */
+    int32_t n_batch;   /* prefill chunk in tokens; 0: 512 */
+    rk_kv_params kv;   /* KV policy, fixed for the session's life (default f16) */
     rk_backend_kind backend;
     rk_backend *shared_backend; /* borrowed (outlives the session); NULL: own backend of `backend` kind */
-    bool ctx_overflow_ok; /* accept n_ctx past what the model was trained for (rk_session_warning says so) */
-    bool cuda_graphs;     /* run each decode step as one recorded unit where the backend records steps
+    bool ctx_overflow_ok;       /* accept n_ctx past what the model was trained for (rk_session_warning says so) */
+    bool cuda_graphs;           /* run each decode step as one recorded unit where the backend records steps
                              (CUDA graphs) and the KV policy allows it (f16 / f32 without a budget);
                              default false: opt-in while they have only run on a simulated device */
 } rk_session_params;
@@ -232,15 +231,14 @@ RK_API rk_session_params rk_session_params_default(void);
 typedef struct rk_session rk_session;
 
 /* The session borrows m, which must outlive it. */
-RK_API rk_status rk_session_create(const rk_model *m, const rk_session_params *p, rk_session **out,
-                                   rk_err *err);
+RK_API rk_status rk_session_create(const rk_model *m, const rk_session_params *p, rk_session **out, rk_err *err);
 RK_API void rk_session_destroy(rk_session *s);
 /* Appends n tokens at the current position and runs them through the model in chunks.
  * logits: NULL, or n_vocab floats for the last token (all_rows false), or n * n_vocab
  * floats, row i predicting the token after ids[i] (all_rows true).
  * RK_E_CONTEXT (nothing changed) when the tokens do not fit the context. */
-RK_API rk_status rk_session_eval(rk_session *s, const int32_t *ids, size_t n, float *logits,
-                                 bool all_rows, rk_err *err);
+RK_API rk_status rk_session_eval(rk_session *s, const int32_t *ids, size_t n, float *logits, bool all_rows,
+                                 rk_err *err);
 RK_API void rk_session_reset(rk_session *s);
 RK_API int64_t rk_session_n_past(const rk_session *s);
 RK_API int64_t rk_session_n_ctx(const rk_session *s);
@@ -285,22 +283,21 @@ typedef struct rk_sampler_params {
 RK_API rk_sampler_params rk_sampler_params_default(void);
 
 typedef struct rk_sampler rk_sampler;
-RK_API rk_status rk_sampler_create(const rk_sampler_params *p, int32_t n_vocab, rk_sampler **out,
-                                   rk_err *err);
+RK_API rk_status rk_sampler_create(const rk_sampler_params *p, int32_t n_vocab, rk_sampler **out, rk_err *err);
 RK_API void rk_sampler_destroy(rk_sampler *s);
 /* Picks a token from logits (modified in place by the penalty). history: earlier ids. */
 RK_API int32_t rk_sampler_sample(rk_sampler *s, float *logits, const int32_t *history, size_t n_history);
 
 /* ---- chat templates ---------------------------------------------------------- */
 typedef enum rk_chat_family {
-    RK_CHAT_CHATML,  /* <|im_start|>role\n...<|im_end|>\n : Qwen, SmolLM, fallback */
-    RK_CHAT_LLAMA3,  /* <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> */
-    RK_CHAT_LLAMA2,  /* [INST] <<SYS>>...<</SYS>> ... [/INST] */
-    RK_CHAT_ZEPHYR,  /* <|role|>\n...</s>\n */
+    RK_CHAT_CHATML, /* <|im_start|>role\n...<|im_end|>\n : Qwen, SmolLM, fallback */
+    RK_CHAT_LLAMA3, /* <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> */
+    RK_CHAT_LLAMA2, /* [INST] <<SYS>>...<</SYS>> ... [/INST] */
+    RK_CHAT_ZEPHYR, /* <|role|>\n...</s>\n */
 } rk_chat_family;
 
 typedef struct rk_chat_msg {
-    const char *role;     /* "system", "user", "assistant" */
+    const char *role; /* "system", "user", "assistant" */
     const char *content;
 } rk_chat_msg;
 
@@ -310,8 +307,8 @@ RK_API const char *rk_chat_family_name(rk_chat_family f);
 /* Formats messages into *out (malloc'd, NUL-terminated). add_assistant opens the
  * assistant turn for generation. The text contains special-token markup: tokenize
  * it with parse_special = true. */
-RK_API rk_status rk_chat_format(rk_chat_family f, const rk_chat_msg *msgs, size_t n, bool add_assistant,
-                                char **out, rk_err *err);
+RK_API rk_status rk_chat_format(rk_chat_family f, const rk_chat_msg *msgs, size_t n, bool add_assistant, char **out,
+                                rk_err *err);
 /* The system prompt the model's template inserts when a conversation does not start with
  * one ("" when it inserts none): Qwen2.5 "You are Qwen, created by Alibaba Cloud. You are a
  * helpful assistant.", SmolLM2 "You are a helpful AI assistant named SmolLM, trained by
@@ -331,10 +328,10 @@ RK_API rk_status rk_model_chat_format(const rk_model *m, const rk_chat_msg *msgs
  * write). Tail rows, kept rows and decode steps run exactly. */
 typedef enum rk_fill_mode {
     RK_FILL_OFF = 0,
-    RK_FILL_SPEED,     /* every bulk row filled */
-    RK_FILL_QUALITY,   /* sinks + the rows the question attends to stay exact (question-aware) */
-    RK_FILL_IDENTITY,  /* W_l = I, b_l = 0: the training-free baseline */
-    RK_FILL_PLUMB,     /* the fill path fed exact inputs: must equal OFF (oracle test) */
+    RK_FILL_SPEED,    /* every bulk row filled */
+    RK_FILL_QUALITY,  /* sinks + the rows the question attends to stay exact (question-aware) */
+    RK_FILL_IDENTITY, /* W_l = I, b_l = 0: the training-free baseline */
+    RK_FILL_PLUMB,    /* the fill path fed exact inputs: must equal OFF (oracle test) */
 } rk_fill_mode;
 
 RK_API const char *rk_fill_mode_name(rk_fill_mode m);
@@ -353,8 +350,8 @@ typedef struct rk_ridge_maps rk_ridge_maps;
 /* Maps a ridge-map file read-only and checks it against m: a file fitted on another
  * model is refused (RK_E_MISMATCH naming both); the same weights in another
  * quantisation give RK_OK with a note in warning (empty when none). */
-RK_API rk_status rk_ridge_maps_load(const char *path, const rk_model *m, rk_ridge_maps **out,
-                                    char *warning, size_t warning_cap, rk_err *err);
+RK_API rk_status rk_ridge_maps_load(const char *path, const rk_model *m, rk_ridge_maps **out, char *warning,
+                                    size_t warning_cap, rk_err *err);
 RK_API void rk_ridge_maps_destroy(rk_ridge_maps *r);
 RK_API int32_t rk_ridge_maps_split(const rk_ridge_maps *r);
 
@@ -407,11 +404,11 @@ RK_API int64_t rk_session_fill_kept(const rk_session *s, int64_t row0, int64_t n
  * what the document cache keeps beside a document's KV rows (rk_doc_stream_save). */
 /* The kept stream (borrowed; valid until the next eval, truncate or set), or false. */
 typedef struct rk_fill_stream {
-    int64_t row0, n;        /* bulk rows [row0, row0 + n) */
+    int64_t row0, n; /* bulk rows [row0, row0 + n) */
     int32_t n_embd, split;
-    const uint16_t *x;      /* (n, n_embd) f16 split stream */
-    const float *base;      /* (n) baseline attention per query row */
-    const uint8_t *keep;    /* (n) the selection the cache holds */
+    const uint16_t *x;   /* (n, n_embd) f16 split stream */
+    const float *base;   /* (n) baseline attention per query row */
+    const uint8_t *keep; /* (n) the selection the cache holds */
 } rk_fill_stream;
 RK_API bool rk_session_fill_stream(const rk_session *s, rk_fill_stream *out);
 /* Copies a stream in (document cache load): rows must lie in [0, n_past), n_embd match. */
@@ -423,8 +420,8 @@ typedef struct rk_fingerprint {
     char arch[16];
     int32_t n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab;
     uint64_t tokenizer_hash;
-    uint64_t weights_hash;    /* of norm weights (quantisation independent) */
-    uint64_t quant_hash;      /* of the raw bytes of selected matrices (quantisation dependent) */
+    uint64_t weights_hash; /* of norm weights (quantisation independent) */
+    uint64_t quant_hash;   /* of the raw bytes of selected matrices (quantisation dependent) */
 } rk_fingerprint;
 RK_API void rk_model_fingerprint(const rk_model *m, rk_fingerprint *out);
 
@@ -435,19 +432,19 @@ RK_API const char *rk_session_warning(const rk_session *s);
 /* Bytes that hold the KV state of the tokens so far, by part. total = the sum of the
  * parts above it. Without LowRAM only `exact` is non-zero. */
 typedef struct rk_kv_bytes {
-    uint64_t exact;       /* plain K/V rows still resident: sinks + window (+ rows not yet compressed) */
-    uint64_t coef;        /* key coefficients (and their int8 scales) */
-    uint64_t bases;       /* per group: mean, dim weights (f32) and rank-r basis (f16) */
-    uint64_t predictors;  /* per layer: W (r, kv_dim) (f16) and b (f32) */
-    uint64_t residuals;   /* value residual rows (and scales) */
-    uint64_t landmarks;   /* per chunk: mean key per layer, mean coefficients per group (f16);
+    uint64_t exact;      /* plain K/V rows still resident: sinks + window (+ rows not yet compressed) */
+    uint64_t coef;       /* key coefficients (and their int8 scales) */
+    uint64_t bases;      /* per group: mean, dim weights (f32) and rank-r basis (f16) */
+    uint64_t predictors; /* per layer: W (r, kv_dim) (f16) and b (f32) */
+    uint64_t residuals;  /* value residual rows (and scales) */
+    uint64_t landmarks;  /* per chunk: mean key per layer, mean coefficients per group (f16);
                              open-chunk sums (f32) */
-    uint64_t meta;        /* positions, residual masks/offsets, thresholds, RoPE table */
-    uint64_t key_cache;   /* decode's cache of rebuilt keys: (budget/chunk + 2) chunks per
+    uint64_t meta;       /* positions, residual masks/offsets, thresholds, RoPE table */
+    uint64_t key_cache;  /* decode's cache of rebuilt keys: (budget/chunk + 2) chunks per
                              (layer, KV head), f16, with slot tags */
     uint64_t total;
-    uint64_t f16_equiv;   /* plain f16 K/V of the same tokens, for ratios */
-    uint64_t scratch;     /* transient buffers (not in total) */
+    uint64_t f16_equiv; /* plain f16 K/V of the same tokens, for ratios */
+    uint64_t scratch;   /* transient buffers (not in total) */
     int64_t n_tokens, n_exact_rows, n_compressed_rows, n_evicted_rows;
 } rk_kv_bytes;
 RK_API void rk_session_kv_bytes(const rk_session *s, rk_kv_bytes *out);
@@ -460,18 +457,18 @@ typedef struct rk_kv_tier_stats {
                                                        (hot and kept; not the ones read back);
                                                        spilled: in the store or being written */
     int32_t chunk_rows;
-    uint64_t hits, misses;         /* chunks attention found in memory / read back */
+    uint64_t hits, misses;                  /* chunks attention found in memory / read back */
     uint64_t bytes_read, bytes_read_stored; /* read back: raw, and as stored (zstd frames) */
     uint64_t bytes_spilled, bytes_spilled_stored;
-    uint64_t prefetched;           /* of the misses, read ahead of their layer */
-    double stall_s;                /* attention waiting for reads */
-    double io_wait_s;              /* all waits in the block store */
-    uint64_t spill_errors;         /* spills that failed (the chunk then stays in memory) */
+    uint64_t prefetched;             /* of the misses, read ahead of their layer */
+    double stall_s;                  /* attention waiting for reads */
+    double io_wait_s;                /* all waits in the block store */
+    uint64_t spill_errors;           /* spills that failed (the chunk then stays in memory) */
     uint64_t sel_chunks, sel_repeat; /* lowram: chunks decode selected (after a first step), of
                                         them selected by the same (layer, head) the step before */
-    char backend[16];              /* io_uring or threads */
-    uint64_t fixed_bytes;          /* lowram: resident state that never moves (in resident_bytes) */
-    uint64_t budget_peak;          /* lowram: most bytes of movable rows resident after a layer */
+    char backend[16];                /* io_uring or threads */
+    uint64_t fixed_bytes;            /* lowram: resident state that never moves (in resident_bytes) */
+    uint64_t budget_peak;            /* lowram: most bytes of movable rows resident after a layer */
     /* devtier (host_budget): pinned host bytes held; the spill file's block reads / writes
      * and their raw bytes */
     uint64_t host_bytes, disk_reads, disk_writes, disk_bytes_read, disk_bytes_written;
@@ -483,4 +480,3 @@ typedef struct rk_kv_tier_stats {
     uint64_t dev_chunks, dev_chunk_bytes, bytes_dev;
 } rk_kv_tier_stats;
 RK_API void rk_session_kv_tier_stats(const rk_session *s, rk_kv_tier_stats *out);
-

@@ -74,10 +74,10 @@ typedef struct rk_doc_cache_entry {
     char model[64];
     char kv[64];
     int64_t n_tokens;
-    uint64_t bytes;      /* of the file */
-    uint64_t raw_bytes;  /* of the KV block before zstd */
-    int64_t mtime;       /* last use, seconds since the epoch */
-    bool bad;            /* the header frame does not read (label says why) */
+    uint64_t bytes;     /* of the file */
+    uint64_t raw_bytes; /* of the KV block before zstd */
+    int64_t mtime;      /* last use, seconds since the epoch */
+    bool bad;           /* the header frame does not read (label says why) */
 } rk_doc_cache_entry;
 /* Every entry, most recently used first (*out malloc'd). */
 rk_status rk_doc_cache_list(rk_doc_cache *c, rk_doc_cache_entry **out, size_t *n, rk_err *err);
@@ -88,7 +88,7 @@ rk_status rk_doc_cache_remove(rk_doc_cache *c, const char *prefix, size_t *n_rem
 rk_status rk_doc_cache_gc(rk_doc_cache *c, uint64_t cap, size_t *n_removed, uint64_t *bytes_left, rk_err *err);
 
 typedef struct rk_doc_cache_stats {
-    double io_s;            /* last load / save: seconds in the block store */
+    double io_s; /* last load / save: seconds in the block store */
     uint64_t raw_bytes, file_bytes;
     rk_bs_backend backend;
     bool direct;

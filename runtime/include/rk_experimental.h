@@ -8,20 +8,20 @@
 
 /* ---- settings by key -------------------------------------------------------------- */
 typedef enum rk_param_kind {
-    RK_PARAM_NUMBER,   /* a decimal number in [lo, hi] */
-    RK_PARAM_INTEGER,  /* an integer in [lo, hi] */
-    RK_PARAM_FLAG,     /* "key" alone or key=1 sets it, key=0 clears it */
-    RK_PARAM_CHOICE,   /* one of the words in `choices` */
-    RK_PARAM_PATH,     /* a file path: the rest of a spec, so it comes last */
+    RK_PARAM_NUMBER,  /* a decimal number in [lo, hi] */
+    RK_PARAM_INTEGER, /* an integer in [lo, hi] */
+    RK_PARAM_FLAG,    /* "key" alone or key=1 sets it, key=0 clears it */
+    RK_PARAM_CHOICE,  /* one of the words in `choices` */
+    RK_PARAM_PATH,    /* a file path: the rest of a spec, so it comes last */
 } rk_param_kind;
 
 /* One key of a settings table. Static storage: valid for the life of the process. */
 typedef struct rk_param_key {
     const char *key;
     rk_param_kind kind;
-    double lo, hi;         /* NUMBER, INTEGER: the accepted range */
-    const char *choices;   /* CHOICE: the accepted words, "|"-separated */
-    const char *help;      /* what it does, and what 0 (or its absence) means */
+    double lo, hi;       /* NUMBER, INTEGER: the accepted range */
+    const char *choices; /* CHOICE: the accepted words, "|"-separated */
+    const char *help;    /* what it does, and what 0 (or its absence) means */
 } rk_param_key;
 
 /* Sets one LowRAM setting from text: "budget", "1024". A FLAG takes value NULL (set), "1" or
@@ -53,19 +53,19 @@ typedef struct rk_lowram_stats {
     bool fitted;
     int32_t n_group, rank_min, rank_max;
     int32_t n_layer, n_head_kv; /* the shapes of value_r2 and sel_miss */
-    double key_rel_err;       /* discarded / total centred key energy over the fit rows */
-    double value_r2_mean;     /* mean over (layer, KV head) of the predictor's R² on the prompt */
+    double key_rel_err;         /* discarded / total centred key energy over the fit rows */
+    double value_r2_mean;       /* mean over (layer, KV head) of the predictor's R² on the prompt */
     /* (n_layer, n_head_kv) the predictor's R² per layer and KV head; NULL before the fit.
      * Borrowed from the session: valid until its next eval, truncate, reset, import or destroy. */
     const float *value_r2;
-    int64_t n_resid_rows;     /* residual rows stored, all layers and heads */
-    double seconds_fit;       /* end-of-prefill fit + first compression */
-    double seconds_compress;  /* later blocks, total */
-    uint64_t rows_rebuilt;    /* key rows rebuilt by attention, all layers and heads */
-    uint64_t rows_attended;   /* rows attended (plain + rebuilt), all layers and heads */
-    uint64_t lmk_scored;      /* chunk landmarks scored by decode's selection (per query step, layer and
+    int64_t n_resid_rows;    /* residual rows stored, all layers and heads */
+    double seconds_fit;      /* end-of-prefill fit + first compression */
+    double seconds_compress; /* later blocks, total */
+    uint64_t rows_rebuilt;   /* key rows rebuilt by attention, all layers and heads */
+    uint64_t rows_attended;  /* rows attended (plain + rebuilt), all layers and heads */
+    uint64_t lmk_scored;     /* chunk landmarks scored by decode's selection (per query step, layer and
                                  KV head), all layers and heads */
-    uint64_t lmk_coarse;      /* coarse landmarks scored (coarse=) */
+    uint64_t lmk_coarse;     /* coarse landmarks scored (coarse=) */
     /* (n_layer) the share of the last prompt queries' attention that a budget-sized landmark
      * selection of compressed chunks leaves out, mean over queries and KV heads, measured at
      * the fit (-1: not measured); borrowed as value_r2 is; NULL before the codec exists */
@@ -76,12 +76,12 @@ RK_API void rk_session_lowram_stats(const rk_session *s, rk_lowram_stats *out);
 
 /* Re-scoring's counters (rk.h, rk_session_fill_stream: what re-scoring is). */
 typedef struct rk_fill_rescore_stats {
-    int64_t calls;       /* eval calls that re-scored */
-    int64_t scored;      /* rows scored by the last one */
-    int64_t changed;     /* rows whose status it changed */
-    int64_t recomputed;  /* rows it ran exactly through the late layers */
-    int64_t refilled;    /* rows it gave predicted K/V again */
-    double seconds;      /* its scoring + recomputation time (without the call's own rows) */
+    int64_t calls;      /* eval calls that re-scored */
+    int64_t scored;     /* rows scored by the last one */
+    int64_t changed;    /* rows whose status it changed */
+    int64_t recomputed; /* rows it ran exactly through the late layers */
+    int64_t refilled;   /* rows it gave predicted K/V again */
+    double seconds;     /* its scoring + recomputation time (without the call's own rows) */
 } rk_fill_rescore_stats;
 RK_API void rk_session_fill_rescore_stats(const rk_session *s, rk_fill_rescore_stats *out);
 
@@ -90,8 +90,8 @@ RK_API void rk_session_fill_rescore_stats(const rk_session *s, rk_fill_rescore_s
  * them, copy K and/or V rows [0, bulk_end) of layers [lo, hi) from `exact` (a session
  * of the same model and KV type that evaluated the same tokens without fill; borrowed
  * until that eval call returns). */
-RK_API rk_status rk_session_set_splice(rk_session *s, const rk_session *exact, int lo, int hi, bool keys,
-                                       bool values, rk_err *err);
+RK_API rk_status rk_session_set_splice(rk_session *s, const rk_session *exact, int lo, int hi, bool keys, bool values,
+                                       rk_err *err);
 RK_API void rk_session_clear_splice(rk_session *s);
 
 typedef struct rk_kv_error {
@@ -102,5 +102,5 @@ typedef struct rk_kv_error {
 } rk_kv_error;
 /* Compares cache rows [row0, row1) of layer l (keys or values) of a against b (the
  * reference), per KV head. */
-RK_API rk_status rk_session_kv_compare(const rk_session *a, const rk_session *b, int layer, int64_t row0,
-                                       int64_t row1, bool values, rk_kv_error *out, rk_err *err);
+RK_API rk_status rk_session_kv_compare(const rk_session *a, const rk_session *b, int layer, int64_t row0, int64_t row1,
+                                       bool values, rk_kv_error *out, rk_err *err);

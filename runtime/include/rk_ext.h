@@ -21,6 +21,6 @@ rk_status rk_session_kv_rows(const rk_session *s, int layer, bool values, bool p
 /* Model fingerprint keys "<prefix>.*" in map and predictor files (runtime/model). check:
  * RK_E_MISMATCH naming both models for another model; RK_OK with a note in warning
  * (cap bytes, may be NULL) for another quantisation of the same weights. */
-rk_status rk_fingerprint_check(const rk_gguf *g, const char *prefix, const rk_model *m, const char *what,
-                               char *warning, size_t cap, rk_err *err);
+rk_status rk_fingerprint_check(const rk_gguf *g, const char *prefix, const rk_model *m, const char *what, char *warning,
+                               size_t cap, rk_err *err);
 rk_status rk_fingerprint_write(rk_gguf_writer *w, const char *prefix, const rk_model *m, rk_err *err);

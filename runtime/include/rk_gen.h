@@ -37,24 +37,24 @@ typedef bool (*rk_gen_token_fn)(void *ud, int32_t token, const char *text, size_
 
 typedef struct rk_gen_params {
     rk_sampler_params sampler;
-    int32_t max_tokens;          /* -1: until end of generation or a full context; 0: prefill only */
-    const char *const *stop;     /* n_stop stop strings (borrowed for the call), each 1.. bytes */
-    const size_t *stop_len;      /* their lengths; NULL: strlen */
+    int32_t max_tokens;      /* -1: until end of generation or a full context; 0: prefill only */
+    const char *const *stop; /* n_stop stop strings (borrowed for the call), each 1.. bytes */
+    const size_t *stop_len;  /* their lengths; NULL: strlen */
     int32_t n_stop;
-    int64_t n_reuse;             /* the first n_reuse prompt tokens are what the session holds in rows
+    int64_t n_reuse;            /* the first n_reuse prompt tokens are what the session holds in rows
                                     [0, n_reuse) (the caller knows; rk_conv works it out): those rows are
                                     kept, later rows dropped, and only the rest of the prompt is read.
                                     0: the session is reset first. At most n_past; capped at n_prompt - 1
                                     so at least one token is read for fresh logits. */
-    const rk_fill_params *fill;  /* NULL: the session's fill setting as it is; else applied with
+    const rk_fill_params *fill; /* NULL: the session's fill setting as it is; else applied with
                                     rk_session_set_fill before the prefill (and left set) */
-    rk_progress_fn progress;     /* prefill progress (see rk_session_set_progress); returning false
+    rk_progress_fn progress;    /* prefill progress (see rk_session_set_progress); returning false
                                     after a chunk that is not the last cancels the prefill:
                                     RK_E_CANCELLED. Cleared after the prefill. */
     void *progress_ud;
-    rk_gen_token_fn on_token;    /* NULL: no streaming, the text is in the result */
+    rk_gen_token_fn on_token; /* NULL: no streaming, the text is in the result */
     void *token_ud;
-    bool ignore_eog;             /* decode through end-of-generation tokens (bench) */
+    bool ignore_eog; /* decode through end-of-generation tokens (bench) */
 } rk_gen_params;
 
 /* sampler = rk_sampler_params_default(), max_tokens 256, everything else 0 / NULL. */
@@ -62,22 +62,22 @@ rk_gen_params rk_gen_params_default(void);
 
 typedef struct rk_gen_result {
     rk_stop_reason stop;
-    char *text;             /* the whole generated text, well-formed UTF-8, NUL-terminated,
+    char *text; /* the whole generated text, well-formed UTF-8, NUL-terminated,
                                without the stop string (owned; rk_gen_result_deinit) */
     size_t n_text;
-    size_t n_streamed;      /* bytes of text already handed to on_token: text + n_streamed is the
+    size_t n_streamed; /* bytes of text already handed to on_token: text + n_streamed is the
                                rest (text held back at the end, or everything without on_token) */
-    int32_t *tokens;        /* (n_gen) generated ids (owned) */
+    int32_t *tokens;   /* (n_gen) generated ids (owned) */
     int64_t n_gen;
-    int64_t n_prompt;       /* prompt tokens */
-    int64_t n_prefill;      /* of them read by the prefill (n_prompt - rows kept) */
-    uint64_t filled_rows;   /* (row, layer) pairs whose K/V the prefill took from RidgeFill's
+    int64_t n_prompt;     /* prompt tokens */
+    int64_t n_prefill;    /* of them read by the prefill (n_prompt - rows kept) */
+    uint64_t filled_rows; /* (row, layer) pairs whose K/V the prefill took from RidgeFill's
                                predicted inputs (0 without fill) */
-    double prefill_s;       /* seconds of the prefill */
-    double ttft_s;          /* from the call to the first sampled token; < 0 when none was sampled */
-    double decode_s;        /* from the end of the prefill to the end */
-    double prefill_tok_s;   /* n_prefill / prefill_s */
-    double decode_tok_s;    /* n_gen / decode_s (0 when nothing was generated) */
+    double prefill_s;     /* seconds of the prefill */
+    double ttft_s;        /* from the call to the first sampled token; < 0 when none was sampled */
+    double decode_s;      /* from the end of the prefill to the end */
+    double prefill_tok_s; /* n_prefill / prefill_s */
+    double decode_tok_s;  /* n_gen / decode_s (0 when nothing was generated) */
 } rk_gen_result;
 
 /* Accepts a zeroed or deinitialised result. */
@@ -91,8 +91,8 @@ void rk_gen_result_deinit(rk_gen_result *r);
  * context, cancelled). *out (zeroed by the caller) is filled on RK_OK only; after
  * RK_E_CANCELLED the session holds the kept prompt rows. Allocates before the decode loop
  * (sampler, logits, history); the loop itself only grows the text buffers. */
-rk_status rk_generate(const rk_model *m, rk_session *s, const int32_t *prompt, size_t n_prompt,
-                      const rk_gen_params *p, rk_gen_result *out, rk_err *err);
+rk_status rk_generate(const rk_model *m, rk_session *s, const int32_t *prompt, size_t n_prompt, const rk_gen_params *p,
+                      rk_gen_result *out, rk_err *err);
 
 /* ---- conversation ---------------------------------------------------------------- *
  * Messages in the model's chat template (rk_model_chat_family), kept with the tokens
@@ -117,16 +117,15 @@ rk_status rk_generate(const rk_model *m, rk_session *s, const int32_t *prompt, s
 typedef struct rk_conv rk_conv;
 
 typedef struct rk_conv_params {
-    int32_t n_answer;   /* answer tokens a turn wants room for (-n); <= 0: the cap */
-    int32_t room_div;   /* the answer room is at most n_ctx / room_div (chat 2, ask 4); 0: 1 token */
-    bool drop_oldest;   /* the overflow rule above (chat); false: RK_E_CONTEXT (ask, JSONL) */
+    int32_t n_answer; /* answer tokens a turn wants room for (-n); <= 0: the cap */
+    int32_t room_div; /* the answer room is at most n_ctx / room_div (chat 2, ask 4); 0: 1 token */
+    bool drop_oldest; /* the overflow rule above (chat); false: RK_E_CONTEXT (ask, JSONL) */
 } rk_conv_params;
 
 /* The conversation borrows m and s (a session of m), which must outlive it. It starts
  * empty; it does not reset s (the first turn keeps whatever prefix s holds, when
  * rk_session_tokens tells; else it resets s). */
-rk_status rk_conv_create(const rk_model *m, rk_session *s, const rk_conv_params *p, rk_conv **out,
-                         rk_err *err);
+rk_status rk_conv_create(const rk_model *m, rk_session *s, const rk_conv_params *p, rk_conv **out, rk_err *err);
 void rk_conv_destroy(rk_conv *c);
 
 /* Appends a message (content copied). RK_E_INVALID_ARG for another role, a system message
@@ -137,8 +136,8 @@ rk_status rk_conv_add(rk_conv *c, const char *role, const char *content, size_t 
 #define RK_ASK_SYSTEM "You are a helpful assistant. Answer the question using the document. Keep the answer short."
 
 typedef struct rk_doc {
-    const char *name;   /* shown in the header; NULL: unnamed */
-    const char *text;   /* borrowed for the call */
+    const char *name; /* shown in the header; NULL: unnamed */
+    const char *text; /* borrowed for the call */
     size_t len;
 } rk_doc;
 
@@ -149,8 +148,8 @@ typedef struct rk_doc {
  * of three double quotes (the document's trailing newlines dropped), a blank line after
  * each, then "Question: " and the question. CRLF and lone CR in documents and question
  * become LF, so a file and the same text sent as JSON give the same tokens. */
-rk_status rk_conv_add_ask(rk_conv *c, const char *system, const rk_doc *docs, size_t n_docs,
-                          const char *question, rk_err *err);
+rk_status rk_conv_add_ask(rk_conv *c, const char *system, const rk_doc *docs, size_t n_docs, const char *question,
+                          rk_err *err);
 
 /* Removes the last message (a no-op when empty). */
 void rk_conv_pop(rk_conv *c);
@@ -172,15 +171,15 @@ rk_status rk_conv_prompt(rk_conv *c, int32_t **ids, size_t *n, rk_err *err);
 
 /* What the last rk_conv_generate found when fitting the turn (also after RK_E_CONTEXT). */
 typedef struct rk_conv_fit {
-    int64_t n_prompt;   /* tokens of the prompt read for the turn (after dropping) */
-    int64_t n_before;   /* tokens before anything was dropped */
-    int64_t n_room;     /* answer room asked for */
+    int64_t n_prompt; /* tokens of the prompt read for the turn (after dropping) */
+    int64_t n_before; /* tokens before anything was dropped */
+    int64_t n_room;   /* answer room asked for */
     int64_t n_ctx;
-    int32_t n_dropped;  /* exchanges dropped by the overflow rule */
-    int64_t n_reused;   /* prompt tokens whose cache rows were kept */
+    int32_t n_dropped;    /* exchanges dropped by the overflow rule */
+    int64_t n_reused;     /* prompt tokens whose cache rows were kept */
     int64_t n_answer_cap; /* the answer's cap: max_tokens, at most the room left for it when
                              room_div > 0 (-1: none) */
-    bool too_long;      /* the turn was refused: it does not fit (RK_E_CONTEXT) */
+    bool too_long;        /* the turn was refused: it does not fit (RK_E_CONTEXT) */
 } rk_conv_fit;
 rk_conv_fit rk_conv_last_fit(const rk_conv *c);
 

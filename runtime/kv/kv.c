@@ -58,13 +58,18 @@ rk_status rk_kv_create(const rk_model *m, const rk_kv_params *pp, int64_t n_ctx,
         goto made;
     }
     switch (p->kind) {
-    case RK_KV_F16: st = p->budget ? rk_kv_tier_init(kv, RK_DT_F16, p, err) : rk_kv_plain_init(kv, RK_DT_F16, err); break;
-    case RK_KV_F32: st = p->budget ? rk_kv_tier_init(kv, RK_DT_F32, p, err) : rk_kv_plain_init(kv, RK_DT_F32, err); break;
+    case RK_KV_F16:
+        st = p->budget ? rk_kv_tier_init(kv, RK_DT_F16, p, err) : rk_kv_plain_init(kv, RK_DT_F16, err);
+        break;
+    case RK_KV_F32:
+        st = p->budget ? rk_kv_tier_init(kv, RK_DT_F32, p, err) : rk_kv_plain_init(kv, RK_DT_F32, err);
+        break;
     case RK_KV_Q8: st = p->budget ? rk_kv_tier_init(kv, RK_DT_Q8_0, p, err) : rk_kv_q8_init(kv, err); break;
     case RK_KV_Q4:
-        st = p->budget ? rk_err_set(err, RK_E_UNSUPPORTED,
-                                    "kv: q4 has no memory tiers (--kv-budget): use f16, f32, q8 or lowram with a budget")
-                       : rk_kv_q4_init(kv, err);
+        st = p->budget
+                 ? rk_err_set(err, RK_E_UNSUPPORTED,
+                              "kv: q4 has no memory tiers (--kv-budget): use f16, f32, q8 or lowram with a budget")
+                 : rk_kv_q4_init(kv, err);
         break;
     default:
         st = p->budget ? rk_kv_lowram_tier_init(kv, m, p, n_threads, warning, warning_cap, err)

@@ -79,7 +79,8 @@ rk_status rk_kv_block_export(const rk_kv *kv, const rk_model *m, const int32_t *
     for (int64_t r = row0; r < row1; r++) rk_kv_put_u32(&b, (uint32_t)tokens[r]);
     const size_t pay0 = b.n;
     rk_status st = kv->ops->export_rows(kv, row0, row1, &b, err);
-    if (!st && b.fail) st = rk_err_set(err, RK_E_NOMEM, "kv: out of memory exporting %lld rows", (long long)(row1 - row0));
+    if (!st && b.fail)
+        st = rk_err_set(err, RK_E_NOMEM, "kv: out of memory exporting %lld rows", (long long)(row1 - row0));
     if (st) {
         free(b.p);
         return st;
@@ -99,7 +100,8 @@ rk_status rk_kv_block_import(rk_kv *kv, const rk_model *m, const void *blk, size
     if (memcmp(b, "RKKV", 4)) return BAD("kv: not a KV block (magic is not 'RKKV')");
     rk_kv_rd r = {b, n, 4, false};
     const uint32_t version = rk_kv_get_u32(&r);
-    if (version != BLOCK_VERSION) return BAD("kv: block format version %u (this build reads %d)", version, BLOCK_VERSION);
+    if (version != BLOCK_VERSION)
+        return BAD("kv: block format version %u (this build reads %d)", version, BLOCK_VERSION);
     if (n < FIXED_BYTES) return BAD("kv: block of %zu bytes is truncated (the header alone is %d)", n, FIXED_BYTES);
     const uint32_t header_bytes = rk_kv_get_u32(&r), kind = rk_kv_get_u32(&r);
     const uint64_t checksum = rk_kv_get_u64(&r);
@@ -114,37 +116,38 @@ rk_status rk_kv_block_import(rk_kv *kv, const rk_model *m, const void *blk, size
     const uint32_t n_params = rk_kv_get_u32(&r);
     /* sizes first: everything below reads inside the block */
     if (n_params > RK_KV_MAX_PARAMS || header_bytes != FIXED_BYTES + PARAM_BYTES * n_params)
-        return BAD("kv: block header claims %u parameters in %u bytes (at most %d; 128 + 24 each)", n_params, header_bytes,
-                   RK_KV_MAX_PARAMS);
+        return BAD("kv: block header claims %u parameters in %u bytes (at most %d; 128 + 24 each)", n_params,
+                   header_bytes, RK_KV_MAX_PARAMS);
     uint64_t total;
     if (!rk_mul_u64(n_rows, 4, &total) || !rk_add_u64(total, header_bytes, &total) ||
         !rk_add_u64(total, payload_bytes, &total))
         return BAD("kv: block sizes overflow (%llu rows, payload %llu bytes)", (unsigned long long)n_rows,
                    (unsigned long long)payload_bytes);
-    if (n < total)
-        return BAD("kv: block is truncated (%zu bytes of %llu)", n, (unsigned long long)total);
+    if (n < total) return BAD("kv: block is truncated (%zu bytes of %llu)", n, (unsigned long long)total);
     if (n > total) return BAD("kv: block has %llu bytes after its end", (unsigned long long)(n - total));
     if (block_checksum(b, n) != checksum) return BAD("kv: block checksum mismatch: the block is corrupt");
     /* then whose it is */
     rk_fingerprint fp;
     rk_model_fingerprint(m, &fp);
-    const bool shape = strncmp(fb.arch, fp.arch, sizeof fp.arch) || fb.n_layer != fp.n_layer || fb.n_embd != fp.n_embd ||
-                       fb.n_head != fp.n_head || fb.n_head_kv != fp.n_head_kv || fb.head_dim != fp.head_dim ||
-                       fb.n_ff != fp.n_ff || fb.n_vocab != fp.n_vocab;
+    const bool shape = strncmp(fb.arch, fp.arch, sizeof fp.arch) || fb.n_layer != fp.n_layer ||
+                       fb.n_embd != fp.n_embd || fb.n_head != fp.n_head || fb.n_head_kv != fp.n_head_kv ||
+                       fb.head_dim != fp.head_dim || fb.n_ff != fp.n_ff || fb.n_vocab != fp.n_vocab;
     if (shape || fb.tokenizer_hash != fp.tokenizer_hash || fb.weights_hash != fp.weights_hash)
         return rk_err_set(err, RK_E_MISMATCH,
                           "kv: block is from another model (%s, %d layers, d=%d, vocab %d, weights %016llx) than %s "
-                          "(%s, %d layers, d=%d, vocab %d, weights %016llx)", fb.arch, fb.n_layer, fb.n_embd, fb.n_vocab,
-                          (unsigned long long)fb.weights_hash, rk_model_name(m), fp.arch, fp.n_layer, fp.n_embd,
-                          fp.n_vocab, (unsigned long long)fp.weights_hash);
+                          "(%s, %d layers, d=%d, vocab %d, weights %016llx)",
+                          fb.arch, fb.n_layer, fb.n_embd, fb.n_vocab, (unsigned long long)fb.weights_hash,
+                          rk_model_name(m), fp.arch, fp.n_layer, fp.n_embd, fp.n_vocab,
+                          (unsigned long long)fp.weights_hash);
     if (fb.quant_hash != fp.quant_hash)
-        return rk_err_set(err, RK_E_MISMATCH, "kv: block is from another quantisation of %s's weights", rk_model_name(m));
+        return rk_err_set(err, RK_E_MISMATCH, "kv: block is from another quantisation of %s's weights",
+                          rk_model_name(m));
     if (kind != (uint32_t)kv->kind)
         return rk_err_set(err, RK_E_MISMATCH, "kv: block holds KV policy %s, the session uses %s",
                           rk_kv_kind_name((rk_kv_kind)kind), rk_kv_kind_name(kv->kind));
     if (n_layer != (uint32_t)kv->n_layer || kv_dim != (uint32_t)kv->kv_dim)
-        return rk_err_set(err, RK_E_MISMATCH, "kv: block rows are %u layers x %u, the session's %d x %d", n_layer, kv_dim,
-                          kv->n_layer, kv->kv_dim);
+        return rk_err_set(err, RK_E_MISMATCH, "kv: block rows are %u layers x %u, the session's %d x %d", n_layer,
+                          kv_dim, kv->n_layer, kv->kv_dim);
     rk_kv_param mine[RK_KV_MAX_PARAMS];
     const int n_mine = kv->ops->params(kv, mine);
     for (uint32_t i = 0; i < n_params || (int)i < n_mine; i++) {

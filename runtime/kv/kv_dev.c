@@ -41,16 +41,16 @@
 enum { DT_QD = 8 }; /* spill file operations in flight */
 
 typedef struct devtier {
-    uint32_t type;       /* RK_DT_F16 or RK_DT_F32 */
-    int n_res, n_cold;   /* layers [0, n_res) resident, [n_res, n_layer) cold */
-    size_t arr_bytes;    /* one K (or V) array: n_ctx rows */
-    uint8_t **k, **v;    /* (n_layer) resident: device arrays; cold: pinned host blocks */
+    uint32_t type;          /* RK_DT_F16 or RK_DT_F32 */
+    int n_res, n_cold;      /* layers [0, n_res) resident, [n_res, n_layer) cold */
+    size_t arr_bytes;       /* one K (or V) array: n_ctx rows */
+    uint8_t **k, **v;       /* (n_layer) resident: device arrays; cold: pinned host blocks */
     uint8_t *sk[2], *sv[2]; /* staging slots (device) */
-    int slot_layer[2];   /* the cold layer a slot holds (rows [0, held) valid once joined), -1 none */
-    bool slot_pending[2]; /* a lane upload into the slot is queued and not joined yet */
-    bool slot_ahead[2];  /* that upload was a prefetch (queued before its layer came) */
-    int cur;             /* the slot of the layer being computed, -1 none */
-    int64_t *held;       /* (n_layer) rows appended */
+    int slot_layer[2];      /* the cold layer a slot holds (rows [0, held) valid once joined), -1 none */
+    bool slot_pending[2];   /* a lane upload into the slot is queued and not joined yet */
+    bool slot_ahead[2];     /* that upload was a prefetch (queued before its layer came) */
+    int cur;                /* the slot of the layer being computed, -1 none */
+    int64_t *held;          /* (n_layer) rows appended */
     rk_kv_tier_stats st;
     /* The disk step (host_budget): n_pin pinned frames of one layer (K and V) serve the
      * cold layers; c->k[l] / c->v[l] of a cold layer point into its frame, or are NULL when
@@ -58,14 +58,14 @@ typedef struct devtier {
      * Rows [d0, d1) of a framed layer are newer than the file. Without a host budget
      * n_pin = n_cold and every cold layer keeps its frame. */
     int n_pin;
-    uint8_t **fk, **fv;  /* (n_pin) pinned frames */
-    int *frame_layer;    /* (n_pin) the layer a frame holds, -1 none */
-    int *layer_frame;    /* (n_layer) its frame, -1 on disk (cold layers) */
+    uint8_t **fk, **fv; /* (n_pin) pinned frames */
+    int *frame_layer;   /* (n_pin) the layer a frame holds, -1 none */
+    int *layer_frame;   /* (n_layer) its frame, -1 on disk (cold layers) */
     uint64_t *last_use, tick;
-    int64_t *d0, *d1;    /* (n_layer) dirty rows */
-    int64_t *on_disk;    /* (n_layer) rows [0, on_disk) are in the spill file */
-    int64_t C;           /* rows per spill block */
-    rk_bs *bs;           /* NULL: no disk step */
+    int64_t *d0, *d1; /* (n_layer) dirty rows */
+    int64_t *on_disk; /* (n_layer) rows [0, on_disk) are in the spill file */
+    int64_t C;        /* rows per spill block */
+    rk_bs *bs;        /* NULL: no disk step */
     char spill_dir[1024];
     /* Residency by chunk: the budget past the resident layers and the two slots buys h
      * device frames of C rows (K and V) per cold layer, which hold its hot chunks (the sinks'
@@ -74,7 +74,7 @@ typedef struct devtier {
      * a frame is only ever a copy. Frame f of layer l: chunk hch[l h + f] (-1 none), its rows
      * [0, hrows[l h + f]) valid; hmap[l nch + k]: the frame of chunk k, -1 none. */
     int h, nch;
-    uint8_t **hk, **hv;  /* (n_layer) cold layers with h > 0: h frames of C rows, device */
+    uint8_t **hk, **hv; /* (n_layer) cold layers with h > 0: h frames of C rows, device */
     int *hch, *hmap;
     int64_t *hrows;
 } devtier;
@@ -151,11 +151,11 @@ static rk_status hot_catch_up(rk_kv *kv, int l, int s, rk_err *err) {
         const int64_t from = k0 + c->hrows[i];
         if (from >= end) continue;
         const size_t off = (size_t)(from - k0) * kv->row_bytes, bytes = (size_t)(end - from) * kv->row_bytes;
-        st = rk_backend_lane_copy(kv->be, frame_k(kv, c, l, f) + off, c->sk[s] + (size_t)from * kv->row_bytes, bytes, true,
-                                  err);
+        st = rk_backend_lane_copy(kv->be, frame_k(kv, c, l, f) + off, c->sk[s] + (size_t)from * kv->row_bytes, bytes,
+                                  true, err);
         if (!st)
-            st = rk_backend_lane_copy(kv->be, frame_v(kv, c, l, f) + off, c->sv[s] + (size_t)from * kv->row_bytes, bytes,
-                                      true, err);
+            st = rk_backend_lane_copy(kv->be, frame_v(kv, c, l, f) + off, c->sv[s] + (size_t)from * kv->row_bytes,
+                                      bytes, true, err);
         if (st) {
             c->hrows[i] = 0;
             break;
@@ -205,7 +205,8 @@ static rk_status evict(rk_kv *kv, int f, rk_err *err) {
     bad += bs_drain(c, msg, sizeof msg);
     if (st) return rk_err_wrap(err, "kv: devtier: writing layer %d's rows to the spill file in %s", v, c->spill_dir);
     if (bad)
-        return rk_err_set(err, RK_E_IO, "kv: devtier: cannot write layer %d's rows to the spill file in %s (%s); they stay in memory",
+        return rk_err_set(err, RK_E_IO,
+                          "kv: devtier: cannot write layer %d's rows to the spill file in %s (%s); they stay in memory",
                           v, c->spill_dir, msg);
     c->d0[v] = INT64_MAX, c->d1[v] = 0;
     c->on_disk[v] = c->held[v];
@@ -245,10 +246,11 @@ static rk_status pin(rk_kv *kv, int l, rk_err *err) {
     }
     rk_bs_batch(c->bs, false);
     bad += bs_drain(c, msg, sizeof msg);
-    if (st) return rk_err_wrap(err, "kv: devtier: reading layer %d's rows back from the spill file in %s", l, c->spill_dir);
+    if (st)
+        return rk_err_wrap(err, "kv: devtier: reading layer %d's rows back from the spill file in %s", l, c->spill_dir);
     if (bad)
-        return rk_err_set(err, RK_E_IO, "kv: devtier: cannot read layer %d's rows back from the spill file in %s (%s)", l,
-                          c->spill_dir, msg);
+        return rk_err_set(err, RK_E_IO, "kv: devtier: cannot read layer %d's rows back from the spill file in %s (%s)",
+                          l, c->spill_dir, msg);
     c->frame_layer[f] = l, c->layer_frame[l] = f;
     c->k[l] = c->fk[f], c->v[l] = c->fv[f];
     return RK_OK;
@@ -333,9 +335,10 @@ static rk_status use_slot(rk_kv *kv, int l, bool count, int *out, rk_err *err) {
 static rk_status dt_append(rk_kv *kv, int l, int64_t pos0, const float *k, const float *v, int64_t n, rk_err *err) {
     devtier *c = kv->impl;
     if (l < 0 || l >= kv->n_layer || pos0 < 0 || n < 0 || pos0 > kv->n_ctx || n > kv->n_ctx - pos0)
-        return rk_err_set(err, RK_E_INVALID_ARG, "kv: devtier: append of rows [%lld, %lld) to layer %d (holding %lld of %lld)",
-                          (long long)pos0, (long long)(pos0 + n), l, (long long)(l >= 0 && l < kv->n_layer ? c->held[l] : 0),
-                          (long long)kv->n_ctx);
+        return rk_err_set(err, RK_E_INVALID_ARG,
+                          "kv: devtier: append of rows [%lld, %lld) to layer %d (holding %lld of %lld)",
+                          (long long)pos0, (long long)(pos0 + n), l,
+                          (long long)(l >= 0 && l < kv->n_layer ? c->held[l] : 0), (long long)kv->n_ctx);
     uint8_t *dk = c->k[l], *dv = c->v[l];
     int s = -1;
     rk_status st;
@@ -523,7 +526,8 @@ static void dt_destroy(rk_kv *kv) {
         }
     }
     for (int s = 0; s < 2; s++) rk_backend_free(kv->be, c->sk[s]), rk_backend_free(kv->be, c->sv[s]);
-    for (int l = 0; c->hk && c->hv && l < kv->n_layer; l++) rk_backend_free(kv->be, c->hk[l]), rk_backend_free(kv->be, c->hv[l]);
+    for (int l = 0; c->hk && c->hv && l < kv->n_layer; l++)
+        rk_backend_free(kv->be, c->hk[l]), rk_backend_free(kv->be, c->hv[l]);
     free(c->hk), free(c->hv), free(c->hch), free(c->hmap), free(c->hrows);
     free(c->k), free(c->v), free(c->held), free(c->fk), free(c->fv), free(c->frame_layer), free(c->layer_frame);
     free(c->last_use), free(c->d0), free(c->d1), free(c->on_disk), free(c);
@@ -537,7 +541,8 @@ static void dt_tier_stats(const rk_kv *kv, rk_kv_tier_stats *out) {
     out->host_bytes = (uint64_t)c->n_pin * 2ull * c->arr_bytes;
     out->dev_chunks = 0;
     for (int l = c->n_res; l < kv->n_layer; l++)
-        for (int f = 0; f < c->h; f++) out->dev_chunks += c->hch[(size_t)l * c->h + f] >= 0 && c->hrows[(size_t)l * c->h + f] > 0;
+        for (int f = 0; f < c->h; f++)
+            out->dev_chunks += c->hch[(size_t)l * c->h + f] >= 0 && c->hrows[(size_t)l * c->h + f] > 0;
 }
 
 static const rk_kv_ops devtier_ops = {
@@ -641,7 +646,8 @@ rk_status rk_kv_dev_init(rk_kv *kv, uint32_t type, const rk_kv_params *p, rk_err
         bp.backend = (rk_bs_backend)p->spill_backend;
         bp.no_direct = p->spill_buffered;
         if ((st = rk_bs_open_spill(c->spill_dir, &bp, &c->bs, err)))
-            return rk_err_wrap(err, "kv: devtier: the disk step (host budget %llu bytes)", (unsigned long long)p->host_budget);
+            return rk_err_wrap(err, "kv: devtier: the disk step (host budget %llu bytes)",
+                               (unsigned long long)p->host_budget);
     }
     for (int l = 0; l < kv->n_layer && !st; l++) {
         void *pk = NULL, *pv = NULL;
@@ -663,7 +669,8 @@ rk_status rk_kv_dev_init(rk_kv *kv, uint32_t type, const rk_kv_params *p, rk_err
         c->hch = malloc((size_t)kv->n_layer * (size_t)c->h * sizeof *c->hch);
         c->hrows = calloc((size_t)kv->n_layer * (size_t)c->h, sizeof *c->hrows);
         c->hmap = malloc((size_t)kv->n_layer * (size_t)c->nch * sizeof *c->hmap);
-        if (!c->hk || !c->hv || !c->hch || !c->hrows || !c->hmap) return rk_err_set(err, RK_E_NOMEM, "kv: out of memory");
+        if (!c->hk || !c->hv || !c->hch || !c->hrows || !c->hmap)
+            return rk_err_set(err, RK_E_NOMEM, "kv: out of memory");
         memset(c->hch, 0xff, (size_t)kv->n_layer * (size_t)c->h * sizeof *c->hch);
         memset(c->hmap, 0xff, (size_t)kv->n_layer * (size_t)c->nch * sizeof *c->hmap);
         const size_t fb = (size_t)c->h * (size_t)c->C * kv->row_bytes;
@@ -679,7 +686,8 @@ rk_status rk_kv_dev_init(rk_kv *kv, uint32_t type, const rk_kv_params *p, rk_err
     c->st.budget = p->budget;
     c->st.dev_chunk_rows = (int32_t)c->C;
     c->st.dev_chunk_bytes = (uint64_t)c->n_cold * (uint64_t)c->h * 2ull * (uint64_t)c->C * kv->row_bytes;
-    c->st.resident_bytes = (uint64_t)(c->n_res + (c->n_cold < 2 ? c->n_cold : 2)) * 2ull * c->arr_bytes + c->st.dev_chunk_bytes;
+    c->st.resident_bytes =
+        (uint64_t)(c->n_res + (c->n_cold < 2 ? c->n_cold : 2)) * 2ull * c->arr_bytes + c->st.dev_chunk_bytes;
     c->st.chunk_rows = (int32_t)kv->n_ctx; /* a "chunk" here: one layer's K or V rows */
     snprintf(c->st.backend, sizeof c->st.backend, "%s-lane", kv->be->ops->name);
     return RK_OK;

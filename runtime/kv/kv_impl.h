@@ -147,9 +147,9 @@ struct rk_kv {
     double *rope_freq;  /* (n_rot/2) angle per position of the RoPE in effect (rk_rope_freqs) */
     double rope_mscale; /* its factor on cos/sin (YaRN); rk_kv_unrope divides it out */
     int64_t n_ctx;
-    int64_t n_past;     /* committed rows: set by commit, truncate, reset, import_rows */
-    size_t row_bytes;   /* one stored K (or V) row of one layer (LowRAM: an exact row) */
-    rk_backend *be;     /* borrowed, the session's: attention and row conversion run on it */
+    int64_t n_past;   /* committed rows: set by commit, truncate, reset, import_rows */
+    size_t row_bytes; /* one stored K (or V) row of one layer (LowRAM: an exact row) */
+    rk_backend *be;   /* borrowed, the session's: attention and row conversion run on it */
     rk_kv_counters counters;
     void *impl;
 };

@@ -22,7 +22,8 @@ rk_status rk_kv_params_parse(const char *spec, rk_kv_params *out, rk_err *err) {
     for (int i = 0; i <= RK_KV_KIND_LAST; i++)
         if (strlen(kv_names[i]) == n && !strncmp(spec, kv_names[i], n)) k = i;
     if (k < 0 || (spec[n] == ':' && k != RK_KV_LOWRAM))
-        return rk_err_set(err, RK_E_INVALID_ARG, "kv: '%.64s' is not a KV policy (f16, f32, q8, q4, lowram[:opts])", spec);
+        return rk_err_set(err, RK_E_INVALID_ARG, "kv: '%.64s' is not a KV policy (f16, f32, q8, q4, lowram[:opts])",
+                          spec);
     p.kind = (rk_kv_kind)k;
     if (spec[n] == ':') {
         rk_status st = rk_lowram_parse(spec + n + 1, &p.lowram, err);

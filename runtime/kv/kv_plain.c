@@ -8,8 +8,8 @@
 #include "kv_impl.h"
 
 typedef struct plain {
-    uint32_t type;  /* RK_DT_F16 or RK_DT_F32 */
-    bool dev;       /* caches in the backend's own memory (cuda): host access goes through download/upload */
+    uint32_t type;    /* RK_DT_F16 or RK_DT_F32 */
+    bool dev;         /* caches in the backend's own memory (cuda): host access goes through download/upload */
     uint8_t **k, **v; /* (n_layer) of (n_ctx, kv_dim); calloc'd: untouched context costs no memory */
 } plain;
 

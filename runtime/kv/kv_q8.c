@@ -12,10 +12,10 @@
 #include "kv_impl.h"
 
 typedef struct q8 {
-    uint32_t type;     /* RK_DT_Q8_0 or RK_DT_Q4_0 */
-    uint8_t **k, **v;  /* (n_layer) of (n_ctx, kv_dim / 32) blocks; calloc'd, touched as filled */
-    bool direct;       /* the backend attends on the blocks itself */
-    float *sk, *sv;    /* fallback scratch: (cap, kv_dim) dequantised rows of one layer */
+    uint32_t type;    /* RK_DT_Q8_0 or RK_DT_Q4_0 */
+    uint8_t **k, **v; /* (n_layer) of (n_ctx, kv_dim / 32) blocks; calloc'd, touched as filled */
+    bool direct;      /* the backend attends on the blocks itself */
+    float *sk, *sv;   /* fallback scratch: (cap, kv_dim) dequantised rows of one layer */
     int64_t cap;
 } q8;
 
@@ -102,7 +102,8 @@ static rk_status q8_attend(rk_kv *kv, int l, const float *q, int64_t n_q, int64_
         if (sk) c->sk = sk;
         float *sv = sk ? realloc(c->sv, (size_t)(cap * kvd) * sizeof(float)) : NULL;
         if (sv) c->sv = sv;
-        if (!sk || !sv) return rk_err_set(err, RK_E_NOMEM, "kv: no memory for %s attention scratch of %lld rows", kv->ops->name,
+        if (!sk || !sv)
+            return rk_err_set(err, RK_E_NOMEM, "kv: no memory for %s attention scratch of %lld rows", kv->ops->name,
                               (long long)cap);
         c->cap = cap;
     }
@@ -191,20 +192,20 @@ static void q8_destroy(rk_kv *kv) {
 }
 
 /* the same functions under each type's name ("q8", "q4": errors and KV blocks say which) */
-#define QUANT_OPS(nm)                                                                               \
-    {                                                                                               \
-        .name = nm, .mem = RK_KV_MEM_HOST, .writable = true, .recordable = false, .append = q8_append, .attend = q8_attend, .commit = rk_kv_rows_commit,          \
-        .truncate = rk_kv_rows_truncate, .reset = rk_kv_rows_reset, .read = q8_read, .write = q8_write, \
-        .bytes = q8_bytes, .stats = NULL, .params = q8_params, .export_rows = q8_export,            \
-        .import_rows = q8_import, .destroy = q8_destroy,                                            \
+#define QUANT_OPS(nm)                                                                                                 \
+    {                                                                                                                 \
+        .name = nm, .mem = RK_KV_MEM_HOST, .writable = true, .recordable = false, .append = q8_append,                \
+        .attend = q8_attend, .commit = rk_kv_rows_commit, .truncate = rk_kv_rows_truncate, .reset = rk_kv_rows_reset, \
+        .read = q8_read, .write = q8_write, .bytes = q8_bytes, .stats = NULL, .params = q8_params,                    \
+        .export_rows = q8_export, .import_rows = q8_import, .destroy = q8_destroy,                                    \
     }
 static const rk_kv_ops q8_ops = QUANT_OPS("q8"), q4_ops = QUANT_OPS("q4");
 
 static rk_status quant_init(rk_kv *kv, uint32_t type, rk_err *err) {
     const bool q4 = type == RK_DT_Q4_0;
     if (kv->kv_dim % RK_Q8_BLOCK)
-        return rk_err_set(err, RK_E_UNSUPPORTED, "kv: %s needs kv_dim a multiple of %d (model has %d)", q4 ? "q4" : "q8",
-                          RK_Q8_BLOCK, kv->kv_dim);
+        return rk_err_set(err, RK_E_UNSUPPORTED, "kv: %s needs kv_dim a multiple of %d (model has %d)",
+                          q4 ? "q4" : "q8", RK_Q8_BLOCK, kv->kv_dim);
     q8 *c = calloc(1, sizeof *c);
     if (!c) return rk_err_set(err, RK_E_NOMEM, "kv: out of memory");
     c->type = type;

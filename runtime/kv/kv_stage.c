@@ -16,11 +16,11 @@
 #include "kv_impl.h"
 
 typedef struct stage {
-    rk_kv_ops ops;       /* stage_ops with the inner cache's name and capabilities */
-    rk_kv *in;           /* the host-memory cache (owned) */
-    rk_lrdev *lr;        /* LowRAM's fused decode path, or NULL */
-    float *hk, *hv;      /* (cap_kv, kv_dim) host copies of K and V */
-    float *hq, *ho;      /* (cap_q, n_head * head_dim) host copies of q and of the attention output */
+    rk_kv_ops ops;  /* stage_ops with the inner cache's name and capabilities */
+    rk_kv *in;      /* the host-memory cache (owned) */
+    rk_lrdev *lr;   /* LowRAM's fused decode path, or NULL */
+    float *hk, *hv; /* (cap_kv, kv_dim) host copies of K and V */
+    float *hq, *ho; /* (cap_q, n_head * head_dim) host copies of q and of the attention output */
     int64_t cap_kv, cap_q;
 } stage;
 

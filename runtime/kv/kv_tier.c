@@ -34,40 +34,46 @@
 enum { WINDOW_CHUNKS = 2, PAGE = 4096, QD = 32 };
 
 typedef struct chunk {
-    uint8_t present;     /* the pages hold the rows */
-    uint8_t in_store;    /* a frame in the store holds the rows */
-    uint8_t keep;        /* decided to stay in memory */
-    uint8_t decided;     /* the keep / spill decision is made */
+    uint8_t present;  /* the pages hold the rows */
+    uint8_t in_store; /* a frame in the store holds the rows */
+    uint8_t keep;     /* decided to stay in memory */
+    uint8_t decided;  /* the keep / spill decision is made */
     uint8_t put_pending, get_pending;
-    uint8_t fetched;     /* present because it was read back */
-    uint8_t prefetched;  /* its read was issued ahead of its layer */
+    uint8_t fetched;    /* present because it was read back */
+    uint8_t prefetched; /* its read was issued ahead of its layer */
 } chunk;
 
 typedef struct tier {
-    uint32_t type;         /* RK_DT_F16, RK_DT_F32, RK_DT_Q8_0 */
+    uint32_t type; /* RK_DT_F16, RK_DT_F32, RK_DT_Q8_0 */
     int64_t R, n_chunks;
     size_t chunk_bytes, map_bytes;
-    uint8_t **k, **v;      /* (n_layer) mappings of n_chunks * chunk_bytes */
-    chunk *ch;             /* [n_layer][2][n_chunks] */
-    int64_t *held;         /* rows held per layer */
+    uint8_t **k, **v; /* (n_layer) mappings of n_chunks * chunk_bytes */
+    chunk *ch;        /* [n_layer][2][n_chunks] */
+    int64_t *held;    /* rows held per layer */
     uint64_t budget, cold_budget, kept_bytes;
-    int64_t n_present;     /* chunks present now */
+    int64_t n_present; /* chunks present now */
     rk_bs *bs;
     int pin_layer;
     bool q8_direct;
-    float *sk, *sv;        /* q8 fallback scratch */
+    float *sk, *sv; /* q8 fallback scratch */
     int64_t cap;
-    char spill_dir[3072];  /* where the spill file is made (and remade on reset) */
+    char spill_dir[3072]; /* where the spill file is made (and remade on reset) */
     rk_bs_params bp;
-    rk_bs_stats acc;       /* of the spill files closed by resets */
-    rk_status io_st;       /* a failed read back (reported by the next attend) */
+    rk_bs_stats acc; /* of the spill files closed by resets */
+    rk_status io_st; /* a failed read back (reported by the next attend) */
     char io_msg[240];
     rk_kv_tier_stats st;
 } tier;
 
-static chunk *CH(const tier *t, int l, int w, int64_t c) { return &t->ch[((size_t)l * 2 + (size_t)w) * (size_t)t->n_chunks + (size_t)c]; }
-static uint8_t *DATA(const tier *t, int l, int w, int64_t c) { return (w ? t->v[l] : t->k[l]) + (size_t)c * t->chunk_bytes; }
-static uint64_t ID(const tier *t, int l, int w, int64_t c) { return ((uint64_t)l * 2 + (uint64_t)w) * (uint64_t)t->n_chunks + (uint64_t)c; }
+static chunk *CH(const tier *t, int l, int w, int64_t c) {
+    return &t->ch[((size_t)l * 2 + (size_t)w) * (size_t)t->n_chunks + (size_t)c];
+}
+static uint8_t *DATA(const tier *t, int l, int w, int64_t c) {
+    return (w ? t->v[l] : t->k[l]) + (size_t)c * t->chunk_bytes;
+}
+static uint64_t ID(const tier *t, int l, int w, int64_t c) {
+    return ((uint64_t)l * 2 + (uint64_t)w) * (uint64_t)t->n_chunks + (uint64_t)c;
+}
 
 static void release(tier *t, int l, int w, int64_t c) {
     chunk *h = CH(t, l, w, c);
@@ -158,8 +164,7 @@ static rk_status ensure(tier *t, int l, int64_t c0, int64_t c1, bool count, rk_e
     const double t0 = rk_time_now();
     for (;;) {
         bool wait = false;
-        for (int64_t c = c0; c < c1 && !wait; c++)
-            wait = CH(t, l, 0, c)->get_pending || CH(t, l, 1, c)->get_pending;
+        for (int64_t c = c0; c < c1 && !wait; c++) wait = CH(t, l, 0, c)->get_pending || CH(t, l, 1, c)->get_pending;
         if (!wait) break;
         pump(t, true);
     }
@@ -298,7 +303,8 @@ static rk_status tier_attend(rk_kv *kv, int l, const float *q, int64_t n_q, int6
             if (sv) t->sv = sv;
             if (!sk || !sv) {
                 t->pin_layer = -1;
-                return rk_err_set(err, RK_E_NOMEM, "kv: no memory for tier attention scratch of %lld rows", (long long)rows);
+                return rk_err_set(err, RK_E_NOMEM, "kv: no memory for tier attention scratch of %lld rows",
+                                  (long long)rows);
             }
             t->cap = rows;
         }
@@ -433,7 +439,8 @@ static rk_status tier_import(rk_kv *kv, int64_t row0, int64_t n_rows, const uint
             uint16_t h;
             memcpy(&h, p + b, 2);
             if ((h & 0x7c00u) == 0x7c00u)
-                return rk_err_set(err, RK_E_FORMAT, "kv: q8 payload block %zu has a non-finite scale", b / RK_Q8_BLOCK_BYTES);
+                return rk_err_set(err, RK_E_FORMAT, "kv: q8 payload block %zu has a non-finite scale",
+                                  b / RK_Q8_BLOCK_BYTES);
         }
     const size_t off = (size_t)row0 * kv->row_bytes, len = (size_t)n_rows * kv->row_bytes;
     for (int l = 0; l < kv->n_layer; l++) {
@@ -540,7 +547,8 @@ rk_status rk_kv_tier_init(rk_kv *kv, uint32_t type, const rk_kv_params *p, rk_er
     t->bp = rk_bs_params_default();
     t->bp.max_block = t->chunk_bytes;
     t->bp.queue_depth = QD;
-    t->bp.zstd_level = p->spill_level > 0 ? p->spill_level : -1; /* raw frames unless asked (docs/TIERS.md: zstd does not pay here) */
+    t->bp.zstd_level =
+        p->spill_level > 0 ? p->spill_level : -1; /* raw frames unless asked (docs/TIERS.md: zstd does not pay here) */
     t->bp.backend = (rk_bs_backend)p->spill_backend;
     t->bp.no_direct = p->spill_buffered;
     rk_status st = open_store(t, err);

@@ -23,7 +23,8 @@ static rk_status resolve(rk_lowram_params *p, const rk_kv *hp, rk_err *err) {
     if (p->chunk <= 0) p->chunk = d.chunk;
     if (p->chunk > 32) return rk_err_set(err, RK_E_INVALID_ARG, "lowram: chunk %d above 32", p->chunk);
     if (p->resid_share < 0) p->resid_share = d.resid_share;
-    if (p->resid_share > 1) return rk_err_set(err, RK_E_INVALID_ARG, "lowram: resid share %g above 1", (double)p->resid_share);
+    if (p->resid_share > 1)
+        return rk_err_set(err, RK_E_INVALID_ARG, "lowram: resid share %g above 1", (double)p->resid_share);
     if (!(p->mass_keep >= 0 && p->mass_keep <= 1)) /* (more than resid_share: all of the residual rows) */
         return rk_err_set(err, RK_E_INVALID_ARG, "lowram: vkeep %g outside [0, 1]", (double)p->mass_keep);
     if (p->mass_pool == 0) p->mass_pool = 8; /* -1 (vpool=0) stays: no pooling */
@@ -32,9 +33,11 @@ static rk_status resolve(rk_lowram_params *p, const rk_kv *hp, rk_err *err) {
     if (p->full_layers > LR_FULL_MAX)
         return rk_err_set(err, RK_E_INVALID_ARG, "lowram: full %d above %d", p->full_layers, LR_FULL_MAX);
     if (!(p->full_min > 0)) p->full_min = 0.02f;
-    if (p->mass_pin > LR_PIN_MAX) return rk_err_set(err, RK_E_INVALID_ARG, "lowram: vpin %d above %d", p->mass_pin, LR_PIN_MAX);
+    if (p->mass_pin > LR_PIN_MAX)
+        return rk_err_set(err, RK_E_INVALID_ARG, "lowram: vpin %d above %d", p->mass_pin, LR_PIN_MAX);
     if (p->budget <= 0) p->budget = d.budget;
-    if (!(p->topp >= 0 && p->topp <= 1)) return rk_err_set(err, RK_E_INVALID_ARG, "lowram: topp %g outside [0, 1]", (double)p->topp);
+    if (!(p->topp >= 0 && p->topp <= 1))
+        return rk_err_set(err, RK_E_INVALID_ARG, "lowram: topp %g outside [0, 1]", (double)p->topp);
     if (p->min_chunks <= 0) p->min_chunks = 2;
     if (p->key_rank < 0) p->key_rank = 0;
     if (p->value_rank < 0) p->value_rank = 0;
@@ -45,18 +48,21 @@ static rk_status resolve(rk_lowram_params *p, const rk_kv *hp, rk_err *err) {
     if (p->coarse <= 1) p->coarse = 0;
     if (!(p->coarse_keep >= 1)) p->coarse_keep = 4.0f;
     if (p->coarse && (p->topp > 0 || p->bound))
-        return rk_err_set(err, RK_E_UNSUPPORTED, "lowram: coarse=%d selects by landmark under a fixed budget (not with %s)",
-                          p->coarse, p->topp > 0 ? "topp" : "bound");
+        return rk_err_set(err, RK_E_UNSUPPORTED,
+                          "lowram: coarse=%d selects by landmark under a fixed budget (not with %s)", p->coarse,
+                          p->topp > 0 ? "topp" : "bound");
     if (p->fit_min < 0) p->fit_min = 0; /* start=0 (stored as -1): no threshold; 0: the default, set at init */
     if (p->kc_type == RK_DT_F32) p->kc_type = d.kc_type;
     if (p->kc_type != RK_DT_F16 && p->kc_type != RK_DT_Q8_0)
         return rk_err_set(err, RK_E_INVALID_ARG, "lowram: key-cache type %s (f16 or int8)", rk_dtype_name(p->kc_type));
     if (p->hyst < 0) p->hyst = 0; /* resolved: 0 is off */
     if (p->coef_type != RK_DT_F16 && p->coef_type != RK_DT_F32 && p->coef_type != RK_DT_Q8_0)
-        return rk_err_set(err, RK_E_INVALID_ARG, "lowram: coefficient type %s (f16, f32 or int8)", rk_dtype_name(p->coef_type));
+        return rk_err_set(err, RK_E_INVALID_ARG, "lowram: coefficient type %s (f16, f32 or int8)",
+                          rk_dtype_name(p->coef_type));
     if (p->resid_type == RK_DT_F32) p->resid_type = RK_DT_Q4_0; /* unset: int4 (docs/LOWRAM.md) */
     if (p->resid_type != RK_DT_Q8_0 && p->resid_type != RK_DT_Q4_0 && p->resid_type != RK_DT_F16)
-        return rk_err_set(err, RK_E_INVALID_ARG, "lowram: residual type %s (int8, int4 or f16)", rk_dtype_name(p->resid_type));
+        return rk_err_set(err, RK_E_INVALID_ARG, "lowram: residual type %s (int8, int4 or f16)",
+                          rk_dtype_name(p->resid_type));
     if (p->resid_type == RK_DT_Q4_0 && hp->head_dim % 2)
         return rk_err_set(err, RK_E_UNSUPPORTED, "lowram: int4 residuals need an even head dim (%d)", hp->head_dim);
     if (!(p->evict >= 0 && p->evict <= 0.95f))
@@ -65,10 +71,10 @@ static rk_status resolve(rk_lowram_params *p, const rk_kv *hp, rk_err *err) {
     if (!(p->lambda > 0)) p->lambda = d.lambda;
     if (p->max_fit_rows <= 0) p->max_fit_rows = d.max_fit_rows;
     if (p->exact_type != RK_DT_F16 && p->exact_type != RK_DT_F32)
-        return rk_err_set(err, RK_E_INVALID_ARG, "lowram: exact row type %s (f16 or f32)", rk_dtype_name(p->exact_type));
+        return rk_err_set(err, RK_E_INVALID_ARG, "lowram: exact row type %s (f16 or f32)",
+                          rk_dtype_name(p->exact_type));
     if (p->values_exact) p->resid_share = 1.0f, p->resid_type = RK_DT_F16;
-    if (hp->n_head_kv > 64)
-        return rk_err_set(err, RK_E_UNSUPPORTED, "lowram: %d KV heads (at most 64)", hp->n_head_kv);
+    if (hp->n_head_kv > 64) return rk_err_set(err, RK_E_UNSUPPORTED, "lowram: %d KV heads (at most 64)", hp->n_head_kv);
     if (hp->n_rot % 2 || hp->n_rot > hp->head_dim || hp->n_rot > LR_ROPE_MAX)
         return rk_err_set(err, RK_E_UNSUPPORTED, "lowram: rotary dims %d of head dim %d", hp->n_rot, hp->head_dim);
     return RK_OK;
@@ -107,7 +113,8 @@ void lr_codec_free(rk_kv_codec *c) {
     if (c->x_hi) lr_exact_free(c);
     lr_dense_free(c);
     free(c->xk), free(c->xv), free(c->x_hi);
-    free(c->g), free(c->ly), free(c->freq), free(c->rope_hi), free(c->rope_lo), free(c->qsq), free(c->obs_q), free(c->obs_pos), free(c->obs_n);
+    free(c->g), free(c->ly), free(c->freq), free(c->rope_hi), free(c->rope_lo), free(c->qsq), free(c->obs_q),
+        free(c->obs_pos), free(c->obs_n);
     free(c->sel_miss), free(c->r2);
     rk_gguf_destroy(c->pgguf);
     rk_mapping_close(&c->pmap);
@@ -126,8 +133,9 @@ rk_status lr_codec_new(const rk_kv *kv, const rk_lowram_params *p, int n_threads
     c->be = kv->be;
     c->n_threads = n_threads;
     c->cap_chunks = (c->n_ctx + c->p.chunk - 1) / c->p.chunk;
-    c->res_bytes = c->p.resid_type == RK_DT_Q8_0 ? 2u + (size_t)c->hd
-                   : c->p.resid_type == RK_DT_Q4_0 ? 2u + (size_t)c->hd / 2 : 2u * (size_t)c->hd;
+    c->res_bytes = c->p.resid_type == RK_DT_Q8_0   ? 2u + (size_t)c->hd
+                   : c->p.resid_type == RK_DT_Q4_0 ? 2u + (size_t)c->hd / 2
+                                                   : 2u * (size_t)c->hd;
     c->wide = c->p.coef_type == RK_DT_F32;
     c->comp_end = c->p.n_sink;
     c->exact_type = c->p.exact_type;
@@ -155,8 +163,11 @@ rk_status lr_codec_new(const rk_kv *kv, const rk_lowram_params *p, int n_threads
         for (int i = 0; i < c->n_rot / 2; i++) {
             const double th = (double)k * c->freq[i];
             if (k <= c->n_ctx / LR_ROPE_LO)
-                c->rope_hi[k * c->n_rot + 2 * i] = (float)cos(th * LR_ROPE_LO), c->rope_hi[k * c->n_rot + 2 * i + 1] = (float)sin(th * LR_ROPE_LO);
-            if (k < LR_ROPE_LO) c->rope_lo[k * c->n_rot + 2 * i] = (float)cos(th), c->rope_lo[k * c->n_rot + 2 * i + 1] = (float)sin(th);
+                c->rope_hi[k * c->n_rot + 2 * i] = (float)cos(th * LR_ROPE_LO),
+                                              c->rope_hi[k * c->n_rot + 2 * i + 1] = (float)sin(th * LR_ROPE_LO);
+            if (k < LR_ROPE_LO)
+                c->rope_lo[k * c->n_rot + 2 * i] = (float)cos(th),
+                                              c->rope_lo[k * c->n_rot + 2 * i + 1] = (float)sin(th);
         }
     c->rope_base = kv->rope_base;
     for (int gi = 0; gi < c->n_group; gi++) {
@@ -271,7 +282,7 @@ static rk_status lowram_attend(rk_kv *kv, int l, const float *q, int64_t n_q, in
                           (long long)(pos0 + n_q), l, (long long)c->x_hi[l]);
     if (c->fitted)
         return lr_dense_wanted(c, l, n_q) ? lr_dense_attend(kv, c, l, q, n_q, pos0, out, err)
-                                           : lr_attention(c, l, q, n_q, pos0, out, err);
+                                          : lr_attention(c, l, q, n_q, pos0, out, err);
     /* prefill queries: second moments per KV-head dim for the key basis, and the last rows
      * for SnapKV / mass-weighted residuals */
     const int grp = c->n_head / c->n_head_kv, hd = c->hd;
@@ -305,7 +316,7 @@ static rk_status lowram_commit(rk_kv *kv, int64_t n, rk_err *err) {
 
 static void lowram_truncate(rk_kv *kv, int64_t n) {
     rk_kv_codec *c = kv->impl;
-    if (!c->fitted) lr_prefit_undo(c); /* a staged eval that failed after its early fits */
+    if (!c->fitted) lr_prefit_undo(c);                     /* a staged eval that failed after its early fits */
     if (n < c->n_past || (c->fitted && n < c->comp_end)) { /* also rows compressed inside a failed eval */
         rewind_to(c, n);
         c->n_past = kv->n_past = n;
@@ -400,8 +411,8 @@ static rk_status lowram_write(rk_kv *kv, int l, bool values, int64_t row0, int64
     if (st) return st;
     for (int64_t p = row0; p < row0 + n; p++)
         if (c->fitted && p >= c->p.n_sink && p < c->comp_end)
-            return rk_err_set(err, RK_E_UNSUPPORTED, "lowram: row %lld of layer %d is compressed: it cannot be replaced",
-                              (long long)p, l);
+            return rk_err_set(err, RK_E_UNSUPPORTED,
+                              "lowram: row %lld of layer %d is compressed: it cannot be replaced", (long long)p, l);
     for (int64_t i = 0; i < n; i++)
         rk_kv_rows_from_f32(c->exact_type, src + i * c->kvd, 1, c->kvd, (void *)lr_exact_ptr(c, l, values, row0 + i));
     return RK_OK;
@@ -414,7 +425,8 @@ static void lowram_bytes(const rk_kv *kv, rk_kv_bytes *o) {
     const uint64_t row_all = 2ull * (uint64_t)c->n_layer * c->xrow; /* K and V, every layer */
     o->scratch = c->scratch_bytes;
     if (c->obs_q)
-        o->scratch += (uint64_t)c->n_layer * c->p.obs_window * ((uint64_t)c->n_head * c->hd * 4 + 8) + 4ull * c->n_layer;
+        o->scratch +=
+            (uint64_t)c->n_layer * c->p.obs_window * ((uint64_t)c->n_head * c->hd * 4 + 8) + 4ull * c->n_layer;
     if (!c->fitted || c->comp_end <= c->p.n_sink) {
         o->n_exact_rows = n_past;
         o->exact = (uint64_t)n_past * row_all;
@@ -434,7 +446,8 @@ static void lowram_bytes(const rk_kv *kv, rk_kv_bytes *o) {
         o->meta += (uint64_t)g->n_rows * sizeof(int32_t);
         for (int li = 0; li < g->n_l; li++) {
             const lr_layer *L = &c->ly[g->l0 + li];
-            if (!c->p.values_exact) o->predictors += (uint64_t)lr_vr(c, g) * c->kvd * elt + (uint64_t)c->kvd * sizeof(float);
+            if (!c->p.values_exact)
+                o->predictors += (uint64_t)lr_vr(c, g) * c->kvd * elt + (uint64_t)c->kvd * sizeof(float);
             o->landmarks += n_ch * c->kvd * sizeof(uint16_t) + (uint64_t)c->kvd * sizeof(float);
             if (c->p.bound) o->landmarks += 2 * (n_ch * c->kvd * sizeof(uint16_t) + (uint64_t)c->kvd * sizeof(float));
             /* decode's value summaries, counted for every stored chunk as soon as decode would
@@ -444,8 +457,8 @@ static void lowram_bytes(const rk_kv *kv, rk_kv_bytes *o) {
             /* two-level selection's coarse landmarks (per group and KV head an f16 scale and head_dim
              * int8), likewise counted once decode would build them */
             if (c->p.coarse > 1 && !c->p.dense)
-                o->landmarks += (n_ch + (uint64_t)c->p.coarse - 1) / (uint64_t)c->p.coarse * c->n_head_kv *
-                                (2u + (uint64_t)c->hd);
+                o->landmarks +=
+                    (n_ch + (uint64_t)c->p.coarse - 1) / (uint64_t)c->p.coarse * c->n_head_kv * (2u + (uint64_t)c->hd);
             for (int h = 0; h < c->n_head_kv; h++) {
                 o->residuals += (uint64_t)L->h[h].n_res * c->res_bytes;
                 o->meta += n_ch * (sizeof(uint32_t) + sizeof(int32_t)) + sizeof(float);
@@ -548,7 +561,8 @@ static void lowram_destroy(rk_kv *kv) {
  * choose rows across the whole prompt), nor on a device backend (the caller's check). */
 static int lowram_stages(const rk_kv *kv, int64_t n_past, int *ends, int max) {
     const rk_kv_codec *c = kv->impl;
-    if (!lr_fit_due(c, n_past) || c->p.no_stage || c->p.prefill_fit > 0 || c->p.evict > 0 || c->x0 != 0 || c->n_group < 2)
+    if (!lr_fit_due(c, n_past) || c->p.no_stage || c->p.prefill_fit > 0 || c->p.evict > 0 || c->x0 != 0 ||
+        c->n_group < 2)
         return 0;
     const int per = c->n_threads > 1 ? c->n_threads : 1;
     int n = 0;

@@ -36,9 +36,19 @@ static void attn_worker(void *vp, int tid, int nt) {
     for (int64_t it = tid; it < n_items; it += nt) {
         const int64_t tile = it / c->n_head_kv, i0 = tile * a->tile;
         const int64_t ni = a->n_q - i0 < a->tile ? a->n_q - i0 : a->tile;
-        head_task t = {.c = c, .x = &c->scr[tid], .l = a->l, .h = (int)(it % c->n_head_kv), .grp = grp,
-                       .ns = (int)(ni * grp), .i0 = i0, .pos0 = a->pos0 + i0, .q = a->q, .out = a->out,
-                       .sparse = a->sparse, .use_c = !c->p.values_exact, .n_part = 1};
+        head_task t = {.c = c,
+                       .x = &c->scr[tid],
+                       .l = a->l,
+                       .h = (int)(it % c->n_head_kv),
+                       .grp = grp,
+                       .ns = (int)(ni * grp),
+                       .i0 = i0,
+                       .pos0 = a->pos0 + i0,
+                       .q = a->q,
+                       .out = a->out,
+                       .sparse = a->sparse,
+                       .use_c = !c->p.values_exact,
+                       .n_part = 1};
         head_run(&t, a->avx2);
     }
 }
@@ -50,9 +60,9 @@ typedef struct dec_job {
     int64_t n_q, pos0;
     float *out;
     bool avx2, vsum;
-    int n_part;           /* > 1: each head's rows in n_part tasks (balance over the threads) */
-    float *pout;          /* (n_head_kv * n_part, ns, head_dim + 2) their states */
-    const float *qdot;    /* per head (qd_head floats apart) the selection's landmark dots, or NULL */
+    int n_part;        /* > 1: each head's rows in n_part tasks (balance over the threads) */
+    float *pout;       /* (n_head_kv * n_part, ns, head_dim + 2) their states */
+    const float *qdot; /* per head (qd_head floats apart) the selection's landmark dots, or NULL */
     size_t qd_head;
 } dec_job;
 
@@ -65,9 +75,22 @@ static void dec_worker(void *vp, int tid, int nt) {
     for (int it = tid; it < c->n_head_kv * np; it += nt) {
         const int h = it / np;
         const size_t o = (size_t)h * (size_t)c->cap_chunks;
-        head_task t = {.c = c, .x = &c->scr[tid], .l = a->l, .h = h, .grp = grp, .ns = ns, .pos0 = a->pos0, .q = a->q,
-                       .out = a->out, .sparse = true, .use_c = !c->p.values_exact, .sel = c->dec.sel + o,
-                       .slot = c->dec.slot + o, .n_sel = c->dec.n_sel[h], .vsum = a->vsum, .n_part = 1,
+        head_task t = {.c = c,
+                       .x = &c->scr[tid],
+                       .l = a->l,
+                       .h = h,
+                       .grp = grp,
+                       .ns = ns,
+                       .pos0 = a->pos0,
+                       .q = a->q,
+                       .out = a->out,
+                       .sparse = true,
+                       .use_c = !c->p.values_exact,
+                       .sel = c->dec.sel + o,
+                       .slot = c->dec.slot + o,
+                       .n_sel = c->dec.n_sel[h],
+                       .vsum = a->vsum,
+                       .n_part = 1,
                        .qdot = a->qdot ? a->qdot + (size_t)h * a->qd_head : NULL};
         if (np > 1) t.part = it % np, t.n_part = np, t.pout = a->pout + (size_t)it * ns * (c->hd + 2);
         head_run(&t, a->avx2);
@@ -84,7 +107,7 @@ typedef struct score_job {
     int64_t n_ch, pos0;
     const float *q;
     bool avx2;
-    float *qdot;          /* c->dec.qdot (per head qd_head floats apart) or NULL */
+    float *qdot; /* c->dec.qdot (per head qd_head floats apart) or NULL */
     size_t qd_head;
 } score_job;
 
@@ -93,8 +116,17 @@ static void score_worker(void *vp, int tid, int nt) {
     rk_kv_codec *c = a->c;
     for (int it = tid; it < c->n_head_kv * a->n_part; it += nt) {
         const int h = it / a->n_part, p = it % a->n_part;
-        const head_task t = {.c = c, .x = &c->scr[tid], .l = a->l, .h = h, .grp = a->grp, .ns = a->ns, .pos0 = a->pos0,
-                             .q = a->q, .sparse = true, .use_c = !c->p.values_exact, .n_part = 1,
+        const head_task t = {.c = c,
+                             .x = &c->scr[tid],
+                             .l = a->l,
+                             .h = h,
+                             .grp = a->grp,
+                             .ns = a->ns,
+                             .pos0 = a->pos0,
+                             .q = a->q,
+                             .sparse = true,
+                             .use_c = !c->p.values_exact,
+                             .n_part = 1,
                              .qdot = a->qdot ? a->qdot + (size_t)h * a->qd_head : NULL};
         const int64_t lo = a->n_ch * p / a->n_part, hi = a->n_ch * (p + 1) / a->n_part;
         float *out = c->dec.score + (size_t)h * (size_t)c->cap_chunks;
@@ -151,14 +183,16 @@ static rk_status sparse_decode(rk_kv_codec *c, int layer, const float *q, int64_
         if (c->dec.score) c->scratch_bytes += (size_t)c->n_head_kv * (size_t)c->cap_chunks * sizeof(float);
     }
     if ((pre = pre && c->dec.score)) {
-        score_job sj = {c,    layer, grp, ns, head_parts(c->n_head_kv, nthr, n_ch, 16), n_ch, pos0, q, avx2,
-                        qdot ? c->dec.qdot : NULL, qd_head};
+        score_job sj = {c,      layer, grp, ns,   head_parts(c->n_head_kv, nthr, n_ch, 16),
+                        n_ch,   pos0,  q,   avx2, qdot ? c->dec.qdot : NULL,
+                        qd_head};
         if (c->pool) rk_pool_run(c->pool, score_worker, &sj);
         else score_worker(&sj, 0, 1);
     }
     /* choices and misses per head (over the pool, except under a tier: its reads), then the
      * misses rebuilt and encoded into their slots */
-    rk_status st = lr_keys_choose(c, layer, ns, pos0, q, avx2, qdot ? c->dec.qdot : NULL, qd_head, pre ? c->dec.score : NULL, err);
+    rk_status st =
+        lr_keys_choose(c, layer, ns, pos0, q, avx2, qdot ? c->dec.qdot : NULL, qd_head, pre ? c->dec.score : NULL, err);
     if (st == RK_OK) st = lr_keys_rebuild(c, layer, avx2, err);
     if (st != RK_OK) return st;
     /* heads that do not divide over the threads are split into parts (3 KV heads on 2
@@ -209,8 +243,8 @@ rk_status lr_attention(rk_kv_codec *c, int layer, const float *q, int64_t n_q, i
         if (c->tier) lr_tier_end(c, layer);
         return st;
     }
-    attn_job a = {c, layer, q, n_q, pos0, 0, sparse ? LR_SPARSE_MAX_Q : LR_TILE, out, sparse,
-                  !c->isa_base && rk_cpu_has_avx2()};
+    attn_job a = {
+        c, layer, q, n_q, pos0, 0, sparse ? LR_SPARSE_MAX_Q : LR_TILE, out, sparse, !c->isa_base && rk_cpu_has_avx2()};
     c->n_calls++;
     a.n_tiles = (n_q + a.tile - 1) / a.tile;
     /* decode stays on the caller's thread: a second pool spinning next to the backend's

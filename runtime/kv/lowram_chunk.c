@@ -17,7 +17,8 @@ LR_AI void plain_rows(const head_task *t, int64_t p0, int64_t p1) {
         const int nb = p1 - b0 < C ? (int)(p1 - b0) : C;
         for (int k = 0; k < nb; k++) {
             const size_t off = (size_t)t->h * hd * (c->exact_type == RK_DT_F32 ? 4 : 2);
-            const uint8_t *kr = lr_exact_ptr(c, t->l, false, b0 + k) + off, *vr = lr_exact_ptr(c, t->l, true, b0 + k) + off;
+            const uint8_t *kr = lr_exact_ptr(c, t->l, false, b0 + k) + off,
+                          *vr = lr_exact_ptr(c, t->l, true, b0 + k) + off;
             if (c->exact_type == RK_DT_F32) {
                 memcpy(x->kb + (size_t)k * hd, kr, (size_t)hd * sizeof(float));
                 memcpy(x->vb + (size_t)k * hd, vr, (size_t)hd * sizeof(float));
@@ -151,7 +152,8 @@ LR_AI void comp_chunk(const head_task *t, int64_t ch, int kslot) {
     const int nb = g->n_rows - r0 < C ? (int)(g->n_rows - r0) : C;
     /* decode with int8 coefficients and keys rebuilt beforehand: Σ a·c straight from the
      * int8 rows (the row's scale folded into the weights), every query head in one pass */
-    const bool i8 = kslot >= 0 && t->use_c && c->p.coef_type == RK_DT_Q8_0 && t->ns <= LR_WMAX && t->ns < LR_VREBUILD_MIN;
+    const bool i8 =
+        kslot >= 0 && t->use_c && c->p.coef_type == RK_DT_Q8_0 && t->ns <= LR_WMAX && t->ns < LR_VREBUILD_MIN;
     if (!i8) lr_coef_rows(c, g, r0, nb, x->cf);
 #ifdef LR_ISA_AVX2
     if (kslot >= 0 && kc_direct(t)) {
@@ -167,8 +169,8 @@ LR_AI void comp_chunk(const head_task *t, int64_t ch, int kslot) {
     int64_t slot = H->base[ch];
 #ifdef LR_ISA_AVX2
     if (i8) {
-        acc_rows_avx2(x->acc_c, (size_t)c->r_max, t->ns, x->sc, 1, (size_t)c->sc_ld, g->coef + (size_t)r0 * g->coef_bytes,
-                      g->coef_bytes, LR_R_I8, nb, rv);
+        acc_rows_avx2(x->acc_c, (size_t)c->r_max, t->ns, x->sc, 1, (size_t)c->sc_ld,
+                      g->coef + (size_t)r0 * g->coef_bytes, g->coef_bytes, LR_R_I8, nb, rv);
         float w[LR_WMAX];
         for (int k = 0; k < nb; k++) {
             for (int j = 0; j < t->ns; j++) x->st_a[j] += w[j] = x->sc[(size_t)j * c->sc_ld + k];
@@ -313,8 +315,8 @@ void LR_ISA(lr_head_run)(head_task *t) {
         const int64_t n = t->sel ? t->n_sel : lr_select_chunks(t, n_ch);
 #ifdef LR_ISA_AVX2
         /* runs of consecutive chosen chunks as one block (comp_chunk's fused int8 path only) */
-        const bool runs = t->slot && t->use_c && c->p.coef_type == RK_DT_Q8_0 &&
-                          t->ns <= LR_WMAX && t->ns < LR_VREBUILD_MIN && 2 * c->p.chunk <= c->sc_ld;
+        const bool runs = t->slot && t->use_c && c->p.coef_type == RK_DT_Q8_0 && t->ns <= LR_WMAX &&
+                          t->ns < LR_VREBUILD_MIN && 2 * c->p.chunk <= c->sc_ld;
 #else
         const bool runs = false;
 #endif
@@ -347,10 +349,11 @@ void LR_ISA(lr_head_run)(head_task *t) {
 #ifdef LR_ISA_AVX2
     if (fuse_w && !c->wide) {
         acc_rows_avx2(x->acc_v, (size_t)hd, t->ns, x->acc_c, 1, (size_t)c->r_max,
-                      (const uint8_t *)((const uint16_t *)L->W + (size_t)t->h * hd), (size_t)c->kvd * 2, LR_R_F16, lr_vr(c, g), hd);
+                      (const uint8_t *)((const uint16_t *)L->W + (size_t)t->h * hd), (size_t)c->kvd * 2, LR_R_F16,
+                      lr_vr(c, g), hd);
     } else
 #endif
-    if (fuse_w) { /* acc_v += (Σ a·c) W, one f16 row of W at a time for every query head */
+        if (fuse_w) { /* acc_v += (Σ a·c) W, one f16 row of W at a time for every query head */
         float w[LR_WMAX];
         for (int k = 0; k < lr_vr(c, g); k++) {
             for (int j = 0; j < t->ns; j++) w[j] = x->acc_c[(size_t)j * c->r_max + k];

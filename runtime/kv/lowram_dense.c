@@ -82,8 +82,7 @@ static void dense_worker(void *vp, int tid, int nt) {
                 lr_rope_row(c, kk, 1, p, false);
                 if (use_c)
                     for (int d = 0; d < hd; d++) vv[d] += bias[d];
-                else
-                    memset(vv, 0, (size_t)hd * sizeof(float));
+                else memset(vv, 0, (size_t)hd * sizeof(float));
                 if ((mask >> k) & 1u) {
                     lr_res_row(c, H, slot++, x->row);
                     for (int d = 0; d < hd; d++) vv[d] += x->row[d];
@@ -96,13 +95,14 @@ static void dense_worker(void *vp, int tid, int nt) {
     }
 }
 
-rk_status lr_dense_attend(const rk_kv *kv, rk_kv_codec *c, int l, const float *q, int64_t n_q, int64_t pos0,
-                          float *out, rk_err *err) {
+rk_status lr_dense_attend(const rk_kv *kv, rk_kv_codec *c, int l, const float *q, int64_t n_q, int64_t pos0, float *out,
+                          rk_err *err) {
     const int64_t n = pos0 + n_q, sink = c->p.n_sink;
     if (n > c->d_cap) {
         uint8_t *k2 = realloc(c->dk, (size_t)n * c->xrow), *v2 = k2 ? realloc(c->dv, (size_t)n * c->xrow) : NULL;
         if (k2) c->dk = k2;
-        if (!v2) return rk_err_set(err, RK_E_NOMEM, "lowram: no memory for %lld rebuilt rows of one layer", (long long)n);
+        if (!v2)
+            return rk_err_set(err, RK_E_NOMEM, "lowram: no memory for %lld rebuilt rows of one layer", (long long)n);
         c->dv = v2, c->d_cap = n;
     }
     if (c->tier) {

@@ -30,26 +30,26 @@
 typedef struct lrd_group {
     int r;
     void *basis, *mean, *winv, *pos, *coef, *cmean; /* device blocks */
-    int64_t up_rows;                                 /* stored rows on the device */
+    int64_t up_rows;                                /* stored rows on the device */
 } lrd_group;
 
 typedef struct lrd_layer {
     void *W, *b, *lmk, *sk, *sv, *xk, *xv, *res, *mask, *base;
-    int64_t ring_hi;     /* exact positions [ring_hi - x_cap, ring_hi) valid in the ring */
-    int64_t *up_res;     /* (n_head_kv) residual slots on the device */
+    int64_t ring_hi; /* exact positions [ring_hi - x_cap, ring_hi) valid in the ring */
+    int64_t *up_res; /* (n_head_kv) residual slots on the device */
 } lrd_layer;
 
 struct rk_lrdev {
-    rk_kv *kv;           /* the LowRAM cache (borrowed) */
+    rk_kv *kv; /* the LowRAM cache (borrowed) */
     rk_kv_codec *c;
     rk_backend *be;
-    bool ok_params;      /* the codec's options are the op's */
-    bool built;          /* device buffers exist for the current fit */
-    bool dirty;          /* the codec changed since the last sync */
+    bool ok_params; /* the codec's options are the op's */
+    bool built;     /* device buffers exist for the current fit */
+    bool dirty;     /* the codec changed since the last sync */
     int64_t x_cap;
     void *freq;
-    void *pend;          /* (n_layer, 2, LR_SPARSE_MAX_Q, kv_dim) f32: the step's K / V rows for the host codec */
-    float *hpend;        /* host copy */
+    void *pend;   /* (n_layer, 2, LR_SPARSE_MAX_Q, kv_dim) f32: the step's K / V rows for the host codec */
+    float *hpend; /* host copy */
     int64_t *pend_pos, *pend_n; /* (n_layer) rows pending per layer (n 0: none) */
     bool any_pend;
     lrd_group *g;
@@ -117,7 +117,9 @@ void rk_lrdev_changed(rk_lrdev *d, bool rows_dropped) {
     }
 }
 
-static rk_status dalloc(rk_lrdev *d, size_t bytes, void **p, rk_err *err) { return rk_backend_alloc(d->be, bytes, p, err); }
+static rk_status dalloc(rk_lrdev *d, size_t bytes, void **p, rk_err *err) {
+    return rk_backend_alloc(d->be, bytes, p, err);
+}
 static rk_status up(rk_lrdev *d, void *dst, size_t off, const void *src, size_t bytes, rk_err *err) {
     if (!bytes) return RK_OK;
     return rk_backend_upload(d->be, (uint8_t *)dst + off, src, bytes, err);
@@ -167,7 +169,8 @@ static rk_status build(rk_lrdev *d, rk_err *err) {
         if (!X->up_res) return rk_err_set(err, RK_E_NOMEM, "lowram: device state");
         const size_t res_h = rows * c->res_bytes, mb_h = chunks * 4;
         if ((st = dalloc(d, r * kvd * 2, &X->W, err)) || (st = dalloc(d, kvd * 4, &X->b, err)) ||
-            (st = dalloc(d, chunks * kvd * 2, &X->lmk, err)) || (st = dalloc(d, (sink ? sink : 1) * kvd * 2, &X->sk, err)) ||
+            (st = dalloc(d, chunks * kvd * 2, &X->lmk, err)) ||
+            (st = dalloc(d, (sink ? sink : 1) * kvd * 2, &X->sk, err)) ||
             (st = dalloc(d, (sink ? sink : 1) * kvd * 2, &X->sv, err)) ||
             (st = dalloc(d, (size_t)d->x_cap * kvd * 2, &X->xk, err)) ||
             (st = dalloc(d, (size_t)d->x_cap * kvd * 2, &X->xv, err)) ||
@@ -177,8 +180,7 @@ static rk_status build(rk_lrdev *d, rk_err *err) {
             return st;
         /* the host stores the value-rank rows of W only; LR_ATTN reads r rows: the rest are 0 */
         const size_t rv = (size_t)lr_vr(c, &c->g[L->grp]);
-        if ((st = up(d, X->W, 0, L->W, rv * kvd * 2, err)) || (st = up(d, X->b, 0, L->b, kvd * 4, err)))
-            return st;
+        if ((st = up(d, X->W, 0, L->W, rv * kvd * 2, err)) || (st = up(d, X->b, 0, L->b, kvd * 4, err))) return st;
         if (rv < r) {
             void *z = calloc((r - rv) * kvd, 2);
             if (!z) return rk_err_set(err, RK_E_NOMEM, "lowram: device state");
@@ -219,7 +221,8 @@ static rk_status sync_rows(rk_lrdev *d, rk_err *err) {
             const int l = g->l0 + li;
             const lr_layer *L = &c->ly[l];
             lrd_layer *X = &d->ly[l];
-            if ((st = up(d, X->lmk, (size_t)ch0 * kvd * 2, L->lmk + (size_t)ch0 * kvd, (size_t)(ch1 - ch0) * kvd * 2, err)))
+            if ((st = up(d, X->lmk, (size_t)ch0 * kvd * 2, L->lmk + (size_t)ch0 * kvd, (size_t)(ch1 - ch0) * kvd * 2,
+                         err)))
                 return st;
             for (int h = 0; h < c->n_head_kv; h++) {
                 const lr_head *H = &L->h[h];
@@ -309,8 +312,8 @@ rk_status rk_lrdev_append(rk_lrdev *d, int l, int64_t pos0, const float *k, cons
     }
     const int64_t slot = (int64_t)l * 2 * LR_SPARSE_MAX_Q;
     if ((st = cpy_rows(d, k, n, RK_DT_F32, d->pend, (int64_t)d->c->n_layer * 2 * LR_SPARSE_MAX_Q, slot, err)) ||
-        (st = cpy_rows(d, v, n, RK_DT_F32, d->pend, (int64_t)d->c->n_layer * 2 * LR_SPARSE_MAX_Q, slot + LR_SPARSE_MAX_Q,
-                       err)))
+        (st = cpy_rows(d, v, n, RK_DT_F32, d->pend, (int64_t)d->c->n_layer * 2 * LR_SPARSE_MAX_Q,
+                       slot + LR_SPARSE_MAX_Q, err)))
         return st;
     X->ring_hi = pos0 + n;
     d->pend_pos[l] = pos0, d->pend_n[l] = n, d->any_pend = true;

@@ -34,28 +34,35 @@ rk_status lr_pred_open(rk_kv_codec *c, const rk_model *m, char *warning, size_t 
     if ((st = rk_gguf_parse(c->pmap.data, c->pmap.len, &c->pgguf, err))) return rk_err_wrap(err, "lowram: %s: ", path);
     rk_str kind;
     if (rk_gguf_get_str(c->pgguf, "general.type", &kind, NULL) != RK_OK || !rk_str_eq(kind, "ridgekv.lowram_predictor"))
-        return rk_err_set(err, RK_E_MISMATCH, "lowram: %s is not a predictor file (general.type is not "
-                                              "'ridgekv.lowram_predictor')", path);
+        return rk_err_set(err, RK_E_MISMATCH,
+                          "lowram: %s is not a predictor file (general.type is not "
+                          "'ridgekv.lowram_predictor')",
+                          path);
     if ((st = rk_fingerprint_check(c->pgguf, "lowram.model", m, "lowram predictor", warning, cap, err))) return st;
     uint32_t group, rank;
-    if (rk_gguf_get_u32(c->pgguf, "lowram.group", &group, NULL) || rk_gguf_get_u32(c->pgguf, "lowram.rank", &rank, NULL))
+    if (rk_gguf_get_u32(c->pgguf, "lowram.group", &group, NULL) ||
+        rk_gguf_get_u32(c->pgguf, "lowram.rank", &rank, NULL))
         return rk_err_set(err, RK_E_NOT_FOUND, "lowram: %s lacks lowram.group / lowram.rank", path);
     if ((int)group != c->p.group)
-        return rk_err_set(err, RK_E_MISMATCH, "lowram: %s was fitted with groups of %u layers but the session uses %d "
-                                              "(pass group=%u)", path, group, c->p.group, group);
+        return rk_err_set(err, RK_E_MISMATCH,
+                          "lowram: %s was fitted with groups of %u layers but the session uses %d "
+                          "(pass group=%u)",
+                          path, group, c->p.group, group);
     if (rank < 1 || rank > (uint32_t)c->D_max)
         return rk_err_set(err, RK_E_MISMATCH, "lowram: %s: rank %u outside 1..%d", path, rank, c->D_max);
     for (int gi = 0; gi < c->n_group; gi++) {
         const int D = c->g[gi].D, r = rank < (uint32_t)D ? (int)rank : D;
-        if (!shape_ok(tensor(c->pgguf, "lowram.%d.mean", gi), D, 1) || !shape_ok(tensor(c->pgguf, "lowram.%d.basis", gi), D, r) ||
+        if (!shape_ok(tensor(c->pgguf, "lowram.%d.mean", gi), D, 1) ||
+            !shape_ok(tensor(c->pgguf, "lowram.%d.basis", gi), D, r) ||
             !shape_ok(tensor(c->pgguf, "lowram.%d.eig", gi), r, 1))
-            return rk_err_set(err, RK_E_MISMATCH, "lowram: %s: group %d tensors missing or not f32 (D %d, rank %d)", path,
-                              gi, D, r);
+            return rk_err_set(err, RK_E_MISMATCH, "lowram: %s: group %d tensors missing or not f32 (D %d, rank %d)",
+                              path, gi, D, r);
         for (int li = 0; li < c->g[gi].n_l; li++) {
             const int l = c->g[gi].l0 + li;
-            if (!shape_ok(tensor(c->pgguf, "lowram.%d.w", l), c->kvd, r) || !shape_ok(tensor(c->pgguf, "lowram.%d.b", l), c->kvd, 1))
-                return rk_err_set(err, RK_E_MISMATCH, "lowram: %s: layer %d predictor missing or not f32 (%d x %d)", path, l,
-                                  r, c->kvd);
+            if (!shape_ok(tensor(c->pgguf, "lowram.%d.w", l), c->kvd, r) ||
+                !shape_ok(tensor(c->pgguf, "lowram.%d.b", l), c->kvd, 1))
+                return rk_err_set(err, RK_E_MISMATCH, "lowram: %s: layer %d predictor missing or not f32 (%d x %d)",
+                                  path, l, r, c->kvd);
         }
     }
     c->prank = (int32_t)rank;
@@ -90,4 +97,3 @@ bool lr_pred_value(const rk_kv_codec *c, int l, int r, float *W, float *b) {
 }
 
 /* ---- offline fit ----------------------------------------------------------------------- */
-

@@ -20,11 +20,11 @@
 
 typedef struct fit_job {
     rk_kv_codec *c;
-    int64_t n_past, comp_new;  /* fit rows [n_sink, n_past); stored rows [n_sink, comp_new) */
-    const float *mass;         /* (n_layer, n_head_kv, n_past - n_sink) or NULL */
-    const uint8_t *keep;       /* (n_group, comp_new - n_sink) or NULL: keep all */
-    rk_status *st;             /* (n_group) */
-    const uint8_t *todo;       /* (n_group) groups to fit, or NULL: all */
+    int64_t n_past, comp_new; /* fit rows [n_sink, n_past); stored rows [n_sink, comp_new) */
+    const float *mass;        /* (n_layer, n_head_kv, n_past - n_sink) or NULL */
+    const uint8_t *keep;      /* (n_group, comp_new - n_sink) or NULL: keep all */
+    rk_status *st;            /* (n_group) */
+    const uint8_t *todo;      /* (n_group) groups to fit, or NULL: all */
 } fit_job;
 
 /* Rank for a target ratio: bytes per compressed row and layer allowed by the ratio,
@@ -216,8 +216,7 @@ static rk_status file_basis(rk_kv_codec *c, lr_group *g, int gi) {
 /* Ridge predictor of each layer's values from the dequantised coefficients Cq of the
  * fit rows (strided): centred, one Cholesky per group for all its layers; with a file,
  * shrunk towards the file's predictor instead of towards 0. */
-static rk_status fit_predictor(rk_kv_codec *c, lr_group *g, const float *Cq, int64_t n_fit,
-                               int64_t stride) {
+static rk_status fit_predictor(rk_kv_codec *c, lr_group *g, const float *Cq, int64_t n_fit, int64_t stride) {
     /* value_rank: the predictor from the first rv coefficients only, so only the leading
      * (rv, rv) block of CᵀC and the first rv rows of CᵀV are accumulated (rows rv.. of W
      * are 0); the ridge λ still comes from the trace over all r coefficients */
@@ -267,7 +266,8 @@ static rk_status fit_predictor(rk_kv_codec *c, lr_group *g, const float *Cq, int
         for (int li = 0; li < g->n_l; li++)
             if (lr_pred_value(c, g->l0 + li, r, wp, bp))
                 for (int i = 0; i < rv; i++)
-                    for (int j = 0; j < c->kvd; j++) B[(size_t)i * m + li * c->kvd + j] += lam * wp[(size_t)i * c->kvd + j];
+                    for (int j = 0; j < c->kvd; j++)
+                        B[(size_t)i * m + li * c->kvd + j] += lam * wp[(size_t)i * c->kvd + j];
     st = RK_E_INTERNAL;
     if (!rk_linalg_spd_solve(rv, A, B, m)) goto done;
     for (int li = 0; li < g->n_l; li++) {
@@ -514,8 +514,8 @@ static void fit_worker(void *vp, int t, int nt) {
 typedef struct mass_job {
     rk_kv_codec *c;
     int64_t n_past;
-    float *mass;   /* (n_layer, n_head_kv, n_past - n_sink) */
-    float *miss;   /* (n_layer) the selection's missed share (sel_miss), or NULL */
+    float *mass;           /* (n_layer, n_head_kv, n_past - n_sink) */
+    float *miss;           /* (n_layer) the selection's missed share (sel_miss), or NULL */
     const uint8_t *todo_l; /* (n_layer) layers to do, or NULL: all */
     bool fail;
 } mass_job;
@@ -601,8 +601,8 @@ static void mass_layer(mass_job *j, int l) {
             for (int d = 0; d < hd; d++) Kt[(size_t)d * n + p] = K[(size_t)p * c->kvd + (size_t)h * hd + d];
         for (int g = 0; g < grp; g++)
             for (int o = 0; o < n_obs; o++)
-                memcpy(Q + ((size_t)g * n_obs + o) * hd, c->obs_q + ((size_t)l * W + o) * qd + (size_t)(h * grp + g) * hd,
-                       (size_t)hd * sizeof(float));
+                memcpy(Q + ((size_t)g * n_obs + o) * hd,
+                       c->obs_q + ((size_t)l * W + o) * qd + (size_t)(h * grp + g) * hd, (size_t)hd * sizeof(float));
         /* scores of every observed query of the KV head against every key: (grp * n_obs, n) */
         rk_linalg_matmul(nq, (int)n, hd, Q, hd, Kt, (int)n, S, (int)n);
         float *mh = ms + (size_t)h * (n - sink);
@@ -687,15 +687,19 @@ static rk_status fit_groups(rk_kv_codec *c, int64_t n_past, const uint8_t *todo,
     if (!gst) return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory");
     lr_rope_fill(c, n_past);
     const bool want_miss = c->p.full_layers > 0;
-    const bool want_mass = (c->p.evict > 0 || c->p.resid_mass || c->p.mass_keep > 0 || c->p.mass_pin > 0 || want_miss) &&
-                           c->obs_q;
+    const bool want_mass =
+        (c->p.evict > 0 || c->p.resid_mass || c->p.mass_keep > 0 || c->p.mass_pin > 0 || want_miss) && c->obs_q;
     if (want_mass) {
         mass = calloc((size_t)c->n_layer * c->n_head_kv * n_fit, sizeof(float));
         if (todo && (todo_l = calloc((size_t)c->n_layer, 1)))
             for (int gi = 0; gi < c->n_group; gi++)
                 for (int li = 0; todo[gi] && li < c->g[gi].n_l; li++) todo_l[c->g[gi].l0 + li] = 1;
-        mass_job mj = {.c = c, .n_past = n_past, .mass = mass, .miss = want_miss ? c->sel_miss : NULL,
-                       .todo_l = todo_l, .fail = mass == NULL || (todo && !todo_l)};
+        mass_job mj = {.c = c,
+                       .n_past = n_past,
+                       .mass = mass,
+                       .miss = want_miss ? c->sel_miss : NULL,
+                       .todo_l = todo_l,
+                       .fail = mass == NULL || (todo && !todo_l)};
         if (!mj.fail) {
             if (c->pool) rk_pool_run(c->pool, mass_worker, &mj);
             else mass_worker(&mj, 0, 1);
@@ -717,9 +721,11 @@ static rk_status fit_groups(rk_kv_codec *c, int64_t n_past, const uint8_t *todo,
     else fit_worker(&j, 0, 1);
     for (int gi = 0; gi < c->n_group; gi++)
         if (gst[gi]) {
-            st = rk_err_set(err, gst[gi], gst[gi] == RK_E_NOMEM ? "lowram: out of memory fitting layer group %d"
-                                                                 : "lowram: fit of layer group %d failed (eigensolver, "
-                                                                   "solve or predictor file)", gi);
+            st = rk_err_set(err, gst[gi],
+                            gst[gi] == RK_E_NOMEM ? "lowram: out of memory fitting layer group %d"
+                                                  : "lowram: fit of layer group %d failed (eigensolver, "
+                                                    "solve or predictor file)",
+                            gi);
             goto done;
         }
 done:
@@ -781,8 +787,9 @@ rk_status lr_prefit(rk_kv_codec *c, int l_end, int64_t n_past, int64_t n_before,
     rk_status st = RK_OK;
     for (int l = 0; l < l_end && n_todo; l++)
         if (c->x_hi[l] != n_past) {
-            st = rk_err_set(err, RK_E_INVALID_ARG, "lowram: early fit below layer %d but layer %d holds %lld of %lld rows",
-                            l_end, l, (long long)c->x_hi[l], (long long)n_past);
+            st = rk_err_set(err, RK_E_INVALID_ARG,
+                            "lowram: early fit below layer %d but layer %d holds %lld of %lld rows", l_end, l,
+                            (long long)c->x_hi[l], (long long)n_past);
             break;
         }
     const double t0 = rk_time_now();

@@ -23,100 +23,103 @@
 /* Stored row of compressed keys: the rank-r coefficients of one position, stacked over the
  * group's layers. Residual row: δ of one (layer, KV head) and position. */
 typedef struct lr_group {
-    int l0, n_l;          /* layers l0 .. l0 + n_l - 1 */
-    int D, r;             /* stacked dim n_l * kv_dim, rank */
-    size_t coef_bytes;    /* bytes of one stored coefficient row */
-    float *mean;          /* (D) mean pre-RoPE stacked key */
-    float *wdim, *winv;   /* (D) per-dim weight s and 1/s: coef = ((x - mean) s) Bᵀ, x = mean + (coef B)/s */
-    void *basis;          /* (r, D) orthonormal rows, by decreasing eigenvalue (f16; f32 when c->wide) */
-    uint16_t *cmean;      /* (cap_chunks, r) f16 mean coefficients of each chunk */
-    float *open_c;        /* (r) coefficient sum of the last chunk while it is partial */
-    double energy_total;  /* centred key energy (trace) of the fit rows */
-    double energy_kept;   /* of which the r kept directions */
-    int64_t n_rows;       /* stored rows */
-    bool prefit;          /* fitted and compressed early inside a layer-major eval (lr_prefit),
+    int l0, n_l;         /* layers l0 .. l0 + n_l - 1 */
+    int D, r;            /* stacked dim n_l * kv_dim, rank */
+    size_t coef_bytes;   /* bytes of one stored coefficient row */
+    float *mean;         /* (D) mean pre-RoPE stacked key */
+    float *wdim, *winv;  /* (D) per-dim weight s and 1/s: coef = ((x - mean) s) Bᵀ, x = mean + (coef B)/s */
+    void *basis;         /* (r, D) orthonormal rows, by decreasing eigenvalue (f16; f32 when c->wide) */
+    uint16_t *cmean;     /* (cap_chunks, r) f16 mean coefficients of each chunk */
+    float *open_c;       /* (r) coefficient sum of the last chunk while it is partial */
+    double energy_total; /* centred key energy (trace) of the fit rows */
+    double energy_kept;  /* of which the r kept directions */
+    int64_t n_rows;      /* stored rows */
+    bool prefit;         /* fitted and compressed early inside a layer-major eval (lr_prefit),
                              before the codec as a whole is (c->fitted) */
-    int32_t *pos;         /* (cap_rows) position of each stored row, increasing */
-    uint8_t *coef;        /* (cap_rows, coef_bytes) */
+    int32_t *pos;        /* (cap_rows) position of each stored row, increasing */
+    uint8_t *coef;       /* (cap_rows, coef_bytes) */
 } lr_group;
 
-#define LR_PIN_MAX 32 /* most pinned chunks per (layer, KV head) */
-#define LR_FULL_MAX 8 /* most layers that attend every chunk (full_layers) */
-#define LR_PIN_TAG 0x534e4950u /* "PINS": the export's pinned-chunk trailer */
+#define LR_PIN_MAX 32           /* most pinned chunks per (layer, KV head) */
+#define LR_FULL_MAX 8           /* most layers that attend every chunk (full_layers) */
+#define LR_PIN_TAG 0x534e4950u  /* "PINS": the export's pinned-chunk trailer */
 #define LR_FULL_TAG 0x4c4c5546u /* "FULL": the export's full-layer trailer */
 
 typedef struct lr_head {
-    float tau;            /* later blocks keep a residual when ||δ||² >= tau */
-    float r2;             /* R² of V̂ on the fit rows */
+    float tau; /* later blocks keep a residual when ||δ||² >= tau */
+    float r2;  /* R² of V̂ on the fit rows */
     /* decode's cache of rebuilt post-RoPE keys: n_kc slots of one chunk each (rows of c->kc_row bytes:
      * f16, or int8 after an f16 scale) */
     int n_kc;
-    int32_t *kc_ch, *kc_rows; /* (n_kc) chunk held (-1: none) and its row count then */
+    int32_t *kc_ch, *kc_rows;     /* (n_kc) chunk held (-1: none) and its row count then */
     uint32_t *kc_epoch, *kc_used; /* (n_kc) codec epoch then; attention call that last used it */
-    uint8_t *kc;              /* (n_kc, chunk, kc_row) */
-    int64_t n_res;        /* residual rows stored */
-    uint8_t *res;         /* (cap_rows, res_bytes) in stored-row order */
-    uint32_t *mask;       /* (cap_chunks) bit i: stored row chunk*C + i has a residual */
-    int32_t *base;        /* (cap_chunks) residual slot of the chunk's first residual */
-    int n_pin;            /* chunks every sparse decode step attends (mass_pin: the ones the */
-    int32_t pin[LR_PIN_MAX]; /* last prompt queries pointed at when the fit ran), stored index order */
+    uint8_t *kc;                  /* (n_kc, chunk, kc_row) */
+    int64_t n_res;                /* residual rows stored */
+    uint8_t *res;                 /* (cap_rows, res_bytes) in stored-row order */
+    uint32_t *mask;               /* (cap_chunks) bit i: stored row chunk*C + i has a residual */
+    int32_t *base;                /* (cap_chunks) residual slot of the chunk's first residual */
+    int n_pin;                    /* chunks every sparse decode step attends (mass_pin: the ones the */
+    int32_t pin[LR_PIN_MAX];      /* last prompt queries pointed at when the fit ran), stored index order */
 } lr_head;
 
 typedef struct lr_layer {
-    int grp, li;          /* group and index inside it */
-    void *W;              /* (r, kv_dim) V̂ = coef W + b (f16; f32 when c->wide) */
-    float *b;             /* (kv_dim) */
-    uint16_t *lmk;        /* (cap_chunks, kv_dim) f16 mean post-RoPE key of each chunk */
-    float *open_sum;      /* (kv_dim) key sum of the last chunk while it is partial */
-    uint16_t *lmin, *lmax;/* (cap_chunks, kv_dim) f16 per-dim key range of each chunk (bound selection) */
+    int grp, li;                /* group and index inside it */
+    void *W;                    /* (r, kv_dim) V̂ = coef W + b (f16; f32 when c->wide) */
+    float *b;                   /* (kv_dim) */
+    uint16_t *lmk;              /* (cap_chunks, kv_dim) f16 mean post-RoPE key of each chunk */
+    float *open_sum;            /* (kv_dim) key sum of the last chunk while it is partial */
+    uint16_t *lmin, *lmax;      /* (cap_chunks, kv_dim) f16 per-dim key range of each chunk (bound selection) */
     float *open_min, *open_max; /* (kv_dim) of the partial chunk */
-    lr_head *h;           /* (n_head_kv) */
+    lr_head *h;                 /* (n_head_kv) */
     /* sparse decode's value-space chunk summaries, built lazily from cmean (lr_vsum_update):
      * per chunk and KV head an f16 scale and head_dim int8 of V̂(cmean) - b = cmean·W, so an
      * unselected chunk costs head_dim per query head instead of r */
-    uint8_t *vsm;         /* (cap_chunks, n_head_kv * (2 + head_dim)) */
-    int64_t vs_n;         /* chunks summarised (the last may be partial: vs_last rows, else 0) */
+    uint8_t *vsm; /* (cap_chunks, n_head_kv * (2 + head_dim)) */
+    int64_t vs_n; /* chunks summarised (the last may be partial: vs_last rows, else 0) */
     int vs_last;
-    uint32_t vs_epoch;    /* c->epoch when built */
+    uint32_t vs_epoch; /* c->epoch when built */
     /* two-level selection (coarse=G): per group of G chunks the row-weighted mean of their f16
      * landmarks (int8 per KV head), built lazily by lr_coarse_update; the first cl_n groups are final (every
      * chunk full), the last one is rebuilt while it may change */
-    uint8_t *clmk;        /* (cap_chunks / G + 1, n_head_kv, 2 + head_dim): f16 scale, int8 */
+    uint8_t *clmk; /* (cap_chunks / G + 1, n_head_kv, 2 + head_dim): f16 scale, int8 */
     int64_t cl_n;
-    uint32_t cl_epoch;    /* c->epoch when built */
-    bool full;            /* sparse decode attends every chunk (full_layers, chosen at the fit) */
+    uint32_t cl_epoch; /* c->epoch when built */
+    bool full;         /* sparse decode attends every chunk (full_layers, chosen at the fit) */
 } lr_layer;
 
 /* Per-thread attention scratch. */
 typedef struct lr_scratch {
-    float *kb, *vb;       /* (sc_ld, head_dim) keys (rebuilt or plain), plain values */
-    float *cf;            /* (chunk, r_max) dequantised coefficients */
-    float *sc;            /* (tile * group, sc_ld) scores, then softmax weights */
+    float *kb, *vb;            /* (sc_ld, head_dim) keys (rebuilt or plain), plain values */
+    float *cf;                 /* (chunk, r_max) dequantised coefficients */
+    float *sc;                 /* (tile * group, sc_ld) scores, then softmax weights */
     float *st_m, *st_l, *st_a; /* (tile * group) running max, sum, compressed-row mass */
-    float *acc_v;         /* (tile * group, head_dim) */
-    float *acc_c;         /* (tile * group, r_max) Σ a·coef over compressed rows */
-    float *row;           /* (head_dim) */
-    int32_t *sel;         /* (cap_chunks) selected chunks */
-    float *csc, *csc2;    /* (cap_chunks) chunk scores, sorted copy */
-    uint8_t *mark;        /* (cap_chunks) 1: chunk selected */
-    float *bias;          /* (chunk) log of each summary row's chunk size */
-    float *bsl, *wsl;     /* (r_max, head_dim) basis and predictor columns of one (layer, head) */
-    float *pm;            /* (LR_SPARSE_MAX_Q * group, cap_chunks) top-p: estimated share per query head and chunk */
-    struct lr_ord { float v; int32_t i; } *ord; /* (cap_chunks) chunks by decreasing share */
-    float *spr;           /* (LR_SPARSE_MAX_Q * group + 2, head_dim) spread: pair weights, window |k|², per-chunk spread */
-    float *ccs;           /* (2, cap_chunks) two-level selection: coarse scores, their copy */
+    float *acc_v;              /* (tile * group, head_dim) */
+    float *acc_c;              /* (tile * group, r_max) Σ a·coef over compressed rows */
+    float *row;                /* (head_dim) */
+    int32_t *sel;              /* (cap_chunks) selected chunks */
+    float *csc, *csc2;         /* (cap_chunks) chunk scores, sorted copy */
+    uint8_t *mark;             /* (cap_chunks) 1: chunk selected */
+    float *bias;               /* (chunk) log of each summary row's chunk size */
+    float *bsl, *wsl;          /* (r_max, head_dim) basis and predictor columns of one (layer, head) */
+    float *pm; /* (LR_SPARSE_MAX_Q * group, cap_chunks) top-p: estimated share per query head and chunk */
+    struct lr_ord {
+        float v;
+        int32_t i;
+    } * ord;    /* (cap_chunks) chunks by decreasing share */
+    float *spr; /* (LR_SPARSE_MAX_Q * group + 2, head_dim) spread: pair weights, window |k|², per-chunk spread */
+    float *ccs; /* (2, cap_chunks) two-level selection: coarse scores, their copy */
     uint64_t n_rebuilt, n_attended;
     uint64_t n_lmk, n_clmk; /* landmarks scored by the selection: chunks, coarse groups */
 } lr_scratch;
 
 /* Per-thread compression work area (sized for the largest group). */
-enum { LR_BLOCK = 32 };  /* rows per batch of projection / prediction during compression */
-enum { LR_RUN = 32 };    /* most rows of one decode block of consecutive chosen chunks (comp_run) */
+enum { LR_BLOCK = 32 }; /* rows per batch of projection / prediction during compression */
+enum { LR_RUN = 32 };   /* most rows of one decode block of consecutive chosen chunks (comp_run) */
 typedef struct lr_cwork {
-    float *B, *W;         /* (r, D) basis, (n_l, r, kv_dim) predictors as f32 */
+    float *B, *W;                /* (r, D) basis, (n_l, r, kv_dim) predictors as f32 */
     float *x, *cf, *v, *vh, *e2; /* (LR_BLOCK, D | r | kv_dim | kv_dim | n_l * n_head_kv) */
-    uint8_t *crow, *enc;  /* (LR_BLOCK) coefficient rows; (LR_BLOCK, n_l, n_head_kv) residual rows */
-    const uint8_t **res;  /* (n_l * n_head_kv) */
+    uint8_t *crow, *enc;         /* (LR_BLOCK) coefficient rows; (LR_BLOCK, n_l, n_head_kv) residual rows */
+    const uint8_t **res;         /* (n_l * n_head_kv) */
 } lr_cwork;
 
 /* query rows per task in dense/long evals; evals of at most LR_SPARSE_MAX_Q rows are decode */
@@ -133,90 +136,97 @@ enum { LR_WMAX = 64 };
  * scratch (lowram_scratch.c) when the backend runs RK_OP_LR_KEYS on host memory (keys_op). */
 typedef struct lr_decode {
     bool keys_op;
-    int32_t *sel, *slot;  /* (n_head_kv, cap_chunks) */
-    int64_t *n_sel;       /* (n_head_kv) */
-    int32_t *kmap;        /* (n_threads, cap_chunks) -1; a head's key-cache slot of each chunk while its hits are looked up */
-    struct lr_vic { float v; uint32_t used; int32_t k; } *vic; /* (n_head_kv, vic_cap) miss victims in order */
+    int32_t *sel, *slot; /* (n_head_kv, cap_chunks) */
+    int64_t *n_sel;      /* (n_head_kv) */
+    int32_t *kmap; /* (n_threads, cap_chunks) -1; a head's key-cache slot of each chunk while its hits are looked up */
+    struct lr_vic {
+        float v;
+        uint32_t used;
+        int32_t k;
+    } * vic; /* (n_head_kv, vic_cap) miss victims in order */
     size_t vic_cap;
-    struct lr_hq { int64_t rows, next_i; int n_miss, next, n_vic, slot_err; } *hq; /* (n_head_kv) a step's
+    struct lr_hq {
+        int64_t rows, next_i;
+        int n_miss, next, n_vic, slot_err;
+    } * hq;                 /* (n_head_kv) a step's
                           * state per head between choosing (over the pool) and rebuilding (backend) */
-    int64_t bch;          /* chunks one LR_KEYS batch holds (lr_batch_chunks); a full layer's misses take several */
+    int64_t bch;            /* chunks one LR_KEYS batch holds (lr_batch_chunks); a full layer's misses take several */
     float *bcf, *bkb, *bmw; /* per KV head (bch * chunk, r_max), (bch * chunk, head_dim); (2, head_dim) */
-    float *bcs;           /* per KV head (bch * chunk, n_rot) the rebuilt rows' cos, sin */
-    int32_t *bpos, *bmiss; /* per KV head (bch * chunk), (bch) slots rebuilt */
-    float *parts;         /* (n_head_kv * 4, LR_WMAX, head_dim + 2) split decode tasks' states */
-    float *qdot;          /* (n_head_kv, LR_SPARSE_MAX_Q * grp, cap_chunks) selection's q·landmark */
-    float *score;         /* (n_head_kv, cap_chunks) landmark scores (the first phase) */
+    float *bcs;             /* per KV head (bch * chunk, n_rot) the rebuilt rows' cos, sin */
+    int32_t *bpos, *bmiss;  /* per KV head (bch * chunk), (bch) slots rebuilt */
+    float *parts;           /* (n_head_kv * 4, LR_WMAX, head_dim + 2) split decode tasks' states */
+    float *qdot;            /* (n_head_kv, LR_SPARSE_MAX_Q * grp, cap_chunks) selection's q·landmark */
+    float *score;           /* (n_head_kv, cap_chunks) landmark scores (the first phase) */
 } lr_decode;
 
 typedef struct rk_kv_codec rk_kv_codec;
 typedef struct lr_tier lr_tier;
 struct rk_kv_codec {
-    rk_lowram_params p;   /* resolved (every 0 default filled in) */
+    rk_lowram_params p; /* resolved (every 0 default filled in) */
     int n_layer, n_head, n_head_kv, hd, kvd, n_rot, rope_mode;
     int n_group, r_max, D_max;
     int64_t n_ctx, cap_chunks;
-    size_t res_bytes;     /* bytes of one residual row (one head) */
-    size_t kc_row;        /* bytes of one key-cache row (one head): f16 2·head_dim, int8 2 + head_dim */
-    int sc_ld;            /* row stride of lr_scratch.sc and rows of kb / vb: max(chunk, LR_RUN) (decode
+    size_t res_bytes; /* bytes of one residual row (one head) */
+    size_t kc_row;    /* bytes of one key-cache row (one head): f16 2·head_dim, int8 2 + head_dim */
+    int sc_ld;        /* row stride of lr_scratch.sc and rows of kb / vb: max(chunk, LR_RUN) (decode
                            * attends runs of consecutive fine chunks as one block) */
-    bool wide;            /* bases and predictors stored f32 (coef f32: the checking setup), else f16 */
-    rk_backend *be;       /* borrowed: attention over exact rows before the fit, row conversion */
-    lr_group *g;          /* (n_group) */
-    lr_layer *ly;         /* (n_layer) */
+    bool wide;        /* bases and predictors stored f32 (coef f32: the checking setup), else f16 */
+    rk_backend *be;   /* borrowed: attention over exact rows before the fit, row conversion */
+    lr_group *g;      /* (n_group) */
+    lr_layer *ly;     /* (n_layer) */
     bool fitted;
-    double prefit_s;      /* seconds of lr_prefit inside the eval that fits */
+    double prefit_s; /* seconds of lr_prefit inside the eval that fits */
     /* the chunks' f16 mean coefficients (lr_group.cmean) are kept: only the summary rows
      * (summ, csumm) and the device op read them; off, they are neither written nor counted and
      * lr_cmean_need rebuilds them from the coefficient rows (bit for bit) when a reader appears */
     bool cmean_on;
-    int64_t comp_end;     /* positions [n_sink, comp_end) are compressed or evicted */
-    int64_t n_past;       /* committed rows (the session's n_past after the last commit) */
+    int64_t comp_end; /* positions [n_sink, comp_end) are compressed or evicted */
+    int64_t n_past;   /* committed rows (the session's n_past after the last commit) */
     int64_t n_evicted;
     /* exact rows, owned here (nothing else holds a copy): before the fit every row lives in
      * xk / xv from position x0 = 0; once fitted the sinks move to sk / sv and xk / xv hold
      * [comp_end, ...) only: the window and the rows of the eval in progress */
-    uint32_t exact_type;  /* RK_DT_F16 or RK_DT_F32 */
-    size_t xrow;          /* bytes of one exact row (kv_dim) */
-    uint8_t **xk, **xv;   /* (n_layer) of (x_cap, kv_dim): position p at row p - x0 */
-    int64_t *x_hi;        /* (n_layer) one past the last position held */
+    uint32_t exact_type; /* RK_DT_F16 or RK_DT_F32 */
+    size_t xrow;         /* bytes of one exact row (kv_dim) */
+    uint8_t **xk, **xv;  /* (n_layer) of (x_cap, kv_dim): position p at row p - x0 */
+    int64_t *x_hi;       /* (n_layer) one past the last position held */
     int64_t x0, x_cap;
-    int64_t x_peak;       /* most exact rows one layer has held at once (high-water mark) */
-    uint8_t **sk, **sv;   /* (n_layer) of (n_sink, kv_dim) while fitted, else NULL */
-    double *freq;         /* (n_rot / 2) RoPE frequencies, as the kernels compute them */
+    int64_t x_peak;     /* most exact rows one layer has held at once (high-water mark) */
+    uint8_t **sk, **sv; /* (n_layer) of (n_sink, kv_dim) while fitted, else NULL */
+    double *freq;       /* (n_rot / 2) RoPE frequencies, as the kernels compute them */
     /* RoPE angles by angle addition (p = hi * LR_ROPE_LO + lo): cos, sin pairs of hi * LR_ROPE_LO
      * (rope_hi, one row per LR_ROPE_LO positions of the context) and of lo (rope_lo): 1/LR_ROPE_LO
      * of a table per position, plus LR_ROPE_LO rows */
     float *rope_hi, *rope_lo; /* (n_ctx / LR_ROPE_LO + 1, n_rot), (LR_ROPE_LO, n_rot) */
-    int64_t rope_filled;  /* positions the state has reached (kept for the export format) */
+    int64_t rope_filled;      /* positions the state has reached (kept for the export format) */
     /* observed queries (post-RoPE) of the last obs_window rows of each layer */
-    double *qsq;          /* (n_layer, kv_dim) Σ q² of prefill queries per KV-head dim, pairs averaged */
-    float *obs_q;         /* (n_layer, obs_window, n_head * head_dim) ring */
-    int64_t *obs_pos;     /* (n_layer, obs_window) */
-    int32_t *obs_n;       /* (n_layer) rows seen (ring index = n % obs_window) */
+    double *qsq;      /* (n_layer, kv_dim) Σ q² of prefill queries per KV-head dim, pairs averaged */
+    float *obs_q;     /* (n_layer, obs_window, n_head * head_dim) ring */
+    int64_t *obs_pos; /* (n_layer, obs_window) */
+    int32_t *obs_n;   /* (n_layer) rows seen (ring index = n % obs_window) */
     /* predictor file */
     rk_mapping pmap;
     rk_gguf *pgguf;
-    int32_t prank;        /* basis rows in the file */
-    rk_pool *pool;        /* the backend's (own_pool false) or the codec's own */
+    int32_t prank; /* basis rows in the file */
+    rk_pool *pool; /* the backend's (own_pool false) or the codec's own */
     bool own_pool;
     int n_threads;
-    lr_scratch *scr;      /* (n_threads), built after the fit */
-    lr_cwork *cw;         /* (n_threads), built after the fit */
+    lr_scratch *scr; /* (n_threads), built after the fit */
+    lr_cwork *cw;    /* (n_threads), built after the fit */
     size_t scratch_bytes;
-    lr_decode dec;        /* sparse decode's per-step state (lowram_keys.c, lowram_attn.c) */
-    bool isa_base;        /* attention by the baseline build of its phases even on an AVX2 CPU (tests) */
-    int kc_spare;         /* key-cache slots per (layer, KV head) beyond the budget (lr_kc_spare, at allocation) */
+    lr_decode dec; /* sparse decode's per-step state (lowram_keys.c, lowram_attn.c) */
+    bool isa_base; /* attention by the baseline build of its phases even on an AVX2 CPU (tests) */
+    int kc_spare;  /* key-cache slots per (layer, KV head) beyond the budget (lr_kc_spare, at allocation) */
     float rope_base;
-    uint32_t epoch;       /* bumped when stored rows change under the key cache (truncation) */
-    uint32_t n_calls;     /* attention calls, for the key cache's LRU */
+    uint32_t epoch;        /* bumped when stored rows change under the key cache (truncation) */
+    uint32_t n_calls;      /* attention calls, for the key cache's LRU */
     rk_lowram_stats stats; /* its value_r2 and sel_miss pointers stay NULL: the arrays are below */
-    float *sel_miss;      /* (n_layer) the fit's missed share per layer (-1: not measured) */
-    float *r2;            /* (n_layer, n_head_kv) the predictors' R², filled when stats are read */
-    struct lr_tier *tier; /* lowram_tier.c: cold rows' pages under a KV budget (NULL: no budget) */
-    uint8_t *dk, *dv;     /* lowram_dense.c: one layer's rows rebuilt for a long eval, (d_cap, kv_dim) */
+    float *sel_miss;       /* (n_layer) the fit's missed share per layer (-1: not measured) */
+    float *r2;             /* (n_layer, n_head_kv) the predictors' R², filled when stats are read */
+    struct lr_tier *tier;  /* lowram_tier.c: cold rows' pages under a KV budget (NULL: no budget) */
+    uint8_t *dk, *dv;      /* lowram_dense.c: one layer's rows rebuilt for a long eval, (d_cap, kv_dim) */
     int64_t d_cap;
-    int64_t n_dense;      /* calls that took that path (tests) */
+    int64_t n_dense; /* calls that took that path (tests) */
 };
 
 /* ---- lowram_dense.c ------------------------------------------------------------ */
@@ -225,8 +235,8 @@ struct rk_kv_codec {
 bool lr_dense_wanted(const rk_kv_codec *c, int l, int64_t n_q);
 /* Attention of n_q query rows at pos0 over every row of layer l, the compressed ones
  * rebuilt into c->dk / c->dv, by the backend's ATTN. */
-rk_status lr_dense_attend(const rk_kv *kv, rk_kv_codec *c, int l, const float *q, int64_t n_q, int64_t pos0,
-                          float *out, rk_err *err);
+rk_status lr_dense_attend(const rk_kv *kv, rk_kv_codec *c, int l, const float *q, int64_t n_q, int64_t pos0, float *out,
+                          rk_err *err);
 /* Frees the rebuilt rows (after each eval: they never outlive it). */
 void lr_dense_free(rk_kv_codec *c);
 
@@ -264,14 +274,13 @@ bool lr_working_copies(const rk_kv_codec *c, const lr_group *g, float **B, float
 /* Residuals of layer li of group g for n rows at positions pos with dequantised coefficients
  * cq (n, r): row a's encoded head h at enc + a*enc_stride + h*res_bytes (enc may be NULL),
  * ||δ_h||² at e2[a*e2_stride + h]. v, vh: (n, kv_dim) scratch; v ends holding δ. */
-void lr_residuals(const rk_kv_codec *c, const lr_group *g, const float *W, int li, int n,
-                  const int64_t *pos, const float *cq, float *v, float *vh, uint8_t *enc, size_t enc_stride, float *e2,
-                  size_t e2_stride);
+void lr_residuals(const rk_kv_codec *c, const lr_group *g, const float *W, int li, int n, const int64_t *pos,
+                  const float *cq, float *v, float *vh, uint8_t *enc, size_t enc_stride, float *e2, size_t e2_stride);
 /* Appends stored row p to group g: encoded coefficients, their dequantised values cq,
  * per (layer, head) an encoded residual or NULL; updates masks and chunk landmarks.
  * tmp: kv_dim scratch. */
-void lr_append_row(rk_kv_codec *c, lr_group *g, int64_t p, const uint8_t *coef_row,
-                   const float *cq, const uint8_t *const *res, float *tmp);
+void lr_append_row(rk_kv_codec *c, lr_group *g, int64_t p, const uint8_t *coef_row, const float *cq,
+                   const uint8_t *const *res, float *tmp);
 /* Chunk mean coefficients of group g, every stored chunk, into dst (n_ch, r) f16, from the
  * coefficient rows (the same float sums as appending). */
 rk_status lr_cmean_fill(const rk_kv_codec *c, const lr_group *g, uint16_t *dst, rk_err *err);
@@ -294,7 +303,8 @@ static inline int lr_vr(const rk_kv_codec *c, const lr_group *g) {
  * layer (the decode scratch's size). */
 static inline int64_t lr_n_sel(const rk_kv_codec *c, int l) {
     if (c->ly && c->ly[l].full) return c->cap_chunks;
-    const int64_t b = c->p.early_budget > 0 && l >= c->p.early_l0 && l < c->p.early_l1 ? c->p.early_budget : c->p.budget;
+    const int64_t b =
+        c->p.early_budget > 0 && l >= c->p.early_l0 && l < c->p.early_l1 ? c->p.early_budget : c->p.budget;
     const int64_t n = (b + c->p.chunk - 1) / c->p.chunk;
     return n < c->cap_chunks ? n : c->cap_chunks;
 }
@@ -358,7 +368,8 @@ void lr_rope_fill(rk_kv_codec *c, int64_t n);
 /* RoPE angles, at most LR_ROPE_MAX rotary dims: cs[2i], cs[2i+1] = cos, sin of p * freq[i]. */
 enum { LR_ROPE_LO = 64, LR_ROPE_MAX = 1024 };
 static inline void lr_rope_cs(const rk_kv_codec *c, int64_t p, float *cs) {
-    const float *a = c->rope_hi + (size_t)(p / LR_ROPE_LO) * c->n_rot, *b = c->rope_lo + (size_t)(p % LR_ROPE_LO) * c->n_rot;
+    const float *a = c->rope_hi + (size_t)(p / LR_ROPE_LO) * c->n_rot,
+                *b = c->rope_lo + (size_t)(p % LR_ROPE_LO) * c->n_rot;
     for (int i = 0; i < c->n_rot; i += 2) {
         cs[i] = a[i] * b[i] - a[i + 1] * b[i + 1];
         cs[i + 1] = a[i + 1] * b[i] + a[i] * b[i + 1];

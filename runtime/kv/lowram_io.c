@@ -178,8 +178,7 @@ static rk_status import_fitted(rk_kv_codec *c, rk_kv_rd *r, rk_err *err) {
         const double et = rk_kv_get_f64(r), ek = rk_kv_get_f64(r);
         const uint64_t n_rows = rk_kv_get_u64(r);
         if (r->fail) return BAD("lowram: payload ends in the header of group %d", gi);
-        if (rank < 1 || rank > (uint32_t)g->D)
-            return BAD("lowram: group %d has rank %u (1..%d)", gi, rank, g->D);
+        if (rank < 1 || rank > (uint32_t)g->D) return BAD("lowram: group %d has rank %u (1..%d)", gi, rank, g->D);
         if (n_rows > (uint64_t)n_comp)
             return BAD("lowram: group %d stores %llu rows of %lld compressed", gi, (unsigned long long)n_rows,
                        (long long)n_comp);
@@ -198,8 +197,8 @@ static rk_status import_fitted(rk_kv_codec *c, rk_kv_rd *r, rk_err *err) {
                            (unsigned long long)i, g->pos[i], (long long)sink, (long long)c->comp_end);
         for (int li = 0; li < g->n_l; li++) {
             lr_layer *L = &c->ly[g->l0 + li];
-            if (!take(r, L->W, (uint64_t)lr_vr(c, g) * kvd, elt(c)) || !take(r, L->b, kvd, 4) || !take(r, L->lmk, nch * kvd, 2) ||
-                !take(r, L->open_sum, kvd, 4))
+            if (!take(r, L->W, (uint64_t)lr_vr(c, g) * kvd, elt(c)) || !take(r, L->b, kvd, 4) ||
+                !take(r, L->lmk, nch * kvd, 2) || !take(r, L->open_sum, kvd, 4))
                 return BAD("lowram: payload ends inside layer %d", g->l0 + li);
             if (c->p.bound && (!take(r, L->lmin, nch * kvd, 2) || !take(r, L->lmax, nch * kvd, 2) ||
                                !take(r, L->open_min, kvd, 4) || !take(r, L->open_max, kvd, 4)))
@@ -228,7 +227,8 @@ static rk_status import_fitted(rk_kv_codec *c, rk_kv_rd *r, rk_err *err) {
     int64_t cap = held + c->p.window + 2 * (int64_t)c->p.chunk;
     if (cap < sink) cap = sink;
     if (!lr_exact_reserve(c, c->x0 + cap)) return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory for exact rows");
-    if (!take_exact(c, r, 0, sink < c->n_past ? sink : c->n_past)) return BAD("lowram: payload ends inside the sink rows");
+    if (!take_exact(c, r, 0, sink < c->n_past ? sink : c->n_past))
+        return BAD("lowram: payload ends inside the sink rows");
     if (!take_exact(c, r, c->comp_end, c->n_past)) return BAD("lowram: payload ends inside the window rows");
     for (int l = 0; l < c->n_layer; l++) c->x_hi[l] = c->n_past;
     /* the pinned chunks' trailer (absent in states exported before it: no pins) */
@@ -256,7 +256,8 @@ static rk_status import_fitted(rk_kv_codec *c, rk_kv_rd *r, rk_err *err) {
     c->stats.n_full = 0;
     if (r->off < r->n) {
         const uint32_t nf = rk_kv_get_u32(r) == LR_FULL_TAG ? rk_kv_get_u32(r) : UINT32_MAX;
-        if (r->fail || nf > LR_FULL_MAX) return BAD("lowram: full layers: a bad trailer (count %u, at most %d)", nf, LR_FULL_MAX);
+        if (r->fail || nf > LR_FULL_MAX)
+            return BAD("lowram: full layers: a bad trailer (count %u, at most %d)", nf, LR_FULL_MAX);
         bool seen[256] = {false};
         for (uint32_t i = 0; i < nf; i++) {
             const uint32_t l = rk_kv_get_u32(r);
@@ -282,7 +283,8 @@ rk_status lr_import(rk_kv_codec *c, const rk_kv *kv, int64_t n_rows, const uint8
     if (r.fail) return BAD("lowram: payload of %zu bytes ends inside its header", n);
     if (fitted > 1 || n_past != (uint64_t)n_rows || rope_filled < n_past || rope_filled > (uint64_t)c->n_ctx)
         return BAD("lowram: payload state (fitted %u, %llu rows, RoPE %llu) does not match the block (%lld rows, "
-                   "n_ctx %lld)", fitted, (unsigned long long)n_past, (unsigned long long)rope_filled, (long long)n_rows,
+                   "n_ctx %lld)",
+                   fitted, (unsigned long long)n_past, (unsigned long long)rope_filled, (long long)n_rows,
                    (long long)c->n_ctx);
     if (fitted ? comp_end <= (uint64_t)sink || comp_end > n_past || n_evicted > comp_end - (uint64_t)sink
                : comp_end != (uint64_t)sink || n_evicted != 0)
@@ -299,8 +301,8 @@ rk_status lr_import(rk_kv_codec *c, const rk_kv *kv, int64_t n_rows, const uint8
             return BAD("lowram: payload ends inside the query moments");
         const uint32_t has_obs = rk_kv_get_u32(&r);
         if (r.fail || has_obs != (c->obs_q != NULL))
-            return BAD("lowram: observed queries %s in the payload but %s by the parameters", has_obs ? "present" : "absent",
-                       c->obs_q ? "needed" : "not used");
+            return BAD("lowram: observed queries %s in the payload but %s by the parameters",
+                       has_obs ? "present" : "absent", c->obs_q ? "needed" : "not used");
         if (c->obs_q) {
             const uint64_t W = (uint64_t)c->p.obs_window, qd = (uint64_t)c->n_head * c->hd;
             if (!take(&r, c->obs_n, (uint64_t)c->n_layer, 4) || !take(&r, c->obs_pos, (uint64_t)c->n_layer * W, 8) ||
@@ -308,7 +310,8 @@ rk_status lr_import(rk_kv_codec *c, const rk_kv *kv, int64_t n_rows, const uint8
                 return BAD("lowram: payload ends inside the observed queries");
             for (int l = 0; l < c->n_layer; l++) /* the ring index is obs_n % W; rows < obs_n are read */
                 if (c->obs_n[l] < 0 || c->obs_n[l] >= 2 * (int64_t)W)
-                    return BAD("lowram: layer %d observed %d queries (ring of %llu)", l, c->obs_n[l], (unsigned long long)W);
+                    return BAD("lowram: layer %d observed %d queries (ring of %llu)", l, c->obs_n[l],
+                               (unsigned long long)W);
         }
         if (!lr_exact_reserve(c, n_rows)) return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory for exact rows");
         if (!take_exact(c, &r, 0, n_rows)) return BAD("lowram: payload ends inside the exact rows");

@@ -61,15 +61,16 @@ static rk_status keys_batch(rk_kv_codec *c, const lr_group *g, const lr_layer *L
     const size_t off = (size_t)L->li * c->kvd + (size_t)h * hd, el = c->wide ? 4 : 2;
     memcpy(c->dec.bmw, g->mean + off, (size_t)hd * sizeof(float));
     memcpy(c->dec.bmw + hd, g->winv + off, (size_t)hd * sizeof(float));
-    rk_op_args a = {.op = RK_OP_LR_KEYS,
-                    .dst = {RK_DT_F32, {hd, rows}, (size_t)hd * sizeof(float), hb_kb(c, h)},
-                    .src0 = {RK_DT_F32, {kr, rows}, (size_t)r * sizeof(float), hb_cf(c, h)},
-                    .src1 = {c->wide ? RK_DT_F32 : RK_DT_F16, {hd, kr}, (size_t)g->D * el, (uint8_t *)g->basis + off * el},
-                    .src2 = {RK_DT_F32, {hd, 2}, (size_t)hd * sizeof(float), c->dec.bmw},
-                    .ids = hb_pos(c, h),
-                    .rope = {c->rope_mode, c->n_rot, c->rope_base, 0},
-                    .lr_rope_cs = hb_cs(c, h),
-                    .lr_rope_rows = rows};
+    rk_op_args a = {
+        .op = RK_OP_LR_KEYS,
+        .dst = {RK_DT_F32, {hd, rows}, (size_t)hd * sizeof(float), hb_kb(c, h)},
+        .src0 = {RK_DT_F32, {kr, rows}, (size_t)r * sizeof(float), hb_cf(c, h)},
+        .src1 = {c->wide ? RK_DT_F32 : RK_DT_F16, {hd, kr}, (size_t)g->D * el, (uint8_t *)g->basis + off * el},
+        .src2 = {RK_DT_F32, {hd, 2}, (size_t)hd * sizeof(float), c->dec.bmw},
+        .ids = hb_pos(c, h),
+        .rope = {c->rope_mode, c->n_rot, c->rope_base, 0},
+        .lr_rope_cs = hb_cs(c, h),
+        .lr_rope_rows = rows};
     rk_status st = rk_backend_run(c->be, &a, err);
     if (st != RK_OK) return st;
     if (encode) keys_encode(c, L, h, 0, 1, avx2);
@@ -133,8 +134,19 @@ static rk_status head_choose(rk_kv_codec *c, int layer, int h, lr_scratch *x, in
     const lr_group *g = &c->g[c->ly[layer].grp];
     const int grp = c->n_head / c->n_head_kv, C = c->p.chunk;
     const int64_t n_ch = (g->n_rows + C - 1) / C;
-    head_task t = {.c = c, .x = x, .l = layer, .h = h, .grp = grp, .ns = ns, .pos0 = pos0, .q = q, .sparse = true,
-                   .use_c = !c->p.values_exact, .n_part = 1, .qdot = qdot, .pre = pre};
+    head_task t = {.c = c,
+                   .x = x,
+                   .l = layer,
+                   .h = h,
+                   .grp = grp,
+                   .ns = ns,
+                   .pos0 = pos0,
+                   .q = q,
+                   .sparse = true,
+                   .use_c = !c->p.values_exact,
+                   .n_part = 1,
+                   .qdot = qdot,
+                   .pre = pre};
     int64_t n;
 #ifdef RK_HAVE_AVX2
     if (avx2) n = c->p.topp > 0 ? lr_select_topp_avx2(&t, n_ch) : lr_select_chunks_avx2(&t, n_ch);
@@ -191,7 +203,7 @@ typedef struct choose_job {
     bool avx2;
     const float *qdot, *pre; /* c->dec.qdot / c->dec.score or NULL */
     size_t qd_head;
-    rk_err *err;             /* serial runs only (a tier's reads) */
+    rk_err *err; /* serial runs only (a tier's reads) */
     rk_status st;
 } choose_job;
 
@@ -199,8 +211,8 @@ static void choose_worker(void *vp, int tid, int nt) {
     choose_job *a = vp;
     rk_kv_codec *c = a->c;
     for (int h = tid; h < c->n_head_kv; h += nt) {
-        rk_status st = head_choose(c, a->l, h, &c->scr[tid], c->dec.kmap + (size_t)tid * (size_t)c->cap_chunks, a->q, a->ns,
-                                   a->pos0, a->avx2, a->qdot ? a->qdot + (size_t)h * a->qd_head : NULL,
+        rk_status st = head_choose(c, a->l, h, &c->scr[tid], c->dec.kmap + (size_t)tid * (size_t)c->cap_chunks, a->q,
+                                   a->ns, a->pos0, a->avx2, a->qdot ? a->qdot + (size_t)h * a->qd_head : NULL,
                                    a->pre ? a->pre + (size_t)h * (size_t)c->cap_chunks : NULL, a->err);
         if (st) a->st = st;
     }

@@ -9,7 +9,8 @@
 static void cwork_free(rk_kv_codec *c) {
     for (int t = 0; c->cw && t < c->n_threads; t++) {
         lr_cwork *w = &c->cw[t];
-        free(w->B), free(w->W), free(w->x), free(w->cf), free(w->v), free(w->vh), free(w->e2), free(w->crow), free(w->enc);
+        free(w->B), free(w->W), free(w->x), free(w->cf), free(w->v), free(w->vh), free(w->e2), free(w->crow),
+            free(w->enc);
         free((void *)w->res);
     }
     free(c->cw);
@@ -129,8 +130,9 @@ rk_status lr_scratch_alloc(rk_kv_codec *c, rk_err *err) {
         x->ord = malloc(nch * sizeof *x->ord);
         x->ccs = malloc(2 * nch * sizeof(float));
         x->spr = malloc(((size_t)LR_SPARSE_MAX_Q * (size_t)(c->n_head / c->n_head_kv) + 2) * hd * sizeof(float));
-        if (!x->ccs || !x->spr || !x->pm || !x->ord || !x->bsl || !x->wsl || !x->mark || !x->bias || !x->kb || !x->vb || !x->cf || !x->sc || !x->st_m || !x->st_l || !x->st_a || !x->acc_v || !x->acc_c ||
-            !x->row || !x->sel || !x->csc || !x->csc2) {
+        if (!x->ccs || !x->spr || !x->pm || !x->ord || !x->bsl || !x->wsl || !x->mark || !x->bias || !x->kb || !x->vb ||
+            !x->cf || !x->sc || !x->st_m || !x->st_l || !x->st_a || !x->acc_v || !x->acc_c || !x->row || !x->sel ||
+            !x->csc || !x->csc2) {
             lr_scratch_free(c);
             return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory for scratch");
         }
@@ -147,7 +149,10 @@ rk_status lr_scratch_alloc(rk_kv_codec *c, rk_err *err) {
     size_t dec_bytes = 0;
     rk_op kop = RK_OP_LR_KEYS;
     const rk_view probe = {RK_DT_F32, {1, 1}, 4, NULL};
-    const rk_op_args pa = {.op = RK_OP_LR_KEYS, .dst = probe, .src0 = probe, .src2 = probe,
+    const rk_op_args pa = {.op = RK_OP_LR_KEYS,
+                           .dst = probe,
+                           .src0 = probe,
+                           .src2 = probe,
                            .src1 = {c->wide ? RK_DT_F32 : RK_DT_F16, {1, 1}, 4, NULL}};
     if (!c->p.dense && c->be && !c->be->ops->mem_alloc && rk_backend_check_ops(c->be, &kop, 1, NULL) == RK_OK &&
         (!c->be->ops->supports || c->be->ops->supports(c->be, &pa))) {
@@ -170,16 +175,17 @@ rk_status lr_scratch_alloc(rk_kv_codec *c, rk_err *err) {
         c->dec.vic = malloc(hk * vc * sizeof *c->dec.vic);
         c->dec.hq = calloc(hk, sizeof *c->dec.hq);
         for (size_t i = 0; c->dec.kmap && i < nt * nch; i++) c->dec.kmap[i] = -1;
-        if (!c->dec.kmap || !c->dec.vic || !c->dec.hq || !c->dec.sel || !c->dec.slot || !c->dec.n_sel || !c->dec.bcf || !c->dec.bkb || !c->dec.bmw || !c->dec.bpos ||
-            !c->dec.bmiss || !c->dec.bcs) {
+        if (!c->dec.kmap || !c->dec.vic || !c->dec.hq || !c->dec.sel || !c->dec.slot || !c->dec.n_sel || !c->dec.bcf ||
+            !c->dec.bkb || !c->dec.bmw || !c->dec.bpos || !c->dec.bmiss || !c->dec.bcs) {
             lr_scratch_free(c);
             return rk_err_set(err, RK_E_NOMEM, "lowram: out of memory for scratch");
         }
         c->dec.keys_op = true;
         dec_bytes = hk * nch * (2 * sizeof(int32_t)) + nt * nch * sizeof(int32_t) + hk * vc * sizeof *c->dec.vic +
-                    hk * (8 + sizeof *c->dec.hq) + hk * bs * C * (R + hd + 1 + (size_t)c->n_rot) * sizeof(float) + hk * bs * 4 +
-                    8 * hd;
+                    hk * (8 + sizeof *c->dec.hq) + hk * bs * C * (R + hd + 1 + (size_t)c->n_rot) * sizeof(float) +
+                    hk * bs * 4 + 8 * hd;
     }
-    c->scratch_bytes = (size_t)c->n_threads * (floats * sizeof(float) + nch * (sizeof(int32_t) + 1)) + cw_bytes + dec_bytes;
+    c->scratch_bytes =
+        (size_t)c->n_threads * (floats * sizeof(float) + nch * (sizeof(int32_t) + 1)) + cw_bytes + dec_bytes;
     return RK_OK;
 }

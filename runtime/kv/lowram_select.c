@@ -20,7 +20,8 @@ LR_AI int spread_prep(const head_task *t, int *ia, int *ib) {
     const int hd = c->hd, half = c->n_rot / 2;
     int np = 0;
     for (int i = 0; i < half; i++)
-        ia[np] = c->rope_mode == RK_ROPE_NEOX ? i : 2 * i, ib[np++] = c->rope_mode == RK_ROPE_NEOX ? i + half : 2 * i + 1;
+        ia[np] = c->rope_mode == RK_ROPE_NEOX ? i : 2 * i,
+        ib[np++] = c->rope_mode == RK_ROPE_NEOX ? i + half : 2 * i + 1;
     for (int d = c->n_rot; d < hd; d++) ia[np] = ib[np] = d, np++;
     const int64_t last = t->pos0 + t->ns / t->grp;
     float *M = x->spr + (size_t)t->ns * np;
@@ -28,15 +29,18 @@ LR_AI int spread_prep(const head_task *t, int *ia, int *ib) {
     if (last <= c->comp_end) return 0;
     for (int64_t pos = c->comp_end; pos < last; pos++) {
         const uint8_t *kr = lr_exact_ptr(c, t->l, false, pos);
-        if (c->exact_type == RK_DT_F32) memcpy(x->row, (const float *)kr + (size_t)t->h * hd, (size_t)hd * sizeof(float));
+        if (c->exact_type == RK_DT_F32)
+            memcpy(x->row, (const float *)kr + (size_t)t->h * hd, (size_t)hd * sizeof(float));
         else rk_quant_fast(RK_DT_F16)->to_f32((const uint16_t *)kr + (size_t)t->h * hd, x->row, hd);
-        for (int p = 0; p < np; p++) M[p] += x->row[ia[p]] * x->row[ia[p]] + (ia[p] != ib[p] ? x->row[ib[p]] * x->row[ib[p]] : 0);
+        for (int p = 0; p < np; p++)
+            M[p] += x->row[ia[p]] * x->row[ia[p]] + (ia[p] != ib[p] ? x->row[ib[p]] * x->row[ib[p]] : 0);
     }
     for (int p = 0; p < np; p++) M[p] /= (float)(last - c->comp_end);
     for (int j = 0; j < t->ns; j++) {
         const float *qv = q_of(t, j);
         for (int p = 0; p < np; p++)
-            x->spr[(size_t)j * np + p] = ia[p] != ib[p] ? 0.5f * (qv[ia[p]] * qv[ia[p]] + qv[ib[p]] * qv[ib[p]]) : qv[ia[p]] * qv[ia[p]];
+            x->spr[(size_t)j * np + p] =
+                ia[p] != ib[p] ? 0.5f * (qv[ia[p]] * qv[ia[p]] + qv[ib[p]] * qv[ib[p]]) : qv[ia[p]] * qv[ia[p]];
     }
     return np;
 }
@@ -156,7 +160,7 @@ LR_AI bool coarse_mark(const head_task *t, int64_t n_ch, int64_t n_sel) {
     const size_t crow = (size_t)c->n_head_kv * (2u + (size_t)hd);
     const float *qp[LR_WMAX];
     const float *const *qs = dot_queries(t, 0, qp);
-    (void)qs; /* (the baseline build has no AVX2 dots) */
+    (void)qs;                            /* (the baseline build has no AVX2 dots) */
     for (int64_t k = 0; k < n_cg; k++) { /* int8 rows: the scale multiplies the dot product */
         const uint8_t *rw = L->clmk + (size_t)k * crow + (size_t)t->h * (2u + (size_t)hd);
         float best = -INFINITY;
@@ -274,8 +278,7 @@ LR_AI void exact_lse(const head_task *t, int64_t last, float *lse) {
                 const uint8_t *kr = lr_exact_ptr(c, t->l, false, b0 + k);
                 if (c->exact_type == RK_DT_F32)
                     memcpy(x->kb + (size_t)k * hd, (const float *)kr + (size_t)t->h * hd, (size_t)hd * sizeof(float));
-                else
-                    f16->to_f32((const uint16_t *)kr + (size_t)t->h * hd, x->kb + (size_t)k * hd, hd);
+                else f16->to_f32((const uint16_t *)kr + (size_t)t->h * hd, x->kb + (size_t)k * hd, hd);
             }
             for (int j = 0; j < t->ns; j++) {
                 const float *qv = q_of(t, j);

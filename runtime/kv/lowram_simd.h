@@ -27,7 +27,8 @@ LR_AI void scal(float *restrict y, float a, int n) {
 LR_AI void axpy_rows(float *acc, size_t ld, const float *w, int ns, const float *restrict v, int n) {
     int j = 0;
     for (; j + 4 <= ns; j += 4) {
-        float *restrict a0 = acc + (size_t)j * ld, *restrict a1 = a0 + ld, *restrict a2 = a1 + ld, *restrict a3 = a2 + ld;
+        float *restrict a0 = acc + (size_t)j * ld, *restrict a1 = a0 + ld, *restrict a2 = a1 + ld,
+                        *restrict a3 = a2 + ld;
         const float w0 = w[j], w1 = w[j + 1], w2 = w[j + 2], w3 = w[j + 3];
         for (int i = 0; i < n; i++) {
             const float x = v[i];
@@ -50,7 +51,8 @@ LR_AI void axpy_rows(float *acc, size_t ld, const float *w, int ns, const float 
 LR_AI void axpy_rows_i8(float *acc, size_t ld, const float *w, int ns, const int8_t *restrict v, int n) {
     int j = 0;
     for (; j + 4 <= ns; j += 4) {
-        float *restrict a0 = acc + (size_t)j * ld, *restrict a1 = a0 + ld, *restrict a2 = a1 + ld, *restrict a3 = a2 + ld;
+        float *restrict a0 = acc + (size_t)j * ld, *restrict a1 = a0 + ld, *restrict a2 = a1 + ld,
+                        *restrict a3 = a2 + ld;
         const float w0 = w[j], w1 = w[j + 1], w2 = w[j + 2], w3 = w[j + 3];
         for (int i = 0; i < n; i++) {
             const float x = (float)v[i];
@@ -106,7 +108,8 @@ __attribute__((unused)) static void acc_rows_avx2(float *acc, size_t ld, int ns,
                 __m256 a[4][2];
                 for (int jj = 0; jj < 4; jj++)
                     for (int u = 0; u < 2; u++)
-                        a[jj][u] = jj < nj ? _mm256_loadu_ps(acc + (size_t)(j0 + jj) * ld + i + 8 * u) : _mm256_setzero_ps();
+                        a[jj][u] =
+                            jj < nj ? _mm256_loadu_ps(acc + (size_t)(j0 + jj) * ld + i + 8 * u) : _mm256_setzero_ps();
                 for (int k = 0; k < kn; k++) {
                     const uint8_t *rw = rows + (size_t)(k0 + k) * stride + hdr + (size_t)i * el;
                     const __m256 v0 = ld8(rw, ty), v1 = ld8(rw + 8 * el, ty);
@@ -122,8 +125,9 @@ __attribute__((unused)) static void acc_rows_avx2(float *acc, size_t ld, int ns,
             for (; i < n; i++) /* tail */
                 for (int k = 0; k < kn; k++) {
                     const uint8_t *rw = rows + (size_t)(k0 + k) * stride + hdr;
-                    const float v = i8 ? (float)((const int8_t *)rw)[i]
-                                 : ty == LR_R_F16 ? _cvtsh_ss(((const uint16_t *)rw)[i]) : ((const float *)rw)[i];
+                    const float v = i8               ? (float)((const int8_t *)rw)[i]
+                                    : ty == LR_R_F16 ? _cvtsh_ss(((const uint16_t *)rw)[i])
+                                                     : ((const float *)rw)[i];
                     for (int jj = 0; jj < nj; jj++) acc[(size_t)(j0 + jj) * ld + i] += ws[k * 4 + jj] * v;
                 }
         }
@@ -166,10 +170,20 @@ LR_AI void kc_dots_n(const float *const *qs, const int8_t *k, int hd, float *d, 
 /* kc_dots_n for 1 <= ns <= LR_DOT_MAX rows. */
 __attribute__((unused)) static void kc_dots_avx2(const float *const *qs, int ns, const int8_t *k, int hd, float *d) {
     switch (ns) {
-#define LR_KC_CASE(n)                                                                                                  \
+#define LR_KC_CASE(n) \
     case n: kc_dots_n(qs, k, hd, d, n); return;
-        LR_KC_CASE(1) LR_KC_CASE(2) LR_KC_CASE(3) LR_KC_CASE(4) LR_KC_CASE(5) LR_KC_CASE(6)
-        LR_KC_CASE(7) LR_KC_CASE(8) LR_KC_CASE(9) LR_KC_CASE(10) LR_KC_CASE(11) LR_KC_CASE(12)
+        LR_KC_CASE(1)
+        LR_KC_CASE(2)
+        LR_KC_CASE(3)
+        LR_KC_CASE(4)
+        LR_KC_CASE(5)
+        LR_KC_CASE(6)
+        LR_KC_CASE(7)
+        LR_KC_CASE(8)
+        LR_KC_CASE(9)
+        LR_KC_CASE(10)
+        LR_KC_CASE(11)
+        LR_KC_CASE(12)
 #undef LR_KC_CASE
     default: return;
     }

@@ -217,9 +217,11 @@ __attribute__((target("avx2,fma,f16c"))) static void decode_q_avx2(bool q4, cons
             const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), lo4), e8);
             const __m128i v0 = _mm_unpacklo_epi8(lo, hi), v1 = _mm_unpackhi_epi8(lo, hi); /* lo0 hi0 lo1 hi1 ... */
             _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v0)), vs));
-            _mm256_storeu_ps(dst + i + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v0, 8))), vs));
+            _mm256_storeu_ps(dst + i + 8,
+                             _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v0, 8))), vs));
             _mm256_storeu_ps(dst + i + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v1)), vs));
-            _mm256_storeu_ps(dst + i + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v1, 8))), vs));
+            _mm256_storeu_ps(dst + i + 24,
+                             _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v1, 8))), vs));
         }
         for (; i < n; i += 2) {
             const uint8_t b = src[2 + i / 2];
@@ -350,8 +352,8 @@ void lr_append_close(rk_kv_codec *c, lr_group *g) {
     if (g->n_rows % c->p.chunk) write_chunk_means(c, g);
 }
 
-void lr_append_row(rk_kv_codec *c, lr_group *g, int64_t p, const uint8_t *coef_row,
-                       const float *cq, const uint8_t *const *res, float *tmp) {
+void lr_append_row(rk_kv_codec *c, lr_group *g, int64_t p, const uint8_t *coef_row, const float *cq,
+                   const uint8_t *const *res, float *tmp) {
     const int64_t i = g->n_rows, C = c->p.chunk, ch = i / C;
     const int bit = (int)(i % C);
     g->pos[i] = (int32_t)p;
@@ -400,9 +402,8 @@ bool lr_working_copies(const rk_kv_codec *c, const lr_group *g, float **B, float
     return true;
 }
 
-void lr_residuals(const rk_kv_codec *c, const lr_group *g, const float *W, int li, int n,
-                  const int64_t *pos, const float *cq, float *v, float *vh, uint8_t *enc, size_t enc_stride, float *e2,
-                  size_t e2_stride) {
+void lr_residuals(const rk_kv_codec *c, const lr_group *g, const float *W, int li, int n, const int64_t *pos,
+                  const float *cq, float *v, float *vh, uint8_t *enc, size_t enc_stride, float *e2, size_t e2_stride) {
     const lr_layer *L = &c->ly[g->l0 + li];
     const int kvd = c->kvd;
     /* rows of W past the value rank are 0: only the first lr_vr coefficients contribute */
@@ -434,7 +435,8 @@ static void compress_group(rk_kv_codec *c, lr_group *g, int64_t p0, int64_t p1, 
     const size_t enc_row = (size_t)n_lh * c->res_bytes;
     lr_mat_f32(c, g->basis, (size_t)g->D, 0, g->r, 0, g->D, w->B);
     for (int li = 0; li < g->n_l; li++)
-        lr_mat_f32(c, c->ly[g->l0 + li].W, (size_t)c->kvd, 0, lr_vr(c, g), 0, c->kvd, w->W + (size_t)li * g->r * c->kvd);
+        lr_mat_f32(c, c->ly[g->l0 + li].W, (size_t)c->kvd, 0, lr_vr(c, g), 0, c->kvd,
+                   w->W + (size_t)li * g->r * c->kvd);
     for (int64_t b0 = p0; b0 < p1; b0 += LR_BLOCK) {
         const int nb = p1 - b0 < LR_BLOCK ? (int)(p1 - b0) : LR_BLOCK;
         int64_t pos[LR_BLOCK];
@@ -443,14 +445,16 @@ static void compress_group(rk_kv_codec *c, lr_group *g, int64_t p0, int64_t p1, 
             lr_stacked_key(c, g, b0 + a, w->x + (size_t)a * g->D);
         }
         lr_project(g, w->B, nb, w->x, w->cf);
-        for (int a = 0; a < nb; a++) lr_encode_row(c->p.coef_type, w->cf + (size_t)a * g->r, g->r, w->crow + (size_t)a * g->coef_bytes);
+        for (int a = 0; a < nb; a++)
+            lr_encode_row(c->p.coef_type, w->cf + (size_t)a * g->r, g->r, w->crow + (size_t)a * g->coef_bytes);
         for (int li = 0; li < g->n_l; li++)
             lr_residuals(c, g, w->W, li, nb, pos, w->cf, w->v, w->vh, w->enc + (size_t)li * nh * c->res_bytes, enc_row,
                          w->e2 + (size_t)li * nh, (size_t)n_lh);
         for (int a = 0; a < nb; a++) {
             for (int q = 0; q < n_lh; q++) {
                 const lr_head *H = &c->ly[g->l0 + q / nh].h[q % nh];
-                w->res[q] = w->e2[(size_t)a * n_lh + q] >= H->tau ? w->enc + a * enc_row + (size_t)q * c->res_bytes : NULL;
+                w->res[q] =
+                    w->e2[(size_t)a * n_lh + q] >= H->tau ? w->enc + a * enc_row + (size_t)q * c->res_bytes : NULL;
             }
             lr_append_row(c, g, b0 + a, w->crow + (size_t)a * g->coef_bytes, w->cf + (size_t)a * g->r, w->res, w->v);
         }
@@ -529,9 +533,11 @@ void lr_truncate(rk_kv_codec *c, int64_t pos) {
                     L->lmax[(size_t)ch * c->kvd + j] = rk_f32_to_f16(L->open_max[j]);
                 }
             }
-            for (int j = 0; j < c->kvd; j++) L->lmk[(size_t)ch * c->kvd + j] = rk_f32_to_f16(L->open_sum[j] / (float)nb);
+            for (int j = 0; j < c->kvd; j++)
+                L->lmk[(size_t)ch * c->kvd + j] = rk_f32_to_f16(L->open_sum[j] / (float)nb);
             if (li == 0)
-                for (int k = 0; c->cmean_on && k < g->r; k++) g->cmean[(size_t)ch * g->r + k] = rk_f32_to_f16(g->open_c[k] / (float)nb);
+                for (int k = 0; c->cmean_on && k < g->r; k++)
+                    g->cmean[(size_t)ch * g->r + k] = rk_f32_to_f16(g->open_c[k] / (float)nb);
         }
     }
     free(tmp), free(Bl);

@@ -130,4 +130,3 @@ void LR_ISA(lr_vsummaries)(const head_task *t, int64_t n_ch) {
 #endif
     }
 }
-

@@ -35,22 +35,22 @@
 typedef struct head_task {
     rk_kv_codec *c;
     lr_scratch *x;
-    int l, h, grp, ns;       /* ns state rows */
-    int64_t i0, pos0;        /* first query row of the tile and its position */
-    const float *q;          /* (n_q, q_dim) */
+    int l, h, grp, ns; /* ns state rows */
+    int64_t i0, pos0;  /* first query row of the tile and its position */
+    const float *q;    /* (n_q, q_dim) */
     float *out;
-    bool sparse, use_c;      /* use_c: values have a predictor (acc_c is needed) */
-    const int32_t *sel;      /* sparse decode: chunks chosen and rebuilt beforehand (n_sel), */
-    const int32_t *slot;     /* their key-cache slots */
+    bool sparse, use_c;  /* use_c: values have a predictor (acc_c is needed) */
+    const int32_t *sel;  /* sparse decode: chunks chosen and rebuilt beforehand (n_sel), */
+    const int32_t *slot; /* their key-cache slots */
     int64_t n_sel;
-    bool vsum;               /* unselected chunks from the layer's value summaries (L->vsm) */
-    int part, n_part;        /* sparse decode: this task attends share `part` of n_part (> 1)
+    bool vsum;        /* unselected chunks from the layer's value summaries (L->vsm) */
+    int part, n_part; /* sparse decode: this task attends share `part` of n_part (> 1)
                               * of the head's rows and writes its unnormalised state to pout
                               * ((ns, head_dim + 2): Σ a·v, max, Σ a) */
     float *pout;
-    const float *qdot;       /* sparse decode: q_j·landmark of every chunk from the selection
+    const float *qdot; /* sparse decode: q_j·landmark of every chunk from the selection
                               * ((ns, n_ch) rows), or NULL */
-    const float *pre;        /* sparse decode: every chunk's landmark score, computed over the
+    const float *pre;  /* sparse decode: every chunk's landmark score, computed over the
                               * pool beforehand (lr_score_range), or NULL: the selection scores */
 } head_task;
 

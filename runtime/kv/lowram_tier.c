@@ -58,27 +58,27 @@
 enum { PAGE = 4096, QD = 64 };
 
 typedef struct cell {
-    uint8_t present;     /* its bytes are in place in the arrays */
-    uint8_t in_store;    /* a frame holds them */
+    uint8_t present;  /* its bytes are in place in the arrays */
+    uint8_t in_store; /* a frame holds them */
     uint8_t get_pending, put_pending, sticky, prefetched;
-    int16_t stage;       /* read slot of a pending get */
-    int32_t ri;          /* index in the resident list; -1 */
-    uint32_t used_call;  /* last attention call that needed it */
-    int64_t next_use;    /* predicted next layer call (step * n_layer + layer) that needs it */
+    int16_t stage;      /* read slot of a pending get */
+    int32_t ri;         /* index in the resident list; -1 */
+    uint32_t used_call; /* last attention call that needed it */
+    int64_t next_use;   /* predicted next layer call (step * n_layer + layer) that needs it */
 } cell;
 
 typedef struct arr {
-    uint8_t *base;       /* the codec's array when indexed */
-    uintptr_t a1;        /* first page boundary at or after base */
-    int64_t n_page;      /* pages of the array's capacity from a1 */
-    int64_t n_frozen;    /* pages wholly inside its final bytes (a growing prefix) */
-    uint16_t *pin;       /* (n_page) resident cells with bytes in the page */
-    uint8_t *rel;        /* (n_page) released */
+    uint8_t *base;    /* the codec's array when indexed */
+    uintptr_t a1;     /* first page boundary at or after base */
+    int64_t n_page;   /* pages of the array's capacity from a1 */
+    int64_t n_frozen; /* pages wholly inside its final bytes (a growing prefix) */
+    uint16_t *pin;    /* (n_page) resident cells with bytes in the page */
+    uint8_t *rel;     /* (n_page) released */
 } arr;
 
 typedef struct gix {
-    int64_t n_cell;      /* chunks of the capacity */
-    int64_t n_final;     /* complete chunks: cells registered */
+    int64_t n_cell;  /* chunks of the capacity */
+    int64_t n_final; /* complete chunks: cells registered */
     cell *c;
 } gix;
 
@@ -96,31 +96,31 @@ struct lr_tier {
     const rk_kv_ops *inner;
     rk_kv *kv;
     uint64_t budget, cap;
-    bool whole;          /* budget over the whole state (else over the movable rows) */
+    bool whole; /* budget over the whole state (else over the movable rows) */
     int n_arr, n_grp;
     arr *a;
     gix *gx;
-    ref *rl;             /* resident cells (registered, present) */
+    ref *rl; /* resident cells (registered, present) */
     int64_t n_rl, cap_rl;
-    ref *wl;             /* cells an attention waits for */
+    ref *wl; /* cells an attention waits for */
     int64_t n_wl, cap_wl;
-    pref *fl;            /* pages whose pin fell to zero (release candidates) */
+    pref *fl; /* pages whose pin fell to zero (release candidates) */
     int64_t n_fl, cap_fl;
     int64_t n_pages_frozen, n_pages_rel;
     uint64_t n_cells_out, peak;
-    size_t cell_max;     /* bytes of the largest cell */
-    struct part *pv;     /* (1 + n_l * n_head_kv) a cell's parts (one user at a time) */
-    rk_bs_iov *iov;      /* (QD, 1 + n_l * n_head_kv) a pending get's places in the arrays */
+    size_t cell_max; /* bytes of the largest cell */
+    struct part *pv; /* (1 + n_l * n_head_kv) a cell's parts (one user at a time) */
+    rk_bs_iov *iov;  /* (QD, 1 + n_l * n_head_kv) a pending get's places in the arrays */
     int iov_per;
     bool stage_busy[QD];
     size_t stage_len[QD]; /* bytes the pending get must bring */
-    uint8_t *gather;     /* a cell's bytes for a put */
+    uint8_t *gather;      /* a cell's bytes for a put */
     rk_bs *bs;
     rk_bs_params bp;
     char spill_dir[3072];
     rk_bs_stats acc;
     uint32_t call;
-    bool sel_call;       /* this attention call names its chunks (sparse decode) */
+    bool sel_call; /* this attention call names its chunks (sparse decode) */
     int32_t step;
     int cur_layer;
     bool was_fitted;
@@ -175,8 +175,8 @@ static void rl_del(lr_tier *t, ref r) {
 
 typedef struct part part;
 struct part {
-    int a;               /* array */
-    size_t x, y;         /* bytes [x, y) of it */
+    int a;       /* array */
+    size_t x, y; /* bytes [x, y) of it */
 };
 
 /* The parts of cell (gi, ch): coefficient rows, then per (layer of the group, head) the
@@ -192,7 +192,8 @@ static int cell_parts(const rk_kv_codec *c, int gi, int64_t ch, part *out) {
             const int l = g->l0 + li;
             const lr_head *H = &c->ly[l].h[h];
             const int64_t s0 = H->base[ch], s1 = s0 + __builtin_popcount(H->mask[ch]);
-            if (s1 > s0) out[n++] = (part){c->n_group + l * nh + h, (size_t)s0 * c->res_bytes, (size_t)s1 * c->res_bytes};
+            if (s1 > s0)
+                out[n++] = (part){c->n_group + l * nh + h, (size_t)s0 * c->res_bytes, (size_t)s1 * c->res_bytes};
         }
     return n;
 }
@@ -350,9 +351,7 @@ static void update_frozen(lr_tier *t) {
     }
 }
 
-static uint64_t resident_pages_bytes(const lr_tier *t) {
-    return (uint64_t)(t->n_pages_frozen - t->n_pages_rel) * PAGE;
-}
+static uint64_t resident_pages_bytes(const lr_tier *t) { return (uint64_t)(t->n_pages_frozen - t->n_pages_rel) * PAGE; }
 
 static void update_cap(lr_tier *t) {
     rk_kv_bytes o;
@@ -648,7 +647,7 @@ static void evict(lr_tier *t, bool block) {
         const cell *s = CL(t, t->rl[i]);
         if (s->used_call == t->call || s->get_pending || s->put_pending || s->sticky) continue;
         int64_t d = s->next_use - now;
-        if (d < 0) d = 2 * nL - d; /* its predicted use passed: cold */
+        if (d < 0) d = 2 * nL - d;                    /* its predicted use passed: cold */
         else if (d <= PF_LAYERS && !t->cap) continue; /* over the budget anyway: the working set stays */
         cv[n++] = (cand){d, t->rl[i]};
     }
@@ -942,7 +941,8 @@ rk_status rk_kv_lowram_tier_init(rk_kv *kv, const rk_model *m, const rk_kv_param
     t->bp = rk_bs_params_default();
     t->bp.max_block = PAGE; /* grown to a cell's bytes once the fit sets the ranks */
     t->bp.queue_depth = QD;
-    t->bp.zstd_level = p->spill_level > 0 ? p->spill_level : -1; /* raw frames unless asked (docs/TIERS.md: zstd does not pay here) */
+    t->bp.zstd_level =
+        p->spill_level > 0 ? p->spill_level : -1; /* raw frames unless asked (docs/TIERS.md: zstd does not pay here) */
     t->bp.backend = (rk_bs_backend)p->spill_backend;
     t->bp.no_direct = p->spill_buffered;
     if ((st = open_store(t, err))) {

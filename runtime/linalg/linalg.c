@@ -359,56 +359,55 @@ bool rk_linalg_spd_solve(int n, double *A, double *B, int m) {
 /* ---- Gram and product kernels ----------------------------------------------------
  * Written as plain loops; on x86-64 a copy compiled for AVX2/FMA is picked at run time
  * (the compiler vectorises the inner loops of both). */
-#define LR_GRAM_BODY                                                                   \
-    for (int64_t r = 0; r < n; r += 4) {                                               \
-        const int nr = n - r < 4 ? (int)(n - r) : 4;                                   \
-        const float *x0 = x + r * D, *x1 = nr > 1 ? x0 + D : x0, *x2 = nr > 2 ? x0 + 2 * D : x0, \
-                    *x3 = nr > 3 ? x0 + 3 * D : x0;                                    \
-        const double f1 = nr > 1, f2 = nr > 2, f3 = nr > 3;                            \
-        for (int i = 0; i < D; i++) {                                                  \
-            const double c0 = x0[i], c1 = f1 * x1[i], c2 = f2 * x2[i], c3 = f3 * x3[i]; \
-            double *restrict gi = G + (size_t)i * D;                                   \
-            for (int j = i; j < D; j++)                                                \
-                gi[j] += c0 * x0[j] + c1 * x1[j] + c2 * x2[j] + c3 * x3[j];            \
-        }                                                                              \
+#define LR_GRAM_BODY                                                                                \
+    for (int64_t r = 0; r < n; r += 4) {                                                            \
+        const int nr = n - r < 4 ? (int)(n - r) : 4;                                                \
+        const float *x0 = x + r * D, *x1 = nr > 1 ? x0 + D : x0, *x2 = nr > 2 ? x0 + 2 * D : x0,    \
+                    *x3 = nr > 3 ? x0 + 3 * D : x0;                                                 \
+        const double f1 = nr > 1, f2 = nr > 2, f3 = nr > 3;                                         \
+        for (int i = 0; i < D; i++) {                                                               \
+            const double c0 = x0[i], c1 = f1 * x1[i], c2 = f2 * x2[i], c3 = f3 * x3[i];             \
+            double *restrict gi = G + (size_t)i * D;                                                \
+            for (int j = i; j < D; j++) gi[j] += c0 * x0[j] + c1 * x1[j] + c2 * x2[j] + c3 * x3[j]; \
+        }                                                                                           \
     }
 
 /* y (n, m) = x (n, k) B (k, m): rows in blocks of 8, so each row of B is read once per
  * block (B is the basis or a predictor: far larger than a block of y) */
-#define LR_MATMUL_BODY                                                                 \
-    for (int64_t i0 = 0; i0 < n; i0 += 8) {                                            \
-        const int nr = n - i0 < 8 ? (int)(n - i0) : 8;                                 \
-        for (int i = 0; i < nr; i++)                                                   \
-            for (int j = 0; j < m; j++) y[(i0 + i) * ldy + j] = 0;                     \
-        for (int p = 0; p < k; p++) {                                                  \
-            const float *restrict bp = B + (size_t)p * ldb;                            \
-            for (int i = 0; i < nr; i++) {                                             \
-                const float xp = x[(i0 + i) * ldx + p];                                \
-                float *restrict yi = y + (i0 + i) * ldy;                               \
-                for (int j = 0; j < m; j++) yi[j] += xp * bp[j];                       \
-            }                                                                          \
-        }                                                                              \
+#define LR_MATMUL_BODY                                             \
+    for (int64_t i0 = 0; i0 < n; i0 += 8) {                        \
+        const int nr = n - i0 < 8 ? (int)(n - i0) : 8;             \
+        for (int i = 0; i < nr; i++)                               \
+            for (int j = 0; j < m; j++) y[(i0 + i) * ldy + j] = 0; \
+        for (int p = 0; p < k; p++) {                              \
+            const float *restrict bp = B + (size_t)p * ldb;        \
+            for (int i = 0; i < nr; i++) {                         \
+                const float xp = x[(i0 + i) * ldx + p];            \
+                float *restrict yi = y + (i0 + i) * ldy;           \
+                for (int j = 0; j < m; j++) yi[j] += xp * bp[j];   \
+            }                                                      \
+        }                                                          \
     }
 
 /* y[i][j] = Σ_p x[i][p] B[j][p]: rows of B contiguous (a dot per output); rows of x in
  * blocks of 8 so that each row of B is read once per block */
-#define LR_MATMUL_NT_BODY                                                              \
-    for (int64_t i0 = 0; i0 < n; i0 += 8) {                                            \
-        const int nr = n - i0 < 8 ? (int)(n - i0) : 8;                                 \
-        for (int j = 0; j < m; j++) {                                                  \
-            const float *restrict bj = B + (size_t)j * ldb;                            \
-            for (int i = 0; i < nr; i++) {                                             \
-                const float *restrict xi = x + (i0 + i) * ldx;                         \
-                float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};                               \
-                int p = 0;                                                             \
-                for (; p + 8 <= k; p += 8)                                             \
-                    for (int u = 0; u < 8; u++) acc[u] += xi[p + u] * bj[p + u];       \
-                float t = 0;                                                           \
-                for (; p < k; p++) t += xi[p] * bj[p];                                 \
-                y[(i0 + i) * ldy + j] = t + ((acc[0] + acc[4]) + (acc[1] + acc[5])) +  \
-                                        ((acc[2] + acc[6]) + (acc[3] + acc[7]));       \
-            }                                                                          \
-        }                                                                              \
+#define LR_MATMUL_NT_BODY                                                                                  \
+    for (int64_t i0 = 0; i0 < n; i0 += 8) {                                                                \
+        const int nr = n - i0 < 8 ? (int)(n - i0) : 8;                                                     \
+        for (int j = 0; j < m; j++) {                                                                      \
+            const float *restrict bj = B + (size_t)j * ldb;                                                \
+            for (int i = 0; i < nr; i++) {                                                                 \
+                const float *restrict xi = x + (i0 + i) * ldx;                                             \
+                float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                                   \
+                int p = 0;                                                                                 \
+                for (; p + 8 <= k; p += 8)                                                                 \
+                    for (int u = 0; u < 8; u++) acc[u] += xi[p + u] * bj[p + u];                           \
+                float t = 0;                                                                               \
+                for (; p < k; p++) t += xi[p] * bj[p];                                                     \
+                y[(i0 + i) * ldy + j] =                                                                    \
+                    t + ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])); \
+            }                                                                                              \
+        }                                                                                                  \
     }
 
 static void gram_plain(int D, int64_t n, const float *x, double *G) { LR_GRAM_BODY }
@@ -416,14 +415,11 @@ static void matmul_nt_plain(int64_t n, int m, int k, const float *x, int ldx, co
                             int ldy) {
     LR_MATMUL_NT_BODY
 }
-static void matmul_plain(int64_t n, int m, int k, const float *x, int ldx, const float *B, int ldb, float *y,
-                         int ldy) {
+static void matmul_plain(int64_t n, int m, int k, const float *x, int ldx, const float *B, int ldb, float *y, int ldy) {
     LR_MATMUL_BODY
 }
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-__attribute__((target("avx2,fma"))) static void gram_avx2(int D, int64_t n, const float *x, double *G) {
-    LR_GRAM_BODY
-}
+__attribute__((target("avx2,fma"))) static void gram_avx2(int D, int64_t n, const float *x, double *G) { LR_GRAM_BODY }
 /* Register-blocked AVX2 products (FMA: the sums round differently from the plain loops, by
  * float rounding). nt: 4 rows of x by 3 rows of B, 8 lanes of k per step, one horizontal sum
  * per output. nn: 4 rows by 16 columns of y held over all of k (B read in 16-column panels). */
@@ -448,7 +444,8 @@ __attribute__((target("avx2,fma"))) static void matmul_nt_avx2(int64_t n, int m,
             for (int u = 0; u < 4; u++)
                 for (int v = 0; v < 3; v++) acc[u][v] = _mm256_setzero_ps();
             for (int p = 0; p < k8; p += 8) {
-                const __m256 b0 = _mm256_loadu_ps(b[0] + p), b1 = _mm256_loadu_ps(b[1] + p), b2 = _mm256_loadu_ps(b[2] + p);
+                const __m256 b0 = _mm256_loadu_ps(b[0] + p), b1 = _mm256_loadu_ps(b[1] + p),
+                             b2 = _mm256_loadu_ps(b[2] + p);
                 for (int u = 0; u < 4; u++) {
                     const __m256 xv = _mm256_loadu_ps(xr[u] + p);
                     acc[u][0] = _mm256_fmadd_ps(xv, b0, acc[u][0]);

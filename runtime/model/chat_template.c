@@ -67,16 +67,17 @@ static void put(sbuf *b, const char *fmt, ...) {
     b->len += (size_t)n;
 }
 
-rk_status rk_chat_format(rk_chat_family f, const rk_chat_msg *msgs, size_t n, bool add_assistant,
-                         char **out, rk_err *err) {
+rk_status rk_chat_format(rk_chat_family f, const rk_chat_msg *msgs, size_t n, bool add_assistant, char **out,
+                         rk_err *err) {
     sbuf b = {0};
     put(&b, "%s", "");
     for (size_t i = 0; i < n; i++) {
         const char *r = msgs[i].role, *c = msgs[i].content ? msgs[i].content : "";
         if (!r || (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant"))) {
             free(b.p);
-            return rk_err_set(err, RK_E_INVALID_ARG, "chat: message %zu has role '%s' (expected system, user or assistant)",
-                              i, r ? r : "(null)");
+            return rk_err_set(err, RK_E_INVALID_ARG,
+                              "chat: message %zu has role '%s' (expected system, user or assistant)", i,
+                              r ? r : "(null)");
         }
         switch (f) {
         case RK_CHAT_CHATML: put(&b, "<|im_start|>%s\n%s<|im_end|>\n", r, c); break;
@@ -168,8 +169,8 @@ const char *rk_model_chat_default_system(const rk_model *m) {
     return m->chat_default_system ? m->chat_default_system : "";
 }
 
-rk_status rk_model_chat_format(const rk_model *m, const rk_chat_msg *msgs, size_t n, bool add_assistant,
-                               char **out, rk_err *err) {
+rk_status rk_model_chat_format(const rk_model *m, const rk_chat_msg *msgs, size_t n, bool add_assistant, char **out,
+                               rk_err *err) {
     const char *d = rk_model_chat_default_system(m);
     const rk_chat_family f = rk_model_chat_family(m);
     if (!d[0] || n == 0 || (msgs[0].role && !strcmp(msgs[0].role, "system")))

@@ -68,8 +68,8 @@ rk_status rk_fingerprint_write(rk_gguf_writer *w, const char *prefix, const rk_m
     return RK_OK;
 }
 
-rk_status rk_fingerprint_check(const rk_gguf *g, const char *prefix, const rk_model *m, const char *what,
-                               char *warning, size_t cap, rk_err *err) {
+rk_status rk_fingerprint_check(const rk_gguf *g, const char *prefix, const rk_model *m, const char *what, char *warning,
+                               size_t cap, rk_err *err) {
     rk_fingerprint fp;
     rk_model_fingerprint(m, &fp);
     char key[128];
@@ -80,9 +80,8 @@ rk_status rk_fingerprint_check(const rk_gguf *g, const char *prefix, const rk_mo
     struct {
         const char *k;
         int64_t want;
-    } dims[] = {{"n_layer", fp.n_layer}, {"n_embd", fp.n_embd}, {"n_head", fp.n_head},
-                {"n_head_kv", fp.n_head_kv}, {"head_dim", fp.head_dim}, {"n_ff", fp.n_ff},
-                {"n_vocab", fp.n_vocab}};
+    } dims[] = {{"n_layer", fp.n_layer},   {"n_embd", fp.n_embd}, {"n_head", fp.n_head},  {"n_head_kv", fp.n_head_kv},
+                {"head_dim", fp.head_dim}, {"n_ff", fp.n_ff},     {"n_vocab", fp.n_vocab}};
     char name[128] = "";
     rk_str nm;
     snprintf(key, sizeof key, "%s.model_name", prefix);
@@ -97,8 +96,8 @@ rk_status rk_fingerprint_check(const rk_gguf *g, const char *prefix, const rk_mo
         rk_status st = rk_gguf_get_i64(g, key, &v, err);
         if (st) return rk_err_set(err, RK_E_MISMATCH, "%s: fingerprint key '%s' missing or bad", what, key);
         if (v != dims[i].want)
-            return rk_err_set(err, RK_E_MISMATCH, "%s: fitted on '%s' with %s %lld but the model '%s' has %lld",
-                              what, name, dims[i].k, (long long)v, rk_model_name(m), (long long)dims[i].want);
+            return rk_err_set(err, RK_E_MISMATCH, "%s: fitted on '%s' with %s %lld but the model '%s' has %lld", what,
+                              name, dims[i].k, (long long)v, rk_model_name(m), (long long)dims[i].want);
     }
     uint64_t tok, wh, qh;
     snprintf(key, sizeof key, "%s.tokenizer_hash", prefix);
@@ -111,13 +110,15 @@ rk_status rk_fingerprint_check(const rk_gguf *g, const char *prefix, const rk_mo
         return rk_err_set(err, RK_E_MISMATCH, "%s: fitted on '%s' whose tokenizer differs from '%s'", what, name,
                           rk_model_name(m));
     if (wh != fp.weights_hash)
-        return rk_err_set(err, RK_E_MISMATCH, "%s: fitted on '%s', whose weights differ from '%s' (same shapes, other model)",
-                          what, name, rk_model_name(m));
+        return rk_err_set(err, RK_E_MISMATCH,
+                          "%s: fitted on '%s', whose weights differ from '%s' (same shapes, other model)", what, name,
+                          rk_model_name(m));
     if (warning && cap) {
         warning[0] = '\0';
         if (qh != fp.quant_hash)
-            snprintf(warning, cap, "%s: fitted on another quantisation of these weights ('%s'); expect slightly larger error",
-                     what, name);
+            snprintf(warning, cap,
+                     "%s: fitted on another quantisation of these weights ('%s'); expect slightly larger error", what,
+                     name);
     }
     return RK_OK;
 }

@@ -19,8 +19,8 @@ static const arch_desc arches[] = {
     {"qwen3", RK_ARCH_QWEN3, RK_ROPE_NEOX, false, true},
 };
 
-static rk_status get_u32_key(const rk_gguf *g, const char *arch, const char *suffix, bool required,
-                             uint32_t dflt, int32_t *out, rk_err *err) {
+static rk_status get_u32_key(const rk_gguf *g, const char *arch, const char *suffix, bool required, uint32_t dflt,
+                             int32_t *out, rk_err *err) {
     char key[128];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
     uint32_t v;
@@ -35,8 +35,8 @@ static rk_status get_u32_key(const rk_gguf *g, const char *arch, const char *suf
     return RK_OK;
 }
 
-static rk_status get_f32_key(const rk_gguf *g, const char *arch, const char *suffix, float dflt,
-                             float *out, rk_err *err) {
+static rk_status get_f32_key(const rk_gguf *g, const char *arch, const char *suffix, float dflt, float *out,
+                             rk_err *err) {
     char key[128];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
     rk_status st = rk_gguf_get_f32(g, key, out, err);
@@ -49,32 +49,32 @@ static rk_status get_f32_key(const rk_gguf *g, const char *arch, const char *suf
 
 /* Binds tensor `name` with the expected (ne0, ne1) (ne1 = 1 for vectors). Absent
  * optional tensors leave v->data NULL. */
-static rk_status bind(rk_model *m, const char *name, int64_t ne0, int64_t ne1, bool required,
-                      bool vector_f32, rk_view *v, rk_err *err) {
+static rk_status bind(rk_model *m, const char *name, int64_t ne0, int64_t ne1, bool required, bool vector_f32,
+                      rk_view *v, rk_err *err) {
     const rk_gguf_tensor *t = rk_gguf_find_tensor(m->gguf, name);
     memset(v, 0, sizeof *v);
     if (!t) {
         if (!required) return RK_OK;
-        return rk_err_set(err, RK_E_NOT_FOUND, "model: tensor '%s' is missing (architecture %s)",
-                          name, m->hp.arch_name);
+        return rk_err_set(err, RK_E_NOT_FOUND, "model: tensor '%s' is missing (architecture %s)", name,
+                          m->hp.arch_name);
     }
     int64_t got1 = t->n_dims >= 2 ? t->ne[1] : 1;
     if (t->ne[0] != ne0 || got1 != ne1 || t->ne[2] != 1 || t->ne[3] != 1)
         return rk_err_set(err, RK_E_MISMATCH,
-                          "model: tensor '%s' has shape [%lld, %lld, %lld, %lld] (expected [%lld, %lld])",
-                          name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
-                          (long long)t->ne[3], (long long)ne0, (long long)ne1);
+                          "model: tensor '%s' has shape [%lld, %lld, %lld, %lld] (expected [%lld, %lld])", name,
+                          (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3],
+                          (long long)ne0, (long long)ne1);
     if (vector_f32 && t->type != RK_DT_F32)
-        return rk_err_set(err, RK_E_UNSUPPORTED, "model: tensor '%s' has type %s (expected f32)",
-                          name, rk_dtype_name(t->type));
+        return rk_err_set(err, RK_E_UNSUPPORTED, "model: tensor '%s' has type %s (expected f32)", name,
+                          rk_dtype_name(t->type));
     const rk_dtype_traits *tr = rk_dtype_get(t->type);
     if (!tr || !tr->weight_ok || !rk_quant_ref(t->type))
-        return rk_err_set(err, RK_E_UNSUPPORTED, "model: tensor '%s' has unsupported type %s",
-                          name, rk_dtype_name(t->type));
+        return rk_err_set(err, RK_E_UNSUPPORTED, "model: tensor '%s' has unsupported type %s", name,
+                          rk_dtype_name(t->type));
     uint64_t row_bytes;
     if (!rk_dtype_row_bytes(t->type, (uint64_t)ne0, &row_bytes))
-        return rk_err_set(err, RK_E_GGUF_BLOCK, "model: tensor '%s' row of %lld not a multiple of %s blocks",
-                          name, (long long)ne0, tr->name);
+        return rk_err_set(err, RK_E_GGUF_BLOCK, "model: tensor '%s' row of %lld not a multiple of %s blocks", name,
+                          (long long)ne0, tr->name);
     v->type = t->type;
     v->ne[0] = ne0;
     v->ne[1] = ne1;
@@ -110,28 +110,26 @@ static rk_status read_hparams(rk_model *m, rk_err *err) {
         (st = get_u32_key(m->gguf, a, "attention.head_count", true, 0, &hp->n_head, err)) ||
         (st = get_u32_key(m->gguf, a, "context_length", false, 2048, &hp->n_ctx_train, err)))
         return st;
-    if ((st = get_u32_key(m->gguf, a, "attention.head_count_kv", false, (uint32_t)hp->n_head,
-                          &hp->n_head_kv, err)))
+    if ((st = get_u32_key(m->gguf, a, "attention.head_count_kv", false, (uint32_t)hp->n_head, &hp->n_head_kv, err)))
         return st;
-    if (hp->n_embd <= 0 || hp->n_layer <= 0 || hp->n_ff <= 0 || hp->n_head <= 0 ||
-        hp->n_head_kv <= 0 || hp->n_head % hp->n_head_kv != 0 || hp->n_layer > 4096)
+    if (hp->n_embd <= 0 || hp->n_layer <= 0 || hp->n_ff <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0 ||
+        hp->n_head % hp->n_head_kv != 0 || hp->n_layer > 4096)
         return rk_err_set(err, RK_E_MISMATCH,
                           "model: inconsistent shapes (n_embd %d, n_layer %d, n_ff %d, n_head %d, n_head_kv %d)",
                           hp->n_embd, hp->n_layer, hp->n_ff, hp->n_head, hp->n_head_kv);
-    if ((st = get_u32_key(m->gguf, a, "attention.key_length", false,
-                          (uint32_t)(hp->n_embd / hp->n_head), &hp->head_dim, err)))
+    if ((st = get_u32_key(m->gguf, a, "attention.key_length", false, (uint32_t)(hp->n_embd / hp->n_head), &hp->head_dim,
+                          err)))
         return st;
     int32_t v_len;
-    if ((st = get_u32_key(m->gguf, a, "attention.value_length", false, (uint32_t)hp->head_dim, &v_len, err)))
-        return st;
+    if ((st = get_u32_key(m->gguf, a, "attention.value_length", false, (uint32_t)hp->head_dim, &v_len, err))) return st;
     if (v_len != hp->head_dim || hp->head_dim <= 0 || hp->head_dim % 2)
-        return rk_err_set(err, RK_E_UNSUPPORTED, "model: head dims key %d / value %d not supported",
-                          hp->head_dim, v_len);
+        return rk_err_set(err, RK_E_UNSUPPORTED, "model: head dims key %d / value %d not supported", hp->head_dim,
+                          v_len);
     if ((st = get_u32_key(m->gguf, a, "rope.dimension_count", false, (uint32_t)hp->head_dim, &hp->n_rot, err)))
         return st;
     if (hp->n_rot <= 0 || hp->n_rot > hp->head_dim || hp->n_rot % 2)
-        return rk_err_set(err, RK_E_UNSUPPORTED, "model: rope.dimension_count %d invalid for head_dim %d",
-                          hp->n_rot, hp->head_dim);
+        return rk_err_set(err, RK_E_UNSUPPORTED, "model: rope.dimension_count %d invalid for head_dim %d", hp->n_rot,
+                          hp->head_dim);
     if ((st = get_f32_key(m->gguf, a, "rope.freq_base", 10000.0f, &hp->rope_base, err)) ||
         (st = get_f32_key(m->gguf, a, "attention.layer_norm_rms_epsilon", 1e-5f, &hp->rms_eps, err)))
         return st;
@@ -162,10 +160,10 @@ static rk_status bind_all(rk_model *m, rk_err *err) {
     for (int l = 0; l < hp->n_layer; l++) {
         rk_layer *L = &m->layers[l];
         char nm[96];
-#define B(field, suffix, ne0, ne1, req, vec)                                             \
-    do {                                                                                 \
-        snprintf(nm, sizeof nm, "blk.%d.%s", l, suffix);                                 \
-        if ((st = bind(m, nm, ne0, ne1, req, vec, &L->field, err))) return st;           \
+#define B(field, suffix, ne0, ne1, req, vec)                                   \
+    do {                                                                       \
+        snprintf(nm, sizeof nm, "blk.%d.%s", l, suffix);                       \
+        if ((st = bind(m, nm, ne0, ne1, req, vec, &L->field, err))) return st; \
     } while (0)
         B(attn_norm, "attn_norm.weight", d, 1, true, true);
         B(wq, "attn_q.weight", d, qd, true, false);
@@ -188,7 +186,9 @@ static rk_status bind_all(rk_model *m, rk_err *err) {
 
 rk_model_params rk_model_params_default(void) { return (rk_model_params){.huge_pages = true}; }
 
-rk_status rk_model_load(const char *path, rk_model **out, rk_err *err) { return rk_model_load_with(path, NULL, out, err); }
+rk_status rk_model_load(const char *path, rk_model **out, rk_err *err) {
+    return rk_model_load_with(path, NULL, out, err);
+}
 
 rk_status rk_model_load_with(const char *path, const rk_model_params *p, rk_model **out, rk_err *err) {
     const rk_model_params mp = p ? *p : rk_model_params_default();
@@ -238,8 +238,8 @@ uint64_t rk_model_weight_bytes(const rk_model *m) { return m->weight_bytes; }
 const char *rk_model_name(const rk_model *m) { return m->name; }
 const struct rk_gguf *rk_model_gguf(const rk_model *m) { return m->gguf; }
 
-rk_status rk_model_tokenize(const rk_model *m, const char *text, size_t len, bool add_special,
-                            bool parse_special, int32_t **ids, size_t *n_ids, rk_err *err) {
+rk_status rk_model_tokenize(const rk_model *m, const char *text, size_t len, bool add_special, bool parse_special,
+                            int32_t **ids, size_t *n_ids, rk_err *err) {
     return rk_tokenizer_encode(m->tok, text, len, add_special, parse_special, ids, n_ids, err);
 }
 

@@ -18,10 +18,10 @@ struct rk_model {
     rk_mapping map;
     rk_gguf *gguf;
     rk_hparams hp;
-    rk_view tok_embd;             /* (n_vocab, n_embd) */
-    rk_view output_norm;          /* (n_embd) */
-    rk_view output;               /* (n_vocab, n_embd): token_embd when tied */
-    rk_layer *layers;             /* n_layer */
+    rk_view tok_embd;    /* (n_vocab, n_embd) */
+    rk_view output_norm; /* (n_embd) */
+    rk_view output;      /* (n_vocab, n_embd): token_embd when tied */
+    rk_layer *layers;    /* n_layer */
     rk_tokenizer *tok;
     uint64_t weight_bytes;
     char name[128];

@@ -50,13 +50,15 @@ static rk_status check(const rk_rope_scaling *r, float freq_base, rk_err *err) {
     if ((unsigned)r->type > RK_ROPE_SCALING_YARN)
         return rk_err_set(err, RK_E_INVALID_ARG, "rope: scaling type %d unknown (none, linear or yarn)", (int)r->type);
     if (!(freq_base > 0.0f) || !isfinite(freq_base))
-        return rk_err_set(err, RK_E_INVALID_ARG, "rope: freq base %g must be positive (--rope-freq-base)", (double)freq_base);
+        return rk_err_set(err, RK_E_INVALID_ARG, "rope: freq base %g must be positive (--rope-freq-base)",
+                          (double)freq_base);
     if (r->type != RK_ROPE_SCALING_NONE && !(r->factor >= 1.0f && r->factor <= 1024.0f))
         return rk_err_set(err, RK_E_INVALID_ARG,
                           "rope: %s scaling needs a factor in [1, 1024] (--rope-scale N; got %g)",
                           rk_rope_scaling_name(r->type), (double)r->factor);
     if (r->orig_ctx <= 0 || r->orig_ctx > (1 << 24))
-        return rk_err_set(err, RK_E_INVALID_ARG, "rope: original context %d out of range (--yarn-orig-ctx)", (int)r->orig_ctx);
+        return rk_err_set(err, RK_E_INVALID_ARG, "rope: original context %d out of range (--yarn-orig-ctx)",
+                          (int)r->orig_ctx);
     if (!(r->ext_factor >= 0.0f && r->ext_factor <= 1.0f))
         return rk_err_set(err, RK_E_INVALID_ARG, "rope: YaRN ext factor %g not in [0, 1] (--yarn-ext-factor)",
                           (double)r->ext_factor);
@@ -66,7 +68,8 @@ static rk_status check(const rk_rope_scaling *r, float freq_base, rk_err *err) {
     if (!(r->beta_fast > 0.0f) || !(r->beta_slow > 0.0f) || !(r->beta_fast > r->beta_slow))
         return rk_err_set(err, RK_E_INVALID_ARG,
                           "rope: YaRN betas fast %g / slow %g must be positive with fast > slow "
-                          "(--yarn-beta-fast, --yarn-beta-slow)", (double)r->beta_fast, (double)r->beta_slow);
+                          "(--yarn-beta-fast, --yarn-beta-slow)",
+                          (double)r->beta_fast, (double)r->beta_slow);
     return RK_OK;
 }
 
@@ -84,7 +87,8 @@ rk_status rk_model_read_rope_scaling(rk_model *m, rk_err *err) {
         char t[32];
         snprintf(t, sizeof t, "%.*s", (int)(ts.len < 31 ? ts.len : 31), ts.ptr);
         if (!rk_rope_scaling_parse(t, &r.type))
-            return rk_err_set(err, RK_E_UNSUPPORTED, "model: %s = '%s' is not supported (none, linear or yarn)", key, t);
+            return rk_err_set(err, RK_E_UNSUPPORTED, "model: %s = '%s' is not supported (none, linear or yarn)", key,
+                              t);
     }
     bool has_factor = false, has_linear = false;
     float linear = 0;
@@ -99,7 +103,8 @@ rk_status rk_model_read_rope_scaling(rk_model *m, rk_err *err) {
     uint32_t orig;
     snprintf(key, sizeof key, "%s.rope.scaling.original_context_length", a);
     if ((st = rk_gguf_get_u32(m->gguf, key, &orig, err)) == RK_OK) {
-        if (orig == 0 || orig > (1u << 24)) return rk_err_set(err, RK_E_MISMATCH, "model: %s = %u is out of range", key, orig);
+        if (orig == 0 || orig > (1u << 24))
+            return rk_err_set(err, RK_E_MISMATCH, "model: %s = %u is out of range", key, orig);
         r.orig_ctx = (int32_t)orig;
     } else if (st != RK_E_NOT_FOUND) {
         return st;
@@ -134,7 +139,8 @@ rk_status rk_model_set_rope(rk_model *m, const rk_rope_override *o, rk_err *err)
     else if (before == RK_ROPE_SCALING_NONE && o->factor == 0.0f)
         return rk_err_set(err, RK_E_INVALID_ARG,
                           "rope: %s scaling needs a factor: the model has no rope.scaling.factor (--rope-scale N, "
-                          "e.g. 4 for 4x its %d-token context)", rk_rope_scaling_name(r.type), (int)r.orig_ctx);
+                          "e.g. 4 for 4x its %d-token context)",
+                          rk_rope_scaling_name(r.type), (int)r.orig_ctx);
     if (o->orig_ctx != 0) r.orig_ctx = o->orig_ctx;
     if (o->ext_factor >= 0.0f) r.ext_factor = o->ext_factor;
     else if (o->type >= 0 || before != r.type) r.ext_factor = r.type == RK_ROPE_SCALING_YARN ? 1.0f : 0.0f;

@@ -16,8 +16,7 @@ static rk_view act(float *data, int64_t cols, int64_t rows) {
 static rk_status run(rk_session *s, rk_op_args *a, rk_err *err) { return rk_backend_run(s->be, a, err); }
 
 /* y (n, w.ne[1]) = x (n, w.ne[0]) W^T (+ bias) */
-static rk_status matmul(rk_session *s, rk_view w, const rk_view *bias, float *x, int64_t n, float *y,
-                        rk_err *err) {
+static rk_status matmul(rk_session *s, rk_view w, const rk_view *bias, float *x, int64_t n, float *y, rk_err *err) {
     rk_op_args a = {.op = RK_OP_MATMUL};
     a.dst = act(y, w.ne[1], n);
     a.src0 = w;
@@ -89,7 +88,8 @@ rk_status rk_session_rows_gather(rk_session *s, float *dst, int64_t ldd, const f
         for (int64_t i = 0; i < n; i++) memmove(dst + i * ldd, src + (int64_t)idx[i] * lds, (size_t)d * sizeof(float));
         return RK_OK;
     }
-    if (dst == src) return rk_err_set(err, RK_E_INTERNAL, "forward: an in-place row gather on backend %s", s->be->ops->name);
+    if (dst == src)
+        return rk_err_set(err, RK_E_INTERNAL, "forward: an in-place row gather on backend %s", s->be->ops->name);
     /* GET_ROWS of f32 rows: the source spans rows 0..idx[n-1] (idx increasing) */
     rk_op_args a = {.op = RK_OP_GET_ROWS, .ids = idx};
     a.src0 = (rk_view){RK_DT_F32, {d, (int64_t)idx[n - 1] + 1, 1, 1}, (size_t)lds * sizeof(float), (void *)src};
@@ -260,8 +260,8 @@ static rk_status output_head(rk_session *s, const rk_chunk_plan *p, bool compact
  * comes from the plan (rk_plan_late_inputs) and only the exact rows go on through
  * attention and the MLP. After the split, exact rows live compacted in x[0..n_ex) and
  * the filled rows' split stream in xs[0..n_fill) (the exact source keeps every row). */
-static rk_status forward_chunk(rk_session *s, const rk_chunk_plan *p, const int32_t *ids, float *logits,
-                               bool all_rows, rk_err *err);
+static rk_status forward_chunk(rk_session *s, const rk_chunk_plan *p, const int32_t *ids, float *logits, bool all_rows,
+                               rk_err *err);
 
 rk_status rk_forward_init(rk_session *s, rk_err *err) {
     s->graphs.on = s->p.cuda_graphs && s->dev && s->be->ops->step_begin && s->kv->ops->recordable;
@@ -311,8 +311,8 @@ rk_status rk_forward_chunk(rk_session *s, const rk_chunk_plan *p, const int32_t 
     s->counters.graph_fallbacks++;
     if (++s->graphs.fail_run >= 3) {
         s->graphs.on = false;
-        snprintf(s->warning, sizeof s->warning, "recorded decode steps (cuda_graphs) turned off after 3 failures: %.300s",
-                 rec.msg);
+        snprintf(s->warning, sizeof s->warning,
+                 "recorded decode steps (cuda_graphs) turned off after 3 failures: %.300s", rec.msg);
     }
     return forward_chunk(s, p, ids, logits, all_rows, err);
 }
@@ -371,8 +371,9 @@ static rk_status forward_chunk(rk_session *s, const rk_chunk_plan *p, const int3
         if (p->q_keep && !compacted && (st = keep_queries(s, p, l, err))) return st; /* question-aware selection */
     }
     if (p->layer_hi < hp->n_layer) {
-        if (compacted) return rk_err_set(err, RK_E_INTERNAL, "forward: a pass ending at layer %d after the split %d",
-                                         p->layer_hi, p->split);
+        if (compacted)
+            return rk_err_set(err, RK_E_INTERNAL, "forward: a pass ending at layer %d after the split %d", p->layer_hi,
+                              p->split);
         if (s->dev) return rk_backend_download(s->be, p->x_out, s->x, (size_t)(n * d) * sizeof(float), err);
         memcpy(p->x_out, s->x, (size_t)(n * d) * sizeof(float));
         return RK_OK;

@@ -18,8 +18,7 @@ static bool row_is_filled(const rk_session *s, int64_t pos, int64_t bulk_end) {
     return true;
 }
 
-void rk_plan_chunk(rk_session *s, int64_t pos0, int64_t n, int64_t bulk_end, int lo, int hi,
-                   rk_chunk_plan *p) {
+void rk_plan_chunk(rk_session *s, int64_t pos0, int64_t n, int64_t bulk_end, int lo, int hi, rk_chunk_plan *p) {
     const rk_fill_mode mode = s->fill.mode;
     int64_t n_fill = 0, n_ex = 0;
     for (int64_t r = 0; r < n; r++) {

@@ -55,9 +55,9 @@ void rk_fill_group_end(rk_session *s);
 
 /* Where the late-layer input of a filled row comes from (SPEC §2). */
 typedef enum rk_fill_src {
-    RK_SRC_RIDGE,     /* x̂_l = W_l x_S + b_l (W_S = I) */
-    RK_SRC_IDENTITY,  /* x̂_l = x_S: the training-free baseline */
-    RK_SRC_EXACT,     /* the row's own exact input through the fill path (plumb: the oracle) */
+    RK_SRC_RIDGE,    /* x̂_l = W_l x_S + b_l (W_S = I) */
+    RK_SRC_IDENTITY, /* x̂_l = x_S: the training-free baseline */
+    RK_SRC_EXACT,    /* the row's own exact input through the fill path (plumb: the oracle) */
 } rk_fill_src;
 
 typedef struct rk_chunk_plan {
@@ -66,10 +66,10 @@ typedef struct rk_chunk_plan {
     int split;              /* first late layer: filled rows run only the cache writers there */
     rk_fill_src src;
     int64_t n_ex, n_fill;
-    const int32_t *ex_idx;  /* (n_ex) chunk rows with Q/attention/O/MLP in late layers, increasing */
-    const int32_t *fill_idx;/* (n_fill) chunk rows filled in late layers, increasing */
-    const float *x_in;      /* layer_lo > 0: (n, n_embd) input of layer layer_lo */
-    float *x_out;           /* layer_hi < n_layer: (n, n_embd) receives the input of layer layer_hi */
+    const int32_t *ex_idx;   /* (n_ex) chunk rows with Q/attention/O/MLP in late layers, increasing */
+    const int32_t *fill_idx; /* (n_fill) chunk rows filled in late layers, increasing */
+    const float *x_in;       /* layer_lo > 0: (n, n_embd) input of layer layer_lo */
+    float *x_out;            /* layer_hi < n_layer: (n, n_embd) receives the input of layer layer_hi */
     /* question-aware scoring (select.c): the post-RoPE queries of prompt rows [q_pos0,
      * q_pos0 + q_n) at layers [q_lo, q_hi) go to q_keep, (q_hi - q_lo, q_n, n_head * head_dim) */
     float *q_keep;

@@ -34,8 +34,8 @@ static size_t chunk_len(const pass *q, size_t done) {
 
 /* eval splice: exact K/V of layers [lo, hi) over the bulk rows before any tail row reads them */
 static rk_status splice(rk_session *s, int64_t start, int64_t bulk_end, rk_err *err) {
-    return rk_session_splice_rows(s, s->pf->splice_src, s->pf->splice_lo, s->pf->splice_hi, s->pf->splice_k, s->pf->splice_v, start,
-                                  bulk_end, err);
+    return rk_session_splice_rows(s, s->pf->splice_src, s->pf->splice_lo, s->pf->splice_hi, s->pf->splice_k,
+                                  s->pf->splice_v, start, bulk_end, err);
 }
 
 static rk_status progress(pass *q, double work, rk_err *err) {
@@ -118,7 +118,8 @@ static rk_status select_rows(pass *q, float *x_split, rk_err *err) {
     const int64_t nb = q->bulk_end - q->start;
     free(s->pf->keep);
     s->pf->keep = calloc((size_t)nb, 1);
-    if (!s->pf->keep) return rk_err_set(err, RK_E_NOMEM, "prefill: no memory for the selection of %lld rows", (long long)nb);
+    if (!s->pf->keep)
+        return rk_err_set(err, RK_E_NOMEM, "prefill: no memory for the selection of %lld rows", (long long)nb);
     s->pf->keep_lo = q->start, s->pf->keep_hi = q->bulk_end;
     int64_t r0 = q->start;
     for (; r0 < q->bulk_end && r0 < f->n_sink; r0++) s->pf->keep[r0 - q->start] = 1;
@@ -162,8 +163,8 @@ static bool can_rescore(const rk_session *s, const pass *q, int split) {
     }
     return s->pf->xs_keep && f->question_aware && f->layer_major && !f->keep_selection && f->mode != RK_FILL_OFF &&
            q->bulk_end == q->start && q->n >= 2 && split > 0 && split < s->m->hp.n_layer && split == s->pf->xs_split &&
-           s->pf->keep && s->pf->keep_lo == s->pf->xs_lo && s->pf->keep_hi == s->pf->xs_hi && s->pf->xs_hi > s->pf->xs_lo &&
-           s->kv->ops->writable && !s->pf->splice_src;
+           s->pf->keep && s->pf->keep_lo == s->pf->xs_lo && s->pf->keep_hi == s->pf->xs_hi &&
+           s->pf->xs_hi > s->pf->xs_lo && s->kv->ops->writable && !s->pf->splice_src;
 }
 
 /* The kept rows again, for this call's question: score them by its last obs rows (queries
@@ -184,7 +185,8 @@ static rk_status rescore(pass *q, int split, rk_err *err) {
     float *score = calloc((size_t)(n_sc > 0 ? n_sc : 1), sizeof(float));
     float *xin = malloc((size_t)s->p.n_batch * (size_t)d * sizeof(float));
     rk_status st = RK_OK;
-    if (!nk || !score || !xin) st = rk_err_set(err, RK_E_NOMEM, "prefill: no memory to re-score %lld rows", (long long)nb);
+    if (!nk || !score || !xin)
+        st = rk_err_set(err, RK_E_NOMEM, "prefill: no memory to re-score %lld rows", (long long)nb);
     for (int64_t j = lo; j < r0 && !st; j++) nk[j - lo] = 1;
     const int64_t qd = (int64_t)hp->n_head * hp->head_dim;
     for (int l = q->q_lo; l < q->q_hi && !st && n_sc > 0 && n_keep > 0; l++)
@@ -225,8 +227,8 @@ static rk_status rescore(pass *q, int split, rk_err *err) {
     s->pf->selecting = false;
     free(nk), free(score), free(xin);
     if (st) return rk_err_wrap(err, "prefill: re-scoring %lld kept rows for the question", (long long)nb);
-    s->pf->rescore = (rk_fill_rescore_stats){s->pf->rescore.calls + 1, n_sc, changed, recomputed, refilled,
-                                         rk_time_now() - t0};
+    s->pf->rescore =
+        (rk_fill_rescore_stats){s->pf->rescore.calls + 1, n_sc, changed, recomputed, refilled, rk_time_now() - t0};
     return RK_OK;
 }
 
@@ -300,8 +302,14 @@ rk_status rk_prefill_run(rk_session *s, const int32_t *ids, size_t n, float *log
 
 static rk_status prefill_run(rk_session *s, const int32_t *ids, size_t n, float *logits, bool all_rows, rk_err *err) {
     const rk_hparams *hp = &s->m->hp;
-    pass q = {.s = s, .ids = ids, .n = n, .start = s->n_past, .bulk_end = s->n_past, .logits = logits,
-              .all_rows = all_rows, .total_work = (double)n * hp->n_layer};
+    pass q = {.s = s,
+              .ids = ids,
+              .n = n,
+              .start = s->n_past,
+              .bulk_end = s->n_past,
+              .logits = logits,
+              .all_rows = all_rows,
+              .total_work = (double)n * hp->n_layer};
     /* bulk rows: at least `tail` tokens of this call after them */
     if (s->fill.mode != RK_FILL_OFF) q.bulk_end = q.start + (int64_t)n - s->fill.tail;
     if (q.bulk_end < q.start) q.bulk_end = q.start;
@@ -315,7 +323,8 @@ static rk_status prefill_run(rk_session *s, const int32_t *ids, size_t n, float 
     /* (n, n_embd) split stream of every row: the price of the layer-major phase */
     float *x_split = malloc(n * (size_t)hp->n_embd * sizeof(float));
     if (!x_split)
-        return rk_err_set(err, RK_E_NOMEM, "prefill: no memory for the split stream of %zu rows (layer-major phase)", n);
+        return rk_err_set(err, RK_E_NOMEM, "prefill: no memory for the split stream of %zu rows (layer-major phase)",
+                          n);
     rk_status st = RK_OK;
     if (s->fill.question_aware) {
         /* the question: the last obs rows of the call (never bulk rows) */
@@ -364,7 +373,8 @@ void rk_prefill_forget(rk_session *s, int64_t n) {
 int64_t rk_session_fill_kept(const rk_session *s, int64_t row0, int64_t n) {
     if (!s->pf->keep) return -1;
     int64_t k = 0;
-    for (int64_t r = row0 < s->pf->keep_lo ? s->pf->keep_lo : row0; r < row0 + n && r < s->pf->keep_hi; r++) k += s->pf->keep[r - s->pf->keep_lo];
+    for (int64_t r = row0 < s->pf->keep_lo ? s->pf->keep_lo : row0; r < row0 + n && r < s->pf->keep_hi; r++)
+        k += s->pf->keep[r - s->pf->keep_lo];
     return k;
 }
 
@@ -372,10 +382,16 @@ void rk_session_fill_rescore_stats(const rk_session *s, rk_fill_rescore_stats *o
 
 bool rk_session_fill_stream(const rk_session *s, rk_fill_stream *out) {
     memset(out, 0, sizeof *out);
-    if (!s->pf->xs_keep || !s->pf->keep || s->pf->keep_lo != s->pf->xs_lo || s->pf->keep_hi != s->pf->xs_hi || s->pf->xs_hi > s->n_past)
+    if (!s->pf->xs_keep || !s->pf->keep || s->pf->keep_lo != s->pf->xs_lo || s->pf->keep_hi != s->pf->xs_hi ||
+        s->pf->xs_hi > s->n_past)
         return false;
-    *out = (rk_fill_stream){s->pf->xs_lo, s->pf->xs_hi - s->pf->xs_lo, (int32_t)s->m->hp.n_embd, s->pf->xs_split, s->pf->xs_keep,
-                            s->pf->xs_base, s->pf->keep};
+    *out = (rk_fill_stream){s->pf->xs_lo,
+                            s->pf->xs_hi - s->pf->xs_lo,
+                            (int32_t)s->m->hp.n_embd,
+                            s->pf->xs_split,
+                            s->pf->xs_keep,
+                            s->pf->xs_base,
+                            s->pf->keep};
     return true;
 }
 

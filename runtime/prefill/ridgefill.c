@@ -58,7 +58,8 @@ rk_status rk_ridge_maps_load(const char *path, const rk_model *m, rk_ridge_maps 
     if ((st = rk_gguf_parse(r->map.data, r->map.len, &r->gguf, err))) goto fail;
     rk_str kind;
     if (rk_gguf_get_str(r->gguf, "general.type", &kind, NULL) != RK_OK || !rk_str_eq(kind, "ridgekv.ridge_maps")) {
-        st = rk_err_set(err, RK_E_MISMATCH, "ridgefill: not a ridge-map file (general.type is not 'ridgekv.ridge_maps')");
+        st = rk_err_set(err, RK_E_MISMATCH,
+                        "ridgefill: not a ridge-map file (general.type is not 'ridgekv.ridge_maps')");
         goto fail;
     }
     if ((st = rk_fingerprint_check(r->gguf, "ridge.model", m, "ridgefill", warning, warning_cap, err))) goto fail;
@@ -81,7 +82,8 @@ rk_status rk_ridge_maps_load(const char *path, const rk_model *m, rk_ridge_maps 
     rk_str target;
     r->kv_target = rk_gguf_get_str(r->gguf, "ridge.target", &target, NULL) == RK_OK && rk_str_eq(target, "kv");
     if (r->kv_target && r->normalized) {
-        st = rk_err_set(err, RK_E_MISMATCH, "ridgefill: K/V maps in the normalized space are not a format ridgekv writes");
+        st = rk_err_set(err, RK_E_MISMATCH,
+                        "ridgefill: K/V maps in the normalized space are not a format ridgekv writes");
         goto fail;
     }
     r->w = calloc((size_t)hp->n_layer, sizeof *r->w);
@@ -96,8 +98,9 @@ rk_status rk_ridge_maps_load(const char *path, const rk_model *m, rk_ridge_maps 
         snprintf(name, sizeof name, "ridge.%d.weight", l);
         const rk_gguf_tensor *t = rk_gguf_find_tensor(r->gguf, name);
         if (!t || t->ne[0] != d || t->ne[1] != dout || t->ne[2] != 1 || !rk_quant_ref(t->type)) {
-            st = rk_err_set(err, t ? RK_E_MISMATCH : RK_E_NOT_FOUND, "ridgefill: tensor '%s' %s (expected [%lld, %lld])",
-                            name, t ? "has the wrong shape or type" : "is missing", (long long)d, (long long)dout);
+            st =
+                rk_err_set(err, t ? RK_E_MISMATCH : RK_E_NOT_FOUND, "ridgefill: tensor '%s' %s (expected [%lld, %lld])",
+                           name, t ? "has the wrong shape or type" : "is missing", (long long)d, (long long)dout);
             goto fail;
         }
         uint64_t rb;
@@ -135,7 +138,8 @@ rk_status rk_session_set_fill(rk_session *s, const rk_fill_params *p, rk_err *er
         s->fill = f;
         return RK_OK;
     }
-    if ((unsigned)f.mode > RK_FILL_PLUMB) return rk_err_set(err, RK_E_INVALID_ARG, "ridgefill: bad mode %d", (int)f.mode);
+    if ((unsigned)f.mode > RK_FILL_PLUMB)
+        return rk_err_set(err, RK_E_INVALID_ARG, "ridgefill: bad mode %d", (int)f.mode);
     if (f.tail <= 0) f.tail = rk_fill_default_tail(f.mode); /* the CLI enforces SPEC's minimum of 512; tests go lower */
     if (f.n_sink <= 0) f.n_sink = 4;
     if (f.group < 0 || f.group > 4096)
@@ -175,11 +179,13 @@ rk_status rk_session_set_fill(rk_session *s, const rk_fill_params *p, rk_err *er
 rk_status rk_session_set_splice(rk_session *s, const rk_session *exact, int lo, int hi, bool keys, bool values,
                                 rk_err *err) {
     if (s->dev) /* the splice copies rows through s->k on the host */
-        return rk_err_set(err, RK_E_UNSUPPORTED, "splice: runs on the CPU backends only (backend %s)", s->be->ops->name);
+        return rk_err_set(err, RK_E_UNSUPPORTED, "splice: runs on the CPU backends only (backend %s)",
+                          s->be->ops->name);
     if (exact->m != s->m || exact->p.kv.kind != s->p.kv.kind || exact->n_ctx != s->n_ctx)
         return rk_err_set(err, RK_E_INVALID_ARG, "splice: the exact session must share model, KV policy and n_ctx");
     if (lo < 0 || hi > s->m->hp.n_layer || lo >= hi)
-        return rk_err_set(err, RK_E_INVALID_ARG, "splice: layer range [%d, %d) outside 0..%d", lo, hi, s->m->hp.n_layer);
+        return rk_err_set(err, RK_E_INVALID_ARG, "splice: layer range [%d, %d) outside 0..%d", lo, hi,
+                          s->m->hp.n_layer);
     s->pf->splice_src = exact;
     s->pf->splice_lo = lo;
     s->pf->splice_hi = hi;
@@ -205,7 +211,8 @@ rk_status rk_session_splice_rows(rk_session *s, const rk_session *src, int lo, i
                 const int64_t n = row1 - r < tile ? row1 - r : tile;
                 rk_status st = src->kv->ops->read(src->kv, l, kv, false, r, n, s->k, err);
                 if (!st) st = s->kv->ops->write(s->kv, l, kv, r, n, s->k, err);
-                if (st) return rk_err_wrap(err, "splice: layer %d rows [%lld, %lld)", l, (long long)r, (long long)(r + n));
+                if (st)
+                    return rk_err_wrap(err, "splice: layer %d rows [%lld, %lld)", l, (long long)r, (long long)(r + n));
             }
         }
     return RK_OK;
@@ -216,8 +223,9 @@ rk_status rk_session_kv_compare(const rk_session *a, const rk_session *b, int la
     const rk_hparams *hp = &a->m->hp;
     if (a->m != b->m || layer < 0 || layer >= hp->n_layer || row0 < 0 || row1 < row0 || row1 > a->n_past ||
         row1 > b->n_past)
-        return rk_err_set(err, RK_E_INVALID_ARG, "kv_compare: sessions differ or rows [%lld, %lld) / layer %d out of range",
-                          (long long)row0, (long long)row1, layer);
+        return rk_err_set(err, RK_E_INVALID_ARG,
+                          "kv_compare: sessions differ or rows [%lld, %lld) / layer %d out of range", (long long)row0,
+                          (long long)row1, layer);
     rk_kv_error e = {0};
     const int hd = hp->head_dim, kvd = hp->n_head_kv * hd;
     float *ra = malloc(2 * (size_t)kvd * sizeof(float));

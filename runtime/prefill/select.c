@@ -77,7 +77,8 @@ rk_status rk_select_score(rk_session *s, int l, const float *q, int64_t n_obs, i
                 const float *qv = q + i * qd + (int64_t)h * hd;
                 const float *kb = kt + (int64_t)(h / group) * hd;
                 const float m = mx[i * nh + h], inv = 1.0f / sum[i * nh + h];
-                for (int64_t j = 0; j < nt; j++) score[j0 - row0 + j] += expf(scale * dot(qv, kb + j * kvd, hd) - m) * inv;
+                for (int64_t j = 0; j < nt; j++)
+                    score[j0 - row0 + j] += expf(scale * dot(qv, kb + j * kvd, hd) - m) * inv;
             }
     }
     free(mx);

@@ -13,14 +13,15 @@ rk_session_params rk_session_params_default(void) {
 }
 
 rk_status rk_backend_open(rk_backend_kind kind, int n_threads, rk_backend **out, rk_err *err) {
-    if ((unsigned)kind > RK_BACKEND_CUDA) return rk_err_set(err, RK_E_INVALID_ARG, "session: backend kind %d unknown", (int)kind);
+    if ((unsigned)kind > RK_BACKEND_CUDA)
+        return rk_err_set(err, RK_E_INVALID_ARG, "session: backend kind %d unknown", (int)kind);
     return rk_backend_create_named(rk_backend_kind_name(kind), n_threads, out, err);
 }
 
 void rk_backend_close(rk_backend *be) { rk_backend_destroy(be); }
 
 /* The ops forward.c runs: a backend that lacks one is refused before any work starts. */
-static const rk_op forward_ops[] = {RK_OP_GET_ROWS, RK_OP_MATMUL, RK_OP_RMSNORM, RK_OP_ROPE, RK_OP_ATTN,
+static const rk_op forward_ops[] = {RK_OP_GET_ROWS, RK_OP_MATMUL, RK_OP_RMSNORM, RK_OP_ROPE,    RK_OP_ATTN,
                                     RK_OP_SILU_MUL, RK_OP_ADD,    RK_OP_ADD_ROW, RK_OP_CPY_ROWS};
 
 static rk_status prepare_weights(rk_session *s, rk_err *err) {
@@ -30,10 +31,10 @@ static rk_status prepare_weights(rk_session *s, rk_err *err) {
     if (st) return st;
     s->w_layers = calloc((size_t)n_layer, sizeof *s->w_layers);
     if (!s->w_layers) return rk_err_set(err, RK_E_NOMEM, "session: out of memory");
-#define PREP(dst, src)                                                                             \
-    do {                                                                                           \
-        if ((src).data && (st = rk_backend_prepare(s->be, &(src), &(dst), err))) return st;        \
-        if (!(src).data) (dst) = (src);                                                            \
+#define PREP(dst, src)                                                                      \
+    do {                                                                                    \
+        if ((src).data && (st = rk_backend_prepare(s->be, &(src), &(dst), err))) return st; \
+        if (!(src).data) (dst) = (src);                                                     \
     } while (0)
     PREP(s->w_tok_embd, m->tok_embd);
     PREP(s->w_output_norm, m->output_norm);
@@ -42,11 +43,19 @@ static rk_status prepare_weights(rk_session *s, rk_err *err) {
         const rk_layer *L = &m->layers[l];
         rk_layer *W = &s->w_layers[l];
         PREP(W->attn_norm, L->attn_norm);
-        PREP(W->wq, L->wq); PREP(W->wk, L->wk); PREP(W->wv, L->wv); PREP(W->wo, L->wo);
-        PREP(W->bq, L->bq); PREP(W->bk, L->bk); PREP(W->bv, L->bv);
-        PREP(W->q_norm, L->q_norm); PREP(W->k_norm, L->k_norm);
+        PREP(W->wq, L->wq);
+        PREP(W->wk, L->wk);
+        PREP(W->wv, L->wv);
+        PREP(W->wo, L->wo);
+        PREP(W->bq, L->bq);
+        PREP(W->bk, L->bk);
+        PREP(W->bv, L->bv);
+        PREP(W->q_norm, L->q_norm);
+        PREP(W->k_norm, L->k_norm);
         PREP(W->ffn_norm, L->ffn_norm);
-        PREP(W->w_gate, L->w_gate); PREP(W->w_up, L->w_up); PREP(W->w_down, L->w_down);
+        PREP(W->w_gate, L->w_gate);
+        PREP(W->w_up, L->w_up);
+        PREP(W->w_down, L->w_down);
     }
 #undef PREP
     return RK_OK;
@@ -61,10 +70,8 @@ static void *act_alloc(rk_session *s, size_t bytes) {
 }
 
 static void act_free(rk_session *s, void *p) {
-    if (s->dev)
-        rk_backend_free(s->be, p);
-    else
-        free(p);
+    if (s->dev) rk_backend_free(s->be, p);
+    else free(p);
 }
 
 void rk_session_destroy(rk_session *s) {
@@ -82,8 +89,7 @@ void rk_session_destroy(rk_session *s) {
     free(s);
 }
 
-rk_status rk_session_create(const rk_model *m, const rk_session_params *pp, rk_session **out,
-                            rk_err *err) {
+rk_status rk_session_create(const rk_model *m, const rk_session_params *pp, rk_session **out, rk_err *err) {
     const rk_hparams *hp = &m->hp;
     rk_session_params p = pp ? *pp : rk_session_params_default();
     if (p.n_ctx <= 0) p.n_ctx = hp->n_ctx_train;
@@ -94,7 +100,8 @@ rk_status rk_session_create(const rk_model *m, const rk_session_params *pp, rk_s
                               "session: context %d is larger than the %d tokens the model was trained on; "
                               "past that it produces garbage. Enable RoPE scaling (yarn or linear, factor >= %.4g) "
                               "or allow the overflow explicitly",
-                              (int)p.n_ctx, (int)hp->n_ctx_train, ceil((double)p.n_ctx / hp->n_ctx_train * 1000) / 1000);
+                              (int)p.n_ctx, (int)hp->n_ctx_train,
+                              ceil((double)p.n_ctx / hp->n_ctx_train * 1000) / 1000);
         return rk_err_set(err, RK_E_CONTEXT,
                           "session: context %d is larger than the %lld tokens of the model with %s RoPE scaling "
                           "(original %d x factor %g); raise the factor or allow the overflow explicitly",
@@ -126,8 +133,9 @@ rk_status rk_session_create(const rk_model *m, const rk_session_params *pp, rk_s
         size_t w = strlen(s->warning);
         snprintf(s->warning + w, sizeof s->warning - w,
                  "%scontext %d is past the %lld tokens the model handles (%s RoPE scaling): output past %lld "
-                 "tokens is likely garbage", w ? "; " : "", (int)p.n_ctx, (long long)n_ctx_max,
-                 rk_rope_scaling_name(hp->rope_scaling.type), (long long)n_ctx_max);
+                 "tokens is likely garbage",
+                 w ? "; " : "", (int)p.n_ctx, (long long)n_ctx_max, rk_rope_scaling_name(hp->rope_scaling.type),
+                 (long long)n_ctx_max);
     }
     s->tokens = malloc((size_t)s->n_ctx * sizeof(int32_t));
     size_t nb = (size_t)p.n_batch;
@@ -145,12 +153,13 @@ rk_status rk_session_create(const rk_model *m, const rk_session_params *pp, rk_s
     s->gate = act_alloc(s, nb * (size_t)hp->n_ff * sizeof(float));
     s->up = act_alloc(s, nb * (size_t)hp->n_ff * sizeof(float));
     s->logits = act_alloc(s, nb * (size_t)hp->n_vocab * sizeof(float));
-    if (!s->tokens || !s->x || !s->xin || !s->xs || !s->ex_idx || !s->fill_idx || !s->h || !s->q ||
-        !s->k || !s->v || !s->t || !s->gate || !s->up || !s->logits)
+    if (!s->tokens || !s->x || !s->xin || !s->xs || !s->ex_idx || !s->fill_idx || !s->h || !s->q || !s->k || !s->v ||
+        !s->t || !s->gate || !s->up || !s->logits)
         goto nomem;
     s->layer_rows = calloc((size_t)hp->n_layer * 2, sizeof(uint64_t));
     if (!s->layer_rows) goto nomem;
-    if ((st = rk_forward_init(s, err)) || (st = rk_prefill_init(s, err))) goto fail; /* recorded decode steps; fill state */
+    if ((st = rk_forward_init(s, err)) || (st = rk_prefill_init(s, err)))
+        goto fail; /* recorded decode steps; fill state */
     *out = s;
     return RK_OK;
 nomem:
@@ -178,26 +187,24 @@ void rk_session_set_progress(rk_session *s, rk_progress_fn fn, void *ud) {
 
 rk_status rk_session_truncate(rk_session *s, int64_t n, rk_err *err) {
     if (n < 0 || n > s->n_past)
-        return rk_err_set(err, RK_E_INVALID_ARG, "session: cannot truncate to %lld (have %lld tokens)",
-                          (long long)n, (long long)s->n_past);
+        return rk_err_set(err, RK_E_INVALID_ARG, "session: cannot truncate to %lld (have %lld tokens)", (long long)n,
+                          (long long)s->n_past);
     s->kv->ops->truncate(s->kv, n);
     s->n_past = n;
     rk_prefill_forget(s, n);
     return RK_OK;
 }
 
-rk_status rk_session_eval(rk_session *s, const int32_t *ids, size_t n, float *logits, bool all_rows,
-                          rk_err *err) {
+rk_status rk_session_eval(rk_session *s, const int32_t *ids, size_t n, float *logits, bool all_rows, rk_err *err) {
     const rk_hparams *hp = &s->m->hp;
     if (n == 0) return rk_err_set(err, RK_E_INVALID_ARG, "session: eval of zero tokens");
     if ((int64_t)n > s->n_ctx - s->n_past)
-        return rk_err_set(err, RK_E_CONTEXT,
-                          "session: %zu tokens do not fit the context (%lld used of %lld)", n,
+        return rk_err_set(err, RK_E_CONTEXT, "session: %zu tokens do not fit the context (%lld used of %lld)", n,
                           (long long)s->n_past, (long long)s->n_ctx);
     for (size_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= hp->n_vocab)
-            return rk_err_set(err, RK_E_INVALID_ARG, "session: token id %d at %zu outside vocab of %d",
-                              ids[i], i, hp->n_vocab);
+            return rk_err_set(err, RK_E_INVALID_ARG, "session: token id %d at %zu outside vocab of %d", ids[i], i,
+                              hp->n_vocab);
     const int64_t start = s->n_past;
     memcpy(s->tokens + start, ids, n * sizeof(int32_t));
     rk_status st = rk_prefill_run(s, ids, n, logits, all_rows, err);
@@ -232,8 +239,9 @@ rk_status rk_session_kv_rows(const rk_session *s, int layer, bool values, bool p
                              float *dst, rk_err *err) {
     const rk_hparams *hp = &s->m->hp;
     if (layer < 0 || layer >= hp->n_layer || row0 < 0 || n < 0 || row0 > s->n_past || n > s->n_past - row0)
-        return rk_err_set(err, RK_E_INVALID_ARG, "session: KV rows [%lld, %lld) of layer %d outside [0, %lld) x %d layers",
-                          (long long)row0, (long long)(row0 + n), layer, (long long)s->n_past, hp->n_layer);
+        return rk_err_set(err, RK_E_INVALID_ARG,
+                          "session: KV rows [%lld, %lld) of layer %d outside [0, %lld) x %d layers", (long long)row0,
+                          (long long)(row0 + n), layer, (long long)s->n_past, hp->n_layer);
     return s->kv->ops->read(s->kv, layer, values, pre_rope, row0, n, dst, err);
 }
 

@@ -9,14 +9,14 @@ struct rk_ridge_maps {
     rk_mapping map;
     rk_gguf *gguf;
     int32_t split, n_layer, n_embd;
-    rk_view *w;          /* n_layer entries; valid for split < l < n_layer (W_S = I) */
-    const float **b;     /* bias per layer, same range */
+    rk_view *w;               /* n_layer entries; valid for split < l < n_layer (W_S = I) */
+    const float **b;          /* bias per layer, same range */
     const float *token_score; /* (n_vocab) hard-token score, NULL when absent */
     int32_t n_vocab;
     float keep_share, score_threshold_default;
     float lambda;
-    bool normalized;     /* maps act on rmsnorm(x_S) and predict rmsnorm(x_l) */
-    bool kv_target;      /* maps predict each late layer's pre-RoPE K and V (2 kv_dim outputs:
+    bool normalized; /* maps act on rmsnorm(x_S) and predict rmsnorm(x_l) */
+    bool kv_target;  /* maps predict each late layer's pre-RoPE K and V (2 kv_dim outputs:
                             K then V) instead of its input */
 };
 
@@ -31,30 +31,30 @@ typedef struct rk_fwd_graphs {
 struct rk_session {
     const rk_model *m;
     rk_backend *be;
-    bool own_be;          /* false: borrowed from rk_session_params.shared_backend */
-    bool dev;             /* the backend has its own memory (cuda): activations below live there, only the
+    bool own_be; /* false: borrowed from rk_session_params.shared_backend */
+    bool dev;    /* the backend has its own memory (cuda): activations below live there, only the
                            * logits come back (rk_backend_download); fill and taps need host rows */
     rk_session_params p;
     /* the model's weights as this backend prepared them (once, at creation: uploaded for
      * CUDA; the same views on the CPU) */
-    rk_layer *w_layers;   /* (n_layer) */
+    rk_layer *w_layers; /* (n_layer) */
     rk_view w_tok_embd, w_output_norm, w_output;
     int64_t n_ctx, n_past;
-    rk_kv *kv;            /* the KV cache of the policy p.kv, reached only through its ops (kv/kv_impl.h);
+    rk_kv *kv;       /* the KV cache of the policy p.kv, reached only through its ops (kv/kv_impl.h);
                            * on a dev backend it takes k, v, q and the attention output in device memory */
-    int32_t *tokens;      /* (n_ctx) token ids of rows [0, n_past) */
+    int32_t *tokens; /* (n_ctx) token ids of rows [0, n_past) */
     /* scratch for one chunk of n_batch rows */
-    float *x;             /* (n_batch, n_embd) residual stream */
-    float *xin;           /* (n_batch, n_embd) layer input used by the cache writers */
-    float *xs;            /* (n_batch, n_embd) split stream of filled rows (compacted) */
-    float *h;             /* (n_batch, max(n_embd, q_dim)) normed input / attention output */
-    float *q;             /* (n_batch, q_dim) */
-    float *k, *v;         /* (n_batch, kv_dim) */
-    float *t;             /* (n_batch, max(n_embd, q_dim)) projection output */
-    float *gate, *up;     /* (n_batch, n_ff) */
-    float *logits;        /* (n_batch, n_vocab) */
-    int32_t *ex_idx;      /* (n_batch) chunk rows that run exactly in late layers */
-    int32_t *fill_idx;    /* (n_batch) chunk rows filled in late layers */
+    float *x;          /* (n_batch, n_embd) residual stream */
+    float *xin;        /* (n_batch, n_embd) layer input used by the cache writers */
+    float *xs;         /* (n_batch, n_embd) split stream of filled rows (compacted) */
+    float *h;          /* (n_batch, max(n_embd, q_dim)) normed input / attention output */
+    float *q;          /* (n_batch, q_dim) */
+    float *k, *v;      /* (n_batch, kv_dim) */
+    float *t;          /* (n_batch, max(n_embd, q_dim)) projection output */
+    float *gate, *up;  /* (n_batch, n_ff) */
+    float *logits;     /* (n_batch, n_vocab) */
+    int32_t *ex_idx;   /* (n_batch) chunk rows that run exactly in late layers */
+    int32_t *fill_idx; /* (n_batch) chunk rows filled in late layers */
     rk_progress_fn progress;
     void *progress_ud;
     rk_tap_fn tap;
@@ -63,7 +63,7 @@ struct rk_session {
     rk_session_counters counters;
     uint64_t *layer_rows; /* (n_layer, 2) rows that ran exact, rows filled, per layer (rk_session_layer_rows) */
     rk_fwd_graphs graphs;
-    char warning[512];    /* rk_session_warning */
+    char warning[512];           /* rk_session_warning */
     struct rk_prefill_state *pf; /* the prefill module's: selection, kept stream, splice, fill groups
                                   * (prefill/plan_impl.h) */
 };

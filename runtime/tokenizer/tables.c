@@ -70,8 +70,7 @@ static bool bigram_before(const rk_tok_bigram *a, const rk_tok_bigram *b) {
 }
 
 static bool heap_push(rk_tok_work *w, rk_tok_bigram b) {
-    if (!rk_tok_grow(&w->heap, &w->heap_cap, w->heap_n + 1, sizeof *w->heap))
-        return false;
+    if (!rk_tok_grow(&w->heap, &w->heap_cap, w->heap_n + 1, sizeof *w->heap)) return false;
     size_t i = w->heap_n++;
     while (i > 0) {
         size_t up = (i - 1) / 2;
@@ -98,8 +97,7 @@ static rk_tok_bigram heap_pop(rk_tok_work *w) {
     return top;
 }
 
-static bool try_pair(const rk_tokenizer *t, rk_tok_work *w, int32_t l, int32_t r,
-                     rk_tok_pair_fn pair) {
+static bool try_pair(const rk_tokenizer *t, rk_tok_work *w, int32_t l, int32_t r, rk_tok_pair_fn pair) {
     if (l < 0 || r < 0) return true;
     rk_tok_bigram b;
     if (!pair(t, w->buf, &w->sym[l], &w->sym[r], &b.prio)) return true;
@@ -110,8 +108,7 @@ static bool try_pair(const rk_tokenizer *t, rk_tok_work *w, int32_t l, int32_t r
     return heap_push(w, b);
 }
 
-rk_status rk_tok_merge(const rk_tokenizer *t, rk_tok_work *w, size_t n, rk_tok_pair_fn pair,
-                       rk_err *err) {
+rk_status rk_tok_merge(const rk_tokenizer *t, rk_tok_work *w, size_t n, rk_tok_pair_fn pair, rk_err *err) {
     w->heap_n = 0;
     for (size_t i = 1; i < n; i++)
         if (!try_pair(t, w, (int32_t)(i - 1), (int32_t)i, pair)) goto fail;
@@ -131,4 +128,3 @@ rk_status rk_tok_merge(const rk_tokenizer *t, rk_tok_work *w, size_t n, rk_tok_p
 fail:
     return rk_err_set(err, RK_E_NOMEM, "tokenizer: out of memory in merge queue");
 }
-

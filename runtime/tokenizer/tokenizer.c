@@ -9,8 +9,8 @@
 
 /* ---- loading -------------------------------------------------------- */
 
-static rk_status get_array(const rk_gguf *g, const char *key, bool required, uint32_t n_want,
-                           const rk_gguf_kv **out, rk_err *err) {
+static rk_status get_array(const rk_gguf *g, const char *key, bool required, uint32_t n_want, const rk_gguf_kv **out,
+                           rk_err *err) {
     const rk_gguf_kv *kv = rk_gguf_find_kv(g, key);
     *out = NULL;
     if (!kv) {
@@ -18,19 +18,16 @@ static rk_status get_array(const rk_gguf *g, const char *key, bool required, uin
         return RK_OK;
     }
     if (kv->type != RK_GGUF_ARRAY)
-        return rk_err_set(err, RK_E_GGUF_TYPE, "tokenizer: key %s is not an array (type %u)",
-                          key, kv->type);
+        return rk_err_set(err, RK_E_GGUF_TYPE, "tokenizer: key %s is not an array (type %u)", key, kv->type);
     if (n_want && kv->n != n_want)
-        return rk_err_set(err, RK_E_GGUF_COUNT,
-                          "tokenizer: key %s has a wrong length (expected %u vs got %llu)", key,
+        return rk_err_set(err, RK_E_GGUF_COUNT, "tokenizer: key %s has a wrong length (expected %u vs got %llu)", key,
                           n_want, (unsigned long long)kv->n);
     *out = kv;
     return RK_OK;
 }
 
 /* Reads an optional token id key; out-of-range values keep the default, as llama.cpp. */
-static rk_status get_id(const rk_gguf *g, const char *key, uint32_t n_vocab, int32_t *id,
-                        rk_err *err) {
+static rk_status get_id(const rk_gguf *g, const char *key, uint32_t n_vocab, int32_t *id, rk_err *err) {
     if (!rk_gguf_find_kv(g, key)) return RK_OK;
     int64_t v;
     rk_status st = rk_gguf_get_i64(g, key, &v, err);
@@ -45,8 +42,8 @@ static rk_status get_flag(const rk_gguf *g, const char *key, bool *flag, rk_err 
 }
 
 static const char *const eog_texts[] = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
-    "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>", "<|return|>", "<|call|>",
+    "<|eot_id|>", "<|im_end|>", "<|end|>",         "<end_of_turn>",      "<|endoftext|>", "<|eom_id|>",
+    "<EOT>",      "_<EOT>",     "<|end_of_text|>", "<end_of_utterance>", "<|return|>",    "<|call|>",
 };
 
 static int cmp_i32(const void *a, const void *b) {
@@ -71,8 +68,7 @@ static rk_status build_eog(rk_tokenizer *t, rk_err *err) {
     t->eog = malloc(n * sizeof *t->eog);
     if (!t->eog) return rk_err_set(err, RK_E_NOMEM, "tokenizer: out of memory (eog)");
     for (size_t i = 0; i < n; i++)
-        if (cand[i] >= 0 && (t->n_eog == 0 || t->eog[t->n_eog - 1] != cand[i]))
-            t->eog[t->n_eog++] = cand[i];
+        if (cand[i] >= 0 && (t->n_eog == 0 || t->eog[t->n_eog - 1] != cand[i])) t->eog[t->n_eog++] = cand[i];
     return RK_OK;
 }
 
@@ -93,8 +89,7 @@ static rk_status build_special(rk_tokenizer *t, rk_err *err) {
     uint32_t n = 0;
     for (uint32_t i = 0; i < t->n_vocab; i++) {
         uint8_t ty = t->type[i];
-        if (t->text[i].len && (ty == RK_TOKTYPE_CONTROL || ty == RK_TOKTYPE_USER_DEFINED ||
-                               ty == RK_TOKTYPE_UNKNOWN))
+        if (t->text[i].len && (ty == RK_TOKTYPE_CONTROL || ty == RK_TOKTYPE_USER_DEFINED || ty == RK_TOKTYPE_UNKNOWN))
             n++;
     }
     t->special = malloc((n ? n : 1) * sizeof *t->special);
@@ -106,8 +101,7 @@ static rk_status build_special(rk_tokenizer *t, rk_err *err) {
     n = 0;
     for (uint32_t i = 0; i < t->n_vocab; i++) {
         uint8_t ty = t->type[i];
-        if (t->text[i].len && (ty == RK_TOKTYPE_CONTROL || ty == RK_TOKTYPE_USER_DEFINED ||
-                               ty == RK_TOKTYPE_UNKNOWN))
+        if (t->text[i].len && (ty == RK_TOKTYPE_CONTROL || ty == RK_TOKTYPE_USER_DEFINED || ty == RK_TOKTYPE_UNKNOWN))
             keys[n++] = (special_key){t->text[i].len, (int32_t)i};
     }
     qsort(keys, n, sizeof *keys, cmp_special);
@@ -147,8 +141,7 @@ static uint64_t fingerprint(const rk_tokenizer *t) {
     h = hash_u32(h, (uint32_t)t->bos);
     h = hash_u32(h, (uint32_t)t->eos);
     h = hash_u32(h, (uint32_t)t->unk);
-    h = hash_u32(h, (uint32_t)t->add_bos | (uint32_t)t->add_eos << 1 |
-                        (uint32_t)t->add_space_prefix << 2);
+    h = hash_u32(h, (uint32_t)t->add_bos | (uint32_t)t->add_eos << 1 | (uint32_t)t->add_space_prefix << 2);
     return h;
 }
 
@@ -159,9 +152,8 @@ static rk_status load_vocab(rk_tokenizer *t, const rk_gguf *g, rk_err *err) {
     if (tok->arr_type != RK_GGUF_STRING)
         return rk_err_set(err, RK_E_GGUF_TYPE, "tokenizer: tokenizer.ggml.tokens is not strings");
     if (tok->n == 0 || tok->n > (uint64_t)INT32_MAX / 4)
-        return rk_err_set(err, RK_E_GGUF_COUNT,
-                          "tokenizer: tokenizer.ggml.tokens count (1..%d vs %llu)",
-                          INT32_MAX / 4, (unsigned long long)tok->n);
+        return rk_err_set(err, RK_E_GGUF_COUNT, "tokenizer: tokenizer.ggml.tokens count (1..%d vs %llu)", INT32_MAX / 4,
+                          (unsigned long long)tok->n);
     t->n_vocab = (uint32_t)tok->n;
     if ((st = get_array(g, "tokenizer.ggml.scores", false, t->n_vocab, &sc, err))) return st;
     if ((st = get_array(g, "tokenizer.ggml.token_type", false, t->n_vocab, &ty, err))) return st;
@@ -182,13 +174,11 @@ static rk_status load_vocab(rk_tokenizer *t, const rk_gguf *g, rk_err *err) {
         if (ty) {
             int64_t v;
             if ((st = rk_gguf_arr_i64(ty, i, &v, err))) return st;
-            t->type[i] = (v >= RK_TOKTYPE_NORMAL && v <= RK_TOKTYPE_BYTE) ? (uint8_t)v
-                                                                          : RK_TOKTYPE_UNDEFINED;
+            t->type[i] = (v >= RK_TOKTYPE_NORMAL && v <= RK_TOKTYPE_BYTE) ? (uint8_t)v : RK_TOKTYPE_UNDEFINED;
         }
     }
     if (t->max_text_bytes > RK_TOK_MAX_TEXT)
-        return rk_err_set(err, RK_E_GGUF_COUNT, "tokenizer: token text of %zu bytes",
-                          t->max_text_bytes);
+        return rk_err_set(err, RK_E_GGUF_COUNT, "tokenizer: token text of %zu bytes", t->max_text_bytes);
     /* Later duplicates win, like llama.cpp's token_to_id map. Empty texts are never
      * looked up. */
     for (uint32_t i = 0; i < t->n_vocab; i++) {
@@ -196,8 +186,8 @@ static rk_status load_vocab(rk_tokenizer *t, const rk_gguf *g, rk_err *err) {
         uint32_t s = (uint32_t)rk_tok_str_hash(t->text[i].ptr, t->text[i].len) & t->by_text.mask;
         for (;; s = (s + 1) & t->by_text.mask) {
             int32_t id = t->by_text.slot[s];
-            if (id < 0 || (t->text[id].len == t->text[i].len &&
-                           memcmp(t->text[id].ptr, t->text[i].ptr, t->text[i].len) == 0)) {
+            if (id < 0 ||
+                (t->text[id].len == t->text[i].len && memcmp(t->text[id].ptr, t->text[i].ptr, t->text[i].len) == 0)) {
                 t->by_text.slot[s] = (int32_t)i;
                 break;
             }
@@ -225,8 +215,7 @@ rk_status rk_tokenizer_create(const rk_gguf *g, rk_tokenizer **out, rk_err *err)
         t->bos = 11; /* llama.cpp's defaults when the file names none */
         t->eos = 11;
     } else {
-        st = rk_err_set(err, RK_E_UNSUPPORTED,
-                        "tokenizer: tokenizer.ggml.model '%.*s' (expected llama or gpt2)",
+        st = rk_err_set(err, RK_E_UNSUPPORTED, "tokenizer: tokenizer.ggml.model '%.*s' (expected llama or gpt2)",
                         (int)(model.len > 64 ? 64 : model.len), model.ptr);
         goto fail;
     }
@@ -240,13 +229,10 @@ rk_status rk_tokenizer_create(const rk_gguf *g, rk_tokenizer **out, rk_err *err)
     if ((st = get_id(g, "tokenizer.ggml.eot_token_id", t->n_vocab, &t->eot, err))) goto fail;
     if ((st = get_id(g, "tokenizer.ggml.eom_token_id", t->n_vocab, &t->eom, err))) goto fail;
 
-    if (t->kind == RK_TOK_SPM)
-        st = rk_tok_spm_init(t, err);
-    else
-        st = rk_tok_bpe_init(t, g, err); /* sets pre, and add_bos for llama3 rules */
+    if (t->kind == RK_TOK_SPM) st = rk_tok_spm_init(t, err);
+    else st = rk_tok_bpe_init(t, g, err); /* sets pre, and add_bos for llama3 rules */
     if (st) goto fail;
-    if ((st = get_flag(g, "tokenizer.ggml.add_space_prefix", &t->add_space_prefix, err)))
-        goto fail;
+    if ((st = get_flag(g, "tokenizer.ggml.add_space_prefix", &t->add_space_prefix, err))) goto fail;
     if ((st = get_flag(g, "tokenizer.ggml.add_bos_token", &t->add_bos, err))) goto fail;
     if ((st = get_flag(g, "tokenizer.ggml.add_eos_token", &t->add_eos, err))) goto fail;
 
@@ -296,8 +282,8 @@ static bool frag_push(frag_list *l, size_t off, size_t len, int32_t tok) {
 
 /* llama.cpp's tokenizer_st_partition: for each special token, longest first, split every
  * text fragment at each of its (leftmost, non-overlapping) occurrences. */
-static bool partition(const rk_tokenizer *t, const char *text, size_t len, bool parse_special,
-                      frag_list *cur, frag_list *nxt) {
+static bool partition(const rk_tokenizer *t, const char *text, size_t len, bool parse_special, frag_list *cur,
+                      frag_list *nxt) {
     cur->n = 0;
     if (len && !frag_push(cur, 0, len, -1)) return false;
     for (uint32_t k = 0; k < t->n_special; k++) {
@@ -319,8 +305,7 @@ static bool partition(const rk_tokenizer *t, const char *text, size_t len, bool 
             }
             size_t pos = f.off, end = f.off + f.len;
             while (pos < end) {
-                const char *m = end - pos >= s.len ? memmem(text + pos, end - pos, s.ptr, s.len)
-                                                   : NULL;
+                const char *m = end - pos >= s.len ? memmem(text + pos, end - pos, s.ptr, s.len) : NULL;
                 if (!m) break;
                 size_t at = (size_t)(m - text);
                 if (at > pos && !frag_push(nxt, pos, at - pos, -1)) return false;
@@ -340,12 +325,10 @@ static rk_status nomem(rk_err *err, size_t len) {
     return rk_err_set(err, RK_E_NOMEM, "tokenizer: out of memory encoding %zu bytes", len);
 }
 
-static rk_status encode_frags(const rk_tokenizer *t, const char *text, size_t len,
-                              const frag_list *fr, bool add_special, rk_tok_work *w,
-                              rk_tok_ids *out, rk_err *err) {
+static rk_status encode_frags(const rk_tokenizer *t, const char *text, size_t len, const frag_list *fr,
+                              bool add_special, rk_tok_work *w, rk_tok_ids *out, rk_err *err) {
     if (add_special && t->add_bos) {
-        if (t->bos < 0)
-            return rk_err_set(err, RK_E_UNSUPPORTED, "tokenizer: vocab adds BOS but has no BOS id");
+        if (t->bos < 0) return rk_err_set(err, RK_E_UNSUPPORTED, "tokenizer: vocab adds BOS but has no BOS id");
         if (!rk_tok_ids_push(out, t->bos)) return nomem(err, len);
     }
     bool prev_special = true; /* SPM: the first text fragment gets the dummy prefix */
@@ -358,21 +341,17 @@ static rk_status encode_frags(const rk_tokenizer *t, const char *text, size_t le
             continue;
         }
         if (t->kind == RK_TOK_SPM)
-            st = rk_tok_spm_encode(t, w, text + f.off, f.len,
-                                   t->add_space_prefix && prev_special, out, err);
-        else
-            st = rk_tok_bpe_encode(t, w, text + f.off, f.len, out, err);
+            st = rk_tok_spm_encode(t, w, text + f.off, f.len, t->add_space_prefix && prev_special, out, err);
+        else st = rk_tok_bpe_encode(t, w, text + f.off, f.len, out, err);
         if (st) return st;
         prev_special = false;
     }
-    if (add_special && t->add_eos && t->eos >= 0 && !rk_tok_ids_push(out, t->eos))
-        return nomem(err, len);
+    if (add_special && t->add_eos && t->eos >= 0 && !rk_tok_ids_push(out, t->eos)) return nomem(err, len);
     return RK_OK;
 }
 
-rk_status rk_tokenizer_encode(const rk_tokenizer *t, const char *text, size_t len,
-                              bool add_special, bool parse_special, int32_t **ids,
-                              size_t *n_ids, rk_err *err) {
+rk_status rk_tokenizer_encode(const rk_tokenizer *t, const char *text, size_t len, bool add_special, bool parse_special,
+                              int32_t **ids, size_t *n_ids, rk_err *err) {
     rk_status st;
     rk_tok_ids out = {0};
     rk_tok_work w = {0};
@@ -382,8 +361,7 @@ rk_status rk_tokenizer_encode(const rk_tokenizer *t, const char *text, size_t le
         goto fail;
     }
     if (len > RK_TOK_MAX_TEXT) {
-        st = rk_err_set(err, RK_E_INVALID_ARG, "tokenizer: text of %zu bytes (max %zu)", len,
-                        RK_TOK_MAX_TEXT);
+        st = rk_err_set(err, RK_E_INVALID_ARG, "tokenizer: text of %zu bytes (max %zu)", len, RK_TOK_MAX_TEXT);
         goto fail;
     }
     if (!partition(t, text, len, parse_special, &a, &b)) {
@@ -404,8 +382,7 @@ fail:
 
 /* ---- pieces and decode ---------------------------------------------- */
 
-size_t rk_tokenizer_piece(const rk_tokenizer *t, int32_t id, bool render_special, char *buf,
-                          size_t cap) {
+size_t rk_tokenizer_piece(const rk_tokenizer *t, int32_t id, bool render_special, char *buf, size_t cap) {
     if (!t || id < 0 || (uint32_t)id >= t->n_vocab) return 0;
     uint8_t ty = t->type[id];
     rk_str s = t->text[id];
@@ -419,24 +396,21 @@ size_t rk_tokenizer_piece(const rk_tokenizer *t, int32_t id, bool render_special
         return s.len;
     case RK_TOKTYPE_NORMAL:
     case RK_TOKTYPE_BYTE:
-        return t->kind == RK_TOK_SPM ? rk_tok_spm_piece(t, id, buf, cap)
-                                     : rk_tok_bpe_piece(t, id, buf, cap);
-    default:
-        return 0;
+        return t->kind == RK_TOK_SPM ? rk_tok_spm_piece(t, id, buf, cap) : rk_tok_bpe_piece(t, id, buf, cap);
+    default: return 0;
     }
 }
 
 size_t rk_tokenizer_max_piece_bytes(const rk_tokenizer *t) { return t->max_text_bytes; }
 
-rk_status rk_tokenizer_decode(const rk_tokenizer *t, const int32_t *ids, size_t n_ids,
-                              bool render_special, char **text, size_t *len, rk_err *err) {
+rk_status rk_tokenizer_decode(const rk_tokenizer *t, const int32_t *ids, size_t n_ids, bool render_special, char **text,
+                              size_t *len, rk_err *err) {
     if (!t || !text || !len || (!ids && n_ids))
         return rk_err_set(err, RK_E_INVALID_ARG, "tokenizer: decode needs a tokenizer and ids");
     size_t total = 0;
     for (size_t i = 0; i < n_ids; i++) {
         size_t k = rk_tokenizer_piece(t, ids[i], render_special, NULL, 0);
-        if (k > SIZE_MAX - 1 - total)
-            return rk_err_set(err, RK_E_INVALID_ARG, "tokenizer: decoded text too long");
+        if (k > SIZE_MAX - 1 - total) return rk_err_set(err, RK_E_INVALID_ARG, "tokenizer: decoded text too long");
         total += k;
     }
     char *s = malloc(total + 1);

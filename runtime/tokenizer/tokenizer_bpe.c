@@ -20,8 +20,7 @@ static uint32_t byte_to_cp(unsigned char b) {
 }
 
 static int cp_to_byte(uint32_t cp) {
-    if ((cp >= 33 && cp <= 126) || (cp >= 161 && cp <= 172) || (cp >= 174 && cp <= 255))
-        return (int)cp;
+    if ((cp >= 33 && cp <= 126) || (cp >= 161 && cp <= 172) || (cp >= 174 && cp <= 255)) return (int)cp;
     if (cp >= 256 && cp <= 288) return (int)(cp - 256);
     if (cp >= 289 && cp <= 322) return (int)(cp - 289 + 127);
     if (cp == 323) return 173;
@@ -37,22 +36,21 @@ static const struct {
     const char *name;
     rk_tok_pre pre;
 } k_pre_names[] = {
-    {"default", RK_TOK_PRE_DEFAULT},
-    {"gpt-2", RK_TOK_PRE_GPT2},           {"phi-2", RK_TOK_PRE_GPT2},
-    {"jina-es", RK_TOK_PRE_GPT2},         {"jina-de", RK_TOK_PRE_GPT2},
-    {"gigachat", RK_TOK_PRE_GPT2},        {"jina-v1-en", RK_TOK_PRE_GPT2},
-    {"jina-v2-es", RK_TOK_PRE_GPT2},      {"jina-v2-de", RK_TOK_PRE_GPT2},
-    {"jina-v2-code", RK_TOK_PRE_GPT2},    {"roberta-bpe", RK_TOK_PRE_GPT2},
-    {"mpt", RK_TOK_PRE_GPT2},             {"olmo", RK_TOK_PRE_GPT2},
-    {"jais", RK_TOK_PRE_GPT2},            {"trillion", RK_TOK_PRE_GPT2},
-    {"starcoder", RK_TOK_PRE_STARCODER},  {"refact", RK_TOK_PRE_STARCODER},
-    {"command-r", RK_TOK_PRE_STARCODER},  {"smollm", RK_TOK_PRE_STARCODER},
-    {"codeshell", RK_TOK_PRE_STARCODER},  {"exaone", RK_TOK_PRE_STARCODER},
-    {"minerva-7b", RK_TOK_PRE_STARCODER},
-    {"qwen2", RK_TOK_PRE_QWEN2},          {"deepseek-r1-qwen", RK_TOK_PRE_QWEN2},
-    {"stablelm2", RK_TOK_PRE_QWEN2},      {"megrez", RK_TOK_PRE_QWEN2},
-    {"llama3", RK_TOK_PRE_LLAMA3},        {"llama-v3", RK_TOK_PRE_LLAMA3},
-    {"llama-bpe", RK_TOK_PRE_LLAMA3},     {"falcon3", RK_TOK_PRE_LLAMA3},
+    {"default", RK_TOK_PRE_DEFAULT},  {"gpt-2", RK_TOK_PRE_GPT2},
+    {"phi-2", RK_TOK_PRE_GPT2},       {"jina-es", RK_TOK_PRE_GPT2},
+    {"jina-de", RK_TOK_PRE_GPT2},     {"gigachat", RK_TOK_PRE_GPT2},
+    {"jina-v1-en", RK_TOK_PRE_GPT2},  {"jina-v2-es", RK_TOK_PRE_GPT2},
+    {"jina-v2-de", RK_TOK_PRE_GPT2},  {"jina-v2-code", RK_TOK_PRE_GPT2},
+    {"roberta-bpe", RK_TOK_PRE_GPT2}, {"mpt", RK_TOK_PRE_GPT2},
+    {"olmo", RK_TOK_PRE_GPT2},        {"jais", RK_TOK_PRE_GPT2},
+    {"trillion", RK_TOK_PRE_GPT2},    {"starcoder", RK_TOK_PRE_STARCODER},
+    {"refact", RK_TOK_PRE_STARCODER}, {"command-r", RK_TOK_PRE_STARCODER},
+    {"smollm", RK_TOK_PRE_STARCODER}, {"codeshell", RK_TOK_PRE_STARCODER},
+    {"exaone", RK_TOK_PRE_STARCODER}, {"minerva-7b", RK_TOK_PRE_STARCODER},
+    {"qwen2", RK_TOK_PRE_QWEN2},      {"deepseek-r1-qwen", RK_TOK_PRE_QWEN2},
+    {"stablelm2", RK_TOK_PRE_QWEN2},  {"megrez", RK_TOK_PRE_QWEN2},
+    {"llama3", RK_TOK_PRE_LLAMA3},    {"llama-v3", RK_TOK_PRE_LLAMA3},
+    {"llama-bpe", RK_TOK_PRE_LLAMA3}, {"falcon3", RK_TOK_PRE_LLAMA3},
 };
 
 const char *rk_tok_pre_rules_name(rk_tok_pre pre) {
@@ -85,9 +83,9 @@ static bool emit(pieces *o, size_t end) {
 #define L RK_UF_LETTER
 #define N RK_UF_NUMBER
 #define S RK_UF_SPACE
-#define EMIT(e)                             \
-    do {                                    \
-        if (!emit(o, (e))) return false;    \
+#define EMIT(e)                          \
+    do {                                 \
+        if (!emit(o, (e))) return false; \
     } while (0)
 
 /* 's|'t|'re|'ve|'m|'ll|'d (fold: ASCII case-insensitive); returns the match length. */
@@ -113,8 +111,7 @@ static size_t ws_end(const uint8_t *fl, size_t pos, size_t end) {
 }
 
 /* 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
-static bool split_gpt2(const uint32_t *cp, const uint8_t *fl, size_t beg, size_t end,
-                       pieces *o) {
+static bool split_gpt2(const uint32_t *cp, const uint8_t *fl, size_t beg, size_t end, pieces *o) {
     size_t pos = beg;
     while (pos < end) {
         size_t k = contraction(cp, pos, end, false);
@@ -144,8 +141,7 @@ static bool split_gpt2(const uint32_t *cp, const uint8_t *fl, size_t beg, size_t
 /* (?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|
  * \p{N}{1,max_digits}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
  * (qwen2: max_digits 1; llama3: 3) */
-static bool split_llama3(const uint32_t *cp, const uint8_t *fl, size_t beg, size_t end,
-                         size_t max_digits, pieces *o) {
+static bool split_llama3(const uint32_t *cp, const uint8_t *fl, size_t beg, size_t end, size_t max_digits, pieces *o) {
     size_t pos = beg;
     while (pos < end) {
         uint32_t c = cp[pos];
@@ -156,8 +152,7 @@ static bool split_llama3(const uint32_t *cp, const uint8_t *fl, size_t beg, size
             EMIT(pos);
             continue;
         }
-        if (c != '\r' && c != '\n' && !(f & N) &&
-            ((f & L) || (pos + 1 < end && (fl[pos + 1] & L)))) {
+        if (c != '\r' && c != '\n' && !(f & N) && ((f & L) || (pos + 1 < end && (fl[pos + 1] & L)))) {
             pos++;
             while (pos < end && (fl[pos] & L)) pos++;
             EMIT(pos);
@@ -195,8 +190,8 @@ static bool split_llama3(const uint32_t *cp, const uint8_t *fl, size_t beg, size
 
 /* Matches of a one-code-point class, each match its own piece; runs: [class]+ else
  * [class]. Text between matches stays as pieces. */
-static bool split_class(const uint32_t *cp, const uint8_t *fl, size_t beg, size_t end,
-                        bool (*in)(uint32_t, unsigned), bool runs, pieces *o) {
+static bool split_class(const uint32_t *cp, const uint8_t *fl, size_t beg, size_t end, bool (*in)(uint32_t, unsigned),
+                        bool runs, pieces *o) {
     size_t pos = beg;
     while (pos < end) {
         if (!in(cp[pos], fl[pos])) {
@@ -215,16 +210,16 @@ static bool split_class(const uint32_t *cp, const uint8_t *fl, size_t beg, size_
 static bool is_number(uint32_t c, unsigned f) { return (void)c, (f & N) != 0; }
 /* [\p{P}\$\+<=>\^~\|] */
 static bool is_punct_sym(uint32_t c, unsigned f) {
-    return (f & RK_UF_PUNCT) || c == '$' || c == '+' || c == '<' || c == '=' || c == '>' ||
-           c == '^' || c == '~' || c == '|';
+    return (f & RK_UF_PUNCT) || c == '$' || c == '+' || c == '<' || c == '=' || c == '>' || c == '^' || c == '~' ||
+           c == '|';
 }
 
 /* [0-9][0-9][0-9], leftmost and non-overlapping */
 static bool split_ascii3(const uint32_t *cp, size_t beg, size_t end, pieces *o) {
     size_t pos = beg;
     while (pos + 3 <= end) {
-        if (cp[pos] >= '0' && cp[pos] <= '9' && cp[pos + 1] >= '0' && cp[pos + 1] <= '9' &&
-            cp[pos + 2] >= '0' && cp[pos + 2] <= '9') {
+        if (cp[pos] >= '0' && cp[pos] <= '9' && cp[pos + 1] >= '0' && cp[pos + 1] <= '9' && cp[pos + 2] >= '0' &&
+            cp[pos + 2] <= '9') {
             EMIT(pos);
             pos += 3;
             EMIT(pos);
@@ -239,8 +234,8 @@ static bool split_ascii3(const uint32_t *cp, size_t beg, size_t end, pieces *o) 
 #undef EMIT
 
 /* One regex of the set applied to [beg, end). */
-static bool run_pass(rk_tok_pre pre, int pass, const uint32_t *cp, const uint8_t *fl,
-                     size_t beg, size_t end, pieces *o) {
+static bool run_pass(rk_tok_pre pre, int pass, const uint32_t *cp, const uint8_t *fl, size_t beg, size_t end,
+                     pieces *o) {
     o->prev = beg;
     switch (pre) {
     case RK_TOK_PRE_DEFAULT:
@@ -257,9 +252,7 @@ static bool run_pass(rk_tok_pre pre, int pass, const uint32_t *cp, const uint8_t
     }
 }
 
-static int n_passes(rk_tok_pre pre) {
-    return pre == RK_TOK_PRE_DEFAULT ? 4 : pre == RK_TOK_PRE_STARCODER ? 2 : 1;
-}
+static int n_passes(rk_tok_pre pre) { return pre == RK_TOK_PRE_DEFAULT ? 4 : pre == RK_TOK_PRE_STARCODER ? 2 : 1; }
 
 #undef L
 #undef N
@@ -267,8 +260,7 @@ static int n_passes(rk_tok_pre pre) {
 
 /* ---- merges ----------------------------------------------------------- */
 
-static int32_t merge_rank(const rk_tokenizer *t, const char *l, size_t nl, const char *r,
-                          size_t nr) {
+static int32_t merge_rank(const rk_tokenizer *t, const char *l, size_t nl, const char *r, size_t nr) {
     if (nl > t->max_merge_part || nr > t->max_merge_part) return -1;
     uint64_t h = rk_fnv1a(RK_FNV_OFFSET, l, nl);
     h = rk_fnv1a(h, " ", 1);
@@ -276,14 +268,13 @@ static int32_t merge_rank(const rk_tokenizer *t, const char *l, size_t nl, const
     for (uint32_t i = (uint32_t)h & t->merges.mask;; i = (i + 1) & t->merges.mask) {
         int32_t m = t->merges.slot[i];
         if (m < 0) return -1;
-        if (t->merge_l[m].len == nl && t->merge_r[m].len == nr &&
-            memcmp(t->merge_l[m].ptr, l, nl) == 0 && memcmp(t->merge_r[m].ptr, r, nr) == 0)
+        if (t->merge_l[m].len == nl && t->merge_r[m].len == nr && memcmp(t->merge_l[m].ptr, l, nl) == 0 &&
+            memcmp(t->merge_r[m].ptr, r, nr) == 0)
             return m;
     }
 }
 
-static bool bpe_pair(const rk_tokenizer *t, const char *s, const rk_tok_sym *l,
-                     const rk_tok_sym *r, double *prio) {
+static bool bpe_pair(const rk_tokenizer *t, const char *s, const rk_tok_sym *l, const rk_tok_sym *r, double *prio) {
     int32_t rank = merge_rank(t, s + l->off, l->n, s + r->off, r->n);
     if (rank < 0) return false;
     *prio = -(double)rank;
@@ -314,11 +305,10 @@ rk_status rk_tok_bpe_init(rk_tokenizer *t, const rk_gguf *g, rk_err *err) {
     const rk_gguf_kv *kv = rk_gguf_find_kv(g, "tokenizer.ggml.merges");
     if (!kv) return rk_err_set(err, RK_E_NOT_FOUND, "tokenizer: missing key tokenizer.ggml.merges");
     if (kv->type != RK_GGUF_ARRAY || kv->arr_type != RK_GGUF_STRING)
-        return rk_err_set(err, RK_E_GGUF_TYPE,
-                          "tokenizer: tokenizer.ggml.merges is not an array of strings");
+        return rk_err_set(err, RK_E_GGUF_TYPE, "tokenizer: tokenizer.ggml.merges is not an array of strings");
     if (kv->n > (uint64_t)INT32_MAX / 4)
-        return rk_err_set(err, RK_E_GGUF_COUNT, "tokenizer: %llu merges (max %d)",
-                          (unsigned long long)kv->n, INT32_MAX / 4);
+        return rk_err_set(err, RK_E_GGUF_COUNT, "tokenizer: %llu merges (max %d)", (unsigned long long)kv->n,
+                          INT32_MAX / 4);
     t->n_merges = (uint32_t)kv->n;
     size_t n_alloc = t->n_merges ? t->n_merges : 1;
     t->merge_l = calloc(n_alloc, sizeof *t->merge_l);
@@ -377,8 +367,8 @@ static bool grow_cps(rk_tok_work *w, size_t need) {
 
 /* One pre-tokenized word, code points [a, b) of text -> tokens. As in llama.cpp, each
  * invalid byte is replaced by U+FFFD's bytes before the byte-level mapping. */
-static rk_status encode_word(const rk_tokenizer *t, rk_tok_work *wk, const char *text,
-                             size_t a, size_t b, rk_tok_ids *out, rk_err *err) {
+static rk_status encode_word(const rk_tokenizer *t, rk_tok_work *wk, const char *text, size_t a, size_t b,
+                             rk_tok_ids *out, rk_err *err) {
     size_t n_max = 3 * (size_t)(wk->cp_off[b] - wk->cp_off[a]); /* bytes after U+FFFD */
     if (!rk_tok_grow(&wk->buf, &wk->buf_cap, 2 * n_max, 1) ||
         !rk_tok_grow(&wk->sym, &wk->sym_cap, n_max, sizeof *wk->sym))
@@ -423,14 +413,12 @@ static rk_status encode_word(const rk_tokenizer *t, rk_tok_work *wk, const char 
     }
     return RK_OK;
 fail:
-    return rk_err_set(err, RK_E_NOMEM, "tokenizer: out of memory (bpe word of %zu bytes)",
-                      n_max / 3);
+    return rk_err_set(err, RK_E_NOMEM, "tokenizer: out of memory (bpe word of %zu bytes)", n_max / 3);
 }
 
 /* Pre-tokenizes text with the rules pre: fills w->cp* and leaves the word lengths (in
  * code points) in w->piece[*which]. */
-static bool pretokenize(rk_tok_pre pre, rk_tok_work *w, const char *text, size_t len,
-                        int *which) {
+static bool pretokenize(rk_tok_pre pre, rk_tok_work *w, const char *text, size_t len, int *which) {
     /* code points with their byte offsets; invalid bytes count as U+FFFD but keep
      * their own byte */
     if (!grow_cps(w, len + 1)) return false;
@@ -447,8 +435,7 @@ static bool pretokenize(rk_tok_pre pre, rk_tok_work *w, const char *text, size_t
     int cur = 0;
     w->piece_n[0] = 0;
     if (n_cp) {
-        if (!rk_tok_grow(&w->piece[0], &w->piece_cap[0], 1, sizeof(uint32_t)))
-            return false;
+        if (!rk_tok_grow(&w->piece[0], &w->piece_cap[0], 1, sizeof(uint32_t))) return false;
         w->piece[0][w->piece_n[0]++] = (uint32_t)n_cp;
     }
     /* each pass re-splits the previous pass's pieces */
@@ -468,8 +455,8 @@ static bool pretokenize(rk_tok_pre pre, rk_tok_work *w, const char *text, size_t
     return true;
 }
 
-rk_status rk_tok_bpe_encode(const rk_tokenizer *t, rk_tok_work *w, const char *text,
-                            size_t len, rk_tok_ids *out, rk_err *err) {
+rk_status rk_tok_bpe_encode(const rk_tokenizer *t, rk_tok_work *w, const char *text, size_t len, rk_tok_ids *out,
+                            rk_err *err) {
     int cur;
     if (!pretokenize(t->pre, w, text, len, &cur))
         return rk_err_set(err, RK_E_NOMEM, "tokenizer: out of memory (bpe, %zu bytes)", len);
@@ -483,8 +470,7 @@ rk_status rk_tok_bpe_encode(const rk_tokenizer *t, rk_tok_work *w, const char *t
     return RK_OK;
 }
 
-rk_status rk_tok_pretokenize(rk_tok_pre pre, const char *text, size_t len, size_t **ends,
-                             size_t *n, rk_err *err) {
+rk_status rk_tok_pretokenize(rk_tok_pre pre, const char *text, size_t len, size_t **ends, size_t *n, rk_err *err) {
     rk_status st = RK_OK;
     rk_tok_work w = {0};
     int cur;
@@ -493,8 +479,7 @@ rk_status rk_tok_pretokenize(rk_tok_pre pre, const char *text, size_t len, size_
         st = rk_err_set(err, RK_E_INVALID_ARG, "tokenizer: pretokenize text of %zu bytes", len);
         goto fail;
     }
-    if (!pretokenize(pre, &w, text, len, &cur) ||
-        !(e = malloc((w.piece_n[cur] ? w.piece_n[cur] : 1) * sizeof *e))) {
+    if (!pretokenize(pre, &w, text, len, &cur) || !(e = malloc((w.piece_n[cur] ? w.piece_n[cur] : 1) * sizeof *e))) {
         st = rk_err_set(err, RK_E_NOMEM, "tokenizer: out of memory (pretokenize)");
         goto fail;
     }

@@ -68,9 +68,8 @@ void rk_tokenizer_destroy(rk_tokenizer *t); /* accepts NULL */
  * len above RK_TOK_MAX_TEXT -> RK_E_INVALID_ARG.
  * The tokenizer is read-only here: concurrent calls are safe. */
 #define RK_TOK_MAX_TEXT ((size_t)1 << 29) /* 512 MiB: symbol indices stay in int32 */
-rk_status rk_tokenizer_encode(const rk_tokenizer *t, const char *text, size_t len,
-                              bool add_special, bool parse_special, int32_t **ids,
-                              size_t *n_ids, rk_err *err);
+rk_status rk_tokenizer_encode(const rk_tokenizer *t, const char *text, size_t len, bool add_special, bool parse_special,
+                              int32_t **ids, size_t *n_ids, rk_err *err);
 
 /* Bytes of one token as printed while streaming: byte tokens give their raw byte,
  * SPM "▁" -> ' ', BPE byte-level text mapped back to bytes; CONTROL / UNKNOWN tokens
@@ -78,16 +77,15 @@ rk_status rk_tokenizer_encode(const rk_tokenizer *t, const char *text, size_t le
  * out-of-range ids give nothing. Returns the piece length; writes it to buf only when
  * it fits in cap (no NUL, no partial write). A piece is never longer than
  * rk_tokenizer_max_piece_bytes(). May end inside a UTF-8 character: see rk_utf8_stream. */
-size_t rk_tokenizer_piece(const rk_tokenizer *t, int32_t id, bool render_special, char *buf,
-                          size_t cap);
+size_t rk_tokenizer_piece(const rk_tokenizer *t, int32_t id, bool render_special, char *buf, size_t cap);
 size_t rk_tokenizer_max_piece_bytes(const rk_tokenizer *t);
 
 /* Concatenated pieces, NUL-terminated, malloc'd (*len excludes the NUL). When the vocab
  * adds a space prefix (SPM), one leading space of the first token's piece is dropped;
  * as in llama.cpp, a leading BOS uses up that strip, so pass ids + 1 to decode text
  * that follows a BOS. No clean-up of spaces before punctuation. */
-rk_status rk_tokenizer_decode(const rk_tokenizer *t, const int32_t *ids, size_t n_ids,
-                              bool render_special, char **text, size_t *len, rk_err *err);
+rk_status rk_tokenizer_decode(const rk_tokenizer *t, const int32_t *ids, size_t n_ids, bool render_special, char **text,
+                              size_t *len, rk_err *err);
 
 int32_t rk_tokenizer_n_vocab(const rk_tokenizer *t);
 int32_t rk_tokenizer_bos(const rk_tokenizer *t); /* -1 when none */
@@ -202,9 +200,9 @@ struct rk_tokenizer {
     rk_str pre_stored; /* borrowed; {NULL,0} when the key is absent */
 
     uint32_t n_vocab;
-    rk_str *text;   /* (n_vocab) borrowed views into the file */
-    float *score;   /* (n_vocab) 0 when the file has no scores */
-    uint8_t *type;  /* (n_vocab) rk_toktype, after the EOG -> CONTROL fix-up */
+    rk_str *text;  /* (n_vocab) borrowed views into the file */
+    float *score;  /* (n_vocab) 0 when the file has no scores */
+    uint8_t *type; /* (n_vocab) rk_toktype, after the EOG -> CONTROL fix-up */
     rk_tok_table by_text;
     size_t max_text_bytes;
 
@@ -219,7 +217,7 @@ struct rk_tokenizer {
     uint64_t *pair;
     uint64_t pair_mask;
 
-    uint32_t n_merges; /* BPE */
+    uint32_t n_merges;         /* BPE */
     rk_str *merge_l, *merge_r; /* (n_merges) borrowed halves of "left right" */
     rk_tok_table merges;       /* value: merge index = rank */
     size_t max_merge_part;
@@ -287,28 +285,26 @@ void rk_tok_work_free(rk_tok_work *w);
 bool rk_tok_grow(void *pptr, size_t *cap, size_t need, size_t elem);
 
 /* Priority of merging symbols l and r of s (adjacent), or false if they cannot merge. */
-typedef bool (*rk_tok_pair_fn)(const rk_tokenizer *t, const char *s, const rk_tok_sym *l,
-                               const rk_tok_sym *r, double *prio);
+typedef bool (*rk_tok_pair_fn)(const rk_tokenizer *t, const char *s, const rk_tok_sym *l, const rk_tok_sym *r,
+                               double *prio);
 /* Runs llama.cpp's merge loop over w->sym[0..n) (a chain 0 -> next -> ... -> -1):
  * repeatedly merges the best queued pair until none is left. */
-rk_status rk_tok_merge(const rk_tokenizer *t, rk_tok_work *w, size_t n, rk_tok_pair_fn pair,
-                       rk_err *err);
+rk_status rk_tok_merge(const rk_tokenizer *t, rk_tok_work *w, size_t n, rk_tok_pair_fn pair, rk_err *err);
 
 /* tokenizer_spm.c */
 rk_status rk_tok_spm_init(rk_tokenizer *t, rk_err *err);
 /* Encodes one text fragment (no special tokens inside); prefix: add the dummy "▁". */
-rk_status rk_tok_spm_encode(const rk_tokenizer *t, rk_tok_work *w, const char *text,
-                            size_t len, bool prefix, rk_tok_ids *out, rk_err *err);
+rk_status rk_tok_spm_encode(const rk_tokenizer *t, rk_tok_work *w, const char *text, size_t len, bool prefix,
+                            rk_tok_ids *out, rk_err *err);
 size_t rk_tok_spm_piece(const rk_tokenizer *t, int32_t id, char *buf, size_t cap);
 int rk_tok_byte_of(rk_str s); /* byte of a "<0xXX>" text, or -1 */
 
 /* tokenizer_bpe.c */
 rk_status rk_tok_bpe_init(rk_tokenizer *t, const rk_gguf *g, rk_err *err);
-rk_status rk_tok_bpe_encode(const rk_tokenizer *t, rk_tok_work *w, const char *text,
-                            size_t len, rk_tok_ids *out, rk_err *err);
+rk_status rk_tok_bpe_encode(const rk_tokenizer *t, rk_tok_work *w, const char *text, size_t len, rk_tok_ids *out,
+                            rk_err *err);
 size_t rk_tok_bpe_piece(const rk_tokenizer *t, int32_t id, char *buf, size_t cap);
 const char *rk_tok_pre_rules_name(rk_tok_pre pre);
 /* Word boundaries under the rules pre, for tests and tools: (*ends)[i] is the byte
  * offset where word i ends (malloc'd; caller frees). */
-rk_status rk_tok_pretokenize(rk_tok_pre pre, const char *text, size_t len, size_t **ends,
-                             size_t *n, rk_err *err);
+rk_status rk_tok_pretokenize(rk_tok_pre pre, const char *text, size_t len, size_t **ends, size_t *n, rk_err *err);

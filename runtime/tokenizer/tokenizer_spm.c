@@ -26,9 +26,7 @@ int rk_tok_byte_of(rk_str s) {
 
 static uint64_t pair_key(uint32_t a, uint32_t b) { return ((uint64_t)a << 21 | b) + 1; }
 
-static uint64_t pair_slot(uint64_t key, uint64_t mask) {
-    return (key * 0x9E3779B97F4A7C15ull >> 20) & mask;
-}
+static uint64_t pair_slot(uint64_t key, uint64_t mask) { return (key * 0x9E3779B97F4A7C15ull >> 20) & mask; }
 
 static bool pair_has(const rk_tokenizer *t, uint64_t key) {
     for (uint64_t i = pair_slot(key, t->pair_mask);; i = (i + 1) & t->pair_mask) {
@@ -99,8 +97,7 @@ rk_status rk_tok_spm_init(rk_tokenizer *t, rk_err *err) {
 
 /* ---- encode ------------------------------------------------------------ */
 
-static bool spm_pair(const rk_tokenizer *t, const char *s, const rk_tok_sym *l,
-                     const rk_tok_sym *r, double *prio) {
+static bool spm_pair(const rk_tokenizer *t, const char *s, const rk_tok_sym *l, const rk_tok_sym *r, double *prio) {
     int32_t id = rk_tok_lookup(t, s + l->off, (size_t)l->n + r->n);
     if (id < 0) return false;
     *prio = t->score[id];
@@ -108,15 +105,15 @@ static bool spm_pair(const rk_tokenizer *t, const char *s, const rk_tok_sym *l,
 }
 
 /* Merges and emits w->buf[beg..end), a run that starts on a symbol boundary. */
-static rk_status encode_piece(const rk_tokenizer *t, rk_tok_work *w, size_t beg, size_t end,
-                              rk_tok_ids *out, rk_err *err) {
+static rk_status encode_piece(const rk_tokenizer *t, rk_tok_work *w, size_t beg, size_t end, rk_tok_ids *out,
+                              rk_err *err) {
     size_t n_sym = 0;
     for (size_t off = beg; off < end;) {
         size_t k = rk_utf8_len_lead((unsigned char)w->buf[off]);
         if (k > end - off) k = end - off;
         if (!rk_tok_grow(&w->sym, &w->sym_cap, n_sym + 1, sizeof *w->sym)) goto fail;
-        w->sym[n_sym] = (rk_tok_sym){(uint32_t)off, (uint32_t)k, (int32_t)n_sym - 1,
-                                     off + k == end ? -1 : (int32_t)n_sym + 1};
+        w->sym[n_sym] =
+            (rk_tok_sym){(uint32_t)off, (uint32_t)k, (int32_t)n_sym - 1, off + k == end ? -1 : (int32_t)n_sym + 1};
         n_sym++;
         off += k;
     }
@@ -136,8 +133,7 @@ static rk_status encode_piece(const rk_tokenizer *t, rk_tok_work *w, size_t beg,
             int32_t b = t->byte_tok[(unsigned char)w->buf[s->off + j]];
             if (b < 0) b = t->unk;
             if (b < 0)
-                return rk_err_set(err, RK_E_UNSUPPORTED,
-                                  "tokenizer: byte 0x%02x has no <0x..> token and no unk",
+                return rk_err_set(err, RK_E_UNSUPPORTED, "tokenizer: byte 0x%02x has no <0x..> token and no unk",
                                   (unsigned char)w->buf[s->off + j]);
             if (!rk_tok_ids_push(out, b)) goto fail;
         }
@@ -147,8 +143,8 @@ fail:
     return rk_err_set(err, RK_E_NOMEM, "tokenizer: out of memory (spm, %zu bytes)", end - beg);
 }
 
-rk_status rk_tok_spm_encode(const rk_tokenizer *t, rk_tok_work *w, const char *text,
-                            size_t len, bool prefix, rk_tok_ids *out, rk_err *err) {
+rk_status rk_tok_spm_encode(const rk_tokenizer *t, rk_tok_work *w, const char *text, size_t len, bool prefix,
+                            rk_tok_ids *out, rk_err *err) {
     /* escaped text: every ' ' becomes 3 bytes; len <= RK_TOK_MAX_TEXT keeps it in uint32 */
     size_t n = 0;
     if (!rk_tok_grow(&w->buf, &w->buf_cap, 3 * len + 3, 1))

@@ -9,10 +9,8 @@ rk_ucat rk_unicode_category(uint32_t cp) {
     size_t lo = 0, hi = rk_unicode_n_ranges;
     while (hi - lo > 1) {
         size_t mid = lo + (hi - lo) / 2;
-        if ((rk_unicode_ranges[mid] >> 8) <= cp)
-            lo = mid;
-        else
-            hi = mid;
+        if ((rk_unicode_ranges[mid] >> 8) <= cp) lo = mid;
+        else hi = mid;
     }
     return (rk_ucat)(rk_unicode_ranges[lo] & 0xff);
 }
@@ -21,8 +19,8 @@ rk_ucat rk_unicode_category(uint32_t cp) {
 bool rk_unicode_is_space(uint32_t cp) {
     if (cp <= 0x20) return cp == 0x20 || (cp >= 0x09 && cp <= 0x0D);
     if (cp < 0x85) return false;
-    return cp == 0x85 || cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) ||
-           cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
+    return cp == 0x85 || cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 ||
+           cp == 0x202F || cp == 0x205F || cp == 0x3000;
 }
 
 unsigned rk_unicode_flags(uint32_t cp) {

@@ -9,11 +9,11 @@
 #include "rk_base.h"
 
 typedef struct rk_synth_params {
-    const char *shape;  /* smollm2-135m, qwen2.5-1.5b, qwen3-0.6b, llama-3.2-1b */
-    const char *type;   /* f32 f16 bf16 q8_0 q4_0 q4_1 q4_k q6_k q4_k_m */
-    int64_t n_vocab;    /* 0: the real model's vocabulary size; else >= RK_SYNTH_MIN_VOCAB */
-    int n_layer;        /* 0: the real model's layer count; else 1 .. that count */
-    uint64_t seed;      /* same params + seed -> same bytes */
+    const char *shape; /* smollm2-135m, qwen2.5-1.5b, qwen3-0.6b, llama-3.2-1b */
+    const char *type;  /* f32 f16 bf16 q8_0 q4_0 q4_1 q4_k q6_k q4_k_m */
+    int64_t n_vocab;   /* 0: the real model's vocabulary size; else >= RK_SYNTH_MIN_VOCAB */
+    int n_layer;       /* 0: the real model's layer count; else 1 .. that count */
+    uint64_t seed;     /* same params + seed -> same bytes */
 } rk_synth_params;
 
 #define RK_SYNTH_MIN_VOCAB 320 /* 3 specials + 256 byte tokens + a few pieces */
@@ -36,8 +36,7 @@ const char *rk_synth_type_names(void);
  * elsewhere); a K type on a row that is not whole 256-blocks falls back to
  * q4_1 (q4_k) or q8_0 (q6_k), as llama.cpp falls back for such rows. Returns
  * false for an unknown type name. */
-bool rk_synth_tensor_type(const char *type, const char *tensor, int layer, int n_layer, int64_t ne0,
-                          uint32_t *out);
+bool rk_synth_tensor_type(const char *type, const char *tensor, int layer, int n_layer, int64_t ne0, uint32_t *out);
 
 /* The whole file in memory (malloc'd, caller frees). RK_E_INVALID_ARG names
  * the bad parameter (unknown shape / type, vocab or layers out of range). */

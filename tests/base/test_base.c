@@ -17,8 +17,7 @@
 
 Test(base, err_set_formats_and_returns_the_code) {
     rk_err e = {0};
-    rk_status s = rk_err_set(&e, RK_E_GGUF_DIM, "gguf: tensor '%s' dim %d (expected > 0 vs got %lld)", "w", 1,
-                             -5LL);
+    rk_status s = rk_err_set(&e, RK_E_GGUF_DIM, "gguf: tensor '%s' dim %d (expected > 0 vs got %lld)", "w", 1, -5LL);
     cr_expect_eq(s, RK_E_GGUF_DIM);
     cr_expect_eq(e.code, RK_E_GGUF_DIM);
     cr_expect_str_eq(e.msg, "gguf: tensor 'w' dim 1 (expected > 0 vs got -5)");
@@ -88,13 +87,13 @@ Test(base, dtype_traits_match_the_block_layouts) {
         {RK_DT_F32, "f32", 1, 4, true},
         {RK_DT_F16, "f16", 1, 2, true},
         {RK_DT_BF16, "bf16", 1, 2, true},
-        {RK_DT_Q4_0, "q4_0", 32, 2 + 32 / 2, true},            /* f16 d + nibbles */
-        {RK_DT_Q4_1, "q4_1", 32, 2 + 2 + 32 / 2, true},        /* f16 d, m + nibbles */
-        {RK_DT_Q8_0, "q8_0", 32, 2 + 32, true},                /* f16 d + int8 */
-        {RK_DT_Q8_1, "q8_1", 32, 2 + 2 + 32, false},           /* f16 d, s + int8 */
-        {RK_DT_Q4_K, "q4_K", 256, 2 + 2 + 12 + 256 / 2, true}, /* d, dmin, 6-bit scales, nibbles */
+        {RK_DT_Q4_0, "q4_0", 32, 2 + 32 / 2, true},                        /* f16 d + nibbles */
+        {RK_DT_Q4_1, "q4_1", 32, 2 + 2 + 32 / 2, true},                    /* f16 d, m + nibbles */
+        {RK_DT_Q8_0, "q8_0", 32, 2 + 32, true},                            /* f16 d + int8 */
+        {RK_DT_Q8_1, "q8_1", 32, 2 + 2 + 32, false},                       /* f16 d, s + int8 */
+        {RK_DT_Q4_K, "q4_K", 256, 2 + 2 + 12 + 256 / 2, true},             /* d, dmin, 6-bit scales, nibbles */
         {RK_DT_Q6_K, "q6_K", 256, 256 / 2 + 256 / 4 + 256 / 16 + 2, true}, /* ql, qh, scales, d */
-        {RK_DT_Q8_K, "q8_K", 256, 4 + 256 + 2 * 256 / 16, false},         /* f32 d, int8, bsums */
+        {RK_DT_Q8_K, "q8_K", 256, 4 + 256 + 2 * 256 / 16, false},          /* f32 d, int8, bsums */
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         const rk_dtype_traits *t = rk_dtype_get(want[i].type);
@@ -159,19 +158,19 @@ Test(base, f16_round_trips_every_half) {
 Test(base, f16_rounds_to_nearest_even) {
     cr_expect_eq(rk_f32_to_f16(1.0f), 0x3c00);
     cr_expect_eq(rk_f32_to_f16(-2.0f), 0xc000);
-    cr_expect_eq(rk_f32_to_f16(65504.0f), 0x7bff);                  /* largest half */
-    cr_expect_eq(rk_f32_to_f16(65519.99f), 0x7bff);                 /* below the midpoint */
-    cr_expect_eq(rk_f32_to_f16(65520.0f), 0x7c00);                  /* midpoint, rounds to inf */
+    cr_expect_eq(rk_f32_to_f16(65504.0f), 0x7bff);  /* largest half */
+    cr_expect_eq(rk_f32_to_f16(65519.99f), 0x7bff); /* below the midpoint */
+    cr_expect_eq(rk_f32_to_f16(65520.0f), 0x7c00);  /* midpoint, rounds to inf */
     cr_expect_eq(rk_f32_to_f16(INFINITY), 0x7c00);
     cr_expect_eq(rk_f32_to_f16(-INFINITY), 0xfc00);
-    cr_expect_eq(rk_f32_to_f16(1.0f + 0x1p-11f), 0x3c00);           /* tie -> even (down) */
-    cr_expect_eq(rk_f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3c02);       /* tie -> even (up) */
+    cr_expect_eq(rk_f32_to_f16(1.0f + 0x1p-11f), 0x3c00);            /* tie -> even (down) */
+    cr_expect_eq(rk_f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3c02);        /* tie -> even (up) */
     cr_expect_eq(rk_f32_to_f16(1.0f + 0x1p-11f + 0x1p-20f), 0x3c01); /* above the tie */
-    cr_expect_eq(rk_f32_to_f16(0x1p-24f), 0x0001);                  /* smallest subnormal */
-    cr_expect_eq(rk_f32_to_f16(0x1p-25f), 0x0000);                  /* tie -> even (0) */
-    cr_expect_eq(rk_f32_to_f16(0x1.8p-24f), 0x0002);                /* 1.5 ulp: tie -> even (2) */
-    cr_expect_eq(rk_f32_to_f16(0x1.8p-25f), 0x0001);                /* 0.75 ulp rounds up */
-    cr_expect_eq(rk_f32_to_f16(0x1p-14f - 0x1p-25f), 0x0400);       /* rounds up into the normals */
+    cr_expect_eq(rk_f32_to_f16(0x1p-24f), 0x0001);                   /* smallest subnormal */
+    cr_expect_eq(rk_f32_to_f16(0x1p-25f), 0x0000);                   /* tie -> even (0) */
+    cr_expect_eq(rk_f32_to_f16(0x1.8p-24f), 0x0002);                 /* 1.5 ulp: tie -> even (2) */
+    cr_expect_eq(rk_f32_to_f16(0x1.8p-25f), 0x0001);                 /* 0.75 ulp rounds up */
+    cr_expect_eq(rk_f32_to_f16(0x1p-14f - 0x1p-25f), 0x0400);        /* rounds up into the normals */
     cr_expect_eq(rk_f32_to_f16(-0.0f), 0x8000);
     cr_expect_eq(rk_f32_to_f16(1e-10f), 0x0000);
     cr_expect(isnan(rk_f16_to_f32(rk_f32_to_f16(NAN))));
@@ -183,8 +182,8 @@ Test(base, f16_rounds_to_nearest_even) {
 Test(base, bf16_rounds_to_nearest_even) {
     cr_expect_eq(rk_f32_to_bf16(1.0f), 0x3f80);
     cr_expect_eq(rk_bf16_to_f32(0x3f80), 1.0f);
-    cr_expect_eq(rk_f32_to_bf16(1.0f + 0x1p-8f), 0x3f80);            /* tie -> even (down) */
-    cr_expect_eq(rk_f32_to_bf16(1.0f + 3 * 0x1p-8f), 0x3f82);        /* tie -> even (up) */
+    cr_expect_eq(rk_f32_to_bf16(1.0f + 0x1p-8f), 0x3f80);     /* tie -> even (down) */
+    cr_expect_eq(rk_f32_to_bf16(1.0f + 3 * 0x1p-8f), 0x3f82); /* tie -> even (up) */
     cr_expect_eq(rk_f32_to_bf16(1.0f + 0x1p-8f + 0x1p-20f), 0x3f81);
     cr_expect_eq(rk_f32_to_bf16(-INFINITY), 0xff80);
     uint16_t n = rk_f32_to_bf16(NAN);

@@ -155,9 +155,7 @@ void term_settle(term *t, int ms) {
     }
 }
 
-void term_send(term *t, const char *s) {
-    cr_assert_eq(write(t->fd, s, strlen(s)), (ssize_t)strlen(s));
-}
+void term_send(term *t, const char *s) { cr_assert_eq(write(t->fd, s, strlen(s)), (ssize_t)strlen(s)); }
 
 /* Waits for the child to exit (draining the terminal); returns its exit code or -1. */
 int term_wait(term *t, double timeout_s) {

@@ -34,7 +34,8 @@ static void setup(fixture *f) {
     FILE *d = fopen(f->doc, "w");
     cr_assert(d);
     fputs("Lily had a red ball. She played with it in the park every day with her dog Max.\n"
-          "One day the ball rolled into the pond and Max jumped in to get it back for her.\n", d);
+          "One day the ball rolled into the pond and Max jumped in to get it back for her.\n",
+          d);
     fclose(d);
     snprintf(f->kv, sizeof f->kv, "%s/xdg/ridgekv/kv", f->dir);
 }
@@ -49,7 +50,8 @@ static void rm_rf(const char *path) {
 static tb_result ask(const fixture *f, const char *env, const char *extra, const char *question) {
     char e[1400], a[3000];
     snprintf(e, sizeof e, "env XDG_CACHE_HOME='%s/xdg' %s", f->dir, env ? env : "");
-    snprintf(a, sizeof a, "ask -m '%s' -n 12 -c 512 --ctx-overflow-ok %s --doc '%s' '%s'", f->model, extra ? extra : "", f->doc, question);
+    snprintf(a, sizeof a, "ask -m '%s' -n 12 -c 512 --ctx-overflow-ok %s --doc '%s' '%s'", f->model, extra ? extra : "",
+             f->doc, question);
     return tb_run(e, a);
 }
 
@@ -376,9 +378,10 @@ Test(cache, io_uring_unavailable_uses_the_thread_pool) {
 Test(cache, serve_ask_reuses_the_documents) {
     fixture f;
     setup(&f);
-    char req[] = "{\"id\":1,\"op\":\"ask\",\"docs\":[{\"name\":\"notes.txt\",\"text\":\"Lily had a red ball. She played "
-                 "with it in the park every day with her dog Max.\"}],\"question\":\"What did Lily have?\","
-                 "\"max_tokens\":6,\"temperature\":0,\"stream\":false}";
+    char req[] =
+        "{\"id\":1,\"op\":\"ask\",\"docs\":[{\"name\":\"notes.txt\",\"text\":\"Lily had a red ball. She played "
+        "with it in the park every day with her dog Max.\"}],\"question\":\"What did Lily have?\","
+        "\"max_tokens\":6,\"temperature\":0,\"stream\":false}";
     char in[700], cmd[5200], e[700];
     snprintf(in, sizeof in, "%s/in.jsonl", f.dir);
     FILE *fp = fopen(in, "w");
@@ -419,9 +422,10 @@ static tb_result chat_run(const fixture *f, const char *input) {
     fclose(fp);
     const char *bin = getenv("RK_BIN");
     cr_assert(bin);
-    snprintf(cmd, sizeof cmd,
-             "env XDG_CACHE_HOME='%s/xdg' '%s' chat -m '%s' --system 'Be brief.' -n 8 --temp 0 -c 512 < '%s' > '%s' 2> '%s'",
-             f->dir, bin, f->model, in, out, err);
+    snprintf(
+        cmd, sizeof cmd,
+        "env XDG_CACHE_HOME='%s/xdg' '%s' chat -m '%s' --system 'Be brief.' -n 8 --temp 0 -c 512 < '%s' > '%s' 2> '%s'",
+        f->dir, bin, f->model, in, out, err);
     const int st = system(cmd);
     tb_result r = {WIFEXITED(st) ? WEXITSTATUS(st) : -1, NULL, NULL};
     size_t len;
@@ -478,8 +482,8 @@ Test(cache, chat_save_then_load_prefills_only_the_new_turn) {
     cr_expect_leq(pf_a + n_saved, ctx_a, "with the saved KV the new turn reads %ld of %ld tokens (%ld saved)", pf_a,
                   ctx_a, n_saved);
     /* (the context line counts the answer's tokens, the last of which no eval has read) */
-    cr_expect_geq(pf_b - pf_a, n_saved * 3 / 4, "without it the saved tokens are read again (%ld, %ld, %ld saved)", pf_b,
-                  pf_a, n_saved);
+    cr_expect_geq(pf_b - pf_a, n_saved * 3 / 4, "without it the saved tokens are read again (%ld, %ld, %ld saved)",
+                  pf_b, pf_a, n_saved);
     const char *sa = strstr(a.out, "context   "), *sb2 = strstr(b.out, "context   ");
     cr_expect(sa - a.out == sb2 - b.out && !strncmp(a.out, b.out, (size_t)(sa - a.out)),
               "the same greedy answer:\n%s\n---\n%s", a.out, b.out);

@@ -93,8 +93,8 @@ Test(chat_ask, chat_pipe_two_turns_stats_reset) {
     long in_ctx = num_after(s1, "context   "), last_prefill = num_after(s1, "prefill   last ");
     cr_expect(in_ctx > 48 && in_ctx <= 512, "tokens in context: %ld\n%s", in_ctx, s1);
     /* the cache is kept across turns: turn 2 reads only its own tokens */
-    cr_expect(last_prefill > 0 && last_prefill < in_ctx - 24, "turn 2 read %ld of %ld tokens\n%s", last_prefill,
-              in_ctx, s1);
+    cr_expect(last_prefill > 0 && last_prefill < in_ctx - 24, "turn 2 read %ld of %ld tokens\n%s", last_prefill, in_ctx,
+              s1);
     const char *kv = strstr(s1, "kv cache  ");
     cr_expect(kv && num_after(kv, "(") > 0 && strstr(kv, "bytes/token x "), "KV bytes: %s", s1);
     const char *s2 = strstr(s1 + 1, "context   ");
@@ -144,7 +144,8 @@ Test(chat_ask, chat_context_full_drops_oldest_turns) {
     for (int i = 0; i < 150; i++) strcat(big, "the big dog ran ");
     char input[8192];
     snprintf(input, sizeof input, "Once upon a time\nThe cat sat\nA bird sang\nThe end\n%s\n/stats\n", big);
-    result r = run_argv(input, (char *[]){"chat", "-m", sp, "-n", "200", "--temp", "0", "--system", "Tell a story.", NULL});
+    result r =
+        run_argv(input, (char *[]){"chat", "-m", sp, "-n", "200", "--temp", "0", "--system", "Tell a story.", NULL});
     cr_assert_eq(r.code, 0, "exit %d: %s", r.code, r.err);
     cr_expect(strstr(r.err, "context full"), "%s", r.err);
     cr_expect(strstr(r.err, "dropped the oldest"), "%s", r.err);
@@ -173,8 +174,9 @@ Test(chat_ask, ask_answers_from_the_document) {
     cr_expect(strcasestr(r.out, "ridgefill"), "answer should name RidgeFill: %s", r.out);
     /* maps that `ridgekv prepare` left in the cache are used in quality mode (a 509-token
      * document stays exact: it is shorter than the tail); without them, off */
-    cr_expect(strstr(r.err, "RidgeFill quality for prompts over 2048 tokens") ? !!strstr(r.err, "ridgefill quality (maps ")
-                                                                             : !!strstr(r.err, "ridgefill off (no maps)"),
+    cr_expect(strstr(r.err, "RidgeFill quality for prompts over 2048 tokens")
+                  ? !!strstr(r.err, "ridgefill quality (maps ")
+                  : !!strstr(r.err, "ridgefill off (no maps)"),
               "%s", r.err);
     cr_expect(strstr(r.err, "time to first token"), "%s", r.err);
     done(&r);
@@ -185,7 +187,8 @@ Test(chat_ask, ask_plumbing_progress_and_timings) {
     stories(sp, sizeof sp);
     snprintf(doc, sizeof doc, "%s/small.txt", tmp_dir(dir, sizeof dir));
     write_text(doc, "Lily had a red ball. She played with it in the park every day with her dog Max.\n");
-    result r = run_argv(NULL, (char *[]){"ask", "-m", sp, "-n", "16", "-b", "8", "--doc", doc, "What did Lily have?", NULL});
+    result r =
+        run_argv(NULL, (char *[]){"ask", "-m", sp, "-n", "16", "-b", "8", "--doc", doc, "What did Lily have?", NULL});
     unlink(doc);
     rmdir(dir);
     cr_assert_eq(r.code, 0, "exit %d: %s", r.code, r.err);
@@ -308,7 +311,8 @@ Test(chat_ask, chat_kv_lowram_compresses_the_conversation) {
     char *msg = long_text(20), input[8192];
     snprintf(input, sizeof input, "%s\nThe end\n/stats\n", msg);
     free(msg);
-    result r = run_argv(input, (char *[]){"chat", "-m", sp, "-n", "8", "--temp", "0", "--kv", "lowram:window=32", NULL});
+    result r =
+        run_argv(input, (char *[]){"chat", "-m", sp, "-n", "8", "--temp", "0", "--kv", "lowram:window=32", NULL});
     cr_assert_eq(r.code, 0, "exit %d: %s", r.code, r.err);
     const char *kv = strstr(r.out, "kv cache  ");
     cr_assert(kv, "%s", r.out);
@@ -332,8 +336,8 @@ Test(chat_ask, chat_fill_identity_fills_a_long_message) {
     char *msg = long_text(25), input[8192];
     snprintf(input, sizeof input, "%s\n", msg);
     free(msg);
-    char *args_fill[] = {"chat", "-m", sp, "-c", "1024", "--ctx-overflow-ok", "-n", "4", "--temp", "0", "-v", "--split", "2", "--fill",
-                         "identity", "--tail", "512", NULL};
+    char *args_fill[] = {"chat", "-m", sp,        "-c", "1024",   "--ctx-overflow-ok", "-n",     "4",   "--temp",
+                         "0",    "-v", "--split", "2",  "--fill", "identity",          "--tail", "512", NULL};
     result r = run_argv(input, args_fill);
     cr_assert_eq(r.code, 0, "exit %d: %s", r.code, r.err);
     long filled = num_after(r.err, "; filled ");
@@ -355,20 +359,22 @@ Test(chat_ask, ask_applies_kv_and_fill) {
     char *text = long_text(25);
     write_text(doc, text);
     free(text);
-    result r = run_argv(NULL, (char *[]){"ask", "-m", sp, "-c", "1024", "--ctx-overflow-ok", "-n", "8", "-v", "--kv", "lowram:window=32",
-                                         "--doc", doc, "Who ran?", NULL});
+    result r = run_argv(NULL, (char *[]){"ask", "-m", sp, "-c", "1024", "--ctx-overflow-ok", "-n", "8", "-v", "--kv",
+                                         "lowram:window=32", "--doc", doc, "Who ran?", NULL});
     cr_assert_eq(r.code, 0, "exit %d: %s", r.code, r.err);
     cr_expect(strstr(r.err, "lowram on (fitted on the prompt), document cache on; lowram KV cache"), "%s", r.err);
     cr_expect(num_after(r.err, "KV lowram, ") > 0, "rows compressed: %s", r.err);
     done(&r);
-    r = run_argv(NULL, (char *[]){"ask", "-m", sp, "-c", "1024", "--ctx-overflow-ok", "-n", "8", "-v", "--split", "2", "--fill", "identity",
-                                  "--tail", "512", "--no-cache", "--doc", doc, "Who ran?", NULL});
+    r = run_argv(NULL, (char *[]){"ask",      "-m",     sp,    "-c",         "1024",  "--ctx-overflow-ok",
+                                  "-n",       "8",      "-v",  "--split",    "2",     "--fill",
+                                  "identity", "--tail", "512", "--no-cache", "--doc", doc,
+                                  "Who ran?", NULL});
     cr_assert_eq(r.code, 0, "exit %d: %s", r.code, r.err);
     /* the documents are read apart from the question (the document cache): their last 512 are exact */
     long prompt = num_after(r.err, "prefill "), filled = num_after(r.err, "; filled "),
          docs = num_after(r.err, "the documents are the first ");
-    cr_expect(prompt > 520 && docs > 520 && docs < prompt && filled == 3 * (docs - 512), "prompt %ld, documents %ld, filled %ld: %s",
-              prompt, docs, filled, r.err);
+    cr_expect(prompt > 520 && docs > 520 && docs < prompt && filled == 3 * (docs - 512),
+              "prompt %ld, documents %ld, filled %ld: %s", prompt, docs, filled, r.err);
     cr_expect(strstr(r.err, "accelerations: ridgefill identity (no maps)"), "%s", r.err);
     done(&r);
     unlink(doc);

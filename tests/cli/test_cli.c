@@ -167,8 +167,10 @@ Test(cli, unsupported_architecture_exit_3) {
 
 Test(cli, prompt_longer_than_context_exit_4) {
     char sp[1024], a[2048];
-    snprintf(a, sizeof a, "run -m %s -c 16 -p 'Once upon a time there was a little girl who liked to play in the park with her dog every day'",
-             stories(sp, sizeof sp));
+    snprintf(
+        a, sizeof a,
+        "run -m %s -c 16 -p 'Once upon a time there was a little girl who liked to play in the park with her dog every day'",
+        stories(sp, sizeof sp));
     result r = run(NULL, a);
     cr_expect_eq(r.code, 4);
     cr_expect(strstr(r.err, "context holds 16"), "%s", r.err);
@@ -206,7 +208,8 @@ Test(cli, eval_ppl_matches_llama_cpp) {
     result r = run(NULL, a);
     cr_assert_eq(r.code, 0, "%s", r.err);
     json_object *j = json_tokener_parse(r.out), *ppl, *cnt;
-    cr_assert(j && json_object_object_get_ex(j, "ppl", &ppl) && json_object_object_get_ex(j, "tokens_scored", &cnt), "%s", r.out);
+    cr_assert(j && json_object_object_get_ex(j, "ppl", &ppl) && json_object_object_get_ex(j, "tokens_scored", &cnt),
+              "%s", r.out);
     cr_expect_eq(json_object_get_int(cnt), 882);
     cr_expect(fabs(json_object_get_double(ppl) - 3.974868) < 1e-3, "ppl %f", json_object_get_double(ppl));
     json_object_put(j);
@@ -219,7 +222,9 @@ Test(cli, bench_json) {
     result r = run(NULL, a);
     cr_assert_eq(r.code, 0, "%s", r.err);
     json_object *j = json_tokener_parse(r.out), *res, *kv;
-    cr_assert(j && json_object_object_get_ex(j, "results", &res) && json_object_object_get_ex(j, "kv_bytes_per_token", &kv), "%s", r.out);
+    cr_assert(j && json_object_object_get_ex(j, "results", &res) &&
+                  json_object_object_get_ex(j, "kv_bytes_per_token", &kv),
+              "%s", r.out);
     cr_expect_eq(json_object_array_length(res), 2);
     /* 5 layers x (K+V) x 4 KV heads x 8 dims x 2 bytes (f16) */
     cr_expect_eq(json_object_get_int(kv), 5 * 2 * 4 * 8 * 2);
@@ -232,7 +237,8 @@ Test(cli, bench_json) {
 /* "-p '<reps x a sentence>'": a prompt of about 12 * reps tokens on stories260K */
 static void long_prompt(char *buf, size_t cap, int reps) {
     size_t n = (size_t)snprintf(buf, cap, "-p '");
-    for (int i = 0; i < reps && n + 64 < cap; i++) n += (size_t)snprintf(buf + n, cap - n, "The little dog ran in the park. ");
+    for (int i = 0; i < reps && n + 64 < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "The little dog ran in the park. ");
     snprintf(buf + n, cap - n, "'");
 }
 
@@ -275,7 +281,8 @@ Test(cli, run_fill_modes_reach_the_prefill) {
     long filled[3], prompt = 0;
     const char *modes[3] = {"off", "identity", "plumb"};
     for (int i = 0; i < 3; i++) {
-        snprintf(a, sizeof a, "run -m %s -c 1024 --ctx-overflow-ok %s -n 8 --temp 0 -v --split 2 --tail 512 --fill %s", sp, p, modes[i]);
+        snprintf(a, sizeof a, "run -m %s -c 1024 --ctx-overflow-ok %s -n 8 --temp 0 -v --split 2 --tail 512 --fill %s",
+                 sp, p, modes[i]);
         result r = run(NULL, a);
         cr_assert_eq(r.code, 0, "%s: %s", modes[i], r.err);
         filled[i] = num_after(r.err, "; filled ");
@@ -386,8 +393,8 @@ Test(cli, cuda_module_loaded_on_demand) {
     cr_expect_eq(r.out[0], '\0', "%s", r.out);
     done(&r);
     /* a real shared library without our entry point (libc is always there) */
-    const char *libc = access("/lib/x86_64-linux-gnu/libc.so.6", R_OK) == 0 ? "/lib/x86_64-linux-gnu/libc.so.6"
-                                                                         : "libc.so.6";
+    const char *libc =
+        access("/lib/x86_64-linux-gnu/libc.so.6", R_OK) == 0 ? "/lib/x86_64-linux-gnu/libc.so.6" : "libc.so.6";
     char env[256];
     snprintf(env, sizeof env, "RIDGEKV_CUDA_MODULE=%s", libc);
     r = run(env, a);

@@ -273,8 +273,8 @@ Test(gen, ask_prompt_text_and_its_tokens) {
     for (size_t i = 0; i < 5; i++) {
         int32_t *t = NULL;
         size_t nt = 0;
-        cr_assert_eq(rk_model_tokenize(g_model, part[i].text, strlen(part[i].text), i == 0, part[i].markup, &t, &nt, &e),
-                     RK_OK);
+        cr_assert_eq(
+            rk_model_tokenize(g_model, part[i].text, strlen(part[i].text), i == 0, part[i].markup, &t, &nt, &e), RK_OK);
         cr_assert_leq(nw + nt, 1024u);
         memcpy(want + nw, t, nt * sizeof *t);
         nw += nt;
@@ -434,7 +434,8 @@ Test(gen, save_load_roundtrip_with_or_without_kv) {
 Test(gen, utf8_checks) {
     size_t bad = 0;
     cr_expect(rk_utf8_valid("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", 14, NULL));
-    cr_expect(!rk_utf8_valid("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", 13, &bad) && bad == 10, "cut inside the emoji");
+    cr_expect(!rk_utf8_valid("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", 13, &bad) && bad == 10,
+              "cut inside the emoji");
     cr_expect(!rk_utf8_valid("ab\xc0\xaf", 4, &bad) && bad == 2, "overlong at 2");
     cr_expect(!rk_utf8_valid("\xed\xa0\x80", 3, &bad) && bad == 0, "surrogate");
     cr_expect_eq(rk_utf8_char((const unsigned char *)"\xe2\x82", 2), 0, "a proper prefix");

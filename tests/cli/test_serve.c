@@ -15,7 +15,7 @@
 typedef struct served {
     int code;
     char *out, *err;
-    json_object **ev;   /* one per stdout line, in order */
+    json_object **ev; /* one per stdout line, in order */
     size_t n_ev;
 } served;
 
@@ -46,10 +46,11 @@ static json_object *parse_event(const char *line, size_t n) {
         json_object *c, *m;
         cr_assert(json_object_object_get_ex(o, "code", &c) && json_object_is_type(c, json_type_string));
         cr_assert(json_object_object_get_ex(o, "message", &m) && json_object_get_string_len(m) > 0);
-        const char *codes[] = {"bad_json", "invalid_request", "unknown_op", "line_too_long",
+        const char *codes[] = {"bad_json",     "invalid_request",  "unknown_op", "line_too_long",
                                "invalid_utf8", "context_overflow", "internal"};
         bool known = false;
-        for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++) known |= !strcmp(codes[i], json_object_get_string(c));
+        for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++)
+            known |= !strcmp(codes[i], json_object_get_string(c));
         cr_assert(known, "unknown error code %s", json_object_get_string(c));
     }
     return o;
@@ -107,7 +108,7 @@ static void served_free(served *s) {
 static const char *str(json_object *o, const char *key) {
     json_object *v;
     return json_object_object_get_ex(o, key, &v) && json_object_is_type(v, json_type_string) ? json_object_get_string(v)
-                                                                                           : NULL;
+                                                                                             : NULL;
 }
 
 static int64_t num(json_object *o, const char *key) {
@@ -499,9 +500,35 @@ static const char *const seeds[] = {
     "{\"id\":6,\"op\":\"complete\",\"prompt\":\"<s>x</s>\",\"max_tokens\":2,\"stop\":\"x\",\"add_special\":false}",
 };
 
-static const char *const junk[] = {"{", "}", "[", "]", "\"", ":", ",", "\\", "\\u", "\\ud800", "null", "true",
-                                   "1e999", "-", "NaN", "\xff", "\xc3", "\xe2\x82", "\xf0\x9f", "\x01", "\t", "\r",
-                                   "\"op\"", "\"id\"", "\"stop\"", "{\"", "[[[[[[[[", "0.5", "\"max_tokens\":2"};
+static const char *const junk[] = {"{",
+                                   "}",
+                                   "[",
+                                   "]",
+                                   "\"",
+                                   ":",
+                                   ",",
+                                   "\\",
+                                   "\\u",
+                                   "\\ud800",
+                                   "null",
+                                   "true",
+                                   "1e999",
+                                   "-",
+                                   "NaN",
+                                   "\xff",
+                                   "\xc3",
+                                   "\xe2\x82",
+                                   "\xf0\x9f",
+                                   "\x01",
+                                   "\t",
+                                   "\r",
+                                   "\"op\"",
+                                   "\"id\"",
+                                   "\"stop\"",
+                                   "{\"",
+                                   "[[[[[[[[",
+                                   "0.5",
+                                   "\"max_tokens\":2"};
 
 static size_t fuzz_line(uint64_t *rng, char *buf, size_t cap) {
     size_t n = 0;
@@ -662,8 +689,8 @@ Test(serve, per_request_kv_and_fill) {
     cr_expect_str_eq(str(d[6], "kv"), "f16", "the server's own policy: its own session");
     const struct {
         const char *id, *in_message;
-    } bad[] = {{"7", "field 'kv'"},        {"8", "needs a map file"},     {"9", "field 'fill'"},
-               {"10", "field 'ridgefill'"}, {"11", "field 'tail'"},        {"12", "only the first message"}};
+    } bad[] = {{"7", "field 'kv'"},         {"8", "needs a map file"}, {"9", "field 'fill'"},
+               {"10", "field 'ridgefill'"}, {"11", "field 'tail'"},    {"12", "only the first message"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         json_object *e = find_done(&s, bad[i].id);
         cr_expect_str_eq(str(e, "event"), "error", "%s", json_object_to_json_string(e));

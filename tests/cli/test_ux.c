@@ -22,7 +22,6 @@
 #include "cli_harness.h"
 
 
-
 static const char *default_model(char *buf, size_t cap) {
     if (!tb_default_model(buf, cap)) cr_skip_test("the default model is not in the cache (ridgekv pull)");
     return buf;
@@ -78,8 +77,8 @@ Test(ux, closed_stdout_is_exit_5_for_run_ask_chat) {
     default_model(mp, sizeof mp);
     sample(doc, sizeof doc, "ridgekv_design.md");
     char *run_args[] = {(char *)bin(), "run", "-m", mp, "-p", "Once upon a time", "-n", "80", "--temp", "0", NULL};
-    char *ask_args[] = {(char *)bin(), "ask", "-m", mp, "--doc", doc, "-n", "80", "-c", "2048",
-                        "Describe", "the", "design", NULL};
+    char *ask_args[] = {(char *)bin(), "ask", "-m",   mp,         "--doc", doc,      "-n",
+                        "80",          "-c",  "2048", "Describe", "the",   "design", NULL};
     char *chat_args[] = {(char *)bin(), "chat", "-m", mp, "-n", "80", "--temp", "0", NULL};
     struct {
         const char *name;
@@ -87,7 +86,8 @@ Test(ux, closed_stdout_is_exit_5_for_run_ask_chat) {
         const char *input;
         size_t keep; /* bytes read before the pipe is closed: `| head -c 4`, or `| true` (0) for
                         answers that may be shorter (every answer ends with a newline write) */
-    } cases[] = {{"run", run_args, NULL, 4}, {"ask", ask_args, NULL, 0},
+    } cases[] = {{"run", run_args, NULL, 4},
+                 {"ask", ask_args, NULL, 0},
                  {"chat", chat_args, "Tell me a long story about a dragon.\nAnd another one.\n", 0}};
     for (size_t i = 0; i < 3; i++) {
         int st = run_closed_stdout(cases[i].argv, cases[i].input, cases[i].keep);
@@ -324,7 +324,8 @@ Test(ux, crlf_documents_read_as_lf_and_latin1_is_converted) {
     cr_expect_str_eq(qa, qb); /* the same prompt after the document's name */
     free(tb), free(pa), free(pb);
     done(&a), done(&b);
-    result c = run_argv(NULL, (char *[]){"ask", "-m", sp, "--doc", latin, "-n", "1", "What?", "--verbose-prompt", NULL});
+    result c =
+        run_argv(NULL, (char *[]){"ask", "-m", sp, "--doc", latin, "-n", "1", "What?", "--verbose-prompt", NULL});
     cr_expect_eq(c.code, 0, "%s", c.err);
     cr_expect(strstr(c.err, "is not UTF-8 (byte 0xE9 at offset 3)"), "%s", c.err);
     cr_expect(strstr(c.err, "Latin-1"), "%s", c.err);
@@ -378,8 +379,9 @@ Test(ux, cli_ask_and_jsonl_ask_build_the_same_prompt_and_answer) {
 Test(ux, system_message_only_first_in_jsonl_chat_and_load) {
     char sp[1024], dir[64], path[128];
     stories(sp, sizeof sp);
-    const char *line = "{\"id\":1,\"op\":\"chat\",\"max_tokens\":2,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},"
-                       "{\"role\":\"system\",\"content\":\"late\"}]}\n";
+    const char *line =
+        "{\"id\":1,\"op\":\"chat\",\"max_tokens\":2,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},"
+        "{\"role\":\"system\",\"content\":\"late\"}]}\n";
     result s = run_argv(line, (char *[]){"serve", "--jsonl", "-m", sp, NULL});
     cr_assert_eq(s.code, 0, "%s", s.err);
     cr_expect(strstr(s.out, "\"event\":\"error\"") && strstr(s.out, "invalid_request"), "%s", s.out);
@@ -559,8 +561,8 @@ Test(ux, help_and_usage_md_list_the_same_flags) {
     size_t len;
     char *doc = tb_read_file(path, &len);
     cr_assert(doc, "%s", path);
-    const char *cmds[] = {"run", "chat", "ask", "serve", "bench", "tokenize", "info", "pull", "calibrate",
-                          "eval ppl", "eval needle", "eval nll", "eval splice"};
+    const char *cmds[] = {"run",  "chat",      "ask",      "serve",       "bench",    "tokenize",   "info",
+                          "pull", "calibrate", "eval ppl", "eval needle", "eval nll", "eval splice"};
     for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
         char head[64];
         snprintf(head, sizeof head, "\n### `ridgekv %s` flags\n", cmds[i]);
@@ -619,7 +621,8 @@ Test(ux, ask_progress_bar_on_a_terminal) {
     cr_assert(f);
     for (int i = 0; i < 12; i++) fprintf(f, "Lily saw a big red ball in the park and ran to it. ");
     fclose(f);
-    char *argv[] = {(char *)bin(), "ask", "-m", sp, "--doc", doc, "-b", "32", "-n", "1", "--no-cache", "What did Lily see?", NULL};
+    char *argv[] = {(char *)bin(),        "ask", "-m", sp, "--doc", doc, "-b", "32", "-n", "1", "--no-cache",
+                    "What did Lily see?", NULL};
     term t;
     term_start(&t, argv);
     int code = term_wait(&t, 60);
@@ -637,8 +640,8 @@ Test(ux, ask_progress_bar_on_a_terminal) {
 Test(ux, chat_verbose_prompt_shows_each_turn) {
     char sp[1024];
     stories(sp, sizeof sp);
-    result r = run_argv("first turn\nsecond turn\n", (char *[]){"chat", "-m", sp, "-n", "3", "--temp", "0",
-                                                               "--verbose-prompt", NULL});
+    result r = run_argv("first turn\nsecond turn\n",
+                        (char *[]){"chat", "-m", sp, "-n", "3", "--temp", "0", "--verbose-prompt", NULL});
     cr_assert_eq(r.code, 0, "%s", r.err);
     const char *a = strstr(r.err, "ridgekv chat: prompt (");
     cr_assert(a, "%s", r.err);

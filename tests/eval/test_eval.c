@@ -146,7 +146,8 @@ Test(eval, flag_and_list_parsing) {
     cr_expect_eq(ev_parse_doubles("1,2,3,4,5", 0, 10, d, 4, &nd, "--depths", &e), RK_E_INVALID_ARG, "too many");
     cr_expect(strstr(e.msg, "at most 4"), "%s", e.msg);
     int li[4];
-    cr_expect(ev_parse_ints("1024,2048", 64, 1 << 20, li, 4, &nd, "--lengths", &e) == RK_OK && nd == 2 && li[1] == 2048);
+    cr_expect(ev_parse_ints("1024,2048", 64, 1 << 20, li, 4, &nd, "--lengths", &e) == RK_OK && nd == 2 &&
+              li[1] == 2048);
     cr_expect_eq(ev_parse_ints("1024,2x", 64, 1 << 20, li, 4, &nd, "--lengths", &e), RK_E_INVALID_ARG);
     long lv;
     cr_expect(ev_parse_int("17", 1, 20, &lv, "--trials", &e) == RK_OK && lv == 17);
@@ -193,8 +194,8 @@ Test(eval, fill_variants_parse_and_apply) {
     cr_expect(f.keep_share == 0.0f, "share 0 is a setting, not 'unset'");
     cr_assert_eq(ev_parse_variants("speed,quality", 512, &p, &e), RK_OK);
     cr_expect(!ev_modes_have_variants(&p) && p.n == 3);
-    const char *bad[] = {"quality:share=1.5", "quality:shares=0.2", "quality:band", "speed:tail=256", "off:tail=1024",
-                         "bogus:share=0.1", "quality:band=-1"};
+    const char *bad[] = {"quality:share=1.5", "quality:shares=0.2", "quality:band",   "speed:tail=256",
+                         "off:tail=1024",     "bogus:share=0.1",    "quality:band=-1"};
     const char *why[] = {"--fill share", "shares", "band", "--fill tail", "off takes no", "bogus", "--fill band"};
     for (int i = 0; i < 7; i++) {
         e = (rk_err){0};
@@ -364,7 +365,8 @@ Test(eval, usage_errors) {
  * chunks from an empty cache, BOS in front of each, the second half scored. */
 Test(eval, ppl_matches_the_reference_forward) {
     char path[512];
-    const tb_tiny_spec spec = {.arch = TB_ARCH_QWEN2, .vocab = TB_VOCAB_GPT2, .add_bos = true, .n_ctx_train = 64, .seed = 11};
+    const tb_tiny_spec spec = {
+        .arch = TB_ARCH_QWEN2, .vocab = TB_VOCAB_GPT2, .add_bos = true, .n_ctx_train = 64, .seed = 11};
     cr_assert(tb_tiny_model(&spec, path, sizeof path), "%s", path);
     rk_model *m = NULL;
     rk_err e = {0};
@@ -435,9 +437,11 @@ Test(eval, needle_nll_splice_take_kv_on_a_tiny_model) {
     char sp[1024], c[1024], args[2048];
     if (!tb_shared_path(sp, sizeof sp, "models/stories260K/stories260K-f32.gguf")) cr_skip_test("%s", sp);
     if (!tb_shared_path(c, sizeof c, "corpus/doyle_sherlock_holmes_pg1661.txt")) cr_skip_test("%s", c);
-    snprintf(args, sizeof args,
-             "eval needle -m '%s' --ctx-overflow-ok --split 2 --fill identity,plumb --lengths 1024 --depths 0.5 --trials 2 --gen 4 "
-             "--kv lowram:window=32 --json", sp);
+    snprintf(
+        args, sizeof args,
+        "eval needle -m '%s' --ctx-overflow-ok --split 2 --fill identity,plumb --lengths 1024 --depths 0.5 --trials 2 --gen 4 "
+        "--kv lowram:window=32 --json",
+        sp);
     result r = run(args);
     cr_assert_eq(r.code, 0, "%s", r.err);
     json_object *j = json_tokener_parse(r.out);
@@ -447,8 +451,10 @@ Test(eval, needle_nll_splice_take_kv_on_a_tiny_model) {
     cr_expect_eq(num(pl, "b") + num(pl, "c"), 0, "plumb answers as off");
     json_object_put(j);
     done(&r);
-    snprintf(args, sizeof args,
-             "eval nll -m '%s' --ctx-overflow-ok --split 2 --fill plumb --len 1024 --windows 1 --short 128 --boot 10 --kv f32 --json", sp);
+    snprintf(
+        args, sizeof args,
+        "eval nll -m '%s' --ctx-overflow-ok --split 2 --fill plumb --len 1024 --windows 1 --short 128 --boot 10 --kv f32 --json",
+        sp);
     r = run(args);
     cr_assert_eq(r.code, 0, "%s", r.err);
     j = json_tokener_parse(r.out);
@@ -465,7 +471,8 @@ Test(eval, needle_nll_splice_take_kv_on_a_tiny_model) {
         char key[64];
         snprintf(key, sizeof key, "nll_sum.%s", mn[i]);
         cr_expect(fabs(num(w0, key) / num(j, "n_tokens") - num(mo, "last.nll")) < 1e-9 * (1 + num(mo, "last.nll")),
-                  "%s: window sum %g / %g tokens vs mean %g", mn[i], num(w0, key), num(j, "n_tokens"), num(mo, "last.nll"));
+                  "%s: window sum %g / %g tokens vs mean %g", mn[i], num(w0, key), num(j, "n_tokens"),
+                  num(mo, "last.nll"));
         cr_expect_eq(num(w0, "n_long_range"), num(j, "n_long_range"));
         snprintf(key, sizeof key, "long_range_nll_sum.%s", mn[i]);
         if (num(j, "n_long_range") > 0)
@@ -478,14 +485,16 @@ Test(eval, needle_nll_splice_take_kv_on_a_tiny_model) {
     /* a variant is the same run as its settings given as flags: same windows, same sums */
     snprintf(args, sizeof args,
              "eval nll -m '%s' --ctx-overflow-ok --split 2 --fill identity,identity:tail=768 --len 1024 --windows 1 "
-             "--short 128 --boot 10 --kv f32 --json", sp);
+             "--short 128 --boot 10 --kv f32 --json",
+             sp);
     r = run(args);
     cr_assert_eq(r.code, 0, "%s", r.err);
     j = json_tokener_parse(r.out);
     cr_assert(j, "%s", r.out);
     snprintf(args, sizeof args,
              "eval nll -m '%s' --ctx-overflow-ok --split 2 --fill identity --tail 768 --len 1024 --windows 1 "
-             "--short 128 --boot 10 --kv f32 --json", sp);
+             "--short 128 --boot 10 --kv f32 --json",
+             sp);
     result r2 = run(args);
     cr_assert_eq(r2.code, 0, "%s", r2.err);
     json_object *j2 = json_tokener_parse(r2.out);
@@ -503,16 +512,18 @@ Test(eval, needle_nll_splice_take_kv_on_a_tiny_model) {
     cr_expect_eq(r.code, 2, "needle takes plain modes");
     cr_expect(strstr(r.err, "variants"), "%s", r.err);
     done(&r);
-    snprintf(args, sizeof args,
-             "eval splice -m '%s' --ctx-overflow-ok --split 2 --fill identity --len 1024 --windows 1 --groups 1 --boot 10 --kv f32 --json",
-             sp);
+    snprintf(
+        args, sizeof args,
+        "eval splice -m '%s' --ctx-overflow-ok --split 2 --fill identity --len 1024 --windows 1 --groups 1 --boot 10 --kv f32 --json",
+        sp);
     r = run(args);
     cr_assert_eq(r.code, 0, "%s", r.err);
     j = json_tokener_parse(r.out);
     cr_assert(j, "%s", r.out);
     json_object *all_kv = json_object_array_get_idx(json_object_object_get(j, "splices"), 4);
     cr_expect_str_eq(json_object_get_string(json_object_object_get(all_kv, "splice")), "kv");
-    cr_expect(fabs(num(all_kv, "delta")) < 1e-6, "exact K and V everywhere late: no gap left: %g", num(all_kv, "delta"));
+    cr_expect(fabs(num(all_kv, "delta")) < 1e-6, "exact K and V everywhere late: no gap left: %g",
+              num(all_kv, "delta"));
     json_object_put(j);
     done(&r);
 }
@@ -626,10 +637,11 @@ Test(eval_model, needle_paired_and_plumb_equals_off, .timeout = 900) {
     char buf[1024];
     const char *model = need_model(buf, sizeof buf);
     char args[2048];
-    snprintf(args, sizeof args,
-             "eval needle -m '%s' --split 12 --fill identity,plumb --lengths 1024 --depths 0.2,0.8 --trials 4 --tail 512 "
-             "--seed 3 --json",
-             model);
+    snprintf(
+        args, sizeof args,
+        "eval needle -m '%s' --split 12 --fill identity,plumb --lengths 1024 --depths 0.2,0.8 --trials 4 --tail 512 "
+        "--seed 3 --json",
+        model);
     result r = run(args);
     cr_assert_eq(r.code, 0, "%s", r.err);
     json_object *j = json_tokener_parse(r.out);
@@ -645,8 +657,8 @@ Test(eval_model, needle_paired_and_plumb_equals_off, .timeout = 900) {
     for (size_t i = 0; i < 4; i++) {
         json_object *t = json_object_array_get_idx(trials, i);
         /* the needle (about a dozen tokens) ends before the exact tail */
-        cr_expect(num(t, "needle_pos") + 12 <= num(t, "bulk_end"), "needle at %g, bulk ends %g",
-                  num(t, "needle_pos"), num(t, "bulk_end"));
+        cr_expect(num(t, "needle_pos") + 12 <= num(t, "bulk_end"), "needle at %g, bulk ends %g", num(t, "needle_pos"),
+                  num(t, "bulk_end"));
         cr_expect_eq(num(t, "bulk_end"), 1024 - 512);
         json_object *a = json_object_object_get(t, "answers");
         cr_expect_str_eq(json_object_get_string(json_object_object_get(json_object_object_get(a, "plumb"), "answer")),
@@ -688,7 +700,8 @@ Test(eval_model, splice_all_late_kv_recovers_everything, .timeout = 900) {
     const char *model = need_model(buf, sizeof buf);
     char args[2048];
     snprintf(args, sizeof args,
-             "eval splice -m '%s' --split 12 --fill identity --len 1024 --windows 1 --groups 2 --boot 50 --json", model);
+             "eval splice -m '%s' --split 12 --fill identity --len 1024 --windows 1 --groups 2 --boot 50 --json",
+             model);
     result r = run(args);
     cr_assert_eq(r.code, 0, "%s", r.err);
     json_object *j = json_tokener_parse(r.out);

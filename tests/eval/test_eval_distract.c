@@ -51,8 +51,15 @@ Test(eval, distractors_sit_where_the_trial_says) {
     cr_assert_eq(rk_model_load(sp, &m, &e), RK_OK, "%s", e.msg);
     ev_corpus corp = {0};
     cr_assert_eq(ev_corpus_load(&corp, m, c, NULL, &e), RK_OK, "%s", e.msg);
-    ev_needle_params p = {.n_lens = 1, .lens = {LEN}, .n_depths = 3, .depths = {0.1, 0.5, 0.9}, .n_trials = N_TRIALS,
-                          .gen = 3, .seed = 7, .n_wordings = 4, .n_distractors = 3};
+    ev_needle_params p = {.n_lens = 1,
+                          .lens = {LEN},
+                          .n_depths = 3,
+                          .depths = {0.1, 0.5, 0.9},
+                          .n_trials = N_TRIALS,
+                          .gen = 3,
+                          .seed = 7,
+                          .n_wordings = 4,
+                          .n_distractors = 3};
     p.modes.n = 1;
     p.modes.mode[0] = RK_FILL_OFF;
     p.modes.fill.tail = 512;
@@ -94,13 +101,14 @@ Test(eval, distractors_sit_where_the_trial_says) {
             cr_expect(n == (size_t)len[i] && !memcmp(ids, pr.ids[t] + pos[i], n * sizeof *ids),
                       "trial %d sentence %d at %lld: '%s', not '%s'", t, i, (long long)pos[i], txt, want);
             free(ids);
-            cr_expect(pos[i] > 0 && pos[i] + len[i] <= tr->bulk_end, "trial %d sentence %d: [%lld, %lld) past bulk %lld",
-                      t, i, (long long)pos[i], (long long)(pos[i] + len[i]), (long long)tr->bulk_end);
+            cr_expect(pos[i] > 0 && pos[i] + len[i] <= tr->bulk_end,
+                      "trial %d sentence %d: [%lld, %lld) past bulk %lld", t, i, (long long)pos[i],
+                      (long long)(pos[i] + len[i]), (long long)tr->bulk_end);
             for (int k = 0; k < i; k++) {
                 cr_expect(key[k] != key[i] && wd[k] != wd[i], "trial %d: sentences %d and %d share a key or wording", t,
                           k, i);
-                cr_expect(pos[k] + len[k] <= pos[i] || pos[i] + len[i] <= pos[k], "trial %d: sentences %d and %d overlap",
-                          t, k, i);
+                cr_expect(pos[k] + len[k] <= pos[i] || pos[i] + len[i] <= pos[k],
+                          "trial %d: sentences %d and %d overlap", t, k, i);
             }
             if (i) depth_sum += (double)pos[i] / (double)tr->bulk_end, n_d++;
         }
@@ -175,7 +183,8 @@ Test(eval, distractors_in_the_results_file) {
         json_object *x = json_object_array_get_idx(a, i), *y = json_object_array_get_idx(b, i);
         const char *keys[] = {"key", "needle_pos", "distractors", "answers"};
         for (int k = 0; k < 4; k++) {
-            char *sx = strdup(json_object_to_json_string_ext(json_object_object_get(x, keys[k]), JSON_C_TO_STRING_PLAIN));
+            char *sx =
+                strdup(json_object_to_json_string_ext(json_object_object_get(x, keys[k]), JSON_C_TO_STRING_PLAIN));
             const char *sy = json_object_to_json_string_ext(json_object_object_get(y, keys[k]), JSON_C_TO_STRING_PLAIN);
             if (!strcmp(keys[k], "answers")) { /* prefill_s differs; the rest is compared */
                 json_object *ax = json_object_object_get(x, "answers"), *ay = json_object_object_get(y, "answers");
@@ -189,8 +198,7 @@ Test(eval, distractors_in_the_results_file) {
                         free(fx);
                     }
                 }
-            } else
-                cr_expect_str_eq(sx, sy, "trial %zu: %s", i, keys[k]);
+            } else cr_expect_str_eq(sx, sy, "trial %zu: %s", i, keys[k]);
             free(sx);
         }
     }

@@ -55,10 +55,13 @@ static tb_result run(const char *args) { return et_run(args); }
 Test(eval_kv, flags_that_do_not_go_with_kv_modes) {
     const char *args[] = {"eval needle --kv-modes f16,q8 --fill off,identity --split 2",
                           "eval needle --kv-modes f16,q8 --ridgefill maps.gguf",
-                          "eval needle --kv-modes f16,q8 --split 2", "eval needle --kv-modes f16,q8 --kv q4",
-                          "eval needle --kv-modes f16,q3", "eval needle --kv-modes f16,lowram:window=32,bogus=2"};
-    const char *why[][2] = {{"--fill", "--kv-modes"}, {"--ridgefill", "--kv-modes"}, {"--split", "--kv-modes"},
-                            {"--kv ", "--kv-modes"},  {"q3", "--kv-modes"},          {"bogus", "lowram:window=32,bogus=2"}};
+                          "eval needle --kv-modes f16,q8 --split 2",
+                          "eval needle --kv-modes f16,q8 --kv q4",
+                          "eval needle --kv-modes f16,q3",
+                          "eval needle --kv-modes f16,lowram:window=32,bogus=2"};
+    const char *why[][2] = {{"--fill", "--kv-modes"},  {"--ridgefill", "--kv-modes"},
+                            {"--split", "--kv-modes"}, {"--kv ", "--kv-modes"},
+                            {"q3", "--kv-modes"},      {"bogus", "lowram:window=32,bogus=2"}};
     for (int i = 0; i < 6; i++) {
         tb_result r = run(args[i]);
         cr_expect_eq(r.code, 2, "%s: exit %d", args[i], r.code);
@@ -100,7 +103,8 @@ Test(eval_kv, a_repeated_policy_answers_as_the_reference) {
     need_tiny(sp, sizeof sp);
     snprintf(args, sizeof args,
              "eval needle -m '%s' --ctx-overflow-ok --kv-modes f16,f16,lowram:start=0,window=32,q4 --lengths 1024 "
-             "--depths 0.3,0.7 --trials 4 --gen 4 -t 1 --json", sp);
+             "--depths 0.3,0.7 --trials 4 --gen 4 -t 1 --json",
+             sp);
     tb_result r = run(args);
     cr_assert_eq(r.code, 0, "%s", r.err);
     json_object *j = json_tokener_parse(r.out);

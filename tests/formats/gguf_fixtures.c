@@ -22,13 +22,9 @@ void bb_bytes(bb *b, const void *p, size_t n) {
     b->len += n;
 }
 
-void bb_u32(bb *b, uint32_t v) {
-    bb_bytes(b, &v, 4);
-}
+void bb_u32(bb *b, uint32_t v) { bb_bytes(b, &v, 4); }
 
-void bb_u64(bb *b, uint64_t v) {
-    bb_bytes(b, &v, 8);
-}
+void bb_u64(bb *b, uint64_t v) { bb_bytes(b, &v, 8); }
 
 void bb_str(bb *b, const char *s) {
     bb_u64(b, strlen(s));
@@ -59,8 +55,7 @@ void bb_kv_str(bb *b, const char *key, const char *v) {
     bb_str(b, v);
 }
 
-void bb_tensor(bb *b, const char *name, uint32_t n_dims, const uint64_t *ne, uint32_t type,
-               uint64_t offset) {
+void bb_tensor(bb *b, const char *name, uint32_t n_dims, const uint64_t *ne, uint32_t type, uint64_t offset) {
     bb_str(b, name);
     bb_u32(b, n_dims);
     for (uint32_t d = 0; d < n_dims; d++) bb_u64(b, ne[d]);
@@ -76,11 +71,9 @@ void *tf_small_file(uint32_t alignment, size_t *len) {
     static const float scores[] = {0.0f, -1.5f, -2.25f, 3.0f};
     cr_assert_eq(rk_gguf_writer_set_str(w, "general.architecture", "llama", &err), RK_OK);
     cr_assert_eq(rk_gguf_writer_set_u32(w, "llama.block_count", 2, &err), RK_OK);
-    cr_assert_eq(rk_gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f, &err),
-                 RK_OK);
+    cr_assert_eq(rk_gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f, &err), RK_OK);
     cr_assert_eq(rk_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, 4, &err), RK_OK);
-    cr_assert_eq(rk_gguf_writer_set_arr(w, "tokenizer.ggml.scores", RK_GGUF_F32, scores, 4, &err),
-                 RK_OK);
+    cr_assert_eq(rk_gguf_writer_set_arr(w, "tokenizer.ggml.scores", RK_GGUF_F32, scores, 4, &err), RK_OK);
     float emb[32];
     for (int i = 0; i < 32; i++) emb[i] = (float)i * 0.5f;
     uint8_t q8[2 * 34];
@@ -88,12 +81,12 @@ void *tf_small_file(uint32_t alignment, size_t *len) {
     uint16_t norm[8];
     for (int i = 0; i < 8; i++) norm[i] = rk_f32_to_f16(1.0f + (float)i);
     const int64_t ne_emb[] = {8, 4}, ne_q[] = {32, 2}, ne_n[] = {8};
-    cr_assert_eq(rk_gguf_writer_add_tensor(w, "token_embd.weight", RK_DT_F32, 2, ne_emb, emb,
-                                           sizeof emb, &err), RK_OK, "%s", err.msg);
-    cr_assert_eq(rk_gguf_writer_add_tensor(w, "blk.0.attn_q.weight", RK_DT_Q8_0, 2, ne_q, q8,
-                                           sizeof q8, &err), RK_OK, "%s", err.msg);
-    cr_assert_eq(rk_gguf_writer_add_tensor(w, "output_norm.weight", RK_DT_F16, 1, ne_n, norm,
-                                           sizeof norm, &err), RK_OK, "%s", err.msg);
+    cr_assert_eq(rk_gguf_writer_add_tensor(w, "token_embd.weight", RK_DT_F32, 2, ne_emb, emb, sizeof emb, &err), RK_OK,
+                 "%s", err.msg);
+    cr_assert_eq(rk_gguf_writer_add_tensor(w, "blk.0.attn_q.weight", RK_DT_Q8_0, 2, ne_q, q8, sizeof q8, &err), RK_OK,
+                 "%s", err.msg);
+    cr_assert_eq(rk_gguf_writer_add_tensor(w, "output_norm.weight", RK_DT_F16, 1, ne_n, norm, sizeof norm, &err), RK_OK,
+                 "%s", err.msg);
     void *bytes = NULL;
     cr_assert_eq(rk_gguf_writer_finish(w, &bytes, len, &err), RK_OK, "%s", err.msg);
     rk_gguf_writer_destroy(w);

@@ -20,9 +20,7 @@ static rk_gguf *parse_ok(const void *bytes, size_t len) {
     return g;
 }
 
-static bool str_is(rk_str s, const char *c) {
-    return rk_str_eq(s, c);
-}
+static bool str_is(rk_str s, const char *c) { return rk_str_eq(s, c); }
 
 /* ---- round trips ------------------------------------------------------------ */
 
@@ -50,17 +48,20 @@ Test(gguf_roundtrip, every_kv_type) {
     const int64_t a_i64[] = {-9007199254740993ll, 42};
     const double a_f64[] = {2.5, -1e-300};
     const char *const a_str[] = {"", "x", "two words", "\xe2\x96\x81the"};
-    struct { const char *key; uint32_t t; const void *p; uint64_t n; } arrs[] = {
-        {"a.u8", RK_GGUF_U8, a_u8, 3},     {"a.i8", RK_GGUF_I8, a_i8, 2},
-        {"a.u16", RK_GGUF_U16, a_u16, 2},  {"a.i16", RK_GGUF_I16, a_i16, 2},
-        {"a.u32", RK_GGUF_U32, a_u32, 3},  {"a.i32", RK_GGUF_I32, a_i32, 2},
-        {"a.f32", RK_GGUF_F32, a_f32, 3},  {"a.bool", RK_GGUF_BOOL, a_bool, 2},
-        {"a.u64", RK_GGUF_U64, a_u64, 2},  {"a.i64", RK_GGUF_I64, a_i64, 2},
-        {"a.f64", RK_GGUF_F64, a_f64, 2},  {"a.none", RK_GGUF_I32, NULL, 0},
+    struct {
+        const char *key;
+        uint32_t t;
+        const void *p;
+        uint64_t n;
+    } arrs[] = {
+        {"a.u8", RK_GGUF_U8, a_u8, 3},    {"a.i8", RK_GGUF_I8, a_i8, 2},       {"a.u16", RK_GGUF_U16, a_u16, 2},
+        {"a.i16", RK_GGUF_I16, a_i16, 2}, {"a.u32", RK_GGUF_U32, a_u32, 3},    {"a.i32", RK_GGUF_I32, a_i32, 2},
+        {"a.f32", RK_GGUF_F32, a_f32, 3}, {"a.bool", RK_GGUF_BOOL, a_bool, 2}, {"a.u64", RK_GGUF_U64, a_u64, 2},
+        {"a.i64", RK_GGUF_I64, a_i64, 2}, {"a.f64", RK_GGUF_F64, a_f64, 2},    {"a.none", RK_GGUF_I32, NULL, 0},
     };
     for (size_t i = 0; i < sizeof arrs / sizeof arrs[0]; i++)
-        cr_assert_eq(rk_gguf_writer_set_arr(w, arrs[i].key, arrs[i].t, arrs[i].p, arrs[i].n, &err),
-                     RK_OK, "%s: %s", arrs[i].key, err.msg);
+        cr_assert_eq(rk_gguf_writer_set_arr(w, arrs[i].key, arrs[i].t, arrs[i].p, arrs[i].n, &err), RK_OK, "%s: %s",
+                     arrs[i].key, err.msg);
     cr_assert_eq(rk_gguf_writer_set_arr_str(w, "a.str", a_str, 4, &err), RK_OK, "%s", err.msg);
     void *bytes = NULL;
     size_t len = 0;
@@ -187,15 +188,16 @@ Test(gguf_roundtrip, every_kv_type) {
 }
 
 static void roundtrip_tensors(uint32_t alignment) {
-    struct { const char *name; uint32_t type; uint32_t n_dims; int64_t ne[4]; } ts[] = {
-        {"t.f32", RK_DT_F32, 2, {3, 5, 1, 1}},
-        {"t.f16", RK_DT_F16, 3, {7, 2, 2, 1}},
-        {"t.bf16", RK_DT_BF16, 1, {9, 1, 1, 1}},
-        {"t.q8_0", RK_DT_Q8_0, 2, {64, 3, 1, 1}},
-        {"t.q4_0", RK_DT_Q4_0, 4, {32, 2, 1, 2}},
-        {"t.q4_1", RK_DT_Q4_1, 2, {96, 1, 1, 1}},
-        {"t.q4_k", RK_DT_Q4_K, 2, {256, 2, 1, 1}},
-        {"t.q6_k", RK_DT_Q6_K, 1, {512, 1, 1, 1}},
+    struct {
+        const char *name;
+        uint32_t type;
+        uint32_t n_dims;
+        int64_t ne[4];
+    } ts[] = {
+        {"t.f32", RK_DT_F32, 2, {3, 5, 1, 1}},     {"t.f16", RK_DT_F16, 3, {7, 2, 2, 1}},
+        {"t.bf16", RK_DT_BF16, 1, {9, 1, 1, 1}},   {"t.q8_0", RK_DT_Q8_0, 2, {64, 3, 1, 1}},
+        {"t.q4_0", RK_DT_Q4_0, 4, {32, 2, 1, 2}},  {"t.q4_1", RK_DT_Q4_1, 2, {96, 1, 1, 1}},
+        {"t.q4_k", RK_DT_Q4_K, 2, {256, 2, 1, 1}}, {"t.q6_k", RK_DT_Q6_K, 1, {512, 1, 1, 1}},
     };
     enum { NT = sizeof ts / sizeof ts[0] };
     rk_err err = {0};
@@ -211,9 +213,9 @@ static void roundtrip_tensors(uint32_t alignment) {
         n_bytes[i] = row * rows;
         data[i] = malloc(n_bytes[i]);
         for (uint64_t j = 0; j < n_bytes[i]; j++) data[i][j] = (uint8_t)tb_rand_u64(&seed);
-        cr_assert_eq(rk_gguf_writer_add_tensor(w, ts[i].name, ts[i].type, ts[i].n_dims, ts[i].ne,
-                                               data[i], n_bytes[i], &err),
-                     RK_OK, "%s: %s", ts[i].name, err.msg);
+        cr_assert_eq(
+            rk_gguf_writer_add_tensor(w, ts[i].name, ts[i].type, ts[i].n_dims, ts[i].ne, data[i], n_bytes[i], &err),
+            RK_OK, "%s: %s", ts[i].name, err.msg);
     }
     void *bytes = NULL;
     size_t len = 0;
@@ -235,8 +237,7 @@ static void roundtrip_tensors(uint32_t alignment) {
         for (int d = 0; d < 4; d++) cr_assert_eq(t->ne[d], ts[i].ne[d], "%s ne[%d]", ts[i].name, d);
         cr_assert_eq(t->n_bytes, n_bytes[i]);
         cr_assert_eq(t->offset % a, 0);
-        cr_assert_eq((const uint8_t *)t->data,
-                     (const uint8_t *)bytes + rk_gguf_data_offset(g) + t->offset);
+        cr_assert_eq((const uint8_t *)t->data, (const uint8_t *)bytes + rk_gguf_data_offset(g) + t->offset);
         cr_assert_eq(memcmp(t->data, data[i], n_bytes[i]), 0, "%s data", ts[i].name);
         free(data[i]);
     }
@@ -268,8 +269,7 @@ Test(gguf_writer, refusals_leave_writer_usable) {
     cr_assert_eq(rk_gguf_writer_set_arr(w, "s", RK_GGUF_ARRAY, "x", 1, &err), RK_E_GGUF_TYPE);
     cr_assert_eq(rk_gguf_writer_set_arr(w, "s", 99, "x", 1, &err), RK_E_GGUF_TYPE);
     cr_assert_eq(rk_gguf_writer_set_arr(w, "s", RK_GGUF_U8, NULL, 1, &err), RK_E_INVALID_ARG);
-    cr_assert_eq(rk_gguf_writer_set_arr(w, "s", RK_GGUF_U64, "x", UINT64_MAX / 4, &err),
-                 RK_E_GGUF_COUNT);
+    cr_assert_eq(rk_gguf_writer_set_arr(w, "s", RK_GGUF_U64, "x", UINT64_MAX / 4, &err), RK_E_GGUF_COUNT);
     const char *strs[] = {"a", NULL};
     cr_assert_eq(rk_gguf_writer_set_arr_str(w, "s", strs, 2, &err), RK_E_INVALID_ARG);
     cr_assert_eq(rk_gguf_writer_set_str(w, "s", NULL, &err), RK_E_INVALID_ARG);
@@ -278,25 +278,18 @@ Test(gguf_writer, refusals_leave_writer_usable) {
     const int64_t ne[] = {8, 2}, ne_bad[] = {0, 2}, ne_huge[] = {1ll << 40, 1ll << 40};
     const int64_t ne_q[] = {33, 1};
     cr_assert_eq(rk_gguf_writer_add_tensor(w, "t", RK_DT_F32, 2, ne, f, 64, &err), RK_OK);
-    cr_assert_eq(rk_gguf_writer_add_tensor(w, "t", RK_DT_F32, 2, ne, f, 64, &err),
-                 RK_E_GGUF_DUPLICATE);
+    cr_assert_eq(rk_gguf_writer_add_tensor(w, "t", RK_DT_F32, 2, ne, f, 64, &err), RK_E_GGUF_DUPLICATE);
     cr_assert(strstr(err.msg, "'t'"), "%s", err.msg);
-    cr_assert_eq(rk_gguf_writer_add_tensor(w, "u", RK_DT_F32, 2, ne, f, 60, &err),
-                 RK_E_INVALID_ARG);
-    cr_assert(strstr(err.msg, "'u'") && strstr(err.msg, "60") && strstr(err.msg, "64"), "%s",
-              err.msg);
-    cr_assert_eq(rk_gguf_writer_add_tensor(w, "u", RK_DT_F32, 2, ne_bad, f, 0, &err),
-                 RK_E_GGUF_DIM);
+    cr_assert_eq(rk_gguf_writer_add_tensor(w, "u", RK_DT_F32, 2, ne, f, 60, &err), RK_E_INVALID_ARG);
+    cr_assert(strstr(err.msg, "'u'") && strstr(err.msg, "60") && strstr(err.msg, "64"), "%s", err.msg);
+    cr_assert_eq(rk_gguf_writer_add_tensor(w, "u", RK_DT_F32, 2, ne_bad, f, 0, &err), RK_E_GGUF_DIM);
     cr_assert_eq(rk_gguf_writer_add_tensor(w, "u", RK_DT_F32, 0, ne, f, 64, &err), RK_E_GGUF_DIM);
     cr_assert_eq(rk_gguf_writer_add_tensor(w, "u", RK_DT_F32, 5, ne, f, 64, &err), RK_E_GGUF_DIM);
-    cr_assert_eq(rk_gguf_writer_add_tensor(w, "u", RK_DT_Q4_K, 2, ne_huge, f, 64, &err),
-                 RK_E_GGUF_DIM);
+    cr_assert_eq(rk_gguf_writer_add_tensor(w, "u", RK_DT_Q4_K, 2, ne_huge, f, 64, &err), RK_E_GGUF_DIM);
     cr_assert_eq(rk_gguf_writer_add_tensor(w, "u", 6, 2, ne, f, 64, &err), RK_E_GGUF_TYPE);
-    cr_assert_eq(rk_gguf_writer_add_tensor(w, "u", RK_DT_Q8_0, 2, ne_q, f, 34, &err),
-                 RK_E_GGUF_BLOCK);
+    cr_assert_eq(rk_gguf_writer_add_tensor(w, "u", RK_DT_Q8_0, 2, ne_q, f, 34, &err), RK_E_GGUF_BLOCK);
     cr_assert(strstr(err.msg, "'u'") && strstr(err.msg, "33"), "%s", err.msg);
-    cr_assert_eq(rk_gguf_writer_add_tensor(w, "u", RK_DT_F32, 2, ne, NULL, 64, &err),
-                 RK_E_INVALID_ARG);
+    cr_assert_eq(rk_gguf_writer_add_tensor(w, "u", RK_DT_F32, 2, ne, NULL, 64, &err), RK_E_INVALID_ARG);
 
     void *bytes = NULL;
     size_t len = 0;
@@ -370,8 +363,7 @@ static void check_invariants(const rk_gguf *g, const uint8_t *bytes, size_t len,
             memcpy(&n, p, 8);
             rk_str s;
             cr_assert_eq(rk_gguf_arr_str(g, kv, j, &s, &err), RK_OK, "%s", err.msg);
-            cr_assert(s.ptr == (const char *)p + 8 && s.len == n, "%s: %s[%llu]", what, key,
-                      (unsigned long long)j);
+            cr_assert(s.ptr == (const char *)p + 8 && s.len == n, "%s: %s[%llu]", what, key, (unsigned long long)j);
             p += 8 + n;
         }
         cr_assert_leq(p, bytes + len);
@@ -401,16 +393,14 @@ static bool rewrite_matches(const rk_gguf *g, const uint8_t *bytes, size_t len, 
     rk_gguf_writer *w = NULL;
     cr_assert_eq(rk_gguf_writer_create(rk_gguf_alignment(g), &w, &err), RK_OK, "%s", err.msg);
     for (uint64_t i = 0; i < rk_gguf_n_kv(g); i++)
-        cr_assert_eq(rk_gguf_writer_set_kv(w, rk_gguf_kv_at(g, i), &err), RK_OK, "%s: %s", what,
-                     err.msg);
+        cr_assert_eq(rk_gguf_writer_set_kv(w, rk_gguf_kv_at(g, i), &err), RK_OK, "%s: %s", what, err.msg);
     for (uint64_t i = 0; i < rk_gguf_n_tensors(g); i++) {
         const rk_gguf_tensor *t = rk_gguf_tensor_at(g, i);
         char name[256];
         memcpy(name, t->name.ptr, t->name.len);
         name[t->name.len] = 0;
-        cr_assert_eq(rk_gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data,
-                                               t->n_bytes, &err),
-                     RK_OK, "%s: %s", what, err.msg);
+        cr_assert_eq(rk_gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data, t->n_bytes, &err), RK_OK,
+                     "%s: %s", what, err.msg);
     }
     void *out = NULL;
     size_t out_len = 0;
@@ -438,8 +428,7 @@ static bool rewrite_matches(const rk_gguf *g, const uint8_t *bytes, size_t len, 
         cr_assert(a->name.len == b->name.len && !memcmp(a->name.ptr, b->name.ptr, a->name.len));
         cr_assert(a->type == b->type && a->n_dims == b->n_dims && a->n_bytes == b->n_bytes);
         for (int d = 0; d < 4; d++) cr_assert_eq(a->ne[d], b->ne[d]);
-        cr_assert_eq(memcmp(a->data, b->data, (size_t)a->n_bytes), 0, "%s: tensor %llu", what,
-                     (unsigned long long)i);
+        cr_assert_eq(memcmp(a->data, b->data, (size_t)a->n_bytes), 0, "%s: tensor %llu", what, (unsigned long long)i);
     }
     bool same = out_len == len && memcmp(out, bytes, len) == 0;
     rk_gguf_destroy(h);
@@ -459,26 +448,25 @@ typedef struct known {
 } known;
 
 static const known known_files[] = {
-    {"models/stories260K/stories260K-f32.gguf", "llama", 5, 64, 18, 48, 512, "<unk>",
-     "\xe2\x80\x8a", "token_embd.weight", RK_DT_F32, 64, 512},
-    {"models/aidreams260K/aidreams260K-f32.gguf", "llama", 4, 64, 18, 38, 512, "<unk>",
-     "\xce\xbc", "token_embd.weight", RK_DT_F32, 64, 512},
-    {"golden/models/llama-tiny-q4_0.gguf", "llama", 3, 256, 23, 30, 512, "<unk>", "\xe2\x80\x8a",
-     "output.weight", RK_DT_Q6_K, 256, 512},
-    {"golden/models/llama-tiny-q4_1.gguf", "llama", 3, 256, 23, 30, 512, "<unk>", "\xe2\x80\x8a",
-     "output.weight", RK_DT_Q6_K, 256, 512},
-    {"golden/models/llama-tiny-q4_k_m.gguf", "llama", 3, 256, 23, 30, 512, "<unk>",
-     "\xe2\x80\x8a", "output.weight", RK_DT_Q6_K, 256, 512},
-    {"golden/models/qwen2-tiny-q8_0.gguf", "qwen2", 3, 256, 23, 39, 512, "<unk>", "\xe2\x80\x8a",
-     "output.weight", RK_DT_Q8_0, 256, 512},
-    {"golden/models/qwen3-tiny-f16.gguf", "qwen3", 4, 256, 22, 46, 512, "<unk>", "\xe2\x80\x8a",
-     "token_embd.weight", RK_DT_F16, 256, 512},
-    {"golden/tokenizer/ggml-vocab-gpt-2.gguf", "gpt2", 12, 768, 16, 0, 50257, "!",
-     "<|endoftext|>", NULL, 0, 0, 0},
-    {"golden/tokenizer/ggml-vocab-llama-spm.gguf", "llama", 32, 4096, 22, 0, 32000, "<unk>",
-     "\xe7\xbb\x99", NULL, 0, 0, 0},
-    {"golden/tokenizer/ggml-vocab-starcoder.gguf", "starcoder2", 30, 3072, 19, 0, 49152,
-     "<|endoftext|>", "sdb", NULL, 0, 0, 0},
+    {"models/stories260K/stories260K-f32.gguf", "llama", 5, 64, 18, 48, 512, "<unk>", "\xe2\x80\x8a",
+     "token_embd.weight", RK_DT_F32, 64, 512},
+    {"models/aidreams260K/aidreams260K-f32.gguf", "llama", 4, 64, 18, 38, 512, "<unk>", "\xce\xbc", "token_embd.weight",
+     RK_DT_F32, 64, 512},
+    {"golden/models/llama-tiny-q4_0.gguf", "llama", 3, 256, 23, 30, 512, "<unk>", "\xe2\x80\x8a", "output.weight",
+     RK_DT_Q6_K, 256, 512},
+    {"golden/models/llama-tiny-q4_1.gguf", "llama", 3, 256, 23, 30, 512, "<unk>", "\xe2\x80\x8a", "output.weight",
+     RK_DT_Q6_K, 256, 512},
+    {"golden/models/llama-tiny-q4_k_m.gguf", "llama", 3, 256, 23, 30, 512, "<unk>", "\xe2\x80\x8a", "output.weight",
+     RK_DT_Q6_K, 256, 512},
+    {"golden/models/qwen2-tiny-q8_0.gguf", "qwen2", 3, 256, 23, 39, 512, "<unk>", "\xe2\x80\x8a", "output.weight",
+     RK_DT_Q8_0, 256, 512},
+    {"golden/models/qwen3-tiny-f16.gguf", "qwen3", 4, 256, 22, 46, 512, "<unk>", "\xe2\x80\x8a", "token_embd.weight",
+     RK_DT_F16, 256, 512},
+    {"golden/tokenizer/ggml-vocab-gpt-2.gguf", "gpt2", 12, 768, 16, 0, 50257, "!", "<|endoftext|>", NULL, 0, 0, 0},
+    {"golden/tokenizer/ggml-vocab-llama-spm.gguf", "llama", 32, 4096, 22, 0, 32000, "<unk>", "\xe7\xbb\x99", NULL, 0, 0,
+     0},
+    {"golden/tokenizer/ggml-vocab-starcoder.gguf", "starcoder2", 30, 3072, 19, 0, 49152, "<|endoftext|>", "sdb", NULL,
+     0, 0, 0},
 };
 
 static void check_known(const known *k, const char *path) {

@@ -14,8 +14,7 @@
 static void expect(const bb *b, rk_status want, const char *needle1, const char *needle2) {
     rk_err err = {0};
     rk_status st = tf_parse_exact(b->p, b->len, &err);
-    cr_assert_eq(st, want, "got %s (%s), want %s", rk_status_name(st), err.msg,
-                 rk_status_name(want));
+    cr_assert_eq(st, want, "got %s (%s), want %s", rk_status_name(st), err.msg, rk_status_name(want));
     cr_assert_eq(err.code, want);
     cr_assert(strncmp(err.msg, "gguf: ", 6) == 0, "message '%s'", err.msg);
     if (needle1) cr_assert(strstr(err.msg, needle1), "'%s' not in '%s'", needle1, err.msg);
@@ -23,8 +22,8 @@ static void expect(const bb *b, rk_status want, const char *needle1, const char 
 }
 
 /* One F32 tensor file: header, keys given by the caller, then the tensor info. */
-static void one_tensor(bb *b, const char *name, uint32_t n_dims, const uint64_t *ne,
-                       uint32_t type, uint64_t offset, size_t data_bytes) {
+static void one_tensor(bb *b, const char *name, uint32_t n_dims, const uint64_t *ne, uint32_t type, uint64_t offset,
+                       size_t data_bytes) {
     bb_header(b, 3, 1, 1);
     bb_kv_str(b, "general.architecture", "llama");
     bb_tensor(b, name, n_dims, ne, type, offset);
@@ -72,10 +71,10 @@ Test(gguf_broken, version_2_accepted) {
 Test(gguf_broken, truncated_value) {
     bb b = {0};
     bb_header(&b, 3, 0, 2);
-    bb_kv_u32(&b, "a.b", 1);             /* 24 .. 43 */
-    bb_str(&b, "c.d");                   /* 43 .. 54 */
-    bb_u32(&b, RK_GGUF_U64);             /* 54 .. 58 */
-    bb_bytes(&b, "\1\2\3", 3);           /* 3 of the 8 value bytes */
+    bb_kv_u32(&b, "a.b", 1);   /* 24 .. 43 */
+    bb_str(&b, "c.d");         /* 43 .. 54 */
+    bb_u32(&b, RK_GGUF_U64);   /* 54 .. 58 */
+    bb_bytes(&b, "\1\2\3", 3); /* 3 of the 8 value bytes */
     expect(&b, RK_E_GGUF_TRUNCATED, "offset 58", "value of key 'c.d'");
     bb_free(&b);
 }
@@ -261,8 +260,7 @@ Test(gguf_broken, data_past_end) {
     one_tensor(&b, "blk.0.attn_q.weight", 1, ne, RK_DT_F32, 0, 32); /* 256 bytes needed */
     size_t data = b.len - 32;
     char want[160];
-    snprintf(want, sizeof want,
-             "gguf: tensor 'blk.0.attn_q.weight' data [%zu, %zu) past end of file (len %zu)", data,
+    snprintf(want, sizeof want, "gguf: tensor 'blk.0.attn_q.weight' data [%zu, %zu) past end of file (len %zu)", data,
              data + 256, b.len);
     rk_err err = {0};
     cr_assert_eq(tf_parse_exact(b.p, b.len, &err), RK_E_GGUF_BOUNDS, "%s", err.msg);
@@ -303,8 +301,7 @@ Test(gguf_broken, row_not_multiple_of_block) {
     bb b = {0};
     const uint64_t ne[] = {48, 2};
     one_tensor(&b, "blk.0.ffn_gate.weight", 2, ne, RK_DT_Q4_0, 0, 64);
-    expect(&b, RK_E_GGUF_BLOCK, "'blk.0.ffn_gate.weight' row length ne[0] = 48",
-           "q4_0 block size 32");
+    expect(&b, RK_E_GGUF_BLOCK, "'blk.0.ffn_gate.weight' row length ne[0] = 48", "q4_0 block size 32");
     bb_free(&b);
 }
 
@@ -357,8 +354,8 @@ Test(gguf_fuzzish, every_truncation_fails_cleanly) {
     for (size_t l = 0; l < need; l++) {
         rk_err e = {0};
         rk_status st = tf_parse_exact(full, l, &e);
-        cr_assert(st == RK_E_GGUF_TRUNCATED || st == RK_E_GGUF_COUNT || st == RK_E_GGUF_BOUNDS,
-                  "prefix %zu: %s (%s)", l, rk_status_name(st), e.msg);
+        cr_assert(st == RK_E_GGUF_TRUNCATED || st == RK_E_GGUF_COUNT || st == RK_E_GGUF_BOUNDS, "prefix %zu: %s (%s)",
+                  l, rk_status_name(st), e.msg);
         cr_assert(strncmp(e.msg, "gguf: ", 6) == 0, "prefix %zu: '%s'", l, e.msg);
         n_trunc += st == RK_E_GGUF_TRUNCATED;
         n_count += st == RK_E_GGUF_COUNT;

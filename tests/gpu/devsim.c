@@ -42,11 +42,23 @@ static rk_status ds_run(rk_backend *be, const rk_op_args *a, rk_err *err) {
     rk_lr_attn_args L;
     if (a->op == RK_OP_LR_ATTN && a->lr) { /* the codec state: every pointer must be backend memory */
         L = *a->lr;
-        const void **ps[] = {(const void **)&L.freq, &L.sk, &L.sv, &L.xk, &L.xv, (const void **)&L.pos,
-                             (const void **)&L.coef, (const void **)&L.basis, (const void **)&L.mean,
-                             (const void **)&L.winv, (const void **)&L.lmk, (const void **)&L.cmean,
-                             (const void **)&L.W, (const void **)&L.b, (const void **)&L.res,
-                             (const void **)&L.mask, (const void **)&L.base};
+        const void **ps[] = {(const void **)&L.freq,
+                             &L.sk,
+                             &L.sv,
+                             &L.xk,
+                             &L.xv,
+                             (const void **)&L.pos,
+                             (const void **)&L.coef,
+                             (const void **)&L.basis,
+                             (const void **)&L.mean,
+                             (const void **)&L.winv,
+                             (const void **)&L.lmk,
+                             (const void **)&L.cmean,
+                             (const void **)&L.W,
+                             (const void **)&L.b,
+                             (const void **)&L.res,
+                             (const void **)&L.mask,
+                             (const void **)&L.base};
         for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) {
             cr_assert(!*ps[i] || tagged(*ps[i]), "devsim: LR_ATTN state pointer %zu in host memory", i);
             *ps[i] = untag(*ps[i]);
@@ -255,7 +267,8 @@ rk_session *session_on_graphs(const rk_model *m, rk_backend *be, const char *kv,
     rk_session_params p = rk_session_params_default();
     p.cuda_graphs = cuda_graphs;
     p.n_ctx = 128;
-    p.ctx_overflow_ok = true; /* the generated model (no ../shared) was trained on 64: the twins compare, not the text */
+    p.ctx_overflow_ok =
+        true;       /* the generated model (no ../shared) was trained on 64: the twins compare, not the text */
     p.n_batch = 16; /* several prefill chunks */
     p.n_threads = 1;
     p.shared_backend = be;

@@ -35,7 +35,7 @@ typedef struct devsim {
         const void *src;
         size_t n;
         bool to_device;
-    } *lane;
+    } * lane;
     int n_lane, cap_lane, n_host;
     size_t lane_up, lane_down, lane_d2d; /* host to device, device to host, device to device */
     int n_joins;

@@ -17,13 +17,13 @@
 #include "rk_kernels.h"
 #include "rk_synth.h"
 
-#define CK(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "gpu_bench: %s: %s\n", #x, cudaGetErrorString(e_));                    \
-            exit(1);                                                                               \
-        }                                                                                          \
+#define CK(x)                                                                   \
+    do {                                                                        \
+        cudaError_t e_ = (x);                                                   \
+        if (e_ != cudaSuccess) {                                                \
+            fprintf(stderr, "gpu_bench: %s: %s\n", #x, cudaGetErrorString(e_)); \
+            exit(1);                                                            \
+        }                                                                       \
     } while (0)
 
 static int cmp_d(const void *a, const void *b) {
@@ -70,9 +70,9 @@ typedef struct gemm_ctx {
 static void do_gemm(void *u) {
     gemm_ctx *g = u;
     const float one = 1.0f, zero = 0.0f;
-    cublasStatus_t s = cublasGemmEx(g->h, CUBLAS_OP_T, CUBLAS_OP_N, g->n, g->n, g->n, &one, g->a, CUDA_R_16BF, g->n,
-                                    g->b, CUDA_R_16BF, g->n, &zero, g->c, CUDA_R_32F, g->n, CUBLAS_COMPUTE_32F,
-                                    CUBLAS_GEMM_DEFAULT);
+    cublasStatus_t s =
+        cublasGemmEx(g->h, CUBLAS_OP_T, CUBLAS_OP_N, g->n, g->n, g->n, &one, g->a, CUDA_R_16BF, g->n, g->b, CUDA_R_16BF,
+                     g->n, &zero, g->c, CUDA_R_32F, g->n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (s != CUBLAS_STATUS_SUCCESS) {
         fprintf(stderr, "gpu_bench: cublasGemmEx: %s\n", cublasGetStatusString(s));
         exit(1);

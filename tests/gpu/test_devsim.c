@@ -62,8 +62,8 @@ Test(devsim, session_matches_cpu_bit_for_bit) {
             cr_assert_eq(rk_session_eval(b, ids + t, 1, lb, false, &err), RK_OK, "%s", err.msg);
             cr_expect(memcmp(la, lb, (size_t)nv * sizeof(float)) == 0, "kv %s: decode %d logits differ", kvs[k], t);
             /* the only transfer back of a decode step: one logits row */
-            cr_expect_eq(ds->n_down - before, (size_t)nv * sizeof(float), "kv %s step %d: %zu bytes came back",
-                         kvs[k], t, ds->n_down - before);
+            cr_expect_eq(ds->n_down - before, (size_t)nv * sizeof(float), "kv %s step %d: %zu bytes came back", kvs[k],
+                         t, ds->n_down - before);
         }
         /* KV rows as attention sees them, through downloads */
         const int64_t kvd = (int64_t)rk_model_hparams(m)->n_head_kv * rk_model_hparams(m)->head_dim;
@@ -166,8 +166,7 @@ static void write_maps(const rk_model *m, int split, uint32_t wt, bool normalize
                      RK_OK, "%s", e.msg);
         snprintf(nm, sizeof nm, "ridge.%d.bias", l);
         int64_t nb[1] = {dout};
-        cr_assert_eq(rk_gguf_writer_add_tensor(w, nm, RK_DT_F32, 1, nb, b, (uint64_t)dout * 4, &e), RK_OK, "%s",
-                     e.msg);
+        cr_assert_eq(rk_gguf_writer_add_tensor(w, nm, RK_DT_F32, 1, nb, b, (uint64_t)dout * 4, &e), RK_OK, "%s", e.msg);
     }
     void *bytes;
     size_t n;
@@ -221,8 +220,13 @@ Test(devsim, fill_session_matches_cpu_bit_for_bit, .timeout = 120) {
         cr_assert_eq(st, RK_OK, "%s", err.msg);
         rk_session *b = session_on(m, &ds->be, "f16", &err, &st);
         cr_assert_eq(st, RK_OK, "%s", err.msg);
-        rk_fill_params f = {.mode = cases[c].mode, .tail = TAIL, .split = split, .obs = 8, .baseline = 4,
-                            .keep_share = 0.25f, .layer_major = cases[c].layer_major,
+        rk_fill_params f = {.mode = cases[c].mode,
+                            .tail = TAIL,
+                            .split = split,
+                            .obs = 8,
+                            .baseline = 4,
+                            .keep_share = 0.25f,
+                            .layer_major = cases[c].layer_major,
                             .question_aware = cases[c].question_aware};
         if (cases[c].maps) f.maps = maps[cases[c].maps - 1];
         cr_assert_eq(rk_session_set_fill(a, &f, &err), RK_OK, "%s: %s", cases[c].name, err.msg);
@@ -366,7 +370,8 @@ Test(devsim, lane_calls_fall_back_on_host_backends) {
  * A truncation (the device copy dropped and uploaded again) and a second decode run agree
  * too. */
 Test(devsim, lowram_session_matches_cpu, .timeout = 120) {
-    rk_model *m = load_tiny((tb_tiny_spec){.arch = TB_ARCH_QWEN2, .n_layer = 4, .n_embd = 64, .n_head = 4, .n_head_kv = 2, .seed = 21});
+    rk_model *m = load_tiny(
+        (tb_tiny_spec){.arch = TB_ARCH_QWEN2, .n_layer = 4, .n_embd = 64, .n_head = 4, .n_head_kv = 2, .seed = 21});
     rk_err err = {0};
     const int nv = rk_model_hparams(m)->n_vocab, n_layer = rk_model_hparams(m)->n_layer;
     enum { N = 300, DEC = 40 };
@@ -382,8 +387,10 @@ Test(devsim, lowram_session_matches_cpu, .timeout = 120) {
      * so it matches and fuses only if the device session resolved it to int8. */
     const char *specs[] = {"lowram:window=32,budget=64,kcache=f16,summ,rtype=int8",
                            "lowram:window=48,budget=96,nosumm,evict=0.3,kcache=f16,rtype=int8",
-                           "lowram:window=32,budget=64,summ,rtype=int8", "lowram:window=48,budget=96,nosumm,evict=0.3,rtype=int8",
-                           "lowram:window=32,budget=64,bound,rtype=int8", "lowram:window=32,budget=64",
+                           "lowram:window=32,budget=64,summ,rtype=int8",
+                           "lowram:window=48,budget=96,nosumm,evict=0.3,rtype=int8",
+                           "lowram:window=32,budget=64,bound,rtype=int8",
+                           "lowram:window=32,budget=64",
                            "lowram:window=32,budget=64,rtype=int8,vpin=4,full=0",
                            "lowram:window=32,budget=64,rtype=int8,vpin=0,full=1"};
     /* pinned chunks and full layers unset are none on a device (its fused op selects by
@@ -394,7 +401,9 @@ Test(devsim, lowram_session_matches_cpu, .timeout = 120) {
                                "lowram:window=32,budget=64,summ,rtype=int8,vpin=0,full=0",
                                "lowram:window=48,budget=96,nosumm,evict=0.3,rtype=int8,vpin=0,full=0",
                                "lowram:window=32,budget=64,bound,rtype=int8,vpin=0,full=0",
-                               "lowram:window=32,budget=64,rtype=int8,vpin=0,full=0", specs[6], specs[7]};
+                               "lowram:window=32,budget=64,rtype=int8,vpin=0,full=0",
+                               specs[6],
+                               specs[7]};
     const bool fused[] = {true, true, true, true, false, true, false, false}; /* full layers: the host path */
     for (size_t c = 0; c < sizeof specs / sizeof specs[0]; c++) {
         rk_backend *cpu = NULL;
@@ -455,7 +464,8 @@ Test(devsim, lowram_session_matches_cpu, .timeout = 120) {
         const uint64_t steps = (uint64_t)(DEC + DEC / 2) * (uint64_t)n_layer;
         cr_expect(fused[c] ? k->lowram_dev_attn == steps : k->lowram_host_attn >= steps, "%s: %llu fused, %llu host",
                   specs[c], (unsigned long long)k->lowram_dev_attn, (unsigned long long)k->lowram_host_attn);
-        if (!fused[c]) cr_expect_eq(k->lowram_dev_attn, 0, "%s: %llu fused", specs[c], (unsigned long long)k->lowram_dev_attn);
+        if (!fused[c])
+            cr_expect_eq(k->lowram_dev_attn, 0, "%s: %llu fused", specs[c], (unsigned long long)k->lowram_dev_attn);
         rk_lowram_stats st;
         rk_session_lowram_stats(ss[1], &st);
         cr_expect(st.fitted && st.rank_min > 0, "%s: the codec fitted", specs[c]);

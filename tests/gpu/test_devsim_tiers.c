@@ -104,14 +104,16 @@ Test(devsim, kv_budget_device_tiers_match_plain, .timeout = 120) {
                      kv, fit, dt->live, dp->live);
         cr_expect_eq(dt->n_host, 2 * (4 - res), "kv %s fit %d: %d pinned host blocks", kv, fit, dt->n_host);
         float *ls[3] = {la, lb, lc};
-        for (int k = 0; k < 3; k++) cr_assert_eq(rk_session_eval(ss[k], ids, N, ls[k], false, &err), RK_OK, "%s", err.msg);
+        for (int k = 0; k < 3; k++)
+            cr_assert_eq(rk_session_eval(ss[k], ids, N, ls[k], false, &err), RK_OK, "%s", err.msg);
         cr_expect(memcmp(la, lb, (size_t)nv * sizeof(float)) == 0 && memcmp(la, lc, (size_t)nv * sizeof(float)) == 0,
                   "kv %s fit %d defer %d: prefill logits differ", kv, fit, defer);
         for (int round = 0; round < 2; round++) {
             for (int t = N; t < N + DEC; t++) {
                 for (int k = 0; k < 3; k++)
                     cr_assert_eq(rk_session_eval(ss[k], ids + t, 1, ls[k], false, &err), RK_OK, "%s", err.msg);
-                cr_expect(memcmp(la, lc, (size_t)nv * sizeof(float)) == 0 && memcmp(lb, lc, (size_t)nv * sizeof(float)) == 0,
+                cr_expect(memcmp(la, lc, (size_t)nv * sizeof(float)) == 0 &&
+                              memcmp(lb, lc, (size_t)nv * sizeof(float)) == 0,
                           "kv %s fit %d defer %d round %d: decode %d differs", kv, fit, defer, round, t);
             }
             for (int k = 0; k < 3; k++) cr_assert_eq(rk_session_truncate(ss[k], N + 2, &err), RK_OK, "%s", err.msg);
@@ -123,8 +125,10 @@ Test(devsim, kv_budget_device_tiers_match_plain, .timeout = 120) {
         const uint64_t cold_rows_bytes = (uint64_t)(4 - res) * 2ull * N * (uint64_t)kvd * (c & 1 ? 4 : 2);
         cr_expect(t.on && t.bytes_spilled >= cold_rows_bytes && t.bytes_read > cold_rows_bytes,
                   "kv %s fit %d: down %llu, up %llu (a prompt's cold rows: %llu)", kv, fit,
-                  (unsigned long long)t.bytes_spilled, (unsigned long long)t.bytes_read, (unsigned long long)cold_rows_bytes);
-        cr_expect(t.bytes_read == dt->lane_up && t.bytes_spilled == dt->lane_down, "kv %s: counters vs the lane's bytes", kv);
+                  (unsigned long long)t.bytes_spilled, (unsigned long long)t.bytes_read,
+                  (unsigned long long)cold_rows_bytes);
+        cr_expect(t.bytes_read == dt->lane_up && t.bytes_spilled == dt->lane_down,
+                  "kv %s: counters vs the lane's bytes", kv);
         /* hits: appends of resident layers (none when the budget buys only the two slots) */
         cr_expect(t.misses > 0 && t.prefetched > 0 && t.prefetched <= t.misses && (res ? t.hits > 0 : t.hits == 0),
                   "kv %s fit %d: hits %llu misses %llu prefetched %llu", kv, fit, (unsigned long long)t.hits,
@@ -200,7 +204,8 @@ Test(devsim, kv_budget_disk_step_matches_plain, .timeout = 120) {
             for (int t = N; t < N + DEC; t++) {
                 cr_assert_eq(rk_session_eval(ss[0], ids + t, 1, la, false, &err), RK_OK, "%s", err.msg);
                 cr_assert_eq(rk_session_eval(ss[1], ids + t, 1, lb, false, &err), RK_OK, "%s", err.msg);
-                cr_expect(memcmp(la, lb, (size_t)nv * sizeof(float)) == 0, "pin %d round %d: decode %d differs", n_pin, round, t);
+                cr_expect(memcmp(la, lb, (size_t)nv * sizeof(float)) == 0, "pin %d round %d: decode %d differs", n_pin,
+                          round, t);
             }
             for (int k = 0; k < 2; k++) cr_assert_eq(rk_session_truncate(ss[k], N + 2, &err), RK_OK, "%s", err.msg);
         }
@@ -214,7 +219,8 @@ Test(devsim, kv_budget_disk_step_matches_plain, .timeout = 120) {
                   "pin %d: disk writes %llu (%llu B), reads %llu (%llu B)", n_pin, (unsigned long long)t.disk_writes,
                   (unsigned long long)t.disk_bytes_written, (unsigned long long)t.disk_reads,
                   (unsigned long long)t.disk_bytes_read);
-        cr_expect(t.resident_bytes == 2 * layer && dp->live - dt->live == 2 * layer, "device bytes %zu vs %zu", dt->live, dp->live);
+        cr_expect(t.resident_bytes == 2 * layer && dp->live - dt->live == 2 * layer, "device bytes %zu vs %zu",
+                  dt->live, dp->live);
         for (int l = 0; l < 4; l++) {
             cr_assert_eq(rk_session_kv_rows(ss[0], l, true, false, 0, N, ra, &err), RK_OK, "%s", err.msg);
             cr_assert_eq(rk_session_kv_rows(ss[1], l, true, false, 0, N, rb, &err), RK_OK, "%s", err.msg);
@@ -310,25 +316,27 @@ Test(devsim, kv_budget_chunks_on_device_match_plain, .timeout = 120) {
         rk_kv_tier_stats t0, t1;
         rk_session_kv_tier_stats(ss[1], &t0);
         cr_expect(t0.on && t0.dev_chunk_rows == C && t0.dev_chunk_bytes == (uint64_t)(n_cold * h) * frame,
-                  "case %d: chunk rows %d, frame bytes %llu", c, t0.dev_chunk_rows, (unsigned long long)t0.dev_chunk_bytes);
+                  "case %d: chunk rows %d, frame bytes %llu", c, t0.dev_chunk_rows,
+                  (unsigned long long)t0.dev_chunk_bytes);
         /* device bytes: the plain session's less the layers that are not there, plus the frames */
         cr_expect_eq(dp->live + (size_t)(n_cold * h) * frame, dt->live + (size_t)(4 - res - 2) * layer,
                      "case %d: device bytes %zu vs plain %zu", c, dt->live, dp->live);
-        cr_expect(t0.resident_bytes == (uint64_t)(res + 2) * layer + t0.dev_chunk_bytes && t0.resident_bytes <= t0.budget,
-                  "case %d: resident %llu of %llu", c, (unsigned long long)t0.resident_bytes, (unsigned long long)t0.budget);
+        cr_expect(
+            t0.resident_bytes == (uint64_t)(res + 2) * layer + t0.dev_chunk_bytes && t0.resident_bytes <= t0.budget,
+            "case %d: resident %llu of %llu", c, (unsigned long long)t0.resident_bytes, (unsigned long long)t0.budget);
         int64_t at = 0;
 #define STEP(n_rows, what)                                                                                          \
     do {                                                                                                            \
         for (int k = 0; k < 2; k++)                                                                                 \
             cr_assert_eq(rk_session_eval(ss[k], ids + at, n_rows, k ? lb : la, false, &err), RK_OK, "%s", err.msg); \
-        cr_expect(memcmp(la, lb, (size_t)nv * sizeof(float)) == 0, "case %d: %s at %lld: logits differ", c, what, \
+        cr_expect(memcmp(la, lb, (size_t)nv * sizeof(float)) == 0, "case %d: %s at %lld: logits differ", c, what,   \
                   (long long)at);                                                                                   \
         at += n_rows;                                                                                               \
     } while (0)
-#define CUT(n)                                                                                     \
-    do {                                                                                           \
+#define CUT(n)                                                                                               \
+    do {                                                                                                     \
         for (int k = 0; k < 2; k++) cr_assert_eq(rk_session_truncate(ss[k], n, &err), RK_OK, "%s", err.msg); \
-        at = n;                                                                                    \
+        at = n;                                                                                              \
     } while (0)
         if (!disk) {
             STEP(100, "prefill");

@@ -300,7 +300,8 @@ static void gets_stay_inside_their_block(rk_bs_backend be) {
     cr_assert(src && back);
     uint64_t rng = 77;
     /* like f16 KV rows: one random byte, one from a few values; zstd keeps many literals */
-    for (size_t k = 0; k < len; k++) src[k] = (k & 1) ? (uint8_t)tb_rand_u64(&rng) : (uint8_t)(0x30 + (tb_rand_u64(&rng) & 7));
+    for (size_t k = 0; k < len; k++)
+        src[k] = (k & 1) ? (uint8_t)tb_rand_u64(&rng) : (uint8_t)(0x30 + (tb_rand_u64(&rng) & 7));
     for (int i = 0; i < PIECES; i++)
         cr_assert_eq(rk_bs_put_sync(bs, 1 + (uint64_t)i, src + (size_t)i * PIECE, PIECE, &e), RK_OK, "%s", e.msg);
     memset(back, 0, len);
@@ -311,7 +312,8 @@ static void gets_stay_inside_their_block(rk_bs_backend be) {
         cr_assert_eq(got, (size_t)PIECE);
     }
     for (int i = 0; i < PIECES; i++)
-        cr_expect(!memcmp(src + (size_t)i * PIECE, back + (size_t)i * PIECE, PIECE), "piece %d changed after it was read", i);
+        cr_expect(!memcmp(src + (size_t)i * PIECE, back + (size_t)i * PIECE, PIECE),
+                  "piece %d changed after it was read", i);
     rk_bs_close(bs);
     unlink(path);
     free(src);

@@ -58,9 +58,11 @@ static inline void lr_case_make(lr_case *c, int n_head, int n_kv, int hd, int C,
     double *freq = lr_case_alloc(c, (size_t)hd / 2 * sizeof(double));
     for (int i = 0; i < hd / 2; i++) freq[i] = pow(10000.0, -2.0 * i / hd);
     L->freq = freq;
-    void *sk = lr_case_alloc(c, (size_t)(n_sink ? n_sink : 1) * kvd * 2), *sv = lr_case_alloc(c, (size_t)(n_sink ? n_sink : 1) * kvd * 2);
+    void *sk = lr_case_alloc(c, (size_t)(n_sink ? n_sink : 1) * kvd * 2),
+         *sv = lr_case_alloc(c, (size_t)(n_sink ? n_sink : 1) * kvd * 2);
     void *xk = lr_case_alloc(c, (size_t)c->x_cap * kvd * 2), *xv = lr_case_alloc(c, (size_t)c->x_cap * kvd * 2);
-    for (int64_t i = 0; i < n_sink * kvd; i++) lr_put_f16(sk, (size_t)i, lr_n() * 1.5f), lr_put_f16(sv, (size_t)i, lr_n());
+    for (int64_t i = 0; i < n_sink * kvd; i++)
+        lr_put_f16(sk, (size_t)i, lr_n() * 1.5f), lr_put_f16(sv, (size_t)i, lr_n());
     for (int64_t i = 0; i < c->x_cap * kvd; i++) lr_put_f16(xk, (size_t)i, lr_n()), lr_put_f16(xv, (size_t)i, lr_n());
     L->sk = sk, L->sv = sv, L->xk = xk, L->xv = xv;
     int32_t *pos = lr_case_alloc(c, (size_t)(n_rows + 1) * 4);
@@ -71,17 +73,20 @@ static inline void lr_case_make(lr_case *c, int n_head, int n_kv, int hd, int C,
     for (int64_t i = 0; i < n_rows; i++) {
         uint8_t *row = coef + (size_t)i * L->coef_bytes;
         lr_put_f16(row, 0, (float)(0.02 + 0.03 * lr_u()));
-        for (int t = 0; t < r; t++) ((int8_t *)(row + 2))[t] = (int8_t)(int)floor((lr_u() * 2 - 1) * 127.0 / (1 + t * 0.05));
+        for (int t = 0; t < r; t++)
+            ((int8_t *)(row + 2))[t] = (int8_t)(int)floor((lr_u() * 2 - 1) * 127.0 / (1 + t * 0.05));
     }
     L->coef = coef;
     /* basis: r rows of D, this layer's columns at kvd.. (ldb = D) */
     uint16_t *basis = lr_case_alloc(c, (size_t)r * (size_t)c->D * 2);
     for (int64_t i = 0; i < (int64_t)r * c->D; i++) lr_put_f16(basis, (size_t)i, lr_n() * 0.3f);
     L->basis = basis + kvd, L->ldb = c->D;
-    float *mean = lr_case_alloc(c, (size_t)kvd * 4), *winv = lr_case_alloc(c, (size_t)kvd * 4), *b = lr_case_alloc(c, (size_t)kvd * 4);
+    float *mean = lr_case_alloc(c, (size_t)kvd * 4), *winv = lr_case_alloc(c, (size_t)kvd * 4),
+          *b = lr_case_alloc(c, (size_t)kvd * 4);
     for (int i = 0; i < kvd; i++) mean[i] = lr_n() * 0.5f, winv[i] = (float)(0.5 + lr_u()), b[i] = lr_n() * 0.2f;
     L->mean = mean, L->winv = winv, L->b = b;
-    uint16_t *lmk = lr_case_alloc(c, (size_t)(n_ch + 1) * kvd * 2), *cmean = lr_case_alloc(c, (size_t)(n_ch + 1) * r * 2);
+    uint16_t *lmk = lr_case_alloc(c, (size_t)(n_ch + 1) * kvd * 2),
+             *cmean = lr_case_alloc(c, (size_t)(n_ch + 1) * r * 2);
     for (int64_t i = 0; i < n_ch * kvd; i++) lr_put_f16(lmk, (size_t)i, lr_n() * 1.2f);
     for (int64_t i = 0; i < n_ch * r; i++) lr_put_f16(cmean, (size_t)i, lr_n() * 0.5f);
     L->lmk = lmk, L->cmean = cmean;
@@ -135,7 +140,11 @@ static inline rk_status lr_case_upload(const lr_case *c, rk_backend *be, rk_lr_a
     *out = c->L;
     const int kvd = c->n_kv * c->hd;
     const int64_t n_ch = (c->n_rows + c->C - 1) / c->C;
-    struct { const void **slot; const void *src; size_t bytes; } m[] = {
+    struct {
+        const void **slot;
+        const void *src;
+        size_t bytes;
+    } m[] = {
         {(const void **)&out->freq, c->L.freq, (size_t)c->hd / 2 * 8},
         {&out->sk, c->L.sk, (size_t)(c->n_sink ? c->n_sink : 1) * kvd * 2},
         {&out->sv, c->L.sv, (size_t)(c->n_sink ? c->n_sink : 1) * kvd * 2},

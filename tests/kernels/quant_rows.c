@@ -19,20 +19,15 @@ const uint32_t all_types[N_TYPES] = {RK_DT_F32,  RK_DT_F16,  RK_DT_BF16, RK_DT_Q
 
 /* ---- the test's own decoder ------------------------------------------ */
 
-uint16_t rd16(const uint8_t *p) {
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
+uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 
 /* binary16 from its fields: (-1)^s * 2^(e-15) * 1.m, subnormal 2^-14 * 0.m. */
 float half_value(uint16_t h) {
     const int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
     float v;
-    if (e == 0)
-        v = ldexpf((float)m, -24);
-    else if (e == 31)
-        v = m ? NAN : INFINITY;
-    else
-        v = ldexpf((float)(1024 + m), e - 25);
+    if (e == 0) v = ldexpf((float)m, -24);
+    else if (e == 31) v = m ? NAN : INFINITY;
+    else v = ldexpf((float)(1024 + m), e - 25);
     return s ? -v : v;
 }
 
@@ -111,14 +106,11 @@ float elem(uint32_t type, const uint8_t *row, int64_t i, double *mag) {
     return w;
 }
 
-uint32_t blck(uint32_t type) {
-    return rk_dtype_get(type)->blck_size;
-}
+uint32_t blck(uint32_t type) { return rk_dtype_get(type)->blck_size; }
 
 size_t row_bytes(uint32_t type, int64_t n) {
     uint64_t b = 0;
-    cr_assert(rk_dtype_row_bytes(type, (uint64_t)n, &b), "%s n=%lld", rk_dtype_name(type),
-              (long long)n);
+    cr_assert(rk_dtype_row_bytes(type, (uint64_t)n, &b), "%s n=%lld", rk_dtype_name(type), (long long)n);
     return (size_t)b;
 }
 
@@ -135,9 +127,7 @@ void put16(uint8_t *p, uint16_t v) {
 
 /* ---- random rows ------------------------------------------------------------ */
 
-uint16_t rand_half(uint64_t *rng, float scale) {
-    return rk_f32_to_f16(tb_rand_normal(rng) * scale);
-}
+uint16_t rand_half(uint64_t *rng, float scale) { return rk_f32_to_f16(tb_rand_normal(rng) * scale); }
 
 /* A row of n elements of type, at byte offset 1 of an exact-size allocation: odd
  * alignment, and ASan flags any read past its last byte. Free with free(*base). */
@@ -189,6 +179,4 @@ float *rand_x(int64_t n, uint64_t *rng) {
  * accumulators and lanes. With u = 2^-24, |fast - exact| <= k*u*sum|parts*x|
  * (first order, k*u << 1); the reference (double sum, one final rounding) is
  * within u*|result| of exact. A wrong element costs ~mag/n, far above this. */
-double dot_tol(int64_t n, double mag) {
-    return ((double)n / 8 + 21) * 0x1p-24 * mag + 1e-30;
-}
+double dot_tol(int64_t n, double mag) { return ((double)n / 8 + 21) * 0x1p-24 * mag + 1e-30; }

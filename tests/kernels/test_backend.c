@@ -21,8 +21,8 @@ static rk_backend *make(const char *name, int n_threads) {
 }
 
 static const char *const host_names[] = {"cpu_ref", "cpu", "cpu_portable"};
-#define FOR_EACH_HOST_BACKEND(be)                                                                  \
-    for (int i_ = 0; i_ < 3; i_++)                                                                 \
+#define FOR_EACH_HOST_BACKEND(be)  \
+    for (int i_ = 0; i_ < 3; i_++) \
         for (rk_backend *be = make(host_names[i_], 2); be; rk_backend_destroy(be), be = NULL)
 
 /* ---- factory --------------------------------------------------------------- */
@@ -82,8 +82,8 @@ static rk_status fake_add(rk_backend *be, const rk_op_args *a, rk_err *err) {
 }
 
 Test(check_ops, names_the_first_missing_op) {
-    const rk_op all[] = {RK_OP_GET_ROWS, RK_OP_MATMUL, RK_OP_RMSNORM, RK_OP_ROPE, RK_OP_ATTN,
-                         RK_OP_SILU_MUL, RK_OP_ADD, RK_OP_ADD_ROW, RK_OP_CPY_ROWS, RK_OP_LR_KEYS,
+    const rk_op all[] = {RK_OP_GET_ROWS,     RK_OP_MATMUL,  RK_OP_RMSNORM, RK_OP_ROPE,     RK_OP_ATTN,
+                         RK_OP_SILU_MUL,     RK_OP_ADD,     RK_OP_ADD_ROW, RK_OP_CPY_ROWS, RK_OP_LR_KEYS,
                          RK_OP_SCATTER_ROWS, RK_OP_LR_ATTN, RK_OP_MATMUL_N};
     _Static_assert(sizeof all / sizeof all[0] == RK_OP_COUNT, "list every op");
     rk_err err = {0};
@@ -166,8 +166,10 @@ Test(memory, prepare_host_backends_alias) {
         cr_assert_eq(memcmp(&out, &w, sizeof w), 0, "%s: host backends take the view as it is", be->ops->name);
         /* rejected: rows not whole blocks, unknown dtype, NULL data, short stride; out untouched */
         rk_view keep = out;
-        rk_view bad[4] = {{RK_DT_Q8_0, {48, 1, 1, 1}, 68, q}, {77, {64, 1, 1, 1}, 68, q},
-                          {RK_DT_F32, {8, 2, 1, 1}, 32, NULL}, {RK_DT_F16, {8, 2, 1, 1}, 8, q}};
+        rk_view bad[4] = {{RK_DT_Q8_0, {48, 1, 1, 1}, 68, q},
+                          {77, {64, 1, 1, 1}, 68, q},
+                          {RK_DT_F32, {8, 2, 1, 1}, 32, NULL},
+                          {RK_DT_F16, {8, 2, 1, 1}, 8, q}};
         for (int i = 0; i < 4; i++) {
             cr_assert_eq(rk_backend_prepare(be, &bad[i], &out, &err), RK_E_INVALID_ARG, "%s case %d", be->ops->name, i);
             cr_assert(strstr(err.msg, "prepare"), "%s", err.msg);
@@ -238,7 +240,8 @@ static void *mm_thread(void *vp) {
     float *y = malloc(MM_N * MM_M * sizeof(float));
     for (int it = 0; it < j->iters; it++) {
         memset(y, 0, MM_N * MM_M * sizeof(float));
-        rk_op_args a = {.op = RK_OP_MATMUL, .src0 = {RK_DT_Q8_0, {MM_K, MM_M, 1, 1}, MM_K / 32 * 34, (void *)j->w},
+        rk_op_args a = {.op = RK_OP_MATMUL,
+                        .src0 = {RK_DT_Q8_0, {MM_K, MM_M, 1, 1}, MM_K / 32 * 34, (void *)j->w},
                         .src1 = {RK_DT_F32, {MM_K, MM_N, 1, 1}, MM_K * 4, (void *)j->x},
                         .dst = {RK_DT_F32, {MM_M, MM_N, 1, 1}, MM_M * 4, y}};
         rk_err err = {0};
@@ -270,7 +273,8 @@ Test(pool, two_backends_share_one_pool) {
     for (int i = 0; i < MM_N * MM_K; i++) x[i] = tb_rand_normal(&s);
     mm_job ref = {.be = a, .w = w, .x = x, .want = want, .iters = 0};
     { /* the result of backend a alone */
-        rk_op_args m = {.op = RK_OP_MATMUL, .src0 = {RK_DT_Q8_0, {MM_K, MM_M, 1, 1}, MM_K / 32 * 34, w},
+        rk_op_args m = {.op = RK_OP_MATMUL,
+                        .src0 = {RK_DT_Q8_0, {MM_K, MM_M, 1, 1}, MM_K / 32 * 34, w},
                         .src1 = {RK_DT_F32, {MM_K, MM_N, 1, 1}, MM_K * 4, x},
                         .dst = {RK_DT_F32, {MM_M, MM_N, 1, 1}, MM_M * 4, want}};
         cr_assert_eq(rk_backend_run(a, &m, &err), RK_OK, "%s", err.msg);

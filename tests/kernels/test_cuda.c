@@ -143,8 +143,7 @@ ParameterizedTest(int *ci, cuda, vs_ref, .timeout = 120) {
     for (int resident = 0; resident <= 1; resident++) {
         double *got = op_twin_run(*ci, gpu, resident ? run_resident : NULL, NULL, &n_got);
         cr_assert_eq(n_got, n_ref);
-        op_twin_compare(*ci, resident ? "cuda (device views)" : "cuda (host views)", cuda_bound(&c), got, want,
-                        n_ref);
+        op_twin_compare(*ci, resident ? "cuda (device views)" : "cuda (host views)", cuda_bound(&c), got, want, n_ref);
         free(got);
     }
     free(want);
@@ -171,8 +170,11 @@ Test(cuda, attn_two_equal_keys_average) {
     rk_backend *be = cuda_or_skip();
     float q[4] = {1, -2, 0.5f, 3}, out[4] = {0};
     float kv[2 * 4] = {0.25f, 1, -1, 2, 0.25f, 1, -1, 2};
-    rk_op_args a = {.op = RK_OP_ATTN, .src0 = {RK_DT_F32, {4, 1, 1, 1}, 16, q}, .dst = {RK_DT_F32, {4, 1, 1, 1}, 16, out},
-                    .src1 = {RK_DT_F32, {4, 2, 1, 1}, 16, kv}, .src2 = {RK_DT_F32, {4, 2, 1, 1}, 16, kv}};
+    rk_op_args a = {.op = RK_OP_ATTN,
+                    .src0 = {RK_DT_F32, {4, 1, 1, 1}, 16, q},
+                    .dst = {RK_DT_F32, {4, 1, 1, 1}, 16, out},
+                    .src1 = {RK_DT_F32, {4, 2, 1, 1}, 16, kv},
+                    .src2 = {RK_DT_F32, {4, 2, 1, 1}, 16, kv}};
     a.attn = (rk_attn_params){1, 1, 4, 0.5f, 1};
     rk_err err = {0};
     cr_assert_eq(rk_backend_run(be, &a, &err), RK_OK, "%s", err.msg);
@@ -185,28 +187,34 @@ Test(cuda, limits_and_bad_shapes) {
     static float q[256], y[256], kv[256];
     rk_err err = {0};
     /* head_dim past the attention kernel's tiles: refused by name, before any work */
-    rk_op_args at = {.op = RK_OP_ATTN, .src0 = {RK_DT_F32, {256, 1, 1, 1}, 1024, q},
-                     .dst = {RK_DT_F32, {256, 1, 1, 1}, 1024, y}, .src1 = {RK_DT_F32, {256, 1, 1, 1}, 1024, kv},
+    rk_op_args at = {.op = RK_OP_ATTN,
+                     .src0 = {RK_DT_F32, {256, 1, 1, 1}, 1024, q},
+                     .dst = {RK_DT_F32, {256, 1, 1, 1}, 1024, y},
+                     .src1 = {RK_DT_F32, {256, 1, 1, 1}, 1024, kv},
                      .src2 = {RK_DT_F32, {256, 1, 1, 1}, 1024, kv}};
     at.attn = (rk_attn_params){1, 1, 256, 0.0625f, 0};
     cr_assert_eq(rk_backend_run(be, &at, &err), RK_E_UNSUPPORTED);
     cr_assert(strstr(err.msg, "ATTN"), "%s", err.msg);
     /* K and V of different types */
     uint16_t kh[64] = {0};
-    rk_op_args mix = {.op = RK_OP_ATTN, .src0 = {RK_DT_F32, {16, 1, 1, 1}, 64, q}, .dst = {RK_DT_F32, {16, 1, 1, 1}, 64, y},
-                      .src1 = {RK_DT_F16, {16, 1, 1, 1}, 32, kh}, .src2 = {RK_DT_F32, {16, 1, 1, 1}, 64, kv}};
+    rk_op_args mix = {.op = RK_OP_ATTN,
+                      .src0 = {RK_DT_F32, {16, 1, 1, 1}, 64, q},
+                      .dst = {RK_DT_F32, {16, 1, 1, 1}, 64, y},
+                      .src1 = {RK_DT_F16, {16, 1, 1, 1}, 32, kh},
+                      .src2 = {RK_DT_F32, {16, 1, 1, 1}, 64, kv}};
     mix.attn = (rk_attn_params){1, 1, 16, 0.25f, 0};
     cr_assert_eq(rk_backend_run(be, &mix, &err), RK_E_UNSUPPORTED);
-    rk_op_args bad = {.op = RK_OP_ADD, .src0 = {RK_DT_F32, {8, 1, 1, 1}, 32, q}, .dst = {RK_DT_F32, {4, 1, 1, 1}, 16, y}};
+    rk_op_args bad = {
+        .op = RK_OP_ADD, .src0 = {RK_DT_F32, {8, 1, 1, 1}, 32, q}, .dst = {RK_DT_F32, {4, 1, 1, 1}, 16, y}};
     cr_assert_eq(rk_backend_run(be, &bad, &err), RK_E_INVALID_ARG);
     rk_backend_destroy(be);
 }
 
 Test(cuda, check_ops_has_every_op) {
     rk_backend *be = cuda_or_skip();
-    const rk_op all[] = {RK_OP_GET_ROWS, RK_OP_MATMUL, RK_OP_RMSNORM,  RK_OP_ROPE,   RK_OP_ATTN,        RK_OP_SILU_MUL,
-                         RK_OP_ADD,      RK_OP_ADD_ROW, RK_OP_CPY_ROWS, RK_OP_LR_KEYS, RK_OP_SCATTER_ROWS,
-                         RK_OP_LR_ATTN, RK_OP_MATMUL_N};
+    const rk_op all[] = {RK_OP_GET_ROWS,     RK_OP_MATMUL,  RK_OP_RMSNORM, RK_OP_ROPE,     RK_OP_ATTN,
+                         RK_OP_SILU_MUL,     RK_OP_ADD,     RK_OP_ADD_ROW, RK_OP_CPY_ROWS, RK_OP_LR_KEYS,
+                         RK_OP_SCATTER_ROWS, RK_OP_LR_ATTN, RK_OP_MATMUL_N};
     _Static_assert(sizeof all / sizeof all[0] == RK_OP_COUNT, "every op");
     rk_err err = {0};
     cr_assert_eq(rk_backend_check_ops(be, all, RK_OP_COUNT, &err), RK_OK, "%s", err.msg);
@@ -273,7 +281,8 @@ Test(cuda, queued_ops_stay_in_order) {
     cr_assert_eq(rk_backend_alloc(be, D * sizeof(float), (void **)&a, &err), RK_OK, "%s", err.msg);
     for (int i = 0; i < D; i++) h[i] = (float)(i % 5);
     cr_assert_eq(rk_backend_upload(be, a, h, D * sizeof(float), &err), RK_OK, "%s", err.msg);
-    rk_op_args op = {.op = RK_OP_ADD_ROW, .dst = {RK_DT_F32, {D, R, 1, 1}, D * 4, y}, .src0 = {RK_DT_F32, {D, 1, 1, 1}, D * 4, a}};
+    rk_op_args op = {
+        .op = RK_OP_ADD_ROW, .dst = {RK_DT_F32, {D, R, 1, 1}, D * 4, y}, .src0 = {RK_DT_F32, {D, 1, 1, 1}, D * 4, a}};
     for (int it = 0; it < 200; it++) cr_assert_eq(rk_backend_run(be, &op, &err), RK_OK, "%s", err.msg);
     cr_assert_eq(rk_backend_download(be, h, y, sizeof h, &err), RK_OK, "%s", err.msg);
     for (int i = 0; i < R * D; i++) cr_assert_eq(h[i], 200.0f * (float)(i % D % 5), "at %d", i);
@@ -293,11 +302,17 @@ Test(cuda, lr_attn_matches_cpu_ref, .timeout = 120) {
     rk_backend *gpu = cuda_or_skip(), *ref = NULL;
     rk_err err = {0};
     cr_assert_eq(rk_backend_cpu_ref_create(&ref, &err), RK_OK, "%s", err.msg);
-    struct { int nh, nkv, hd, C, r; int64_t rows, sink, win, nq; int sel; bool summ; int mode; } cs[] = {
-        {12, 2, 128, 32, 96, 280, 4, 40, 1, 4, true, RK_ROPE_NEOX},   /* qwen2.5-1.5b heads */
-        {8, 2, 64, 32, 48, 203, 4, 70, 4, 3, true, RK_ROPE_NORM},     /* 4 query rows, partial chunk */
-        {4, 4, 32, 16, 20, 100, 0, 10, 2, 50, true, RK_ROPE_NEOX},    /* every chunk chosen */
-        {6, 3, 64, 32, 30, 150, 4, 5, 1, 2, false, RK_ROPE_NEOX},     /* no summaries */
+    struct {
+        int nh, nkv, hd, C, r;
+        int64_t rows, sink, win, nq;
+        int sel;
+        bool summ;
+        int mode;
+    } cs[] = {
+        {12, 2, 128, 32, 96, 280, 4, 40, 1, 4, true, RK_ROPE_NEOX},      /* qwen2.5-1.5b heads */
+        {8, 2, 64, 32, 48, 203, 4, 70, 4, 3, true, RK_ROPE_NORM},        /* 4 query rows, partial chunk */
+        {4, 4, 32, 16, 20, 100, 0, 10, 2, 50, true, RK_ROPE_NEOX},       /* every chunk chosen */
+        {6, 3, 64, 32, 30, 150, 4, 5, 1, 2, false, RK_ROPE_NEOX},        /* no summaries */
         {12, 2, 128, 32, 160, 32000, 4, 150, 1, 16, true, RK_ROPE_NEOX}, /* 32K rows: 1000 chunks */
     };
     const size_t n_cs = sizeof cs / sizeof cs[0];
@@ -339,8 +354,8 @@ Test(cuda, lr_attn_matches_cpu_ref, .timeout = 120) {
             cr_expect(finite, "case %zu: non-finite output", i);
             /* int8 keys: a code on the other side of a tie moves one element by max|k| / 127,
              * (2^11 / 127)^2 = 260 times the f16 room (test_lr_attn.c): 3e-7 */
-            cr_expect(e / (s2 > 0 ? s2 : 1) <= (c.L.key_int8 ? 3e-7 : 1e-9), "case %zu (%s, int8 keys %d): NMSE %.3g", i,
-                      resident ? "device q" : "host q", c.L.key_int8, e / (s2 > 0 ? s2 : 1));
+            cr_expect(e / (s2 > 0 ? s2 : 1) <= (c.L.key_int8 ? 3e-7 : 1e-9), "case %zu (%s, int8 keys %d): NMSE %.3g",
+                      i, resident ? "device q" : "host q", c.L.key_int8, e / (s2 > 0 ? s2 : 1));
         }
         for (int k = 0; k < n_dev; k++) rk_backend_free(gpu, dev[k]);
         rk_backend_free(gpu, dq);
@@ -402,14 +417,16 @@ Test(cuda, lane_copies_order_with_ops, .timeout = 60) {
         cr_assert_eq(rk_backend_upload(be, ones, h2, bytes, &err), RK_OK, "%s", err.msg);
         cr_assert_eq(rk_backend_lane_copy(be, d, h, bytes, true, &err), RK_OK, "%s", err.msg);
         cr_assert_eq(rk_backend_lane_join(be, &err), RK_OK, "%s", err.msg);
-        rk_op_args add = {.op = RK_OP_ADD, .src0 = {RK_DT_F32, {n, 1, 1, 1}, bytes, ones},
+        rk_op_args add = {.op = RK_OP_ADD,
+                          .src0 = {RK_DT_F32, {n, 1, 1, 1}, bytes, ones},
                           .dst = {RK_DT_F32, {n, 1, 1, 1}, bytes, d}};
         cr_assert_eq(rk_backend_run(be, &add, &err), RK_OK, "%s", err.msg);
         cr_assert_eq(rk_backend_lane_copy(be, h2, d, bytes, false, &err), RK_OK, "%s", err.msg);
         cr_assert_eq(rk_backend_lane_sync(be, &err), RK_OK, "%s", err.msg);
         int64_t bad = 0;
         for (int64_t i = 0; i < n; i++) bad += h2[i] != (float)(i % 1000) * 0.25f + 1.0f;
-        cr_expect_eq(bad, 0, "%s: %lld values wrong after lane up, join, ADD, lane down", be->ops->name, (long long)bad);
+        cr_expect_eq(bad, 0, "%s: %lld values wrong after lane up, join, ADD, lane down", be->ops->name,
+                     (long long)bad);
         if (b == 0) { /* host memory where device memory belongs */
             cr_expect_eq(rk_backend_lane_copy(be, h2, h, 64, true, &err), RK_E_INVALID_ARG);
             cr_expect(strstr(err.msg, "not inside a buffer"), "%s", err.msg);

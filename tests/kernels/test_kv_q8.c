@@ -14,8 +14,8 @@
 
 static rk_backend *make_be(int which) { return cpu_backend(which); }
 
-#define FOR_EACH_BACKEND(be)                                                                       \
-    for (int which_ = 0; which_ <= 3; which_++)                                                    \
+#define FOR_EACH_BACKEND(be)                    \
+    for (int which_ = 0; which_ <= 3; which_++) \
         for (rk_backend *be = make_be(which_); be; rk_backend_destroy(be), be = NULL)
 
 static rk_view v2(uint32_t type, int64_t d, int64_t rows, void *data) {
@@ -27,7 +27,7 @@ Test(q8_kv, cpy_rows_bytes) {
     /* llama.cpp's block_q8_0: f16 d = amax/127, q = roundf(x / d) (ties away from zero) */
     float x[128] = {127, 2.5f, -2.5f, 0.5f, -0.5f, 1.4999f};
     x[31] = -127;
-    x[64 + 3] = INFINITY;                                  /* block 2: not representable -> NaN block */
+    x[64 + 3] = INFINITY;                                      /* block 2: not representable -> NaN block */
     for (int j = 0; j < 32; j++) x[96 + j] = 0.01f * j - 0.1f; /* block 3: a plain row */
     uint8_t want[4 * 34];
     tq8_quant(x, want, 128);
@@ -40,8 +40,10 @@ Test(q8_kv, cpy_rows_bytes) {
     FOR_EACH_BACKEND(be) {
         uint8_t dst[3 * 4 * 34];
         memset(dst, 0xab, sizeof dst);
-        rk_op_args a = {.op = RK_OP_CPY_ROWS, .src0 = v2(RK_DT_F32, 128, 1, x),
-                        .dst = {RK_DT_Q8_0, {128, 3, 1, 1}, 4 * 34, dst}, .dst_row0 = 2};
+        rk_op_args a = {.op = RK_OP_CPY_ROWS,
+                        .src0 = v2(RK_DT_F32, 128, 1, x),
+                        .dst = {RK_DT_Q8_0, {128, 3, 1, 1}, 4 * 34, dst},
+                        .dst_row0 = 2};
         rk_err err = {0};
         cr_assert_eq(rk_backend_run(be, &a, &err), RK_OK, "%s", err.msg);
         for (int i = 0; i < (int)sizeof dst; i++)
@@ -82,15 +84,19 @@ Test(q8_kv, attention_error_from_quantisation) {
     cr_assert(k && v && q && want && got && deq && kq && vq);
     for (int64_t i = 0; i < n_ctx * kvd; i++) k[i] = tb_rand_normal(&s), v[i] = tb_rand_normal(&s);
     for (int64_t i = 0; i < n_q * qd; i++) q[i] = tb_rand_normal(&s);
-    rk_op_args at = {.op = RK_OP_ATTN, .src0 = v2(RK_DT_F32, qd, n_q, q), .dst = v2(RK_DT_F32, qd, n_q, want),
-                     .src1 = v2(RK_DT_F32, kvd, n_ctx, k), .src2 = v2(RK_DT_F32, kvd, n_ctx, v)};
+    rk_op_args at = {.op = RK_OP_ATTN,
+                     .src0 = v2(RK_DT_F32, qd, n_q, q),
+                     .dst = v2(RK_DT_F32, qd, n_q, want),
+                     .src1 = v2(RK_DT_F32, kvd, n_ctx, k),
+                     .src2 = v2(RK_DT_F32, kvd, n_ctx, v)};
     at.attn = (rk_attn_params){n_head, n_kv, hd, 1.0f / sqrtf((float)hd), pos0};
     rk_backend *ref = make_be(0);
     rk_err err = {0};
     cr_assert_eq(rk_backend_run(ref, &at, &err), RK_OK, "%s", err.msg);
     rk_backend_destroy(ref);
     FOR_EACH_BACKEND(be) {
-        rk_op_args c = {.op = RK_OP_CPY_ROWS, .src0 = v2(RK_DT_F32, kvd, n_ctx, k),
+        rk_op_args c = {.op = RK_OP_CPY_ROWS,
+                        .src0 = v2(RK_DT_F32, kvd, n_ctx, k),
                         .dst = {RK_DT_Q8_0, {kvd, n_ctx, 1, 1}, rb, kq}};
         cr_assert_eq(rk_backend_run(be, &c, &err), RK_OK, "%s", err.msg);
         c.src0.data = v, c.dst.data = vq;
@@ -107,8 +113,8 @@ Test(q8_kv, attention_error_from_quantisation) {
         a8.dst.data = got;
         cr_assert_eq(rk_backend_run(be, &a8, &err), RK_OK, "%s", err.msg);
         double e = nmse_f(got, want, (size_t)(n_q * qd));
-        cr_assert_leq(e, 4 * (eps[0] + eps[1]), "%s: q8_0 attention NMSE %g vs f32 (eps_k %g, eps_v %g)",
-                      be->ops->name, e, eps[0], eps[1]);
+        cr_assert_leq(e, 4 * (eps[0] + eps[1]), "%s: q8_0 attention NMSE %g vs f32 (eps_k %g, eps_v %g)", be->ops->name,
+                      e, eps[0], eps[1]);
         cr_assert_gt(e, 0.0, "%s: q8_0 attention identical to f32: the cache was not quantised", be->ops->name);
     }
     free(k), free(v), free(q), free(want), free(got), free(deq), free(kq), free(vq);
@@ -138,8 +144,11 @@ Test(q8_kv, attention_on_q4_0_blocks_equals_f32_rows) {
         rk_quant_ref(RK_DT_Q4_0)->to_f32(b, w ? v : k, n_ctx * kvd);
     }
     for (int64_t i = 0; i < n_q * qd; i++) q[i] = tb_rand_normal(&s);
-    rk_op_args at = {.op = RK_OP_ATTN, .src0 = v2(RK_DT_F32, qd, n_q, q), .dst = v2(RK_DT_F32, qd, n_q, want),
-                     .src1 = v2(RK_DT_F32, kvd, n_ctx, k), .src2 = v2(RK_DT_F32, kvd, n_ctx, v)};
+    rk_op_args at = {.op = RK_OP_ATTN,
+                     .src0 = v2(RK_DT_F32, qd, n_q, q),
+                     .dst = v2(RK_DT_F32, qd, n_q, want),
+                     .src1 = v2(RK_DT_F32, kvd, n_ctx, k),
+                     .src2 = v2(RK_DT_F32, kvd, n_ctx, v)};
     at.attn = (rk_attn_params){n_head, n_kv, hd, 1.0f / sqrtf((float)hd), pos0};
     rk_backend *ref = make_be(0);
     rk_err err = {0};
@@ -154,8 +163,8 @@ Test(q8_kv, attention_on_q4_0_blocks_equals_f32_rows) {
         double worst = 0, scale = 0;
         for (int64_t i = 0; i < n_q * qd; i++)
             worst = fmax(worst, fabs((double)got[i] - want[i])), scale = fmax(scale, fabs((double)want[i]));
-        cr_expect_leq(worst, 1e-5 * scale, "%s: q4_0 ATTN differs from f32 rows by %g (scale %g)", be->ops->name,
-                      worst, scale);
+        cr_expect_leq(worst, 1e-5 * scale, "%s: q4_0 ATTN differs from f32 rows by %g (scale %g)", be->ops->name, worst,
+                      scale);
         cr_expect_gt(scale, 0.0);
     }
     free(kq), free(vq), free(k), free(v), free(q), free(want), free(got);

@@ -19,12 +19,15 @@ static double h2d(const void *p, size_t i) {
     return (double)rk_f16_to_f32(h);
 }
 
-typedef struct { double s; double *v; } row_t;
+typedef struct {
+    double s;
+    double *v;
+} row_t;
 
 static int cmp_sc(const void *a, const void *b) {
     const double *u = a, *v = b;
     if (u[0] != v[0]) return u[0] < v[0] ? 1 : -1; /* descending score */
-    return u[1] < v[1] ? -1 : u[1] > v[1];          /* ascending index */
+    return u[1] < v[1] ? -1 : u[1] > v[1];         /* ascending index */
 }
 
 /* out (n_q, n_head*hd) in double */
@@ -46,7 +49,8 @@ static void brute(const lr_case *c, double *out) {
                 for (int g = 0; g < grp; g++) {
                     const float *qv = c->q + i * c->n_head * hd + (size_t)(h * grp + g) * hd;
                     double d = 0;
-                    for (int e = 0; e < hd; e++) d += (double)qv[e] * h2d(L->lmk, (size_t)ch * kvd + (size_t)h * hd + e);
+                    for (int e = 0; e < hd; e++)
+                        d += (double)qv[e] * h2d(L->lmk, (size_t)ch * kvd + (size_t)h * hd + e);
                     best = d > best ? d : best;
                 }
             ord[2 * ch] = best, ord[2 * ch + 1] = (double)ch;
@@ -59,18 +63,19 @@ static void brute(const lr_case *c, double *out) {
                 const float *qv = c->q + i * c->n_head * hd + (size_t)(h * grp + g) * hd;
                 int64_t n = 0;
                 /* one row: key k (double), bias, value */
-#define ADD_ROW(K, BIAS, V)                                                                   \
-    do {                                                                                      \
-        double d = 0;                                                                         \
-        for (int e = 0; e < hd; e++) d += (double)qv[e] * (K)[e];                             \
-        sv[n] = d * scale + (BIAS);                                                           \
-        for (int e = 0; e < hd; e++) vv[n * hd + e] = (V)[e];                                 \
-        n++;                                                                                  \
+#define ADD_ROW(K, BIAS, V)                                       \
+    do {                                                          \
+        double d = 0;                                             \
+        for (int e = 0; e < hd; e++) d += (double)qv[e] * (K)[e]; \
+        sv[n] = d * scale + (BIAS);                               \
+        for (int e = 0; e < hd; e++) vv[n * hd + e] = (V)[e];     \
+        n++;                                                      \
     } while (0)
                 double kr[256], vr[256];
                 for (int64_t p = 0; p < c->n_sink && p <= c->pos0 + i; p++) {
                     for (int e = 0; e < hd; e++)
-                        kr[e] = h2d(L->sk, (size_t)p * kvd + (size_t)h * hd + e), vr[e] = h2d(L->sv, (size_t)p * kvd + (size_t)h * hd + e);
+                        kr[e] = h2d(L->sk, (size_t)p * kvd + (size_t)h * hd + e),
+                        vr[e] = h2d(L->sv, (size_t)p * kvd + (size_t)h * hd + e);
                     ADD_ROW(kr, 0.0, vr);
                 }
                 for (int64_t ch = 0; ch < n_ch; ch++) {
@@ -94,7 +99,8 @@ static void brute(const lr_case *c, double *out) {
                         for (int t = 0; t < r; t++) cf[t] = (double)((const int8_t *)(cr + 2))[t] * h2d(cr, 0);
                         for (int e = 0; e < hd; e++) {
                             double s = 0;
-                            for (int t = 0; t < r; t++) s += cf[t] * h2d(L->basis, (size_t)t * L->ldb + (size_t)h * hd + e);
+                            for (int t = 0; t < r; t++)
+                                s += cf[t] * h2d(L->basis, (size_t)t * L->ldb + (size_t)h * hd + e);
                             key[e] = s * L->winv[h * hd + e] + L->mean[h * hd + e];
                         }
                         const int half = L->n_rot / 2;
@@ -117,7 +123,8 @@ static void brute(const lr_case *c, double *out) {
                             for (int e = 0; e < hd; e++) kr[e] = (double)rk_f16_to_f32(rk_f32_to_f16((float)key[e]));
                         }
                         const bool has = (L->mask[h * L->mb_hstride + ch] >> k) & 1u;
-                        const uint8_t *rr = has ? L->res + (size_t)h * L->res_hstride + (size_t)slot++ * L->res_bytes : NULL;
+                        const uint8_t *rr =
+                            has ? L->res + (size_t)h * L->res_hstride + (size_t)slot++ * L->res_bytes : NULL;
                         for (int e = 0; e < hd; e++) {
                             double v = L->b[h * hd + e];
                             for (int t = 0; t < r; t++) v += cf[t] * h2d(L->W, (size_t)t * kvd + (size_t)h * hd + e);
@@ -130,7 +137,8 @@ static void brute(const lr_case *c, double *out) {
                 for (int64_t p = c->x_lo; p <= c->pos0 + i; p++) {
                     const int64_t row = p % c->x_cap;
                     for (int e = 0; e < hd; e++)
-                        kr[e] = h2d(L->xk, (size_t)row * kvd + (size_t)h * hd + e), vr[e] = h2d(L->xv, (size_t)row * kvd + (size_t)h * hd + e);
+                        kr[e] = h2d(L->xk, (size_t)row * kvd + (size_t)h * hd + e),
+                        vr[e] = h2d(L->xv, (size_t)row * kvd + (size_t)h * hd + e);
                     ADD_ROW(kr, 0.0, vr);
                 }
 #undef ADD_ROW
@@ -181,8 +189,8 @@ static void run_case(const char *be_name, int n_head, int n_kv, int hd, int C, i
      * (16x the f16 step of the largest element): (2^11 / 127)^2 = 260 times the room, 3e-7 */
     const double nm = nmse_of(&c, c.out, want), bound = kint8 ? 3e-7 : 1e-9;
     fprintf(stderr, "lr_attn %s int8 %d: NMSE %.3g\n", be_name, kint8, nm);
-    cr_expect(nm <= bound, "%s: NMSE %.3g (heads %d/%d hd %d C %d r %d rows %lld n_q %lld sel %d summ %d int8 %d)", be_name,
-              nm, n_head, n_kv, hd, C, r, (long long)n_rows, (long long)n_q, n_sel, summ, kint8);
+    cr_expect(nm <= bound, "%s: NMSE %.3g (heads %d/%d hd %d C %d r %d rows %lld n_q %lld sel %d summ %d int8 %d)",
+              be_name, nm, n_head, n_kv, hd, C, r, (long long)n_rows, (long long)n_q, n_sel, summ, kint8);
     free(want);
     rk_backend_destroy(be);
     lr_case_free(&c);

@@ -19,18 +19,28 @@
 #define EPS2 3.552713678800501e-15 /* (2^-24)^2: one float32 rounding, squared */
 #define PAD_SENTINEL 12345.0f      /* fills row padding; no op produces it here */
 
-enum { F_NONE = 0, F_NAN = 1, F_SPECIAL = 2, F_INPLACE = 4, F_3D = 8, F_PAD = 16, F_NOW = 32, F_OOP = 64, F_TIGHT = 128 };
+enum {
+    F_NONE = 0,
+    F_NAN = 1,
+    F_SPECIAL = 2,
+    F_INPLACE = 4,
+    F_3D = 8,
+    F_PAD = 16,
+    F_NOW = 32,
+    F_OOP = 64,
+    F_TIGHT = 128
+};
 
 typedef struct op_case {
     const char *name;
     rk_op op;
-    uint32_t type;            /* weight (GET_ROWS, MATMUL), caches (ATTN), dst (CPY_ROWS) */
-    int64_t n, d, m;          /* rows; row length (k for MATMUL); MATMUL out columns / vocab / dst rows */
+    uint32_t type;             /* weight (GET_ROWS, MATMUL), caches (ATTN), dst (CPY_ROWS) */
+    int64_t n, d, m;           /* rows; row length (k for MATMUL); MATMUL out columns / vocab / dst rows */
     int n_head, n_head_kv, hd; /* ROPE, ATTN */
-    int64_t pos0;             /* ROPE, ATTN; dst_row0 for CPY_ROWS */
+    int64_t pos0;              /* ROPE, ATTN; dst_row0 for CPY_ROWS */
     int mode, n_rot;
     int flags;
-    double nmse;              /* bound; 0 = bit-exact (NaN matches NaN) */
+    double nmse; /* bound; 0 = bit-exact (NaN matches NaN) */
 } op_case;
 
 /* Bounds. Each is a multiple of EPS2 with the reason beside it:
@@ -48,7 +58,7 @@ typedef struct op_case {
  *   same bound holds; the quantisation error itself is test_kv_q8.c's business.
  * - CPY_ROWS into q8_0: one quantiser for all CPU backends: exact. */
 #define B_ELT (256 * EPS2)
-#define B_MM(k) (32.0 * (k) * EPS2)
+#define B_MM(k) (32.0 * (k)*EPS2)
 #define B_ATTN 1e-10
 /* MATMUL on the cpu backend where it dots quantised weights with 8-bit
  * activations (rk_qdot_fast): x_i becomes d q_i with |x_i - d q_i| <= d/2,
@@ -57,16 +67,21 @@ typedef struct op_case {
  * of <= 256 samples stays under 4 sigma: (4/127)^2 / 4 = 2.5e-4. */
 #define B_MMQ 2.5e-4
 
-#define MM(nm, t, n_, k_, m_, fl) {nm, RK_OP_MATMUL, t, n_, k_, m_, 0, 0, 0, 0, 0, 0, fl, B_MM(k_)}
-#define MM_ALL_N(nm, t, k_, m_)                                                                    \
+#define MM(nm, t, n_, k_, m_, fl) \
+    { nm, RK_OP_MATMUL, t, n_, k_, m_, 0, 0, 0, 0, 0, 0, fl, B_MM(k_) }
+#define MM_ALL_N(nm, t, k_, m_)                                                                       \
     MM(nm " n=1", t, 1, k_, m_, 0), MM(nm " n=3", t, 3, k_, m_, 0), MM(nm " n=17", t, 17, k_, m_, 0), \
         MM(nm " n=64", t, 64, k_, m_, 0), MM(nm " n=300", t, 300, k_, m_, 0)
-#define GR(nm, t, n_, d_, vocab, b) {nm, RK_OP_GET_ROWS, t, n_, d_, vocab, 0, 0, 0, 0, 0, 0, 0, b}
-#define AT(nm, t, n_, h, hkv, hd_, p0, fl) {nm, RK_OP_ATTN, t, n_, 0, 0, h, hkv, hd_, p0, 0, 0, fl, B_ATTN}
-#define RO(nm, n_, h, hd_, p0, md, nrot, fl) {nm, RK_OP_ROPE, RK_DT_F32, n_, hd_, 0, h, 0, hd_, p0, md, nrot, fl, B_ELT}
-#define EL(nm, op_, n_, d_, fl, b) {nm, op_, RK_DT_F32, n_, d_, 0, 0, 0, 0, 0, 0, 0, fl, b}
-#define LK(nm, t, n_, r_, maxpos, hd_, md, nrot, fl)                                               \
-    {nm, RK_OP_LR_KEYS, t, n_, r_, maxpos, 0, 0, hd_, 0, md, nrot, fl, B_MM(r_) + B_ELT}
+#define GR(nm, t, n_, d_, vocab, b) \
+    { nm, RK_OP_GET_ROWS, t, n_, d_, vocab, 0, 0, 0, 0, 0, 0, 0, b }
+#define AT(nm, t, n_, h, hkv, hd_, p0, fl) \
+    { nm, RK_OP_ATTN, t, n_, 0, 0, h, hkv, hd_, p0, 0, 0, fl, B_ATTN }
+#define RO(nm, n_, h, hd_, p0, md, nrot, fl) \
+    { nm, RK_OP_ROPE, RK_DT_F32, n_, hd_, 0, h, 0, hd_, p0, md, nrot, fl, B_ELT }
+#define EL(nm, op_, n_, d_, fl, b) \
+    { nm, op_, RK_DT_F32, n_, d_, 0, 0, 0, 0, 0, 0, 0, fl, b }
+#define LK(nm, t, n_, r_, maxpos, hd_, md, nrot, fl) \
+    { nm, RK_OP_LR_KEYS, t, n_, r_, maxpos, 0, 0, hd_, 0, md, nrot, fl, B_MM(r_) + B_ELT }
 
 static op_case cases[] = {
     /* MATMUL: every weight dtype x n = 1, 3 (GEMV), 17, 64, 300 (tiled GEMM);
@@ -147,7 +162,8 @@ static op_case cases[] = {
     {"cpy_rows f32 at row 3", RK_OP_CPY_ROWS, RK_DT_F32, 5, 192, 16, 0, 0, 0, 3, 0, 0, 0, 0},
     {"cpy_rows f16 600 rows (threads)", RK_OP_CPY_ROWS, RK_DT_F16, 600, 64, 700, 0, 0, 0, 50, 0, 0, 0, 0},
     {"cpy_rows f16 odd width", RK_OP_CPY_ROWS, RK_DT_F16, 3, 13, 4, 0, 0, 0, 1, 0, 0, F_SPECIAL, 0},
-    {"cpy_rows q8_0 at row 7 (specials: NaN blocks)", RK_OP_CPY_ROWS, RK_DT_Q8_0, 5, 192, 16, 0, 0, 0, 7, 0, 0, F_SPECIAL, 0},
+    {"cpy_rows q8_0 at row 7 (specials: NaN blocks)", RK_OP_CPY_ROWS, RK_DT_Q8_0, 5, 192, 16, 0, 0, 0, 7, 0, 0,
+     F_SPECIAL, 0},
     {"cpy_rows q8_0 600 rows (threads)", RK_OP_CPY_ROWS, RK_DT_Q8_0, 600, 64, 700, 0, 0, 0, 50, 0, 0, 0, 0},
     /* device scale: split-K attention (few query/head pairs over many keys;
      * the decodes at pos 3000 above split too), tiny heads, the weight shapes of a 1.5B model */
@@ -165,8 +181,8 @@ static op_case cases[] = {
      F_SPECIAL, 0},
     /* RidgeFill's row moves: exact copies; rows not named keep their values */
     {"scatter_rows 7 of 20 x 96", RK_OP_SCATTER_ROWS, RK_DT_F32, 7, 96, 20, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"scatter_rows 300 of 512 x 1536 strided specials", RK_OP_SCATTER_ROWS, RK_DT_F32, 300, 1536, 512, 0, 0, 0, 0, 0,
-     0, F_PAD | F_SPECIAL, 0},
+    {"scatter_rows 300 of 512 x 1536 strided specials", RK_OP_SCATTER_ROWS, RK_DT_F32, 300, 1536, 512, 0, 0, 0, 0, 0, 0,
+     F_PAD | F_SPECIAL, 0},
     {"scatter_rows 1 of 1 x 5", RK_OP_SCATTER_ROWS, RK_DT_F32, 1, 5, 1, 0, 0, 0, 0, 0, 0, 0, 0},
     GR("get_rows f32 gather 40 of 64 x 1536 (plan compaction)", RK_DT_F32, 40, 1536, 64, 0),
     /* LowRAM's key rebuild (n rows, r = d coefficients, head_dim hd, positions < m): f32
@@ -263,8 +279,8 @@ static rk_view fx_weight(fixture *f, uint32_t type, int64_t rows, int64_t k, uin
 }
 
 /* KV cache (n_ctx, n_kv*hd) of f32/f16/q8_0, rows >= n_valid set to NaN. */
-static rk_view fx_cache(fixture *f, uint32_t type, int64_t n_ctx, int64_t n_valid, int n_kv, int hd,
-                        bool view3d, uint64_t *s) {
+static rk_view fx_cache(fixture *f, uint32_t type, int64_t n_ctx, int64_t n_valid, int n_kv, int hd, bool view3d,
+                        uint64_t *s) {
     int64_t w = (int64_t)n_kv * hd;
     uint64_t rb = 0, hb = 0;
     cr_assert(rk_dtype_row_bytes(type, (uint64_t)w, &rb) && rk_dtype_row_bytes(type, (uint64_t)hd, &hb));
@@ -276,10 +292,8 @@ static rk_view fx_cache(fixture *f, uint32_t type, int64_t n_ctx, int64_t n_vali
         for (int64_t i = 0; i < w; i++) row[i] = r < n_valid ? tb_rand_normal(s) : NAN;
         if (type == RK_DT_F16)
             for (int64_t i = 0; i < w; i++) ((uint16_t *)dst)[i] = rk_f32_to_f16(row[i]);
-        else if (type == RK_DT_Q8_0)
-            tq8_quant(row, dst, w);
-        else
-            memcpy(dst, row, (size_t)w * sizeof(float));
+        else if (type == RK_DT_Q8_0) tq8_quant(row, dst, w);
+        else memcpy(dst, row, (size_t)w * sizeof(float));
     }
     free(row);
     if (view3d) return (rk_view){.type = type, .ne = {hd, n_kv, n_ctx, 1}, .nb1 = (size_t)hb, .data = p};
@@ -340,18 +354,17 @@ static void build(const op_case *c, uint64_t seed, fixture *f) {
         }
         if (c->flags & F_NAN) { /* key n_valid-1 of KV head 0: only the last query sees it */
             size_t at = (size_t)(n_valid - 1) * (size_t)c->n_head_kv * c->hd + 1;
-            if (c->type == RK_DT_F16)
-                ((uint16_t *)a->src1.data)[at] = 0x7e00;
+            if (c->type == RK_DT_F16) ((uint16_t *)a->src1.data)[at] = 0x7e00;
             else if (c->type == RK_DT_Q8_0) /* the scale of that row's first block */
                 put16((uint8_t *)a->src1.data + (size_t)(n_valid - 1) * (size_t)c->n_head_kv * c->hd / 32 * 34, 0x7e00);
-            else
-                ((float *)a->src1.data)[at] = NAN;
+            else ((float *)a->src1.data)[at] = NAN;
         }
         fx_out(f, &a->dst);
         break;
     }
     case RK_OP_ROPE:
-        a->rope = (rk_rope_params){.mode = c->mode, .n_rot = c->n_rot, .freq_base = c->pos0 > 1000 ? 1e6f : 10000.0f, .pos0 = c->pos0};
+        a->rope = (rk_rope_params){
+            .mode = c->mode, .n_rot = c->n_rot, .freq_base = c->pos0 > 1000 ? 1e6f : 10000.0f, .pos0 = c->pos0};
         a->src0 = fx_f32(f, c->n * c->n_head, c->hd, 0, 1.0f, &s);
         a->src0.ne[1] = c->n_head;
         a->src0.ne[2] = c->n;
@@ -449,8 +462,8 @@ static rk_backend *make_be(int which) {
     return be;
 }
 
-#define FOR_EACH_BACKEND(be)                                                                       \
-    for (int which_ = 0; which_ <= 3; which_++)                                                    \
+#define FOR_EACH_BACKEND(be)                    \
+    for (int which_ = 0; which_ <= 3; which_++) \
         for (rk_backend *be = make_be(which_); be; rk_backend_destroy(be), be = NULL)
 
 /* Runs the case on be from a fresh fixture; returns the written buffer as double. */
@@ -462,8 +475,8 @@ static double *run_case(const op_case *c, rk_backend *be, size_t *n_out) {
     cr_assert_eq(st, RK_OK, "%s on %s: %s", c->name, be->ops->name, err.msg);
     double *out = malloc(f.out_n * sizeof(double) + 1);
     for (size_t i = 0; i < f.out_n; i++)
-        out[i] = f.out_type == RK_DT_Q8_0 ? tq8_get((const uint8_t *)f.out + i / (size_t)f.out_ne0 * f.out_nb1,
-                                                    (int64_t)(i % (size_t)f.out_ne0))
+        out[i] = f.out_type == RK_DT_Q8_0  ? tq8_get((const uint8_t *)f.out + i / (size_t)f.out_ne0 * f.out_nb1,
+                                                     (int64_t)(i % (size_t)f.out_ne0))
                  : f.out_type == RK_DT_F16 ? rk_f16_to_f32(((const uint16_t *)f.out)[i])
                                            : ((const float *)f.out)[i];
     *n_out = f.out_n;
@@ -481,20 +494,20 @@ static void compare_b(const op_case *c, double bound, const char *be_name, const
             cr_assert_eq(got[i], want[i], "%s on %s: padding at %zu overwritten", c->name, be_name, i);
             continue;
         }
-        cr_assert_eq(isnan(got[i]), isnan(want[i]), "%s on %s: NaN parity at %zu (%g vs ref %g)", c->name,
-                     be_name, i, got[i], want[i]);
+        cr_assert_eq(isnan(got[i]), isnan(want[i]), "%s on %s: NaN parity at %zu (%g vs ref %g)", c->name, be_name, i,
+                     got[i], want[i]);
         if (isnan(want[i])) {
             n_nan++;
             continue;
         }
         if (isinf(want[i]) || isinf(got[i])) {
-            cr_assert_eq(got[i], want[i], "%s on %s: Inf parity at %zu (%g vs ref %g)", c->name, be_name, i,
-                         got[i], want[i]);
+            cr_assert_eq(got[i], want[i], "%s on %s: Inf parity at %zu (%g vs ref %g)", c->name, be_name, i, got[i],
+                         want[i]);
             continue;
         }
         if (c->nmse == 0)
-            cr_assert_eq(got[i], want[i], "%s on %s: not exact at %zu (%.9g vs ref %.9g)", c->name, be_name, i,
-                         got[i], want[i]);
+            cr_assert_eq(got[i], want[i], "%s on %s: not exact at %zu (%.9g vs ref %.9g)", c->name, be_name, i, got[i],
+                         want[i]);
         num += (got[i] - want[i]) * (got[i] - want[i]);
         den += want[i] * want[i];
     }
@@ -531,8 +544,8 @@ double *op_twin_run(int i, rk_backend *be, op_twin_runner run, void *ud, size_t 
     cr_assert_eq(st, RK_OK, "%s on %s: %s", c->name, be->ops->name, err.msg);
     double *out = malloc(f.out_n * sizeof(double) + 1);
     for (size_t j = 0; j < f.out_n; j++)
-        out[j] = f.out_type == RK_DT_Q8_0 ? tq8_get((const uint8_t *)f.out + j / (size_t)f.out_ne0 * f.out_nb1,
-                                                    (int64_t)(j % (size_t)f.out_ne0))
+        out[j] = f.out_type == RK_DT_Q8_0  ? tq8_get((const uint8_t *)f.out + j / (size_t)f.out_ne0 * f.out_nb1,
+                                                     (int64_t)(j % (size_t)f.out_ne0))
                  : f.out_type == RK_DT_F16 ? rk_f16_to_f32(((const uint16_t *)f.out)[j])
                                            : ((const float *)f.out)[j];
     *n_out = f.out_n;
@@ -636,7 +649,9 @@ Test(exact, attn_single_key_is_v) {
             uint16_t kh[4], vh[4];
             for (int i = 0; i < 4; i++) kh[i] = rk_f32_to_f16(kf[i]), vh[i] = rk_f32_to_f16(vf[i]);
             uint32_t t = type ? RK_DT_F16 : RK_DT_F32;
-            rk_op_args a = {.op = RK_OP_ATTN, .src0 = v2(RK_DT_F32, 8, 1, q), .dst = v2(RK_DT_F32, 8, 1, out),
+            rk_op_args a = {.op = RK_OP_ATTN,
+                            .src0 = v2(RK_DT_F32, 8, 1, q),
+                            .dst = v2(RK_DT_F32, 8, 1, out),
                             .src1 = v2(t, 4, 1, type ? (void *)kh : (void *)kf),
                             .src2 = v2(t, 4, 1, type ? (void *)vh : (void *)vf)};
             a.attn = (rk_attn_params){2, 1, 4, 0.5f, 0};
@@ -652,8 +667,11 @@ Test(exact, attn_two_equal_keys_average) {
         /* equal keys -> equal weights: output = (v0 + v1) / 2 exactly for these values */
         float q[2] = {0.3f, -0.7f}, out[4] = {0};
         float k[4] = {1, 2, 1, 2}, v[4] = {1, 4, 3, -8};
-        rk_op_args a = {.op = RK_OP_ATTN, .src0 = v2(RK_DT_F32, 2, 1, q), .dst = v2(RK_DT_F32, 2, 1, out),
-                        .src1 = v2(RK_DT_F32, 2, 2, k), .src2 = v2(RK_DT_F32, 2, 2, v)};
+        rk_op_args a = {.op = RK_OP_ATTN,
+                        .src0 = v2(RK_DT_F32, 2, 1, q),
+                        .dst = v2(RK_DT_F32, 2, 1, out),
+                        .src1 = v2(RK_DT_F32, 2, 2, k),
+                        .src2 = v2(RK_DT_F32, 2, 2, v)};
         a.attn = (rk_attn_params){1, 1, 2, 1.0f, 1};
         rk_err err = {0};
         cr_assert_eq(rk_backend_run(be, &a, &err), RK_OK, "%s", err.msg);
@@ -667,8 +685,11 @@ Test(exact, rmsnorm_constant_vector) {
         /* v = 4 everywhere, eps 0: mean(v^2) = 16, v / 4 = 1, output = weight */
         float x[16], w[16], y[16];
         for (int i = 0; i < 16; i++) x[i] = i < 8 ? 4.0f : -4.0f, w[i] = 0.5f + 0.25f * i;
-        rk_op_args a = {.op = RK_OP_RMSNORM, .src0 = v2(RK_DT_F32, 8, 2, x), .src1 = v2(RK_DT_F32, 8, 1, w),
-                        .dst = v2(RK_DT_F32, 8, 2, y), .eps = 0.0f};
+        rk_op_args a = {.op = RK_OP_RMSNORM,
+                        .src0 = v2(RK_DT_F32, 8, 2, x),
+                        .src1 = v2(RK_DT_F32, 8, 1, w),
+                        .dst = v2(RK_DT_F32, 8, 2, y),
+                        .eps = 0.0f};
         rk_err err = {0};
         cr_assert_eq(rk_backend_run(be, &a, &err), RK_OK, "%s", err.msg);
         for (int i = 0; i < 16; i++) cr_assert_eq(y[i], i < 8 ? w[i] : -w[i % 8], "%s at %d", be->ops->name, i);
@@ -679,7 +700,9 @@ Test(exact, matmul_small_integers) {
     FOR_EACH_BACKEND(be) {
         /* x (2, 3) . w(2 rows of 3)^T: small integers, exact in f32 */
         float x[6] = {1, 2, 3, -1, 0, 2}, w[6] = {4, 5, 6, 1, -1, 0.5f}, y[4];
-        rk_op_args a = {.op = RK_OP_MATMUL, .src0 = v2(RK_DT_F32, 3, 2, w), .src1 = v2(RK_DT_F32, 3, 2, x),
+        rk_op_args a = {.op = RK_OP_MATMUL,
+                        .src0 = v2(RK_DT_F32, 3, 2, w),
+                        .src1 = v2(RK_DT_F32, 3, 2, x),
                         .dst = v2(RK_DT_F32, 2, 2, y)};
         rk_err err = {0};
         cr_assert_eq(rk_backend_run(be, &a, &err), RK_OK, "%s", err.msg);
@@ -691,7 +714,9 @@ Test(exact, matmul_small_integers) {
 Test(exact, silu_mul_values) {
     FOR_EACH_BACKEND(be) {
         float a0[3] = {0, 1, -2}, b0[3] = {5, 2, 1}, y[3];
-        rk_op_args a = {.op = RK_OP_SILU_MUL, .src0 = v2(RK_DT_F32, 3, 1, a0), .src1 = v2(RK_DT_F32, 3, 1, b0),
+        rk_op_args a = {.op = RK_OP_SILU_MUL,
+                        .src0 = v2(RK_DT_F32, 3, 1, a0),
+                        .src1 = v2(RK_DT_F32, 3, 1, b0),
                         .dst = v2(RK_DT_F32, 3, 1, y)};
         rk_err err = {0};
         cr_assert_eq(rk_backend_run(be, &a, &err), RK_OK, "%s", err.msg);
@@ -708,8 +733,8 @@ Test(exact, cpy_rows_f16_bits) {
         const uint16_t want[8] = {0x3c00, 0x2e66, 0x7bff, 0x7c00, 0xc000, 0x0001, 0x0000, 0x3555};
         uint16_t dst[24];
         for (int i = 0; i < 24; i++) dst[i] = 0xabcd;
-        rk_op_args a = {.op = RK_OP_CPY_ROWS, .src0 = v2(RK_DT_F32, 8, 1, x), .dst = v2(RK_DT_F16, 8, 3, dst),
-                        .dst_row0 = 1};
+        rk_op_args a = {
+            .op = RK_OP_CPY_ROWS, .src0 = v2(RK_DT_F32, 8, 1, x), .dst = v2(RK_DT_F16, 8, 3, dst), .dst_row0 = 1};
         rk_err err = {0};
         cr_assert_eq(rk_backend_run(be, &a, &err), RK_OK, "%s", err.msg);
         for (int i = 0; i < 24; i++)
@@ -721,8 +746,8 @@ Test(exact, get_rows_f32_copies) {
     FOR_EACH_BACKEND(be) {
         float w[12] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, y[9];
         int32_t ids[3] = {3, 0, 3};
-        rk_op_args a = {.op = RK_OP_GET_ROWS, .src0 = v2(RK_DT_F32, 3, 4, w), .dst = v2(RK_DT_F32, 3, 3, y),
-                        .ids = ids};
+        rk_op_args a = {
+            .op = RK_OP_GET_ROWS, .src0 = v2(RK_DT_F32, 3, 4, w), .dst = v2(RK_DT_F32, 3, 3, y), .ids = ids};
         rk_err err = {0};
         cr_assert_eq(rk_backend_run(be, &a, &err), RK_OK, "%s", err.msg);
         const float want[9] = {9, 10, 11, 0, 1, 2, 9, 10, 11};
@@ -737,8 +762,11 @@ Test(status, unsupported_and_invalid) {
         uint8_t wq[4 * 34] = {0};
         rk_err err = {0};
         /* ATTN on a q4_1 cache; on a q8_0 cache whose heads (16) are not whole blocks */
-        rk_op_args a = {.op = RK_OP_ATTN, .src0 = v2(RK_DT_F32, 32, 1, x), .dst = v2(RK_DT_F32, 32, 1, y),
-                        .src1 = {RK_DT_Q4_1, {32, 2, 1, 1}, 20, wq}, .src2 = {RK_DT_Q4_1, {32, 2, 1, 1}, 20, wq}};
+        rk_op_args a = {.op = RK_OP_ATTN,
+                        .src0 = v2(RK_DT_F32, 32, 1, x),
+                        .dst = v2(RK_DT_F32, 32, 1, y),
+                        .src1 = {RK_DT_Q4_1, {32, 2, 1, 1}, 20, wq},
+                        .src2 = {RK_DT_Q4_1, {32, 2, 1, 1}, 20, wq}};
         a.attn = (rk_attn_params){1, 1, 32, 1.0f, 0};
         cr_assert_eq(rk_backend_run(be, &a, &err), RK_E_UNSUPPORTED);
         cr_assert(strstr(err.msg, "ATTN") && strstr(err.msg, "q4_1"), "%s", err.msg);
@@ -749,13 +777,15 @@ Test(status, unsupported_and_invalid) {
         a.attn = (rk_attn_params){1, 1, 32, 1.0f, 0}; /* whole blocks: runs */
         cr_assert_eq(rk_backend_run(be, &a, &err), RK_OK, "%s", err.msg);
         /* CPY_ROWS into q8_0 rows that are not whole blocks */
-        rk_op_args cq = {.op = RK_OP_CPY_ROWS, .src0 = v2(RK_DT_F32, 16, 1, x),
-                         .dst = {RK_DT_Q8_0, {16, 2, 1, 1}, 34, wq}};
+        rk_op_args cq = {
+            .op = RK_OP_CPY_ROWS, .src0 = v2(RK_DT_F32, 16, 1, x), .dst = {RK_DT_Q8_0, {16, 2, 1, 1}, 34, wq}};
         cr_assert_eq(rk_backend_run(be, &cq, &err), RK_E_INVALID_ARG);
         cr_assert(strstr(err.msg, "CPY_ROWS") && strstr(err.msg, "blocks"), "%s", err.msg);
         /* MATMUL with a q8_1 weight (no row functions) */
-        rk_op_args m = {.op = RK_OP_MATMUL, .src0 = {RK_DT_Q8_1, {32, 2, 1, 1}, 36, wq},
-                        .src1 = v2(RK_DT_F32, 32, 1, x), .dst = v2(RK_DT_F32, 2, 1, y)};
+        rk_op_args m = {.op = RK_OP_MATMUL,
+                        .src0 = {RK_DT_Q8_1, {32, 2, 1, 1}, 36, wq},
+                        .src1 = v2(RK_DT_F32, 32, 1, x),
+                        .dst = v2(RK_DT_F32, 2, 1, y)};
         cr_assert_eq(rk_backend_run(be, &m, &err), RK_E_UNSUPPORTED);
         cr_assert(strstr(err.msg, "MATMUL") && strstr(err.msg, "q8_1"), "%s", err.msg);
         cr_assert_not(be->ops->supports(be, &m));
@@ -769,8 +799,8 @@ Test(status, unsupported_and_invalid) {
         cr_assert_eq(rk_backend_run(be, &m, &err), RK_E_INVALID_ARG);
         /* GET_ROWS id past the vocabulary, and negative */
         int32_t ids[2] = {0, 4};
-        rk_op_args g = {.op = RK_OP_GET_ROWS, .src0 = v2(RK_DT_F32, 8, 4, x), .dst = v2(RK_DT_F32, 8, 2, y),
-                        .ids = ids};
+        rk_op_args g = {
+            .op = RK_OP_GET_ROWS, .src0 = v2(RK_DT_F32, 8, 4, x), .dst = v2(RK_DT_F32, 8, 2, y), .ids = ids};
         cr_assert_eq(rk_backend_run(be, &g, &err), RK_E_INVALID_ARG);
         cr_assert(strstr(err.msg, "GET_ROWS") && strstr(err.msg, "out of range"), "%s", err.msg);
         ids[1] = -1;
@@ -781,15 +811,18 @@ Test(status, unsupported_and_invalid) {
         cr_assert_eq(rk_backend_run(be, &r, &err), RK_E_UNSUPPORTED);
         cr_assert(strstr(err.msg, "ROPE"), "%s", err.msg);
         /* ATTN whose cache is shorter than pos0 + n_q, and a bad head split */
-        rk_op_args t = {.op = RK_OP_ATTN, .src0 = v2(RK_DT_F32, 8, 1, x), .dst = v2(RK_DT_F32, 8, 1, y),
-                        .src1 = v2(RK_DT_F32, 8, 4, x), .src2 = v2(RK_DT_F32, 8, 4, x)};
+        rk_op_args t = {.op = RK_OP_ATTN,
+                        .src0 = v2(RK_DT_F32, 8, 1, x),
+                        .dst = v2(RK_DT_F32, 8, 1, y),
+                        .src1 = v2(RK_DT_F32, 8, 4, x),
+                        .src2 = v2(RK_DT_F32, 8, 4, x)};
         t.attn = (rk_attn_params){1, 1, 8, 1.0f, 4};
         cr_assert_eq(rk_backend_run(be, &t, &err), RK_E_INVALID_ARG);
         t.attn = (rk_attn_params){3, 2, 8, 1.0f, 0};
         cr_assert_eq(rk_backend_run(be, &t, &err), RK_E_INVALID_ARG);
         /* CPY_ROWS past the end of dst */
-        rk_op_args cp = {.op = RK_OP_CPY_ROWS, .src0 = v2(RK_DT_F32, 8, 2, x), .dst = v2(RK_DT_F16, 8, 4, y),
-                         .dst_row0 = 3};
+        rk_op_args cp = {
+            .op = RK_OP_CPY_ROWS, .src0 = v2(RK_DT_F32, 8, 2, x), .dst = v2(RK_DT_F16, 8, 4, y), .dst_row0 = 3};
         cr_assert_eq(rk_backend_run(be, &cp, &err), RK_E_INVALID_ARG);
         /* NULLs and bad op ids */
         cr_assert_eq(rk_backend_run(be, NULL, &err), RK_E_INVALID_ARG);
@@ -801,7 +834,9 @@ Test(status, unsupported_and_invalid) {
         rk_op_args e = {.op = RK_OP_ROPE, .src0 = v2(RK_DT_F32, 8, 0, x)};
         e.rope = (rk_rope_params){.mode = RK_ROPE_NEOX, .n_rot = 8, .freq_base = 10000.0f, .pos0 = 0};
         cr_assert_eq(rk_backend_run(be, &e, &err), RK_OK, "%s", err.msg);
-        rk_op_args e2 = {.op = RK_OP_MATMUL, .src0 = v2(RK_DT_F32, 8, 3, x), .src1 = v2(RK_DT_F32, 8, 0, x),
+        rk_op_args e2 = {.op = RK_OP_MATMUL,
+                         .src0 = v2(RK_DT_F32, 8, 3, x),
+                         .src1 = v2(RK_DT_F32, 8, 0, x),
                          .dst = v2(RK_DT_F32, 3, 0, y)};
         cr_assert_eq(rk_backend_run(be, &e2, &err), RK_OK, "%s", err.msg);
     }

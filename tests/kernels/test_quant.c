@@ -27,14 +27,13 @@
 #include "quant_rows.h"
 
 /* Asserts dst[0..n) equals the oracle bit for bit. */
-static void check_decode(const char *what, uint32_t type, const uint8_t *row, const float *dst,
-                         int64_t n) {
+static void check_decode(const char *what, uint32_t type, const uint8_t *row, const float *dst, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         double mag;
         const float want = elem(type, row, i, &mag);
         if (!same_bits(dst[i], want))
-            cr_assert_fail("%s %s: element %lld is %a, formula gives %a", what,
-                           rk_dtype_name(type), (long long)i, (double)dst[i], (double)want);
+            cr_assert_fail("%s %s: element %lld is %a, formula gives %a", what, rk_dtype_name(type), (long long)i,
+                           (double)dst[i], (double)want);
     }
 }
 
@@ -45,10 +44,8 @@ Test(quant, tables) {
         const rk_quant_fns *r = rk_quant_ref(all_types[t]), *f = rk_quant_fast(all_types[t]);
         cr_assert(r && r->to_f32 && r->dot, "ref %s", rk_dtype_name(all_types[t]));
         cr_assert(f && f->to_f32 && f->dot, "fast %s", rk_dtype_name(all_types[t]));
-        if (rk_cpu_has_avx2())
-            cr_assert(f->dot != r->dot, "fast %s is the reference", rk_dtype_name(all_types[t]));
-        else
-            cr_assert(f == r, "no AVX2 but fast %s is not ref", rk_dtype_name(all_types[t]));
+        if (rk_cpu_has_avx2()) cr_assert(f->dot != r->dot, "fast %s is the reference", rk_dtype_name(all_types[t]));
+        else cr_assert(f == r, "no AVX2 but fast %s is not ref", rk_dtype_name(all_types[t]));
     }
     const uint32_t unsupported[] = {RK_DT_Q8_1, RK_DT_Q8_K, 4, 5, 16, 29, 31, 1000, UINT32_MAX};
     for (size_t i = 0; i < sizeof unsupported / sizeof unsupported[0]; i++) {
@@ -74,13 +71,13 @@ static void check_hand(uint32_t type, const uint8_t *row, const float *want, int
     for (int v = 0; v < 2; v++) {
         impl[v]->to_f32(row, dst, n);
         for (int64_t i = 0; i < n; i++)
-            cr_assert(same_bits(dst[i], want[i]), "%s %s to_f32[%lld] = %a, expected %a",
-                      name[v], rk_dtype_name(type), (long long)i, (double)dst[i], (double)want[i]);
+            cr_assert(same_bits(dst[i], want[i]), "%s %s to_f32[%lld] = %a, expected %a", name[v], rk_dtype_name(type),
+                      (long long)i, (double)dst[i], (double)want[i]);
         for (int64_t i = 0; i < n; i++) {
             x[i] = 1.0f; /* == rather than bits: a zero sum may be +0 where w is -0 */
             const float got = impl[v]->dot(row, x, n);
-            cr_assert(got == want[i], "%s %s dot(e_%lld) = %a, expected %a", name[v],
-                      rk_dtype_name(type), (long long)i, (double)got, (double)want[i]);
+            cr_assert(got == want[i], "%s %s dot(e_%lld) = %a, expected %a", name[v], rk_dtype_name(type), (long long)i,
+                      (double)got, (double)want[i]);
             x[i] = 0.0f;
         }
     }
@@ -164,7 +161,7 @@ Test(quant, layout_q4_K) {
         *byte = (uint8_t)(e % 64 < 32 ? (*byte & 0xF0) | q : (*byte & 0x0F) | q << 4);
         want[e] = 0.25f * (float)sc[sub] * (float)q - 0.5f * (float)mn[sub];
     }
-    cr_assert_eq(s[0], 0x81); /* sc[0] = 1 in bits 0-5; bits 4-5 of sc[4] = 33 in bits 6-7 */
+    cr_assert_eq(s[0], 0x81);  /* sc[0] = 1 in bits 0-5; bits 4-5 of sc[4] = 33 in bits 6-7 */
     cr_assert_eq(s[11], 0x2E); /* sc[7] = 62: low nibble 0xE; mn[7] = 2: high nibble 0x2 */
     check_hand(RK_DT_Q4_K, b, want, 256);
 }
@@ -203,17 +200,15 @@ static void check_all_halves(uint32_t type, float (*value)(uint16_t)) {
     for (int v = 0; v < 2; v++) {
         impl[v]->to_f32(h, dst, n);
         for (int64_t i = 0; i < n; i++)
-            cr_assert(same_bits(dst[i], value(h[i])), "%s %s 0x%04x -> %a, expected %a",
-                      v ? "fast" : "ref", rk_dtype_name(type), (unsigned)h[i], (double)dst[i],
-                      (double)value(h[i]));
+            cr_assert(same_bits(dst[i], value(h[i])), "%s %s 0x%04x -> %a, expected %a", v ? "fast" : "ref",
+                      rk_dtype_name(type), (unsigned)h[i], (double)dst[i], (double)value(h[i]));
         for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
             for (size_t si = 0; si < sizeof starts / sizeof starts[0]; si++) {
                 const int64_t s0 = starts[si] + lens[li] <= n ? starts[si] : n - lens[li];
                 impl[v]->to_f32(h + s0, dst, lens[li]);
                 for (int64_t k = 0; k < lens[li]; k++)
-                    cr_assert(same_bits(dst[k], value(h[s0 + k])), "%s %s len %lld 0x%04x",
-                              v ? "fast" : "ref", rk_dtype_name(type), (long long)lens[li],
-                              (unsigned)h[s0 + k]);
+                    cr_assert(same_bits(dst[k], value(h[s0 + k])), "%s %s len %lld 0x%04x", v ? "fast" : "ref",
+                              rk_dtype_name(type), (long long)lens[li], (unsigned)h[s0 + k]);
             }
         }
     }
@@ -246,19 +241,18 @@ Test(quant, bf16_all_values) {
 
 /* f32 -> half rounding used when building test rows and by the runtime's F16 KV cache. */
 Test(quant, f32_to_half_rounding) {
-    cr_assert_eq(rk_f32_to_f16(1.0f + 0x1p-11f), 0x3C00);  /* tie -> even (down) */
-    cr_assert_eq(rk_f32_to_f16(1.0f + 0x3p-11f), 0x3C02);  /* tie -> even (up) */
-    cr_assert_eq(rk_f32_to_f16(65520.0f), 0x7C00);         /* rounds past max -> inf */
+    cr_assert_eq(rk_f32_to_f16(1.0f + 0x1p-11f), 0x3C00); /* tie -> even (down) */
+    cr_assert_eq(rk_f32_to_f16(1.0f + 0x3p-11f), 0x3C02); /* tie -> even (up) */
+    cr_assert_eq(rk_f32_to_f16(65520.0f), 0x7C00);        /* rounds past max -> inf */
     cr_assert_eq(rk_f32_to_f16(65519.0f), 0x7BFF);
-    cr_assert_eq(rk_f32_to_f16(0x1p-25f), 0x0000);         /* half the min subnormal: even */
+    cr_assert_eq(rk_f32_to_f16(0x1p-25f), 0x0000); /* half the min subnormal: even */
     cr_assert_eq(rk_f32_to_f16(0x1.8p-25f), 0x0001);
     cr_assert_eq(rk_f32_to_f16(-0.0f), 0x8000);
-    cr_assert_eq(rk_f32_to_bf16(1.0f + 0x1p-8f), 0x3F80);  /* tie -> even */
+    cr_assert_eq(rk_f32_to_bf16(1.0f + 0x1p-8f), 0x3F80); /* tie -> even */
     cr_assert_eq(rk_f32_to_bf16(1.0f + 0x3p-8f), 0x3F82);
     cr_assert(isnan(bf16_value(rk_f32_to_bf16(NAN))));
     for (uint32_t h = 0; h < 65536; h++) /* every finite half survives the round trip */
-        if (((h >> 10) & 31) != 31)
-            cr_assert_eq(rk_f32_to_f16(half_value((uint16_t)h)), h, "0x%04x", h);
+        if (((h >> 10) & 31) != 31) cr_assert_eq(rk_f32_to_f16(half_value((uint16_t)h)), h, "0x%04x", h);
 }
 
 Test(quant, fast_vs_ref_random) {
@@ -270,8 +264,7 @@ Test(quant, fast_vs_ref_random) {
         const int64_t lens_blk[] = {1, 2, 3, 7, 18, 48, 64}; /* 576 = 18 * 32 */
         const int64_t lens_elt[] = {1, 5, 8, 15, 16, 31, 33, 576, 1000, 1536, 4099};
         const bool plain = bl == 1;
-        const size_t nl = plain ? sizeof lens_elt / sizeof lens_elt[0]
-                                : sizeof lens_blk / sizeof lens_blk[0];
+        const size_t nl = plain ? sizeof lens_elt / sizeof lens_elt[0] : sizeof lens_blk / sizeof lens_blk[0];
         for (size_t li = 0; li < nl; li++) {
             const int64_t n = plain ? lens_elt[li] : lens_blk[li] * bl;
             for (int rep = 0; rep < 4; rep++) {
@@ -284,9 +277,8 @@ Test(quant, fast_vs_ref_random) {
                 fast->to_f32(w, b, n);
                 check_decode("ref", type, w, a, n);
                 for (int64_t i = 0; i < n; i++)
-                    cr_assert(same_bits(a[i], b[i]), "%s n=%lld to_f32[%lld]: fast %a ref %a",
-                              rk_dtype_name(type), (long long)n, (long long)i, (double)b[i],
-                              (double)a[i]);
+                    cr_assert(same_bits(a[i], b[i]), "%s n=%lld to_f32[%lld]: fast %a ref %a", rk_dtype_name(type),
+                              (long long)n, (long long)i, (double)b[i], (double)a[i]);
                 double mag = 0, exact = 0;
                 for (int64_t i = 0; i < n; i++) {
                     double m;
@@ -295,12 +287,11 @@ Test(quant, fast_vs_ref_random) {
                 }
                 const float dr = ref->dot(w, x, n), df = fast->dot(w, x, n);
                 /* same products (exact in double), same order: the same double sum */
-                cr_assert(dr == (float)exact, "%s n=%lld ref dot %a vs oracle %a",
-                          rk_dtype_name(type), (long long)n, (double)dr, exact);
+                cr_assert(dr == (float)exact, "%s n=%lld ref dot %a vs oracle %a", rk_dtype_name(type), (long long)n,
+                          (double)dr, exact);
                 cr_assert(fabs((double)df - dr) <= dot_tol(n, mag),
-                          "%s n=%lld fast dot %.9g ref %.9g (|diff| %.3g > tol %.3g)",
-                          rk_dtype_name(type), (long long)n, (double)df, (double)dr,
-                          fabs((double)df - dr), dot_tol(n, mag));
+                          "%s n=%lld fast dot %.9g ref %.9g (|diff| %.3g > tol %.3g)", rk_dtype_name(type),
+                          (long long)n, (double)df, (double)dr, fabs((double)df - dr), dot_tol(n, mag));
                 free(a);
                 free(b);
                 free(xmem);
@@ -310,9 +301,7 @@ Test(quant, fast_vs_ref_random) {
     }
 }
 
-static int small_int(uint64_t *rng, int lo, int hi) {
-    return lo + (int)(tb_rand_u64(rng) % (uint64_t)(hi - lo + 1));
-}
+static int small_int(uint64_t *rng, int lo, int hi) { return lo + (int)(tb_rand_u64(rng) % (uint64_t)(hi - lo + 1)); }
 
 /* Dyadic scales (powers of two >= 1/4), small integer q and x: every product is
  * a multiple of 1/4, and while sum |parts * x| < 2^22 every partial sum in any
@@ -335,17 +324,20 @@ Test(quant, exact_dot_dyadic) {
                 break;
             }
             case RK_DT_F16: put16(w + 2 * i, rk_f32_to_f16((float)small_int(&rng, -32, 32))); break;
-            case RK_DT_BF16:
-                put16(w + 2 * i, rk_f32_to_bf16((float)small_int(&rng, -32, 32)));
-                break;
+            case RK_DT_BF16: put16(w + 2 * i, rk_f32_to_bf16((float)small_int(&rng, -32, 32))); break;
             case RK_DT_Q8_0: put16(w + 34 * i, d); break;
             case RK_DT_Q4_0: put16(w + 18 * i, d); break;
-            case RK_DT_Q4_1: put16(w + 20 * i, d); put16(w + 20 * i + 2, m); break;
-            case RK_DT_Q4_K: put16(w + 144 * i, d); put16(w + 144 * i + 2, m); break;
+            case RK_DT_Q4_1:
+                put16(w + 20 * i, d);
+                put16(w + 20 * i + 2, m);
+                break;
+            case RK_DT_Q4_K:
+                put16(w + 144 * i, d);
+                put16(w + 144 * i + 2, m);
+                break;
             case RK_DT_Q6_K:
                 put16(w + 210 * i + 208, d);
-                for (int j = 0; j < 16; j++)
-                    w[210 * i + 192 + j] = (uint8_t)(int8_t)small_int(&rng, -20, 20);
+                for (int j = 0; j < 16; j++) w[210 * i + 192 + j] = (uint8_t)(int8_t)small_int(&rng, -20, 20);
                 break;
             default: break;
             }
@@ -371,9 +363,7 @@ Test(quant, exact_dot_dyadic) {
 
 /* ---- NaN / Inf parity -------------------------------------------------------- */
 
-static int fp_class(float v) {
-    return isnan(v) ? 0 : isinf(v) ? (v > 0 ? 1 : 2) : 3;
-}
+static int fp_class(float v) { return isnan(v) ? 0 : isinf(v) ? (v > 0 ? 1 : 2) : 3; }
 
 /* Zeroes the scale (and min) of the block holding element i: w_i = 0 there. */
 static void zero_block(uint32_t type, uint8_t *w, int64_t i) {
@@ -381,8 +371,12 @@ static void zero_block(uint32_t type, uint8_t *w, int64_t i) {
     uint8_t *b = w + (size_t)(i / t->blck_size) * t->type_size;
     switch (type) {
     case RK_DT_F32: memset(b, 0, 4); break;
-    case RK_DT_F16: case RK_DT_BF16: case RK_DT_Q8_0: case RK_DT_Q4_0: memset(b, 0, 2); break;
-    case RK_DT_Q4_1: case RK_DT_Q4_K: memset(b, 0, 4); break;
+    case RK_DT_F16:
+    case RK_DT_BF16:
+    case RK_DT_Q8_0:
+    case RK_DT_Q4_0: memset(b, 0, 2); break;
+    case RK_DT_Q4_1:
+    case RK_DT_Q4_K: memset(b, 0, 4); break;
     case RK_DT_Q6_K: memset(b + 208, 0, 2); break;
     default: cr_assert_fail("type %u", type);
     }
@@ -418,10 +412,9 @@ Test(quant, nonfinite_parity) {
             if (mode == 2 && !plain) zero_block(type, w, i);
             const float dr = ref->dot(w, x, n), df = fast->dot(w, x, n);
             if (mode == 2 && count == 1)
-                cr_assert(isnan(dr), "%s case %d: Inf * 0 gave %a", rk_dtype_name(type), c,
-                          (double)dr);
-            cr_assert_eq(fp_class(dr), fp_class(df), "%s case %d: ref %a fast %a",
-                         rk_dtype_name(type), c, (double)dr, (double)df);
+                cr_assert(isnan(dr), "%s case %d: Inf * 0 gave %a", rk_dtype_name(type), c, (double)dr);
+            cr_assert_eq(fp_class(dr), fp_class(df), "%s case %d: ref %a fast %a", rk_dtype_name(type), c, (double)dr,
+                         (double)df);
             free(x);
             free(base);
         }
@@ -468,8 +461,7 @@ static void twin_open(twin_ctx *c, const char *name) {
     cr_assert(c->qbytes && c->tbytes, "reading %s / the decompressed twin", qpath);
     rk_err err = {0};
     cr_assert_eq(rk_gguf_parse(c->qbytes, c->qlen, &c->q, &err), RK_OK, "%s: %s", qpath, err.msg);
-    cr_assert_eq(rk_gguf_parse(c->tbytes, c->tlen, &c->t, &err), RK_OK, "%s twin: %s", name,
-                 err.msg);
+    cr_assert_eq(rk_gguf_parse(c->tbytes, c->tlen, &c->t, &err), RK_OK, "%s twin: %s", name, err.msg);
 }
 
 /* Every tensor, through both to_f32 paths, equals the twin bit for bit; every
@@ -487,8 +479,7 @@ static uint64_t check_twin(const char *name) {
         cr_assert_eq(tt->type, RK_DT_F32);
         for (int k = 0; k < 4; k++) cr_assert_eq(qt->ne[k], tt->ne[k]);
         const rk_quant_fns *ref = rk_quant_ref(qt->type), *fast = rk_quant_fast(qt->type);
-        cr_assert(ref, "%s: %.*s has unsupported type %u", name, (int)qt->name.len,
-                  qt->name.ptr, qt->type);
+        cr_assert(ref, "%s: %.*s has unsupported type %u", name, (int)qt->name.len, qt->name.ptr, qt->type);
         seen |= 1ull << qt->type;
         const int64_t n = qt->ne[0], rows = qt->ne[1] * qt->ne[2] * qt->ne[3];
         const size_t rb = row_bytes(qt->type, n);
@@ -503,9 +494,9 @@ static uint64_t check_twin(const char *name) {
                 if (memcmp(buf, trow, (size_t)n * sizeof *buf) != 0) {
                     int64_t i = 0;
                     while (same_bits(buf[i], trow[i])) i++;
-                    cr_assert_fail("%s %s: %.*s row %lld elem %lld = %a, twin %a", name,
-                                   v ? "fast" : "ref", (int)qt->name.len, qt->name.ptr,
-                                   (long long)r, (long long)i, (double)buf[i], (double)trow[i]);
+                    cr_assert_fail("%s %s: %.*s row %lld elem %lld = %a, twin %a", name, v ? "fast" : "ref",
+                                   (int)qt->name.len, qt->name.ptr, (long long)r, (long long)i, (double)buf[i],
+                                   (double)trow[i]);
                 }
             }
             double exact = 0, mag = 0;
@@ -516,10 +507,10 @@ static uint64_t check_twin(const char *name) {
                 mag += m * fabs((double)x[i]);
             }
             const float dr = ref->dot(qrow, x, n), df = fast->dot(qrow, x, n);
-            cr_assert_eq(dr, (float)exact, "%s %.*s row %lld: ref dot %a, twin %a", name,
-                         (int)qt->name.len, qt->name.ptr, (long long)r, (double)dr, exact);
-            cr_assert(fabs((double)df - dr) <= dot_tol(n, mag), "%s %.*s row %lld: fast %a ref %a",
-                      name, (int)qt->name.len, qt->name.ptr, (long long)r, (double)df, (double)dr);
+            cr_assert_eq(dr, (float)exact, "%s %.*s row %lld: ref dot %a, twin %a", name, (int)qt->name.len,
+                         qt->name.ptr, (long long)r, (double)dr, exact);
+            cr_assert(fabs((double)df - dr) <= dot_tol(n, mag), "%s %.*s row %lld: fast %a ref %a", name,
+                      (int)qt->name.len, qt->name.ptr, (long long)r, (double)df, (double)dr);
         }
         free(buf);
         free(x);
@@ -529,9 +520,7 @@ static uint64_t check_twin(const char *name) {
 }
 
 #define BIT(t) (1ull << (t))
-Test(quant_shared, twin_q8_0) {
-    cr_assert_eq(check_twin("qwen2-tiny-q8_0"), BIT(RK_DT_Q8_0) | BIT(RK_DT_F32));
-}
+Test(quant_shared, twin_q8_0) { cr_assert_eq(check_twin("qwen2-tiny-q8_0"), BIT(RK_DT_Q8_0) | BIT(RK_DT_F32)); }
 Test(quant_shared, twin_q4_0) {
     cr_assert_eq(check_twin("llama-tiny-q4_0"), BIT(RK_DT_Q4_0) | BIT(RK_DT_Q6_K) | BIT(RK_DT_F32));
 }
@@ -539,6 +528,5 @@ Test(quant_shared, twin_q4_1) {
     cr_assert_eq(check_twin("llama-tiny-q4_1"), BIT(RK_DT_Q4_1) | BIT(RK_DT_Q6_K) | BIT(RK_DT_F32));
 }
 Test(quant_shared, twin_q4_k_m) {
-    cr_assert_eq(check_twin("llama-tiny-q4_k_m"),
-                 BIT(RK_DT_Q4_K) | BIT(RK_DT_Q6_K) | BIT(RK_DT_F32));
+    cr_assert_eq(check_twin("llama-tiny-q4_k_m"), BIT(RK_DT_Q4_K) | BIT(RK_DT_Q6_K) | BIT(RK_DT_F32));
 }

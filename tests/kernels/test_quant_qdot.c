@@ -28,9 +28,7 @@ static int act_q(const rk_qdot_fns *f, const uint8_t *xq, int64_t i) {
 }
 /* |x - d q| per element: nearbyint leaves 1/2, and x * (127/amax) carries two
  * f32 roundings against d = amax/127 (one more), so d (1/2 + 127 * 3u) with room. */
-static double act_err_bound(float d) {
-    return (double)d * (0.5 + 127 * 4 * 0x1p-24);
-}
+static double act_err_bound(float d) { return (double)d * (0.5 + 127 * 4 * 0x1p-24); }
 
 static uint8_t *act_alloc(const rk_qdot_fns *f, int64_t n, void **base) {
     const size_t bytes = (size_t)(n / f->act_block) * f->act_bytes;
@@ -43,8 +41,8 @@ static uint8_t *act_alloc(const rk_qdot_fns *f, int64_t n, void **base) {
 Test(quant, qdot_tables) {
     for (size_t t = 0; t < N_TYPES; t++) {
         const uint32_t type = all_types[t];
-        const bool has = type == RK_DT_Q8_0 || type == RK_DT_Q4_0 || type == RK_DT_Q4_1 ||
-                         type == RK_DT_Q4_K || type == RK_DT_Q6_K;
+        const bool has =
+            type == RK_DT_Q8_0 || type == RK_DT_Q4_0 || type == RK_DT_Q4_1 || type == RK_DT_Q4_K || type == RK_DT_Q6_K;
         const rk_qdot_fns *r = rk_qdot_ref(type), *f = rk_qdot_fast(type);
         cr_assert_eq(r != NULL, has, "%s", rk_dtype_name(type));
         if (f) cr_assert(has && f->act_block == r->act_block && f->act_bytes == r->act_bytes);
@@ -74,11 +72,11 @@ Test(quant, qdot_activation_blocks) {
             float *x = rand_x(n, &rng);
             const float scale[] = {1.0f, 1e3f, 1e-3f, 3e-20f, 1e25f, 1.0f};
             for (int64_t i = 0; i < n; i++) x[i] *= scale[rep];
-            for (int64_t i = 0; i < B; i++) x[B + i] = 0.0f;             /* block 1: zeros */
-            for (int64_t i = 0; i < B; i++) x[2 * B + i] = i ? 0 : -1.5f; /* block 2: one value */
-            for (int64_t i = 0; i < B; i++) x[3 * B + i] *= 1e-33f;      /* block 3: tiny */
-            x[4 * B + 7] = NAN;                                          /* block 4: NaN */
-            x[5 * B + B - 1] = rep % 2 ? INFINITY : -INFINITY;           /* block 5: Inf */
+            for (int64_t i = 0; i < B; i++) x[B + i] = 0.0f;                      /* block 1: zeros */
+            for (int64_t i = 0; i < B; i++) x[2 * B + i] = i ? 0 : -1.5f;         /* block 2: one value */
+            for (int64_t i = 0; i < B; i++) x[3 * B + i] *= 1e-33f;               /* block 3: tiny */
+            x[4 * B + 7] = NAN;                                                   /* block 4: NaN */
+            x[5 * B + B - 1] = rep % 2 ? INFINITY : -INFINITY;                    /* block 5: Inf */
             for (int64_t i = 0; i < B; i++) x[6 * B + i] = (float)(i % 5) - 2.0f; /* ties at 127 * k / 2 */
             void *b1, *b2;
             uint8_t *q = act_alloc(r, n, &b1), *qf = act_alloc(r, n, &b2);
@@ -100,11 +98,10 @@ Test(quant, qdot_activation_blocks) {
                     const int c = act_q(r, q, i);
                     cr_assert(c >= -127 && c <= 127);
                     const double e = fabs((double)x[i] - (double)d * c);
-                    if (want_d == 0)
-                        cr_assert(c == 0 && fabsf(x[i]) < 1e-30f);
+                    if (want_d == 0) cr_assert(c == 0 && fabsf(x[i]) < 1e-30f);
                     else
-                        cr_assert_leq(e, act_err_bound(d), "B=%lld x[%lld]=%g: d %g q %d", (long long)B,
-                                      (long long)i, (double)x[i], (double)d, c);
+                        cr_assert_leq(e, act_err_bound(d), "B=%lld x[%lld]=%g: d %g q %d", (long long)B, (long long)i,
+                                      (double)x[i], (double)d, c);
                     sum += c;
                     sub += c;
                     if (B == 256 && (i + 1) % 16 == 0) { /* int16 bsums at offset 4 */

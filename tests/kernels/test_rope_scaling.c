@@ -41,14 +41,15 @@ static const char *ref_py =
 
 typedef struct ref_out {
     double lo, hi, mscale;
-    double *inv;   /* (n_rot/2) */
-    double *rot;   /* (n_pos, n_rot) */
+    double *inv; /* (n_rot/2) */
+    double *rot; /* (n_pos, n_rot) */
 } ref_out;
 
 static void run_ref(const rk_rope_params *p, double factor, bool yarn, const int64_t *pos, int n_pos, ref_out *o) {
     char cmd[8192];
-    int w = snprintf(cmd, sizeof cmd, "python3 -c \"$RK_ROPE_PY\" %.17g %d %.17g %d %.17g %.17g %d", (double)p->freq_base,
-                     p->n_rot, factor, p->n_ctx_orig, (double)p->beta_fast, (double)p->beta_slow, yarn ? 1 : 0);
+    int w =
+        snprintf(cmd, sizeof cmd, "python3 -c \"$RK_ROPE_PY\" %.17g %d %.17g %d %.17g %.17g %d", (double)p->freq_base,
+                 p->n_rot, factor, p->n_ctx_orig, (double)p->beta_fast, (double)p->beta_slow, yarn ? 1 : 0);
     for (int i = 0; i < n_pos; i++) w += snprintf(cmd + w, sizeof cmd - (size_t)w, " %lld", (long long)pos[i]);
     setenv("RK_ROPE_PY", ref_py, 1);
     FILE *f = popen(cmd, "r");
@@ -119,8 +120,14 @@ static void check_case(rk_rope_params p, double factor, bool yarn) {
 }
 
 static rk_rope_params yarn_params(float base, int n_rot, float factor, int orig) {
-    rk_rope_params p = {.mode = RK_ROPE_NEOX, .n_rot = n_rot, .freq_base = base, .freq_scale = 1.0f / factor,
-                        .ext_factor = 1.0f, .attn_factor = 1.0f, .beta_fast = 32.0f, .beta_slow = 1.0f,
+    rk_rope_params p = {.mode = RK_ROPE_NEOX,
+                        .n_rot = n_rot,
+                        .freq_base = base,
+                        .freq_scale = 1.0f / factor,
+                        .ext_factor = 1.0f,
+                        .attn_factor = 1.0f,
+                        .beta_fast = 32.0f,
+                        .beta_slow = 1.0f,
                         .n_ctx_orig = orig};
     return p;
 }
@@ -132,8 +139,13 @@ Test(rope_scaling, yarn_qwen25_factor4_matches_python) { check_case(yarn_params(
 Test(rope_scaling, yarn_llama_factor8_matches_python) { check_case(yarn_params(1e4f, 64, 8.0f, 8192), 8.0, true); }
 
 Test(rope_scaling, linear_factor4_matches_python) {
-    rk_rope_params p = {.mode = RK_ROPE_NEOX, .n_rot = 128, .freq_base = 1e6f, .freq_scale = 0.25f, .n_ctx_orig = 32768,
-                        .beta_fast = 32.0f, .beta_slow = 1.0f};
+    rk_rope_params p = {.mode = RK_ROPE_NEOX,
+                        .n_rot = 128,
+                        .freq_base = 1e6f,
+                        .freq_scale = 0.25f,
+                        .n_ctx_orig = 32768,
+                        .beta_fast = 32.0f,
+                        .beta_slow = 1.0f};
     check_case(p, 4.0, false);
 }
 
@@ -149,7 +161,8 @@ Test(rope_scaling, yarn_scales_dot_products_by_mscale_squared) {
     cr_assert_eq(rk_backend_create_named("cpu_ref", 1, &be, &e), RK_OK, "%s", e.msg);
     float q[128], k[128];
     double dot0 = 0, dot1 = 0;
-    for (int j = 0; j < 128; j++) q[j] = (float)cos(0.11 * j), k[j] = (float)sin(0.23 * j + 1), dot0 += (double)q[j] * k[j];
+    for (int j = 0; j < 128; j++)
+        q[j] = (float)cos(0.11 * j), k[j] = (float)sin(0.23 * j + 1), dot0 += (double)q[j] * k[j];
     rk_op_args a = {.op = RK_OP_ROPE, .rope = p};
     a.src0 = (rk_view){.type = RK_DT_F32, .ne = {128, 1, 1, 1}, .nb1 = 512, .data = q};
     cr_assert_eq(rk_backend_run(be, &a, &e), RK_OK, "%s", e.msg);

@@ -191,11 +191,13 @@ Test(chat_template, qwen_like_default_system_inserted_when_none_given) {
     expect_all_agree(m, k_qwen_like, k_user_only, 1, want);
     snprintf(want, sizeof want,
              "%s<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"
-             "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n", sys);
+             "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n",
+             sys);
     expect_all_agree(m, k_qwen_like, k_multi, 3, want);
     /* a system message of the caller's replaces the default */
-    expect_all_agree(m, k_qwen_like, k_with_system, 2,
-                     "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    expect_all_agree(
+        m, k_qwen_like, k_with_system, 2,
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
     rk_model_destroy(m);
     unlink(path);
 }
@@ -244,7 +246,8 @@ static void real_model(const char *file, const char *want_default) {
 }
 
 Test(chat_template_shared, real_smollm2_template) {
-    real_model("SmolLM2-135M-Instruct.Q4_1.gguf", "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
+    real_model("SmolLM2-135M-Instruct.Q4_1.gguf",
+               "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
 }
 
 Test(chat_template_shared, real_qwen25_template) {

@@ -68,8 +68,8 @@ static void compare(const float *got, const float *ref, size_t rows, int n_vocab
 
 /* Evaluates ids through model_path with the given session params and checks every
  * row's logits against golden/logits/<golden>/<seq>.logits.f32 within tier t. */
-static void check_logits(const char *model_path, const char *golden, const char *seq,
-                         rk_session_params sp, const tier *t) {
+static void check_logits(const char *model_path, const char *golden, const char *seq, rk_session_params sp,
+                         const tier *t) {
     char rel[512], ids_path[1024], lg_path[1024];
     snprintf(rel, sizeof rel, "golden/logits/%s/%s.ids.txt", golden, seq);
     if (!tb_shared_path(ids_path, sizeof ids_path, rel)) cr_skip_test("%s", ids_path);
@@ -90,12 +90,12 @@ static void check_logits(const char *model_path, const char *golden, const char 
     cr_assert_eq(rk_session_eval(s, ids, n_ids, lg, true, &e), RK_OK, "%s", e.msg);
     stats st;
     compare(lg, ref, n_ids, nv, t->argmax_margin, &st);
-    cr_log_info("%s/%s via %s: max %.3g mean %.3g argmax %d/%d", golden, seq, model_path, st.max_abs,
-                st.mean_abs, st.argmax_checked - st.argmax_bad, st.argmax_checked);
-    cr_expect(st.max_abs <= t->max_abs, "%s/%s tier %s: max |dlogit| %.4g > %.4g", golden, seq, t->name,
-              st.max_abs, t->max_abs);
-    cr_expect(st.mean_abs <= t->mean_abs, "%s/%s tier %s: mean |dlogit| %.4g > %.4g", golden, seq, t->name,
-              st.mean_abs, t->mean_abs);
+    cr_log_info("%s/%s via %s: max %.3g mean %.3g argmax %d/%d", golden, seq, model_path, st.max_abs, st.mean_abs,
+                st.argmax_checked - st.argmax_bad, st.argmax_checked);
+    cr_expect(st.max_abs <= t->max_abs, "%s/%s tier %s: max |dlogit| %.4g > %.4g", golden, seq, t->name, st.max_abs,
+              t->max_abs);
+    cr_expect(st.mean_abs <= t->mean_abs, "%s/%s tier %s: mean |dlogit| %.4g > %.4g", golden, seq, t->name, st.mean_abs,
+              t->mean_abs);
     cr_expect_eq(st.argmax_bad, 0, "%s/%s: %d argmax differences on clear rows", golden, seq, st.argmax_bad);
     free(lg);
     free(ref);
@@ -177,8 +177,10 @@ Test(golden, f16_model_matches_twin_tier_a_and_llama_cpp_tier_b) {
     char path[1024];
     if (!tb_shared_path(path, sizeof path, "golden/models/qwen3-tiny-f16.gguf")) cr_skip_test("%s", path);
     for (int si = 0; si < 3; si++) {
-        check_logits(path, "qwen3-tiny-f16.f32-twin", synth_seqs[si], params(RK_BACKEND_CPU, 2, RK_DT_F32, 512), &TIER_A);
-        check_logits(path, "qwen3-tiny-f16.f32-twin", synth_seqs[si], params(RK_BACKEND_CPU_REF, 1, RK_DT_F32, 512), &TIER_A);
+        check_logits(path, "qwen3-tiny-f16.f32-twin", synth_seqs[si], params(RK_BACKEND_CPU, 2, RK_DT_F32, 512),
+                     &TIER_A);
+        check_logits(path, "qwen3-tiny-f16.f32-twin", synth_seqs[si], params(RK_BACKEND_CPU_REF, 1, RK_DT_F32, 512),
+                     &TIER_A);
         check_logits(path, "qwen3-tiny-f16", synth_seqs[si], params(RK_BACKEND_CPU, 2, RK_DT_F32, 512), &TIER_B);
     }
 }

@@ -185,7 +185,8 @@ Test(kv, q4_blocks_are_llama_cpp_q4_0) {
         const float d = m / -8.0f;
         for (int j = 0; j < 32; j++) {
             const int i = b * 32 + j;
-            const float bound = (d != 0 && x[i] / d >= 7.5f ? fabsf(d) : fabsf(d) / 2) + 8 * fabsf(d) * 0x1p-11f + 1e-7f;
+            const float bound =
+                (d != 0 && x[i] / d >= 7.5f ? fabsf(d) : fabsf(d) / 2) + 8 * fabsf(d) * 0x1p-11f + 1e-7f;
             cr_expect_leq(fabsf(x[i] - y[i]), bound, "block %d value %d: %g vs %g", b, j, (double)x[i], (double)y[i]);
         }
     }
@@ -203,7 +204,8 @@ static void round_rows(uint32_t type, const float *x, int64_t m, uint8_t *q, flo
     else rk_q8_quantize(x, m, q), rk_q8_dequantize(q, m, y);
 }
 
-static rk_status rounded_append(rk_kv *kv, int l, int64_t pos0, const float *k, const float *v, int64_t n, rk_err *err) {
+static rk_status rounded_append(rk_kv *kv, int l, int64_t pos0, const float *k, const float *v, int64_t n,
+                                rk_err *err) {
     const int64_t m = n * kv->kv_dim;
     float *t = malloc(2 * (size_t)m * sizeof(float));
     uint8_t *q = malloc((size_t)m / 32 * 34);
@@ -237,8 +239,9 @@ static void attends_like_f32(const char *kind, uint32_t type, unsigned block_byt
     float *a = trace(qs, ids, 300, 40, nv), *b = trace(rf, ids, 300, 40, nv);
     const bool direct = rk_kv_quant_direct(qs->kv);
     if (direct) cr_expect_leq(rt_max_abs_diff(a, b, (size_t)41 * nv), 1e-4 * 20, "direct %s ATTN", kind);
-    else cr_expect(same_bits(a, b, (size_t)41 * nv), "%s differs from f32 attention over its rounded rows by %g", kind,
-                   rt_max_abs_diff(a, b, (size_t)41 * nv));
+    else
+        cr_expect(same_bits(a, b, (size_t)41 * nv), "%s differs from f32 attention over its rounded rows by %g", kind,
+                  rt_max_abs_diff(a, b, (size_t)41 * nv));
     const uint64_t per_tok = 2ull * hp->n_layer * (uint64_t)(kvd / 32) * block_bytes;
     cr_expect_eq(rk_session_kv_bytes_per_token(qs), per_tok);
     rk_kv_bytes kb;
@@ -306,7 +309,8 @@ static void logits_within_rounding(const char *kind, uint32_t type, double rho_m
         agree += ta == tc;
     }
     cr_log_info("%s: rho %.1f; max |dlogit| f16 %.3g %s %.3g (%.2f rho); KL f16 %.3g %s %.3g (%.2f rho^2); top-1 %d/%d",
-                kind, rho, d16, kind, dq, dq / (d16 * rho), kl16, kind, klq, klq / (kl16 * rho * rho), agree, n_dec + 1);
+                kind, rho, d16, kind, dq, dq / (d16 * rho), kl16, kind, klq, klq / (kl16 * rho * rho), agree,
+                n_dec + 1);
     cr_expect_gt(rho, rho_min, "%s rounds coarser than f16 (rho %g)", kind, rho);
     cr_expect_leq(dq, 3 * rho * d16, "%s max |dlogit| %g, f16 %g, rho %g", kind, dq, d16, rho);
     cr_expect_leq(klq, 10 * rho * rho * kl16, "%s KL %g, f16 %g, rho %g", kind, klq, kl16, rho);
@@ -591,8 +595,8 @@ Test(kv, bad_blocks_are_refused_and_leave_the_session_unchanged) {
         };
         expect_refused(m, POLICIES[pi], r, (int)(sizeof r / sizeof r[0]), ids, 0);
         /* a session that already holds rows refuses a block that starts at 0 */
-        const refusal late[] = {{"rows in the wrong place", blk, n, lowram ? RK_E_INVALID_ARG : RK_E_INVALID_ARG,
-                                 "starts at row 0"}};
+        const refusal late[] = {
+            {"rows in the wrong place", blk, n, lowram ? RK_E_INVALID_ARG : RK_E_INVALID_ARG, "starts at row 0"}};
         expect_refused(m, POLICIES[pi], late, 1, ids, 40);
         free(blk), free(flip), free(magic), free(vers), free(lie), free(ob), free(pb_);
         rk_session_destroy(src), rk_session_destroy(os), rk_session_destroy(ps);
@@ -653,7 +657,8 @@ Test(kv, mutated_lowram_payloads_never_break_the_codec) {
                     (void)rk_session_eval(dst, &ids[rows], 1, lg, false, &e);
                 } else {
                     refused++;
-                    cr_expect(st == RK_E_FORMAT || st == RK_E_NOMEM, "byte %zu: %s (%s)", at, rk_status_name(st), e.msg);
+                    cr_expect(st == RK_E_FORMAT || st == RK_E_NOMEM, "byte %zu: %s (%s)", at, rk_status_name(st),
+                              e.msg);
                     cr_expect_eq(rk_session_n_past(dst), 0);
                 }
                 rk_session_destroy(dst);
@@ -672,7 +677,7 @@ Test(kv, mutated_lowram_payloads_never_break_the_codec) {
 typedef struct tap_keys {
     const rk_model *m;
     int layer;
-    double *k;   /* (n, kv_dim) K projection of the tapped layer input (no RoPE) */
+    double *k; /* (n, kv_dim) K projection of the tapped layer input (no RoPE) */
     int64_t n;
 } tap_keys;
 
@@ -762,7 +767,8 @@ Test(kv, splice_and_compare_through_the_interface) {
                 rk_kv_error a, b;
                 cr_assert_eq(rk_session_kv_compare(sp, ex, l, 0, bulk_end, v, &a, &e), RK_OK, "%s", e.msg);
                 cr_assert_eq(rk_session_kv_compare(fl, ex, l, 0, bulk_end, v, &b, &e), RK_OK, "%s", e.msg);
-                cr_expect_eq(a.total, 0.0, "%s layer %d %s: spliced rows differ (%g)", pol[pi], l, v ? "V" : "K", a.total);
+                cr_expect_eq(a.total, 0.0, "%s layer %d %s: spliced rows differ (%g)", pol[pi], l, v ? "V" : "K",
+                             a.total);
                 cr_expect_gt(a.ref_energy, 0.0);
                 /* layer 2 = the split: identity fill feeds it x_S, its exact input */
                 if (l <= 2) cr_expect_eq(b.total, 0.0, "%s layer %d: early layers are exact", pol[pi], l);
@@ -780,8 +786,14 @@ Test(kv, splice_and_compare_through_the_interface) {
  * the logits agree with f32 attention over the q8-rounded rows to float rounding. A tiny
  * generated model (tests/tb), so no ../shared is needed. */
 static void direct_attention_on_blocks(const char *kind, uint32_t type) {
-    tb_tiny_spec spec = {.arch = TB_ARCH_QWEN2, .n_layer = 2, .n_embd = 64, .n_head = 2, .n_head_kv = 1,
-                         .head_dim = 32, .n_ctx_train = 512, .seed = 23};
+    tb_tiny_spec spec = {.arch = TB_ARCH_QWEN2,
+                         .n_layer = 2,
+                         .n_embd = 64,
+                         .n_head = 2,
+                         .n_head_kv = 1,
+                         .head_dim = 32,
+                         .n_ctx_train = 512,
+                         .seed = 23};
     rk_model *m = rt_tiny_loaded(&spec);
     const int nv = rk_model_hparams(m)->n_vocab;
     int32_t *ids = rt_random_ids(m, 240, 9);
@@ -816,8 +828,8 @@ Test(kv, capabilities_by_policy) {
         rk_kv_mem mem;
         bool writable, recordable;
     } cases[] = {
-        {"f16", 0, RK_KV_MEM_BACKEND, true, true},   {"f32", 0, RK_KV_MEM_BACKEND, true, true},
-        {"q8", 0, RK_KV_MEM_HOST, true, false},      {"q4", 0, RK_KV_MEM_HOST, true, false},
+        {"f16", 0, RK_KV_MEM_BACKEND, true, true},      {"f32", 0, RK_KV_MEM_BACKEND, true, true},
+        {"q8", 0, RK_KV_MEM_HOST, true, false},         {"q4", 0, RK_KV_MEM_HOST, true, false},
         {POLICIES[3], 0, RK_KV_MEM_HOST, false, false}, {"f16", 1 << 20, RK_KV_MEM_HOST, false, false},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

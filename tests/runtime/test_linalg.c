@@ -29,7 +29,8 @@ static void check(int64_t n, int m, int k, bool nt) {
             const double err = fabs(y[i * ldy + j] - e), tol = 4.0 * k * 6e-8 * a + 1e-30;
             worst = fmax(worst, err / tol);
         }
-    cr_expect(worst <= 1.0, "%s n=%lld m=%d k=%d: error %.3g of the bound", nt ? "nt" : "nn", (long long)n, m, k, worst);
+    cr_expect(worst <= 1.0, "%s n=%lld m=%d k=%d: error %.3g of the bound", nt ? "nt" : "nn", (long long)n, m, k,
+              worst);
     free(x), free(B), free(y);
 }
 
@@ -59,8 +60,8 @@ Test(linalg, f32_gram_matches_fp64) {
             for (int p = 0; p < n; p++) a += fabs((double)x[p * D + i] * x[p * D + j]);
             if (j < i) cr_expect(G[(size_t)i * D + j] == 1.5, "lower triangle touched at %d,%d", i, j);
             else
-                cr_expect(fabs(G[(size_t)i * D + j] - G64[(size_t)i * D + j]) <= 4.0 * n * 6e-8 * a, "(%d,%d): %.9g vs %.9g", i, j,
-                          G[(size_t)i * D + j], G64[(size_t)i * D + j]);
+                cr_expect(fabs(G[(size_t)i * D + j] - G64[(size_t)i * D + j]) <= 4.0 * n * 6e-8 * a,
+                          "(%d,%d): %.9g vs %.9g", i, j, G[(size_t)i * D + j], G64[(size_t)i * D + j]);
         }
     free(x), free(work), free(G), free(G64);
 }

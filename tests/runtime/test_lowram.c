@@ -141,7 +141,8 @@ Test(lowram, byte_accounting_adds_up) {
     const int nv = hp->n_vocab;
     int32_t *ids = rt_random_ids(m, (size_t)(340), 11);
     /* kslots=2: the default 18 spare key-cache chunks would outweigh this tiny model's 340 rows */
-    rk_session *s = session(m, RK_DT_F16, "rank=24,window=64,coef=int8,budget=64,kslots=2,summ,chunk=32,rtype=int8,full=0");
+    rk_session *s =
+        session(m, RK_DT_F16, "rank=24,window=64,coef=int8,budget=64,kslots=2,summ,chunk=32,rtype=int8,full=0");
     rk_kv_bytes b;
     rk_session_kv_bytes(s, &b);
     cr_expect_eq(b.total, 0);
@@ -150,7 +151,8 @@ Test(lowram, byte_accounting_adds_up) {
     cr_expect_eq(b.total, b.exact + b.coef + b.bases + b.predictors + b.residuals + b.landmarks + b.meta + b.key_cache);
     /* key cache: (64/32 + 2) chunk slots of 32 rows (an f16 scale + head_dim int8: the default int8 cache)
      * per (layer, KV head), 16 bytes of tags */
-    cr_expect_eq(b.key_cache, (uint64_t)hp->n_layer * hp->n_head_kv * (64 / 32 + 2) * (32ull * (hp->head_dim + 2) + 16));
+    cr_expect_eq(b.key_cache,
+                 (uint64_t)hp->n_layer * hp->n_head_kv * (64 / 32 + 2) * (32ull * (hp->head_dim + 2) + 16));
     const rk_kv_codec *c = codec(s);
     const int kvd = hp->n_head_kv * hp->head_dim, C = c->p.chunk;
     cr_expect_eq(b.n_tokens, 340);
@@ -164,7 +166,7 @@ Test(lowram, byte_accounting_adds_up) {
         cr_expect_eq(g->r, 24);
         cr_expect_eq(g->n_rows, b.n_compressed_rows);
         const uint64_t n_ch = (uint64_t)(g->n_rows + C - 1) / C;
-        coef += (uint64_t)g->n_rows * (24 + 2); /* int8 + f16 scale */
+        coef += (uint64_t)g->n_rows * (24 + 2);      /* int8 + f16 scale */
         bases += 3ull * g->D * 4 + 24ull * g->D * 2; /* f16 basis */
         lmk += n_ch * 24 * 2 + 24 * 4;
         meta += (uint64_t)g->n_rows * 4;
@@ -442,8 +444,10 @@ Test(lowram_shared, start_threshold_keeps_rows_exact) {
     cr_expect_lt(kl, 0.02, "KL after the fit %g", kl);
     /* the default start: LR_START_DEFAULT rows, at most half the model's context (stories260K:
      * 512), whatever the session's; spec start=0: none */
-    const struct { const char *spec; int64_t n_ctx, want; } dflt[] = {
-        {"", 512, 256}, {"", 300, 256}, {"", 8192, 256}, {"start=0", 8192, 0}, {"start=700", 512, 700}};
+    const struct {
+        const char *spec;
+        int64_t n_ctx, want;
+    } dflt[] = {{"", 512, 256}, {"", 300, 256}, {"", 8192, 256}, {"start=0", 8192, 0}, {"start=700", 512, 700}};
     for (size_t i = 0; i < sizeof dflt / sizeof dflt[0]; i++) {
         rk_session_params sp = rk_session_params_default();
         sp.n_ctx = dflt[i].n_ctx, sp.n_threads = 1, sp.kv.kind = RK_KV_LOWRAM, sp.ctx_overflow_ok = true;
@@ -600,8 +604,8 @@ Test(lowram, spec_parsing) {
     cr_assert_eq(rk_lowram_parse("chunk=8,coarse=4,ckeep=2.5", &p, &e), RK_OK, "%s", e.msg);
     cr_expect(p.chunk == 8 && p.coarse == 4 && p.coarse_keep == 2.5f);
     cr_expect_eq(rk_lowram_params_default().coarse, 0);
-    const char *bad[] = {"ratio=0", "budget=x",    "chunk=64",     "coef=q4",   "nonsense",  "ckeep=0.5",
-                         "resid=2", "evict=0.99",  "rank=1.5",     "start=-1",  "kcache=int4", "coarse=1.5"};
+    const char *bad[] = {"ratio=0", "budget=x",   "chunk=64", "coef=q4",  "nonsense",    "ckeep=0.5",
+                         "resid=2", "evict=0.99", "rank=1.5", "start=-1", "kcache=int4", "coarse=1.5"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         rk_lowram_params q = rk_lowram_params_default();
         cr_expect_eq(rk_lowram_parse(bad[i], &q, &e), RK_E_INVALID_ARG, "'%s' accepted", bad[i]);
@@ -638,7 +642,8 @@ Test(lowram_shared, topp_selection) {
         cr_assert_eq(rk_session_eval(tp, &ids[n_prompt + i], 1, lt + (size_t)(i + 1) * nv, false, &e), RK_OK, "%s",
                      e.msg);
         cr_assert(c->dec.keys_op);
-        for (int h = 0; h < c->n_head_kv; h++) lo = c->dec.n_sel[h] < lo ? c->dec.n_sel[h] : lo, hi = c->dec.n_sel[h] > hi ? c->dec.n_sel[h] : hi;
+        for (int h = 0; h < c->n_head_kv; h++)
+            lo = c->dec.n_sel[h] < lo ? c->dec.n_sel[h] : lo, hi = c->dec.n_sel[h] > hi ? c->dec.n_sel[h] : hi;
     }
     const double kl = rt_mean_kl(a16, lt, n_dec + 1, nv);
     cr_log_info("topp=0.9: KL %.5f, chunks per (layer, head) %lld..%lld of %lld", kl, (long long)lo, (long long)hi,
@@ -813,7 +818,8 @@ Test(lowram, pooled_chunk_scores_choose_as_one_thread) {
                         session(m, RK_DT_F16, "window=32,chunk=8,budget=48,threads=3")};
     float *lg[2] = {malloc((size_t)nv * sizeof(float)), malloc((size_t)nv * sizeof(float))};
     rk_err e = {0};
-    for (int k = 0; k < 2; k++) cr_assert_eq(rk_session_eval(s[k], ids, (size_t)n_prompt, lg[k], false, &e), RK_OK, "%s", e.msg);
+    for (int k = 0; k < 2; k++)
+        cr_assert_eq(rk_session_eval(s[k], ids, (size_t)n_prompt, lg[k], false, &e), RK_OK, "%s", e.msg);
     rk_kv_bytes kb;
     rk_session_kv_bytes(s[0], &kb);
     const int64_t comp0 = kb.n_compressed_rows;
@@ -942,8 +948,14 @@ static rk_session *long_session(const rk_model *m, const char *lowram) {
 }
 
 Test(lowram, pfit_streams_long_evals) {
-    tb_tiny_spec spec = {.arch = TB_ARCH_LLAMA, .n_layer = 2, .n_embd = 64, .n_head = 2, .n_head_kv = 1,
-                         .head_dim = 32, .n_ctx_train = 8192, .seed = 31};
+    tb_tiny_spec spec = {.arch = TB_ARCH_LLAMA,
+                         .n_layer = 2,
+                         .n_embd = 64,
+                         .n_head = 2,
+                         .n_head_kv = 1,
+                         .head_dim = 32,
+                         .n_ctx_train = 8192,
+                         .seed = 31};
     rk_model *m = rt_tiny_loaded(&spec);
     rk_err e = {0};
     const int n = 3600, nv = rk_model_hparams(m)->n_vocab;
@@ -961,7 +973,8 @@ Test(lowram, pfit_streams_long_evals) {
         /* the fit waits for the start threshold too (here 3072: half the context is more) */
         const int64_t at = want[i] > c->p.fit_min ? want[i] : c->p.fit_min;
         const int64_t bound = want[i] ? at + 512 + c->p.window + c->p.chunk : n;
-        cr_log_info("\"%s\": exact rows held at most %lld (bound %lld)", specs[i], (long long)c->x_peak, (long long)bound);
+        cr_log_info("\"%s\": exact rows held at most %lld (bound %lld)", specs[i], (long long)c->x_peak,
+                    (long long)bound);
         if (want[i]) cr_expect_leq(c->x_peak, bound, "\"%s\": exact rows %lld", specs[i], (long long)c->x_peak);
         else cr_expect_geq(c->x_peak, n, "\"%s\": exact rows %lld", specs[i], (long long)c->x_peak);
         rk_session_destroy(s);

@@ -62,8 +62,7 @@ static void compare_on(bool trained, const char *spec, uint32_t type, int n_batc
                        double tol) {
     rk_model *m = trained ? rt_load_shared("models/stories260K/stories260K-f32.gguf") : rt_stories_like(1);
     const int nv = rk_model_hparams(m)->n_vocab;
-    int32_t *ids =
-        trained ? rt_story_ids(m, (size_t)cut[n_cut - 1]) : rt_random_ids(m, (size_t)cut[n_cut - 1], 11);
+    int32_t *ids = trained ? rt_story_ids(m, (size_t)cut[n_cut - 1]) : rt_random_ids(m, (size_t)cut[n_cut - 1], 11);
     char row[256];
     snprintf(row, sizeof row, "%s,rowattn", spec);
     rk_session *a = session(m, type, spec, n_batch), *b = session(m, type, row, n_batch);

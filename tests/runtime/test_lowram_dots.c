@@ -47,8 +47,8 @@ Test(lowram, landmark_dots_equal_dot8) {
                 lmk_dots_avx2(qs, ns, ty ? i8 : (const uint8_t *)h, ty ? LR_R_I8 : LR_R_F16, hd, d);
                 for (int j = 0; j < ns; j++, n_cmp++) {
                     const float ref = rk_simd_dot8(qs[j], row, hd);
-                    cr_expect(memcmp(&d[j], &ref, sizeof ref) == 0, "hd %d ns %d %s row %d: %.9g vs rk_simd_dot8 %.9g", hd, ns,
-                              ty ? "int8" : "f16", j, (double)d[j], (double)ref);
+                    cr_expect(memcmp(&d[j], &ref, sizeof ref) == 0, "hd %d ns %d %s row %d: %.9g vs rk_simd_dot8 %.9g",
+                              hd, ns, ty ? "int8" : "f16", j, (double)d[j], (double)ref);
                 }
             }
         }
@@ -85,8 +85,8 @@ Test(lowram, key_cache_dots_within_rounding) {
                 double ref = 0, mag = 0;
                 for (int e = 0; e < hd; e++) ref += (double)qs[j][e] * k[e], mag += fabs((double)qs[j][e] * k[e]);
                 const double tol = hd * ldexp(1.0, -24) * mag;
-                cr_expect(fabs(d[j] - ref) <= tol, "hd %d ns %d row %d: %.9g vs %.9g (tol %.3g)", hd, ns, j, (double)d[j],
-                          ref, tol);
+                cr_expect(fabs(d[j] - ref) <= tol, "hd %d ns %d row %d: %.9g vs %.9g (tol %.3g)", hd, ns, j,
+                          (double)d[j], ref, tol);
             }
             for (int j = ns; j < LR_DOT_MAX; j++) cr_expect(isnan(d[j]), "row %d written past ns %d", j, ns);
         }
@@ -121,8 +121,8 @@ Test(lowram, exp_sum_within_ulps) {
                 continue;
             }
             const double ref = exp((double)x[k]);
-            cr_expect(fabs(sc[k] - ref) <= ldexp(ref, -22) + ldexp(1.0, -149), "n %d k %d: exp(%.9g) = %.9g vs %.9g", n, k, (double)x[k],
-                      (double)sc[k], ref);
+            cr_expect(fabs(sc[k] - ref) <= ldexp(ref, -22) + ldexp(1.0, -149), "n %d k %d: exp(%.9g) = %.9g vs %.9g", n,
+                      k, (double)x[k], (double)sc[k], ref);
         }
         cr_expect(fabs(sum - ref_sum) <= n * ldexp(ref_sum, -24) + 1e-30, "n %d: sum %.9g vs %.9g", n, (double)sum,
                   ref_sum);
@@ -144,7 +144,7 @@ Test(lowram, store_f16_equals_scalar) {
     uint64_t st = 0x853c49e6748fea9bull;
     for (int i = 0; i < 4099; i++) {
         st = st * 6364136223846793005ull + 1442695040888963407ull;
-        const int e = (int)((st >> 33) % 44) - 28;              /* 2^-28 .. 2^15: subnormal f16 to overflow */
+        const int e = (int)((st >> 33) % 44) - 28;                      /* 2^-28 .. 2^15: subnormal f16 to overflow */
         const float mant = 1.0f + (float)((st >> 45) % 2048) / 2048.0f; /* 11 bits: ties at the f16 rounding */
         src[i] = ldexpf((st >> 63) ? -mant : mant, e);
     }

@@ -57,7 +57,8 @@ static double ref_miss(const rk_kv_codec *f, const rk_kv_codec *x, int l, int64_
                     double d = 0;
                     for (int e = 0; e < hd; e++) d += (double)q[e] * lm[ch * hd + e];
                     sc[ch] = d > sc[ch] ? d : sc[ch];
-                    for (int64_t p = sink + ch * C; p < sink + (ch + 1) * C && p <= pq; p++) cm[ch] += wt[p] / sum / grp;
+                    for (int64_t p = sink + ch * C; p < sink + (ch + 1) * C && p <= pq; p++)
+                        cm[ch] += wt[p] / sum / grp;
                 }
             }
             /* the n_sel-th best score by selection sort on a copy */
@@ -106,7 +107,8 @@ Test(lowram_full, sel_miss_and_the_full_layers) {
     for (int l = 0; l < ca->n_layer; l++) {
         double tie = INFINITY;
         ref[l] = ref_miss(ca, cb, l, n_p, &tie);
-        cr_log_info("layer %d: sel_miss %.5f, reference %.5f (closest tie %.2g)", l, (double)st.sel_miss[l], ref[l], tie);
+        cr_log_info("layer %d: sel_miss %.5f, reference %.5f (closest tie %.2g)", l, (double)st.sel_miss[l], ref[l],
+                    tie);
         cr_expect_gt(ref[l], 0.0, "layer %d: the budget of 2 chunks holds all the attention: the test cannot tell", l);
         if (tie < 1e-4) continue;
         cr_expect(fabs(st.sel_miss[l] - ref[l]) < 1e-4, "layer %d: sel_miss %.6f, reference %.6f", l,
@@ -148,13 +150,16 @@ Test(lowram_full, a_full_layer_attends_every_chunk) {
     const int L = st.full_l[0];
     char spec[160];
     snprintf(spec, sizeof spec, "window=64,chunk=16,start=0,budget=32,full=0,el0=%d,el1=%d,ebudget=100000", L, L + 1);
-    rk_session *e = rt_lowram_session(m, spec, 0), *z = rt_lowram_session(m, "window=64,chunk=16,start=0,budget=32,full=0", 0);
+    rk_session *e = rt_lowram_session(m, spec, 0),
+               *z = rt_lowram_session(m, "window=64,chunk=16,start=0,budget=32,full=0", 0);
     rk_session *h = rt_lowram_session(m, "window=64,chunk=16,start=0,budget=32,full=2,fullmin=1", 0);
-    float *le = rt_decode_trace(e, ids, n_p, n_dec, nv), *lz = rt_decode_trace(z, ids, n_p, n_dec, nv), *lh = rt_decode_trace(h, ids, n_p, n_dec, nv);
+    float *le = rt_decode_trace(e, ids, n_p, n_dec, nv), *lz = rt_decode_trace(z, ids, n_p, n_dec, nv),
+          *lh = rt_decode_trace(h, ids, n_p, n_dec, nv);
     const size_t n = (size_t)n_dec * nv;
     cr_log_info("full layer %d (miss %.4f): vs its budget raised %g, vs none %g", L, (double)st.sel_miss[L],
                 rt_max_abs_diff(lf, le, n), rt_max_abs_diff(lf, lz, n));
-    cr_expect_eq(rt_max_abs_diff(lf, le, n), 0.0, "full layer %d differs from the same layer's budget past the context", L);
+    cr_expect_eq(rt_max_abs_diff(lf, le, n), 0.0, "full layer %d differs from the same layer's budget past the context",
+                 L);
     cr_expect_gt(rt_max_abs_diff(lf, lz, n), 1e-4, "making layer %d full changed nothing", L);
     /* the key cache: per (layer, KV head) the layer's chunks and kslots=36 spare ones, an f16
      * scale + head_dim int8 per row and 16 bytes of tags per slot; every chunk of the context
@@ -207,11 +212,12 @@ Test(lowram_full, a_full_layer_rebuilds_in_batches) {
     cr_expect_eq(c1->dec.bch, 32);
     cr_expect_eq(c3->dec.bch, 3);
     cr_expect_eq(cd->dec.bch, 32, "default batch %lld", (long long)cd->dec.bch);
-    const uint64_t per_chunk = 16ull * ((uint64_t)c1->r_max + (uint64_t)c1->hd + 1 + (uint64_t)c1->n_rot) * sizeof(float) + 4;
+    const uint64_t per_chunk =
+        16ull * ((uint64_t)c1->r_max + (uint64_t)c1->hd + 1 + (uint64_t)c1->n_rot) * sizeof(float) + 4;
     rk_kv_bytes b1, b3;
     rk_session_kv_bytes(one, &b1), rk_session_kv_bytes(few, &b3);
-    cr_expect_eq(b1.scratch - b3.scratch, 29 * per_chunk * (uint64_t)rk_model_hparams(m)->n_head_kv, "scratch %llu vs %llu bytes", (unsigned long long)b1.scratch,
-                 (unsigned long long)b3.scratch);
+    cr_expect_eq(b1.scratch - b3.scratch, 29 * per_chunk * (uint64_t)rk_model_hparams(m)->n_head_kv,
+                 "scratch %llu vs %llu bytes", (unsigned long long)b1.scratch, (unsigned long long)b3.scratch);
     free(l1), free(l3), free(ld), free(ids);
     rk_session_destroy(one), rk_session_destroy(few), rk_session_destroy(def);
     rk_model_destroy(m);

@@ -21,7 +21,8 @@ static void ref_mass(const rk_kv_codec *x, int l, int h, int64_t n, double *mass
     const rk_quant_fns *f16 = rk_quant_fast(RK_DT_F16);
     float *K = malloc((size_t)n * hd * sizeof(float));
     double *sc = malloc((size_t)n * sizeof(double));
-    for (int64_t p = 0; p < n; p++) f16->to_f32((const uint16_t *)lr_exact_ptr(x, l, false, p) + (size_t)h * hd, K + p * hd, hd);
+    for (int64_t p = 0; p < n; p++)
+        f16->to_f32((const uint16_t *)lr_exact_ptr(x, l, false, p) + (size_t)h * hd, K + p * hd, hd);
     for (int64_t p = sink; p < n; p++) mass[p - sink] = 0;
     for (int g = 0; g < grp; g++)
         for (int o = 0; o < n_obs; o++) {
@@ -82,12 +83,14 @@ Test(lowram_mass, question_rows_get_residuals_and_pins) {
     int bad_res = 0, bad_pin = 0, checked = 0;
     for (int l = 0; l < ca->n_layer; l++)
         for (int h = 0; h < ca->n_head_kv; h++) {
-            cr_assert_eq(memcmp(ca->obs_q, cb->obs_q, sizeof(float) * (size_t)ca->n_layer * ca->p.obs_window *
-                                                          ca->n_head * ca->hd), 0, "the twins observed other queries");
+            cr_assert_eq(memcmp(ca->obs_q, cb->obs_q,
+                                sizeof(float) * (size_t)ca->n_layer * ca->p.obs_window * ca->n_head * ca->hd),
+                         0, "the twins observed other queries");
             ref_mass(cb, l, h, n_p, ms);
             for (int64_t i = 0; i < n_cand; i++) {
                 pm[i] = ms[i];
-                for (int64_t d = i - w < 0 ? 0 : i - w; d <= i + w && d < n_cand; d++) pm[i] = ms[d] > pm[i] ? ms[d] : pm[i];
+                for (int64_t d = i - w < 0 ? 0 : i - w; d <= i + w && d < n_cand; d++)
+                    pm[i] = ms[d] > pm[i] ? ms[d] : pm[i];
             }
             const lr_head *H = &ca->ly[l].h[h];
             /* residual rows: the m_keep best pooled rows, up to ties within 1e-3 */
@@ -130,10 +133,9 @@ Test(lowram_mass_shared, pinned_chunks_fill_the_budget_whatever_landmarks_score)
     rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
     const int nv = rk_model_hparams(m)->n_vocab, n_p = 300, n_dec = 12;
     int32_t *ids = rt_story_ids(m, n_p + n_dec);
-    const char *spec[4] = {"window=64,chunk=16,start=0,budget=32,vpin=0",
-                           "window=64,chunk=16,start=0,budget=32,vpin=0,spread=3",
-                           "window=64,chunk=16,start=0,budget=32,vpin=2",
-                           "window=64,chunk=16,start=0,budget=32,vpin=2,spread=3"};
+    const char *spec[4] = {
+        "window=64,chunk=16,start=0,budget=32,vpin=0", "window=64,chunk=16,start=0,budget=32,vpin=0,spread=3",
+        "window=64,chunk=16,start=0,budget=32,vpin=2", "window=64,chunk=16,start=0,budget=32,vpin=2,spread=3"};
     float *lg[4];
     for (int k = 0; k < 4; k++) {
         rk_session *s = rt_lowram_session(m, spec[k], 0);
@@ -143,7 +145,8 @@ Test(lowram_mass_shared, pinned_chunks_fill_the_budget_whatever_landmarks_score)
     const size_t n = (size_t)n_dec * nv;
     const double moved = rt_max_abs_diff(lg[0], lg[1], n), pinned = rt_max_abs_diff(lg[2], lg[3], n);
     const double by_pins = rt_max_abs_diff(lg[0], lg[2], n);
-    cr_log_info("landmark change moves unpinned logits by %g, pinned by %g; pins move them by %g", moved, pinned, by_pins);
+    cr_log_info("landmark change moves unpinned logits by %g, pinned by %g; pins move them by %g", moved, pinned,
+                by_pins);
     cr_assert_gt(moved, 1e-4, "spread did not change the unpinned choice: the test cannot tell");
     cr_expect_eq(pinned, 0.0, "with the budget full of pins the landmarks still changed the logits by %g", pinned);
     cr_expect_gt(by_pins, 1e-4, "pins did not change the choice");

@@ -48,7 +48,9 @@ Test(lowram, lr_keys_op_matches_cpu_ref) {
                 rk_op_args a = {.op = RK_OP_LR_KEYS,
                                 .dst = {RK_DT_F32, {HD, N}, HD * 4, want},
                                 .src0 = {RK_DT_F32, {R, N}, R * 4, cf},
-                                .src1 = {f16 ? RK_DT_F16 : RK_DT_F32, {HD, R}, (size_t)LD * (f16 ? 2 : 4),
+                                .src1 = {f16 ? RK_DT_F16 : RK_DT_F32,
+                                         {HD, R},
+                                         (size_t)LD * (f16 ? 2 : 4),
                                          f16 ? (void *)(bh + 3) : (void *)(bf + 3)},
                                 .src2 = {RK_DT_F32, {HD, 2}, HD * 4, mw},
                                 .ids = pos,
@@ -142,7 +144,8 @@ Test(lowram, stored_rows_decode_to_their_definition) {
             for (int i = 0; i < n; i++) {
                 const uint8_t b = src[2 + i / 2];
                 const int q = (i & 1 ? b >> 4 : b & 15) - 8;
-                cr_assert_eq(got[i], (float)q * sc, "q4 n=%d i=%d: %g want %g", n, i, (double)got[i], (double)((float)q * sc));
+                cr_assert_eq(got[i], (float)q * sc, "q4 n=%d i=%d: %g want %g", n, i, (double)got[i],
+                             (double)((float)q * sc));
             }
         }
     }

@@ -19,7 +19,7 @@ typedef struct probe {
     int seen_prefit;        /* callbacks with group 0 fitted early and the codec not yet fitted */
     int64_t resident_pages; /* of layer 0's released rows, resident at those callbacks (mincore) */
     int64_t checked_pages;
-    int64_t cancel_at;      /* cancel once this many tokens are done (0: never) */
+    int64_t cancel_at; /* cancel once this many tokens are done (0: never) */
 } probe;
 
 static bool watch(void *ud, int64_t done, int64_t total) {
@@ -83,8 +83,8 @@ Test(lowram_stage, staged_fit_equals_chunk_major_and_gives_pages_back) {
     cr_assert_eq(rk_session_kv_export(a, 0, a->n_past, &ba, &na, &e), RK_OK, "%s", e.msg);
     cr_assert_eq(rk_session_kv_export(b, 0, b->n_past, &bb, &nb, &e), RK_OK, "%s", e.msg);
     cr_log_info("staged: %d progress calls with group 0 fitted early, %lld of %lld released pages resident; "
-                "logits differ by %g, states %zu / %zu bytes", pr.seen_prefit, (long long)pr.resident_pages,
-                (long long)pr.checked_pages, d, na, nb);
+                "logits differ by %g, states %zu / %zu bytes",
+                pr.seen_prefit, (long long)pr.resident_pages, (long long)pr.checked_pages, d, na, nb);
     cr_expect_gt(pr.seen_prefit, 0, "group 0 was never fitted before the eval ended: not staged");
     cr_expect_gt(pr.checked_pages, 0);
     cr_expect_eq(pr.resident_pages, 0, "%lld released pages still resident", (long long)pr.resident_pages);

@@ -159,8 +159,7 @@ Test(model, chat_answer_is_coherent) {
     size_t n = generate(m, text, sp, BUDGET, out, margin);
     char answer[2048] = "";
     size_t len = 0;
-    for (size_t k = 0; k < n; k++)
-        len += rk_model_token_piece(m, out[k], false, answer + len, sizeof answer - len - 1);
+    for (size_t k = 0; k < n; k++) len += rk_model_token_piece(m, out[k], false, answer + len, sizeof answer - len - 1);
     answer[len < sizeof answer ? len : sizeof answer - 1] = '\0';
     cr_log_info("answer (%zu tokens): %s", n, answer);
     cr_expect(strstr(answer, "Paris") != NULL, "answer lacks 'Paris': %s", answer);

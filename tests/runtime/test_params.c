@@ -84,9 +84,7 @@ static void check_table(const char *what, const rk_param_key *keys, size_t n, vo
             cr_expect(strstr(e.msg, k->choices), "%s", e.msg);
             break;
         }
-        case RK_PARAM_PATH:
-            cr_expect_eq(set(p, k->key, "/some/file.gguf", &e), RK_OK, "%s: %s", k->key, e.msg);
-            break;
+        case RK_PARAM_PATH: cr_expect_eq(set(p, k->key, "/some/file.gguf", &e), RK_OK, "%s: %s", k->key, e.msg); break;
         }
     }
     rk_err e = {0};
@@ -95,7 +93,9 @@ static void check_table(const char *what, const rk_param_key *keys, size_t n, vo
     free(p), free(q);
 }
 
-static rk_status lowram_set(void *p, const char *k, const char *v, rk_err *e) { return rk_lowram_params_set(p, k, v, e); }
+static rk_status lowram_set(void *p, const char *k, const char *v, rk_err *e) {
+    return rk_lowram_params_set(p, k, v, e);
+}
 static rk_status fill_set(void *p, const char *k, const char *v, rk_err *e) { return rk_fill_params_set(p, k, v, e); }
 static rk_status kv_set(void *p, const char *k, const char *v, rk_err *e) { return rk_kv_params_set(p, k, v, e); }
 

@@ -24,7 +24,6 @@ static rk_model *load_tiny(tb_arch arch) {
 }
 
 
-
 static int32_t *ids_for(const rk_model *m, size_t n) {
     int32_t *ids = malloc(n * sizeof(int32_t));
     uint64_t st = 11;
@@ -69,29 +68,29 @@ static double max_diff(const float *a, const float *b, size_t n) {
 /* Layer-major runs the same ops on the same rows (only the order of independent chunks
  * and layers changes), so the results are bit-identical to chunk-major. */
 Test(prefill, layer_major_equals_chunk_major) {
-  for (int arch = TB_ARCH_LLAMA; arch <= TB_ARCH_QWEN3; arch++) {
-    rk_model *m = load_tiny((tb_arch)arch);
-    const rk_hparams *hp = rk_model_hparams(m);
-    const size_t n = 200, nv = (size_t)hp->n_vocab, all = (n + 1) * nv;
-    int32_t *ids = ids_for(m, n);
-    const rk_fill_mode modes[] = {RK_FILL_IDENTITY, RK_FILL_PLUMB};
-    for (int mi = 0; mi < 2; mi++) {
-        rk_fill_params fp = {.mode = modes[mi], .tail = 64, .split = 2};
-        tb_counters c1, c2;
-        float *a = run(m, ids, n, 48, &fp, &c1);
-        fp.layer_major = true;
-        float *b = run(m, ids, n, 48, &fp, &c2);
-        cr_expect_eq(max_diff(a, b, all), 0.0, "%s: layer-major differs by %g", rk_fill_mode_name(modes[mi]),
-                     max_diff(a, b, all));
-        for (int l = 0; l < hp->n_layer; l++) {
-            cr_expect_eq(c1.exact_rows[l], c2.exact_rows[l], "layer %d exact rows", l);
-            cr_expect_eq(c1.filled_rows[l], c2.filled_rows[l], "layer %d filled rows", l);
+    for (int arch = TB_ARCH_LLAMA; arch <= TB_ARCH_QWEN3; arch++) {
+        rk_model *m = load_tiny((tb_arch)arch);
+        const rk_hparams *hp = rk_model_hparams(m);
+        const size_t n = 200, nv = (size_t)hp->n_vocab, all = (n + 1) * nv;
+        int32_t *ids = ids_for(m, n);
+        const rk_fill_mode modes[] = {RK_FILL_IDENTITY, RK_FILL_PLUMB};
+        for (int mi = 0; mi < 2; mi++) {
+            rk_fill_params fp = {.mode = modes[mi], .tail = 64, .split = 2};
+            tb_counters c1, c2;
+            float *a = run(m, ids, n, 48, &fp, &c1);
+            fp.layer_major = true;
+            float *b = run(m, ids, n, 48, &fp, &c2);
+            cr_expect_eq(max_diff(a, b, all), 0.0, "%s: layer-major differs by %g", rk_fill_mode_name(modes[mi]),
+                         max_diff(a, b, all));
+            for (int l = 0; l < hp->n_layer; l++) {
+                cr_expect_eq(c1.exact_rows[l], c2.exact_rows[l], "layer %d exact rows", l);
+                cr_expect_eq(c1.filled_rows[l], c2.filled_rows[l], "layer %d filled rows", l);
+            }
+            free(a), free(b);
         }
-        free(a), free(b);
+        free(ids);
+        rk_model_destroy(m);
     }
-    free(ids);
-    rk_model_destroy(m);
-  }
 }
 
 /* The plan of identity fill at split S with tail T: bulk rows (n - T of them) run every
@@ -198,58 +197,60 @@ Test(prefill, select_top_pools_then_ranks) {
  * summed over query heads: checked against a double-precision reference over keys read
  * back through rk_session_kv_rows, for every architecture (GQA groups of 1 and more). */
 Test(prefill, select_score_is_softmax_attention) {
-  for (int arch = TB_ARCH_LLAMA; arch <= TB_ARCH_QWEN3; arch++) {
-    rk_model *m = load_tiny((tb_arch)arch);
-    const rk_hparams *hp = rk_model_hparams(m);
-    const int nh = hp->n_head, nkv = hp->n_head_kv, hd = hp->head_dim, group = nh / nkv;
-    const int64_t n = 150, n_obs = 6, obs0 = n - n_obs, row0 = 3, row1 = 120;
-    const int64_t qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd;
-    int32_t *ids = ids_for(m, (size_t)n);
-    rk_session_params sp = rk_session_params_default();
-    sp.n_ctx = 512, sp.n_batch = 64, sp.n_threads = 1, sp.kv.kind = RK_KV_F32;
-    rk_session *s = NULL;
-    rk_err e = {0};
-    cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s", e.msg);
-    float *lg = malloc((size_t)hp->n_vocab * sizeof(float));
-    cr_assert_eq(rk_session_eval(s, ids, (size_t)n, lg, false, &e), RK_OK, "%s", e.msg);
-    /* queries of a plausible size: random, norm about that of a key */
-    float *q = malloc((size_t)(n_obs * qd) * sizeof(float)), *k = malloc((size_t)(n * kvd) * sizeof(float));
-    cr_assert_eq(rk_session_kv_rows(s, 1, false, false, 0, n, k, &e), RK_OK, "%s", e.msg);
-    uint64_t st = 99;
-    for (int64_t i = 0; i < n_obs * qd; i++) q[i] = (float)((double)(tb_rand_u64(&st) % 2001) / 1000.0 - 1.0) * 2.0f;
-    float *sc = calloc((size_t)(row1 - row0), sizeof(float));
-    cr_assert_eq(rk_select_score(s, 1, q, n_obs, obs0, row0, row1, sc, &e), RK_OK, "%s", e.msg);
-    double *ref = calloc((size_t)(row1 - row0), sizeof(double)), mass = 0, worst = 0, lo_mass = 0;
-    for (int64_t i = 0; i < n_obs; i++)
-        for (int h = 0; h < nh; h++) {
-            const int64_t nk = obs0 + i + 1;
-            double *lgt = malloc((size_t)nk * sizeof(double)), mx = -INFINITY, z = 0;
-            for (int64_t j = 0; j < nk; j++) {
-                double d = 0;
-                for (int c = 0; c < hd; c++) d += (double)q[i * qd + h * hd + c] * k[j * kvd + (h / group) * hd + c];
-                lgt[j] = d / sqrt((double)hd);
-                mx = fmax(mx, lgt[j]);
+    for (int arch = TB_ARCH_LLAMA; arch <= TB_ARCH_QWEN3; arch++) {
+        rk_model *m = load_tiny((tb_arch)arch);
+        const rk_hparams *hp = rk_model_hparams(m);
+        const int nh = hp->n_head, nkv = hp->n_head_kv, hd = hp->head_dim, group = nh / nkv;
+        const int64_t n = 150, n_obs = 6, obs0 = n - n_obs, row0 = 3, row1 = 120;
+        const int64_t qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd;
+        int32_t *ids = ids_for(m, (size_t)n);
+        rk_session_params sp = rk_session_params_default();
+        sp.n_ctx = 512, sp.n_batch = 64, sp.n_threads = 1, sp.kv.kind = RK_KV_F32;
+        rk_session *s = NULL;
+        rk_err e = {0};
+        cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s", e.msg);
+        float *lg = malloc((size_t)hp->n_vocab * sizeof(float));
+        cr_assert_eq(rk_session_eval(s, ids, (size_t)n, lg, false, &e), RK_OK, "%s", e.msg);
+        /* queries of a plausible size: random, norm about that of a key */
+        float *q = malloc((size_t)(n_obs * qd) * sizeof(float)), *k = malloc((size_t)(n * kvd) * sizeof(float));
+        cr_assert_eq(rk_session_kv_rows(s, 1, false, false, 0, n, k, &e), RK_OK, "%s", e.msg);
+        uint64_t st = 99;
+        for (int64_t i = 0; i < n_obs * qd; i++)
+            q[i] = (float)((double)(tb_rand_u64(&st) % 2001) / 1000.0 - 1.0) * 2.0f;
+        float *sc = calloc((size_t)(row1 - row0), sizeof(float));
+        cr_assert_eq(rk_select_score(s, 1, q, n_obs, obs0, row0, row1, sc, &e), RK_OK, "%s", e.msg);
+        double *ref = calloc((size_t)(row1 - row0), sizeof(double)), mass = 0, worst = 0, lo_mass = 0;
+        for (int64_t i = 0; i < n_obs; i++)
+            for (int h = 0; h < nh; h++) {
+                const int64_t nk = obs0 + i + 1;
+                double *lgt = malloc((size_t)nk * sizeof(double)), mx = -INFINITY, z = 0;
+                for (int64_t j = 0; j < nk; j++) {
+                    double d = 0;
+                    for (int c = 0; c < hd; c++)
+                        d += (double)q[i * qd + h * hd + c] * k[j * kvd + (h / group) * hd + c];
+                    lgt[j] = d / sqrt((double)hd);
+                    mx = fmax(mx, lgt[j]);
+                }
+                for (int64_t j = 0; j < nk; j++) z += exp(lgt[j] - mx);
+                for (int64_t j = row0; j < row1; j++) ref[j - row0] += exp(lgt[j] - mx) / z;
+                free(lgt);
             }
-            for (int64_t j = 0; j < nk; j++) z += exp(lgt[j] - mx);
-            for (int64_t j = row0; j < row1; j++) ref[j - row0] += exp(lgt[j] - mx) / z;
-            free(lgt);
+        for (int64_t j = 0; j < row1 - row0; j++) {
+            worst = fmax(worst, fabs(sc[j] - ref[j]));
+            mass += ref[j];
+            lo_mass += sc[j];
         }
-    for (int64_t j = 0; j < row1 - row0; j++) {
-        worst = fmax(worst, fabs(sc[j] - ref[j]));
-        mass += ref[j];
-        lo_mass += sc[j];
+        /* float logits over 16-64 dims and float sums of at most n terms: 1e-5 of a weight of at most 1 */
+        cr_expect(worst <= 1e-5 * (double)(n_obs * nh), "arch %d: score differs from the reference by %g", arch, worst);
+        /* each query head spreads weight 1 over its keys; the scored rows get part of it */
+        cr_expect(mass > 0 && mass < (double)(n_obs * nh) && fabs(lo_mass - mass) <= 1e-4 * mass, "mass %g vs %g",
+                  lo_mass, mass);
+        /* rows outside [0, obs0) are refused */
+        cr_expect_eq(rk_select_score(s, 1, q, n_obs, obs0, row0, obs0 + 1, sc, &e), RK_E_INTERNAL);
+        free(q), free(k), free(sc), free(ref), free(lg), free(ids);
+        rk_session_destroy(s);
+        rk_model_destroy(m);
     }
-    /* float logits over 16-64 dims and float sums of at most n terms: 1e-5 of a weight of at most 1 */
-    cr_expect(worst <= 1e-5 * (double)(n_obs * nh), "arch %d: score differs from the reference by %g", arch, worst);
-    /* each query head spreads weight 1 over its keys; the scored rows get part of it */
-    cr_expect(mass > 0 && mass < (double)(n_obs * nh) && fabs(lo_mass - mass) <= 1e-4 * mass, "mass %g vs %g", lo_mass,
-              mass);
-    /* rows outside [0, obs0) are refused */
-    cr_expect_eq(rk_select_score(s, 1, q, n_obs, obs0, row0, obs0 + 1, sc, &e), RK_E_INTERNAL);
-    free(q), free(k), free(sc), free(ref), free(lg), free(ids);
-    rk_session_destroy(s);
-    rk_model_destroy(m);
-  }
 }
 
 /* Question-aware identity fill keeps the sinks and round(share x the other bulk rows)
@@ -266,8 +267,14 @@ Test(prefill, question_aware_row_counts_and_share_one_is_exact) {
     const float shares[] = {0.0f, 0.25f, 1.0f};
     for (int si = 0; si < 3; si++) {
         /* keep_selection: no stream kept for re-scoring, so no f16 rounding of the split stream */
-        rk_fill_params fp = {.mode = RK_FILL_IDENTITY, .tail = tail, .split = split, .question_aware = true,
-                             .keep_share = shares[si], .obs = 16, .score_layers = 2, .pool = 2,
+        rk_fill_params fp = {.mode = RK_FILL_IDENTITY,
+                             .tail = tail,
+                             .split = split,
+                             .question_aware = true,
+                             .keep_share = shares[si],
+                             .obs = 16,
+                             .score_layers = 2,
+                             .pool = 2,
                              .keep_selection = true};
         tb_counters c;
         float *lg = run(m, ids, n, 48, &fp, &c);
@@ -280,7 +287,8 @@ Test(prefill, question_aware_row_counts_and_share_one_is_exact) {
         }
         /* the sinks are exact rows: they have logits */
         cr_expect(!isnan(lg[0]) && !isnan(lg[3 * nv]));
-        if (si == 2) cr_expect(max_diff(off, lg, all) <= 1e-5, "share 1 differs from off by %g", max_diff(off, lg, all));
+        if (si == 2)
+            cr_expect(max_diff(off, lg, all) <= 1e-5, "share 1 differs from off by %g", max_diff(off, lg, all));
         free(lg);
     }
     free(off), free(ids);
@@ -304,8 +312,8 @@ Test(prefill, fill_kept_reports_the_last_selection) {
     const float shares[] = {0.0f, 1.0f, 0.5f};
     const int64_t bulk = (int64_t)n - tail, expect[] = {4, bulk, 4 + (int64_t)llround(0.5 * (double)(bulk - 4))};
     for (int i = 0; i < 3; i++) {
-        rk_fill_params fp = {.mode = RK_FILL_IDENTITY, .tail = tail, .split = 3, .question_aware = true,
-                             .keep_share = shares[i]};
+        rk_fill_params fp = {
+            .mode = RK_FILL_IDENTITY, .tail = tail, .split = 3, .question_aware = true, .keep_share = shares[i]};
         cr_assert_eq(rk_session_set_fill(s, &fp, &e), RK_OK, "%s", e.msg);
         rk_session_reset(s);
         cr_assert_eq(rk_session_eval(s, ids, n, lg, false, &e), RK_OK, "%s", e.msg);
@@ -379,8 +387,15 @@ Test(prefill, band_keeps_the_rows_nearest_the_tail) {
     const int bands[] = {0, 16, 1000};
     int64_t kept_near[3];
     for (int i = 0; i < 3; i++) {
-        rk_fill_params fp = {.mode = RK_FILL_IDENTITY, .tail = tail, .split = split, .question_aware = true,
-                             .keep_share = 0.25f, .obs = 16, .score_layers = 2, .pool = 2, .band = bands[i]};
+        rk_fill_params fp = {.mode = RK_FILL_IDENTITY,
+                             .tail = tail,
+                             .split = split,
+                             .question_aware = true,
+                             .keep_share = 0.25f,
+                             .obs = 16,
+                             .score_layers = 2,
+                             .pool = 2,
+                             .band = bands[i]};
         cr_assert_eq(rk_session_set_fill(s, &fp, &e), RK_OK, "%s", e.msg);
         rk_session_reset(s);
         const tb_counters c0 = tb_counters_get(s, hp->n_layer); /* counters add up over calls */

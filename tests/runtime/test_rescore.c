@@ -34,8 +34,15 @@ static void fill_ids(const rk_model *m, int32_t *ids, size_t n, uint64_t seed) {
 }
 
 static rk_fill_params fill(bool keep_selection) {
-    return (rk_fill_params){.mode = RK_FILL_IDENTITY, .tail = TAIL, .split = SPLIT, .question_aware = true,
-                            .keep_share = 0.25f, .obs = 16, .score_layers = 2, .pool = 2, .baseline = 16,
+    return (rk_fill_params){.mode = RK_FILL_IDENTITY,
+                            .tail = TAIL,
+                            .split = SPLIT,
+                            .question_aware = true,
+                            .keep_share = 0.25f,
+                            .obs = 16,
+                            .score_layers = 2,
+                            .pool = 2,
+                            .baseline = 16,
                             .keep_selection = keep_selection};
 }
 

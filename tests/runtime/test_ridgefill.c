@@ -82,8 +82,8 @@ static const char *calibrate_to(const rk_model *m, int split, uint32_t dtype, co
     cr_assert_eq(rk_calibrate(m, ids, n, &cp, NULL, NULL, &bytes, &nb, &rep, &e), RK_OK, "%s", e.msg);
     /* the fitted map must beat identity on held-out rows at every late layer */
     for (int l = 0; l < rk_model_hparams(m)->n_layer - split - 1; l++)
-        cr_expect(rep.heldout_rel_err[l] < rep.identity_rel_err[l], "layer %d: fitted %g vs identity %g",
-                  split + 1 + l, rep.heldout_rel_err[l], rep.identity_rel_err[l]);
+        cr_expect(rep.heldout_rel_err[l] < rep.identity_rel_err[l], "layer %d: fitted %g vs identity %g", split + 1 + l,
+                  rep.heldout_rel_err[l], rep.identity_rel_err[l]);
     cr_assert(tb_tmp_path(path, cap, stem, ".maps.gguf"), "%s", path);
     cr_assert_eq(rk_io_write_file_atomic(path, bytes, nb, &e), RK_OK, "%s", e.msg);
     free(bytes);
@@ -94,7 +94,12 @@ static const char *calibrate_to(const rk_model *m, int split, uint32_t dtype, co
 static const char *calibrate_kv_to(const rk_model *m, int split, const char *stem, char *path, size_t cap) {
     size_t n;
     int32_t *ids = story_ids(m, 1800, &n);
-    rk_calib_params cp = {.split = split, .stride = 2, .seg_len = 256, .lambda = -1, .dtype = RK_DT_F32, .n_threads = 1,
+    rk_calib_params cp = {.split = split,
+                          .stride = 2,
+                          .seg_len = 256,
+                          .lambda = -1,
+                          .dtype = RK_DT_F32,
+                          .n_threads = 1,
                           .target_kv = true};
     void *bytes;
     size_t nb;
@@ -115,8 +120,7 @@ static const char *calibrate_kv_to(const rk_model *m, int split, const char *ste
     return path;
 }
 
-static float *eval_logits(const rk_model *m, const int32_t *ids, size_t n, const rk_fill_params *fp,
-                          tb_counters *cnt) {
+static float *eval_logits(const rk_model *m, const int32_t *ids, size_t n, const rk_fill_params *fp, tb_counters *cnt) {
     rk_session_params sp = rk_session_params_default();
     sp.n_ctx = 512;
     sp.kv.kind = RK_KV_F32;
@@ -243,7 +247,8 @@ Test(ridgefill, identity_mode_equals_identity_map) {
         char nm[64];
         int64_t ne[2] = {d, d};
         snprintf(nm, sizeof nm, "ridge.%d.weight", l);
-        cr_assert_eq(rk_gguf_writer_add_tensor(w, nm, RK_DT_F32, 2, ne, eye, (uint64_t)d * d * 4, &e), RK_OK, "%s", e.msg);
+        cr_assert_eq(rk_gguf_writer_add_tensor(w, nm, RK_DT_F32, 2, ne, eye, (uint64_t)d * d * 4, &e), RK_OK, "%s",
+                     e.msg);
         snprintf(nm, sizeof nm, "ridge.%d.bias", l);
         cr_assert_eq(rk_gguf_writer_add_tensor(w, nm, RK_DT_F32, 1, ne, zero, (uint64_t)d * 4, &e), RK_OK, "%s", e.msg);
     }
@@ -388,7 +393,8 @@ Test(ridgefill, kv_maps_fill_the_cache_closer_than_input_maps) {
     int32_t *ids = story_ids(m, 400, &n);
     rk_fill_params fa = {.mode = RK_FILL_SPEED, .tail = tail, .maps = ma}, fb = fa;
     fb.maps = mb;
-    rk_session *ex = eval_session(m, ids, n, NULL), *sa = eval_session(m, ids, n, &fa), *sb = eval_session(m, ids, n, &fb);
+    rk_session *ex = eval_session(m, ids, n, NULL), *sa = eval_session(m, ids, n, &fa),
+               *sb = eval_session(m, ids, n, &fb);
     const tb_counters cnt_a = tb_counters_get(sa, L), cnt_b = tb_counters_get(sb, L), *ca = &cnt_a, *cb = &cnt_b;
     double ea = 0, eb = 0, ref = 0;
     for (int l = 0; l < L; l++) {

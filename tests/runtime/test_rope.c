@@ -26,8 +26,10 @@ static rk_model *tiny(tb_tiny_spec spec, char *path, size_t cap) {
 
 Test(rope, gguf_yarn_keys_and_effective_context) {
     char path[512];
-    rk_model *m = tiny((tb_tiny_spec){.arch = TB_ARCH_QWEN2, .n_ctx_train = 64, .rope_scaling = "yarn",
-                                      .rope_factor = 4.0f, .seed = 3}, path, sizeof path);
+    rk_model *m = tiny(
+        (tb_tiny_spec){
+            .arch = TB_ARCH_QWEN2, .n_ctx_train = 64, .rope_scaling = "yarn", .rope_factor = 4.0f, .seed = 3},
+        path, sizeof path);
     const rk_rope_scaling *r = &rk_model_hparams(m)->rope_scaling;
     cr_expect_eq(r->type, RK_ROPE_SCALING_YARN);
     cr_expect_float_eq(r->factor, 4.0f, 0);
@@ -45,7 +47,8 @@ Test(rope, gguf_yarn_keys_and_effective_context) {
     s = NULL;
     sp.n_ctx = 257;
     cr_expect_eq(rk_session_create(m, &sp, &s, &e), RK_E_CONTEXT);
-    cr_expect(strstr(e.msg, "257") && strstr(e.msg, "256") && strstr(e.msg, "yarn") && strstr(e.msg, "64"), "%s", e.msg);
+    cr_expect(strstr(e.msg, "257") && strstr(e.msg, "256") && strstr(e.msg, "yarn") && strstr(e.msg, "64"), "%s",
+              e.msg);
     cr_expect_null(s);
     rk_model_destroy(m);
     unlink(path);
@@ -101,8 +104,12 @@ Test(rope, context_past_training_refused_unless_scaled_or_opted_in) {
 
 static void logits_vs_reference(tb_arch arch, const char *scaling) {
     char path[512];
-    rk_model *m = tiny((tb_tiny_spec){.arch = arch, .n_ctx_train = 32, .rope_scaling = scaling, .rope_factor = 8.0f,
-                                      .rope_base = 500.0f, .seed = 11 + (uint64_t)arch},
+    rk_model *m = tiny((tb_tiny_spec){.arch = arch,
+                                      .n_ctx_train = 32,
+                                      .rope_scaling = scaling,
+                                      .rope_factor = 8.0f,
+                                      .rope_base = 500.0f,
+                                      .seed = 11 + (uint64_t)arch},
                        path, sizeof path);
     cr_assert_eq(rk_model_n_ctx_max(m), 256);
     const size_t n = 200; /* well past the 32 trained positions */
@@ -159,7 +166,8 @@ Test(rope, scaling_changes_the_logits) {
     for (int i = 0; i < 100; i++) ids[i] = (i * 37) % 200;
     char why[512];
     int32_t nv;
-    float *a = tb_ref_logits(p1, ids, 100, &nv, why, sizeof why), *b = tb_ref_logits(p2, ids, 100, &nv, why, sizeof why);
+    float *a = tb_ref_logits(p1, ids, 100, &nv, why, sizeof why),
+          *b = tb_ref_logits(p2, ids, 100, &nv, why, sizeof why);
     cr_assert(a && b, "%s", why);
     double d = 0;
     for (size_t i = 99 * (size_t)nv; i < 100 * (size_t)nv; i++) d = fmax(d, fabs(a[i] - b[i]));

@@ -52,8 +52,8 @@ static void expect_binomial(const int *count, const double *p, int32_t nv, int n
             continue;
         }
         const double mean = n * p[i], sd = sqrt(n * p[i] * (1.0 - p[i]));
-        cr_expect(fabs(count[i] - mean) <= 5.0 * sd + 1e-9, "%s: token %d drawn %d times, expected %.1f +- %.1f",
-                  what, i, count[i], mean, 5.0 * sd);
+        cr_expect(fabs(count[i] - mean) <= 5.0 * sd + 1e-9, "%s: token %d drawn %d times, expected %.1f +- %.1f", what,
+                  i, count[i], mean, 5.0 * sd);
     }
 }
 
@@ -171,12 +171,9 @@ Test(sampler, top_p_and_min_p_keep_exactly_the_predicted_sets) {
         float top_p, min_p;
         bool keep[5];
     } cases[] = {
-        {0.7f, 0.0f, {true, true, false, false, false}},
-        {0.8f, 0.0f, {true, true, true, false, false}},
-        {0.4f, 0.0f, {true, false, false, false, false}},
-        {1.0f, 0.2f, {true, true, true, false, false}},
-        {1.0f, 0.3f, {true, true, false, false, false}},
-        {1.0f, 0.1f, {true, true, true, true, true}},
+        {0.7f, 0.0f, {true, true, false, false, false}},  {0.8f, 0.0f, {true, true, true, false, false}},
+        {0.4f, 0.0f, {true, false, false, false, false}}, {1.0f, 0.2f, {true, true, true, false, false}},
+        {1.0f, 0.3f, {true, true, false, false, false}},  {1.0f, 0.1f, {true, true, true, true, true}},
         {0.8f, 0.3f, {true, true, false, false, false}}, /* both: the intersection */
     };
     const int N = 20000;

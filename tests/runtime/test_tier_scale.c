@@ -72,8 +72,14 @@ static float *run(rk_session *s, const int32_t *ids, size_t n, int32_t nv, doubl
 
 /* No Criterion .timeout: meson's per-binary timeout bounds a hang. */
 Test(tiers_scale, real_prefill_mostly_on_disk_equal_logits) {
-    const tb_tiny_spec spec = {.arch = TB_ARCH_LLAMA, .n_layer = 2, .n_embd = SCALE_D, .n_head = 1, .n_head_kv = 1,
-                               .n_ff = 32, .n_ctx_train = N_CTX, .seed = 5};
+    const tb_tiny_spec spec = {.arch = TB_ARCH_LLAMA,
+                               .n_layer = 2,
+                               .n_embd = SCALE_D,
+                               .n_head = 1,
+                               .n_head_kv = 1,
+                               .n_ff = 32,
+                               .n_ctx_train = N_CTX,
+                               .seed = 5};
     char path[512];
     cr_assert(tb_tiny_model(&spec, path, sizeof path), "%s", path);
     rk_model *m = NULL;

@@ -65,8 +65,8 @@ static float *trace(rk_session *s, const int32_t *ids, size_t n, int n_dec, int3
     return lg;
 }
 
-static const tb_tiny_spec SMALL = {.arch = TB_ARCH_LLAMA, .n_layer = 2, .n_embd = 64, .n_head = 4, .n_head_kv = 2,
-                                   .n_ctx_train = 4096, .seed = 7};
+static const tb_tiny_spec SMALL = {
+    .arch = TB_ARCH_LLAMA, .n_layer = 2, .n_embd = 64, .n_head = 4, .n_head_kv = 2, .n_ctx_train = 4096, .seed = 7};
 
 static void equal_to_memory(const char *kind, int backend) {
     tiny t;
@@ -158,8 +158,8 @@ Test(tiers, f16_thread_pool_equals_memory) { equal_to_memory("f16", 2); }
  * residual rows go to the store and come back in place when decode selects their chunks,
  * so the logits equal the all-in-memory lowram run's bit for bit. 4 layers (2 groups),
  * head_dim 64, 3000 tokens: ~90 chunks of 32 rows per (layer, head), 16 selected. */
-static const tb_tiny_spec LR = {.arch = TB_ARCH_LLAMA, .n_layer = 4, .n_embd = 256, .n_head = 4, .n_head_kv = 2,
-                                .n_ctx_train = 4096, .seed = 9};
+static const tb_tiny_spec LR = {
+    .arch = TB_ARCH_LLAMA, .n_layer = 4, .n_embd = 256, .n_head = 4, .n_head_kv = 2, .n_ctx_train = 4096, .seed = 9};
 
 /* No Criterion .timeout here or below: meson's per-binary timeout (tests/runtime/meson.build) bounds a
  * hang, and two Criterion timeouts in one binary leak 48 bytes inside Criterion (LeakSanitizer). */
@@ -195,8 +195,9 @@ Test(tiers, lowram_budget_equals_memory) {
     /* the read-ahead may fill the budget plus the release slack (max(budget / 8, 16 pages)) */
     const uint64_t slack = budget / 8 > 16 * 4096 ? budget / 8 : 16 * 4096;
     cr_expect_leq(st.resident_bytes, st.fixed_bytes + budget + slack,
-                  "%llu bytes resident over fixed %llu + budget %llu + slack %llu", (unsigned long long)st.resident_bytes,
-                  (unsigned long long)st.fixed_bytes, (unsigned long long)budget, (unsigned long long)slack);
+                  "%llu bytes resident over fixed %llu + budget %llu + slack %llu",
+                  (unsigned long long)st.resident_bytes, (unsigned long long)st.fixed_bytes, (unsigned long long)budget,
+                  (unsigned long long)slack);
     cr_expect_geq(st.budget_peak, st.resident_bytes - st.fixed_bytes, "peak of the movable rows");
     {
         /* budget_whole: the same budget share over the whole state (the fixed part counts) */
@@ -222,8 +223,9 @@ Test(tiers, lowram_budget_equals_memory) {
         free(lw);
         rk_session_destroy(w);
     }
-    cr_expect_geq(st.spilled_bytes, (kb.coef + kb.residuals) / 2, "most coefficient / residual bytes out (%llu of %llu)",
-                  (unsigned long long)st.spilled_bytes, (unsigned long long)(kb.coef + kb.residuals));
+    cr_expect_geq(st.spilled_bytes, (kb.coef + kb.residuals) / 2,
+                  "most coefficient / residual bytes out (%llu of %llu)", (unsigned long long)st.spilled_bytes,
+                  (unsigned long long)(kb.coef + kb.residuals));
     cr_expect(st.misses > 0 && st.hits > 0 && st.bytes_read > 0, "hits %llu misses %llu read %llu",
               (unsigned long long)st.hits, (unsigned long long)st.misses, (unsigned long long)st.bytes_read);
     cr_expect(st.sel_chunks > 0 && st.sel_repeat <= st.sel_chunks, "selection %llu, repeated %llu",

@@ -246,13 +246,21 @@ Test(tiny, logits_match_reference_forward_every_arch_and_dtype, .timeout = 120) 
  * another RoPE base and epsilon; and MHA (n_head_kv = n_head). */
 Test(tiny, logits_match_reference_forward_odd_shapes, .timeout = 120) {
     for (int a = 0; a < N_ARCH; a++) {
-        check_against_reference((tb_tiny_spec){.arch = k_arches[a], .n_layer = 3, .n_head_kv = 1, .head_dim = 32,
-                                               .n_rot = 16, .untied = true, .rope_base = 1e6f, .rms_eps = 1e-6f,
-                                               .vocab = TB_VOCAB_SPM, .seed = 5},
+        check_against_reference((tb_tiny_spec){.arch = k_arches[a],
+                                               .n_layer = 3,
+                                               .n_head_kv = 1,
+                                               .head_dim = 32,
+                                               .n_rot = 16,
+                                               .untied = true,
+                                               .rope_base = 1e6f,
+                                               .rms_eps = 1e-6f,
+                                               .vocab = TB_VOCAB_SPM,
+                                               .seed = 5},
                                 40);
-        check_against_reference((tb_tiny_spec){.arch = k_arches[a], .n_head = 2, .n_head_kv = 2, .n_ff = 64,
-                                               .wtype = RK_DT_Q8_0, .seed = 6},
-                                33);
+        check_against_reference(
+            (tb_tiny_spec){
+                .arch = k_arches[a], .n_head = 2, .n_head_kv = 2, .n_ff = 64, .wtype = RK_DT_Q8_0, .seed = 6},
+            33);
     }
 }
 
@@ -318,7 +326,8 @@ Test(tiny, prefix_then_rest_equals_one_eval) {
             cr_assert_eq(rk_session_eval(s, ids + k, n - k, two + k * nv, true, &e), RK_OK, "%s", e.msg);
             cr_assert_eq(rk_session_n_past(s), (int64_t)n);
             double d = max_diff(one, two, n * nv);
-            cr_expect(d <= tol, "%s %s: prefix+rest vs one: %.3g > %.3g", rk_model_name(t.m), be ? "cpu" : "ref", d, tol);
+            cr_expect(d <= tol, "%s %s: prefix+rest vs one: %.3g > %.3g", rk_model_name(t.m), be ? "cpu" : "ref", d,
+                      tol);
             rk_session_reset(s);
             cr_assert_eq(rk_session_eval(s, ids, n, last, false, &e), RK_OK, "%s", e.msg);
             d = max_diff(one + (n - 1) * nv, last, nv);
@@ -660,7 +669,8 @@ Test(tiny, greedy_generation_is_deterministic_and_matches_the_oracle) {
             cr_expect_eq(g3[k], want, "%s step %zu: cpu_ref %d vs oracle %d", k_arch_names[a], k, g3[k], want);
         }
         for (size_t k = 1; k < n_gen; k++) distinct += g1[k] != g1[0];
-        cr_expect(checked >= n_gen - 2, "%s: only %zu of %zu steps had a clear margin", k_arch_names[a], checked, n_gen);
+        cr_expect(checked >= n_gen - 2, "%s: only %zu of %zu steps had a clear margin", k_arch_names[a], checked,
+                  n_gen);
         cr_expect(distinct > 0, "%s: the continuation is one repeated token", k_arch_names[a]);
         free(ref);
         tiny_close(&t);

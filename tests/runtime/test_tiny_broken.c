@@ -27,7 +27,7 @@ typedef struct mutation {
     float f32;
     const char *str;
     rk_status want;
-    const char *want_msg;    /* substring of the message */
+    const char *want_msg; /* substring of the message */
 } mutation;
 
 static const mutation k_cases[] = {
@@ -56,22 +56,22 @@ static const mutation k_cases[] = {
      .want_msg = "general.architecture"},
     {"missing embedding_length", TB_ARCH_LLAMA, .drop_key = "llama.embedding_length", .want = RK_E_NOT_FOUND,
      .want_msg = "llama.embedding_length"},
-    {"embedding_length as a string", TB_ARCH_QWEN2, .set = SET_STR, .set_key = "qwen2.embedding_length",
-     .str = "64", .want = RK_E_GGUF_TYPE, .want_msg = "qwen2.embedding_length"},
+    {"embedding_length as a string", TB_ARCH_QWEN2, .set = SET_STR, .set_key = "qwen2.embedding_length", .str = "64",
+     .want = RK_E_GGUF_TYPE, .want_msg = "qwen2.embedding_length"},
     {"n_head not a multiple of n_head_kv", TB_ARCH_LLAMA, .set = SET_U32, .set_key = "llama.attention.head_count_kv",
      .u32 = 3, .want = RK_E_MISMATCH, .want_msg = "n_head_kv 3"},
     {"zero heads", TB_ARCH_LLAMA, .set = SET_U32, .set_key = "llama.attention.head_count", .u32 = 0,
      .want = RK_E_MISMATCH, .want_msg = "n_head 0"},
-    {"zero layers", TB_ARCH_QWEN3, .set = SET_U32, .set_key = "qwen3.block_count", .u32 = 0,
-     .want = RK_E_MISMATCH, .want_msg = "n_layer 0"},
+    {"zero layers", TB_ARCH_QWEN3, .set = SET_U32, .set_key = "qwen3.block_count", .u32 = 0, .want = RK_E_MISMATCH,
+     .want_msg = "n_layer 0"},
     {"more layers than tensors", TB_ARCH_LLAMA, .set = SET_U32, .set_key = "llama.block_count", .u32 = 3,
      .want = RK_E_NOT_FOUND, .want_msg = "blk.2."},
-    {"value length != key length", TB_ARCH_LLAMA, .set = SET_U32, .set_key = "llama.attention.value_length",
-     .u32 = 8, .want = RK_E_UNSUPPORTED, .want_msg = "value 8"},
+    {"value length != key length", TB_ARCH_LLAMA, .set = SET_U32, .set_key = "llama.attention.value_length", .u32 = 8,
+     .want = RK_E_UNSUPPORTED, .want_msg = "value 8"},
     {"odd rope dimension", TB_ARCH_QWEN2, .set = SET_U32, .set_key = "qwen2.rope.dimension_count", .u32 = 7,
      .want = RK_E_UNSUPPORTED, .want_msg = "rope.dimension_count 7"},
-    {"rope dimension past head_dim", TB_ARCH_LLAMA, .set = SET_U32, .set_key = "llama.rope.dimension_count",
-     .u32 = 18, .want = RK_E_UNSUPPORTED, .want_msg = "rope.dimension_count 18"},
+    {"rope dimension past head_dim", TB_ARCH_LLAMA, .set = SET_U32, .set_key = "llama.rope.dimension_count", .u32 = 18,
+     .want = RK_E_UNSUPPORTED, .want_msg = "rope.dimension_count 18"},
     {"zero rope base", TB_ARCH_LLAMA, .set = SET_F32, .set_key = "llama.rope.freq_base", .f32 = 0.0f,
      .want = RK_E_MISMATCH, .want_msg = "freq_base"},
     {"negative rms epsilon", TB_ARCH_QWEN3, .set = SET_F32, .set_key = "qwen3.attention.layer_norm_rms_epsilon",

@@ -44,11 +44,10 @@ static void vocab_open_shared(vocab *v, const char *rel) {
     vocab_open_path(v, path);
 }
 
-static void encode(const rk_tokenizer *t, const char *s, size_t n, bool add_special,
-                   bool parse_special, int32_t **ids, size_t *n_ids) {
+static void encode(const rk_tokenizer *t, const char *s, size_t n, bool add_special, bool parse_special, int32_t **ids,
+                   size_t *n_ids) {
     rk_err err = {0};
-    cr_assert_eq(rk_tokenizer_encode(t, s, n, add_special, parse_special, ids, n_ids, &err),
-                 RK_OK, "%s", err.msg);
+    cr_assert_eq(rk_tokenizer_encode(t, s, n, add_special, parse_special, ids, n_ids, &err), RK_OK, "%s", err.msg);
 }
 
 static char *decode(const rk_tokenizer *t, const int32_t *ids, size_t n, size_t *len) {
@@ -91,7 +90,11 @@ static const char *const pretok_texts[] = {
     "caf\303\251 na\303\257ve \303\211COLE \316\224\316\265\316\273\317\204\316\261 \320\266\321\203\320\272",
     "x \012\012y!\012\012\012.\015\012",
 };
-typedef struct pretok_case { rk_tok_pre pre; int text; size_t n, ends[64]; } pretok_case;
+typedef struct pretok_case {
+    rk_tok_pre pre;
+    int text;
+    size_t n, ends[64];
+} pretok_case;
 static const pretok_case pretok_cases[] = {
     {RK_TOK_PRE_GPT2, 0, 18, {5, 11, 12, 15, 17, 22, 23, 26, 29, 33, 34, 35, 39, 41, 43, 48, 49, 51}},
     {RK_TOK_PRE_GPT2, 1, 5, {1, 9, 13, 22, 25}},
@@ -105,10 +108,12 @@ static const pretok_case pretok_cases[] = {
     {RK_TOK_PRE_GPT2, 9, 8, {1, 3, 4, 5, 8, 9, 12, 14}},
     {RK_TOK_PRE_GPT2, 10, 5, {5, 12, 19, 30, 37}},
     {RK_TOK_PRE_GPT2, 11, 9, {1, 3, 4, 5, 6, 8, 9, 10, 12}},
-    {RK_TOK_PRE_STARCODER, 0, 22, {5, 11, 12, 15, 17, 18, 19, 20, 21, 22, 23, 26, 29, 33, 34, 35, 39, 41, 43, 48, 49, 51}},
+    {RK_TOK_PRE_STARCODER, 0, 22, {5,  11, 12, 15, 17, 18, 19, 20, 21, 22, 23,
+                                   26, 29, 33, 34, 35, 39, 41, 43, 48, 49, 51}},
     {RK_TOK_PRE_STARCODER, 1, 5, {1, 9, 13, 22, 25}},
     {RK_TOK_PRE_STARCODER, 2, 10, {4, 5, 6, 10, 11, 16, 25, 26, 29, 32}},
-    {RK_TOK_PRE_STARCODER, 3, 42, {7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 46, 48, 50, 52}},
+    {RK_TOK_PRE_STARCODER, 3, 42, {7,  8,  9,  10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27,
+                                   28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 46, 48, 50, 52}},
     {RK_TOK_PRE_STARCODER, 4, 7, {5, 14, 16, 20, 21, 28, 32}},
     {RK_TOK_PRE_STARCODER, 5, 11, {5, 9, 12, 15, 18, 24, 30, 33, 37, 50, 72}},
     {RK_TOK_PRE_STARCODER, 6, 20, {1, 7, 9, 10, 12, 13, 15, 17, 19, 21, 23, 24, 26, 28, 30, 31, 33, 34, 37, 38}},
@@ -120,7 +125,8 @@ static const pretok_case pretok_cases[] = {
     {RK_TOK_PRE_QWEN2, 0, 21, {5, 11, 12, 15, 17, 18, 19, 20, 21, 22, 23, 26, 29, 33, 34, 35, 39, 41, 43, 48, 51}},
     {RK_TOK_PRE_QWEN2, 1, 5, {1, 9, 13, 22, 25}},
     {RK_TOK_PRE_QWEN2, 2, 10, {4, 5, 6, 10, 11, 15, 16, 25, 29, 32}},
-    {RK_TOK_PRE_QWEN2, 3, 42, {7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 46, 48, 50, 52}},
+    {RK_TOK_PRE_QWEN2, 3, 42, {7,  8,  9,  10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27,
+                               28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 46, 48, 50, 52}},
     {RK_TOK_PRE_QWEN2, 4, 6, {5, 14, 16, 21, 28, 32}},
     {RK_TOK_PRE_QWEN2, 5, 9, {5, 9, 15, 24, 30, 33, 37, 50, 72}},
     {RK_TOK_PRE_QWEN2, 6, 20, {1, 7, 9, 10, 12, 13, 15, 17, 19, 21, 23, 24, 26, 28, 30, 31, 33, 34, 37, 38}},
@@ -132,7 +138,8 @@ static const pretok_case pretok_cases[] = {
     {RK_TOK_PRE_LLAMA3, 0, 19, {5, 11, 12, 15, 17, 18, 21, 22, 23, 26, 29, 33, 34, 35, 39, 41, 43, 48, 51}},
     {RK_TOK_PRE_LLAMA3, 1, 5, {1, 9, 13, 22, 25}},
     {RK_TOK_PRE_LLAMA3, 2, 10, {4, 5, 6, 10, 11, 15, 16, 25, 29, 32}},
-    {RK_TOK_PRE_LLAMA3, 3, 25, {7, 8, 9, 10, 12, 13, 16, 17, 20, 21, 22, 25, 27, 28, 31, 34, 35, 36, 37, 38, 41, 43, 44, 50, 52}},
+    {RK_TOK_PRE_LLAMA3, 3, 25, {7,  8,  9,  10, 12, 13, 16, 17, 20, 21, 22, 25, 27,
+                                28, 31, 34, 35, 36, 37, 38, 41, 43, 44, 50, 52}},
     {RK_TOK_PRE_LLAMA3, 4, 6, {5, 14, 16, 21, 28, 32}},
     {RK_TOK_PRE_LLAMA3, 5, 9, {5, 9, 15, 24, 30, 33, 37, 50, 72}},
     {RK_TOK_PRE_LLAMA3, 6, 20, {1, 7, 9, 10, 12, 13, 15, 17, 19, 21, 23, 24, 26, 28, 30, 31, 33, 34, 37, 38}},
@@ -141,13 +148,16 @@ static const pretok_case pretok_cases[] = {
     {RK_TOK_PRE_LLAMA3, 9, 6, {1, 4, 5, 9, 12, 14}},
     {RK_TOK_PRE_LLAMA3, 10, 5, {5, 12, 19, 30, 37}},
     {RK_TOK_PRE_LLAMA3, 11, 5, {1, 4, 5, 9, 12}},
-    {RK_TOK_PRE_DEFAULT, 0, 23, {5, 11, 12, 15, 16, 17, 18, 21, 22, 23, 26, 27, 29, 33, 34, 35, 39, 40, 41, 43, 48, 49, 51}},
+    {RK_TOK_PRE_DEFAULT, 0, 23, {5,  11, 12, 15, 16, 17, 18, 21, 22, 23, 26, 27,
+                                 29, 33, 34, 35, 39, 40, 41, 43, 48, 49, 51}},
     {RK_TOK_PRE_DEFAULT, 1, 5, {1, 9, 13, 22, 25}},
     {RK_TOK_PRE_DEFAULT, 2, 10, {4, 5, 6, 10, 11, 16, 25, 26, 29, 32}},
-    {RK_TOK_PRE_DEFAULT, 3, 24, {7, 8, 9, 10, 12, 13, 16, 17, 20, 21, 22, 25, 27, 28, 31, 34, 35, 36, 37, 38, 41, 43, 44, 52}},
+    {RK_TOK_PRE_DEFAULT, 3, 24, {7,  8,  9,  10, 12, 13, 16, 17, 20, 21, 22, 25,
+                                 27, 28, 31, 34, 35, 36, 37, 38, 41, 43, 44, 52}},
     {RK_TOK_PRE_DEFAULT, 4, 9, {5, 14, 16, 20, 21, 22, 28, 29, 32}},
     {RK_TOK_PRE_DEFAULT, 5, 11, {5, 9, 12, 15, 18, 24, 30, 33, 37, 50, 72}},
-    {RK_TOK_PRE_DEFAULT, 6, 29, {1, 7, 8, 9, 10, 11, 12, 13, 14, 15, 17, 18, 19, 21, 22, 23, 24, 25, 26, 28, 29, 30, 31, 32, 33, 34, 35, 37, 38}},
+    {RK_TOK_PRE_DEFAULT, 6, 29, {1,  7,  8,  9,  10, 11, 12, 13, 14, 15, 17, 18, 19, 21, 22,
+                                 23, 24, 25, 26, 28, 29, 30, 31, 32, 33, 34, 35, 37, 38}},
     {RK_TOK_PRE_DEFAULT, 7, 15, {3, 4, 7, 8, 11, 12, 15, 19, 22, 27, 29, 30, 31, 32, 33}},
     {RK_TOK_PRE_DEFAULT, 8, 2, {8, 10}},
     {RK_TOK_PRE_DEFAULT, 9, 8, {1, 3, 4, 5, 8, 9, 12, 14}},
@@ -258,8 +268,8 @@ static void run_meta(const rk_tokenizer *t, const char *path) {
         char piece[256];
         size_t k = rk_tokenizer_piece(t, id, false, piece, sizeof piece);
         cr_assert(k <= sizeof piece);
-        cr_expect(k == strlen(want) && memcmp(piece, want, k) == 0,
-                  "%s: piece of %d is \"%.*s\" (want \"%s\")", path, id, (int)k, piece, want);
+        cr_expect(k == strlen(want) && memcmp(piece, want, k) == 0, "%s: piece of %d is \"%.*s\" (want \"%s\")", path,
+                  id, (int)k, piece, want);
         cr_assert(n_text + k < sizeof text);
         memcpy(text + n_text, piece, k);
         n_text += k;
@@ -297,8 +307,7 @@ Test(tokenizer_shared, golden_perplexity_text) {
     char *text = tb_read_file(path, &len);
     cr_assert(text && len > 0);
     if (text[len - 1] == '\n') len--;
-    cr_assert(tb_shared_path(path, sizeof path,
-                             "golden/perplexity/tinystories_sample_clean.stories260K.ids.txt"));
+    cr_assert(tb_shared_path(path, sizeof path, "golden/perplexity/tinystories_sample_clean.stories260K.ids.txt"));
     size_t ids_len;
     char *ids_txt = tb_read_file(path, &ids_len);
     cr_assert(ids_txt);
@@ -354,18 +363,16 @@ static void run_round_trips(const rk_tokenizer *t, const char *label) {
             while (end < len && ((unsigned char)s[end] & 0xC0) == 0x80) end++;
             size_t n_ids;
             n_slices++;
-            if (round_trip(t, s + off, end - off, &n_ids))
-                n_ok++;
-            else
-                fprintf(stderr, "%s: %s slice at %zu+%zu\n", label, e->d_name, off, end - off);
+            if (round_trip(t, s + off, end - off, &n_ids)) n_ok++;
+            else fprintf(stderr, "%s: %s slice at %zu+%zu\n", label, e->d_name, off, end - off);
             n_tokens += n_ids;
             n_bytes += end - off;
         }
         free(s);
     }
     closedir(d);
-    fprintf(stderr, "round trip %s: %zu/%zu slices of %zu files, %.2f bytes/token\n", label,
-            n_ok, n_slices, n_files, n_tokens ? (double)n_bytes / (double)n_tokens : 0.0);
+    fprintf(stderr, "round trip %s: %zu/%zu slices of %zu files, %.2f bytes/token\n", label, n_ok, n_slices, n_files,
+            n_tokens ? (double)n_bytes / (double)n_tokens : 0.0);
     cr_expect(saw_python, "python docs missing from the corpus");
     cr_expect_geq(n_slices, 3 * n_files - 3);
     cr_expect_eq(n_ok, n_slices, "%s: %zu/%zu round trips", label, n_ok, n_slices);
@@ -447,14 +454,13 @@ Test(tokenizer_shared, default_model_special) {
 /* ---- 5. malformed and extreme input -------------------------------------- */
 
 /* Decodes encode(s) and compares with want. */
-static void expect_decoded(const rk_tokenizer *t, const char *s, size_t n, const char *want,
-                           size_t n_want, const char *what) {
+static void expect_decoded(const rk_tokenizer *t, const char *s, size_t n, const char *want, size_t n_want,
+                           const char *what) {
     int32_t *ids = NULL;
     size_t n_ids, len;
     encode(t, s, n, false, false, &ids, &n_ids);
     char *back = decode(t, ids, n_ids, &len);
-    cr_expect(len == n_want && memcmp(back, want, n_want) == 0, "%s: got \"%.*s\"", what,
-              (int)len, back);
+    cr_expect(len == n_want && memcmp(back, want, n_want) == 0, "%s: got \"%.*s\"", what, (int)len, back);
     free(back);
     free(ids);
 }
@@ -466,13 +472,13 @@ static void run_malformed(const rk_tokenizer *t, const char *label) {
         static const char bad[] =
             "ok \xff\xfe bad \xc3( cut \xe2\x82 \xf0\x9f\x98 \xed\xa0\x80 end\xc3\xf5\x80\x80\x80";
 #define R "\xef\xbf\xbd"
-        static const char want[] = "ok " R R " bad " R "( cut " R R " " R R R
-                                   " \xed\xa0\x80 end" R R R R R;
+        static const char want[] = "ok " R R " bad " R "( cut " R R " " R R R " \xed\xa0\x80 end" R R R R R;
 #undef R
         expect_decoded(t, bad, sizeof bad - 1, want, sizeof want - 1, label);
     } else {
         /* SPM keeps the bytes (byte fallback) ... */
-        static const char bad[] = "ok\xff\xfe" "ab \xc3(cd\xe2\x82";
+        static const char bad[] = "ok\xff\xfe"
+                                  "ab \xc3(cd\xe2\x82";
         cr_expect(round_trip(t, bad, sizeof bad - 1, &n_ids), "%s: invalid UTF-8", label);
         /* ... but, as llama.cpp, groups bytes by the lead byte after escaping spaces, so
          * a stray lead byte can swallow part of a "\xe2\x96\x81" */
@@ -501,10 +507,8 @@ static void run_malformed(const rk_tokenizer *t, const char *label) {
     free(s);
 
     rk_err err = {0};
-    cr_expect_eq(rk_tokenizer_encode(t, NULL, 5, false, false, &ids, &n, &err),
-                 RK_E_INVALID_ARG);
-    cr_expect_eq(rk_tokenizer_encode(t, "x", RK_TOK_MAX_TEXT + 1, false, false, &ids, &n, &err),
-                 RK_E_INVALID_ARG);
+    cr_expect_eq(rk_tokenizer_encode(t, NULL, 5, false, false, &ids, &n, &err), RK_E_INVALID_ARG);
+    cr_expect_eq(rk_tokenizer_encode(t, "x", RK_TOK_MAX_TEXT + 1, false, false, &ids, &n, &err), RK_E_INVALID_ARG);
     cr_expect_eq(rk_tokenizer_piece(t, -1, true, NULL, 0), 0);
     cr_expect_eq(rk_tokenizer_piece(t, rk_tokenizer_n_vocab(t), true, NULL, 0), 0);
 }
@@ -538,20 +542,17 @@ Test(tokenizer, pretokenizer_rules) {
         const char *s = pretok_texts[pc->text];
         size_t *ends = NULL, n = 0;
         rk_err err = {0};
-        cr_assert_eq(rk_tok_pretokenize(pc->pre, s, strlen(s), &ends, &n, &err), RK_OK, "%s",
-                     err.msg);
+        cr_assert_eq(rk_tok_pretokenize(pc->pre, s, strlen(s), &ends, &n, &err), RK_OK, "%s", err.msg);
         bool ok = n == pc->n;
         for (size_t i = 0; ok && i < n; i++) ok = ends[i] == pc->ends[i];
         if (!ok) {
             n_fail++;
             fprintf(stderr, "pre %s text %d:\n  want", rk_tok_pre_rules_name(pc->pre), pc->text);
             size_t b = 0;
-            for (size_t i = 0; i < pc->n; b = pc->ends[i++])
-                fprintf(stderr, " [%.*s]", (int)(pc->ends[i] - b), s + b);
+            for (size_t i = 0; i < pc->n; b = pc->ends[i++]) fprintf(stderr, " [%.*s]", (int)(pc->ends[i] - b), s + b);
             fprintf(stderr, "\n  got ");
             b = 0;
-            for (size_t i = 0; i < n; b = ends[i++])
-                fprintf(stderr, " [%.*s]", (int)(ends[i] - b), s + b);
+            for (size_t i = 0; i < n; b = ends[i++]) fprintf(stderr, " [%.*s]", (int)(ends[i] - b), s + b);
             fprintf(stderr, "\n");
         }
         free(ends);
@@ -615,8 +616,8 @@ Test(tokenizer, utf8_stream) {
             size_t w = rk_utf8_stream_push(&st, text + i, k, chunk, sizeof chunk);
             if (w && i + k < n - 2) { /* before the deliberately cut tail */
                 unsigned char last = (unsigned char)chunk[w - 1];
-                cr_expect(last < 0x80 || (last & 0xC0) == 0x80 || last == 0xFF,
-                          "step %zu: chunk ends in a lead byte", step);
+                cr_expect(last < 0x80 || (last & 0xC0) == 0x80 || last == 0xFF, "step %zu: chunk ends in a lead byte",
+                          step);
             }
             memcpy(out + n_out, chunk, w);
             n_out += w;
@@ -638,12 +639,10 @@ Test(tokenizer, utf8_stream) {
 Test(tokenizer_shared, hash_pinned) {
     vocab v;
     vocab_open_shared(&v, "models/stories260K/stories260K-f32.gguf");
-    cr_expect_eq(rk_tokenizer_hash(v.t), 0x09a86c68d3398539ull, "%016llx",
-                 (unsigned long long)rk_tokenizer_hash(v.t));
+    cr_expect_eq(rk_tokenizer_hash(v.t), 0x09a86c68d3398539ull, "%016llx", (unsigned long long)rk_tokenizer_hash(v.t));
     vocab_close(&v);
     vocab_open_shared(&v, "golden/tokenizer/ggml-vocab-gpt-2.gguf");
-    cr_expect_eq(rk_tokenizer_hash(v.t), 0x779aa645033227caull, "%016llx",
-                 (unsigned long long)rk_tokenizer_hash(v.t));
+    cr_expect_eq(rk_tokenizer_hash(v.t), 0x779aa645033227caull, "%016llx", (unsigned long long)rk_tokenizer_hash(v.t));
     vocab_close(&v);
 }
 
@@ -667,21 +666,17 @@ static rk_status build(const kv_spec *k, vocab *v, rk_err *err) {
     memset(v, 0, sizeof *v);
     cr_assert_eq(rk_gguf_writer_create(0, &w, err), RK_OK);
     cr_assert_eq(rk_gguf_writer_set_str(w, "general.architecture", "llama", err), RK_OK);
-    if (k->model)
-        cr_assert_eq(rk_gguf_writer_set_str(w, "tokenizer.ggml.model", k->model, err), RK_OK);
+    if (k->model) cr_assert_eq(rk_gguf_writer_set_str(w, "tokenizer.ggml.model", k->model, err), RK_OK);
     if (k->pre) cr_assert_eq(rk_gguf_writer_set_str(w, "tokenizer.ggml.pre", k->pre, err), RK_OK);
-    if (k->tok)
-        cr_assert_eq(rk_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", k->tok, k->n_tok, err),
-                     RK_OK);
+    if (k->tok) cr_assert_eq(rk_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", k->tok, k->n_tok, err), RK_OK);
     if (k->scores)
-        cr_assert_eq(rk_gguf_writer_set_arr(w, "tokenizer.ggml.scores", RK_GGUF_F32, k->scores,
-                                            k->n_scores, err), RK_OK);
+        cr_assert_eq(rk_gguf_writer_set_arr(w, "tokenizer.ggml.scores", RK_GGUF_F32, k->scores, k->n_scores, err),
+                     RK_OK);
     if (k->types)
-        cr_assert_eq(rk_gguf_writer_set_arr(w, "tokenizer.ggml.token_type", RK_GGUF_I32, k->types,
-                                            k->n_tok, err), RK_OK);
+        cr_assert_eq(rk_gguf_writer_set_arr(w, "tokenizer.ggml.token_type", RK_GGUF_I32, k->types, k->n_tok, err),
+                     RK_OK);
     if (k->merges)
-        cr_assert_eq(rk_gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", k->merges, k->n_merges,
-                                                err), RK_OK);
+        cr_assert_eq(rk_gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", k->merges, k->n_merges, err), RK_OK);
     cr_assert_eq(rk_gguf_writer_finish(w, &v->bytes, &len, err), RK_OK, "%s", err->msg);
     rk_gguf_writer_destroy(w);
     cr_assert_eq(rk_gguf_parse(v->bytes, len, &v->g, err), RK_OK, "%s", err->msg);
@@ -689,8 +684,8 @@ static rk_status build(const kv_spec *k, vocab *v, rk_err *err) {
 }
 
 /* "▁" = \342\226\201 */
-static const char *const spm_tok[] = {"<unk>", "<s>", "</s>", "\342\226\201", "a", "b", "c",
-                                      "ab", "bc", "\342\226\201a", "<0x0A>", "<|user|>"};
+static const char *const spm_tok[] = {"<unk>", "<s>", "</s>", "\342\226\201",  "a",      "b",
+                                      "c",     "ab",  "bc",   "\342\226\201a", "<0x0A>", "<|user|>"};
 static const float spm_scores[] = {0, 0, 0, -1, -2, -2, -2, -5, -3, -4, 0, 0};
 static const int32_t spm_types[] = {2, 3, 3, 1, 1, 1, 1, 1, 1, 1, 6, 4};
 #define N_SPM (sizeof spm_tok / sizeof spm_tok[0])
@@ -711,8 +706,7 @@ Test(tokenizer, handmade_spm) {
     encode(v.t, "a\nx<|user|>b", 12, false, false, &ids, &n);
     /* the text after a special token gets the dummy prefix again: "▁b" -> "▁" "b" */
     cr_assert_eq(n, 6);
-    cr_expect(ids[0] == 9 && ids[1] == 10 && ids[2] == 0 && ids[3] == 11 && ids[4] == 3 &&
-                  ids[5] == 5,
+    cr_expect(ids[0] == 9 && ids[1] == 10 && ids[2] == 0 && ids[3] == 11 && ids[4] == 3 && ids[5] == 5,
               "%d %d %d %d %d %d", ids[0], ids[1], ids[2], ids[3], ids[4], ids[5]);
     free(ids);
     char buf[8];
@@ -741,8 +735,7 @@ Test(tokenizer, handmade_spm) {
 }
 
 /* Byte-level: "Ġ" = U+0120 = \304\240 */
-static const char *const bpe_tok[] = {"a", "b", "c", "\304\240", "ab", "\304\240ab", "bc",
-                                      "<|endoftext|>"};
+static const char *const bpe_tok[] = {"a", "b", "c", "\304\240", "ab", "\304\240ab", "bc", "<|endoftext|>"};
 static const char *const bpe_merges[] = {"a b", "\304\240 ab", "b c", "broken"};
 
 Test(tokenizer, handmade_bpe) {

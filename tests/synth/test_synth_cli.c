@@ -26,8 +26,8 @@ Test(synth_cli, write_run_bench, .timeout = 240) {
     snprintf(a, sizeof a, "info '%s'", path);
     r = tb_run(NULL, a);
     cr_assert_eq(r.code, 0, "%s", r.err);
-    cr_expect(strstr(r.out, "qwen2") && strstr(r.out, "q4_K") && strstr(r.out, "q6_K") && strstr(r.out, "1000"),
-              "%s", r.out);
+    cr_expect(strstr(r.out, "qwen2") && strstr(r.out, "q4_K") && strstr(r.out, "q6_K") && strstr(r.out, "1000"), "%s",
+              r.out);
     done(&r);
 
     /* greedy decode: exactly -n tokens (EOS is one token among 1000 and ignore-eos is not needed:
@@ -52,7 +52,8 @@ Test(synth_cli, write_run_bench, .timeout = 240) {
     /* 2 layers x (K+V) x 2 KV heads x 128 dims x 2 bytes (f16) */
     cr_expect_eq(json_object_get_int(kv), 2 * 2 * 2 * 128 * 2);
     json_object *r0 = json_object_array_get_idx(res, 0), *ttft, *dec;
-    cr_assert(r0 && json_object_object_get_ex(r0, "ttft_ms", &ttft) && json_object_object_get_ex(r0, "decode_tok_s", &dec));
+    cr_assert(r0 && json_object_object_get_ex(r0, "ttft_ms", &ttft) &&
+              json_object_object_get_ex(r0, "decode_tok_s", &dec));
     cr_expect(json_object_get_double(ttft) > 0 && json_object_get_double(dec) > 0, "%s", r.out);
     json_object_put(j);
     done(&r);

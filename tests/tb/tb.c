@@ -68,12 +68,9 @@ const char *tb_default_model(char *buf, size_t cap) {
     } else {
         const char *xdg = getenv("XDG_CACHE_HOME");
         const char *home = getenv("HOME");
-        if (xdg && *xdg)
-            snprintf(buf, cap, "%s/ridgekv/SmolLM2-135M-Instruct.Q4_1.gguf", xdg);
-        else if (home)
-            snprintf(buf, cap, "%s/.cache/ridgekv/SmolLM2-135M-Instruct.Q4_1.gguf", home);
-        else
-            return NULL;
+        if (xdg && *xdg) snprintf(buf, cap, "%s/ridgekv/SmolLM2-135M-Instruct.Q4_1.gguf", xdg);
+        else if (home) snprintf(buf, cap, "%s/.cache/ridgekv/SmolLM2-135M-Instruct.Q4_1.gguf", home);
+        else return NULL;
     }
     struct stat st;
     return stat(buf, &st) == 0 ? buf : NULL;
@@ -107,8 +104,8 @@ const char *tb_twin_path(const char *name, char *buf, size_t cap) {
     struct stat st;
     if (stat(buf, &st) == 0) return buf;
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "xz -dc '%s' > '%s.%d.part' && mv '%s.%d.part' '%s'", xzpath, buf, (int)getpid(),
-             buf, (int)getpid(), buf);
+    snprintf(cmd, sizeof cmd, "xz -dc '%s' > '%s.%d.part' && mv '%s.%d.part' '%s'", xzpath, buf, (int)getpid(), buf,
+             (int)getpid(), buf);
     if (system(cmd) != 0 || stat(buf, &st) != 0) {
         snprintf(buf, cap, "could not decompress %s with xz", xzpath);
         return NULL;

@@ -28,8 +28,8 @@ float *tb_read_f32(const char *path, size_t *n);
 
 /* Result of running the ridgekv binary ($RK_BIN) through sh. */
 typedef struct tb_result {
-    int code;         /* exit status, -1 when killed */
-    char *out, *err;  /* captured stdout / stderr (malloc'd, NUL-terminated) */
+    int code;        /* exit status, -1 when killed */
+    char *out, *err; /* captured stdout / stderr (malloc'd, NUL-terminated) */
 } tb_result;
 /* Runs `<env> '$RK_BIN' <args>` with stdin from /dev/null; env may be NULL (e.g.
  * "env -u X Y=1"). code is -2 when RK_BIN is unset. */
@@ -60,22 +60,22 @@ typedef enum tb_vocab {
 } tb_vocab;
 
 typedef struct tb_tiny_spec {
-    tb_arch arch;            /* llama (rope NORM), qwen2 (NEOX, QKV bias), qwen3 (NEOX, q/k norm) */
-    int32_t n_layer;         /* 0: 2 */
-    int32_t n_embd;          /* 0: 64 */
-    int32_t n_head;          /* 0: 4 */
-    int32_t n_head_kv;       /* 0: n_head / 2 */
-    int32_t head_dim;        /* 0: n_embd / n_head (may differ: then q_dim != n_embd) */
-    int32_t n_ff;            /* 0: 96 */
-    int32_t n_ctx_train;     /* 0: 64 */
-    int32_t n_rot;           /* rotated dims per head; 0: head_dim */
-    float rope_base;         /* 0: 10000 */
-    float rms_eps;           /* 0: 1e-5 */
-    bool untied;             /* write output.weight; false: logits use token_embd */
-    uint32_t wtype;          /* matrices: RK_DT_F32 (0), F16, BF16, Q8_0, Q4_0, Q4_1; quantised
+    tb_arch arch;        /* llama (rope NORM), qwen2 (NEOX, QKV bias), qwen3 (NEOX, q/k norm) */
+    int32_t n_layer;     /* 0: 2 */
+    int32_t n_embd;      /* 0: 64 */
+    int32_t n_head;      /* 0: 4 */
+    int32_t n_head_kv;   /* 0: n_head / 2 */
+    int32_t head_dim;    /* 0: n_embd / n_head (may differ: then q_dim != n_embd) */
+    int32_t n_ff;        /* 0: 96 */
+    int32_t n_ctx_train; /* 0: 64 */
+    int32_t n_rot;       /* rotated dims per head; 0: head_dim */
+    float rope_base;     /* 0: 10000 */
+    float rms_eps;       /* 0: 1e-5 */
+    bool untied;         /* write output.weight; false: logits use token_embd */
+    uint32_t wtype;      /* matrices: RK_DT_F32 (0), F16, BF16, Q8_0, Q4_0, Q4_1; quantised
                               * types need n_embd, n_ff and n_head*head_dim multiples of 32 */
     tb_vocab vocab;
-    bool add_bos;            /* gpt2 vocab: write add_bos_token = true (spm always adds BOS) */
+    bool add_bos; /* gpt2 vocab: write add_bos_token = true (spm always adds BOS) */
     uint64_t seed;
     const char *chat_template; /* NULL: a ChatML template; "": none written */
     const char *rope_scaling;  /* NULL: no keys; "linear" / "yarn": rope.scaling.type, .factor and
@@ -125,7 +125,6 @@ const char *tb_tiny_model(const tb_tiny_spec *spec, char *path, size_t cap);
  * runs the textbook forward pass in double precision over ids (positions 0..n-1).
  * Returns n * n_vocab logits (row i predicts the token after ids[i]) and *n_vocab, or NULL
  * with the reason in why. Slow and simple on purpose: an oracle for tiny models. */
-float *tb_ref_logits(const char *path, const int32_t *ids, size_t n, int32_t *n_vocab, char *why,
-                     size_t why_cap);
+float *tb_ref_logits(const char *path, const int32_t *ids, size_t n, int32_t *n_vocab, char *why, size_t why_cap);
 /* Dequantises one row of n elements of a tensor stored as type; false for other types. */
 bool tb_dequant_row(uint32_t type, const void *src, double *dst, int64_t n);

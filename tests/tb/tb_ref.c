@@ -148,8 +148,8 @@ static void rope_setup(ref *r, const char *an) {
     const bool linear = has && t.len == 6 && !memcmp(t.ptr, "linear", 6);
     const bool yarn = has && t.len == 4 && !memcmp(t.ptr, "yarn", 4);
     const double factor = (linear || yarn) ? key_f(r, an, "rope.scaling.factor", 1.0) : 1.0;
-    const double orig = (double)key_u(r, an, "rope.scaling.original_context_length",
-                                      key_u(r, an, "context_length", 2048));
+    const double orig =
+        (double)key_u(r, an, "rope.scaling.original_context_length", key_u(r, an, "context_length", 2048));
     const double dim = (double)r->nrot;
     double lo = 0, hi = 0;
     if (yarn) {
@@ -230,10 +230,10 @@ static void ref_open(ref *r) {
     for (int64_t i = 0; i < r->L && !r->bad; i++) {
         ref_layer *y = &r->l[i];
         char nm[96];
-#define LD(field, suffix, cols, rows, req)                         \
-    do {                                                           \
+#define LD(field, suffix, cols, rows, req)                            \
+    do {                                                              \
         snprintf(nm, sizeof nm, "blk.%lld.%s", (long long)i, suffix); \
-        y->field = load(r, nm, cols, rows, req);                   \
+        y->field = load(r, nm, cols, rows, req);                      \
     } while (0)
         LD(an, "attn_norm.weight", d, 1, true);
         LD(wq, "attn_q.weight", d, qd, true);
@@ -282,8 +282,7 @@ static void rope(const ref *r, double *x, int64_t pos) {
     }
 }
 
-float *tb_ref_logits(const char *path, const int32_t *ids, size_t n, int32_t *n_vocab, char *why,
-                     size_t why_cap) {
+float *tb_ref_logits(const char *path, const int32_t *ids, size_t n, int32_t *n_vocab, char *why, size_t why_cap) {
     size_t len;
     void *bytes = tb_read_file(path, &len);
     rk_gguf *g = NULL;
@@ -305,10 +304,10 @@ float *tb_ref_logits(const char *path, const int32_t *ids, size_t n, int32_t *n_
     if (r.bad) goto done;
     const int64_t d = r.d, hd = r.hd, qd = r.nh * hd, kvd = r.nkv * hd, N = (int64_t)n, grp = r.nh / r.nkv;
     const int64_t wide = qd > d ? qd : d;
-    x = malloc((size_t)(N * d) * sizeof *x);        /* (n, d) residual stream */
+    x = malloc((size_t)(N * d) * sizeof *x); /* (n, d) residual stream */
     h = malloc((size_t)wide * sizeof *h);
-    q = malloc((size_t)(N * qd) * sizeof *q);       /* (n, qd) */
-    k = malloc((size_t)(N * kvd) * sizeof *k);      /* (n, kvd): this layer's keys */
+    q = malloc((size_t)(N * qd) * sizeof *q);  /* (n, qd) */
+    k = malloc((size_t)(N * kvd) * sizeof *k); /* (n, kvd): this layer's keys */
     v = malloc((size_t)(N * kvd) * sizeof *v);
     att = malloc((size_t)(N * qd) * sizeof *att);
     t = malloc((size_t)wide * sizeof *t);

@@ -17,21 +17,19 @@
 #include "rk_gguf.h"
 #include "tb.h"
 
-#define G "\xc4\xa0" /* "Ġ": GPT-2's code point for the space byte */
-#define NL "\xc4\x8a" /* "Ċ": for '\n' */
+#define G "\xc4\xa0"      /* "Ġ": GPT-2's code point for the space byte */
+#define NL "\xc4\x8a"     /* "Ċ": for '\n' */
 #define SP "\xe2\x96\x81" /* "▁": SentencePiece's space */
 
 const char *const tb_gpt2_merges[TB_GPT2_N_MERGES] = {
-    G " t",  "h e",   G "t he", "i n",   G " a",  "e r",  "o n",     G " s",
-    "r e",   G " w",  "in g",   "l l",   G " c",  "a t",  G " h",    "n d",
-    G "a nd", G " i", G "i s",  G "c at", G "s at", G " o", G "o n",  NL " " NL,
+    G " t", "h e", G "t he", "i n", G " a",   "e r",  "o n",   G " s",   "r e",    G " w", "in g",  "l l",
+    G " c", "a t", G " h",   "n d", G "a nd", G " i", G "i s", G "c at", G "s at", G " o", G "o n", NL " " NL,
 };
 
 const char *const tb_spm_pieces[TB_SPM_N_PIECES] = {
-    SP,       "e",      "t",       "h",   "a",    "o",      "n",    "s",    "i",        "r",
-    "l",      "d",      "c",       "w",   "g",    ".",      ",",    SP "t", "he",       SP "the",
-    "in",     SP "a",   "er",      "on",  "ing",  SP "w",   "ll",   "at",   SP "s",     SP "c",
-    SP "h",   "an",     "nd",      SP "and", "is", SP "is", SP "cat", SP "sat", SP "on", "ed",
+    SP,     "e",    "t",    "h",    "a",  "o",      "n",  "s",     "i",      "r",      "l",     "d",    "c",  "w",
+    "g",    ".",    ",",    SP "t", "he", SP "the", "in", SP "a",  "er",     "on",     "ing",   SP "w", "ll", "at",
+    SP "s", SP "c", SP "h", "an",   "nd", SP "and", "is", SP "is", SP "cat", SP "sat", SP "on", "ed",
 };
 
 static const char chatml_template[] =
@@ -40,8 +38,16 @@ static const char chatml_template[] =
     "{% endif %}";
 
 tb_tiny_spec tb_tiny_stories_spec(uint64_t seed) {
-    return (tb_tiny_spec){.arch = TB_ARCH_LLAMA, .n_layer = 5, .n_embd = 64, .n_head = 8, .n_head_kv = 4,
-                          .n_ff = 172, .n_ctx_train = 512, .untied = true, .vocab = TB_VOCAB_SPM, .seed = seed};
+    return (tb_tiny_spec){.arch = TB_ARCH_LLAMA,
+                          .n_layer = 5,
+                          .n_embd = 64,
+                          .n_head = 8,
+                          .n_head_kv = 4,
+                          .n_ff = 172,
+                          .n_ctx_train = 512,
+                          .untied = true,
+                          .vocab = TB_VOCAB_SPM,
+                          .seed = seed};
 }
 
 tb_tiny_spec tb_tiny_spec_resolve(const tb_tiny_spec *in) {
@@ -174,8 +180,8 @@ static void fail(gen *g, const char *what) {
     g->failed = true;
 }
 
-#define W(call, what)                                   \
-    do {                                                \
+#define W(call, what)                                     \
+    do {                                                  \
         if (!g->failed && (call) != RK_OK) fail(g, what); \
     } while (0)
 
@@ -189,8 +195,8 @@ static void tensor(gen *g, const char *name, int64_t cols, int64_t rows, float m
     void *data = x ? encode(type, x, cols, rows, &nb) : NULL;
     int64_t ne[2] = {cols, rows};
     if (!data) {
-        snprintf(g->why, g->why_cap, "tb_tiny: cannot store %s [%lld, %lld] as %s", name,
-                 (long long)cols, (long long)rows, rk_dtype_name(type));
+        snprintf(g->why, g->why_cap, "tb_tiny: cannot store %s [%lld, %lld] as %s", name, (long long)cols,
+                 (long long)rows, rk_dtype_name(type));
         g->failed = true;
     } else {
         W(rk_gguf_writer_add_tensor(g->w, name, type, rows > 1 ? 2 : 1, ne, data, nb, &g->err), name);
@@ -208,9 +214,9 @@ static void vocab_gpt2(gen *g) {
         /* GPT-2's bytes_to_unicode: printable bytes map to themselves, the other 68 in
          * byte order to U+0100.. */
         unsigned cp = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174) ? (unsigned)b
-                      : b <= 32                                                   ? 256u + b
-                      : b <= 160                                                  ? 289u + (b - 127)
-                                                                                  : 323u;
+                      : b <= 32                                                     ? 256u + b
+                      : b <= 160                                                    ? 289u + (b - 127)
+                                                                                    : 323u;
         if (cp < 0x80) {
             bytes[b][0] = (char)cp;
             bytes[b][1] = 0;
@@ -237,8 +243,7 @@ static void vocab_gpt2(gen *g) {
     W(rk_gguf_writer_set_arr_str(g->w, "tokenizer.ggml.tokens", tok, TB_GPT2_N_VOCAB, &g->err), "tokens");
     W(rk_gguf_writer_set_arr(g->w, "tokenizer.ggml.token_type", RK_GGUF_I32, type, TB_GPT2_N_VOCAB, &g->err),
       "token_type");
-    W(rk_gguf_writer_set_arr_str(g->w, "tokenizer.ggml.merges", tb_gpt2_merges, TB_GPT2_N_MERGES, &g->err),
-      "merges");
+    W(rk_gguf_writer_set_arr_str(g->w, "tokenizer.ggml.merges", tb_gpt2_merges, TB_GPT2_N_MERGES, &g->err), "merges");
     W(rk_gguf_writer_set_u32(g->w, "tokenizer.ggml.bos_token_id", TB_GPT2_ENDOFTEXT, &g->err), "bos");
     W(rk_gguf_writer_set_u32(g->w, "tokenizer.ggml.eos_token_id", TB_GPT2_ENDOFTEXT, &g->err), "eos");
     W(rk_gguf_writer_set_bool(g->w, "tokenizer.ggml.add_bos_token", g->s->add_bos, &g->err), "add_bos");
@@ -264,7 +269,8 @@ static void vocab_spm(gen *g) {
     tok[TB_SPM_IM_START] = "<|im_start|>";
     tok[TB_SPM_IM_END] = "<|im_end|>";
     type[TB_SPM_IM_START] = type[TB_SPM_IM_END] = 3;
-    for (int i = 0; i < TB_SPM_N_VOCAB; i++) score[i] = i < TB_SPM_FIRST_PIECE ? 0.0f : -(float)(i - TB_SPM_FIRST_PIECE);
+    for (int i = 0; i < TB_SPM_N_VOCAB; i++)
+        score[i] = i < TB_SPM_FIRST_PIECE ? 0.0f : -(float)(i - TB_SPM_FIRST_PIECE);
     W(rk_gguf_writer_set_str(g->w, "tokenizer.ggml.model", "llama", &g->err), "model");
     W(rk_gguf_writer_set_arr_str(g->w, "tokenizer.ggml.tokens", tok, TB_SPM_N_VOCAB, &g->err), "tokens");
     W(rk_gguf_writer_set_arr(g->w, "tokenizer.ggml.scores", RK_GGUF_F32, score, TB_SPM_N_VOCAB, &g->err), "scores");
@@ -278,18 +284,17 @@ static void vocab_spm(gen *g) {
 
 static bool check_spec(const tb_tiny_spec *s, char *why, size_t cap) {
     const int64_t qd = (int64_t)s->n_head * s->head_dim;
-    if (s->arch < TB_ARCH_LLAMA || s->arch > TB_ARCH_QWEN3 || s->n_layer < 1 || s->n_embd < 2 ||
-        s->n_head < 1 || s->n_head_kv < 1 || s->n_head % s->n_head_kv || s->head_dim < 2 ||
-        s->head_dim % 2 || s->n_ff < 1 || s->n_ctx_train < 1 || s->n_rot < 2 || s->n_rot % 2 ||
-        s->n_rot > s->head_dim) {
+    if (s->arch < TB_ARCH_LLAMA || s->arch > TB_ARCH_QWEN3 || s->n_layer < 1 || s->n_embd < 2 || s->n_head < 1 ||
+        s->n_head_kv < 1 || s->n_head % s->n_head_kv || s->head_dim < 2 || s->head_dim % 2 || s->n_ff < 1 ||
+        s->n_ctx_train < 1 || s->n_rot < 2 || s->n_rot % 2 || s->n_rot > s->head_dim) {
         snprintf(why, cap, "tb_tiny: inconsistent spec (n_layer %d n_embd %d n_head %d/%d head_dim %d n_rot %d)",
                  s->n_layer, s->n_embd, s->n_head, s->n_head_kv, s->head_dim, s->n_rot);
         return false;
     }
     const rk_dtype_traits *t = rk_dtype_get(s->wtype);
     uint32_t blk = t ? t->blck_size : 0;
-    bool known = s->wtype == RK_DT_F32 || s->wtype == RK_DT_F16 || s->wtype == RK_DT_BF16 ||
-                 s->wtype == RK_DT_Q8_0 || s->wtype == RK_DT_Q4_0 || s->wtype == RK_DT_Q4_1;
+    bool known = s->wtype == RK_DT_F32 || s->wtype == RK_DT_F16 || s->wtype == RK_DT_BF16 || s->wtype == RK_DT_Q8_0 ||
+                 s->wtype == RK_DT_Q4_0 || s->wtype == RK_DT_Q4_1;
     if (!known || s->n_embd % blk || s->n_ff % blk || qd % blk) {
         snprintf(why, cap, "tb_tiny: weight type %s unsupported or rows (%d, %d, %lld) not multiples of its block",
                  rk_dtype_name(s->wtype), s->n_embd, s->n_ff, (long long)qd);
@@ -340,10 +345,8 @@ void *tb_tiny_gguf(const tb_tiny_spec *spec, size_t *len, char *why, size_t why_
         snprintf(key, sizeof key, "%s.rope.scaling.original_context_length", a);
         W(rk_gguf_writer_set_u32(g->w, key, (uint32_t)s.n_ctx_train, &g->err), key);
     }
-    if (s.vocab == TB_VOCAB_SPM)
-        vocab_spm(g);
-    else
-        vocab_gpt2(g);
+    if (s.vocab == TB_VOCAB_SPM) vocab_spm(g);
+    else vocab_gpt2(g);
     if (s.chat_template[0])
         W(rk_gguf_writer_set_str(g->w, "tokenizer.chat_template", s.chat_template, &g->err), "chat_template");
 
@@ -357,10 +360,10 @@ void *tb_tiny_gguf(const tb_tiny_spec *spec, size_t *len, char *why, size_t why_
     if (s.untied) tensor(g, "output.weight", d, nv, 0.0f, 2.0f * sd);
     for (int l = 0; l < s.n_layer; l++) {
         char nm[96];
-#define T(suffix, cols, rows, mean, std)                  \
-    do {                                                  \
-        snprintf(nm, sizeof nm, "blk.%d.%s", l, suffix);  \
-        tensor(g, nm, cols, rows, mean, std);             \
+#define T(suffix, cols, rows, mean, std)                 \
+    do {                                                 \
+        snprintf(nm, sizeof nm, "blk.%d.%s", l, suffix); \
+        tensor(g, nm, cols, rows, mean, std);            \
     } while (0)
         T("attn_norm.weight", d, 1, 1.0f, 0.1f);
         T("attn_q.weight", d, qd, 0.0f, 2.0f * sd);

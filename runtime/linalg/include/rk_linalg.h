@@ -13,9 +13,9 @@ bool rk_linalg_eigh(int n, double *A, double *w, double *V);
 /* The same in two steps, for when only the leading r vectors are wanted. */
 typedef struct rk_eig {
     int n;
-    double *a, *b;        /* tridiagonal form */
-    double *Hv, *beta;    /* (n, n) reflection vectors, (n) their betas */
-    double *w;            /* (n) eigenvalues, decreasing */
+    double *a, *b;     /* tridiagonal form */
+    double *Hv, *beta; /* (n, n) reflection vectors, (n) their betas */
+    double *w;         /* (n) eigenvalues, decreasing */
 } rk_eig;
 bool rk_linalg_eig_values(rk_eig *e, int n, double *A); /* A destroyed; e freed on failure */
 /* Rows of V (r, n): eigenvectors of the r largest eigenvalues. */
