@@ -821,7 +821,7 @@ Test(kv, q4_direct_attention_on_blocks) { direct_attention_on_blocks("q4", RK_DT
  * rewritten in place; LowRAM's compressed rows and a budgeted tier cannot be rewritten; no
  * host cache records a step, and none keeps rows aside (no flush). */
 Test(kv, capabilities_by_policy) {
-    rk_model *m = rt_load_shared(STORIES);
+    rk_model *m = rt_stories_like(31);
     const struct {
         const char *kind;
         uint64_t budget;
@@ -856,7 +856,7 @@ Test(kv, capabilities_by_policy) {
 /* Rows per layer: n_layer entries, each eval row counted once per layer (no fill: every row
  * exact), zeros outside [0, n_layer). */
 Test(kv, layer_rows_are_counted_for_every_layer) {
-    rk_model *m = rt_load_shared(STORIES);
+    rk_model *m = rt_stories_like(32);
     const int L = rk_model_hparams(m)->n_layer, nv = rk_model_hparams(m)->n_vocab;
     rk_session *s = mk(m, "f32", 16);
     int32_t ids[40];

@@ -666,10 +666,10 @@ Test(lowram_shared, topp_selection) {
  * distance + 1e-4; a wrong choice of chunks or a dropped block would exceed it. */
 Test(lowram, baseline_build_matches_avx2) {
     if (!rk_cpu_has_avx2()) cr_skip_test("no AVX2: the baseline build is the only one");
-    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    rk_model *m = rt_stories_like(36);
     const int nv = rk_model_hparams(m)->n_vocab, n_story = 220, n_prefix = 100, n_dec = 20;
     const int n_prompt = 1 + n_story + n_prefix;
-    int32_t *ids = copy_prompt(m, n_story, n_prefix, n_dec);
+    int32_t *ids = copy_prompt_random(m, n_story, n_prefix, n_dec);
     rk_session *f16 = session(m, RK_DT_F16, NULL), *f32 = session(m, RK_DT_F32, NULL);
     float *a16 = trace(f16, ids, n_prompt, n_dec, nv), *a32 = trace(f32, ids, n_prompt, n_dec, nv);
     const size_t n = (size_t)(n_dec + 1) * nv;

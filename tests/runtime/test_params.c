@@ -169,7 +169,8 @@ Test(params, model_and_backend_settings) {
     cr_expect_eq(rk_backend_cuda_module(NULL, &e), RK_E_INVALID_ARG);
     /* without huge pages the model is the plain mapping: the same model either way */
     char path[1024];
-    if (!tb_shared_path(path, sizeof path, "models/stories260K/stories260K-f32.gguf")) cr_skip_test("%s", path);
+    const tb_tiny_spec spec = tb_tiny_stories_spec(33);
+    cr_assert(tb_tiny_model(&spec, path, sizeof path), "%s", path);
     rk_model_params mp = rk_model_params_default();
     mp.huge_pages = false;
     rk_model *a = NULL, *b = NULL;
@@ -180,18 +181,19 @@ Test(params, model_and_backend_settings) {
     rk_model_fingerprint(a, &fa), rk_model_fingerprint(b, &fb);
     cr_expect(fa.weights_hash == fb.weights_hash && fa.quant_hash == fb.quant_hash);
     rk_model_destroy(a), rk_model_destroy(b);
+    remove(path);
 }
 
 /* value_r2 and sel_miss have n_layer (x n_head_kv) entries, borrowed from the session; the
  * R² mean is the mean of value_r2. */
 Test(params, lowram_stats_sized_by_the_model) {
-    rk_model *m = rt_load_shared("models/stories260K/stories260K-f32.gguf");
+    rk_model *m = rt_stories_like(34);
     const rk_hparams *hp = rk_model_hparams(m);
     rk_session *s = rt_lowram_session(m, "start=0,window=32,full=2,fullmin=0.000001", 0);
     rk_lowram_stats st;
     rk_session_lowram_stats(s, &st);
     cr_expect(!st.fitted && st.value_r2 == NULL, "no fit yet");
-    int32_t *ids = rt_story_ids(m, 300);
+    int32_t *ids = rt_random_ids(m, 300, 35);
     rk_err e = {0};
     cr_assert_eq(rk_session_eval(s, ids, 300, NULL, false, &e), RK_OK, "%s", e.msg);
     rk_session_lowram_stats(s, &st);
