@@ -307,12 +307,7 @@ void LR_ISA(lr_head_run)(head_task *t) {
     const int64_t n_ch = (g->n_rows + c->p.chunk - 1) / c->p.chunk;
     if (t->sparse) {
         const int32_t *sel = t->sel ? t->sel : x->sel;
-        /* (no chunks chosen beforehand: a codec without the LR_KEYS op, e.g. on a device's host
-         * path) the baseline build of the selection, which chooses what the AVX2 one does (its
-         * landmark dots are rk_simd_dot8's bit for bit); with the AVX2 one called from here the
-         * sanitizer build's gpu_devsim host-path specs disagreed with the CPU session (cause
-         * not found; release builds agree) */
-        const int64_t n = t->sel ? t->n_sel : lr_select_chunks(t, n_ch);
+        const int64_t n = t->sel ? t->n_sel : LR_ISA(lr_select_chunks)(t, n_ch);
 #ifdef LR_ISA_AVX2
         /* runs of consecutive chosen chunks as one block (comp_chunk's fused int8 path only) */
         const bool runs = t->slot && t->use_c && c->p.coef_type == RK_DT_Q8_0 && t->ns <= LR_WMAX &&
