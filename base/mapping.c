@@ -12,9 +12,19 @@
 
 #include "rk_base.h"
 
-/* Opens path read-only and checks it is a regular file. */
-static rk_status open_regular(const char *path, int *fd_out, size_t *len, rk_err *err) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+static const char *file_kind(mode_t m) {
+    return S_ISFIFO(m)   ? "a FIFO (named pipe)"
+           : S_ISCHR(m)  ? "a character device"
+           : S_ISBLK(m)  ? "a block device"
+           : S_ISDIR(m)  ? "a directory"
+           : S_ISSOCK(m) ? "a socket"
+                         : "not a regular file";
+}
+
+/* O_NONBLOCK: opening a FIFO for reading would wait for a writer; for a regular file the
+ * flag does nothing, and it is cleared once fstat has said what the file is. */
+rk_status rk_file_open_regular(const char *path, int *fd_out, size_t *len, rk_err *err) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0)
         return rk_err_set(err, errno == ENOENT ? RK_E_NOT_FOUND : RK_E_IO, "file: cannot open %s (%s)", path,
                           strerror(errno));
@@ -26,8 +36,10 @@ static rk_status open_regular(const char *path, int *fd_out, size_t *len, rk_err
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
-        return rk_err_set(err, RK_E_IO, "file: %s is not a regular file", path);
+        return rk_err_set(err, RK_E_IO, "file: %s is %s (expected a regular file)", path, file_kind(st.st_mode));
     }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
     *fd_out = fd;
     *len = (size_t)st.st_size;
     return RK_OK;
@@ -36,7 +48,7 @@ static rk_status open_regular(const char *path, int *fd_out, size_t *len, rk_err
 rk_status rk_mapping_open(const char *path, rk_mapping *out, rk_err *err) {
     int fd = -1;
     size_t len = 0;
-    rk_status st = open_regular(path, &fd, &len, err);
+    rk_status st = rk_file_open_regular(path, &fd, &len, err);
     if (st != RK_OK) return st;
     rk_mapping m = {NULL, len};
     if (m.len > 0) {
@@ -94,7 +106,7 @@ bool rk_mapping_huge_wanted(size_t len) {
 rk_status rk_mapping_open_huge(const char *path, rk_mapping *out, rk_err *err) {
     int fd = -1;
     size_t len = 0;
-    rk_status st = open_regular(path, &fd, &len, err);
+    rk_status st = rk_file_open_regular(path, &fd, &len, err);
     if (st != RK_OK) return st;
     if (!rk_mapping_huge_wanted(len)) {
         close(fd);

@@ -32,7 +32,7 @@ int cli_docs_split(int argc, char **argv, char **rest, int *n_rest, cli_doc *d, 
 int cli_docs_read(cli_doc *d, int n_docs) {
     for (int i = 0; i < n_docs; i++) {
         rk_err e = {0};
-        if (rk_io_read_file(d[i].path, &d[i].text, &d[i].len, &e)) {
+        if (rk_io_read_file_max(d[i].path, CLI_DOC_MAX_BYTES, &d[i].text, &d[i].len, &e)) {
             fprintf(stderr, "ridgekv ask: cannot read document %s: %s\n", d[i].path, e.msg);
             return RK_EXIT_IO;
         }

@@ -1,5 +1,6 @@
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,16 +10,18 @@
 #include "rk_io.h"
 
 rk_status rk_io_read_file(const char *path, char **data, size_t *len, rk_err *err) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return rk_err_set(err, errno == ENOENT ? RK_E_NOT_FOUND : RK_E_IO, "io: cannot open %s (%s)", path,
-                          strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    return rk_io_read_file_max(path, SIZE_MAX - 1, data, len, err);
+}
+
+rk_status rk_io_read_file_max(const char *path, size_t max_bytes, char **data, size_t *len, rk_err *err) {
+    int fd = -1;
+    size_t n = 0;
+    rk_status st = rk_file_open_regular(path, &fd, &n, err);
+    if (st) return st;
+    if (n > max_bytes) {
         close(fd);
-        return rk_err_set(err, RK_E_IO, "io: %s is not a readable regular file", path);
+        return rk_err_set(err, RK_E_INVALID_ARG, "io: %s is %zu bytes (at most %zu)", path, n, max_bytes);
     }
-    size_t n = (size_t)st.st_size;
     char *buf = malloc(n + 1);
     if (!buf) {
         close(fd);

@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "rk_io.h"
 
@@ -94,10 +95,15 @@ void rk_sha256_hex(const uint8_t digest[32], char hex[65]) {
 }
 
 rk_status rk_sha256_file(const char *path, char hex[65], rk_err *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return rk_err_set(err, errno == ENOENT ? RK_E_NOT_FOUND : RK_E_IO, "io: cannot open %s (%s)", path,
-                          strerror(errno));
+    int fd = -1;
+    size_t len = 0;
+    rk_status st = rk_file_open_regular(path, &fd, &len, err);
+    if (st) return st;
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return rk_err_set(err, RK_E_IO, "io: cannot read %s (%s)", path, strerror(errno));
+    }
     rk_sha256 s;
     rk_sha256_init(&s);
     uint8_t buf[1 << 16];

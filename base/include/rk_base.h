@@ -120,7 +120,12 @@ typedef struct rk_mapping {
     size_t len;
 } rk_mapping;
 
-/* Maps the whole file read-only. Out-param written only on success. */
+/* Opens path for reading without blocking on a FIFO and refuses anything that is not a
+ * regular file (FIFO, device, directory, socket: RK_E_IO naming the kind). *fd (the
+ * caller closes it, blocking reads) and *len written only on success. */
+RK_API rk_status rk_file_open_regular(const char *path, int *fd, size_t *len, rk_err *err);
+/* Maps the whole file read-only (rk_file_open_regular's checks). Out-param written only
+ * on success. */
 RK_API rk_status rk_mapping_open(const char *path, rk_mapping *out, rk_err *err);
 RK_API void rk_mapping_close(rk_mapping *m); /* accepts a zeroed or closed mapping */
 /* Like rk_mapping_open, but for a file of at least 2 MiB, when the kernel offers

@@ -17,8 +17,12 @@ void rk_sha256_hex(const uint8_t digest[32], char hex[65]);
 /* SHA-256 of a whole file (streamed, not mapped). */
 rk_status rk_sha256_file(const char *path, char hex[65], rk_err *err);
 
-/* Reads a whole file into a malloc'd, NUL-terminated buffer (owned by the caller). */
+/* Reads a whole regular file into a malloc'd, NUL-terminated buffer (owned by the caller).
+ * A FIFO, device or directory is refused without blocking (rk_file_open_regular). */
 rk_status rk_io_read_file(const char *path, char **data, size_t *len, rk_err *err);
+/* The same, refusing a file of more than max_bytes (its size from fstat, before any byte
+ * is read or memory taken) with RK_E_INVALID_ARG. */
+rk_status rk_io_read_file_max(const char *path, size_t max_bytes, char **data, size_t *len, rk_err *err);
 /* Writes to path.tmp.<pid>, fsyncs, renames over path: readers never see half a file.
  * On failure (disk full included) the old file is untouched and the temp is removed. */
 rk_status rk_io_write_file_atomic(const char *path, const void *data, size_t len, rk_err *err);
