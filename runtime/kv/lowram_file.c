@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "lowram_impl.h"
+#include "model_impl.h"
 #include "rk_kernels.h"
 
 static const rk_gguf_tensor *tensor(const rk_gguf *g, const char *fmt, int i) {
@@ -63,6 +64,15 @@ rk_status lr_pred_open(rk_kv_codec *c, const rk_model *m, char *warning, size_t 
                 !shape_ok(tensor(c->pgguf, "lowram.%d.b", l), c->kvd, 1))
                 return rk_err_set(err, RK_E_MISMATCH, "lowram: %s: layer %d predictor missing or not f32 (%d x %d)",
                                   path, l, r, c->kvd);
+        }
+    }
+    /* values: a NaN basis or predictor would turn every rebuilt key or value into NaN */
+    const uint64_t n_tensor = rk_gguf_n_tensors(c->pgguf);
+    for (uint64_t i = 0; i < n_tensor; i++) {
+        const rk_gguf_tensor *t = rk_gguf_tensor_at(c->pgguf, i);
+        if (t->name.len > 7 && !memcmp(t->name.ptr, "lowram.", 7) && (st = rk_tensor_check_finite(t, path, err))) {
+            rk_err_wrap(err, "lowram");
+            return st;
         }
     }
     c->prank = (int32_t)rank;

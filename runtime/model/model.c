@@ -75,6 +75,9 @@ static rk_status bind(rk_model *m, const char *name, int64_t ne0, int64_t ne1, b
     if (!rk_dtype_row_bytes(t->type, (uint64_t)ne0, &row_bytes))
         return rk_err_set(err, RK_E_GGUF_BLOCK, "model: tensor '%s' row of %lld not a multiple of %s blocks", name,
                           (long long)ne0, tr->name);
+    /* vectors (norms, biases) are small enough to check at every load; the matrices are not scanned */
+    rk_status st;
+    if (vector_f32 && (st = rk_tensor_check_finite(t, "model", err))) return st;
     v->type = t->type;
     v->ne[0] = ne0;
     v->ne[1] = ne1;

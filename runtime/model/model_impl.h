@@ -33,4 +33,7 @@ struct rk_model {
 rk_status rk_model_read_rope_scaling(rk_model *m, rk_err *err);
 /* chat_template.c: the template's rules beyond its family (m->chat_default_system). */
 rk_status rk_model_read_chat_rules(rk_model *m, rk_err *err);
+/* finite.c: RK_OK when every value of t (a type rk_quant_ref reads) is finite; otherwise
+ * RK_E_FORMAT naming file, the tensor and the first NaN / Inf (row, column). */
+rk_status rk_tensor_check_finite(const rk_gguf_tensor *t, const char *file, rk_err *err);
 void rk_model_rope_params(const rk_model *m, int64_t pos0, rk_rope_params *out);

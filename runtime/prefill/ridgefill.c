@@ -105,6 +105,7 @@ rk_status rk_ridge_maps_load(const char *path, const rk_model *m, rk_ridge_maps 
         }
         uint64_t rb;
         rk_dtype_row_bytes(t->type, (uint64_t)d, &rb);
+        if ((st = rk_tensor_check_finite(t, "ridgefill", err))) goto fail;
         r->w[l] = (rk_view){t->type, {d, dout, 1, 1}, (size_t)rb, (void *)t->data};
         snprintf(name, sizeof name, "ridge.%d.bias", l);
         t = rk_gguf_find_tensor(r->gguf, name);
@@ -113,6 +114,7 @@ rk_status rk_ridge_maps_load(const char *path, const rk_model *m, rk_ridge_maps 
                             name, t ? "has the wrong shape or type" : "is missing", (long long)dout);
             goto fail;
         }
+        if ((st = rk_tensor_check_finite(t, "ridgefill", err))) goto fail;
         r->b[l] = t->data;
     }
     const rk_gguf_tensor *ts = rk_gguf_find_tensor(r->gguf, "ridge.token_score");
@@ -121,6 +123,7 @@ rk_status rk_ridge_maps_load(const char *path, const rk_model *m, rk_ridge_maps 
             st = rk_err_set(err, RK_E_MISMATCH, "ridgefill: tensor 'ridge.token_score' must be f32 [%d]", hp->n_vocab);
             goto fail;
         }
+        if ((st = rk_tensor_check_finite(ts, "ridgefill", err))) goto fail;
         r->token_score = ts->data;
     }
     *out = r;
