@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "serve.h"
+#include "serve_guard.h"
 
 static const char *const code_names[SERVE_CODE_COUNT] = {
     [SERVE_OK] = "ok",
@@ -80,8 +81,9 @@ static serve_code get_str(ctx *c, json_object *obj, const char *key, const char 
         return fail(c, SERVE_INVALID_REQUEST, "field '%s' must be a string (got %s)", path, type_name(v));
     const char *s = json_object_get_string(v);
     size_t n = (size_t)json_object_get_string_len(v);
-    /* text goes on through C strings (chat templates), so an embedded NUL would cut it */
-    if (memchr(s, 0, n)) return fail(c, SERVE_INVALID_REQUEST, "field '%s' contains a NUL character (\\u0000)", path);
+    /* text goes on through C strings (chat templates): the one text rule of both servers */
+    serve_code rc = serve_check_text(s, n, path, c->msg, c->cap);
+    if (rc) return rc;
     *out = s;
     if (out_len) *out_len = n;
     return SERVE_OK;
@@ -133,20 +135,7 @@ range:
 
 static serve_code get_seed(ctx *c, json_object *obj, uint64_t *out) {
     json_object *v = member(obj, "seed");
-    if (!v) return SERVE_OK;
-    if (json_object_is_type(v, json_type_int) && json_object_get_int64(v) >= 0) {
-        *out = json_object_get_uint64(v);
-        return SERVE_OK;
-    }
-    if (json_object_is_type(v, json_type_double)) {
-        double d = json_object_get_double(v);
-        if (d >= 0 && d <= 9007199254740992.0 && d == floor(d)) {
-            *out = (uint64_t)d;
-            return SERVE_OK;
-        }
-    }
-    return fail(c, SERVE_INVALID_REQUEST, "field 'seed' must be a non-negative integer (got %.40s)",
-                json_object_to_json_string_ext(v, JSON_C_TO_STRING_PLAIN));
+    return v ? serve_check_seed(v, out, c->msg, c->cap) : SERVE_OK;
 }
 
 static serve_code get_stop(ctx *c, json_object *obj, serve_gen *g) {
@@ -249,8 +238,7 @@ static serve_code parse_ask(ctx *c, json_object *o, serve_req *r) {
         if (json_object_is_type(d, json_type_string)) {
             snprintf(path, sizeof path, "docs[%zu]", i);
             const char *s = json_object_get_string(d);
-            if (memchr(s, 0, (size_t)json_object_get_string_len(d)))
-                return fail(c, SERVE_INVALID_REQUEST, "field '%s' contains a NUL character (\\u0000)", path);
+            if ((rc = serve_check_text(s, (size_t)json_object_get_string_len(d), path, c->msg, c->cap))) return rc;
             r->docs[i].text = s;
             continue;
         }
