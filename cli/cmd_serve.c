@@ -11,6 +11,7 @@
 #include "cli.h"
 #include "doc_cache_cli.h"
 #include "serve.h"
+#include "serve_guard.h"
 
 static const char *help =
     "usage: ridgekv serve (--jsonl | --http [ADDR:]PORT) [-m MODEL] [options]\n"
@@ -26,6 +27,11 @@ static const char *help =
     "  --max-line BYTES        longest request line accepted (default 1048576)\n"
     "  --http [ADDR:]PORT      HTTP on ADDR:PORT (builds with libmicrohttpd)\n"
     "  --http-max-body BYTES   largest HTTP request body accepted (default 1048576; more: 413)\n"
+    "  --api-key KEY           HTTP clients must send 'Authorization: Bearer KEY' (default:\n"
+    "                          $RIDGEKV_API_KEY; none: no key asked)\n"
+    "  --allow-host NAME       a Host name to answer besides localhost and the address (repeat)\n"
+    "  --allow-origin ORIGIN   a web page origin (https://app.example:443, or *) allowed to call\n"
+    "                          the server from a browser (repeat; default: none)\n"
     "  -m, --model FILE        GGUF model (default: the cached SmolLM2-135M-Instruct)\n"
     "  -c, --ctx-size N        context size in tokens (default: the model's)\n"
     "  -b, --batch-size N      prefill chunk (default 512)\n"
@@ -111,6 +117,30 @@ static bool blank(const char *p, size_t n) {
     return true;
 }
 
+/* --api-key, --allow-host, --allow-origin into g. */
+static int guard_flag(serve_guard *g, const char *flag, const char *v) {
+    if (!v || !v[0]) {
+        fprintf(stderr, "ridgekv serve: %s needs a value\n", flag);
+        return RK_EXIT_USAGE;
+    }
+    if (!strcmp(flag, "--api-key")) {
+        g->api_key = v;
+        return 0;
+    }
+    const bool host = !strcmp(flag, "--allow-host");
+    int *n = host ? &g->n_allow_host : &g->n_allow_origin;
+    if (*n >= SERVE_GUARD_MAX_NAMES) {
+        fprintf(stderr, "ridgekv serve: at most %d %s values\n", SERVE_GUARD_MAX_NAMES, flag);
+        return RK_EXIT_USAGE;
+    }
+    if (!host && strcmp(v, "*") && strncmp(v, "http://", 7) && strncmp(v, "https://", 8)) {
+        fprintf(stderr, "ridgekv serve: --allow-origin expects SCHEME://HOST[:PORT] or * (got '%s')\n", v);
+        return RK_EXIT_USAGE;
+    }
+    (host ? g->allow_host : g->allow_origin)[(*n)++] = v;
+    return 0;
+}
+
 int cmd_serve(int argc, char **argv) {
     /* serve's own flags are taken out; the rest go through the common parser */
     char **rest = calloc((size_t)argc + 1, sizeof *rest);
@@ -120,6 +150,7 @@ int cmd_serve(int argc, char **argv) {
     size_t max_line = DEFAULT_MAX_LINE, max_body = DEFAULT_MAX_LINE;
     const char *http = NULL;
     int rc = RK_EXIT_OK;
+    serve_guard guard = {.api_key = getenv("RIDGEKV_API_KEY")};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (i >= 2 && (!strcmp(a, "--help") || !strcmp(a, "-h"))) {
@@ -136,6 +167,12 @@ int cmd_serve(int argc, char **argv) {
                 return RK_EXIT_USAGE;
             }
             http = argv[++i];
+        } else if (i >= 2 && (!strcmp(a, "--api-key") || !strcmp(a, "--allow-host") || !strcmp(a, "--allow-origin"))) {
+            if ((rc = guard_flag(&guard, a, i + 1 < argc ? argv[i + 1] : NULL))) {
+                free(rest);
+                return rc;
+            }
+            i++;
         } else if (i >= 2 && (!strcmp(a, "--max-line") || !strcmp(a, "--http-max-body"))) {
             char *end;
             errno = 0;
@@ -180,7 +217,7 @@ int cmd_serve(int argc, char **argv) {
         http_port = (int)pv;
         (void)http_port;
 #ifndef RK_HAVE_MHD
-        (void)max_body;
+        (void)max_body, (void)guard;
         fprintf(stderr, "ridgekv serve: --http: this build has no HTTP server (install libmicrohttpd-dev and "
                         "rebuild)\n");
         return RK_EXIT_USAGE;
@@ -216,7 +253,7 @@ int cmd_serve(int argc, char **argv) {
 #ifdef RK_HAVE_MHD
     if (http) {
         signal(SIGPIPE, SIG_IGN);
-        rc = serve_http(&sv, http_addr, http_port, max_body);
+        rc = serve_http(&sv, http_addr, http_port, max_body, &guard);
         goto done;
     }
 #endif

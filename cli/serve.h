@@ -127,5 +127,8 @@ rk_status serve_run_gen(server *sv, const serve_req *r, rk_session *s, const rk_
 
 /* ---- HTTP (serve_http.c; built with libmicrohttpd, RK_HAVE_MHD) ------------------------- */
 /* Serves the OpenAI-compatible endpoints on addr:port until SIGINT / SIGTERM, one request
- * at a time. max_body: the largest request body accepted. Returns an exit code. */
-int serve_http(server *sv, const char *addr, int port, size_t max_body);
+ * at a time. max_body: the largest request body accepted; guard: the Host / Origin / API
+ * key settings (serve_guard.h; its address and port are filled in here). Returns an exit
+ * code. */
+struct serve_guard;
+int serve_http(server *sv, const char *addr, int port, size_t max_body, const struct serve_guard *guard);

@@ -10,7 +10,10 @@
  * other requests wait in line, concurrency 1). Each connection has its own thread, so a
  * streaming answer is produced by a generation thread writing SSE lines into a pipe that
  * libmicrohttpd sends; a client that goes away closes the pipe, the next write fails and
- * the generation stops. Bodies over max_body get 413 before they are read. docs/HTTP.md. */
+ * the generation stops. Bodies over max_body get 413 before they are read. The connection
+ * layer (serve_conn.c) checks Host, Origin, the API key and the body's type before a body
+ * is read, sheds idle and slow connections, and stops a non-streamed generation whose
+ * client left. docs/HTTP.md. */
 #include <errno.h>
 #include <fcntl.h>
 #include <json-c/json.h>
@@ -21,11 +24,14 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
 #include "serve.h"
+#include "serve_conn.h"
+#include "serve_guard.h"
 
 static pthread_mutex_t g_engine = PTHREAD_MUTEX_INITIALIZER; /* one generation at a time */
 static unsigned long long g_req_counter;
@@ -54,6 +60,7 @@ static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, json
     json_object_put(o);
     if (!r) return MHD_NO;
     MHD_add_response_header(r, "Content-Type", "application/json");
+    serve_conn_cors(c, r);
     enum MHD_Result ret = MHD_queue_response(c, status, r);
     MHD_destroy_response(r);
     return ret;
@@ -127,8 +134,9 @@ static unsigned parse_body(const server *sv, const char *body, size_t n, bool ch
             const char *rs = json_object_get_string(role);
             if (!strcmp(rs, "developer")) rs = "system"; /* the newer OpenAI name */
             const char *cs = json_object_get_string(content);
-            if ((size_t)json_object_get_string_len(content) != strlen(cs))
-                return snprintf(msg, cap, "messages[%zu].content contains a NUL character", i), 400;
+            char path[48];
+            snprintf(path, sizeof path, "messages[%zu].content", i);
+            if (serve_check_text(cs, (size_t)json_object_get_string_len(content), path, msg, cap)) return 400;
             r->msgs[i] = (rk_chat_msg){rs, cs};
         }
     } else {
@@ -137,6 +145,7 @@ static unsigned parse_body(const server *sv, const char *body, size_t n, bool ch
             return snprintf(msg, cap, "'prompt' must be a string"), 400;
         r->text = json_object_get_string(v);
         r->text_len = (size_t)json_object_get_string_len(v);
+        if (serve_check_text(r->text, r->text_len, "prompt", msg, cap)) return 400;
     }
     if ((json_object_object_get_ex(root, "max_completion_tokens", &v) ||
          json_object_object_get_ex(root, "max_tokens", &v)) &&
@@ -159,9 +168,7 @@ static unsigned parse_body(const server *sv, const char *body, size_t n, bool ch
         r->gen.sp.top_p = (float)t;
     }
     if (json_object_object_get_ex(root, "seed", &v) && !json_object_is_type(v, json_type_null)) {
-        if (!json_object_is_type(v, json_type_int) || json_object_get_int64(v) < 0)
-            return snprintf(msg, cap, "'seed' must be a non-negative integer"), 400;
-        r->gen.sp.seed = (uint64_t)json_object_get_int64(v);
+        if (serve_check_seed(v, &r->gen.sp.seed, msg, cap)) return 400;
     }
     if (json_object_object_get_ex(root, "stream", &v) && !json_object_is_type(v, json_type_null)) {
         if (!json_object_is_type(v, json_type_boolean)) return snprintf(msg, cap, "'stream' must be a boolean"), 400;
@@ -366,16 +373,24 @@ static enum MHD_Result generate(server *sv, struct MHD_Connection *c, http_conn 
         pthread_attr_destroy(&at);
         MHD_add_response_header(r, "Content-Type", "text/event-stream");
         MHD_add_response_header(r, "Cache-Control", "no-cache");
+        serve_conn_cors(c, r);
+        serve_conn_phase(c, SERVE_CONN_WORK);
         enum MHD_Result ret = MHD_queue_response(c, 200, r);
         MHD_destroy_response(r);
         return ret;
     }
     rk_gen_params gp = gen_params(&h.r);
+    serve_conn_watch watch;
+    serve_conn_watch_client(c, &gp, &watch);
+    serve_conn_phase(c, SERVE_CONN_WORK);
     rk_gen_result res = {0};
     rk_err e = {0};
     rk_status st = run_locked(sv, &h.r, &gp, &res, &e);
     enum MHD_Result ret;
-    if (st) {
+    if (watch.gone) {
+        serve_conn_count_cancel();
+        ret = MHD_NO; /* nobody to answer: the connection is closed */
+    } else if (st) {
         ret = send_error(c, status_of(st),
                          st == RK_E_CONTEXT       ? "context_length_exceeded"
                          : st == RK_E_INVALID_ARG ? "invalid_request_error"
@@ -387,8 +402,9 @@ static enum MHD_Result generate(server *sv, struct MHD_Connection *c, http_conn 
         ret = send_json(c, 200, o);
     }
     if (sv->verbose)
-        fprintf(stderr, "ridgekv serve: %s %s: %lld prompt tokens, %lld generated (%s)\n", h.id, st ? "failed" : "done",
-                (long long)res.n_prompt, (long long)res.n_gen, st ? e.msg : rk_stop_reason_name(res.stop));
+        fprintf(stderr, "ridgekv serve: %s %s: %lld prompt tokens, %lld generated (%s)%s\n", h.id,
+                st ? "failed" : "done", (long long)res.n_prompt, (long long)res.n_gen,
+                st ? e.msg : rk_stop_reason_name(res.stop), watch.gone ? "; the client went away" : "");
     rk_gen_result_deinit(&res);
     serve_req_deinit(&h.r);
     return ret;
@@ -398,6 +414,7 @@ static enum MHD_Result generate(server *sv, struct MHD_Connection *c, http_conn 
 typedef struct http_server {
     server *sv;
     size_t max_body;
+    const serve_guard *guard;
 } http_server;
 
 static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -411,6 +428,10 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         http_conn *hc = calloc(1, sizeof *hc);
         if (!hc) return MHD_NO;
         *state = hc;
+        serve_conn_phase(c, SERVE_CONN_BODY);
+        bool done;
+        enum MHD_Result ret = serve_conn_admit(hs->guard, c, url, method, &done);
+        if (done) return ret;
         if (post) {
             const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
             if (cl && strtoull(cl, NULL, 10) > hs->max_body) hc->too_big = true;
@@ -419,6 +440,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     }
     http_conn *hc = *state;
     if (*upload_size) {
+        if (serve_conn_body_late(c)) return MHD_NO; /* a body trickling in past its deadline: the connection goes */
         if (!hc->too_big && hc->body.n + *upload_size > hs->max_body) hc->too_big = true;
         if (!hc->too_big && !serve_buf_put(&hc->body, upload, *upload_size)) return MHD_NO;
         *upload_size = 0;
@@ -457,7 +479,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
 }
 
 static void completed(void *cls, struct MHD_Connection *c, void **state, enum MHD_RequestTerminationCode toe) {
-    (void)cls, (void)c, (void)toe;
+    (void)cls, (void)toe;
+    serve_conn_phase(c, SERVE_CONN_IDLE);
     http_conn *hc = *state;
     if (hc) {
         serve_buf_free(&hc->body);
@@ -468,7 +491,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **state, enum MH
 
 static bool loopback(const char *addr) { return !strcmp(addr, "localhost") || !strncmp(addr, "127.", 4); }
 
-int serve_http(server *sv, const char *addr, int port, size_t max_body) {
+int serve_http(server *sv, const char *addr, int port, size_t max_body, const serve_guard *guard_in) {
     struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     const char *a = !strcmp(addr, "localhost") ? "127.0.0.1" : addr;
     if (inet_pton(AF_INET, a, &sin.sin_addr) != 1) {
@@ -476,36 +499,44 @@ int serve_http(server *sv, const char *addr, int port, size_t max_body) {
                 addr);
         return RK_EXIT_USAGE;
     }
+    serve_guard guard = *guard_in;
+    const bool keyed = guard.api_key && guard.api_key[0];
     if (!loopback(addr))
-        fprintf(stderr,
-                "ridgekv serve: warning: listening on %s: reachable from other machines, with no "
-                "authentication\n",
-                addr);
-    /* the signals that end the server are taken by sigwait below, in no other thread */
+        fprintf(stderr, "ridgekv serve: warning: listening on %s: reachable from other machines%s\n", addr,
+                keyed ? "" : ", with no API key (--api-key or RIDGEKV_API_KEY)");
+    /* the signals that end the server are taken by sigtimedwait below, in no other thread */
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
-    http_server hs = {sv, max_body};
+    http_server hs = {sv, max_body, &guard};
     struct MHD_Daemon *d = MHD_start_daemon(
         MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ITC | MHD_USE_ERROR_LOG, 0, NULL,
         NULL, handle, &hs, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sin, MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)64, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600, MHD_OPTION_END);
+        MHD_OPTION_NOTIFY_CONNECTION, serve_conn_notify, NULL, MHD_OPTION_CONNECTION_LIMIT, (unsigned)SERVE_CONN_MAX,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)SERVE_CONN_IDLE_S, MHD_OPTION_END);
     if (!d) {
         fprintf(stderr, "ridgekv serve: cannot listen on %s:%d: %s\n", addr, port,
                 strerror(errno ? errno : EADDRINUSE));
         return RK_EXIT_IO;
     }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    guard.port = info ? info->port : (unsigned)port;
+    snprintf(guard.bind_addr, sizeof guard.bind_addr, "%s", a);
     fprintf(stderr,
             "ridgekv serve: %s (%s, ctx %lld) listening on http://%s:%u (OpenAI-compatible; one request at "
-            "a time)\n",
-            rk_model_name(sv->m), sv->hp->arch_name, (long long)rk_session_n_ctx(sv->s), addr,
-            info ? info->port : (unsigned)port);
+            "a time%s)\n",
+            rk_model_name(sv->m), sv->hp->arch_name, (long long)rk_session_n_ctx(sv->s), addr, guard.port,
+            keyed ? "; API key required" : "");
     fflush(stderr);
     int sig = 0;
-    sigwait(&set, &sig);
+    const struct timespec tick = {1, 0};
+    for (;;) { /* once a second: shed connections past their time limits */
+        sig = sigtimedwait(&set, NULL, &tick);
+        if (sig == SIGINT || sig == SIGTERM) break;
+        serve_conn_reap();
+    }
     fprintf(stderr, "ridgekv serve: %s: stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
     /* no new connections; then the generations in progress (and streams waiting in line)
      * finish before the model and session go */
@@ -514,5 +545,11 @@ int serve_http(server *sv, const char *addr, int port, size_t max_body) {
     while (g_jobs) pthread_cond_wait(&g_jobs_cv, &g_jobs_mu);
     pthread_mutex_unlock(&g_jobs_mu);
     MHD_stop_daemon(d);
+    if (sv->verbose) {
+        unsigned long long shed, cancelled;
+        serve_conn_stats(&shed, &cancelled);
+        fprintf(stderr, "ridgekv serve: %llu connections shed (idle or slow), %llu answers cancelled (client gone)\n",
+                shed, cancelled);
+    }
     return RK_EXIT_OK;
 }

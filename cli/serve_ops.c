@@ -115,6 +115,12 @@ static bool pick_fill(server *sv, const serve_req *r, rk_session *s, rk_fill_par
             char warn[512];
             rk_status st = rk_ridge_maps_load(g->ridgefill, sv->m, &sv->req_maps, warn, sizeof warn, &e);
             if (st) {
+                /* the path is the client's: the file's own bytes (a magic, a key) stay out */
+                if (st != RK_E_NOMEM && st != RK_E_IO && st != RK_E_NOT_FOUND)
+                    snprintf(e.msg, sizeof e.msg,
+                             "%.300s is not a RidgeFill map file for this model (a GGUF file of "
+                             "general.type ridgekv.ridge_maps with this model's fingerprint)",
+                             g->ridgefill);
                 emit_errorf(sv, r->id, st == RK_E_NOMEM ? SERVE_INTERNAL : SERVE_INVALID_REQUEST,
                             "field 'ridgefill': %s", e.msg);
                 return false;

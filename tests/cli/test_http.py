@@ -189,7 +189,7 @@ def run_disconnect(port):
     the next request is served at once (it would wait behind a runaway generation)."""
     body = json.dumps({"prompt": "Once upon a time", "max_tokens": 100000, "stream": True, "temperature": 1.0})
     s = socket.create_connection(("127.0.0.1", port), timeout=20)
-    s.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
                f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
     got = b""
     t_end = time.time() + 20
