@@ -132,3 +132,7 @@ rk_status serve_run_gen(server *sv, const serve_req *r, rk_session *s, const rk_
  * code. */
 struct serve_guard;
 int serve_http(server *sv, const char *addr, int port, size_t max_body, const struct serve_guard *guard);
+/* The body of a POST to /v1/chat/completions (chat) or /v1/completions parsed and checked
+ * as serve_http does, then released: 0, or the HTTP status (400, 500) with msg set. Reads
+ * sv->defaults and the model's name. For fuzz/fuzz_http.c. */
+unsigned serve_http_parse(const server *sv, const char *body, size_t n, bool chat, char *msg, size_t cap);

@@ -40,9 +40,16 @@ serve_code serve_check_seed(json_object *v, uint64_t *out, char *msg, size_t cap
             return SERVE_OK;
         }
     }
-    const bool clamped = json_object_is_type(v, json_type_int) && json_object_get_int64(v) == INT64_MAX;
+    /* a number's JSON text is ASCII; other values are named by type (a string could hold anything) */
+    const bool is_int = json_object_is_type(v, json_type_int),
+               is_num = is_int || json_object_is_type(v, json_type_double);
     snprintf(msg, cap, "field 'seed' must be an integer in [0, %lld] (got %.40s)", (long long)SERVE_SEED_MAX,
-             clamped ? "a larger integer" : json_object_to_json_string_ext(v, JSON_C_TO_STRING_PLAIN));
+             is_int && json_object_get_int64(v) == INT64_MAX ? "a larger integer"
+             : is_num                                        ? json_object_to_json_string_ext(v, JSON_C_TO_STRING_PLAIN)
+             : json_object_is_type(v, json_type_string)      ? "a string"
+             : json_object_is_type(v, json_type_boolean)     ? "a boolean"
+             : json_object_is_type(v, json_type_array)       ? "an array"
+                                                             : "an object");
     return SERVE_INVALID_REQUEST;
 }
 

@@ -553,3 +553,10 @@ int serve_http(server *sv, const char *addr, int port, size_t max_body, const se
     }
     return RK_EXIT_OK;
 }
+
+unsigned serve_http_parse(const server *sv, const char *body, size_t n, bool chat, char *msg, size_t cap) {
+    http_req h;
+    unsigned code = parse_body(sv, body, n, chat, &h, msg, cap);
+    serve_req_deinit(&h.r);
+    return code;
+}

@@ -1,4 +1,4 @@
-/* io: rk_io_read_file (missing, empty, normal, directory), rk_io_write_file_atomic
+/* io: rk_io_read_file (missing, empty, normal, directory, FIFO, size limit), rk_io_write_file_atomic
  * (new, overwrite, no temp left behind, failure keeps the old file), rk_io_mkdir_p and
  * SHA-256 against the FIPS 180-2 test vectors, one-shot and streamed. */
 #include <criterion/criterion.h>
@@ -60,6 +60,50 @@ Test(io, read_file_missing_empty_and_normal) {
     cr_expect_eq(rk_io_read_file(dir, &data, &len, &e), RK_E_IO, "%s", e.msg);
     cr_expect(strstr(e.msg, dir), "%s", e.msg);
     rmdir(dir);
+}
+
+/* A FIFO with no writer would block open(2) for reading: every open path refuses it at once,
+ * naming the kind (the timeout fails a regression that waits). */
+Test(io, fifo_is_refused_without_blocking, .timeout = 10) {
+    char dir[512], fifo[600];
+    cr_assert(tb_tmp_dir(dir, sizeof dir, "rk-io-fifo"), "%s", dir);
+    snprintf(fifo, sizeof fifo, "%s/pipe", dir);
+    cr_assert_eq(mkfifo(fifo, 0600), 0, "%s", strerror(errno));
+    rk_err e = {0};
+    char *data = NULL;
+    size_t len = 0;
+    cr_expect_eq(rk_io_read_file(fifo, &data, &len, &e), RK_E_IO, "%s", e.msg);
+    cr_expect(strstr(e.msg, "FIFO") && strstr(e.msg, fifo), "%s", e.msg);
+    rk_mapping m = {0};
+    cr_expect_eq(rk_mapping_open(fifo, &m, &e), RK_E_IO, "%s", e.msg);
+    cr_expect(strstr(e.msg, "FIFO"), "%s", e.msg);
+    cr_expect_eq(rk_mapping_open_huge(fifo, &m, &e), RK_E_IO, "%s", e.msg);
+    char hex[65];
+    cr_expect_eq(rk_sha256_file(fifo, hex, &e), RK_E_IO, "%s", e.msg);
+    int fd = -1;
+    cr_expect_eq(rk_file_open_regular("/dev/null", &fd, &len, &e), RK_E_IO, "%s", e.msg);
+    cr_expect(strstr(e.msg, "character device"), "%s", e.msg);
+    unlink(fifo);
+    rmdir(dir);
+}
+
+/* rk_io_read_file_max refuses from the size (a sparse 2 GiB file: nothing read, nothing
+ * allocated) and reads a file at the limit. */
+Test(io, read_file_max_refuses_from_the_size) {
+    char path[512];
+    cr_assert(tb_tmp_path(path, sizeof path, "rk-io-sparse", ".txt"), "%s", path);
+    cr_assert_eq(truncate(path, (off_t)2 << 30), 0, "%s", strerror(errno));
+    rk_err e = {0};
+    char *data = (char *)"keep";
+    size_t len = 7;
+    cr_expect_eq(rk_io_read_file_max(path, (size_t)1 << 20, &data, &len, &e), RK_E_INVALID_ARG, "%s", e.msg);
+    cr_expect(strstr(e.msg, "2147483648 bytes") && strstr(e.msg, path), "%s", e.msg);
+    cr_expect(strcmp(data, "keep") == 0 && len == 7);
+    cr_assert_eq(truncate(path, 4096), 0);
+    cr_expect_eq(rk_io_read_file_max(path, 4096, &data, &len, &e), RK_OK, "%s", e.msg);
+    cr_expect_eq(len, 4096);
+    free(data);
+    unlink(path);
 }
 
 /* ---- atomic write ---------------------------------------------------------------- */
