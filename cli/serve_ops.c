@@ -80,6 +80,14 @@ static bool same_kv(const char *a, const char *b) {
     return strncmp(a, "lowram", 6) || !strcmp(a, b);
 }
 
+/* A file a request named could not be used: past opening it (which says why without
+ * reading it), the message says what was expected and never quotes the file's bytes (a
+ * magic, a key, a name), which would let a client read files through the errors. */
+static void client_file_error(rk_err *e, rk_status st, const char *path, const char *expected) {
+    if (st == RK_E_NOMEM || st == RK_E_IO || st == RK_E_NOT_FOUND) return;
+    snprintf(e->msg, sizeof e->msg, "%.200s is not %s", path, expected);
+}
+
 /* The session for the request: the server's, or one with the request's KV policy (made
  * for it and kept for the next request asking the same). */
 static rk_session *pick_session(server *sv, const serve_req *r) {
@@ -92,6 +100,10 @@ static rk_session *pick_session(server *sv, const serve_req *r) {
     if (!st && sp.kv.lowram.n_threads == 0) sp.kv.lowram.n_threads = sp.n_threads;
     rk_session *s = NULL;
     if (!st) st = rk_session_create(sv->m, &sp, &s, &e);
+    if (st && st != RK_E_INVALID_ARG && sp.kv.lowram.predictor[0])
+        client_file_error(&e, st, sp.kv.lowram.predictor,
+                          "a LowRAM predictor file for this model and group size (a GGUF file of general.type "
+                          "ridgekv.lowram_predictor with this model's fingerprint)");
     if (st) {
         emit_errorf(sv, r->id, st == RK_E_NOMEM ? SERVE_INTERNAL : SERVE_INVALID_REQUEST, "field 'kv': %s", e.msg);
         return NULL;
@@ -115,12 +127,9 @@ static bool pick_fill(server *sv, const serve_req *r, rk_session *s, rk_fill_par
             char warn[512];
             rk_status st = rk_ridge_maps_load(g->ridgefill, sv->m, &sv->req_maps, warn, sizeof warn, &e);
             if (st) {
-                /* the path is the client's: the file's own bytes (a magic, a key) stay out */
-                if (st != RK_E_NOMEM && st != RK_E_IO && st != RK_E_NOT_FOUND)
-                    snprintf(e.msg, sizeof e.msg,
-                             "%.300s is not a RidgeFill map file for this model (a GGUF file of "
-                             "general.type ridgekv.ridge_maps with this model's fingerprint)",
-                             g->ridgefill);
+                client_file_error(&e, st, g->ridgefill,
+                                  "a RidgeFill map file for this model (a GGUF file of general.type "
+                                  "ridgekv.ridge_maps with this model's fingerprint)");
                 emit_errorf(sv, r->id, st == RK_E_NOMEM ? SERVE_INTERNAL : SERVE_INVALID_REQUEST,
                             "field 'ridgefill': %s", e.msg);
                 return false;

@@ -226,6 +226,8 @@ def run_jsonl(fifo):
         json.dumps({"id": 4, "op": "complete", "prompt": "a", "max_tokens": 2, "ridgefill": "/etc/passwd"}),
         json.dumps({"id": 5, "op": "chat", "messages": [{"role": "user", "content": "\u0000"}], "max_tokens": 2}),
         json.dumps({"id": 6, "op": "complete", "prompt": "Once", "max_tokens": 2, "seed": 7}),
+        json.dumps({"id": 7, "op": "complete", "prompt": "a", "max_tokens": 2, "kv": "lowram:pred=/etc/passwd"}),
+        json.dumps({"id": 8, "op": "complete", "prompt": "a", "max_tokens": 2, "kv": "lowram:pred=" + fifo}),
     ]
     t0 = time.time()
     r = subprocess.run([BIN, "serve", "--jsonl", "-m", MODEL], input="\n".join(lines) + "\n", capture_output=True,
@@ -245,6 +247,11 @@ def run_jsonl(fifo):
     check(last.get(5, {}).get("event") == "error" and "NUL" in last[5].get("message", ""),
           f"JSONL NUL in a message: {last.get(5)}")
     check(last.get(6, {}).get("event") == "done", f"a good line after them: {last.get(6)}")
+    m7 = last.get(7, {}).get("message", "")
+    check(last.get(7, {}).get("event") == "error" and "not a LowRAM predictor" in m7 and "root" not in m7 and
+          "72 6f" not in m7, f"JSONL kv pred=/etc/passwd names no byte of it: {m7}")
+    check(last.get(8, {}).get("event") == "error" and "FIFO" in last[8].get("message", ""),
+          f"JSONL kv pred=FIFO: {last.get(8)}")
 
 
 def run_paths(fifo, tmp):
