@@ -18,7 +18,7 @@ static const char *file_kind(mode_t m) {
            : S_ISBLK(m)  ? "a block device"
            : S_ISDIR(m)  ? "a directory"
            : S_ISSOCK(m) ? "a socket"
-                         : "not a regular file";
+                         : "a special file";
 }
 
 /* O_NONBLOCK: opening a FIFO for reading would wait for a writer; for a regular file the
@@ -36,7 +36,7 @@ rk_status rk_file_open_regular(const char *path, int *fd_out, size_t *len, rk_er
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
-        return rk_err_set(err, RK_E_IO, "file: %s is %s (expected a regular file)", path, file_kind(st.st_mode));
+        return rk_err_set(err, RK_E_IO, "file: %s is %s, not a regular file", path, file_kind(st.st_mode));
     }
     int fl = fcntl(fd, F_GETFL);
     if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
