@@ -67,7 +67,8 @@ int cmd_cache(int argc, char **argv) {
         } else if (argc != 3) goto usage;
     } else goto usage;
     cli_opts o = {0};
-    rk_doc_cache *c = cli_doc_cache_open(&o, "cache");
+    /* read-only: ls reads a directory it cannot write; rm and gc then say why they remove nothing */
+    rk_doc_cache *c = cli_doc_cache_open_mode(&o, "cache", true);
     if (!c) return RK_EXIT_ERROR;
     rk_err e = {0};
     int rc = RK_EXIT_OK;

@@ -15,7 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "rk_cache.h"
+#include "doc_cache_impl.h"
 #include "rk_io.h"
 #include "session_impl.h"
 
@@ -57,9 +57,19 @@ rk_status rk_doc_cache_open(const rk_doc_cache_params *p, rk_doc_cache **out, rk
         return rk_err_set(err, RK_E_INVALID_ARG, "document cache: directory path too long");
     }
     c->p.dir = c->dir;
-    rk_status st = rk_io_mkdir_p(c->dir, err);
-    if (!st && access(c->dir, R_OK | W_OK | X_OK) != 0)
-        st = rk_err_set(err, RK_E_IO, "document cache: %s is not writable (%s)", c->dir, strerror(errno));
+    struct stat sb;
+    rk_status st = RK_OK;
+    if (stat(c->dir, &sb) == 0 && !S_ISDIR(sb.st_mode)) /* what is in the way, not what mkdir says of it */
+        st = rk_err_set(err, RK_E_IO, "document cache: %s is a %s, not a directory", c->dir,
+                        S_ISREG(sb.st_mode) ? "regular file" : "special file");
+    else if (p->read_only) {
+        if (stat(c->dir, &sb) == 0 && access(c->dir, R_OK | X_OK) != 0)
+            st = rk_err_set(err, RK_E_IO, "document cache: %s cannot be read (%s)", c->dir, strerror(errno));
+    } else {
+        st = rk_io_mkdir_p(c->dir, err);
+        if (!st && access(c->dir, R_OK | W_OK | X_OK) != 0)
+            st = rk_err_set(err, RK_E_IO, "document cache: %s is not writable (%s)", c->dir, strerror(errno));
+    }
     if (st) {
         free(c);
         return st;
@@ -182,7 +192,7 @@ static rk_status read_entry(rk_doc_cache *c, const char *path, const char *key, 
     if (st) snprintf(msg, cap, "%s", e.msg);
     if (!st && (st = read_meta(bs, mt, msg, cap)) == RK_OK && strcmp(mt->key, key)) {
         st = RK_E_FORMAT;
-        snprintf(msg, cap, "the file holds entry %.12s", mt->key);
+        snprintf(msg, cap, "the file is named for entry %.12s but holds entry %.12s", key, mt->key);
     }
     if (!st && !(*buf = malloc(mt->raw ? (size_t)mt->raw : 1))) {
         st = RK_E_NOMEM;
@@ -217,7 +227,20 @@ static rk_status read_entry(rk_doc_cache *c, const char *path, const char *key, 
     return st;
 }
 
+rk_status rk_doc_cache_read_file(rk_doc_cache *c, const char *path, const char *key, uint8_t **buf, size_t *len,
+                                 int64_t *n_tokens, char *msg, size_t cap) {
+    meta mt = {0};
+    rk_status st = read_entry(c, path, key, buf, &mt, msg, cap);
+    if (!st) *len = (size_t)mt.raw, *n_tokens = (int64_t)mt.n_tokens;
+    return st;
+}
+
 rk_status rk_doc_cache_load(rk_doc_cache *c, const char *key, rk_session *s, int64_t *n_tokens, rk_err *err) {
+    return rk_doc_cache_load_tokens(c, key, NULL, 0, s, n_tokens, err);
+}
+
+rk_status rk_doc_cache_load_tokens(rk_doc_cache *c, const char *key, const int32_t *tokens, size_t n, rk_session *s,
+                                   int64_t *n_tokens, rk_err *err) {
     char path[4096];
     rk_status st = entry_path(c, key, path, sizeof path, err);
     if (st) return st;
@@ -239,6 +262,17 @@ rk_status rk_doc_cache_load(rk_doc_cache *c, const char *key, rk_session *s, int
             st = RK_E_FORMAT;
             snprintf(msg, sizeof msg, "entry says %llu tokens, its block holds %lld", (unsigned long long)mt.n_tokens,
                      (long long)rk_session_n_past(s));
+        } else if (tokens) { /* the rows' own tokens against the documents the key was made of */
+            size_t i = 0;
+            const int32_t *held = rk_session_tokens(s);
+            while (i < n && i < mt.n_tokens && held[i] == tokens[i]) i++;
+            if (i < n || mt.n_tokens != n) {
+                st = RK_E_FORMAT;
+                snprintf(msg, sizeof msg,
+                         "it holds another document: its %llu tokens differ from the %zu of the documents at token "
+                         "%zu",
+                         (unsigned long long)mt.n_tokens, n, i);
+            }
         }
     }
     free(buf);
@@ -276,18 +310,12 @@ static void fsync_dir(const char *dir) {
     }
 }
 
-rk_status rk_doc_cache_save(rk_doc_cache *c, const char *key, const rk_model *m, const rk_kv_params *kv,
-                            const rk_session *s, int64_t n, const char *label, rk_err *err) {
-    char path[4096], tmp[4200];
-    rk_status st = entry_path(c, key, path, sizeof path, err);
-    if (st) return st;
-    if (!m) m = s->m;
-    if (!kv) kv = &s->p.kv;
+rk_status rk_doc_cache_write_file(rk_doc_cache *c, const char *path, const char *key, const rk_model *m,
+                                  const rk_kv_params *kv, int64_t n, const char *label, const void *blk, size_t len,
+                                  rk_err *err) {
+    char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     const double t0 = rk_time_now();
-    void *blk = NULL;
-    size_t len = 0;
-    if ((st = rk_session_kv_export(s, 0, n, &blk, &len, err))) return st;
     const uint32_t pieces = (uint32_t)((len + PIECE - 1) / PIECE);
     uint8_t mb[META_BYTES] = {0};
     memcpy(mb, "RKDC", 4);
@@ -303,11 +331,12 @@ rk_status rk_doc_cache_save(rk_doc_cache *c, const char *key, const rk_model *m,
     rk_bs *bs = NULL;
     rk_err e = {0};
     char msg[640] = "";
+    rk_status st;
     if ((st = rk_bs_open(tmp, RK_BS_CREATE, &c->p.io, &bs, &e))) snprintf(msg, sizeof msg, "%s", e.msg);
     if (!st && (st = rk_bs_put(bs, 0, mb, sizeof mb, NULL, &e))) snprintf(msg, sizeof msg, "%s", e.msg);
     for (uint32_t i = 1; !st && i <= pieces; i++) {
-        const size_t off = (size_t)(i - 1) * PIECE, m = len - off < PIECE ? len - off : PIECE;
-        if ((st = rk_bs_put(bs, i, (const uint8_t *)blk + off, m, NULL, &e))) snprintf(msg, sizeof msg, "%s", e.msg);
+        const size_t off = (size_t)(i - 1) * PIECE, k = len - off < PIECE ? len - off : PIECE;
+        if ((st = rk_bs_put(bs, i, (const uint8_t *)blk + off, k, NULL, &e))) snprintf(msg, sizeof msg, "%s", e.msg);
     }
     while (bs && rk_bs_in_flight(bs)) {
         rk_bs_done d[16];
@@ -325,20 +354,36 @@ rk_status rk_doc_cache_save(rk_doc_cache *c, const char *key, const rk_model *m,
         c->last.direct = rk_bs_direct(bs);
     }
     rk_bs_close(bs);
-    free(blk);
     if (!st && rename(tmp, path) != 0) {
         st = RK_E_IO;
         snprintf(msg, sizeof msg, "cannot rename %.300s (%s)", tmp, strerror(errno));
     }
     if (st) {
         unlink(tmp);
-        return rk_err_set(err, st, "document cache: cannot save entry %.12s in %s (%s)", key, c->dir, msg);
+        return rk_err_set(err, st, "document cache: cannot save %s %.12s in %s (%s)",
+                          strstr(path, ".rkck") ? "a checkpoint of entry" : "entry", key, c->dir, msg);
     }
     fsync_dir(c->dir);
     struct stat sb;
     c->last.io_s = rk_time_now() - t0;
     c->last.raw_bytes = len;
     c->last.file_bytes = stat(path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
+    return RK_OK;
+}
+
+rk_status rk_doc_cache_save(rk_doc_cache *c, const char *key, const rk_model *m, const rk_kv_params *kv,
+                            const rk_session *s, int64_t n, const char *label, rk_err *err) {
+    char path[4096];
+    rk_status st = entry_path(c, key, path, sizeof path, err);
+    if (st) return st;
+    if (!m) m = s->m;
+    if (!kv) kv = &s->p.kv;
+    void *blk = NULL;
+    size_t len = 0;
+    if ((st = rk_session_kv_export(s, 0, n, &blk, &len, err))) return st;
+    st = rk_doc_cache_write_file(c, path, key, m, kv, n, label, blk, len, err);
+    free(blk);
+    if (st) return st;
     size_t nr;
     uint64_t left;
     rk_err ge = {0};
@@ -365,6 +410,7 @@ rk_status rk_doc_cache_list(rk_doc_cache *c, rk_doc_cache_entry **out, size_t *n
     *out = NULL;
     *n_out = 0;
     DIR *d = opendir(c->dir);
+    if (!d && errno == ENOENT) return RK_OK; /* a read-only open of a cache never made */
     if (!d) return rk_err_set(err, RK_E_IO, "document cache: cannot list %s (%s)", c->dir, strerror(errno));
     rk_doc_cache_entry *v = NULL;
     size_t n = 0, cap = 0;
@@ -401,6 +447,10 @@ rk_status rk_doc_cache_list(rk_doc_cache *c, rk_doc_cache_entry **out, size_t *n
         if (st) snprintf(msg, sizeof msg, "%s", e.msg);
         else st = read_meta(bs, &mt, msg, sizeof msg);
         rk_bs_close(bs);
+        if (!st && strcmp(mt.key, key)) {
+            st = RK_E_FORMAT;
+            snprintf(msg, sizeof msg, "the file is named for entry %.12s but holds entry %.12s", key, mt.key);
+        }
         if (st) {
             en->bad = true;
             snprintf(en->label, sizeof en->label, "%.255s", msg);
@@ -419,14 +469,26 @@ rk_status rk_doc_cache_list(rk_doc_cache *c, rk_doc_cache_entry **out, size_t *n
     return RK_OK;
 }
 
-/* The kept split stream beside an entry (doc_stream.c: <key>.rkxs) goes with it. */
+/* The kept split stream beside an entry (doc_stream.c: <key>.rkxs) and the checkpoints of its
+ * read (doc_ckpt.c: <key>.rkck, <key>.rkck.old) go with it. */
 static void drop_stream(const rk_doc_cache *c, const char *key) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s.rkxs", c->dir, key);
-    unlink(path);
+    static const char *const ext[] = {"rkxs", "rkck", "rkck.old"};
+    for (int i = 0; i < 3; i++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s.%s", c->dir, key, ext[i]);
+        unlink(path);
+    }
 }
 
-/* Streams whose entry is gone (a crash between the two removals, an older binary's rm). */
+/* Why a file of the cache could not be removed, in the user's terms. */
+static const char *why_not_removed(int e) {
+    return e == EROFS                  ? "the file system is read-only"
+           : e == EACCES || e == EPERM ? "the cache directory is not writable"
+                                       : strerror(e);
+}
+
+/* Streams whose entry is gone (a crash between the two removals, an older binary's rm), and
+ * checkpoints whose entry is there (a crash between saving the entry and removing them). */
 static size_t remove_orphan_streams(const rk_doc_cache *c) {
     DIR *d = opendir(c->dir);
     if (!d) return 0;
@@ -434,10 +496,15 @@ static size_t remove_orphan_streams(const rk_doc_cache *c) {
     struct dirent *de;
     while ((de = readdir(d))) {
         const size_t len = strlen(de->d_name);
-        if (len != 64 + 5 || strcmp(de->d_name + 64, ".rkxs")) continue;
+        const bool stream = len == 64 + 5 && !strcmp(de->d_name + 64, ".rkxs");
+        const bool ckpt = (len == 64 + 5 && !strcmp(de->d_name + 64, ".rkck")) ||
+                          (len == 64 + 9 && !strcmp(de->d_name + 64, ".rkck.old"));
+        if (!stream && !ckpt) continue;
         char entry[4096], path[4096];
         snprintf(entry, sizeof entry, "%s/%.64s.rkkv", c->dir, de->d_name);
-        if (access(entry, F_OK) == 0 || errno != ENOENT) continue;
+        const bool has_entry = access(entry, F_OK) == 0;
+        /* a stream without its entry, a checkpoint of a read that completed */
+        if (stream ? has_entry || errno != ENOENT : !has_entry) continue;
         snprintf(path, sizeof path, "%s/%s", c->dir, de->d_name);
         if (unlink(path) == 0) n++;
     }
@@ -448,6 +515,7 @@ static size_t remove_orphan_streams(const rk_doc_cache *c) {
 rk_status rk_doc_cache_remove(rk_doc_cache *c, const char *prefix, size_t *n_removed, rk_err *err) {
     *n_removed = 0;
     DIR *d = opendir(c->dir);
+    if (!d && errno == ENOENT) return RK_OK;
     if (!d) return rk_err_set(err, RK_E_IO, "document cache: cannot list %s (%s)", c->dir, strerror(errno));
     const size_t np = prefix ? strlen(prefix) : 0;
     rk_status st = RK_OK;
@@ -457,23 +525,28 @@ rk_status rk_doc_cache_remove(rk_doc_cache *c, const char *prefix, size_t *n_rem
         if (!is_entry_name(de->d_name, key) || strncmp(key, prefix ? prefix : "", np)) continue;
         snprintf(path, sizeof path, "%s/%s", c->dir, de->d_name);
         if (unlink(path) == 0) (*n_removed)++, drop_stream(c, key);
-        else if (!st) st = rk_err_set(err, RK_E_IO, "document cache: cannot remove %s (%s)", path, strerror(errno));
+        else if (!st)
+            st = rk_err_set(err, RK_E_IO, "document cache: cannot remove %s (%s)", path, why_not_removed(errno));
     }
     closedir(d);
     return st;
 }
 
-/* Temporary files of writers that are gone: <key>.rkkv.tmp.<pid>. */
+/* Temporary files of writers that are gone: <key>.<ext>.tmp.<pid>. */
 static size_t remove_stale_tmp(const rk_doc_cache *c) {
     DIR *d = opendir(c->dir);
     if (!d) return 0;
     size_t n = 0;
     struct dirent *de;
     while ((de = readdir(d))) {
-        const char *t = strstr(de->d_name, ".rkkv.tmp.");
-        if (!t) continue;
+        const char *t = strstr(de->d_name, ".tmp.");
+        char key[65];
+        if (!t || t - de->d_name < 64) continue;
+        memcpy(key, de->d_name, 64);
+        key[64] = '\0';
+        if (!valid_key(key) || de->d_name[64] != '.') continue;
         char *end;
-        const long pid = strtol(t + 10, &end, 10);
+        const long pid = strtol(t + 5, &end, 10);
         if (*end || pid <= 0) continue;
         if (pid != (long)getpid() && kill((pid_t)pid, 0) != 0 && errno == ESRCH) {
             char path[4096];
@@ -487,6 +560,10 @@ static size_t remove_stale_tmp(const rk_doc_cache *c) {
 
 rk_status rk_doc_cache_gc(rk_doc_cache *c, uint64_t cap, size_t *n_removed, uint64_t *bytes_left, rk_err *err) {
     if (!cap) cap = c->p.cap_bytes;
+    if (access(c->dir, W_OK) != 0 && (errno == EROFS || errno == EACCES)) {
+        *n_removed = 0, *bytes_left = 0;
+        return rk_err_set(err, RK_E_IO, "document cache: nothing collected in %s (%s)", c->dir, why_not_removed(errno));
+    }
     *n_removed = remove_stale_tmp(c);
     remove_orphan_streams(c);
     *bytes_left = 0;
