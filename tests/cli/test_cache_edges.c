@@ -250,7 +250,7 @@ static int ask_killed(const fixture *f, double delay_s, char **err, char **out) 
     snprintf(ef, sizeof ef, "%s/err.txt", f->dir);
     snprintf(of, sizeof of, "%s/out.txt", f->dir);
     snprintf(cmd, sizeof cmd,
-             "exec env XDG_CACHE_HOME='%s/xdg' RIDGEKV_CHECKPOINT=1c '%s' ask -m '%s' -n 6 -b 16 --doc '%s' '%s' "
+             "exec env XDG_CACHE_HOME='%s/xdg' RIDGEKV_CHECKPOINT=1c '%s' ask -m '%s' -n 6 -b 32 --doc '%s' '%s' "
              ">'%s' 2>'%s' </dev/null",
              f->dir, getenv("RK_BIN"), f->model, f->doc, Q, of, ef);
     const pid_t pid = fork();
@@ -282,7 +282,7 @@ static int ask_killed(const fixture *f, double delay_s, char **err, char **out) 
 
 Test(cache_edges, ask_killed_during_a_checkpointed_read_resumes_with_the_same_answer, .timeout = 280) {
     fixture f;
-    setup(&f, 90);
+    setup(&f, 40);
     cr_assert(getenv("RK_BIN"));
     char *want = answer(&f, f.doc);
     /* one full checkpointed read for its duration, then a clean cache */
@@ -298,7 +298,7 @@ Test(cache_edges, ask_killed_during_a_checkpointed_read_resumes_with_the_same_an
     int resumes = 0, kills = 0;
     uint64_t seed = 1234;
     for (int i = 0; i < 5; i++) {
-        const double frac = 0.2 + 0.6 * (double)(tb_rand_u64(&seed) % 1000) / 1000.0;
+        const double frac = 0.1 + 0.4 * (double)(tb_rand_u64(&seed) % 1000) / 1000.0;
         const int killed = ask_killed(&f, frac * full, &err, &out);
         resumes += strstr(err, "resuming from token") != NULL;
         kills += killed;
