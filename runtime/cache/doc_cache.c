@@ -522,6 +522,22 @@ rk_status rk_doc_cache_remove(rk_doc_cache *c, const char *prefix, size_t *n_rem
     struct dirent *de;
     while ((de = readdir(d))) {
         char key[65], path[4096];
+        const size_t len = strlen(de->d_name);
+        /* the checkpoints of a read that never completed count as its entry */
+        const bool ckpt = len >= 69 && (!strcmp(de->d_name + 64, ".rkck") || !strcmp(de->d_name + 64, ".rkck.old"));
+        if (ckpt) {
+            memcpy(key, de->d_name, 64);
+            key[64] = '\0';
+            if (!valid_key(key) || strncmp(key, prefix ? prefix : "", np)) continue;
+            char entry[4096];
+            snprintf(entry, sizeof entry, "%s/%s.rkkv", c->dir, key);
+            const bool alone = len == 69 && access(entry, F_OK) != 0;
+            snprintf(path, sizeof path, "%s/%s", c->dir, de->d_name);
+            if (unlink(path) == 0) *n_removed += alone;
+            else if (errno != ENOENT && !st)
+                st = rk_err_set(err, RK_E_IO, "document cache: cannot remove %s (%s)", path, why_not_removed(errno));
+            continue;
+        }
         if (!is_entry_name(de->d_name, key) || strncmp(key, prefix ? prefix : "", np)) continue;
         snprintf(path, sizeof path, "%s/%s", c->dir, de->d_name);
         if (unlink(path) == 0) (*n_removed)++, drop_stream(c, key);

@@ -89,7 +89,9 @@ typedef struct rk_doc_cache_entry {
 } rk_doc_cache_entry;
 /* Every entry, most recently used first (*out malloc'd). */
 rk_status rk_doc_cache_list(rk_doc_cache *c, rk_doc_cache_entry **out, size_t *n, rk_err *err);
-/* Removes the entries whose key starts with prefix ("" or NULL: every entry); *n_removed. */
+/* Removes the entries whose key starts with prefix ("" or NULL: every entry), with their
+ * stream and checkpoints, and the checkpoints of reads that never completed (counted as
+ * entries); *n_removed. */
 rk_status rk_doc_cache_remove(rk_doc_cache *c, const char *prefix, size_t *n_removed, rk_err *err);
 /* Removes temporary files of dead writers, checkpoints of completed reads, bad entries,
  * then LRU entries until the total is at most cap (0: the cache's cap). RK_E_IO saying why

@@ -290,3 +290,23 @@ Test(doc_ckpt, lowram_sessions_are_not_checkpointed) {
     rk_session_destroy(s);
     teardown(&w);
 }
+
+/* The checkpoints of a read that never completed: rm counts them as the entry they would be,
+ * gc keeps them (the read may resume), a completed entry's gc removes them. */
+Test(doc_ckpt, rm_removes_the_checkpoints_of_an_unfinished_read) {
+    world w;
+    setup(&w, RK_KV_F16, false, NULL);
+    notes nt = {0};
+    const int stops[] = {4};
+    interrupted(&w, stops, 1, &nt);
+    cr_assert(exists(&w, "rkck") && exists(&w, "rkck.old"));
+    size_t n = 0;
+    uint64_t left = 0;
+    rk_err e = {0};
+    cr_assert_eq(rk_doc_cache_gc(w.c, 0, &n, &left, &e), RK_OK, "%s", e.msg);
+    cr_expect(exists(&w, "rkck"), "gc removed the checkpoint of a read that may resume");
+    cr_assert_eq(rk_doc_cache_remove(w.c, "", &n, &e), RK_OK, "%s", e.msg);
+    cr_expect_eq(n, 1);
+    cr_expect(!exists(&w, "rkck") && !exists(&w, "rkck.old"));
+    teardown(&w);
+}
