@@ -310,65 +310,125 @@ static void fsync_dir(const char *dir) {
     }
 }
 
-rk_status rk_doc_cache_write_file(rk_doc_cache *c, const char *path, const char *key, const rk_model *m,
-                                  const rk_kv_params *kv, int64_t n, const char *label, const void *blk, size_t len,
-                                  rk_err *err) {
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    const double t0 = rk_time_now();
-    const uint32_t pieces = (uint32_t)((len + PIECE - 1) / PIECE);
+struct rk_doc_cache_writer {
+    rk_doc_cache *c;
+    rk_bs *bs;
+    char path[4096], tmp[4200], msg[640];
+    uint8_t *buf; /* (PIECE) the piece being filled */
+    size_t fill;
+    uint64_t len;
+    uint32_t pieces;
+    rk_status st; /* the first failure; later puts are no-ops */
+    double t0;
+};
+
+static void w_fail(rk_doc_cache_writer *w, rk_status st, const char *msg) {
+    if (w->st) return;
+    w->st = st;
+    snprintf(w->msg, sizeof w->msg, "%s", msg);
+}
+
+/* Reaps the completions there are (wait: all in flight), keeping the first failure. */
+static void w_reap(rk_doc_cache_writer *w, bool wait) {
+    while (rk_bs_in_flight(w->bs)) {
+        rk_bs_done d[16];
+        const int k = rk_bs_wait(w->bs, wait ? 1 : 0, d, 16);
+        for (int j = 0; j < k; j++)
+            if (d[j].status) w_fail(w, d[j].status, d[j].msg);
+        if (!k) break;
+    }
+}
+
+static void w_piece(rk_doc_cache_writer *w) {
+    rk_err e = {0};
+    if (!w->st && rk_bs_put(w->bs, ++w->pieces, w->buf, w->fill, NULL, &e)) w_fail(w, e.code, e.msg);
+    w->fill = 0;
+    w_reap(w, false);
+}
+
+rk_status rk_doc_cache_writer_open(rk_doc_cache *c, const char *path, rk_doc_cache_writer **out, rk_err *err) {
+    rk_doc_cache_writer *w = calloc(1, sizeof *w);
+    if (w) w->buf = malloc(PIECE);
+    if (!w || !w->buf) {
+        if (w) free(w);
+        return rk_err_set(err, RK_E_NOMEM, "document cache: out of memory");
+    }
+    w->c = c, w->t0 = rk_time_now();
+    snprintf(w->path, sizeof w->path, "%s", path);
+    snprintf(w->tmp, sizeof w->tmp, "%s.tmp.%ld", path, (long)getpid());
+    rk_err e = {0};
+    if (rk_bs_open(w->tmp, RK_BS_CREATE, &c->p.io, &w->bs, &e)) w_fail(w, e.code, e.msg);
+    *out = w;
+    return RK_OK;
+}
+
+void rk_doc_cache_writer_put(rk_doc_cache_writer *w, const void *p, size_t n) {
+    const uint8_t *b = p;
+    while (n && !w->st) {
+        const size_t k = PIECE - w->fill < n ? PIECE - w->fill : n;
+        memcpy(w->buf + w->fill, b, k);
+        w->fill += k, w->len += k, b += k, n -= k;
+        if (w->fill == PIECE) w_piece(w);
+    }
+}
+
+bool rk_doc_cache_writer_failed(const rk_doc_cache_writer *w) { return w->st != RK_OK; }
+
+rk_status rk_doc_cache_writer_close(rk_doc_cache_writer *w, bool keep, const char *key, const rk_model *m,
+                                    const rk_kv_params *kv, int64_t n, const char *label, rk_err *err) {
+    rk_doc_cache *c = w->c;
+    if (!keep) w_fail(w, RK_E_CANCELLED, "abandoned");
+    if (w->fill) w_piece(w);
     uint8_t mb[META_BYTES] = {0};
     memcpy(mb, "RKDC", 4);
     rk_le_put(mb + 4, META_VERSION, 4);
-    rk_le_put(mb + 8, (uint64_t)n, 8), rk_le_put(mb + 16, len, 8);
-    rk_le_put(mb + 24, pieces, 4), rk_le_put(mb + 28, PIECE, 4);
+    rk_le_put(mb + 8, (uint64_t)n, 8), rk_le_put(mb + 16, w->len, 8);
+    rk_le_put(mb + 24, w->pieces, 4), rk_le_put(mb + 28, PIECE, 4);
     memcpy(mb + 32, key, 64);
     put_str(mb + 96, label, 256);
     put_str(mb + 352, rk_model_name(m), 64);
     char spec[2048];
     rk_kv_params_format(kv, spec, sizeof spec);
     put_str(mb + 416, spec, 64);
-    rk_bs *bs = NULL;
     rk_err e = {0};
-    char msg[640] = "";
-    rk_status st;
-    if ((st = rk_bs_open(tmp, RK_BS_CREATE, &c->p.io, &bs, &e))) snprintf(msg, sizeof msg, "%s", e.msg);
-    if (!st && (st = rk_bs_put(bs, 0, mb, sizeof mb, NULL, &e))) snprintf(msg, sizeof msg, "%s", e.msg);
-    for (uint32_t i = 1; !st && i <= pieces; i++) {
-        const size_t off = (size_t)(i - 1) * PIECE, k = len - off < PIECE ? len - off : PIECE;
-        if ((st = rk_bs_put(bs, i, (const uint8_t *)blk + off, k, NULL, &e))) snprintf(msg, sizeof msg, "%s", e.msg);
+    if (!w->st && rk_bs_put(w->bs, 0, mb, sizeof mb, NULL, &e)) w_fail(w, e.code, e.msg);
+    if (w->bs) w_reap(w, true);
+    if (!w->st && rk_bs_sync(w->bs, &e)) w_fail(w, e.code, e.msg);
+    if (w->bs) {
+        c->last.backend = rk_bs_backend_used(w->bs);
+        c->last.direct = rk_bs_direct(w->bs);
     }
-    while (bs && rk_bs_in_flight(bs)) {
-        rk_bs_done d[16];
-        int k = rk_bs_wait(bs, 1, d, 16);
-        for (int j = 0; j < k; j++)
-            if (d[j].status && !st) {
-                st = d[j].status;
-                snprintf(msg, sizeof msg, "%s", d[j].msg);
-            }
-        if (!k) break;
+    rk_bs_close(w->bs);
+    if (!w->st && rename(w->tmp, w->path) != 0) {
+        char msg[640];
+        snprintf(msg, sizeof msg, "cannot rename %.300s (%s)", w->tmp, strerror(errno));
+        w_fail(w, RK_E_IO, msg);
     }
-    if (!st && (st = rk_bs_sync(bs, &e))) snprintf(msg, sizeof msg, "%s", e.msg);
-    if (bs) {
-        c->last.backend = rk_bs_backend_used(bs);
-        c->last.direct = rk_bs_direct(bs);
-    }
-    rk_bs_close(bs);
-    if (!st && rename(tmp, path) != 0) {
-        st = RK_E_IO;
-        snprintf(msg, sizeof msg, "cannot rename %.300s (%s)", tmp, strerror(errno));
-    }
+    rk_status st = w->st;
     if (st) {
-        unlink(tmp);
-        return rk_err_set(err, st, "document cache: cannot save %s %.12s in %s (%s)",
-                          strstr(path, ".rkck") ? "a checkpoint of entry" : "entry", key, c->dir, msg);
+        unlink(w->tmp);
+        if (keep)
+            rk_err_set(err, st, "document cache: cannot save %s %.12s in %s (%s)",
+                       strstr(w->path, ".rkck") ? "a checkpoint of entry" : "entry", key, c->dir, w->msg);
+    } else {
+        fsync_dir(c->dir);
+        struct stat sb;
+        c->last.io_s = rk_time_now() - w->t0;
+        c->last.raw_bytes = w->len;
+        c->last.file_bytes = stat(w->path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
     }
-    fsync_dir(c->dir);
-    struct stat sb;
-    c->last.io_s = rk_time_now() - t0;
-    c->last.raw_bytes = len;
-    c->last.file_bytes = stat(path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
-    return RK_OK;
+    free(w->buf), free(w);
+    return keep ? st : RK_OK;
+}
+
+rk_status rk_doc_cache_write_file(rk_doc_cache *c, const char *path, const char *key, const rk_model *m,
+                                  const rk_kv_params *kv, int64_t n, const char *label, const void *blk, size_t len,
+                                  rk_err *err) {
+    rk_doc_cache_writer *w = NULL;
+    rk_status st = rk_doc_cache_writer_open(c, path, &w, err);
+    if (st) return st;
+    rk_doc_cache_writer_put(w, blk, len);
+    return rk_doc_cache_writer_close(w, true, key, m, kv, n, label, err);
 }
 
 rk_status rk_doc_cache_save(rk_doc_cache *c, const char *key, const rk_model *m, const rk_kv_params *kv,

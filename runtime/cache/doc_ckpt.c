@@ -9,8 +9,11 @@
  *   u8 has; i64 lo, hi; (hi - lo) u8                               the selection (s->pf->keep)
  *   u8 has; i64 lo, hi; i32 split; (hi - lo) n_embd u16; (hi - lo) f32   the kept stream
  *   i64 r0, r1; (r1 - r0) n_embd f32                              the rows of x_split still to be read
- *   i64 rows; u64 bytes; the policy's export_rows payload of rows [0, rows) of every layer
+ *   i64 rows; u32 block rows R; then per block of R rows (the last one shorter): u64 bytes,
+ *     the policy's export_rows payload of those rows of every layer
  *   u64 bytes; the fill group lists (fill_group.c)
+ * The file is written as it is made (doc_cache_impl.h's writer): only a block of rows and a
+ * piece are held besides the session's own state.
  * A layer that holds fewer rows than `rows` (the late layers during a pass) exports whatever its
  * buffer holds past them: the resumed pass writes those rows before any attention reads them. */
 #include <errno.h>
@@ -37,6 +40,7 @@ struct rk_doc_ckpt {
     uint8_t *held; /* the payload to resume from (NULL: none) */
     size_t held_len;
     int64_t resume_at;
+    bool armed; /* the session's call is this read (resume saw its tokens) */
     bool resumed, off;
     int written, chunks;
     double t_last, write_s;
@@ -74,7 +78,8 @@ typedef struct body {
     bool has_keep, has_xs;
     int64_t keep_lo, keep_hi, xs_lo, xs_hi, x0, x1, kv_rows;
     int32_t xs_split;
-    uint64_t kv_bytes, fg_bytes;
+    uint32_t kv_block;
+    uint64_t fg_bytes;
 } body;
 
 /* Bounds-checked reads of the payload (overflow-safe: counts are checked against what is left). */
@@ -144,9 +149,14 @@ static bool parse(const uint8_t *p, size_t n, body *b, char *why, size_t cap) {
     GET(&r, b->x0), GET(&r, b->x1);
     if (b->x0 < 0 || b->x1 < b->x0 || b->x1 > b->h.n) r.fail = true;
     b->x = take(&r, r.fail ? 0 : (uint64_t)(b->x1 - b->x0) * d, 4);
-    GET(&r, b->kv_rows), GET(&r, b->kv_bytes);
-    if (b->kv_rows < 0 || b->kv_rows > b->h.n) r.fail = true;
-    b->kv = take(&r, b->kv_bytes, 1);
+    GET(&r, b->kv_rows), GET(&r, b->kv_block);
+    if (b->kv_rows < 0 || b->kv_rows > b->h.n || (b->kv_rows && !b->kv_block)) r.fail = true;
+    b->kv = r.fail ? NULL : r.p + r.off;
+    for (int64_t row = 0; !r.fail && row < b->kv_rows; row += b->kv_block) {
+        uint64_t bytes = 0;
+        GET(&r, bytes);
+        take(&r, bytes, 1);
+    }
     GET(&r, b->fg_bytes);
     b->fg = take(&r, b->fg_bytes, 1);
     if (r.fail || r.off != n) {
@@ -156,10 +166,12 @@ static bool parse(const uint8_t *p, size_t n, body *b, char *why, size_t cap) {
     return true;
 }
 
-static void put(rk_kv_buf *b, const void *p, size_t n) { rk_kv_put(b, p, n); }
+static void put(rk_doc_cache_writer *b, const void *p, size_t n) { rk_doc_cache_writer_put(b, p, n); }
 #define PUT(b, T, v) put((b), &(T){(T)(v)}, sizeof(T))
 
-static bool build(rk_doc_ckpt *ck, const rk_prefill_point *pt, rk_kv_buf *b, rk_err *err) {
+/* Writes the checkpoint's payload into b; false (err) when out of memory or the policy's
+ * export fails (the writer's own failures are its). */
+static bool build(rk_doc_ckpt *ck, const rk_prefill_point *pt, rk_doc_cache_writer *b, rk_err *err) {
     rk_session *s = ck->s;
     const rk_hparams *hp = &s->m->hp;
     const rk_prefill_state *f = s->pf;
@@ -193,50 +205,65 @@ static bool build(rk_doc_ckpt *ck, const rk_prefill_point *pt, rk_kv_buf *b, rk_
     PUT(b, int64_t, x0), PUT(b, int64_t, x1);
     if (x1 > x0) put(b, pt->x_split + (size_t)x0 * d, (size_t)(x1 - x0) * d * 4);
     const int64_t rows = pt->lo > 0 ? pt->n : pt->done;
-    PUT(b, int64_t, rows);
-    const size_t at = b->n;
-    PUT(b, uint64_t, 0);
-    const size_t k0 = b->n;
-    if (!b->fail && s->kv->ops->export_rows(s->kv, 0, rows, b, err)) return false;
-    if (!b->fail) {
-        const uint64_t kb = b->n - k0;
-        memcpy(b->p + at, &kb, 8);
+    /* blocks of about a piece: (2 n_layer) rows of row_bytes each a row */
+    const size_t per_row = 2 * (size_t)hp->n_layer * (s->kv->row_bytes ? s->kv->row_bytes : 1);
+    uint32_t blk = (uint32_t)((4u << 20) / per_row > 0 ? (4u << 20) / per_row : 1);
+    if (ck->p.block_rows > 0) blk = (uint32_t)ck->p.block_rows;
+    PUT(b, int64_t, rows), PUT(b, uint32_t, blk);
+    for (int64_t r = 0; r < rows && !rk_doc_cache_writer_failed(b); r += blk) {
+        rk_kv_buf kb = {0};
+        const int64_t r1 = r + blk < rows ? r + blk : rows;
+        if (s->kv->ops->export_rows(s->kv, r, r1, &kb, err)) {
+            free(kb.p);
+            return false;
+        }
+        if (kb.fail) {
+            free(kb.p);
+            rk_err_set(err, RK_E_NOMEM, "document cache: out of memory for a checkpoint");
+            return false;
+        }
+        PUT(b, uint64_t, kb.n);
+        put(b, kb.p, kb.n);
+        free(kb.p);
     }
     uint8_t *fg = NULL;
     size_t fg_len = 0;
-    if (!rk_fill_group_save(s, &fg, &fg_len)) b->fail = true;
+    if (!rk_fill_group_save(s, &fg, &fg_len)) {
+        free(fg);
+        rk_err_set(err, RK_E_NOMEM, "document cache: out of memory for a checkpoint");
+        return false;
+    }
     PUT(b, uint64_t, fg_len);
     if (fg_len) put(b, fg, fg_len);
     free(fg);
-    if (b->fail) rk_err_set(err, RK_E_NOMEM, "document cache: out of memory for a checkpoint");
-    return !b->fail;
+    return true;
 }
 
 /* ---- the hook ------------------------------------------------------------------------- */
 
 static void at(rk_prefill_ckpt *hk, rk_session *s, const rk_prefill_point *pt) {
     rk_doc_ckpt *ck = (rk_doc_ckpt *)hk;
-    if (ck->off || s != ck->s || pt->n != (int64_t)ck->n) return;
+    if (ck->off || !ck->armed || s != ck->s || pt->n != (int64_t)ck->n) return;
     if (pt->hi == s->m->hp.n_layer && pt->done == pt->n) return; /* the read ends: the entry comes next */
     ck->chunks++;
     const double now = rk_time_now();
     const double gap = ck->p.every_s > 10 * ck->write_s ? ck->p.every_s : 10 * ck->write_s;
     if (ck->p.every_chunks > 0 ? ck->chunks % ck->p.every_chunks : now - ck->t_last < gap) return;
-    rk_kv_buf b = {0};
     rk_err e = {0};
-    rk_status st = build(ck, pt, &b, &e) ? RK_OK : (e.code ? e.code : RK_E_NOMEM);
+    char label[256];
+    const double work = (double)pt->lo * (double)pt->n + (double)pt->done * (pt->hi - pt->lo);
+    snprintf(label, sizeof label, "checkpoint: %lld of %zu tokens read", (long long)(work / s->m->hp.n_layer), ck->n);
+    rk_doc_cache_writer *w = NULL;
+    rk_status st = rk_doc_cache_writer_open(ck->c, ck->path, &w, &e);
     if (!st) {
-        char label[256];
-        const double work = (double)pt->lo * (double)pt->n + (double)pt->done * (pt->hi - pt->lo);
-        snprintf(label, sizeof label, "checkpoint: %lld of %zu tokens read", (long long)(work / s->m->hp.n_layer),
-                 ck->n);
+        const bool built = build(ck, pt, w, &e);
         /* the newest stays readable throughout: it becomes .old before the new one lands */
-        if (access(ck->path, F_OK) == 0 && rename(ck->path, ck->old) != 0)
+        if (built && !rk_doc_cache_writer_failed(w) && access(ck->path, F_OK) == 0 && rename(ck->path, ck->old) != 0)
             st = rk_err_set(&e, RK_E_IO, "document cache: cannot keep the previous checkpoint of %.12s (%s)", ck->key,
                             strerror(errno));
-        if (!st) st = rk_doc_cache_write_file(ck->c, ck->path, ck->key, s->m, &s->p.kv, pt->done, label, b.p, b.n, &e);
+        const rk_status wst = rk_doc_cache_writer_close(w, built && !st, ck->key, s->m, &s->p.kv, pt->done, label, &e);
+        if (!st) st = built ? wst : (e.code ? e.code : RK_E_NOMEM);
     }
-    free(b.p);
     const double t1 = rk_time_now();
     if (st) {
         ck->off = true;
@@ -289,7 +316,18 @@ static bool apply(rk_doc_ckpt *ck, const body *b, rk_prefill_point *pt, char *wh
         snprintf(why, cap, "%s", e.msg);
         return false;
     }
-    if (s->kv->ops->import_rows(s->kv, 0, b->kv_rows, b->kv, (size_t)b->kv_bytes, &e)) {
+    /* the blocks in order (each import starts at the rows held so far; parse checked the sizes) */
+    rk_status ist = RK_OK;
+    const uint8_t *kp = b->kv;
+    for (int64_t row = 0; !ist && row < b->kv_rows; row += b->kv_block) {
+        uint64_t bytes;
+        memcpy(&bytes, kp, 8);
+        const int64_t nr = b->kv_rows - row < b->kv_block ? b->kv_rows - row : b->kv_block;
+        ist = s->kv->ops->import_rows(s->kv, row, nr, kp + 8, (size_t)bytes, &e);
+        kp += 8 + bytes;
+    }
+    if (ist) {
+        s->kv->ops->truncate(s->kv, 0);
         rk_err e2 = {0};
         rk_fill_group_begin(s, 0, pt->split, &e2);
         free(keep), free(xs), free(xb);
@@ -325,6 +363,7 @@ static rk_status resume(rk_prefill_ckpt *hk, rk_session *s, rk_prefill_point *pt
     (void)err;
     if (s != ck->s || pt->n != (int64_t)ck->n || memcmp(pt->ids, ck->tokens, ck->n * sizeof(int32_t))) return RK_OK;
     memcpy(ck->rows0, s->layer_rows, (size_t)(2 * s->m->hp.n_layer) * sizeof(uint64_t));
+    ck->armed = true;
     ck->t_last = rk_time_now();
     ck->chunks = 0;
     if (!ck->held) return RK_OK;

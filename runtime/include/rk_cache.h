@@ -135,6 +135,7 @@ typedef struct rk_doc_ckpt_params {
                        * at least 10 times its own write time after the last, so that they
                        * cost at most about a tenth of the read */
     int every_chunks; /* > 0: a checkpoint every that many chunks instead (tests) */
+    int block_rows;   /* rows of KV per block of a checkpoint; 0: about 4 MiB of them (tests set a few) */
     /* One line for the user (the library never prints): a checkpoint that did not read and was
      * ignored, the first one that could not be written (no more are tried). May be NULL. */
     void (*note)(void *ud, const char *msg);

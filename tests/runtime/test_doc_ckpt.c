@@ -129,6 +129,7 @@ static rk_status read_doc(world *w, int at, notes *nt, int64_t *resumed_at, bool
     rk_session *s = session(w->m, w->kind, w->fill);
     rk_doc_ckpt_params p = rk_doc_ckpt_params_default();
     p.every_chunks = 1, p.note = note_fn, p.ud = nt;
+    p.block_rows = 7; /* several blocks of KV rows, the last one shorter */
     rk_doc_ckpt *ck = NULL;
     char why[256];
     rk_err e = {0};
