@@ -14,6 +14,8 @@
 #include "rk.h"
 #include "rk_cache.h"
 #include "rk_ext.h"
+#include "rk_fitters.h"
+#include "rk_io.h"
 #include "tb.h"
 
 enum { N_DOC = 300, N_Q = 20, BATCH = 32 };
@@ -29,6 +31,9 @@ static rk_model *load_tiny(void) {
     return m;
 }
 
+/* Quality mode itself (rk_fill_params_default()) when set: maps fitted on the tiny model. */
+static rk_ridge_maps *g_maps;
+
 static rk_session *session(const rk_model *m, rk_kv_kind kind, bool fill) {
     rk_session_params sp = rk_session_params_default();
     sp.n_ctx = 512, sp.n_batch = BATCH, sp.n_threads = 1;
@@ -36,7 +41,11 @@ static rk_session *session(const rk_model *m, rk_kv_kind kind, bool fill) {
     rk_session *s = NULL;
     rk_err e = {0};
     cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s", e.msg);
-    if (fill) {
+    if (fill && g_maps) {
+        rk_fill_params fp = rk_fill_params_default();
+        fp.maps = g_maps, fp.tail = 64; /* the library's quality mode, a tail short enough for 300 rows */
+        cr_assert_eq(rk_session_set_fill(s, &fp, &e), RK_OK, "%s", e.msg);
+    } else if (fill) {
         /* quality mode's machinery without maps: question-aware selection (layer-major), groups */
         rk_fill_params fp = {.mode = RK_FILL_IDENTITY,
                              .tail = 64,
@@ -310,4 +319,36 @@ Test(doc_ckpt, rm_removes_the_checkpoints_of_an_unfinished_read) {
     cr_expect_eq(n, 1);
     cr_expect(!exists(&w, "rkck") && !exists(&w, "rkck.old"));
     teardown(&w);
+}
+
+/* rk_fill_params_default() (quality mode: ridge maps, question-aware selection, grouped
+ * filled rows) with maps fitted on the tiny model: stopped in both passes, resumed, equal. */
+Test(doc_ckpt, interrupted_quality_mode_reads_resume_bit_identical) {
+    rk_model *m = load_tiny();
+    int32_t ids[1800];
+    uint64_t seed = 11;
+    for (int i = 0; i < 1800; i++) ids[i] = (int32_t)(tb_rand_u64(&seed) % (uint64_t)rk_model_hparams(m)->n_vocab);
+    rk_calib_params cp = {.split = 3, .stride = 2, .seg_len = 256, .lambda = -1, .dtype = RK_DT_F32, .n_threads = 1};
+    void *bytes = NULL;
+    size_t nb = 0;
+    rk_calib_report rep;
+    rk_err e = {0};
+    cr_assert_eq(rk_calibrate(m, ids, 1800, &cp, NULL, NULL, &bytes, &nb, &rep, &e), RK_OK, "%s", e.msg);
+    char path[512];
+    cr_assert(tb_tmp_path(path, sizeof path, "rk-ckpt", ".maps.gguf"), "%s", path);
+    cr_assert_eq(rk_io_write_file_atomic(path, bytes, nb, &e), RK_OK, "%s", e.msg);
+    free(bytes);
+    cr_assert_eq(rk_ridge_maps_load(path, m, &g_maps, NULL, 0, &e), RK_OK, "%s", e.msg);
+    remove(path);
+    rk_model_destroy(m);
+    world w;
+    setup(&w, RK_KV_F16, true, NULL); /* loads the same model again: the maps fit it */
+    notes nt = {0};
+    const int stops[] = {5, 8, 4};
+    interrupted(&w, stops, 3, &nt);
+    finish(&w, &nt, true);
+    cr_expect_eq(nt.n, 0, "notes: %s", nt.text);
+    teardown(&w);
+    rk_ridge_maps_destroy(g_maps);
+    g_maps = NULL;
 }
