@@ -164,7 +164,8 @@ rk_status cli_doc_prefix(const cli_opts *o, const char *cmd, rk_doc_cache *c, co
         return st;
     }
     out->filled = filled_rows(s, n_layer) - f0;
-    out->n_read = (int64_t)(p - keep);
+    out->n_read = (int64_t)(p - keep); /* of them read by this run: a resumed read less what it resumed */
+    if (rk_doc_ckpt_resumed(ck)) out->n_read -= rk_doc_ckpt_resume_at(ck);
     out->read_s = rk_time_now() - t0;
     if (c) {
         rk_err e = {0};

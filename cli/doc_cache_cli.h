@@ -19,7 +19,8 @@ rk_doc_cache *cli_doc_cache_open_mode(const cli_opts *o, const char *cmd, bool r
 
 typedef struct cli_prefix {
     int64_t n_prefix; /* tokens of the documents' prefix of the prompt (0: none found) */
-    int64_t n_read;   /* of them read by a prefill (0 when the cache held them) */
+    int64_t n_read;   /* of them read by a prefill (0 when the cache held them; a resumed read: less
+                       * the tokens its checkpoint held) */
     double read_s;    /* seconds to read or load them */
     bool reused;      /* loaded from the cache */
     uint64_t filled;  /* (row, layer) pairs the prefix's prefill filled (RidgeFill) */
