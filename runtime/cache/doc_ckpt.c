@@ -13,7 +13,8 @@
  *     the policy's export_rows payload of those rows of every layer
  *   u64 bytes; the fill group lists (fill_group.c)
  * The file is written as it is made (doc_cache_impl.h's writer): only a block of rows and a
- * piece are held besides the session's own state.
+ * piece are held besides the session's own state. Resuming reads the whole file into memory
+ * first (every frame checked) and frees it once its state is in the session.
  * A layer that holds fewer rows than `rows` (the late layers during a pass) exports whatever its
  * buffer holds past them: the resumed pass writes those rows before any attention reads them. */
 #include <errno.h>
