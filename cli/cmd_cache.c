@@ -21,7 +21,10 @@ static const char *help =
     "  cat PREFIX      writes the entry's KV block (rk_session_kv_export's, uncompressed) to stdout\n"
     "\n"
     "ask --no-cache reads the documents without the cache; --cache-level N sets the zstd level\n"
-    "(1..19, default 1). RIDGEKV_NO_URING=1 uses a pread/pwrite thread pool instead of io_uring.\n";
+    "(1..19, default 1). RIDGEKV_NO_URING=1 uses a pread/pwrite thread pool instead of io_uring.\n"
+    "A long read saves checkpoints (<key>.rkck) every 60 s (RIDGEKV_CHECKPOINT=SECONDS, 0 off):\n"
+    "an interrupted ask resumes from the last one; the completed read removes them.\n"
+    "ls and cat only read: they work on a read-only cache; rm and gc then say why they cannot.\n";
 
 static void human(uint64_t b, char *buf, size_t cap) {
     const char *u[] = {"B", "K", "M", "G", "T"};
@@ -67,7 +70,8 @@ int cmd_cache(int argc, char **argv) {
         } else if (argc != 3) goto usage;
     } else goto usage;
     cli_opts o = {0};
-    rk_doc_cache *c = cli_doc_cache_open(&o, "cache");
+    /* read-only: ls reads a directory it cannot write; rm and gc then say why they remove nothing */
+    rk_doc_cache *c = cli_doc_cache_open_mode(&o, "cache", true);
     if (!c) return RK_EXIT_ERROR;
     rk_err e = {0};
     int rc = RK_EXIT_OK;

@@ -14,7 +14,9 @@ int cli_kv_cache_dir(char *buf, size_t cap) {
     return w < 0 || (size_t)w >= cap ? -1 : 0;
 }
 
-rk_doc_cache *cli_doc_cache_open(const cli_opts *o, const char *cmd) {
+rk_doc_cache *cli_doc_cache_open(const cli_opts *o, const char *cmd) { return cli_doc_cache_open_mode(o, cmd, false); }
+
+rk_doc_cache *cli_doc_cache_open_mode(const cli_opts *o, const char *cmd, bool read_only) {
     char dir[3200];
     if (cli_kv_cache_dir(dir, sizeof dir)) {
         fprintf(stderr, "ridgekv %s: document cache off: neither XDG_CACHE_HOME nor HOME is set\n", cmd);
@@ -22,6 +24,7 @@ rk_doc_cache *cli_doc_cache_open(const cli_opts *o, const char *cmd) {
     }
     rk_doc_cache_params p = rk_doc_cache_params_default();
     p.dir = dir;
+    p.read_only = read_only;
     if (o->cache_level) p.io.zstd_level = o->cache_level; /* -1 (--cache-level 0): raw frames */
     const char *nu = getenv("RIDGEKV_NO_URING");
     if (nu && *nu && strcmp(nu, "0")) p.io.backend = RK_BS_THREADS;
@@ -33,7 +36,8 @@ rk_doc_cache *cli_doc_cache_open(const cli_opts *o, const char *cmd) {
     }
     rk_doc_cache *c = NULL;
     if (rk_doc_cache_open(&p, &c, &e)) {
-        fprintf(stderr, "ridgekv %s: document cache off: %s\n", cmd, e.msg);
+        if (read_only) fprintf(stderr, "ridgekv %s: %s\n", cmd, e.msg);
+        else fprintf(stderr, "ridgekv %s: document cache off: %s\n", cmd, e.msg);
         return NULL;
     }
     return c;
@@ -52,6 +56,27 @@ static void verbose_io(const char *cmd, const char *what, const rk_doc_cache *c,
             what, key, (double)st.raw_bytes / 1e6, (double)st.file_bytes / 1e6, st.io_s, rk_bs_backend_name(st.backend),
             st.direct ? ", O_DIRECT" : "");
 }
+
+/* RIDGEKV_CHECKPOINT: "0" no checkpoints, "N" every N seconds of reading, "Nc" every N chunks. */
+static bool ckpt_params(const char *cmd, rk_doc_ckpt_params *p) {
+    *p = rk_doc_ckpt_params_default();
+    const char *v = getenv("RIDGEKV_CHECKPOINT");
+    if (!v || !*v) return true;
+    char *end = NULL;
+    errno = 0;
+    const double x = strtod(v, &end);
+    const bool chunks = end && (*end == 'c' || *end == 'C') && !end[1];
+    if (errno || end == v || (*end && !chunks) || !(x >= 0) || x > 1e9 || (chunks && x != (int)x)) {
+        fprintf(stderr, "ridgekv %s: RIDGEKV_CHECKPOINT=%s ignored (0, SECONDS or CHUNKSc)\n", cmd, v);
+        return true;
+    }
+    if (x == 0) return false;
+    if (chunks) p->every_chunks = (int)x;
+    else p->every_s = x;
+    return true;
+}
+
+static void ckpt_note(void *ud, const char *msg) { fprintf(stderr, "ridgekv %s: %s\n", (const char *)ud, msg); }
 
 static uint64_t filled_rows(const rk_session *s, int n_layer) {
     uint64_t n = 0, f;
@@ -91,7 +116,7 @@ rk_status cli_doc_prefix(const cli_opts *o, const char *cmd, rk_doc_cache *c, co
     if (c) {
         int64_t n = 0;
         rk_err e = {0};
-        rk_status ls = rk_doc_cache_load(c, key, s, &n, &e);
+        rk_status ls = rk_doc_cache_load_tokens(c, key, ids, p, s, &n, &e);
         if (!ls && n == (int64_t)p) {
             out->reused = true;
             out->read_s = rk_time_now() - t0;
@@ -111,21 +136,43 @@ rk_status cli_doc_prefix(const cli_opts *o, const char *cmd, rk_doc_cache *c, co
     if (keep < (size_t)rk_session_n_past(s)) {
         if ((st = rk_session_truncate(s, (int64_t)keep, err))) return st;
     }
+    /* checkpoints of a read from row 0, so that an interrupted one resumes (rk_doc_ckpt_open) */
+    rk_doc_ckpt *ck = NULL;
+    rk_doc_ckpt_params cp;
+    if (c && keep == 0 && ckpt_params(cmd, &cp)) {
+        char why[256];
+        rk_err e = {0};
+        cp.note = ckpt_note, cp.ud = (void *)cmd;
+        if (rk_doc_ckpt_open(c, key, s, ids, p, &cp, &ck, why, sizeof why, &e))
+            fprintf(stderr, "ridgekv %s: no checkpoints: %s\n", cmd, e.msg);
+        else if (!ck && o->verbose) fprintf(stderr, "ridgekv %s: the read is not checkpointed: %s\n", cmd, why);
+        if (rk_doc_ckpt_resume_at(ck) > 0)
+            fprintf(stderr, "ridgekv %s: resuming from token %lld of %zu (a checkpoint of an interrupted read)\n", cmd,
+                    (long long)rk_doc_ckpt_resume_at(ck), p);
+    }
     cli_prefix_progress pp = {progress, ud, (int64_t)keep, (int64_t)n_ids};
     rk_session_set_progress(s, progress ? cli_prefix_progress_fn : NULL, &pp);
     const int n_layer = rk_model_hparams(m)->n_layer;
     const uint64_t f0 = filled_rows(s, n_layer);
     st = keep < p ? rk_session_eval(s, ids + keep, p - keep, NULL, false, err) : RK_OK;
     rk_session_set_progress(s, NULL, NULL);
-    if (st) return st;
+    if (o->verbose && ck)
+        fprintf(stderr, "ridgekv %s: %d checkpoint%s written during the read%s\n", cmd, rk_doc_ckpt_written(ck),
+                rk_doc_ckpt_written(ck) == 1 ? "" : "s", rk_doc_ckpt_resumed(ck) ? " (resumed)" : "");
+    if (st) {
+        rk_doc_ckpt_close(ck, false); /* kept for the next read */
+        return st;
+    }
     out->filled = filled_rows(s, n_layer) - f0;
-    out->n_read = (int64_t)(p - keep);
+    out->n_read = (int64_t)(p - keep); /* of them read by this run: a resumed read less what it resumed */
+    if (rk_doc_ckpt_resumed(ck)) out->n_read -= rk_doc_ckpt_resume_at(ck);
     out->read_s = rk_time_now() - t0;
     if (c) {
         rk_err e = {0};
         if (rk_doc_cache_save(c, key, m, NULL, s, (int64_t)p, label, &e))
             fprintf(stderr, "ridgekv %s: %s; the answer does not depend on it\n", cmd, e.msg);
         else if (o->verbose) verbose_io(cmd, "saved", c, key);
+        rk_doc_ckpt_close(ck, true); /* the read completed: the entry replaces its checkpoints */
         if (rk_doc_stream_save(c, key, s, &e))
             fprintf(stderr, "ridgekv %s: %s; the answer does not depend on it\n", cmd, e.msg);
     }

@@ -13,10 +13,14 @@ int cli_kv_cache_dir(char *buf, size_t cap);
  * tests). NULL, after one stderr line saying why, when it cannot be used (read-only or
  * missing directory that cannot be made): the command goes on without it. */
 rk_doc_cache *cli_doc_cache_open(const cli_opts *o, const char *cmd);
+/* The same; read_only: only to list and read (`cache ls`, and `gc` / `rm`, which then say why
+ * nothing could be removed): a read-only directory opens. */
+rk_doc_cache *cli_doc_cache_open_mode(const cli_opts *o, const char *cmd, bool read_only);
 
 typedef struct cli_prefix {
     int64_t n_prefix; /* tokens of the documents' prefix of the prompt (0: none found) */
-    int64_t n_read;   /* of them read by a prefill (0 when the cache held them) */
+    int64_t n_read;   /* of them read by a prefill (0 when the cache held them; a resumed read: less
+                       * the tokens its checkpoint held) */
     double read_s;    /* seconds to read or load them */
     bool reused;      /* loaded from the cache */
     uint64_t filled;  /* (row, layer) pairs the prefix's prefill filled (RidgeFill) */
@@ -29,7 +33,10 @@ typedef struct cli_prefix {
  * entry is reported, removed and read again; a failed save is reported; neither stops
  * the command. c may be NULL (--no-cache): the prefix is still read on its own, so a
  * cached and an uncached run compute the same. Returns RK_OK or the prefill's error
- * (RK_E_CANCELLED on Ctrl-C). */
+ * (RK_E_CANCELLED on Ctrl-C). An entry whose rows hold other tokens than the documents' is bad (reported,
+ * removed, read again). A read from row 0 writes checkpoints (rk_doc_ckpt_open;
+ * RIDGEKV_CHECKPOINT: 0 off, SECONDS, or CHUNKSc; default every 60 s) and resumes from
+ * one, saying "resuming from token N of M"; a completed read removes them. */
 rk_status cli_doc_prefix(const cli_opts *o, const char *cmd, rk_doc_cache *c, const rk_model *m, rk_session *s,
                          const char *system, const rk_doc *docs, size_t n_docs, const int32_t *ids, size_t n_ids,
                          rk_progress_fn progress, void *ud, cli_prefix *out, rk_err *err);

@@ -15,7 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "rk_cache.h"
+#include "doc_cache_impl.h"
 #include "rk_io.h"
 #include "session_impl.h"
 
@@ -57,9 +57,19 @@ rk_status rk_doc_cache_open(const rk_doc_cache_params *p, rk_doc_cache **out, rk
         return rk_err_set(err, RK_E_INVALID_ARG, "document cache: directory path too long");
     }
     c->p.dir = c->dir;
-    rk_status st = rk_io_mkdir_p(c->dir, err);
-    if (!st && access(c->dir, R_OK | W_OK | X_OK) != 0)
-        st = rk_err_set(err, RK_E_IO, "document cache: %s is not writable (%s)", c->dir, strerror(errno));
+    struct stat sb;
+    rk_status st = RK_OK;
+    if (stat(c->dir, &sb) == 0 && !S_ISDIR(sb.st_mode)) /* what is in the way, not what mkdir says of it */
+        st = rk_err_set(err, RK_E_IO, "document cache: %s is a %s, not a directory", c->dir,
+                        S_ISREG(sb.st_mode) ? "regular file" : "special file");
+    else if (p->read_only) {
+        if (stat(c->dir, &sb) == 0 && access(c->dir, R_OK | X_OK) != 0)
+            st = rk_err_set(err, RK_E_IO, "document cache: %s cannot be read (%s)", c->dir, strerror(errno));
+    } else {
+        st = rk_io_mkdir_p(c->dir, err);
+        if (!st && access(c->dir, R_OK | W_OK | X_OK) != 0)
+            st = rk_err_set(err, RK_E_IO, "document cache: %s is not writable (%s)", c->dir, strerror(errno));
+    }
     if (st) {
         free(c);
         return st;
@@ -182,7 +192,7 @@ static rk_status read_entry(rk_doc_cache *c, const char *path, const char *key, 
     if (st) snprintf(msg, cap, "%s", e.msg);
     if (!st && (st = read_meta(bs, mt, msg, cap)) == RK_OK && strcmp(mt->key, key)) {
         st = RK_E_FORMAT;
-        snprintf(msg, cap, "the file holds entry %.12s", mt->key);
+        snprintf(msg, cap, "the file is named for entry %.12s but holds entry %.12s", key, mt->key);
     }
     if (!st && !(*buf = malloc(mt->raw ? (size_t)mt->raw : 1))) {
         st = RK_E_NOMEM;
@@ -217,7 +227,20 @@ static rk_status read_entry(rk_doc_cache *c, const char *path, const char *key, 
     return st;
 }
 
+rk_status rk_doc_cache_read_file(rk_doc_cache *c, const char *path, const char *key, uint8_t **buf, size_t *len,
+                                 int64_t *n_tokens, char *msg, size_t cap) {
+    meta mt = {0};
+    rk_status st = read_entry(c, path, key, buf, &mt, msg, cap);
+    if (!st) *len = (size_t)mt.raw, *n_tokens = (int64_t)mt.n_tokens;
+    return st;
+}
+
 rk_status rk_doc_cache_load(rk_doc_cache *c, const char *key, rk_session *s, int64_t *n_tokens, rk_err *err) {
+    return rk_doc_cache_load_tokens(c, key, NULL, 0, s, n_tokens, err);
+}
+
+rk_status rk_doc_cache_load_tokens(rk_doc_cache *c, const char *key, const int32_t *tokens, size_t n, rk_session *s,
+                                   int64_t *n_tokens, rk_err *err) {
     char path[4096];
     rk_status st = entry_path(c, key, path, sizeof path, err);
     if (st) return st;
@@ -239,6 +262,17 @@ rk_status rk_doc_cache_load(rk_doc_cache *c, const char *key, rk_session *s, int
             st = RK_E_FORMAT;
             snprintf(msg, sizeof msg, "entry says %llu tokens, its block holds %lld", (unsigned long long)mt.n_tokens,
                      (long long)rk_session_n_past(s));
+        } else if (tokens) { /* the rows' own tokens against the documents the key was made of */
+            size_t i = 0;
+            const int32_t *held = rk_session_tokens(s);
+            while (i < n && i < mt.n_tokens && held[i] == tokens[i]) i++;
+            if (i < n || mt.n_tokens != n) {
+                st = RK_E_FORMAT;
+                snprintf(msg, sizeof msg,
+                         "it holds another document: its %llu tokens differ from the %zu of the documents at token "
+                         "%zu",
+                         (unsigned long long)mt.n_tokens, n, i);
+            }
         }
     }
     free(buf);
@@ -276,69 +310,140 @@ static void fsync_dir(const char *dir) {
     }
 }
 
-rk_status rk_doc_cache_save(rk_doc_cache *c, const char *key, const rk_model *m, const rk_kv_params *kv,
-                            const rk_session *s, int64_t n, const char *label, rk_err *err) {
-    char path[4096], tmp[4200];
-    rk_status st = entry_path(c, key, path, sizeof path, err);
-    if (st) return st;
-    if (!m) m = s->m;
-    if (!kv) kv = &s->p.kv;
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    const double t0 = rk_time_now();
-    void *blk = NULL;
-    size_t len = 0;
-    if ((st = rk_session_kv_export(s, 0, n, &blk, &len, err))) return st;
-    const uint32_t pieces = (uint32_t)((len + PIECE - 1) / PIECE);
+struct rk_doc_cache_writer {
+    rk_doc_cache *c;
+    rk_bs *bs;
+    char path[4096], tmp[4200], msg[640];
+    uint8_t *buf; /* (PIECE) the piece being filled */
+    size_t fill;
+    uint64_t len;
+    uint32_t pieces;
+    rk_status st; /* the first failure; later puts are no-ops */
+    double t0;
+};
+
+static void w_fail(rk_doc_cache_writer *w, rk_status st, const char *msg) {
+    if (w->st) return;
+    w->st = st;
+    snprintf(w->msg, sizeof w->msg, "%s", msg);
+}
+
+/* Reaps the completions there are (wait: all in flight), keeping the first failure. */
+static void w_reap(rk_doc_cache_writer *w, bool wait) {
+    while (rk_bs_in_flight(w->bs)) {
+        rk_bs_done d[16];
+        const int k = rk_bs_wait(w->bs, wait ? 1 : 0, d, 16);
+        for (int j = 0; j < k; j++)
+            if (d[j].status) w_fail(w, d[j].status, d[j].msg);
+        if (!k) break;
+    }
+}
+
+static void w_piece(rk_doc_cache_writer *w) {
+    rk_err e = {0};
+    if (!w->st && rk_bs_put(w->bs, ++w->pieces, w->buf, w->fill, NULL, &e)) w_fail(w, e.code, e.msg);
+    w->fill = 0;
+    w_reap(w, false);
+}
+
+rk_status rk_doc_cache_writer_open(rk_doc_cache *c, const char *path, rk_doc_cache_writer **out, rk_err *err) {
+    rk_doc_cache_writer *w = calloc(1, sizeof *w);
+    if (w) w->buf = malloc(PIECE);
+    if (!w || !w->buf) {
+        if (w) free(w);
+        return rk_err_set(err, RK_E_NOMEM, "document cache: out of memory");
+    }
+    w->c = c, w->t0 = rk_time_now();
+    snprintf(w->path, sizeof w->path, "%s", path);
+    snprintf(w->tmp, sizeof w->tmp, "%s.tmp.%ld", path, (long)getpid());
+    rk_err e = {0};
+    if (rk_bs_open(w->tmp, RK_BS_CREATE, &c->p.io, &w->bs, &e)) w_fail(w, e.code, e.msg);
+    *out = w;
+    return RK_OK;
+}
+
+void rk_doc_cache_writer_put(rk_doc_cache_writer *w, const void *p, size_t n) {
+    const uint8_t *b = p;
+    while (n && !w->st) {
+        const size_t k = PIECE - w->fill < n ? PIECE - w->fill : n;
+        memcpy(w->buf + w->fill, b, k);
+        w->fill += k, w->len += k, b += k, n -= k;
+        if (w->fill == PIECE) w_piece(w);
+    }
+}
+
+bool rk_doc_cache_writer_failed(const rk_doc_cache_writer *w) { return w->st != RK_OK; }
+
+rk_status rk_doc_cache_writer_close(rk_doc_cache_writer *w, bool keep, const char *key, const rk_model *m,
+                                    const rk_kv_params *kv, int64_t n, const char *label, rk_err *err) {
+    rk_doc_cache *c = w->c;
+    if (!keep) w_fail(w, RK_E_CANCELLED, "abandoned");
+    if (w->fill) w_piece(w);
     uint8_t mb[META_BYTES] = {0};
     memcpy(mb, "RKDC", 4);
     rk_le_put(mb + 4, META_VERSION, 4);
-    rk_le_put(mb + 8, (uint64_t)n, 8), rk_le_put(mb + 16, len, 8);
-    rk_le_put(mb + 24, pieces, 4), rk_le_put(mb + 28, PIECE, 4);
+    rk_le_put(mb + 8, (uint64_t)n, 8), rk_le_put(mb + 16, w->len, 8);
+    rk_le_put(mb + 24, w->pieces, 4), rk_le_put(mb + 28, PIECE, 4);
     memcpy(mb + 32, key, 64);
     put_str(mb + 96, label, 256);
     put_str(mb + 352, rk_model_name(m), 64);
     char spec[2048];
     rk_kv_params_format(kv, spec, sizeof spec);
     put_str(mb + 416, spec, 64);
-    rk_bs *bs = NULL;
     rk_err e = {0};
-    char msg[640] = "";
-    if ((st = rk_bs_open(tmp, RK_BS_CREATE, &c->p.io, &bs, &e))) snprintf(msg, sizeof msg, "%s", e.msg);
-    if (!st && (st = rk_bs_put(bs, 0, mb, sizeof mb, NULL, &e))) snprintf(msg, sizeof msg, "%s", e.msg);
-    for (uint32_t i = 1; !st && i <= pieces; i++) {
-        const size_t off = (size_t)(i - 1) * PIECE, m = len - off < PIECE ? len - off : PIECE;
-        if ((st = rk_bs_put(bs, i, (const uint8_t *)blk + off, m, NULL, &e))) snprintf(msg, sizeof msg, "%s", e.msg);
+    if (!w->st && rk_bs_put(w->bs, 0, mb, sizeof mb, NULL, &e)) w_fail(w, e.code, e.msg);
+    if (w->bs) w_reap(w, true);
+    if (!w->st && rk_bs_sync(w->bs, &e)) w_fail(w, e.code, e.msg);
+    if (w->bs) {
+        c->last.backend = rk_bs_backend_used(w->bs);
+        c->last.direct = rk_bs_direct(w->bs);
     }
-    while (bs && rk_bs_in_flight(bs)) {
-        rk_bs_done d[16];
-        int k = rk_bs_wait(bs, 1, d, 16);
-        for (int j = 0; j < k; j++)
-            if (d[j].status && !st) {
-                st = d[j].status;
-                snprintf(msg, sizeof msg, "%s", d[j].msg);
-            }
-        if (!k) break;
+    rk_bs_close(w->bs);
+    if (!w->st && rename(w->tmp, w->path) != 0) {
+        char msg[640];
+        snprintf(msg, sizeof msg, "cannot rename %.300s (%s)", w->tmp, strerror(errno));
+        w_fail(w, RK_E_IO, msg);
     }
-    if (!st && (st = rk_bs_sync(bs, &e))) snprintf(msg, sizeof msg, "%s", e.msg);
-    if (bs) {
-        c->last.backend = rk_bs_backend_used(bs);
-        c->last.direct = rk_bs_direct(bs);
-    }
-    rk_bs_close(bs);
-    free(blk);
-    if (!st && rename(tmp, path) != 0) {
-        st = RK_E_IO;
-        snprintf(msg, sizeof msg, "cannot rename %.300s (%s)", tmp, strerror(errno));
-    }
+    rk_status st = w->st;
     if (st) {
-        unlink(tmp);
-        return rk_err_set(err, st, "document cache: cannot save entry %.12s in %s (%s)", key, c->dir, msg);
+        unlink(w->tmp);
+        if (keep)
+            rk_err_set(err, st, "document cache: cannot save %s %.12s in %s (%s)",
+                       strstr(w->path, ".rkck") ? "a checkpoint of entry" : "entry", key, c->dir, w->msg);
+    } else {
+        fsync_dir(c->dir);
+        struct stat sb;
+        c->last.io_s = rk_time_now() - w->t0;
+        c->last.raw_bytes = w->len;
+        c->last.file_bytes = stat(w->path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
     }
-    fsync_dir(c->dir);
-    struct stat sb;
-    c->last.io_s = rk_time_now() - t0;
-    c->last.raw_bytes = len;
-    c->last.file_bytes = stat(path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
+    free(w->buf), free(w);
+    return keep ? st : RK_OK;
+}
+
+rk_status rk_doc_cache_write_file(rk_doc_cache *c, const char *path, const char *key, const rk_model *m,
+                                  const rk_kv_params *kv, int64_t n, const char *label, const void *blk, size_t len,
+                                  rk_err *err) {
+    rk_doc_cache_writer *w = NULL;
+    rk_status st = rk_doc_cache_writer_open(c, path, &w, err);
+    if (st) return st;
+    rk_doc_cache_writer_put(w, blk, len);
+    return rk_doc_cache_writer_close(w, true, key, m, kv, n, label, err);
+}
+
+rk_status rk_doc_cache_save(rk_doc_cache *c, const char *key, const rk_model *m, const rk_kv_params *kv,
+                            const rk_session *s, int64_t n, const char *label, rk_err *err) {
+    char path[4096];
+    rk_status st = entry_path(c, key, path, sizeof path, err);
+    if (st) return st;
+    if (!m) m = s->m;
+    if (!kv) kv = &s->p.kv;
+    void *blk = NULL;
+    size_t len = 0;
+    if ((st = rk_session_kv_export(s, 0, n, &blk, &len, err))) return st;
+    st = rk_doc_cache_write_file(c, path, key, m, kv, n, label, blk, len, err);
+    free(blk);
+    if (st) return st;
     size_t nr;
     uint64_t left;
     rk_err ge = {0};
@@ -365,6 +470,7 @@ rk_status rk_doc_cache_list(rk_doc_cache *c, rk_doc_cache_entry **out, size_t *n
     *out = NULL;
     *n_out = 0;
     DIR *d = opendir(c->dir);
+    if (!d && errno == ENOENT) return RK_OK; /* a read-only open of a cache never made */
     if (!d) return rk_err_set(err, RK_E_IO, "document cache: cannot list %s (%s)", c->dir, strerror(errno));
     rk_doc_cache_entry *v = NULL;
     size_t n = 0, cap = 0;
@@ -401,6 +507,10 @@ rk_status rk_doc_cache_list(rk_doc_cache *c, rk_doc_cache_entry **out, size_t *n
         if (st) snprintf(msg, sizeof msg, "%s", e.msg);
         else st = read_meta(bs, &mt, msg, sizeof msg);
         rk_bs_close(bs);
+        if (!st && strcmp(mt.key, key)) {
+            st = RK_E_FORMAT;
+            snprintf(msg, sizeof msg, "the file is named for entry %.12s but holds entry %.12s", key, mt.key);
+        }
         if (st) {
             en->bad = true;
             snprintf(en->label, sizeof en->label, "%.255s", msg);
@@ -419,14 +529,26 @@ rk_status rk_doc_cache_list(rk_doc_cache *c, rk_doc_cache_entry **out, size_t *n
     return RK_OK;
 }
 
-/* The kept split stream beside an entry (doc_stream.c: <key>.rkxs) goes with it. */
+/* The kept split stream beside an entry (doc_stream.c: <key>.rkxs) and the checkpoints of its
+ * read (doc_ckpt.c: <key>.rkck, <key>.rkck.old) go with it. */
 static void drop_stream(const rk_doc_cache *c, const char *key) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s.rkxs", c->dir, key);
-    unlink(path);
+    static const char *const ext[] = {"rkxs", "rkck", "rkck.old"};
+    for (int i = 0; i < 3; i++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s.%s", c->dir, key, ext[i]);
+        unlink(path);
+    }
 }
 
-/* Streams whose entry is gone (a crash between the two removals, an older binary's rm). */
+/* Why a file of the cache could not be removed, in the user's terms. */
+static const char *why_not_removed(int e) {
+    return e == EROFS                  ? "the file system is read-only"
+           : e == EACCES || e == EPERM ? "the cache directory is not writable"
+                                       : strerror(e);
+}
+
+/* Streams whose entry is gone (a crash between the two removals, an older binary's rm), and
+ * checkpoints whose entry is there (a crash between saving the entry and removing them). */
 static size_t remove_orphan_streams(const rk_doc_cache *c) {
     DIR *d = opendir(c->dir);
     if (!d) return 0;
@@ -434,10 +556,15 @@ static size_t remove_orphan_streams(const rk_doc_cache *c) {
     struct dirent *de;
     while ((de = readdir(d))) {
         const size_t len = strlen(de->d_name);
-        if (len != 64 + 5 || strcmp(de->d_name + 64, ".rkxs")) continue;
+        const bool stream = len == 64 + 5 && !strcmp(de->d_name + 64, ".rkxs");
+        const bool ckpt = (len == 64 + 5 && !strcmp(de->d_name + 64, ".rkck")) ||
+                          (len == 64 + 9 && !strcmp(de->d_name + 64, ".rkck.old"));
+        if (!stream && !ckpt) continue;
         char entry[4096], path[4096];
         snprintf(entry, sizeof entry, "%s/%.64s.rkkv", c->dir, de->d_name);
-        if (access(entry, F_OK) == 0 || errno != ENOENT) continue;
+        const bool has_entry = access(entry, F_OK) == 0;
+        /* a stream without its entry, a checkpoint of a read that completed */
+        if (stream ? has_entry || errno != ENOENT : !has_entry) continue;
         snprintf(path, sizeof path, "%s/%s", c->dir, de->d_name);
         if (unlink(path) == 0) n++;
     }
@@ -448,32 +575,54 @@ static size_t remove_orphan_streams(const rk_doc_cache *c) {
 rk_status rk_doc_cache_remove(rk_doc_cache *c, const char *prefix, size_t *n_removed, rk_err *err) {
     *n_removed = 0;
     DIR *d = opendir(c->dir);
+    if (!d && errno == ENOENT) return RK_OK;
     if (!d) return rk_err_set(err, RK_E_IO, "document cache: cannot list %s (%s)", c->dir, strerror(errno));
     const size_t np = prefix ? strlen(prefix) : 0;
     rk_status st = RK_OK;
     struct dirent *de;
     while ((de = readdir(d))) {
         char key[65], path[4096];
+        const size_t len = strlen(de->d_name);
+        /* the checkpoints of a read that never completed count as its entry */
+        const bool ckpt = len >= 69 && (!strcmp(de->d_name + 64, ".rkck") || !strcmp(de->d_name + 64, ".rkck.old"));
+        if (ckpt) {
+            memcpy(key, de->d_name, 64);
+            key[64] = '\0';
+            if (!valid_key(key) || strncmp(key, prefix ? prefix : "", np)) continue;
+            char entry[4096];
+            snprintf(entry, sizeof entry, "%s/%s.rkkv", c->dir, key);
+            const bool alone = len == 69 && access(entry, F_OK) != 0;
+            snprintf(path, sizeof path, "%s/%s", c->dir, de->d_name);
+            if (unlink(path) == 0) *n_removed += alone;
+            else if (errno != ENOENT && !st)
+                st = rk_err_set(err, RK_E_IO, "document cache: cannot remove %s (%s)", path, why_not_removed(errno));
+            continue;
+        }
         if (!is_entry_name(de->d_name, key) || strncmp(key, prefix ? prefix : "", np)) continue;
         snprintf(path, sizeof path, "%s/%s", c->dir, de->d_name);
         if (unlink(path) == 0) (*n_removed)++, drop_stream(c, key);
-        else if (!st) st = rk_err_set(err, RK_E_IO, "document cache: cannot remove %s (%s)", path, strerror(errno));
+        else if (!st)
+            st = rk_err_set(err, RK_E_IO, "document cache: cannot remove %s (%s)", path, why_not_removed(errno));
     }
     closedir(d);
     return st;
 }
 
-/* Temporary files of writers that are gone: <key>.rkkv.tmp.<pid>. */
+/* Temporary files of writers that are gone: <key>.<ext>.tmp.<pid>. */
 static size_t remove_stale_tmp(const rk_doc_cache *c) {
     DIR *d = opendir(c->dir);
     if (!d) return 0;
     size_t n = 0;
     struct dirent *de;
     while ((de = readdir(d))) {
-        const char *t = strstr(de->d_name, ".rkkv.tmp.");
-        if (!t) continue;
+        const char *t = strstr(de->d_name, ".tmp.");
+        char key[65];
+        if (!t || t - de->d_name < 64) continue;
+        memcpy(key, de->d_name, 64);
+        key[64] = '\0';
+        if (!valid_key(key) || de->d_name[64] != '.') continue;
         char *end;
-        const long pid = strtol(t + 10, &end, 10);
+        const long pid = strtol(t + 5, &end, 10);
         if (*end || pid <= 0) continue;
         if (pid != (long)getpid() && kill((pid_t)pid, 0) != 0 && errno == ESRCH) {
             char path[4096];
@@ -487,6 +636,10 @@ static size_t remove_stale_tmp(const rk_doc_cache *c) {
 
 rk_status rk_doc_cache_gc(rk_doc_cache *c, uint64_t cap, size_t *n_removed, uint64_t *bytes_left, rk_err *err) {
     if (!cap) cap = c->p.cap_bytes;
+    if (access(c->dir, W_OK) != 0 && (errno == EROFS || errno == EACCES)) {
+        *n_removed = 0, *bytes_left = 0;
+        return rk_err_set(err, RK_E_IO, "document cache: nothing collected in %s (%s)", c->dir, why_not_removed(errno));
+    }
     *n_removed = remove_stale_tmp(c);
     remove_orphan_streams(c);
     *bytes_left = 0;

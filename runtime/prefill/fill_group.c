@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "plan_impl.h"
+#include "prefill_ckpt.h"
 
 typedef struct fg_layer {
     uint16_t *k, *v; /* (cap, kv_dim) f16, as the cache stores rows */
@@ -136,4 +137,57 @@ rk_status rk_fill_group_attend(rk_session *s, int l, const float *q, int64_t n_q
     a.attn = (rk_attn_params){hp->n_head, hp->n_head_kv, hp->head_dim, 1.0f / sqrtf((float)hp->head_dim), pos0};
     a.attn_kv_pos = L->pos, a.attn_kv_bias = L->bias, a.attn_n_kv = L->n;
     return rk_backend_run(s->be, &a, err);
+}
+
+/* ---- checkpoints (session/prefill_ckpt.h): per late layer u64 n, then n f16 K rows, n f16
+ * V rows, n i32 positions, n f32 biases (host byte order: a checkpoint never leaves its
+ * machine's cache) */
+bool rk_fill_group_save(const rk_session *s, uint8_t **out, size_t *len) {
+    const rk_fill_group *g = s->pf->fg;
+    if (!g) return true;
+    size_t need = *len;
+    for (int i = 0; i < g->n_layer - g->split; i++) need += 8 + (size_t)g->ly[i].n * ((size_t)g->kvd * 4 + 8);
+    uint8_t *b = realloc(*out, need ? need : 1);
+    if (!b) return false;
+    size_t o = *len;
+    for (int i = 0; i < g->n_layer - g->split; i++) {
+        const fg_layer *L = &g->ly[i];
+        const uint64_t n = (uint64_t)L->n;
+        const size_t kv = (size_t)L->n * (size_t)g->kvd * sizeof(uint16_t);
+        memcpy(b + o, &n, 8), o += 8;
+        if (!L->n) continue;
+        memcpy(b + o, L->k, kv), o += kv;
+        memcpy(b + o, L->v, kv), o += kv;
+        memcpy(b + o, L->pos, (size_t)L->n * 4), o += (size_t)L->n * 4;
+        memcpy(b + o, L->bias, (size_t)L->n * 4), o += (size_t)L->n * 4;
+    }
+    *out = b, *len = o;
+    return true;
+}
+
+rk_status rk_fill_group_restore(rk_session *s, const uint8_t *p, size_t n, rk_err *err) {
+    rk_fill_group *g = s->pf->fg;
+    if (!g) return n ? rk_err_set(err, RK_E_FORMAT, "fill group: a checkpoint holds lists this call has not") : RK_OK;
+    size_t o = 0;
+    for (int i = 0; i < g->n_layer - g->split; i++) {
+        fg_layer *L = &g->ly[i];
+        uint64_t c;
+        if (n - o < 8) return rk_err_set(err, RK_E_FORMAT, "fill group: checkpoint lists truncated");
+        memcpy(&c, p + o, 8), o += 8;
+        const uint64_t per = (uint64_t)g->kvd * 4 + 8;
+        if (c > (uint64_t)s->n_ctx || c * per > n - o)
+            return rk_err_set(err, RK_E_FORMAT, "fill group: checkpoint list of layer %d claims %llu rows",
+                              g->split + i, (unsigned long long)c);
+        rk_status st = reserve(L, g->kvd, (int64_t)c, err);
+        if (st) return st;
+        const size_t kv = (size_t)c * (size_t)g->kvd * sizeof(uint16_t);
+        L->n = (int64_t)c;
+        if (!c) continue;
+        memcpy(L->k, p + o, kv), o += kv;
+        memcpy(L->v, p + o, kv), o += kv;
+        memcpy(L->pos, p + o, (size_t)c * 4), o += (size_t)c * 4;
+        memcpy(L->bias, p + o, (size_t)c * 4), o += (size_t)c * 4;
+    }
+    if (o != n) return rk_err_set(err, RK_E_FORMAT, "fill group: %zu bytes after the checkpoint lists", n - o);
+    return RK_OK;
 }

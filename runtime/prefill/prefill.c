@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "plan_impl.h"
+#include "prefill_ckpt.h"
 
 typedef struct pass {
     rk_session *s;
@@ -21,6 +22,7 @@ typedef struct pass {
     float *q_keep;
     int q_lo, q_hi;
     int64_t q_pos0, q_n, n_base; /* the first n_base of the q_n rows are the baseline */
+    rk_prefill_point at;         /* the checkpoint hook's view (s->ckpt; lo = hi = -1 when unused) */
 } pass;
 
 /* Chunk boundaries: n_batch rows, never straddling bulk_end (each chunk is all bulk or
@@ -54,7 +56,8 @@ static rk_status run_layers(pass *q, int lo, int hi, float *x_split, rk_err *err
     rk_session *s = q->s;
     const rk_hparams *hp = &s->m->hp;
     const size_t d = (size_t)hp->n_embd;
-    for (size_t done = 0; done < q->n;) {
+    size_t done = q->at.lo == lo && q->at.hi == hi ? (size_t)q->at.done : 0; /* resumed mid-pass */
+    while (done < q->n) {
         const size_t c = chunk_len(q, done);
         const int64_t pos = q->start + (int64_t)done;
         rk_status st;
@@ -75,6 +78,10 @@ static rk_status run_layers(pass *q, int lo, int hi, float *x_split, rk_err *err
         }
         if ((st = rk_forward_chunk(s, &p, q->ids + done, lg, q->all_rows, err))) return st;
         done += c;
+        if (q->s->ckpt && q->at.ids) {
+            q->at.lo = lo, q->at.hi = hi, q->at.done = (int64_t)done, q->at.x_split = x_split;
+            q->s->ckpt->at(q->s->ckpt, q->s, &q->at);
+        }
         if ((st = progress(q, (double)c * (hi - lo), err))) return st;
     }
     return RK_OK;
@@ -290,6 +297,18 @@ static int stages(rk_session *s, const pass *q, int *ends, int max) {
 
 static rk_status prefill_run(rk_session *s, const int32_t *ids, size_t n, float *logits, bool all_rows, rk_err *err);
 
+/* A checkpointed call from row 0: the hook restores what a checkpoint of it holds, and the
+ * progress counts the work restored as done. */
+static rk_status resume(pass *q, float *x_split, int split, rk_err *err) {
+    if (!q->at.ids) return RK_OK;
+    const size_t qd = (size_t)q->s->m->hp.n_head * (size_t)q->s->m->hp.head_dim;
+    q->at.bulk_end = q->bulk_end, q->at.split = split, q->at.x_split = x_split, q->at.q_keep = q->q_keep;
+    q->at.n_q = q->q_keep ? (size_t)(q->q_hi - q->q_lo) * (size_t)q->q_n * qd : 0;
+    rk_status st = q->s->ckpt->resume(q->s->ckpt, q->s, &q->at, err);
+    if (!st && q->at.lo >= 0) q->done_work = (double)q->n * q->at.lo + (double)q->at.done * (q->at.hi - q->at.lo);
+    return st;
+}
+
 /* An eval call; with fill grouping (rk_fill_params.group) its late layers attend to the
  * grouped list that fill_group.c builds during the call. */
 rk_status rk_prefill_run(rk_session *s, const int32_t *ids, size_t n, float *logits, bool all_rows, rk_err *err) {
@@ -318,8 +337,11 @@ static rk_status prefill_run(rk_session *s, const int32_t *ids, size_t n, float 
     int ends[64];
     const int n_st = stages(s, &q, ends, 64);
     if (n_st > 0) return staged_run(&q, ends, n_st, err);
-    if (!s->fill.layer_major || q.bulk_end == q.start || split <= 0 || split >= hp->n_layer)
-        return run_layers(&q, 0, hp->n_layer, NULL, err);
+    q.at = (rk_prefill_point){.ids = s->ckpt && q.start == 0 ? ids : NULL, .n = (int64_t)n, .lo = -1, .hi = -1};
+    if (!s->fill.layer_major || q.bulk_end == q.start || split <= 0 || split >= hp->n_layer) {
+        rk_status st = resume(&q, NULL, split, err);
+        return st ? st : run_layers(&q, 0, hp->n_layer, NULL, err);
+    }
     /* (n, n_embd) split stream of every row: the price of the layer-major phase */
     float *x_split = malloc(n * (size_t)hp->n_embd * sizeof(float));
     if (!x_split)
@@ -339,8 +361,10 @@ static rk_status prefill_run(rk_session *s, const int32_t *ids, size_t n, float 
                           sizeof(float));
         if (!q.q_keep) st = rk_err_set(err, RK_E_NOMEM, "prefill: no memory for the question's queries");
     }
-    if (!st) st = run_layers(&q, 0, split, x_split, err);
-    if (!st && q.q_keep) st = select_rows(&q, x_split, err);
+    if (!st) st = resume(&q, x_split, split, err);
+    const bool late = q.at.lo == split; /* resumed in the late pass: the selection is restored */
+    if (!st && !late) st = run_layers(&q, 0, split, x_split, err);
+    if (!st && q.q_keep && !late) st = select_rows(&q, x_split, err);
     s->pf->selecting = !st && q.q_keep;
     if (!st) st = run_layers(&q, split, hp->n_layer, x_split, err);
     s->pf->selecting = false; /* the selection stays readable: rk_session_fill_kept */

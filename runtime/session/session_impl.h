@@ -59,6 +59,7 @@ struct rk_session {
     void *progress_ud;
     rk_tap_fn tap;
     void *tap_ud;
+    struct rk_prefill_ckpt *ckpt; /* borrowed: the checkpoint hook of the running read (prefill_ckpt.h) */
     rk_fill_params fill;
     rk_session_counters counters;
     uint64_t *layer_rows; /* (n_layer, 2) rows that ran exact, rows filled, per layer (rk_session_layer_rows) */

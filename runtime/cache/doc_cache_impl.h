@@ -1,0 +1,23 @@
+/* Internal: the document cache's file I/O for its other files (doc_ckpt.c). */
+#pragma once
+#include "rk_cache.h"
+
+/* Writes blk (len bytes) as an entry-format file at path (header key, n tokens, label, the
+ * model's name and the KV spec; zstd frames through the block store), atomically: temporary
+ * file, fsync, rename, directory fsync. On failure nothing is left and err says why. */
+rk_status rk_doc_cache_write_file(rk_doc_cache *c, const char *path, const char *key, const rk_model *m,
+                                  const rk_kv_params *kv, int64_t n, const char *label, const void *blk, size_t len,
+                                  rk_err *err);
+/* The same, written as it is produced: open, put the bytes (in any number of calls: a
+ * failure is kept and makes later puts no-ops), close with the header (keep false: abandons
+ * the file, RK_OK). Only one piece (4 MiB) is buffered. */
+typedef struct rk_doc_cache_writer rk_doc_cache_writer;
+rk_status rk_doc_cache_writer_open(rk_doc_cache *c, const char *path, rk_doc_cache_writer **out, rk_err *err);
+void rk_doc_cache_writer_put(rk_doc_cache_writer *w, const void *p, size_t n);
+bool rk_doc_cache_writer_failed(const rk_doc_cache_writer *w);
+rk_status rk_doc_cache_writer_close(rk_doc_cache_writer *w, bool keep, const char *key, const rk_model *m,
+                                    const rk_kv_params *kv, int64_t n, const char *label, rk_err *err);
+/* Reads such a file back (*buf malloc'd, *len bytes, *n_tokens the header's); every frame's
+ * checksum and the header's key checked; msg (cap bytes) says why not. */
+rk_status rk_doc_cache_read_file(rk_doc_cache *c, const char *path, const char *key, uint8_t **buf, size_t *len,
+                                 int64_t *n_tokens, char *msg, size_t cap);
