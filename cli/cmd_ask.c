@@ -12,6 +12,7 @@
 #include "cli_gen.h"
 #include "doc_cache_cli.h"
 #include "lineedit.h"
+#include "long_cli.h"
 #include "progress.h"
 #include "rk_experimental.h"
 
@@ -92,6 +93,26 @@ static void accelerations(const cli_opts *o, const rk_ridge_maps *maps, const rk
     (void)s;
 }
 
+/* Tokens of the ask prompt, built over a scratch session of the smallest context (its
+ * RoPE is never used): the real session's context and RoPE depend on this length. */
+static rk_status prompt_len(const rk_model *m, const rk_conv_params *cp, const char *system, const rk_doc *docs,
+                            size_t n_docs, const char *question, size_t *n, rk_err *e) {
+    rk_session_params sp = rk_session_params_default();
+    sp.n_ctx = 16;
+    sp.n_threads = 1;
+    rk_session *s = NULL;
+    rk_conv *c = NULL;
+    int32_t *ids = NULL;
+    rk_status st = rk_session_create(m, &sp, &s, e);
+    if (!st) st = rk_conv_create(m, s, cp, &c, e);
+    if (!st) st = rk_conv_add_ask(c, system, docs, n_docs, question, e);
+    if (!st) st = rk_conv_prompt(c, &ids, n, e);
+    free(ids);
+    rk_conv_destroy(c);
+    rk_session_destroy(s);
+    return st;
+}
+
 /* Parses argv into o, the documents and the question. */
 /* The question: -p, or the positional words joined by single spaces (as an unquoted
  * question arrives); *joined is malloc'd when they were joined. */
@@ -164,12 +185,21 @@ int cmd_ask(int argc, char **argv) {
     rk_gen_result r = {0};
     rk_err e = {0};
     rk_status st = RK_OK;
-    if ((rc = cli_docs_read(d, n_docs)) || (rc = cli_load_model(&o, &m)) || (rc = cli_open_session(&o, m, 0, &s)))
-        goto done;
-    cli_seed_note("ask", &o);
     rk_doc docs[CLI_MAX_DOCS];
-    for (int i = 0; i < n_docs; i++) docs[i] = (rk_doc){d[i].name, d[i].text, d[i].len};
     rk_conv_params cp = {.n_answer = o.n_predict, .room_div = 4};
+    if ((rc = cli_docs_read(d, n_docs)) || (rc = cli_load_model(&o, &m))) goto done;
+    for (int i = 0; i < n_docs; i++) docs[i] = (rk_doc){d[i].name, d[i].text, d[i].len};
+    /* the prompt's length decides RoPE scaling, context and KV policy before the session */
+    size_t n_probe = 0;
+    if ((st = prompt_len(m, &cp, o.system, docs, (size_t)n_docs, question, &n_probe, &e))) goto fail;
+    const int64_t answer = o.n_predict >= 0 ? o.n_predict : (int64_t)n_probe / 3 + 1;
+    rk_long_defaults ld;
+    if ((rc = cli_long_apply("ask", &o, m, (int64_t)n_probe, (int64_t)n_probe + answer, &ld))) {
+        if (rc == RK_EXIT_CONTEXT) cli_docs_too_long(m, d, n_docs, (int64_t)n_probe, answer, ld.n_ctx_max);
+        goto done;
+    }
+    if ((rc = cli_open_session(&o, m, 0, &s))) goto done;
+    cli_seed_note("ask", &o);
     if ((st = rk_conv_create(m, s, &cp, &conv, &e)) ||
         (st = rk_conv_add_ask(conv, o.system, docs, (size_t)n_docs, question, &e)) ||
         (st = rk_conv_prompt(conv, &ids, &n_ids, &e)))

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "long_cli.h"
 #include "chat.h"
 
 static const char *help =
@@ -254,8 +255,10 @@ int cmd_chat(int argc, char **argv) {
     rk_err e = {0};
     rk_status st = RK_OK;
     cli_lineedit *le = NULL;
-    if ((rc = cli_load_model(&c.o, &c.m)) || (rc = cli_open_session(&c.o, c.m, 0, &c.s)) ||
-        (rc = cli_auto_fill(&c.o, c.m, "chat")) || (rc = cli_setup_fill(&c.o, c.m, c.s, &c.maps, NULL)))
+    /* -c past the trained context turns the model's documented RoPE scaling on (long_cli.h) */
+    if ((rc = cli_load_model(&c.o, &c.m)) || (rc = cli_long_apply("chat", &c.o, c.m, 0, 0, NULL)) ||
+        (rc = cli_open_session(&c.o, c.m, 0, &c.s)) || (rc = cli_auto_fill(&c.o, c.m, "chat")) ||
+        (rc = cli_setup_fill(&c.o, c.m, c.s, &c.maps, NULL)))
         goto done;
     rk_conv_params cp = {.n_answer = c.o.n_predict, .room_div = 4, .drop_oldest = true};
     if ((st = rk_conv_create(c.m, c.s, &cp, &c.conv, &e))) goto fail;

@@ -3,6 +3,7 @@
 
 #include "cli.h"
 #include "cli_gen.h"
+#include "long_cli.h"
 #include "rk_io.h"
 
 static const char *help =
@@ -110,11 +111,26 @@ int cmd_run(int argc, char **argv) {
     size_t n_ids = 0;
     rk_gen_result r = {0};
     rk_status st = RK_OK;
-    if ((rc = cli_load_model(&o, &m)) || (rc = cli_open_session(&o, m, 0, &s)) ||
-        (rc = cli_setup_fill(&o, m, s, &maps, NULL)))
+    if ((rc = cli_load_model(&o, &m))) goto done;
+    /* the prompt's tokens first (over a scratch session of the smallest context, whose
+     * RoPE is never used): their count decides RoPE scaling, context and KV policy */
+    {
+        rk_session_params pp = rk_session_params_default();
+        pp.n_ctx = 16;
+        pp.n_threads = 1;
+        rk_session *probe = NULL;
+        st = rk_session_create(m, &pp, &probe, &e);
+        if (!st) st = prompt_ids(&o, m, probe, &conv, &ids, &n_ids, &e);
+        rk_conv_destroy(conv);
+        conv = NULL;
+        rk_session_destroy(probe);
+        if (st) goto fail;
+    }
+    if ((rc = cli_long_apply("run", &o, m, (int64_t)n_ids, (int64_t)n_ids + (o.n_predict > 0 ? o.n_predict : 0),
+                             NULL)) ||
+        (rc = cli_open_session(&o, m, 0, &s)) || (rc = cli_setup_fill(&o, m, s, &maps, NULL)))
         goto done;
     const rk_hparams *hp = rk_model_hparams(m);
-    if ((st = prompt_ids(&o, m, s, &conv, &ids, &n_ids, &e))) goto fail;
     if (o.verbose)
         fprintf(stderr, "ridgekv: %s (%s, %d layers, d=%d), prompt %zu tokens, ctx %lld\n", rk_model_name(m),
                 hp->arch_name, hp->n_layer, hp->n_embd, n_ids, (long long)rk_session_n_ctx(s));

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "long_cli.h"
 #include "cli.h"
 #include "doc_cache_cli.h"
 #include "serve.h"
@@ -197,7 +198,10 @@ int cmd_serve(int argc, char **argv) {
     line_reader *rd = NULL;
     rk_err e = {0};
     rk_status st;
-    if ((rc = cli_load_model(&o, &sv.m)) || (rc = cli_session_params(&o, &sv.sp))) goto done;
+    /* -c past the trained context turns the model's documented RoPE scaling on (long_cli.h) */
+    if ((rc = cli_load_model(&o, &sv.m)) || (rc = cli_long_apply("serve", &o, sv.m, 0, 0, NULL)) ||
+        (rc = cli_session_params(&o, &sv.sp)))
+        goto done;
     sv.hp = rk_model_hparams(sv.m);
     if ((st = rk_session_create(sv.m, &sv.sp, &sv.s, &e))) {
         cli_print_error(&e);
