@@ -28,10 +28,11 @@ static const char *help =
     "  -p, --prompt TEXT       the question (or give it as the last arguments: unquoted words are joined)\n"
     "      --system TEXT       system prompt (default: answer from the documents)\n"
     "  -n, --n-predict N       most answer tokens (default 256; -1 = up to the answer room)\n"
-    "  -c, --ctx-size N        context size in tokens (default: the model's)\n"
+    "  -c, --ctx-size N        context size in tokens (default: the model's, or what a longer prompt needs)\n"
     "  -b, --batch-size N      prefill chunk: progress and Ctrl-C act between chunks (default 512)\n"
     "  -t, --threads N         threads (default: all cores)\n"
-    "      --kv f16|f32|q8|q4|lowram[:opts]  KV cache (default f16; lowram: compressed KV, docs/LOWRAM.md)\n"
+    "      --kv f16|f32|q8|q4|lowram[:opts]  KV cache (default f16; q8 from 16384 prompt tokens or when f16\n"
+    "                          would take over half the free memory; lowram: compressed KV, docs/LOWRAM.md)\n"
     "      --backend cpu|cpu_ref|cuda  kernels (cpu_ref: the scalar oracle, slow; cuda: CUDA builds)\n"
     "      --temp T            temperature (default 0 = greedy, so answers repeat)\n"
     "      --top-k K           (default 40; 0 = off)\n"
@@ -49,14 +50,30 @@ static const char *help =
     "                          attends to most (default: the map's, 0.1)\n"
     "      --fill-group G      quality/speed: late layers attend to each run of up to G filled\n"
     "                          rows as one row (default 16; 0: every row)\n"
-    "      --no-ridgefill      exact prefill even when `ridgekv prepare` left maps in the cache\n"
+    "      --no-ridgefill      exact prefill even when `ridgekv prepare` left maps in the cache\n";
+static const char *help_more = /* two strings: C99 compilers need only support 4095 characters in one */
     "      --no-cache          do not use the document KV cache (docs/TIERS.md; ridgekv cache)\n"
     "      --cache-level N     zstd level of the cached KV (1..19, default 1; 0: raw)\n"
     "      --kv-budget SIZE    KV kept in memory (f16/f32/q8/lowram, e.g. 512M); the rest spills to $TMPDIR\n"
+    "                          (default: none, or half the free memory when the KV would crowd it)\n"
     "      --kv-host-budget SIZE  --backend cuda, f16/f32: pinned host memory for the KV past\n"
     "                          --kv-budget; the rest spills to $TMPDIR\n"
+    "      --rope-scaling none|linear|yarn  RoPE scaling (default: the GGUF's, or the model's documented\n"
+    "                          one when the prompt needs it); with --rope-scale N, --yarn-orig-ctx N,\n"
+    "                          --rope-freq-base B, --yarn-ext-factor F, --yarn-attn-factor F,\n"
+    "                          --yarn-beta-fast F, --yarn-beta-slow F (docs/MODELS.md)\n"
+    "      --ctx-overflow-ok   allow a context past the trained one without scaling (garbage past it)\n"
     "  -v, --verbose           model and prompt details on stderr\n"
     "      --verbose-prompt    print the prompt as the model sees it and its tokens to stderr\n"
+    "\n"
+    "Long documents: one command, no flags. When the prompt and its answer room pass the\n"
+    "context the model was trained on, ask applies the model's RoPE scaling (the GGUF's, or\n"
+    "the one its card documents: qwen2.5-coder-1.5b, YaRN x4 from 32768 to 131072 tokens)\n"
+    "and says so in one line; past the scaled limit it refuses, naming the flags. From 16384\n"
+    "prompt tokens the KV cache is q8 (1.9x fewer bytes than f16), and a --kv-budget is set\n"
+    "only when even that would crowd the free memory (one line says which). Flags given\n"
+    "win: --kv f16 keeps f16, --rope-scaling none keeps the RoPE. For example:\n"
+    "  ridgekv ask -m qwen2.5-coder-1.5b --doc book.txt \"Who wrote the letter?\"\n"
     "\n"
     "The prompt must leave room for the answer: -n tokens, at most a quarter of the\n"
     "context; the answer stops there, and stderr says \"[answer cut: ...]\" when -n or\n"
@@ -162,6 +179,7 @@ int cmd_ask(int argc, char **argv) {
     for (int i = 2; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             fputs(help, stdout);
+            fputs(help_more, stdout);
             return RK_EXIT_OK;
         }
     cli_doc d[CLI_MAX_DOCS];

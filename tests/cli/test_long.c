@@ -174,3 +174,25 @@ Test(long_prompt, q8_kv_from_16k_prompt_tokens_unless_kv_given) {
     unlink(dp);
     cleanup(dir, mp);
 }
+
+Test(long_prompt, bench_off_default_is_one_command) {
+    char dir[512], mp[700];
+    model_at(dir, sizeof dir, mp, sizeof mp, CATALOGUE_FILE, 64, NULL);
+    tb_result r = run("bench -m '%s' -p 32,200 -n 2 -r 1 -t 1 --fill off,default --json", mp);
+    cr_expect_eq(r.code, 0, "%s", r.err);
+    /* the longest prompt needs YaRN: one line, for both references */
+    cr_expect(strstr(r.err, "ridgekv bench: the prompt with its answer room needs 203 tokens") &&
+                  strstr(r.err, "RoPE yarn x4 from 64"),
+              "%s", r.err);
+    cr_expect(strstr(r.out, "\"n_prompt\":200,\"fill\":\"off\",\"kv\":\"f16\"") &&
+                  strstr(r.out, "\"n_prompt\":200,\"fill\":\"default\",\"kv\":\"f16\""),
+              "%s", r.out);
+    tb_result_free(&r);
+    /* --kv given applies to default (as in ask), never to off */
+    r = run("bench -m '%s' -p 32 -n 1 -r 1 -t 1 --fill off,default --kv q8 --json", mp);
+    cr_expect_eq(r.code, 0, "%s", r.err);
+    cr_expect(strstr(r.out, "\"fill\":\"off\",\"kv\":\"f16\"") && strstr(r.out, "\"fill\":\"default\",\"kv\":\"q8\""),
+              "%s", r.out);
+    tb_result_free(&r);
+    cleanup(dir, mp);
+}
