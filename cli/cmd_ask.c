@@ -245,7 +245,7 @@ int cmd_ask(int argc, char **argv) {
     gp.token_ud = &out;
     cli_sigint_install(true);
     cli_progress_start(&pr, "ask", (int64_t)n_ids);
-    cli_eta_prior(&pr.eta, cli_attn_ratio(rk_model_hparams(m)));
+    cli_eta_cost_units(&pr.eta); /* the session reports cost-weighted tokens (runtime/prefill/cost.c) */
     /* the documents first (from the document cache when it holds them), then the question */
     cli_prefix pre = {0};
     rk_doc_cache *dc = o.no_cache ? NULL : cli_doc_cache_open(&o, "ask");
