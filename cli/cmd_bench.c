@@ -217,8 +217,9 @@ int cmd_bench(int argc, char **argv) {
     static double fit_s[32][8][8];    /* lowram: seconds of the end-of-prefill fit (last repetition) */
     static char full_s[32][8][8][96]; /* lowram: its full layers and their missed shares */
     static rk_kv_tier_stats tier0[32][8][8], tier1[32][8][8]; /* the KV tiers' counters around the last rep */
-    static char kv_used[32][8][8][48];                        /* the KV policy each run used */
-    rk_kv_params item_kv = sp.kv;                             /* the --kv item's policy */
+    static char kv_used[32][8][8][48]; /* with "default": the KV policy each run used (else the --kv item) */
+#define KV_NAME(li, mi, ki) (has_default ? kv_used[li][mi][ki] : kvs[ki])
+    rk_kv_params item_kv = sp.kv; /* the --kv item's policy */
     for (int ki = 0; ki < n_kv && !st && !rc; ki++) {
         if (ki > 0) { /* the KV policy is the session's: a new session per item */
             rk_session_destroy(s);
@@ -241,9 +242,8 @@ int cmd_bench(int argc, char **argv) {
                     if ((st = rk_session_create(m, &sp, &s, &e))) break;
                 }
                 char *ku = kv_used[li][mi][ki];
-                if (has_default) rk_kv_params_format(&sp.kv, ku, sizeof kv_used[0][0][0]);
-                else snprintf(ku, sizeof kv_used[0][0][0], "%.47s", kvs[ki]);
-                if (sp.kv.budget && has_default)
+                rk_kv_params_format(&sp.kv, ku, sizeof kv_used[0][0][0]);
+                if (sp.kv.budget)
                     snprintf(ku + strlen(ku), sizeof kv_used[0][0][0] - strlen(ku), ",budget=%lluM",
                              (unsigned long long)(sp.kv.budget >> 20));
                 rk_session_reset(s);
@@ -274,7 +274,7 @@ int cmd_bench(int argc, char **argv) {
                     if (dc > *dc_t) *dc_t = dc;
                     if (!o.json)
                         fprintf(stderr, "bench: p=%d fill=%s kv=%s rep %d: prefill %.1f tok/s, decode %.1f tok/s\n",
-                                lens[li], modes[mi], kv_used[li][mi][ki], r + 1, pf, dc);
+                                lens[li], modes[mi], KV_NAME(li, mi, ki), r + 1, pf, dc);
                 }
                 rk_session_kv_bytes(s, &kvb[li][mi][ki]);
                 {
@@ -319,7 +319,7 @@ int cmd_bench(int argc, char **argv) {
                             "\"kv_bytes\":{\"total\":%llu,\"f16_equiv\":%llu,\"exact\":%llu,\"coef\":%llu,\"bases\":%llu,"
                             "\"predictors\":%llu,\"residuals\":%llu,\"landmarks\":%llu,\"meta\":%llu,\"key_cache\":%llu,\"scratch\":%llu,"
                             "\"n_tokens\":%lld,\"n_exact_rows\":%lld,\"n_compressed_rows\":%lld,\"n_evicted_rows\":%lld}",
-                            li || mi || ki ? "," : "", lens[li], modes[mi], kv_used[li][mi][ki],
+                            li || mi || ki ? "," : "", lens[li], modes[mi], KV_NAME(li, mi, ki),
                             1000 * ttft[li][mi][ki], pf_tps[li][mi][ki], ttft[li][0][ki] / ttft[li][mi][ki],
                             o.n_predict, dc_tps[li][mi][ki], rss[li][mi][ki], peaks ? rpeak[li][mi][ki] : -1.0,
                             (unsigned long long)b->total, (unsigned long long)b->f16_equiv,
@@ -367,7 +367,7 @@ int cmd_bench(int argc, char **argv) {
                         char pk[32] = "-";
                         if (peaks) snprintf(pk, sizeof pk, "%.1f", rpeak[li][mi][ki]);
                         printf("%9d %*s %-24.24s %10.1f %13.1f %7.2fx %8d %12.1f %10.0f %6.2fx %9.1f %9s\n", lens[li],
-                               fw, modes[mi], kv_used[li][mi][ki], 1000 * ttft[li][mi][ki], pf_tps[li][mi][ki],
+                               fw, modes[mi], KV_NAME(li, mi, ki), 1000 * ttft[li][mi][ki], pf_tps[li][mi][ki],
                                ttft[li][0][ki] / ttft[li][mi][ki], o.n_predict, dc_tps[li][mi][ki],
                                b->n_tokens ? (double)b->total / (double)b->n_tokens : 0.0,
                                b->total ? (double)b->f16_equiv / (double)b->total : 0.0, rss[li][mi][ki], pk);
@@ -386,6 +386,7 @@ int cmd_bench(int argc, char **argv) {
                    peaks ? "" : "; per-run peaks: /proc/self/clear_refs refused");
         }
     }
+#undef KV_NAME
     rk_ridge_maps_destroy(maps);
     free(ids);
     rk_session_destroy(s);
