@@ -84,18 +84,21 @@ static const char *help =
  * Other modes run as given. *mode becomes the fill mode to set; *kv the policy. */
 static int mode_settings(const cli_opts *o, const rk_model *m, int len, const char **mode, const char *default_fill,
                          rk_kv_params *kv) {
-    if (!strcmp(*mode, "off")) {
-        *kv = rk_kv_params_default();
-        return 0;
-    }
-    if (strcmp(*mode, "default")) return 0;
+    const bool off = !strcmp(*mode, "off");
+    if (!off && strcmp(*mode, "default")) return 0;
     rk_long_request r = cli_long_request(o, m, len, (int64_t)len + o->n_predict + 1);
+    r.exact = off;
     rk_long_defaults d;
     rk_err e = {0};
     rk_status st = rk_long_defaults_get(m, &r, &d, &e);
     if (st) {
         cli_print_error(&e);
         return cli_exit_code(st);
+    }
+    if (off) { /* the library's exact reference: f16, no budget, no tiers */
+        *kv = rk_kv_params_default();
+        kv->kind = d.kv;
+        return 0;
     }
     if (!o->kv) {
         rk_kv_params p = rk_kv_params_default();

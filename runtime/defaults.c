@@ -72,10 +72,10 @@ rk_status rk_long_defaults_get(const rk_model *m, const rk_long_request *r, rk_l
     }
     /* ---- KV policy ---- */
     d.kv_f16_bytes = rk_long_kv_bytes(m, RK_KV_F16, d.n_rows);
-    if (r->kv_explicit) d.kv = r->kv_kind, d.kv_why = RK_LONG_KV_EXPLICIT;
-    else if (!r->exact && r->n_prompt >= RK_LONG_Q8_MIN_TOKENS) d.kv = RK_KV_Q8, d.kv_why = RK_LONG_KV_LONG;
-    else if (!r->exact && r->free_bytes && d.kv_f16_bytes > r->free_bytes / 2)
-        d.kv = RK_KV_Q8, d.kv_why = RK_LONG_KV_MEMORY;
+    if (r->exact) d.kv = RK_KV_F16, d.kv_why = RK_LONG_KV_DEFAULT; /* whatever else was asked */
+    else if (r->kv_explicit) d.kv = r->kv_kind, d.kv_why = RK_LONG_KV_EXPLICIT;
+    else if (r->n_prompt >= RK_LONG_Q8_MIN_TOKENS) d.kv = RK_KV_Q8, d.kv_why = RK_LONG_KV_LONG;
+    else if (r->free_bytes && d.kv_f16_bytes > r->free_bytes / 2) d.kv = RK_KV_Q8, d.kv_why = RK_LONG_KV_MEMORY;
     d.kv_bytes = rk_long_kv_bytes(m, d.kv, d.n_rows);
     /* ---- budget: only when even the chosen kind would crowd the free memory ---- */
     const bool tiers = d.kv == RK_KV_F16 || d.kv == RK_KV_F32 || d.kv == RK_KV_Q8; /* q4, lowram: none */

@@ -41,7 +41,8 @@ typedef struct rk_long_request {
     bool budget_explicit;       /* --kv-budget was given */
     bool overflow_ok;           /* --ctx-overflow-ok: a context past the trained one without scaling */
     bool exact;                 /* the exact reference (bench --fill off): only what the length needs, i.e. the
-                                   RoPE scaling; f16 KV, no budget, no sparse attention */
+                                   RoPE scaling; f16 KV (whatever kv_explicit says), no budget, no sparse
+                                   attention */
 } rk_long_request;
 
 typedef struct rk_long_defaults {

@@ -188,8 +188,9 @@ Test(defaults, explicit_kv_choices_and_the_exact_request_win) {
     /* q4 has no tiers: no budget */
     d = get(m, (rk_long_request){.n_prompt = 20000, .kv_explicit = true, .kv_kind = RK_KV_Q4, .free_bytes = 1u << 20});
     cr_expect_eq(d.kv_budget, 0);
-    /* the exact reference: f16, no budget, dense, whatever the size and memory */
-    d = get(m, (rk_long_request){.n_prompt = 30000, .free_bytes = 1u << 20, .exact = true});
+    /* the exact reference: f16, no budget, dense, whatever the size, memory and --kv */
+    d = get(m, (rk_long_request){
+                   .n_prompt = 30000, .free_bytes = 1u << 20, .kv_explicit = true, .kv_kind = RK_KV_Q4, .exact = true});
     cr_expect_eq(d.kv, RK_KV_F16);
     cr_expect_eq(d.kv_why, RK_LONG_KV_DEFAULT);
     cr_expect_eq(d.kv_budget, 0);
