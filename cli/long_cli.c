@@ -84,11 +84,11 @@ int cli_long_apply(const char *cmd, cli_opts *o, rk_model *m, int64_t n_prompt, 
         return cli_exit_code(st);
     }
     const int64_t need = r.n_ctx > 0 ? r.n_ctx : d.n_rows;
-    const char *why = r.n_ctx > 0 ? "-c" : "the prompt with its answer room";
+    const char *why = r.n_ctx > 0 ? "-c" : "the prompt with its answer room needs";
     const rk_rope_scaling *s = &rk_model_hparams(m)->rope_scaling;
     if (d.rope != RK_LONG_ROPE_NONE && d.rope != RK_LONG_ROPE_TOO_LONG)
         fprintf(stderr,
-                "ridgekv %s: %s needs %lld tokens, past the %lld the model was trained on: RoPE %s x%g from %d "
+                "ridgekv %s: %s %lld tokens, past the %lld the model was trained on: RoPE %s x%g from %d "
                 "(%s), context up to %lld%s\n",
                 cmd, why, (long long)need, (long long)d.n_ctx_train, rk_rope_scaling_name(s->type), (double)s->factor,
                 (int)s->orig_ctx,
