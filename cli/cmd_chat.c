@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "long_cli.h"
 #include "chat.h"
 
 static const char *help =
@@ -20,7 +21,8 @@ static const char *help =
     "  -m, --model FILE        GGUF model (default: the cached SmolLM2-135M-Instruct)\n"
     "      --system TEXT       system prompt (always kept, also when old turns are dropped)\n"
     "  -n, --n-predict N       most tokens per answer (default 512; -1 = up to the answer room)\n"
-    "  -c, --ctx-size N        context size in tokens (default: the model's)\n"
+    "  -c, --ctx-size N        context size in tokens (default: the model's; past the trained one\n"
+    "                          applies the model's documented RoPE scaling)\n"
     "  -b, --batch-size N      prefill chunk (default 512)\n"
     "  -t, --threads N         threads (default: all cores)\n"
     "      --kv f16|f32|q8|q4|lowram[:opts]  KV cache (default f16; lowram: compressed KV, docs/LOWRAM.md)\n"
@@ -42,6 +44,7 @@ static const char *help =
     "      --fill-group G      quality/speed: late layers attend to each run of up to G filled\n"
     "                          rows as one row (default 16; 0: every row)\n"
     "      --no-ridgefill      exact prefill even when `ridgekv prepare` left maps in the cache\n"
+    "      --rope-scaling, --rope-scale, --yarn-*, --ctx-overflow-ok  as in ridgekv run --help\n"
     "  -v, --verbose           model details at the start, timings after each answer (stderr)\n"
     "      --verbose-prompt    print each turn's prompt as the model sees it and its tokens (stderr)\n"
     "\n"
@@ -254,8 +257,10 @@ int cmd_chat(int argc, char **argv) {
     rk_err e = {0};
     rk_status st = RK_OK;
     cli_lineedit *le = NULL;
-    if ((rc = cli_load_model(&c.o, &c.m)) || (rc = cli_open_session(&c.o, c.m, 0, &c.s)) ||
-        (rc = cli_auto_fill(&c.o, c.m, "chat")) || (rc = cli_setup_fill(&c.o, c.m, c.s, &c.maps, NULL)))
+    /* -c past the trained context turns the model's documented RoPE scaling on (long_cli.h) */
+    if ((rc = cli_load_model(&c.o, &c.m)) || (rc = cli_long_apply("chat", &c.o, c.m, 0, 0, NULL)) ||
+        (rc = cli_open_session(&c.o, c.m, 0, &c.s)) || (rc = cli_auto_fill(&c.o, c.m, "chat")) ||
+        (rc = cli_setup_fill(&c.o, c.m, c.s, &c.maps, NULL)))
         goto done;
     rk_conv_params cp = {.n_answer = c.o.n_predict, .room_div = 4, .drop_oldest = true};
     if ((st = rk_conv_create(c.m, c.s, &cp, &c.conv, &e))) goto fail;

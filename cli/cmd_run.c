@@ -3,6 +3,7 @@
 
 #include "cli.h"
 #include "cli_gen.h"
+#include "long_cli.h"
 #include "rk_io.h"
 
 static const char *help =
@@ -16,7 +17,7 @@ static const char *help =
     "      --chat              wrap the prompt as one user turn in the model's chat template\n"
     "      --system TEXT       system prompt for --chat\n"
     "  -n, --n-predict N       tokens to generate (default 256; -1 = until end of text or context)\n"
-    "  -c, --ctx-size N        context size in tokens (default: the model's)\n"
+    "  -c, --ctx-size N        context size in tokens (default: the model's, or what a longer prompt needs)\n"
     "  -b, --batch-size N      prefill chunk (default 512)\n"
     "  -t, --threads N         threads (default: all cores)\n"
     "      --kv f16|f32|q8|q4|lowram[:opts]  KV cache (default f16); lowram: compressed KV at decode\n"
@@ -38,6 +39,10 @@ static const char *help =
     "                          attends to most (default: the map's, 0.1)\n"
     "      --fill-group G      quality/speed: late layers attend to each run of up to G filled\n"
     "                          rows as one row (default 16; 0: every row)\n"
+    "      --rope-scaling none|linear|yarn  RoPE scaling, with --rope-scale N, --yarn-orig-ctx N and the\n"
+    "                          other --rope-*/--yarn-* flags (docs/MODELS.md; default: the GGUF's, or\n"
+    "                          the model's documented one when the prompt passes the trained context)\n"
+    "      --ctx-overflow-ok   allow a context past the trained one without scaling (garbage past it)\n"
     "  -v, --verbose           print model and timing details to stderr\n"
     "      --verbose-prompt    print the prompt as the model sees it and its tokens to stderr\n"
     "\n"
@@ -110,11 +115,26 @@ int cmd_run(int argc, char **argv) {
     size_t n_ids = 0;
     rk_gen_result r = {0};
     rk_status st = RK_OK;
-    if ((rc = cli_load_model(&o, &m)) || (rc = cli_open_session(&o, m, 0, &s)) ||
-        (rc = cli_setup_fill(&o, m, s, &maps, NULL)))
+    if ((rc = cli_load_model(&o, &m))) goto done;
+    /* the prompt's tokens first (over a scratch session of the smallest context, whose
+     * RoPE is never used): their count decides RoPE scaling, context and KV policy */
+    {
+        rk_session_params pp = rk_session_params_default();
+        pp.n_ctx = 16;
+        pp.n_threads = 1;
+        rk_session *probe = NULL;
+        st = rk_session_create(m, &pp, &probe, &e);
+        if (!st) st = prompt_ids(&o, m, probe, &conv, &ids, &n_ids, &e);
+        rk_conv_destroy(conv);
+        conv = NULL;
+        rk_session_destroy(probe);
+        if (st) goto fail;
+    }
+    if ((rc = cli_long_apply("run", &o, m, (int64_t)n_ids, (int64_t)n_ids + (o.n_predict > 0 ? o.n_predict : 0),
+                             NULL)) ||
+        (rc = cli_open_session(&o, m, 0, &s)) || (rc = cli_setup_fill(&o, m, s, &maps, NULL)))
         goto done;
     const rk_hparams *hp = rk_model_hparams(m);
-    if ((st = prompt_ids(&o, m, s, &conv, &ids, &n_ids, &e))) goto fail;
     if (o.verbose)
         fprintf(stderr, "ridgekv: %s (%s, %d layers, d=%d), prompt %zu tokens, ctx %lld\n", rk_model_name(m),
                 hp->arch_name, hp->n_layer, hp->n_embd, n_ids, (long long)rk_session_n_ctx(s));

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "long_cli.h"
 #include "cli.h"
 #include "doc_cache_cli.h"
 #include "serve.h"
@@ -33,7 +34,8 @@ static const char *help =
     "  --allow-origin ORIGIN   a web page origin (https://app.example:443, or *) allowed to call\n"
     "                          the server from a browser (repeat; default: none)\n"
     "  -m, --model FILE        GGUF model (default: the cached SmolLM2-135M-Instruct)\n"
-    "  -c, --ctx-size N        context size in tokens (default: the model's)\n"
+    "  -c, --ctx-size N        context size in tokens (default: the model's; past the trained context\n"
+    "                          the model's documented RoPE scaling is applied)\n"
     "  -b, --batch-size N      prefill chunk (default 512)\n"
     "  -t, --threads N         threads (default: all cores)\n"
     "      --kv f16|f32|q8|q4|lowram[:opts]  KV cache (default f16); a request's \"kv\" gets a session\n"
@@ -49,6 +51,10 @@ static const char *help =
     "      --temp T            temperature (default 0.8; 0 = greedy)\n"
     "      --top-k K, --top-p P, --min-p P, --repeat-penalty R, --repeat-last-n N, --seed S\n"
     "                          (--seed default -1: random at start, printed with -v)\n"
+    "      --rope-scaling none|linear|yarn  RoPE scaling, with --rope-scale N, --yarn-orig-ctx N and the\n"
+    "                          other --rope-*/--yarn-* flags (docs/MODELS.md; default: the GGUF's, or\n"
+    "                          the model's documented one when -c passes the trained context)\n"
+    "      --ctx-overflow-ok   allow a context past the trained one without scaling (garbage past it)\n"
     "  -v, --verbose           one line per request on stderr\n"
     "\n"
     "exit codes: 0 EOF on stdin (--jsonl) or SIGINT/SIGTERM (--http), 2 bad usage, 3 model\n"
@@ -234,7 +240,10 @@ int cmd_serve(int argc, char **argv) {
     line_reader *rd = NULL;
     rk_err e = {0};
     rk_status st;
-    if ((rc = cli_load_model(&o, &sv.m)) || (rc = cli_session_params(&o, &sv.sp))) goto done;
+    /* -c past the trained context turns the model's documented RoPE scaling on (long_cli.h) */
+    if ((rc = cli_load_model(&o, &sv.m)) || (rc = cli_long_apply("serve", &o, sv.m, 0, 0, NULL)) ||
+        (rc = cli_session_params(&o, &sv.sp)))
+        goto done;
     sv.hp = rk_model_hparams(sv.m);
     if ((st = rk_session_create(sv.m, &sv.sp, &sv.s, &e))) {
         cli_print_error(&e);

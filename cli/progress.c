@@ -27,6 +27,8 @@ static void acc(cli_eta *e, double x1, double x2, double y, double sign) {
     e->s22 += sign * x2 * x2;
     e->s1y += sign * x1 * y;
     e->s2y += sign * x2 * y;
+    e->sx += sign * x1;
+    e->sy += sign * y;
 }
 
 void cli_eta_add(cli_eta *e, int64_t done, double t) {
@@ -47,6 +49,12 @@ void cli_eta_add(cli_eta *e, int64_t done, double t) {
 
 void cli_eta_prior(cli_eta *e, double kappa) { e->kappa = kappa > 0 ? kappa : 0; }
 
+void cli_eta_cost_units(cli_eta *e) {
+    e->attention = false;
+    e->kappa = 0;
+    e->cost_units = true;
+}
+
 double cli_attn_ratio(const rk_hparams *hp) {
     const double d = hp->n_embd, q = (double)hp->n_head * hp->head_dim, kv = (double)hp->n_head_kv * hp->head_dim;
     const double per_layer = d * q + 2 * d * kv + q * d + 3 * d * hp->n_ff;
@@ -60,6 +68,7 @@ double cli_attn_ratio(const rk_hparams *hp) {
 void cli_eta_coef(const cli_eta *e, double *alpha, double *beta) {
     double a = 0, b = 0;
     if (e->s11 > 0) a = e->s1y / e->s11;
+    if (e->cost_units && e->sx > 0) a = e->sy / e->sx; /* the time so far over the work so far */
     if (e->attention && e->kappa > 0 && e->n_used >= 1) {
         /* ridge toward beta = kappa * alpha: lam * (beta - kappa alpha)^2, lam worth two steps */
         const double k = e->kappa, lam = 2.0 * e->s22 / e->n_used;

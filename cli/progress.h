@@ -9,7 +9,17 @@
  * position). alpha and beta are least-squares fits (both >= 0) on the steps done so far
  * (the first step is left out once three others exist: it pays for cold caches); the
  * ETA is the model's cost of the units left. A plain rate (done / elapsed) underestimates
- * a long prefill badly: the last chunks cost several times the first. */
+ * a long prefill badly: the last chunks cost several times the first.
+ *
+ * A prefill through the library reports its tokens in cost-weighted units already: the
+ * session's progress moves with the cost model of runtime/prefill/cost.c (matrix FLOPs of
+ * the rows each layer actually runs, attention FLOPs by position), so a RidgeFill
+ * layer-major phase, whose late layers run few rows, counts what it costs. For such units
+ * cli_eta_cost_units turns the attention term off: the ETA is the seconds per unit so far
+ * (all seconds over all units of the steps used, the first step left out as above) times
+ * the units left. tests/cli/test_progress.c checks it on a simulated 30.5K-token layer-major
+ * fill: within 20% of the time left at every step after two minutes, also with the true
+ * attention cost 1.5x off the model's. */
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
@@ -23,6 +33,8 @@ typedef struct cli_eta {
     int n_obs; /* steps observed */
     /* normal equations over the steps used (x1 = units, x2 = position sum, y = seconds) */
     double s11, s12, s22, s1y, s2y;
+    double sx, sy;   /* units and seconds of the steps used (cost units: seconds per unit = sy / sx) */
+    bool cost_units; /* cli_eta_cost_units */
     double first[3]; /* the first step's x1, x2, y (left out once three others exist) */
     double kappa;    /* prior beta / alpha from the model's shape (0: none); see cli_eta_prior */
     int n_used;      /* steps in the sums */
@@ -36,6 +48,9 @@ void cli_eta_add(cli_eta *e, int64_t done, double t);
  * alpha with the weight of two steps, so a few noisy early chunks (where the attention
  * term is still small) do not decide the growth alone; more steps outweigh it. */
 void cli_eta_prior(cli_eta *e, double kappa);
+/* The units are cost-weighted (a library prefill's progress): seconds per unit only, no
+ * attention term and no prior. Call after cli_eta_init (cli_progress_start). */
+void cli_eta_cost_units(cli_eta *e);
 /* beta / alpha for a prefill of this model shape: attention's 4 * n_layer * n_head *
  * head_dim FLOPs per token and position over the 2 * (matrix weights) FLOPs per token,
  * times 3 (CPU attention runs at about a third of the matrix kernels' rate, measured). */

@@ -77,6 +77,23 @@ typedef struct rk_chunk_plan {
     int64_t q_pos0, q_n;
 } rk_chunk_plan;
 
+/* cost.c: the cost model of prefill progress. The work of a chunk plan in weighted FLOPs:
+ * per row and layer the matrices it runs (all of them for exact rows; K, V and the ridge
+ * map for filled ones; the output projection for rows with logits), plus attention at
+ * 4 x n_head x head_dim FLOPs per (query, key) pair times RK_COST_ATTN_WEIGHT (CPU
+ * attention runs at about a third of the matrix kernels' FLOP rate: fitted beta / alpha
+ * was 3.1x the FLOP ratio for SmolLM2-135M on one thread). Late-layer exact rows with
+ * grouped attention attend to the exact rows and one row per run of filled rows. */
+#define RK_COST_ATTN_WEIGHT 3.0
+typedef struct rk_cost_ctx {
+    int64_t start, bulk_end, end; /* the eval call's rows [start, end), bulk rows [start, bulk_end) */
+    double share;                 /* share of bulk rows exact in late layers (expected) */
+    int group;                    /* grouped late-layer attention: runs of up to group filled rows (0: off) */
+    bool logits, all_rows;        /* logits of the last row, or of every row */
+} rk_cost_ctx;
+struct rk_chunk_plan;
+double rk_cost_chunk(const rk_session *s, const rk_cost_ctx *c, const struct rk_chunk_plan *p);
+
 /* Plans the chunk of n rows at pos0 for layers [lo, hi): rows below bulk_end are bulk
  * rows, filled in late layers as the session's fill mode says. Index lists live in the
  * session's scratch (valid until the next plan). */

@@ -17,7 +17,9 @@ typedef struct pass {
     int64_t start, bulk_end;
     float *logits;
     bool all_rows;
-    double done_work, total_work; /* in rows x layers, for progress */
+    double done_work, total_work; /* in the cost model's weighted FLOPs (cost.c), for progress */
+    int64_t reported;             /* tokens last reported to the progress callback */
+    rk_cost_ctx cost;
     /* question-aware selection: queries of rows [q_pos0, q_pos0 + q_n) at layers [q_lo, q_hi) */
     float *q_keep;
     int q_lo, q_hi;
@@ -40,14 +42,65 @@ static rk_status splice(rk_session *s, int64_t start, int64_t bulk_end, rk_err *
                                   s->pf->splice_v, start, bulk_end, err);
 }
 
-static rk_status progress(pass *q, double work, rk_err *err) {
+/* After plan p ran: the call's tokens in proportion to the cost done (monotone; all of
+ * them only after the last chunk, since the total is estimated before the selection of
+ * exact rows is known). */
+static rk_status progress(pass *q, const rk_chunk_plan *p, bool last, rk_err *err) {
     rk_session *s = q->s;
-    q->done_work += work;
     if (!s->progress) return RK_OK;
-    const int64_t done = (int64_t)((double)q->n * q->done_work / q->total_work + 0.5);
-    if (!s->progress(s->progress_ud, done, (int64_t)q->n) && q->done_work < q->total_work)
+    q->done_work += rk_cost_chunk(s, &q->cost, p);
+    const int64_t n = (int64_t)q->n;
+    int64_t done = last ? n : (int64_t)((double)n * q->done_work / q->total_work + 0.5);
+    if (!last && done > n - 1) done = n - 1;
+    if (done < q->reported) done = q->reported;
+    q->reported = done;
+    if (!s->progress(s->progress_ud, done, n) && !last)
         return rk_err_set(err, RK_E_CANCELLED, "session: cancelled after %lld of %zu tokens", (long long)done, q->n);
     return RK_OK;
+}
+
+/* The cost of the whole call under the cost model, chunk by chunk over every layer, with
+ * the expected share of exact bulk rows in late layers (the selection comes later). */
+static double total_cost(const pass *q) {
+    rk_session *s = q->s;
+    const int n_layer = s->m->hp.n_layer, split = rk_plan_split(s);
+    const rk_fill_mode mode = s->fill.mode;
+    double t = 0;
+    for (size_t done = 0; done < q->n;) {
+        const size_t c = chunk_len(q, done);
+        const int64_t pos = q->start + (int64_t)done;
+        rk_chunk_plan p = {.pos0 = pos, .n = (int64_t)c, .layer_lo = 0, .layer_hi = n_layer, .split = n_layer};
+        p.src = mode == RK_FILL_PLUMB ? RK_SRC_EXACT : mode == RK_FILL_IDENTITY ? RK_SRC_IDENTITY : RK_SRC_RIDGE;
+        p.n_ex = (int64_t)c;
+        if (mode != RK_FILL_OFF && pos < q->bulk_end) {
+            p.split = split;
+            p.n_fill = (int64_t)c;
+            p.n_ex = mode == RK_FILL_PLUMB ? (int64_t)c : llround((double)c * q->cost.share);
+            if (mode != RK_FILL_PLUMB) p.n_fill -= p.n_ex;
+        }
+        t += rk_cost_chunk(s, &q->cost, &p);
+        done += c;
+    }
+    return t > 0 ? t : 1.0;
+}
+
+/* The cost model's view of the call (after bulk_end is known). */
+static void cost_setup(pass *q, bool selects) {
+    rk_session *s = q->s;
+    const int64_t nb = q->bulk_end - q->start;
+    double share = 0;
+    if (selects && nb > 0) { /* select_rows: the sinks, then keep_share of the rest */
+        const int64_t sinks = s->fill.n_sink < nb ? (s->fill.n_sink > 0 ? s->fill.n_sink : 0) : nb;
+        share = ((double)sinks + (double)llround((double)s->fill.keep_share * (double)(nb - sinks))) / (double)nb;
+    }
+    q->cost = (rk_cost_ctx){.start = q->start,
+                            .bulk_end = q->bulk_end,
+                            .end = q->start + (int64_t)q->n,
+                            .share = share,
+                            .group = s->pf->fg ? s->fill.group : 0,
+                            .logits = q->logits != NULL,
+                            .all_rows = q->all_rows};
+    q->total_work = s->progress ? total_cost(q) : 1.0;
 }
 
 /* Layers [lo, hi) over every chunk; x_split (n, n_embd): where a pass ending before the
@@ -82,7 +135,7 @@ static rk_status run_layers(pass *q, int lo, int hi, float *x_split, rk_err *err
             q->at.lo = lo, q->at.hi = hi, q->at.done = (int64_t)done, q->at.x_split = x_split;
             q->s->ckpt->at(q->s->ckpt, q->s, &q->at);
         }
-        if ((st = progress(q, (double)c * (hi - lo), err))) return st;
+        if ((st = progress(q, &p, hi == hp->n_layer && done == q->n, err))) return st;
     }
     return RK_OK;
 }
@@ -305,7 +358,10 @@ static rk_status resume(pass *q, float *x_split, int split, rk_err *err) {
     q->at.bulk_end = q->bulk_end, q->at.split = split, q->at.x_split = x_split, q->at.q_keep = q->q_keep;
     q->at.n_q = q->q_keep ? (size_t)(q->q_hi - q->q_lo) * (size_t)q->q_n * qd : 0;
     rk_status st = q->s->ckpt->resume(q->s->ckpt, q->s, &q->at, err);
-    if (!st && q->at.lo >= 0) q->done_work = (double)q->n * q->at.lo + (double)q->at.done * (q->at.hi - q->at.lo);
+    /* the restored share of rows x layers, as a share of the cost model's total */
+    if (!st && q->at.lo >= 0)
+        q->done_work = q->total_work * ((double)q->n * q->at.lo + (double)q->at.done * (q->at.hi - q->at.lo)) /
+                       ((double)q->n * q->s->m->hp.n_layer);
     return st;
 }
 
@@ -321,24 +377,20 @@ rk_status rk_prefill_run(rk_session *s, const int32_t *ids, size_t n, float *log
 
 static rk_status prefill_run(rk_session *s, const int32_t *ids, size_t n, float *logits, bool all_rows, rk_err *err) {
     const rk_hparams *hp = &s->m->hp;
-    pass q = {.s = s,
-              .ids = ids,
-              .n = n,
-              .start = s->n_past,
-              .bulk_end = s->n_past,
-              .logits = logits,
-              .all_rows = all_rows,
-              .total_work = (double)n * hp->n_layer};
+    pass q = {
+        .s = s, .ids = ids, .n = n, .start = s->n_past, .bulk_end = s->n_past, .logits = logits, .all_rows = all_rows};
     /* bulk rows: at least `tail` tokens of this call after them */
     if (s->fill.mode != RK_FILL_OFF) q.bulk_end = q.start + (int64_t)n - s->fill.tail;
     if (q.bulk_end < q.start) q.bulk_end = q.start;
     const int split = rk_plan_split(s);
+    const bool layer_major = s->fill.layer_major && q.bulk_end > q.start && split > 0 && split < hp->n_layer;
+    cost_setup(&q, layer_major && s->fill.question_aware);
     if (can_rescore(s, &q, split)) return rescore_run(&q, split, err);
     int ends[64];
     const int n_st = stages(s, &q, ends, 64);
     if (n_st > 0) return staged_run(&q, ends, n_st, err);
     q.at = (rk_prefill_point){.ids = s->ckpt && q.start == 0 ? ids : NULL, .n = (int64_t)n, .lo = -1, .hi = -1};
-    if (!s->fill.layer_major || q.bulk_end == q.start || split <= 0 || split >= hp->n_layer) {
+    if (!layer_major) {
         rk_status st = resume(&q, NULL, split, err);
         return st ? st : run_layers(&q, 0, hp->n_layer, NULL, err);
     }
