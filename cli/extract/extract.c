@@ -138,13 +138,17 @@ static bool starts(const unsigned char *p, size_t n, const char *magic, size_t m
     return n >= m && !memcmp(p, magic, m);
 }
 
-/* The first bytes look like HTML: a doctype or an <html>/<head>/<body> tag near the start. */
-static bool sniff_html(const unsigned char *p, size_t n) {
+/* The first bytes look like HTML: a doctype or an <html>/<head>/<body> tag near the start
+ * (strict: the first tag must be the doctype or <html>, for files named as text). */
+static bool sniff_html(const unsigned char *p, size_t n, bool strict) {
     size_t i = 0, lim = n < 1024 ? n : 1024;
     if (starts(p, n, "\xEF\xBB\xBF", 3)) i = 3;
     while (i < lim && (p[i] == ' ' || p[i] == '\t' || p[i] == '\r' || p[i] == '\n')) i++;
     if (i < lim && p[i] != '<') return false;
     static const char *tags[] = {"<!doctype html", "<html", "<head", "<body"};
+    if (strict)
+        return (i + 14 <= lim && !strncasecmp((const char *)p + i, tags[0], 14)) ||
+               (i + 5 <= lim && !strncasecmp((const char *)p + i, tags[1], 5));
     for (size_t k = i; k < lim; k++) {
         if (p[k] != '<') continue;
         for (size_t t = 0; t < sizeof tags / sizeof *tags; t++) {
@@ -163,7 +167,12 @@ static bool has_bytes(const unsigned char *p, size_t n, const char *s) {
 rk_doc_format rk_extract_detect(const void *data, size_t len, const char *name) {
     const unsigned char *p = data;
     const char *ext = ext_of(name);
-    if (len >= 5 && memmem(p, len < 1024 ? len : 1024, "%PDF-", 5)) return RK_DOC_PDF;
+    /* "%PDF-" opens a PDF; readers also accept it later in the first KiB (after junk a
+     * mailer or a web server put in front), which is trusted only for a .pdf name so that
+     * a text about PDFs stays text */
+    if (starts(p, len, "%PDF-", 5) ||
+        (!strcasecmp(ext, "pdf") && len >= 5 && memmem(p, len < 1024 ? len : 1024, "%PDF-", 5)))
+        return RK_DOC_PDF;
     if (starts(p, len, "PK\x03\x04", 4) || starts(p, len, "PK\x05\x06", 4)) {
         /* EPUB's first member is an uncompressed "mimetype"; zip names are stored in clear */
         if (len >= 58 && !memcmp(p + 30, "mimetypeapplication/epub+zip", 28)) return RK_DOC_EPUB;
@@ -173,7 +182,8 @@ rk_doc_format rk_extract_detect(const void *data, size_t len, const char *name) 
         return RK_DOC_UNKNOWN;
     }
     if (starts(p, len, "\xFF\xFE", 2) || starts(p, len, "\xFE\xFF", 2)) return RK_DOC_TEXT;
-    if (sniff_html(p, len)) return RK_DOC_HTML;
+    if (sniff_html(p, len, !strcasecmp(ext, "txt") || !strcasecmp(ext, "md") || !strcasecmp(ext, "markdown")))
+        return RK_DOC_HTML;
     if (memchr(p, 0, len)) return RK_DOC_UNKNOWN;
     if (!strcasecmp(ext, "html") || !strcasecmp(ext, "htm") || !strcasecmp(ext, "xhtml")) return RK_DOC_HTML;
     if (starts(p, len, "{\\rtf", 5)) return RK_DOC_UNKNOWN;

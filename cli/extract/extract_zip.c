@@ -147,9 +147,9 @@ static void docx_walk(dwalk *w, xmlNode *n, int depth) {
     if (depth > MAX_DEPTH) return;
     const char *name = (const char *)n->name;
     /* run and paragraph properties, deleted text, field codes, the Fallback copy of
-     * mc:AlternateContent (its Choice is read) */
-    static const char *const skip[] = {"pPr",  "rPr",     "sectPr",    "tblPr",    "tblGrid", "trPr",
-                                       "tcPr", "delText", "instrText", "Fallback", "del",     NULL};
+     * mc:AlternateContent (its Choice is read), tracked deletions and moved-from text */
+    static const char *const skip[] = {"pPr",     "rPr",       "sectPr",   "tblPr", "tblGrid",  "trPr", "tcPr",
+                                       "delText", "instrText", "Fallback", "del",   "moveFrom", NULL};
     for (const char *const *s = skip; *s; s++)
         if (!strcmp(name, *s)) return;
     if (!strcmp(name, "t")) {

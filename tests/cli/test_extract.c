@@ -156,6 +156,22 @@ Test(extract, text_boms_and_utf16) {
     free(r.text);
 }
 
+Test(extract, detection_magic_first_extension_second) {
+    const char *md = "# Notes\nA PDF starts with %PDF-1.7 and HTML with <html>.\n";
+    cr_expect_eq(rk_extract_detect(md, strlen(md), "notes.md"), RK_DOC_TEXT);
+    const char *tagged = "<p>markdown may hold tags</p>\n<body> too\n";
+    cr_expect_eq(rk_extract_detect(tagged, strlen(tagged), "notes.md"), RK_DOC_TEXT);
+    cr_expect_eq(rk_extract_detect(tagged, strlen(tagged), "page"), RK_DOC_HTML);
+    cr_expect_eq(rk_extract_detect(tagged, strlen(tagged), NULL), RK_DOC_HTML);
+    const char *doctype = "\n  <!DOCTYPE html><p>x</p>";
+    cr_expect_eq(rk_extract_detect(doctype, strlen(doctype), "saved.txt"), RK_DOC_HTML);
+    const char *junk = "Content-Type: application/pdf\r\n\r\n%PDF-1.4\n";
+    cr_expect_eq(rk_extract_detect(junk, strlen(junk), "mail.pdf"), RK_DOC_PDF);
+    cr_expect_eq(rk_extract_detect(junk, strlen(junk), "mail.txt"), RK_DOC_TEXT);
+    cr_expect_eq(rk_extract_detect("", 0, NULL), RK_DOC_TEXT);
+    cr_expect_str_eq(rk_doc_format_name(RK_DOC_DOCX), "DOCX");
+}
+
 Test(extract, binary_refusals_name_the_format_and_the_fix) {
     const unsigned char doc[] = {0xD0, 0xCF, 0x11, 0xE0, 0xA1, 0xB1, 0x1A, 0xE1, 0, 0, 0, 0};
     refused(doc, sizeof doc, "old.doc", RK_E_UNSUPPORTED, (const char *[]){"old.doc", "save it as .docx", NULL});
