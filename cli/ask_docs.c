@@ -3,6 +3,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli_gen.h"
 #include "rk_extract.h"
@@ -48,6 +49,7 @@ static int read_one(cli_doc *d, bool from_stdin) {
     rk_extract_result x = {0};
     rk_status st;
     if (from_stdin) {
+        if (isatty(0)) fprintf(stderr, "ridgekv ask: reading the document from stdin (end it with Ctrl-D)\n");
         char *data = NULL;
         size_t len = 0;
         st = rk_extract_read_fd(0, "stdin", &data, &len, &e);

@@ -203,6 +203,12 @@ static rk_status refuse_unknown(const unsigned char *p, size_t len, const char *
     if (starts(p, len, "{\\rtf", 5))
         return rk_err_set(err, RK_E_UNSUPPORTED,
                           "extract: %s is an RTF document: save it as .docx or .txt and ask again", name);
+    if (len >= 30 + 39 && starts(p, len, "PK\x03\x04", 4) &&
+        !memcmp(p + 30, "mimetypeapplication/vnd.oasis.opendocument", 39))
+        return rk_err_set(err, RK_E_UNSUPPORTED,
+                          "extract: %s is an OpenDocument file (ODT, ODS, ODP): save it as .docx or PDF and ask "
+                          "again",
+                          name);
     if (starts(p, len, "PK\x03\x04", 4) || starts(p, len, "PK\x05\x06", 4))
         return rk_err_set(err, RK_E_UNSUPPORTED,
                           "extract: %s is a zip archive that is neither EPUB nor DOCX (no mimetype "

@@ -180,6 +180,12 @@ Test(extract, binary_refusals_name_the_format_and_the_fix) {
     const unsigned char bin[] = {0x7F, 'E', 'L', 'F', 2, 1, 1, 0, 0, 0};
     refused(bin, sizeof bin, "a.out", RK_E_UNSUPPORTED,
             (const char *[]){"a.out", "unknown format", "PDF, HTML, EPUB and DOCX", NULL});
+    size_t zl;
+    char *odt =
+        fx_zip((const char *[]){"mimetype", "content.xml"},
+               (const char *[]){"application/vnd.oasis.opendocument.text", "<office:document-content/>"}, 2, &zl);
+    refused(odt, zl, "letter.odt", RK_E_UNSUPPORTED, (const char *[]){"letter.odt", "OpenDocument", ".docx", NULL});
+    free(odt);
     refused("{\\rtf1 hi}", 10, "x.rtf", RK_E_UNSUPPORTED, (const char *[]){"RTF", ".docx", NULL});
 }
 
