@@ -3,9 +3,13 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli_gen.h"
-#include "rk_io.h"
+#include "rk_extract.h"
+
+/* The path of "--doc -": compared by address, so a file named "stdin" stays a file. */
+static const char stdin_path[] = "stdin";
 
 int cli_docs_split(int argc, char **argv, char **rest, int *n_rest, cli_doc *d, int *n_docs) {
     *n_rest = 0;
@@ -21,6 +25,15 @@ int cli_docs_split(int argc, char **argv, char **rest, int *n_rest, cli_doc *d, 
                 return RK_EXIT_USAGE;
             }
             const char *p = argv[++i], *slash = strrchr(p, '/');
+            if (!strcmp(p, "-")) { /* stdin: read once, named "stdin" in the prompt and messages */
+                for (int k = 0; k < *n_docs; k++)
+                    if (d[k].path == stdin_path) {
+                        fprintf(stderr, "ridgekv ask: --doc - (stdin) can be given once\n");
+                        return RK_EXIT_USAGE;
+                    }
+                d[(*n_docs)++] = (cli_doc){.path = stdin_path, .name = stdin_path};
+                continue;
+            }
             d[(*n_docs)++] = (cli_doc){.path = p, .name = slash && slash[1] ? slash + 1 : p};
         } else {
             rest[(*n_rest)++] = argv[i];
@@ -29,17 +42,41 @@ int cli_docs_split(int argc, char **argv, char **rest, int *n_rest, cli_doc *d, 
     return 0;
 }
 
+/* One document's bytes (a file, or stdin for "--doc -") as UTF-8 text with page or
+ * section markers (cli/extract/rk_extract.h); the refusal names the format and the fix. */
+static int read_one(cli_doc *d, bool from_stdin) {
+    rk_err e = {0};
+    rk_extract_result x = {0};
+    rk_status st;
+    if (from_stdin) {
+        if (isatty(0)) fprintf(stderr, "ridgekv ask: reading the document from stdin (end it with Ctrl-D)\n");
+        char *data = NULL;
+        size_t len = 0;
+        st = rk_extract_read_fd(0, "stdin", &data, &len, &e);
+        if (!st) st = rk_extract_bytes(data, len, "stdin", &x, &e);
+        free(data);
+    } else {
+        st = rk_extract_file(d->path, &x, &e);
+    }
+    if (st) {
+        const char *msg = strncmp(e.msg, "extract: ", 9) ? e.msg : e.msg + 9;
+        if (!strncmp(msg, d->path, strlen(d->path))) fprintf(stderr, "ridgekv ask: document %s\n", msg);
+        else fprintf(stderr, "ridgekv ask: cannot read document %s: %s\n", d->path, msg);
+        return st == RK_E_NOMEM ? RK_EXIT_ERROR : RK_EXIT_IO;
+    }
+    d->text = x.text;
+    d->len = x.len;
+    return 0;
+}
+
 int cli_docs_read(cli_doc *d, int n_docs) {
     for (int i = 0; i < n_docs; i++) {
-        rk_err e = {0};
-        if (rk_io_read_file_max(d[i].path, CLI_DOC_MAX_BYTES, &d[i].text, &d[i].len, &e)) {
-            fprintf(stderr, "ridgekv ask: cannot read document %s: %s\n", d[i].path, e.msg);
-            return RK_EXIT_IO;
-        }
+        int rc = read_one(&d[i], d[i].path == stdin_path);
+        if (rc) return rc;
         if (memchr(d[i].text, 0, d[i].len)) {
             fprintf(stderr,
                     "ridgekv ask: document %s is not a text file (it contains NUL bytes); "
-                    "ask reads .txt and .md files\n",
+                    "ask reads text, PDF, HTML, EPUB and DOCX\n",
                     d[i].path);
             return RK_EXIT_IO;
         }

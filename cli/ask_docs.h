@@ -5,9 +5,6 @@
 #include "rk_gen.h"
 
 #define CLI_MAX_DOCS 64
-/* A document larger than this is refused from its size, before it is read (about 8M
- * tokens of text: far past any context). */
-#define CLI_DOC_MAX_BYTES ((size_t)32 << 20)
 
 typedef struct cli_doc {
     const char *path; /* borrowed from argv */

@@ -4,6 +4,7 @@ set -euo pipefail
 pkgs=(build-essential meson ninja-build pkg-config python3 python3-pip python3-jinja2 xz-utils ca-certificates
       libcriterion-dev liburing-dev libzstd-dev libxxhash-dev libjson-c-dev libedit-dev libopenblas-dev
       libmicrohttpd-dev curl clang-format
+      libpoppler-glib-dev libxml2-dev libzip-dev  # ask's PDF, HTML, EPUB and DOCX documents
       jargon-text)  # jargon-text: the calibration text of `ridgekv prepare` (public domain)
 missing=()
 for p in "${pkgs[@]}"; do
