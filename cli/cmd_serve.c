@@ -26,6 +26,8 @@ static const char *help =
     "  --max-line BYTES        longest request line accepted (default 1048576)\n"
     "  --http [ADDR:]PORT      HTTP on ADDR:PORT (builds with libmicrohttpd)\n"
     "  --http-max-body BYTES   largest HTTP request body accepted (default 1048576; more: 413)\n"
+    "  --host ADDR --port PORT the same as --http ADDR:PORT (llama-server's flags; defaults\n"
+    "                          127.0.0.1 and 8080)\n"
     "  -m, --model FILE        GGUF model (default: the cached SmolLM2-135M-Instruct)\n"
     "  -c, --ctx-size N        context size in tokens (default: the model's)\n"
     "  -b, --batch-size N      prefill chunk (default 512)\n"
@@ -118,7 +120,8 @@ int cmd_serve(int argc, char **argv) {
     int n_rest = 0;
     bool jsonl = false;
     size_t max_line = DEFAULT_MAX_LINE, max_body = DEFAULT_MAX_LINE;
-    const char *http = NULL;
+    const char *http = NULL, *host = NULL, *port = NULL;
+    char host_port[160];
     int rc = RK_EXIT_OK;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
@@ -136,6 +139,15 @@ int cmd_serve(int argc, char **argv) {
                 return RK_EXIT_USAGE;
             }
             http = argv[++i];
+        } else if (i >= 2 && (!strcmp(a, "--host") || !strcmp(a, "--port"))) {
+            /* llama-server's spelling of --http ADDR:PORT */
+            if (i + 1 >= argc) {
+                fprintf(stderr, "ridgekv serve: %s needs a value\n", a);
+                free(rest);
+                return RK_EXIT_USAGE;
+            }
+            if (a[2] == 'h') host = argv[++i];
+            else port = argv[++i];
         } else if (i >= 2 && (!strcmp(a, "--max-line") || !strcmp(a, "--http-max-body"))) {
             char *end;
             errno = 0;
@@ -153,6 +165,15 @@ int cmd_serve(int argc, char **argv) {
         } else {
             rest[n_rest++] = argv[i];
         }
+    }
+    if (host || port) {
+        if (http) {
+            fprintf(stderr, "ridgekv serve: --http and --host/--port both give the address; give one\n");
+            free(rest);
+            return RK_EXIT_USAGE;
+        }
+        snprintf(host_port, sizeof host_port, "%.100s:%.40s", host ? host : "127.0.0.1", port ? port : "8080");
+        http = host_port;
     }
     cli_opts o = {.n_predict = rk_gen_params_default().max_tokens, .sp = rk_sampler_params_default()};
     int n_pos;
