@@ -4,15 +4,16 @@ synth: no downloads, no ../shared):
 
 - the terminal: ask's bar on a pseudo-terminal of 60, 80 and 120 columns (a small screen
   model replays what was written: no line ever wraps, one bar line is left, ended before
-  the answer; with stdout on a pipe nothing of the bar is on stdout), chat's bar on a long
-  message (shown, then erased) and none on a short one, and no answer text after ask's
-  Ctrl-C "stopping" notice;
+  the answer; with stdout on a pipe nothing of the bar is on stdout), a window shrunk
+  while the bar runs, chat's bar on a long message (shown, then erased) and none on a short
+  one, and no answer text after ask's Ctrl-C "stopping" notice;
 - habits: `run MODEL PROMPT`, llama.cpp flags refused naming ridgekv's, "did you mean" for
   commands and flags, `-m NAME` suggesting catalogue names, serve --host/--port;
 - output at the edges: a length cut inside a multi-byte character (CLI and JSONL: the text
   of n tokens is a prefix of the text of more), libmicrohttpd's bind failure in our words;
 - quieter defaults: no RidgeFill line for a prompt it does not change, one short line
-  for one it does, /save's sizes.
+  for one it does, /save's sizes, pull's --prepare hint only without cached maps (with the
+  real cache's default model and maps, when there).
 Exit 77 = skipped (meson)."""
 import fcntl
 import json
@@ -182,6 +183,24 @@ def test_ask_bar(model, doc):
         check("\rread [" in term.decode("utf-8", "replace"), f"ask at {cols} columns: the bar is on stderr")
 
 
+def test_resize(model, doc):
+    # the width is read again at every redraw: after the window shrinks to 50 columns the
+    # bar's lines fit 50 columns
+    argv = [BIN, "ask", "-m", model, "--doc", doc, "--backend", "cpu_ref", "-t", "1", "-b", "8", "-n", "1",
+            "--temp", "0", "--no-cache", "what?"]
+    p, m = spawn(argv, 120)
+    term, _, _ = collect(p, m, timeout=120, until=lambda t: t.count(b"\rread [") >= 3)
+    fcntl.ioctl(m, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 50, 0, 0))
+    mark = len(term)
+    rest, _, code = collect(p, m, timeout=300)
+    text = (term + rest).decode("utf-8", "replace")
+    wide = re.findall(r"\rread \[[^\r\x1b]*", text[:mark])
+    after = re.findall(r"\rread \[[^\r\x1b]*", (term + rest)[mark:].decode("utf-8", "replace"))[1:]
+    check(code == 0 and wide and max(len(w) for w in wide) > 60, "ask at 120 columns draws a wide bar", text)
+    check(after and max(len(a) - 1 for a in after) <= 49, "after a resize to 50 columns the bar fits 50 columns",
+          "\n".join(after[-3:]))
+
+
 def test_chat_bar(model, tmp):
     # a long message read by the scalar kernels on one thread takes seconds: the bar shows,
     # then is erased before the answer
@@ -307,6 +326,28 @@ def test_http(model):
           "every serve line on stderr is ours", r.stderr)
 
 
+def test_pull_hint(tmp):
+    # pull's "--prepare" hint only when the maps are not in the cache: the real cache's
+    # default model (and its maps, when `ridgekv prepare` made them) linked into a new one
+    home = os.environ.get("REAL_CACHE")
+    mfile = os.path.join(home, "SmolLM2-135M-Instruct.Q4_1.gguf") if home else ""
+    maps = [f for f in os.listdir(os.path.join(home, "maps"))] if home and os.path.isdir(os.path.join(home, "maps")) \
+        else []
+    if not os.path.exists(mfile) or not any(f.endswith(".maps.gguf") for f in maps):
+        print("skip pull's hint: no default model with maps in the real cache", flush=True)
+        return
+    xdg = os.path.join(tmp, "pullcache")
+    os.makedirs(os.path.join(xdg, "ridgekv"))
+    os.symlink(mfile, os.path.join(xdg, "ridgekv", os.path.basename(mfile)))
+    env = dict(os.environ, XDG_CACHE_HOME=xdg)
+    r = run(["pull"], env=env)
+    check(r.returncode == 0 and "--prepare" in r.stderr, "pull without cached maps suggests --prepare", r.stderr)
+    os.symlink(os.path.join(home, "maps"), os.path.join(xdg, "ridgekv", "maps"))
+    r = run(["pull"], env=env)
+    check(r.returncode == 0 and "already present" in r.stderr and "--prepare" not in r.stderr,
+          "pull with the maps in the cache says nothing of --prepare", r.stderr)
+
+
 def test_quiet(model, doc, tmp):
     short = os.path.join(tmp, "short.txt")
     with open(short, "w") as f:
@@ -332,6 +373,8 @@ def main():
     if not BIN or not os.access(BIN, os.X_OK):
         print("SKIP: RK_BIN unset", flush=True)
         sys.exit(77)
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.environ.get("HOME", "/"), ".cache")
+    os.environ["REAL_CACHE"] = os.path.join(xdg, "ridgekv")
     with tempfile.TemporaryDirectory(prefix="rkterm") as tmp:
         os.environ["XDG_CACHE_HOME"] = os.path.join(tmp, "cache")  # no document cache or maps of the real one
         model = os.path.join(tmp, "m.gguf")
@@ -343,10 +386,11 @@ def main():
         with open(doc, "w") as f:
             f.write(words(120) + "\n")
         only = sys.argv[1:]
-        for name, fn, args in [("ask_bar", test_ask_bar, (model, doc)), ("chat_bar", test_chat_bar, (model, tmp)),
+        for name, fn, args in [("ask_bar", test_ask_bar, (model, doc)), ("resize", test_resize, (model, doc)),
+                               ("chat_bar", test_chat_bar, (model, tmp)),
                                ("ctrl_c", test_ctrl_c, (model, doc)), ("habits", test_habits, (model,)),
                                ("utf8_cut", test_utf8_cut, (model,)), ("http", test_http, (model,)),
-                               ("quiet", test_quiet, (model, doc, tmp))]:
+                               ("quiet", test_quiet, (model, doc, tmp)), ("pull_hint", test_pull_hint, (tmp,))]:
             if not only or name in only:
                 print(f"-- {name}", flush=True)
                 fn(*args)
