@@ -174,17 +174,20 @@ int cli_progress_line(char *buf, size_t cap, int cols, const char *verb, const c
  * line a bar is drawn on: whoever prints next ends it first (cli_progress_break). */
 static cli_progress *g_on_line;
 
-static void end_line(cli_progress *p) {
+/* Ends the bar's line: erased, or kept with a newline. */
+static void end_line(cli_progress *p, bool erase) {
     if (!p->on_line) return;
-    if (p->erase) fputs("\r\033[K", stderr);
+    if (erase) fputs("\r\033[K", stderr);
     else fputc('\n', stderr);
     fflush(stderr);
     p->on_line = false;
     if (g_on_line == p) g_on_line = NULL;
 }
 
+/* Erased, not kept: the next update draws the bar again below the other output, so a kept
+ * line would be a stale copy of it. */
 void cli_progress_break(void) {
-    if (g_on_line) end_line(g_on_line);
+    if (g_on_line) end_line(g_on_line, true);
 }
 
 static void draw(cli_progress *p, int64_t done, double now) {
@@ -193,14 +196,14 @@ static void draw(cli_progress *p, int64_t done, double now) {
     fmt_eta(eta, sizeof eta, done > 0 ? cli_eta_left(&p->eta, done, p->total) : -1);
     int pct = p->total ? (int)(100 * done / p->total) : 100;
     if (p->tty) {
-        if (g_on_line && g_on_line != p) end_line(g_on_line);
+        if (g_on_line && g_on_line != p) end_line(g_on_line, true);
         char line[512];
         cli_progress_line(line, sizeof line, term_cols(), p->verb, p->unit, done, p->total, rate, eta);
         fprintf(stderr, "\r%s\033[K", line);
         p->on_line = true;
         g_on_line = p;
         if (p->total > 0 && done >= p->total) {
-            end_line(p);
+            end_line(p, p->erase);
             p->ended = true;
         }
     } else if (done == 0) {
@@ -264,6 +267,6 @@ bool cli_progress_fn(void *ud, int64_t done, int64_t total) {
 }
 
 void cli_progress_end(cli_progress *p) {
-    end_line(p);
+    end_line(p, p->erase);
     p->ended = true;
 }

@@ -57,8 +57,8 @@ typedef struct cli_progress {
     int64_t total;
     cli_eta eta;
     /* the terminal bar: it owns stderr's current line while on_line; the line ends (a
-     * newline, or erased with erase) when the work is done, at cli_progress_end, or at
-     * cli_progress_break before other output */
+     * newline, or erased with erase) when the work is done or at cli_progress_end, and is
+     * erased by cli_progress_break before other output */
     bool on_line;
     bool erase;     /* end by erasing the bar (the screen goes on as if it was never there) */
     bool tty_only;  /* no plain lines when stderr is not a terminal */
@@ -86,8 +86,9 @@ void cli_progress_update(cli_progress *p, int64_t done, int64_t total);
 bool cli_progress_fn(void *ud, int64_t done, int64_t total);
 /* Ends the bar's line on a terminal (a newline, or erased); a no-op when it has ended. */
 void cli_progress_end(cli_progress *p);
-/* Ends the line of whichever bar is on stderr's current line (none: a no-op), so that
- * other output (an answer on the same terminal, a notice) starts on a line of its own. */
+/* Erases whichever bar is on stderr's current line (none: a no-op), so that other output
+ * (an answer on the same terminal, a notice) starts on a clean line; the bar's next update
+ * draws it again below. */
 void cli_progress_break(void);
 
 /* The bar's line for a terminal of cols columns: at most cols - 1 characters (the last
