@@ -9,8 +9,9 @@
 #include "catalog.h"
 #include "cli.h"
 #include "doc_cache_cli.h"
-#include "rk_io.h"
 #include "rk_experimental.h"
+#include "rk_io.h"
+#include "suggest.h"
 
 static int parse_int(const char *cmd, const char *flag, const char *s, int lo, int hi, int *out) {
     char *end;
@@ -354,19 +355,14 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
             else if (!strcmp(a, "--yarn-attn-factor")) rc = parse_float(cmd, a, v, 0.01f, 100.0f, &r->attn_factor);
             else if (!strcmp(a, "--yarn-beta-fast")) rc = parse_float(cmd, a, v, 0.01f, 1e4f, &r->beta_fast);
             else if (!strcmp(a, "--yarn-beta-slow")) rc = parse_float(cmd, a, v, 0.01f, 1e4f, &r->beta_slow);
-            else {
-                fprintf(stderr, "ridgekv %s: unknown option '%s' (see ridgekv %s --help)\n", cmd, a, cmd);
-                return RK_EXIT_USAGE;
-            }
+            else return cli_unknown_flag(cmd, a, v, known);
         } else if (!strcmp(a, "--ctx-overflow-ok")) o->ctx_overflow_ok = 1;
         else if (!strcmp(a, "--chat")) o->chat = 1;
         else if (!strcmp(a, "--json")) o->json = 1;
         else if (!strcmp(a, "--verbose-prompt")) o->verbose_prompt = 1;
         else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) o->verbose = 1;
-        else if (a[0] == '-' && a[1] != '\0') {
-            fprintf(stderr, "ridgekv %s: unknown option '%s' (see ridgekv %s --help)\n", cmd, a, cmd);
-            return RK_EXIT_USAGE;
-        } else {
+        else if (a[0] == '-' && a[1] != '\0') return cli_unknown_flag(cmd, a, v, known);
+        else {
             if (*n_pos >= max_pos) {
                 fprintf(stderr, "ridgekv %s: unexpected argument '%s'\n", cmd, a);
                 return RK_EXIT_USAGE;
@@ -402,6 +398,10 @@ int cli_cache_dir(char *buf, size_t cap) {
 static const char *resolve_name(const char *m, char *buf, size_t cap) {
     struct stat st;
     const cli_model_entry *me = cli_catalog_find(m);
+    if (!me && stat(m, &st) != 0 && !strchr(m, '/') && !strstr(m, ".gguf")) {
+        cli_unknown_model(m); /* a name, not a path: the nearest catalogue names */
+        return NULL;
+    }
     if (!me || stat(m, &st) == 0) return m;
     char dir[3072];
     if (cli_cache_dir(dir, sizeof dir) != 0) {

@@ -4,6 +4,7 @@
 #pragma once
 #include "cli_gen.h"
 #include "lineedit.h"
+#include "progress.h"
 
 typedef struct chat {
     cli_opts o;
@@ -12,12 +13,15 @@ typedef struct chat {
     rk_ridge_maps *maps;
     rk_conv *conv;
     bool interactive;
-    bool drop_told; /* the drop notice of the turn in progress was printed */
+    bool drop_told;   /* the drop notice of the turn in progress was printed */
+    bool fill_told;   /* the RidgeFill notice was printed (once per chat) */
+    cli_progress bar; /* the turn's reading: a bar on a terminal when it takes over a second */
     int64_t last_prefill_n, last_decode_n;
     double last_prefill_s, last_decode_s;
 } chat;
 
-/* "[msg]" on a terminal, "ridgekv chat: msg" otherwise, on stderr. */
+/* "[msg]" on a terminal, "ridgekv chat: msg" otherwise, on stderr (a progress bar on the
+ * line ends first). */
 void chat_notice(const chat *c, const char *msg);
 /* A line starting with '/': runs it. Returns 1 to leave the chat, 0 to go on. */
 int chat_command(chat *c, char *line);

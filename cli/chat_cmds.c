@@ -1,6 +1,7 @@
 /* ridgekv chat: the /commands (see chat.h). */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "chat.h"
 
@@ -15,6 +16,7 @@ static const char *in_chat_help =
     "  Ctrl-C stops the answer being written\n";
 
 void chat_notice(const chat *c, const char *msg) {
+    cli_progress_break();
     if (c->interactive) fprintf(stderr, "[%s]\n", msg);
     else fprintf(stderr, "ridgekv chat: %s\n", msg);
 }
@@ -45,14 +47,34 @@ static void stats(const chat *c) {
     fflush(stdout);
 }
 
+/* "1.7 KiB" for the file at path; "?" when it cannot be read. */
+static void file_size(const char *path, char *buf, size_t cap) {
+    struct stat st;
+    if (stat(path, &st) == 0) cli_fmt_bytes(buf, cap, (double)st.st_size);
+    else snprintf(buf, cap, "?");
+}
+
+/* Says what was written and how big: the KV block beside a short conversation can be
+ * thousands of times its size. */
 static void save(const chat *c, const char *path) {
     rk_err e = {0};
     bool kv = false;
-    if (rk_conv_save(c->conv, path, &kv, &e))
+    if (rk_conv_save(c->conv, path, &kv, &e)) {
         fprintf(stderr, "ridgekv chat: cannot save the conversation: %s\n", e.msg);
-    else if (c->interactive)
-        fprintf(stderr, "[saved %zu messages%s to %s]\n", rk_conv_n_messages(c->conv), kv ? " and the KV cache" : "",
-                path);
+        return;
+    }
+    char js[32], kvs[32] = "", kvp[4200], msg[8600];
+    file_size(path, js, sizeof js);
+    snprintf(kvp, sizeof kvp, "%s.kv", path);
+    if (kv) file_size(kvp, kvs, sizeof kvs);
+    const size_t n = rk_conv_n_messages(c->conv);
+    if (kv)
+        snprintf(msg, sizeof msg,
+                 "saved %zu message%s to %s (%s) and the KV cache of %lld tokens to %s (%s): /load reuses it; "
+                 "delete %s to keep only the conversation",
+                 n, n == 1 ? "" : "s", path, js, (long long)rk_session_n_past(c->s), kvp, kvs, kvp);
+    else snprintf(msg, sizeof msg, "saved %zu message%s to %s (%s)", n, n == 1 ? "" : "s", path, js);
+    chat_notice(c, msg);
 }
 
 static void load(chat *c, const char *path) {

@@ -152,8 +152,13 @@ int cli_prepare_maps(const rk_model *m, const char *const *texts, int n_texts, s
                      bool force);
 /* ask / chat / serve, before cli_setup_fill / cli_fill_params: with --no-ridgefill turns
  * fill off; without --ridgefill uses the cached maps of m (o->ridgefill then points into a
- * static buffer) in the default mode (cli_default_fill_name) or --fill's. Says on stderr what it uses. Returns an exit code. */
+ * static buffer) in the default mode (cli_default_fill_name) or --fill's. Says what it uses
+ * on stderr with -v (serve: one short line without -v too). Returns an exit code. */
 int cli_auto_fill(cli_opts *o, const rk_model *m, const char *cmd);
+/* Whether the fill of o changes a prefill of n_tokens (a mode other than off, and more
+ * tokens than the exact tail); if so buf gets one short line saying how, for ask and chat
+ * to print when a prompt is long enough (cli_auto_fill prints the maps' path with -v). */
+bool cli_fill_applies(const cli_opts *o, int64_t n_tokens, char *buf, size_t cap);
 int cmd_calibrate_lowram(int argc, char **argv); /* calibrate --lowram (cmd_calibrate_lowram.c) */
 int cmd_serve(int argc, char **argv);
 int cmd_chat(int argc, char **argv);

@@ -91,22 +91,26 @@ static const char *help_more = /* two strings: C99 compilers need only support 4
     "5 a document cannot be read or writing the answer failed (a closed stdout), 6 no default\n"
     "model, 130 stopped by Ctrl-C\n";
 
-/* One stderr line on what is in use. */
-static void accelerations(const cli_opts *o, const rk_ridge_maps *maps, const rk_session *s) {
-    const char *mode = o->fill ? o->fill : o->ridgefill ? cli_default_fill_name() : "off";
-    char fill[1200], kv[32];
-    rk_fill_mode fm = RK_FILL_OFF;
-    (void)rk_fill_mode_parse(mode, &fm);
-    char grp[40] = "";
-    if (cli_fill_group(o, fm) > 0) snprintf(grp, sizeof grp, ", filled rows in groups of %d", cli_fill_group(o, fm));
-    if (maps)
-        snprintf(fill, sizeof fill, "ridgefill %s (maps %s, split %d, exact tail %d%s)", mode, o->ridgefill,
-                 rk_ridge_maps_split(maps), o->tail ? o->tail : rk_fill_default_tail(fm), grp);
-    else snprintf(fill, sizeof fill, "ridgefill %s (no maps)", mode);
+/* One stderr line on what is in use; RidgeFill only when the prompt is long enough for it
+ * (the maps' path with -v). */
+static void accelerations(const cli_opts *o, const rk_ridge_maps *maps, const rk_session *s, int64_t n_ids) {
+    char fill[1400] = "", kv[32], note[256];
+    if (cli_fill_applies(o, n_ids, note, sizeof note)) {
+        snprintf(fill, sizeof fill, "%s, ", note);
+        if (o->verbose && maps) {
+            const size_t l = strlen(fill) - 2;
+            rk_fill_mode fm = RK_FILL_OFF;
+            (void)rk_fill_mode_parse(o->fill ? o->fill : cli_default_fill_name(), &fm);
+            snprintf(fill + l, sizeof fill - l, " (maps %s, split %d, groups of %d), ", o->ridgefill,
+                     rk_ridge_maps_split(maps), cli_fill_group(o, fm));
+        }
+    } else if (!maps && n_ids > rk_fill_default_tail(RK_FILL_QUALITY) && !o->no_ridgefill && !o->fill) {
+        snprintf(fill, sizeof fill, "RidgeFill off (no maps: `ridgekv prepare` fits them once), ");
+    }
     snprintf(kv, sizeof kv, "%.*s", o->kv ? (int)strcspn(o->kv, ":") : 3, o->kv ? o->kv : "f16");
     const char *lr = strcmp(kv, "lowram") ? "lowram off" : "lowram on (fitted on the prompt)";
     if (!strcmp(kv, "lowram") && strstr(o->kv, "pred=")) lr = "lowram on (predictor file)";
-    fprintf(stderr, "ridgekv ask: accelerations: %s, %s, document cache %s; %s KV cache\n", fill, lr,
+    fprintf(stderr, "ridgekv ask: accelerations: %s%s, document cache %s; %s KV cache\n", fill, lr,
             o->no_cache ? "off" : "on", kv);
     (void)s;
 }
@@ -234,7 +238,7 @@ int cmd_ask(int argc, char **argv) {
         fprintf(stderr, "ridgekv ask: %s (%s, %s template), %d document%s, prompt %zu tokens, context %lld\n",
                 rk_model_name(m), rk_model_hparams(m)->arch_name, rk_chat_family_name(rk_conv_family(conv)), n_docs,
                 n_docs == 1 ? "" : "s", n_ids, (long long)n_ctx);
-    accelerations(&o, maps, s);
+    accelerations(&o, maps, s, (int64_t)n_ids);
     if (o.verbose_prompt) cli_show_prompt("ask", m, ids, n_ids);
 
     cli_progress pr;

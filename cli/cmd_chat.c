@@ -10,9 +10,10 @@
 
 #include "long_cli.h"
 #include "chat.h"
+#include "suggest.h"
 
 static const char *help =
-    "usage: ridgekv chat [-m MODEL] [--system TEXT] [options]\n"
+    "usage: ridgekv chat [-m MODEL | MODEL] [--system TEXT] [options]\n"
     "\n"
     "Talks with the model in the terminal through its chat template (ChatML when the\n"
     "model names none). Answers stream as they are written; the conversation stays in\n"
@@ -86,10 +87,17 @@ static void tell_dropped(chat *c) {
     c->drop_told = true;
 }
 
-/* Prefill progress: the drop notice before the answer; Ctrl-C cancels the reading. */
+/* Prefill progress: the drop and RidgeFill notices before the answer, a bar when the
+ * reading takes long; Ctrl-C cancels the reading. */
 static bool chat_progress(void *ud, int64_t done, int64_t total) {
-    (void)done, (void)total;
-    tell_dropped(ud);
+    chat *c = ud;
+    tell_dropped(c);
+    char note[256];
+    if (!c->fill_told && cli_fill_applies(&c->o, total, note, sizeof note)) {
+        chat_notice(c, note);
+        c->fill_told = true;
+    }
+    cli_progress_update(&c->bar, done, total);
     return !cli_sigint_pending();
 }
 
@@ -112,7 +120,11 @@ static int turn(chat *c, const char *user) {
         if (rk_conv_prompt(c->conv, &ids, &n_ids, &e) == RK_OK) cli_show_prompt("chat", c->m, ids, n_ids);
         free(ids);
     }
+    /* the bar shows only on a terminal and only once reading has taken a second */
+    cli_progress_begin_late(&c->bar, "chat", 0, 1.0);
+    cli_eta_prior(&c->bar.eta, cli_attn_ratio(rk_model_hparams(c->m)));
     st = rk_conv_generate(c->conv, &gp, &r, &e);
+    cli_progress_end(&c->bar);
     tell_dropped(c);
     const rk_conv_fit f = rk_conv_last_fit(c->conv);
     if (st == RK_E_CONTEXT && f.too_long) {
@@ -134,6 +146,11 @@ static int turn(chat *c, const char *user) {
     if (st) goto fail;
     cli_sink_rest(&out, &r);
     const bool stopped = r.stop == RK_STOP_CANCELLED && !out.failed;
+    if (stopped && out.n > 0 && out.n < r.n_text) {
+        /* the sink wrote nothing after Ctrl-C: the conversation keeps what was shown */
+        rk_conv_pop(c->conv);
+        if (rk_conv_add(c->conv, "assistant", r.text, out.n, &e)) cli_print_error(&e);
+    }
     if (!out.failed) fputc('\n', stdout);
     if (c->interactive && !stopped && !out.failed) fputc('\n', stdout);
     int wrc = cli_sink_check("chat", &out);
@@ -241,6 +258,7 @@ int cmd_chat(int argc, char **argv) {
     const char *pos[1];
     int n_pos, rc = cli_parse(argc, argv, 2, &c.o, pos, 1, &n_pos, "chat");
     if (rc) return rc;
+    if (n_pos == 1 && !c.o.model && cli_names_model(pos[0])) c.o.model = pos[0], n_pos = 0; /* `chat MODEL` */
     if (n_pos || c.o.prompt || c.o.prompt_file || c.o.out || c.o.chat || c.o.json) {
         fprintf(stderr,
                 "ridgekv chat: %s does not apply to chat: type your messages at the prompt or pipe them "

@@ -234,7 +234,7 @@ int cli_auto_fill(cli_opts *o, const rk_model *m, const char *cmd) {
     if (o->no_ridgefill) {
         o->ridgefill = NULL;
         o->fill = "off";
-        fprintf(stderr, "ridgekv %s: RidgeFill off (--no-ridgefill): exact prefill\n", cmd);
+        if (o->verbose) fprintf(stderr, "ridgekv %s: RidgeFill off (--no-ridgefill): exact prefill\n", cmd);
         return 0;
     }
     if (o->ridgefill) return 0; /* the user's maps: cli_fill_params says what it uses with -v */
@@ -242,8 +242,9 @@ int cli_auto_fill(cli_opts *o, const rk_model *m, const char *cmd) {
     if (cli_maps_cache_path(m, buf, cap) != 0 || stat(buf, &sb) != 0) return 0;
     const char *mode = o->fill ? o->fill : cli_default_fill_name();
     if (!strcmp(mode, "off")) {
-        if (o->fill) fprintf(stderr, "ridgekv %s: RidgeFill off (--fill off): exact prefill\n", cmd);
-        else
+        if (o->fill) {
+            if (o->verbose) fprintf(stderr, "ridgekv %s: RidgeFill off (--fill off): exact prefill\n", cmd);
+        } else
             fprintf(stderr,
                     "ridgekv %s: RidgeFill maps found for this model, not used by default (exact prefill; "
                     "--fill quality uses them, docs/RIDGEFILL.md)\n",
@@ -256,9 +257,26 @@ int cli_auto_fill(cli_opts *o, const rk_model *m, const char *cmd) {
     (void)rk_fill_mode_parse(mode, &fm);
     char grp[48] = "";
     if (cli_fill_group(o, fm) > 0) snprintf(grp, sizeof grp, ", filled rows in groups of %d", cli_fill_group(o, fm));
-    fprintf(stderr, "ridgekv %s: RidgeFill %s for prompts over %d tokens (maps %s%s; --no-ridgefill: exact)\n", cmd,
-            mode, o->tail ? o->tail : rk_fill_default_tail(fm), buf, grp);
+    /* ask and chat say it when a prompt is long enough for it (cli_fill_applies); a server
+     * cannot know, so it says it once; the path only with -v */
+    if (o->verbose)
+        fprintf(stderr, "ridgekv %s: RidgeFill %s for prompts over %d tokens (maps %s%s; --no-ridgefill: exact)\n", cmd,
+                mode, o->tail ? o->tail : rk_fill_default_tail(fm), buf, grp);
+    else if (!strcmp(cmd, "serve"))
+        fprintf(stderr, "ridgekv %s: RidgeFill %s for prompts over %d tokens (--no-ridgefill: exact)\n", cmd, mode,
+                o->tail ? o->tail : rk_fill_default_tail(fm));
     return 0;
+}
+
+bool cli_fill_applies(const cli_opts *o, int64_t n_tokens, char *buf, size_t cap) {
+    rk_fill_mode fm = RK_FILL_OFF;
+    const char *mode = o->fill ? o->fill : o->ridgefill ? cli_default_fill_name() : "off";
+    if (!rk_fill_mode_parse(mode, &fm) || fm == RK_FILL_OFF) return false;
+    const int64_t tail = o->tail ? o->tail : rk_fill_default_tail(fm);
+    if (n_tokens <= tail) return false;
+    snprintf(buf, cap, "RidgeFill %s for this %lld-token prompt (exact tail %lld; --no-ridgefill: exact)", mode,
+             (long long)n_tokens, (long long)tail);
+    return true;
 }
 
 int cmd_prepare(int argc, char **argv) {

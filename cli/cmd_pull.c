@@ -172,15 +172,30 @@ static rk_status assemble(const cli_model_entry *me, const char *dir, const char
     return st;
 }
 
-/* After the model is in place: fit its RidgeFill maps (--prepare), or say how to. */
+/* Whether the cache holds RidgeFill maps for the model file at path (by its fingerprint,
+ * where `prepare` puts them); false when the model cannot be loaded. */
+static bool maps_cached(const char *path) {
+    rk_model *m = NULL;
+    rk_err e = {0};
+    if (rk_model_load(path, &m, &e)) return false;
+    char mp[4096];
+    struct stat st;
+    const bool found = cli_maps_cache_path(m, mp, sizeof mp) == 0 && stat(mp, &st) == 0;
+    rk_model_destroy(m);
+    return found;
+}
+
+/* After the model is in place: fit its RidgeFill maps (--prepare), or say how to (unless
+ * the cache holds them already). */
 static int pull_done(const char *target, const cli_model_entry *me, bool prepare, int n_threads) {
     printf("%s\n", target);
     fflush(stdout);
     if (!prepare) {
-        fprintf(stderr,
-                "ridgekv pull: RidgeFill maps for %s: `ridgekv pull %s --prepare` or `ridgekv prepare -m %s` "
-                "(once)\n",
-                me->name, me->name, target);
+        if (!maps_cached(target))
+            fprintf(stderr,
+                    "ridgekv pull: RidgeFill maps for %s: `ridgekv pull %s --prepare` or `ridgekv prepare -m %s` "
+                    "(once)\n",
+                    me->name, me->name, target);
         return RK_EXIT_OK;
     }
     cli_opts o = {.model = target, .n_threads = n_threads, .sp = rk_sampler_params_default()};

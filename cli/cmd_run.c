@@ -5,11 +5,15 @@
 #include "cli_gen.h"
 #include "long_cli.h"
 #include "rk_io.h"
+#include "suggest.h"
 
 static const char *help =
-    "usage: ridgekv run [-m MODEL] (-p TEXT | -f FILE) [options]\n"
+    "usage: ridgekv run [-m MODEL] (-p TEXT | -f FILE | TEXT) [options]\n"
+    "       ridgekv run MODEL TEXT [options]\n"
     "\n"
     "Generates a continuation of the prompt and streams it to stdout (logs go to stderr).\n"
+    "A first argument that names a model (a catalogue name such as smollm2-135m, or a GGUF\n"
+    "file) is the model, as in `ollama run MODEL`.\n"
     "\n"
     "  -m, --model FILE        GGUF model (default: the cached SmolLM2-135M-Instruct)\n"
     "  -p, --prompt TEXT       prompt text (special-token markup like <|im_start|> is honoured)\n"
@@ -64,6 +68,28 @@ static rk_status prompt_ids(const cli_opts *o, const rk_model *m, rk_session *s,
     return st;
 }
 
+/* ollama's `run MODEL [PROMPT]`: a first positional argument that names a model (a
+ * catalogue name, or a GGUF file) is the model; one more is the prompt. */
+static int model_positional(cli_opts *o, const char **pos, int *n_pos) {
+    if (*n_pos && !o->model && cli_names_model(pos[0])) {
+        o->model = pos[0];
+        pos[0] = pos[1];
+        (*n_pos)--;
+        if (!*n_pos && !o->prompt && !o->prompt_file) {
+            fprintf(stderr,
+                    "ridgekv run: no prompt for %s: `ridgekv run %s \"PROMPT\"` (a conversation: `ridgekv chat -m "
+                    "%s`)\n",
+                    o->model, o->model, o->model);
+            return RK_EXIT_USAGE;
+        }
+    }
+    if (*n_pos > 1) {
+        fprintf(stderr, "ridgekv run: unexpected argument '%s' (quote a prompt of several words)\n", pos[1]);
+        return RK_EXIT_USAGE;
+    }
+    return 0;
+}
+
 int cmd_run(int argc, char **argv) {
     for (int i = 2; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -71,9 +97,10 @@ int cmd_run(int argc, char **argv) {
             return RK_EXIT_OK;
         }
     cli_opts o = {.n_predict = 256, .sp = rk_sampler_params_default()};
-    const char *pos[1];
-    int n_pos, rc = cli_parse(argc, argv, 2, &o, pos, 1, &n_pos, "run");
+    const char *pos[2];
+    int n_pos, rc = cli_parse(argc, argv, 2, &o, pos, 2, &n_pos, "run");
     if (rc) return rc;
+    if ((rc = model_positional(&o, pos, &n_pos))) return rc;
     if (n_pos && (o.prompt || o.prompt_file)) {
         fprintf(stderr, "ridgekv run: two prompts (%s and '%s'); give one\n", o.prompt ? "-p" : "-f", pos[0]);
         return RK_EXIT_USAGE;

@@ -33,6 +33,8 @@ static const char *help =
     "  --allow-host NAME       a Host name to answer besides localhost and the address (repeat)\n"
     "  --allow-origin ORIGIN   a web page origin (https://app.example:443, or *) allowed to call\n"
     "                          the server from a browser (repeat; default: none)\n"
+    "  --host ADDR --port PORT the same as --http ADDR:PORT (llama-server's flags; defaults\n"
+    "                          127.0.0.1 and 8080)\n"
     "  -m, --model FILE        GGUF model (default: the cached SmolLM2-135M-Instruct)\n"
     "  -c, --ctx-size N        context size in tokens (default: the model's; past the trained context\n"
     "                          the model's documented RoPE scaling is applied)\n"
@@ -154,7 +156,8 @@ int cmd_serve(int argc, char **argv) {
     int n_rest = 0;
     bool jsonl = false;
     size_t max_line = DEFAULT_MAX_LINE, max_body = DEFAULT_MAX_LINE;
-    const char *http = NULL;
+    const char *http = NULL, *host = NULL, *port = NULL;
+    char host_port[160];
     int rc = RK_EXIT_OK;
     serve_guard guard = {.api_key = getenv("RIDGEKV_API_KEY")};
     for (int i = 0; i < argc; i++) {
@@ -179,6 +182,15 @@ int cmd_serve(int argc, char **argv) {
                 return rc;
             }
             i++;
+        } else if (i >= 2 && (!strcmp(a, "--host") || !strcmp(a, "--port"))) {
+            /* llama-server's spelling of --http ADDR:PORT */
+            if (i + 1 >= argc) {
+                fprintf(stderr, "ridgekv serve: %s needs a value\n", a);
+                free(rest);
+                return RK_EXIT_USAGE;
+            }
+            if (a[2] == 'h') host = argv[++i];
+            else port = argv[++i];
         } else if (i >= 2 && (!strcmp(a, "--max-line") || !strcmp(a, "--http-max-body"))) {
             char *end;
             errno = 0;
@@ -196,6 +208,15 @@ int cmd_serve(int argc, char **argv) {
         } else {
             rest[n_rest++] = argv[i];
         }
+    }
+    if (host || port) {
+        if (http) {
+            fprintf(stderr, "ridgekv serve: --http and --host/--port both give the address; give one\n");
+            free(rest);
+            return RK_EXIT_USAGE;
+        }
+        snprintf(host_port, sizeof host_port, "%.100s:%.40s", host ? host : "127.0.0.1", port ? port : "8080");
+        http = host_port;
     }
     cli_opts o = {.n_predict = rk_gen_params_default().max_tokens, .sp = rk_sampler_params_default()};
     int n_pos;

@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include "doc_cache_cli.h"
+#include "progress.h"
 #include "rk_io.h"
 
 int cli_kv_cache_dir(char *buf, size_t cap) {
@@ -121,6 +122,7 @@ rk_status cli_doc_prefix(const cli_opts *o, const char *cmd, rk_doc_cache *c, co
             out->reused = true;
             out->read_s = rk_time_now() - t0;
             if (progress) progress(ud, (int64_t)p, (int64_t)n_ids);
+            cli_progress_break();
             fprintf(stderr, "ridgekv %s: reused cached KV for %s (%lld tokens)\n", cmd, label, (long long)n);
             if (rk_doc_stream_load(c, key, s, &e) && e.code != RK_E_NOT_FOUND)
                 fprintf(stderr, "ridgekv %s: %s\n", cmd, e.msg);

@@ -5,6 +5,7 @@
 
 #include "cli_gen.h"
 #include "lineedit.h"
+#include "progress.h"
 
 rk_gen_params cli_gen_params(const cli_opts *o) {
     rk_gen_params p = rk_gen_params_default();
@@ -43,11 +44,16 @@ static void sink_write(cli_sink *k, const char *p, size_t n) {
 bool cli_sink_token(void *ud, int32_t token, const char *text, size_t n) {
     (void)token;
     cli_sink *k = ud;
-    if (n) sink_write(k, text, n);
+    /* after Ctrl-C nothing more is written: the token sampled meanwhile would land after the
+     * "stopping" notice */
+    if (k->sigint_stops && cli_sigint_pending()) return false;
+    if (n) cli_progress_break(), sink_write(k, text, n);
     return !k->failed && !(k->sigint_stops && cli_sigint_pending());
 }
 
 void cli_sink_rest(cli_sink *k, const rk_gen_result *r) {
+    if (k->sigint_stops && r->stop == RK_STOP_CANCELLED) return;
+    cli_progress_break();
     sink_write(k, r->text + r->n_streamed, r->n_text > r->n_streamed ? r->n_text - r->n_streamed : 0);
 }
 

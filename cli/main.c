@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "suggest.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -102,6 +103,5 @@ static int dispatch(int argc, char **argv) {
     if (!strcmp(c, "tokenize")) return cmd_tokenize(argc, argv);
     if (!strcmp(c, "synth")) return cmd_synth(argc, argv);
     if (!strcmp(c, "cache")) return cmd_cache(argc, argv);
-    fprintf(stderr, "ridgekv: unknown command '%s' (try ridgekv --help)\n", c);
-    return RK_EXIT_USAGE;
+    return cli_unknown_command(c);
 }

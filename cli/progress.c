@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -126,18 +127,94 @@ static void fmt_eta(char *buf, size_t cap, double s) {
     else snprintf(buf, cap, "%.0fs", s);
 }
 
+/* The terminal's width in columns: asked at every redraw (TIOCGWINSZ), so a resized
+ * window (SIGWINCH) gets a bar of its new width at the next redraw; 80 when unknown. */
+static int term_cols(void) {
+    struct winsize ws;
+    if (ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
+    const char *c = getenv("COLUMNS");
+    const int v = c ? atoi(c) : 0;
+    return v > 0 && v < 10000 ? v : 80;
+}
+
+int cli_progress_line(char *buf, size_t cap, int cols, const char *verb, const char *unit, int64_t done, int64_t total,
+                      double rate, const char *eta) {
+    if (!cap) return 0;
+    const int avail = cols > 1 ? cols - 1 : 1;
+    const int pct = total > 0 ? (int)(100 * (done < total ? done : total) / total) : 100;
+    const char *ru = unit[0] == 't' ? "tok" : unit;
+    /* the counts padded to the total's width, so the bar keeps its width as they grow */
+    char tot[24];
+    const int w = snprintf(tot, sizeof tot, "%lld", (long long)total);
+    char tails[3][160];
+    snprintf(tails[0], sizeof tails[0], " %3d%% %*lld/%s %s  %6.1f %s/s  ETA %s", pct, w, (long long)done, tot, unit,
+             rate, ru, eta);
+    snprintf(tails[1], sizeof tails[1], " %3d%% %*lld/%s %s  ETA %s", pct, w, (long long)done, tot, unit, eta);
+    snprintf(tails[2], sizeof tails[2], " %3d%% ETA %s", pct, eta);
+    const int head = (int)strlen(verb) + 3; /* "verb [" ... "]" */
+    /* each level takes a narrower bar before giving up a part: rate, then counts */
+    static const int min_cells[3] = {20, 12, 10};
+    int level = 0, cells = 0;
+    for (; level < 3; level++) {
+        cells = avail - head - (int)strlen(tails[level]);
+        if (cells > 30) cells = 30;
+        if (cells >= min_cells[level]) break;
+    }
+    if (level == 3) level = 2, cells = 0;
+    char line[512];
+    if (cells >= 10) {
+        char bar[31];
+        const int fill = total > 0 ? (int)(cells * (done < total ? done : total) / total) : cells;
+        for (int i = 0; i < cells; i++) bar[i] = i < fill ? '#' : '.';
+        bar[cells] = 0;
+        snprintf(line, sizeof line, "%s [%s]%s", verb, bar, tails[level]);
+    } else {
+        snprintf(line, sizeof line, "%s%s", verb, tails[2]);
+    }
+    int n = (int)strlen(line);
+    if (n > avail) n = avail;
+    if ((size_t)n >= cap) n = (int)cap - 1;
+    memcpy(buf, line, (size_t)n);
+    buf[n] = 0;
+    return n;
+}
+
+/* The bar on stderr's current line (NULL: none). stderr is one per process, and so is the
+ * line a bar is drawn on: whoever prints next ends it first (cli_progress_break). */
+static cli_progress *g_on_line;
+
+/* Ends the bar's line: erased, or kept with a newline. */
+static void end_line(cli_progress *p, bool erase) {
+    if (!p->on_line) return;
+    if (erase) fputs("\r\033[K", stderr);
+    else fputc('\n', stderr);
+    fflush(stderr);
+    p->on_line = false;
+    if (g_on_line == p) g_on_line = NULL;
+}
+
+/* Erased, not kept: the next update draws the bar again below the other output, so a kept
+ * line would be a stale copy of it. */
+void cli_progress_break(void) {
+    if (g_on_line) end_line(g_on_line, true);
+}
+
 static void draw(cli_progress *p, int64_t done, double now) {
     double dt = now - p->t0, rate = dt > 0 && done > 0 ? (double)done / dt : 0;
     char eta[32];
     fmt_eta(eta, sizeof eta, done > 0 ? cli_eta_left(&p->eta, done, p->total) : -1);
     int pct = p->total ? (int)(100 * done / p->total) : 100;
     if (p->tty) {
-        char bar[31];
-        int fill = p->total ? (int)(30 * done / p->total) : 30;
-        for (int i = 0; i < 30; i++) bar[i] = i < fill ? '#' : '.';
-        bar[30] = 0;
-        fprintf(stderr, "\r%s [%s] %3d%% %lld/%lld %s  %.1f %s/s  ETA %s\033[K", p->verb, bar, pct, (long long)done,
-                (long long)p->total, p->unit, rate, p->unit[0] == 't' ? "tok" : p->unit, eta);
+        if (g_on_line && g_on_line != p) end_line(g_on_line, true);
+        char line[512];
+        cli_progress_line(line, sizeof line, term_cols(), p->verb, p->unit, done, p->total, rate, eta);
+        fprintf(stderr, "\r%s\033[K", line);
+        p->on_line = true;
+        g_on_line = p;
+        if (p->total > 0 && done >= p->total) {
+            end_line(p, p->erase);
+            p->ended = true;
+        }
     } else if (done == 0) {
         fprintf(stderr, "ridgekv %s: %s 0/%lld %s (0%%)\n", p->cmd, p->verb, (long long)p->total, p->unit);
     } else {
@@ -163,6 +240,20 @@ void cli_progress_begin(cli_progress *p, const char *cmd, const char *verb, cons
     draw(p, 0, p->t0);
 }
 
+void cli_progress_begin_late(cli_progress *p, const char *cmd, int64_t total, double after_s) {
+    *p = (cli_progress){.cmd = cmd,
+                        .verb = "read",
+                        .unit = "tokens",
+                        .tty = isatty(STDERR_FILENO),
+                        .total = total,
+                        .every = 2.0,
+                        .erase = true,
+                        .tty_only = true,
+                        .after_s = after_s};
+    p->t0 = clock_now();
+    cli_eta_init(&p->eta, true, 0, p->t0);
+}
+
 void cli_progress_start(cli_progress *p, const char *cmd, int64_t total) {
     cli_progress_begin(p, cmd, "read", "tokens", total, true);
 }
@@ -173,6 +264,9 @@ void cli_progress_update(cli_progress *p, int64_t done, int64_t total) {
     p->total = total;
     double now = clock_now();
     cli_eta_add(&p->eta, done, now);
+    if (p->ended || (p->tty_only && !p->tty)) return;
+    /* late bars: nothing while the work is quick, nothing once it is done */
+    if (p->after_s > 0 && !p->on_line && (now - p->t0 < p->after_s || done >= total)) return;
     if (p->tty || done == total || now - p->last >= p->every) draw(p, done, now);
 }
 
@@ -182,5 +276,6 @@ bool cli_progress_fn(void *ud, int64_t done, int64_t total) {
 }
 
 void cli_progress_end(cli_progress *p) {
-    if (p->tty) fputc('\n', stderr);
+    end_line(p, p->erase);
+    p->ended = true;
 }

@@ -22,6 +22,7 @@
  * attention cost 1.5x off the model's. */
 #pragma once
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* ---- the estimator (pure: no clock, no output) ---------------------------------------- */
@@ -70,6 +71,14 @@ typedef struct cli_progress {
     double t0, last, every; /* every: seconds between plain lines (RIDGEKV_PROGRESS_EVERY, default 2) */
     int64_t total;
     cli_eta eta;
+    /* the terminal bar: it owns stderr's current line while on_line; the line ends (a
+     * newline, or erased with erase) when the work is done or at cli_progress_end, and is
+     * erased by cli_progress_break before other output */
+    bool on_line;
+    bool erase;     /* end by erasing the bar (the screen goes on as if it was never there) */
+    bool tty_only;  /* no plain lines when stderr is not a terminal */
+    bool ended;     /* done == total was drawn and the line ended: later updates draw nothing */
+    double after_s; /* first drawn once this many seconds have passed (quick work shows nothing) */
 } cli_progress;
 
 /* A prefill of total tokens (attention term on, pos0 0): cli_progress_begin(p, cmd,
@@ -79,12 +88,27 @@ void cli_progress_start(cli_progress *p, const char *cmd, int64_t total);
  * with the position (a prefill), false for work of even steps (a download, eval windows). */
 void cli_progress_begin(cli_progress *p, const char *cmd, const char *verb, const char *unit, int64_t total,
                         bool attention);
+/* A prefill bar for work that is usually quick (a chat turn): on a terminal only, first
+ * drawn once after_s seconds have passed with the work unfinished, erased when it ends
+ * (the answer then starts where the bar was). total may be 0 until the first update. */
+void cli_progress_begin_late(cli_progress *p, const char *cmd, int64_t total, double after_s);
 /* Rows already in the cache before the first unit (the attention term starts there). */
 void cli_progress_set_pos0(cli_progress *p, int64_t pos0);
 /* done of total now (total may change); redraws on a terminal, else at most every few
- * seconds and at the end. */
+ * seconds and at the end. On a terminal, done >= total ends the bar's line. */
 void cli_progress_update(cli_progress *p, int64_t done, int64_t total);
 /* rk_progress_fn over cli_progress_update; returns false (cancel) when Ctrl-C is pending. */
 bool cli_progress_fn(void *ud, int64_t done, int64_t total);
-/* Ends the bar's line on a terminal. */
+/* Ends the bar's line on a terminal (a newline, or erased); a no-op when it has ended. */
 void cli_progress_end(cli_progress *p);
+/* Erases whichever bar is on stderr's current line (none: a no-op), so that other output
+ * (an answer on the same terminal, a notice) starts on a clean line; the bar's next update
+ * draws it again below. */
+void cli_progress_break(void);
+
+/* The bar's line for a terminal of cols columns: at most cols - 1 characters (the last
+ * column stays free: writing it makes some terminals wrap). Parts go, least useful first,
+ * when they do not fit: the rate, the counts, then the bar narrows (10 cells at least) and
+ * finally the text is cut. eta: "6h02m", "--", ... Returns the length written. */
+int cli_progress_line(char *buf, size_t cap, int cols, const char *verb, const char *unit, int64_t done, int64_t total,
+                      double rate, const char *eta);

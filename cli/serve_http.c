@@ -22,6 +22,8 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -489,6 +491,19 @@ static void completed(void *cls, struct MHD_Connection *c, void **state, enum MH
     *state = NULL;
 }
 
+/* libmicrohttpd's own messages, as ours: one "ridgekv serve: http: ..." line each. Its bind
+ * failure is left out: serve_http says it, with the port asked for. */
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    (void)cls;
+    const int saved = errno; /* serve_http reports a failed start with errno */
+    char m[512];
+    vsnprintf(m, sizeof m, fmt, ap);
+    size_t n = strlen(m);
+    while (n && (m[n - 1] == '\n' || m[n - 1] == '\r')) m[--n] = 0;
+    if (strncmp(m, "Failed to bind to port", 22)) fprintf(stderr, "ridgekv serve: http: %s\n", m);
+    errno = saved;
+}
+
 static bool loopback(const char *addr) { return !strcmp(addr, "localhost") || !strncmp(addr, "127.", 4); }
 
 int serve_http(server *sv, const char *addr, int port, size_t max_body, const serve_guard *guard_in) {
@@ -513,7 +528,7 @@ int serve_http(server *sv, const char *addr, int port, size_t max_body, const se
     http_server hs = {sv, max_body, &guard};
     struct MHD_Daemon *d = MHD_start_daemon(
         MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ITC | MHD_USE_ERROR_LOG, 0, NULL,
-        NULL, handle, &hs, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sin, MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
+        NULL, handle, &hs, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sin, MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
         MHD_OPTION_NOTIFY_CONNECTION, serve_conn_notify, NULL, MHD_OPTION_CONNECTION_LIMIT, (unsigned)SERVE_CONN_MAX,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)SERVE_CONN_IDLE_S, MHD_OPTION_END);
     if (!d) {

@@ -40,7 +40,7 @@ TOP = ('runtime', 'cli', 'docs', 'scripts', 'tests', 'kernels', 'io', 'formats',
 EXTS = ('.c', '.h', '.cu', '.cuh', '.py', '.sh', '.md')
 CODE_EXTS = ('.c', '.h', '.cu', '.cuh', '.py', '.sh')
 # programs whose flags are their own, not ridgekv's
-OTHER = re.compile(r'(?:^|[\s`(|;&])(meson|ninja|pip3?|python3 -m pip|curl|dd|cmake|valgrind|zstd|nvcc|git|'
+OTHER = re.compile(r'(?:^|[\s`(|;&])(llama-cli|llama-server|meson|ninja|pip3?|python3 -m pip|curl|dd|cmake|valgrind|zstd|nvcc|git|'
                    r'apt-get|gzip|tar|lscpu|perf|make|gcc|clang|cc|time|xz|sha256sum|'
                    r'(?:\./)?(?:scripts|tests|samples|fuzz|build[\w-]*)/[\w./-]+|[\w./-]+\.py|test_[\w]+|lowram_study)(?=[\s`]|$)')
 RIDGEKV = re.compile(r'(?:^|[\s`(/|;&])ridgekv(?=[\s`]|$)')

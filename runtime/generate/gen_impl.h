@@ -38,7 +38,9 @@ typedef struct rk_gen_text {
 
 /* Adds a token's bytes. Returns false only when out of memory. */
 bool rk_gen_text_push(rk_gen_text *t, const char *p, size_t n);
-/* End of generation without a stop: the held-back bytes become text. */
+/* End of generation without a stop: the held-back bytes become text, except a character
+ * the end cut short (its bytes are dropped: neither it nor U+FFFD appears). A stop string
+ * right after such bytes drops them the same way. */
 bool rk_gen_text_finish(rk_gen_text *t);
 /* Text decided since the last call (out.p + *off, *len); marks it taken. */
 void rk_gen_text_take(rk_gen_text *t, size_t *off, size_t *len);

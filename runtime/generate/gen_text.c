@@ -94,6 +94,19 @@ size_t rk_gen_utf8_sanitize(rk_gen_buf *out, const char *p, size_t n, bool final
     return i;
 }
 
+/* p[0..n) without a trailing incomplete character: the bytes of a character that a cut
+ * (a length limit, a stop string, the end of generation) left unfinished are dropped, not
+ * shown as U+FFFD (the model never wrote that character). Bytes that cannot start or
+ * continue a character stay, for the sanitizer to replace. */
+static size_t complete_len(const char *p, size_t n) {
+    size_t i = n;
+    while (i > 0 && n - i < 4 && ((unsigned char)p[i - 1] & 0xC0) == 0x80) i--;
+    if (i == 0) return n;
+    const size_t lead = ((unsigned char)p[i - 1] & 0x80) ? i - 1 : i;
+    if (lead == n) return n;
+    return rk_utf8_char((const unsigned char *)p + lead, n - lead) == 0 ? lead : n;
+}
+
 static size_t stop_len(const rk_gen_text *t, int k) { return t->stop_len ? t->stop_len[k] : strlen(t->stop[k]); }
 
 bool rk_gen_text_push(rk_gen_text *t, const char *p, size_t n) {
@@ -112,7 +125,7 @@ bool rk_gen_text_push(rk_gen_text *t, const char *p, size_t n) {
         if (h && (size_t)(h - s) < first) first = (size_t)(h - s);
     }
     if (first != SIZE_MAX) {
-        if (rk_gen_utf8_sanitize(&t->out, s, first, true) == (size_t)-1) return false;
+        if (rk_gen_utf8_sanitize(&t->out, s, complete_len(s, first), true) == (size_t)-1) return false;
         t->raw_done += first;
         t->stopped = true;
         return true;
@@ -139,7 +152,8 @@ bool rk_gen_text_finish(rk_gen_text *t) {
     if (t->stopped) return true;
     size_t m = t->raw.n - t->raw_done;
     if (m == 0) return true;
-    if (rk_gen_utf8_sanitize(&t->out, t->raw.p + t->raw_done, m, true) == (size_t)-1) return false;
+    const char *s = t->raw.p + t->raw_done;
+    if (rk_gen_utf8_sanitize(&t->out, s, complete_len(s, m), true) == (size_t)-1) return false;
     t->raw_done = t->raw.n;
     return true;
 }

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "progress.h"
 #include "rk.h"
@@ -221,4 +222,20 @@ Test(progress, eta_of_a_layer_major_fill_within_20_percent_after_two_minutes) {
     cr_expect(old > 0.5, "rows x layers with the position fit is off by only %.0f%%: the case tests nothing",
               100 * old);
     free(st);
+/* The bar's line fits every width from 8 to 200 columns (at most cols - 1 characters),
+ * keeps the bar while 40 columns allow it, and gives up the rate before the counts. */
+Test(progress, line_fits_the_terminal) {
+    char buf[512];
+    for (int cols = 8; cols <= 200; cols++) {
+        const int n = cli_progress_line(buf, sizeof buf, cols, "read", "tokens", 49382716, 98765432, 12345.6, "99h59m");
+        cr_assert_eq((int)strlen(buf), n);
+        cr_assert_leq(n, cols - 1, "%d columns: %d characters: %s", cols, n, buf);
+        cr_assert(strstr(buf, "read") == buf, "%s", buf);
+        if (cols >= 40) cr_expect(strstr(buf, "[#"), "%d columns: the bar stays: %s", cols, buf);
+        if (strstr(buf, "tok/s")) cr_expect(strstr(buf, "98765432 tokens"), "rate only with the counts: %s", buf);
+        if (cols >= 100) cr_expect(strstr(buf, "tok/s") && strstr(buf, "ETA 99h59m"), "%d: %s", cols, buf);
+    }
+    /* a finished bar is full, 100% */
+    cli_progress_line(buf, sizeof buf, 80, "read", "tokens", 88, 88, 599.9, "0s");
+    cr_expect(strstr(buf, "[##############################] 100% 88/88 tokens") && strstr(buf, "ETA 0s"), "%s", buf);
 }
