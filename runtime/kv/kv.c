@@ -62,7 +62,7 @@ rk_status rk_kv_create(const rk_model *m, const rk_kv_params *pp, int64_t n_ctx,
     case RK_KV_Q8: st = p->budget ? rk_kv_tier_init(kv, RK_DT_Q8_0, p, err) : rk_kv_q8_init(kv, err); break;
     case RK_KV_Q4:
         st = p->budget
-                 ? rk_err_set(err, RK_E_UNSUPPORTED,
+                 ? rk_err_set(err, RK_E_INVALID_ARG,
                               "kv: q4 has no memory tiers (--kv-budget): use f16, f32, q8 or lowram with a budget")
                  : rk_kv_q4_init(kv, err);
         break;
