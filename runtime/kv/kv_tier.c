@@ -270,7 +270,7 @@ static rk_status tier_append(rk_kv *kv, int l, int64_t pos0, const float *k, con
     if (st) return st;
     rows_from_f32(t, k, n * kv->kv_dim, t->k[l] + (size_t)pos0 * kv->row_bytes);
     rows_from_f32(t, v, n * kv->kv_dim, t->v[l] + (size_t)pos0 * kv->row_bytes);
-    t->held[l] = pos0 + n;
+    if (pos0 + n > t->held[l]) t->held[l] = pos0 + n; /* rows below the held ones are rewritten in place */
     st = decide(t, l, err);
     if (!st && l == kv->n_layer - 1) { /* the eval's rows of every layer are in: the bytes held now */
         uint64_t held = 0;
@@ -511,7 +511,7 @@ static void tier_destroy(rk_kv *kv) {
 static const rk_kv_ops tier_ops = {
     .name = "tier",
     .mem = RK_KV_MEM_HOST,
-    .writable = false,
+    .writable = true, /* open_rows reads a spilled chunk back and drops its stored copy */
     .recordable = false,
     .append = tier_append,
     .attend = tier_attend,
