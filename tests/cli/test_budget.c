@@ -21,6 +21,8 @@ typedef struct child {
     char out[16384], err[16384];
 } child;
 
+static const char *g_in; /* the child's stdin (NULL: /dev/null) */
+
 /* Runs ridgekv with args; tmpdir: its TMPDIR; fsize > 0: RLIMIT_FSIZE (SIGXFSZ ignored).
  * stdout and stderr are pipes (no file limit applies to them). */
 static void spawn(child *c, const char *tmpdir, rlim_t fsize, char *const args[]) {
@@ -38,7 +40,7 @@ static void spawn(child *c, const char *tmpdir, rlim_t fsize, char *const args[]
     if (pid == 0) {
         dup2(po[1], 1), dup2(pe[1], 2);
         close(po[0]), close(pe[0]), close(po[1]), close(pe[1]);
-        int in = open("/dev/null", O_RDONLY);
+        int in = open(g_in ? g_in : "/dev/null", O_RDONLY);
         if (in >= 0) dup2(in, 0);
         setenv("TMPDIR", tmpdir, 1);
         setenv("XDG_CACHE_HOME", tmpdir, 1); /* no document cache of the user's */
@@ -149,4 +151,84 @@ Test(budget, q4_or_eviction_with_a_budget_is_bad_usage) {
     spawn(&c, dir, 0, f16);
     cr_expect_eq(c.code, 0, "exit %d: %s", c.code, c.err);
     unlink(prompt), unlink(model), rmdir(dir);
+}
+
+/* Every surface with everything on: a model with YaRN in its GGUF, RidgeFill quality (maps
+ * fitted by calibrate), LowRAM under a KV budget, the document cache. Each command exits 0;
+ * ask's second run loads the cached document and answers the same; an f16 budget answers as
+ * the unbudgeted f16 run does. */
+Test(budget, every_surface_composes_under_yarn) {
+    char model[512], prompt[512], dir[64], maps[600], doc[600];
+    tb_tiny_spec spec = tb_tiny_stories_spec(9);
+    spec.n_ctx_train = 1024;
+    spec.rope_scaling = "yarn";
+    spec.rope_factor = 4.0f;
+    cr_assert(tb_tiny_model(&spec, model, sizeof model), "%s", model);
+    snprintf(dir, sizeof dir, "/tmp/rkcomposeXXXXXX");
+    cr_assert(mkdtemp(dir));
+    snprintf(prompt, sizeof prompt, "%s/cal.txt", dir);
+    snprintf(doc, sizeof doc, "%s/doc.txt", dir);
+    snprintf(maps, sizeof maps, "%s/maps.gguf", dir);
+    uint64_t seed = 4;
+    for (int f = 0; f < 2; f++) {
+        FILE *o = fopen(f ? doc : prompt, "w");
+        cr_assert(o);
+        for (int i = 0; i < 2600; i++) fputc("abcdefgh ijklmno pqrst uvwxyz"[tb_rand_u64(&seed) % 29], o);
+        fclose(o);
+    }
+    static child c, d;
+    char *cal[] = {"calibrate", "-m", model, "--text", prompt, "-o", maps, "--seg-len", "256", "--split", "2", NULL};
+    spawn(&c, dir, 0, cal);
+    cr_assert_eq(c.code, 0, "calibrate: %s", c.err);
+#define ALL "-m", model, "-c", "4096", "-t", "2", "--ridgefill", maps, "--tail", "512"
+    char *ask[] = {"ask", ALL,  "--kv", "lowram", "--kv-budget", "32K",  "--doc",
+                   doc,   "-n", "4",    "--temp", "0",           "who?", NULL};
+    spawn(&c, dir, 0, ask);
+    cr_assert_eq(c.code, 0, "ask: %s", c.err);
+    spawn(&d, dir, 0, ask);
+    cr_assert_eq(d.code, 0, "ask again: %s", d.err);
+    cr_expect(strstr(d.err, "reused cached KV"), "%s", d.err);
+    cr_expect_str_eq(c.out, d.out, "the cached ask answers the same");
+    char *f16b[] = {"ask", ALL, "--kv-budget", "32K", "--no-cache", "--doc", doc,
+                    "-n",  "4", "--temp",      "0",   "who?",       NULL};
+    char *f16[] = {"ask", ALL, "--no-cache", "--doc", doc, "-n", "4", "--temp", "0", "who?", NULL};
+    spawn(&c, dir, 0, f16b);
+    spawn(&d, dir, 0, f16);
+    cr_assert(c.code == 0 && d.code == 0, "%s / %s", c.err, d.err);
+    cr_expect_str_eq(c.out, d.out, "an f16 budget answers as the unbudgeted run");
+    char *run[] = {"run", ALL, "--kv", "lowram", "--kv-budget", "32K", "-f", doc, "-n", "4", NULL};
+    spawn(&c, dir, 0, run);
+    cr_expect_eq(c.code, 0, "run: %s", c.err);
+    char *bench[] = {"bench", ALL,    "--fill", "quality", "--kv", "lowram,q8", "--kv-budget", "25%",
+                     "-p",    "1500", "-n",     "2",       "-r",   "1",         NULL};
+    spawn(&c, dir, 0, bench);
+    cr_expect_eq(c.code, 0, "bench: %s", c.err);
+    cr_expect(strstr(c.err, "kv tier"), "%s", c.err);
+    char in[640];
+    snprintf(in, sizeof in, "%s/in.txt", dir);
+    FILE *o = fopen(in, "w");
+    cr_assert(o);
+    fputs("hello there\n", o);
+    fclose(o);
+    g_in = in;
+    char *chat[] = {"chat", ALL, "--kv", "lowram", "--kv-budget", "32K", "-n", "4", NULL};
+    spawn(&c, dir, 0, chat);
+    cr_expect_eq(c.code, 0, "chat: %s", c.err);
+    o = fopen(in, "w");
+    cr_assert(o);
+    fputs("{\"op\":\"ask\",\"id\":1,\"docs\":[{\"text\":\"", o);
+    for (int i = 0; i < 2600; i++) fputc("abcdefgh ijklmno pqrst uvwxyz"[tb_rand_u64(&seed) % 29], o);
+    fputs("\",\"name\":\"d\"}],\"question\":\"who?\",\"max_tokens\":4}\n", o);
+    fclose(o);
+    char *serve[] = {"serve", "--jsonl", ALL, "--kv", "lowram", "--kv-budget", "32K", NULL};
+    spawn(&c, dir, 0, serve);
+    g_in = NULL;
+    cr_expect_eq(c.code, 0, "serve: %s", c.err);
+    cr_expect(strstr(c.out, "\"event\":\"done\""), "serve: %s / %s", c.out, c.err);
+    unlink(in);
+#undef ALL
+    unlink(prompt), unlink(doc), unlink(maps), unlink(model);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    cr_expect_eq(system(cmd), 0);
 }
