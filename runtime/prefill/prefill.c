@@ -127,7 +127,8 @@ static rk_status select_rows(pass *q, float *x_split, rk_err *err) {
     rk_session *s = q->s;
     const rk_fill_params *f = &s->fill;
     const int64_t nb = q->bulk_end - q->start;
-    free(s->pf->keep);
+    free(s->pf->keep), free(s->pf->keep0);
+    s->pf->keep0 = NULL; /* made again below once this selection is complete */
     s->pf->keep = calloc((size_t)nb, 1);
     if (!s->pf->keep)
         return rk_err_set(err, RK_E_NOMEM, "prefill: no memory for the selection of %lld rows", (long long)nb);
