@@ -125,7 +125,11 @@ static void compose(const char *kv) {
     float *lb = ask(b, q);
     rk_kv_tier_stats ts;
     rk_session_kv_tier_stats(b, &ts);
-    cr_expect(ts.on && ts.spilled_bytes > 0, "%s: nothing spilled under %llu bytes", kv, (unsigned long long)budget);
+    cr_expect(ts.on, "%s: no tier under %llu bytes", kv, (unsigned long long)budget);
+    /* plain rows spill as they leave the window; LowRAM's cells go when their writes complete
+     * after a decode layer, which a few steps may not see (test_tiers.c counts them) */
+    if (!kb.coef)
+        cr_expect_gt(ts.spilled_bytes, 0, "%s: nothing spilled under %llu bytes", kv, (unsigned long long)budget);
     cr_expect_eq(ts.spill_errors, 0);
     cr_expect(!memcmp(la, lb, n * sizeof(float)), "%s: budgeted logits differ by %g", kv, max_diff(la, lb, n));
 
