@@ -585,6 +585,15 @@ int cli_kv_params(const cli_opts *o, const char *item, rk_kv_params *out) {
         return RK_EXIT_USAGE;
     }
     cli_kv_apply(o, &kp);
+    if (o->kv_budget && kp.kind == RK_KV_Q4) {
+        fprintf(stderr, "ridgekv: error: --kv q4 has no memory tiers: --kv-budget needs f16, f32, q8 or lowram\n");
+        return RK_EXIT_USAGE;
+    }
+    if (o->kv_budget && kp.kind == RK_KV_LOWRAM && kp.lowram.evict > 0) {
+        fprintf(stderr, "ridgekv: error: --kv lowram with evict= and --kv-budget together: eviction rewrites the "
+                        "stored rows a budget spills; drop one of them\n");
+        return RK_EXIT_USAGE;
+    }
     *out = kp;
     return 0;
 }
@@ -600,6 +609,20 @@ int cli_setup_kv(const cli_opts *o, rk_session *s, const char *item) {
     if (w[0]) fprintf(stderr, "ridgekv: warning: %s\n", w);
     if (o->verbose && o->kv) fprintf(stderr, "ridgekv: KV policy %s\n", o->kv);
     return 0;
+}
+
+void cli_kv_budget_check(const char *cmd, const rk_session *s) {
+    static bool warned; /* one line per process: a budget broken once stays broken */
+    if (warned || !s) return;
+    rk_kv_tier_stats t;
+    rk_session_kv_tier_stats(s, &t);
+    if (!t.on || !t.spill_errors) return;
+    warned = true;
+    fprintf(stderr,
+            "ridgekv %s: warning: the KV budget of %.1f MiB cannot be kept: %llu spill%s failed (%s); those rows "
+            "stay in memory, so the process holds more than the budget (--kv-budget, TMPDIR: docs/TIERS.md)\n",
+            cmd, t.budget / 1048576.0, (unsigned long long)t.spill_errors, t.spill_errors == 1 ? "" : "s",
+            t.spill_error[0] ? t.spill_error : "no reason recorded");
 }
 
 int cli_fill_group(const cli_opts *o, rk_fill_mode mode) {

@@ -94,6 +94,10 @@ void cli_kv_apply(const cli_opts *o, rk_kv_params *kp);
 /* The KV policy is fixed at session creation (cli_session_params); this prints the
  * session's warning, if any. Returns an exit code (0 on success). */
 int cli_setup_kv(const cli_opts *o, rk_session *s, const char *item);
+/* After an eval or a generation: when s's KV budget could not be kept (a spill failed: the
+ * spill directory full or unwritable), says so on stderr with the library's reason, once per
+ * process. */
+void cli_kv_budget_check(const char *cmd, const rk_session *s);
 
 /* Parses the common flags from argv[first..]; positional arguments are collected into
  * pos (up to max_pos). Returns 0, or RK_EXIT_USAGE after printing the reason. */

@@ -294,6 +294,7 @@ int cmd_ask(int argc, char **argv) {
                 "exactly, %lld refilled, in %.2f s\n",
                 (long long)rs.scored, (long long)rs.changed, (long long)rs.recomputed, (long long)rs.refilled,
                 rs.seconds);
+    cli_kv_budget_check("ask", s);
     if (o.verbose) cli_gen_verbose("ask", s, &o, &r);
     rc = stopped ? 130 : RK_EXIT_OK;
     goto done;

@@ -268,6 +268,7 @@ int cmd_bench(int argc, char **argv) {
                     if ((st = rk_generate(m, s, ids, (size_t)lens[li], &gp, &g, &e))) break;
                     rk_session_kv_tier_stats(s, &t1);
                     cli_kv_tier_line("bench", &t0, &t1); /* stderr, also with --json */
+                    cli_kv_budget_check("bench", s);
                     tier0[li][mi][ki] = t0, tier1[li][mi][ki] = t1;
                     const double pf_s = g.prefill_s, dc_s = g.decode_s;
                     rk_gen_result_deinit(&g);

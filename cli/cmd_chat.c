@@ -172,6 +172,7 @@ static int turn(chat *c, const char *user) {
                 "%lld/%lld in context\n",
                 (long long)r.n_prefill, r.prefill_s, r.prefill_tok_s, (long long)r.n_gen, r.decode_tok_s,
                 (long long)rk_session_n_past(c->s), (long long)rk_session_n_ctx(c->s));
+    cli_kv_budget_check("chat", c->s);
     if (c->o.verbose) cli_gen_verbose("chat", c->s, &c->o, &r);
     rk_gen_result_deinit(&r);
     return 0;

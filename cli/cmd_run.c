@@ -171,10 +171,14 @@ int cmd_run(int argc, char **argv) {
     rk_gen_params gp = cli_gen_params(&o);
     gp.on_token = cli_sink_token;
     gp.token_ud = &out;
-    if ((st = rk_generate(m, s, ids, n_ids, &gp, &r, &e))) goto fail;
+    if ((st = rk_generate(m, s, ids, n_ids, &gp, &r, &e))) {
+        cli_kv_budget_check("run", s);
+        goto fail;
+    }
     cli_sink_rest(&out, &r);
     if (!out.failed) fputc('\n', stdout);
     if ((rc = cli_sink_check("run", &out))) goto done;
+    cli_kv_budget_check("run", s);
     if (r.stop == RK_STOP_CONTEXT)
         fprintf(stderr, "ridgekv run: context full (%lld tokens); stopping\n", (long long)rk_session_n_ctx(s));
     fprintf(stderr,

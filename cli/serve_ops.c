@@ -257,6 +257,7 @@ rk_status serve_run_gen(server *sv, const serve_req *r, rk_session *s, const rk_
         *t_call = rk_time_now();
         if (!st) st = rk_conv_generate(*conv, gp, res, e);
     }
+    cli_kv_budget_check("serve", s);
     return st;
 }
 

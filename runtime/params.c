@@ -368,6 +368,9 @@ static const rk_param_key fill_keys[] = {
     INT("group", 0, 4096,
         "late layers' exact rows attend each run of up to this many filled rows as one row "
         "(mean K, mean V) in a prefill from row 0 on a host backend (default 0: off)"),
+    INT("rescore_rows", 1, 1 << 24,
+        "most document rows a later question makes exact beside the document's own selection, so its "
+        "re-scoring runs at most twice that many rows through the late layers (default 1024)"),
 };
 
 static const slot fill_slots[] = {
@@ -385,6 +388,7 @@ static const slot fill_slots[] = {
     {FIL(baseline), S_I32, F_ZERO_NONE, 0},
     {FIL(band), S_I32, 0, 0},
     {FIL(group), S_I32, 0, 0},
+    {FIL(rescore_rows), S_I32, 0, 0},
 };
 _Static_assert(sizeof fill_keys / sizeof fill_keys[0] == sizeof fill_slots / sizeof fill_slots[0],
                "one slot per RidgeFill key");

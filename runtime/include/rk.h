@@ -463,7 +463,11 @@ typedef struct rk_kv_tier_stats {
     uint64_t prefetched;             /* of the misses, read ahead of their layer */
     double stall_s;                  /* attention waiting for reads */
     double io_wait_s;                /* all waits in the block store */
-    uint64_t spill_errors;           /* spills that failed (the chunk then stays in memory) */
+    uint64_t spill_errors;           /* spills that failed (the chunk then stays in memory, over the
+                                        budget: the budget is not kept) */
+    char spill_error[160];           /* the first failed spill's reason ("" while none failed) */
+    uint64_t resident_peak;          /* most bytes of rows held in memory at the end of an eval's
+                                        layer pass (f16 / f32 / q8 tiers; lowram: budget_peak) */
     uint64_t sel_chunks, sel_repeat; /* lowram: chunks decode selected (after a first step), of
                                         them selected by the same (layer, head) the step before */
     char backend[16];                /* io_uring or threads */

@@ -45,13 +45,8 @@ rk_status rk_kv_create(const rk_model *m, const rk_kv_params *pp, int64_t n_ctx,
     }
     rk_rope_freqs(&rp, kv->rope_freq);
     kv->rope_mscale = rk_rope_mscale(&rp);
+    kv->rope = rp;
     rk_status st;
-    if (p->kind == RK_KV_LOWRAM && hp->rope_scaling.type != RK_ROPE_SCALING_NONE) {
-        st = rk_err_set(err, RK_E_UNSUPPORTED, "kv: lowram does not support RoPE scaling (%s) yet: use f16, f32 or q8",
-                        rk_rope_scaling_name(hp->rope_scaling.type));
-        rk_kv_destroy(kv);
-        return st;
-    }
     const uint32_t dt = p->kind == RK_KV_F32 ? RK_DT_F32 : RK_DT_F16; /* GPU KV tiers (kv_dev.c) */
     if ((p->kind == RK_KV_F16 || p->kind == RK_KV_F32) && rk_kv_dev_takes(kv, dt, p)) {
         st = rk_kv_dev_init(kv, dt, p, err);
@@ -67,7 +62,7 @@ rk_status rk_kv_create(const rk_model *m, const rk_kv_params *pp, int64_t n_ctx,
     case RK_KV_Q8: st = p->budget ? rk_kv_tier_init(kv, RK_DT_Q8_0, p, err) : rk_kv_q8_init(kv, err); break;
     case RK_KV_Q4:
         st = p->budget
-                 ? rk_err_set(err, RK_E_UNSUPPORTED,
+                 ? rk_err_set(err, RK_E_INVALID_ARG,
                               "kv: q4 has no memory tiers (--kv-budget): use f16, f32, q8 or lowram with a budget")
                  : rk_kv_q4_init(kv, err);
         break;

@@ -144,8 +144,9 @@ struct rk_kv {
     rk_kv_kind kind;
     int n_layer, n_head, n_head_kv, head_dim, kv_dim, n_rot, rope_mode;
     float rope_base;
-    double *rope_freq;  /* (n_rot/2) angle per position of the RoPE in effect (rk_rope_freqs) */
-    double rope_mscale; /* its factor on cos/sin (YaRN); rk_kv_unrope divides it out */
+    double *rope_freq;   /* (n_rot/2) angle per position of the RoPE in effect (rk_rope_freqs) */
+    double rope_mscale;  /* its factor on cos/sin (YaRN); rk_kv_unrope divides it out */
+    rk_rope_params rope; /* the model's RoPE in effect at position 0 (scaling included) */
     int64_t n_ctx;
     int64_t n_past;   /* committed rows: set by commit, truncate, reset, import_rows */
     size_t row_bytes; /* one stored K (or V) row of one layer (LowRAM: an exact row) */
@@ -170,8 +171,9 @@ void rk_kv_destroy(rk_kv *kv); /* accepts NULL and half-built caches */
  * thread. Pool jobs never run backend ops (rk_pool_run does not nest). */
 rk_status rk_kv_pool_create(rk_backend *be, int n_threads, rk_pool **pool, bool *owned, int *n_out, rk_err *err);
 
-/* Undoes RoPE in place on key row x (n_head_kv heads) at position p: the kernels' angles
- * p * base^(-2i/n_rot), rotated back (double-precision angles). */
+/* Undoes RoPE in place on key row x (n_head_kv heads) at position p: the angles
+ * p * rope_freq[i] of the RoPE in effect rotated back (double precision) and YaRN's mscale
+ * divided out. */
 void rk_kv_unrope(const rk_kv *kv, float *x, int64_t p);
 /* Converts n rows of kv_dim between a plain type (F16, F32) and f32. */
 void rk_kv_rows_to_f32(uint32_t type, const void *src, int64_t n, int64_t kv_dim, float *dst);

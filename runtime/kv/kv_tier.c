@@ -52,6 +52,7 @@ typedef struct tier {
     int64_t *held;    /* rows held per layer */
     uint64_t budget, cold_budget, kept_bytes;
     int64_t n_present; /* chunks present now */
+    int64_t n_put;     /* chunks being written (their pages held until the write completes) */
     rk_bs *bs;
     int pin_layer;
     bool q8_direct;
@@ -93,9 +94,11 @@ static void on_done(tier *t, const rk_bs_done *d) {
     chunk *h = CH(t, l, w, c);
     if (d->is_put) {
         h->put_pending = 0;
+        t->n_put--;
         if (d->status) {
             /* the rows are still in memory: keep them there */
-            t->st.spill_errors++;
+            if (!t->st.spill_errors++)
+                snprintf(t->st.spill_error, sizeof t->st.spill_error, "writing to %.50s: %.90s", t->spill_dir, d->msg);
             h->keep = 1;
             t->kept_bytes += t->chunk_bytes;
             return;
@@ -205,7 +208,9 @@ static rk_status decide(tier *t, int l, rk_err *err) {
             chunk *h = CH(t, l, w, c);
             if (h->decided || !h->present) continue;
             h->decided = 1;
-            if (t->kept_bytes + t->chunk_bytes <= t->cold_budget) {
+            /* kept chunks leave an eighth of the cold budget (at most 8 chunks) to writes in flight */
+            const uint64_t slack = t->cold_budget / 8 < 8 * t->chunk_bytes ? t->cold_budget / 8 : 8 * t->chunk_bytes;
+            if (t->kept_bytes + t->chunk_bytes + slack <= t->cold_budget) {
                 h->keep = 1;
                 t->kept_bytes += t->chunk_bytes;
                 continue;
@@ -213,6 +218,10 @@ static rk_status decide(tier *t, int l, rk_err *err) {
             rk_status st = rk_bs_put(t->bs, ID(t, l, w, c), DATA(t, l, w, c), t->chunk_bytes, NULL, err);
             if (st) return st;
             h->put_pending = 1;
+            t->n_put++;
+            /* a chunk being written still holds its pages: writes in flight stay within the room
+             * the kept chunks leave, so the rows held never pass the budget (hot chunks aside) */
+            while (t->n_put > 0 && t->kept_bytes + (uint64_t)t->n_put * t->chunk_bytes > t->cold_budget) pump(t, true);
         }
     }
     pump(t, false);
@@ -261,8 +270,15 @@ static rk_status tier_append(rk_kv *kv, int l, int64_t pos0, const float *k, con
     if (st) return st;
     rows_from_f32(t, k, n * kv->kv_dim, t->k[l] + (size_t)pos0 * kv->row_bytes);
     rows_from_f32(t, v, n * kv->kv_dim, t->v[l] + (size_t)pos0 * kv->row_bytes);
-    t->held[l] = pos0 + n;
-    return decide(t, l, err);
+    if (pos0 + n > t->held[l]) t->held[l] = pos0 + n; /* rows below the held ones are rewritten in place */
+    st = decide(t, l, err);
+    if (!st && l == kv->n_layer - 1) { /* the eval's rows of every layer are in: the bytes held now */
+        uint64_t held = 0;
+        for (size_t i = 0; i < (size_t)kv->n_layer * 2 * (size_t)t->n_chunks; i++)
+            held += t->ch[i].present && !t->ch[i].fetched; /* read-back chunks go after their attention */
+        if (held * t->chunk_bytes > t->st.resident_peak) t->st.resident_peak = held * t->chunk_bytes;
+    }
+    return st;
 }
 
 /* Reads ahead the spilled chunks of layer l for rows [0, rows), up to the queue depth. */
@@ -351,7 +367,9 @@ static void tier_truncate(rk_kv *kv, int64_t n) {
 
 /* A new, empty spill file: made in spill_dir, unlinked at once (it goes with the process). */
 static rk_status open_store(tier *t, rk_err *err) {
-    return rk_bs_renew_spill(&t->bs, t->spill_dir, &t->bp, &t->acc, err);
+    rk_status st = rk_bs_renew_spill(&t->bs, t->spill_dir, &t->bp, &t->acc, err);
+    if (st) rk_err_wrap(err, "kv: the KV budget cannot be kept without a spill file (spill_dir, TMPDIR)");
+    return st;
 }
 
 static void tier_reset(rk_kv *kv) {
@@ -493,7 +511,7 @@ static void tier_destroy(rk_kv *kv) {
 static const rk_kv_ops tier_ops = {
     .name = "tier",
     .mem = RK_KV_MEM_HOST,
-    .writable = false,
+    .writable = true, /* open_rows reads a spilled chunk back and drops its stored copy */
     .recordable = false,
     .append = tier_append,
     .attend = tier_attend,

@@ -158,7 +158,9 @@ rk_status lr_codec_new(const rk_kv *kv, const rk_lowram_params *p, int n_threads
         !c->sel_miss || !c->r2)
         goto nomem;
     for (int l = 0; l < c->n_layer; l++) c->sel_miss[l] = -1.0f; /* not measured */
-    for (int i = 0; i < c->n_rot / 2; i++) c->freq[i] = pow((double)kv->rope_base, -2.0 * i / c->n_rot);
+    for (int i = 0; i < c->n_rot / 2; i++) c->freq[i] = kv->rope_freq[i];
+    c->rope_ms = kv->rope_mscale;
+    c->rope = kv->rope;
     for (int64_t k = 0; k <= c->n_ctx / LR_ROPE_LO || k < LR_ROPE_LO; k++)
         for (int i = 0; i < c->n_rot / 2; i++) {
             const double th = (double)k * c->freq[i];
@@ -387,6 +389,8 @@ static rk_status lowram_read(const rk_kv *kv, int l, bool values, bool pre_rope,
             const size_t off = (size_t)L->li * c->kvd;
             for (int e = 0; e < c->kvd; e++) d[e] = d[e] * g->winv[off + e] + g->mean[off + e];
             if (!pre_rope) lr_rope_row(c, d, c->n_head_kv, p, false);
+            else if (c->rope_ms != 1.0)
+                for (int e = 0; e < c->kvd; e++) d[e] = (float)(d[e] / c->rope_ms); /* YaRN's mscale */
             continue;
         }
         /* V = V̂ + δ where a residual is stored: out = C·W + b + δ */

@@ -85,7 +85,7 @@ bool lr_pred_eig(const rk_kv_codec *c, int gi, double *w) {
     const rk_gguf_tensor *t = tensor(c->pgguf, "lowram.%d.eig", gi);
     if (!t) return false;
     const float *e = t->data;
-    for (int i = 0; i < c->prank; i++) w[i] = i < file_rank(c, gi) ? e[i] : 0.0;
+    for (int i = 0; i < c->prank; i++) w[i] = i < file_rank(c, gi) ? e[i] * c->rope_ms * c->rope_ms : 0.0;
     return true;
 }
 
@@ -93,7 +93,9 @@ bool lr_pred_basis(const rk_kv_codec *c, int gi, int r, float *mean, float *basi
     const rk_gguf_tensor *tm = tensor(c->pgguf, "lowram.%d.mean", gi), *tb = tensor(c->pgguf, "lowram.%d.basis", gi);
     const int D = c->g[gi].D;
     if (!tm || !tb || r > file_rank(c, gi)) return false;
-    memcpy(mean, tm->data, (size_t)D * sizeof(float));
+    /* the file holds true pre-RoPE keys; the codec's carry YaRN's mscale (lowram_impl.h: freq) */
+    const float *fm = tm->data;
+    for (int d = 0; d < D; d++) mean[d] = (float)(fm[d] * c->rope_ms);
     memcpy(basis, tb->data, (size_t)r * D * sizeof(float));
     return true;
 }
@@ -101,7 +103,9 @@ bool lr_pred_basis(const rk_kv_codec *c, int gi, int r, float *mean, float *basi
 bool lr_pred_value(const rk_kv_codec *c, int l, int r, float *W, float *b) {
     const rk_gguf_tensor *tw = tensor(c->pgguf, "lowram.%d.w", l), *tb = tensor(c->pgguf, "lowram.%d.b", l);
     if (!tw || !tb || r > file_rank(c, c->ly[l].grp)) return false;
-    memcpy(W, tw->data, (size_t)r * c->kvd * sizeof(float));
+    /* coefficients of the codec's keys are mscale times the file's: W by 1 / mscale */
+    const float *fw = tw->data;
+    for (size_t i = 0; i < (size_t)r * c->kvd; i++) W[i] = (float)(fw[i] / c->rope_ms);
     memcpy(b, tb->data, (size_t)c->kvd * sizeof(float));
     return true;
 }

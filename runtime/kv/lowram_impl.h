@@ -193,7 +193,14 @@ struct rk_kv_codec {
     int64_t x0, x_cap;
     int64_t x_peak;     /* most exact rows one layer has held at once (high-water mark) */
     uint8_t **sk, **sv; /* (n_layer) of (n_sink, kv_dim) while fitted, else NULL */
-    double *freq;       /* (n_rot / 2) RoPE frequencies, as the kernels compute them */
+    /* (n_rot / 2) RoPE frequencies of the model's RoPE in effect (rk_rope_freqs: linear and
+     * YaRN scaling included). The codec's pre-RoPE keys are the stored keys rotated back
+     * without dividing out YaRN's mscale (a constant factor on every key, which commutes with
+     * the rotation), so rebuilding K = RoPE(mean + C·B) is a pure rotation: no kernel applies
+     * mscale, and only reads of pre-RoPE rows (lowram_read) divide it out. */
+    double *freq;
+    double rope_ms;      /* the model's mscale on cos / sin (rk_rope_mscale; 1 without YaRN) */
+    rk_rope_params rope; /* the model's RoPE in effect, for RK_OP_LR_KEYS's own angles */
     /* RoPE angles by angle addition (p = hi * LR_ROPE_LO + lo): cos, sin pairs of hi * LR_ROPE_LO
      * (rope_hi, one row per LR_ROPE_LO positions of the context) and of lo (rope_lo): 1/LR_ROPE_LO
      * of a table per position, plus LR_ROPE_LO rows */

@@ -68,7 +68,7 @@ static rk_status keys_batch(rk_kv_codec *c, const lr_group *g, const lr_layer *L
         .src1 = {c->wide ? RK_DT_F32 : RK_DT_F16, {hd, kr}, (size_t)g->D * el, (uint8_t *)g->basis + off * el},
         .src2 = {RK_DT_F32, {hd, 2}, (size_t)hd * sizeof(float), c->dec.bmw},
         .ids = hb_pos(c, h),
-        .rope = {c->rope_mode, c->n_rot, c->rope_base, 0},
+        .rope = c->rope, /* its angles; the rotation only (the codec's keys carry mscale) */
         .lr_rope_cs = hb_cs(c, h),
         .lr_rope_rows = rows};
     rk_status st = rk_backend_run(c->be, &a, err);

@@ -365,7 +365,9 @@ static void update_cap(lr_tier *t) {
 /* ---- the store ---- */
 
 static rk_status open_store(lr_tier *t, rk_err *err) {
-    return rk_bs_renew_spill(&t->bs, t->spill_dir, &t->bp, &t->acc, err);
+    rk_status st = rk_bs_renew_spill(&t->bs, t->spill_dir, &t->bp, &t->acc, err);
+    if (st) rk_err_wrap(err, "kv: the KV budget cannot be kept without a spill file (spill_dir, TMPDIR)");
+    return st;
 }
 
 static size_t gather_cell(lr_tier *t, ref r) {
@@ -390,7 +392,8 @@ static void on_done(lr_tier *t, const rk_bs_done *d) {
         if (!s->put_pending) return;
         s->put_pending = 0;
         if (d->status) {
-            t->st.spill_errors++;
+            if (!t->st.spill_errors++)
+                snprintf(t->st.spill_error, sizeof t->st.spill_error, "writing to %.50s: %.90s", t->spill_dir, d->msg);
             s->sticky = 1; /* the bytes are still in memory: they stay */
             return;
         }
@@ -661,7 +664,8 @@ static void evict(lr_tier *t, bool block) {
         if (s->in_store) continue;
         const size_t len = gather_cell(t, cv[m].r);
         if (rk_bs_put(t->bs, ID(cv[m].r.g, cv[m].r.k), t->gather, len, (void *)(intptr_t)-1, &e)) {
-            t->st.spill_errors++;
+            if (!t->st.spill_errors++)
+                snprintf(t->st.spill_error, sizeof t->st.spill_error, "writing to %.50s: %.90s", t->spill_dir, e.msg);
             s->sticky = 1;
             continue;
         }
@@ -885,6 +889,7 @@ static void w_tier_stats(const rk_kv *kv, rk_kv_tier_stats *o) {
     const uint64_t fz = (uint64_t)t->n_pages_frozen * PAGE;
     o->fixed_bytes = b.total > fz ? b.total - fz : 0;
     o->budget_peak = t->peak;
+    o->resident_peak = t->peak;
     rk_bs_stats bs;
     rk_bs_get_stats(t->bs, &bs);
     o->bytes_read_stored = t->acc.stored_read + bs.stored_read;
@@ -917,7 +922,7 @@ static const rk_kv_ops tier_ops = {
 rk_status rk_kv_lowram_tier_init(rk_kv *kv, const rk_model *m, const rk_kv_params *p, int n_threads, char *warning,
                                  size_t warning_cap, rk_err *err) {
     if (p->lowram.evict > 0)
-        return rk_err_set(err, RK_E_UNSUPPORTED,
+        return rk_err_set(err, RK_E_INVALID_ARG,
                           "kv: lowram with eviction (evict=) and a KV budget together are not supported (eviction "
                           "rewrites stored rows); drop one of them");
     rk_status st = rk_kv_lowram_init(kv, m, &p->lowram, n_threads, warning, warning_cap, err);

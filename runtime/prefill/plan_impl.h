@@ -15,6 +15,10 @@ typedef struct rk_prefill_state {
      * layers; selecting says whether the running eval call uses it (plan.c) */
     uint8_t *keep;
     int64_t keep_lo, keep_hi;
+    /* the document's own selection over the same rows (what its eval chose, or what a loaded
+     * stream held): a later question's selection is this plus its own rows, so the state a
+     * question leaves does not depend on the questions before it */
+    uint8_t *keep0;
     bool selecting;
     /* the split stream of that call's bulk rows [xs_lo, xs_hi) as f16 (n_embd a row) and what
      * the text rows before its question paid each of them (per query row, 0 before the
@@ -139,5 +143,10 @@ rk_status rk_select_top(const float *score, int64_t n, int radius, int64_t n_kee
  * n_keep - that of the rows before them by rk_select_top; keep is not cleared. */
 rk_status rk_select_rows(const float *score, int64_t n, int radius, int64_t n_keep, int64_t band, uint8_t *keep,
                          rk_err *err);
+/* select.c: a later question's rows: keep = base, plus the rows outside base with the largest
+ * pooled score (over `radius` rows either side; ties: the earlier row), at most max_new of
+ * them and only rows whose pooled score is above 0. *n_new: the rows added. */
+rk_status rk_select_extra(const float *score, int64_t n, int radius, const uint8_t *base, int64_t max_new,
+                          uint8_t *keep, int64_t *n_new, rk_err *err);
 /* prefill.c: an eval call's rows through the model in chunks (what rk_session_eval runs). */
 rk_status rk_prefill_run(rk_session *s, const int32_t *ids, size_t n, float *logits, bool all_rows, rk_err *err);

@@ -169,6 +169,17 @@ static rk_status keep_stream(pass *q, float *x_split, const float *base, int64_t
     return RK_OK;
 }
 
+/* The document's own selection: a copy of s->pf->keep as it is now. */
+static rk_status save_keep0(rk_session *s, rk_err *err) {
+    const int64_t nb = s->pf->keep_hi - s->pf->keep_lo;
+    free(s->pf->keep0);
+    s->pf->keep0 = malloc(nb > 0 ? (size_t)nb : 1);
+    if (!s->pf->keep0)
+        return rk_err_set(err, RK_E_NOMEM, "prefill: no memory for a selection of %lld rows", (long long)nb);
+    if (nb > 0) memcpy(s->pf->keep0, s->pf->keep, (size_t)nb);
+    return RK_OK;
+}
+
 /* After the early layers: scores the bulk rows by the question's attention at the layers
  * [q_lo, q_hi) and fills s->pf->keep (sinks + the keep_share of the other bulk rows: the
  * recency band, then the top scores). */
@@ -176,7 +187,8 @@ static rk_status select_rows(pass *q, float *x_split, rk_err *err) {
     rk_session *s = q->s;
     const rk_fill_params *f = &s->fill;
     const int64_t nb = q->bulk_end - q->start;
-    free(s->pf->keep);
+    free(s->pf->keep), free(s->pf->keep0);
+    s->pf->keep0 = NULL; /* made again below once this selection is complete */
     s->pf->keep = calloc((size_t)nb, 1);
     if (!s->pf->keep)
         return rk_err_set(err, RK_E_NOMEM, "prefill: no memory for the selection of %lld rows", (long long)nb);
@@ -185,7 +197,10 @@ static rk_status select_rows(pass *q, float *x_split, rk_err *err) {
     for (; r0 < q->bulk_end && r0 < f->n_sink; r0++) s->pf->keep[r0 - q->start] = 1;
     const int64_t n_sc = q->bulk_end - r0;
     const int64_t n_keep = (int64_t)llround((double)f->keep_share * (double)n_sc);
-    if (n_sc <= 0 || n_keep <= 0) return keep_stream(q, x_split, NULL, r0, err);
+    if (n_sc <= 0 || n_keep <= 0) {
+        rk_status st0 = keep_stream(q, x_split, NULL, r0, err);
+        return st0 ? st0 : save_keep0(s, err);
+    }
     float *score = calloc((size_t)n_sc, sizeof(float));
     if (!score) return rk_err_set(err, RK_E_NOMEM, "prefill: no memory to score %lld rows", (long long)n_sc);
     const int64_t qd = (int64_t)s->m->hp.n_head * s->m->hp.head_dim;
@@ -208,6 +223,7 @@ static rk_status select_rows(pass *q, float *x_split, rk_err *err) {
     free(base);
     if (!st) st = rk_select_rows(score, n_sc, f->pool, n_keep, f->band, s->pf->keep + (r0 - q->start), err);
     free(score);
+    if (!st) st = save_keep0(s, err);
     return st;
 }
 
@@ -223,15 +239,18 @@ static bool can_rescore(const rk_session *s, const pass *q, int split) {
     }
     return s->pf->xs_keep && f->question_aware && f->layer_major && !f->keep_selection && f->mode != RK_FILL_OFF &&
            q->bulk_end == q->start && q->n >= 2 && split > 0 && split < s->m->hp.n_layer && split == s->pf->xs_split &&
-           s->pf->keep && s->pf->keep_lo == s->pf->xs_lo && s->pf->keep_hi == s->pf->xs_hi &&
+           s->pf->keep && s->pf->keep0 && s->pf->keep_lo == s->pf->xs_lo && s->pf->keep_hi == s->pf->xs_hi &&
            s->pf->xs_hi > s->pf->xs_lo && s->kv->ops->writable && !s->pf->splice_src;
 }
 
 /* The kept rows again, for this call's question: score them by its last obs rows (queries
- * in q->q_keep), then, from the first row whose status changes, run each run of rows that
- * are newly or still selected (exact) or dropped (predicted K/V again) through the late
- * layers, in position order so that every exact row attends to the keys the new selection
- * gives its prefix. Rows whose status and prefix did not change keep their K/V. */
+ * in q->q_keep) and make exact, beside the document's own selection (keep0), the rows it
+ * pays most for, at most rescore_rows of them. Rows of keep0 keep the K/V of the document's
+ * eval; rows an earlier question added and this one does not get predicted K/V again; from
+ * the first row whose status changes, the rows this question adds run through the late
+ * layers in position order, so each attends to the keys the new selection gives its prefix.
+ * So the rows run are at most twice rescore_rows whatever the document's length, and the
+ * state left does not depend on the questions before. */
 static rk_status rescore(pass *q, int split, rk_err *err) {
     rk_session *s = q->s;
     const rk_fill_params *f = &s->fill;
@@ -241,23 +260,25 @@ static rk_status rescore(pass *q, int split, rk_err *err) {
     int64_t r0 = lo < f->n_sink ? f->n_sink : lo;
     if (r0 > hi) r0 = hi;
     const int64_t n_sc = hi - r0, n_keep = (int64_t)llround((double)f->keep_share * (double)n_sc);
-    uint8_t *nk = calloc((size_t)nb, 1);
+    const int64_t max_new = n_keep < f->rescore_rows ? n_keep : f->rescore_rows;
+    uint8_t *nk = malloc((size_t)nb);
     float *score = calloc((size_t)(n_sc > 0 ? n_sc : 1), sizeof(float));
     float *xin = malloc((size_t)s->p.n_batch * (size_t)d * sizeof(float));
     rk_status st = RK_OK;
     if (!nk || !score || !xin)
         st = rk_err_set(err, RK_E_NOMEM, "prefill: no memory to re-score %lld rows", (long long)nb);
-    for (int64_t j = lo; j < r0 && !st; j++) nk[j - lo] = 1;
+    if (!st) memcpy(nk, s->pf->keep0, (size_t)nb);
     const int64_t qd = (int64_t)hp->n_head * hp->head_dim;
-    for (int l = q->q_lo; l < q->q_hi && !st && n_sc > 0 && n_keep > 0; l++)
+    for (int l = q->q_lo; l < q->q_hi && !st && n_sc > 0 && max_new > 0; l++)
         st = rk_select_score(s, l, q->q_keep + (int64_t)(l - q->q_lo) * q->q_n * qd, q->q_n, q->q_pos0, r0, hi, score,
                              err);
-    if (!st && n_sc > 0 && n_keep > 0) {
+    int64_t n_new = 0;
+    if (!st && n_sc > 0 && max_new > 0) {
         for (int64_t j = 0; j < n_sc; j++) {
             const float c = score[j] - (float)q->q_n * s->pf->xs_base[r0 - lo + j];
             score[j] = c > 0.0f ? c : 0.0f;
         }
-        st = rk_select_rows(score, n_sc, f->pool, n_keep, f->band, nk + (r0 - lo), err);
+        st = rk_select_extra(score, n_sc, f->pool, s->pf->keep0 + (r0 - lo), max_new, nk + (r0 - lo), &n_new, err);
     }
     int64_t first = nb, changed = 0, recomputed = 0, refilled = 0;
     for (int64_t j = 0; j < nb && !st; j++)
@@ -269,13 +290,18 @@ static rk_status rescore(pass *q, int split, rk_err *err) {
     uint8_t *old = s->pf->keep;
     if (!st) s->pf->keep = nk, nk = old;
     s->pf->selecting = !st;
+    const uint8_t *k0 = s->pf->keep0;
     for (int64_t j = first; j < nb && !st;) {
-        if (!s->pf->keep[j] && !nk[j]) { /* filled before and after, prefix irrelevant: its K/V stand */
+        /* the document's own rows and rows filled before and after keep their K/V */
+        const bool run = (s->pf->keep[j] && !k0[j]) || (!s->pf->keep[j] && nk[j]);
+        if (!run) {
             j++;
             continue;
         }
         int64_t c = 0;
-        while (j + c < nb && c < s->p.n_batch && (s->pf->keep[j + c] || nk[j + c])) c++;
+        while (j + c < nb && c < s->p.n_batch &&
+               ((s->pf->keep[j + c] && !k0[j + c]) || (!s->pf->keep[j + c] && nk[j + c])))
+            c++;
         for (int64_t i = 0; i < c * d; i++) xin[i] = rk_f16_to_f32(s->pf->xs_keep[(j * d) + i]);
         for (int64_t i = 0; i < c; i++) s->pf->keep[j + i] ? recomputed++ : refilled++;
         rk_chunk_plan p;
@@ -433,7 +459,7 @@ rk_status rk_prefill_init(rk_session *s, rk_err *err) {
 void rk_prefill_deinit(rk_session *s) {
     if (!s->pf) return;
     rk_fill_group_end(s);
-    free(s->pf->keep), free(s->pf->xs_keep), free(s->pf->xs_base);
+    free(s->pf->keep), free(s->pf->keep0), free(s->pf->xs_keep), free(s->pf->xs_base);
     free(s->pf);
     s->pf = NULL;
 }
@@ -489,9 +515,15 @@ rk_status rk_session_fill_stream_set(rk_session *s, const rk_fill_stream *in, rk
     }
     memcpy(x, in->x, (size_t)(in->n * d) * sizeof(uint16_t));
     memcpy(b, in->base, (size_t)in->n * sizeof(float));
+    uint8_t *k0 = malloc((size_t)in->n);
+    if (!k0) {
+        free(x), free(b), free(k);
+        return rk_err_set(err, RK_E_NOMEM, "prefill: no memory for a stream of %lld rows", (long long)in->n);
+    }
     memcpy(k, in->keep, (size_t)in->n);
-    free(s->pf->xs_keep), free(s->pf->xs_base), free(s->pf->keep);
-    s->pf->xs_keep = x, s->pf->xs_base = b, s->pf->keep = k;
+    memcpy(k0, in->keep, (size_t)in->n); /* the loaded selection is the document's own */
+    free(s->pf->xs_keep), free(s->pf->xs_base), free(s->pf->keep), free(s->pf->keep0);
+    s->pf->xs_keep = x, s->pf->xs_base = b, s->pf->keep = k, s->pf->keep0 = k0;
     s->pf->xs_lo = s->pf->keep_lo = in->row0;
     s->pf->xs_hi = s->pf->keep_hi = in->row0 + in->n;
     s->pf->xs_split = in->split;

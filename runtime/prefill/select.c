@@ -124,3 +124,27 @@ rk_status rk_select_rows(const float *score, int64_t n, int radius, int64_t n_ke
     for (int64_t j = n - nb; j < n; j++) keep[j] = 1;
     return rk_select_top(score, n - nb, radius, n_keep - nb, keep, err);
 }
+
+rk_status rk_select_extra(const float *score, int64_t n, int radius, const uint8_t *base, int64_t max_new,
+                          uint8_t *keep, int64_t *n_new, rk_err *err) {
+    *n_new = 0;
+    if (n <= 0) return RK_OK;
+    memcpy(keep, base, (size_t)n);
+    if (max_new <= 0) return RK_OK;
+    ranked *r = malloc((size_t)n * sizeof *r);
+    if (!r) return rk_err_set(err, RK_E_NOMEM, "prefill: no memory to rank %lld rows", (long long)n);
+    int64_t m = 0;
+    for (int64_t j = 0; j < n; j++) {
+        if (base[j]) continue;
+        const int64_t a = j - radius < 0 ? 0 : j - radius, b = j + radius >= n ? n - 1 : j + radius;
+        float v = score[a];
+        for (int64_t t = a + 1; t <= b; t++) v = score[t] > v ? score[t] : v;
+        if (v > 0.0f) r[m++] = (ranked){v, j}; /* NaN and 0: nothing the question pays for */
+    }
+    qsort(r, (size_t)m, sizeof *r, by_score_desc);
+    const int64_t k = m < max_new ? m : max_new;
+    for (int64_t t = 0; t < k; t++) keep[r[t].i] = 1;
+    free(r);
+    *n_new = k;
+    return RK_OK;
+}

@@ -222,6 +222,8 @@ Test(progress, eta_of_a_layer_major_fill_within_20_percent_after_two_minutes) {
     cr_expect(old > 0.5, "rows x layers with the position fit is off by only %.0f%%: the case tests nothing",
               100 * old);
     free(st);
+}
+
 /* The bar's line fits every width from 8 to 200 columns (at most cols - 1 characters),
  * keeps the bar while 40 columns allow it, and gives up the rate before the counts. */
 Test(progress, line_fits_the_terminal) {

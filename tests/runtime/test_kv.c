@@ -818,7 +818,7 @@ Test(kv, q4_direct_attention_on_blocks) { direct_attention_on_blocks("q4", RK_DT
 
 /* What the layer loop and the prefill ask the cache instead of its policy, on a CPU backend:
  * plain rows are the backend's, rewritable and recordable; q8 / q4 blocks are host rows
- * rewritten in place; LowRAM's compressed rows and a budgeted tier cannot be rewritten; no
+ * rewritten in place, and so are a budgeted tier's; LowRAM's compressed rows cannot be; no
  * host cache records a step, and none keeps rows aside (no flush). */
 Test(kv, capabilities_by_policy) {
     rk_model *m = rt_stories_like(31);
@@ -830,7 +830,7 @@ Test(kv, capabilities_by_policy) {
     } cases[] = {
         {"f16", 0, RK_KV_MEM_BACKEND, true, true},      {"f32", 0, RK_KV_MEM_BACKEND, true, true},
         {"q8", 0, RK_KV_MEM_HOST, true, false},         {"q4", 0, RK_KV_MEM_HOST, true, false},
-        {POLICIES[3], 0, RK_KV_MEM_HOST, false, false}, {"f16", 1 << 20, RK_KV_MEM_HOST, false, false},
+        {POLICIES[3], 0, RK_KV_MEM_HOST, false, false}, {"f16", 1 << 20, RK_KV_MEM_HOST, true, false},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         rk_session_params sp = rk_session_params_default();

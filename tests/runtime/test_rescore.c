@@ -108,12 +108,15 @@ Test(rescore, new_question_reselects_the_same_way_fresh_after_another_question_a
     rk_fill_rescore_stats ra;
     rk_session_fill_rescore_stats(a, &ra);
     cr_expect_eq(kept_doc, n_keep);
-    cr_expect_eq(rk_session_fill_kept(a, 0, bulk), n_keep, "the new selection keeps the same share");
     cr_expect_eq(ra.calls, 1, "the question re-scored, the decode step did not (%lld)", (long long)ra.calls);
     cr_expect_eq(ra.scored, bulk - 4);
-    cr_expect(ra.changed > 0, "q2 selects other rows than the document's own end did");
+    cr_expect(ra.changed > 0, "q2 selects rows the document's own end did not");
+    /* the document's selection stays; the question adds its rows (at most the keep share),
+     * each run exactly once; nothing was added before, so nothing is refilled */
     cr_expect(ra.recomputed > 0 && ra.recomputed <= n_keep, "recomputed %lld", (long long)ra.recomputed);
-    cr_expect(ra.refilled > 0 && ra.refilled <= n_keep, "refilled %lld", (long long)ra.refilled);
+    cr_expect_eq(ra.changed, ra.recomputed);
+    cr_expect_eq(ra.refilled, 0, "refilled %lld", (long long)ra.refilled);
+    cr_expect_eq(rk_session_fill_kept(a, 0, bulk), n_keep + ra.recomputed, "the document's rows and the question's");
     /* late layers ran exactly for the recomputed rows, the question and the decode row */
     rk_session_layer_rows(a, SPLIT, &ex1, NULL);
     cr_expect_eq(ex1 - ex0, (uint64_t)(ra.recomputed + N_Q + 1));
@@ -127,6 +130,9 @@ Test(rescore, new_question_reselects_the_same_way_fresh_after_another_question_a
     cr_expect(differ > 0, "q1 and q2 select the same rows");
     cr_assert_eq(rk_session_truncate(b, N_DOC, &e), RK_OK, "%s", e.msg);
     ask(b, q2, lb, nv);
+    rk_fill_rescore_stats rb;
+    rk_session_fill_rescore_stats(b, &rb);
+    cr_expect(rb.refilled > 0, "q1's rows that q2 does not want go back to predicted K/V");
     cr_expect(max_diff(la, lb, 2 * nv) <= 1e-5, "after q1: differs by %g", max_diff(la, lb, 2 * nv));
     for (int64_t r = 0; r < bulk; r++)
         cr_expect_eq(rk_session_fill_kept(a, r, 1), rk_session_fill_kept(b, r, 1), "row %lld", (long long)r);
@@ -282,5 +288,60 @@ Test(rescore, stream_file_refuses_corrupt_short_foreign_and_stale) {
     rk_doc_cache_close(c);
     rm_dir(dir);
     free(good), free(lg);
+    rk_model_destroy(m);
+}
+
+/* A long document: a second question makes at most rescore_rows rows exact beside the
+ * document's own selection (the default, 1024, of the 25 % share, 1,109 rows here), so the rows it
+ * runs through the late layers, which the session counts, are bounded by that budget and not
+ * by the document's length; the answer's logits are finite and a decode step follows. */
+Test(rescore, long_document_reruns_at_most_the_row_budget) {
+    char p[1024];
+    tb_tiny_spec spec = {.arch = TB_ARCH_QWEN2, .n_layer = 6, .n_ctx_train = 4608, .seed = 41};
+    cr_assert(tb_tiny_model(&spec, p, sizeof p), "%s", p);
+    rk_err e = {0};
+    rk_model *m = NULL;
+    cr_assert_eq(rk_model_load(p, &m, &e), RK_OK, "%s", e.msg);
+    remove(p);
+    const size_t nv = (size_t)rk_model_hparams(m)->n_vocab;
+    enum { N_LONG = 4500 };
+    int32_t *doc = malloc(N_LONG * sizeof(int32_t)), q2[N_Q];
+    fill_ids(m, doc, N_LONG, 17), fill_ids(m, q2, N_Q, 9);
+    {
+        rk_session_params sp = rk_session_params_default();
+        sp.n_ctx = 4608, sp.n_batch = 256, sp.n_threads = 2;
+        rk_session *s = NULL;
+        cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s", e.msg);
+        rk_fill_params fp = fill(false);
+        cr_assert_eq(rk_session_set_fill(s, &fp, &e), RK_OK, "%s", e.msg);
+        float *lg = malloc(2 * nv * sizeof(float));
+        eval(s, doc, N_LONG, lg);
+        const int64_t bulk = N_LONG - TAIL, n_keep = 4 + (int64_t)llround(0.25 * (double)(bulk - 4));
+        const int64_t want = 1024; /* rk_session_set_fill's default */
+        cr_assert_gt(n_keep, want, "the share (%lld rows) must exceed the budget for the test to bind",
+                     (long long)n_keep);
+        uint64_t ex0, ex1;
+        rk_session_layer_rows(s, SPLIT, &ex0, NULL);
+        ask(s, q2, lg, nv);
+        rk_session_layer_rows(s, SPLIT, &ex1, NULL);
+        rk_fill_rescore_stats r;
+        rk_session_fill_rescore_stats(s, &r);
+        cr_log_info("budget %lld: scored %lld, re-ran %lld + %lld rows (late layers %llu rows with the question)",
+                    (long long)want, (long long)r.scored, (long long)r.recomputed, (long long)r.refilled,
+                    (unsigned long long)(ex1 - ex0));
+        cr_expect_eq(r.calls, 1);
+        cr_expect_eq(r.scored, bulk - 4);
+        cr_expect(r.recomputed > 0 && r.recomputed <= want, "recomputed %lld of a budget of %lld",
+                  (long long)r.recomputed, (long long)want);
+        cr_expect_eq(r.refilled, 0);
+        cr_expect_eq(ex1 - ex0, (uint64_t)(r.recomputed + N_Q + 1),
+                     "late layers ran the added rows, the question "
+                     "and the decode step only");
+        cr_expect_eq(rk_session_fill_kept(s, 0, bulk), n_keep + r.recomputed);
+        for (size_t i = 0; i < 2 * nv; i++) cr_assert(isfinite(lg[i]), "logit %zu: %g", i, (double)lg[i]);
+        free(lg);
+        rk_session_destroy(s);
+    }
+    free(doc);
     rk_model_destroy(m);
 }
