@@ -443,6 +443,8 @@ static rk_status prefill_run(rk_session *s, const int32_t *ids, size_t n, float 
     const bool late = q.at.lo == split; /* resumed in the late pass: the selection is restored */
     if (!st && !late) st = run_layers(&q, 0, split, x_split, err);
     if (!st && q.q_keep && !late) st = select_rows(&q, x_split, err);
+    /* a restored selection is the document's own, as select_rows would have left it */
+    if (!st && q.q_keep && late && s->pf->keep) st = save_keep0(s, err);
     s->pf->selecting = !st && q.q_keep;
     if (!st) st = run_layers(&q, split, hp->n_layer, x_split, err);
     s->pf->selecting = false; /* the selection stays readable: rk_session_fill_kept */
