@@ -47,6 +47,8 @@ static const struct {
 #define GEN_FLAGS                                                                                          \
     " --model --n-predict --threads --ctx-size --batch-size --kv --backend --temp --top-k --top-p --min-p" \
     " --repeat-penalty --repeat-last-n --seed --ridgefill --fill --tail --split --keep-share --verbose"    \
+    " --frequency-penalty --presence-penalty --dry-multiplier --dry-base --dry-allowed-length"             \
+    " --dry-penalty-last-n"                                                                                \
     " --kv-budget --kv-host-budget" FILL_FLAGS ROPE_FLAGS " "
 #define FILL_FLAGS " --obs --score-layers --score-skip --baseline --pool --fill-group"
 #define ROPE_FLAGS                                                                                      \
@@ -173,7 +175,8 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
         static const char *const known =
             " --model --prompt --file --output --n-predict --threads --ctx-size "
             "--batch-size --temp --top-k --top-p --min-p --repeat-penalty "
-            "--repeat-last-n --seed --kv --backend --system --ridgefill --fill --tail "
+            "--repeat-last-n --frequency-penalty --presence-penalty --dry-multiplier --dry-base "
+            "--dry-allowed-length --dry-penalty-last-n --seed --kv --backend --system --ridgefill --fill --tail "
             "--split --keep-share --chat --json --verbose --stop --verbose-prompt "
             "--kv-budget --kv-host-budget --no-cache --cache-level --no-ridgefill --obs --score-layers "
             "--score-skip --baseline --pool --band --fill-group --ctx-overflow-ok --rope-scaling --rope-scale "
@@ -240,6 +243,24 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
         } else if (!strcmp(a, "--repeat-last-n")) {
             NEED();
             rc = parse_int(cmd, a, v, 0, 1 << 24, &o->sp.repeat_last_n);
+        } else if (!strcmp(a, "--frequency-penalty")) {
+            NEED();
+            rc = parse_float(cmd, a, v, -2.0f, 2.0f, &o->sp.frequency_penalty);
+        } else if (!strcmp(a, "--presence-penalty")) {
+            NEED();
+            rc = parse_float(cmd, a, v, -2.0f, 2.0f, &o->sp.presence_penalty);
+        } else if (!strcmp(a, "--dry-multiplier")) {
+            NEED();
+            rc = parse_float(cmd, a, v, 0.0f, 100.0f, &o->sp.dry_multiplier);
+        } else if (!strcmp(a, "--dry-base")) {
+            NEED();
+            rc = parse_float(cmd, a, v, 1.0001f, 100.0f, &o->sp.dry_base);
+        } else if (!strcmp(a, "--dry-allowed-length")) {
+            NEED();
+            rc = parse_int(cmd, a, v, 1, 1 << 16, &o->sp.dry_allowed_length);
+        } else if (!strcmp(a, "--dry-penalty-last-n")) {
+            NEED();
+            rc = parse_int(cmd, a, v, -1, 1 << 24, &o->sp.dry_penalty_last_n);
         } else if (!strcmp(a, "--seed")) {
             NEED();
             char *end;
