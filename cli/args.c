@@ -54,9 +54,10 @@ static const struct {
 #define ROPE_FLAGS                                                                                      \
     " --ctx-overflow-ok --rope-scaling --rope-scale --rope-freq-base --yarn-orig-ctx --yarn-ext-factor" \
     " --yarn-attn-factor --yarn-beta-fast --yarn-beta-slow"
-    {"run", GEN_FLAGS "--prompt --file --chat --system --stop --verbose-prompt "},
+    {"run", GEN_FLAGS "--prompt --file --chat --system --stop --verbose-prompt --json-schema --json-object "},
     {"chat", GEN_FLAGS "--system --stop --verbose-prompt --no-ridgefill "},
-    {"ask", GEN_FLAGS "--prompt --system --stop --verbose-prompt --no-ridgefill --no-cache --cache-level "},
+    {"ask", GEN_FLAGS "--prompt --system --stop --verbose-prompt --no-ridgefill --no-cache --cache-level "
+                      "--json-schema --json-object "},
     {"serve", GEN_FLAGS "--no-ridgefill --no-cache --cache-level "},
     {"bench", " --model --prompt --n-predict --threads --ctx-size --batch-size --kv --backend --ridgefill --fill --tail"
               " --split --keep-share --band --json --verbose --kv-budget --kv-host-budget" FILL_FLAGS ROPE_FLAGS " "},
@@ -78,7 +79,7 @@ static bool accepts(const char *cmd, const char *lng) {
 /* Values that are text: "--x=y" after one of these is the value, not a flag. */
 static bool takes_text(const char *a) {
     static const char *const t[] = {"-p",    "--prompt", "-f",       "--file", "--system", "--stop", "-r",
-                                    "--doc", "-o",       "--output", "-m",     "--model",  "--text"};
+                                    "--doc", "-o",       "--output", "-m",     "--model",  "--text", "--json-schema"};
     for (size_t i = 0; i < sizeof t / sizeof *t; i++)
         if (!strcmp(a, t[i])) return true;
     return false;
@@ -176,7 +177,7 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
             " --model --prompt --file --output --n-predict --threads --ctx-size "
             "--batch-size --temp --top-k --top-p --min-p --repeat-penalty "
             "--repeat-last-n --frequency-penalty --presence-penalty --dry-multiplier --dry-base "
-            "--dry-allowed-length --dry-penalty-last-n --seed --kv --backend --system --ridgefill --fill --tail "
+            "--dry-allowed-length --dry-penalty-last-n --json-schema --json-object --seed --kv --backend --system --ridgefill --fill --tail "
             "--split --keep-share --chat --json --verbose --stop --verbose-prompt "
             "--kv-budget --kv-host-budget --no-cache --cache-level --no-ridgefill --obs --score-layers "
             "--score-skip --baseline --pool --band --fill-group --ctx-overflow-ok --rope-scaling --rope-scale "
@@ -261,6 +262,11 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
         } else if (!strcmp(a, "--dry-penalty-last-n")) {
             NEED();
             rc = parse_int(cmd, a, v, -1, 1 << 24, &o->sp.dry_penalty_last_n);
+        } else if (!strcmp(a, "--json-schema")) {
+            NEED();
+            o->json_schema = v;
+        } else if (!strcmp(a, "--json-object")) {
+            o->json_object = 1;
         } else if (!strcmp(a, "--seed")) {
             NEED();
             char *end;

@@ -50,6 +50,8 @@ static const char *help =
 static const char *help_rest =
     "      --seed S            sampling seed (default -1: random, printed with -v; N >= 0 repeats a run)\n"
     "  -r, --stop TEXT         stop the answer before TEXT (repeatable, up to 16)\n"
+    "      --json-schema FILE  the answer is JSON that the schema in FILE allows (grammar-constrained\n"
+    "                          sampling; the subset of docs/JSONL.md); --json-object: any JSON object\n"
     "      --ridgefill MAPS    RidgeFill map file (from ridgekv calibrate): faster reading of long prompts\n"
     "      --fill MODE         off|speed|quality|identity|plumb (default: quality with maps, else off)\n"
     "      --tail T            exact tail in tokens (default 2048; 1536 with --fill speed; minimum 512)\n"
@@ -173,6 +175,7 @@ int cmd_ask(int argc, char **argv) {
     int32_t *ids = NULL;
     size_t n_ids = 0;
     rk_gen_result r = {0};
+    rk_json_grammar *gram = NULL;
     rk_err e = {0};
     rk_status st = RK_OK;
     if ((rc = cli_docs_read(d, n_docs)) || (rc = cli_load_model(&o, &m)) || (rc = cli_open_session(&o, m, 0, &s)))
@@ -206,6 +209,8 @@ int cmd_ask(int argc, char **argv) {
     gp.progress_ud = &pr;
     gp.on_token = cli_sink_token;
     gp.token_ud = &out;
+    if ((rc = cli_gen_grammar("ask", &o, &gram))) goto done;
+    gp.grammar = gram;
     cli_sigint_install(true);
     cli_progress_start(&pr, "ask", (int64_t)n_ids);
     cli_eta_prior(&pr.eta, cli_attn_ratio(rk_model_hparams(m)));
@@ -259,6 +264,7 @@ fail:
     cli_print_error(&e);
     rc = cli_exit_code(st);
 done:
+    rk_json_grammar_destroy(gram);
     cli_sigint_restore();
     cli_docs_free(d, n_docs);
     free(joined);

@@ -40,6 +40,8 @@ static const char *help =
 static const char *help_rest =
     "      --seed S            sampling seed (default -1: random, printed with -v; N >= 0 repeats a run)\n"
     "  -r, --stop TEXT         stop before TEXT (repeatable, up to 16); the text is cut there\n"
+    "      --json-schema FILE  the answer is JSON that the schema in FILE allows (grammar-constrained\n"
+    "                          sampling; the subset of docs/JSONL.md); --json-object: any JSON object\n"
     "      --ridgefill MAPS    RidgeFill map file (from ridgekv calibrate)\n"
     "      --fill MODE         off|speed|quality|identity|plumb (default: quality with maps, else off)\n"
     "      --tail T            exact tail in tokens (default 2048; 1536 with --fill speed; minimum 512)\n"
@@ -120,6 +122,7 @@ int cmd_run(int argc, char **argv) {
     int32_t *ids = NULL;
     size_t n_ids = 0;
     rk_gen_result r = {0};
+    rk_json_grammar *gram = NULL;
     rk_status st = RK_OK;
     if ((rc = cli_load_model(&o, &m)) || (rc = cli_open_session(&o, m, 0, &s)) ||
         (rc = cli_setup_fill(&o, m, s, &maps, NULL)))
@@ -135,6 +138,8 @@ int cmd_run(int argc, char **argv) {
     rk_gen_params gp = cli_gen_params(&o);
     gp.on_token = cli_sink_token;
     gp.token_ud = &out;
+    if ((rc = cli_gen_grammar("run", &o, &gram))) goto done;
+    gp.grammar = gram;
     if ((st = rk_generate(m, s, ids, n_ids, &gp, &r, &e))) goto fail;
     cli_sink_rest(&out, &r);
     if (!out.failed) fputc('\n', stdout);
@@ -157,6 +162,7 @@ fail:
     else if (st == RK_E_INVALID_ARG && n_ids == 0)
         fprintf(stderr, "ridgekv run: the prompt is empty after tokenization\n");
 done:
+    rk_json_grammar_destroy(gram);
     rk_gen_result_deinit(&r);
     free(ids);
     free(file_text);
