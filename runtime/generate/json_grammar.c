@@ -631,8 +631,7 @@ static bool step(rk_json_state *S, uint8_t c) {
         int r;
         switch (f->kind) {
         case F_ROOT:
-            if (f->st == R_DONE) return false;
-            if (is_ws(c)) return ws(S, c) == R_OK;
+            if (f->st == R_DONE) return false; /* nothing after the value, */
             r = start_value(S, S->g->root, c) ? R_OK : R_REJECT;
             break;
         case F_OBJ: r = step_obj(S, f, c); break;

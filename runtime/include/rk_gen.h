@@ -29,7 +29,7 @@ rk_status rk_sampler_set_dry_breakers(rk_sampler *s, const int32_t *ids, size_t 
 
 /* ---- JSON grammar (constrained sampling) --------------------------------------------- *
  * A compiled JSON Schema subset, and a byte-level state machine that accepts exactly the
- * prefixes of the JSON texts the schema allows (no whitespace after the value; at most
+ * prefixes of the JSON texts the schema allows (no whitespace before or after the value; at most
  * RK_JSON_MAX_WS whitespace bytes in a row). Keywords: type (a name or an array of names:
  * object, array, string, number, integer, boolean, null), properties (at most 64; only the
  * listed properties may appear, each at most once, in any order), required,

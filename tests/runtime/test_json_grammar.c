@@ -54,7 +54,8 @@ Test(json_grammar, object_mode_accepts_json_objects_only) {
     rk_json_state *st = state(g);
     expect_ok(st, "{}");
     expect_ok(st, "{\"a\": [1, -2.5e+3, true, null, {\"b\": \"x\\\"y\\u00e9\"}], \"a\": 0}");
-    expect_ok(st, " {\n  \"k\": \"\xc3\xa9\xe2\x82\xac\"\n}");
+    expect_ok(st, "{\n  \"k\": \"\xc3\xa9\xe2\x82\xac\"\n}");
+    expect_bad(st, " {}", 0); /* nothing before the value either */
     expect_bad(st, "[1]", 0);
     expect_bad(st, "{\"a\" 1}", 5);
     expect_bad(st, "{\"a\": 01}", 7);
