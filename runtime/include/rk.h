@@ -293,6 +293,9 @@ typedef struct rk_sampler_params {
                                    generated tokens, so copying from a document is not penalised) */
 } rk_sampler_params;
 
+/* temp 0.8, top-k 40, top-p 0.95, min-p 0.05 (llama.cpp's); repeat penalty 1 (off) over 64
+ * tokens; frequency and presence 0; DRY on: multiplier 0.8, base 1.75, allowed length 2,
+ * the whole answer; the penalties see the answer only. */
 RK_API rk_sampler_params rk_sampler_params_default(void);
 
 typedef struct rk_sampler rk_sampler;

@@ -285,6 +285,14 @@ Test(sampler, defaults) {
     cr_expect_float_eq(p.min_p, 0.05f, 1e-7);
     cr_expect_eq(p.repeat_penalty, 1.0f);
     cr_expect_eq(p.repeat_last_n, 64);
+    cr_expect_eq(p.frequency_penalty, 0.0f);
+    cr_expect_eq(p.presence_penalty, 0.0f);
+    /* DRY on (docs/JSONL.md: the loop guard of the default model), on the answer only */
+    cr_expect_float_eq(p.dry_multiplier, 0.8f, 1e-7);
+    cr_expect_float_eq(p.dry_base, 1.75f, 1e-7);
+    cr_expect_eq(p.dry_allowed_length, 2);
+    cr_expect_eq(p.dry_penalty_last_n, -1);
+    cr_expect(!p.penalize_prompt);
 }
 
 /* Filled RidgeFill rows carry NaN logits; a NaN never wins the draw when sampling.
