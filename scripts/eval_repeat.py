@@ -7,6 +7,8 @@ setting, through one `ridgekv serve --jsonl` process,
     greedy and three seeds at the default sampling) and a chat that sends its question
     twice: the sentences of each answer that repeat an earlier sentence of that answer.
 usage: scripts/eval_repeat.py [--bin build/cli/ridgekv] [--corpus ../shared/corpus] [-t 1]
+       [--settings 0,1] [--haystacks 1] [--loops 2]   (run one setting per process, in parallel,
+       and compare the printed answers)
 Prints one table; the needle line is `ridgekv eval needle --dry-multiplier M ...`."""
 import argparse
 import json
@@ -63,11 +65,17 @@ def main():
     ap.add_argument("--bin", default="build/cli/ridgekv")
     ap.add_argument("--corpus", default=os.environ.get("RIDGEKV_CORPUS", "../shared/corpus"))
     ap.add_argument("-t", default="1")
+    ap.add_argument("--settings", default="0,1,2,3", help="indices into SETTINGS to run")
+    ap.add_argument("--haystacks", type=int, default=len(HAYSTACKS))
+    ap.add_argument("--loops", type=int, default=4, help="answers per loop probe: greedy, then seeds 1, 2, 3")
     a = ap.parse_args()
+    which = [int(x) for x in a.settings.split(",")]
     readme = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "README.md")).read()
     reqs, key = [], {}
     for si, (label, knobs) in enumerate(SETTINGS):
-        for hi, (name, off) in enumerate(HAYSTACKS):
+        if si not in which:
+            continue
+        for hi, (name, off) in enumerate(HAYSTACKS[:a.haystacks]):
             base = passage(a.corpus, name, off)
             for fi, (fact, q, ans) in enumerate(FACTS):
                 cut = base.find(". ", len(base) // 2) + 2
@@ -76,7 +84,7 @@ def main():
                 key[rid] = ("qa", si, ans)
                 reqs.append(dict(id=rid, op="ask", docs=[{"name": name, "text": doc}], question=q, max_tokens=48,
                                  temperature=0, stream=False, **knobs))
-        for k, (temp, seed) in enumerate(((0, 0), (0.8, 1), (0.8, 2), (0.8, 3))):
+        for k, (temp, seed) in enumerate(((0, 0), (0.8, 1), (0.8, 2), (0.8, 3))[:a.loops]):
             rid = f"loop-{si}-{k}"
             key[rid] = ("loop", si, None)
             reqs.append(dict(id=rid, op="ask", docs=[{"name": "README.md", "text": readme}],
@@ -94,6 +102,7 @@ def main():
     out = subprocess.run([a.bin, "serve", "--jsonl", "-t", a.t, "--no-cache"], input=lines, capture_output=True,
                          text=True).stdout
     qa = [[] for _ in SETTINGS]
+    loops = []
     rep = [[0, 0, 0] for _ in SETTINGS]  # repeated sentences, sentences, answers with a repeat
     for line in out.splitlines():
         ev = json.loads(line)
@@ -106,23 +115,33 @@ def main():
         if kind == "qa":
             qa[si].append((ev["id"], any(w in text.lower() for w in ans), text))
         else:
+            loops.append((ev["id"], text))
             r, n = repeats(text)
             rep[si][0] += r
             rep[si][1] += n
             rep[si][2] += r > 0
-    base = {i: ok for i, ok, _ in qa[0]}
+    if any(not qa[si] for si in which):
+        print("no answers: see stderr", file=sys.stderr)
+    b0 = which[0]  # the reference the pairs are counted against
+    base = {i.replace(f"qa-{b0}-", "qa-X-"): ok for i, ok, _ in qa[b0]}
     print(f"{'setting':24} {'QA right':>9} {'b':>3} {'c':>3} {'repeated sentences':>20} {'answers looping':>16}")
-    for si, (label, _) in enumerate(SETTINGS):
+    for si in which:
+        label = SETTINGS[si][0]
         ok = sum(o for _, o, _ in qa[si])
-        b = sum(1 for i, o, _ in qa[si] if base.get(i.replace(f"qa-{si}-", "qa-0-")) and not o)
-        c = sum(1 for i, o, _ in qa[si] if not base.get(i.replace(f"qa-{si}-", "qa-0-")) and o)
+        b = sum(1 for i, o, _ in qa[si] if base.get(i.replace(f"qa-{si}-", "qa-X-")) and not o)
+        c = sum(1 for i, o, _ in qa[si] if not base.get(i.replace(f"qa-{si}-", "qa-X-")) and o)
         print(f"{label:24} {ok:>4}/{len(qa[si]):<4} {b:>3} {c:>3} {rep[si][0]:>9} of {rep[si][1]:<8} "
-              f"{rep[si][2]:>8} of 8")
-    print("(b: right with off, wrong here; c: the reverse)")
-    for si in range(1, len(SETTINGS)):
-        for (i0, o0, t0), (i1, o1, t1) in zip(qa[0], qa[si]):
-            if o0 != o1:
-                print(f"  {SETTINGS[si][0]} {i1}: off {t0[:60]!r} -> {t1[:60]!r}")
+              f"{rep[si][2]:>8} of {2 * a.loops}")
+    print(f"(b: right with {SETTINGS[b0][0]}, wrong here; c: the reverse)")
+    for si in which[1:]:
+        for (i0, o0, t0), (i1, o1, t1) in zip(qa[b0], qa[si]):
+            if t0 != t1:
+                print(f"  {SETTINGS[si][0]} {i1}: {t0[:70]!r} -> {t1[:70]!r}")
+    for si in which:
+        for i, o, t in qa[si]:
+            print(f"  {i}: {'ok  ' if o else 'MISS'} {t[:70]!r}")
+    for rid, text in loops:
+        print(f"  {rid}: {text[:300]!r}")
 
 
 if __name__ == "__main__":
