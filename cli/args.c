@@ -48,14 +48,17 @@ static const struct {
 #define GEN_FLAGS                                                                                          \
     " --model --n-predict --threads --ctx-size --batch-size --kv --backend --temp --top-k --top-p --min-p" \
     " --repeat-penalty --repeat-last-n --seed --ridgefill --fill --tail --split --keep-share --verbose"    \
+    " --frequency-penalty --presence-penalty --dry-multiplier --dry-base --dry-allowed-length"             \
+    " --dry-penalty-last-n"                                                                                \
     " --kv-budget --kv-host-budget" FILL_FLAGS ROPE_FLAGS " "
 #define FILL_FLAGS " --obs --score-layers --score-skip --baseline --pool --fill-group"
 #define ROPE_FLAGS                                                                                      \
     " --ctx-overflow-ok --rope-scaling --rope-scale --rope-freq-base --yarn-orig-ctx --yarn-ext-factor" \
     " --yarn-attn-factor --yarn-beta-fast --yarn-beta-slow"
-    {"run", GEN_FLAGS "--prompt --file --chat --system --stop --verbose-prompt "},
+    {"run", GEN_FLAGS "--prompt --file --chat --system --stop --verbose-prompt --json-schema --json-object "},
     {"chat", GEN_FLAGS "--system --stop --verbose-prompt --no-ridgefill "},
-    {"ask", GEN_FLAGS "--prompt --system --stop --verbose-prompt --no-ridgefill --no-cache --cache-level "},
+    {"ask", GEN_FLAGS "--prompt --system --stop --verbose-prompt --no-ridgefill --no-cache --cache-level "
+                      "--json-schema --json-object "},
     {"serve", GEN_FLAGS "--no-ridgefill --no-cache --cache-level "},
     {"bench", " --model --prompt --n-predict --threads --ctx-size --batch-size --kv --backend --ridgefill --fill --tail"
               " --split --keep-share --band --json --verbose --kv-budget --kv-host-budget" FILL_FLAGS ROPE_FLAGS " "},
@@ -77,7 +80,7 @@ static bool accepts(const char *cmd, const char *lng) {
 /* Values that are text: "--x=y" after one of these is the value, not a flag. */
 static bool takes_text(const char *a) {
     static const char *const t[] = {"-p",    "--prompt", "-f",       "--file", "--system", "--stop", "-r",
-                                    "--doc", "-o",       "--output", "-m",     "--model",  "--text"};
+                                    "--doc", "-o",       "--output", "-m",     "--model",  "--text", "--json-schema"};
     for (size_t i = 0; i < sizeof t / sizeof *t; i++)
         if (!strcmp(a, t[i])) return true;
     return false;
@@ -174,7 +177,8 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
         static const char *const known =
             " --model --prompt --file --output --n-predict --threads --ctx-size "
             "--batch-size --temp --top-k --top-p --min-p --repeat-penalty "
-            "--repeat-last-n --seed --kv --backend --system --ridgefill --fill --tail "
+            "--repeat-last-n --frequency-penalty --presence-penalty --dry-multiplier --dry-base "
+            "--dry-allowed-length --dry-penalty-last-n --json-schema --json-object --seed --kv --backend --system --ridgefill --fill --tail "
             "--split --keep-share --chat --json --verbose --stop --verbose-prompt "
             "--kv-budget --kv-host-budget --no-cache --cache-level --no-ridgefill --obs --score-layers "
             "--score-skip --baseline --pool --band --fill-group --ctx-overflow-ok --rope-scaling --rope-scale "
@@ -241,6 +245,29 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
         } else if (!strcmp(a, "--repeat-last-n")) {
             NEED();
             rc = parse_int(cmd, a, v, 0, 1 << 24, &o->sp.repeat_last_n);
+        } else if (!strcmp(a, "--frequency-penalty")) {
+            NEED();
+            rc = parse_float(cmd, a, v, -2.0f, 2.0f, &o->sp.frequency_penalty);
+        } else if (!strcmp(a, "--presence-penalty")) {
+            NEED();
+            rc = parse_float(cmd, a, v, -2.0f, 2.0f, &o->sp.presence_penalty);
+        } else if (!strcmp(a, "--dry-multiplier")) {
+            NEED();
+            rc = parse_float(cmd, a, v, 0.0f, 100.0f, &o->sp.dry_multiplier);
+        } else if (!strcmp(a, "--dry-base")) {
+            NEED();
+            rc = parse_float(cmd, a, v, 1.0001f, 100.0f, &o->sp.dry_base);
+        } else if (!strcmp(a, "--dry-allowed-length")) {
+            NEED();
+            rc = parse_int(cmd, a, v, 1, 1 << 16, &o->sp.dry_allowed_length);
+        } else if (!strcmp(a, "--dry-penalty-last-n")) {
+            NEED();
+            rc = parse_int(cmd, a, v, -1, 1 << 24, &o->sp.dry_penalty_last_n);
+        } else if (!strcmp(a, "--json-schema")) {
+            NEED();
+            o->json_schema = v;
+        } else if (!strcmp(a, "--json-object")) {
+            o->json_object = 1;
         } else if (!strcmp(a, "--seed")) {
             NEED();
             char *end;

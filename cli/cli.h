@@ -60,7 +60,9 @@ typedef struct cli_opts {
     int cache_level;       /* --cache-level N: its zstd level (0: 1) */
     const char *kv_budget; /* --kv-budget SIZE: KV bytes held in memory, the rest spilled */
     const char
-        *kv_host_budget; /* --kv-host-budget SIZE (cuda): pinned host bytes for the cold layers, the rest on disk */
+        *kv_host_budget;     /* --kv-host-budget SIZE (cuda): pinned host bytes for the cold layers, the rest on disk */
+    const char *json_schema; /* --json-schema FILE: the answer is JSON the schema allows */
+    int json_object;         /* --json-object: the answer is one JSON object */
 } cli_opts;
 
 /* Splits "--flag=value" into "--flag" "value" for every command (main.c calls it first);

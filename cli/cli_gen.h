@@ -8,6 +8,9 @@
 
 /* Sampler, -n and --stop from the flags; everything else as rk_gen_params_default(). */
 rk_gen_params cli_gen_params(const cli_opts *o);
+/* The grammar of --json-schema FILE / --json-object (NULL without them), for
+ * rk_gen_params.grammar; the caller destroys it. Returns 0 or an exit code after printing why. */
+int cli_gen_grammar(const char *cmd, const cli_opts *o, rk_json_grammar **g);
 /* Creates the session from the flags (-c unless n_ctx > 0, -t, -b, --kv, --backend) and
  * prints its warning, if any. Returns an exit code after printing why. */
 int cli_open_session(const cli_opts *o, const rk_model *m, int n_ctx, rk_session **s);

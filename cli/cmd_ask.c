@@ -40,9 +40,21 @@ static const char *help =
     "      --top-p P           (default 0.95; 1 = off)\n"
     "      --min-p P           (default 0.05; 0 = off)\n"
     "      --repeat-penalty R  (default 1.0 = off)\n"
-    "      --repeat-last-n N   tokens the penalty looks back (default 64)\n"
+    "      --repeat-last-n N   generated tokens the repeat / frequency / presence penalties\n"
+    "                          look back on (default 64)\n"
+    "      --frequency-penalty F, --presence-penalty P  OpenAI's penalties (default 0 = off)\n"
+    "      --dry-multiplier M  DRY repetition guard: a token that would extend a repeat of\n"
+    "                          L >= --dry-allowed-length tokens loses M * base^(L - allowed)\n"
+    "                          (default 0.8; 0 = off)\n"
+    "      --dry-base B, --dry-allowed-length N, --dry-penalty-last-n N  (defaults 1.75, 2,\n"
+    "                          -1 = all generated tokens); breakers: newline : \" *\n"
+    /* the rest in a second string: C99 promises string literals of 4095 bytes */
+    ;
+static const char *help_rest =
     "      --seed S            sampling seed (default -1: random, printed with -v; N >= 0 repeats a run)\n"
     "  -r, --stop TEXT         stop the answer before TEXT (repeatable, up to 16)\n"
+    "      --json-schema FILE  the answer is JSON that the schema in FILE allows (grammar-constrained\n"
+    "                          sampling; the subset of docs/JSONL.md); --json-object: any JSON object\n"
     "      --ridgefill MAPS    RidgeFill map file (from ridgekv calibrate): faster reading of long prompts\n"
     "      --fill MODE         off|speed|quality|identity|plumb (default: quality with maps, else off)\n"
     "      --tail T            exact tail in tokens (default 2048; 1536 with --fill speed; minimum 512)\n"
@@ -184,6 +196,7 @@ int cmd_ask(int argc, char **argv) {
     for (int i = 2; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             fputs(help, stdout);
+            fputs(help_rest, stdout);
             fputs(help_more, stdout);
             return RK_EXIT_OK;
         }
@@ -206,6 +219,7 @@ int cmd_ask(int argc, char **argv) {
     int32_t *ids = NULL;
     size_t n_ids = 0;
     rk_gen_result r = {0};
+    rk_json_grammar *gram = NULL;
     rk_err e = {0};
     rk_status st = RK_OK;
     rk_doc docs[CLI_MAX_DOCS];
@@ -248,6 +262,8 @@ int cmd_ask(int argc, char **argv) {
     gp.progress_ud = &pr;
     gp.on_token = cli_sink_token;
     gp.token_ud = &out;
+    if ((rc = cli_gen_grammar("ask", &o, &gram))) goto done;
+    gp.grammar = gram;
     cli_sigint_install(true);
     cli_progress_start(&pr, "ask", (int64_t)n_ids);
     cli_eta_cost_units(&pr.eta); /* the session reports cost-weighted tokens (runtime/prefill/cost.c) */
@@ -302,6 +318,7 @@ fail:
     cli_print_error(&e);
     rc = cli_exit_code(st);
 done:
+    rk_json_grammar_destroy(gram);
     cli_sigint_restore();
     cli_docs_free(d, n_docs);
     free(joined);

@@ -33,7 +33,17 @@ static const char *help =
     "      --top-p P           (default 0.95; 1 = off)\n"
     "      --min-p P           (default 0.05; 0 = off)\n"
     "      --repeat-penalty R  (default 1.0 = off)\n"
-    "      --repeat-last-n N   tokens the penalty looks back (default 64)\n"
+    "      --repeat-last-n N   generated tokens the repeat / frequency / presence penalties\n"
+    "                          look back on (default 64)\n"
+    "      --frequency-penalty F, --presence-penalty P  OpenAI's penalties (default 0 = off)\n"
+    "      --dry-multiplier M  DRY repetition guard: a token that would extend a repeat of\n"
+    "                          L >= --dry-allowed-length tokens loses M * base^(L - allowed)\n"
+    "                          (default 0.8; 0 = off)\n"
+    "      --dry-base B, --dry-allowed-length N, --dry-penalty-last-n N  (defaults 1.75, 2,\n"
+    "                          -1 = all generated tokens); breakers: newline : \" *\n"
+    /* the rest in a second string: C99 promises string literals of 4095 bytes */
+    ;
+static const char *help_rest =
     "      --seed S            sampling seed (default -1: random, printed with -v; N >= 0 repeats a chat)\n"
     "  -r, --stop TEXT         end an answer before TEXT (repeatable, up to 16)\n"
     "      --ridgefill MAPS    RidgeFill map file (from ridgekv calibrate): faster reading of long prompts\n"
@@ -253,6 +263,7 @@ int cmd_chat(int argc, char **argv) {
     for (int i = 2; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             fputs(help, stdout);
+            fputs(help_rest, stdout);
             return RK_EXIT_OK;
         }
     chat c = {.o = {.n_predict = 512, .sp = rk_sampler_params_default()}};

@@ -363,6 +363,7 @@ int cmd_eval_needle(int argc, char **argv) {
     ev_needle_params p = {0};
     int rc = parse(argc, argv, &o, &p, &files, &corpus, &results);
     if (rc) return rc;
+    p.sampler = &o.sp; /* the penalty flags (--repeat-penalty, --dry-multiplier, ...) */
     rk_model *m = NULL;
     rk_session *s[EV_MAX_MODES] = {0};
     rk_backend *be = NULL;

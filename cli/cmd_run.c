@@ -32,9 +32,21 @@ static const char *help =
     "      --top-p P           (default 0.95; 1 = off)\n"
     "      --min-p P           (default 0.05; 0 = off)\n"
     "      --repeat-penalty R  (default 1.0 = off)\n"
-    "      --repeat-last-n N   tokens the penalty looks back (default 64)\n"
+    "      --repeat-last-n N   generated tokens the repeat / frequency / presence penalties\n"
+    "                          look back on (default 64)\n"
+    "      --frequency-penalty F, --presence-penalty P  OpenAI's penalties (default 0 = off)\n"
+    "      --dry-multiplier M  DRY repetition guard: a token that would extend a repeat of\n"
+    "                          L >= --dry-allowed-length tokens loses M * base^(L - allowed)\n"
+    "                          (default 0.8; 0 = off)\n"
+    "      --dry-base B, --dry-allowed-length N, --dry-penalty-last-n N  (defaults 1.75, 2,\n"
+    "                          -1 = all generated tokens); breakers: newline : \" *\n"
+    /* the rest in a second string: C99 promises string literals of 4095 bytes */
+    ;
+static const char *help_rest =
     "      --seed S            sampling seed (default -1: random, printed with -v; N >= 0 repeats a run)\n"
     "  -r, --stop TEXT         stop before TEXT (repeatable, up to 16); the text is cut there\n"
+    "      --json-schema FILE  the answer is JSON that the schema in FILE allows (grammar-constrained\n"
+    "                          sampling; the subset of docs/JSONL.md); --json-object: any JSON object\n"
     "      --ridgefill MAPS    RidgeFill map file (from ridgekv calibrate)\n"
     "      --fill MODE         off|speed|quality|identity|plumb (default: quality with maps, else off)\n"
     "      --tail T            exact tail in tokens (default 2048; 1536 with --fill speed; minimum 512)\n"
@@ -94,6 +106,7 @@ int cmd_run(int argc, char **argv) {
     for (int i = 2; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             fputs(help, stdout);
+            fputs(help_rest, stdout);
             return RK_EXIT_OK;
         }
     cli_opts o = {.n_predict = 256, .sp = rk_sampler_params_default()};
@@ -141,6 +154,7 @@ int cmd_run(int argc, char **argv) {
     int32_t *ids = NULL;
     size_t n_ids = 0;
     rk_gen_result r = {0};
+    rk_json_grammar *gram = NULL;
     rk_status st = RK_OK;
     if ((rc = cli_load_model(&o, &m))) goto done;
     /* the prompt's tokens first (over a scratch session of the smallest context, whose
@@ -171,6 +185,8 @@ int cmd_run(int argc, char **argv) {
     rk_gen_params gp = cli_gen_params(&o);
     gp.on_token = cli_sink_token;
     gp.token_ud = &out;
+    if ((rc = cli_gen_grammar("run", &o, &gram))) goto done;
+    gp.grammar = gram;
     if ((st = rk_generate(m, s, ids, n_ids, &gp, &r, &e))) {
         cli_kv_budget_check("run", s);
         goto fail;
@@ -197,6 +213,7 @@ fail:
     else if (st == RK_E_INVALID_ARG && n_ids == 0)
         fprintf(stderr, "ridgekv run: the prompt is empty after tokenization\n");
 done:
+    rk_json_grammar_destroy(gram);
     rk_gen_result_deinit(&r);
     free(ids);
     free(file_text);

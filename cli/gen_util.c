@@ -1,5 +1,6 @@
 /* Helpers of the generating commands: see cli_gen.h. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,6 +15,51 @@ rk_gen_params cli_gen_params(const cli_opts *o) {
     p.stop = o->stop;
     p.n_stop = o->n_stop;
     return p;
+}
+
+int cli_gen_grammar(const char *cmd, const cli_opts *o, rk_json_grammar **g) {
+    *g = NULL;
+    if (!o->json_schema && !o->json_object) return 0;
+    char *text = NULL;
+    size_t n = 0;
+    if (o->json_schema) {
+        FILE *f = fopen(o->json_schema, "rb");
+        if (!f) {
+            fprintf(stderr, "ridgekv %s: --json-schema %s: %s\n", cmd, o->json_schema, strerror(errno));
+            return RK_EXIT_IO;
+        }
+        size_t cap = 0;
+        for (;;) {
+            if (n == cap) {
+                char *q = cap < (64u << 20) ? realloc(text, cap = cap ? cap * 2 : 4096) : NULL;
+                if (!q) {
+                    fclose(f);
+                    free(text);
+                    fprintf(stderr, "ridgekv %s: --json-schema %s: too large or out of memory\n", cmd, o->json_schema);
+                    return RK_EXIT_ERROR;
+                }
+                text = q;
+            }
+            size_t k = fread(text + n, 1, cap - n, f);
+            if (!k) break;
+            n += k;
+        }
+        const bool bad = ferror(f);
+        fclose(f);
+        if (bad) {
+            free(text);
+            fprintf(stderr, "ridgekv %s: --json-schema %s: read error\n", cmd, o->json_schema);
+            return RK_EXIT_IO;
+        }
+    }
+    rk_err e = {0};
+    rk_status st = rk_json_grammar_create(text, n, g, &e);
+    free(text);
+    if (st) {
+        fprintf(stderr, "ridgekv %s: --json-schema %s: %s\n", cmd, o->json_schema ? o->json_schema : "", e.msg);
+        return st == RK_E_NOMEM ? RK_EXIT_ERROR : RK_EXIT_USAGE;
+    }
+    return 0;
 }
 
 int cli_open_session(const cli_opts *o, const rk_model *m, int n_ctx, rk_session **s) {

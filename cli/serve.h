@@ -68,6 +68,7 @@ typedef struct serve_req {
     size_t n_docs;
     const char *question, *system;
     serve_gen gen;
+    rk_json_grammar *grammar; /* "response_format" json_object / json_schema (owned); NULL: text */
 } serve_req;
 
 /* Parses and validates one line (without its '\n'). On SERVE_OK *r is complete; otherwise
@@ -77,6 +78,12 @@ serve_code serve_req_parse(const char *line, size_t len, const serve_gen *defaul
                            size_t cap);
 /* Accepts a zeroed or half-built request. */
 void serve_req_deinit(serve_req *r);
+/* The sampling fields both protocols share: top_k, min_p, repeat_penalty, repeat_last_n,
+ * frequency_penalty, presence_penalty, dry_multiplier, dry_base, dry_allowed_length,
+ * dry_penalty_last_n, and response_format ({"type": "text" | "json_object" |
+ * "json_schema", "json_schema": {"schema": {...}}}) compiled into *grammar (replaced; the
+ * caller owns it). SERVE_OK, or SERVE_INVALID_REQUEST with msg naming the field. */
+serve_code serve_parse_sampling(json_object *o, serve_gen *g, rk_json_grammar **grammar, char *msg, size_t cap);
 
 /* ---- text (serve_text.c) ---------------------------------------------------------------- */
 /* A growable byte buffer. */
@@ -112,6 +119,8 @@ typedef struct server {
     int write_errno;
     const struct cli_opts *o;   /* the server's flags (the document cache's key) */
     struct rk_doc_cache *cache; /* ask's document KV cache; NULL: --no-cache or unusable */
+    char model_id[256];         /* HTTP: the catalogue name (smollm2-135m), else the file's name
+                                   without .gguf */
 } server;
 
 /* Runs one request line: exactly one terminal event (done or error). */
@@ -119,6 +128,10 @@ void serve_handle_line(server *sv, const char *line, size_t n);
 /* An error event for the request id (NULL: null). */
 void serve_emit_error(server *sv, json_object *id, serve_code code, const char *msg);
 void serve_deinit(server *sv);
+/* Whether the prompt of a complete / chat request fits the context of session s (the
+ * rule of rk_generate: n_prompt < n_ctx), without reading it: RK_E_CONTEXT naming both
+ * numbers when it does not. Tokenizes only; s is not changed. */
+rk_status serve_prompt_fits(server *sv, const serve_req *r, rk_session *s, rk_err *e);
 /* The generation of a complete / chat / ask request on session s (reset first): the one
  * path of JSONL and HTTP serving. *conv, *ids: made here, freed by the caller; *what names
  * the step that failed (may stay NULL); *t_call when the engine was called. */

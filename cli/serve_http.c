@@ -30,6 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "catalog.h"
 #include "cli.h"
 #include "serve.h"
 #include "serve_conn.h"
@@ -90,6 +91,127 @@ typedef struct http_req {
     rk_chat_msg *msgs;
 } http_req;
 
+/* A message's content as one string: a string as it is, or the text parts of a list
+ * ([{"type": "text", "text": ...}]) joined; the joined text replaces the list in the
+ * message object, which keeps it. Returns 0 or an HTTP status with msg set. */
+static unsigned message_text(json_object *m, size_t i, const char **out, char *msg, size_t cap) {
+    json_object *content = NULL;
+    if (!json_object_object_get_ex(m, "content", &content) || json_object_is_type(content, json_type_null))
+        return snprintf(msg, cap, "messages[%zu].content is missing (a string or a list of text parts)", i), 400;
+    if (json_object_is_type(content, json_type_array)) {
+        serve_buf b = {0};
+        const size_t n = json_object_array_length(content);
+        for (size_t k = 0; k < n; k++) {
+            json_object *part = json_object_array_get_idx(content, k), *type, *text;
+            const char *ts =
+                json_object_object_get_ex(part, "type", &type) && json_object_is_type(type, json_type_string)
+                    ? json_object_get_string(type)
+                    : NULL;
+            if (!ts) {
+                serve_buf_free(&b);
+                return snprintf(msg, cap, "messages[%zu].content[%zu] needs a string 'type'", i, k), 400;
+            }
+            if (strcmp(ts, "text")) {
+                serve_buf_free(&b);
+                return snprintf(msg, cap,
+                                "messages[%zu].content[%zu] is a \"%.40s\" part: this model reads text only "
+                                "(parts of type \"text\")",
+                                i, k, ts),
+                       400;
+            }
+            if (!json_object_object_get_ex(part, "text", &text) || !json_object_is_type(text, json_type_string)) {
+                serve_buf_free(&b);
+                return snprintf(msg, cap, "messages[%zu].content[%zu].text must be a string", i, k), 400;
+            }
+            if (!serve_buf_put(&b, json_object_get_string(text), (size_t)json_object_get_string_len(text))) {
+                serve_buf_free(&b);
+                return snprintf(msg, cap, "out of memory"), 500;
+            }
+        }
+        json_object *joined = json_object_new_string_len(b.p ? b.p : "", (int)b.n);
+        serve_buf_free(&b);
+        if (!joined) return snprintf(msg, cap, "out of memory"), 500;
+        json_object_object_add(m, "content", joined);
+        content = joined;
+    }
+    if (!json_object_is_type(content, json_type_string))
+        return snprintf(msg, cap, "messages[%zu].content must be a string or a list of text parts", i), 400;
+    const char *cs = json_object_get_string(content);
+    char path[48]; /* one rule with JSONL: no NUL, valid UTF-8 (cli/serve_guard.c) */
+    snprintf(path, sizeof path, "messages[%zu].content", i);
+    if (serve_check_text(cs, (size_t)json_object_get_string_len(content), path, msg, cap)) return 400;
+    *out = cs;
+    return 0;
+}
+
+/* The messages of a chat request. System (and developer) messages are joined, in order,
+ * into one system message that comes first: the templates take one system message at the
+ * start. Tool calls are refused by field: this server has no tool calling. */
+static unsigned parse_messages(json_object *root, serve_req *r, char *msg, size_t cap) {
+    json_object *v;
+    if (!json_object_object_get_ex(root, "messages", &v) || !json_object_is_type(v, json_type_array) ||
+        json_object_array_length(v) == 0)
+        return snprintf(msg, cap, "'messages' must be a non-empty array"), 400;
+    size_t nm = json_object_array_length(v);
+    if (!(r->msgs = calloc(nm, sizeof *r->msgs))) return snprintf(msg, cap, "out of memory"), 500;
+    serve_buf sys = {0};
+    size_t n_sys = 0, n = 0; /* system messages; the others */
+    unsigned code = 0;
+    for (size_t i = 0; i < nm && !code; i++) {
+        json_object *m = json_object_array_get_idx(v, i), *role, *x;
+        if (!json_object_is_type(m, json_type_object) || !json_object_object_get_ex(m, "role", &role) ||
+            !json_object_is_type(role, json_type_string)) {
+            code = 400, snprintf(msg, cap, "messages[%zu] needs a string 'role'", i);
+            break;
+        }
+        const char *rs = json_object_get_string(role);
+        if (!strcmp(rs, "tool") || !strcmp(rs, "function")) {
+            code = 400, snprintf(msg, cap,
+                                 "messages[%zu].role \"%s\" is not supported: this server has no tool calling "
+                                 "(send the tool's result as a user message)",
+                                 i, rs);
+            break;
+        }
+        if ((json_object_object_get_ex(m, "tool_calls", &x) && !json_object_is_type(x, json_type_null) &&
+             !(json_object_is_type(x, json_type_array) && json_object_array_length(x) == 0)) ||
+            (json_object_object_get_ex(m, "function_call", &x) && !json_object_is_type(x, json_type_null))) {
+            code = 400,
+            snprintf(msg, cap, "messages[%zu].tool_calls is not supported: this server has no tool calling", i);
+            break;
+        }
+        const bool is_sys = !strcmp(rs, "system") || !strcmp(rs, "developer"); /* developer: the newer name */
+        if (!is_sys && strcmp(rs, "user") && strcmp(rs, "assistant")) {
+            code = 400, snprintf(msg, cap,
+                                 "messages[%zu].role must be \"system\", \"developer\", \"user\" or "
+                                 "\"assistant\" (got \"%.32s\")",
+                                 i, rs);
+            break;
+        }
+        const char *cs = NULL;
+        if ((code = message_text(m, i, &cs, msg, cap))) break;
+        if (!is_sys) {
+            r->msgs[n++] = (rk_chat_msg){rs, cs};
+            continue;
+        }
+        if ((n_sys++ && !serve_buf_put(&sys, "\n\n", 2)) || !serve_buf_put(&sys, cs, strlen(cs)))
+            code = 500, snprintf(msg, cap, "out of memory");
+    }
+    if (!code && n_sys) {
+        /* the joined system text lives in the root object, with every other string */
+        json_object *joined = json_object_new_string_len(sys.p ? sys.p : "", (int)sys.n);
+        if (!joined) code = 500, snprintf(msg, cap, "out of memory");
+        else {
+            json_object_object_add(root, "\x01system", joined);
+            memmove(r->msgs + 1, r->msgs, n * sizeof *r->msgs);
+            r->msgs[0] = (rk_chat_msg){"system", json_object_get_string(joined)};
+            n++;
+        }
+    }
+    serve_buf_free(&sys);
+    r->n_msgs = n;
+    return code;
+}
+
 /* Parses an OpenAI request body into h (the JSONL request it stands for). Returns 0, or
  * an HTTP status with msg set. */
 static unsigned parse_body(const server *sv, const char *body, size_t n, bool chat, http_req *h, char *msg,
@@ -118,29 +240,11 @@ static unsigned parse_body(const server *sv, const char *body, size_t n, bool ch
     json_object *v;
     if (json_object_object_get_ex(root, "model", &v) && json_object_is_type(v, json_type_string))
         snprintf(h->model, sizeof h->model, "%s", json_object_get_string(v));
-    else snprintf(h->model, sizeof h->model, "%s", rk_model_name(sv->m));
+    else snprintf(h->model, sizeof h->model, "%s", sv->model_id);
     if (chat) {
         r->op = SERVE_OP_CHAT;
-        if (!json_object_object_get_ex(root, "messages", &v) || !json_object_is_type(v, json_type_array) ||
-            json_object_array_length(v) == 0)
-            return snprintf(msg, cap, "'messages' must be a non-empty array"), 400;
-        size_t nm = json_object_array_length(v);
-        if (!(r->msgs = calloc(nm, sizeof *r->msgs))) return snprintf(msg, cap, "out of memory"), 500;
-        r->n_msgs = nm;
-        for (size_t i = 0; i < nm; i++) {
-            json_object *m = json_object_array_get_idx(v, i), *role, *content;
-            if (!json_object_is_type(m, json_type_object) || !json_object_object_get_ex(m, "role", &role) ||
-                !json_object_is_type(role, json_type_string) || !json_object_object_get_ex(m, "content", &content) ||
-                !json_object_is_type(content, json_type_string))
-                return snprintf(msg, cap, "messages[%zu] needs string 'role' and 'content'", i), 400;
-            const char *rs = json_object_get_string(role);
-            if (!strcmp(rs, "developer")) rs = "system"; /* the newer OpenAI name */
-            const char *cs = json_object_get_string(content);
-            char path[48];
-            snprintf(path, sizeof path, "messages[%zu].content", i);
-            if (serve_check_text(cs, (size_t)json_object_get_string_len(content), path, msg, cap)) return 400;
-            r->msgs[i] = (rk_chat_msg){rs, cs};
-        }
+        unsigned code = parse_messages(root, r, msg, cap);
+        if (code) return code;
     } else {
         r->op = SERVE_OP_COMPLETE;
         if (!json_object_object_get_ex(root, "prompt", &v) || !json_object_is_type(v, json_type_string))
@@ -179,6 +283,16 @@ static unsigned parse_body(const server *sv, const char *body, size_t n, bool ch
     if (json_object_object_get_ex(root, "n", &v) && !json_object_is_type(v, json_type_null) &&
         json_object_get_int(v) != 1)
         return snprintf(msg, cap, "'n' must be 1 (one choice per request)"), 400;
+    static const char *const no_tools[] = {"tools", "functions"};
+    for (size_t k = 0; k < 2; k++)
+        if (json_object_object_get_ex(root, no_tools[k], &v) && !json_object_is_type(v, json_type_null) &&
+            !(json_object_is_type(v, json_type_array) && json_object_array_length(v) == 0))
+            return snprintf(msg, cap, "'%s' is not supported: this server has no tool calling", no_tools[k]), 400;
+    if (json_object_object_get_ex(root, "tool_choice", &v) && !json_object_is_type(v, json_type_null) &&
+        !(json_object_is_type(v, json_type_string) &&
+          (!strcmp(json_object_get_string(v), "none") || !strcmp(json_object_get_string(v), "auto"))))
+        return snprintf(msg, cap, "'tool_choice' is not supported: this server has no tool calling"), 400;
+    if (serve_parse_sampling(root, &r->gen, &r->grammar, msg, cap)) return 400;
     if (json_object_object_get_ex(root, "stop", &v) && !json_object_is_type(v, json_type_null)) {
         json_object *one[1] = {v};
         size_t ns = json_object_is_type(v, json_type_array) ? json_object_array_length(v) : 1;
@@ -194,6 +308,16 @@ static unsigned parse_body(const server *sv, const char *body, size_t n, bool ch
             r->gen.stop_len[r->gen.n_stop++] = sl;
         }
     }
+    /* the model: the served one by its id, GGUF name or file name; another is not here */
+    const char *want = h->model;
+    char file[sizeof sv->model_id + 8];
+    snprintf(file, sizeof file, "%s.gguf", sv->model_id);
+    if (strcmp(want, sv->model_id) && strcmp(want, rk_model_name(sv->m)) && strcmp(want, file)) {
+        snprintf(msg, cap, "the model '%.100s' does not exist: this server serves '%s' (GET /v1/models)", want,
+                 sv->model_id);
+        return 404;
+    }
+    snprintf(h->model, sizeof h->model, "%s", sv->model_id);
     h->created = (long long)time(NULL);
     snprintf(h->id, sizeof h->id, "%s-%llu", chat ? "chatcmpl" : "cmpl",
              __atomic_add_fetch(&g_req_counter, 1, __ATOMIC_RELAXED));
@@ -282,6 +406,7 @@ static rk_gen_params gen_params(const serve_req *r) {
     gp.stop = r->gen.stop;
     gp.stop_len = r->gen.stop_len;
     gp.n_stop = r->gen.n_stop;
+    gp.grammar = r->grammar;
     return gp;
 }
 
@@ -348,6 +473,19 @@ static enum MHD_Result generate(server *sv, struct MHD_Connection *c, http_conn 
         return send_error(c, code, code == 500 ? "server_error" : "invalid_request_error", msg);
     }
     if (h.r.gen.stream) {
+        /* a prompt that does not fit is a 400 before the stream's 200 is sent */
+        rk_err fe = {0};
+        pthread_mutex_lock(&g_engine);
+        rk_status fst = serve_prompt_fits(sv, &h.r, sv->s, &fe);
+        pthread_mutex_unlock(&g_engine);
+        if (fst) {
+            serve_req_deinit(&h.r);
+            return send_error(c, status_of(fst),
+                              fst == RK_E_CONTEXT       ? "context_length_exceeded"
+                              : fst == RK_E_INVALID_ARG ? "invalid_request_error"
+                                                        : "server_error",
+                              fe.msg);
+        }
         int p[2];
         stream_job *j = calloc(1, sizeof *j);
         if (!j || pipe2(p, O_CLOEXEC) != 0) {
@@ -461,7 +599,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     if (!strcmp(url, "/v1/models")) {
         json_object *o = json_object_new_object(), *d = json_object_new_array(), *m = json_object_new_object();
         json_object_object_add(o, "object", json_object_new_string("list"));
-        json_object_object_add(m, "id", json_object_new_string(rk_model_name(sv->m)));
+        json_object_object_add(m, "id", json_object_new_string(sv->model_id));
         json_object_object_add(m, "object", json_object_new_string("model"));
         json_object_object_add(m, "created", json_object_new_int(0));
         json_object_object_add(m, "owned_by", json_object_new_string("ridgekv"));
@@ -506,7 +644,25 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
 
 static bool loopback(const char *addr) { return !strcmp(addr, "localhost") || !strncmp(addr, "127.", 4); }
 
+/* The id clients name the model by: the catalogue name when the file is a catalogue
+ * model's, else the file name without .gguf. */
+static void set_model_id(server *sv) {
+    char buf[4096];
+    const char *path = sv->o ? cli_model_path(sv->o, buf, sizeof buf) : NULL;
+    const char *base = path ? strrchr(path, '/') : NULL;
+    base = base ? base + 1 : path ? path : rk_model_name(sv->m);
+    for (int i = 0; i < cli_catalog_n; i++)
+        if (!strcmp(base, cli_catalog[i].file)) {
+            snprintf(sv->model_id, sizeof sv->model_id, "%s", cli_catalog[i].name);
+            return;
+        }
+    size_t n = strlen(base);
+    if (n > 5 && !strcmp(base + n - 5, ".gguf")) n -= 5;
+    snprintf(sv->model_id, sizeof sv->model_id, "%.*s", (int)(n < 255 ? n : 255), base);
+}
+
 int serve_http(server *sv, const char *addr, int port, size_t max_body, const serve_guard *guard_in) {
+    set_model_id(sv);
     struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     const char *a = !strcmp(addr, "localhost") ? "127.0.0.1" : addr;
     if (inet_pton(AF_INET, a, &sin.sin_addr) != 1) {
@@ -542,7 +698,7 @@ int serve_http(server *sv, const char *addr, int port, size_t max_body, const se
     fprintf(stderr,
             "ridgekv serve: %s (%s, ctx %lld) listening on http://%s:%u (OpenAI-compatible; one request at "
             "a time%s)\n",
-            rk_model_name(sv->m), sv->hp->arch_name, (long long)rk_session_n_ctx(sv->s), addr, guard.port,
+            sv->model_id, sv->hp->arch_name, (long long)rk_session_n_ctx(sv->s), addr, guard.port,
             keyed ? "; API key required" : "");
     fflush(stderr);
     int sig = 0;

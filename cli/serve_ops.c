@@ -238,6 +238,28 @@ static rk_status ask_prefix(server *sv, const serve_req *r, rk_session *s, rk_co
     return st;
 }
 
+rk_status serve_prompt_fits(server *sv, const serve_req *r, rk_session *s, rk_err *e) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    rk_conv *conv = NULL;
+    rk_status st;
+    if (r->op == SERVE_OP_COMPLETE) {
+        st = rk_model_tokenize(sv->m, r->text, r->text_len, r->add_special, r->parse_special, &ids, &n, e);
+    } else {
+        st = build_conv(sv, r, s, &conv, e);
+        if (!st) st = rk_conv_prompt(conv, &ids, &n, e);
+    }
+    const int64_t n_ctx = rk_session_n_ctx(s);
+    if (!st && (int64_t)n >= n_ctx)
+        st = rk_err_set(e, RK_E_CONTEXT,
+                        "the prompt has %zu tokens but the context holds %lld, and at least one more is needed to "
+                        "generate",
+                        n, (long long)n_ctx);
+    rk_conv_destroy(conv);
+    free(ids);
+    return st;
+}
+
 rk_status serve_run_gen(server *sv, const serve_req *r, rk_session *s, const rk_gen_params *gp, rk_conv **conv,
                         int32_t **ids, size_t *n_ids, rk_gen_result *res, const char **what, double *t_call,
                         rk_err *e) {
@@ -280,6 +302,7 @@ static void op_generate(server *sv, const serve_req *r, double t_req) {
     gp.stop = g->stop;
     gp.stop_len = g->stop_len;
     gp.n_stop = g->n_stop;
+    gp.grammar = r->grammar;
     if (g->stream) gp.on_token = on_token, gp.token_ud = &ctx;
     const char *what = NULL;
     double t_call = 0;

@@ -166,22 +166,84 @@ static serve_code get_stop(ctx *c, json_object *obj, serve_gen *g) {
     return SERVE_OK;
 }
 
-static serve_code parse_gen(ctx *c, json_object *o, serve_gen *g) {
+/* response_format: text, json_object (llama.cpp's "schema" beside it is honoured too) or
+ * json_schema with json_schema.schema. */
+static serve_code get_format(ctx *c, json_object *o, rk_json_grammar **out) {
+    json_object *v = member(o, "response_format");
+    if (!v) return SERVE_OK;
+    if (!json_object_is_type(v, json_type_object))
+        return fail(c, SERVE_INVALID_REQUEST, "field 'response_format' must be an object (got %s)", type_name(v));
+    const char *type = NULL;
+    serve_code rc = get_str(c, v, "type", "response_format.type", true, &type, NULL);
+    if (rc) return rc;
+    json_object *schema = NULL;
+    const char *path = "response_format.schema";
+    if (!strcmp(type, "text")) return SERVE_OK;
+    if (!strcmp(type, "json_schema")) {
+        json_object *js = member(v, "json_schema");
+        if (!js || !json_object_is_type(js, json_type_object))
+            return fail(c, SERVE_INVALID_REQUEST,
+                        "field 'response_format.json_schema' must be an object holding \"schema\" (got %s)",
+                        js ? type_name(js) : "nothing");
+        schema = member(js, "schema");
+        path = "response_format.json_schema.schema";
+        if (!schema) return fail(c, SERVE_INVALID_REQUEST, "missing field '%s' (a JSON Schema object)", path);
+    } else if (!strcmp(type, "json_object")) {
+        schema = member(v, "schema");
+    } else {
+        return fail(c, SERVE_INVALID_REQUEST,
+                    "field 'response_format.type' must be \"text\", \"json_object\" or \"json_schema\" (got "
+                    "\"%.*s\")",
+                    clip(type, strlen(type), 40), type);
+    }
+    rk_err e = {0};
+    size_t n = 0;
+    const char *text = schema ? json_object_to_json_string_length(schema, JSON_C_TO_STRING_PLAIN, &n) : NULL;
+    rk_json_grammar *g = NULL;
+    rk_status st = rk_json_grammar_create(text, n, &g, &e);
+    if (st) return fail(c, st == RK_E_NOMEM ? SERVE_INTERNAL : SERVE_INVALID_REQUEST, "field '%s': %s", path, e.msg);
+    rk_json_grammar_destroy(*out);
+    *out = g;
+    return SERVE_OK;
+}
+
+static serve_code parse_sampling(ctx *c, json_object *o, serve_gen *g, rk_json_grammar **grammar) {
+    serve_code rc;
+    int64_t i = g->sp.top_k;
+    if ((rc = get_int(c, o, "top_k", 0, SERVE_MAX_TOKENS_LIMIT, &i))) return rc;
+    g->sp.top_k = (int32_t)i;
+    if ((rc = get_float(c, o, "min_p", 0, 1, &g->sp.min_p))) return rc;
+    if ((rc = get_float(c, o, "repeat_penalty", 0.01, 100, &g->sp.repeat_penalty))) return rc;
+    i = g->sp.repeat_last_n;
+    if ((rc = get_int(c, o, "repeat_last_n", 0, SERVE_MAX_TOKENS_LIMIT, &i))) return rc;
+    g->sp.repeat_last_n = (int32_t)i;
+    if ((rc = get_float(c, o, "frequency_penalty", -2, 2, &g->sp.frequency_penalty))) return rc;
+    if ((rc = get_float(c, o, "presence_penalty", -2, 2, &g->sp.presence_penalty))) return rc;
+    if ((rc = get_float(c, o, "dry_multiplier", 0, 100, &g->sp.dry_multiplier))) return rc;
+    if ((rc = get_float(c, o, "dry_base", 1.0001, 100, &g->sp.dry_base))) return rc;
+    i = g->sp.dry_allowed_length;
+    if ((rc = get_int(c, o, "dry_allowed_length", 1, 1 << 16, &i))) return rc;
+    g->sp.dry_allowed_length = (int32_t)i;
+    i = g->sp.dry_penalty_last_n;
+    if ((rc = get_int(c, o, "dry_penalty_last_n", -1, SERVE_MAX_TOKENS_LIMIT, &i))) return rc;
+    g->sp.dry_penalty_last_n = (int32_t)i;
+    return get_format(c, o, grammar);
+}
+
+serve_code serve_parse_sampling(json_object *o, serve_gen *g, rk_json_grammar **grammar, char *msg, size_t cap) {
+    ctx c = {msg, cap};
+    return parse_sampling(&c, o, g, grammar);
+}
+
+static serve_code parse_gen(ctx *c, json_object *o, serve_gen *g, rk_json_grammar **grammar) {
     serve_code rc;
     int64_t i;
     i = g->max_tokens;
     if ((rc = get_int(c, o, "max_tokens", -1, SERVE_MAX_TOKENS_LIMIT, &i))) return rc;
     g->max_tokens = (int)i;
     if ((rc = get_float(c, o, "temperature", 0, 100, &g->sp.temp))) return rc;
-    i = g->sp.top_k;
-    if ((rc = get_int(c, o, "top_k", 0, SERVE_MAX_TOKENS_LIMIT, &i))) return rc;
-    g->sp.top_k = (int32_t)i;
     if ((rc = get_float(c, o, "top_p", 0, 1, &g->sp.top_p))) return rc;
-    if ((rc = get_float(c, o, "min_p", 0, 1, &g->sp.min_p))) return rc;
-    if ((rc = get_float(c, o, "repeat_penalty", 0.01, 100, &g->sp.repeat_penalty))) return rc;
-    i = g->sp.repeat_last_n;
-    if ((rc = get_int(c, o, "repeat_last_n", 0, SERVE_MAX_TOKENS_LIMIT, &i))) return rc;
-    g->sp.repeat_last_n = (int32_t)i;
+    if ((rc = parse_sampling(c, o, g, grammar))) return rc;
     if ((rc = get_seed(c, o, &g->sp.seed))) return rc;
     if ((rc = get_stop(c, o, g))) return rc;
     if ((rc = get_bool(c, o, "stream", &g->stream))) return rc;
@@ -351,13 +413,13 @@ serve_code serve_req_parse(const char *line, size_t len, const serve_gen *defaul
         if ((rc = get_str(&c, o, "prompt", "prompt", true, &r->text, &r->text_len))) return rc;
         if ((rc = get_bool(&c, o, "add_special", &r->add_special))) return rc;
         if ((rc = get_bool(&c, o, "parse_special", &r->parse_special))) return rc;
-        return parse_gen(&c, o, &r->gen);
+        return parse_gen(&c, o, &r->gen, &r->grammar);
     case SERVE_OP_CHAT:
         if ((rc = parse_chat(&c, o, r))) return rc;
-        return parse_gen(&c, o, &r->gen);
+        return parse_gen(&c, o, &r->gen, &r->grammar);
     case SERVE_OP_ASK:
         if ((rc = parse_ask(&c, o, r))) return rc;
-        return parse_gen(&c, o, &r->gen);
+        return parse_gen(&c, o, &r->gen, &r->grammar);
     case SERVE_OP_TOKENIZE:
         if ((rc = get_str(&c, o, "text", "text", true, &r->text, &r->text_len))) return rc;
         if ((rc = get_bool(&c, o, "add_special", &r->add_special))) return rc;
@@ -371,6 +433,7 @@ serve_code serve_req_parse(const char *line, size_t len, const serve_gen *defaul
 void serve_req_deinit(serve_req *r) {
     if (!r) return;
     json_object_put(r->root);
+    rk_json_grammar_destroy(r->grammar);
     free(r->msgs);
     free(r->docs);
     memset(r, 0, sizeof *r);

@@ -348,8 +348,9 @@ rk_status ev_needle_run(const rk_model *m, rk_session *const *s, const ev_corpus
             snprintf(a.keys[0], sizeof a.keys[0], "%d", tr->key);
             for (int j = 0; j < tr->n_distr; j++) snprintf(a.keys[1 + j], sizeof a.keys[1 + j], "%d", tr->dkey[j]);
             rk_gen_params gp = rk_gen_params_default();
+            if (p->sampler) gp.sampler = *p->sampler;
+            else gp.sampler.repeat_penalty = 1.0f;
             gp.sampler.temp = 0; /* greedy; decode is always exact */
-            gp.sampler.repeat_penalty = 1.0f;
             gp.max_tokens = p->gen;
             gp.fill = &fp;
             gp.on_token = on_token;

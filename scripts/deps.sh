@@ -17,3 +17,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+# The openai client that tests/cli/test_openai.py drives `serve --http` with (PyPI, per user;
+# Debian 12 marks its Python as externally managed, hence --break-system-packages for --user).
+if ! python3 -c "import openai" 2>/dev/null; then
+  echo "deps: installing the openai Python package (pip --user)" >&2
+  python3 -m pip install --user --quiet --break-system-packages openai ||
+    echo "deps: pip install openai failed: tests/cli/test_openai.py will skip" >&2
+fi

@@ -159,6 +159,7 @@ typedef struct ev_needle_params {
     int n_trials;
     int gen; /* greedy answer tokens */
     uint64_t seed;
+    const rk_sampler_params *sampler; /* the answers' penalties (temperature forced to 0); NULL: defaults */
     int n_wordings; /* needle sentence / question wordings cycled over (0: 1; at most EV_NEEDLE_WORDINGS) */
     /* Distractors: sentences of the other wordings (the one after the question's first), each
      * with a key of its own, at random depths of the bulk region away from the needle (0..

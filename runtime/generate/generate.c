@@ -1,6 +1,7 @@
 /* rk_generate: prefill, then sample / stream / evaluate one token at a time until a stop
  * reason. Every command that generates (run, chat, ask, serve, eval needle, bench) runs
  * this loop. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,6 +34,88 @@ static uint64_t filled_rows(const rk_session *s, int n_layer) {
     uint64_t n = 0, f;
     for (int l = 0; l < n_layer; l++) rk_session_layer_rows(s, l, NULL, &f), n += f;
     return n;
+}
+
+/* Every token's bytes (pieces without special-token text): (n_vocab + 1) offsets into one
+ * buffer. Made once per call when a grammar or DRY needs them. */
+typedef struct tok_bytes {
+    char *p;
+    uint32_t *off;
+} tok_bytes;
+
+static rk_status tok_bytes_make(const rk_model *m, int32_t nv, tok_bytes *tb, rk_err *err) {
+    size_t cap = (size_t)nv * 8, n = 0;
+    tb->p = malloc(cap);
+    tb->off = malloc(((size_t)nv + 1) * sizeof *tb->off);
+    if (!tb->p || !tb->off) return rk_err_set(err, RK_E_NOMEM, "generate: out of memory for the token table");
+    for (int32_t t = 0; t < nv; t++) {
+        tb->off[t] = (uint32_t)n;
+        size_t need = rk_model_token_piece(m, t, false, tb->p + n, cap - n);
+        if (need > cap - n) {
+            while (need > cap - n) cap *= 2;
+            char *q = realloc(tb->p, cap);
+            if (!q || cap > UINT32_MAX)
+                return rk_err_set(err, RK_E_NOMEM, "generate: out of memory for the token table");
+            tb->p = q;
+            need = rk_model_token_piece(m, t, false, tb->p + n, cap - n);
+        }
+        n += need;
+    }
+    tb->off[nv] = (uint32_t)n;
+    return RK_OK;
+}
+
+static const char *const default_breakers[] = {"\n", ":", "\"", "*"};
+
+/* Tokens whose text holds a breaker string become DRY sequence breakers. */
+static rk_status set_breakers(rk_sampler *smp, const rk_gen_params *p, const tok_bytes *tb, int32_t nv, rk_err *err) {
+    const char *const *b = p->dry_breakers ? p->dry_breakers : default_breakers;
+    const int32_t nb = p->dry_breakers ? p->n_dry_breakers : 4;
+    int32_t *ids = malloc((size_t)nv * sizeof *ids);
+    if (!ids) return rk_err_set(err, RK_E_NOMEM, "generate: out of memory for the DRY breakers");
+    size_t n = 0;
+    for (int32_t t = 0; t < nv; t++) {
+        const char *s = tb->p + tb->off[t];
+        const size_t len = tb->off[t + 1] - tb->off[t];
+        for (int32_t k = 0; k < nb; k++)
+            if (b[k] && b[k][0] && memmem(s, len, b[k], strlen(b[k]))) {
+                ids[n++] = t;
+                break;
+            }
+    }
+    rk_status st = rk_sampler_set_dry_breakers(smp, ids, n, err);
+    free(ids);
+    return st;
+}
+
+/* The next token under a grammar: the sampler's pick among the tokens whose bytes keep the
+ * text a prefix of the language (end-of-generation only where the value can end). Greedy
+ * tries the best tokens one by one first; otherwise every token is checked and the rest
+ * masked (NaN). -1: no token fits. */
+static int32_t grammar_pick(const rk_model *m, rk_sampler *smp, float *logits, int32_t nv, bool greedy,
+                            const tok_bytes *tb, rk_json_state *gs) {
+    const bool can_end = rk_json_state_can_end(gs);
+#define ALLOWED(t)                                                  \
+    (rk_model_token_is_eog(m, t) ? can_end                          \
+                                 : tb->off[(t) + 1] > tb->off[t] && \
+                                       rk_json_state_accepts(gs, tb->p + tb->off[t], tb->off[(t) + 1] - tb->off[t]))
+    if (greedy)
+        for (int tries = 0; tries < 16; tries++) {
+            int32_t best = -1;
+            for (int32_t i = 0; i < nv; i++)
+                if (!isnan(logits[i]) && (best < 0 || logits[i] > logits[best])) best = i;
+            if (best < 0) return -1;
+            if (ALLOWED(best)) return best;
+            logits[best] = NAN;
+        }
+    int32_t n_ok = 0;
+    for (int32_t t = 0; t < nv; t++) {
+        if (isnan(logits[t])) continue;
+        if (ALLOWED(t)) n_ok++;
+        else logits[t] = NAN;
+    }
+#undef ALLOWED
+    return n_ok ? rk_sampler_pick(smp, logits) : -1;
 }
 
 /* Bytes of token tok into *buf (grown when a piece is longer than it: rare, and only
@@ -76,6 +159,8 @@ rk_status rk_generate(const rk_model *m, rk_session *s, const int32_t *prompt, s
 
     rk_status st = RK_OK;
     rk_sampler *smp = NULL;
+    tok_bytes tb = {0};
+    rk_json_state *gs = NULL;
     rk_gen_text txt = {.stop = p->stop, .stop_len = p->stop_len, .n_stop = p->n_stop};
     size_t pcap = 256, pn = 0;
     char *pbuf = malloc(pcap);
@@ -89,6 +174,11 @@ rk_status rk_generate(const rk_model *m, rk_session *s, const int32_t *prompt, s
         goto fail;
     }
     if ((st = rk_sampler_create(&p->sampler, hp->n_vocab, &smp, err))) goto fail;
+    if (p->grammar || p->sampler.dry_multiplier > 0.0f) {
+        if ((st = tok_bytes_make(m, hp->n_vocab, &tb, err))) goto fail;
+        if (p->sampler.dry_multiplier > 0.0f && (st = set_breakers(smp, p, &tb, hp->n_vocab, err))) goto fail;
+        if (p->grammar && (st = rk_json_state_create(p->grammar, &gs, err))) goto fail;
+    }
     if (p->fill && (st = rk_session_set_fill(s, p->fill, err))) goto fail;
     memcpy(hist, prompt, n_prompt * sizeof *hist);
 
@@ -110,7 +200,19 @@ rk_status rk_generate(const rk_model *m, rk_session *s, const int32_t *prompt, s
     int64_t n_gen = 0;
     double t_first = -1;
     while (n_gen < max_gen) {
-        const int32_t tok = rk_sampler_sample(smp, logits, hist, n_hist);
+        /* the penalties see the generated tokens (and the prompt when asked) */
+        const size_t h0 = p->sampler.penalize_prompt ? 0 : n_prompt;
+        rk_sampler_penalize(smp, logits, hist + h0, n_hist - h0);
+        int32_t tok;
+        if (gs) {
+            tok = grammar_pick(m, smp, logits, hp->n_vocab, p->sampler.temp <= 0.0f, &tb, gs);
+            if (tok < 0) { /* nothing can follow: the value is as complete as it gets */
+                why = RK_STOP_EOG;
+                break;
+            }
+        } else {
+            tok = rk_sampler_pick(smp, logits);
+        }
         if (n_gen == 0) t_first = rk_time_now();
         if (!p->ignore_eog && rk_model_token_is_eog(m, tok)) {
             why = RK_STOP_EOG;
@@ -121,6 +223,7 @@ rk_status rk_generate(const rk_model *m, rk_session *s, const int32_t *prompt, s
             st = rk_err_set(err, RK_E_NOMEM, "generate: out of memory for the generated text");
             goto fail;
         }
+        if (gs) rk_json_state_feed(gs, pbuf, pn); /* accepted: grammar_pick checked these bytes */
         hist[n_hist++] = tok;
         n_gen++;
         bool go_on = true;
@@ -131,6 +234,10 @@ rk_status rk_generate(const rk_model *m, rk_session *s, const int32_t *prompt, s
         }
         if (txt.stopped) {
             why = RK_STOP_STRING;
+            break;
+        }
+        if (gs && rk_json_state_complete(gs)) {
+            why = RK_STOP_EOG;
             break;
         }
         if (!go_on) {
@@ -175,6 +282,9 @@ rk_status rk_generate(const rk_model *m, rk_session *s, const int32_t *prompt, s
 fail:
     rk_gen_text_deinit(&txt);
     rk_sampler_destroy(smp);
+    rk_json_state_destroy(gs);
+    free(tb.p);
+    free(tb.off);
     free(hist);
     free(logits);
     free(pbuf);

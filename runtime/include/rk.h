@@ -276,10 +276,26 @@ typedef struct rk_sampler_params {
     float top_p;           /* >= 1: off */
     float min_p;           /* <= 0: off */
     float repeat_penalty;  /* 1: off */
-    int32_t repeat_last_n; /* tokens of history the penalty looks at */
+    int32_t repeat_last_n; /* tokens of history the penalties look at (repeat, frequency, presence) */
     uint64_t seed;
+    float frequency_penalty; /* logit -= count * f for each id seen count times in the window; 0: off */
+    float presence_penalty;  /* logit -= p for each id seen in the window; 0: off */
+    /* DRY (llama.cpp's "don't repeat yourself"): when the history ends with a sequence that
+     * occurred before, the token that followed it then loses
+     * dry_multiplier * dry_base^(len - dry_allowed_length), len the repeated length (at least
+     * dry_allowed_length); a match never extends across a sequence-breaker token
+     * (rk_sampler_set_dry_breakers). */
+    float dry_multiplier;       /* 0: off */
+    float dry_base;             /* > 1 */
+    int32_t dry_allowed_length; /* repeats shorter than this go free */
+    int32_t dry_penalty_last_n; /* tokens of history DRY looks at; -1: all of it */
+    bool penalize_prompt;       /* rk_generate: the penalties also see the prompt (false: only the
+                                   generated tokens, so copying from a document is not penalised) */
 } rk_sampler_params;
 
+/* temp 0.8, top-k 40, top-p 0.95, min-p 0.05 (llama.cpp's); repeat penalty 1 (off) over 64
+ * tokens; frequency and presence 0; DRY on: multiplier 0.8, base 1.75, allowed length 2,
+ * the whole answer; the penalties see the answer only. */
 RK_API rk_sampler_params rk_sampler_params_default(void);
 
 typedef struct rk_sampler rk_sampler;

@@ -16,6 +16,53 @@ bool rk_utf8_valid(const char *p, size_t n, size_t *bad);
  * malloc'd NUL-terminated string (*out_len bytes before the NUL); NULL when out of memory. */
 char *rk_utf8_repair(const char *p, size_t n, size_t *out_len);
 
+/* ---- sampler steps (rk_sampler_sample = penalize, then pick) ---------------------- */
+/* Applies the repeat / frequency / presence penalties over the last repeat_last_n ids of
+ * history, then DRY over the last dry_penalty_last_n, to logits in place. */
+void rk_sampler_penalize(rk_sampler *s, float *logits, const int32_t *history, size_t n_history);
+/* Picks a token from logits as they are (greedy or the temperature / top-k / top-p / min-p
+ * draw); NaN logits are never picked (id 0 when all are NaN). */
+int32_t rk_sampler_pick(rk_sampler *s, float *logits);
+/* The DRY sequence breakers: token ids a repeat never extends across (copied; replaces
+ * the set). RK_E_INVALID_ARG for an id outside the vocabulary. */
+rk_status rk_sampler_set_dry_breakers(rk_sampler *s, const int32_t *ids, size_t n, rk_err *err);
+
+/* ---- JSON grammar (constrained sampling) --------------------------------------------- *
+ * A compiled JSON Schema subset, and a byte-level state machine that accepts exactly the
+ * prefixes of the JSON texts the schema allows (no whitespace before or after the value; at most
+ * RK_JSON_MAX_WS whitespace bytes in a row). Keywords: type (a name or an array of names:
+ * object, array, string, number, integer, boolean, null), properties (at most 64; only the
+ * listed properties may appear, each at most once, in any order), required,
+ * additionalProperties (false only), items, minItems, maxItems, minLength, maxLength, enum
+ * and const (at most 64 values, matched in json-c's plain form: no spaces), $ref to
+ * "#/$defs/NAME" or "#/definitions/NAME" (not recursive), and the annotations title,
+ * description, default, examples, $schema, $id, $comment, $defs, definitions. Any other
+ * keyword is refused by name. integer admits no fraction or exponent. */
+#define RK_JSON_MAX_DEPTH 32 /* nesting of arrays and objects */
+#define RK_JSON_MAX_WS 16
+typedef struct rk_json_grammar rk_json_grammar;
+typedef struct rk_json_state rk_json_state;
+
+/* schema: the JSON text of a schema (len bytes); NULL: any JSON object (OpenAI's
+ * "json_object"). RK_E_INVALID_ARG naming the keyword and where it sits ("#/properties/x")
+ * for what is outside the subset or malformed. */
+rk_status rk_json_grammar_create(const char *schema, size_t len, rk_json_grammar **out, rk_err *err);
+void rk_json_grammar_destroy(rk_json_grammar *g);
+
+/* A parse position at the start of the text; borrows g, which must outlive it. */
+rk_status rk_json_state_create(const rk_json_grammar *g, rk_json_state **out, rk_err *err);
+void rk_json_state_destroy(rk_json_state *st);
+void rk_json_state_reset(rk_json_state *st);
+/* Feeds p[0..n): true when the text so far followed by p is still a prefix of an allowed
+ * text (the state then moves on); false leaves the state unchanged. */
+bool rk_json_state_feed(rk_json_state *st, const char *p, size_t n);
+/* What rk_json_state_feed would answer, leaving the state unchanged. */
+bool rk_json_state_accepts(rk_json_state *st, const char *p, size_t n);
+/* The text so far is a whole allowed value (it may still go on: a top-level number). */
+bool rk_json_state_can_end(const rk_json_state *st);
+/* The text so far is a whole allowed value and nothing may follow it. */
+bool rk_json_state_complete(const rk_json_state *st);
+
 /* ---- generation ------------------------------------------------------------------ */
 typedef enum rk_stop_reason {
     RK_STOP_LENGTH = 0, /* max_tokens generated (max_tokens 0: prefill only) */
@@ -54,7 +101,14 @@ typedef struct rk_gen_params {
     void *progress_ud;
     rk_gen_token_fn on_token; /* NULL: no streaming, the text is in the result */
     void *token_ud;
-    bool ignore_eog; /* decode through end-of-generation tokens (bench) */
+    bool ignore_eog;                 /* decode through end-of-generation tokens (bench) */
+    const rk_json_grammar *grammar;  /* NULL: free text; else only tokens whose bytes keep the text a
+                                       prefix the grammar allows are sampled, end-of-generation only
+                                       when it can end, and the generation stops (RK_STOP_EOG) once the
+                                       value is complete (borrowed for the call) */
+    const char *const *dry_breakers; /* DRY sequence breakers as text: a token whose text holds one
+                                        breaks a repeat; NULL: "\n", ":", "\"", "*" (llama.cpp's) */
+    int32_t n_dry_breakers;
 } rk_gen_params;
 
 /* sampler = rk_sampler_params_default(), max_tokens 256, everything else 0 / NULL. */

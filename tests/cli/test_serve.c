@@ -218,6 +218,22 @@ Test(serve, script_of_good_and_bad_lines) {
          "-25", "done", NULL},
         {"{\"id\":26,\"op\":\"tokenize\",\"text\":\"Once upon a time\"}", "26", "done", NULL},
         {"{\"id\":27,\"op\":\"complete\",\"prompt\":\"x\",\"max_tokens\":0}", "27", "done", NULL},
+        {"{\"id\":28,\"op\":\"complete\",\"prompt\":\"x\",\"frequency_penalty\":2.5}", "28", "invalid_request",
+         "'frequency_penalty'"},
+        {"{\"id\":29,\"op\":\"complete\",\"prompt\":\"x\",\"dry_base\":1}", "29", "invalid_request", "'dry_base'"},
+        {"{\"id\":30,\"op\":\"complete\",\"prompt\":\"x\",\"response_format\":{\"type\":\"xml\"}}", "30",
+         "invalid_request", "'response_format.type'"},
+        {"{\"id\":31,\"op\":\"chat\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":"
+         "{\"type\":\"json_schema\",\"json_schema\":{\"schema\":{\"type\":\"string\",\"minimum\":1}}}}",
+         "31", "invalid_request", "'minimum'"},
+        /* a JSON answer: the grammar ends it once the value is complete */
+        {"{\"id\":32,\"op\":\"complete\",\"prompt\":\"Once upon a time\",\"max_tokens\":60,\"temperature\":0,"
+         "\"stream\":false,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":"
+         "{\"enum\":[\"yes\",\"no\"]}}}}",
+         "32", "done", NULL},
+        {"{\"id\":33,\"op\":\"complete\",\"prompt\":\"Once upon a time\",\"max_tokens\":3,\"temperature\":0,"
+         "\"frequency_penalty\":0.5,\"presence_penalty\":-0.5,\"dry_multiplier\":0,\"repeat_last_n\":8}",
+         "33", "done", NULL},
     };
     size_t n_x = sizeof x / sizeof x[0];
     size_t cap = 64 * 1024, n = 0;
@@ -266,6 +282,11 @@ Test(serve, script_of_good_and_bad_lines) {
             cr_expect(json_object_is_type(json_object_object_get(ev, "ttft_ms"), json_type_null));
         }
         if (!strcmp(id_text(ev), "-25") && !strcmp(str(ev, "event"), "done")) cr_expect(str(ev, "text"));
+        if (!strcmp(id_text(ev), "32") && !strcmp(str(ev, "event"), "done")) {
+            const char *t = str(ev, "text");
+            cr_expect(t && (!strcmp(t, "\"yes\"") || !strcmp(t, "\"no\"")), "enum answer: %s", t ? t : "(none)");
+            cr_expect_str_eq(str(ev, "finish_reason"), "eog");
+        }
     }
     served_free(&s);
 }

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "rk.h"
+#include "rk_gen.h"
 #include "tb.h"
 
 static rk_sampler *make(rk_sampler_params p, int32_t n_vocab) {
@@ -26,6 +27,7 @@ static rk_sampler_params plain(float temp, uint64_t seed) {
     p.top_p = 1.0f;
     p.min_p = 0.0f;
     p.repeat_penalty = 1.0f;
+    p.dry_multiplier = 0.0f;
     p.seed = seed;
     return p;
 }
@@ -283,6 +285,14 @@ Test(sampler, defaults) {
     cr_expect_float_eq(p.min_p, 0.05f, 1e-7);
     cr_expect_eq(p.repeat_penalty, 1.0f);
     cr_expect_eq(p.repeat_last_n, 64);
+    cr_expect_eq(p.frequency_penalty, 0.0f);
+    cr_expect_eq(p.presence_penalty, 0.0f);
+    /* DRY on (docs/JSONL.md: the loop guard of the default model), on the answer only */
+    cr_expect_float_eq(p.dry_multiplier, 0.8f, 1e-7);
+    cr_expect_float_eq(p.dry_base, 1.75f, 1e-7);
+    cr_expect_eq(p.dry_allowed_length, 2);
+    cr_expect_eq(p.dry_penalty_last_n, -1);
+    cr_expect(!p.penalize_prompt);
 }
 
 /* Filled RidgeFill rows carry NaN logits; a NaN never wins the draw when sampling.
@@ -317,4 +327,122 @@ Test(sampler, top_p_before_temperature_as_llama_cpp) {
     softmax(lg, 5, 2.0, keep, q);
     expect_binomial(count, q, 5, 20000, "top_p 0.7 at temp 2");
     rk_sampler_destroy(s);
+}
+
+/* OpenAI's frequency and presence penalties over the repeat_last_n window, after the
+ * repeat penalty: logit -= count * f + [count > 0] * p, each id once. */
+Test(sampler, frequency_and_presence_penalties) {
+    rk_sampler_params p = plain(0.0f, 1);
+    p.repeat_last_n = 5;
+    p.frequency_penalty = 0.5f;
+    p.presence_penalty = 0.25f;
+    p.repeat_penalty = 2.0f;
+    rk_sampler *s = make(p, 6);
+    float lg[6] = {2.0f, -1.0f, 0.5f, 0.0f, 3.0f, 2.5f};
+    /* window: the last 5 ids {1, 4, 4, 4, 2}; id 0 is outside it */
+    const int32_t hist[] = {0, 0, 1, 4, 4, 4, 2};
+    rk_sampler_penalize(s, lg, hist, 7);
+    const float want[6] = {2.0f, -1.0f * 2.0f - 0.5f - 0.25f, 0.25f - 0.5f - 0.25f, 0.0f, 1.5f - 1.5f - 0.25f, 2.5f};
+    for (int i = 0; i < 6; i++)
+        cr_expect_float_eq(lg[i], want[i], 1e-6, "logit %d: %g vs %g", i, (double)lg[i], (double)want[i]);
+    rk_sampler_destroy(s);
+}
+
+/* DRY as llama.cpp: history "7 1 2 3 4 ... 1 2 3" ends with the 3-token repeat 1 2 3,
+ * which was followed by 4: 4 loses multiplier * base^(3 - allowed); with allowed 2 that is
+ * 0.8 * 1.75. The token after the shorter repeat "2 3" elsewhere (5 below) loses
+ * 0.8 * 1.75^0; repeats shorter than allowed (the lone 3 before 6) go free. */
+Test(sampler, dry_penalty_is_multiplier_times_base_to_the_excess) {
+    rk_sampler_params p = plain(0.0f, 1);
+    p.dry_multiplier = 0.8f;
+    p.dry_base = 1.75f;
+    p.dry_allowed_length = 2;
+    p.dry_penalty_last_n = -1;
+    const int32_t nv = 10;
+    rk_sampler *s = make(p, nv);
+    const int32_t hist[] = {7, 1, 2, 3, 4, 9, 2, 3, 5, 8, 3, 6, 0, 1, 2, 3};
+    const size_t n = sizeof hist / sizeof hist[0];
+    float lg[10];
+    for (int i = 0; i < nv; i++) lg[i] = 1.0f;
+    rk_sampler_penalize(s, lg, hist, n);
+    for (int i = 0; i < nv; i++) {
+        const double want = i == 4 ? 1.0 - 0.8 * 1.75 : i == 5 ? 1.0 - 0.8 : 1.0;
+        cr_expect(fabs(lg[i] - want) < 1e-6, "token %d: %g vs %g", i, (double)lg[i], want);
+    }
+    /* a longer constructed repeat: a period-5 loop repeated; the suffix matches 2 periods + 3 */
+    float lg2[10];
+    for (int i = 0; i < nv; i++) lg2[i] = 0.0f;
+    int32_t loop[18];
+    for (int i = 0; i < 18; i++) loop[i] = 1 + i % 5; /* 1 2 3 4 5 1 2 3 4 5 ... ends with 3 */
+    rk_sampler_penalize(s, lg2, loop, 18);
+    /* the latest earlier 3 is at 12, its match runs back to the start: 13 tokens; the next token is 4 */
+    const double want4 = -0.8 * pow(1.75, 13 - 2);
+    cr_expect(fabs(lg2[4] - want4) < 1e-3 * fabs(want4), "token 4: %g vs %g", (double)lg2[4], want4);
+    for (int i = 0; i < nv; i++)
+        if (i != 4) cr_expect_eq(lg2[i], 0.0f, "token %d untouched", i);
+    rk_sampler_destroy(s);
+}
+
+/* A breaker ends the repeat: with 9 a breaker, "9 2 3" cannot match across 9, so the
+ * history's suffix stops at it and only shorter repeats count. */
+Test(sampler, dry_sequence_breakers_cut_the_match) {
+    rk_sampler_params p = plain(0.0f, 1);
+    p.dry_multiplier = 1.0f;
+    p.dry_base = 2.0f;
+    p.dry_allowed_length = 2;
+    rk_sampler *s = make(p, 10);
+    rk_err e = {0};
+    const int32_t brk[] = {9};
+    cr_assert_eq(rk_sampler_set_dry_breakers(s, brk, 1, &e), RK_OK, "%s", e.msg);
+    /* without the breaker the suffix 9 1 2 would match 3 long before 5 */
+    const int32_t hist[] = {9, 1, 2, 5, 0, 9, 1, 2};
+    float lg[10] = {0};
+    rk_sampler_penalize(s, lg, hist, 8);
+    cr_expect(fabs(lg[5] - -1.0) < 1e-6, "5: a 2-token repeat (1 2), 1 * 2^0: %g", (double)lg[5]);
+    /* a history ending with a breaker has no repeat to extend */
+    const int32_t hist2[] = {1, 2, 9, 1, 2, 9};
+    float lg2[10] = {0};
+    rk_sampler_penalize(s, lg2, hist2, 6);
+    for (int i = 0; i < 10; i++) cr_expect_eq(lg2[i], 0.0f, "token %d", i);
+    /* a breaker token itself is never penalised */
+    const int32_t hist3[] = {1, 2, 9, 4, 1, 2};
+    float lg3[10] = {0};
+    rk_sampler_penalize(s, lg3, hist3, 6);
+    cr_expect_eq(lg3[9], 0.0f, "breaker 9: %g", (double)lg3[9]);
+    const int32_t bad[] = {10};
+    cr_expect_eq(rk_sampler_set_dry_breakers(s, bad, 1, &e), RK_E_INVALID_ARG);
+    rk_sampler_destroy(s);
+    /* the window: with dry_penalty_last_n 4 the early occurrence is out of sight */
+    p.dry_penalty_last_n = 4;
+    s = make(p, 10);
+    const int32_t hist4[] = {1, 2, 3, 7, 8, 0, 1, 2};
+    float lg4[10] = {0};
+    rk_sampler_penalize(s, lg4, hist4, 8);
+    cr_expect_eq(lg4[3], 0.0f, "outside the window: %g", (double)lg4[3]);
+    rk_sampler_destroy(s);
+    s = make((p.dry_penalty_last_n = -1, p), 10);
+    float lg5[10] = {0};
+    rk_sampler_penalize(s, lg5, hist4, 8);
+    cr_expect(fabs(lg5[3] - -1.0) < 1e-6, "inside: %g", (double)lg5[3]);
+    rk_sampler_destroy(s);
+}
+
+Test(sampler, dry_parameters_are_checked) {
+    rk_sampler_params p = plain(1.0f, 1);
+    rk_sampler *s = NULL;
+    rk_err e = {0};
+    p.dry_multiplier = 0.5f;
+    p.dry_base = 1.0f;
+    cr_expect_eq(rk_sampler_create(&p, 8, &s, &e), RK_E_INVALID_ARG);
+    cr_expect(strstr(e.msg, "DRY base"), "%s", e.msg);
+    p.dry_base = 1.75f;
+    p.dry_allowed_length = 0;
+    cr_expect_eq(rk_sampler_create(&p, 8, &s, &e), RK_E_INVALID_ARG);
+    p.dry_allowed_length = 2;
+    p.dry_multiplier = -1.0f;
+    cr_expect_eq(rk_sampler_create(&p, 8, &s, &e), RK_E_INVALID_ARG);
+    p.dry_multiplier = 0.0f;
+    p.frequency_penalty = INFINITY;
+    cr_expect_eq(rk_sampler_create(&p, 8, &s, &e), RK_E_INVALID_ARG);
+    cr_expect_null(s);
 }
