@@ -37,7 +37,7 @@ static const char *help =
     "      --keep-share X      quality mode: share of bulk rows kept exact, those the question\n"
     "                          attends to most (default: the map's, 0.1)\n"
     "      --fill-group G      quality/speed: late layers attend to each run of up to G filled\n"
-    "                          rows as one row (default 16; 0: every row)\n"
+    "                          rows as one row (default 16; 0: every row)\n" CLI_SPARSE_HELP
     "  -v, --verbose           print model and timing details to stderr\n"
     "      --verbose-prompt    print the prompt as the model sees it and its tokens to stderr\n"
     "\n"

@@ -5,6 +5,7 @@
 #pragma once
 #include <string.h>
 
+#include "rk_attn_sparse.h"
 #include "session_impl.h"
 
 /* The prefill module's state in a session (rk_session.pf): rk_prefill_init makes it with the
@@ -29,6 +30,11 @@ typedef struct rk_prefill_state {
     int splice_lo, splice_hi;
     bool splice_k, splice_v;
     struct rk_fill_group *fg; /* grouped filled rows of the running fill prefill, or NULL (fill_group.c) */
+    /* sparse attention (sparse.c): the running eval call's end (rows below it), the counters,
+     * and the calibration pass's accumulators (NULL outside one) */
+    int64_t sparse_end;
+    rk_attn_sparse_stats sparse_stats;
+    struct rk_sparse_acc *sparse_acc;
 } rk_prefill_state;
 rk_status rk_prefill_init(rk_session *s, rk_err *err);
 void rk_prefill_deinit(rk_session *s);
@@ -122,5 +128,10 @@ rk_status rk_select_top(const float *score, int64_t n, int radius, int64_t n_kee
  * n_keep - that of the rows before them by rk_select_top; keep is not cleared. */
 rk_status rk_select_rows(const float *score, int64_t n, int radius, int64_t n_keep, int64_t band, uint8_t *keep,
                          rk_err *err);
+/* sparse.c: the block-sparse layout of layer l's attention for n_q rows at pos0 in the
+ * running eval call, or false when that attention runs dense (sparse off, a device backend,
+ * RidgeFill's grouped late layers). sp borrows the session's state until the next call. */
+struct rk_attn_sparse;
+bool rk_sparse_layout(rk_session *s, int l, struct rk_attn_sparse *sp);
 /* prefill.c: an eval call's rows through the model in chunks (what rk_session_eval runs). */
 rk_status rk_prefill_run(rk_session *s, const int32_t *ids, size_t n, float *logits, bool all_rows, rk_err *err);
