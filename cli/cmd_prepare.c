@@ -261,6 +261,7 @@ int cli_prepare_sparse(const rk_model *m, const char *const *texts, int n_texts,
     rk_sparse_fit_params fp = {.segment = 8192, .n_threads = n_threads};
     if (fp.segment > rk_model_hparams(m)->n_ctx_train) fp.segment = rk_model_hparams(m)->n_ctx_train;
     if ((size_t)fp.segment > n) fp.segment = (int32_t)n;
+    fp.min_kv = fp.segment / 4; /* chunks past a quarter of the segment are measured (2048 of 8192) */
     if (n > 2 * (size_t)fp.segment) n = 2 * (size_t)fp.segment; /* two segments */
     fprintf(stderr, "ridgekv prepare: measuring sparse attention of %s on %zu tokens (segments of %d)\n",
             rk_model_name(m), n, fp.segment);
