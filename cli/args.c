@@ -51,7 +51,7 @@ static const struct {
     " --frequency-penalty --presence-penalty --dry-multiplier --dry-base --dry-allowed-length"             \
     " --dry-penalty-last-n"                                                                                \
     " --kv-budget --kv-host-budget" FILL_FLAGS ROPE_FLAGS " "
-#define FILL_FLAGS " --obs --score-layers --score-skip --baseline --pool --fill-group"
+#define FILL_FLAGS " --obs --score-layers --score-skip --baseline --pool --fill-group --sparse"
 #define ROPE_FLAGS                                                                                      \
     " --ctx-overflow-ok --rope-scaling --rope-scale --rope-freq-base --yarn-orig-ctx --yarn-ext-factor" \
     " --yarn-attn-factor --yarn-beta-fast --yarn-beta-slow"
@@ -181,7 +181,7 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
             "--dry-allowed-length --dry-penalty-last-n --json-schema --json-object --seed --kv --backend --system --ridgefill --fill --tail "
             "--split --keep-share --chat --json --verbose --stop --verbose-prompt "
             "--kv-budget --kv-host-budget --no-cache --cache-level --no-ridgefill --obs --score-layers "
-            "--score-skip --baseline --pool --band --fill-group --ctx-overflow-ok --rope-scaling --rope-scale "
+            "--score-skip --baseline --pool --band --fill-group --sparse --ctx-overflow-ok --rope-scaling --rope-scale "
             "--rope-freq-base --yarn-orig-ctx --yarn-ext-factor --yarn-attn-factor "
             "--yarn-beta-fast --yarn-beta-slow ";
         char key[64];
@@ -349,7 +349,10 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
             rc = parse_int(cmd, a, v, 0, 4096, &o->fill_group);
             if (!rc && o->fill_group == 0) o->fill_group = -1; /* off, not the default */
         } else if (!strcmp(a, "--no-ridgefill")) o->no_ridgefill = 1;
-        else if (!strcmp(a, "--no-cache")) o->no_cache = 1;
+        else if (!strcmp(a, "--sparse")) {
+            NEED();
+            o->sparse = v;
+        } else if (!strcmp(a, "--no-cache")) o->no_cache = 1;
         else if (!strcmp(a, "--cache-level")) {
             NEED();
             rc = parse_int(cmd, a, v, 0, 19, &o->cache_level);
@@ -707,6 +710,8 @@ int cli_fill_params(const cli_opts *o, const rk_model *m, rk_ridge_maps **maps, 
         if (warn[0]) fprintf(stderr, "ridgekv: warning: %s\n", warn);
     }
     fp.maps = *maps;
+    int src = cli_sparse_params(o, m, &fp.sparse); /* sparse_cli.c */
+    if (src) return src;
     if (fp.mode != RK_FILL_OFF && !fp.maps && fp.mode != RK_FILL_IDENTITY && fp.mode != RK_FILL_PLUMB) {
         fprintf(stderr, "ridgekv: --fill %s needs --ridgefill MAPS.gguf (make one with ridgekv calibrate)\n", mode_s);
         return RK_EXIT_USAGE;

@@ -48,6 +48,7 @@ typedef struct cli_opts {
     int fill_group;          /* --fill-group G: late-layer attention to filled rows in runs of G (0: the
                              * mode's default, rk_fill_default_group; -1: off, from --fill-group 0) */
     int no_ridgefill;        /* --no-ridgefill: no maps found by fingerprint are used */
+    const char *sparse;      /* --sparse off|on[:key=value...] (rk_sparse_params_parse; cli_sparse_params) */
     rk_rope_override rope;   /* --rope-scaling, --rope-scale, --yarn-*, --rope-freq-base (valid when rope_set) */
     int rope_set;
     int ctx_overflow_ok; /* --ctx-overflow-ok: a context past the model's, with a warning */
@@ -150,6 +151,20 @@ const char *cli_default_fill_name(void);
 #define CLI_PREPARE_TOKENS 32768
 /* <cache>/maps/<arch>-<tokenizer hash>-<weights hash>-<quant hash>.maps.gguf; -1 without a cache dir. */
 int cli_maps_cache_path(const rk_model *m, char *buf, size_t cap);
+/* The sparse-attention calibration file of m beside its maps (…-<quant hash>.sparse.gguf). */
+int cli_sparse_cache_path(const rk_model *m, char *buf, size_t cap);
+/* --sparse over rk_sparse_params (off without the flag); with it on, the calibration file of
+ * m from `ridgekv prepare --sparse` when the cache holds one (loaded once per process and
+ * kept for its life), else online estimation at the default mass. Exit code. */
+int cli_sparse_params(const cli_opts *o, const rk_model *m, rk_sparse_params *out);
+/* Fits the sparse-attention calibration of m (rk_sparse_fit) on the text and stores it at
+ * cli_sparse_cache_path; nothing when a usable one is there unless force. Exit code. */
+int cli_prepare_sparse(const rk_model *m, const char *const *texts, int n_texts, size_t max_tokens, int n_threads,
+                       bool force);
+/* The --help lines of --sparse (ask, chat, run, serve, bench, eval). */
+#define CLI_SPARSE_HELP \
+    "      --sparse off|on[:k=v]  sparse attention of long prompts (default off; docs/RIDGEFILL.md)\n"
+
 /* Fits the maps of m over the texts (NULL/0: the Jargon File of the Debian package
  * jargon-text) unless the cache already holds usable ones (force: refit), and stores them
  * under the model's fingerprint. Prints progress and the outcome on stderr; returns an exit

@@ -65,7 +65,7 @@ static const char *help =
     "  --band N      quality mode: the last N bulk rows kept exact out of that share (default 0)\n"
     "  --fill-group G  quality/speed: late layers attend to each run of up to G filled rows as one\n"
     "                row (mean K/V, bias log count; default 16, 0: every row); a --fill item\n"
-    "                MODE:group=G sets it for that mode only, e.g. --fill off,quality:group=0,quality\n"
+    "                MODE:group=G sets it for that mode only, e.g. --fill off,quality:group=0,quality\n" CLI_SPARSE_HELP
     "  -v            model and fill details on stderr\n"
     "  --kv-budget B KV bytes kept in memory (f16/f32/q8/lowram; 512M, or 25% of the plain KV at the longest\n"
     "                -p + -n); the rest spills to $TMPDIR and is read back: a line per run gives the\n"

@@ -13,6 +13,7 @@
 #include "cli.h"
 #include "progress.h"
 #include "rk_fitters.h"
+#include "rk_experimental.h"
 #include "rk_io.h"
 
 extern char **environ;
@@ -23,7 +24,7 @@ extern char **environ;
 enum { PREPARE_TOKENS = CLI_PREPARE_TOKENS, PREPARE_TEXT_BYTES = 1 << 20 };
 
 static const char *help =
-    "usage: ridgekv prepare [-m MODEL] [--text FILE ...] [--max-tokens N] [--force] [-t N]\n"
+    "usage: ridgekv prepare [-m MODEL] [--text FILE ...] [--max-tokens N] [--force] [--sparse] [-t N]\n"
     "\n"
     "Fits the RidgeFill maps of a model once (the work of `ridgekv calibrate`: one exact forward\n"
     "pass over the text, then the ridge solves) and stores them in the cache,\n"
@@ -37,6 +38,9 @@ static const char *help =
     "  --max-tokens N   tokens of text to fit on (default 32768: about 90 s on 2 quiet cores for\n"
     "                   the default model)\n"
     "  --force          refit even when the cache holds maps for this model\n"
+    "  --sparse         also calibrate sparse attention (each layer and head's kept attention mass,\n"
+    "                   measured on 8192-token segments of the text; --sparse on then uses it):\n"
+    "                   <same name>.sparse.gguf beside the maps\n"
     "  -t N             threads\n";
 
 int cli_maps_cache_path(const rk_model *m, char *buf, size_t cap) {
@@ -228,6 +232,64 @@ int cli_prepare_maps(const rk_model *m, const char *const *texts, int n_texts, s
     return RK_EXIT_OK;
 }
 
+int cli_prepare_sparse(const rk_model *m, const char *const *texts, int n_texts, size_t max_tokens, int n_threads,
+                       bool force) {
+    static const char *const def[] = {CLI_PREPARE_TEXT};
+    char path[4096];
+    if (cli_sparse_cache_path(m, path, sizeof path) != 0) {
+        fprintf(stderr, "ridgekv prepare: no cache directory (set HOME or XDG_CACHE_HOME)\n");
+        return RK_EXIT_IO;
+    }
+    rk_err e = {0};
+    struct stat sb;
+    if (!force && stat(path, &sb) == 0) {
+        rk_sparse_calib *c = NULL;
+        char warn[512];
+        if (rk_sparse_calib_load(path, m, &c, warn, sizeof warn, &e) == RK_OK) {
+            rk_sparse_calib_destroy(c);
+            fprintf(stderr, "ridgekv prepare: sparse-attention calibration for %s already in the cache: %s\n",
+                    rk_model_name(m), path);
+            return RK_EXIT_OK;
+        }
+        fprintf(stderr, "ridgekv prepare: the cached sparse calibration is unusable (%s); measuring again\n", e.msg);
+    }
+    if (n_texts == 0) texts = def, n_texts = 1;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int rc = text_tokens(m, texts, n_texts, max_tokens, &ids, &n);
+    if (rc) return rc;
+    rk_sparse_fit_params fp = {.segment = 8192, .n_threads = n_threads};
+    if (fp.segment > rk_model_hparams(m)->n_ctx_train) fp.segment = rk_model_hparams(m)->n_ctx_train;
+    if ((size_t)fp.segment > n) fp.segment = (int32_t)n;
+    fp.min_kv = fp.segment / 4; /* chunks past a quarter of the segment are measured (2048 of 8192) */
+    if (n > 2 * (size_t)fp.segment) n = 2 * (size_t)fp.segment; /* two segments */
+    fprintf(stderr, "ridgekv prepare: measuring sparse attention of %s on %zu tokens (segments of %d)\n",
+            rk_model_name(m), n, fp.segment);
+    double t0 = rk_time_now();
+    void *bytes = NULL;
+    size_t n_bytes = 0;
+    rk_sparse_fit_report rep;
+    rk_status st = rk_sparse_fit(m, ids, n, &fp, &bytes, &n_bytes, &rep, &e);
+    free(ids);
+    if (st) {
+        cli_print_error(&e);
+        return cli_exit_code(st);
+    }
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0;
+    if ((st = rk_io_mkdir_p(dir, &e)) || (st = rk_io_write_file_atomic(path, bytes, n_bytes, &e))) {
+        free(bytes);
+        cli_print_error(&e);
+        return RK_EXIT_IO;
+    }
+    free(bytes);
+    fprintf(stderr, "ridgekv prepare: wrote %s (mean kept mass %.3f, exact mass covered %.3f, %.0f s)\n", path,
+            rep.mean_mass, rep.mean_cover, rk_time_now() - t0);
+    return RK_EXIT_OK;
+}
+
 int cli_auto_fill(cli_opts *o, const rk_model *m, const char *cmd) {
     static char buf[4096]; /* o->ridgefill points here: once per process */
     const size_t cap = sizeof buf;
@@ -281,7 +343,7 @@ bool cli_fill_applies(const cli_opts *o, int64_t n_tokens, char *buf, size_t cap
 
 int cmd_prepare(int argc, char **argv) {
     const char *texts[64];
-    int n_texts = 0, force = 0, max_tokens = PREPARE_TOKENS;
+    int n_texts = 0, force = 0, sparse = 0, max_tokens = PREPARE_TOKENS;
     char **av = malloc((size_t)argc * sizeof *av);
     if (!av) return RK_EXIT_ERROR;
     int ac = 0, rc = 0;
@@ -293,6 +355,7 @@ int cmd_prepare(int argc, char **argv) {
             return RK_EXIT_OK;
         }
         if (i >= 2 && !strcmp(a, "--force")) force = 1;
+        else if (i >= 2 && !strcmp(a, "--sparse")) sparse = 1;
         else if (i >= 2 && (!strcmp(a, "--text") || !strcmp(a, "--max-tokens"))) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "ridgekv prepare: %s needs a value\n", a);
@@ -328,6 +391,7 @@ int cmd_prepare(int argc, char **argv) {
     rk_model *m = NULL;
     if ((rc = cli_load_model(&o, &m))) return rc;
     rc = cli_prepare_maps(m, texts, n_texts, (size_t)max_tokens, o.n_threads, force != 0);
+    if (!rc && sparse) rc = cli_prepare_sparse(m, texts, n_texts, (size_t)max_tokens, o.n_threads, force != 0);
     rk_model_destroy(m);
     return rc;
 }

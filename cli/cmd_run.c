@@ -54,7 +54,7 @@ static const char *help_rest =
     "      --keep-share X      quality mode: share of bulk rows kept exact, those the question\n"
     "                          attends to most (default: the map's, 0.1)\n"
     "      --fill-group G      quality/speed: late layers attend to each run of up to G filled\n"
-    "                          rows as one row (default 16; 0: every row)\n"
+    "                          rows as one row (default 16; 0: every row)\n" CLI_SPARSE_HELP
     "      --rope-scaling none|linear|yarn  RoPE scaling, with --rope-scale N, --yarn-orig-ctx N and the\n"
     "                          other --rope-*/--yarn-* flags (docs/MODELS.md; default: the GGUF's, or\n"
     "                          the model's documented one when the prompt passes the trained context)\n"

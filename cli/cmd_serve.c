@@ -47,7 +47,7 @@ static const char *help =
     "                          RidgeFill for every\n"
     "                          request's prefill (as for ridgekv run); requests may set \"fill\",\n"
     "                          \"ridgefill\", \"tail\"\n"
-    "      --no-ridgefill      exact prefill even when `ridgekv prepare` left maps in the cache\n"
+    "      --no-ridgefill      exact prefill even when `ridgekv prepare` left maps in the cache\n" CLI_SPARSE_HELP
     "Defaults for requests that do not set them:\n"
     "  -n, --n-predict N       max_tokens (default 256; -1 = until end of text or context)\n"
     "      --temp T            temperature (default 0.8; 0 = greedy)\n"

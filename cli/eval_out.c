@@ -43,6 +43,9 @@ int cli_ev_modes(const cli_opts *o, const rk_model *m, rk_session *s, rk_ridge_m
     }
     int rc = cli_fill_params(o, m, maps, "off", &mo.fill);
     if (rc) return rc;
+    /* --sparse: the settings of the :sparse=1 variants (default: the library's) */
+    mo.sparse = mo.fill.sparse.on ? mo.fill.sparse : rk_sparse_params_default();
+    mo.fill.sparse = (rk_sparse_params){0};
     /* each mode's grouping: --fill-group or the default of its mode (cli_fill_group), unless
      * its item set one; the header records the group of quality and speed modes */
     mo.fill.group = cli_fill_group(o, RK_FILL_QUALITY);

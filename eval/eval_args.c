@@ -195,13 +195,16 @@ static rk_status put_variant(const char *item, void *ud) {
         } else if (!strcmp(kv, "group")) {
             if ((st = ev_parse_int(v, 0, 4096, &l, "--fill group", c->err))) return st;
             group = (int32_t)l, set |= EV_SET_GROUP;
+        } else if (!strcmp(kv, "sparse")) {
+            if ((st = ev_parse_int(v, 0, 1, &l, "--fill sparse", c->err))) return st;
+            if (l) set |= EV_SET_SPARSE;
         } else
             return rk_err_set(c->err, RK_E_INVALID_ARG,
-                              "--fill: unknown setting '%s' in '%s' (share, band, tail, group)", kv, item);
+                              "--fill: unknown setting '%s' in '%s' (share, band, tail, group, sparse)", kv, item);
     }
-    if (mode == RK_FILL_OFF && set)
-        return rk_err_set(c->err, RK_E_INVALID_ARG, "--fill: off takes no settings (item '%s')", item);
-    if (mode == RK_FILL_OFF) return RK_OK; /* off is always first */
+    if (mode == RK_FILL_OFF && (set & ~EV_SET_SPARSE))
+        return rk_err_set(c->err, RK_E_INVALID_ARG, "--fill: off takes no settings but sparse (item '%s')", item);
+    if (mode == RK_FILL_OFF && !set) return RK_OK; /* off is always first */
     for (int i = 0; i < m->n; i++)
         if (!strcmp(ev_modes_label(m, i), item)) return RK_OK; /* repeated items add nothing */
     if (m->n == EV_MAX_MODES)
@@ -234,6 +237,7 @@ void ev_modes_params(const ev_modes *m, int mi, rk_fill_params *out) {
     if (m->set[mi] & EV_SET_BAND) f.band = m->band[mi];
     if (m->set[mi] & EV_SET_TAIL) f.tail = m->tail[mi];
     if (m->set[mi] & EV_SET_GROUP) f.group = m->group[mi];
+    f.sparse = m->set[mi] & EV_SET_SPARSE ? m->sparse : (rk_sparse_params){0};
     *out = f;
 }
 

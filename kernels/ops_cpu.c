@@ -748,6 +748,7 @@ static void attn_merge(const attn_ctx *x) {
 }
 
 static rk_status cpu_attn(rk_backend *be, const rk_op_args *a, rk_err *err) {
+    if (a->attn_sparse) return rk_attn_sparse_run(be, a, false, cpu_attn, err);
     cpu_impl *c = be->impl;
     const rk_attn_params *p = &a->attn;
     attn_ctx x = {.a = a, .c = c, .group = p->n_head / p->n_head_kv};

@@ -74,3 +74,7 @@ rk_status rk_cpu_lr_keys(rk_backend *be, const rk_op_args *a, rk_err *err);
 rk_status rk_ref_lr_attn(rk_backend *be, const rk_op_args *a, rk_err *err);
 /* SCATTER_ROWS (ops_rows_ref.c): row copies, the one kernel of both CPU backends. */
 rk_status rk_ref_scatter_rows(rk_backend *be, const rk_op_args *a, rk_err *err);
+/* ATTN with attn_sparse (attn_sparse.c): the block-sparse kernel of both CPU backends, ref
+ * in double (the oracle), else the cpu backend's tiles and pool; dense runs the rows and
+ * calls that stay dense (args without attn_sparse). */
+rk_status rk_attn_sparse_run(rk_backend *be, const rk_op_args *a, bool ref, rk_op_fn dense, rk_err *err);

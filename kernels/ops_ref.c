@@ -102,7 +102,7 @@ static rk_status ref_rope(rk_backend *be, const rk_op_args *a, rk_err *err) {
 /* Plain two-pass softmax per (query row, head): scores of every visible key,
  * max, exp, normalise. */
 static rk_status ref_attn(rk_backend *be, const rk_op_args *a, rk_err *err) {
-    (void)be;
+    if (a->attn_sparse) return rk_attn_sparse_run(be, a, true, ref_attn, err);
     const rk_attn_params *p = &a->attn;
     rk_heads q, k, v, o;
     rk_heads_of(&a->src0, p->n_head, p->head_dim, &q);

@@ -114,7 +114,7 @@ typedef void (*ev_progress_fn)(void *ud, int64_t done, int64_t total, const char
  * `fill` (maps, tail, split, keep share) and its own mode, and, for a variant (a --fill
  * item such as quality:share=0.2:band=256:tail=1536), its own keep share, band or tail.
  * Zero-initialised entries are plain modes named by rk_fill_mode_name. */
-enum { EV_SET_SHARE = 1, EV_SET_BAND = 2, EV_SET_TAIL = 4, EV_SET_GROUP = 8 };
+enum { EV_SET_SHARE = 1, EV_SET_BAND = 2, EV_SET_TAIL = 4, EV_SET_GROUP = 8, EV_SET_SPARSE = 16 };
 #define EV_LABEL_BYTES 160
 typedef struct ev_modes {
     rk_fill_mode mode[EV_MAX_MODES];
@@ -124,6 +124,7 @@ typedef struct ev_modes {
     float share[EV_MAX_MODES];
     int32_t band[EV_MAX_MODES], tail[EV_MAX_MODES], group[EV_MAX_MODES];
     char label[EV_MAX_MODES][EV_LABEL_BYTES]; /* the item as given ("" for a plain mode) */
+    rk_sparse_params sparse;                  /* what a :sparse=1 variant runs with (EV_SET_SPARSE); the others exact */
     /* KV policies compared instead of fill modes (ev_parse_kv_modes): every mode is off and
      * runs on a session of its own policy kv[mi]; mode 0 is the reference. false: every mode
      * runs on the caller's one session. */
@@ -132,8 +133,9 @@ typedef struct ev_modes {
 } ev_modes;
 /* Modes and variants from a --fill comma list: each item is a mode name, optionally
  * followed by :share=X (0..1), :band=N (>= 0), :tail=N (>= min_tail), :group=G (0..4096,
- * rk_fill_params.group); off first (added
- * when missing; it takes no settings), repeated items dropped. Writes mode, n, set, share,
+ * rk_fill_params.group), :sparse=0|1 (the mode with ev_modes.sparse); off first (added
+ * when missing; it takes no settings but sparse, and off:sparse=1 is a variant of its own),
+ * repeated items dropped. Writes mode, n, set, share,
  * band, tail, group and label of *out (fill untouched). RK_E_INVALID_ARG naming the item. */
 rk_status ev_parse_variants(const char *s, int min_tail, ev_modes *out, rk_err *err);
 /* KV policies from the items of a --kv-modes list (split by the caller: lowram specs hold

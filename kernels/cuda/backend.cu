@@ -384,7 +384,7 @@ static bool cuda_supports(const rk_backend *be, const rk_op_args *a) {
         /* K and V of one type; q8_0 head rows whole blocks; head_dim within the kernel's tiles */
         return f32(&a->dst) && f32(&a->src0) && cache_type(a->src1.type) && a->src2.type == a->src1.type &&
                (a->src1.type != RK_DT_Q8_0 || a->attn.head_dim % 32 == 0) && a->attn.head_dim >= 1 &&
-               a->attn.head_dim <= RK_ATTN_MAX_HD && !a->attn_kv_pos && !a->attn_kv_bias;
+               a->attn.head_dim <= RK_ATTN_MAX_HD && !a->attn_kv_pos && !a->attn_kv_bias && !a->attn_sparse;
     case RK_OP_SCATTER_ROWS: return f32(&a->dst) && f32(&a->src0);
     case RK_OP_LR_KEYS:
         /* one block per row: r coefficients and hd values in shared memory */

@@ -242,6 +242,9 @@ typedef struct rk_op_args {
     const int32_t *attn_kv_pos;
     const float *attn_kv_bias;
     int64_t attn_n_kv;
+    /* ATTN, optional (NULL: dense): block-sparse attention, rk_attn_sparse.h. Host backends
+     * only (CUDA's supports() refuses it). */
+    const struct rk_attn_sparse *attn_sparse;
     const float *lr_rope_cs; /* LR_KEYS: host table or NULL */
     int64_t lr_rope_rows;
     const rk_lr_attn_args *lr;  /* LR_ATTN (host struct; its pointers are backend memory) */

@@ -11,6 +11,7 @@
 #include "rk_gen.h"
 #include "rk_io.h"
 #include "session_impl.h"
+#include "sparse_impl.h"
 
 typedef struct text {
     char *p;
@@ -73,6 +74,8 @@ static rk_status add_kv(text *t, const rk_session *s, rk_err *err) {
 static void add_fill(text *t, const rk_session *s) {
     const rk_fill_params *f = &s->fill;
     add(t, ";fill=%s", rk_fill_mode_name(f->mode));
+    char sp[160];
+    if (rk_sparse_key(&f->sparse, sp, sizeof sp)) add(t, ";sparse=%s", sp); /* nothing when off */
     if (f->mode == RK_FILL_OFF) return;
     add(t,
         ",tail=%d,split=%d,sink=%d,keep=%a,obs=%d,slayers=%d,sskip=%d,pool=%d,baseline=%d,band=%d,qa=%d,"

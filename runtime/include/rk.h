@@ -371,6 +371,49 @@ RK_API rk_status rk_ridge_maps_load(const char *path, const rk_model *m, rk_ridg
 RK_API void rk_ridge_maps_destroy(rk_ridge_maps *r);
 RK_API int32_t rk_ridge_maps_split(const rk_ridge_maps *r);
 
+/* ---- Sparse attention of long prefills (docs/RIDGEFILL.md, "Sparse attention") -----------
+ * The prompt rows that run full attention (every row below the RidgeFill split, the exact
+ * rows of late layers, every row of an exact prefill) attend, per query head, only to the key
+ * blocks that head's vertical (same key) and slash (same distance) lines select: lines are
+ * estimated per chunk from the last n_est rows' exact attention, picked until they cover
+ * `mass` of it (a calibration file gives each layer and head its own mass), and the first
+ * n_sink rows and the `window` rows before each block are always attended. Calls whose keys
+ * are fewer than min_kv, the last `tail` rows of an eval call, and decode steps attend
+ * densely, bit for bit as with sparse off. CPU backends only (a device session ignores it);
+ * not with RidgeFill's grouped late layers (rk_fill_params.group), which are already short. */
+typedef struct rk_sparse_calib rk_sparse_calib;
+typedef struct rk_sparse_params {
+    bool on;                      /* false: exact attention (the default of a zeroed struct) */
+    int32_t min_kv;               /* keys a chunk's last row must see before it goes sparse; 0: 8192 */
+    float mass;                   /* attention mass the lines keep, (0, 1]; 0: 0.95 (or the calibration's) */
+    int32_t n_sink;               /* first rows every query sees; 0: 64 */
+    int32_t window;               /* rows before each query block every query sees; 0: 1024 */
+    int32_t tail;                 /* last rows of an eval call attending densely; 0: 512, < 0: none */
+    int32_t block;                /* rows of a query or key block; 0: 64 */
+    int32_t n_est;                /* last rows of a chunk that estimate the lines; 0: 64 */
+    const rk_sparse_calib *calib; /* borrowed per-head masses, or NULL; must outlive its use */
+} rk_sparse_params;
+/* The recommended setting for long documents: on, every other field 0 (its default above). */
+RK_API rk_sparse_params rk_sparse_params_default(void);
+/* Parses "off", "on", or "on:key=value:..." with keys min, mass, sinks, window, tail, block,
+ * est over *p (calib untouched); RK_E_INVALID_ARG naming the key, its range or the item. */
+RK_API rk_status rk_sparse_params_parse(const char *spec, rk_sparse_params *p, rk_err *err);
+/* Maps a calibration file (ridgekv prepare --sparse) and checks it against m: another
+ * model's file is refused (RK_E_MISMATCH), as is one with out-of-range or NaN masses
+ * (RK_E_FORMAT); another quantisation of the same weights only fills warning. */
+RK_API rk_status rk_sparse_calib_load(const char *path, const rk_model *m, rk_sparse_calib **out, char *warning,
+                                      size_t warning_cap, rk_err *err);
+RK_API void rk_sparse_calib_destroy(rk_sparse_calib *c);
+/* The mass a layer's head keeps (the file's), or -1 outside the model. */
+RK_API float rk_sparse_calib_mass(const rk_sparse_calib *c, int layer, int head);
+/* Sparse attention's work since the session was created: calls (or parts of them) that ran
+ * sparse and dense, and of the sparse parts' causal (query block, head, key block) triples
+ * how many were computed. */
+typedef struct rk_sparse_stats {
+    uint64_t calls_sparse, calls_dense, blocks_done, blocks_causal;
+} rk_sparse_stats;
+RK_API void rk_session_sparse_stats(const rk_session *s, rk_sparse_stats *out);
+
 /* Start from rk_fill_params_default(). The fields below are the stable choices; the research
  * settings (rk_research_fields.h) are set by key with rk_fill_params_set (rk_experimental.h). */
 typedef struct rk_fill_params {
@@ -381,6 +424,8 @@ typedef struct rk_fill_params {
     float keep_share;          /* quality: share of bulk rows kept exact by score (< 0: the map
                                   file's default, else 0.1) */
     RK_FILL_RESEARCH_FIELDS
+    rk_sparse_params sparse; /* sparse attention of the full-attention rows (any mode, off too);
+                                rk_fill_params_default() leaves it off */
 } rk_fill_params;
 /* The product's fill (what ridgekv ask, chat and serve use with maps): quality mode, the
  * mode's default tail, grouped attention in runs of rk_fill_default_group(RK_FILL_QUALITY),

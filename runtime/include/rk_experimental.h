@@ -47,6 +47,36 @@ RK_API const rk_param_key *rk_fill_params_keys(size_t *n);
 RK_API rk_status rk_kv_params_set(rk_kv_params *p, const char *key, const char *value, rk_err *err);
 RK_API const rk_param_key *rk_kv_params_keys(size_t *n);
 
+/* ---- sparse attention's calibration (ridgekv prepare --sparse) ------------------------ */
+/* One exact pass over calibration text, segment by segment: in every chunk whose last row
+ * sees min_kv keys or more, each head's lines are estimated as rk_sparse_params says and,
+ * for each of a ladder of kept masses (0.5 .. 1), the exact attention mass that the mask
+ * built at that setting covers is measured over every 8th row. Each (layer, head) gets the
+ * smallest setting whose mask covers `target` of the attention on average. The file is a
+ * GGUF (general.type ridgekv.sparse_attn): tensor sparse.mass f32 [n_head, n_layer], the
+ * geometry (sparse.block, .sinks, .window, .est), the target, the calibration tokens and the
+ * model fingerprint (sparse.model.*). */
+typedef struct rk_sparse_fit_params {
+    float target;              /* mean exact mass each head's mask keeps; 0: 0.95 */
+    int32_t segment;           /* tokens per exact eval; 0: the model's context, at most the text */
+    int32_t min_kv;            /* keys a chunk's last row must see to be measured; 0: 2048 */
+    int32_t n_threads;         /* 0: all cores */
+    rk_sparse_params geometry; /* block, n_sink, window, n_est (0: defaults); other fields unused */
+} rk_sparse_fit_params;
+typedef struct rk_sparse_fit_report {
+    int64_t n_tokens;  /* tokens evaluated */
+    double rows;       /* query rows measured per head (mean over layers and heads) */
+    double mean_mass;  /* mean over (layer, head) of the chosen setting */
+    double mean_cover; /* mean over (layer, head) of the exact mass its mask covered */
+} rk_sparse_fit_report;
+/* *bytes (malloc'd, the caller frees) and *len: the file. RK_E_INVALID_ARG when no chunk
+ * of the text reaches min_kv keys. */
+RK_API rk_status rk_sparse_fit(const rk_model *m, const int32_t *tokens, size_t n, const rk_sparse_fit_params *p,
+                               void **bytes, size_t *len, rk_sparse_fit_report *rep, rk_err *err);
+/* A file of given masses (n_layer, n_head) and geometry (zeros: defaults): tests and tools. */
+RK_API rk_status rk_sparse_calib_write(const rk_model *m, const float *mass, const rk_sparse_params *geometry,
+                                       float target, uint64_t calib_tokens, void **bytes, size_t *len, rk_err *err);
+
 /* ---- LowRAM diagnostics ---------------------------------------------------------- */
 /* What the last fit found (zeros before it). */
 typedef struct rk_lowram_stats {

@@ -260,6 +260,7 @@ rk_op_args rk_kv_attn_args(const rk_kv *kv, const float *q, int64_t n_q, int64_t
     at.attn.head_dim = kv->head_dim;
     at.attn.scale = 1.0f / sqrtf((float)kv->head_dim);
     at.attn.pos0 = pos0;
+    at.attn_sparse = kv->attn_sparse;
     return at;
 }
 

@@ -151,6 +151,9 @@ struct rk_kv {
     int64_t n_past;   /* committed rows: set by commit, truncate, reset, import_rows */
     size_t row_bytes; /* one stored K (or V) row of one layer (LowRAM: an exact row) */
     rk_backend *be;   /* borrowed, the session's: attention and row conversion run on it */
+    /* set by the layer loop around one attend call (NULL otherwise): the block-sparse layout
+     * rk_kv_attn_args hands the backend's ATTN (host backends; rk_attn_sparse.h) */
+    const struct rk_attn_sparse *attn_sparse;
     rk_kv_counters counters;
     void *impl;
 };

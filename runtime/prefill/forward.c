@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "plan_impl.h"
+#include "rk_attn_sparse.h"
 
 static rk_view act(float *data, int64_t cols, int64_t rows) {
     rk_view v = {RK_DT_F32, {cols, rows, 1, 1}, (size_t)cols * sizeof(float), data};
@@ -154,7 +155,12 @@ static rk_status keep_queries(rk_session *s, const rk_chunk_plan *p, int l, rk_e
  * stores and wherever (q and out are the session's buffers: the cache does any staging) */
 static rk_status attention(rk_session *s, int l, float *q, int64_t n_q, int64_t pos0, float *out, rk_err *err) {
     if (rk_fill_group_on(s, l)) return rk_fill_group_attend(s, l, q, n_q, pos0, out, err); /* fill_group.c */
-    return s->kv->ops->attend(s->kv, l, q, n_q, pos0, out, err);
+    rk_attn_sparse sp;
+    if (!rk_sparse_layout(s, l, &sp)) return s->kv->ops->attend(s->kv, l, q, n_q, pos0, out, err);
+    s->kv->attn_sparse = &sp; /* sparse.c: the cache hands it to the backend's ATTN */
+    rk_status st = s->kv->ops->attend(s->kv, l, q, n_q, pos0, out, err);
+    s->kv->attn_sparse = NULL;
+    return st;
 }
 
 /* The cache write of layer l: n rows of k and v (post-RoPE), from the session's buffers. */

@@ -5,6 +5,7 @@
 #pragma once
 #include <string.h>
 
+#include "rk_attn_sparse.h"
 #include "session_impl.h"
 
 /* The prefill module's state in a session (rk_session.pf): rk_prefill_init makes it with the
@@ -33,6 +34,11 @@ typedef struct rk_prefill_state {
     int splice_lo, splice_hi;
     bool splice_k, splice_v;
     struct rk_fill_group *fg; /* grouped filled rows of the running fill prefill, or NULL (fill_group.c) */
+    /* sparse attention (sparse.c): the running eval call's end (rows below it), the counters,
+     * and the calibration pass's accumulators (NULL outside one) */
+    int64_t sparse_end;
+    rk_attn_sparse_stats sparse_stats;
+    struct rk_sparse_acc *sparse_acc;
 } rk_prefill_state;
 rk_status rk_prefill_init(rk_session *s, rk_err *err);
 void rk_prefill_deinit(rk_session *s);
@@ -148,5 +154,10 @@ rk_status rk_select_rows(const float *score, int64_t n, int radius, int64_t n_ke
  * them and only rows whose pooled score is above 0. *n_new: the rows added. */
 rk_status rk_select_extra(const float *score, int64_t n, int radius, const uint8_t *base, int64_t max_new,
                           uint8_t *keep, int64_t *n_new, rk_err *err);
+/* sparse.c: the block-sparse layout of layer l's attention for n_q rows at pos0 in the
+ * running eval call, or false when that attention runs dense (sparse off, a device backend,
+ * RidgeFill's grouped late layers). sp borrows the session's state until the next call. */
+struct rk_attn_sparse;
+bool rk_sparse_layout(rk_session *s, int l, struct rk_attn_sparse *sp);
 /* prefill.c: an eval call's rows through the model in chunks (what rk_session_eval runs). */
 rk_status rk_prefill_run(rk_session *s, const int32_t *ids, size_t n, float *logits, bool all_rows, rk_err *err);

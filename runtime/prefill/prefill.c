@@ -395,6 +395,7 @@ static rk_status resume(pass *q, float *x_split, int split, rk_err *err) {
  * grouped list that fill_group.c builds during the call. */
 rk_status rk_prefill_run(rk_session *s, const int32_t *ids, size_t n, float *logits, bool all_rows, rk_err *err) {
     rk_status st = RK_OK;
+    s->pf->sparse_end = s->n_past + (int64_t)n; /* sparse.c: the call's last rows attend densely */
     if (s->fill.group > 0 && n > 1) st = rk_fill_group_begin(s, s->n_past, rk_plan_split(s), err);
     if (!st) st = prefill_run(s, ids, n, logits, all_rows, err);
     rk_fill_group_end(s);

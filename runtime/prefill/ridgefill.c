@@ -7,6 +7,7 @@
 
 #include "plan_impl.h"
 #include "ridgefill_impl.h"
+#include "sparse_impl.h"
 
 static const char *const mode_names[] = {"off", "speed", "quality", "identity", "plumb"};
 
@@ -137,6 +138,8 @@ fail:
 rk_status rk_session_set_fill(rk_session *s, const rk_fill_params *p, rk_err *err) {
     const rk_hparams *hp = &s->m->hp;
     rk_fill_params f = *p;
+    rk_status sst = rk_sparse_check(&f.sparse, s->m, err); /* sparse.c */
+    if (sst) return sst;
     if (f.mode == RK_FILL_OFF) {
         s->fill = f;
         return RK_OK;

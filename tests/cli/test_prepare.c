@@ -1,7 +1,8 @@
 /* `ridgekv prepare` and the maps ask finds by fingerprint, on stories260K (skips without
  * ../shared): fit once into the cache, found again without refitting, a corrupt cached
  * file is refitted, ask says what it uses and --no-ridgefill turns it off, a missing or
- * non-gzip text is named. */
+ * non-gzip text is named; `prepare --sparse` writes the sparse-attention calibration beside
+ * the maps, ask -v says it uses it with --sparse on, and a bad --sparse is a usage error. */
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <stdio.h>
@@ -145,4 +146,35 @@ Test(prepare, fits_once_finds_by_fingerprint_refits_corrupt_and_ask_uses_it, .ti
     snprintf(d, sizeof d, "%s/ridgekv", cache);
     rmdir(d);
     rmdir(cache);
+}
+
+Test(prepare, sparse_calibration_beside_the_maps_and_ask_uses_it, .timeout = 300) {
+    char sp[1024], txt[1024], cache[256], args[4096], doc[1300];
+    if (!tb_shared_path(sp, sizeof sp, "models/stories260K/stories260K-f32.gguf")) cr_skip_test("%s", sp);
+    if (!tb_shared_path(txt, sizeof txt, "corpus/doyle_sherlock_holmes_pg1661.txt")) cr_skip_test("%s", txt);
+    cr_assert(tb_tmp_dir(cache, sizeof cache, "rkprepsp"), "%s", cache);
+    snprintf(args, sizeof args, "prepare -m '%s' --text '%s' --max-tokens 5000 --sparse -t 1", sp, txt);
+    tb_result r = run(cache, args);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    cr_expect(strstr(r.err, "measuring sparse attention") && strstr(r.err, ".sparse.gguf"), "%s", r.err);
+    tb_result_free(&r);
+    r = run(cache, args); /* both found again */
+    cr_expect_eq(r.code, 0, "%s", r.err);
+    cr_expect(strstr(r.err, "sparse-attention calibration for") && strstr(r.err, "already in the cache"), "%s", r.err);
+    tb_result_free(&r);
+    snprintf(doc, sizeof doc, "%s/doc.txt", cache);
+    FILE *f = fopen(doc, "w");
+    cr_assert(f);
+    fputs("Lily had a red ball. She played with it in the park every day with her dog Max.\n", f);
+    fclose(f);
+    snprintf(args, sizeof args, "ask -m '%s' -n 2 -v --no-cache --sparse on --doc '%s' 'What did Lily have?'", sp, doc);
+    r = run(cache, args);
+    cr_expect_eq(r.code, 0, "%s", r.err);
+    cr_expect(strstr(r.err, "sparse attention with the calibration") && strstr(r.err, ".sparse.gguf"), "%s", r.err);
+    tb_result_free(&r);
+    snprintf(args, sizeof args, "ask -m '%s' -n 2 --sparse on:mass=2 --doc '%s' 'What did Lily have?'", sp, doc);
+    r = run(cache, args);
+    cr_expect_eq(r.code, 2, "%s", r.err);
+    cr_expect(strstr(r.err, "--sparse") && strstr(r.err, "mass"), "%s", r.err);
+    tb_result_free(&r);
 }
