@@ -153,7 +153,7 @@ const char *cli_default_fill_name(void);
 int cli_maps_cache_path(const rk_model *m, char *buf, size_t cap);
 /* The sparse-attention calibration file of m beside its maps (…-<quant hash>.sparse.gguf). */
 int cli_sparse_cache_path(const rk_model *m, char *buf, size_t cap);
-/* --sparse over rk_sparse_params (off without the flag); with it on, the calibration file of
+/* --sparse over rk_sparse_params (without the flag: on, or off with --no-ridgefill); with it on, the calibration file of
  * m from `ridgekv prepare --sparse` when the cache holds one (loaded once per process and
  * kept for its life), else online estimation at the default mass. Exit code. */
 int cli_sparse_params(const cli_opts *o, const rk_model *m, rk_sparse_params *out);
@@ -162,8 +162,9 @@ int cli_sparse_params(const cli_opts *o, const rk_model *m, rk_sparse_params *ou
 int cli_prepare_sparse(const rk_model *m, const char *const *texts, int n_texts, size_t max_tokens, int n_threads,
                        bool force);
 /* The --help lines of --sparse (ask, chat, run, serve, bench, eval). */
-#define CLI_SPARSE_HELP \
-    "      --sparse off|on[:k=v]  sparse attention of long prompts (default off; docs/RIDGEFILL.md)\n"
+#define CLI_SPARSE_HELP                                                                                    \
+    "      --sparse off|on[:k=v]  sparse attention past 8192 keys (default on; off with --no-ridgefill;\n" \
+    "                          docs/RIDGEFILL.md)\n"
 
 /* Fits the maps of m over the texts (NULL/0: the Jargon File of the Debian package
  * jargon-text) unless the cache already holds usable ones (force: refit), and stores them

@@ -79,8 +79,8 @@ static const char *help =
  *            change is the RoPE scaling the length needs (applied to the model before);
  *   default  what `ask` runs with no flag at this prompt length: rk_long_defaults_get's KV
  *            policy and budget (--kv / --kv-budget given win, as in ask), the default fill
- *            with the model's cached maps (default_fill), and rk_long_defaults.sparse for
- *            the sparse prefill attention once sessions take one.
+ *            with the model's cached maps (default_fill), and sparse attention on (past
+ *            8192 keys; --sparse given wins).
  * Other modes run as given. *mode becomes the fill mode to set; *kv the policy. */
 static int mode_settings(const cli_opts *o, const rk_model *m, int len, const char **mode, const char *default_fill,
                          rk_kv_params *kv) {
@@ -107,7 +107,8 @@ static int mode_settings(const cli_opts *o, const rk_model *m, int len, const ch
         *kv = p;
     }
     if (!o->kv_budget) kv->budget = d.kv_budget;
-    /* the sparse prefill attention of the default: d.sparse (0: dense) is set on the session here */
+    /* the sparse prefill attention of the default (d.sparse) is cli_sparse_params's default,
+     * as in ask: on unless --sparse says otherwise */
     (void)d.sparse;
     *mode = default_fill;
     return 0;
@@ -250,7 +251,13 @@ int cmd_bench(int argc, char **argv) {
                     snprintf(ku + strlen(ku), sizeof kv_used[0][0][0] - strlen(ku), ",budget=%lluM",
                              (unsigned long long)(sp.kv.budget >> 20));
                 rk_session_reset(s);
-                if ((rc = cli_setup_fill(&o, m, s, &maps, mode)) || (rc = cli_setup_kv(&o, s, NULL))) break;
+                /* off is exact: dense attention, unless --sparse was given for a list without
+                 * `default` (then every mode runs it) */
+                const char *sparse_given = o.sparse;
+                if (!strcmp(modes[mi], "off") && (has_default || !o.sparse)) o.sparse = "off";
+                rc = cli_setup_fill(&o, m, s, &maps, mode);
+                o.sparse = sparse_given;
+                if (rc || (rc = cli_setup_kv(&o, s, NULL))) break;
                 double *pf_t = &pf_tps[li][mi][ki], *dc_t = &dc_tps[li][mi][ki], *tt = &ttft[li][mi][ki];
                 peaks = peak_reset() && peaks;
                 *pf_t = *dc_t = 0;

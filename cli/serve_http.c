@@ -684,9 +684,10 @@ int serve_http(server *sv, const char *addr, int port, size_t max_body, const se
     http_server hs = {sv, max_body, &guard};
     struct MHD_Daemon *d = MHD_start_daemon(
         MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ITC | MHD_USE_ERROR_LOG, 0, NULL,
-        NULL, handle, &hs, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sin, MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
-        MHD_OPTION_NOTIFY_CONNECTION, serve_conn_notify, NULL, MHD_OPTION_CONNECTION_LIMIT, (unsigned)SERVE_CONN_MAX,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)SERVE_CONN_IDLE_S, MHD_OPTION_END);
+        NULL, handle, &hs, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sin,
+        MHD_OPTION_NOTIFY_COMPLETED, completed, NULL, MHD_OPTION_NOTIFY_CONNECTION, serve_conn_notify, NULL,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)SERVE_CONN_MAX, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)SERVE_CONN_IDLE_S, MHD_OPTION_END);
     if (!d) {
         fprintf(stderr, "ridgekv serve: cannot listen on %s:%d: %s\n", addr, port,
                 strerror(errno ? errno : EADDRINUSE));

@@ -25,6 +25,9 @@ int cli_sparse_params(const cli_opts *o, const rk_model *m, rk_sparse_params *ou
     static bool looked;
     rk_sparse_params sp = {0};
     rk_err e = {0};
+    /* without --sparse: on (it only acts past rk_sparse_params.min_kv keys, so short prompts
+     * stay exact), except with --no-ridgefill, which asks for the exact prefill */
+    if (!o->sparse && !o->no_ridgefill) sp = rk_sparse_params_default();
     if (o->sparse && rk_sparse_params_parse(o->sparse, &sp, &e)) {
         fprintf(stderr, "ridgekv: --sparse: %s\n", e.msg);
         return RK_EXIT_USAGE;

@@ -26,8 +26,8 @@ uint64_t rk_long_kv_bytes(const rk_model *m, rk_kv_kind kind, int64_t n_rows) {
  * exact request never reaches it. */
 static int32_t sparse_default(const rk_model *m, const rk_long_request *r) {
     (void)m;
-    (void)r;
-    return 0;
+    /* rk_sparse_params_default() acts past its min_kv (8192) keys: shorter prompts stay exact */
+    return r->n_prompt >= 8192;
 }
 
 rk_status rk_long_defaults_get(const rk_model *m, const rk_long_request *r, rk_long_defaults *out, rk_err *err) {

@@ -45,7 +45,7 @@ OTHER = re.compile(r'(?:^|[\s`(|;&])(llama-cli|llama-server|meson|ninja|pip3?|py
                    r'(?:\./)?(?:scripts|tests|samples|fuzz|build[\w-]*)/[\w./-]+|[\w./-]+\.py|test_[\w]+|lowram_study)(?=[\s`]|$)')
 RIDGEKV = re.compile(r'(?:^|[\s`(/|;&])ridgekv(?=[\s`]|$)')
 TOKEN = re.compile(r'[A-Za-z0-9_.*?+\-/:]+')
-DOC_LINES = 3000
+DOC_LINES = 3400
 HISTORY = re.compile(r'\b(?:(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|'
                      r'\w+teenth|twentieth|twenty-\w+|thirtieth|\d+(?:st|nd|rd|th))[- ](?:session|round)|'
                      r'session (?:start|end)|helpers?\b|the lead\b)|/work/', re.I)

@@ -60,7 +60,7 @@ typedef struct rk_long_defaults {
                                  0: no budget */
     uint64_t kv_f16_bytes; /* f16 KV of n_rows rows */
     uint64_t kv_bytes;     /* KV of n_rows rows in the chosen kind (before the budget) */
-    /* The sparse prefill attention setting of the default: 0 = dense (exact). rk_long_defaults
+    /* The sparse prefill attention of the default: 1 from 8192 prompt tokens, else 0 = dense. rk_long_defaults
      * sets it in one place (defaults.c, sparse_default); the exact request never sets it. */
     int32_t sparse;
 } rk_long_defaults;

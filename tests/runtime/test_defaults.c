@@ -184,6 +184,7 @@ Test(defaults, explicit_kv_choices_and_the_exact_request_win) {
     /* --kv-budget given: none added */
     d = get(m, (rk_long_request){.n_prompt = 20000, .budget_explicit = true, .free_bytes = 1u << 20});
     cr_expect_eq(d.kv, RK_KV_Q8);
+    cr_expect_eq(d.sparse, 1); /* past 8192 prompt tokens the default attends sparsely */
     cr_expect_eq(d.kv_budget, 0);
     /* q4 has no tiers: no budget */
     d = get(m, (rk_long_request){.n_prompt = 20000, .kv_explicit = true, .kv_kind = RK_KV_Q4, .free_bytes = 1u << 20});
