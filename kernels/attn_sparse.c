@@ -190,7 +190,9 @@ static void greedy(const sp_ctx *c, est *E, double target) {
         heap_pop(&E->hp);
         const double g = marginal(c, E, id);
         if (g <= 0) continue;
-        if (E->hp.n > 0 && g < (double)E->hp.g[0]) {
+        /* compared in the heap's own precision: a double marginal a rounding below its float
+         * key, against an equal float key on top, would otherwise trade places with it forever */
+        if (E->hp.n > 0 && (float)g < E->hp.g[0]) {
             heap_push(&E->hp, (float)g, id);
             continue;
         }

@@ -271,3 +271,24 @@ Test(attn_sparse, bad_settings_are_refused) {
     cr_expect_eq(rk_backend_run(be, &a, &err), RK_E_INVALID_ARG);
     rk_backend_destroy(be);
 }
+
+/* Identical keys give every row the same probability on every key, so many lines tie on
+ * their mass: the estimation's greedy must still end (it once traded two tied lines back
+ * and forth forever, a double marginal a rounding below its float key) and keep at least
+ * `mass` of the estimating rows' attention: the output stays finite and every block it
+ * computes is causal. */
+Test(attn_sparse, tied_lines_end_the_estimation, .timeout = 20) {
+    fill(6, -1);
+    for (int j = 1; j < N_CTX; j++) memcpy(kc + j * KVD, kc, KVD * sizeof kc[0]);
+    static float out[N_Q * QD];
+    for (int which = 0; which <= 3; which++) {
+        rk_attn_sparse_stats st = {0};
+        rk_attn_sparse sp = layout(NULL, &st);
+        rk_op_args s = args(out);
+        s.attn_sparse = &sp;
+        run(which, &s);
+        for (int i = 0; i < N_Q * QD; i++) cr_assert(isfinite(out[i]), "backend %d: out[%d] = %g", which, i, out[i]);
+        cr_expect_leq(st.blocks_done, st.blocks_causal, "backend %d", which);
+        cr_expect_eq(st.calls_sparse, 1, "backend %d", which);
+    }
+}
