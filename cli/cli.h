@@ -161,6 +161,17 @@ int cli_sparse_params(const cli_opts *o, const rk_model *m, rk_sparse_params *ou
  * cli_sparse_cache_path; nothing when a usable one is there unless force. Exit code. */
 int cli_prepare_sparse(const rk_model *m, const char *const *texts, int n_texts, size_t max_tokens, int n_threads,
                        bool force);
+/* The --help lines of the repetition guards (ask, chat, run). */
+#define CLI_PENALTY_HELP                                                                        \
+    "      --repeat-penalty R  (default 1.0 = off)\n"                                           \
+    "      --repeat-last-n N   generated tokens the repeat / frequency / presence penalties\n"  \
+    "                          look back on (default 64)\n"                                     \
+    "      --frequency-penalty F, --presence-penalty P  OpenAI's penalties (default 0 = off)\n" \
+    "      --dry-multiplier M  DRY repetition guard: a token that would extend a repeat of\n"   \
+    "                          L >= --dry-allowed-length tokens loses M * base^(L - allowed)\n" \
+    "                          (default 0.8; 0 = off)\n"                                        \
+    "      --dry-base B, --dry-allowed-length N, --dry-penalty-last-n N  (defaults 1.75, 2,\n"  \
+    "                          -1 = all generated tokens); breakers: newline : \" *\n"
 /* The --help lines of --sparse (ask, chat, run, serve, bench, eval). */
 #define CLI_SPARSE_HELP                                                                                    \
     "      --sparse off|on[:k=v]  sparse attention past 8192 keys (default on; off with --no-ridgefill;\n" \

@@ -30,16 +30,7 @@ static const char *help =
     "      --temp T            temperature (default 0.8; 0 = greedy)\n"
     "      --top-k K           (default 40; 0 = off)\n"
     "      --top-p P           (default 0.95; 1 = off)\n"
-    "      --min-p P           (default 0.05; 0 = off)\n"
-    "      --repeat-penalty R  (default 1.0 = off)\n"
-    "      --repeat-last-n N   generated tokens the repeat / frequency / presence penalties\n"
-    "                          look back on (default 64)\n"
-    "      --frequency-penalty F, --presence-penalty P  OpenAI's penalties (default 0 = off)\n"
-    "      --dry-multiplier M  DRY repetition guard: a token that would extend a repeat of\n"
-    "                          L >= --dry-allowed-length tokens loses M * base^(L - allowed)\n"
-    "                          (default 0.8; 0 = off)\n"
-    "      --dry-base B, --dry-allowed-length N, --dry-penalty-last-n N  (defaults 1.75, 2,\n"
-    "                          -1 = all generated tokens); breakers: newline : \" *\n"
+    "      --min-p P           (default 0.05; 0 = off)\n" CLI_PENALTY_HELP
     /* the rest in a second string: C99 promises string literals of 4095 bytes */
     ;
 static const char *help_rest =
