@@ -113,7 +113,15 @@ static void accelerations(const cli_opts *o, const rk_ridge_maps *maps, const rk
     snprintf(kv, sizeof kv, "%.*s", o->kv ? (int)strcspn(o->kv, ":") : 3, o->kv ? o->kv : "f16");
     const char *lr = strcmp(kv, "lowram") ? "lowram off" : "lowram on (fitted on the prompt)";
     if (!strcmp(kv, "lowram") && strstr(o->kv, "pred=")) lr = "lowram on (predictor file)";
-    fprintf(stderr, "ridgekv ask: accelerations: %s%s, document cache %s; %s KV cache\n", fill, lr,
+    /* sparse attention acts past its min_kv keys (8192 unless --sparse sets min=) */
+    rk_sparse_params sp = {0};
+    if (!o->sparse && !o->no_ridgefill) sp = rk_sparse_params_default();
+    else if (o->sparse) (void)rk_sparse_params_parse(o->sparse, &sp, NULL);
+    const int64_t sp_min = sp.min_kv > 0 ? sp.min_kv : 8192;
+    char sparse[96] = "";
+    if (sp.on && n_ids > sp_min)
+        snprintf(sparse, sizeof sparse, "sparse attention past %lld keys (--sparse off: dense), ", (long long)sp_min);
+    fprintf(stderr, "ridgekv ask: accelerations: %s%s%s, document cache %s; %s KV cache\n", fill, sparse, lr,
             o->no_cache ? "off" : "on", kv);
     (void)s;
 }
