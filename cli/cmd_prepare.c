@@ -164,6 +164,20 @@ static bool on_progress(void *ud, int64_t done, int64_t total) {
     return go;
 }
 
+/* Writes a fitted file into the cache (its folder made first, the file replaced atomically)
+ * and frees bytes; 0, or -1 after printing why. */
+static int store(const char *path, void *bytes, size_t n_bytes) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0;
+    rk_err e = {0};
+    const rk_status st = rk_io_mkdir_p(dir, &e) ? RK_E_IO : rk_io_write_file_atomic(path, bytes, n_bytes, &e);
+    free(bytes);
+    if (st) cli_print_error(&e);
+    return st ? -1 : 0;
+}
+
 int cli_prepare_maps(const rk_model *m, const char *const *texts, int n_texts, size_t max_tokens, int n_threads,
                      bool force) {
     static const char *const def[] = {CLI_PREPARE_TEXT};
@@ -217,16 +231,7 @@ int cli_prepare_maps(const rk_model *m, const char *const *texts, int n_texts, s
         cli_print_error(&e);
         return cli_exit_code(st);
     }
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash) *slash = 0;
-    if ((st = rk_io_mkdir_p(dir, &e)) || (st = rk_io_write_file_atomic(path, bytes, n_bytes, &e))) {
-        free(bytes);
-        cli_print_error(&e);
-        return RK_EXIT_IO;
-    }
-    free(bytes);
+    if (store(path, bytes, n_bytes)) return RK_EXIT_IO;
     fprintf(stderr, "ridgekv prepare: wrote %s (%.1f MiB, lambda %.3g, %.0f s)\n", path, (double)n_bytes / 1048576.0,
             (double)rep.lambda, rk_time_now() - t0);
     return RK_EXIT_OK;
@@ -275,16 +280,7 @@ int cli_prepare_sparse(const rk_model *m, const char *const *texts, int n_texts,
         cli_print_error(&e);
         return cli_exit_code(st);
     }
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash) *slash = 0;
-    if ((st = rk_io_mkdir_p(dir, &e)) || (st = rk_io_write_file_atomic(path, bytes, n_bytes, &e))) {
-        free(bytes);
-        cli_print_error(&e);
-        return RK_EXIT_IO;
-    }
-    free(bytes);
+    if (store(path, bytes, n_bytes)) return RK_EXIT_IO;
     fprintf(stderr, "ridgekv prepare: wrote %s (mean kept mass %.3f, exact mass covered %.3f, %.0f s)\n", path,
             rep.mean_mass, rep.mean_cover, rk_time_now() - t0);
     return RK_EXIT_OK;
