@@ -83,7 +83,7 @@ static const char *help =
  *            8192 keys; --sparse given wins).
  * Other modes run as given. *mode becomes the fill mode to set; *kv the policy. */
 static int mode_settings(const cli_opts *o, const rk_model *m, int len, const char **mode, const char *default_fill,
-                         rk_kv_params *kv) {
+                         rk_kv_params *kv, int *n_batch) {
     const bool off = !strcmp(*mode, "off");
     if (!off && strcmp(*mode, "default")) return 0;
     rk_long_request r = cli_long_request(o, m, len, (int64_t)len + o->n_predict + 1);
@@ -110,6 +110,8 @@ static int mode_settings(const cli_opts *o, const rk_model *m, int len, const ch
     /* the sparse prefill attention of the default (d.sparse) is cli_sparse_params's default,
      * as in ask: on unless --sparse says otherwise */
     (void)d.sparse;
+    if (d.n_batch > 0 && !o->n_batch && (o->sparse ? !strncmp(o->sparse, "on", 2) : !o->no_ridgefill))
+        *n_batch = d.n_batch; /* the chunk ask takes with sparse attention (-b given wins) */
     *mode = default_fill;
     return 0;
 }
@@ -176,6 +178,7 @@ int cmd_bench(int argc, char **argv) {
         return rc;
     }
     sp.n_ctx = max_len + o.n_predict + 1;
+    const int base_batch = sp.n_batch; /* -b, or 0: the session's */
     sp.kv.budget = cli_kv_budget_share(&o, m, &sp.kv, sp.n_ctx);
     sp.kv.host_budget = cli_kv_host_budget_share(&o, m, &sp.kv, sp.n_ctx);
     rk_err e = {0};
@@ -238,11 +241,15 @@ int cmd_bench(int argc, char **argv) {
             for (int mi = 0; mi < n_modes && !st && !rc; mi++) {
                 const char *mode = modes[mi];
                 rk_kv_params want = item_kv;
-                if (has_default && (rc = mode_settings(&o, m, lens[li], &mode, default_fill, &want))) break;
-                if (want.kind != sp.kv.kind || want.budget != sp.kv.budget || want.host_budget != sp.kv.host_budget) {
-                    rk_session_destroy(s); /* the KV policy is the session's */
+                int want_batch = base_batch;
+                if (has_default && (rc = mode_settings(&o, m, lens[li], &mode, default_fill, &want, &want_batch)))
+                    break;
+                if (want.kind != sp.kv.kind || want.budget != sp.kv.budget || want.host_budget != sp.kv.host_budget ||
+                    want_batch != sp.n_batch) {
+                    rk_session_destroy(s); /* the KV policy and the chunk are the session's */
                     s = NULL;
                     sp.kv = want;
+                    sp.n_batch = want_batch;
                     if ((st = rk_session_create(m, &sp, &s, &e))) break;
                 }
                 char *ku = kv_used[li][mi][ki];

@@ -99,6 +99,9 @@ int cli_long_apply(const char *cmd, cli_opts *o, rk_model *m, int64_t n_prompt, 
                 d.rope == RK_LONG_ROPE_APPLY ? "; --rope-scaling none or other --rope-*/--yarn-* flags override it"
                                              : "");
     if (d.n_ctx > 0) o->n_ctx = d.n_ctx;
+    /* the longer chunk goes with sparse attention: not when --sparse off or --no-ridgefill */
+    const bool sparse_on = o->sparse ? !strncmp(o->sparse, "on", 2) : !o->no_ridgefill;
+    if (d.n_batch > 0 && o->n_batch == 0 && sparse_on) o->n_batch = d.n_batch;
     static char budget[32];
     if (d.kv_why == RK_LONG_KV_LONG || d.kv_why == RK_LONG_KV_MEMORY) o->kv = rk_kv_kind_name(d.kv);
     if (d.kv_budget) {

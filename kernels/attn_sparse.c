@@ -79,14 +79,30 @@ static void scores(const sp_ctx *c, int h, const int64_t *t, int64_t n, int64_t 
     }
 }
 
-/* rows of S to probabilities over their visible keys [0, pos + 1); 0 beyond */
-static void probs(float *S, int64_t n, int64_t nv, const int64_t *pos) {
+/* the largest of x[0..n) (n > 0): four independent lanes, so that the loop pipelines */
+static float max_of(const float *x, int64_t n) {
+    float m[4] = {x[0], x[0], x[0], x[0]};
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4)
+        for (int u = 0; u < 4; u++) m[u] = x[j + u] > m[u] ? x[j + u] : m[u];
+    for (; j < n; j++) m[0] = x[j] > m[0] ? x[j] : m[0];
+    const float a = m[0] > m[1] ? m[0] : m[1], b = m[2] > m[3] ? m[2] : m[3];
+    return a > b ? a : b;
+}
+
+/* rows of S to probabilities over their visible keys [0, pos + 1); 0 beyond. cpu uses the
+ * vector exp (exp_sub, f32 sums), cpu_ref libm's expf with double sums. */
+static void probs(const rk_cpu_kern *kn, float *S, int64_t n, int64_t nv, const int64_t *pos) {
     for (int64_t i = 0; i < n; i++) {
-        float *s = S + i * nv, mx = -INFINITY;
+        float *s = S + i * nv;
         const int64_t lim = pos[i] + 1 < nv ? pos[i] + 1 : nv;
-        for (int64_t j = 0; j < lim; j++) mx = s[j] > mx ? s[j] : mx;
+        const float mx = max_of(s, lim);
         double sum = 0;
-        for (int64_t j = 0; j < lim; j++) sum += (s[j] = expf(s[j] - mx));
+        if (kn) {
+            sum = kn->exp_sub(s, lim, mx);
+        } else {
+            for (int64_t j = 0; j < lim; j++) sum += (s[j] = expf(s[j] - mx));
+        }
         const float inv = (float)(1.0 / sum);
         for (int64_t j = 0; j < lim; j++) s[j] *= inv;
         for (int64_t j = lim; j < nv; j++) s[j] = 0.0f;
@@ -172,17 +188,25 @@ static double marginal(const sp_ctx *c, const est *E, int32_t id) {
 static void greedy(const sp_ctx *c, est *E, double target) {
     const int64_t nv = E->nv;
     double covered = 0;
-    for (int64_t i = 0; i < E->e; i++)
-        for (int64_t j = 0; j <= E->pos[i] && j < nv; j++) {
-            const float p = E->P[i * nv + j];
-            if (est_forced(c, E, i, j)) covered += p;
-            else E->col[j] += p, E->diag[E->pos[i] - j] += p;
-        }
+    for (int64_t i = 0; i < E->e; i++) {
+        /* row i's forced keys are [0, lo) (sinks) and [hi, lim) (its window): covered; the
+         * keys between add to their column's and their diagonal's mass */
+        const float *P = E->P + i * nv;
+        const int64_t pos = E->pos[i], lim = pos + 1 < nv ? pos + 1 : nv;
+        const int64_t lo = c->sink_b * c->B < lim ? c->sink_b * c->B : lim;
+        int64_t hi = win_lo(c, pos / c->B) * c->B;
+        hi = hi < lo ? lo : hi > lim ? lim : hi;
+        for (int64_t j = 0; j < lo; j++) covered += P[j];
+        for (int64_t j = lo; j < hi; j++) E->col[j] += P[j], E->diag[pos - j] += P[j];
+        for (int64_t j = hi; j < lim; j++) covered += P[j];
+    }
+    /* the heap of every line with mass, built bottom-up */
     E->hp.n = 0;
     for (int64_t j = 0; j < nv; j++) {
-        if (E->col[j] > 0) heap_push(&E->hp, E->col[j], (int32_t)j);
-        if (E->diag[j] > 0) heap_push(&E->hp, E->diag[j], (int32_t)(nv + j));
+        if (E->col[j] > 0) E->hp.g[E->hp.n] = E->col[j], E->hp.id[E->hp.n++] = (int32_t)j;
+        if (E->diag[j] > 0) E->hp.g[E->hp.n] = E->diag[j], E->hp.id[E->hp.n++] = (int32_t)(nv + j);
     }
+    for (int64_t i = E->hp.n / 2 - 1; i >= 0; i--) heap_down(&E->hp, i);
     E->n_order = 0;
     E->cov[0] = covered;
     while (covered < target && E->hp.n > 0) {
@@ -251,7 +275,7 @@ static bool calibrate(sp_ctx *c, int h, est *E, float *qs, float *kbuf) {
         int64_t n = 0;
         for (; n < E->e && r >= 0; n++, r -= stride) E->t[n] = r, E->pos[n] = c->pos0 + r;
         scores(c, h, E->t, n, nv, E->P, qs, kbuf);
-        probs(E->P, n, nv, E->pos);
+        probs(c->kn, E->P, n, nv, E->pos);
         for (int64_t i = 0; i < n; i++) {
             const int64_t qb = E->pos[i] / c->B;
             for (int t = 0; t < nt; t++) {
@@ -296,7 +320,7 @@ static void estimate_head(sp_ctx *c, int h) {
     }
     for (int64_t i = 0; i < E.e; i++) E.t[i] = c->n_s - E.e + i, E.pos[i] = c->pos0 + E.t[i];
     scores(c, h, E.t, E.e, nv, E.P, qs, kbuf);
-    probs(E.P, E.e, nv, E.pos);
+    probs(c->kn, E.P, E.e, nv, E.pos);
     double tau = sp->head_mass ? sp->head_mass[h] : sp->mass;
     double top = tau;
     if (sp->cal)
@@ -360,57 +384,69 @@ static void compute_ref(sp_ctx *c, float *row) {
     free(sc), free(acc);
 }
 
-/* cpu: task = (query block, head); per selected key block a (rows x B) score tile, an
- * online softmax per row, P x V accumulated. Scratch floats: qs, acc, kb, vb (B, hd), sc
- * (B, B), M, L (B). */
-static size_t task_floats(const sp_ctx *c) { return (size_t)(4 * c->B * c->hd + c->B * c->B + 2 * c->B + 16); }
+/* cpu: task = (query block, KV head): the query heads that share the KV head go together,
+ * so that each key block any of them selects is converted once; per head and selected block
+ * a (rows x B) score tile, an online softmax per row, P x V accumulated. Scratch floats: per
+ * head of the group qs, acc (B, hd) and M, L (B); kb, vb (B, hd), sc (B, B). */
+static size_t task_floats(const sp_ctx *c) {
+    return (size_t)(c->group * (2 * c->B * c->hd + 2 * c->B) + 2 * c->B * c->hd + c->B * c->B + 16);
+}
 
 static void compute_tasks(void *vp, int64_t i0, int64_t i1, int tid) {
     sp_ctx *c = vp;
     const rk_cpu_kern *kn = c->kn;
-    const int64_t B = c->B, hd = c->hd;
-    float *qs = c->tls[tid], *acc = qs + B * hd, *kb = acc + B * hd, *vb = kb + B * hd, *sc = vb + B * hd;
-    float *M = sc + B * B, *L = M + B;
+    const int64_t B = c->B, hd = c->hd, G = c->group, n_kv = c->n_head / c->group;
+    float *qs = c->tls[tid], *acc = qs + G * B * hd, *M = acc + G * B * hd, *L = M + G * B;
+    float *kb = L + G * B, *vb = kb + B * hd, *sc = vb + B * hd;
     for (int64_t task = i0; task < i1; task++) {
-        const int64_t b = task / c->n_head, qb = c->qb0 + b;
-        const int h = (int)(task % c->n_head), hk = h / c->group;
+        const int64_t b = task / n_kv, qb = c->qb0 + b;
+        const int hk = (int)(task % n_kv), h0 = hk * (int)G;
         int64_t p0 = qb * B, p1 = p0 + B; /* rows' positions [p0, p1) */
         if (p0 < c->pos0) p0 = c->pos0;
         if (p1 > c->last + 1) p1 = c->last + 1;
         const int64_t nr = p1 - p0, t0 = p0 - c->pos0;
-        for (int64_t r = 0; r < nr; r++) {
-            kn->scale_mul(qs + r * hd,
-                          (const float *)(c->q.data + (size_t)(t0 + r) * c->q.tok_nb + (size_t)h * c->q.head_nb),
-                          c->scale, NULL, hd);
-            memset(acc + r * hd, 0, (size_t)hd * sizeof(float));
-            M[r] = -INFINITY, L[r] = 0;
-        }
-        const uint8_t *m = c->mask + ((size_t)b * c->n_head + h) * c->n_kb;
+        for (int64_t g = 0; g < G; g++)
+            for (int64_t r = 0; r < nr; r++) {
+                kn->scale_mul(
+                    qs + (g * B + r) * hd,
+                    (const float *)(c->q.data + (size_t)(t0 + r) * c->q.tok_nb + (size_t)(h0 + g) * c->q.head_nb),
+                    c->scale, NULL, hd);
+                memset(acc + (g * B + r) * hd, 0, (size_t)hd * sizeof(float));
+                M[g * B + r] = -INFINITY, L[g * B + r] = 0;
+            }
+        const uint8_t *m0 = c->mask + ((size_t)b * c->n_head + (size_t)h0) * c->n_kb;
         for (int64_t jb = 0; jb <= qb; jb++) {
-            if (!m[jb]) continue;
+            bool any = false;
+            for (int64_t g = 0; g < G && !any; g++) any = m0[g * c->n_kb + jb] != 0;
+            if (!any) continue;
             const int64_t j0 = jb * B, kt = p1 - j0 < B ? p1 - j0 : B;
             for (int64_t j = 0; j < kt; j++) {
                 k_row(c, hk, j0 + j, kb + j * hd);
                 c->vq->to_f32(c->v.data + (size_t)(j0 + j) * c->v.tok_nb + (size_t)hk * c->v.head_nb, vb + j * hd, hd);
             }
-            kn->gemm_nt(nr, kt, hd, qs, hd, kb, hd, sc, B);
-            for (int64_t r = 0; r < nr; r++) {
-                int64_t lim = p0 + r + 1 - j0; /* causal */
-                if (lim <= 0) continue;
-                if (lim > kt) lim = kt;
-                float *s = sc + r * B, mx = -INFINITY;
-                for (int64_t j = 0; j < lim; j++) mx = s[j] > mx ? s[j] : mx;
-                const float m_new = mx > M[r] ? mx : M[r];
-                const float alpha = M[r] == -INFINITY ? 0.0f : expf(M[r] - m_new);
-                const float sum = kn->exp_sub(s, lim, m_new);
-                L[r] = L[r] * alpha + sum;
-                M[r] = m_new;
-                kn->pv(acc + r * hd, alpha, s, vb, hd, lim, hd);
+            for (int64_t g = 0; g < G; g++) {
+                if (!m0[g * c->n_kb + jb]) continue;
+                float *qg = qs + g * B * hd, *ag = acc + g * B * hd, *Mg = M + g * B, *Lg = L + g * B;
+                kn->gemm_nt(nr, kt, hd, qg, hd, kb, hd, sc, B);
+                for (int64_t r = 0; r < nr; r++) {
+                    int64_t lim = p0 + r + 1 - j0; /* causal */
+                    if (lim <= 0) continue;
+                    if (lim > kt) lim = kt;
+                    float *sr = sc + r * B;
+                    const float mx = max_of(sr, lim);
+                    const float m_new = mx > Mg[r] ? mx : Mg[r];
+                    const float alpha = Mg[r] == -INFINITY ? 0.0f : expf(Mg[r] - m_new);
+                    const float sum = kn->exp_sub(sr, lim, m_new);
+                    Lg[r] = Lg[r] * alpha + sum;
+                    Mg[r] = m_new;
+                    kn->pv(ag + r * hd, alpha, sr, vb, hd, lim, hd);
+                }
             }
         }
-        for (int64_t r = 0; r < nr; r++)
-            kn->scale_mul((float *)(c->o.data + (size_t)(t0 + r) * c->o.tok_nb + (size_t)h * c->o.head_nb),
-                          acc + r * hd, 1.0f / L[r], NULL, hd);
+        for (int64_t g = 0; g < G; g++)
+            for (int64_t r = 0; r < nr; r++)
+                kn->scale_mul((float *)(c->o.data + (size_t)(t0 + r) * c->o.tok_nb + (size_t)(h0 + g) * c->o.head_nb),
+                              acc + (g * B + r) * hd, 1.0f / L[g * B + r], NULL, hd);
     }
 }
 
@@ -495,7 +531,7 @@ rk_status rk_attn_sparse_run(rk_backend *be, const rk_op_args *a, bool ref, rk_o
     } else {
         float *shared;
         if ((st = rk_cpu_scratch(be, task_floats(&c), 0, &c.tls, &shared, err))) goto done;
-        rk_cpu_par_for(be, c.n_qb * c.n_head, 1, compute_tasks, &c);
+        rk_cpu_par_for(be, c.n_qb * (c.n_head / c.group), 1, compute_tasks, &c);
     }
     if (atomic_load(&c.fail)) {
         st = rk_err_set(err, RK_E_NOMEM, "kernels: ATTN sparse: no memory for the scores");
@@ -506,7 +542,8 @@ rk_status rk_attn_sparse_run(rk_backend *be, const rk_op_args *a, bool ref, rk_o
         for (int64_t b = 0; b < c.n_qb; b++)
             for (int h = 0; h < c.n_head; h++) {
                 const uint8_t *m = c.mask + ((size_t)b * c.n_head + h) * c.n_kb;
-                for (int64_t jb = 0; jb <= c.qb0 + b; jb++) sp->stats->blocks_done += m[jb] != 0;
+                for (int64_t jb = 0; jb <= c.qb0 + b; jb++)
+                    sp->stats->blocks_done += m[jb] != 0, sp->stats->blocks_forced += forced(&c, c.qb0 + b, jb);
                 sp->stats->blocks_causal += (uint64_t)(c.qb0 + b + 1);
             }
     }

@@ -82,6 +82,7 @@ rk_status rk_long_defaults_get(const rk_model *m, const rk_long_request *r, rk_l
     if (!r->exact && !r->budget_explicit && tiers && r->free_bytes && d.kv_bytes > r->free_bytes / 4 * 3)
         d.kv_budget = r->free_bytes / 2 / (1u << 20) * (1u << 20);
     if (!r->exact) d.sparse = sparse_default(m, r);
+    if (d.sparse) d.n_batch = RK_LONG_SPARSE_BATCH;
     *out = d;
     return RK_OK;
 }

@@ -19,6 +19,7 @@ and McNemar's exact p. A question is right when the answer contains the fact's v
 (case-folded, spaces and punctuation around digits ignored).
 """
 import argparse
+import concurrent.futures
 import json
 import math
 import os
@@ -28,6 +29,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 FIRST = ["Ambrose", "Beatrix", "Cornelius", "Delphine", "Evander", "Florentia", "Gideon", "Honora", "Isidore",
@@ -68,6 +70,9 @@ def make_fact(rng, k):
     v = rng.choice(PLACES)
     return (f"The timber for {thing} was shipped from a town called {v}.",
             f"From which town was the timber for {thing} shipped?", v)
+
+
+LOG_LOCK = threading.Lock()
 
 
 def norm(s):
@@ -142,8 +147,9 @@ def run_arm(args, name, flags, docs, log):
                    "ttft_ms": ev.get("ttft_ms"), "wall_s": round(time.time() - t0, 2), "tokens": d["tokens"],
                    "error": ev.get("message") if ev["event"] == "error" else None}
             res.append(rec)
-            log.write(json.dumps(rec) + "\n")
-            log.flush()
+            with LOG_LOCK:
+                log.write(json.dumps(rec) + "\n")
+                log.flush()
             print(f"{name} d{di} q{qi}: {'ok ' if rec['right'] else 'MISS'} {v!r} <- {text.strip()[:60]!r} "
                   f"({rec['wall_s']} s)", file=sys.stderr)
     p.stdin.close()
@@ -174,14 +180,22 @@ def main():
     ap.add_argument("--cache", help="XDG_CACHE_HOME for the servers (default: the user's)")
     ap.add_argument("--arm", action="append", required=True, help="NAME=FLAGS (the first is the reference)")
     ap.add_argument("--out", required=True, help="results, one JSON line per answer")
+    ap.add_argument("--parallel", action="store_true",
+                    help="run the arms at the same time, one server each (for answers, not timings: "
+                         "give each server its share of the cores with --threads)")
     args = ap.parse_args()
     arms = [a.split("=", 1) if "=" in a else (a, "") for a in args.arm]
     docs = make_docs(args, args.binary)
     print("qa_pairs: documents of " + ", ".join(str(d["tokens"]) for d in docs) + " tokens", file=sys.stderr)
     results = {}
     with open(args.out, "a") as log:
-        for name, flags in arms:
-            results[name] = run_arm(args, name, flags, docs, log)
+        if args.parallel:
+            with concurrent.futures.ThreadPoolExecutor(len(arms)) as ex:
+                futs = {name: ex.submit(run_arm, args, name, flags, docs, log) for name, flags in arms}
+                results = {name: f.result() for name, f in futs.items()}
+        else:
+            for name, flags in arms:
+                results[name] = run_arm(args, name, flags, docs, log)
     ref = arms[0][0]
     for name, _ in arms:
         r = results[name]

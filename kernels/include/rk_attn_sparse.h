@@ -26,6 +26,7 @@ typedef struct rk_attn_sparse_stats {
     uint64_t calls_sparse, calls_dense; /* calls (or their parts) run sparse, run dense */
     uint64_t blocks_done;               /* (query block, head, key block) triples computed */
     uint64_t blocks_causal;             /* ... of the causal triples of the sparse parts */
+    uint64_t blocks_forced;             /* ... of those, the sinks' and the window's */
 } rk_attn_sparse_stats;
 
 /* Calibration (host memory, optional): per head, for each kept-mass threshold tau[t]

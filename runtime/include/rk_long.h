@@ -10,6 +10,7 @@
  * and from 16K tokens on the KV is no longer small beside the weights (Qwen2.5-1.5B: 448
  * MiB of f16 KV at 16K, 2.7 GiB at 100K, against 1.1 GB of weights). */
 #define RK_LONG_Q8_MIN_TOKENS 16384
+#define RK_LONG_SPARSE_BATCH 1024
 
 typedef enum rk_long_rope {
     RK_LONG_ROPE_NONE = 0, /* the prompt fits the trained context: the RoPE stays as it is */
@@ -63,6 +64,10 @@ typedef struct rk_long_defaults {
     /* The sparse prefill attention of the default: 1 from 8192 prompt tokens, else 0 = dense. rk_long_defaults
      * sets it in one place (defaults.c, sparse_default); the exact request never sets it. */
     int32_t sparse;
+    /* The prefill chunk (rk_session_params.n_batch) of the default: RK_LONG_SPARSE_BATCH rows with
+     * sparse attention (each chunk estimates its heads' lines once, over every key, so longer
+     * chunks pay it less often), else 0 = the session's. The caller's -b wins. */
+    int32_t n_batch;
 } rk_long_defaults;
 
 /* Fills *out for a prompt of r->n_prompt tokens (r->n_rows rows) on m as it is now (its

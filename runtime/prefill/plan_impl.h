@@ -87,22 +87,44 @@ typedef struct rk_chunk_plan {
     int64_t q_pos0, q_n;
 } rk_chunk_plan;
 
-/* cost.c: the cost model of prefill progress. The work of a chunk plan in weighted FLOPs:
- * per row and layer the matrices it runs (all of them for exact rows; K, V and the ridge
- * map for filled ones; the output projection for rows with logits), plus attention at
- * 4 x n_head x head_dim FLOPs per (query, key) pair times RK_COST_ATTN_WEIGHT (CPU
- * attention runs at about a third of the matrix kernels' FLOP rate: fitted beta / alpha
- * was 3.1x the FLOP ratio for SmolLM2-135M on one thread). Late-layer exact rows with
- * grouped attention attend to the exact rows and one row per run of filled rows. */
+/* cost.c: the cost model of prefill progress. The work of a chunk plan in FLOPs, in three
+ * parts: the matrices (per row and layer all of them for exact rows; K, V and the ridge map
+ * for filled ones; the output projection for rows with logits); the attention the plan pays
+ * whatever the data (4 x n_head x head_dim FLOPs per (query, key) pair: dense rows, the
+ * sinks' and window's blocks of sparse rows, and the estimation, RK_COST_EST_WEIGHT a pair);
+ * and the other causal blocks of sparse rows, of which the estimated lines select a share
+ * measured as the call runs. Late-layer exact rows with grouped attention attend to the exact
+ * rows and one row per run of filled rows. Progress is the predicted time of the work done
+ * over that of all the work, time = a x matrices + b x attention, with b / a fitted on the
+ * chunks' wall times as they run (rk_cost_fit), starting from RK_COST_ATTN_WEIGHT (CPU
+ * attention ran at about a third of the matrix kernels' FLOP rate for SmolLM2-135M on one
+ * thread). */
 #define RK_COST_ATTN_WEIGHT 3.0
+#define RK_COST_EST_WEIGHT 2.0 /* an estimating pair: its score, exp, and the line sums */
 typedef struct rk_cost_ctx {
     int64_t start, bulk_end, end; /* the eval call's rows [start, end), bulk rows [start, bulk_end) */
     double share;                 /* share of bulk rows exact in late layers (expected) */
     int group;                    /* grouped late-layer attention: runs of up to group filled rows (0: off) */
     bool logits, all_rows;        /* logits of the last row, or of every row */
+    /* sparse attention of the full-attention layers (sparse.c's resolved settings) */
+    bool sp_on;
+    int64_t sp_min_kv, sp_dense_from;
+    int64_t sp_block, sp_sink_b, sp_window, sp_n_est;
 } rk_cost_ctx;
+typedef struct rk_cost {
+    double mat, attn, lines; /* FLOPs: matrices, attention paid, sparse blocks left to the lines */
+} rk_cost;
 struct rk_chunk_plan;
-double rk_cost_chunk(const rk_session *s, const rk_cost_ctx *c, const struct rk_chunk_plan *p);
+rk_cost rk_cost_chunk(const rk_session *s, const rk_cost_ctx *c, const struct rk_chunk_plan *p);
+/* Sums of the fit y = a x1 + b x2 (y: a chunk's seconds, x1 its matrix FLOPs, x2 its
+ * attention FLOPs as run) and its ratio b / a (RK_COST_ATTN_WEIGHT until two chunks ran,
+ * pulled toward it, kept within 1/20 .. 20 times it). */
+typedef struct rk_cost_fit {
+    double s11, s12, s22, s1y, s2y;
+    int n;
+} rk_cost_fit;
+void rk_cost_fit_add(rk_cost_fit *f, double x1, double x2, double y);
+double rk_cost_fit_ratio(const rk_cost_fit *f);
 
 /* Plans the chunk of n rows at pos0 for layers [lo, hi): rows below bulk_end are bulk
  * rows, filled in late layers as the session's fill mode says. Index lists live in the

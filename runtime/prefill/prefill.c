@@ -9,6 +9,7 @@
 
 #include "plan_impl.h"
 #include "prefill_ckpt.h"
+#include "sparse_impl.h"
 
 typedef struct pass {
     rk_session *s;
@@ -17,8 +18,15 @@ typedef struct pass {
     int64_t start, bulk_end;
     float *logits;
     bool all_rows;
-    double done_work, total_work; /* in the cost model's weighted FLOPs (cost.c), for progress */
-    int64_t reported;             /* tokens last reported to the progress callback */
+    /* progress (cost.c): the work of the whole call under the cost model; the work done as it
+     * ran (attention with the lines' measured share) and as the model counted it; the fit of
+     * time on work; the clock and the sparse counters at the last chunk's end */
+    rk_cost total, done, done_model;
+    rk_cost_fit fit;
+    int n_chunks;
+    double t_last;
+    rk_attn_sparse_stats sp_start, sp_last;
+    int64_t reported; /* tokens last reported to the progress callback */
     rk_cost_ctx cost;
     /* question-aware selection: queries of rows [q_pos0, q_pos0 + q_n) at layers [q_lo, q_hi) */
     float *q_keep;
@@ -42,15 +50,40 @@ static rk_status splice(rk_session *s, int64_t start, int64_t bulk_end, rk_err *
                                   s->pf->splice_v, start, bulk_end, err);
 }
 
-/* After plan p ran: the call's tokens in proportion to the cost done (monotone; all of
- * them only after the last chunk, since the total is estimated before the selection of
- * exact rows is known). */
+/* The share of the sparse rows' non-forced blocks that the estimated lines selected between
+ * two readings of the counters (dflt when none ran). */
+static double lines_share(const rk_attn_sparse_stats *now, const rk_attn_sparse_stats *then, double dflt) {
+    const double num =
+        (double)(now->blocks_done - then->blocks_done) - (double)(now->blocks_forced - then->blocks_forced);
+    const double den =
+        (double)(now->blocks_causal - then->blocks_causal) - (double)(now->blocks_forced - then->blocks_forced);
+    return den > 0 && num >= 0 ? num / den : dflt;
+}
+
+#define RK_COST_LINES_PRIOR 0.3 /* the lines' share before any sparse call of the call ran */
+
+/* After plan p ran: the call's tokens in proportion to the predicted time of the work done
+ * (monotone; all of them only after the last chunk, since the total is estimated before the
+ * selection of exact rows is known). */
 static rk_status progress(pass *q, const rk_chunk_plan *p, bool last, rk_err *err) {
     rk_session *s = q->s;
     if (!s->progress) return RK_OK;
-    q->done_work += rk_cost_chunk(s, &q->cost, p);
+    const rk_cost c = rk_cost_chunk(s, &q->cost, p);
+    const rk_attn_sparse_stats *st = &s->pf->sparse_stats;
+    const double share = lines_share(st, &q->sp_start, RK_COST_LINES_PRIOR);
+    const double x2 = c.attn + lines_share(st, &q->sp_last, share) * c.lines, t = rk_time_now();
+    if (q->n_chunks++ > 0) rk_cost_fit_add(&q->fit, c.mat, x2, t - q->t_last); /* the first pays for cold pages */
+    q->t_last = t, q->sp_last = *st;
+    q->done.mat += c.mat, q->done.attn += x2;
+    q->done_model.mat += c.mat, q->done_model.attn += c.attn, q->done_model.lines += c.lines;
+    const double r = rk_cost_fit_ratio(&q->fit);
+    const double t_done = q->done.mat + r * q->done.attn;
+    double t_left = q->total.mat - q->done_model.mat;
+    t_left = (t_left > 0 ? t_left : 0) +
+             r * ((q->total.attn > q->done_model.attn ? q->total.attn - q->done_model.attn : 0) +
+                  share * (q->total.lines > q->done_model.lines ? q->total.lines - q->done_model.lines : 0));
     const int64_t n = (int64_t)q->n;
-    int64_t done = last ? n : (int64_t)((double)n * q->done_work / q->total_work + 0.5);
+    int64_t done = last ? n : t_done + t_left > 0 ? (int64_t)((double)n * t_done / (t_done + t_left) + 0.5) : 0;
     if (!last && done > n - 1) done = n - 1;
     if (done < q->reported) done = q->reported;
     q->reported = done;
@@ -61,11 +94,11 @@ static rk_status progress(pass *q, const rk_chunk_plan *p, bool last, rk_err *er
 
 /* The cost of the whole call under the cost model, chunk by chunk over every layer, with
  * the expected share of exact bulk rows in late layers (the selection comes later). */
-static double total_cost(const pass *q) {
+static rk_cost total_cost(const pass *q) {
     rk_session *s = q->s;
     const int n_layer = s->m->hp.n_layer, split = rk_plan_split(s);
     const rk_fill_mode mode = s->fill.mode;
-    double t = 0;
+    rk_cost t = {0};
     for (size_t done = 0; done < q->n;) {
         const size_t c = chunk_len(q, done);
         const int64_t pos = q->start + (int64_t)done;
@@ -78,10 +111,11 @@ static double total_cost(const pass *q) {
             p.n_ex = mode == RK_FILL_PLUMB ? (int64_t)c : llround((double)c * q->cost.share);
             if (mode != RK_FILL_PLUMB) p.n_fill -= p.n_ex;
         }
-        t += rk_cost_chunk(s, &q->cost, &p);
+        const rk_cost k = rk_cost_chunk(s, &q->cost, &p);
+        t.mat += k.mat, t.attn += k.attn, t.lines += k.lines;
         done += c;
     }
-    return t > 0 ? t : 1.0;
+    return t;
 }
 
 /* The cost model's view of the call (after bulk_end is known). */
@@ -100,7 +134,18 @@ static void cost_setup(pass *q, bool selects) {
                             .group = s->pf->fg ? s->fill.group : 0,
                             .logits = q->logits != NULL,
                             .all_rows = q->all_rows};
-    q->total_work = s->progress ? total_cost(q) : 1.0;
+    rk_sparse_params sp;
+    rk_sparse_resolve(&s->fill.sparse, &sp);
+    if (s->fill.sparse.on && !s->dev) {
+        q->cost.sp_on = true;
+        q->cost.sp_min_kv = sp.min_kv, q->cost.sp_dense_from = s->pf->sparse_end - sp.tail;
+        q->cost.sp_block = sp.block, q->cost.sp_sink_b = (sp.n_sink + sp.block - 1) / sp.block;
+        q->cost.sp_window = sp.window, q->cost.sp_n_est = sp.n_est;
+    }
+    if (!s->progress) return;
+    q->total = total_cost(q);
+    q->t_last = rk_time_now();
+    q->sp_start = q->sp_last = s->pf->sparse_stats;
 }
 
 /* Layers [lo, hi) over every chunk; x_split (n, n_embd): where a pass ending before the
@@ -385,9 +430,12 @@ static rk_status resume(pass *q, float *x_split, int split, rk_err *err) {
     q->at.n_q = q->q_keep ? (size_t)(q->q_hi - q->q_lo) * (size_t)q->q_n * qd : 0;
     rk_status st = q->s->ckpt->resume(q->s->ckpt, q->s, &q->at, err);
     /* the restored share of rows x layers, as a share of the cost model's total */
-    if (!st && q->at.lo >= 0)
-        q->done_work = q->total_work * ((double)q->n * q->at.lo + (double)q->at.done * (q->at.hi - q->at.lo)) /
-                       ((double)q->n * q->s->m->hp.n_layer);
+    if (!st && q->at.lo >= 0) {
+        const double f = ((double)q->n * q->at.lo + (double)q->at.done * (q->at.hi - q->at.lo)) /
+                         ((double)q->n * q->s->m->hp.n_layer);
+        q->done_model = (rk_cost){f * q->total.mat, f * q->total.attn, f * q->total.lines};
+        q->done = (rk_cost){f * q->total.mat, f * (q->total.attn + RK_COST_LINES_PRIOR * q->total.lines), 0};
+    }
     return st;
 }
 

@@ -418,3 +418,68 @@ Test(prefill, band_keeps_the_rows_nearest_the_tail) {
     rk_session_destroy(s);
     rk_model_destroy(m);
 }
+
+/* The progress fit (cost.c): chunks whose seconds are 2e-11 s a matrix FLOP and 5e-11 s an
+ * attention FLOP, with a +-1% wobble, give b / a = 2.5 within the wobble once the prior's
+ * two steps are outweighed; before two chunks the prior holds; attention that costs nothing
+ * falls far below the prior, but never under 1/20 of it. */
+Test(prefill, cost_fit_finds_the_attention_ratio) {
+    rk_cost_fit f = {0};
+    cr_expect_eq(rk_cost_fit_ratio(&f), RK_COST_ATTN_WEIGHT);
+    rk_cost_fit_add(&f, 1e9, 1e8, 0.025);
+    cr_expect_eq(rk_cost_fit_ratio(&f), RK_COST_ATTN_WEIGHT, "one chunk: the prior");
+    for (int i = 1; i < 400; i++) {
+        const double x1 = 1e9 * (1.0 + 0.3 * (i % 7)), x2 = 1e8 * (double)(i % 23), wob = 1.0 + 0.01 * ((i % 3) - 1);
+        rk_cost_fit_add(&f, x1, x2, (2e-11 * x1 + 5e-11 * x2) * wob);
+    }
+    cr_expect(fabs(rk_cost_fit_ratio(&f) - 2.5) < 0.05, "ratio %g, expected 2.5", rk_cost_fit_ratio(&f));
+    rk_cost_fit z = {0};
+    for (int i = 0; i < 50; i++) rk_cost_fit_add(&z, 1e9, 1e8 * (double)(i % 5), 0.02);
+    /* the data say 0; the prior, worth 2 of 50 chunks, keeps about k / 25 of it */
+    const double rz = rk_cost_fit_ratio(&z);
+    cr_expect(rz >= 0.05 * RK_COST_ATTN_WEIGHT && rz < 0.2 * RK_COST_ATTN_WEIGHT, "free attention: %g", rz);
+}
+
+/* The cost of sparse rows (cost.c): with no window a query block always computes its sink
+ * blocks and its own block, so of its qb + 1 causal blocks qb - sink_b are left to the lines;
+ * the estimation pays n_est rows over every key; rows at or past dense_from, and calls whose
+ * last row sees fewer than min_kv keys, are dense pairs. */
+Test(prefill, sparse_rows_cost_their_forced_blocks_and_the_estimation) {
+    rk_model *m = load_tiny(TB_ARCH_LLAMA);
+    rk_session_params sp = rk_session_params_default();
+    sp.n_ctx = 512;
+    rk_session *s = NULL;
+    rk_err e = {0};
+    cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s", e.msg);
+    const rk_hparams *hp = rk_model_hparams(m);
+    const double q4 = 4.0 * hp->n_head * hp->head_dim;
+    rk_cost_ctx c = {.start = 0,
+                     .bulk_end = 0,
+                     .end = 512,
+                     .sp_on = true,
+                     .sp_min_kv = 0,
+                     .sp_dense_from = 512,
+                     .sp_block = 16,
+                     .sp_sink_b = 1,
+                     .sp_window = 0,
+                     .sp_n_est = 4};
+    rk_chunk_plan p = {.pos0 = 256, .n = 64, .layer_lo = 0, .layer_hi = 1, .split = hp->n_layer, .n_ex = 64};
+    rk_cost k = rk_cost_chunk(s, &c, &p);
+    /* query blocks 16..19, 16 rows each: forced 2 blocks of 16 keys, lines qb - 1 blocks */
+    double lines = 0, forced = 0;
+    for (int qb = 16; qb < 20; qb++) lines += 16.0 * (qb - 1) * 16.0, forced += 16.0 * 2 * 16.0;
+    const double est = RK_COST_EST_WEIGHT * 4 * 320.0;
+    cr_expect(fabs(k.lines - q4 * lines) < 1e-6 * q4 * lines, "lines %g, expected %g", k.lines, q4 * lines);
+    cr_expect(fabs(k.attn - q4 * (forced + est)) < 1e-6 * q4 * forced, "paid %g, expected %g", k.attn,
+              q4 * (forced + est));
+    /* past dense_from, or under min_kv: every causal pair, densely */
+    const double dense = 64.0 * 256 + 0.5 * 64 * 65;
+    c.sp_dense_from = 256;
+    k = rk_cost_chunk(s, &c, &p);
+    cr_expect(k.lines == 0 && fabs(k.attn - q4 * dense) < 1e-6 * q4 * dense, "dense_from: %g %g", k.lines, k.attn);
+    c.sp_dense_from = 512, c.sp_min_kv = 321;
+    k = rk_cost_chunk(s, &c, &p);
+    cr_expect(k.lines == 0 && fabs(k.attn - q4 * dense) < 1e-6 * q4 * dense, "min_kv: %g %g", k.lines, k.attn);
+    rk_session_destroy(s);
+    rk_model_destroy(m);
+}
