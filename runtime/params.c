@@ -368,9 +368,10 @@ static const rk_param_key fill_keys[] = {
     INT("group", 0, 4096,
         "late layers' exact rows attend each run of up to this many filled rows as one row "
         "(mean K, mean V) in a prefill from row 0 on a host backend (default 0: off)"),
-    INT("rescore_rows", 1, 1 << 24,
+    INT("rescore_rows", 0, 1 << 24,
         "most document rows a later question makes exact beside the document's own selection, so its "
-        "re-scoring runs at most twice that many rows through the late layers (default 1024)"),
+        "re-scoring runs at most twice that many rows through the late layers (default 0: the work of "
+        "1024 rows attending to 2048 keys, so fewer rows for longer documents)"),
 };
 
 static const slot fill_slots[] = {

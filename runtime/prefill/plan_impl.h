@@ -97,9 +97,9 @@ typedef struct rk_chunk_plan {
  * rows and one row per run of filled rows. Progress is the predicted time of the work done
  * over that of all the work, time = a x matrices + b x attention, with b / a fitted on the
  * chunks' wall times as they run (rk_cost_fit), starting from RK_COST_ATTN_WEIGHT (CPU
- * attention ran at about a third of the matrix kernels' FLOP rate for SmolLM2-135M on one
- * thread). */
-#define RK_COST_ATTN_WEIGHT 3.0
+ * attention's FLOP rate was a third of the matrix kernels' for SmolLM2-135M on one thread,
+ * and 0.8 of it for Qwen2.5-1.5B's 128-wide heads on two). */
+#define RK_COST_ATTN_WEIGHT 2.0
 #define RK_COST_EST_WEIGHT 2.0 /* an estimating pair: its score, exp, and the line sums */
 typedef struct rk_cost_ctx {
     int64_t start, bulk_end, end; /* the eval call's rows [start, end), bulk rows [start, bulk_end) */

@@ -25,7 +25,8 @@ typedef struct pass {
     rk_cost_fit fit;
     int n_chunks;
     double t_last;
-    rk_attn_sparse_stats sp_start, sp_last;
+    rk_attn_sparse_stats sp_last;
+    double share;     /* the lines' share of blocks, averaged over the recent chunks (-1: none yet) */
     int64_t reported; /* tokens last reported to the progress callback */
     rk_cost_ctx cost;
     /* question-aware selection: queries of rows [q_pos0, q_pos0 + q_n) at layers [q_lo, q_hi) */
@@ -70,8 +71,11 @@ static rk_status progress(pass *q, const rk_chunk_plan *p, bool last, rk_err *er
     if (!s->progress) return RK_OK;
     const rk_cost c = rk_cost_chunk(s, &q->cost, p);
     const rk_attn_sparse_stats *st = &s->pf->sparse_stats;
-    const double share = lines_share(st, &q->sp_start, RK_COST_LINES_PRIOR);
-    const double x2 = c.attn + lines_share(st, &q->sp_last, share) * c.lines, t = rk_time_now();
+    const double here = lines_share(st, &q->sp_last, -1.0);
+    /* the share for the rows still to read: the recent chunks' (it falls as the keys grow) */
+    if (here >= 0) q->share = q->share < 0 ? here : q->share + 0.2 * (here - q->share);
+    const double share = q->share >= 0 ? q->share : RK_COST_LINES_PRIOR;
+    const double x2 = c.attn + (here >= 0 ? here : share) * c.lines, t = rk_time_now();
     if (q->n_chunks++ > 0) rk_cost_fit_add(&q->fit, c.mat, x2, t - q->t_last); /* the first pays for cold pages */
     q->t_last = t, q->sp_last = *st;
     q->done.mat += c.mat, q->done.attn += x2;
@@ -145,7 +149,8 @@ static void cost_setup(pass *q, bool selects) {
     if (!s->progress) return;
     q->total = total_cost(q);
     q->t_last = rk_time_now();
-    q->sp_start = q->sp_last = s->pf->sparse_stats;
+    q->sp_last = s->pf->sparse_stats;
+    q->share = -1.0;
 }
 
 /* Layers [lo, hi) over every chunk; x_split (n, n_embd): where a pass ending before the
@@ -288,9 +293,23 @@ static bool can_rescore(const rk_session *s, const pass *q, int split) {
            s->pf->xs_hi > s->pf->xs_lo && s->kv->ops->writable && !s->pf->splice_src;
 }
 
+/* The default number of rows a question may add (rescore_rows 0): as many as make the work
+ * of RK_RESCORE_ROWS rows that attend to RK_RESCORE_KEYS keys. A row's late-layer work is its
+ * matrices plus attention over the rows before it (half the document's n_keys on average),
+ * so a longer document gets fewer rows: on Qwen2.5-1.5B 710 at 16K keys, 243 at 106K. */
+#define RK_RESCORE_ROWS 1024
+#define RK_RESCORE_KEYS 2048
+static int64_t rescore_default(const rk_hparams *hp, int64_t n_keys) {
+    const double d = hp->n_embd, q = (double)hp->n_head * hp->head_dim, kv = (double)hp->n_head_kv * hp->head_dim;
+    const double mat = 2.0 * (2.0 * d * q + 2.0 * d * kv + 3.0 * d * hp->n_ff);
+    const double ref = mat + 4.0 * q * 0.5 * RK_RESCORE_KEYS, w = mat + 4.0 * q * 0.5 * (double)n_keys;
+    const double rows = w > ref ? RK_RESCORE_ROWS * ref / w : RK_RESCORE_ROWS;
+    return rows >= 1.0 ? (int64_t)rows : 1;
+}
+
 /* The kept rows again, for this call's question: score them by its last obs rows (queries
  * in q->q_keep) and make exact, beside the document's own selection (keep0), the rows it
- * pays most for, at most rescore_rows of them. Rows of keep0 keep the K/V of the document's
+ * pays most for, at most rescore_rows of them (rescore_default when 0). Rows of keep0 keep the K/V of the document's
  * eval; rows an earlier question added and this one does not get predicted K/V again; from
  * the first row whose status changes, the rows this question adds run through the late
  * layers in position order, so each attends to the keys the new selection gives its prefix.
@@ -305,7 +324,8 @@ static rk_status rescore(pass *q, int split, rk_err *err) {
     int64_t r0 = lo < f->n_sink ? f->n_sink : lo;
     if (r0 > hi) r0 = hi;
     const int64_t n_sc = hi - r0, n_keep = (int64_t)llround((double)f->keep_share * (double)n_sc);
-    const int64_t max_new = n_keep < f->rescore_rows ? n_keep : f->rescore_rows;
+    const int64_t budget = f->rescore_rows > 0 ? f->rescore_rows : rescore_default(hp, hi);
+    const int64_t max_new = n_keep < budget ? n_keep : budget;
     uint8_t *nk = malloc((size_t)nb);
     float *score = calloc((size_t)(n_sc > 0 ? n_sc : 1), sizeof(float));
     float *xin = malloc((size_t)s->p.n_batch * (size_t)d * sizeof(float));

@@ -55,6 +55,7 @@ Test(defaults, short_prompt_changes_nothing) {
     cr_expect_eq(d.kv_budget, 0);
     cr_expect_eq(d.kv_f16_bytes, 60 * F16_ROW);
     cr_expect_eq(d.sparse, 0);
+    cr_expect_eq(d.n_batch, 0); /* dense: the session's chunk */
     rk_model_destroy(m);
 }
 
@@ -185,6 +186,7 @@ Test(defaults, explicit_kv_choices_and_the_exact_request_win) {
     d = get(m, (rk_long_request){.n_prompt = 20000, .budget_explicit = true, .free_bytes = 1u << 20});
     cr_expect_eq(d.kv, RK_KV_Q8);
     cr_expect_eq(d.sparse, 1); /* past 8192 prompt tokens the default attends sparsely */
+    cr_expect_eq(d.n_batch, RK_LONG_SPARSE_BATCH, "sparse reads take the longer chunk: %d", d.n_batch);
     cr_expect_eq(d.kv_budget, 0);
     /* q4 has no tiers: no budget */
     d = get(m, (rk_long_request){.n_prompt = 20000, .kv_explicit = true, .kv_kind = RK_KV_Q4, .free_bytes = 1u << 20});
@@ -196,6 +198,7 @@ Test(defaults, explicit_kv_choices_and_the_exact_request_win) {
     cr_expect_eq(d.kv_why, RK_LONG_KV_DEFAULT);
     cr_expect_eq(d.kv_budget, 0);
     cr_expect_eq(d.sparse, 0);
+    cr_expect_eq(d.n_batch, 0);
     rk_model_destroy(m);
     /* the exact request still gets the scaling the length needs */
     m = tiny(64, NULL, 0);

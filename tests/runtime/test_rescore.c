@@ -292,7 +292,8 @@ Test(rescore, stream_file_refuses_corrupt_short_foreign_and_stale) {
 }
 
 /* A long document: a second question makes at most rescore_rows rows exact beside the
- * document's own selection (the default, 1024, of the 25 % share, 1,109 rows here), so the rows it
+ * document's own selection (by default the work of 1024 rows at 2048 keys, fewer rows at
+ * this length, of the 25 % share, 1,109 rows here), so the rows it
  * runs through the late layers, which the session counts, are bounded by that budget and not
  * by the document's length; the answer's logits are finite and a decode step follows. */
 Test(rescore, long_document_reruns_at_most_the_row_budget) {
@@ -317,7 +318,13 @@ Test(rescore, long_document_reruns_at_most_the_row_budget) {
         float *lg = malloc(2 * nv * sizeof(float));
         eval(s, doc, N_LONG, lg);
         const int64_t bulk = N_LONG - TAIL, n_keep = 4 + (int64_t)llround(0.25 * (double)(bulk - 4));
-        const int64_t want = 1024; /* rk_session_set_fill's default */
+        /* the default budget: the late-layer work of 1024 rows attending to 2048 keys, each row
+         * here attending to half the bulk rows on average (prefill.c, rescore_default) */
+        const rk_hparams *hp = rk_model_hparams(m);
+        const double d = hp->n_embd, qd = (double)hp->n_head * hp->head_dim, kvd = (double)hp->n_head_kv * hp->head_dim;
+        const double mat = 2.0 * (2.0 * d * qd + 2.0 * d * kvd + 3.0 * d * hp->n_ff);
+        const int64_t want = (int64_t)(1024.0 * (mat + 4.0 * qd * 1024.0) / (mat + 4.0 * qd * 0.5 * (double)bulk));
+        cr_assert_lt(want, 1024, "a %lld-row document gets fewer than 1024 rows", (long long)bulk);
         cr_assert_gt(n_keep, want, "the share (%lld rows) must exceed the budget for the test to bind",
                      (long long)n_keep);
         uint64_t ex0, ex1;
