@@ -76,7 +76,8 @@
     int32_t baseline;     /* [baseline] rows before the question subtracted (-1: none) */     \
     int32_t band;         /* [band] last bulk rows kept out of the keep share */              \
     int32_t group;        /* [group] late layers attend runs of filled rows as one row */     \
-    int32_t rescore_rows; /* [rescore_rows] most rows a later question adds exact (0: the work of 1024 rows at 2048 keys) */
+    int32_t                                                                                   \
+        rescore_rows; /* [rescore_rows] most rows a later question adds exact (0: the work of 1024 rows at 2048 keys) */
 
 /* rk_kv_params: the memory tiers' spill file and budget accounting */
 #define RK_KV_RESEARCH_FIELDS                                                                     \
