@@ -122,3 +122,44 @@ int cli_long_apply(const char *cmd, cli_opts *o, rk_model *m, int64_t n_prompt, 
     }
     return 0;
 }
+
+int cli_long_mode(const cli_opts *o, const rk_model *m, int64_t n_prompt, int64_t n_rows, const char **mode,
+                  const char *default_fill, rk_kv_params *kv) {
+    const bool off = !strcmp(*mode, "off");
+    if (!off && strcmp(*mode, "default")) return 0;
+    rk_long_request r = cli_long_request(o, m, n_prompt, n_rows);
+    r.exact = off;
+    rk_long_defaults d;
+    rk_err e = {0};
+    rk_status st = rk_long_defaults_get(m, &r, &d, &e);
+    if (st) {
+        cli_print_error(&e);
+        return cli_exit_code(st);
+    }
+    if (off) { /* the library's exact reference: f16, no budget, no tiers */
+        *kv = rk_kv_params_default();
+        kv->kind = d.kv;
+        return 0;
+    }
+    if (!o->kv) {
+        rk_kv_params p = rk_kv_params_default();
+        p.kind = d.kv;
+        cli_kv_apply(o, &p);
+        *kv = p;
+    }
+    if (!o->kv_budget) kv->budget = d.kv_budget;
+    /* the sparse prefill attention of the default (d.sparse) is cli_sparse_params's default,
+     * as in ask: on unless --sparse says otherwise */
+    (void)d.sparse;
+    *mode = default_fill;
+    return 0;
+}
+
+const char *cli_long_default_fill(cli_opts *o, const rk_model *m, const char *cmd) {
+    cli_opts fo = *o;
+    fo.fill = NULL;
+    (void)cli_auto_fill(&fo, m, cmd); /* says on stderr what it found */
+    if (!fo.ridgefill) return "off";
+    o->ridgefill = fo.ridgefill;
+    return fo.fill ? fo.fill : cli_default_fill_name();
+}
