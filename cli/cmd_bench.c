@@ -74,48 +74,6 @@ static const char *help =
     "                layers (512M or 25%); the cold layers past it go to $TMPDIR (docs/GPU.md)\n"
     "  --json        one JSON object on stdout instead of a table\n";
 
-/* `--fill off,default`: the one place that says what the two references run.
- *   off      the exact reference: no fill, f16 KV, no budget, dense attention; the only
- *            change is the RoPE scaling the length needs (applied to the model before);
- *   default  what `ask` runs with no flag at this prompt length: rk_long_defaults_get's KV
- *            policy and budget (--kv / --kv-budget given win, as in ask), the default fill
- *            with the model's cached maps (default_fill), and sparse attention on (past
- *            8192 keys; --sparse given wins).
- * Other modes run as given. *mode becomes the fill mode to set; *kv the policy. */
-static int mode_settings(const cli_opts *o, const rk_model *m, int len, const char **mode, const char *default_fill,
-                         rk_kv_params *kv, int *n_batch) {
-    const bool off = !strcmp(*mode, "off");
-    if (!off && strcmp(*mode, "default")) return 0;
-    rk_long_request r = cli_long_request(o, m, len, (int64_t)len + o->n_predict + 1);
-    r.exact = off;
-    rk_long_defaults d;
-    rk_err e = {0};
-    rk_status st = rk_long_defaults_get(m, &r, &d, &e);
-    if (st) {
-        cli_print_error(&e);
-        return cli_exit_code(st);
-    }
-    if (off) { /* the library's exact reference: f16, no budget, no tiers */
-        *kv = rk_kv_params_default();
-        kv->kind = d.kv;
-        return 0;
-    }
-    if (!o->kv) {
-        rk_kv_params p = rk_kv_params_default();
-        p.kind = d.kv;
-        cli_kv_apply(o, &p);
-        *kv = p;
-    }
-    if (!o->kv_budget) kv->budget = d.kv_budget;
-    /* the sparse prefill attention of the default (d.sparse) is cli_sparse_params's default,
-     * as in ask: on unless --sparse says otherwise */
-    (void)d.sparse;
-    if (d.n_batch > 0 && !o->n_batch && (o->sparse ? !strncmp(o->sparse, "on", 2) : !o->no_ridgefill))
-        *n_batch = d.n_batch; /* the chunk ask takes with sparse attention (-b given wins) */
-    *mode = default_fill;
-    return 0;
-}
-
 int cmd_bench(int argc, char **argv) {
     int reps = 2;
     for (int i = 2; i < argc; i++) {
@@ -207,13 +165,7 @@ int cmd_bench(int argc, char **argv) {
     bool has_default = false;
     for (int mi = 0; mi < n_modes; mi++) has_default |= !strcmp(modes[mi], "default");
     /* "default" reads with ask's fill: the cached maps of the model when `prepare` left some */
-    const char *default_fill = "off";
-    if (has_default) {
-        cli_opts fo = o;
-        fo.fill = NULL;
-        (void)cli_auto_fill(&fo, m, "bench"); /* says on stderr what it found */
-        if (fo.ridgefill) o.ridgefill = fo.ridgefill, default_fill = fo.fill ? fo.fill : cli_default_fill_name();
-    }
+    const char *default_fill = has_default ? cli_long_default_fill(&o, m, "bench") : "off";
     rk_ridge_maps *maps = NULL;
     static char kvs[8][1200];
     int n_kv = o.kv ? cli_kv_split(o.kv, kvs, 8) : 0;
@@ -242,7 +194,8 @@ int cmd_bench(int argc, char **argv) {
                 const char *mode = modes[mi];
                 rk_kv_params want = item_kv;
                 int want_batch = base_batch;
-                if (has_default && (rc = mode_settings(&o, m, lens[li], &mode, default_fill, &want, &want_batch)))
+                if (has_default && (rc = cli_long_mode(&o, m, lens[li], (int64_t)lens[li] + o.n_predict + 1, &mode,
+                                                       default_fill, &want, &want_batch)))
                     break;
                 if (want.kind != sp.kv.kind || want.budget != sp.kv.budget || want.host_budget != sp.kv.host_budget ||
                     want_batch != sp.n_batch) {

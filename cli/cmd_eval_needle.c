@@ -8,6 +8,7 @@
 
 #include "cli_gen.h"
 #include "eval_cli.h"
+#include "long_cli.h"
 
 static const char *help =
     "usage: ridgekv eval needle [-m MODEL] [--ridgefill MAPS] [--fill off,speed,quality] [--tail 512]\n"
@@ -36,7 +37,10 @@ static const char *help =
 static const char *help_options =
     "  --ridgefill MAPS  map file from `ridgekv calibrate`\n"
     "  --fill LIST       modes to compare; off is always included (default off,speed,quality with\n"
-    "                    maps; off,identity needs --split S)\n"
+    "                    maps; off,identity needs --split S). default: what ask runs with no flag\n"
+    "                    (as for eval nll: KV policy and budget of the length, the cached maps'\n"
+    "                    fill, sparse attention; off then exact: f16 KV, dense), one policy for\n"
+    "                    every --lengths item (else refused: run the lengths apart)\n"
     "  --kv-modes LIST   KV policies to compare, each an item of --kv (f16, f32, q8, q4,\n"
     "                    lowram[:opts]); the first is the reference. Items are separated by commas:\n"
     "                    a new item starts at f16, f32, q8, q4 or lowram, any other comma-separated\n"
@@ -47,7 +51,8 @@ static const char *help_options =
     "                    (window) and compresses nothing below start=3072 prompt rows (at most half\n"
     "                    the model's context): give lengths >= 4096 (8192 with --trials 200\n"
     "                    or more for a paired verdict) for the needle to land in compressed rows, or\n"
-    "                    lowram:start=0 on short prompts\n"
+    "                    lowram:start=0 on short prompts\n";
+static const char *help_options2 =
     "  --tail T          exact tail (default 512 here; >= 512); with --kv-modes, the needle still\n"
     "                    has >= T prompt tokens after it (past LowRAM's window when T > 128)\n"
     "  --lengths LIST    prompt lengths in tokens (default 1024,2048)\n"
@@ -162,6 +167,9 @@ static json_object *mode_json(const ev_needle_params *p, const ev_needle_result 
     int k, b, c;
     ev_needle_count(r, mi, &k, &b, &c);
     ev_json_str(j, "mode", ev_modes_label(&p->modes, mi));
+    char kv[256];
+    rk_kv_params_format(&p->modes.kv[mi], kv, sizeof kv);
+    ev_json_str(j, "kv", kv);
     ev_json_int(j, "correct", k);
     ev_json_int(j, "n", r->n_trials);
     ev_json_num(j, "accuracy", (double)k / r->n_trials);
@@ -355,6 +363,7 @@ int cmd_eval_needle(int argc, char **argv) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             fputs(help, stdout);
             fputs(help_options, stdout);
+            fputs(help_options2, stdout);
             return RK_EXIT_OK;
         }
     const char *cmd = "eval needle", *files = EV_DEFAULT_FILES, *corpus = NULL, *results = NULL;
@@ -365,7 +374,7 @@ int cmd_eval_needle(int argc, char **argv) {
     if (rc) return rc;
     p.sampler = &o.sp; /* the penalty flags (--repeat-penalty, --dry-multiplier, ...) */
     rk_model *m = NULL;
-    rk_session *s[EV_MAX_MODES] = {0};
+    rk_session *s[EV_MAX_MODES] = {0}, *base = NULL, *owned[EV_MAX_MODES] = {0};
     rk_backend *be = NULL;
     rk_ridge_maps *maps = NULL;
     ev_corpus c = {0};
@@ -379,6 +388,11 @@ int cmd_eval_needle(int argc, char **argv) {
         rc = cli_ev_fail(cmd, &e);
         goto done;
     }
+    if (!p.modes.by_kv && cli_ev_lists_default(o.fill)) { /* the RoPE the longest length needs, as ask applies it */
+        cli_opts lo = o;
+        lo.kv = "f16"; /* RoPE only here; default's KV: cli_ev_sessions */
+        if ((rc = cli_long_apply(cmd, &lo, m, n_ctx - p.gen, n_ctx, NULL))) goto done;
+    }
     for (int i = 0; i < p.n_lens; i++)
         if (p.lens[i] > rk_model_n_ctx_max(m))
             fprintf(stderr, "ridgekv %s: warning: length %d exceeds the model's context %lld\n", cmd, p.lens[i],
@@ -391,10 +405,11 @@ int cmd_eval_needle(int argc, char **argv) {
     if (p.modes.by_kv) {
         if ((rc = open_kv_sessions(&o, m, o.n_ctx ? o.n_ctx : n_ctx, &p.modes, &be, s))) goto done;
     } else {
-        if ((rc = cli_open_session(&o, m, o.n_ctx ? o.n_ctx : n_ctx, &s[0])) ||
-            (rc = cli_ev_modes(&o, m, s[0], &maps, &p.modes, cmd)))
+        /* fill modes share the session, but off and default with default in the list */
+        const int nc = o.n_ctx ? o.n_ctx : n_ctx;
+        if ((rc = cli_open_session(&o, m, nc, &base)) || (rc = cli_ev_modes(&o, m, base, &maps, &p.modes, cmd)) ||
+            (rc = cli_ev_sessions(&o, m, p.lens, p.n_lens, p.gen, nc, base, &p.modes, s, owned, cmd)))
             goto done;
-        for (int mi = 1; mi < p.modes.n; mi++) s[mi] = s[0]; /* fill modes share the session */
     }
     const int split = maps ? rk_ridge_maps_split(maps) : o.split;
     unsigned char *skip = NULL;
@@ -451,8 +466,11 @@ done:
     cli_needle_log_close(&lg);
     ev_needle_result_free(&r);
     ev_corpus_deinit(&c);
-    for (int mi = 0; mi < EV_MAX_MODES; mi++) /* fill modes share s[0] */
-        if (mi == 0 || (s[mi] && p.modes.by_kv)) rk_session_destroy(s[mi]);
+    for (int mi = 0; mi < EV_MAX_MODES; mi++) { /* fill modes share base */
+        if (p.modes.by_kv) rk_session_destroy(s[mi]);
+        rk_session_destroy(owned[mi]);
+    }
+    rk_session_destroy(base);
     rk_backend_close(be);
     rk_ridge_maps_destroy(maps);
     rk_model_destroy(m);

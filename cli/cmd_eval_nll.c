@@ -8,9 +8,10 @@
 
 #include "cli_gen.h"
 #include "eval_cli.h"
+#include "long_cli.h"
 
 static const char *help =
-    "usage: ridgekv eval nll [-m MODEL] [--ridgefill MAPS] [--fill off,speed,quality] [--tail 512]\n"
+    "usage: ridgekv eval nll [-m MODEL] [--ridgefill MAPS] [--fill off,speed,quality|off,default] [--tail 512]\n"
     "                       [--len 2048] [--windows 8] [--score 512] [--short 256]\n"
     "                       [--gain-threshold 0.5] [--top 0.1] [--boot 1000] [--files F1,F2] [--seed N] [--json]\n"
     "\n"
@@ -35,6 +36,13 @@ static const char *help =
     "stay exact);\n"
     "each is named by the item in the table and the JSON, and all run on the same windows\n"
     "against the one off run.\n"
+    "--fill off,default measures ask's defaults against exact, as bench's does: default is what\n"
+    "ask runs with no flag at --len tokens (KV policy and budget from the length and the free\n"
+    "memory, on a session of its own; the fill of the model's cached maps; sparse attention), off\n"
+    "stays exact (no fill, f16 KV, no budget, dense attention). --kv / --kv-budget given apply to\n"
+    "default (and the other modes), never to off; --sparse SPEC sets default's sparse attention\n"
+    "(off: dense); the RoPE scaling --len needs is applied for both (stderr lines say so and what\n"
+    "default runs). The JSON names each mode's KV policy.\n"
     "\n"
     "Default files " EV_DEFAULT_FILES " (looked up in --corpus DIR,\n"
     "default $RIDGEKV_CORPUS or ../shared/corpus): held out from the calibration texts\n"
@@ -106,6 +114,9 @@ static void print_json(const nll_opts *n, const ev_nll_result *r, const ev_nll_s
     for (int mi = 0; mi < r->n_modes; mi++) {
         json_object *mj = json_object_new_object();
         ev_json_str(mj, "mode", ev_modes_label(&p->modes, mi));
+        char kv[256];
+        rk_kv_params_format(&p->modes.kv[mi], kv, sizeof kv);
+        ev_json_str(mj, "kv", kv);
         ev_json_num(mj, "prefill_s_mean", r->prefill_s[mi] / (double)r->n_win);
         for (int si = 0; si < EV_SET_COUNT; si++) {
             json_object *sj = json_object_new_object();
@@ -205,7 +216,7 @@ int cmd_eval_nll(int argc, char **argv) {
     int rc = parse(argc, argv, &o, &n);
     if (rc) return rc;
     rk_model *m = NULL;
-    rk_session *s = NULL;
+    rk_session *s = NULL, *ms[EV_MAX_MODES] = {0}, *owned[EV_MAX_MODES] = {0};
     rk_ridge_maps *maps = NULL;
     ev_corpus c = {0};
     ev_nll_result r = {0};
@@ -213,12 +224,18 @@ int cmd_eval_nll(int argc, char **argv) {
     rk_err e = {0};
     rk_status st = RK_OK;
     if ((rc = cli_load_model(&o, &m))) return rc;
+    if (cli_ev_lists_default(o.fill)) { /* the RoPE scaling --len needs, as ask applies it (one line says so) */
+        cli_opts lo = o;
+        lo.kv = "f16"; /* RoPE only here; default's KV: cli_ev_sessions */
+        if ((rc = cli_long_apply(cmd, &lo, m, n.p.len, n.p.len, NULL))) goto done;
+    }
     if (n.p.len > rk_model_n_ctx_max(m))
         fprintf(stderr, "ridgekv %s: warning: --len %lld exceeds the model's context %lld\n", cmd, (long long)n.p.len,
                 (long long)rk_model_n_ctx_max(m));
+    const int n_ctx = o.n_ctx > n.p.len ? o.n_ctx : (int)n.p.len;
     if ((rc = cli_ev_corpus(&c, m, n.files, cli_ev_corpus_dir(n.corpus), cmd)) ||
-        (rc = cli_open_session(&o, m, o.n_ctx > n.p.len ? o.n_ctx : (int)n.p.len, &s)) ||
-        (rc = cli_ev_modes(&o, m, s, &maps, &n.p.modes, cmd)))
+        (rc = cli_open_session(&o, m, n_ctx, &s)) || (rc = cli_ev_modes(&o, m, s, &maps, &n.p.modes, cmd)) ||
+        (rc = cli_ev_sessions(&o, m, (const int[]){(int)n.p.len}, 1, 0, n_ctx, s, &n.p.modes, ms, owned, cmd)))
         goto done;
     for (int mi = 1; mi < n.p.modes.n; mi++)
         if ((n.p.modes.set[mi] & EV_SET_TAIL) && (n.p.modes.tail[mi] < n.p.score || n.p.modes.tail[mi] >= n.p.len)) {
@@ -231,7 +248,7 @@ int cmd_eval_nll(int argc, char **argv) {
     cli_ev_progress_init(&prog, "eval nll: window");
     n.p.progress = cli_ev_progress_fn;
     n.p.progress_ud = &prog;
-    if ((st = ev_nll_run(m, s, &c, &n.p, &r, &e)) ||
+    if ((st = ev_nll_run(m, ms, &c, &n.p, &r, &e)) ||
         (st = ev_nll_summarize(&r, n.thr, n.top, (int)n.boot, n.p.seed * 7919 + 3, &sm, &e))) {
         cli_print_error(&e);
         rc = st == RK_E_INVALID_ARG ? RK_EXIT_USAGE : cli_exit_code(st);
@@ -244,6 +261,7 @@ int cmd_eval_nll(int argc, char **argv) {
 done:
     ev_nll_result_free(&r);
     ev_corpus_deinit(&c);
+    for (int mi = 0; mi < EV_MAX_MODES; mi++) rk_session_destroy(owned[mi]);
     rk_session_destroy(s);
     rk_ridge_maps_destroy(maps);
     rk_model_destroy(m);

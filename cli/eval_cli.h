@@ -17,10 +17,24 @@ const char *cli_ev_corpus_dir(const char *flag);
 /* Loads the corpus; prints why not and returns an exit code. */
 int cli_ev_corpus(ev_corpus *c, const rk_model *m, const char *files, const char *dir, const char *cmd);
 /* The modes of --fill LIST (default from --ridgefill / --split) with the fill of the
- * flags (maps loaded into *maps); each mode checked on s. Prints why and returns an exit
- * code. */
-int cli_ev_modes(const cli_opts *o, const rk_model *m, rk_session *s, rk_ridge_maps **maps, ev_modes *out,
-                 const char *cmd);
+ * flags (maps loaded into *maps); each mode checked on s. The item default runs what ask
+ * runs (long_cli.h, cli_long_mode): the fill of cli_long_default_fill (its cached maps
+ * become o->ridgefill) with ask's sparse attention (cli_sparse_params); its KV policy is
+ * cli_ev_sessions's. Prints why and returns an exit code. */
+int cli_ev_modes(cli_opts *o, const rk_model *m, rk_session *s, rk_ridge_maps **maps, ev_modes *out, const char *cmd);
+/* Whether the --fill list holds the item default (before the modes are parsed: the RoPE
+ * the lengths need goes on the model before any session). */
+bool cli_ev_lists_default(const char *fill);
+/* The index of the default mode in mo; -1 when none. */
+int cli_ev_default(const ev_modes *mo);
+/* The session of each mode, s[mi] for mi < mo->n, and its policy in mo->kv[mi]: base (a
+ * session made with the flags' policy) for every mode, except off and default when the
+ * list holds default: they run the policy of cli_long_mode at each of the lengths lens
+ * (rows: the length + extra_rows), which must be one policy (else refused naming both),
+ * on a session of their own (n_ctx) when it is not base's. One stderr line says what
+ * default runs. owned[mi]: the sessions made here, for the caller to destroy. Exit code. */
+int cli_ev_sessions(const cli_opts *o, const rk_model *m, const int *lens, int n_lens, int extra_rows, int n_ctx,
+                    rk_session *base, ev_modes *mo, rk_session **s, rk_session **owned, const char *cmd);
 
 /* Progress lines on stderr: "<what> k/n  detail  elapsed, ETA"; live on a terminal. */
 typedef struct cli_ev_progress {

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "eval_cli.h"
+#include "long_cli.h"
 
 int cli_ev_fail(const char *cmd, const rk_err *e) {
     fprintf(stderr, "ridgekv %s: %s\n", cmd, e->msg[0] ? e->msg : "unknown error");
@@ -25,8 +26,22 @@ int cli_ev_corpus(ev_corpus *c, const rk_model *m, const char *files, const char
     return st == RK_E_INVALID_ARG ? RK_EXIT_USAGE : st == RK_E_NOMEM ? RK_EXIT_ERROR : RK_EXIT_IO;
 }
 
-int cli_ev_modes(const cli_opts *o, const rk_model *m, rk_session *s, rk_ridge_maps **maps, ev_modes *out,
-                 const char *cmd) {
+bool cli_ev_lists_default(const char *fill) {
+    for (const char *p = fill; p && *p;) {
+        const size_t n = strcspn(p, ",");
+        if (n >= 7 && !strncmp(p, "default", 7) && (n == 7 || p[7] == ':')) return true; /* settings: refused later */
+        p += n + (p[n] == ',');
+    }
+    return false;
+}
+
+int cli_ev_default(const ev_modes *mo) {
+    for (int mi = 0; mi < mo->n; mi++)
+        if (mo->set[mi] & EV_SET_DEFAULT) return mi;
+    return -1;
+}
+
+int cli_ev_modes(cli_opts *o, const rk_model *m, rk_session *s, rk_ridge_maps **maps, ev_modes *out, const char *cmd) {
     const char *fill = o->fill ? o->fill : o->ridgefill ? "off,speed,quality" : o->split ? "off,identity" : NULL;
     if (!fill) {
         fprintf(stderr,
@@ -41,9 +56,15 @@ int cli_ev_modes(const cli_opts *o, const rk_model *m, rk_session *s, rk_ridge_m
         fprintf(stderr, "ridgekv %s: --fill takes plain modes here (mode:key=value variants are for eval nll)\n", cmd);
         return RK_EXIT_USAGE;
     }
+    /* default: ask's fill (the cached maps become --ridgefill's) */
+    const int dm = cli_ev_default(&mo);
+    const char *df = dm >= 0 ? cli_long_default_fill(o, m, cmd) : NULL;
     int rc = cli_fill_params(o, m, maps, "off", &mo.fill);
     if (rc) return rc;
-    /* --sparse: the settings of the :sparse=1 variants (default: the library's) */
+    /* --sparse: the settings of the :sparse=1 variants (default: the library's); default's
+     * sparse attention is ask's (cli_sparse_params: on unless --sparse off or --no-ridgefill) */
+    if (dm >= 0 && mo.fill.sparse.on) mo.set[dm] |= EV_SET_SPARSE;
+    if (dm >= 0) (void)rk_fill_mode_parse(df, &mo.mode[dm]);
     mo.sparse = mo.fill.sparse.on ? mo.fill.sparse : rk_sparse_params_default();
     mo.fill.sparse = (rk_sparse_params){0};
     /* each mode's grouping: --fill-group or the default of its mode (cli_fill_group), unless
@@ -60,6 +81,78 @@ int cli_ev_modes(const cli_opts *o, const rk_model *m, rk_session *s, rk_ridge_m
         }
     }
     *out = mo;
+    return 0;
+}
+
+/* Same policy: kind, budgets and spec. */
+static bool same_kv(const rk_kv_params *a, const rk_kv_params *b) {
+    char fa[256], fb[256];
+    rk_kv_params_format(a, fa, sizeof fa);
+    rk_kv_params_format(b, fb, sizeof fb);
+    return a->kind == b->kind && a->budget == b->budget && a->host_budget == b->host_budget && !strcmp(fa, fb);
+}
+
+/* The policy as stderr names it: its spec, and its budget when it has one. */
+static void kv_name(const rk_kv_params *kv, char *buf, size_t cap) {
+    rk_kv_params_format(kv, buf, cap);
+    if (kv->budget)
+        snprintf(buf + strlen(buf), cap - strlen(buf), " (budget %lluM)", (unsigned long long)(kv->budget >> 20));
+}
+
+int cli_ev_sessions(const cli_opts *o, const rk_model *m, const int *lens, int n_lens, int extra_rows, int n_ctx,
+                    rk_session *base, ev_modes *mo, rk_session **s, rk_session **owned, const char *cmd) {
+    rk_session_params sp;
+    int rc = cli_session_params(o, &sp);
+    if (rc) return rc;
+    sp.n_ctx = n_ctx;
+    const rk_kv_params base_kv = sp.kv;
+    const int base_batch = sp.n_batch, dm = cli_ev_default(mo);
+    int batch[EV_MAX_MODES];
+    for (int mi = 0; mi < mo->n; mi++) {
+        s[mi] = base, owned[mi] = NULL, mo->kv[mi] = base_kv, batch[mi] = base_batch;
+        if (dm < 0 || (mi != 0 && mi != dm)) continue;
+        /* off and default: their policy at every length, which must be one */
+        for (int li = 0; li < n_lens; li++) {
+            const char *name = mi ? "default" : "off", *mode = name;
+            rk_kv_params kv = base_kv;
+            int nb = base_batch;
+            if ((rc = cli_long_mode(o, m, lens[li], (int64_t)lens[li] + extra_rows, &mode, "off", &kv, &nb))) return rc;
+            if (li > 0 && (!same_kv(&kv, &mo->kv[mi]) || nb != batch[mi])) {
+                char a[256], b[256];
+                kv_name(&mo->kv[mi], a, sizeof a);
+                kv_name(&kv, b, sizeof b);
+                fprintf(stderr,
+                        "ridgekv %s: --fill %s: the default KV policy is %s (chunk %d) at %d tokens but %s "
+                        "(chunk %d) at %d; run these lengths apart\n",
+                        cmd, name, a, batch[mi], lens[0], b, nb, lens[li]);
+                return RK_EXIT_USAGE;
+            }
+            mo->kv[mi] = kv, batch[mi] = nb;
+        }
+        for (int mj = 0; mj < mi && s[mi] == base; mj++) /* a session of this policy already made */
+            if (owned[mj] && same_kv(&mo->kv[mj], &mo->kv[mi]) && batch[mj] == batch[mi]) s[mi] = owned[mj];
+        if (s[mi] != base || (same_kv(&mo->kv[mi], &base_kv) && batch[mi] == base_batch)) continue;
+        sp.kv = mo->kv[mi], sp.n_batch = batch[mi];
+        rk_err e = {0};
+        rk_status st = rk_session_create(m, &sp, &owned[mi], &e);
+        if (st) {
+            cli_print_error(&e);
+            return cli_exit_code(st);
+        }
+        s[mi] = owned[mi];
+        if ((rc = cli_setup_kv(o, s[mi], NULL))) return rc;
+    }
+    if (dm >= 0) {
+        char kv[256], sparse[64] = "dense attention";
+        kv_name(&mo->kv[dm], kv, sizeof kv);
+        if (mo->set[dm] & EV_SET_SPARSE)
+            snprintf(sparse, sizeof sparse, "sparse attention past %lld keys",
+                     (long long)(mo->sparse.min_kv ? mo->sparse.min_kv : 8192));
+        fprintf(stderr,
+                "ridgekv %s: default runs what ask runs at this length: fill %s, KV %s, %s; off: fill off, KV f16, "
+                "dense attention\n",
+                cmd, rk_fill_mode_name(mo->mode[dm]), kv, sparse);
+    }
     return 0;
 }
 

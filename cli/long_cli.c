@@ -64,6 +64,8 @@ static void refuse(const char *cmd, const rk_model *m, const rk_long_request *r,
             f < 2 ? 2 : f, (long long)d->n_ctx_train);
 }
 
+bool cli_long_sparse_on(const cli_opts *o) { return o->sparse ? !strncmp(o->sparse, "on", 2) : !o->no_ridgefill; }
+
 int cli_long_apply(const char *cmd, cli_opts *o, rk_model *m, int64_t n_prompt, int64_t n_rows, rk_long_defaults *out) {
     rk_long_request r = cli_long_request(o, m, n_prompt, n_rows);
     rk_long_defaults d;
@@ -99,9 +101,7 @@ int cli_long_apply(const char *cmd, cli_opts *o, rk_model *m, int64_t n_prompt, 
                 d.rope == RK_LONG_ROPE_APPLY ? "; --rope-scaling none or other --rope-*/--yarn-* flags override it"
                                              : "");
     if (d.n_ctx > 0) o->n_ctx = d.n_ctx;
-    /* the longer chunk goes with sparse attention: not when --sparse off or --no-ridgefill */
-    const bool sparse_on = o->sparse ? !strncmp(o->sparse, "on", 2) : !o->no_ridgefill;
-    if (d.n_batch > 0 && o->n_batch == 0 && sparse_on) o->n_batch = d.n_batch;
+    if (d.n_batch > 0 && o->n_batch == 0 && cli_long_sparse_on(o)) o->n_batch = d.n_batch;
     static char budget[32];
     if (d.kv_why == RK_LONG_KV_LONG || d.kv_why == RK_LONG_KV_MEMORY) o->kv = rk_kv_kind_name(d.kv);
     if (d.kv_budget) {
@@ -124,4 +124,47 @@ int cli_long_apply(const char *cmd, cli_opts *o, rk_model *m, int64_t n_prompt, 
         fprintf(stderr, "%s\n", d.kv_why == RK_LONG_KV_EXPLICIT ? "" : " (--kv f16 or --kv-budget SIZE override)");
     }
     return 0;
+}
+
+int cli_long_mode(const cli_opts *o, const rk_model *m, int64_t n_prompt, int64_t n_rows, const char **mode,
+                  const char *default_fill, rk_kv_params *kv, int *n_batch) {
+    const bool off = !strcmp(*mode, "off");
+    if (!off && strcmp(*mode, "default")) return 0;
+    rk_long_request r = cli_long_request(o, m, n_prompt, n_rows);
+    r.exact = off;
+    rk_long_defaults d;
+    rk_err e = {0};
+    rk_status st = rk_long_defaults_get(m, &r, &d, &e);
+    if (st) {
+        cli_print_error(&e);
+        return cli_exit_code(st);
+    }
+    if (off) { /* the library's exact reference: f16, no budget, no tiers */
+        *kv = rk_kv_params_default();
+        kv->kind = d.kv;
+        return 0;
+    }
+    if (!o->kv) {
+        rk_kv_params p = rk_kv_params_default();
+        p.kind = d.kv;
+        cli_kv_apply(o, &p);
+        *kv = p;
+    }
+    if (!o->kv_budget) kv->budget = d.kv_budget;
+    /* the sparse prefill attention of the default (d.sparse) is cli_sparse_params's default,
+     * as in ask: on unless --sparse says otherwise */
+    (void)d.sparse;
+    if (n_batch && d.n_batch > 0 && !o->n_batch && cli_long_sparse_on(o))
+        *n_batch = d.n_batch; /* the chunk ask reads with when sparse attention acts (-b given wins) */
+    *mode = default_fill;
+    return 0;
+}
+
+const char *cli_long_default_fill(cli_opts *o, const rk_model *m, const char *cmd) {
+    cli_opts fo = *o;
+    fo.fill = NULL;
+    (void)cli_auto_fill(&fo, m, cmd); /* says on stderr what it found */
+    if (!fo.ridgefill) return "off";
+    o->ridgefill = fo.ridgefill;
+    return fo.fill ? fo.fill : cli_default_fill_name();
 }

@@ -108,6 +108,8 @@ typedef struct server {
     char kv[1200];        /* --kv (or "f16") */
     rk_session *alt;      /* the session of the last request that asked for another policy */
     char alt_kv[1200];
+    bool alt_default;        /* alt has an ask's default policy (the flags' tier settings, alt_budget) */
+    uint64_t alt_budget;     /* the budget that default set (0: none) */
     rk_fill_params fill;     /* --ridgefill / --fill / --tail / --split */
     rk_ridge_maps *maps;     /* --ridgefill */
     rk_ridge_maps *req_maps; /* the last request's "ridgefill" */

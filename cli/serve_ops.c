@@ -10,6 +10,7 @@
 
 #include "cli.h"
 #include "doc_cache_cli.h"
+#include "long_cli.h"
 #include "serve.h"
 
 /* ---- events ------------------------------------------------------------------------- */
@@ -88,15 +89,57 @@ static void client_file_error(rk_err *e, rk_status st, const char *path, const c
     snprintf(e->msg, sizeof e->msg, "%.200s is not %s", path, expected);
 }
 
-/* The session for the request: the server's, or one with the request's KV policy (made
- * for it and kept for the next request asking the same). */
+static rk_status build_conv(server *sv, const serve_req *r, rk_session *s, rk_conv **conv, rk_err *e);
+
+/* An ask request without "kv" on a server started without --kv: the KV policy and budget
+ * `ridgekv ask` takes at the length of its prompt (rk_long_defaults_get: q8 from
+ * RK_LONG_Q8_MIN_TOKENS prompt tokens, or when f16 rows would crowd the free memory; a
+ * budget when even those would, unless the server has --kv-budget), with one stderr line.
+ * NULL: the request's "kv" or the server's policy. The context and the RoPE scaling are
+ * the server's (-c). */
+static const char *ask_default_kv(server *sv, const serve_req *r, uint64_t *budget) {
+    *budget = 0;
+    if (r->op != SERVE_OP_ASK || r->gen.kv || !sv->o || sv->o->kv) return NULL;
+    rk_conv *conv = NULL;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    rk_err e = {0};
+    rk_status st = build_conv(sv, r, sv->s, &conv, &e);
+    if (!st) st = rk_conv_prompt(conv, &ids, &n, &e);
+    rk_conv_destroy(conv);
+    free(ids);
+    if (st) return NULL; /* the run says why */
+    const int64_t answer = r->gen.max_tokens >= 0 ? r->gen.max_tokens : (int64_t)n / 3 + 1;
+    const rk_long_request q = cli_long_request(sv->o, sv->m, (int64_t)n, (int64_t)n + answer);
+    rk_long_defaults d;
+    if (rk_long_defaults_get(sv->m, &q, &d, &e)) return NULL;
+    const bool kind = d.kv_why == RK_LONG_KV_LONG || d.kv_why == RK_LONG_KV_MEMORY;
+    if (!kind && !d.kv_budget) return NULL;
+    *budget = d.kv_budget;
+    fprintf(stderr, "ridgekv serve: ask of %zu prompt tokens: KV cache %s", n, rk_kv_kind_name(d.kv));
+    if (d.kv_why == RK_LONG_KV_LONG) fprintf(stderr, ", q8 from %d prompt tokens on", RK_LONG_Q8_MIN_TOKENS);
+    else if (d.kv_why == RK_LONG_KV_MEMORY) fprintf(stderr, ", q8 as f16 would take over half of the free memory");
+    if (d.kv_budget) fprintf(stderr, "; --kv-budget %lluM", (unsigned long long)(d.kv_budget >> 20));
+    fprintf(stderr, " (--kv or --kv-budget given to serve override)\n");
+    return rk_kv_kind_name(d.kv);
+}
+
+/* The session for the request: the server's, or one with the request's KV policy, or for
+ * an ask the default policy and budget of its length (ask_default_kv), made for it and kept
+ * for the next request asking the same. */
 static rk_session *pick_session(server *sv, const serve_req *r) {
-    const char *kv = r->gen.kv;
-    if (!kv || same_kv(kv, sv->kv)) return sv->s;
-    if (sv->alt && same_kv(kv, sv->alt_kv)) return sv->alt;
+    uint64_t budget = 0;
+    const char *dflt = ask_default_kv(sv, r, &budget), *kv = dflt ? dflt : r->gen.kv;
+    if (!kv || (!budget && same_kv(kv, sv->kv))) return sv->s;
+    if (sv->alt && same_kv(kv, sv->alt_kv) && (dflt != NULL) == sv->alt_default && budget == sv->alt_budget)
+        return sv->alt;
     rk_err e = {0};
     rk_session_params sp = sv->sp;
     rk_status st = rk_kv_params_parse(kv, &sp.kv, &e);
+    if (!st && dflt) { /* as ask's default policy: the tier settings, the budget of the length */
+        cli_kv_apply(sv->o, &sp.kv);
+        if (budget) sp.kv.budget = budget;
+    }
     if (!st && sp.kv.lowram.n_threads == 0) sp.kv.lowram.n_threads = sp.n_threads;
     rk_session *s = NULL;
     if (!st) st = rk_session_create(sv->m, &sp, &s, &e);
@@ -110,6 +153,8 @@ static rk_session *pick_session(server *sv, const serve_req *r) {
     }
     rk_session_destroy(sv->alt);
     sv->alt = s;
+    sv->alt_default = dflt != NULL;
+    sv->alt_budget = budget;
     snprintf(sv->alt_kv, sizeof sv->alt_kv, "%s", kv);
     return s;
 }

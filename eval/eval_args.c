@@ -166,13 +166,16 @@ static rk_status put_variant(const char *item, void *ud) {
     char buf[64];
     snprintf(buf, sizeof buf, "%s", item);
     char *save = NULL, *name = strtok_r(buf, ":", &save);
-    rk_fill_mode mode;
-    if (!name || !rk_fill_mode_parse(name, &mode))
+    rk_fill_mode mode = RK_FILL_OFF;
+    const bool dflt = name && !strcmp(name, "default");
+    if (dflt && strcmp(item, "default"))
+        return rk_err_set(c->err, RK_E_INVALID_ARG, "--fill: default takes no settings (item '%s')", item);
+    if (!name || (!dflt && !rk_fill_mode_parse(name, &mode)))
         return rk_err_set(c->err, RK_E_INVALID_ARG,
-                          "--fill: '%s' is not off, speed, quality, identity or plumb "
+                          "--fill: '%s' is not off, speed, quality, identity, plumb or default "
                           "(item '%s')",
                           name ? name : "", item);
-    unsigned char set = 0;
+    unsigned char set = dflt ? EV_SET_DEFAULT : 0;
     float share = 0;
     int32_t band = 0, tail = 0, group = 0;
     for (char *kv = strtok_r(NULL, ":", &save); kv; kv = strtok_r(NULL, ":", &save)) {
@@ -202,7 +205,7 @@ static rk_status put_variant(const char *item, void *ud) {
             return rk_err_set(c->err, RK_E_INVALID_ARG,
                               "--fill: unknown setting '%s' in '%s' (share, band, tail, group, sparse)", kv, item);
     }
-    if (mode == RK_FILL_OFF && (set & ~EV_SET_SPARSE))
+    if (mode == RK_FILL_OFF && !dflt && (set & ~EV_SET_SPARSE))
         return rk_err_set(c->err, RK_E_INVALID_ARG, "--fill: off takes no settings but sparse (item '%s')", item);
     if (mode == RK_FILL_OFF && !set) return RK_OK; /* off is always first */
     for (int i = 0; i < m->n; i++)
@@ -247,7 +250,7 @@ const char *ev_modes_label(const ev_modes *m, int mi) {
 
 bool ev_modes_have_variants(const ev_modes *m) {
     for (int i = 0; i < m->n; i++)
-        if (m->set[i]) return true;
+        if (m->set[i] & ~EV_SET_DEFAULT) return true;
     return false;
 }
 

@@ -14,8 +14,8 @@ void ev_nll_result_free(ev_nll_result *r) {
     memset(r, 0, sizeof *r);
 }
 
-rk_status ev_nll_run(const rk_model *m, rk_session *s, const ev_corpus *c, const ev_nll_params *p, ev_nll_result *out,
-                     rk_err *err) {
+rk_status ev_nll_run(const rk_model *m, rk_session *const *ss, const ev_corpus *c, const ev_nll_params *p,
+                     ev_nll_result *out, rk_err *err) {
     const rk_hparams *hp = rk_model_hparams(m);
     const int64_t len = p->len, score = p->score, n_short = p->n_short;
     const int n_modes = p->modes.n, bos = c->bos >= 0 ? 1 : 0;
@@ -44,6 +44,7 @@ rk_status ev_nll_run(const rk_model *m, rk_session *s, const ev_corpus *c, const
         /* ids[0..len]: len evaluated tokens plus the target of the last row */
         ev_window_ids(c, r.wins[w], (size_t)len + 1, ids);
         for (int mi = 0; mi < n_modes; mi++) {
+            rk_session *s = ss[mi];
             rk_fill_params fp;
             ev_modes_params(&p->modes, mi, &fp);
             if ((st = rk_session_set_fill(s, &fp, err))) goto fail;
@@ -58,6 +59,7 @@ rk_status ev_nll_run(const rk_model *m, rk_session *s, const ev_corpus *c, const
             }
         }
         /* the exact model with only a short prefix before the scored region */
+        rk_session *s = ss[0];
         rk_fill_params off = p->modes.fill;
         off.mode = RK_FILL_OFF;
         if ((st = rk_session_set_fill(s, &off, err))) goto fail;

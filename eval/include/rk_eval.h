@@ -114,7 +114,7 @@ typedef void (*ev_progress_fn)(void *ud, int64_t done, int64_t total, const char
  * `fill` (maps, tail, split, keep share) and its own mode, and, for a variant (a --fill
  * item such as quality:share=0.2:band=256:tail=1536), its own keep share, band or tail.
  * Zero-initialised entries are plain modes named by rk_fill_mode_name. */
-enum { EV_SET_SHARE = 1, EV_SET_BAND = 2, EV_SET_TAIL = 4, EV_SET_GROUP = 8, EV_SET_SPARSE = 16 };
+enum { EV_SET_SHARE = 1, EV_SET_BAND = 2, EV_SET_TAIL = 4, EV_SET_GROUP = 8, EV_SET_SPARSE = 16, EV_SET_DEFAULT = 32 };
 #define EV_LABEL_BYTES 160
 typedef struct ev_modes {
     rk_fill_mode mode[EV_MAX_MODES];
@@ -135,7 +135,9 @@ typedef struct ev_modes {
  * followed by :share=X (0..1), :band=N (>= 0), :tail=N (>= min_tail), :group=G (0..4096,
  * rk_fill_params.group), :sparse=0|1 (the mode with ev_modes.sparse); off first (added
  * when missing; it takes no settings but sparse, and off:sparse=1 is a variant of its own),
- * repeated items dropped. Writes mode, n, set, share,
+ * repeated items dropped. The item default (no settings) is labelled "default", set
+ * EV_SET_DEFAULT and mode off: the caller makes it what `ask` runs (its fill mode, sparse
+ * attention, its session's KV policy). Writes mode, n, set, share,
  * band, tail, group and label of *out (fill untouched). RK_E_INVALID_ARG naming the item. */
 rk_status ev_parse_variants(const char *s, int min_tail, ev_modes *out, rk_err *err);
 /* KV policies from the items of a --kv-modes list (split by the caller: lowram specs hold
@@ -149,7 +151,7 @@ rk_status ev_parse_kv_modes(const char *const *items, int n_items, ev_modes *out
 void ev_modes_params(const ev_modes *m, int mi, rk_fill_params *out);
 /* Mode mi's name in tables and JSON: its label, else the mode's name. */
 const char *ev_modes_label(const ev_modes *m, int mi);
-/* Whether any mode carries variant settings. */
+/* Whether any mode carries variant settings (default is not a variant). */
 bool ev_modes_have_variants(const ev_modes *m);
 
 /* Passkey retrieval with the needle in the bulk region (see `ridgekv eval needle --help`). */
@@ -259,9 +261,10 @@ typedef struct ev_nll_result {
     double prefill_s[EV_MAX_MODES];
 } ev_nll_result;
 
-/* s: a session of m with n_ctx >= len. */
-rk_status ev_nll_run(const rk_model *m, rk_session *s, const ev_corpus *c, const ev_nll_params *p, ev_nll_result *out,
-                     rk_err *err);
+/* s: sessions of m with n_ctx >= len, (modes.n): mode mi runs on s[mi] (modes may share
+ * one), the short-prefix evals of the exact model on s[0]. */
+rk_status ev_nll_run(const rk_model *m, rk_session *const *s, const ev_corpus *c, const ev_nll_params *p,
+                     ev_nll_result *out, rk_err *err);
 void ev_nll_result_free(ev_nll_result *r);
 
 enum { EV_SET_LAST, EV_SET_LONG_RANGE, EV_SET_TOP, EV_SET_COUNT };

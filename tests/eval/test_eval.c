@@ -203,6 +203,15 @@ Test(eval, fill_variants_parse_and_apply) {
         cr_expect(strstr(e.msg, why[i]), "%s: %s", bad[i], e.msg);
     }
     cr_expect_eq(ev_parse_variants("speed,q1,q2,q3,q4,q5,q6,q7", 512, &p, &e), RK_E_INVALID_ARG);
+    /* default: a mode of its own (the caller makes it ask's), not a variant; no settings */
+    cr_assert_eq(ev_parse_variants("off,quality,default,default", 512, &p, &e), RK_OK, "%s", e.msg);
+    cr_assert_eq(p.n, 3, "off, quality, default once");
+    cr_expect_str_eq(ev_modes_label(&p, 2), "default");
+    cr_expect(p.set[2] == EV_SET_DEFAULT && p.mode[2] == RK_FILL_OFF && !(p.set[1] & EV_SET_DEFAULT));
+    cr_expect(!ev_modes_have_variants(&p), "default is not a variant");
+    e = (rk_err){0};
+    cr_expect_eq(ev_parse_variants("default:share=0.2", 512, &p, &e), RK_E_INVALID_ARG);
+    cr_expect(strstr(e.msg, "default takes no settings"), "%s", e.msg);
 }
 
 Test(eval, bootstrap_of_a_constant_is_that_constant) {
