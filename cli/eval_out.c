@@ -121,10 +121,12 @@ int cli_ev_sessions(const cli_opts *o, const rk_model *m, const int *lens, int n
                 char a[256], b[256];
                 kv_name(&mo->kv[mi], a, sizeof a);
                 kv_name(&kv, b, sizeof b);
+                if (same_kv(&kv, &mo->kv[mi])) /* the chunk differs: sparse attention acts at one length only */
+                    snprintf(a, sizeof a, "chunk %d", batch[mi]), snprintf(b, sizeof b, "chunk %d", nb);
                 fprintf(stderr,
-                        "ridgekv %s: --fill %s: the default KV policy is %s (chunk %d) at %d tokens but %s "
-                        "(chunk %d) at %d; run these lengths apart\n",
-                        cmd, name, a, batch[mi], lens[0], b, nb, lens[li]);
+                        "ridgekv %s: --fill %s: the default %s is %s at %d tokens but %s at %d; run these lengths "
+                        "apart\n",
+                        cmd, name, same_kv(&kv, &mo->kv[mi]) ? "prefill chunk" : "KV policy", a, lens[0], b, lens[li]);
                 return RK_EXIT_USAGE;
             }
             mo->kv[mi] = kv, batch[mi] = nb;
