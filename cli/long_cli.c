@@ -64,17 +64,22 @@ static void refuse(const char *cmd, const rk_model *m, const rk_long_request *r,
             f < 2 ? 2 : f, (long long)d->n_ctx_train);
 }
 
+/* rk_long_defaults_get, its error on stderr */
+static rk_status defaults(const rk_model *m, const rk_long_request *r, rk_long_defaults *d) {
+    rk_err e = {0};
+    rk_status st = rk_long_defaults_get(m, r, d, &e);
+    if (st) cli_print_error(&e);
+    return st;
+}
+
 bool cli_long_sparse_on(const cli_opts *o) { return o->sparse ? !strncmp(o->sparse, "on", 2) : !o->no_ridgefill; }
 
 int cli_long_apply(const char *cmd, cli_opts *o, rk_model *m, int64_t n_prompt, int64_t n_rows, rk_long_defaults *out) {
     rk_long_request r = cli_long_request(o, m, n_prompt, n_rows);
     rk_long_defaults d;
     rk_err e = {0};
-    rk_status st = rk_long_defaults_get(m, &r, &d, &e);
-    if (st) {
-        cli_print_error(&e);
-        return cli_exit_code(st);
-    }
+    rk_status st = defaults(m, &r, &d);
+    if (st) return cli_exit_code(st);
     if (out) *out = d;
     /* a -c past reach is the session's refusal (RK_E_CONTEXT, with the numbers) */
     if (d.rope == RK_LONG_ROPE_TOO_LONG && r.n_ctx == 0) {
@@ -133,12 +138,8 @@ int cli_long_mode(const cli_opts *o, const rk_model *m, int64_t n_prompt, int64_
     rk_long_request r = cli_long_request(o, m, n_prompt, n_rows);
     r.exact = off;
     rk_long_defaults d;
-    rk_err e = {0};
-    rk_status st = rk_long_defaults_get(m, &r, &d, &e);
-    if (st) {
-        cli_print_error(&e);
-        return cli_exit_code(st);
-    }
+    rk_status st = defaults(m, &r, &d);
+    if (st) return cli_exit_code(st);
     if (off) { /* the library's exact reference: f16, no budget, no tiers */
         *kv = rk_kv_params_default();
         kv->kind = d.kv;
