@@ -6,7 +6,7 @@
 
 /* FLOPs of one row through one layer's matrices: Q and O (d x q each), K and V (d x kv
  * each), the gated MLP (3 d x ff). */
-static double full_row(const rk_hparams *hp) {
+double rk_cost_full_row(const rk_hparams *hp) {
     const double d = hp->n_embd, q = (double)hp->n_head * hp->head_dim, kv = (double)hp->n_head_kv * hp->head_dim;
     return 2.0 * (2.0 * d * q + 2.0 * d * kv + 3.0 * d * hp->n_ff);
 }
@@ -62,10 +62,10 @@ rk_cost rk_cost_chunk(const rk_session *s, const rk_cost_ctx *c, const rk_chunk_
     full_pairs(c, p->pos0, p->n, &early_fixed, &early_lines);
     for (int l = p->layer_lo; l < p->layer_hi; l++) {
         if (l < p->split) {
-            mat += n * full_row(hp);
+            mat += n * rk_cost_full_row(hp);
             attn += early_fixed, lines += early_lines;
         } else {
-            mat += (double)p->n_ex * full_row(hp) + (double)p->n_fill * fill_row(hp, p, l);
+            mat += (double)p->n_ex * rk_cost_full_row(hp) + (double)p->n_fill * fill_row(hp, p, l);
             attn += (double)p->n_ex * late_keys(c, mid);
         }
     }

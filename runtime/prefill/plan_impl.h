@@ -116,6 +116,8 @@ typedef struct rk_cost {
 } rk_cost;
 struct rk_chunk_plan;
 rk_cost rk_cost_chunk(const rk_session *s, const rk_cost_ctx *c, const struct rk_chunk_plan *p);
+/* FLOPs of one exact row through one layer's matrices (Q, K, V, O and the gated MLP). */
+double rk_cost_full_row(const rk_hparams *hp);
 /* Sums of the fit y = a x1 + b x2 (y: a chunk's seconds, x1 its matrix FLOPs, x2 its
  * attention FLOPs as run) and its ratio b / a (RK_COST_ATTN_WEIGHT until two chunks ran,
  * pulled toward it, kept within 1/20 .. 20 times it). */

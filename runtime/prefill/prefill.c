@@ -296,12 +296,11 @@ static bool can_rescore(const rk_session *s, const pass *q, int split) {
 /* The default number of rows a question may add (rescore_rows 0): as many as make the work
  * of RK_RESCORE_ROWS rows that attend to RK_RESCORE_KEYS keys. A row's late-layer work is its
  * matrices plus attention over the rows before it (half the document's n_keys on average),
- * so a longer document gets fewer rows: on Qwen2.5-1.5B 710 at 16K keys, 243 at 106K. */
+ * so a longer document gets fewer rows: on Qwen2.5-1.5B 711 at 16K keys, 247 at 104K. */
 #define RK_RESCORE_ROWS 1024
 #define RK_RESCORE_KEYS 2048
 static int64_t rescore_default(const rk_hparams *hp, int64_t n_keys) {
-    const double d = hp->n_embd, q = (double)hp->n_head * hp->head_dim, kv = (double)hp->n_head_kv * hp->head_dim;
-    const double mat = 2.0 * (2.0 * d * q + 2.0 * d * kv + 3.0 * d * hp->n_ff);
+    const double q = (double)hp->n_head * hp->head_dim, mat = rk_cost_full_row(hp);
     const double ref = mat + 4.0 * q * 0.5 * RK_RESCORE_KEYS, w = mat + 4.0 * q * 0.5 * (double)n_keys;
     const double rows = w > ref ? RK_RESCORE_ROWS * ref / w : RK_RESCORE_ROWS;
     return rows >= 1.0 ? (int64_t)rows : 1;
