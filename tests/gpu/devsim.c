@@ -1,4 +1,4 @@
-/* The devsim backend (devsim.h) and the helpers the device-path tests share. */
+/* The devsim backend (devsim.h) and the functions the device-path tests share. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <signal.h>
