@@ -227,6 +227,101 @@ static rk_status read_entry(rk_doc_cache *c, const char *path, const char *key, 
     return st;
 }
 
+/* An entry's KV block read in order, piece by piece, RD_DEPTH pieces in flight: what
+ * rk_kv_block_import_stream pulls. */
+enum { RD_DEPTH = 4 };
+typedef struct piece_rd {
+    rk_bs *bs;
+    const meta *mt;
+    uint8_t *buf[RD_DEPTH];
+    bool ready[RD_DEPTH];
+    uint32_t next; /* the next piece to queue (1-based) */
+    uint32_t cur;  /* the piece being consumed (1-based; 0: none yet) */
+    size_t off;    /* bytes of it consumed */
+} piece_rd;
+
+static size_t piece_len(const meta *mt, uint32_t i) {
+    return i < mt->pieces ? mt->piece : (size_t)(mt->raw - (uint64_t)(mt->pieces - 1) * mt->piece);
+}
+
+static rk_status rd_queue(piece_rd *r, rk_err *err) {
+    while (r->next <= r->mt->pieces && r->next < r->cur + RD_DEPTH + (r->cur == 0)) {
+        const int slot = (int)((r->next - 1) % RD_DEPTH);
+        r->ready[slot] = false;
+        rk_status st = rk_bs_get(r->bs, r->next, r->buf[slot], r->mt->piece, (void *)(intptr_t)(slot + 1), err);
+        if (st) return st;
+        r->next++;
+    }
+    return RK_OK;
+}
+
+static rk_status rd_pull(void *ctx, uint8_t *dst, size_t len, rk_err *err) {
+    piece_rd *r = ctx;
+    while (len) {
+        if (r->cur == 0 || r->off == piece_len(r->mt, r->cur)) {
+            if (r->cur >= r->mt->pieces)
+                return rk_err_set(err, RK_E_FORMAT, "the block reads past its %llu bytes",
+                                  (unsigned long long)r->mt->raw);
+            r->cur++, r->off = 0;
+            rk_status st = rd_queue(r, err);
+            if (st) return st;
+            const int slot = (int)((r->cur - 1) % RD_DEPTH);
+            while (!r->ready[slot]) {
+                rk_bs_done d[RD_DEPTH];
+                const int k = rk_bs_wait(r->bs, 1, d, RD_DEPTH);
+                if (!k) return rk_err_set(err, RK_E_IO, "entry piece %u was never read", r->cur);
+                for (int j = 0; j < k; j++) {
+                    if (d[j].status) return rk_err_set(err, d[j].status, "%s", d[j].msg);
+                    r->ready[(intptr_t)d[j].ud - 1] = true;
+                }
+            }
+        }
+        const int slot = (int)((r->cur - 1) % RD_DEPTH);
+        const size_t have = piece_len(r->mt, r->cur) - r->off, k = have < len ? have : len;
+        memcpy(dst, r->buf[slot] + r->off, k);
+        r->off += k, dst += k, len -= k;
+    }
+    return RK_OK;
+}
+
+/* Entry key's KV block into s (reset first), streamed; msg says why not. */
+static rk_status load_entry(rk_doc_cache *c, const char *path, const char *key, rk_session *s, meta *mt, char *msg,
+                            size_t cap) {
+    const double t0 = rk_time_now();
+    rk_bs *bs = NULL;
+    rk_err e = {0};
+    piece_rd r = {0};
+    rk_status st = rk_bs_open(path, RK_BS_READ, &c->p.io, &bs, &e);
+    if (st) snprintf(msg, cap, "%s", e.msg);
+    if (!st && (st = read_meta(bs, mt, msg, cap)) == RK_OK && strcmp(mt->key, key)) {
+        st = RK_E_FORMAT;
+        snprintf(msg, cap, "the file is named for entry %.12s but holds entry %.12s", key, mt->key);
+    }
+    r.bs = bs, r.mt = mt, r.next = 1;
+    for (int i = 0; !st && i < RD_DEPTH; i++)
+        if (!(r.buf[i] = malloc(mt->piece))) {
+            st = RK_E_NOMEM;
+            snprintf(msg, cap, "out of memory for a piece of %u bytes", mt->piece);
+        }
+    if (!st) {
+        rk_session_reset(s);
+        if ((st = rk_session_kv_import_stream(s, mt->raw, rd_pull, &r, &e))) snprintf(msg, cap, "%s", e.msg);
+    }
+    while (bs && rk_bs_in_flight(bs)) { /* what an early failure left queued */
+        rk_bs_done d[RD_DEPTH];
+        if (!rk_bs_wait(bs, 1, d, RD_DEPTH)) break;
+    }
+    for (int i = 0; i < RD_DEPTH; i++) free(r.buf[i]);
+    if (bs) {
+        c->last.backend = rk_bs_backend_used(bs);
+        c->last.direct = rk_bs_direct(bs);
+    }
+    rk_bs_close(bs);
+    c->last.io_s = rk_time_now() - t0;
+    c->last.raw_bytes = mt->raw;
+    return st;
+}
+
 rk_status rk_doc_cache_read_file(rk_doc_cache *c, const char *path, const char *key, uint8_t **buf, size_t *len,
                                  int64_t *n_tokens, char *msg, size_t cap) {
     meta mt = {0};
@@ -249,16 +344,12 @@ rk_status rk_doc_cache_load_tokens(rk_doc_cache *c, const char *key, const int32
         if (errno == ENOENT) return rk_err_set(err, RK_E_NOT_FOUND, "document cache: no entry %.12s", key);
         return rk_err_set(err, RK_E_IO, "document cache: cannot stat %s (%s)", path, strerror(errno));
     }
-    uint8_t *buf = NULL;
     char msg[640] = "";
-    rk_err e = {0};
     meta mt = {0};
-    st = read_entry(c, path, key, &buf, &mt, msg, sizeof msg);
+    st = load_entry(c, path, key, s, &mt, msg, sizeof msg);
     c->last.file_bytes = (uint64_t)sb.st_size;
     if (!st) {
-        rk_session_reset(s);
-        if ((st = rk_session_kv_import(s, buf, (size_t)mt.raw, &e))) snprintf(msg, sizeof msg, "%s", e.msg);
-        else if ((uint64_t)rk_session_n_past(s) != mt.n_tokens) {
+        if ((uint64_t)rk_session_n_past(s) != mt.n_tokens) {
             st = RK_E_FORMAT;
             snprintf(msg, sizeof msg, "entry says %llu tokens, its block holds %lld", (unsigned long long)mt.n_tokens,
                      (long long)rk_session_n_past(s));
@@ -275,7 +366,6 @@ rk_status rk_doc_cache_load_tokens(rk_doc_cache *c, const char *key, const int32
             }
         }
     }
-    free(buf);
     if (st) {
         rk_session_reset(s);
         unlink(path);
@@ -314,8 +404,10 @@ struct rk_doc_cache_writer {
     rk_doc_cache *c;
     rk_bs *bs;
     char path[4096], tmp[4200], msg[640];
-    uint8_t *buf; /* (PIECE) the piece being filled */
-    size_t fill;
+    uint8_t *buf;   /* (PIECE) the piece being filled */
+    uint8_t *first; /* (PIECE) piece 1, written at close so that rk_doc_cache_writer_patch can
+                       still change it */
+    size_t fill, first_len;
     uint64_t len;
     uint32_t pieces;
     rk_status st; /* the first failure; later puts are no-ops */
@@ -341,9 +433,25 @@ static void w_reap(rk_doc_cache_writer *w, bool wait) {
 
 static void w_piece(rk_doc_cache_writer *w) {
     rk_err e = {0};
-    if (!w->st && rk_bs_put(w->bs, ++w->pieces, w->buf, w->fill, NULL, &e)) w_fail(w, e.code, e.msg);
+    if (++w->pieces == 1 && !w->st) { /* held until close */
+        uint8_t *t = w->first;
+        w->first = w->buf, w->first_len = w->fill;
+        w->buf = t;
+        if (!w->buf && !(w->buf = malloc(PIECE))) w_fail(w, RK_E_NOMEM, "out of memory");
+        w->fill = 0;
+        return;
+    }
+    if (!w->st && rk_bs_put(w->bs, w->pieces, w->buf, w->fill, NULL, &e)) w_fail(w, e.code, e.msg);
     w->fill = 0;
     w_reap(w, false);
+}
+
+void rk_doc_cache_writer_patch(rk_doc_cache_writer *w, size_t off, const void *p, size_t n) {
+    uint8_t *at = w->pieces ? w->first : w->buf;
+    const size_t have = w->pieces ? w->first_len : w->fill;
+    if (w->st) return;
+    if (!at || off > have || n > have - off) w_fail(w, RK_E_INTERNAL, "a patch past the first piece");
+    else memcpy(at + off, p, n);
 }
 
 rk_status rk_doc_cache_writer_open(rk_doc_cache *c, const char *path, rk_doc_cache_writer **out, rk_err *err) {
@@ -364,7 +472,7 @@ rk_status rk_doc_cache_writer_open(rk_doc_cache *c, const char *path, rk_doc_cac
 
 void rk_doc_cache_writer_put(rk_doc_cache_writer *w, const void *p, size_t n) {
     const uint8_t *b = p;
-    while (n && !w->st) {
+    while (n && !w->st && w->buf) {
         const size_t k = PIECE - w->fill < n ? PIECE - w->fill : n;
         memcpy(w->buf + w->fill, b, k);
         w->fill += k, w->len += k, b += k, n -= k;
@@ -379,6 +487,8 @@ rk_status rk_doc_cache_writer_close(rk_doc_cache_writer *w, bool keep, const cha
     rk_doc_cache *c = w->c;
     if (!keep) w_fail(w, RK_E_CANCELLED, "abandoned");
     if (w->fill) w_piece(w);
+    rk_err e = {0};
+    if (w->first && !w->st && rk_bs_put(w->bs, 1, w->first, w->first_len, NULL, &e)) w_fail(w, e.code, e.msg);
     uint8_t mb[META_BYTES] = {0};
     memcpy(mb, "RKDC", 4);
     rk_le_put(mb + 4, META_VERSION, 4);
@@ -390,7 +500,6 @@ rk_status rk_doc_cache_writer_close(rk_doc_cache_writer *w, bool keep, const cha
     char spec[2048];
     rk_kv_params_format(kv, spec, sizeof spec);
     put_str(mb + 416, spec, 64);
-    rk_err e = {0};
     if (!w->st && rk_bs_put(w->bs, 0, mb, sizeof mb, NULL, &e)) w_fail(w, e.code, e.msg);
     if (w->bs) w_reap(w, true);
     if (!w->st && rk_bs_sync(w->bs, &e)) w_fail(w, e.code, e.msg);
@@ -417,7 +526,7 @@ rk_status rk_doc_cache_writer_close(rk_doc_cache_writer *w, bool keep, const cha
         c->last.raw_bytes = w->len;
         c->last.file_bytes = stat(w->path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
     }
-    free(w->buf), free(w);
+    free(w->buf), free(w->first), free(w);
     return keep ? st : RK_OK;
 }
 
@@ -431,6 +540,8 @@ rk_status rk_doc_cache_write_file(rk_doc_cache *c, const char *path, const char 
     return rk_doc_cache_writer_close(w, true, key, m, kv, n, label, err);
 }
 
+static void w_sink(void *ctx, const uint8_t *p, size_t n) { rk_doc_cache_writer_put(ctx, p, n); }
+
 rk_status rk_doc_cache_save(rk_doc_cache *c, const char *key, const rk_model *m, const rk_kv_params *kv,
                             const rk_session *s, int64_t n, const char *label, rk_err *err) {
     char path[4096];
@@ -438,12 +549,16 @@ rk_status rk_doc_cache_save(rk_doc_cache *c, const char *key, const rk_model *m,
     if (st) return st;
     if (!m) m = s->m;
     if (!kv) kv = &s->p.kv;
-    void *blk = NULL;
-    size_t len = 0;
-    if ((st = rk_session_kv_export(s, 0, n, &blk, &len, err))) return st;
-    st = rk_doc_cache_write_file(c, path, key, m, kv, n, label, blk, len, err);
-    free(blk);
-    if (st) return st;
+    /* streamed: the block is never whole in memory (at 100K tokens it is as large as the KV) */
+    rk_doc_cache_writer *w = NULL;
+    if ((st = rk_doc_cache_writer_open(c, path, &w, err))) return st;
+    uint8_t sum[8];
+    rk_err e = {0};
+    st = rk_kv_block_export_stream(s->kv, s->m, s->tokens, 0, n, w_sink, w, sum, &e);
+    if (!st) rk_doc_cache_writer_patch(w, 16, sum, 8); /* the block's checksum field */
+    rk_status cst = rk_doc_cache_writer_close(w, !st, key, m, kv, n, label, err);
+    if (st) return rk_err_set(err, st, "document cache: cannot save entry %.12s (%s)", key, e.msg);
+    if ((st = cst)) return st;
     size_t nr;
     uint64_t left;
     rk_err ge = {0};

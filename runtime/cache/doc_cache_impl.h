@@ -15,6 +15,9 @@ typedef struct rk_doc_cache_writer rk_doc_cache_writer;
 rk_status rk_doc_cache_writer_open(rk_doc_cache *c, const char *path, rk_doc_cache_writer **out, rk_err *err);
 void rk_doc_cache_writer_put(rk_doc_cache_writer *w, const void *p, size_t n);
 bool rk_doc_cache_writer_failed(const rk_doc_cache_writer *w);
+/* Overwrites bytes [off, off + n) of what was put, inside the first piece (held until close
+ * for this); past it the writer fails (RK_E_INTERNAL). */
+void rk_doc_cache_writer_patch(rk_doc_cache_writer *w, size_t off, const void *p, size_t n);
 rk_status rk_doc_cache_writer_close(rk_doc_cache_writer *w, bool keep, const char *key, const rk_model *m,
                                     const rk_kv_params *kv, int64_t n, const char *label, rk_err *err);
 /* Reads such a file back (*buf malloc'd, *len bytes, *n_tokens the header's); every frame's

@@ -155,8 +155,25 @@ rk_status rk_kv_check_rows(const rk_kv *kv, int layer, int64_t row0, int64_t n, 
 
 /* ---- byte buffers ---------------------------------------------------------------------- */
 
+void rk_kv_flush(rk_kv_buf *b) {
+    if (b->sink && !b->fail && b->n) b->sink(b->ctx, b->p, b->n);
+    if (b->sink) b->n = 0;
+}
+
 void rk_kv_put(rk_kv_buf *b, const void *src, size_t n) {
     if (b->fail || n == 0) return;
+    b->total += n;
+    if (b->dry) return;
+    if (b->sink) {
+        if (n > b->cap - b->n) rk_kv_flush(b);
+        if (n >= b->cap) {
+            b->sink(b->ctx, src, n);
+            return;
+        }
+        memcpy(b->p + b->n, src, n);
+        b->n += n;
+        return;
+    }
     if (n > b->cap - b->n) {
         size_t cap = b->cap ? b->cap : 4096;
         while (cap - b->n < n) {
@@ -271,6 +288,10 @@ void rk_kv_rows_export(const rk_kv *kv, uint8_t *const *k, uint8_t *const *v, in
         rk_kv_put(out, k[l] + off, len);
         rk_kv_put(out, v[l] + off, len);
     }
+}
+
+uint64_t rk_kv_rows_export_bytes(const rk_kv *kv, int64_t row0, int64_t row1) {
+    return 2ull * (uint64_t)kv->n_layer * (uint64_t)(row1 - row0) * (uint64_t)kv->row_bytes;
 }
 
 rk_status rk_kv_rows_import(rk_kv *kv, uint8_t *const *k, uint8_t *const *v, int64_t row0, int64_t n_rows,

@@ -23,13 +23,22 @@ typedef struct rk_kv rk_kv;
 
 /* ---- byte buffers for export / import ------------------------------------------------ */
 /* Growing output buffer; an allocation failure sets fail and turns later puts into no-ops
- * (the writer checks fail once at the end). Little-endian. */
+ * (the writer checks fail once at the end). Little-endian.
+ * With a sink, p is a fixed window of cap bytes (the caller's): a put that does not fit
+ * hands the window's bytes, then a put of cap bytes or more its own, to sink, so that a
+ * payload of any size streams through bounded memory (rk_kv_flush hands the rest). With
+ * dry, a put only counts: total is the payload's size, nothing is copied. total counts
+ * every byte put, in every mode. */
 typedef struct rk_kv_buf {
     uint8_t *p;
     size_t n, cap;
-    bool fail;
+    bool fail, dry;
+    uint64_t total;
+    void (*sink)(void *ctx, const uint8_t *p, size_t n);
+    void *ctx;
 } rk_kv_buf;
 void rk_kv_put(rk_kv_buf *b, const void *src, size_t n);
+void rk_kv_flush(rk_kv_buf *b);
 void rk_kv_put_u32(rk_kv_buf *b, uint32_t v);
 void rk_kv_put_u64(rk_kv_buf *b, uint64_t v);
 void rk_kv_put_f64(rk_kv_buf *b, double v);
@@ -110,6 +119,16 @@ typedef struct rk_kv_ops {
     int (*params)(const rk_kv *kv, rk_kv_param *out);
     /* Appends the payload of rows [row0, row1) (row1 <= n_past) in the policy's own encoding. */
     rk_status (*export_rows)(const rk_kv *kv, int64_t row0, int64_t row1, rk_kv_buf *out, rk_err *err);
+    /* Bytes export_rows appends for rows [row0, row1), known without making them; NULL: the
+     * size is the encoding's (a streaming export counts it with a dry pass first). */
+    uint64_t (*export_bytes)(const rk_kv *kv, int64_t row0, int64_t row1);
+    /* Streaming import of the rows encoding (per layer its K rows, then its V rows: the
+     * payload rk_kv_rows_export makes): writes n rows of layer l's keys (values) from p (n
+     * rows of row_bytes) at rows [row0, row0 + n), all >= n_past, after checking them
+     * (RK_E_FORMAT). n_past does not move: rows past it are not held until the importer
+     * sets it, so a failure leaves nothing changed. NULL: the policy takes its payload
+     * whole (import_rows). */
+    rk_status (*import_part)(rk_kv *kv, int layer, bool values, int64_t row0, int64_t n, const uint8_t *p, rk_err *err);
     /* Appends rows [row0, row0 + n_rows) (row0 = kv->n_past) from a payload made by
      * export_rows; checks all of it first: on failure nothing changed (RK_E_FORMAT).
      * Sets kv->n_past = row0 + n_rows. */
@@ -197,6 +216,8 @@ rk_op_args rk_kv_attn_args(const rk_kv *kv, const float *q, int64_t n_q, int64_t
 /* Payload of rows [row0, row1): per layer its K rows then its V rows, as stored. */
 void rk_kv_rows_export(const rk_kv *kv, uint8_t *const *k, uint8_t *const *v, int64_t row0, int64_t row1,
                        rk_kv_buf *out);
+/* Its size: 2 n_layer (row1 - row0) row_bytes (rk_kv_ops.export_bytes of the rows policies). */
+uint64_t rk_kv_rows_export_bytes(const rk_kv *kv, int64_t row0, int64_t row1);
 /* The reverse at row0 after the size check (RK_E_FORMAT naming `what`); check (may be NULL)
  * vets the payload first. Sets kv->n_past = row0 + n_rows. */
 rk_status rk_kv_rows_import(rk_kv *kv, uint8_t *const *k, uint8_t *const *v, int64_t row0, int64_t n_rows,
@@ -268,3 +289,19 @@ rk_status rk_kv_block_export(const rk_kv *kv, const rk_model *m, const int32_t *
  * writes its token ids into tokens[row0..] (tokens: n_ctx entries). Nothing changes on
  * failure. */
 rk_status rk_kv_block_import(rk_kv *kv, const rk_model *m, const void *blk, size_t n, int32_t *tokens, rk_err *err);
+/* The same block, streamed: its bytes in order go to put(ctx, p, n) in pieces of at most
+ * 1 MiB, the payload never whole in memory (a policy without export_bytes is exported
+ * twice, the first time only counted). The block's checksum (bytes [16, 24), put as zero)
+ * is known only at the end: *checksum gets it, little-endian, for the caller to write
+ * there. */
+typedef void (*rk_kv_sink)(void *ctx, const uint8_t *p, size_t n);
+rk_status rk_kv_block_export_stream(const rk_kv *kv, const rk_model *m, const int32_t *tokens, int64_t row0,
+                                    int64_t row1, rk_kv_sink put, void *ctx, uint8_t checksum[8], rk_err *err);
+/* rk_kv_block_import of a block of n bytes read in order through pull(ctx, dst, len) (which
+ * fills dst with the block's next len bytes, or fails naming why). A policy with
+ * import_part takes its payload in pieces of at most 4 MiB into place; the others whole.
+ * The checksum is compared at the end, before the rows are held: nothing changes on
+ * failure. */
+typedef rk_status (*rk_kv_pull)(void *ctx, uint8_t *dst, size_t len, rk_err *err);
+rk_status rk_kv_block_import_stream(rk_kv *kv, const rk_model *m, uint64_t n, rk_kv_pull pull, void *ctx,
+                                    int32_t *tokens, rk_err *err);

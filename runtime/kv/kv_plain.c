@@ -140,6 +140,16 @@ static rk_status plain_import(rk_kv *kv, int64_t row0, int64_t n_rows, const uin
     return rk_kv_rows_import(kv, c->k, c->v, row0, n_rows, p, n, "plain", NULL, err);
 }
 
+static rk_status plain_import_part(rk_kv *kv, int l, bool values, int64_t row0, int64_t n, const uint8_t *p,
+                                   rk_err *err) {
+    plain *c = kv->impl;
+    uint8_t *dst = (values ? c->v[l] : c->k[l]) + (size_t)row0 * kv->row_bytes;
+    const size_t len = (size_t)n * kv->row_bytes;
+    if (c->dev) return rk_backend_upload(kv->be, dst, p, len, err);
+    memcpy(dst, p, len);
+    return RK_OK;
+}
+
 static void plain_destroy(rk_kv *kv) {
     plain *c = kv->impl;
     if (!c) return;
@@ -172,6 +182,8 @@ static const rk_kv_ops plain_ops = {
     .stats = NULL,
     .params = plain_params,
     .export_rows = plain_export,
+    .export_bytes = rk_kv_rows_export_bytes,
+    .import_part = plain_import_part,
     .import_rows = plain_import,
     .destroy = plain_destroy,
 };

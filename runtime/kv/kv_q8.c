@@ -180,6 +180,14 @@ static rk_status q8_import(rk_kv *kv, int64_t row0, int64_t n_rows, const uint8_
     return rk_kv_rows_import(kv, c->k, c->v, row0, n_rows, p, n, kv->ops->name, q4 ? q4_check : q8_check, err);
 }
 
+static rk_status q8_import_part(rk_kv *kv, int l, bool values, int64_t row0, int64_t n, const uint8_t *p, rk_err *err) {
+    q8 *c = kv->impl;
+    const size_t len = (size_t)n * kv->row_bytes;
+    rk_status st = c->type == RK_DT_Q4_0 ? q4_check(p, len, err) : q8_check(p, len, err);
+    if (!st) memcpy((values ? c->v[l] : c->k[l]) + (size_t)row0 * kv->row_bytes, p, len);
+    return st;
+}
+
 static void q8_destroy(rk_kv *kv) {
     q8 *c = kv->impl;
     if (!c) return;
@@ -197,7 +205,8 @@ static void q8_destroy(rk_kv *kv) {
         .name = nm, .mem = RK_KV_MEM_HOST, .writable = true, .recordable = false, .append = q8_append,                \
         .attend = q8_attend, .commit = rk_kv_rows_commit, .truncate = rk_kv_rows_truncate, .reset = rk_kv_rows_reset, \
         .read = q8_read, .write = q8_write, .bytes = q8_bytes, .stats = NULL, .params = q8_params,                    \
-        .export_rows = q8_export, .import_rows = q8_import, .destroy = q8_destroy,                                    \
+        .export_rows = q8_export, .export_bytes = rk_kv_rows_export_bytes, .import_part = q8_import_part,             \
+        .import_rows = q8_import, .destroy = q8_destroy,                                                              \
     }
 static const rk_kv_ops q8_ops = QUANT_OPS("q8"), q4_ops = QUANT_OPS("q4");
 

@@ -524,6 +524,7 @@ static const rk_kv_ops tier_ops = {
     .stats = NULL,
     .params = tier_params,
     .export_rows = tier_export,
+    .export_bytes = rk_kv_rows_export_bytes,
     .import_rows = tier_import,
     .destroy = tier_destroy,
     .tier_stats = tier_stats,

@@ -284,6 +284,13 @@ rk_status rk_session_kv_export(const rk_session *s, int64_t row0, int64_t row1, 
     return rk_kv_block_export(s->kv, s->m, s->tokens, row0, row1, blk, n, err);
 }
 
+rk_status rk_session_kv_import_stream(rk_session *s, uint64_t n, rk_kv_pull pull, void *ctx, rk_err *err) {
+    rk_status st = rk_kv_block_import_stream(s->kv, s->m, n, pull, ctx, s->tokens, err);
+    if (st) return st;
+    s->n_past = s->kv->n_past;
+    return RK_OK;
+}
+
 rk_status rk_session_kv_import(rk_session *s, const void *blk, size_t n, rk_err *err) {
     rk_status st = rk_kv_block_import(s->kv, s->m, blk, n, s->tokens, err);
     if (st) return st;

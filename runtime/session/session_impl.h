@@ -96,3 +96,7 @@ rk_status rk_session_rows_copy(rk_session *s, float *dst, const float *src, int6
  * src (read as f32 through the interface, in tiles of the session's scratch). */
 rk_status rk_session_splice_rows(rk_session *s, const rk_session *src, int lo, int hi, bool keys, bool values,
                                  int64_t row0, int64_t row1, rk_err *err);
+
+/* rk_session_kv_import of a block of n bytes streamed through pull (rk_kv_block_import_stream):
+ * the document cache's load, which never holds the whole block. */
+rk_status rk_session_kv_import_stream(rk_session *s, uint64_t n, rk_kv_pull pull, void *ctx, rk_err *err);

@@ -482,6 +482,113 @@ Test(kv, export_import_round_trip) {
     rk_model_destroy(m);
 }
 
+/* ---- streamed blocks -------------------------------------------------------------------- */
+
+typedef struct mem_stream {
+    uint8_t *p;
+    size_t n, cap, off, fail_at; /* pull: fails once off would pass fail_at (0: never) */
+    size_t calls;
+} mem_stream;
+
+static void mem_sink(void *ctx, const uint8_t *p, size_t n) {
+    mem_stream *m = ctx;
+    if (m->n + n > m->cap) {
+        m->cap = (m->n + n) * 2;
+        m->p = realloc(m->p, m->cap);
+        cr_assert(m->p);
+    }
+    memcpy(m->p + m->n, p, n);
+    m->n += n, m->calls++;
+}
+
+static rk_status mem_pull(void *ctx, uint8_t *dst, size_t len, rk_err *err) {
+    mem_stream *m = ctx;
+    if (m->fail_at && m->off + len > m->fail_at) return rk_err_set(err, RK_E_IO, "the test's reader fails here");
+    cr_assert_leq(m->off + len, m->n, "pulled past the block");
+    memcpy(dst, m->p + m->off, len);
+    m->off += len, m->calls++;
+    return RK_OK;
+}
+
+/* The streamed export is the whole export byte for byte once its checksum is written in;
+ * the streamed import of it decodes bit for bit like the session it came from. A block of
+ * rows [150, 300) appended to a session holding [0, 150): a flipped payload byte (the
+ * checksum then fails, at the end) and a reader failing mid-payload are refused with the
+ * cause named, and the session still holds its 150 rows and decodes like a twin that saw
+ * no refusal; the same block whole is then taken. */
+Test(kv, streamed_blocks_equal_whole_blocks) {
+    rk_model *m = rt_stories_like(1);
+    const int nv = rk_model_hparams(m)->n_vocab;
+    int32_t *ids = rt_random_ids(m, (size_t)(340), 11);
+    rk_err e = {0};
+    for (int pi = 0; pi < N_POLICIES; pi++) {
+        const bool lowram = pi == 3;
+        const int n0 = lowram ? 320 : 300;
+        rk_session *s = mk(m, POLICIES[pi], 100), *t = mk(m, POLICIES[pi], 100);
+        free(trace(s, ids, 300, n0 - 300, nv));
+        void *blk = NULL;
+        size_t n = 0;
+        cr_assert_eq(rk_session_kv_export(s, 0, n0, &blk, &n, &e), RK_OK, "%s: %s", POLICIES[pi], e.msg);
+        mem_stream ms = {0};
+        uint8_t sum[8];
+        cr_assert_eq(rk_kv_block_export_stream(s->kv, s->m, s->tokens, 0, n0, mem_sink, &ms, sum, &e), RK_OK, "%s: %s",
+                     POLICIES[pi], e.msg);
+        cr_assert_eq(ms.n, n, "%s: streamed %zu bytes, whole %zu", POLICIES[pi], ms.n, n);
+        uint8_t zero[8] = {0};
+        cr_expect(!memcmp(ms.p + 16, zero, 8), "%s: the checksum field is put as zero", POLICIES[pi]);
+        memcpy(ms.p + 16, sum, 8);
+        cr_expect(!memcmp(ms.p, blk, n), "%s: streamed bytes differ from the whole block", POLICIES[pi]);
+        free(blk);
+        cr_assert_eq(rk_session_kv_import_stream(t, ms.n, mem_pull, &ms, &e), RK_OK, "%s: %s", POLICIES[pi], e.msg);
+        cr_expect_eq(ms.off, ms.n, "%s: the import read %zu of %zu bytes", POLICIES[pi], ms.off, ms.n);
+        cr_expect_eq(rk_session_n_past(t), n0);
+        cr_expect(!memcmp(rk_session_tokens(t), ids, (size_t)n0 * sizeof(int32_t)), "%s: token ids", POLICIES[pi]);
+        float *x = trace(s, ids + n0, 0, 20, nv), *y = trace(t, ids + n0, 0, 20, nv);
+        cr_expect(same_bits(x + nv, y + nv, (size_t)20 * nv), "%s: decode after the streamed import differs by %g",
+                  POLICIES[pi], rt_max_abs_diff(x + nv, y + nv, (size_t)20 * nv));
+        free(x), free(y), free(ms.p);
+        rk_session_destroy(t);
+        if (lowram) {
+            rk_session_destroy(s);
+            continue;
+        }
+        /* refusals of an appended block leave the held rows */
+        rk_session_truncate(s, 300, &e);
+        mem_stream b2 = {0};
+        cr_assert_eq(rk_kv_block_export_stream(s->kv, s->m, s->tokens, 150, 300, mem_sink, &b2, sum, &e), RK_OK, "%s",
+                     e.msg);
+        memcpy(b2.p + 16, sum, 8);
+        rk_session *u = mk(m, POLICIES[pi], 100), *twin = mk(m, POLICIES[pi], 100);
+        free(trace(u, ids, 150, 0, nv)), free(trace(twin, ids, 150, 0, nv));
+        b2.p[b2.n - 7] ^= 0x10;
+        rk_status st = rk_session_kv_import_stream(u, b2.n, mem_pull, &b2, &e);
+        cr_expect_eq(st, RK_E_FORMAT, "%s: %s", POLICIES[pi], rk_status_name(st));
+        cr_expect(strstr(e.msg, "checksum"), "%s: %s", POLICIES[pi], e.msg);
+        cr_expect_eq(rk_session_n_past(u), 150, "%s: n_past moved on a corrupt block", POLICIES[pi]);
+        b2.p[b2.n - 7] ^= 0x10;
+        b2.off = 0, b2.fail_at = b2.n / 2;
+        st = rk_session_kv_import_stream(u, b2.n, mem_pull, &b2, &e);
+        cr_expect_eq(st, RK_E_IO, "%s: %s", POLICIES[pi], rk_status_name(st));
+        cr_expect(strstr(e.msg, "the test's reader fails here"), "%s: %s", POLICIES[pi], e.msg);
+        cr_expect_eq(rk_session_n_past(u), 150, "%s: n_past moved on a failed read", POLICIES[pi]);
+        x = trace(u, ids + 150, 0, 8, nv), y = trace(twin, ids + 150, 0, 8, nv);
+        cr_expect(same_bits(x + nv, y + nv, (size_t)8 * nv), "%s: refusals changed the session (%g)", POLICIES[pi],
+                  rt_max_abs_diff(x + nv, y + nv, (size_t)8 * nv));
+        free(x), free(y);
+        rk_session_truncate(u, 150, &e);
+        b2.off = 0, b2.fail_at = 0;
+        cr_assert_eq(rk_session_kv_import_stream(u, b2.n, mem_pull, &b2, &e), RK_OK, "%s: %s", POLICIES[pi], e.msg);
+        cr_expect_eq(rk_session_n_past(u), 300);
+        x = trace(s, ids + 300, 0, 10, nv), y = trace(u, ids + 300, 0, 10, nv);
+        cr_expect(same_bits(x + nv, y + nv, (size_t)10 * nv), "%s: decode after the appended block differs by %g",
+                  POLICIES[pi], rt_max_abs_diff(x + nv, y + nv, (size_t)10 * nv));
+        free(x), free(y), free(b2.p);
+        rk_session_destroy(u), rk_session_destroy(twin), rk_session_destroy(s);
+    }
+    free(ids);
+    rk_model_destroy(m);
+}
+
 /* FNV-1a over 64-bit words with the checksum field (bytes 16..23) as zero: kv_block.c's. */
 static void reseal(uint8_t *b, size_t n) {
     uint64_t h = 0xcbf29ce484222325ull;

@@ -412,3 +412,76 @@ Test(doc_cache, save_load_same_logits_bad_entry_removed_list_gc) {
     cr_assert(system(cmd) == 0);
     tiny_close(&t);
 }
+
+/* An entry of several 4 MiB pieces (the save streams the block and writes its first piece,
+ * which holds the block's checksum, last; the load streams it back into place): the file
+ * holds the block rk_session_kv_export makes, byte for byte; a loaded session gives the same
+ * logits; a corrupt byte in a middle piece is refused and removed, the session left empty. */
+static void several_pieces(const char *kind) {
+    static const tb_tiny_spec WIDE = {.arch = TB_ARCH_LLAMA,
+                                      .n_layer = 4,
+                                      .n_embd = 256,
+                                      .n_head = 8,
+                                      .n_head_kv = 8,
+                                      .n_ctx_train = 8192,
+                                      .seed = 9};
+    tiny t;
+    tiny_open(&t, &WIDE);
+    char dir[512];
+    cr_assert(tb_tmp_dir(dir, sizeof dir, "rk-dc"), "%s", dir);
+    rk_doc_cache_params p = rk_doc_cache_params_default();
+    p.dir = dir;
+    rk_doc_cache *c = NULL;
+    rk_err e = {0};
+    cr_assert_eq(rk_doc_cache_open(&p, &c, &e), RK_OK, "%s", e.msg);
+    rk_session *a = mk(&t, kind, 8192, 512, 0, 0), *b = mk(&t, kind, 8192, 512, 0, 0);
+    const size_t n = (size_t)((3 * (4u << 20)) / rk_session_kv_bytes_per_token(a) + 100); /* 4 pieces */
+    int32_t *ids = rand_ids(n + 1, t.nv, 3);
+    rk_kv_params kvp;
+    cr_assert_eq(rk_kv_params_parse(kind, &kvp, &e), RK_OK, "%s", e.msg);
+    char key[65];
+    rk_doc_cache_key(t.m, &kvp, "fill=off", ids, n, key);
+    cr_assert_eq(rk_session_eval(a, ids, n, NULL, false, &e), RK_OK, "%s", e.msg);
+    cr_assert_eq(rk_doc_cache_save(c, key, t.m, &kvp, a, (int64_t)n, "wide.txt", &e), RK_OK, "%s", e.msg);
+    void *whole = NULL, *blk = NULL;
+    size_t wn = 0, len = 0;
+    cr_assert_eq(rk_session_kv_export(a, 0, (int64_t)n, &whole, &wn, &e), RK_OK, "%s", e.msg);
+    cr_assert_gt(wn, 3u * (4u << 20), "%s: a block of %zu bytes spans 4 pieces", kind, wn);
+    cr_assert_eq(rk_doc_cache_read(c, key, &blk, &len, &e), RK_OK, "%s", e.msg);
+    cr_expect(len == wn && !memcmp(blk, whole, wn), "%s: the saved block differs from the exported one", kind);
+    free(blk), free(whole);
+    int64_t got = 0;
+    cr_assert_eq(rk_doc_cache_load(c, key, b, &got, &e), RK_OK, "%s", e.msg);
+    cr_expect_eq(got, (int64_t)n);
+    float *la = malloc((size_t)t.nv * sizeof(float)), *lb = malloc((size_t)t.nv * sizeof(float));
+    cr_assert_eq(rk_session_eval(a, &ids[n], 1, la, false, &e), RK_OK, "%s", e.msg);
+    cr_assert_eq(rk_session_eval(b, &ids[n], 1, lb, false, &e), RK_OK, "%s", e.msg);
+    cr_expect(!memcmp(la, lb, (size_t)t.nv * sizeof(float)), "%s: loaded KV gives the same logits", kind);
+    free(la), free(lb);
+    /* one byte of the stored bytes of the frame in the middle of the file */
+    char path[800];
+    snprintf(path, sizeof path, "%s/%s.rkkv", dir, key);
+    FILE *f = fopen(path, "r+b");
+    cr_assert(f);
+    fseek(f, 0, SEEK_END);
+    const long mid = ftell(f) / 2;
+    fseek(f, mid, SEEK_SET);
+    int ch = fgetc(f);
+    fseek(f, mid, SEEK_SET);
+    fputc(ch ^ 0x40, f);
+    fclose(f);
+    cr_expect_eq(rk_doc_cache_load(c, key, b, &got, &e), RK_E_FORMAT);
+    cr_expect(strstr(e.msg, "removed"), "%s", e.msg);
+    cr_expect_eq(rk_session_n_past(b), 0);
+    cr_expect(access(path, F_OK) != 0, "the bad entry is removed");
+    rk_doc_cache_close(c);
+    rk_session_destroy(a), rk_session_destroy(b);
+    free(ids);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    cr_assert(system(cmd) == 0);
+    tiny_close(&t);
+}
+
+Test(doc_cache, f32_entries_of_several_pieces_round_trip) { several_pieces("f32"); }
+Test(doc_cache, q8_entries_of_several_pieces_round_trip) { several_pieces("q8"); }
