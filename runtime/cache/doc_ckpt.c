@@ -204,7 +204,16 @@ static bool build(rk_doc_ckpt *ck, const rk_prefill_point *pt, rk_doc_cache_writ
     int64_t x0 = 0, x1 = 0;
     if (pt->x_split) x0 = pt->lo == 0 ? 0 : pt->done, x1 = pt->lo == 0 ? pt->done : pt->n;
     PUT(b, int64_t, x0), PUT(b, int64_t, x1);
-    if (x1 > x0) put(b, pt->x_split + (size_t)x0 * d, (size_t)(x1 - x0) * d * 4);
+    for (int64_t r = x0; r < x1 && r < pt->x_half_n; r++) { /* a shrunk stream's f16 rows, as f32 */
+        float row[4096];
+        for (size_t j0 = 0; j0 < d; j0 += 4096) {
+            const size_t k = d - j0 < 4096 ? d - j0 : 4096;
+            for (size_t j = 0; j < k; j++) row[j] = rk_f16_to_f32(pt->x_half[(size_t)r * d + j0 + j]);
+            put(b, row, k * 4);
+        }
+    }
+    const int64_t xf = x0 > pt->x_half_n ? x0 : pt->x_half_n;
+    if (x1 > xf) put(b, pt->x_split + (size_t)(xf - pt->x_half_n) * d, (size_t)(x1 - xf) * d * 4);
     const int64_t rows = pt->lo > 0 ? pt->n : pt->done;
     /* blocks of about a piece: (2 n_layer) rows of row_bytes each a row */
     const size_t per_row = 2 * (size_t)hp->n_layer * (s->kv->row_bytes ? s->kv->row_bytes : 1);

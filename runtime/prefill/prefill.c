@@ -34,6 +34,11 @@ typedef struct pass {
     int q_lo, q_hi;
     int64_t q_pos0, q_n, n_base; /* the first n_base of the q_n rows are the baseline */
     rk_prefill_point at;         /* the checkpoint hook's view (s->ckpt; lo = hi = -1 when unused) */
+    /* the late pass's stream when shrunk (shrink_stream): rows [0, x_half_n) of the call are
+     * x_half (f16), x_split holds rows [x_half_n, n); x_buf a chunk of them as f32 */
+    const uint16_t *x_half;
+    int64_t x_half_n;
+    float *x_buf;
 } pass;
 
 /* Chunk boundaries: n_batch rows, never straddling bulk_end (each chunk is all bulk or
@@ -153,6 +158,38 @@ static void cost_setup(pass *q, bool selects) {
     q->share = -1.0;
 }
 
+/* Rows [done, done + c) of the split stream as f32 (chunks never straddle bulk_end = x_half_n,
+ * so a chunk is all f16 rows or all f32 ones). */
+static const float *stream_rows(pass *q, const float *x_split, size_t done, size_t c) {
+    const size_t d = (size_t)q->s->m->hp.n_embd;
+    if ((int64_t)done >= q->x_half_n) return x_split + (done - (size_t)q->x_half_n) * d;
+    const uint16_t *h = q->x_half + done * d;
+    for (size_t i = 0; i < c * d; i++) q->x_buf[i] = rk_f16_to_f32(h[i]);
+    return q->x_buf;
+}
+
+/* Before the late pass: the bulk rows' stream is kept as f16 beside the selection
+ * (keep_stream, whose rounding x_split already holds), so the late pass reads those rows from
+ * there and x_split shrinks to the rows after them. On a 1.5B model at 100K rows that is
+ * 0.6 GiB of f32 gone while the late layers' KV grows. Without memory for the small copy the
+ * stream stays whole (the same result). */
+static void shrink_stream(pass *q, float **x_split) {
+    const rk_prefill_state *f = q->s->pf;
+    const int64_t nb = q->bulk_end - q->start;
+    if (!f->xs_keep || f->xs_lo != q->start || f->xs_hi != q->bulk_end || nb <= 0 || q->x_half) return;
+    const size_t d = (size_t)q->s->m->hp.n_embd, tail = q->n - (size_t)nb;
+    float *t = malloc((tail ? tail : 1) * d * sizeof(float));
+    float *buf = malloc((size_t)q->s->p.n_batch * d * sizeof(float));
+    if (!t || !buf) {
+        free(t), free(buf);
+        return;
+    }
+    memcpy(t, *x_split + (size_t)nb * d, tail * d * sizeof(float));
+    free(*x_split);
+    *x_split = t;
+    q->x_half = f->xs_keep, q->x_half_n = nb, q->x_buf = buf;
+}
+
 /* Layers [lo, hi) over every chunk; x_split (n, n_embd): where a pass ending before the
  * last layer leaves each row's stream, and where a pass starting after layer 0 reads it. */
 static rk_status run_layers(pass *q, int lo, int hi, float *x_split, rk_err *err) {
@@ -172,8 +209,8 @@ static rk_status run_layers(pass *q, int lo, int hi, float *x_split, rk_err *err
         if (q->q_keep && lo < q->q_hi && hi > q->q_lo && pos + (int64_t)c > q->q_pos0) {
             p.q_keep = q->q_keep, p.q_lo = q->q_lo, p.q_hi = q->q_hi, p.q_pos0 = q->q_pos0, p.q_n = q->q_n;
         }
-        if (lo > 0) p.x_in = x_split + done * d;
-        if (hi < hp->n_layer) p.x_out = x_split + done * d;
+        if (lo > 0) p.x_in = stream_rows(q, x_split, done, c);
+        if (hi < hp->n_layer) p.x_out = x_split + done * d; /* a first pass: never shrunk */
         float *lg = NULL;
         if (hi == hp->n_layer && q->logits) {
             if (q->all_rows) lg = q->logits + done * (size_t)hp->n_vocab;
@@ -183,6 +220,7 @@ static rk_status run_layers(pass *q, int lo, int hi, float *x_split, rk_err *err
         done += c;
         if (q->s->ckpt && q->at.ids) {
             q->at.lo = lo, q->at.hi = hi, q->at.done = (int64_t)done, q->at.x_split = x_split;
+            q->at.x_half = q->x_half, q->at.x_half_n = q->x_half_n;
             q->s->ckpt->at(q->s->ckpt, q->s, &q->at);
         }
         if ((st = progress(q, &p, hi == hp->n_layer && done == q->n, err))) return st;
@@ -514,10 +552,11 @@ static rk_status prefill_run(rk_session *s, const int32_t *ids, size_t n, float 
     /* a restored selection is the document's own, as select_rows would have left it */
     if (!st && q.q_keep && late && s->pf->keep) st = save_keep0(s, err);
     s->pf->selecting = !st && q.q_keep;
+    if (!st) shrink_stream(&q, &x_split);
     if (!st) st = run_layers(&q, split, hp->n_layer, x_split, err);
     s->pf->selecting = false; /* the selection stays readable: rk_session_fill_kept */
     free(q.q_keep);
-    free(x_split);
+    free(x_split), free(q.x_buf);
     return st;
 }
 

@@ -8,14 +8,18 @@
 
 /* Where a call stands: pass [lo, hi) of the call's n rows has finished rows [0, done) (the
  * passes before it every row). x_split (n, n_embd) is the pass's stream (NULL in a
- * chunk-major call); q_keep (n_q floats) the queries the question-aware selection collects
- * during the first layer-major pass (NULL otherwise). */
+ * chunk-major call); in a late pass it may be shrunk: rows [0, x_half_n) are then x_half
+ * (f16) and x_split holds rows [x_half_n, n) (x_half_n 0: whole). q_keep (n_q floats) the
+ * queries the question-aware selection collects during the first layer-major pass (NULL
+ * otherwise). */
 typedef struct rk_prefill_point {
     const int32_t *ids;
     int64_t n, bulk_end;
     int lo, hi, split;
     int64_t done;
     float *x_split;
+    const uint16_t *x_half;
+    int64_t x_half_n;
     float *q_keep;
     size_t n_q;
 } rk_prefill_point;
