@@ -16,6 +16,7 @@
 
 #include "rk_cache.h"
 #include "rk_io.h"
+#include "session_impl.h"
 
 enum { HEAD = 104, VERSION = 1 };
 
@@ -39,6 +40,37 @@ static rk_status write_all(int fd, const void *p, size_t n, const char *path, rk
     return RK_OK;
 }
 
+/* The file written through a 1 MiB buffer, hashed as it goes: a long document's stream is
+ * never copied whole. */
+typedef struct wbuf {
+    int fd;
+    const char *path;
+    uint8_t *p;
+    size_t n;
+    rk_sha256 sh;
+    rk_status st;
+    rk_err *err;
+} wbuf;
+enum { WBUF = 1 << 20 };
+
+/* k bytes (k <= HEAD) at the buffer's end; what fills the buffer is hashed and written first */
+static uint8_t *wb_room(wbuf *w, size_t k) {
+    if (w->n + k > WBUF) {
+        rk_sha256_update(&w->sh, w->p, w->n);
+        if (!w->st) w->st = write_all(w->fd, w->p, w->n, w->path, w->err);
+        w->n = 0;
+    }
+    uint8_t *at = w->p + w->n;
+    w->n += k;
+    return at;
+}
+
+static void wb_end(wbuf *w) {
+    rk_sha256_update(&w->sh, w->p, w->n);
+    if (!w->st && w->n) w->st = write_all(w->fd, w->p, w->n, w->path, w->err);
+    w->n = 0;
+}
+
 rk_status rk_doc_stream_save(rk_doc_cache *c, const char *key, const rk_session *s, rk_err *err) {
     rk_fill_stream fs;
     if (!rk_session_fill_stream(s, &fs)) return RK_OK; /* no question-aware selection: nothing to keep */
@@ -46,7 +78,13 @@ rk_status rk_doc_stream_save(rk_doc_cache *c, const char *key, const rk_session 
     rk_status st = stream_path(c, key, path, sizeof path, err);
     if (st) return st;
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    uint8_t h[HEAD] = {0};
+    wbuf w = {.fd = -1, .path = tmp, .p = malloc(WBUF), .err = err};
+    if (!w.p) return rk_err_set(err, RK_E_NOMEM, "document stream: out of memory");
+    rk_sha256_init(&w.sh);
+    w.fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (w.fd < 0) w.st = rk_err_set(err, RK_E_IO, "document stream: cannot create %s (%s)", tmp, strerror(errno));
+    uint8_t *h = wb_room(&w, HEAD);
+    memset(h, 0, HEAD);
     memcpy(h, "RKXS", 4);
     rk_le_put(h + 4, VERSION, 4);
     memcpy(h + 8, key, 64);
@@ -54,32 +92,23 @@ rk_status rk_doc_stream_save(rk_doc_cache *c, const char *key, const rk_session 
     rk_le_put(h + 88, (uint32_t)fs.n_embd, 4), rk_le_put(h + 92, (uint32_t)fs.split, 4);
     rk_le_put(h + 96, (uint64_t)rk_session_n_past(s), 8);
     const size_t nx = (size_t)fs.n * (size_t)fs.n_embd;
-    uint8_t *body = malloc(nx * 2 + (size_t)fs.n * 5);
-    if (!body) return rk_err_set(err, RK_E_NOMEM, "document stream: no memory for %lld rows", (long long)fs.n);
-    for (size_t i = 0; i < nx; i++) rk_le_put(body + 2 * i, fs.x[i], 2);
-    for (int64_t j = 0; j < fs.n; j++) {
+    for (size_t i = 0; i < nx && !w.st; i++) rk_le_put(wb_room(&w, 2), fs.x[i], 2);
+    for (int64_t j = 0; j < fs.n && !w.st; j++) {
         uint32_t u;
         memcpy(&u, &fs.base[j], 4);
-        rk_le_put(body + nx * 2 + 4 * (size_t)j, u, 4);
+        rk_le_put(wb_room(&w, 4), u, 4);
     }
-    memcpy(body + nx * 2 + 4 * (size_t)fs.n, fs.keep, (size_t)fs.n);
-    const size_t nbody = nx * 2 + (size_t)fs.n * 5;
-    rk_sha256 sh;
+    for (int64_t j = 0; j < fs.n && !w.st; j++) *wb_room(&w, 1) = fs.keep[j];
+    wb_end(&w);
     uint8_t dig[32];
-    rk_sha256_init(&sh);
-    rk_sha256_update(&sh, h, HEAD);
-    rk_sha256_update(&sh, body, nbody);
-    rk_sha256_final(&sh, dig);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) st = rk_err_set(err, RK_E_IO, "document stream: cannot create %s (%s)", tmp, strerror(errno));
-    if (!st) st = write_all(fd, h, HEAD, tmp, err);
-    if (!st) st = write_all(fd, body, nbody, tmp, err);
-    if (!st) st = write_all(fd, dig, 32, tmp, err);
-    if (!st && fsync(fd) != 0)
+    rk_sha256_final(&w.sh, dig);
+    st = w.st;
+    if (!st) st = write_all(w.fd, dig, 32, tmp, err);
+    if (!st && fsync(w.fd) != 0)
         st = rk_err_set(err, RK_E_IO, "document stream: cannot sync %s (%s)", tmp, strerror(errno));
-    if (fd >= 0 && close(fd) != 0 && !st)
+    if (w.fd >= 0 && close(w.fd) != 0 && !st)
         st = rk_err_set(err, RK_E_IO, "document stream: cannot close %s (%s)", tmp, strerror(errno));
-    free(body);
+    free(w.p);
     if (!st && rename(tmp, path) != 0)
         st = rk_err_set(err, RK_E_IO, "document stream: cannot rename %s (%s)", tmp, strerror(errno));
     if (st) {
@@ -94,8 +123,17 @@ rk_status rk_doc_stream_save(rk_doc_cache *c, const char *key, const rk_session 
     return RK_OK;
 }
 
-/* Reads and checks the file; on success *buf holds it (header, body, digest). */
-static rk_status read_checked(const char *path, const char *key, uint8_t **buf, size_t *len, char *msg, size_t cap) {
+/* n bytes of f into dst, hashed (sh NULL: not) */
+static bool rd(FILE *f, rk_sha256 *sh, void *dst, size_t n) {
+    if (fread(dst, 1, n, f) != n) return false;
+    if (sh) rk_sha256_update(sh, dst, n);
+    return true;
+}
+
+/* Reads and checks the file into the session's kept stream (msg: why not): the header and
+ * its sizes first, then the rows straight into the arrays the session keeps, the digest
+ * compared before the session takes them. */
+static rk_status load_checked(const char *path, const char *key, rk_session *s, char *msg, size_t cap) {
     FILE *f = fopen(path, "rb");
     if (!f) {
         snprintf(msg, cap, "cannot open (%s)", strerror(errno));
@@ -108,84 +146,77 @@ static rk_status read_checked(const char *path, const char *key, uint8_t **buf, 
         return RK_E_FORMAT;
     }
     const size_t n = (size_t)sb.st_size;
-    uint8_t *b = malloc(n);
-    if (!b) {
-        fclose(f);
-        snprintf(msg, cap, "no memory for %zu bytes", n);
-        return RK_E_NOMEM;
-    }
-    const size_t got = fread(b, 1, n, f);
-    fclose(f);
+    uint8_t b[HEAD];
+    rk_sha256 sh;
+    rk_sha256_init(&sh);
     rk_status st = RK_OK;
-    if (got != n) snprintf(msg, cap, "read %zu of %zu bytes", got, n), st = RK_E_IO;
+    if (!rd(f, &sh, b, HEAD)) snprintf(msg, cap, "cannot read the header (%s)", strerror(errno)), st = RK_E_IO;
     else if (memcmp(b, "RKXS", 4)) snprintf(msg, cap, "not a stream file (magic)"), st = RK_E_FORMAT;
     else if (rk_le_get(b + 4, 4) != VERSION)
         snprintf(msg, cap, "version %llu, this build reads %d", (unsigned long long)rk_le_get(b + 4, 4), VERSION),
             st = RK_E_FORMAT;
     else if (memcmp(b + 8, key, 64)) snprintf(msg, cap, "written for another entry"), st = RK_E_FORMAT;
+    const uint64_t rows = st ? 0 : rk_le_get(b + 80, 8), d = st ? 0 : rk_le_get(b + 88, 4);
+    /* the sizes first (no overflow: both below 2^32 and the file's length) */
+    if (!st && (rows == 0 || d == 0 || rows > n || d > 1u << 20 || rows * (d * 2 + 5) + HEAD + 32 != n))
+        snprintf(msg, cap, "%zu bytes do not hold %llu rows of %llu values", n, (unsigned long long)rows,
+                 (unsigned long long)d),
+            st = RK_E_FORMAT;
+    if (!st && rk_le_get(b + 96, 8) != (uint64_t)rk_session_n_past(s))
+        snprintf(msg, cap, "written for %llu tokens, the session holds %lld", (unsigned long long)rk_le_get(b + 96, 8),
+                 (long long)rk_session_n_past(s)),
+            st = RK_E_FORMAT;
+    uint16_t *x = NULL;
+    float *base = NULL;
+    uint8_t *keep = NULL, dig[32], want[32];
     if (!st) {
-        const uint64_t rows = rk_le_get(b + 80, 8), d = rk_le_get(b + 88, 4);
-        /* the sizes first (no overflow: both below 2^32 and the file's length) */
-        if (rows == 0 || d == 0 || rows > n || d > 1u << 20 || rows * (d * 2 + 5) + HEAD + 32 != n)
-            snprintf(msg, cap, "%zu bytes do not hold %llu rows of %llu values", n, (unsigned long long)rows,
-                     (unsigned long long)d),
-                st = RK_E_FORMAT;
+        x = malloc((size_t)(rows * d) * sizeof(uint16_t));
+        base = malloc((size_t)rows * sizeof(float));
+        keep = malloc((size_t)rows);
+        if (!x || !base || !keep)
+            snprintf(msg, cap, "no memory for %llu rows", (unsigned long long)rows), st = RK_E_NOMEM;
     }
+    if (!st && (!rd(f, &sh, x, (size_t)(rows * d) * 2) || !rd(f, &sh, base, (size_t)rows * 4) ||
+                !rd(f, &sh, keep, (size_t)rows) || !rd(f, NULL, want, 32)))
+        snprintf(msg, cap, "cannot read its %zu bytes (%s)", n, ferror(f) ? strerror(errno) : "short file"),
+            st = RK_E_IO;
+    fclose(f);
     if (!st) {
-        rk_sha256 sh;
-        uint8_t dig[32];
-        rk_sha256_init(&sh);
-        rk_sha256_update(&sh, b, n - 32);
         rk_sha256_final(&sh, dig);
-        if (memcmp(dig, b + n - 32, 32)) snprintf(msg, cap, "checksum mismatch (corrupt file)"), st = RK_E_FORMAT;
+        if (memcmp(dig, want, 32)) snprintf(msg, cap, "checksum mismatch (corrupt file)"), st = RK_E_FORMAT;
+    }
+    const uint16_t one = 1;
+    if (!st && *(const uint8_t *)&one != 1) { /* the file is little-endian */
+        for (uint64_t i = 0; i < rows * d; i++) x[i] = (uint16_t)rk_le_get((const uint8_t *)&x[i], 2);
+        for (uint64_t j = 0; j < rows; j++) {
+            const uint32_t u = (uint32_t)rk_le_get((const uint8_t *)&base[j], 4);
+            memcpy(&base[j], &u, 4);
+        }
     }
     if (st) {
-        free(b);
+        free(x), free(base), free(keep);
         return st;
     }
-    *buf = b, *len = n;
-    return RK_OK;
+    rk_err e = {0};
+    if ((st = rk_session_fill_stream_adopt(s, (int64_t)rk_le_get(b + 72, 8), (int64_t)rows,
+                                           (int32_t)rk_le_get(b + 92, 4), x, base, keep, &e)))
+        snprintf(msg, cap, "%s", e.msg);
+    return st;
 }
 
 rk_status rk_doc_stream_load(rk_doc_cache *c, const char *key, rk_session *s, rk_err *err) {
     char path[4096], msg[512] = "";
     rk_status st = stream_path(c, key, path, sizeof path, err);
     if (st) return st;
-    uint8_t *b = NULL;
-    size_t n = 0;
-    st = read_checked(path, key, &b, &n, msg, sizeof msg);
+    st = load_checked(path, key, s, msg, sizeof msg);
     if (st == RK_E_NOT_FOUND) return rk_err_set(err, st, "document stream: no stream for entry %.12s", key);
-    if (!st && rk_le_get(b + 96, 8) != (uint64_t)rk_session_n_past(s)) {
-        snprintf(msg, sizeof msg, "written for %llu tokens, the session holds %lld",
-                 (unsigned long long)rk_le_get(b + 96, 8), (long long)rk_session_n_past(s));
-        st = RK_E_FORMAT;
-    }
+    if (st == RK_E_MISMATCH || st == RK_E_NOMEM)
+        return rk_err_set(err, st, "document stream: entry %.12s: %s", key, msg);
     if (st) {
-        free(b);
         if (st == RK_E_FORMAT) unlink(path);
         return rk_err_set(err, st, "document stream: %s is unusable (%s)%s", path, msg,
                           st == RK_E_FORMAT ? "; removed" : "");
     }
-    const int64_t rows = (int64_t)rk_le_get(b + 80, 8), d = (int64_t)rk_le_get(b + 88, 4);
-    uint16_t *x = malloc((size_t)(rows * d) * sizeof(uint16_t));
-    float *base = malloc((size_t)rows * sizeof(float));
-    if (!x || !base) {
-        free(b), free(x), free(base);
-        return rk_err_set(err, RK_E_NOMEM, "document stream: no memory for %lld rows", (long long)rows);
-    }
-    const uint8_t *p = b + HEAD;
-    for (int64_t i = 0; i < rows * d; i++) x[i] = (uint16_t)rk_le_get(p + 2 * i, 2);
-    p += 2 * rows * d;
-    for (int64_t j = 0; j < rows; j++) {
-        const uint32_t u = (uint32_t)rk_le_get(p + 4 * j, 4);
-        memcpy(&base[j], &u, 4);
-    }
-    p += 4 * rows;
-    const rk_fill_stream fs = {
-        (int64_t)rk_le_get(b + 72, 8), rows, (int32_t)d, (int32_t)rk_le_get(b + 92, 4), x, base, p};
-    st = rk_session_fill_stream_set(s, &fs, err);
-    free(b), free(x), free(base);
-    if (st) return rk_err_wrap(err, "document stream: entry %.12s", key);
     return RK_OK;
 }
 

@@ -606,15 +606,39 @@ bool rk_session_fill_stream(const rk_session *s, rk_fill_stream *out) {
     return true;
 }
 
-rk_status rk_session_fill_stream_set(rk_session *s, const rk_fill_stream *in, rk_err *err) {
+static rk_status stream_fits(const rk_session *s, int64_t row0, int64_t n, int32_t n_embd, int32_t split, rk_err *err) {
     const int64_t d = s->m->hp.n_embd;
-    if (in->n_embd != d || in->row0 < 0 || in->n <= 0 || in->row0 + in->n > s->n_past || in->split < 1 ||
-        in->split >= s->m->hp.n_layer)
+    if (n_embd != d || row0 < 0 || n <= 0 || row0 + n > s->n_past || split < 1 || split >= s->m->hp.n_layer)
         return rk_err_set(err, RK_E_MISMATCH,
                           "prefill: a stream of rows [%lld, %lld) x %d at split %d does not fit this session "
                           "(%lld rows, n_embd %lld, %d layers)",
-                          (long long)in->row0, (long long)(in->row0 + in->n), in->n_embd, in->split,
-                          (long long)s->n_past, (long long)d, s->m->hp.n_layer);
+                          (long long)row0, (long long)(row0 + n), n_embd, split, (long long)s->n_past, (long long)d,
+                          s->m->hp.n_layer);
+    return RK_OK;
+}
+
+rk_status rk_session_fill_stream_adopt(rk_session *s, int64_t row0, int64_t n, int32_t split, uint16_t *x, float *base,
+                                       uint8_t *keep, rk_err *err) {
+    rk_status st = stream_fits(s, row0, n, (int32_t)s->m->hp.n_embd, split, err);
+    uint8_t *k0 = st ? NULL : malloc((size_t)n);
+    if (!st && !k0) st = rk_err_set(err, RK_E_NOMEM, "prefill: no memory for a stream of %lld rows", (long long)n);
+    if (st) {
+        free(x), free(base), free(keep);
+        return st;
+    }
+    memcpy(k0, keep, (size_t)n); /* the loaded selection is the document's own */
+    free(s->pf->xs_keep), free(s->pf->xs_base), free(s->pf->keep), free(s->pf->keep0);
+    s->pf->xs_keep = x, s->pf->xs_base = base, s->pf->keep = keep, s->pf->keep0 = k0;
+    s->pf->xs_lo = s->pf->keep_lo = row0;
+    s->pf->xs_hi = s->pf->keep_hi = row0 + n;
+    s->pf->xs_split = split;
+    return RK_OK;
+}
+
+rk_status rk_session_fill_stream_set(rk_session *s, const rk_fill_stream *in, rk_err *err) {
+    const int64_t d = s->m->hp.n_embd;
+    rk_status st = stream_fits(s, in->row0, in->n, in->n_embd, in->split, err);
+    if (st) return st;
     uint16_t *x = malloc((size_t)(in->n * d) * sizeof(uint16_t));
     float *b = malloc((size_t)in->n * sizeof(float));
     uint8_t *k = malloc((size_t)in->n);
@@ -624,17 +648,6 @@ rk_status rk_session_fill_stream_set(rk_session *s, const rk_fill_stream *in, rk
     }
     memcpy(x, in->x, (size_t)(in->n * d) * sizeof(uint16_t));
     memcpy(b, in->base, (size_t)in->n * sizeof(float));
-    uint8_t *k0 = malloc((size_t)in->n);
-    if (!k0) {
-        free(x), free(b), free(k);
-        return rk_err_set(err, RK_E_NOMEM, "prefill: no memory for a stream of %lld rows", (long long)in->n);
-    }
     memcpy(k, in->keep, (size_t)in->n);
-    memcpy(k0, in->keep, (size_t)in->n); /* the loaded selection is the document's own */
-    free(s->pf->xs_keep), free(s->pf->xs_base), free(s->pf->keep), free(s->pf->keep0);
-    s->pf->xs_keep = x, s->pf->xs_base = b, s->pf->keep = k, s->pf->keep0 = k0;
-    s->pf->xs_lo = s->pf->keep_lo = in->row0;
-    s->pf->xs_hi = s->pf->keep_hi = in->row0 + in->n;
-    s->pf->xs_split = in->split;
-    return RK_OK;
+    return rk_session_fill_stream_adopt(s, in->row0, in->n, in->split, x, b, k, err);
 }

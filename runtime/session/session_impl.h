@@ -100,3 +100,8 @@ rk_status rk_session_splice_rows(rk_session *s, const rk_session *src, int lo, i
 /* rk_session_kv_import of a block of n bytes streamed through pull (rk_kv_block_import_stream):
  * the document cache's load, which never holds the whole block. */
 rk_status rk_session_kv_import_stream(rk_session *s, uint64_t n, rk_kv_pull pull, void *ctx, rk_err *err);
+
+/* rk_session_fill_stream_set taking x, base and keep (malloc'd; freed on failure too)
+ * instead of copying them: the document cache's load of a long document's stream. */
+rk_status rk_session_fill_stream_adopt(rk_session *s, int64_t row0, int64_t n, int32_t split, uint16_t *x, float *base,
+                                       uint8_t *keep, rk_err *err);

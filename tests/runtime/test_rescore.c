@@ -157,6 +157,27 @@ Test(rescore, new_question_reselects_the_same_way_fresh_after_another_question_a
     cr_assert_eq(rk_doc_stream_load(c, key, r, &e), RK_OK, "%s", e.msg);
     ask(r, q2, lc, nv);
     cr_expect(max_diff(la, lc, 2 * nv) <= 1e-5, "from the cache: differs by %g", max_diff(la, lc, 2 * nv));
+    /* a flipped byte in the stream file's rows: refused by its digest and removed, the session
+     * keeps no stream */
+    char xs_path[4096];
+    snprintf(xs_path, sizeof xs_path, "%s/%s.rkxs", dir, key);
+    FILE *xf = fopen(xs_path, "r+b");
+    cr_assert(xf);
+    fseek(xf, 0, SEEK_END);
+    const long mid = ftell(xf) / 2;
+    fseek(xf, mid, SEEK_SET);
+    const int ch = fgetc(xf);
+    fseek(xf, mid, SEEK_SET);
+    fputc(ch ^ 0x04, xf);
+    fclose(xf);
+    rk_session *rc = session(m, false);
+    cr_assert_eq(rk_doc_cache_load(c, key, rc, &nt, &e), RK_OK, "%s", e.msg);
+    cr_expect_eq(rk_doc_stream_load(c, key, rc, &e), RK_E_FORMAT);
+    cr_expect(strstr(e.msg, "checksum mismatch") && strstr(e.msg, "removed"), "%s", e.msg);
+    cr_expect(access(xs_path, F_OK) != 0, "the corrupt stream file is removed");
+    rk_fill_stream none;
+    cr_expect(!rk_session_fill_stream(rc, &none), "a refused stream file left a stream in the session");
+    rk_session_destroy(rc);
     /* without the stream file the question cannot re-score: same as keeping the selection */
     cr_assert_eq(rk_doc_stream_remove(c, key, &e), RK_OK, "%s", e.msg);
     rk_session *r2 = session(m, false);
