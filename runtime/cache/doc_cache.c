@@ -227,41 +227,42 @@ static rk_status read_entry(rk_doc_cache *c, const char *path, const char *key, 
     return st;
 }
 
-/* An entry's KV block read in order, piece by piece, RD_DEPTH pieces in flight: what
- * rk_kv_block_import_stream pulls. */
+/* An entry-format file's payload read in order, piece by piece, RD_DEPTH pieces in flight. */
 enum { RD_DEPTH = 4 };
-typedef struct piece_rd {
+struct rk_doc_cache_reader {
+    rk_doc_cache *c;
     rk_bs *bs;
-    const meta *mt;
+    meta mt;
     uint8_t *buf[RD_DEPTH];
     bool ready[RD_DEPTH];
     uint32_t next; /* the next piece to queue (1-based) */
     uint32_t cur;  /* the piece being consumed (1-based; 0: none yet) */
     size_t off;    /* bytes of it consumed */
-} piece_rd;
+    uint64_t pulled;
+    double t0;
+};
 
 static size_t piece_len(const meta *mt, uint32_t i) {
     return i < mt->pieces ? mt->piece : (size_t)(mt->raw - (uint64_t)(mt->pieces - 1) * mt->piece);
 }
 
-static rk_status rd_queue(piece_rd *r, rk_err *err) {
-    while (r->next <= r->mt->pieces && r->next < r->cur + RD_DEPTH + (r->cur == 0)) {
+static rk_status rd_queue(rk_doc_cache_reader *r, rk_err *err) {
+    while (r->next <= r->mt.pieces && r->next < r->cur + RD_DEPTH + (r->cur == 0)) {
         const int slot = (int)((r->next - 1) % RD_DEPTH);
         r->ready[slot] = false;
-        rk_status st = rk_bs_get(r->bs, r->next, r->buf[slot], r->mt->piece, (void *)(intptr_t)(slot + 1), err);
+        rk_status st = rk_bs_get(r->bs, r->next, r->buf[slot], r->mt.piece, (void *)(intptr_t)(slot + 1), err);
         if (st) return st;
         r->next++;
     }
     return RK_OK;
 }
 
-static rk_status rd_pull(void *ctx, uint8_t *dst, size_t len, rk_err *err) {
-    piece_rd *r = ctx;
+rk_status rk_doc_cache_reader_pull(void *ctx, uint8_t *dst, size_t len, rk_err *err) {
+    rk_doc_cache_reader *r = ctx;
+    if (len > r->mt.raw - r->pulled)
+        return rk_err_set(err, RK_E_FORMAT, "a read past the end of its %llu bytes", (unsigned long long)r->mt.raw);
     while (len) {
-        if (r->cur == 0 || r->off == piece_len(r->mt, r->cur)) {
-            if (r->cur >= r->mt->pieces)
-                return rk_err_set(err, RK_E_FORMAT, "the block reads past its %llu bytes",
-                                  (unsigned long long)r->mt->raw);
+        if (r->cur == 0 || r->off == piece_len(&r->mt, r->cur)) {
             r->cur++, r->off = 0;
             rk_status st = rd_queue(r, err);
             if (st) return st;
@@ -269,7 +270,7 @@ static rk_status rd_pull(void *ctx, uint8_t *dst, size_t len, rk_err *err) {
             while (!r->ready[slot]) {
                 rk_bs_done d[RD_DEPTH];
                 const int k = rk_bs_wait(r->bs, 1, d, RD_DEPTH);
-                if (!k) return rk_err_set(err, RK_E_IO, "entry piece %u was never read", r->cur);
+                if (!k) return rk_err_set(err, RK_E_IO, "piece %u was never read", r->cur);
                 for (int j = 0; j < k; j++) {
                     if (d[j].status) return rk_err_set(err, d[j].status, "%s", d[j].msg);
                     r->ready[(intptr_t)d[j].ud - 1] = true;
@@ -277,48 +278,75 @@ static rk_status rd_pull(void *ctx, uint8_t *dst, size_t len, rk_err *err) {
             }
         }
         const int slot = (int)((r->cur - 1) % RD_DEPTH);
-        const size_t have = piece_len(r->mt, r->cur) - r->off, k = have < len ? have : len;
-        memcpy(dst, r->buf[slot] + r->off, k);
-        r->off += k, dst += k, len -= k;
+        const size_t have = piece_len(&r->mt, r->cur) - r->off, k = have < len ? have : len;
+        if (dst) memcpy(dst, r->buf[slot] + r->off, k), dst += k;
+        r->off += k, len -= k, r->pulled += k;
     }
     return RK_OK;
+}
+
+uint64_t rk_doc_cache_reader_left(const rk_doc_cache_reader *r) { return r->mt.raw - r->pulled; }
+
+rk_status rk_doc_cache_reader_open(rk_doc_cache *c, const char *path, const char *key, rk_doc_cache_reader **out,
+                                   uint64_t *raw, int64_t *n_tokens, char *msg, size_t cap) {
+    *out = NULL;
+    rk_doc_cache_reader *r = calloc(1, sizeof *r);
+    if (!r) {
+        snprintf(msg, cap, "out of memory");
+        return RK_E_NOMEM;
+    }
+    r->c = c, r->t0 = rk_time_now(), r->next = 1;
+    rk_err e = {0};
+    rk_status st = rk_bs_open(path, RK_BS_READ, &c->p.io, &r->bs, &e);
+    if (st) snprintf(msg, cap, "%s", e.msg);
+    if (!st && (st = read_meta(r->bs, &r->mt, msg, cap)) == RK_OK && strcmp(r->mt.key, key)) {
+        st = RK_E_FORMAT;
+        snprintf(msg, cap, "the file is named for entry %.12s but holds entry %.12s", key, r->mt.key);
+    }
+    for (int i = 0; !st && i < RD_DEPTH; i++)
+        if (!(r->buf[i] = malloc(r->mt.piece))) {
+            st = RK_E_NOMEM;
+            snprintf(msg, cap, "out of memory for a piece of %u bytes", r->mt.piece);
+        }
+    if (st) {
+        rk_doc_cache_reader_close(r);
+        return st;
+    }
+    if (raw) *raw = r->mt.raw;
+    if (n_tokens) *n_tokens = (int64_t)r->mt.n_tokens;
+    *out = r;
+    return RK_OK;
+}
+
+void rk_doc_cache_reader_close(rk_doc_cache_reader *r) {
+    if (!r) return;
+    while (r->bs && rk_bs_in_flight(r->bs)) { /* what an early stop left queued */
+        rk_bs_done d[RD_DEPTH];
+        if (!rk_bs_wait(r->bs, 1, d, RD_DEPTH)) break;
+    }
+    for (int i = 0; i < RD_DEPTH; i++) free(r->buf[i]);
+    if (r->bs) {
+        r->c->last.backend = rk_bs_backend_used(r->bs);
+        r->c->last.direct = rk_bs_direct(r->bs);
+    }
+    rk_bs_close(r->bs);
+    r->c->last.io_s = rk_time_now() - r->t0;
+    r->c->last.raw_bytes = r->mt.raw;
+    free(r);
 }
 
 /* Entry key's KV block into s (reset first), streamed; msg says why not. */
 static rk_status load_entry(rk_doc_cache *c, const char *path, const char *key, rk_session *s, meta *mt, char *msg,
                             size_t cap) {
-    const double t0 = rk_time_now();
-    rk_bs *bs = NULL;
+    rk_doc_cache_reader *r = NULL;
+    rk_status st = rk_doc_cache_reader_open(c, path, key, &r, NULL, NULL, msg, cap);
+    if (st) return st;
+    *mt = r->mt;
+    rk_session_reset(s);
     rk_err e = {0};
-    piece_rd r = {0};
-    rk_status st = rk_bs_open(path, RK_BS_READ, &c->p.io, &bs, &e);
-    if (st) snprintf(msg, cap, "%s", e.msg);
-    if (!st && (st = read_meta(bs, mt, msg, cap)) == RK_OK && strcmp(mt->key, key)) {
-        st = RK_E_FORMAT;
-        snprintf(msg, cap, "the file is named for entry %.12s but holds entry %.12s", key, mt->key);
-    }
-    r.bs = bs, r.mt = mt, r.next = 1;
-    for (int i = 0; !st && i < RD_DEPTH; i++)
-        if (!(r.buf[i] = malloc(mt->piece))) {
-            st = RK_E_NOMEM;
-            snprintf(msg, cap, "out of memory for a piece of %u bytes", mt->piece);
-        }
-    if (!st) {
-        rk_session_reset(s);
-        if ((st = rk_session_kv_import_stream(s, mt->raw, rd_pull, &r, &e))) snprintf(msg, cap, "%s", e.msg);
-    }
-    while (bs && rk_bs_in_flight(bs)) { /* what an early failure left queued */
-        rk_bs_done d[RD_DEPTH];
-        if (!rk_bs_wait(bs, 1, d, RD_DEPTH)) break;
-    }
-    for (int i = 0; i < RD_DEPTH; i++) free(r.buf[i]);
-    if (bs) {
-        c->last.backend = rk_bs_backend_used(bs);
-        c->last.direct = rk_bs_direct(bs);
-    }
-    rk_bs_close(bs);
-    c->last.io_s = rk_time_now() - t0;
-    c->last.raw_bytes = mt->raw;
+    if ((st = rk_session_kv_import_stream(s, mt->raw, rk_doc_cache_reader_pull, r, &e)))
+        snprintf(msg, cap, "%s", e.msg);
+    rk_doc_cache_reader_close(r);
     return st;
 }
 

@@ -24,3 +24,13 @@ rk_status rk_doc_cache_writer_close(rk_doc_cache_writer *w, bool keep, const cha
  * checksum and the header's key checked; msg (cap bytes) says why not. */
 rk_status rk_doc_cache_read_file(rk_doc_cache *c, const char *path, const char *key, uint8_t **buf, size_t *len,
                                  int64_t *n_tokens, char *msg, size_t cap);
+/* Such a file's payload read in order as one byte stream (RD_DEPTH pieces in flight, each
+ * frame's checksum checked as it arrives; the header's key checked at open: msg says why
+ * not). pull (an rk_kv_pull) fills dst with the next len bytes, or skips them (dst NULL);
+ * past the end it fails (RK_E_FORMAT). */
+typedef struct rk_doc_cache_reader rk_doc_cache_reader;
+rk_status rk_doc_cache_reader_open(rk_doc_cache *c, const char *path, const char *key, rk_doc_cache_reader **out,
+                                   uint64_t *raw, int64_t *n_tokens, char *msg, size_t cap);
+rk_status rk_doc_cache_reader_pull(void *r, uint8_t *dst, size_t len, rk_err *err);
+uint64_t rk_doc_cache_reader_left(const rk_doc_cache_reader *r); /* bytes not pulled yet */
+void rk_doc_cache_reader_close(rk_doc_cache_reader *r);

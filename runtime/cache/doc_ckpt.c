@@ -13,8 +13,9 @@
  *     the policy's export_rows payload of those rows of every layer
  *   u64 bytes; the fill group lists (fill_group.c)
  * The file is written as it is made (doc_cache_impl.h's writer): only a block of rows and a
- * piece are held besides the session's own state. Resuming reads the whole file into memory
- * first (every frame checked) and frees it once its state is in the session.
+ * piece are held besides the session's own state. It is read back as a stream too: once when
+ * the read opens (every frame's checksum, the sections adding up), then into the session's
+ * own arrays when the call resumes, so a resumed read needs no more memory than the read.
  * A layer that holds fewer rows than `rows` (the late layers during a pass) exports whatever its
  * buffer holds past them: the resumed pass writes those rows before any attention reads them. */
 #include <errno.h>
@@ -38,8 +39,7 @@ struct rk_doc_ckpt {
     char key[65], path[4096], old[4200];
     size_t n;
     rk_doc_ckpt_params p;
-    uint8_t *held; /* the payload to resume from (NULL: none) */
-    size_t held_len;
+    char held[4200]; /* the checkpoint file to resume from ("": none) */
     int64_t resume_at;
     bool armed; /* the session's call is this read (resume saw its tokens) */
     bool resumed, off;
@@ -71,101 +71,6 @@ typedef struct head {
     int64_t n, bulk_end, done;
     int32_t lo, hi, split;
 } head;
-
-typedef struct body {
-    head h;
-    uint64_t n_q;
-    const uint8_t *q, *rows, *keep, *xs, *xs_base, *x, *kv, *fg;
-    bool has_keep, has_xs;
-    int64_t keep_lo, keep_hi, xs_lo, xs_hi, x0, x1, kv_rows;
-    int32_t xs_split;
-    uint32_t kv_block;
-    uint64_t fg_bytes;
-} body;
-
-/* Bounds-checked reads of the payload (overflow-safe: counts are checked against what is left). */
-typedef struct rd {
-    const uint8_t *p;
-    size_t n, off;
-    bool fail;
-} rd;
-static const uint8_t *take(rd *r, uint64_t count, size_t size) {
-    if (r->fail || (size && count > (r->n - r->off) / size)) {
-        r->fail = true;
-        return NULL;
-    }
-    const uint8_t *q = r->p + r->off;
-    r->off += (size_t)count * size;
-    return q;
-}
-static void get(rd *r, void *dst, size_t n) {
-    const uint8_t *q = take(r, 1, n);
-    if (q) memcpy(dst, q, n);
-    else memset(dst, 0, n);
-}
-#define GET(r, lv) get((r), &(lv), sizeof(lv))
-
-static bool parse_head(rd *r, head *h) {
-    const uint8_t *m = take(r, 4, 1);
-    uint32_t v = 0;
-    GET(r, v);
-    if (!m || memcmp(m, "RKCP", 4) || v != CK_VERSION) return false;
-    GET(r, h->n_layer), GET(r, h->n_embd), GET(r, h->kv_dim), GET(r, h->kind);
-    GET(r, h->n), GET(r, h->bulk_end);
-    GET(r, h->lo), GET(r, h->hi), GET(r, h->split);
-    GET(r, h->done);
-    return !r->fail && h->n > 0 && h->lo >= 0 && h->lo < h->hi && h->hi <= (int32_t)h->n_layer && h->done >= 0 &&
-           h->done <= h->n;
-}
-
-/* The whole payload, every size checked; why says what does not read. */
-static bool parse(const uint8_t *p, size_t n, body *b, char *why, size_t cap) {
-    rd r = {p, n, 0, false};
-    memset(b, 0, sizeof *b);
-    if (!parse_head(&r, &b->h)) {
-        snprintf(why, cap, "not a checkpoint of this format, or impossible positions");
-        return false;
-    }
-    const uint64_t d = b->h.n_embd;
-    GET(&r, b->n_q);
-    b->q = take(&r, b->n_q, 4);
-    b->rows = take(&r, 2ull * b->h.n_layer, 8);
-    uint8_t has = 0;
-    GET(&r, has);
-    b->has_keep = has;
-    if (b->has_keep) {
-        GET(&r, b->keep_lo), GET(&r, b->keep_hi);
-        if (b->keep_lo < 0 || b->keep_hi < b->keep_lo || b->keep_hi > b->h.n) r.fail = true;
-        b->keep = take(&r, (uint64_t)(b->keep_hi - b->keep_lo), 1);
-    }
-    GET(&r, has);
-    b->has_xs = has;
-    if (b->has_xs) {
-        GET(&r, b->xs_lo), GET(&r, b->xs_hi), GET(&r, b->xs_split);
-        if (b->xs_lo < 0 || b->xs_hi < b->xs_lo || b->xs_hi > b->h.n) r.fail = true;
-        const uint64_t rows = r.fail ? 0 : (uint64_t)(b->xs_hi - b->xs_lo);
-        b->xs = take(&r, rows * d, 2);
-        b->xs_base = take(&r, rows, 4);
-    }
-    GET(&r, b->x0), GET(&r, b->x1);
-    if (b->x0 < 0 || b->x1 < b->x0 || b->x1 > b->h.n) r.fail = true;
-    b->x = take(&r, r.fail ? 0 : (uint64_t)(b->x1 - b->x0) * d, 4);
-    GET(&r, b->kv_rows), GET(&r, b->kv_block);
-    if (b->kv_rows < 0 || b->kv_rows > b->h.n || (b->kv_rows && !b->kv_block)) r.fail = true;
-    b->kv = r.fail ? NULL : r.p + r.off;
-    for (int64_t row = 0; !r.fail && row < b->kv_rows; row += b->kv_block) {
-        uint64_t bytes = 0;
-        GET(&r, bytes);
-        take(&r, bytes, 1);
-    }
-    GET(&r, b->fg_bytes);
-    b->fg = take(&r, b->fg_bytes, 1);
-    if (r.fail || r.off != n) {
-        snprintf(why, cap, "its sections do not add up to its %zu bytes", n);
-        return false;
-    }
-    return true;
-}
 
 static void put(rk_doc_cache_writer *b, const void *p, size_t n) { rk_doc_cache_writer_put(b, p, n); }
 #define PUT(b, T, v) put((b), &(T){(T)(v)}, sizeof(T))
@@ -285,86 +190,208 @@ static void at(rk_prefill_ckpt *hk, rk_session *s, const rk_prefill_point *pt) {
     ck->t_last = t1;
 }
 
-/* Puts the checkpoint's state into the session; false (why) when it does not fit this call,
- * before anything changed, or when the KV rows do not import (nothing changed either). */
-static bool apply(rk_doc_ckpt *ck, const body *b, rk_prefill_point *pt, char *why, size_t cap) {
-    rk_session *s = ck->s;
-    const rk_hparams *hp = &s->m->hp;
-    const head *h = &b->h;
-    const size_t d = (size_t)hp->n_embd;
-    const bool layer_major = pt->x_split != NULL;
-    if (h->n_layer != (uint32_t)hp->n_layer || h->n_embd != (uint32_t)hp->n_embd ||
-        h->kv_dim != (uint32_t)s->kv->kv_dim || h->kind != (uint32_t)s->kv->kind || h->n != pt->n ||
-        h->bulk_end != pt->bulk_end || h->split != pt->split || b->n_q != (pt->q_keep ? pt->n_q : 0)) {
-        snprintf(why, cap, "it was made by a read of another shape (%lld rows, split %d, %u layers)", (long long)h->n,
-                 h->split, h->n_layer);
-        return false;
-    }
-    const bool pass_ok = layer_major
-                             ? (h->lo == 0 && h->hi == pt->split) || (h->lo == pt->split && h->hi == hp->n_layer)
-                             : h->lo == 0 && h->hi == hp->n_layer;
-    const int64_t x0 = !layer_major ? 0 : h->lo == 0 ? 0 : h->done, x1 = !layer_major ? 0 : h->lo == 0 ? h->done : h->n;
-    if (!pass_ok || b->x0 != x0 || b->x1 != x1 || b->kv_rows != (h->lo > 0 ? h->n : h->done) ||
-        (h->lo > 0 && b->has_keep != (pt->q_keep != NULL)) ||
-        (b->has_xs && (b->xs_split < 1 || b->xs_split >= hp->n_layer))) {
-        snprintf(why, cap, "its pass [%d, %d) at row %lld does not fit this read", h->lo, h->hi, (long long)h->done);
-        return false;
-    }
-    uint8_t *keep = b->has_keep ? malloc((size_t)(b->keep_hi - b->keep_lo) + 1) : NULL;
-    uint16_t *xs = b->has_xs ? malloc((size_t)(b->xs_hi - b->xs_lo) * d * 2 + 2) : NULL;
-    float *xb = b->has_xs ? malloc((size_t)(b->xs_hi - b->xs_lo) * 4 + 4) : NULL;
-    if ((b->has_keep && !keep) || (b->has_xs && (!xs || !xb))) {
-        free(keep), free(xs), free(xb);
-        snprintf(why, cap, "out of memory");
+/* ---- reading a checkpoint back: one pass over the stream ------------------------------ */
+
+/* The stream and the first failure (why). */
+typedef struct src {
+    rk_doc_cache_reader *r;
+    bool fail;
+    char *why;
+    size_t cap;
+} src;
+
+/* n bytes into dst (NULL: skipped); n beyond what is left fails as sections that do not add up */
+static bool pull(src *in, void *dst, uint64_t n) {
+    if (in->fail) return false;
+    const uint64_t left = rk_doc_cache_reader_left(in->r);
+    if (n > left) {
+        snprintf(in->why, in->cap, "its sections do not add up (%llu bytes wanted, %llu left)", (unsigned long long)n,
+                 (unsigned long long)left);
+        in->fail = true;
         return false;
     }
     rk_err e = {0};
-    if (rk_fill_group_restore(s, b->fg, (size_t)b->fg_bytes, &e)) {
-        rk_err e2 = {0};
-        rk_fill_group_begin(s, 0, pt->split, &e2); /* back to empty lists */
-        free(keep), free(xs), free(xb);
-        snprintf(why, cap, "%s", e.msg);
+    if (rk_doc_cache_reader_pull(in->r, dst, (size_t)n, &e)) {
+        snprintf(in->why, in->cap, "%s", e.msg);
+        in->fail = true;
         return false;
     }
-    /* the blocks in order (each import starts at the rows held so far; parse checked the sizes) */
-    rk_status ist = RK_OK;
-    const uint8_t *kp = b->kv;
-    for (int64_t row = 0; !ist && row < b->kv_rows; row += b->kv_block) {
-        uint64_t bytes;
-        memcpy(&bytes, kp, 8);
-        const int64_t nr = b->kv_rows - row < b->kv_block ? b->kv_rows - row : b->kv_block;
-        ist = s->kv->ops->import_rows(s->kv, row, nr, kp + 8, (size_t)bytes, &e);
-        kp += 8 + bytes;
+    return true;
+}
+#define GET(in, lv) pull((in), &(lv), sizeof(lv))
+
+static bool bad(src *in, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static bool bad(src *in, const char *fmt, ...) {
+    if (in->fail) return false;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(in->why, in->cap, fmt, ap);
+    va_end(ap);
+    in->fail = true;
+    return false;
+}
+
+static bool parse_head(src *in, head *h) {
+    char m[4] = {0};
+    uint32_t v = 0;
+    pull(in, m, 4), GET(in, v);
+    GET(in, h->n_layer), GET(in, h->n_embd), GET(in, h->kv_dim), GET(in, h->kind);
+    GET(in, h->n), GET(in, h->bulk_end);
+    GET(in, h->lo), GET(in, h->hi), GET(in, h->split);
+    GET(in, h->done);
+    if (in->fail) return false;
+    if (memcmp(m, "RKCP", 4) || v != CK_VERSION || h->n <= 0 || h->lo < 0 || h->lo >= h->hi ||
+        h->hi > (int32_t)h->n_layer || h->done < 0 || h->done > h->n || !h->n_embd || h->n_embd > (1u << 20))
+        return bad(in, "not a checkpoint of this format, or impossible positions");
+    return true;
+}
+
+/* What a resume takes before it lands in the session (owned). */
+typedef struct taken {
+    float *q;
+    uint64_t *rows;
+    uint8_t *keep, *fg;
+    uint16_t *xs;
+    float *xs_base;
+    int64_t keep_lo, keep_hi, xs_lo, xs_hi;
+    int32_t xs_split;
+    bool imported; /* KV rows went in: undo on failure */
+} taken;
+
+static void taken_free(taken *t) {
+    free(t->q), free(t->rows), free(t->keep), free(t->fg), free(t->xs), free(t->xs_base);
+}
+
+/* Walks the checkpoint's sections in order, every size checked against what is left, into h.
+ * pt NULL: a check only (each piece's checksum as it arrives, the sections adding up to the
+ * payload), the data skipped. Else the resume of the call pt: the shape checked against it
+ * first, then the question's queries, the selection and the kept stream into new arrays, the
+ * stream rows still to be read into pt->x_split and the KV rows into the cache (in order,
+ * not committed), the fill group lists restored; the new arrays land only when all of it
+ * read. false: why says what did not fit or read (a resume then left no rows). */
+static bool walk(rk_doc_ckpt *ck, rk_doc_cache_reader *r, rk_prefill_point *pt, head *h, char *why, size_t cap) {
+    rk_session *s = ck->s;
+    const rk_hparams *hp = &s->m->hp;
+    src in = {r, false, why, cap};
+    taken t = {0};
+    if (!parse_head(&in, h)) return false;
+    const uint64_t d = h->n_embd;
+    const bool layer_major = pt && pt->x_split != NULL;
+    uint64_t n_q = 0;
+    GET(&in, n_q);
+    if (pt && !in.fail &&
+        (h->n_layer != (uint32_t)hp->n_layer || h->n_embd != (uint32_t)hp->n_embd ||
+         h->kv_dim != (uint32_t)s->kv->kv_dim || h->kind != (uint32_t)s->kv->kind || h->n != pt->n ||
+         h->bulk_end != pt->bulk_end || h->split != pt->split || n_q != (pt->q_keep ? pt->n_q : 0)))
+        bad(&in, "it was made by a read of another shape (%lld rows, split %d, %u layers)", (long long)h->n, h->split,
+            h->n_layer);
+    if (n_q > UINT64_MAX / 4) bad(&in, "impossible sizes");
+    if (pt && n_q && !in.fail && !(t.q = malloc((size_t)n_q * 4))) bad(&in, "out of memory");
+    pull(&in, t.q, n_q * 4);
+    if (pt && !in.fail && !(t.rows = malloc((size_t)h->n_layer * 16))) bad(&in, "out of memory");
+    pull(&in, t.rows, 16ull * h->n_layer);
+    uint8_t has_keep = 0, has_xs = 0;
+    GET(&in, has_keep);
+    if (has_keep) {
+        GET(&in, t.keep_lo), GET(&in, t.keep_hi);
+        if (!in.fail && (t.keep_lo < 0 || t.keep_hi < t.keep_lo || t.keep_hi > h->n)) bad(&in, "impossible selection");
+        if (pt && !in.fail && !(t.keep = malloc((size_t)(t.keep_hi - t.keep_lo) + 1))) bad(&in, "out of memory");
+        pull(&in, t.keep, in.fail ? 0 : (uint64_t)(t.keep_hi - t.keep_lo));
     }
-    if (ist) {
-        s->kv->ops->truncate(s->kv, 0);
-        rk_err e2 = {0};
-        rk_fill_group_begin(s, 0, pt->split, &e2);
-        free(keep), free(xs), free(xb);
-        snprintf(why, cap, "%s", e.msg);
-        return false;
+    GET(&in, has_xs);
+    if (has_xs) {
+        GET(&in, t.xs_lo), GET(&in, t.xs_hi), GET(&in, t.xs_split);
+        if (!in.fail && (t.xs_lo < 0 || t.xs_hi < t.xs_lo || t.xs_hi > h->n)) bad(&in, "impossible stream rows");
+        if (pt && !in.fail && (t.xs_split < 1 || t.xs_split >= hp->n_layer))
+            bad(&in, "its stream's split %d does not fit %d layers", t.xs_split, hp->n_layer);
+        const uint64_t rows = in.fail ? 0 : (uint64_t)(t.xs_hi - t.xs_lo);
+        if (pt && !in.fail &&
+            (!(t.xs = malloc((size_t)(rows * d) * 2 + 2)) || !(t.xs_base = malloc((size_t)rows * 4 + 4))))
+            bad(&in, "out of memory");
+        pull(&in, t.xs, rows * d * 2), pull(&in, t.xs_base, rows * 4);
+    }
+    int64_t x0 = 0, x1 = 0, kv_rows = 0;
+    uint32_t kv_block = 0;
+    GET(&in, x0), GET(&in, x1);
+    if (!in.fail && (x0 < 0 || x1 < x0 || x1 > h->n)) bad(&in, "impossible stream rows");
+    if (pt && !in.fail) {
+        const bool pass_ok = layer_major
+                                 ? (h->lo == 0 && h->hi == pt->split) || (h->lo == pt->split && h->hi == hp->n_layer)
+                                 : h->lo == 0 && h->hi == hp->n_layer;
+        const int64_t w0 = !layer_major ? 0 : h->lo == 0 ? 0 : h->done;
+        const int64_t w1 = !layer_major ? 0 : h->lo == 0 ? h->done : h->n;
+        if (!pass_ok || x0 != w0 || x1 != w1 || (h->lo > 0 && has_keep != (pt->q_keep != NULL)))
+            bad(&in, "its pass [%d, %d) at row %lld does not fit this read", h->lo, h->hi, (long long)h->done);
+    }
+    /* the rows still to be read straight into the call's stream */
+    pull(&in, pt && !in.fail ? pt->x_split + (size_t)x0 * d : NULL, in.fail ? 0 : (uint64_t)(x1 - x0) * d * 4);
+    GET(&in, kv_rows), GET(&in, kv_block);
+    if (!in.fail && (kv_rows < 0 || kv_rows > h->n || (kv_rows && !kv_block))) bad(&in, "impossible KV rows");
+    if (pt && !in.fail && kv_rows != (h->lo > 0 ? h->n : h->done))
+        bad(&in, "its pass [%d, %d) at row %lld does not fit this read", h->lo, h->hi, (long long)h->done);
+    /* the KV blocks in order, each import starting at the rows held so far */
+    uint8_t *blk = NULL;
+    size_t blk_cap = 0;
+    for (int64_t row = 0; !in.fail && row < kv_rows; row += kv_block) {
+        uint64_t bytes = 0;
+        GET(&in, bytes);
+        if (in.fail || !pt) {
+            pull(&in, NULL, bytes);
+            continue;
+        }
+        if (bytes > rk_doc_cache_reader_left(r)) {
+            pull(&in, NULL, bytes); /* names the shortfall */
+            break;
+        }
+        if (bytes > blk_cap) {
+            uint8_t *nb = realloc(blk, (size_t)bytes);
+            if (!nb) {
+                bad(&in, "out of memory");
+                break;
+            }
+            blk = nb, blk_cap = (size_t)bytes;
+        }
+        if (!pull(&in, blk, bytes)) break;
+        const int64_t nr = kv_rows - row < kv_block ? kv_rows - row : kv_block;
+        rk_err e = {0};
+        t.imported = true;
+        if (s->kv->ops->import_rows(s->kv, row, nr, blk, (size_t)bytes, &e)) bad(&in, "%s", e.msg);
+    }
+    free(blk);
+    uint64_t fg_bytes = 0;
+    GET(&in, fg_bytes);
+    if (pt && !in.fail && fg_bytes <= rk_doc_cache_reader_left(r) && !(t.fg = malloc((size_t)fg_bytes + 1)))
+        bad(&in, "out of memory");
+    pull(&in, t.fg, fg_bytes);
+    if (!in.fail && rk_doc_cache_reader_left(r))
+        bad(&in, "its sections do not add up to its payload (%llu bytes after the last)",
+            (unsigned long long)rk_doc_cache_reader_left(r));
+    rk_err e = {0};
+    if (pt && !in.fail && rk_fill_group_restore(s, t.fg, (size_t)fg_bytes, &e)) bad(&in, "%s", e.msg);
+    if (in.fail || !pt) {
+        if (t.imported || (pt && in.fail)) {
+            s->kv->ops->truncate(s->kv, 0);
+            rk_fill_group_begin(s, 0, pt->split, &(rk_err){0}); /* back to empty lists */
+        }
+        taken_free(&t);
+        return !in.fail;
     }
     s->kv->ops->truncate(s->kv, 0); /* the rows stay where they are; none is committed before the call ends */
-    if (b->n_q) memcpy(pt->q_keep, b->q, (size_t)b->n_q * 4);
-    for (int i = 0; i < 2 * hp->n_layer; i++) {
-        uint64_t v;
-        memcpy(&v, b->rows + 8 * i, 8);
-        s->layer_rows[i] = ck->rows0[i] + v;
-    }
+    if (n_q) memcpy(pt->q_keep, t.q, (size_t)n_q * 4);
+    for (int i = 0; i < 2 * hp->n_layer; i++) s->layer_rows[i] = ck->rows0[i] + t.rows[i];
     rk_prefill_state *f = s->pf;
-    if (keep) {
-        memcpy(keep, b->keep, (size_t)(b->keep_hi - b->keep_lo));
+    if (t.keep) {
         free(f->keep);
-        f->keep = keep, f->keep_lo = b->keep_lo, f->keep_hi = b->keep_hi;
+        f->keep = t.keep, f->keep_lo = t.keep_lo, f->keep_hi = t.keep_hi;
+        t.keep = NULL;
     }
-    if (xs) {
-        memcpy(xs, b->xs, (size_t)(b->xs_hi - b->xs_lo) * d * 2);
-        memcpy(xb, b->xs_base, (size_t)(b->xs_hi - b->xs_lo) * 4);
+    if (t.xs) {
         free(f->xs_keep), free(f->xs_base);
-        f->xs_keep = xs, f->xs_base = xb, f->xs_lo = b->xs_lo, f->xs_hi = b->xs_hi, f->xs_split = b->xs_split;
+        f->xs_keep = t.xs, f->xs_base = t.xs_base, f->xs_lo = t.xs_lo, f->xs_hi = t.xs_hi, f->xs_split = t.xs_split;
+        t.xs = NULL, t.xs_base = NULL;
     }
-    if (b->x1 > b->x0) memcpy(pt->x_split + (size_t)b->x0 * d, b->x, (size_t)(b->x1 - b->x0) * d * 4);
     pt->lo = h->lo, pt->hi = h->hi, pt->done = h->done;
+    taken_free(&t);
     return true;
 }
 
@@ -376,15 +403,18 @@ static rk_status resume(rk_prefill_ckpt *hk, rk_session *s, rk_prefill_point *pt
     ck->armed = true;
     ck->t_last = rk_time_now();
     ck->chunks = 0;
-    if (!ck->held) return RK_OK;
-    body b;
+    if (!ck->held[0]) return RK_OK;
     char why[640] = "";
-    if (!parse(ck->held, ck->held_len, &b, why, sizeof why) || !apply(ck, &b, pt, why, sizeof why))
+    rk_doc_cache_reader *r = NULL;
+    head h;
+    bool ok = rk_doc_cache_reader_open(ck->c, ck->held, ck->key, &r, NULL, NULL, why, sizeof why) == RK_OK &&
+              walk(ck, r, pt, &h, why, sizeof why);
+    rk_doc_cache_reader_close(r);
+    if (!ok)
         note(ck, "document cache: the checkpoint of entry %.12s does not resume this read (%s); reading from the start",
              ck->key, why);
     else ck->resumed = true;
-    free(ck->held);
-    ck->held = NULL;
+    ck->held[0] = '\0';
     return RK_OK;
 }
 
@@ -399,29 +429,28 @@ static const char *cannot(const rk_session *s) {
     return NULL;
 }
 
-/* The newest checkpoint file of the key that reads (its payload into ck->held). */
+/* The newest checkpoint file of the key that reads through (its path into ck->held): each
+ * piece checked as it streams past, the sections adding up, nothing kept in memory. */
 static void find(rk_doc_ckpt *ck) {
     const char *paths[2] = {ck->path, ck->old};
-    for (int i = 0; i < 2 && !ck->held; i++) {
+    for (int i = 0; i < 2 && !ck->held[0]; i++) {
         if (access(paths[i], F_OK) != 0) continue;
-        uint8_t *buf = NULL;
-        size_t len = 0;
-        int64_t nt = 0;
         char msg[640] = "";
-        rk_status st = rk_doc_cache_read_file(ck->c, paths[i], ck->key, &buf, &len, &nt, msg, sizeof msg);
-        rd r = {buf, len, 0, false};
-        head h;
-        if (!st && (!parse_head(&r, &h) || h.n != (int64_t)ck->n || h.n_layer != (uint32_t)ck->s->m->hp.n_layer)) {
+        rk_doc_cache_reader *r = NULL;
+        head h = {0};
+        rk_status st = rk_doc_cache_reader_open(ck->c, paths[i], ck->key, &r, NULL, NULL, msg, sizeof msg);
+        if (!st && !walk(ck, r, NULL, &h, msg, sizeof msg)) st = RK_E_FORMAT;
+        if (!st && (h.n != (int64_t)ck->n || h.n_layer != (uint32_t)ck->s->m->hp.n_layer)) {
             st = RK_E_FORMAT;
             snprintf(msg, sizeof msg, "not a checkpoint of these %zu tokens", ck->n);
         }
+        rk_doc_cache_reader_close(r);
         if (st) {
-            free(buf);
             note(ck, "document cache: checkpoint %s is unusable (%s); ignored and removed", paths[i], msg);
             unlink(paths[i]);
             continue;
         }
-        ck->held = buf, ck->held_len = len;
+        snprintf(ck->held, sizeof ck->held, "%s", paths[i]);
         const double work = (double)h.lo * (double)h.n + (double)h.done * (h.hi - h.lo);
         ck->resume_at = (int64_t)(work / h.n_layer);
     }
@@ -461,5 +490,5 @@ void rk_doc_ckpt_close(rk_doc_ckpt *ck, bool done) {
     if (!ck) return;
     if (ck->s->ckpt == &ck->hook) ck->s->ckpt = NULL;
     if (done) unlink(ck->path), unlink(ck->old);
-    free(ck->held), free(ck->rows0), free(ck);
+    free(ck->rows0), free(ck);
 }
