@@ -11,7 +11,7 @@
  *   i64 r0, r1; (r1 - r0) n_embd f32                              the rows of x_split still to be read
  *   i64 rows; u32 block rows R; then per block of R rows (the last one shorter): u64 bytes,
  *     the policy's export_rows payload of those rows of every layer
- *   u64 bytes; the fill group lists (fill_group.c)
+ *   u64 bytes; the fill group lists (fill_group.c; f16 rows, q8 rows for a q8 or q4 cache)
  * The file is written as it is made (doc_cache_impl.h's writer): only a block of rows and a
  * piece are held besides the session's own state. It is read back as a stream too: once when
  * the read opens (every frame's checksum, the sections adding up), then into the session's
@@ -29,7 +29,7 @@
 #include "plan_impl.h"
 #include "prefill_ckpt.h"
 
-enum { CK_VERSION = 1 };
+enum { CK_VERSION = 2 };
 
 struct rk_doc_ckpt {
     rk_prefill_ckpt hook; /* first: the session's pointer is to it */
@@ -73,6 +73,7 @@ typedef struct head {
 } head;
 
 static void put(rk_doc_cache_writer *b, const void *p, size_t n) { rk_doc_cache_writer_put(b, p, n); }
+static void w_put(void *b, const void *p, size_t n) { rk_doc_cache_writer_put(b, p, n); }
 #define PUT(b, T, v) put((b), &(T){(T)(v)}, sizeof(T))
 
 /* Writes the checkpoint's payload into b; false (err) when out of memory or the policy's
@@ -141,16 +142,8 @@ static bool build(rk_doc_ckpt *ck, const rk_prefill_point *pt, rk_doc_cache_writ
         put(b, kb.p, kb.n);
         free(kb.p);
     }
-    uint8_t *fg = NULL;
-    size_t fg_len = 0;
-    if (!rk_fill_group_save(s, &fg, &fg_len)) {
-        free(fg);
-        rk_err_set(err, RK_E_NOMEM, "document cache: out of memory for a checkpoint");
-        return false;
-    }
-    PUT(b, uint64_t, fg_len);
-    if (fg_len) put(b, fg, fg_len);
-    free(fg);
+    PUT(b, uint64_t, rk_fill_group_bytes(s));
+    rk_fill_group_write(s, w_put, b);
     return true;
 }
 
@@ -250,7 +243,7 @@ static bool parse_head(src *in, head *h) {
 typedef struct taken {
     float *q;
     uint64_t *rows;
-    uint8_t *keep, *fg;
+    uint8_t *keep;
     uint16_t *xs;
     float *xs_base;
     int64_t keep_lo, keep_hi, xs_lo, xs_hi;
@@ -258,9 +251,7 @@ typedef struct taken {
     bool imported; /* KV rows went in: undo on failure */
 } taken;
 
-static void taken_free(taken *t) {
-    free(t->q), free(t->rows), free(t->keep), free(t->fg), free(t->xs), free(t->xs_base);
-}
+static void taken_free(taken *t) { free(t->q), free(t->rows), free(t->keep), free(t->xs), free(t->xs_base); }
 
 /* Walks the checkpoint's sections in order, every size checked against what is left, into h.
  * pt NULL: a check only (each piece's checksum as it arrives, the sections adding up to the
@@ -360,14 +351,13 @@ static bool walk(rk_doc_ckpt *ck, rk_doc_cache_reader *r, rk_prefill_point *pt, 
     free(blk);
     uint64_t fg_bytes = 0;
     GET(&in, fg_bytes);
-    if (pt && !in.fail && fg_bytes <= rk_doc_cache_reader_left(r) && !(t.fg = malloc((size_t)fg_bytes + 1)))
-        bad(&in, "out of memory");
-    pull(&in, t.fg, fg_bytes);
+    if (!in.fail && fg_bytes > rk_doc_cache_reader_left(r)) pull(&in, NULL, fg_bytes); /* names the shortfall */
+    rk_err e = {0};
+    if (pt && !in.fail && rk_fill_group_read(s, fg_bytes, rk_doc_cache_reader_pull, r, &e)) bad(&in, "%s", e.msg);
+    else if (!pt) pull(&in, NULL, fg_bytes);
     if (!in.fail && rk_doc_cache_reader_left(r))
         bad(&in, "its sections do not add up to its payload (%llu bytes after the last)",
             (unsigned long long)rk_doc_cache_reader_left(r));
-    rk_err e = {0};
-    if (pt && !in.fail && rk_fill_group_restore(s, t.fg, (size_t)fg_bytes, &e)) bad(&in, "%s", e.msg);
     if (in.fail || !pt) {
         if (t.imported || (pt && in.fail)) {
             s->kv->ops->truncate(s->kv, 0);

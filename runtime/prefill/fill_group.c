@@ -15,17 +15,21 @@
 #include "prefill_ckpt.h"
 
 typedef struct fg_layer {
-    uint16_t *k, *v; /* (cap, kv_dim) f16, as the cache stores rows */
-    int32_t *pos;    /* (cap) position of the row, or of the group's last row */
-    float *bias;     /* (cap) 0, or log(count) */
+    uint8_t *k, *v; /* (cap) rows of row_bytes: f16, or q8_0 where the cache quantises its rows */
+    int32_t *pos;   /* (cap) position of the row, or of the group's last row */
+    float *bias;    /* (cap) 0, or log(count) */
     int64_t n, cap;
 } fg_layer;
 
 struct rk_fill_group {
     int split, n_layer, group, n_sink;
     int64_t kvd;
-    float *mk, *mv; /* (kv_dim) a group's sums */
-    fg_layer *ly;   /* (n_layer - split) */
+    uint32_t type;    /* RK_DT_F16 or RK_DT_Q8_0: the rows as the cache holds them (q8 for q8 and
+                         q4 caches, heads of whole blocks), so the exact rows a chunk attends to here are the ones a
+                         read without groups would see, at the cache's size per row */
+    size_t row_bytes; /* of one K or V row of the list */
+    float *mk, *mv;   /* (kv_dim) a group's sums */
+    fg_layer *ly;     /* (n_layer - split) */
 };
 
 void rk_fill_group_end(rk_session *s) {
@@ -48,6 +52,9 @@ rk_status rk_fill_group_begin(rk_session *s, int64_t start, int split, rk_err *e
     if (!g) return rk_err_set(err, RK_E_NOMEM, "fill group: no memory");
     g->split = split, g->n_layer = hp->n_layer, g->group = s->fill.group, g->n_sink = s->fill.n_sink;
     g->kvd = (int64_t)hp->n_head_kv * hp->head_dim;
+    const bool quant = (s->kv->kind == RK_KV_Q8 || s->kv->kind == RK_KV_Q4) && hp->head_dim % RK_Q8_BLOCK == 0;
+    g->type = quant ? RK_DT_Q8_0 : RK_DT_F16;
+    g->row_bytes = quant ? (size_t)(g->kvd / RK_Q8_BLOCK) * RK_Q8_BLOCK_BYTES : (size_t)g->kvd * sizeof(uint16_t);
     g->ly = calloc((size_t)(hp->n_layer - split), sizeof *g->ly);
     g->mk = malloc((size_t)g->kvd * sizeof(float));
     g->mv = malloc((size_t)g->kvd * sizeof(float));
@@ -61,13 +68,13 @@ rk_status rk_fill_group_begin(rk_session *s, int64_t start, int split, rk_err *e
 
 bool rk_fill_group_on(const rk_session *s, int l) { return s->pf->fg && l >= s->pf->fg->split; }
 
-static rk_status reserve(fg_layer *L, int64_t kvd, int64_t need, rk_err *err) {
+static rk_status reserve(fg_layer *L, size_t row_bytes, int64_t need, rk_err *err) {
     if (need <= L->cap) return RK_OK;
     int64_t cap = L->cap ? L->cap : 1024;
     while (cap < need) cap *= 2;
-    uint16_t *k = realloc(L->k, (size_t)(cap * kvd) * sizeof *k);
+    uint8_t *k = realloc(L->k, (size_t)cap * row_bytes);
     if (k) L->k = k;
-    uint16_t *v = k ? realloc(L->v, (size_t)(cap * kvd) * sizeof *v) : NULL;
+    uint8_t *v = k ? realloc(L->v, (size_t)cap * row_bytes) : NULL;
     if (v) L->v = v;
     int32_t *pos = v ? realloc(L->pos, (size_t)cap * sizeof *pos) : NULL;
     if (pos) L->pos = pos;
@@ -78,17 +85,24 @@ static rk_status reserve(fg_layer *L, int64_t kvd, int64_t need, rk_err *err) {
     return RK_OK;
 }
 
-/* n consecutive rows of f32 K and V (n_kv positions pos0..) onto the list as f16, through
- * the backend's CPY_ROWS as the plain cache writes its rows, with bias b */
+/* n consecutive rows of f32 K and V (n_kv positions pos0..) onto the list, with bias b: f16
+ * through the backend's CPY_ROWS as the plain cache writes its rows, q8 as the q8 cache
+ * quantises them */
 static rk_status put(rk_session *s, fg_layer *L, int64_t kvd, const float *k, const float *v, int64_t n, int64_t pos0,
                      float b, rk_err *err) {
-    rk_op_args a = {.op = RK_OP_CPY_ROWS, .dst_row0 = L->n};
-    a.dst = (rk_view){RK_DT_F16, {kvd, L->cap, 1, 1}, (size_t)kvd * sizeof(uint16_t), L->k};
-    a.src0 = (rk_view){RK_DT_F32, {kvd, n, 1, 1}, (size_t)kvd * sizeof(float), (void *)k};
-    rk_status st = rk_backend_run(s->be, &a, err);
-    a.dst.data = L->v, a.src0.data = (void *)v;
-    if (!st) st = rk_backend_run(s->be, &a, err);
-    if (st) return st;
+    const rk_fill_group *g = s->pf->fg;
+    if (g->type == RK_DT_Q8_0) {
+        rk_q8_quantize(k, n * kvd, L->k + (size_t)L->n * g->row_bytes);
+        rk_q8_quantize(v, n * kvd, L->v + (size_t)L->n * g->row_bytes);
+    } else {
+        rk_op_args a = {.op = RK_OP_CPY_ROWS, .dst_row0 = L->n};
+        a.dst = (rk_view){RK_DT_F16, {kvd, L->cap, 1, 1}, g->row_bytes, L->k};
+        a.src0 = (rk_view){RK_DT_F32, {kvd, n, 1, 1}, (size_t)kvd * sizeof(float), (void *)k};
+        rk_status st = rk_backend_run(s->be, &a, err);
+        a.dst.data = L->v, a.src0.data = (void *)v;
+        if (!st) st = rk_backend_run(s->be, &a, err);
+        if (st) return st;
+    }
     for (int64_t i = 0; i < n; i++) L->pos[L->n + i] = (int32_t)(pos0 + i), L->bias[L->n + i] = b;
     L->n += n;
     return RK_OK;
@@ -98,7 +112,7 @@ rk_status rk_fill_group_append(rk_session *s, const rk_chunk_plan *p, int l, boo
     rk_fill_group *g = s->pf->fg;
     fg_layer *L = &g->ly[l - g->split];
     const int64_t kvd = g->kvd, n = p->n, nf = filled ? p->n_fill : 0;
-    rk_status st = reserve(L, kvd, L->n + n, err);
+    rk_status st = reserve(L, g->row_bytes, L->n + n, err);
     int64_t f = 0; /* next entry of fill_idx */
     for (int64_t i = 0; i < n && !st;) {
         /* a run of rows that stay as they are: exact rows, and filled ones not grouped */
@@ -132,62 +146,67 @@ rk_status rk_fill_group_attend(rk_session *s, int l, const float *q, int64_t n_q
     rk_op_args a = {.op = RK_OP_ATTN};
     a.src0 = (rk_view){RK_DT_F32, {qd, n_q, 1, 1}, (size_t)qd * sizeof(float), (void *)q};
     a.dst = (rk_view){RK_DT_F32, {qd, n_q, 1, 1}, (size_t)qd * sizeof(float), out};
-    a.src1 = (rk_view){RK_DT_F16, {s->pf->fg->kvd, L->n, 1, 1}, (size_t)s->pf->fg->kvd * sizeof(uint16_t), L->k};
-    a.src2 = (rk_view){RK_DT_F16, {s->pf->fg->kvd, L->n, 1, 1}, (size_t)s->pf->fg->kvd * sizeof(uint16_t), L->v};
+    const rk_fill_group *g = s->pf->fg;
+    a.src1 = (rk_view){g->type, {g->kvd, L->n, 1, 1}, g->row_bytes, L->k};
+    a.src2 = (rk_view){g->type, {g->kvd, L->n, 1, 1}, g->row_bytes, L->v};
     a.attn = (rk_attn_params){hp->n_head, hp->n_head_kv, hp->head_dim, 1.0f / sqrtf((float)hp->head_dim), pos0};
     a.attn_kv_pos = L->pos, a.attn_kv_bias = L->bias, a.attn_n_kv = L->n;
     return rk_backend_run(s->be, &a, err);
 }
 
-/* ---- checkpoints (session/prefill_ckpt.h): per late layer u64 n, then n f16 K rows, n f16
- * V rows, n i32 positions, n f32 biases (host byte order: a checkpoint never leaves its
- * machine's cache) */
-bool rk_fill_group_save(const rk_session *s, uint8_t **out, size_t *len) {
+/* ---- checkpoints (session/prefill_ckpt.h): per late layer u64 n, then n K rows, n V rows
+ * (the list's own encoding), n i32 positions, n f32 biases (host byte order: a checkpoint
+ * never leaves its machine's cache) */
+uint64_t rk_fill_group_bytes(const rk_session *s) {
     const rk_fill_group *g = s->pf->fg;
-    if (!g) return true;
-    size_t need = *len;
-    for (int i = 0; i < g->n_layer - g->split; i++) need += 8 + (size_t)g->ly[i].n * ((size_t)g->kvd * 4 + 8);
-    uint8_t *b = realloc(*out, need ? need : 1);
-    if (!b) return false;
-    size_t o = *len;
-    for (int i = 0; i < g->n_layer - g->split; i++) {
-        const fg_layer *L = &g->ly[i];
-        const uint64_t n = (uint64_t)L->n;
-        const size_t kv = (size_t)L->n * (size_t)g->kvd * sizeof(uint16_t);
-        memcpy(b + o, &n, 8), o += 8;
-        if (!L->n) continue;
-        memcpy(b + o, L->k, kv), o += kv;
-        memcpy(b + o, L->v, kv), o += kv;
-        memcpy(b + o, L->pos, (size_t)L->n * 4), o += (size_t)L->n * 4;
-        memcpy(b + o, L->bias, (size_t)L->n * 4), o += (size_t)L->n * 4;
-    }
-    *out = b, *len = o;
-    return true;
+    uint64_t n = 0;
+    for (int i = 0; g && i < g->n_layer - g->split; i++) n += 8 + (uint64_t)g->ly[i].n * (2 * g->row_bytes + 8);
+    return n;
 }
 
-rk_status rk_fill_group_restore(rk_session *s, const uint8_t *p, size_t n, rk_err *err) {
+void rk_fill_group_write(const rk_session *s, void (*put)(void *ctx, const void *p, size_t n), void *ctx) {
+    const rk_fill_group *g = s->pf->fg;
+    for (int i = 0; g && i < g->n_layer - g->split; i++) {
+        const fg_layer *L = &g->ly[i];
+        const uint64_t n = (uint64_t)L->n;
+        put(ctx, &n, 8);
+        if (!L->n) continue;
+        put(ctx, L->k, (size_t)L->n * g->row_bytes);
+        put(ctx, L->v, (size_t)L->n * g->row_bytes);
+        put(ctx, L->pos, (size_t)L->n * 4);
+        put(ctx, L->bias, (size_t)L->n * 4);
+    }
+}
+
+rk_status rk_fill_group_read(rk_session *s, uint64_t n,
+                             rk_status (*pull)(void *ctx, uint8_t *dst, size_t len, rk_err *err), void *ctx,
+                             rk_err *err) {
     rk_fill_group *g = s->pf->fg;
     if (!g) return n ? rk_err_set(err, RK_E_FORMAT, "fill group: a checkpoint holds lists this call has not") : RK_OK;
-    size_t o = 0;
+    uint64_t o = 0;
     for (int i = 0; i < g->n_layer - g->split; i++) {
         fg_layer *L = &g->ly[i];
         uint64_t c;
+        rk_status st;
         if (n - o < 8) return rk_err_set(err, RK_E_FORMAT, "fill group: checkpoint lists truncated");
-        memcpy(&c, p + o, 8), o += 8;
-        const uint64_t per = (uint64_t)g->kvd * 4 + 8;
+        if ((st = pull(ctx, (uint8_t *)&c, 8, err))) return st;
+        o += 8;
+        const uint64_t per = 2 * (uint64_t)g->row_bytes + 8;
         if (c > (uint64_t)s->n_ctx || c * per > n - o)
             return rk_err_set(err, RK_E_FORMAT, "fill group: checkpoint list of layer %d claims %llu rows",
                               g->split + i, (unsigned long long)c);
-        rk_status st = reserve(L, g->kvd, (int64_t)c, err);
-        if (st) return st;
-        const size_t kv = (size_t)c * (size_t)g->kvd * sizeof(uint16_t);
+        if ((st = reserve(L, g->row_bytes, (int64_t)c, err))) return st;
+        const size_t kv = (size_t)c * g->row_bytes;
+        L->n = 0;
+        if (c && ((st = pull(ctx, L->k, kv, err)) || (st = pull(ctx, L->v, kv, err)) ||
+                  (st = pull(ctx, (uint8_t *)L->pos, (size_t)c * 4, err)) ||
+                  (st = pull(ctx, (uint8_t *)L->bias, (size_t)c * 4, err))))
+            return st;
         L->n = (int64_t)c;
-        if (!c) continue;
-        memcpy(L->k, p + o, kv), o += kv;
-        memcpy(L->v, p + o, kv), o += kv;
-        memcpy(L->pos, p + o, (size_t)c * 4), o += (size_t)c * 4;
-        memcpy(L->bias, p + o, (size_t)c * 4), o += (size_t)c * 4;
+        o += c * per;
     }
-    if (o != n) return rk_err_set(err, RK_E_FORMAT, "fill group: %zu bytes after the checkpoint lists", n - o);
+    if (o != n)
+        return rk_err_set(err, RK_E_FORMAT, "fill group: %llu bytes after the checkpoint lists",
+                          (unsigned long long)(n - o));
     return RK_OK;
 }

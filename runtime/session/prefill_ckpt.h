@@ -33,8 +33,12 @@ typedef struct rk_prefill_ckpt {
     void (*at)(struct rk_prefill_ckpt *ck, rk_session *s, const rk_prefill_point *pt);
 } rk_prefill_ckpt;
 
-/* fill_group.c: the grouped lists of a running fill prefill as bytes (appended to *out,
- * malloc'd / grown; false when out of memory), and back into the session's lists (which
- * rk_fill_group_begin made for the same call); RK_E_FORMAT when the bytes do not fit them. */
-bool rk_fill_group_save(const rk_session *s, uint8_t **out, size_t *len);
-rk_status rk_fill_group_restore(rk_session *s, const uint8_t *p, size_t n, rk_err *err);
+/* fill_group.c: the grouped lists of a running fill prefill as a byte stream: its size, the
+ * bytes in order to put(ctx, p, n), and back from n such bytes read in order through pull
+ * into the session's lists (which rk_fill_group_begin made for the same call); RK_E_FORMAT
+ * when the bytes do not fit them. Never a copy of the lists in memory. */
+uint64_t rk_fill_group_bytes(const rk_session *s);
+void rk_fill_group_write(const rk_session *s, void (*put)(void *ctx, const void *p, size_t n), void *ctx);
+rk_status rk_fill_group_read(rk_session *s, uint64_t n,
+                             rk_status (*pull)(void *ctx, uint8_t *dst, size_t len, rk_err *err), void *ctx,
+                             rk_err *err);

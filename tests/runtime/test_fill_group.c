@@ -18,10 +18,10 @@
 
 /* A session (f16 cache, 64-row chunks) after one eval of ids[0, n0) and, when n1 > n0, a
  * second of ids[n0, n1); logits of the last call's rows in *lg. */
-static rk_session *run(const rk_model *m, const int32_t *ids, size_t n0, size_t n1, const rk_fill_params *fp,
-                       float **lg) {
+static rk_session *run_kv(const rk_model *m, rk_kv_kind kind, const int32_t *ids, size_t n0, size_t n1,
+                          const rk_fill_params *fp, float **lg) {
     rk_session_params sp = rk_session_params_default();
-    sp.n_ctx = 512, sp.n_batch = 64, sp.kv.kind = RK_KV_F16, sp.n_threads = 2;
+    sp.n_ctx = 512, sp.n_batch = 64, sp.kv.kind = kind, sp.n_threads = 2;
     rk_err e = {0};
     rk_session *s = NULL;
     cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s", e.msg);
@@ -31,6 +31,11 @@ static rk_session *run(const rk_model *m, const int32_t *ids, size_t n0, size_t 
     cr_assert_eq(rk_session_eval(s, ids, n0, n1 > n0 ? NULL : *lg, n1 <= n0, &e), RK_OK, "%s", e.msg);
     if (n1 > n0) cr_assert_eq(rk_session_eval(s, ids + n0, n1 - n0, *lg, true, &e), RK_OK, "%s", e.msg);
     return s;
+}
+
+static rk_session *run(const rk_model *m, const int32_t *ids, size_t n0, size_t n1, const rk_fill_params *fp,
+                       float **lg) {
+    return run_kv(m, RK_KV_F16, ids, n0, n1, fp, lg);
 }
 
 static double max_diff(const float *a, const float *b, size_t from, size_t to) {
@@ -67,6 +72,37 @@ Test(fill_group, group_one_equals_the_plain_path_and_larger_groups_keep_the_cach
     rk_session_destroy(s0), rk_session_destroy(s1), rk_session_destroy(s8);
     free(l0), free(l1), free(l8);
     free(ids);
+    rk_model_destroy(m);
+}
+
+/* With a q8 cache the lists hold q8 rows, quantised as the cache quantises its own: group 1
+ * then gives the logits of the plain q8 path (a list of f16 rows would not: the exact rows
+ * would be finer than the cache's). Heads of 32 values (whole q8 blocks). */
+Test(fill_group, q8_cache_lists_hold_the_cache_rows) {
+    static const tb_tiny_spec SPEC = {.arch = TB_ARCH_LLAMA,
+                                      .n_layer = 4,
+                                      .n_embd = 128,
+                                      .n_head = 4,
+                                      .n_head_kv = 2,
+                                      .n_ctx_train = 1024,
+                                      .seed = 5};
+    char path[512];
+    cr_assert(tb_tiny_model(&SPEC, path, sizeof path), "%s", path);
+    rk_model *m = NULL;
+    rk_err e = {0};
+    cr_assert_eq(rk_model_load(path, &m, &e), RK_OK, "%s", e.msg);
+    const size_t n = 400, tail = 96, nv = (size_t)rk_model_hparams(m)->n_vocab;
+    int32_t *ids = rt_random_ids(m, n, 13);
+    rk_fill_params f0 = {.mode = RK_FILL_IDENTITY, .tail = (int32_t)tail, .split = 2}, f1 = f0;
+    f1.group = 1;
+    float *l0, *l1, *lf;
+    rk_session *s0 = run_kv(m, RK_KV_Q8, ids, n, 0, &f0, &l0), *s1 = run_kv(m, RK_KV_Q8, ids, n, 0, &f1, &l1);
+    rk_session *sf = run_kv(m, RK_KV_F16, ids, n, 0, &f1, &lf);
+    const double d1 = max_diff(l0, l1, (n - tail) * nv, n * nv), df = max_diff(l0, lf, (n - tail) * nv, n * nv);
+    cr_expect(d1 <= 1e-4, "q8: group 1 vs plain: max |dlogit| %g", d1);
+    cr_expect(df > 10 * d1 && df > 1e-4, "the f16 cache's logits should differ from q8's (%g)", df);
+    rk_session_destroy(s0), rk_session_destroy(s1), rk_session_destroy(sf);
+    free(l0), free(l1), free(lf), free(ids);
     rk_model_destroy(m);
 }
 
