@@ -344,6 +344,13 @@ int cli_parse(int argc, char **argv, int first, cli_opts *o, const char **pos, i
         } else if (!strcmp(a, "--band")) {
             NEED();
             rc = parse_int(cmd, a, v, 0, 1 << 24, &o->band);
+        } else if (!strcmp(a, "--rescore-rows")) {
+            NEED();
+            rc = parse_int(cmd, a, v, 1, 1 << 24, &o->rescore_rows);
+        } else if (!strcmp(a, "--pool-after")) {
+            NEED();
+            rc = parse_int(cmd, a, v, 0, 4096, &o->pool_after);
+            if (!rc && o->pool_after == 0) o->pool_after = -1; /* the library's "as pool" */
         } else if (!strcmp(a, "--fill-group")) {
             NEED();
             rc = parse_int(cmd, a, v, 0, 4096, &o->fill_group);
@@ -678,6 +685,8 @@ int cli_fill_params(const cli_opts *o, const rk_model *m, rk_ridge_maps **maps, 
     if (o->pool) fp.pool = o->pool;
     if (o->baseline) fp.baseline = o->baseline;
     if (o->band) fp.band = o->band;
+    if (o->rescore_rows) fp.rescore_rows = o->rescore_rows;
+    if (o->pool_after) fp.pool_after = o->pool_after;
     if (!mode_s) mode_s = o->ridgefill ? cli_default_fill_name() : "off";
     /* MODE:group=G (bench lists compare grouping in one run) */
     char mbuf[64];

@@ -45,6 +45,8 @@ typedef struct cli_opts {
     int baseline;            /* --baseline N: rows before the question subtracted (0: obs, -1: none) */
     int pool;                /* --pool R: max-pool radius of the scores (0: 8, -1: none) */
     int band;                /* --band N: last bulk rows kept exact out of the keep share (0: none) */
+    int rescore_rows;        /* --rescore-rows N: rows a follow-up question may make exact (0: the budget) */
+    int pool_after;          /* --pool-after N: rows after a follow-up's high score sharing it (0: 16, -1: pool's) */
     int fill_group;          /* --fill-group G: late-layer attention to filled rows in runs of G (0: the
                              * mode's default, rk_fill_default_group; -1: off, from --fill-group 0) */
     int no_ridgefill;        /* --no-ridgefill: no maps found by fingerprint are used */

@@ -53,7 +53,10 @@ static const char *help_rest =
     "      --keep-share X      quality mode: share of bulk rows kept exact, those the question\n"
     "                          attends to most (default: the map's, 0.1)\n"
     "      --fill-group G      quality/speed: late layers attend to each run of up to G filled\n"
-    "                          rows as one row (default 16; 0: every row)\n" CLI_SPARSE_HELP
+    "                          rows as one row (default 16; 0: every row)\n"
+    "      --rescore-rows N, --pool-after N  a later question on the same document: rows it may\n"
+    "                          make exact (default: the work of 1024 rows at 2048 keys), and rows\n"
+    "                          after a row it scores high that come with it (default 16)\n" CLI_SPARSE_HELP
     "      --no-ridgefill      exact prefill even when `ridgekv prepare` left maps in the cache\n";
 static const char *help_more = /* two strings: C99 compilers need only support 4095 characters in one */
     "      --no-cache          do not use the document KV cache (docs/TIERS.md; ridgekv cache)\n"

@@ -372,6 +372,9 @@ static const rk_param_key fill_keys[] = {
         "most document rows a later question makes exact beside the document's own selection, so its "
         "re-scoring runs at most twice that many rows through the late layers (default 0: the work of "
         "1024 rows attending to 2048 keys, so fewer rows for longer documents)"),
+    INT("pool_after", 0, 4096,
+        "a later question's re-scoring: rows after a row it scores high that share that score, so the words "
+        "after the ones a question matches (a fact's value) come with them (default 16; 0: pool's radius)"),
 };
 
 static const slot fill_slots[] = {
@@ -390,6 +393,7 @@ static const slot fill_slots[] = {
     {FIL(band), S_I32, 0, 0},
     {FIL(group), S_I32, 0, 0},
     {FIL(rescore_rows), S_I32, 0, 0},
+    {FIL(pool_after), S_I32, F_ZERO_NONE, 0},
 };
 _Static_assert(sizeof fill_keys / sizeof fill_keys[0] == sizeof fill_slots / sizeof fill_slots[0],
                "one slot per RidgeFill key");

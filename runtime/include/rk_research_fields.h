@@ -63,21 +63,23 @@
     bool row_attn;     /* [rowattn] long evals row by row after the fit */
 
 /* rk_fill_params */
-#define RK_FILL_RESEARCH_FIELDS                                                               \
-    int32_t split;        /* [split] split layer without maps (identity, plumb) */            \
-    int32_t n_sink;       /* [sinks] first rows kept exact */                                 \
-    bool layer_major;     /* [layer_major] early layers over the whole prompt first */        \
-    bool question_aware;  /* [question_aware] select as quality does */                       \
-    bool keep_selection;  /* [keep_selection] later evals do not re-score */                  \
-    int32_t obs;          /* [obs] last prompt rows that score */                             \
-    int32_t score_layers; /* [score_layers] layers below the split that score */              \
-    int32_t score_skip;   /* [score_skip] layers right below the split left out (-1: none) */ \
-    int32_t pool;         /* [pool] max-pool radius of the scores (-1: none) */               \
-    int32_t baseline;     /* [baseline] rows before the question subtracted (-1: none) */     \
-    int32_t band;         /* [band] last bulk rows kept out of the keep share */              \
-    int32_t group;        /* [group] late layers attend runs of filled rows as one row */     \
-    int32_t                                                                                   \
-        rescore_rows; /* [rescore_rows] most rows a later question adds exact (0: the work of 1024 rows at 2048 keys) */
+#define RK_FILL_RESEARCH_FIELDS                                                                                          \
+    int32_t split;        /* [split] split layer without maps (identity, plumb) */                                       \
+    int32_t n_sink;       /* [sinks] first rows kept exact */                                                            \
+    bool layer_major;     /* [layer_major] early layers over the whole prompt first */                                   \
+    bool question_aware;  /* [question_aware] select as quality does */                                                  \
+    bool keep_selection;  /* [keep_selection] later evals do not re-score */                                             \
+    int32_t obs;          /* [obs] last prompt rows that score */                                                        \
+    int32_t score_layers; /* [score_layers] layers below the split that score */                                         \
+    int32_t score_skip;   /* [score_skip] layers right below the split left out (-1: none) */                            \
+    int32_t pool;         /* [pool] max-pool radius of the scores (-1: none) */                                          \
+    int32_t baseline;     /* [baseline] rows before the question subtracted (-1: none) */                                \
+    int32_t band;         /* [band] last bulk rows kept out of the keep share */                                         \
+    int32_t group;        /* [group] late layers attend runs of filled rows as one row */                                \
+    int32_t                                                                                                              \
+        rescore_rows; /* [rescore_rows] most rows a later question adds exact (0: the work of 1024 rows at 2048 keys) */ \
+    int32_t                                                                                                              \
+        pool_after; /* [pool_after] rows after a row a later question scores high that share its score (-1: pool's) */
 
 /* rk_kv_params: the memory tiers' spill file and budget accounting */
 #define RK_KV_RESEARCH_FIELDS                                                                     \

@@ -174,9 +174,10 @@ rk_status rk_select_top(const float *score, int64_t n, int radius, int64_t n_kee
 rk_status rk_select_rows(const float *score, int64_t n, int radius, int64_t n_keep, int64_t band, uint8_t *keep,
                          rk_err *err);
 /* select.c: a later question's rows: keep = base, plus the rows outside base with the largest
- * pooled score (over `radius` rows either side; ties: the earlier row), at most max_new of
- * them and only rows whose pooled score is above 0. *n_new: the rows added. */
-rk_status rk_select_extra(const float *score, int64_t n, int radius, const uint8_t *base, int64_t max_new,
+ * pooled score (the most of the scores from `after` rows before the row to `radius` rows
+ * after it; ties: the earlier row), at most max_new of them and only rows whose pooled score
+ * is above 0. *n_new: the rows added. */
+rk_status rk_select_extra(const float *score, int64_t n, int radius, int after, const uint8_t *base, int64_t max_new,
                           uint8_t *keep, int64_t *n_new, rk_err *err);
 /* sparse.c: the block-sparse layout of layer l's attention for n_q rows at pos0 in the
  * running eval call, or false when that attention runs dense (sparse off, a device backend,

@@ -362,7 +362,8 @@ static rk_status rescore(pass *q, int split, rk_err *err) {
     if (r0 > hi) r0 = hi;
     const int64_t n_sc = hi - r0, n_keep = (int64_t)llround((double)f->keep_share * (double)n_sc);
     const int64_t budget = f->rescore_rows > 0 ? f->rescore_rows : rescore_default(hp, hi);
-    const int64_t max_new = n_keep < budget ? n_keep : budget;
+    /* the default budget is also held to the document's own share; a count given is taken */
+    const int64_t max_new = f->rescore_rows > 0 || n_keep > budget ? budget : n_keep;
     uint8_t *nk = malloc((size_t)nb);
     float *score = calloc((size_t)(n_sc > 0 ? n_sc : 1), sizeof(float));
     float *xin = malloc((size_t)s->p.n_batch * (size_t)d * sizeof(float));
@@ -380,7 +381,8 @@ static rk_status rescore(pass *q, int split, rk_err *err) {
             const float c = score[j] - (float)q->q_n * s->pf->xs_base[r0 - lo + j];
             score[j] = c > 0.0f ? c : 0.0f;
         }
-        st = rk_select_extra(score, n_sc, f->pool, s->pf->keep0 + (r0 - lo), max_new, nk + (r0 - lo), &n_new, err);
+        st = rk_select_extra(score, n_sc, f->pool, f->pool_after, s->pf->keep0 + (r0 - lo), max_new, nk + (r0 - lo),
+                             &n_new, err);
     }
     int64_t first = nb, changed = 0, recomputed = 0, refilled = 0;
     for (int64_t j = 0; j < nb && !st; j++)

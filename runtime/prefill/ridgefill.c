@@ -175,6 +175,8 @@ rk_status rk_session_set_fill(rk_session *s, const rk_fill_params *p, rk_err *er
         if (f.baseline < 0) f.baseline = 0;
         if (f.band < 0) f.band = 0;
         if (f.rescore_rows < 0) f.rescore_rows = 0; /* 0: prefill.c's work budget */
+        if (f.pool_after == 0) f.pool_after = 16;
+        if (f.pool_after < 0) f.pool_after = f.pool;
         const int split = f.maps ? f.maps->split : f.split;
         if (f.score_skip > split - 1) f.score_skip = split - 1;
         if (f.score_layers > split - f.score_skip) f.score_layers = split - f.score_skip;

@@ -125,7 +125,7 @@ rk_status rk_select_rows(const float *score, int64_t n, int radius, int64_t n_ke
     return rk_select_top(score, n - nb, radius, n_keep - nb, keep, err);
 }
 
-rk_status rk_select_extra(const float *score, int64_t n, int radius, const uint8_t *base, int64_t max_new,
+rk_status rk_select_extra(const float *score, int64_t n, int radius, int after, const uint8_t *base, int64_t max_new,
                           uint8_t *keep, int64_t *n_new, rk_err *err) {
     *n_new = 0;
     if (n <= 0) return RK_OK;
@@ -136,7 +136,7 @@ rk_status rk_select_extra(const float *score, int64_t n, int radius, const uint8
     int64_t m = 0;
     for (int64_t j = 0; j < n; j++) {
         if (base[j]) continue;
-        const int64_t a = j - radius < 0 ? 0 : j - radius, b = j + radius >= n ? n - 1 : j + radius;
+        const int64_t a = j - after < 0 ? 0 : j - after, b = j + radius >= n ? n - 1 : j + radius;
         float v = score[a];
         for (int64_t t = a + 1; t <= b; t++) v = score[t] > v ? score[t] : v;
         if (v > 0.0f) r[m++] = (ranked){v, j}; /* NaN and 0: nothing the question pays for */

@@ -193,6 +193,29 @@ Test(prefill, select_top_pools_then_ranks) {
     cr_expect_eq(n, 60);
 }
 
+/* A later question's rows: a peak's score reaches `after` rows after it and `radius` rows
+ * before it; rows of the base stay and are not counted; at most max_new rows are added, and
+ * none whose pooled score is 0. */
+Test(prefill, select_extra_pools_after_the_peak) {
+    float sc[60] = {0};
+    sc[10] = 5.0f, sc[40] = 3.0f;
+    uint8_t base[60] = {0}, keep[60];
+    base[12] = 1;
+    rk_err e = {0};
+    int64_t n_new = 0;
+    cr_assert_eq(rk_select_extra(sc, 60, 2, 5, base, 100, keep, &n_new, &e), RK_OK);
+    /* 10's score covers rows 8..15, 40's 38..45: 16 rows, 12 already in the base */
+    cr_expect_eq(n_new, 15);
+    for (int j = 0; j < 60; j++) {
+        const bool want = (j >= 8 && j <= 15) || (j >= 38 && j <= 45);
+        cr_expect_eq(keep[j], want, "row %d", j);
+    }
+    /* at most 4 new rows: the higher peak's, earliest first */
+    cr_assert_eq(rk_select_extra(sc, 60, 2, 5, base, 4, keep, &n_new, &e), RK_OK);
+    cr_expect_eq(n_new, 4);
+    cr_expect(keep[8] && keep[9] && keep[10] && keep[11] && keep[12] && !keep[13] && !keep[38]);
+}
+
 /* The score is the causal softmax attention of the query rows over the layer's keys,
  * summed over query heads: checked against a double-precision reference over keys read
  * back through rk_session_kv_rows, for every architecture (GQA groups of 1 and more). */
