@@ -128,6 +128,8 @@ def run_arm(args, name, flags, docs, log):
     p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     res = []
     for di, d in enumerate(docs):
+        if di < args.from_doc:
+            continue
         for qi, (_, q, v) in enumerate(d["facts"]):
             req = {"id": f"{di}.{qi}", "op": "ask", "docs": [{"name": "document.txt", "text": d["text"]}],
                    "question": q, "temperature": 0, "max_tokens": args.max_tokens, "stream": False}
@@ -173,6 +175,9 @@ def main():
     ap.add_argument("--corpus", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "corpus"))
     ap.add_argument("--tokens", type=int, default=8000, help="document length (approximate, tokens)")
     ap.add_argument("--docs", type=int, default=10)
+    ap.add_argument("--from-doc", type=int, default=0,
+                    help="ask only about documents from this one on (the documents stay those of --seed and --docs, "
+                         "so a campaign can be split or resumed)")
     ap.add_argument("--facts", type=int, default=20, help="facts (= questions) per document")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
