@@ -161,15 +161,7 @@ Test(rescore, new_question_reselects_the_same_way_fresh_after_another_question_a
      * keeps no stream */
     char xs_path[4096];
     snprintf(xs_path, sizeof xs_path, "%s/%s.rkxs", dir, key);
-    FILE *xf = fopen(xs_path, "r+b");
-    cr_assert(xf);
-    fseek(xf, 0, SEEK_END);
-    const long mid = ftell(xf) / 2;
-    fseek(xf, mid, SEEK_SET);
-    const int ch = fgetc(xf);
-    fseek(xf, mid, SEEK_SET);
-    fputc(ch ^ 0x04, xf);
-    fclose(xf);
+    cr_assert(tb_flip_byte(xs_path, -1, 0x04));
     rk_session *rc = session(m, false);
     cr_assert_eq(rk_doc_cache_load(c, key, rc, &nt, &e), RK_OK, "%s", e.msg);
     cr_expect_eq(rk_doc_stream_load(c, key, rc, &e), RK_E_FORMAT);

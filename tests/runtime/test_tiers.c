@@ -383,13 +383,7 @@ Test(doc_cache, save_load_same_logits_bad_entry_removed_list_gc) {
     /* a corrupt byte in the file: refused, removed, the session left empty */
     char path[800];
     snprintf(path, sizeof path, "%s/%s.rkkv", sub, key);
-    FILE *f = fopen(path, "r+b");
-    cr_assert(f);
-    fseek(f, 4096 + 64 + 100, SEEK_SET);
-    int ch = fgetc(f);
-    fseek(f, 4096 + 64 + 100, SEEK_SET);
-    fputc(ch ^ 0x40, f);
-    fclose(f);
+    cr_assert(tb_flip_byte(path, 4096 + 64 + 100, 0x40));
     cr_expect_eq(rk_doc_cache_load(c, key, b, &got, &e), RK_E_FORMAT);
     cr_expect(strstr(e.msg, "corrupt") && strstr(e.msg, "removed"), "%s", e.msg);
     cr_expect_eq(rk_session_n_past(b), 0);
@@ -461,15 +455,7 @@ static void several_pieces(const char *kind) {
     /* one byte of the stored bytes of the frame in the middle of the file */
     char path[800];
     snprintf(path, sizeof path, "%s/%s.rkkv", dir, key);
-    FILE *f = fopen(path, "r+b");
-    cr_assert(f);
-    fseek(f, 0, SEEK_END);
-    const long mid = ftell(f) / 2;
-    fseek(f, mid, SEEK_SET);
-    int ch = fgetc(f);
-    fseek(f, mid, SEEK_SET);
-    fputc(ch ^ 0x40, f);
-    fclose(f);
+    cr_assert(tb_flip_byte(path, -1, 0x40));
     cr_expect_eq(rk_doc_cache_load(c, key, b, &got, &e), RK_E_FORMAT);
     cr_expect(strstr(e.msg, "removed"), "%s", e.msg);
     cr_expect_eq(rk_session_n_past(b), 0);

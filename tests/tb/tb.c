@@ -171,6 +171,15 @@ const char *tb_tmp_path(char *buf, size_t cap, const char *stem, const char *suf
     return buf;
 }
 
+bool tb_flip_byte(const char *path, long off, int mask) {
+    FILE *f = fopen(path, "r+b");
+    if (!f) return false;
+    if (off < 0 && (fseek(f, 0, SEEK_END) != 0 || (off = ftell(f) / 2) < 0)) off = -1;
+    int ch = off >= 0 && fseek(f, off, SEEK_SET) == 0 ? fgetc(f) : EOF;
+    const bool ok = ch != EOF && fseek(f, off, SEEK_SET) == 0 && fputc(ch ^ mask, f) != EOF;
+    return fclose(f) == 0 && ok;
+}
+
 const char *tb_tmp_dir(char *buf, size_t cap, const char *stem) {
     int n = snprintf(buf, cap, "%s/%s-XXXXXX", tmp_root(), stem);
     if (n < 0 || (size_t)n >= cap) {

@@ -23,6 +23,9 @@ float tb_rand_normal(uint64_t *state);
  * `xz -dc` under $TMPDIR/ridgekv-twins-<uid>/ (atomic rename, so parallel tests are safe).
  * NULL (and a reason in buf) when the .xz or xz itself is absent. */
 const char *tb_twin_path(const char *name, char *buf, size_t cap);
+/* XORs the byte at offset off (off < 0: the file's middle byte) of a file with mask, in
+ * place: a corrupt byte for the readers' checks. False when the file cannot be changed. */
+bool tb_flip_byte(const char *path, long off, int mask);
 /* Reads n floats from a raw little-endian f32 file into a malloc'd array. */
 float *tb_read_f32(const char *path, size_t *n);
 
