@@ -181,51 +181,6 @@ static rk_status read_meta(rk_bs *bs, meta *mt, char *msg, size_t cap) {
     return RK_OK;
 }
 
-/* Reads entry key's KV block (*buf malloc'd, mt its header); msg says why not. */
-static rk_status read_entry(rk_doc_cache *c, const char *path, const char *key, uint8_t **buf, meta *mt, char *msg,
-                            size_t cap) {
-    const double t0 = rk_time_now();
-    rk_bs *bs = NULL;
-    rk_err e = {0};
-    rk_status st = rk_bs_open(path, RK_BS_READ, &c->p.io, &bs, &e);
-    *buf = NULL;
-    if (st) snprintf(msg, cap, "%s", e.msg);
-    if (!st && (st = read_meta(bs, mt, msg, cap)) == RK_OK && strcmp(mt->key, key)) {
-        st = RK_E_FORMAT;
-        snprintf(msg, cap, "the file is named for entry %.12s but holds entry %.12s", key, mt->key);
-    }
-    if (!st && !(*buf = malloc(mt->raw ? (size_t)mt->raw : 1))) {
-        st = RK_E_NOMEM;
-        snprintf(msg, cap, "out of memory for %llu bytes", (unsigned long long)mt->raw);
-    }
-    /* every piece in flight at once (up to the queue depth), decompressed into place */
-    for (uint32_t i = 1; !st && i <= mt->pieces; i++) {
-        const size_t off = (size_t)(i - 1) * mt->piece;
-        if ((st = rk_bs_get(bs, i, *buf + off, (size_t)mt->raw - off, NULL, &e))) snprintf(msg, cap, "%s", e.msg);
-    }
-    while (bs && rk_bs_in_flight(bs)) {
-        rk_bs_done d[16];
-        int n = rk_bs_wait(bs, 1, d, 16);
-        for (int k = 0; k < n; k++)
-            if (d[k].status && !st) {
-                st = d[k].status;
-                snprintf(msg, cap, "%s", d[k].msg);
-            }
-        if (!n) break;
-    }
-    if (bs) {
-        c->last.backend = rk_bs_backend_used(bs);
-        c->last.direct = rk_bs_direct(bs);
-    }
-    rk_bs_close(bs);
-    c->last.io_s = rk_time_now() - t0;
-    c->last.raw_bytes = mt->raw;
-    if (st) {
-        free(*buf);
-        *buf = NULL;
-    }
-    return st;
-}
 
 /* An entry-format file's payload read in order, piece by piece, RD_DEPTH pieces in flight. */
 enum { RD_DEPTH = 4 };
@@ -335,6 +290,29 @@ void rk_doc_cache_reader_close(rk_doc_cache_reader *r) {
     free(r);
 }
 
+/* Entry key's KV block whole (*buf malloc'd, mt its header), through the reader; msg says
+ * why not. */
+static rk_status read_entry(rk_doc_cache *c, const char *path, const char *key, uint8_t **buf, meta *mt, char *msg,
+                            size_t cap) {
+    rk_doc_cache_reader *r = NULL;
+    *buf = NULL;
+    rk_status st = rk_doc_cache_reader_open(c, path, key, &r, NULL, NULL, msg, cap);
+    if (st) return st;
+    *mt = r->mt;
+    if (!(*buf = malloc(mt->raw ? (size_t)mt->raw : 1))) {
+        st = RK_E_NOMEM;
+        snprintf(msg, cap, "out of memory for %llu bytes", (unsigned long long)mt->raw);
+    }
+    rk_err e = {0};
+    if (!st && (st = rk_doc_cache_reader_pull(r, *buf, (size_t)mt->raw, &e))) snprintf(msg, cap, "%s", e.msg);
+    rk_doc_cache_reader_close(r);
+    if (st) {
+        free(*buf);
+        *buf = NULL;
+    }
+    return st;
+}
+
 /* Entry key's KV block into s (reset first), streamed; msg says why not. */
 static rk_status load_entry(rk_doc_cache *c, const char *path, const char *key, rk_session *s, meta *mt, char *msg,
                             size_t cap) {
@@ -347,14 +325,6 @@ static rk_status load_entry(rk_doc_cache *c, const char *path, const char *key, 
     if ((st = rk_session_kv_import_stream(s, mt->raw, rk_doc_cache_reader_pull, r, &e)))
         snprintf(msg, cap, "%s", e.msg);
     rk_doc_cache_reader_close(r);
-    return st;
-}
-
-rk_status rk_doc_cache_read_file(rk_doc_cache *c, const char *path, const char *key, uint8_t **buf, size_t *len,
-                                 int64_t *n_tokens, char *msg, size_t cap) {
-    meta mt = {0};
-    rk_status st = read_entry(c, path, key, buf, &mt, msg, cap);
-    if (!st) *len = (size_t)mt.raw, *n_tokens = (int64_t)mt.n_tokens;
     return st;
 }
 

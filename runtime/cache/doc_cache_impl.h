@@ -20,10 +20,6 @@ bool rk_doc_cache_writer_failed(const rk_doc_cache_writer *w);
 void rk_doc_cache_writer_patch(rk_doc_cache_writer *w, size_t off, const void *p, size_t n);
 rk_status rk_doc_cache_writer_close(rk_doc_cache_writer *w, bool keep, const char *key, const rk_model *m,
                                     const rk_kv_params *kv, int64_t n, const char *label, rk_err *err);
-/* Reads such a file back (*buf malloc'd, *len bytes, *n_tokens the header's); every frame's
- * checksum and the header's key checked; msg (cap bytes) says why not. */
-rk_status rk_doc_cache_read_file(rk_doc_cache *c, const char *path, const char *key, uint8_t **buf, size_t *len,
-                                 int64_t *n_tokens, char *msg, size_t cap);
 /* Such a file's payload read in order as one byte stream (RD_DEPTH pieces in flight, each
  * frame's checksum checked as it arrives; the header's key checked at open: msg says why
  * not). pull (an rk_kv_pull) fills dst with the next len bytes, or skips them (dst NULL);
