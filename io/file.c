@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -95,4 +96,42 @@ rk_status rk_io_mkdir_p(const char *path, rk_err *err) {
         }
     }
     return RK_OK;
+}
+
+rk_status rk_io_map_copy(const char *dir, const void *data, size_t len, const void **out, rk_err *err) {
+    *out = NULL;
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s/ridgekv-array.XXXXXX", dir && *dir ? dir : "/tmp") >= (int)sizeof path)
+        return rk_err_set(err, RK_E_IO, "array file: the directory name is too long (%.80s...)", dir);
+    const int fd = mkstemp(path);
+    if (fd < 0) return rk_err_set(err, RK_E_IO, "array file: cannot create one in %s (%s)", dir, strerror(errno));
+    unlink(path);
+    const uint8_t *b = data;
+    for (size_t n = len; n;) {
+        const ssize_t w = write(fd, b, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            const int e = w < 0 ? errno : ENOSPC;
+            close(fd);
+            return rk_err_set(err, RK_E_IO, "array file: cannot write %zu bytes in %s (%s)", len, dir, strerror(e));
+        }
+        b += w, n -= (size_t)w;
+    }
+    void *m = mmap(NULL, len ? len : 1, PROT_READ, MAP_SHARED, fd, 0);
+    const int e = errno;
+    close(fd);
+    if (m == MAP_FAILED)
+        return rk_err_set(err, RK_E_IO, "array file: cannot map %zu bytes in %s (%s)", len, dir, strerror(e));
+    *out = m;
+    return RK_OK;
+}
+
+void rk_io_map_release(const void *map, size_t off, size_t len, size_t map_len) {
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)map + off, b = a + len;
+    const uintptr_t a2 = (a + pg - 1) / pg * pg, b2 = off + len >= map_len ? (b + pg - 1) / pg * pg : b / pg * pg;
+    if (map && b2 > a2) (void)madvise((void *)a2, b2 - a2, MADV_DONTNEED); /* advice: refused, the pages stay */
+}
+
+void rk_io_map_free(const void *map, size_t len) {
+    if (map) munmap((void *)map, len ? len : 1);
 }

@@ -375,6 +375,9 @@ static const rk_param_key fill_keys[] = {
     INT("pool_after", 0, 4096,
         "a later question's re-scoring: rows after a row it scores high that share that score, so the words "
         "after the ones a question matches (a fact's value) come with them (default 16; 0: pool's radius)"),
+    INT("stream_file", 0, 1 << 30,
+        "KiB from which the split stream kept for later questions lives in an unlinked file in the KV's spill "
+        "directory, its pages held only while read (default 65536, 64 MiB; 0: always in memory)"),
 };
 
 static const slot fill_slots[] = {
@@ -394,6 +397,7 @@ static const slot fill_slots[] = {
     {FIL(group), S_I32, 0, 0},
     {FIL(rescore_rows), S_I32, 0, 0},
     {FIL(pool_after), S_I32, F_ZERO_NONE, 0},
+    {FIL(stream_file), S_I32, F_ZERO_NONE, 0},
 };
 _Static_assert(sizeof fill_keys / sizeof fill_keys[0] == sizeof fill_slots / sizeof fill_slots[0],
                "one slot per RidgeFill key");

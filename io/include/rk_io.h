@@ -28,3 +28,14 @@ rk_status rk_io_read_file_max(const char *path, size_t max_bytes, char **data, s
 rk_status rk_io_write_file_atomic(const char *path, const void *data, size_t len, rk_err *err);
 /* Creates a directory and its parents (mode 0755); existing ones are fine. */
 rk_status rk_io_mkdir_p(const char *path, rk_err *err);
+
+/* Array held in a file: len bytes of data written to a new file in dir (mkstemp, unlinked at
+ * once, so it goes with the mapping) and mapped read-only into *out. Its bytes then live in
+ * the file system's cache, and the pages a reader touches count as the process's memory
+ * only until rk_io_map_release drops them (advice: the next read maps them again). RK_E_IO
+ * naming dir when the file cannot be made, written (a full disk) or mapped; nothing is left. */
+rk_status rk_io_map_copy(const char *dir, const void *data, size_t len, const void **out, rk_err *err);
+/* Drops the process's hold on the pages wholly inside [off, off + len) of such a map of
+ * map_len bytes (its last page too when the range reaches the end). */
+void rk_io_map_release(const void *map, size_t off, size_t len, size_t map_len);
+void rk_io_map_free(const void *map, size_t len);

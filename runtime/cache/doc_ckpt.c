@@ -103,7 +103,11 @@ static bool build(rk_doc_ckpt *ck, const rk_prefill_point *pt, rk_doc_cache_writ
     PUT(b, uint8_t, xs);
     if (xs) {
         PUT(b, int64_t, f->xs_lo), PUT(b, int64_t, f->xs_hi), PUT(b, int32_t, f->xs_split);
-        put(b, f->xs_keep, (size_t)(f->xs_hi - f->xs_lo) * d * 2);
+        for (int64_t r = 0; r < f->xs_hi - f->xs_lo; r += 256) { /* the stream's pages held a block at a time */
+            const int64_t k = f->xs_hi - f->xs_lo - r < 256 ? f->xs_hi - f->xs_lo - r : 256;
+            put(b, f->xs_keep + (size_t)r * d, (size_t)k * d * 2);
+            rk_prefill_xs_release(s, r + k);
+        }
         put(b, f->xs_base, (size_t)(f->xs_hi - f->xs_lo) * 4);
     }
     /* the stream: the first pass has made rows [0, done), the late pass still reads [done, n) */
@@ -117,7 +121,9 @@ static bool build(rk_doc_ckpt *ck, const rk_prefill_point *pt, rk_doc_cache_writ
             for (size_t j = 0; j < k; j++) row[j] = rk_f16_to_f32(pt->x_half[(size_t)r * d + j0 + j]);
             put(b, row, k * 4);
         }
+        if (pt->x_half == f->xs_keep && (r + 1) % 256 == 0) rk_prefill_xs_release(s, r + 1);
     }
+    if (pt->x_half == f->xs_keep) rk_prefill_xs_release(s, x1);
     const int64_t xf = x0 > pt->x_half_n ? x0 : pt->x_half_n;
     if (x1 > xf) put(b, pt->x_split + (size_t)(xf - pt->x_half_n) * d, (size_t)(x1 - xf) * d * 4);
     const int64_t rows = pt->lo > 0 ? pt->n : pt->done;
@@ -376,7 +382,7 @@ static bool walk(rk_doc_ckpt *ck, rk_doc_cache_reader *r, rk_prefill_point *pt, 
         t.keep = NULL;
     }
     if (t.xs) {
-        free(f->xs_keep), free(f->xs_base);
+        rk_prefill_xs_drop(f);
         f->xs_keep = t.xs, f->xs_base = t.xs_base, f->xs_lo = t.xs_lo, f->xs_hi = t.xs_hi, f->xs_split = t.xs_split;
         t.xs = NULL, t.xs_base = NULL;
     }

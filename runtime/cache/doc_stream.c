@@ -16,6 +16,7 @@
 
 #include "rk_cache.h"
 #include "rk_io.h"
+#include "plan_impl.h"
 #include "session_impl.h"
 
 enum { HEAD = 104, VERSION = 1 };
@@ -91,8 +92,12 @@ rk_status rk_doc_stream_save(rk_doc_cache *c, const char *key, const rk_session 
     rk_le_put(h + 72, (uint64_t)fs.row0, 8), rk_le_put(h + 80, (uint64_t)fs.n, 8);
     rk_le_put(h + 88, (uint32_t)fs.n_embd, 4), rk_le_put(h + 92, (uint32_t)fs.split, 4);
     rk_le_put(h + 96, (uint64_t)rk_session_n_past(s), 8);
-    const size_t nx = (size_t)fs.n * (size_t)fs.n_embd;
-    for (size_t i = 0; i < nx && !w.st; i++) rk_le_put(wb_room(&w, 2), fs.x[i], 2);
+    for (int64_t r = 0; r < fs.n && !w.st; r++) {
+        const uint16_t *x = fs.x + (size_t)r * (size_t)fs.n_embd;
+        for (int32_t i = 0; i < fs.n_embd; i++) rk_le_put(wb_room(&w, 2), x[i], 2);
+        if ((r + 1) % 256 == 0 || r + 1 == fs.n) /* a stream in a file: its pages held a block at a time */
+            rk_prefill_xs_release(s, r + 1);
+    }
     for (int64_t j = 0; j < fs.n && !w.st; j++) {
         uint32_t u;
         memcpy(&u, &fs.base[j], 4);

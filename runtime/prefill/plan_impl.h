@@ -28,6 +28,12 @@ typedef struct rk_prefill_state {
     float *xs_base;
     int64_t xs_lo, xs_hi;
     int32_t xs_split;
+    /* xs_keep is malloc'd (xs_map 0) or, from rk_fill_params.stream_file KiB on, a read-only
+     * map of an unlinked file in spill_dir (xs_map bytes): a long document's stream then
+     * costs the process only the pages a reader holds, and readers of many rows release
+     * them block by block (rk_prefill_xs_release) */
+    size_t xs_map;
+    char spill_dir[1024];
     rk_fill_rescore_stats rescore;
     /* eval splice (ridgefill.c): copy exact K/V of layers [lo, hi) over the bulk rows before the tail */
     const rk_session *splice_src;
@@ -44,6 +50,12 @@ rk_status rk_prefill_init(rk_session *s, rk_err *err);
 void rk_prefill_deinit(rk_session *s);
 /* Rows from n on left the session (truncate, reset): the kept stream goes if it reaches them. */
 void rk_prefill_forget(rk_session *s, int64_t n);
+/* Frees the kept stream (memory or file map) and its baseline. */
+void rk_prefill_xs_drop(rk_prefill_state *f);
+/* The process lets go of the kept stream's pages below row r (from xs_lo) when it lives in a
+ * file; nothing otherwise. The rows read the same afterwards. Pages already let go cost
+ * nothing, so a reader going up the rows calls it with the row it has reached. */
+void rk_prefill_xs_release(const rk_session *s, int64_t r);
 
 /* fill_group.c: RidgeFill's grouped attention (rk_fill_params.group > 0). During one
  * prefill call from row 0 with fill on a host backend, the late layers' exact rows attend

@@ -56,7 +56,8 @@ static rk_session *session(const rk_model *m, rk_kv_kind kind, bool fill) {
                              .score_layers = 2,
                              .pool = 2,
                              .baseline = 16,
-                             .group = 4};
+                             .group = 4,
+                             .stream_file = 1}; /* the kept stream in a file from 1 KiB: checkpoints read it there */
         cr_assert_eq(rk_session_set_fill(s, &fp, &e), RK_OK, "%s", e.msg);
     }
     return s;

@@ -211,6 +211,110 @@ Test(rescore, new_question_reselects_the_same_way_fresh_after_another_question_a
     rk_model_destroy(m);
 }
 
+/* The resident bytes of this process's maps whose line in /proc/self/smaps names `name`
+ * (-1: no such map). */
+static long map_rss(const char *name) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    cr_assert(f);
+    char line[4200];
+    long rss = -1;
+    bool in = false;
+    while (fgets(line, sizeof line, f)) {
+        if (strchr(line, '-') && strchr(line, ' ') && strchr(line, '-') < strchr(line, ' ')) /* a map's first line */
+            in = strstr(line, name) != NULL;
+        long kb;
+        if (in && sscanf(line, "Rss: %ld kB", &kb) == 1) rss = (rss < 0 ? 0 : rss) + kb * 1024;
+    }
+    fclose(f);
+    return rss;
+}
+
+static rk_session *session_in(const rk_model *m, const char *spill_dir, int32_t stream_file) {
+    rk_session_params sp = rk_session_params_default();
+    sp.n_ctx = 512, sp.n_batch = BATCH, sp.n_threads = 1;
+    sp.kv.kind = RK_KV_F16, sp.kv.spill_dir = spill_dir;
+    rk_session *s = NULL;
+    rk_err e = {0};
+    cr_assert_eq(rk_session_create(m, &sp, &s, &e), RK_OK, "%s", e.msg);
+    rk_fill_params fp = fill(false);
+    fp.stream_file = stream_file;
+    cr_assert_eq(rk_session_set_fill(s, &fp, &e), RK_OK, "%s", e.msg);
+    return s;
+}
+
+static size_t file_bytes(const char *path, uint8_t **out) {
+    FILE *f = fopen(path, "rb");
+    cr_assert(f, "%s", path);
+    fseek(f, 0, SEEK_END);
+    const size_t n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    *out = malloc(n + 1);
+    cr_assert_eq(fread(*out, 1, n, f), n);
+    fclose(f);
+    return n;
+}
+
+/* A kept stream moved into a file (stream_file KiB, from 1 KiB here) answers as one in
+ * memory, bit for bit: the question's re-scoring and a decode step give the same logits and
+ * the document cache's stream file the same bytes. The map is of an unlinked file in the
+ * spill directory, and once the read, the save and the question have passed, the process
+ * holds none of its pages. A spill directory that cannot take the file leaves the stream in
+ * memory with the same answer. */
+Test(rescore, a_stream_in_a_file_answers_as_one_in_memory) {
+    rk_model *m = load_tiny();
+    const size_t nv = (size_t)rk_model_hparams(m)->n_vocab;
+    int32_t doc[N_DOC], q2[N_Q];
+    fill_ids(m, doc, N_DOC, 7), fill_ids(m, q2, N_Q, 9);
+    char *dir = tmp_dir(), *spill = tmp_dir();
+    rk_doc_cache_params cp = rk_doc_cache_params_default();
+    cp.dir = dir;
+    rk_doc_cache *c = NULL;
+    rk_err e = {0};
+    cr_assert_eq(rk_doc_cache_open(&cp, &c, &e), RK_OK, "%s", e.msg);
+    const char *keys[3] = {"00000000000000000000000000000000000000000000000000000000000000a1",
+                           "00000000000000000000000000000000000000000000000000000000000000a2",
+                           "00000000000000000000000000000000000000000000000000000000000000a3"};
+    const char *spills[3] = {spill, spill, "/nonexistent/rk-spill"};
+    const int32_t kib[3] = {-1, 1, 1};
+    float *lg[3];
+    uint8_t *xs[3];
+    size_t n_xs[3];
+    char mark[512];
+    snprintf(mark, sizeof mark, "%s/ridgekv-array.", spill);
+    for (int i = 0; i < 3; i++) {
+        rk_session *s = session_in(m, spills[i], kib[i]);
+        lg[i] = malloc(2 * nv * sizeof(float));
+        eval(s, doc, N_DOC, lg[i]);
+        const long held = map_rss(mark);
+        if (i == 1) {
+            cr_expect(held >= 0, "the stream of %d rows did not move into a file in %s", N_DOC - TAIL, spill);
+            cr_expect_eq(held, 0, "after the read the process holds %ld bytes of the stream's file", held);
+        } else cr_expect_eq(held, -1, "case %d: a stream file in %s", i, spill);
+        cr_assert_eq(rk_doc_stream_save(c, keys[i], s, &e), RK_OK, "%s", e.msg);
+        ask(s, q2, lg[i], nv);
+        rk_fill_rescore_stats rs;
+        rk_session_fill_rescore_stats(s, &rs);
+        cr_expect(rs.recomputed > 0, "case %d: the question re-scored no row", i);
+        if (i == 1) cr_expect_eq(map_rss(mark), 0, "after the save and the question: %ld bytes held", map_rss(mark));
+        char path[4200];
+        snprintf(path, sizeof path, "%s/%s.rkxs", dir, keys[i]);
+        n_xs[i] = file_bytes(path, &xs[i]);
+        rk_session_destroy(s);
+        cr_expect_eq(map_rss(mark), -1, "the stream's map outlived its session");
+    }
+    for (int i = 1; i < 3; i++) {
+        cr_expect_eq(memcmp(lg[0], lg[i], 2 * nv * sizeof(float)), 0, "case %d: other logits (%g)", i,
+                     max_diff(lg[0], lg[i], 2 * nv));
+        /* the files differ in their key (bytes 8..72) and so in their digest (the last 32) */
+        cr_assert_eq(n_xs[i], n_xs[0]);
+        cr_expect_eq(memcmp(xs[0] + 72, xs[i] + 72, n_xs[0] - 72 - 32), 0, "case %d: another stream file", i);
+    }
+    for (int i = 0; i < 3; i++) free(lg[i]), free(xs[i]);
+    rk_doc_cache_close(c);
+    rm_dir(dir), rm_dir(spill);
+    rk_model_destroy(m);
+}
+
 static void write_bytes(const char *path, const uint8_t *b, size_t n) {
     FILE *f = fopen(path, "wb");
     cr_assert(f);
