@@ -126,6 +126,13 @@ rk_status rk_io_map_copy(const char *dir, const void *data, size_t len, const vo
     return RK_OK;
 }
 
+rk_status rk_io_map_fd(int fd, size_t len, const void **out, rk_err *err) {
+    void *m = mmap(NULL, len ? len : 1, PROT_READ, MAP_SHARED, fd, 0);
+    *out = m == MAP_FAILED ? NULL : m;
+    return m == MAP_FAILED ? rk_err_set(err, RK_E_IO, "cannot map %zu bytes of a file (%s)", len, strerror(errno))
+                           : RK_OK;
+}
+
 void rk_io_map_release(const void *map, size_t off, size_t len, size_t map_len) {
     const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)map + off, b = a + len;
     const uintptr_t a2 = (a + pg - 1) / pg * pg, b2 = off + len >= map_len ? (b + pg - 1) / pg * pg : b / pg * pg;

@@ -35,6 +35,9 @@ rk_status rk_io_mkdir_p(const char *path, rk_err *err);
  * only until rk_io_map_release drops them (advice: the next read maps them again). RK_E_IO
  * naming dir when the file cannot be made, written (a full disk) or mapped; nothing is left. */
 rk_status rk_io_map_copy(const char *dir, const void *data, size_t len, const void **out, rk_err *err);
+/* A read-only map of the first len bytes of the open file fd (the file itself, as it is),
+ * released the same way; RK_E_IO when it cannot be mapped. */
+rk_status rk_io_map_fd(int fd, size_t len, const void **out, rk_err *err);
 /* Drops the process's hold on the pages wholly inside [off, off + len) of such a map of
  * map_len bytes (its last page too when the range reaches the end). */
 void rk_io_map_release(const void *map, size_t off, size_t len, size_t map_len);

@@ -174,14 +174,30 @@ static rk_status load_checked(const char *path, const char *key, rk_session *s, 
     uint16_t *x = NULL;
     float *base = NULL;
     uint8_t *keep = NULL, dig[32], want[32];
+    const uint16_t one = 1;
+    const bool le = *(const uint8_t *)&one == 1;
+    /* the rows: on a little-endian host read where they lie in the file, mapped (the
+     * session holds their pages only while it reads them), else into memory */
+    const void *map = NULL;
+    const size_t nx = (size_t)(rows * d) * 2;
+    if (!st && le && rk_io_map_fd(fileno(f), n, &map, &(rk_err){0}) == RK_OK) {
+        x = (uint16_t *)((const uint8_t *)map + HEAD);
+        for (size_t o = 0; o < nx; o += WBUF) {
+            rk_sha256_update(&sh, (const uint8_t *)x + o, nx - o < WBUF ? nx - o : WBUF);
+            rk_io_map_release(map, 0, HEAD + o, n);
+        }
+        rk_io_map_release(map, 0, n, n); /* the whole file: only the rows are read through the map */
+        if (fseek(f, (long)(HEAD + nx), SEEK_SET) != 0)
+            snprintf(msg, cap, "cannot seek past its rows (%s)", strerror(errno)), st = RK_E_IO;
+    }
     if (!st) {
-        x = malloc((size_t)(rows * d) * sizeof(uint16_t));
+        if (!map) x = malloc(nx);
         base = malloc((size_t)rows * sizeof(float));
         keep = malloc((size_t)rows);
         if (!x || !base || !keep)
             snprintf(msg, cap, "no memory for %llu rows", (unsigned long long)rows), st = RK_E_NOMEM;
     }
-    if (!st && (!rd(f, &sh, x, (size_t)(rows * d) * 2) || !rd(f, &sh, base, (size_t)rows * 4) ||
+    if (!st && ((!map && !rd(f, &sh, x, nx)) || !rd(f, &sh, base, (size_t)rows * 4) ||
                 !rd(f, &sh, keep, (size_t)rows) || !rd(f, NULL, want, 32)))
         snprintf(msg, cap, "cannot read its %zu bytes (%s)", n, ferror(f) ? strerror(errno) : "short file"),
             st = RK_E_IO;
@@ -190,8 +206,7 @@ static rk_status load_checked(const char *path, const char *key, rk_session *s, 
         rk_sha256_final(&sh, dig);
         if (memcmp(dig, want, 32)) snprintf(msg, cap, "checksum mismatch (corrupt file)"), st = RK_E_FORMAT;
     }
-    const uint16_t one = 1;
-    if (!st && *(const uint8_t *)&one != 1) { /* the file is little-endian */
+    if (!st && !le) { /* the file is little-endian */
         for (uint64_t i = 0; i < rows * d; i++) x[i] = (uint16_t)rk_le_get((const uint8_t *)&x[i], 2);
         for (uint64_t j = 0; j < rows; j++) {
             const uint32_t u = (uint32_t)rk_le_get((const uint8_t *)&base[j], 4);
@@ -199,12 +214,14 @@ static rk_status load_checked(const char *path, const char *key, rk_session *s, 
         }
     }
     if (st) {
-        free(x), free(base), free(keep);
+        if (map) rk_io_map_free(map, n);
+        else free(x);
+        free(base), free(keep);
         return st;
     }
     rk_err e = {0};
     if ((st = rk_session_fill_stream_adopt(s, (int64_t)rk_le_get(b + 72, 8), (int64_t)rows,
-                                           (int32_t)rk_le_get(b + 92, 4), x, base, keep, &e)))
+                                           (int32_t)rk_le_get(b + 92, 4), x, base, keep, map, n, &e)))
         snprintf(msg, cap, "%s", e.msg);
     return st;
 }

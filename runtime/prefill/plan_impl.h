@@ -28,10 +28,12 @@ typedef struct rk_prefill_state {
     float *xs_base;
     int64_t xs_lo, xs_hi;
     int32_t xs_split;
-    /* xs_keep is malloc'd (xs_map 0) or, from rk_fill_params.stream_file KiB on, a read-only
-     * map of an unlinked file in spill_dir (xs_map bytes): a long document's stream then
-     * costs the process only the pages a reader holds, and readers of many rows release
-     * them block by block (rk_prefill_xs_release) */
+    /* xs_keep is malloc'd (xs_map 0) or lies in a read-only map of a file (xs_map bytes from
+     * xs_map_base): from rk_fill_params.stream_file KiB on, an unlinked file in spill_dir;
+     * loaded from the document cache, its stream file. A long document's stream then costs
+     * the process only the pages a reader holds, and readers of many rows release them
+     * block by block (rk_prefill_xs_release) */
+    const void *xs_map_base;
     size_t xs_map;
     char spill_dir[1024];
     rk_fill_rescore_stats rescore;

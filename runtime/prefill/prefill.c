@@ -184,7 +184,7 @@ static void xs_to_file(rk_session *s) {
     const void *m = NULL;
     if (rk_io_map_copy(f->spill_dir, f->xs_keep, bytes, &m, &(rk_err){0})) return;
     free(f->xs_keep);
-    f->xs_keep = (uint16_t *)m, f->xs_map = bytes;
+    f->xs_keep = (uint16_t *)m, f->xs_map_base = m, f->xs_map = bytes;
 }
 
 /* Before the late pass: the bulk rows' stream is kept as f16 beside the selection
@@ -601,17 +601,18 @@ void rk_prefill_forget(rk_session *s, int64_t n) {
 }
 
 void rk_prefill_xs_drop(rk_prefill_state *f) {
-    if (f->xs_map) rk_io_map_free(f->xs_keep, f->xs_map);
+    if (f->xs_map) rk_io_map_free(f->xs_map_base, f->xs_map);
     else free(f->xs_keep);
     free(f->xs_base);
-    f->xs_keep = NULL, f->xs_base = NULL, f->xs_map = 0, f->xs_lo = f->xs_hi = 0;
+    f->xs_keep = NULL, f->xs_base = NULL, f->xs_map_base = NULL, f->xs_map = 0, f->xs_lo = f->xs_hi = 0;
 }
 
 void rk_prefill_xs_release(const rk_session *s, int64_t r) {
     const rk_prefill_state *f = s->pf;
     const size_t row = (size_t)s->m->hp.n_embd * sizeof(uint16_t);
     if (r > f->xs_hi - f->xs_lo) r = f->xs_hi - f->xs_lo;
-    if (f->xs_map && r > 0) rk_io_map_release(f->xs_keep, 0, (size_t)r * row, f->xs_map);
+    const size_t at = f->xs_map ? (size_t)((const uint8_t *)f->xs_keep - (const uint8_t *)f->xs_map_base) : 0;
+    if (f->xs_map && r > 0) rk_io_map_release(f->xs_map_base, 0, at + (size_t)r * row, f->xs_map);
 }
 
 int64_t rk_session_fill_kept(const rk_session *s, int64_t row0, int64_t n) {
@@ -651,18 +652,21 @@ static rk_status stream_fits(const rk_session *s, int64_t row0, int64_t n, int32
 }
 
 rk_status rk_session_fill_stream_adopt(rk_session *s, int64_t row0, int64_t n, int32_t split, uint16_t *x, float *base,
-                                       uint8_t *keep, rk_err *err) {
+                                       uint8_t *keep, const void *map, size_t map_len, rk_err *err) {
     rk_status st = stream_fits(s, row0, n, (int32_t)s->m->hp.n_embd, split, err);
     uint8_t *k0 = st ? NULL : malloc((size_t)n);
     if (!st && !k0) st = rk_err_set(err, RK_E_NOMEM, "prefill: no memory for a stream of %lld rows", (long long)n);
     if (st) {
-        free(x), free(base), free(keep);
+        if (map) rk_io_map_free(map, map_len);
+        else free(x);
+        free(base), free(keep);
         return st;
     }
     memcpy(k0, keep, (size_t)n); /* the loaded selection is the document's own */
     rk_prefill_xs_drop(s->pf);
     free(s->pf->keep), free(s->pf->keep0);
     s->pf->xs_keep = x, s->pf->xs_base = base, s->pf->keep = keep, s->pf->keep0 = k0;
+    s->pf->xs_map_base = map, s->pf->xs_map = map ? map_len : 0;
     s->pf->xs_lo = s->pf->keep_lo = row0;
     s->pf->xs_hi = s->pf->keep_hi = row0 + n;
     s->pf->xs_split = split;
@@ -683,5 +687,5 @@ rk_status rk_session_fill_stream_set(rk_session *s, const rk_fill_stream *in, rk
     memcpy(x, in->x, (size_t)(in->n * d) * sizeof(uint16_t));
     memcpy(b, in->base, (size_t)in->n * sizeof(float));
     memcpy(k, in->keep, (size_t)in->n);
-    return rk_session_fill_stream_adopt(s, in->row0, in->n, in->split, x, b, k, err);
+    return rk_session_fill_stream_adopt(s, in->row0, in->n, in->split, x, b, k, NULL, 0, err);
 }

@@ -102,6 +102,8 @@ rk_status rk_session_splice_rows(rk_session *s, const rk_session *src, int lo, i
 rk_status rk_session_kv_import_stream(rk_session *s, uint64_t n, rk_kv_pull pull, void *ctx, rk_err *err);
 
 /* rk_session_fill_stream_set taking x, base and keep (malloc'd; freed on failure too)
- * instead of copying them: the document cache's load of a long document's stream. */
+ * instead of copying them: the document cache's load of a long document's stream. With map
+ * (a read-only map of map_len bytes, rk_io.h), x lies in it and the map is the session's
+ * (unmapped on failure too). */
 rk_status rk_session_fill_stream_adopt(rk_session *s, int64_t row0, int64_t n, int32_t split, uint16_t *x, float *base,
-                                       uint8_t *keep, rk_err *err);
+                                       uint8_t *keep, const void *map, size_t map_len, rk_err *err);

@@ -276,6 +276,8 @@ Test(rescore, a_stream_in_a_file_answers_as_one_in_memory) {
                            "00000000000000000000000000000000000000000000000000000000000000a3"};
     const char *spills[3] = {spill, spill, "/nonexistent/rk-spill"};
     const int32_t kib[3] = {-1, 1, 1};
+    rk_kv_params kvp = rk_kv_params_default();
+    kvp.kind = RK_KV_F16;
     float *lg[3];
     uint8_t *xs[3];
     size_t n_xs[3];
@@ -291,6 +293,7 @@ Test(rescore, a_stream_in_a_file_answers_as_one_in_memory) {
             cr_expect_eq(held, 0, "after the read the process holds %ld bytes of the stream's file", held);
         } else cr_expect_eq(held, -1, "case %d: a stream file in %s", i, spill);
         cr_assert_eq(rk_doc_stream_save(c, keys[i], s, &e), RK_OK, "%s", e.msg);
+        if (i == 0) cr_assert_eq(rk_doc_cache_save(c, keys[0], m, &kvp, s, N_DOC, "doc", &e), RK_OK, "%s", e.msg);
         ask(s, q2, lg[i], nv);
         rk_fill_rescore_stats rs;
         rk_session_fill_rescore_stats(s, &rs);
@@ -302,6 +305,22 @@ Test(rescore, a_stream_in_a_file_answers_as_one_in_memory) {
         rk_session_destroy(s);
         cr_expect_eq(map_rss(mark), -1, "the stream's map outlived its session");
     }
+    /* loaded from the document cache, the stream is read where it lies in its file */
+    rk_session *r = session_in(m, spill, -1);
+    int64_t nt = 0;
+    cr_assert_eq(rk_doc_cache_load(c, keys[0], r, &nt, &e), RK_OK, "%s", e.msg);
+    cr_assert_eq(rk_doc_stream_load(c, keys[0], r, &e), RK_OK, "%s", e.msg);
+    cr_expect_eq(map_rss(keys[0]), 0, "the loaded stream: %ld bytes held (-1: not mapped)", map_rss(keys[0]));
+    float *lr = malloc(2 * nv * sizeof(float));
+    ask(r, q2, lr, nv);
+    cr_expect_eq(memcmp(lg[0], lr, 2 * nv * sizeof(float)), 0, "loaded: other logits (%g)",
+                 max_diff(lg[0], lr, 2 * nv));
+    /* at most the page where the question's last re-scored row ends */
+    cr_expect(map_rss(keys[0]) >= 0 && map_rss(keys[0]) <= sysconf(_SC_PAGESIZE), "after the question: %ld bytes",
+              map_rss(keys[0]));
+    rk_session_destroy(r);
+    cr_expect_eq(map_rss(keys[0]), -1, "the loaded stream's map outlived its session");
+    free(lr);
     for (int i = 1; i < 3; i++) {
         cr_expect_eq(memcmp(lg[0], lg[i], 2 * nv * sizeof(float)), 0, "case %d: other logits (%g)", i,
                      max_diff(lg[0], lg[i], 2 * nv));
