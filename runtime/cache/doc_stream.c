@@ -187,7 +187,7 @@ static rk_status load_checked(const char *path, const char *key, rk_session *s, 
             rk_io_map_release(map, 0, HEAD + o, n);
         }
         rk_io_map_release(map, 0, n, n); /* the whole file: only the rows are read through the map */
-        if (fseek(f, (long)(HEAD + nx), SEEK_SET) != 0)
+        if (fseeko(f, (off_t)(HEAD + nx), SEEK_SET) != 0)
             snprintf(msg, cap, "cannot seek past its rows (%s)", strerror(errno)), st = RK_E_IO;
     }
     if (!st) {
