@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "rk_io.h"
@@ -106,6 +107,11 @@ rk_status rk_io_map_copy(const char *dir, const void *data, size_t len, const vo
     const int fd = mkstemp(path);
     if (fd < 0) return rk_err_set(err, RK_E_IO, "array file: cannot create one in %s (%s)", dir, strerror(errno));
     unlink(path);
+    struct statfs fs;
+    if (fstatfs(fd, &fs) == 0 && (fs.f_type == 0x01021994 || fs.f_type == 0x858458f6)) { /* tmpfs, ramfs */
+        close(fd);
+        return rk_err_set(err, RK_E_IO, "array file: %s is held in memory (tmpfs): a file there saves none", dir);
+    }
     const uint8_t *b = data;
     for (size_t n = len; n;) {
         const ssize_t w = write(fd, b, n);

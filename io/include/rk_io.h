@@ -33,7 +33,8 @@ rk_status rk_io_mkdir_p(const char *path, rk_err *err);
  * once, so it goes with the mapping) and mapped read-only into *out. Its bytes then live in
  * the file system's cache, and the pages a reader touches count as the process's memory
  * only until rk_io_map_release drops them (advice: the next read maps them again). RK_E_IO
- * naming dir when the file cannot be made, written (a full disk) or mapped; nothing is left. */
+ * naming dir when the file cannot be made, written (a full disk) or mapped, or when dir is
+ * itself in memory (tmpfs, ramfs: the bytes would stay in memory); nothing is left. */
 rk_status rk_io_map_copy(const char *dir, const void *data, size_t len, const void **out, rk_err *err);
 /* A read-only map of the first len bytes of the open file fd (the file itself, as it is),
  * released the same way; RK_E_IO when it cannot be mapped. */

@@ -175,7 +175,8 @@ static const float *stream_rows(pass *q, const float *x_split, size_t done, size
  * (plan_impl.h), so that the late pass, the document cache and a later question hold only
  * the rows they read at a time (0.30 GiB at 106K rows on a 1.5B model, at the read's peak).
  * The rows are the same bytes; without a file (a full or read-only spill directory) the
- * stream stays in memory, with the same result. */
+ * stream stays in memory, with the same result; so it does when the directory is itself in
+ * memory (tmpfs), where a file would save nothing. */
 static void xs_to_file(rk_session *s) {
     rk_prefill_state *f = s->pf;
     const int64_t kib = s->fill.stream_file > 0 ? s->fill.stream_file : s->fill.stream_file == 0 ? 65536 : -1;
