@@ -183,8 +183,9 @@ static rk_status load_checked(const char *path, const char *key, rk_session *s, 
     if (!st && le && rk_io_map_fd(fileno(f), n, &map, &(rk_err){0}) == RK_OK) {
         x = (uint16_t *)((const uint8_t *)map + HEAD);
         for (size_t o = 0; o < nx; o += WBUF) {
-            rk_sha256_update(&sh, (const uint8_t *)x + o, nx - o < WBUF ? nx - o : WBUF);
-            rk_io_map_release(map, 0, HEAD + o, n);
+            const size_t k = nx - o < WBUF ? nx - o : WBUF;
+            rk_sha256_update(&sh, (const uint8_t *)x + o, k);
+            rk_io_map_release(map, 0, HEAD + o + k, n);
         }
         rk_io_map_release(map, 0, n, n); /* the whole file: only the rows are read through the map */
         if (fseeko(f, (off_t)(HEAD + nx), SEEK_SET) != 0)
