@@ -2,6 +2,8 @@
  * plan runs, so that progress moves in step with time whatever the order (chunk-major,
  * layer-major, staged), however few rows the late layers of a fill run, and however much
  * of the attention sparse attention leaves out. */
+#include <math.h>
+
 #include "plan_impl.h"
 
 /* FLOPs of one row through one layer's matrices: Q and O (d x q each), K and V (d x kv
@@ -82,8 +84,13 @@ void rk_cost_fit_add(rk_cost_fit *f, double x1, double x2, double y) {
     f->n++;
 }
 
+double rk_cost_attn_prior(const rk_hparams *hp) {
+    const double w = hp->head_dim > 0 ? (double)hp->head_dim : 128.0, k = 1.2 * pow(128.0 / w, 1.32);
+    return k < 0.5 ? 0.5 : k > 4.0 ? 4.0 : k;
+}
+
 double rk_cost_fit_ratio(const rk_cost_fit *f) {
-    const double k = RK_COST_ATTN_WEIGHT;
+    const double k = f->prior > 0 ? f->prior : RK_COST_ATTN_WEIGHT;
     if (f->n < 2 || f->s11 <= 0 || f->s22 <= 0) return k;
     /* least squares of y = a x1 + b x2, ridge toward b = k a worth two steps of x2 */
     const double lam = 2.0 * f->s22 / (double)f->n;

@@ -110,11 +110,10 @@ typedef struct rk_chunk_plan {
  * measured as the call runs. Late-layer exact rows with grouped attention attend to the exact
  * rows and one row per run of filled rows. Progress is the predicted time of the work done
  * over that of all the work, time = a x matrices + b x attention, with b / a fitted on the
- * chunks' wall times as they run (rk_cost_fit), starting from RK_COST_ATTN_WEIGHT (CPU
- * attention's FLOP rate was a third of the matrix kernels' for SmolLM2-135M on one thread,
- * and 0.8 of it for Qwen2.5-1.5B's 128-wide heads on two). */
-#define RK_COST_ATTN_WEIGHT 2.0
-#define RK_COST_EST_WEIGHT 2.0 /* an estimating pair: its score, exp, and the line sums */
+ * chunks' wall times as they run (rk_cost_fit), starting from the model's prior
+ * (rk_cost_attn_prior). */
+#define RK_COST_ATTN_WEIGHT 2.0 /* the prior of a fit that was given none */
+#define RK_COST_EST_WEIGHT 2.0  /* an estimating pair: its score, exp, and the line sums */
 typedef struct rk_cost_ctx {
     int64_t start, bulk_end, end; /* the eval call's rows [start, end), bulk rows [start, bulk_end) */
     double share;                 /* share of bulk rows exact in late layers (expected) */
@@ -132,12 +131,19 @@ struct rk_chunk_plan;
 rk_cost rk_cost_chunk(const rk_session *s, const rk_cost_ctx *c, const struct rk_chunk_plan *p);
 /* FLOPs of one exact row through one layer's matrices (Q, K, V, O and the gated MLP). */
 double rk_cost_full_row(const rk_hparams *hp);
+/* The prior of b / a below for a model: CPU attention's FLOP rate over the matrix kernels'
+ * grows with the heads' width. Measured: a third for SmolLM2-135M's 64-wide heads on one
+ * thread; 1 / 1.17 for Qwen2.5-1.5B's 128-wide heads on two (the fit over the early pass of
+ * a 106K-token read). The prior is the power of the width through both: 1.2 x
+ * (128 / head_dim)^1.32, kept within 0.5 .. 4. */
+double rk_cost_attn_prior(const rk_hparams *hp);
 /* Sums of the fit y = a x1 + b x2 (y: a chunk's seconds, x1 its matrix FLOPs, x2 its
- * attention FLOPs as run) and its ratio b / a (RK_COST_ATTN_WEIGHT until two chunks ran,
- * pulled toward it, kept within 1/20 .. 20 times it). */
+ * attention FLOPs as run) and its ratio b / a (the prior until two chunks ran, pulled
+ * toward it, kept within 1/20 .. 20 times it; prior 0: RK_COST_ATTN_WEIGHT). */
 typedef struct rk_cost_fit {
     double s11, s12, s22, s1y, s2y;
     int n;
+    double prior;
 } rk_cost_fit;
 void rk_cost_fit_add(rk_cost_fit *f, double x1, double x2, double y);
 double rk_cost_fit_ratio(const rk_cost_fit *f);

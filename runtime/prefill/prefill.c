@@ -158,6 +158,7 @@ static void cost_setup(pass *q, bool selects) {
     q->t_last = rk_time_now();
     q->sp_last = s->pf->sparse_stats;
     q->share = -1.0;
+    q->fit = (rk_cost_fit){.prior = rk_cost_attn_prior(&s->m->hp)};
 }
 
 /* Rows [done, done + c) of the split stream as f32 (chunks never straddle bulk_end = x_half_n,

@@ -463,6 +463,37 @@ Test(prefill, cost_fit_finds_the_attention_ratio) {
     cr_expect(rz >= 0.05 * RK_COST_ATTN_WEIGHT && rz < 0.2 * RK_COST_ATTN_WEIGHT, "free attention: %g", rz);
 }
 
+/* The prior of the progress fit runs through the two measured head widths: 3.0 for 64-wide
+ * heads, 1.2 for 128-wide ones, falling between them (a power of the width) and held within
+ * 0.5 .. 4 outside; a fit given it starts from it and moves off it with data. */
+Test(prefill, cost_fit_prior_follows_the_head_width) {
+    rk_hparams hp = {0};
+    hp.head_dim = 64;
+    const double k64 = rk_cost_attn_prior(&hp);
+    hp.head_dim = 96;
+    const double k96 = rk_cost_attn_prior(&hp);
+    hp.head_dim = 128;
+    const double k128 = rk_cost_attn_prior(&hp);
+    hp.head_dim = 16;
+    const double k16 = rk_cost_attn_prior(&hp);
+    hp.head_dim = 512;
+    const double k512 = rk_cost_attn_prior(&hp);
+    cr_expect(fabs(k64 - 3.0) < 0.01 && fabs(k128 - 1.2) < 1e-9, "k64 %g, k128 %g", k64, k128);
+    cr_expect(k96 < k64 && k96 > k128, "k96 %g", k96);
+    cr_expect(k16 == 4.0 && k512 == 0.5, "k16 %g, k512 %g", k16, k512);
+    rk_cost_fit f = {.prior = k128};
+    cr_expect_eq(rk_cost_fit_ratio(&f), k128);
+    rk_cost_fit_add(&f, 1e9, 1e8, 0.025);
+    cr_expect_eq(rk_cost_fit_ratio(&f), k128, "one chunk: the prior");
+    for (int i = 1; i < 400; i++) {
+        const double x1 = 1e9 * (1.0 + 0.3 * (i % 7)), x2 = 1e8 * (double)(i % 23);
+        rk_cost_fit_add(&f, x1, x2, 2e-11 * x1 + 5e-11 * x2);
+    }
+    /* the prior, worth two of the 400 chunks, keeps about 3% of the way back to 1.2 */
+    const double r = rk_cost_fit_ratio(&f);
+    cr_expect(r > 2.4 && r < 2.5, "ratio %g, expected 2.5 less the prior's pull", r);
+}
+
 /* The cost of sparse rows (cost.c): with no window a query block always computes its sink
  * blocks and its own block, so of its qb + 1 causal blocks qb - sink_b are left to the lines;
  * the estimation pays n_est rows over every key; rows at or past dense_from, and calls whose
