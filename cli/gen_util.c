@@ -227,4 +227,12 @@ void cli_gen_verbose(const char *cmd, const rk_session *s, const cli_opts *o, co
             "%lld tokens generated (%s); KV %s\n",
             cmd, (long long)r->n_prefill, (long long)r->n_prompt, r->prefill_s, (unsigned long long)r->filled_rows,
             (long long)r->n_gen, rk_stop_reason_name(r->stop), kv);
+    rk_sparse_stats sp;
+    rk_session_sparse_stats(s, &sp);
+    if (sp.blocks_causal)
+        fprintf(stderr,
+                "ridgekv %s: sparse attention computed %llu of %llu causal key blocks (%.3f) in %llu sparse "
+                "calls\n",
+                cmd, (unsigned long long)sp.blocks_done, (unsigned long long)sp.blocks_causal,
+                (double)sp.blocks_done / (double)sp.blocks_causal, (unsigned long long)sp.calls_sparse);
 }

@@ -148,43 +148,76 @@ static void heap_pop(heap *h) {
 }
 
 typedef struct est {
-    int64_t e, nv;
-    int64_t *t, *pos; /* (e) rows and positions of the estimating queries */
-    float *P;         /* (e, nv) their probabilities */
-    float *col, *diag;
-    uint8_t *sel; /* (2 nv): columns, then diagonals */
+    int64_t e, nv, n_kb;
+    int64_t *t, *pos;     /* (e) rows and positions of the estimating queries */
+    float *P;             /* (e, nv) their probabilities */
+    float *Pb;            /* (e, n_kb) each row's probability summed per key block */
+    float *col, *diag;    /* each line's mass outside the always-computed blocks */
+    uint8_t *colb, *doff; /* (n_kb each) the block columns and block offsets opened so far */
     int32_t *order;
-    double *cov; /* (n_order + 1): covered mass before / after each pick */
+    double *cov; /* (n_order + 1): the mask's covered mass before / after each pick */
     int64_t n_order;
     heap hp;
 } est;
 
-static bool est_forced(const sp_ctx *c, const est *E, int64_t i, int64_t j) {
-    return forced(c, E->pos[i] / c->B, j / c->B);
+/* is key block jb computed for estimating row i: always, or opened by a pick of the kind
+ * given (cols: a column; else a diagonal) */
+static bool est_in(const sp_ctx *c, const est *E, int64_t i, int64_t jb, bool cols) {
+    const int64_t qb = E->pos[i] / c->B;
+    return forced(c, qb, jb) || (cols ? E->colb[jb] : E->doff[qb - jb]);
 }
 
-/* not yet covered mass of line id (column j < nv, else diagonal id - nv) */
+/* The mass of line id (column j < nv, else diagonal id - nv) in the blocks that no line of
+ * its kind has opened yet. Lines of the other kind do not count: the estimating rows sit
+ * in one or two query blocks, where a column and a diagonal open the same block, but for
+ * the chunk's other query blocks they open different ones, and which of them the attention
+ * follows is what the line's own mass says. */
 static double marginal(const sp_ctx *c, const est *E, int32_t id) {
     double g = 0;
     if (id < E->nv) {
         const int64_t j = id;
-        g = E->col[j];
-        for (int64_t i = 0; i < E->e; i++) {
-            const int64_t d = E->pos[i] - j;
-            if (d >= 0 && E->sel[E->nv + d] && !est_forced(c, E, i, j)) g -= E->P[i * E->nv + j];
-        }
+        if (E->colb[j / c->B]) return 0;
+        for (int64_t i = 0; i < E->e; i++)
+            if (E->pos[i] >= j && !est_in(c, E, i, j / c->B, true)) g += E->P[i * E->nv + j];
     } else {
         const int64_t d = id - E->nv;
-        g = E->diag[d];
         for (int64_t i = 0; i < E->e; i++) {
             const int64_t j = E->pos[i] - d;
-            if (j >= 0 && E->sel[j] && !est_forced(c, E, i, j)) g -= E->P[i * E->nv + j];
+            if (j >= 0 && !est_in(c, E, i, j / c->B, false)) g += E->P[i * E->nv + j];
         }
     }
     return g;
 }
 
-/* Picks lines until the covered mass reaches target (of E->e in all) or nothing is left. */
+/* Opens block column jb (every query block computes key block jb) or block offset a (query
+ * block qb computes key block qb - a); returns the estimating rows' mass newly inside. */
+static double open_col(const sp_ctx *c, est *E, int64_t jb) {
+    if (E->colb[jb]) return 0;
+    double g = 0;
+    for (int64_t i = 0; i < E->e; i++)
+        if (jb <= E->pos[i] / c->B && !est_in(c, E, i, jb, true) && !est_in(c, E, i, jb, false))
+            g += E->Pb[i * E->n_kb + jb];
+    E->colb[jb] = 1;
+    return g;
+}
+
+static double open_off(const sp_ctx *c, est *E, int64_t a) {
+    if (a >= E->n_kb || E->doff[a]) return 0;
+    double g = 0;
+    for (int64_t i = 0; i < E->e; i++) {
+        const int64_t jb = E->pos[i] / c->B - a;
+        if (jb >= 0 && !est_in(c, E, i, jb, true) && !est_in(c, E, i, jb, false)) g += E->Pb[i * E->n_kb + jb];
+    }
+    E->doff[a] = 1;
+    return g;
+}
+
+/* Picks lines, the one with the most mass outside the blocks its kind has opened first,
+ * until the blocks they open (a column its key block in every query block, a diagonal the
+ * one or two block offsets it crosses) hold target of the estimating rows' mass (E->e in
+ * all), or nothing is left; a target of E->e or more keeps every line with mass. Counting
+ * the blocks' mass, not the lines', stops as soon as the mask itself holds the target: a
+ * line's neighbours in its block come free. */
 static void greedy(const sp_ctx *c, est *E, double target) {
     const int64_t nv = E->nv;
     double covered = 0;
@@ -192,12 +225,13 @@ static void greedy(const sp_ctx *c, est *E, double target) {
         /* row i's forced keys are [0, lo) (sinks) and [hi, lim) (its window): covered; the
          * keys between add to their column's and their diagonal's mass */
         const float *P = E->P + i * nv;
+        float *Pb = E->Pb + i * E->n_kb;
         const int64_t pos = E->pos[i], lim = pos + 1 < nv ? pos + 1 : nv;
         const int64_t lo = c->sink_b * c->B < lim ? c->sink_b * c->B : lim;
         int64_t hi = win_lo(c, pos / c->B) * c->B;
         hi = hi < lo ? lo : hi > lim ? lim : hi;
         for (int64_t j = 0; j < lo; j++) covered += P[j];
-        for (int64_t j = lo; j < hi; j++) E->col[j] += P[j], E->diag[pos - j] += P[j];
+        for (int64_t j = lo; j < hi; j++) E->col[j] += P[j], E->diag[pos - j] += P[j], Pb[j / c->B] += P[j];
         for (int64_t j = hi; j < lim; j++) covered += P[j];
     }
     /* the heap of every line with mass, built bottom-up */
@@ -209,7 +243,8 @@ static void greedy(const sp_ctx *c, est *E, double target) {
     for (int64_t i = E->hp.n / 2 - 1; i >= 0; i--) heap_down(&E->hp, i);
     E->n_order = 0;
     E->cov[0] = covered;
-    while (covered < target && E->hp.n > 0) {
+    const bool all = target >= (double)E->e; /* not left to the rounding of the sums */
+    while ((all || covered < target) && E->hp.n > 0) {
         const int32_t id = E->hp.id[0];
         heap_pop(&E->hp);
         const double g = marginal(c, E, id);
@@ -220,8 +255,13 @@ static void greedy(const sp_ctx *c, est *E, double target) {
             heap_push(&E->hp, (float)g, id);
             continue;
         }
-        E->sel[id] = 1;
-        covered += g;
+        if (id < nv) {
+            covered += open_col(c, E, id / c->B);
+        } else {
+            const int64_t d = id - nv;
+            covered += open_off(c, E, d / c->B);
+            if (d % c->B) covered += open_off(c, E, d / c->B + 1);
+        }
         E->order[E->n_order++] = id;
         E->cov[E->n_order] = covered;
     }
@@ -255,7 +295,8 @@ static bool sel_block(const sp_ctx *c, const uint8_t *colb, const uint8_t *doff,
 }
 
 static void est_free(est *E) {
-    free(E->t), free(E->pos), free(E->P), free(E->col), free(E->diag), free(E->sel), free(E->order), free(E->cov);
+    free(E->t), free(E->pos), free(E->P), free(E->Pb), free(E->col), free(E->diag), free(E->colb), free(E->order),
+        free(E->cov);
     free(E->hp.g), free(E->hp.id);
 }
 
@@ -299,21 +340,22 @@ static bool calibrate(sp_ctx *c, int h, est *E, float *qs, float *kbuf) {
 /* Estimates head h's lines and writes its rows of the mask. */
 static void estimate_head(sp_ctx *c, int h) {
     const rk_attn_sparse *sp = c->sp;
-    est E = {.e = sp->n_est < c->n_s ? sp->n_est : c->n_s, .nv = c->last + 1};
+    est E = {.e = sp->n_est < c->n_s ? sp->n_est : c->n_s, .nv = c->last + 1, .n_kb = c->n_kb};
     const int64_t nv = E.nv, cap = E.e > 64 ? E.e : 64;
     E.t = malloc((size_t)cap * sizeof *E.t);
     E.pos = malloc((size_t)cap * sizeof *E.pos);
     E.P = malloc((size_t)(cap * nv) * sizeof *E.P);
     E.col = calloc((size_t)nv, sizeof *E.col);
     E.diag = calloc((size_t)nv, sizeof *E.diag);
-    E.sel = calloc((size_t)(2 * nv), 1);
+    E.Pb = calloc((size_t)(cap * c->n_kb), sizeof *E.Pb);
+    E.colb = calloc((size_t)(2 * c->n_kb), 1), E.doff = E.colb ? E.colb + c->n_kb : NULL;
     E.order = malloc((size_t)(2 * nv) * sizeof *E.order);
     E.cov = malloc((size_t)(2 * nv + 1) * sizeof *E.cov);
     E.hp.g = malloc((size_t)(2 * nv) * sizeof *E.hp.g);
     E.hp.id = malloc((size_t)(2 * nv) * sizeof *E.hp.id);
     float *qs = malloc((size_t)(cap * c->hd) * sizeof *qs), *kbuf = malloc((size_t)(SP_KT * c->hd) * sizeof *kbuf);
     uint8_t *colb = malloc((size_t)(2 * c->n_kb));
-    if (!E.t || !E.pos || !E.P || !E.col || !E.diag || !E.sel || !E.order || !E.cov || !E.hp.g || !E.hp.id || !qs ||
+    if (!E.t || !E.pos || !E.P || !E.col || !E.diag || !E.Pb || !E.colb || !E.order || !E.cov || !E.hp.g || !E.hp.id || !qs ||
         !kbuf || !colb) {
         atomic_store(&c->fail, 1);
         goto done;

@@ -3,7 +3,7 @@
  * double-precision masked attention, with the sinks' and the window's blocks always in;
  * calls too short to go sparse are bit for bit the dense kernel's; a planted vertical line
  * is found by the estimation and keeps the output near dense at a fraction of the blocks;
- * the calibration counters cover all the mass at the last threshold; bad settings are
+ * the greedy opens only the blocks its mass needs; the calibration counters cover all the mass at the last threshold; bad settings are
  * refused. */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -210,6 +210,58 @@ Test(attn_sparse, a_planted_vertical_line_is_found) {
         cr_expect_lt(st.blocks_done, st.blocks_causal * 6 / 10, "backend %d: %llu of %llu blocks", which,
                      (unsigned long long)st.blocks_done, (unsigned long long)st.blocks_causal);
         cr_expect_eq(st.calls_sparse, 1);
+    }
+}
+
+/* Uniform attention (q = 0: every visible key has probability 1 / (p + 1) in the row at p)
+ * has no lines, so the greedy's picks are arbitrary; what it must not do is open more
+ * blocks than the mass needs. A call of the last two query blocks estimates from the last
+ * block's rows; each pick opens one key block for all of them (a column its block, a
+ * diagonal one or two block offsets), so k openings past the always-computed blocks hold
+ * sum_p (f_p + k B / (p + 1)) of their mass, f_p the computed share. The greedy stops at the
+ * first k that reaches `mass` of it, plus at most one opening (a diagonal's second offset),
+ * and each opening computes at most one block per query block and head. Counting each
+ * line's own mass instead picks about mass - f of the keys one by one, scattered over
+ * nearly every block. */
+Test(attn_sparse, the_greedy_opens_only_the_blocks_the_mass_needs) {
+    fill(7, -1);
+    memset(q, 0, sizeof q);
+    const float mass = 0.6f;
+    enum { NQ = 2 * B, P0 = N_CTX - NQ, QB_FIRST = P0 / B, QB_LAST = (N_CTX - 1) / B };
+    rk_attn_sparse sp0 = layout(NULL, NULL);
+    sp0.n_est = B;
+    const int sink_b = (sp0.n_sink + B - 1) / B;
+    /* the blocks query block qb always computes: the sinks' and [lo, qb] */
+    int forced_cells = 0, causal_cells = 0, lo_last = 0;
+    for (int qb = QB_FIRST; qb <= QB_LAST; qb++) {
+        const int lo = qb * B - sp0.window <= 0 ? 0 : (qb * B - sp0.window) / B;
+        forced_cells += (lo > sink_b ? sink_b : lo) + (qb - lo + 1), causal_cells += qb + 1, lo_last = lo;
+    }
+    int k = 0;
+    for (;; k++) {
+        double held = 0;
+        for (int p = N_CTX - B; p < N_CTX; p++) held += (double)(sink_b * B + (p - lo_last * B + 1) + k * B) / (p + 1);
+        if (held >= mass * B * (1 - 1e-6)) break;
+    }
+    cr_assert(k >= 3 && k + 1 < lo_last - sink_b, "the case needs a few openings out of many: %d of %d", k,
+              lo_last - sink_b);
+    for (int which = 0; which <= 3; which++) {
+        rk_attn_sparse_stats st = {0};
+        rk_attn_sparse sp = layout(NULL, &st);
+        sp.n_est = B, sp.mass = mass;
+        static float out[NQ * QD];
+        rk_op_args s = args(out);
+        s.src0.ne[1] = s.dst.ne[1] = NQ;
+        s.attn.pos0 = P0;
+        s.attn_sparse = &sp;
+        run(which, &s);
+        cr_expect_eq(st.calls_sparse, 1, "backend %d", which);
+        cr_expect_eq(st.blocks_causal, (uint64_t)causal_cells * NH, "backend %d", which);
+        cr_expect_leq(st.blocks_done, (uint64_t)(forced_cells + (k + 1) * (QB_LAST - QB_FIRST + 1)) * NH,
+                      "backend %d: %llu blocks, %d always computed, %d openings needed", which,
+                      (unsigned long long)st.blocks_done, forced_cells * NH, k);
+        /* and at least the k that the last query block needs */
+        cr_expect_geq(st.blocks_done, (uint64_t)(forced_cells + k) * NH, "backend %d", which);
     }
 }
 
