@@ -355,8 +355,8 @@ static void estimate_head(sp_ctx *c, int h) {
     E.hp.id = malloc((size_t)(2 * nv) * sizeof *E.hp.id);
     float *qs = malloc((size_t)(cap * c->hd) * sizeof *qs), *kbuf = malloc((size_t)(SP_KT * c->hd) * sizeof *kbuf);
     uint8_t *colb = malloc((size_t)(2 * c->n_kb));
-    if (!E.t || !E.pos || !E.P || !E.col || !E.diag || !E.Pb || !E.colb || !E.order || !E.cov || !E.hp.g || !E.hp.id || !qs ||
-        !kbuf || !colb) {
+    if (!E.t || !E.pos || !E.P || !E.col || !E.diag || !E.Pb || !E.colb || !E.order || !E.cov || !E.hp.g || !E.hp.id ||
+        !qs || !kbuf || !colb) {
         atomic_store(&c->fail, 1);
         goto done;
     }
