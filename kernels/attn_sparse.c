@@ -167,6 +167,12 @@ static bool est_in(const sp_ctx *c, const est *E, int64_t i, int64_t jb, bool co
     return forced(c, qb, jb) || (cols ? E->colb[jb] : E->doff[qb - jb]);
 }
 
+/* is key block jb computed for estimating row i at all */
+static bool est_any(const sp_ctx *c, const est *E, int64_t i, int64_t jb) {
+    const int64_t qb = E->pos[i] / c->B;
+    return forced(c, qb, jb) || E->colb[jb] || E->doff[qb - jb];
+}
+
 /* The mass of line id (column j < nv, else diagonal id - nv) in the blocks that no line of
  * its kind has opened yet. Lines of the other kind do not count: the estimating rows sit
  * in one or two query blocks, where a column and a diagonal open the same block, but for
@@ -195,8 +201,7 @@ static double open_col(const sp_ctx *c, est *E, int64_t jb) {
     if (E->colb[jb]) return 0;
     double g = 0;
     for (int64_t i = 0; i < E->e; i++)
-        if (jb <= E->pos[i] / c->B && !est_in(c, E, i, jb, true) && !est_in(c, E, i, jb, false))
-            g += E->Pb[i * E->n_kb + jb];
+        if (jb <= E->pos[i] / c->B && !est_any(c, E, i, jb)) g += E->Pb[i * E->n_kb + jb];
     E->colb[jb] = 1;
     return g;
 }
@@ -206,7 +211,7 @@ static double open_off(const sp_ctx *c, est *E, int64_t a) {
     double g = 0;
     for (int64_t i = 0; i < E->e; i++) {
         const int64_t jb = E->pos[i] / c->B - a;
-        if (jb >= 0 && !est_in(c, E, i, jb, true) && !est_in(c, E, i, jb, false)) g += E->Pb[i * E->n_kb + jb];
+        if (jb >= 0 && !est_any(c, E, i, jb)) g += E->Pb[i * E->n_kb + jb];
     }
     E->doff[a] = 1;
     return g;
