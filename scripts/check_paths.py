@@ -47,7 +47,7 @@ RIDGEKV = re.compile(r'(?:^|[\s`(/|;&])ridgekv(?=[\s`]|$)')
 TOKEN = re.compile(r'[A-Za-z0-9_.*?+\-/:]+')
 DOC_LINES = 3400
 HISTORY = re.compile(r'\b(?:(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|'
-                     r'\w+teenth|twentieth|twenty-\w+|thirtieth|\d+(?:st|nd|rd|th))[- ](?:session|round)|'
+                     r'\w+teenth|twentieth|twenty-\w+|thirtieth|\d+(?:st|nd|rd|th))(?:[-\s*/#]|//)+(?:session|round)s?\b|'
                      r'session (?:start|end)|helpers?\b|the lead\b)|/work/', re.I)
 FLAG = re.compile(r'(?<![\w-])--[a-z][a-z0-9]*(?:-[a-z0-9]+)*')
 

@@ -15,8 +15,8 @@
  * (kslots = this / chunk: 18 chunks of 32 rows) */
 #define LR_KC_SPARE_ROWS 576
 /* ... and at least one chunk in LR_KC_SPARE_DIV of the compressed ones: the selection's turnover
- * from step to step grows with the chunks there are to choose from (fifteenth/sixteenth
- * sessions, docs/LOWRAM.md: Qwen 1.5B at 15K rebuilt 0.079 of the attended rows with 36 spare
+ * from step to step grows with the chunks there are to choose from (docs/LOWRAM.md: Qwen
+ * 1.5B at 15K rebuilt 0.079 of the attended rows with 36 spare
  * chunks, 0.048 with 100) */
 #define LR_KC_SPARE_DIV 14
 

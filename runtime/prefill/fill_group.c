@@ -1,12 +1,12 @@
-/* RidgeFill's grouped attention (rk_fill_params.group; docs/RIDGEFILL.md, twentieth
- * session). Filled rows carry predicted K/V that say *that* there is text, not which
- * words: in the late layers of a fill prefill, the exact rows (the tail, the kept bulk
- * rows, the sinks) pay them attention mostly as background. Here each run of up to G
- * consecutive filled rows of a chunk enters the late layers' attention as one row: the
- * run's mean K (after RoPE) and mean V, with score bias log(count), which is exactly the
- * attention that count copies of that row would get. The cache keeps every filled row's
- * own K/V (decode and later calls read them); only this call's late-layer attention reads
- * the grouped list, so its cost over the filled region falls by about G. */
+/* RidgeFill's grouped attention (rk_fill_params.group; docs/RIDGEFILL.md). Filled rows carry
+ * predicted K/V that say *that* there is text, not which words: in the late layers of a fill
+ * prefill, the exact rows (the tail, the kept bulk rows, the sinks) pay them attention mostly
+ * as background. Here each run of up to G consecutive filled rows of a chunk enters the late
+ * layers' attention as one row: the run's mean K (after RoPE) and mean V, with score bias
+ * log(count), which is exactly the attention that count copies of that row would get. The
+ * cache keeps every filled row's own K/V (decode and later calls read them); only this call's
+ * late-layer attention reads the grouped list, so its cost over the filled region falls by
+ * about G. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
