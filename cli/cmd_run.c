@@ -43,7 +43,8 @@ static const char *help_rest =
     "      --tail T            exact tail in tokens (default 2048; 1536 with --fill speed; minimum 512)\n"
     "      --split S           split layer for --fill identity/plumb without maps\n"
     "      --keep-share X      quality mode: share of bulk rows kept exact, those the question\n"
-    "                          attends to most (default: the map's, 0.1)\n"
+    "                          attends to most (default: the map's, 0.1, and at least 4096 rows\n"
+    "                          up to a quarter of them; a share given is taken as it is)\n"
     "      --fill-group G      quality/speed: late layers attend to each run of up to G filled\n"
     "                          rows as one row (default 16; 0: every row)\n" CLI_SPARSE_HELP
     "      --rope-scaling none|linear|yarn  RoPE scaling, with --rope-scale N, --yarn-orig-ctx N and the\n"

@@ -378,6 +378,10 @@ static const rk_param_key fill_keys[] = {
     INT("stream_file", 0, 1 << 30,
         "KiB from which the split stream kept for later questions lives in an unlinked file in the KV's spill "
         "directory, its pages held only while read (default 65536, 64 MiB; 0: always in memory)"),
+    INT("keep_rows", 0, 1 << 24,
+        "quality: bulk rows kept exact at least, while they are at most RK_FILL_KEEP_MAX (a quarter) of the bulk, "
+        "so a short document keeps more of its context exact than the share gives (default: 4096 when the share "
+        "is the map file's, none when keep is given; 0: none)"),
 };
 
 static const slot fill_slots[] = {
@@ -398,6 +402,7 @@ static const slot fill_slots[] = {
     {FIL(rescore_rows), S_I32, 0, 0},
     {FIL(pool_after), S_I32, F_ZERO_NONE, 0},
     {FIL(stream_file), S_I32, F_ZERO_NONE, 0},
+    {FIL(keep_rows), S_I32, F_ZERO_NONE, 0},
 };
 _Static_assert(sizeof fill_keys / sizeof fill_keys[0] == sizeof fill_slots / sizeof fill_slots[0],
                "one slot per RidgeFill key");

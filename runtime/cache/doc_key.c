@@ -83,6 +83,7 @@ static void add_fill(text *t, const rk_session *s) {
         (int)f->tail, (int)f->split, (int)f->n_sink, (double)f->keep_share, (int)f->obs, (int)f->score_layers,
         (int)f->score_skip, (int)f->pool, (int)f->baseline, (int)f->band, (int)f->question_aware,
         (int)f->keep_selection, (int)f->group, (int)f->layer_major);
+    if (f->keep_rows > 0) add(t, ",keeprows=%d", (int)f->keep_rows); /* the floor of kept rows (plan_impl.h) */
     /* the grouped lists' rows (fill_group.c): q8 under a q8 or q4 cache with heads of whole blocks */
     if (f->group > 0 && (s->kv->kind == RK_KV_Q8 || s->kv->kind == RK_KV_Q4) && s->m->hp.head_dim % 32 == 0)
         add(t, ",glist=q8");

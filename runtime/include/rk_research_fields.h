@@ -80,7 +80,9 @@
         rescore_rows; /* [rescore_rows] most rows a later question adds exact (0: the work of 1024 rows at 2048 keys) */ \
     int32_t                                                                                                              \
         pool_after; /* [pool_after] rows after a row a later question scores high that share its score (-1: pool's) */   \
-    int32_t stream_file; /* [stream_file] KiB from which the kept split stream lives in a file (0: 65536; -1: never) */
+    int32_t                                                                                                              \
+        stream_file;   /* [stream_file] KiB from which the kept split stream lives in a file (0: 65536; -1: never) */    \
+    int32_t keep_rows; /* [keep_rows] bulk rows quality keeps exact at least, to a quarter of the bulk (-1: none) */
 
 /* rk_kv_params: the memory tiers' spill file and budget accounting */
 #define RK_KV_RESEARCH_FIELDS                                                                     \

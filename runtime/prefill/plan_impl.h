@@ -3,10 +3,33 @@
  * one plan through one readable layer loop, prefill.c drives the chunks (chunk-major, or
  * layer-major: layers 0..S-1 over the whole prompt before any late layer). */
 #pragma once
+#include <math.h>
 #include <string.h>
 
 #include "rk_attn_sparse.h"
 #include "session_impl.h"
+
+/* Quality mode's exact bulk rows with the map's share: at least RK_FILL_KEEP_ROWS of them
+ * while that is at most RK_FILL_KEEP_MAX of the bulk. A document of 8-16K tokens then keeps a
+ * quarter of its rows exact instead of a tenth: with a tenth, fact questions about 9K-token
+ * documents lost 4.5 points against exact (docs/LONG_CONTEXT.md, "Measured"), the other
+ * facts' exact rows sitting in a context that is mostly predicted. From 16K bulk rows on the
+ * count stays 4096 until the share (0.1) is larger, so long reads cost what they did. */
+#define RK_FILL_KEEP_ROWS 4096
+#define RK_FILL_KEEP_MAX 0.25
+
+/* The bulk rows of n scored ones that quality mode keeps exact (f resolved by
+ * rk_session_set_fill: keep_share >= 0, keep_rows > 0 or -1). */
+static inline int64_t rk_fill_keep_count(const rk_fill_params *f, int64_t n) {
+    if (n <= 0) return 0;
+    int64_t k = (int64_t)llround((double)f->keep_share * (double)n);
+    if (f->keep_rows > 0) {
+        const int64_t hi = (int64_t)llround(RK_FILL_KEEP_MAX * (double)n);
+        const int64_t r = f->keep_rows < hi ? f->keep_rows : hi;
+        if (r > k) k = r;
+    }
+    return k < n ? k : n;
+}
 
 /* The prefill module's state in a session (rk_session.pf): rk_prefill_init makes it with the
  * session, rk_prefill_deinit frees it, rk_prefill_forget drops what rows [n, ...) fed. */

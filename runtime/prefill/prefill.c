@@ -136,7 +136,7 @@ static void cost_setup(pass *q, bool selects) {
     double share = 0;
     if (selects && nb > 0) { /* select_rows: the sinks, then keep_share of the rest */
         const int64_t sinks = s->fill.n_sink < nb ? (s->fill.n_sink > 0 ? s->fill.n_sink : 0) : nb;
-        share = ((double)sinks + (double)llround((double)s->fill.keep_share * (double)(nb - sinks))) / (double)nb;
+        share = ((double)sinks + (double)rk_fill_keep_count(&s->fill, nb - sinks)) / (double)nb;
     }
     q->cost = (rk_cost_ctx){.start = q->start,
                             .bulk_end = q->bulk_end,
@@ -302,7 +302,7 @@ static rk_status select_rows(pass *q, float *x_split, rk_err *err) {
     int64_t r0 = q->start;
     for (; r0 < q->bulk_end && r0 < f->n_sink; r0++) s->pf->keep[r0 - q->start] = 1;
     const int64_t n_sc = q->bulk_end - r0;
-    const int64_t n_keep = (int64_t)llround((double)f->keep_share * (double)n_sc);
+    const int64_t n_keep = rk_fill_keep_count(f, n_sc);
     if (n_sc <= 0 || n_keep <= 0) {
         rk_status st0 = keep_stream(q, x_split, NULL, r0, err);
         return st0 ? st0 : save_keep0(s, err);
@@ -375,7 +375,7 @@ static rk_status rescore(pass *q, int split, rk_err *err) {
     const double t0 = rk_time_now();
     int64_t r0 = lo < f->n_sink ? f->n_sink : lo;
     if (r0 > hi) r0 = hi;
-    const int64_t n_sc = hi - r0, n_keep = (int64_t)llround((double)f->keep_share * (double)n_sc);
+    const int64_t n_sc = hi - r0, n_keep = rk_fill_keep_count(f, n_sc);
     const int64_t budget = f->rescore_rows > 0 ? f->rescore_rows : rescore_default(hp, hi);
     /* the default budget is also held to the document's own share; a count given is taken */
     const int64_t max_new = f->rescore_rows > 0 || n_keep > budget ? budget : n_keep;

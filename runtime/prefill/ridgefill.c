@@ -163,6 +163,8 @@ rk_status rk_session_set_fill(rk_session *s, const rk_fill_params *p, rk_err *er
     if (f.question_aware) {
         /* the selection reads what the early layers saw: layer-major first phase */
         f.layer_major = true;
+        /* the map's share comes with a floor of rows; a share given is taken as it is */
+        if (f.keep_rows == 0) f.keep_rows = f.keep_share < 0.0f ? RK_FILL_KEEP_ROWS : -1;
         if (f.keep_share < 0.0f) f.keep_share = f.maps ? f.maps->keep_share : 0.1f;
         if (f.keep_share > 1.0f) f.keep_share = 1.0f;
         if (f.obs <= 0) f.obs = 32;

@@ -318,6 +318,50 @@ Test(prefill, question_aware_row_counts_and_share_one_is_exact) {
     rk_model_destroy(m);
 }
 
+/* With the map's share (keep_share < 0: 0.1 without maps), quality keeps at least
+ * keep_rows bulk rows exact (RK_FILL_KEEP_ROWS when 0) while they are at most a quarter of the
+ * scored rows; a share given, or keep_rows -1, keeps round(share x rows) alone. Expected:
+ * max(round(share x m), min(rows, round(m / 4))) of the m = bulk - 4 rows after the sinks. */
+Test(prefill, the_map_share_keeps_a_floor_of_rows_up_to_a_quarter) {
+    rk_model *m = load_tiny(TB_ARCH_LLAMA);
+    const rk_hparams *hp = rk_model_hparams(m);
+    const size_t n = 200;
+    const int split = 3, tail = 64;
+    const int64_t scored = (int64_t)n - tail - 4;
+    int32_t *ids = ids_for(m, n);
+    const struct {
+        float share;         /* < 0: the default's */
+        int32_t rows, floor; /* floor: the rows the formula takes, -1 none */
+    } cases[] = {{-1.0f, 0, 4096}, {-1.0f, 20, 20}, {-1.0f, -1, -1}, {0.1f, 0, -1}, {0.3f, 20, 20}, {0.1f, 50, 50}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        rk_fill_params fp = {.mode = RK_FILL_IDENTITY,
+                             .tail = tail,
+                             .split = split,
+                             .question_aware = true,
+                             .keep_share = cases[ci].share,
+                             .keep_rows = cases[ci].rows,
+                             .obs = 16,
+                             .score_layers = 2,
+                             .pool = 2,
+                             .keep_selection = true};
+        tb_counters c;
+        free(run(m, ids, n, 48, &fp, &c));
+        const double share = cases[ci].share < 0 ? 0.1 : cases[ci].share;
+        int64_t want = llround(share * (double)scored);
+        const int64_t quarter = llround(0.25 * (double)scored);
+        if (cases[ci].floor > 0) {
+            const int64_t r = cases[ci].floor < quarter ? cases[ci].floor : quarter;
+            if (r > want) want = r;
+        }
+        const uint64_t filled = (uint64_t)(scored - want);
+        for (int l = split; l < hp->n_layer; l++)
+            cr_expect_eq(c.filled_rows[l], filled, "case %zu layer %d: %llu filled, want %llu", ci, l,
+                         (unsigned long long)c.filled_rows[l], (unsigned long long)filled);
+    }
+    free(ids);
+    rk_model_destroy(m);
+}
+
 /* rk_session_fill_kept reads the last selection: -1 before any, the sinks alone at share
  * 0, every bulk row at share 1, nothing outside the bulk region. */
 Test(prefill, fill_kept_reports_the_last_selection) {
