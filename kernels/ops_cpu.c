@@ -29,6 +29,7 @@
 #define RK_ATTN_ROWS 32
 #define RK_ATTN_KT 64
 #define RK_ATTN_MIN_CHUNK 256
+#define RK_ATTN_DIRECT_MAX 32 /* most query heads per KV head that attn_direct takes */
 /* Element ops go parallel only above this many elements (a pool dispatch
  * costs about half a microsecond, more when the workers have gone to sleep). */
 #define RK_PAR_MIN_ELTS 16384
@@ -592,6 +593,7 @@ typedef struct attn_ctx {
     int64_t chunk_keys, R; /* R = qb_rows * n_head rows per task */
     int64_t n_kv;          /* key rows: pos0 + n_q, or attn.n_kv with positioned rows */
     size_t part_floats;    /* per task: R x (2 + head_dim) */
+    bool rows_direct;      /* one query row: attn_direct on the rows as stored */
 } attn_ctx;
 
 /* Per-thread scratch (floats): qs, acc (R, hd); s (qb_rows*group, KT); kb, vb (KT, kv_dim); M, L (R). */
@@ -645,6 +647,54 @@ static int64_t attn_visible(const rk_op_args *a, int64_t n_kv, int64_t pos) {
     return lo;
 }
 
+/* max of s[0..n) (-inf for none; NaNs are passed over), four chains at a time */
+static float row_max(const float *s, int64_t n) {
+    float m[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4)
+        for (int u = 0; u < 4; u++) m[u] = s[j + u] > m[u] ? s[j + u] : m[u];
+    for (; j < n; j++) m[0] = s[j] > m[0] ? s[j] : m[0];
+    const float a = m[0] > m[1] ? m[0] : m[1], b = m[2] > m[3] ? m[2] : m[3];
+    return a > b ? a : b;
+}
+
+/* One query row's heads (decode) over keys [kbeg, kend): the kernels take each KV head's
+ * rows as stored, converting every key and value once in registers for the whole group
+ * (kv_tile's f32 copies cost as much as the group's arithmetic when the group is a
+ * single token's heads). The same online softmax as attn_tasks' tile loop. */
+static void attn_direct(const attn_ctx *x, int64_t t0, int64_t kbeg, int64_t kend, const float *qs, float *acc,
+                        float *sc, float *M, float *L) {
+    const rk_op_args *a = x->a;
+    const rk_cpu_kern *kn = x->c->k;
+    const int64_t hd = a->attn.head_dim, g = x->group, pos0 = a->attn.pos0;
+    const int64_t lim_all = a->attn_kv_pos ? attn_visible(a, x->n_kv, pos0 + t0) : pos0 + t0 + 1;
+    float alpha[RK_ATTN_DIRECT_MAX];
+    for (int64_t j0 = kbeg; j0 < kend; j0 += RK_ATTN_KT) {
+        int64_t lim = (lim_all < kend ? lim_all : kend) - j0; /* causal */
+        if (lim <= 0) break;
+        if (lim > RK_ATTN_KT) lim = RK_ATTN_KT;
+        for (int hk = 0; hk < a->attn.n_head_kv; hk++) {
+            const char *kr = x->k.data + (size_t)j0 * x->k.tok_nb + (size_t)hk * x->k.head_nb;
+            const char *vr = x->v.data + (size_t)j0 * x->v.tok_nb + (size_t)hk * x->v.head_nb;
+            const int64_t r0 = hk * g;
+            kn->qk_rows(a->src1.type, (int)g, qs + r0 * hd, hd, kr, x->k.tok_nb, lim, hd, sc, RK_ATTN_KT);
+            for (int64_t rr = 0; rr < g; rr++) {
+                const int64_t r = r0 + rr;
+                float *s = sc + rr * RK_ATTN_KT;
+                if (a->attn_kv_bias)
+                    for (int64_t j = 0; j < lim; j++) s[j] += a->attn_kv_bias[j0 + j];
+                const float mx = row_max(s, lim);
+                float m_new = mx > M[r] ? mx : M[r];
+                alpha[rr] = M[r] == -INFINITY ? 0.0f : expf(M[r] - m_new);
+                float sum = kn->exp_sub(s, lim, m_new);
+                L[r] = L[r] * alpha[rr] + sum;
+                M[r] = m_new;
+            }
+            kn->pv_rows(a->src2.type, (int)g, acc + r0 * hd, hd, alpha, sc, RK_ATTN_KT, vr, x->v.tok_nb, lim, hd);
+        }
+    }
+}
+
 static void attn_tasks(void *vp, int64_t i0, int64_t i1, int tid) {
     const attn_ctx *x = vp;
     const rk_op_args *a = x->a;
@@ -675,6 +725,10 @@ static void attn_tasks(void *vp, int64_t i0, int64_t i1, int tid) {
         int64_t kbeg = chunk * x->chunk_keys, kend = kbeg + x->chunk_keys;
         const int64_t vis = attn_visible(a, x->n_kv, pos0 + t1 - 1); /* the block's last query */
         if (kend > vis) kend = vis;
+        if (x->rows_direct) {
+            attn_direct(x, t0, kbeg, kend, qs, acc, sc, M, L);
+            kend = kbeg; /* done */
+        }
         for (int64_t j0 = kbeg; j0 < kend; j0 += RK_ATTN_KT) {
             int64_t kt = kend - j0 < RK_ATTN_KT ? kend - j0 : RK_ATTN_KT, ldk, ldv;
             const float *kp = kv_tile(x, &x->k, a->src1.type, j0, kt, kb, &ldk);
@@ -774,6 +828,9 @@ static rk_status cpu_attn(rk_backend *be, const rk_op_args *a, rk_err *err) {
     x.chunk_keys = (n_kv + x.n_chunks - 1) / x.n_chunks;
     x.chunk_keys = (x.chunk_keys + RK_ATTN_KT - 1) / RK_ATTN_KT * RK_ATTN_KT;
     x.part_floats = (size_t)(x.R * (2 + p->head_dim));
+    x.rows_direct = n_q == 1 && c->k->qk_rows && x.group <= RK_ATTN_DIRECT_MAX && p->head_dim % 32 == 0 &&
+                    (a->src1.type == RK_DT_F32 || a->src1.type == RK_DT_F16 || a->src1.type == RK_DT_Q8_0) &&
+                    (a->src2.type == RK_DT_F32 || a->src2.type == RK_DT_F16 || a->src2.type == RK_DT_Q8_0);
     int64_t n_tasks = (int64_t)x.n_qb * x.n_chunks;
     rk_status st = ws_reserve(c, attn_tls_floats(&x, p->head_dim, (int64_t)p->n_head_kv * p->head_dim),
                               x.n_chunks > 1 ? (size_t)n_tasks * x.part_floats : 0, err);

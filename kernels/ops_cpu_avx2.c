@@ -213,6 +213,149 @@ static void avx2_pv(float *acc, float alpha, const float *p, const float *v, int
     }
 }
 
+/* ---- decode-shaped attention on cache rows as stored -------------------------------- */
+/* 8 values of a cache row's head from element e (e % 8 == 0) as f32; for q8_0, d is the
+ * scale of the block holding e (the caller reads it once per block). Inlined with a
+ * constant type, so each kernel below is compiled once per type. */
+static inline __attribute__((always_inline)) __m256 row8(uint32_t type, const char *row, int64_t e, __m256 d) {
+    if (type == RK_DT_F32) return _mm256_loadu_ps((const float *)row + e);
+    if (type == RK_DT_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + e)));
+    const int8_t *q = (const int8_t *)(row + (e / 32) * 34 + 2 + e % 32);
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q))), d);
+}
+
+/* the q8_0 scale of the block holding element e, broadcast (other types: unused) */
+static inline __attribute__((always_inline)) __m256 row_scale(uint32_t type, const char *row, int64_t e) {
+    if (type != RK_DT_Q8_0) return _mm256_setzero_ps();
+    uint16_t h;
+    memcpy(&h, row + (e / 32) * 34, 2);
+    return _mm256_set1_ps(_cvtsh_ss(h));
+}
+
+/* The head's bytes of the row RK_PF_ROWS rows ahead, into L2: a long cache streams from
+ * memory, and the hardware's prefetch does not keep up with rows read a head at a time
+ * (a prefetch past the cache's end never faults and is dropped). */
+#define RK_PF_ROWS 64
+static inline __attribute__((always_inline)) void prefetch_ahead(uint32_t type, const char *row, size_t nb,
+                                                                 int64_t hd) {
+    const size_t bytes = type == RK_DT_F32 ? (size_t)hd * 4 : type == RK_DT_F16 ? (size_t)hd * 2 : (size_t)hd / 32 * 34;
+    const char *p = row + RK_PF_ROWS * nb;
+    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 1);
+}
+
+/* R query rows (R <= 6) against K keys at once (R * K <= 12 accumulators): every key
+ * vector is converted once and meets the R rows in registers. */
+static inline __attribute__((always_inline)) void qk_block(uint32_t type, int R, int K, const float *q, int64_t ldq,
+                                                           const char *const *kr, size_t nb, int64_t hd, float *s,
+                                                           int64_t lds, int nk) {
+    __m256 acc[12];
+    for (int i = 0; i < R * K; i++) acc[i] = _mm256_setzero_ps();
+    for (int c = 0; c < K; c++) prefetch_ahead(type, kr[c], nb, hd);
+    for (int64_t e0 = 0; e0 < hd; e0 += 32) {
+        __m256 d[4];
+        for (int c = 0; c < K; c++) d[c] = row_scale(type, kr[c], e0);
+        for (int64_t e = e0; e < e0 + 32; e += 8) {
+            __m256 kv[4];
+            for (int c = 0; c < K; c++) kv[c] = row8(type, kr[c], e, d[c]);
+            for (int r = 0; r < R; r++) {
+                const __m256 qv = _mm256_loadu_ps(q + r * ldq + e);
+                for (int c = 0; c < K; c++) acc[r * K + c] = _mm256_fmadd_ps(qv, kv[c], acc[r * K + c]);
+            }
+        }
+    }
+    float sums[12];
+    for (int i = 0; i < R * K; i += 4) { /* R * K is 4, 6, 8, 10 or 12 */
+        const __m256 z = _mm256_setzero_ps();
+        _mm_storeu_ps(sums + i,
+                      hsum8x4(acc[i], acc[i + 1], i + 2 < R * K ? acc[i + 2] : z, i + 3 < R * K ? acc[i + 3] : z));
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < nk; c++) s[r * lds + c] = sums[r * K + c];
+}
+
+static inline __attribute__((always_inline)) void qk_type(uint32_t type, int nr, const float *q, int64_t ldq,
+                                                          const char *k, size_t nb, int64_t n, int64_t hd, float *s,
+                                                          int64_t lds) {
+    for (int r0 = 0; r0 < nr; r0 += 6) {
+        const int R = nr - r0 < 6 ? nr - r0 : 6;
+        const float *qr = q + r0 * ldq;
+        float *sr = s + r0 * lds;
+        const int K = R <= 3 ? 4 : 2;
+        for (int64_t j = 0; j < n; j += K) {
+            const int nk = n - j < K ? (int)(n - j) : K;
+            const char *kr[4];
+            for (int c = 0; c < K; c++) kr[c] = k + (size_t)(j + (c < nk ? c : nk - 1)) * nb;
+            switch (R) { /* constant R and K: the accumulators stay in registers */
+            case 1: qk_block(type, 1, 4, qr, ldq, kr, nb, hd, sr + j, lds, nk); break;
+            case 2: qk_block(type, 2, 4, qr, ldq, kr, nb, hd, sr + j, lds, nk); break;
+            case 3: qk_block(type, 3, 4, qr, ldq, kr, nb, hd, sr + j, lds, nk); break;
+            case 4: qk_block(type, 4, 2, qr, ldq, kr, nb, hd, sr + j, lds, nk); break;
+            case 5: qk_block(type, 5, 2, qr, ldq, kr, nb, hd, sr + j, lds, nk); break;
+            default: qk_block(type, 6, 2, qr, ldq, kr, nb, hd, sr + j, lds, nk); break;
+            }
+        }
+    }
+}
+
+static void avx2_qk_rows(uint32_t type, int nr, const float *q, int64_t ldq, const char *k, size_t nb, int64_t n,
+                         int64_t hd, float *s, int64_t lds) {
+    if (type == RK_DT_F16) qk_type(RK_DT_F16, nr, q, ldq, k, nb, n, hd, s, lds);
+    else if (type == RK_DT_Q8_0) qk_type(RK_DT_Q8_0, nr, q, ldq, k, nb, n, hd, s, lds);
+    else qk_type(RK_DT_F32, nr, q, ldq, k, nb, n, hd, s, lds);
+}
+
+/* R rows (R <= 6) over C vectors of 8 columns (R * C <= 12 accumulators) from column d0:
+ * each value vector is converted once per key and meets the R rows' probabilities. */
+static inline __attribute__((always_inline)) void pv_block(uint32_t type, int R, int C, float *acc, int64_t ldacc,
+                                                           const float *alpha, const float *p, int64_t ldp,
+                                                           const char *v, size_t nb, int64_t n, int64_t hd,
+                                                           int64_t d0) {
+    __m256 a[12];
+    for (int r = 0; r < R; r++) {
+        const __m256 al = _mm256_set1_ps(alpha[r]);
+        for (int c = 0; c < C; c++) a[r * C + c] = _mm256_mul_ps(_mm256_loadu_ps(acc + r * ldacc + d0 + 8 * c), al);
+    }
+    for (int64_t j = 0; j < n; j++) {
+        const char *row = v + (size_t)j * nb;
+        if (d0 == 0) prefetch_ahead(type, row, nb, hd);
+        const __m256 d = row_scale(type, row, d0); /* C * 8 <= 32 columns: one block */
+        __m256 vv[4];
+        for (int c = 0; c < C; c++) vv[c] = row8(type, row, d0 + 8 * c, d);
+        for (int r = 0; r < R; r++) {
+            const __m256 pj = _mm256_broadcast_ss(p + r * ldp + j);
+            for (int c = 0; c < C; c++) a[r * C + c] = _mm256_fmadd_ps(pj, vv[c], a[r * C + c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) _mm256_storeu_ps(acc + r * ldacc + d0 + 8 * c, a[r * C + c]);
+}
+
+static inline __attribute__((always_inline)) void pv_type(uint32_t type, int nr, float *acc, int64_t ldacc,
+                                                          const float *alpha, const float *p, int64_t ldp,
+                                                          const char *v, size_t nb, int64_t n, int64_t hd) {
+    for (int r0 = 0; r0 < nr; r0 += 6) {
+        const int R = nr - r0 < 6 ? nr - r0 : 6;
+        float *ar = acc + r0 * ldacc;
+        const float *al = alpha + r0, *pr = p + r0 * ldp;
+        const int64_t step = R <= 3 ? 32 : 16;
+        for (int64_t d0 = 0; d0 < hd; d0 += step) switch (R) {
+            case 1: pv_block(type, 1, 4, ar, ldacc, al, pr, ldp, v, nb, n, hd, d0); break;
+            case 2: pv_block(type, 2, 4, ar, ldacc, al, pr, ldp, v, nb, n, hd, d0); break;
+            case 3: pv_block(type, 3, 4, ar, ldacc, al, pr, ldp, v, nb, n, hd, d0); break;
+            case 4: pv_block(type, 4, 2, ar, ldacc, al, pr, ldp, v, nb, n, hd, d0); break;
+            case 5: pv_block(type, 5, 2, ar, ldacc, al, pr, ldp, v, nb, n, hd, d0); break;
+            default: pv_block(type, 6, 2, ar, ldacc, al, pr, ldp, v, nb, n, hd, d0); break;
+            }
+    }
+}
+
+static void avx2_pv_rows(uint32_t type, int nr, float *acc, int64_t ldacc, const float *alpha, const float *p,
+                         int64_t ldp, const char *v, size_t nb, int64_t n, int64_t hd) {
+    if (type == RK_DT_F16) pv_type(RK_DT_F16, nr, acc, ldacc, alpha, p, ldp, v, nb, n, hd);
+    else if (type == RK_DT_Q8_0) pv_type(RK_DT_Q8_0, nr, acc, ldacc, alpha, p, ldp, v, nb, n, hd);
+    else pv_type(RK_DT_F32, nr, acc, ldacc, alpha, p, ldp, v, nb, n, hd);
+}
+
 const rk_cpu_kern rk_cpu_kern_avx2 = {
     .name = "avx2",
     .dot = avx2_dot,
@@ -225,4 +368,6 @@ const rk_cpu_kern rk_cpu_kern_avx2 = {
     .add = avx2_add,
     .exp_sub = avx2_exp_sub,
     .pv = avx2_pv,
+    .qk_rows = avx2_qk_rows,
+    .pv_rows = avx2_pv_rows,
 };

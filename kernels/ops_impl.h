@@ -51,6 +51,15 @@ typedef struct rk_cpu_kern {
     float (*exp_sub)(float *s, int64_t n, float m);
     /* acc[d] = acc[d]*alpha + sum_j p[j] * v[j*ldv + d], j < n, d < hd */
     void (*pv)(float *acc, float alpha, const float *p, const float *v, int64_t ldv, int64_t n, int64_t hd);
+    /* The decode shape: nr query rows of one KV head against cache rows as stored, row j
+     * of the head at k + j * nb, type f32, f16 or q8_0, hd a multiple of 32 (rows are
+     * converted in registers, never written out). NULL: none (the caller converts tiles).
+     * qk_rows: s[r * lds + j] = sum_d q[r * ldq + d] * k_j[d], r < nr, j < n. */
+    void (*qk_rows)(uint32_t type, int nr, const float *q, int64_t ldq, const char *k, size_t nb, int64_t n, int64_t hd,
+                    float *s, int64_t lds);
+    /* pv_rows: acc[r * ldacc + d] = acc[..] * alpha[r] + sum_j p[r * ldp + j] * v_j[d], r < nr, j < n. */
+    void (*pv_rows)(uint32_t type, int nr, float *acc, int64_t ldacc, const float *alpha, const float *p, int64_t ldp,
+                    const char *v, size_t nb, int64_t n, int64_t hd);
 } rk_cpu_kern;
 
 #if defined(RK_HAVE_AVX2)

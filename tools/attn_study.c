@@ -1,9 +1,9 @@
 /* Attention measurements of long prefills (docs/RIDGEFILL.md, "Sparse attention").
  *
  *   attn_study rate [--ctx 32768] [--rows 512] [--heads 12] [--kv-heads 2] [--hd 128] [-t N]
- *                   [--reps 3] [--sparse SPEC]
- *     One prefill chunk's attention: --rows query rows at the end of a --ctx-row f16 cache of
- *     random values (Qwen2.5-1.5B's head shape by default), on the cpu backend; prints the
+ *                   [--reps 3] [--sparse SPEC] [--kv f16|q8|f32]
+ *     One prefill chunk's attention (--rows 1: one decode step): --rows query rows at the end
+ *     of a --ctx-row cache (f16 unless --kv) of random values (Qwen2.5-1.5B's head shape by default), on the cpu backend; prints the
  *     best time of --reps, its GFLOP/s (4 * head_dim flops per (query, key, head): q.k and
  *     p.v, causal keys only) and the FMA peak of the same threads measured by a tight loop of
  *     independent fused multiply-adds. With --sparse SPEC (rk_sparse_params_parse) the call
@@ -92,7 +92,7 @@ static double fma_peak(int n_threads) {
 static int cmd_rate(int argc, char **argv) {
     int64_t ctx = 32768, rows = 512;
     int heads = 12, kv_heads = 2, hd = 128, threads = 0, reps = 3;
-    const char *sparse = NULL;
+    const char *sparse = NULL, *kv = "f16";
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
@@ -108,6 +108,7 @@ static int cmd_rate(int argc, char **argv) {
         else if (!strcmp(a, "-t")) threads = atoi(v);
         else if (!strcmp(a, "--reps")) reps = atoi(v);
         else if (!strcmp(a, "--sparse")) sparse = v;
+        else if (!strcmp(a, "--kv")) kv = v;
         else {
             fprintf(stderr, "attn_study rate: unknown option %s\n", a);
             return 2;
@@ -115,6 +116,15 @@ static int cmd_rate(int argc, char **argv) {
     }
     if (ctx < rows || rows < 1 || heads < 1 || kv_heads < 1 || heads % kv_heads || hd < 1 || reps < 1) {
         fprintf(stderr, "attn_study rate: need ctx >= rows >= 1, heads a multiple of kv-heads\n");
+        return 2;
+    }
+    const uint32_t kv_type = !strcmp(kv, "q8") ? RK_DT_Q8_0 : !strcmp(kv, "f32") ? RK_DT_F32 : RK_DT_F16;
+    if (strcmp(kv, "q8") && strcmp(kv, "f32") && strcmp(kv, "f16")) {
+        fprintf(stderr, "attn_study rate: --kv takes f16, q8 or f32\n");
+        return 2;
+    }
+    if (kv_type == RK_DT_Q8_0 && hd % 32) {
+        fprintf(stderr, "attn_study rate: a q8 cache needs a head size that is a multiple of 32\n");
         return 2;
     }
     rk_err e = {0};
@@ -129,21 +139,32 @@ static int cmd_rate(int argc, char **argv) {
         return 1;
     }
     const int64_t kvd = (int64_t)kv_heads * hd, qd = (int64_t)heads * hd;
-    uint16_t *k = malloc((size_t)(ctx * kvd) * 2), *v = malloc((size_t)(ctx * kvd) * 2);
+    uint64_t row_b = 0;
+    rk_dtype_row_bytes(kv_type, (uint64_t)kvd, &row_b);
+    float *tmp = malloc((size_t)kvd * sizeof(float));
+    char *k = malloc((size_t)ctx * row_b), *v = malloc((size_t)ctx * row_b);
     float *q = malloc((size_t)(rows * qd) * sizeof(float)), *o = malloc((size_t)(rows * qd) * sizeof(float));
-    if (!k || !v || !q || !o) {
+    if (!k || !v || !q || !o || !tmp) {
         fprintf(stderr, "attn_study rate: out of memory\n");
         return 1;
     }
     uint64_t rng = 1;
-    for (int64_t i = 0; i < ctx * kvd; i++) k[i] = rk_f32_to_f16(tb_rand_normal(&rng));
-    for (int64_t i = 0; i < ctx * kvd; i++) v[i] = rk_f32_to_f16(tb_rand_normal(&rng));
+    for (int side = 0; side < 2; side++)
+        for (int64_t r = 0; r < ctx; r++) {
+            char *dst = (side ? v : k) + (size_t)r * row_b;
+            for (int64_t i = 0; i < kvd; i++) tmp[i] = tb_rand_normal(&rng);
+            if (kv_type == RK_DT_F32) memcpy(dst, tmp, (size_t)kvd * sizeof(float));
+            else if (kv_type == RK_DT_Q8_0) rk_quant_q8_0_from_f32(tmp, dst, kvd);
+            else
+                for (int64_t i = 0; i < kvd; i++) ((uint16_t *)dst)[i] = rk_f32_to_f16(tmp[i]);
+        }
+    free(tmp);
     for (int64_t i = 0; i < rows * qd; i++) q[i] = tb_rand_normal(&rng);
     rk_op_args a = {.op = RK_OP_ATTN};
     a.src0 = (rk_view){RK_DT_F32, {qd, rows, 1, 1}, (size_t)qd * sizeof(float), q};
     a.dst = (rk_view){RK_DT_F32, {qd, rows, 1, 1}, (size_t)qd * sizeof(float), o};
-    a.src1 = (rk_view){RK_DT_F16, {kvd, ctx, 1, 1}, (size_t)kvd * 2, k};
-    a.src2 = (rk_view){RK_DT_F16, {kvd, ctx, 1, 1}, (size_t)kvd * 2, v};
+    a.src1 = (rk_view){kv_type, {kvd, ctx, 1, 1}, (size_t)row_b, k};
+    a.src2 = (rk_view){kv_type, {kvd, ctx, 1, 1}, (size_t)row_b, v};
     a.attn = (rk_attn_params){heads, kv_heads, hd, 1.0f / sqrtf((float)hd), ctx - rows};
     rk_attn_sparse_stats st = {0};
     rk_attn_sparse lay;
@@ -173,9 +194,10 @@ static int cmd_rate(int argc, char **argv) {
     const double pairs = (double)rows * (double)(ctx - rows) + (double)rows * (double)(rows + 1) / 2;
     const double gflop = 4.0 * hd * heads * pairs * 1e-9;
     const int nt = be->n_threads;
-    printf("attention: ctx %lld, rows %lld, %d heads / %d KV heads of %d, %d threads, f16 cache%s\n", (long long)ctx,
-           (long long)rows, heads, kv_heads, hd, nt, sp.on ? ", sparse" : "");
-    printf("  best of %d: %.4f s, %.2f GFLOP (dense equivalent), %.2f GFLOP/s\n", reps, best, gflop, gflop / best);
+    printf("attention: ctx %lld, rows %lld, %d heads / %d KV heads of %d, %d threads, %s cache%s\n", (long long)ctx,
+           (long long)rows, heads, kv_heads, hd, nt, kv, sp.on ? ", sparse" : "");
+    printf("  best of %d: %.4f s, %.2f GFLOP (dense equivalent), %.2f GFLOP/s, %.2f GB/s of K and V\n", reps, best,
+           gflop, gflop / best, 2.0 * (double)ctx * (double)row_b / best * 1e-9);
     if (sp.on && st.blocks_causal)
         printf("  sparse: %llu of %llu blocks computed (%.3f), over %d calls\n", (unsigned long long)st.blocks_done,
                (unsigned long long)st.blocks_causal, (double)st.blocks_done / (double)st.blocks_causal, reps);

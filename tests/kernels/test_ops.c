@@ -137,6 +137,17 @@ static op_case cases[] = {
     AT("attn q8_0 cache ends at pos0 + n_q", RK_DT_Q8_0, 7, 4, 2, 32, 70, F_TIGHT),
     AT("attn 3-D views q8_0 12 at pos 40", RK_DT_Q8_0, 12, 6, 2, 32, 40, F_3D),
     AT("attn NaN block in the last visible key q8_0 decode", RK_DT_Q8_0, 1, 9, 3, 64, 900, F_NAN),
+    /* decode on the rows as stored (head size a multiple of 32): query heads per KV head of
+     * 1-6 in one pass, 7 and 12 in two; key counts off the 64-key tiles */
+    AT("attn decode 12/2 hd 128 pos 2500 f16", RK_DT_F16, 1, 12, 2, 128, 2500, 0),
+    AT("attn decode 12/2 hd 128 pos 2500 q8_0", RK_DT_Q8_0, 1, 12, 2, 128, 2500, 0),
+    AT("attn decode 12/2 hd 128 pos 2500 f32", RK_DT_F32, 1, 12, 2, 128, 2500, 0),
+    AT("attn decode 24/2 hd 128 pos 333 q8_0", RK_DT_Q8_0, 1, 24, 2, 128, 333, 0),
+    AT("attn decode 14/2 hd 64 pos 130 f16", RK_DT_F16, 1, 14, 2, 64, 130, 0),
+    AT("attn decode 10/2 hd 32 pos 64 f32", RK_DT_F32, 1, 10, 2, 32, 64, 0),
+    AT("attn decode 5/5 hd 96 pos 77 q8_0", RK_DT_Q8_0, 1, 5, 5, 96, 77, 0),
+    AT("attn decode 12/2 hd 128, cache ends at pos0 + 1, q8_0", RK_DT_Q8_0, 1, 12, 2, 128, 1000, F_TIGHT),
+    AT("attn NaN in the last visible key f16 decode 12/2 hd 128", RK_DT_F16, 1, 12, 2, 128, 900, F_NAN),
     /* ROPE: in place on (n, n_head, head_dim) */
     RO("rope norm", 7, 4, 64, 0, RK_ROPE_NORM, 64, 0),
     RO("rope neox", 7, 4, 64, 0, RK_ROPE_NEOX, 64, 0),
