@@ -10,7 +10,8 @@
 #include "ops_impl.h"
 #include "rk_attn_sparse.h"
 
-#define SP_KT 64 /* keys per converted tile while estimating */
+#define SP_KT 64     /* keys per converted tile while estimating */
+#define SP_BATCH 256 /* most rows of a block whose P x V is taken at once */
 
 typedef struct sp_ctx {
     rk_backend *be;
@@ -475,6 +476,9 @@ static void compute_tasks(void *vp, int64_t i0, int64_t i1, int tid) {
                 if (!m0[g * c->n_kb + jb]) continue;
                 float *qg = qs + g * B * hd, *ag = acc + g * B * hd, *Mg = M + g * B, *Lg = L + g * B;
                 kn->gemm_nt(nr, kt, hd, qg, hd, kb, hd, sc, B);
+                /* a block below the diagonal: every row sees all its keys, P x V at once */
+                const bool whole = kn->pv_rows && hd % 32 == 0 && p0 + 1 - j0 >= kt && nr <= SP_BATCH;
+                float alphas[SP_BATCH];
                 for (int64_t r = 0; r < nr; r++) {
                     int64_t lim = p0 + r + 1 - j0; /* causal */
                     if (lim <= 0) continue;
@@ -486,8 +490,12 @@ static void compute_tasks(void *vp, int64_t i0, int64_t i1, int tid) {
                     const float sum = kn->exp_sub(sr, lim, m_new);
                     Lg[r] = Lg[r] * alpha + sum;
                     Mg[r] = m_new;
-                    kn->pv(ag + r * hd, alpha, sr, vb, hd, lim, hd);
+                    if (whole) alphas[r] = alpha;
+                    else kn->pv(ag + r * hd, alpha, sr, vb, hd, lim, hd);
                 }
+                if (whole)
+                    kn->pv_rows(RK_DT_F32, (int)nr, ag, hd, alphas, sc, B, (const char *)vb, (size_t)hd * sizeof(float),
+                                kt, hd);
             }
         }
         for (int64_t g = 0; g < G; g++)

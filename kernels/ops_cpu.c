@@ -26,10 +26,11 @@
 #define RK_QK_K_ELTS 256 /* elements per K-quant block */
 /* Attention: query rows (x heads of a KV group) per task, keys per tile,
  * minimum keys per chunk when decode splits the keys. */
-#define RK_ATTN_ROWS 32
+#define RK_ATTN_ROWS 128
 #define RK_ATTN_KT 64
 #define RK_ATTN_MIN_CHUNK 256
 #define RK_ATTN_DIRECT_MAX 32 /* most query heads per KV head that attn_direct takes */
+#define RK_ATTN_BATCH 128     /* most rows per KV head whose P x V a whole tile takes at once */
 /* Element ops go parallel only above this many elements (a pool dispatch
  * costs about half a microsecond, more when the workers have gone to sleep). */
 #define RK_PAR_MIN_ELTS 16384
@@ -580,11 +581,15 @@ static rk_status cpu_rope(rk_backend *be, const rk_op_args *a, rk_err *err) {
 /* ---- ATTN --------------------------------------------------------------- */
 /* Work unit: (block of query rows, key chunk), all heads. Each K/V tile of
  * RK_ATTN_KT keys is read once for every KV head (a tile is contiguous in the
- * cache, so decode streams the cache once) and converted from f16 once; the
- * query vectors of a KV group then take it as a small GEMM, each keeping an
- * online softmax state (max M, sum L, acc). Keys are split into chunks only
- * when the query blocks cannot keep the threads busy (decode); chunk partials
- * are merged afterwards. Scratch rows are ordered [kv head][token][head in group]. */
+ * cache) and converted from f16 or q8_0 once for the block's rows (about
+ * RK_ATTN_ROWS query vectors per KV head, so that the conversion is a small
+ * share of the arithmetic); the query vectors of a KV group then take it as a
+ * small GEMM, each keeping an online softmax state (max M, sum L, acc), and on
+ * tiles every row sees whole, P x V runs for all rows at once. A decode step
+ * (one query row) skips the conversion: attn_direct. Keys are split into chunks
+ * only when the query blocks cannot keep the threads busy (decode); chunk
+ * partials are merged afterwards. Scratch rows are ordered [kv head][token][head
+ * in group]. */
 typedef struct attn_ctx {
     const rk_op_args *a;
     cpu_impl *c;
@@ -733,6 +738,11 @@ static void attn_tasks(void *vp, int64_t i0, int64_t i1, int tid) {
             int64_t kt = kend - j0 < RK_ATTN_KT ? kend - j0 : RK_ATTN_KT, ldk, ldv;
             const float *kp = kv_tile(x, &x->k, a->src1.type, j0, kt, kb, &ldk);
             const float *vp2 = kv_tile(x, &x->v, a->src2.type, j0, kt, vb, &ldv);
+            /* every row sees the whole tile (the block's first query sees its last key): P x V
+             * for all rows at once, each value vector loaded once for several rows */
+            const int64_t first = a->attn_kv_pos ? attn_visible(a, x->n_kv, pos0 + t0) : pos0 + t0 + 1;
+            const bool whole = kn->pv_rows && hd % 32 == 0 && first - j0 >= kt && nr <= RK_ATTN_BATCH;
+            float alpha[RK_ATTN_BATCH];
             for (int hk = 0; hk < n_kv; hk++) {
                 kn->gemm_nt(nr, kt, hd, qs + hk * RG * hd, hd, kp + hk * hd, ldk, sc, RK_ATTN_KT);
                 for (int64_t rr = 0; rr < nr; rr++) {
@@ -742,17 +752,21 @@ static void attn_tasks(void *vp, int64_t i0, int64_t i1, int tid) {
                         j0; /* causal */
                     if (lim <= 0) continue;
                     if (lim > kt) lim = kt;
-                    float *s = sc + rr * RK_ATTN_KT, mx = -INFINITY;
+                    float *s = sc + rr * RK_ATTN_KT;
                     if (a->attn_kv_bias)
                         for (int64_t j = 0; j < lim; j++) s[j] += a->attn_kv_bias[j0 + j];
-                    for (int64_t j = 0; j < lim; j++) mx = s[j] > mx ? s[j] : mx;
+                    const float mx = row_max(s, lim);
                     float m_new = mx > M[r] ? mx : M[r];
-                    float alpha = M[r] == -INFINITY ? 0.0f : expf(M[r] - m_new);
+                    float al = M[r] == -INFINITY ? 0.0f : expf(M[r] - m_new);
                     float sum = kn->exp_sub(s, lim, m_new);
-                    L[r] = L[r] * alpha + sum;
+                    L[r] = L[r] * al + sum;
                     M[r] = m_new;
-                    kn->pv(acc + r * hd, alpha, s, vp2 + hk * hd, ldv, lim, hd);
+                    if (whole) alpha[rr] = al;
+                    else kn->pv(acc + r * hd, al, s, vp2 + hk * hd, ldv, lim, hd);
                 }
+                if (whole)
+                    kn->pv_rows(RK_DT_F32, (int)nr, acc + hk * RG * hd, hd, alpha, sc, RK_ATTN_KT,
+                                (const char *)(vp2 + hk * hd), (size_t)ldv * sizeof(float), kt, hd);
             }
         }
         for (int hk = 0; hk < n_kv; hk++)

@@ -196,8 +196,9 @@ static int cmd_rate(int argc, char **argv) {
     const int nt = be->n_threads;
     printf("attention: ctx %lld, rows %lld, %d heads / %d KV heads of %d, %d threads, %s cache%s\n", (long long)ctx,
            (long long)rows, heads, kv_heads, hd, nt, kv, sp.on ? ", sparse" : "");
-    printf("  best of %d: %.4f s, %.2f GFLOP (dense equivalent), %.2f GFLOP/s, %.2f GB/s of K and V\n", reps, best,
-           gflop, gflop / best, 2.0 * (double)ctx * (double)row_b / best * 1e-9);
+    printf("  best of %d: %.4f s, %.2f GFLOP (dense equivalent), %.2f GFLOP/s", reps, best, gflop, gflop / best);
+    if (rows == 1) printf(", %.2f GB/s of K and V", 2.0 * (double)ctx * (double)row_b / best * 1e-9); /* read once */
+    printf("\n");
     if (sp.on && st.blocks_causal)
         printf("  sparse: %llu of %llu blocks computed (%.3f), over %d calls\n", (unsigned long long)st.blocks_done,
                (unsigned long long)st.blocks_causal, (double)st.blocks_done / (double)st.blocks_causal, reps);
