@@ -80,24 +80,13 @@ static void scores(const sp_ctx *c, int h, const int64_t *t, int64_t n, int64_t 
     }
 }
 
-/* the largest of x[0..n) (n > 0): four independent lanes, so that the loop pipelines */
-static float max_of(const float *x, int64_t n) {
-    float m[4] = {x[0], x[0], x[0], x[0]};
-    int64_t j = 0;
-    for (; j + 4 <= n; j += 4)
-        for (int u = 0; u < 4; u++) m[u] = x[j + u] > m[u] ? x[j + u] : m[u];
-    for (; j < n; j++) m[0] = x[j] > m[0] ? x[j] : m[0];
-    const float a = m[0] > m[1] ? m[0] : m[1], b = m[2] > m[3] ? m[2] : m[3];
-    return a > b ? a : b;
-}
-
 /* rows of S to probabilities over their visible keys [0, pos + 1); 0 beyond. cpu uses the
  * vector exp (exp_sub, f32 sums), cpu_ref libm's expf with double sums. */
 static void probs(const rk_cpu_kern *kn, float *S, int64_t n, int64_t nv, const int64_t *pos) {
     for (int64_t i = 0; i < n; i++) {
         float *s = S + i * nv;
         const int64_t lim = pos[i] + 1 < nv ? pos[i] + 1 : nv;
-        const float mx = max_of(s, lim);
+        const float mx = rk_cpu_row_max(s, lim);
         double sum = 0;
         if (kn) {
             sum = kn->exp_sub(s, lim, mx);
@@ -484,7 +473,7 @@ static void compute_tasks(void *vp, int64_t i0, int64_t i1, int tid) {
                     if (lim <= 0) continue;
                     if (lim > kt) lim = kt;
                     float *sr = sc + r * B;
-                    const float mx = max_of(sr, lim);
+                    const float mx = rk_cpu_row_max(sr, lim);
                     const float m_new = mx > Mg[r] ? mx : Mg[r];
                     const float alpha = Mg[r] == -INFINITY ? 0.0f : expf(Mg[r] - m_new);
                     const float sum = kn->exp_sub(sr, lim, m_new);

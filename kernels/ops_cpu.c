@@ -652,8 +652,7 @@ static int64_t attn_visible(const rk_op_args *a, int64_t n_kv, int64_t pos) {
     return lo;
 }
 
-/* max of s[0..n) (-inf for none; NaNs are passed over), four chains at a time */
-static float row_max(const float *s, int64_t n) {
+float rk_cpu_row_max(const float *s, int64_t n) {
     float m[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
     int64_t j = 0;
     for (; j + 4 <= n; j += 4)
@@ -688,7 +687,7 @@ static void attn_direct(const attn_ctx *x, int64_t t0, int64_t kbeg, int64_t ken
                 float *s = sc + rr * RK_ATTN_KT;
                 if (a->attn_kv_bias)
                     for (int64_t j = 0; j < lim; j++) s[j] += a->attn_kv_bias[j0 + j];
-                const float mx = row_max(s, lim);
+                const float mx = rk_cpu_row_max(s, lim);
                 float m_new = mx > M[r] ? mx : M[r];
                 alpha[rr] = M[r] == -INFINITY ? 0.0f : expf(M[r] - m_new);
                 float sum = kn->exp_sub(s, lim, m_new);
@@ -755,7 +754,7 @@ static void attn_tasks(void *vp, int64_t i0, int64_t i1, int tid) {
                     float *s = sc + rr * RK_ATTN_KT;
                     if (a->attn_kv_bias)
                         for (int64_t j = 0; j < lim; j++) s[j] += a->attn_kv_bias[j0 + j];
-                    const float mx = row_max(s, lim);
+                    const float mx = rk_cpu_row_max(s, lim);
                     float m_new = mx > M[r] ? mx : M[r];
                     float al = M[r] == -INFINITY ? 0.0f : expf(M[r] - m_new);
                     float sum = kn->exp_sub(s, lim, m_new);

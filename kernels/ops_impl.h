@@ -67,6 +67,9 @@ extern const rk_cpu_kern rk_cpu_kern_avx2;
 #endif
 
 /* ---- what ops in other files (ops_lowram_cpu.c) use of the cpu backend ---- */
+/* The largest of s[0..n) (-inf for n = 0; NaNs are passed over), four chains at a time so
+ * that the loop pipelines: a softmax row's max. */
+float rk_cpu_row_max(const float *s, int64_t n);
 /* The instance's vector kernels. */
 const rk_cpu_kern *rk_cpu_kern_of(const rk_backend *be);
 /* fn over rows [0, n) in chunks of `chunk` on the instance's pool (inline when one chunk). */
