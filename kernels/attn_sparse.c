@@ -484,7 +484,7 @@ static void compute_tasks(void *vp, int64_t i0, int64_t i1, int tid) {
                 }
                 if (whole)
                     kn->pv_rows(RK_DT_F32, (int)nr, ag, hd, alphas, sc, B, (const char *)vb, (size_t)hd * sizeof(float),
-                                kt, hd);
+                                kt, hd, 0);
             }
         }
         for (int64_t g = 0; g < G; g++)

@@ -681,7 +681,7 @@ static void attn_direct(const attn_ctx *x, int64_t t0, int64_t kbeg, int64_t ken
             const char *kr = x->k.data + (size_t)j0 * x->k.tok_nb + (size_t)hk * x->k.head_nb;
             const char *vr = x->v.data + (size_t)j0 * x->v.tok_nb + (size_t)hk * x->v.head_nb;
             const int64_t r0 = hk * g;
-            kn->qk_rows(a->src1.type, (int)g, qs + r0 * hd, hd, kr, x->k.tok_nb, lim, hd, sc, RK_ATTN_KT);
+            kn->qk_rows(a->src1.type, (int)g, qs + r0 * hd, hd, kr, x->k.tok_nb, lim, hd, sc, RK_ATTN_KT, RK_ATTN_KT);
             for (int64_t rr = 0; rr < g; rr++) {
                 const int64_t r = r0 + rr;
                 float *s = sc + rr * RK_ATTN_KT;
@@ -694,7 +694,8 @@ static void attn_direct(const attn_ctx *x, int64_t t0, int64_t kbeg, int64_t ken
                 L[r] = L[r] * alpha[rr] + sum;
                 M[r] = m_new;
             }
-            kn->pv_rows(a->src2.type, (int)g, acc + r0 * hd, hd, alpha, sc, RK_ATTN_KT, vr, x->v.tok_nb, lim, hd);
+            kn->pv_rows(a->src2.type, (int)g, acc + r0 * hd, hd, alpha, sc, RK_ATTN_KT, vr, x->v.tok_nb, lim, hd,
+                        RK_ATTN_KT);
         }
     }
 }
@@ -765,7 +766,7 @@ static void attn_tasks(void *vp, int64_t i0, int64_t i1, int tid) {
                 }
                 if (whole)
                     kn->pv_rows(RK_DT_F32, (int)nr, acc + hk * RG * hd, hd, alpha, sc, RK_ATTN_KT,
-                                (const char *)(vp2 + hk * hd), (size_t)ldv * sizeof(float), kt, hd);
+                                (const char *)(vp2 + hk * hd), (size_t)ldv * sizeof(float), kt, hd, 0);
             }
         }
         for (int hk = 0; hk < n_kv; hk++)

@@ -232,14 +232,14 @@ static inline __attribute__((always_inline)) __m256 row_scale(uint32_t type, con
     return _mm256_set1_ps(_cvtsh_ss(h));
 }
 
-/* The head's bytes of the row RK_PF_ROWS rows ahead, into L2: a long cache streams from
+/* The head's bytes of the row pf rows ahead (0: none), into L2: a long cache streams from
  * memory, and the hardware's prefetch does not keep up with rows read a head at a time
  * (a prefetch past the cache's end never faults and is dropped). */
-#define RK_PF_ROWS 64
-static inline __attribute__((always_inline)) void prefetch_ahead(uint32_t type, const char *row, size_t nb,
-                                                                 int64_t hd) {
+static inline __attribute__((always_inline)) void prefetch_ahead(uint32_t type, const char *row, size_t nb, int64_t hd,
+                                                                 int64_t pf) {
+    if (pf <= 0) return;
     const size_t bytes = type == RK_DT_F32 ? (size_t)hd * 4 : type == RK_DT_F16 ? (size_t)hd * 2 : (size_t)hd / 32 * 34;
-    const char *p = row + RK_PF_ROWS * nb;
+    const char *p = row + (size_t)pf * nb;
     for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 1);
 }
 
@@ -247,10 +247,10 @@ static inline __attribute__((always_inline)) void prefetch_ahead(uint32_t type, 
  * vector is converted once and meets the R rows in registers. */
 static inline __attribute__((always_inline)) void qk_block(uint32_t type, int R, int K, const float *q, int64_t ldq,
                                                            const char *const *kr, size_t nb, int64_t hd, float *s,
-                                                           int64_t lds, int nk) {
+                                                           int64_t lds, int nk, int64_t pf) {
     __m256 acc[12];
     for (int i = 0; i < R * K; i++) acc[i] = _mm256_setzero_ps();
-    for (int c = 0; c < K; c++) prefetch_ahead(type, kr[c], nb, hd);
+    for (int c = 0; c < K; c++) prefetch_ahead(type, kr[c], nb, hd, pf);
     for (int64_t e0 = 0; e0 < hd; e0 += 32) {
         __m256 d[4];
         for (int c = 0; c < K; c++) d[c] = row_scale(type, kr[c], e0);
@@ -275,7 +275,7 @@ static inline __attribute__((always_inline)) void qk_block(uint32_t type, int R,
 
 static inline __attribute__((always_inline)) void qk_type(uint32_t type, int nr, const float *q, int64_t ldq,
                                                           const char *k, size_t nb, int64_t n, int64_t hd, float *s,
-                                                          int64_t lds) {
+                                                          int64_t lds, int64_t pf) {
     for (int r0 = 0; r0 < nr; r0 += 6) {
         const int R = nr - r0 < 6 ? nr - r0 : 6;
         const float *qr = q + r0 * ldq;
@@ -286,30 +286,30 @@ static inline __attribute__((always_inline)) void qk_type(uint32_t type, int nr,
             const char *kr[4];
             for (int c = 0; c < K; c++) kr[c] = k + (size_t)(j + (c < nk ? c : nk - 1)) * nb;
             switch (R) { /* constant R and K: the accumulators stay in registers */
-            case 1: qk_block(type, 1, 4, qr, ldq, kr, nb, hd, sr + j, lds, nk); break;
-            case 2: qk_block(type, 2, 4, qr, ldq, kr, nb, hd, sr + j, lds, nk); break;
-            case 3: qk_block(type, 3, 4, qr, ldq, kr, nb, hd, sr + j, lds, nk); break;
-            case 4: qk_block(type, 4, 2, qr, ldq, kr, nb, hd, sr + j, lds, nk); break;
-            case 5: qk_block(type, 5, 2, qr, ldq, kr, nb, hd, sr + j, lds, nk); break;
-            default: qk_block(type, 6, 2, qr, ldq, kr, nb, hd, sr + j, lds, nk); break;
+            case 1: qk_block(type, 1, 4, qr, ldq, kr, nb, hd, sr + j, lds, nk, pf); break;
+            case 2: qk_block(type, 2, 4, qr, ldq, kr, nb, hd, sr + j, lds, nk, pf); break;
+            case 3: qk_block(type, 3, 4, qr, ldq, kr, nb, hd, sr + j, lds, nk, pf); break;
+            case 4: qk_block(type, 4, 2, qr, ldq, kr, nb, hd, sr + j, lds, nk, pf); break;
+            case 5: qk_block(type, 5, 2, qr, ldq, kr, nb, hd, sr + j, lds, nk, pf); break;
+            default: qk_block(type, 6, 2, qr, ldq, kr, nb, hd, sr + j, lds, nk, pf); break;
             }
         }
     }
 }
 
 static void avx2_qk_rows(uint32_t type, int nr, const float *q, int64_t ldq, const char *k, size_t nb, int64_t n,
-                         int64_t hd, float *s, int64_t lds) {
-    if (type == RK_DT_F16) qk_type(RK_DT_F16, nr, q, ldq, k, nb, n, hd, s, lds);
-    else if (type == RK_DT_Q8_0) qk_type(RK_DT_Q8_0, nr, q, ldq, k, nb, n, hd, s, lds);
-    else qk_type(RK_DT_F32, nr, q, ldq, k, nb, n, hd, s, lds);
+                         int64_t hd, float *s, int64_t lds, int64_t pf) {
+    if (type == RK_DT_F16) qk_type(RK_DT_F16, nr, q, ldq, k, nb, n, hd, s, lds, pf);
+    else if (type == RK_DT_Q8_0) qk_type(RK_DT_Q8_0, nr, q, ldq, k, nb, n, hd, s, lds, pf);
+    else qk_type(RK_DT_F32, nr, q, ldq, k, nb, n, hd, s, lds, pf);
 }
 
 /* R rows (R <= 6) over C vectors of 8 columns (R * C <= 12 accumulators) from column d0:
  * each value vector is converted once per key and meets the R rows' probabilities. */
 static inline __attribute__((always_inline)) void pv_block(uint32_t type, int R, int C, float *acc, int64_t ldacc,
                                                            const float *alpha, const float *p, int64_t ldp,
-                                                           const char *v, size_t nb, int64_t n, int64_t hd,
-                                                           int64_t d0) {
+                                                           const char *v, size_t nb, int64_t n, int64_t hd, int64_t d0,
+                                                           int64_t pf) {
     __m256 a[12];
     for (int r = 0; r < R; r++) {
         const __m256 al = _mm256_set1_ps(alpha[r]);
@@ -317,7 +317,7 @@ static inline __attribute__((always_inline)) void pv_block(uint32_t type, int R,
     }
     for (int64_t j = 0; j < n; j++) {
         const char *row = v + (size_t)j * nb;
-        if (d0 == 0) prefetch_ahead(type, row, nb, hd);
+        if (d0 == 0) prefetch_ahead(type, row, nb, hd, pf);
         const __m256 d = row_scale(type, row, d0); /* C * 8 <= 32 columns: one block */
         __m256 vv[4];
         for (int c = 0; c < C; c++) vv[c] = row8(type, row, d0 + 8 * c, d);
@@ -332,28 +332,28 @@ static inline __attribute__((always_inline)) void pv_block(uint32_t type, int R,
 
 static inline __attribute__((always_inline)) void pv_type(uint32_t type, int nr, float *acc, int64_t ldacc,
                                                           const float *alpha, const float *p, int64_t ldp,
-                                                          const char *v, size_t nb, int64_t n, int64_t hd) {
+                                                          const char *v, size_t nb, int64_t n, int64_t hd, int64_t pf) {
     for (int r0 = 0; r0 < nr; r0 += 6) {
         const int R = nr - r0 < 6 ? nr - r0 : 6;
         float *ar = acc + r0 * ldacc;
         const float *al = alpha + r0, *pr = p + r0 * ldp;
         const int64_t step = R <= 3 ? 32 : 16;
         for (int64_t d0 = 0; d0 < hd; d0 += step) switch (R) {
-            case 1: pv_block(type, 1, 4, ar, ldacc, al, pr, ldp, v, nb, n, hd, d0); break;
-            case 2: pv_block(type, 2, 4, ar, ldacc, al, pr, ldp, v, nb, n, hd, d0); break;
-            case 3: pv_block(type, 3, 4, ar, ldacc, al, pr, ldp, v, nb, n, hd, d0); break;
-            case 4: pv_block(type, 4, 2, ar, ldacc, al, pr, ldp, v, nb, n, hd, d0); break;
-            case 5: pv_block(type, 5, 2, ar, ldacc, al, pr, ldp, v, nb, n, hd, d0); break;
-            default: pv_block(type, 6, 2, ar, ldacc, al, pr, ldp, v, nb, n, hd, d0); break;
+            case 1: pv_block(type, 1, 4, ar, ldacc, al, pr, ldp, v, nb, n, hd, d0, pf); break;
+            case 2: pv_block(type, 2, 4, ar, ldacc, al, pr, ldp, v, nb, n, hd, d0, pf); break;
+            case 3: pv_block(type, 3, 4, ar, ldacc, al, pr, ldp, v, nb, n, hd, d0, pf); break;
+            case 4: pv_block(type, 4, 2, ar, ldacc, al, pr, ldp, v, nb, n, hd, d0, pf); break;
+            case 5: pv_block(type, 5, 2, ar, ldacc, al, pr, ldp, v, nb, n, hd, d0, pf); break;
+            default: pv_block(type, 6, 2, ar, ldacc, al, pr, ldp, v, nb, n, hd, d0, pf); break;
             }
     }
 }
 
 static void avx2_pv_rows(uint32_t type, int nr, float *acc, int64_t ldacc, const float *alpha, const float *p,
-                         int64_t ldp, const char *v, size_t nb, int64_t n, int64_t hd) {
-    if (type == RK_DT_F16) pv_type(RK_DT_F16, nr, acc, ldacc, alpha, p, ldp, v, nb, n, hd);
-    else if (type == RK_DT_Q8_0) pv_type(RK_DT_Q8_0, nr, acc, ldacc, alpha, p, ldp, v, nb, n, hd);
-    else pv_type(RK_DT_F32, nr, acc, ldacc, alpha, p, ldp, v, nb, n, hd);
+                         int64_t ldp, const char *v, size_t nb, int64_t n, int64_t hd, int64_t pf) {
+    if (type == RK_DT_F16) pv_type(RK_DT_F16, nr, acc, ldacc, alpha, p, ldp, v, nb, n, hd, pf);
+    else if (type == RK_DT_Q8_0) pv_type(RK_DT_Q8_0, nr, acc, ldacc, alpha, p, ldp, v, nb, n, hd, pf);
+    else pv_type(RK_DT_F32, nr, acc, ldacc, alpha, p, ldp, v, nb, n, hd, pf);
 }
 
 const rk_cpu_kern rk_cpu_kern_avx2 = {

@@ -53,13 +53,16 @@ typedef struct rk_cpu_kern {
     void (*pv)(float *acc, float alpha, const float *p, const float *v, int64_t ldv, int64_t n, int64_t hd);
     /* The decode shape: nr query rows of one KV head against cache rows as stored, row j
      * of the head at k + j * nb, type f32, f16 or q8_0, hd a multiple of 32 (rows are
-     * converted in registers, never written out). NULL: none (the caller converts tiles).
-     * qk_rows: s[r * lds + j] = sum_d q[r * ldq + d] * k_j[d], r < nr, j < n. */
+     * converted in registers, never written out); pf > 0 prefetches each row's head pf rows
+     * ahead (a cache streaming from memory; 0 for rows already in cache). NULL: none (the
+     * caller converts tiles). qk_rows: s[r * lds + j] = sum_d q[r * ldq + d] * k_j[d],
+     * r < nr, j < n. */
     void (*qk_rows)(uint32_t type, int nr, const float *q, int64_t ldq, const char *k, size_t nb, int64_t n, int64_t hd,
-                    float *s, int64_t lds);
-    /* pv_rows: acc[r * ldacc + d] = acc[..] * alpha[r] + sum_j p[r * ldp + j] * v_j[d], r < nr, j < n. */
+                    float *s, int64_t lds, int64_t pf);
+    /* pv_rows: acc[r * ldacc + d] = acc[..] * alpha[r] + sum_j p[r * ldp + j] * v_j[d], r < nr, j < n
+     * (per element: the product with alpha, then the terms in j order, as pv). */
     void (*pv_rows)(uint32_t type, int nr, float *acc, int64_t ldacc, const float *alpha, const float *p, int64_t ldp,
-                    const char *v, size_t nb, int64_t n, int64_t hd);
+                    const char *v, size_t nb, int64_t n, int64_t hd, int64_t pf);
 } rk_cpu_kern;
 
 #if defined(RK_HAVE_AVX2)
