@@ -662,6 +662,20 @@ float rk_cpu_row_max(const float *s, int64_t n) {
     return a > b ? a : b;
 }
 
+/* One row's online-softmax step over the scores s[0..lim) of keys j0..: the key bias
+ * added, s turned into e^(s - M'), M and L updated; returns the factor e^(M - M') on the
+ * row's earlier accumulation (0 before its first key). */
+static float softmax_step(const attn_ctx *x, float *s, int64_t lim, int64_t j0, float *M, float *L) {
+    const float *bias = x->a->attn_kv_bias;
+    if (bias)
+        for (int64_t j = 0; j < lim; j++) s[j] += bias[j0 + j];
+    const float mx = rk_cpu_row_max(s, lim), m_new = mx > *M ? mx : *M;
+    const float alpha = *M == -INFINITY ? 0.0f : expf(*M - m_new);
+    *L = *L * alpha + x->c->k->exp_sub(s, lim, m_new);
+    *M = m_new;
+    return alpha;
+}
+
 /* One query row's heads (decode) over keys [kbeg, kend): the kernels take each KV head's
  * rows as stored, converting every key and value once in registers for the whole group
  * (kv_tile's f32 copies cost as much as the group's arithmetic when the group is a
@@ -684,15 +698,7 @@ static void attn_direct(const attn_ctx *x, int64_t t0, int64_t kbeg, int64_t ken
             kn->qk_rows(a->src1.type, (int)g, qs + r0 * hd, hd, kr, x->k.tok_nb, lim, hd, sc, RK_ATTN_KT, RK_ATTN_KT);
             for (int64_t rr = 0; rr < g; rr++) {
                 const int64_t r = r0 + rr;
-                float *s = sc + rr * RK_ATTN_KT;
-                if (a->attn_kv_bias)
-                    for (int64_t j = 0; j < lim; j++) s[j] += a->attn_kv_bias[j0 + j];
-                const float mx = rk_cpu_row_max(s, lim);
-                float m_new = mx > M[r] ? mx : M[r];
-                alpha[rr] = M[r] == -INFINITY ? 0.0f : expf(M[r] - m_new);
-                float sum = kn->exp_sub(s, lim, m_new);
-                L[r] = L[r] * alpha[rr] + sum;
-                M[r] = m_new;
+                alpha[rr] = softmax_step(x, sc + rr * RK_ATTN_KT, lim, j0, &M[r], &L[r]);
             }
             kn->pv_rows(a->src2.type, (int)g, acc + r0 * hd, hd, alpha, sc, RK_ATTN_KT, vr, x->v.tok_nb, lim, hd,
                         RK_ATTN_KT);
@@ -753,14 +759,7 @@ static void attn_tasks(void *vp, int64_t i0, int64_t i1, int tid) {
                     if (lim <= 0) continue;
                     if (lim > kt) lim = kt;
                     float *s = sc + rr * RK_ATTN_KT;
-                    if (a->attn_kv_bias)
-                        for (int64_t j = 0; j < lim; j++) s[j] += a->attn_kv_bias[j0 + j];
-                    const float mx = rk_cpu_row_max(s, lim);
-                    float m_new = mx > M[r] ? mx : M[r];
-                    float al = M[r] == -INFINITY ? 0.0f : expf(M[r] - m_new);
-                    float sum = kn->exp_sub(s, lim, m_new);
-                    L[r] = L[r] * al + sum;
-                    M[r] = m_new;
+                    const float al = softmax_step(x, s, lim, j0, &M[r], &L[r]);
                     if (whole) alpha[rr] = al;
                     else kn->pv(acc + r * hd, al, s, vp2 + hk * hd, ldv, lim, hd);
                 }
