@@ -60,8 +60,9 @@ static const struct {
     {"ask", GEN_FLAGS "--prompt --system --stop --verbose-prompt --no-ridgefill --no-cache --cache-level "
                       "--json-schema --json-object "},
     {"serve", GEN_FLAGS "--no-ridgefill --no-cache --cache-level "},
-    {"bench", " --model --prompt --n-predict --threads --ctx-size --batch-size --kv --backend --ridgefill --fill --tail"
-              " --split --keep-share --band --json --verbose --kv-budget --kv-host-budget" FILL_FLAGS ROPE_FLAGS " "},
+    {"bench",
+     " --model --prompt --file --n-predict --threads --ctx-size --batch-size --kv --backend --ridgefill --fill --tail"
+     " --split --keep-share --band --json --verbose --kv-budget --kv-host-budget" FILL_FLAGS ROPE_FLAGS " "},
     {"tokenize", " --model --prompt --file --verbose "},
 #undef GEN_FLAGS
 #undef FILL_FLAGS

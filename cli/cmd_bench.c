@@ -35,17 +35,21 @@ static double peak_now_mib(void) { return (double)rk_proc_kb_field("/proc/self/s
 
 static const char *help =
     "usage: ridgekv bench [-m MODEL] [-p 512,2048] [-n 64] [-t T] [-r REPS] [--kv f16,lowram[:opts]]\n"
-    "                     [--ridgefill MAPS --fill off,speed,quality] [--json]\n"
+    "                     [--ridgefill MAPS --fill off,speed,quality] [-f TEXT] [--json]\n"
     "\n"
     "For each prompt length: prefill that many tokens (TTFT, prefill tokens/s), then decode -n\n"
     "tokens one at a time (decode tokens/s). Token ids are fixed pseudo-random ids, so runs are\n"
-    "comparable. Reports the best of -r repetitions (default 2), KV bytes per token, the RSS\n"
+    "comparable; with -f, the first tokens of a text file (the attention of text has the\n"
+    "structure that sparse attention and RidgeFill's question scoring use, random ids do not).\n"
+    "Reports the best of -r repetitions (default 2), KV bytes per token, the RSS\n"
     "after each run and its peak (the high-water mark reset before the run: weights, session\n"
     "and scratch resident during it), and the process's peak.\n"
     "\n"
     "  -m FILE       GGUF model (default: the cached SmolLM2-135M-Instruct)\n"
     "  -p LIST       comma-separated prompt lengths (default 512,2048)\n"
     "  -n N          decode steps after each prefill (default 64)\n"
+    "  -f FILE       prompt: the first -p tokens of this text file (no BOS), which must hold the\n"
+    "                longest -p; default: pseudo-random ids\n"
     "  -t N          threads (default: all cores)\n"
     "  -r N          repetitions per length (default 2)\n"
     "  -b N          prefill chunk (default 512)\n"
@@ -152,10 +156,29 @@ int cmd_bench(int argc, char **argv) {
         rk_model_destroy(m);
         return cli_exit_code(st);
     }
-    uint64_t rng = 12345;
-    for (int i = 0; i < max_len; i++) {
-        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-        ids[i] = (int32_t)(rng >> 33) % hp->n_vocab;
+    if (o.prompt_file) { /* text: its first max_len tokens; each -p length takes a prefix */
+        int32_t *txt = NULL;
+        size_t n_txt = 0;
+        rc = cli_read_text_tokens(m, &o.prompt_file, 1, (size_t)max_len, &txt, &n_txt);
+        if (!rc && n_txt < (size_t)max_len) {
+            fprintf(stderr, "ridgekv bench: %s holds %zu tokens; -p asks for %d (give a longer text or shorter -p)\n",
+                    o.prompt_file, n_txt, max_len);
+            rc = RK_EXIT_USAGE;
+        }
+        if (!rc) memcpy(ids, txt, (size_t)max_len * sizeof *ids);
+        free(txt);
+        if (rc) {
+            free(ids);
+            rk_session_destroy(s);
+            rk_model_destroy(m);
+            return rc;
+        }
+    } else {
+        uint64_t rng = 12345;
+        for (int i = 0; i < max_len; i++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            ids[i] = (int32_t)(rng >> 33) % hp->n_vocab;
+        }
     }
     /* fill modes to compare in this run (ratios are against the first, usually off) */
     char modes_buf[256];
@@ -278,9 +301,10 @@ int cmd_bench(int argc, char **argv) {
             /* kv_type / kv_bytes_per_token: the plain cache of the first --kv item */
             const bool f32 = !strcmp(kvs[0], "f32");
             printf("{\"model\":\"%s\",\"arch\":\"%s\",\"weights_bytes\":%llu,\"threads\":%d,\"kv_type\":\"%s\","
-                   "\"kv_bytes_per_token\":%llu,\"peak_rss_mib\":%.1f,\"reps\":%d,\"results\":[",
+                   "\"kv_bytes_per_token\":%llu,\"peak_rss_mib\":%.1f,\"reps\":%d,\"prompt\":\"%s\",\"results\":[",
                    rk_model_name(m), hp->arch_name, (unsigned long long)rk_model_weight_bytes(m), nt,
-                   f32 ? "f32" : "f16", 2ull * hp->n_layer * hp->n_head_kv * hp->head_dim * (f32 ? 4 : 2), peak, reps);
+                   f32 ? "f32" : "f16", 2ull * hp->n_layer * hp->n_head_kv * hp->head_dim * (f32 ? 4 : 2), peak, reps,
+                   o.prompt_file ? "text" : "random");
             for (int li = 0; li < n_lens; li++)
                 for (int mi = 0; mi < n_modes; mi++)
                     for (int ki = 0; ki < n_kv; ki++) {
@@ -325,8 +349,8 @@ int cmd_bench(int argc, char **argv) {
                     }
             printf("]}\n");
         } else {
-            printf("model: %s (%s), weights %.1f MiB, threads %d\n", rk_model_name(m), hp->arch_name,
-                   (double)rk_model_weight_bytes(m) / 1048576.0, nt);
+            printf("model: %s (%s), weights %.1f MiB, threads %d, prompt %s\n", rk_model_name(m), hp->arch_name,
+                   (double)rk_model_weight_bytes(m) / 1048576.0, nt, o.prompt_file ? "text (-f)" : "pseudo-random ids");
             int fw = 8; /* the fill column fits the longest mode ("quality:group=16") */
             for (int mi = 0; mi < n_modes; mi++)
                 if ((int)strlen(modes[mi]) > fw) fw = (int)strlen(modes[mi]);

@@ -232,6 +232,45 @@ Test(cli, bench_json) {
     done(&r);
 }
 
+/* -f: the prompt is the text's first tokens; a text shorter than the longest -p is refused,
+ * naming the file and both counts, and a missing file is an I/O error. */
+Test(cli, bench_prompt_from_text) {
+    char sp[1024], dir[64], txt[128], a[2048];
+    stories(sp, sizeof sp);
+    tmp_dir(dir, sizeof dir);
+    snprintf(txt, sizeof txt, "%s/story.txt", dir);
+    FILE *f = fopen(txt, "w");
+    cr_assert(f);
+    for (int i = 0; i < 40; i++) fputs("Once upon a time there was a little girl who liked to play in the park. ", f);
+    fclose(f);
+    snprintf(a, sizeof a, "bench -m %s -p 16,64 -n 4 -r 1 -f %s --json", sp, txt);
+    result r = run(NULL, a);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    json_object *j = json_tokener_parse(r.out), *res, *pr;
+    cr_assert(j && json_object_object_get_ex(j, "results", &res) && json_object_object_get_ex(j, "prompt", &pr), "%s",
+              r.out);
+    cr_expect_str_eq(json_object_get_string(pr), "text");
+    cr_expect_eq(json_object_array_length(res), 2);
+    json_object_put(j);
+    done(&r);
+    f = fopen(txt, "w"); /* about 20 tokens */
+    cr_assert(f);
+    fputs("Once upon a time there was a little girl who liked to play.", f);
+    fclose(f);
+    snprintf(a, sizeof a, "bench -m %s -p 16,200 -n 4 -r 1 -f %s", sp, txt);
+    r = run(NULL, a);
+    cr_expect_eq(r.code, 2, "a text too short for -p is a usage error: %d %s", r.code, r.err);
+    cr_expect(strstr(r.err, "story.txt") && strstr(r.err, "asks for 200"), "names the file and -p: %s", r.err);
+    done(&r);
+    snprintf(a, sizeof a, "bench -m %s -p 16 -n 4 -r 1 -f %s/missing.txt", sp, dir);
+    r = run(NULL, a);
+    cr_expect_neq(r.code, 0);
+    cr_expect(strstr(r.err, "missing.txt") != NULL, "%s", r.err);
+    done(&r);
+    remove(txt);
+    rmdir(dir);
+}
+
 /* ---- --kv and --fill: fixed at session creation, applied by run, eval and bench ---------- */
 
 /* "-p '<reps x a sentence>'": a prompt of about 12 * reps tokens on stories260K */
