@@ -760,6 +760,12 @@ int cli_read_text_tokens(const rk_model *m, const char *const *files, int n_file
             free(all);
             return RK_EXIT_IO;
         }
+        if (memchr(txt, 0, len)) {
+            fprintf(stderr, "ridgekv: %s is not a text file (it contains NUL bytes)\n", files[i]);
+            free(txt);
+            free(all);
+            return RK_EXIT_USAGE;
+        }
         /* tokenizing a whole novel is wasteful when only max_tokens are used: ~6 bytes/token */
         size_t want = (max_tokens - n_all) * 8;
         if (len > want) len = want;

@@ -262,6 +262,15 @@ Test(cli, bench_prompt_from_text) {
     cr_expect_eq(r.code, 2, "a text too short for -p is a usage error: %d %s", r.code, r.err);
     cr_expect(strstr(r.err, "story.txt") && strstr(r.err, "asks for 200"), "names the file and -p: %s", r.err);
     done(&r);
+    f = fopen(txt, "wb"); /* binary: refused, not tokenized */
+    cr_assert(f);
+    fwrite("Once\0upon a time there was a girl who played all day long in the park.", 1, 72, f);
+    fclose(f);
+    snprintf(a, sizeof a, "bench -m %s -p 16 -n 4 -r 1 -f %s", sp, txt);
+    r = run(NULL, a);
+    cr_expect_eq(r.code, 2, "%d %s", r.code, r.err);
+    cr_expect(strstr(r.err, "story.txt") && strstr(r.err, "NUL"), "names the file and why: %s", r.err);
+    done(&r);
     snprintf(a, sizeof a, "bench -m %s -p 16 -n 4 -r 1 -f %s/missing.txt", sp, dir);
     r = run(NULL, a);
     cr_expect_neq(r.code, 0);
